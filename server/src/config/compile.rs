@@ -1,0 +1,831 @@
+//! Validation and compilation of a ToolSet: one pass that either reports every problem
+//! with its path or yields the compiled form the registry serves from.
+
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+use serde_json::{Map, Value, json};
+
+use super::{API_VERSION, ConfigError, Handler, KIND, Problem, Role, ToolSet, parse_duration};
+use crate::schema::{Schema, expand_shorthand};
+use crate::template::{JsonTemplate, Template};
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+const DEFAULT_MAX_BYTES: usize = 1 << 20;
+const MAX_PAGE_SIZE: u32 = 10_000;
+const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// A validated, compiled ToolSet.
+#[derive(Debug)]
+pub struct CompiledToolSet {
+    /// The (merged) source document.
+    pub spec: ToolSet,
+    /// Content hash of `spec` (see [`super::hash`]).
+    pub hash: String,
+    /// Tools in declaration order.
+    pub tools: Vec<CompiledTool>,
+    /// Resources in declaration order.
+    pub resources: Vec<CompiledResource>,
+    /// Prompts in declaration order.
+    pub prompts: Vec<CompiledPrompt>,
+    /// Items per list page.
+    pub page_size: usize,
+}
+
+/// A compiled tool.
+#[derive(Debug)]
+pub struct CompiledTool {
+    /// Tool name.
+    pub name: String,
+    /// The `tools/list` entry (name, title, description, inputSchema, ...).
+    pub descriptor: Value,
+    /// Validator of the arguments.
+    pub input: Schema,
+    /// Validator of structured results, when an output schema is declared.
+    pub output: Option<Schema>,
+    /// What runs a call.
+    pub handler: CompiledHandler,
+}
+
+/// A compiled handler.
+#[derive(Debug)]
+pub enum CompiledHandler {
+    /// A built-in function.
+    Builtin(Builtin),
+    /// An HTTP request.
+    Http(HttpCall),
+    /// A process.
+    Exec(ExecCall),
+    /// A text template.
+    Template(Template),
+    /// Steps referring to other tools by index.
+    Pipeline(Vec<Step>),
+}
+
+/// A compiled HTTP handler.
+#[derive(Debug)]
+pub struct HttpCall {
+    /// Upper-case method.
+    pub method: String,
+    /// URL template (values percent-encoded unless filtered `raw`).
+    pub url: Template,
+    /// Header name and value template.
+    pub headers: Vec<(String, Template)>,
+    /// JSON body template.
+    pub body: Option<JsonTemplate>,
+    /// Request timeout.
+    pub timeout: Duration,
+    /// Response size cap.
+    pub max_response_bytes: usize,
+}
+
+/// A compiled exec handler.
+#[derive(Debug)]
+pub struct ExecCall {
+    /// Program path.
+    pub program: String,
+    /// Argument templates, one argument each.
+    pub args: Vec<Template>,
+    /// Environment.
+    pub env: Vec<(String, String)>,
+    /// Standard input template.
+    pub stdin: Option<Template>,
+    /// Time limit.
+    pub timeout: Duration,
+    /// Output cap per stream.
+    pub max_output_bytes: usize,
+}
+
+/// A pipeline step.
+#[derive(Debug)]
+pub struct Step {
+    /// Index of the tool in [`CompiledToolSet::tools`].
+    pub tool: usize,
+    /// Argument template; `None` passes the pipeline's arguments.
+    pub input: Option<JsonTemplate>,
+}
+
+/// Built-in functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// Returns `text`.
+    Echo,
+    /// `a + b`.
+    Add,
+    /// `a * b`.
+    Multiply,
+    /// Upper-cases `text`.
+    Upper,
+    /// Lower-cases `text`.
+    Lower,
+    /// Character count of `text`.
+    Length,
+    /// Hex SHA-256 of `text`.
+    Sha256,
+    /// Current UTC time, RFC 3339.
+    Now,
+    /// Waits `ms` milliseconds (at most 60000).
+    Sleep,
+    /// Returns the arguments as structured content.
+    Json,
+}
+
+impl Builtin {
+    const ALL: [(&'static str, Builtin); 10] = [
+        ("echo", Self::Echo), ("add", Self::Add), ("multiply", Self::Multiply), ("upper", Self::Upper),
+        ("lower", Self::Lower), ("length", Self::Length), ("sha256", Self::Sha256), ("now", Self::Now),
+        ("sleep", Self::Sleep), ("json", Self::Json),
+    ];
+
+    fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, b)| *b)
+    }
+
+    fn names() -> String {
+        Self::ALL.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The input schema a builtin implies when the tool declares none.
+    fn input_schema(self) -> Value {
+        let text = json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": false});
+        match self {
+            Self::Echo | Self::Upper | Self::Lower | Self::Length | Self::Sha256 => text,
+            Self::Add | Self::Multiply => json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"], "additionalProperties": false}),
+            Self::Now => json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            Self::Sleep => json!({"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 60000}}, "required": ["ms"], "additionalProperties": false}),
+            Self::Json => json!({"type": "object"}),
+        }
+    }
+
+    /// The output schema of builtins with structured results.
+    fn output_schema(self) -> Option<Value> {
+        match self {
+            Self::Add | Self::Multiply | Self::Length => Some(json!({"type": "object", "properties": {"result": {"type": "number"}}, "required": ["result"]})),
+            _ => None,
+        }
+    }
+}
+
+/// A compiled resource.
+#[derive(Debug)]
+pub struct CompiledResource {
+    /// The `resources/list` (or `resources/templates/list`) entry.
+    pub descriptor: Value,
+    /// MIME type of the text.
+    pub mime_type: String,
+    /// Fixed or templated.
+    pub kind: ResourceKind,
+}
+
+/// Whether a resource has a fixed URI or a URI template.
+#[derive(Debug)]
+pub enum ResourceKind {
+    /// A fixed URI and its text.
+    Static {
+        /// The URI.
+        uri: String,
+        /// The text.
+        text: String,
+    },
+    /// A URI template and the text template over its variables.
+    Templated {
+        /// The URI pattern.
+        pattern: UriPattern,
+        /// The text template.
+        text: Template,
+    },
+}
+
+/// An RFC 6570 level-1 URI template (`scheme://{a}/x/{b}`), used for matching.
+#[derive(Debug, Clone)]
+pub struct UriPattern {
+    parts: Vec<(bool, String)>,
+}
+
+impl UriPattern {
+    fn compile(src: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = src;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push((false, rest[..open].to_owned()));
+            }
+            let close = rest[open..].find('}').ok_or("unclosed `{`")? + open;
+            let name = &rest[open + 1..close];
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("`{{{name}}}` is not a simple variable (RFC 6570 level 1)"));
+            }
+            if parts.last().is_some_and(|(var, _)| *var) {
+                return Err("two variables must be separated by literal text".into());
+            }
+            parts.push((true, name.to_owned()));
+            rest = &rest[close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push((false, rest.to_owned()));
+        }
+        Ok(Self { parts })
+    }
+
+    /// The variable names.
+    pub fn variables(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter(|(v, _)| *v).map(|(_, n)| n.as_str())
+    }
+
+    /// Matches `uri`, returning the variables as a JSON object.
+    pub fn matches(&self, uri: &str) -> Option<Value> {
+        let mut vars = Map::new();
+        let mut rest = uri;
+        let mut i = 0;
+        while i < self.parts.len() {
+            let (is_var, text) = &self.parts[i];
+            if *is_var {
+                let end = match self.parts.get(i + 1) {
+                    Some((_, lit)) => rest.find(lit.as_str())?,
+                    None => rest.len(),
+                };
+                if end == 0 {
+                    return None;
+                }
+                vars.insert(text.clone(), Value::String(percent_decode(&rest[..end])));
+                rest = &rest[end..];
+            } else {
+                rest = rest.strip_prefix(text.as_str())?;
+            }
+            i += 1;
+        }
+        rest.is_empty().then_some(Value::Object(vars))
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Some(v) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A compiled prompt.
+#[derive(Debug)]
+pub struct CompiledPrompt {
+    /// Prompt name.
+    pub name: String,
+    /// The `prompts/list` entry.
+    pub descriptor: Value,
+    /// Names of required arguments.
+    pub required: Vec<String>,
+    /// Names of all arguments.
+    pub arguments: Vec<String>,
+    /// Messages: role and text template.
+    pub messages: Vec<(Role, Template)>,
+    /// Prompt description for `prompts/get`.
+    pub description: Option<String>,
+}
+
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem { path: path.into(), message: message.into() });
+    }
+
+    /// Adds problems reported by a nested compiler as `sub.path: message`, under `prefix`.
+    fn nested(&mut self, prefix: &str, errs: Vec<String>) {
+        for e in errs {
+            match e.split_once(": ") {
+                Some((path, msg)) => self.push(format!("{prefix}.{path}"), msg),
+                None => self.push(prefix, e),
+            }
+        }
+    }
+}
+
+fn valid_tool_name(n: &str) -> bool {
+    (1..=128).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Names a template may refer to: the input's declared properties (unless the input is open),
+/// and `steps.N` for N below `steps`.
+struct Names<'a> {
+    props: Option<Vec<&'a str>>,
+    steps: Option<usize>,
+}
+
+fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
+    for (root, idx) in t.roots() {
+        if root == "steps"
+            && let Some(limit) = names.steps
+        {
+            match idx {
+                Some(i) if i < limit => {}
+                Some(i) => p.push(path, format!("`steps.{i}` refers to a step that has not run yet (this is step {limit})")),
+                None => p.push(path, "use `steps.N.text` or `steps.N.structured` with a step number"),
+            }
+            continue;
+        }
+        if let Some(props) = &names.props
+            && !props.contains(&root)
+        {
+            p.push(path, format!("template uses `{root}`, which is not an input property ({})", if props.is_empty() { "none declared".to_owned() } else { props.join(", ") }));
+        }
+    }
+}
+
+fn duration(v: Option<&String>, path: &str, p: &mut Problems) -> Duration {
+    match v.map(|s| parse_duration(s)) {
+        None => DEFAULT_TIMEOUT,
+        Some(Ok(d)) if d.is_zero() || d > MAX_TIMEOUT => {
+            p.push(path, "must be more than 0 and at most 5m");
+            DEFAULT_TIMEOUT
+        }
+        Some(Ok(d)) => d,
+        Some(Err(e)) => {
+            p.push(path, e);
+            DEFAULT_TIMEOUT
+        }
+    }
+}
+
+fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
+    match v {
+        None => DEFAULT_MAX_BYTES,
+        Some(0) => {
+            p.push(path, "must be more than 0");
+            DEFAULT_MAX_BYTES
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    }
+}
+
+fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
+    Template::compile(src).map_err(|e| p.push(path, e)).ok()
+}
+
+/// Validates and compiles a ToolSet.
+///
+/// # Errors
+/// Every problem found, each with its path.
+pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
+    let mut p = Problems(Vec::new());
+    if ts.api_version != API_VERSION {
+        p.push("apiVersion", format!("must be `{API_VERSION}`, got `{}`", ts.api_version));
+    }
+    if ts.kind != KIND {
+        p.push("kind", format!("must be `{KIND}`, got `{}`", ts.kind));
+    }
+    if ts.server.name.trim().is_empty() {
+        p.push("server.name", "must not be empty");
+    }
+    let page_size = match ts.server.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
+        n @ 1..=MAX_PAGE_SIZE => n as usize,
+        _ => {
+            p.push("server.pageSize", format!("must be between 1 and {MAX_PAGE_SIZE}"));
+            DEFAULT_PAGE_SIZE as usize
+        }
+    };
+
+    let mut index: FxHashMap<&str, usize> = FxHashMap::default();
+    for (i, t) in ts.tools.iter().enumerate() {
+        if !valid_tool_name(&t.name) {
+            p.push(format!("tools[{i}].name"), format!("`{}` is not a valid tool name (1-128 characters of A-Z a-z 0-9 _ - .)", t.name));
+        }
+        if let Some(first) = index.insert(&t.name, i) {
+            p.push(format!("tools[{i}].name"), format!("duplicate tool name `{}` (also tools[{first}])", t.name));
+            index.insert(&t.name, first);
+        }
+    }
+
+    let mut tools = Vec::with_capacity(ts.tools.len());
+    for (i, t) in ts.tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let builtin = match &t.handler {
+            Handler::Builtin(name) => {
+                let b = Builtin::from_name(name);
+                if b.is_none() {
+                    p.push(format!("{at}.handler.builtin"), format!("unknown builtin `{name}` (one of: {})", Builtin::names()));
+                }
+                b
+            }
+            _ => None,
+        };
+        let schema_json = match (&t.input, &t.input_schema) {
+            (Some(_), Some(_)) => {
+                p.push(&at, "set `input` or `inputSchema`, not both");
+                json!({"type": "object"})
+            }
+            (Some(short), None) => expand_shorthand(short).unwrap_or_else(|errs| {
+                p.nested(&format!("{at}.input"), errs);
+                json!({"type": "object"})
+            }),
+            (None, Some(s)) => s.clone(),
+            (None, None) => builtin.map_or_else(|| json!({"type": "object", "properties": {}}), Builtin::input_schema),
+        };
+        if schema_json.get("type").and_then(Value::as_str) != Some("object") {
+            p.push(format!("{at}.inputSchema.type"), "an input schema must have `type: object`");
+        }
+        let input = Schema::compile(&schema_json).unwrap_or_else(|errs| {
+            let base = if t.input.is_some() { "input" } else { "inputSchema" };
+            p.nested(&format!("{at}.{base}"), errs);
+            Schema::default()
+        });
+        let output_json = t.output_schema.clone().or_else(|| builtin.and_then(Builtin::output_schema));
+        let output = output_json.as_ref().and_then(|o| {
+            if o.get("type").and_then(Value::as_str) != Some("object") {
+                p.push(format!("{at}.outputSchema.type"), "an output schema must have `type: object`");
+            }
+            Schema::compile(o)
+                .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
+                .ok()
+        });
+        // Templates may only name declared properties when the input is closed.
+        let names = Names {
+            props: (!input.allows_additional()).then(|| input.property_names().collect()),
+            steps: None,
+        };
+        let hat = format!("{at}.handler");
+        let handler = match &t.handler {
+            Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
+            Handler::Template(src) => {
+                let tpl = template(src, &format!("{hat}.template"), &mut p);
+                if let Some(tpl) = &tpl {
+                    check_template(tpl, &names, &format!("{hat}.template"), &mut p);
+                }
+                CompiledHandler::Template(tpl.unwrap_or_else(Template::empty))
+            }
+            Handler::Http(h) => {
+                let hp = format!("{hat}.http");
+                let method = h.method.to_ascii_uppercase();
+                if !["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&method.as_str()) {
+                    p.push(format!("{hp}.method"), format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method));
+                }
+                if !(h.url.starts_with("http://") || h.url.starts_with("https://")) {
+                    p.push(format!("{hp}.url"), "must start with http:// or https://");
+                } else if h.url.split("://").nth(1).is_some_and(|r| r.is_empty() || r.starts_with("{{")) {
+                    p.push(format!("{hp}.url"), "the host must be literal, not a template (a template host lets callers reach any server)");
+                }
+                let url = template(&h.url, &format!("{hp}.url"), &mut p);
+                if let Some(u) = &url {
+                    check_template(u, &names, &format!("{hp}.url"), &mut p);
+                }
+                let mut headers = Vec::new();
+                for (k, v) in &h.headers {
+                    if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b)) {
+                        p.push(format!("{hp}.headers.{k}"), "not a valid header name");
+                    }
+                    if let Some(t) = template(v, &format!("{hp}.headers.{k}"), &mut p) {
+                        check_template(&t, &names, &format!("{hp}.headers.{k}"), &mut p);
+                        headers.push((k.clone(), t));
+                    }
+                }
+                let body = h.body.as_ref().and_then(|b| {
+                    let jt = JsonTemplate::compile(b).map_err(|e| p.push(format!("{hp}.body"), e)).ok()?;
+                    for t in jt.templates() {
+                        check_template(t, &names, &format!("{hp}.body"), &mut p);
+                    }
+                    Some(jt)
+                });
+                if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
+                    p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
+                }
+                CompiledHandler::Http(HttpCall {
+                    timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), &mut p),
+                    max_response_bytes: byte_cap(h.max_response_bytes, &format!("{hp}.maxResponseBytes"), &mut p),
+                    method,
+                    url: url.unwrap_or_else(Template::empty),
+                    headers,
+                    body,
+                })
+            }
+            Handler::Exec(e) => {
+                let ep = format!("{hat}.exec");
+                let program = e.command.first().cloned().unwrap_or_default();
+                if program.is_empty() {
+                    p.push(format!("{ep}.command"), "must name a program");
+                } else if program.contains("{{") {
+                    p.push(format!("{ep}.command[0]"), "the program must be literal, not a template");
+                } else if !program.starts_with('/') {
+                    p.push(format!("{ep}.command[0]"), "must be an absolute path (no PATH lookup, no shell)");
+                }
+                let mut args = Vec::new();
+                for (j, a) in e.command.iter().enumerate().skip(1) {
+                    if let Some(t) = template(a, &format!("{ep}.command[{j}]"), &mut p) {
+                        check_template(&t, &names, &format!("{ep}.command[{j}]"), &mut p);
+                        args.push(t);
+                    }
+                }
+                let stdin = e.stdin.as_ref().and_then(|s| {
+                    let t = template(s, &format!("{ep}.stdin"), &mut p)?;
+                    check_template(&t, &names, &format!("{ep}.stdin"), &mut p);
+                    Some(t)
+                });
+                CompiledHandler::Exec(ExecCall {
+                    program,
+                    args,
+                    env: e.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    stdin,
+                    timeout: duration(e.timeout.as_ref(), &format!("{ep}.timeout"), &mut p),
+                    max_output_bytes: byte_cap(e.max_output_bytes, &format!("{ep}.maxOutputBytes"), &mut p),
+                })
+            }
+            Handler::Pipeline(steps) => {
+                let pp = format!("{hat}.pipeline");
+                if steps.is_empty() {
+                    p.push(&pp, "must have at least one step");
+                }
+                let mut out = Vec::new();
+                for (j, s) in steps.iter().enumerate() {
+                    let sp = format!("{pp}[{j}]");
+                    let Some(&target) = index.get(s.tool.as_str()) else {
+                        p.push(format!("{sp}.tool"), format!("no tool named `{}` in this ToolSet", s.tool));
+                        continue;
+                    };
+                    let input = s.input.as_ref().and_then(|v| {
+                        let jt = JsonTemplate::compile(v).map_err(|e| p.push(format!("{sp}.input"), e)).ok()?;
+                        let step_names = Names { props: names.props.clone(), steps: Some(j) };
+                        for t in jt.templates() {
+                            check_template(t, &step_names, &format!("{sp}.input"), &mut p);
+                        }
+                        Some(jt)
+                    });
+                    out.push(Step { tool: target, input });
+                }
+                CompiledHandler::Pipeline(out)
+            }
+        };
+        let mut descriptor = Map::new();
+        descriptor.insert("name".into(), Value::String(t.name.clone()));
+        if let Some(title) = &t.title {
+            descriptor.insert("title".into(), Value::String(title.clone()));
+        }
+        if let Some(d) = &t.description {
+            descriptor.insert("description".into(), Value::String(d.clone()));
+        }
+        descriptor.insert("inputSchema".into(), schema_json);
+        if let Some(o) = output_json {
+            descriptor.insert("outputSchema".into(), o);
+        }
+        if let Some(a) = &t.annotations {
+            descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
+        }
+        tools.push(CompiledTool { name: t.name.clone(), descriptor: Value::Object(descriptor), input, output, handler });
+    }
+    check_pipeline_cycles(&tools, &mut p);
+
+    let resources = compile_resources(ts, &mut p);
+    let prompts = compile_prompts(ts, &mut p);
+
+    if p.0.is_empty() {
+        Ok(CompiledToolSet { hash: super::hash(ts), spec: ts.clone(), tools, resources, prompts, page_size })
+    } else {
+        Err(ConfigError { problems: p.0 })
+    }
+}
+
+fn check_pipeline_cycles(tools: &[CompiledTool], p: &mut Problems) {
+    // 0 = unvisited, 1 = on the stack, 2 = done
+    fn visit(i: usize, tools: &[CompiledTool], state: &mut [u8], stack: &mut Vec<usize>) -> Option<Vec<usize>> {
+        state[i] = 1;
+        stack.push(i);
+        if let CompiledHandler::Pipeline(steps) = &tools[i].handler {
+            for s in steps {
+                match state[s.tool] {
+                    1 => {
+                        let from = stack.iter().position(|&x| x == s.tool).unwrap_or(0);
+                        let mut cycle = stack[from..].to_vec();
+                        cycle.push(s.tool);
+                        return Some(cycle);
+                    }
+                    0 => {
+                        if let Some(c) = visit(s.tool, tools, state, stack) {
+                            return Some(c);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        stack.pop();
+        state[i] = 2;
+        None
+    }
+    let mut state = vec![0u8; tools.len()];
+    for i in 0..tools.len() {
+        if state[i] == 0
+            && let Some(cycle) = visit(i, tools, &mut state, &mut Vec::new())
+        {
+            let names: Vec<&str> = cycle.iter().map(|&j| tools[j].name.as_str()).collect();
+            p.push(format!("tools[{}].handler.pipeline", cycle[0]), format!("pipeline cycle: {}", names.join(" -> ")));
+            return;
+        }
+    }
+}
+
+fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
+    let mut out = Vec::new();
+    let mut seen: FxHashMap<&str, usize> = FxHashMap::default();
+    for (i, r) in ts.resources.iter().enumerate() {
+        let at = format!("resources[{i}]");
+        if r.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "must not be empty");
+        }
+        let mime_type = r.mime_type.clone().unwrap_or_else(|| "text/plain".to_owned());
+        let mut d = Map::new();
+        let kind = match (&r.uri, &r.uri_template) {
+            (Some(uri), None) => {
+                if !uri.contains(':') {
+                    p.push(format!("{at}.uri"), "must be an absolute URI (scheme:...)");
+                }
+                if let Some(j) = seen.insert(uri, i) {
+                    p.push(format!("{at}.uri"), format!("duplicate URI (also resources[{j}])"));
+                }
+                if Template::compile(&r.text).is_ok_and(|t| !t.is_literal()) {
+                    p.push(format!("{at}.text"), "a resource with a fixed `uri` has fixed text; use `uriTemplate` for variables");
+                }
+                d.insert("uri".into(), Value::String(uri.clone()));
+                ResourceKind::Static { uri: uri.clone(), text: r.text.clone() }
+            }
+            (None, Some(tpl)) => {
+                d.insert("uriTemplate".into(), Value::String(tpl.clone()));
+                match UriPattern::compile(tpl) {
+                    Ok(pattern) => {
+                        let vars: Vec<&str> = pattern.variables().collect();
+                        let text = template(&r.text, &format!("{at}.text"), p);
+                        if let Some(t) = &text {
+                            check_template(t, &Names { props: Some(vars), steps: None }, &format!("{at}.text"), p);
+                        }
+                        ResourceKind::Templated { text: text.unwrap_or_else(Template::empty), pattern }
+                    }
+                    Err(e) => {
+                        p.push(format!("{at}.uriTemplate"), e);
+                        continue;
+                    }
+                }
+            }
+            _ => {
+                p.push(&at, "set exactly one of `uri` and `uriTemplate`");
+                continue;
+            }
+        };
+        d.insert("name".into(), Value::String(r.name.clone()));
+        if let Some(t) = &r.title {
+            d.insert("title".into(), Value::String(t.clone()));
+        }
+        if let Some(t) = &r.description {
+            d.insert("description".into(), Value::String(t.clone()));
+        }
+        d.insert("mimeType".into(), Value::String(mime_type.clone()));
+        out.push(CompiledResource { descriptor: Value::Object(d), mime_type, kind });
+    }
+    out
+}
+
+fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
+    let mut out = Vec::new();
+    let mut seen: FxHashMap<&str, usize> = FxHashMap::default();
+    for (i, pr) in ts.prompts.iter().enumerate() {
+        let at = format!("prompts[{i}]");
+        if pr.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "must not be empty");
+        }
+        if let Some(j) = seen.insert(&pr.name, i) {
+            p.push(format!("{at}.name"), format!("duplicate prompt name `{}` (also prompts[{j}])", pr.name));
+        }
+        if pr.messages.is_empty() {
+            p.push(format!("{at}.messages"), "must have at least one message");
+        }
+        let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
+        let mut messages = Vec::new();
+        for (j, m) in pr.messages.iter().enumerate() {
+            let mp = format!("{at}.messages[{j}].text");
+            if let Some(t) = template(&m.text, &mp, p) {
+                check_template(&t, &Names { props: Some(args.clone()), steps: None }, &mp, p);
+                messages.push((m.role, t));
+            }
+        }
+        let mut d = serde_json::to_value(pr).unwrap_or_default();
+        if let Some(o) = d.as_object_mut() {
+            o.remove("messages");
+        }
+        out.push(CompiledPrompt {
+            name: pr.name.clone(),
+            descriptor: d,
+            required: pr.arguments.iter().filter(|a| a.required).map(|a| a.name.clone()).collect(),
+            arguments: args.iter().map(|s| (*s).to_owned()).collect(),
+            messages,
+            description: pr.description.clone(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match compile(&parse("t", yaml).unwrap()) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn a_good_toolset_compiles_every_handler_kind() {
+        let c = compile(&parse("t", r#"
+tools:
+  - {name: add, handler: {builtin: add}}
+  - name: greet
+    input: {name: string}
+    handler: {template: "Hello {{name}}!"}
+  - name: weather
+    input: {city: string}
+    handler: {http: {url: "http://127.0.0.1:1/w?c={{city}}", timeout: 2s}}
+  - name: wc
+    input: {path: string}
+    handler: {exec: {command: [/usr/bin/wc, -l, "{{path}}"], timeout: 1s}}
+  - name: add-then-greet
+    input: {a: number, b: number}
+    handler: {pipeline: [{tool: add}, {tool: greet, input: {name: "{{steps.0.text}}"}}]}
+resources:
+  - {uri: "doc://readme", name: readme, text: hi}
+  - {uriTemplate: "greeting://{name}", name: greeting, text: "Hello {{name}}"}
+prompts:
+  - {name: p, arguments: [{name: topic, required: true}], messages: [{role: user, text: "About {{topic}}"}]}
+"#).unwrap()).unwrap();
+        assert_eq!(c.tools.len(), 5);
+        assert_eq!(c.tools[0].descriptor["inputSchema"]["required"], json!(["a", "b"]));
+        assert!(matches!(&c.tools[4].handler, CompiledHandler::Pipeline(s) if s[1].tool == 1));
+        assert_eq!(c.resources.len(), 2);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let p = problems(r#"
+tools:
+  - {name: "bad name", handler: {builtin: nope}}
+  - {name: t, input: {x: strnig}, handler: {template: "{{y}}"}}
+  - {name: t, handler: {http: {url: "ftp://x", timeout: 9h}}}
+  - {name: e, handler: {exec: {command: [wc]}}}
+  - {name: p, handler: {pipeline: [{tool: missing}]}}
+"#);
+        let expect = [
+            "tools[0].name: `bad name` is not a valid tool name",
+            "tools[0].handler.builtin: unknown builtin `nope`",
+            "tools[1].input.x: unknown type `strnig`",
+            "tools[2].name: duplicate tool name `t` (also tools[1])",
+            "tools[2].handler.http.url: must start with http:// or https://",
+            "tools[2].handler.http.timeout: `9h`: unknown unit",
+            "tools[3].handler.exec.command[0]: must be an absolute path",
+            "tools[4].handler.pipeline[0].tool: no tool named `missing`",
+        ];
+        for e in expect {
+            assert!(p.iter().any(|x| x.starts_with(e)), "missing {e:?} in {p:#?}");
+        }
+    }
+
+    #[test]
+    fn templates_must_name_declared_inputs_and_earlier_steps() {
+        let p = problems(r#"
+tools:
+  - {name: g, input: {name: string}, handler: {template: "Hi {{nmae}}"}}
+  - name: pipe
+    input: {name: string}
+    handler: {pipeline: [{tool: g, input: {name: "{{steps.0.text}}"}}]}
+"#);
+        assert!(p.iter().any(|x| x.starts_with("tools[0].handler.template: template uses `nmae`")), "{p:#?}");
+        assert!(p.iter().any(|x| x.contains("pipeline[0].input: `steps.0` refers to a step that has not run yet")), "{p:#?}");
+    }
+
+    #[test]
+    fn pipeline_cycles_are_rejected() {
+        let p = problems("tools:\n  - {name: a, handler: {pipeline: [{tool: b}]}}\n  - {name: b, handler: {pipeline: [{tool: a}]}}\n");
+        assert!(p.iter().any(|x| x.contains("pipeline cycle: a -> b -> a")), "{p:#?}");
+    }
+
+    #[test]
+    fn http_hosts_must_be_literal() {
+        let p = problems("tools:\n  - {name: a, input: {h: string}, handler: {http: {url: \"http://{{h}}/x\"}}}\n");
+        assert!(p.iter().any(|x| x.contains("host must be literal")), "{p:#?}");
+    }
+
+    #[test]
+    fn uri_patterns_match_and_decode() {
+        let u = UriPattern::compile("file:///{dir}/x/{name}.txt").unwrap();
+        assert_eq!(u.matches("file:///a%20b/x/readme.txt"), Some(json!({"dir": "a b", "name": "readme"})));
+        assert_eq!(u.matches("file:///a/y/readme.txt"), None);
+        assert!(UriPattern::compile("x://{a}{b}").is_err());
+    }
+}

@@ -1,0 +1,292 @@
+//! The ToolSet document: the YAML a server loads and the operator renders into a ConfigMap.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The only `apiVersion` a ToolSet document may carry.
+pub const API_VERSION: &str = "quiver.dev/v1alpha1";
+/// The only `kind` a ToolSet document may carry.
+pub const KIND: &str = "ToolSet";
+
+fn default_api_version() -> String {
+    API_VERSION.to_owned()
+}
+fn default_kind() -> String {
+    KIND.to_owned()
+}
+
+/// A set of MCP tools, resources and prompts served by one quiver-server.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolSet {
+    /// Document version; must be `quiver.dev/v1alpha1`.
+    #[serde(default = "default_api_version")]
+    pub api_version: String,
+    /// Document kind; must be `ToolSet`.
+    #[serde(default = "default_kind")]
+    pub kind: String,
+    /// How the server introduces itself in the MCP `initialize` result.
+    #[serde(default)]
+    pub server: ServerInfo,
+    /// The tools this server offers (`tools/list`, `tools/call`).
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    /// Static or URI-templated text resources (`resources/list`, `resources/read`).
+    #[serde(default)]
+    pub resources: Vec<ResourceSpec>,
+    /// Prompt templates with arguments (`prompts/list`, `prompts/get`).
+    #[serde(default)]
+    pub prompts: Vec<PromptSpec>,
+}
+
+/// Server identity and listing behaviour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServerInfo {
+    /// Server name reported in `serverInfo.name`.
+    #[serde(default = "default_server_name")]
+    pub name: String,
+    /// Server version reported in `serverInfo.version`.
+    #[serde(default = "default_server_version")]
+    pub version: String,
+    /// Human-readable title reported in `serverInfo.title`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Instructions for the client's model, returned by `initialize`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// Items per page of `tools/list`, `resources/list` and `prompts/list` (1-10000, default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u32>,
+}
+
+fn default_server_name() -> String {
+    "quiver".to_owned()
+}
+fn default_server_version() -> String {
+    "1.0.0".to_owned()
+}
+
+impl Default for ServerInfo {
+    fn default() -> Self {
+        Self {
+            name: default_server_name(),
+            version: default_server_version(),
+            title: None,
+            instructions: None,
+            page_size: None,
+        }
+    }
+}
+
+/// One tool: its name, what it accepts, and what answers it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolSpec {
+    /// Unique tool name: 1-128 characters of `A-Z a-z 0-9 _ - .`.
+    pub name: String,
+    /// Human-readable display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// What the tool does, for the client's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Shorthand input: property name to a type (`string`, `number`, `integer`, `boolean`,
+    /// `object`, `array`; suffix `?` for optional) or to a full JSON Schema. Compiled to
+    /// `inputSchema` with every non-optional property required. Exclusive with `inputSchema`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub input: Option<BTreeMap<String, Value>>,
+    /// Full JSON Schema (an object schema) of the arguments. Exclusive with `input`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub input_schema: Option<Value>,
+    /// JSON Schema of `structuredContent`; when set, results carry structured content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub output_schema: Option<Value>,
+    /// MCP tool annotations (hints for clients).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<ToolAnnotations>,
+    /// What executes a call of this tool.
+    pub handler: Handler,
+}
+
+/// MCP tool annotations: hints, never guarantees.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolAnnotations {
+    /// The tool does not modify its environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_hint: Option<bool>,
+    /// The tool may perform destructive updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+    /// Repeated calls with the same arguments have no additional effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    /// The tool talks to an open world of external entities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world_hint: Option<bool>,
+}
+
+/// The handler of a tool: exactly one kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Handler {
+    /// A function built into the server (`echo`, `add`, `multiply`, `upper`, `lower`,
+    /// `length`, `sha256`, `now`, `sleep`, `json`).
+    Builtin(String),
+    /// An HTTP request whose URL, headers and body are templates over the arguments.
+    Http(HttpHandler),
+    /// A program run directly from an argv list (never through a shell).
+    Exec(ExecHandler),
+    /// A text template over the arguments, e.g. `Hello {{name}}!`.
+    Template(String),
+    /// Other tools of this set, run in order; later steps see `{{steps.N.text}}`.
+    Pipeline(Vec<PipelineStep>),
+}
+
+/// An HTTP handler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpHandler {
+    /// HTTP method (GET, POST, PUT, PATCH, DELETE, HEAD). Default GET.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// URL template (`http` or `https`); substituted values are percent-encoded.
+    pub url: String,
+    /// Request headers; values are templates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// JSON body template: strings are templates; a string that is exactly `{{arg}}` keeps
+    /// the argument's JSON type. Sent as `application/json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub body: Option<Value>,
+    /// Request timeout, e.g. `500ms`, `2s` (default 10s, at most 5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Largest response body accepted, in bytes (default 1 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<u64>,
+}
+
+fn default_method() -> String {
+    "GET".to_owned()
+}
+
+/// An exec handler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecHandler {
+    /// Program and arguments. The program (first element) is a literal path; each argument
+    /// is a template and always stays exactly one argument.
+    pub command: Vec<String>,
+    /// Environment of the process (values are literal). Nothing else is inherited but `PATH`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Template written to the process's standard input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Time limit, after which the process is killed (default 10s, at most 5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Largest output kept from stdout (and separately stderr), in bytes (default 1 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// One step of a pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PipelineStep {
+    /// Name of another tool of this ToolSet.
+    pub tool: String,
+    /// Arguments for that tool (JSON template over the pipeline's arguments and
+    /// `steps.N.text` / `steps.N.structured`). Omitted: the pipeline's own arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub input: Option<Value>,
+}
+
+/// A text resource: a fixed `uri`, or a `uriTemplate` whose `{var}`s fill the text template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceSpec {
+    /// Fixed URI of the resource. Exclusive with `uriTemplate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    /// RFC 6570 level-1 URI template, e.g. `greeting://{name}`. Exclusive with `uri`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri_template: Option<String>,
+    /// Resource name.
+    pub name: String,
+    /// Human-readable title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// What the resource holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// MIME type of the text (default `text/plain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// The content; a template over the URI template's variables.
+    pub text: String,
+}
+
+/// A prompt template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PromptSpec {
+    /// Unique prompt name.
+    pub name: String,
+    /// Human-readable title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// What the prompt is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Arguments the messages may use as `{{name}}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arguments: Vec<PromptArgument>,
+    /// The messages `prompts/get` returns, rendered with the arguments.
+    pub messages: Vec<PromptMessage>,
+}
+
+/// A prompt argument.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PromptArgument {
+    /// Argument name.
+    pub name: String,
+    /// What the argument means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Whether `prompts/get` must supply it.
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// Who speaks a prompt message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The user.
+    User,
+    /// The assistant.
+    Assistant,
+}
+
+/// A prompt message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PromptMessage {
+    /// Speaker.
+    pub role: Role,
+    /// Text template over the prompt's arguments.
+    pub text: String,
+}

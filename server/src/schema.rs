@@ -1,0 +1,477 @@
+//! A compiled JSON Schema validator for tool arguments, and the `input:` shorthand.
+//!
+//! Supports the keywords tool schemas use in practice (types, properties, required,
+//! additionalProperties, items, enum, const, numeric and length bounds, pattern, anyOf,
+//! oneOf, allOf) and rejects any other keyword at load time instead of silently ignoring it.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+use serde_json::{Map, Value, json};
+
+const T_NULL: u8 = 1;
+const T_BOOL: u8 = 2;
+const T_INT: u8 = 4;
+const T_NUM: u8 = 8;
+const T_STR: u8 = 16;
+const T_ARR: u8 = 32;
+const T_OBJ: u8 = 64;
+const T_ANY: u8 = 127;
+
+/// Keywords accepted and ignored because they only annotate.
+const ANNOTATIONS: &[&str] = &[
+    "$schema", "$id", "$comment", "title", "description", "default", "examples", "format",
+    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
+];
+
+/// A compiled schema.
+#[derive(Debug, Clone, Default)]
+pub struct Schema {
+    types: u8,
+    properties: Vec<(Box<str>, Schema)>,
+    required: Vec<Box<str>>,
+    additional: Option<Box<Additional>>,
+    items: Option<Box<Schema>>,
+    enumeration: Option<Vec<Value>>,
+    constant: Option<Value>,
+    minimum: Option<f64>,
+    maximum: Option<f64>,
+    exclusive_minimum: Option<f64>,
+    exclusive_maximum: Option<f64>,
+    min_length: Option<usize>,
+    max_length: Option<usize>,
+    pattern: Option<Regex>,
+    min_items: Option<usize>,
+    max_items: Option<usize>,
+    any_of: Vec<Schema>,
+    one_of: Vec<Schema>,
+    all_of: Vec<Schema>,
+    /// True when the schema accepts every value: validation is skipped entirely.
+    trivial: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Additional {
+    Deny,
+    Schema(Schema),
+}
+
+impl Schema {
+    /// Compiles a JSON Schema document.
+    ///
+    /// # Errors
+    /// Every unsupported keyword or malformed value, each with its JSON-pointer-like path.
+    pub fn compile(v: &Value) -> Result<Self, Vec<String>> {
+        let mut errs = Vec::new();
+        let s = compile_at(v, "", &mut errs);
+        if errs.is_empty() { Ok(s) } else { Err(errs) }
+    }
+
+    /// The names of the declared properties, if this is an object schema that declares them.
+    pub fn property_names(&self) -> impl Iterator<Item = &str> {
+        self.properties.iter().map(|(k, _)| &**k)
+    }
+
+    /// Whether properties beyond the declared ones are accepted.
+    pub fn allows_additional(&self) -> bool {
+        !matches!(self.additional.as_deref(), Some(Additional::Deny))
+    }
+
+    /// Validates `v`, appending one message per violation (`path: problem`).
+    pub fn validate(&self, v: &Value, errors: &mut Vec<String>) {
+        if !self.trivial {
+            let mut path = String::new();
+            self.check(v, &mut path, errors);
+        }
+    }
+
+    /// True when `v` conforms.
+    pub fn is_valid(&self, v: &Value) -> bool {
+        let mut e = Vec::new();
+        self.validate(v, &mut e);
+        e.is_empty()
+    }
+
+    fn check(&self, v: &Value, path: &mut String, errors: &mut Vec<String>) {
+        if self.trivial {
+            return;
+        }
+        let at = |path: &str| if path.is_empty() { "arguments".to_owned() } else { format!("arguments{path}") };
+        let t = type_bit(v);
+        if self.types & t == 0 && !(t == T_INT && self.types & T_NUM != 0) {
+            errors.push(format!("{}: expected {}, got {}", at(path), type_names(self.types), type_name(v)));
+            return;
+        }
+        if let Some(c) = &self.constant
+            && !json_eq(c, v)
+        {
+            errors.push(format!("{}: must equal {c}", at(path)));
+        }
+        if let Some(e) = &self.enumeration
+            && !e.iter().any(|x| json_eq(x, v))
+        {
+            let list: Vec<String> = e.iter().map(Value::to_string).collect();
+            errors.push(format!("{}: must be one of {}", at(path), list.join(", ")));
+        }
+        match v {
+            Value::Number(n) => {
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                let bad = |cond: bool, what: String, errors: &mut Vec<String>| {
+                    if cond {
+                        errors.push(format!("{}: {what}", at(path)));
+                    }
+                };
+                if let Some(m) = self.minimum {
+                    bad(x < m, format!("must be >= {m}"), errors);
+                }
+                if let Some(m) = self.maximum {
+                    bad(x > m, format!("must be <= {m}"), errors);
+                }
+                if let Some(m) = self.exclusive_minimum {
+                    bad(x <= m, format!("must be > {m}"), errors);
+                }
+                if let Some(m) = self.exclusive_maximum {
+                    bad(x >= m, format!("must be < {m}"), errors);
+                }
+            }
+            Value::String(s) => {
+                if self.min_length.is_some() || self.max_length.is_some() {
+                    let n = s.chars().count();
+                    if self.min_length.is_some_and(|m| n < m) {
+                        errors.push(format!("{}: shorter than {} characters", at(path), self.min_length.unwrap_or(0)));
+                    }
+                    if self.max_length.is_some_and(|m| n > m) {
+                        errors.push(format!("{}: longer than {} characters", at(path), self.max_length.unwrap_or(0)));
+                    }
+                }
+                if let Some(re) = &self.pattern
+                    && !re.is_match(s)
+                {
+                    errors.push(format!("{}: does not match pattern {}", at(path), re.as_str()));
+                }
+            }
+            Value::Array(a) => {
+                if self.min_items.is_some_and(|m| a.len() < m) {
+                    errors.push(format!("{}: fewer than {} items", at(path), self.min_items.unwrap_or(0)));
+                }
+                if self.max_items.is_some_and(|m| a.len() > m) {
+                    errors.push(format!("{}: more than {} items", at(path), self.max_items.unwrap_or(0)));
+                }
+                if let Some(items) = &self.items {
+                    for (i, x) in a.iter().enumerate() {
+                        let len = path.len();
+                        path.push_str(&format!("[{i}]"));
+                        items.check(x, path, errors);
+                        path.truncate(len);
+                    }
+                }
+            }
+            Value::Object(o) => {
+                for r in &self.required {
+                    if !o.contains_key(&**r) {
+                        errors.push(format!("{}: missing required property `{r}`", at(path)));
+                    }
+                }
+                for (k, x) in o {
+                    let len = path.len();
+                    path.push('.');
+                    path.push_str(k);
+                    if let Some((_, s)) = self.properties.iter().find(|(name, _)| **name == **k) {
+                        s.check(x, path, errors);
+                    } else {
+                        match self.additional.as_deref() {
+                            Some(Additional::Deny) => errors.push(format!("{}: unknown property", at(path))),
+                            Some(Additional::Schema(s)) => s.check(x, path, errors),
+                            None => {}
+                        }
+                    }
+                    path.truncate(len);
+                }
+            }
+            _ => {}
+        }
+        for s in &self.all_of {
+            s.check(v, path, errors);
+        }
+        if !self.any_of.is_empty() && !self.any_of.iter().any(|s| s.is_valid(v)) {
+            errors.push(format!("{}: matches none of the anyOf alternatives", at(path)));
+        }
+        if !self.one_of.is_empty() {
+            let n = self.one_of.iter().filter(|s| s.is_valid(v)).count();
+            if n != 1 {
+                errors.push(format!("{}: must match exactly one oneOf alternative, matches {n}", at(path)));
+            }
+        }
+    }
+}
+
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+fn type_bit(v: &Value) -> u8 {
+    match v {
+        Value::Null => T_NULL,
+        Value::Bool(_) => T_BOOL,
+        Value::Number(n) if n.is_i64() || n.is_u64() => T_INT,
+        Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0) => T_INT | T_NUM,
+        Value::Number(_) => T_NUM,
+        Value::String(_) => T_STR,
+        Value::Array(_) => T_ARR,
+        Value::Object(_) => T_OBJ,
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn type_names(bits: u8) -> String {
+    let names = [
+        (T_NULL, "null"), (T_BOOL, "boolean"), (T_INT, "integer"), (T_NUM, "number"),
+        (T_STR, "string"), (T_ARR, "array"), (T_OBJ, "object"),
+    ];
+    let v: Vec<&str> = names
+        .iter()
+        .filter(|(b, _)| bits & b != 0 && !(*b == T_INT && bits & T_NUM != 0))
+        .map(|(_, n)| *n)
+        .collect();
+    v.join(" or ")
+}
+
+fn parse_type(name: &str) -> Option<u8> {
+    Some(match name {
+        "null" => T_NULL,
+        "boolean" => T_BOOL,
+        "integer" => T_INT,
+        "number" => T_NUM | T_INT,
+        "string" => T_STR,
+        "array" => T_ARR,
+        "object" => T_OBJ,
+        _ => return None,
+    })
+}
+
+fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
+    let here = |k: &str| if path.is_empty() { k.to_owned() } else { format!("{path}.{k}") };
+    let obj = match v {
+        Value::Bool(true) => return Schema { types: T_ANY, trivial: true, ..Schema::default() },
+        Value::Bool(false) => return Schema { types: 0, ..Schema::default() },
+        Value::Object(o) => o,
+        _ => {
+            errs.push(format!("{}: a schema must be an object or a boolean", if path.is_empty() { "schema" } else { path }));
+            return Schema::default();
+        }
+    };
+    let mut s = Schema { types: T_ANY, ..Schema::default() };
+    let num = |k: &str, errs: &mut Vec<String>| -> Option<f64> {
+        let x = obj.get(k)?;
+        x.as_f64().or_else(|| {
+            errs.push(format!("{}: must be a number", here(k)));
+            None
+        })
+    };
+    let count = |k: &str, errs: &mut Vec<String>| -> Option<usize> {
+        let x = obj.get(k)?;
+        x.as_u64().map(|n| n as usize).or_else(|| {
+            errs.push(format!("{}: must be a non-negative integer", here(k)));
+            None
+        })
+    };
+    for (k, x) in obj {
+        match k.as_str() {
+            "type" => {
+                let names: Vec<&Value> = match x {
+                    Value::Array(a) => a.iter().collect(),
+                    one => vec![one],
+                };
+                let mut bits = 0;
+                for n in names {
+                    match n.as_str().and_then(parse_type) {
+                        Some(b) => bits |= b,
+                        None => errs.push(format!("{}: unknown type {n}", here("type"))),
+                    }
+                }
+                s.types = bits;
+            }
+            "properties" => match x.as_object() {
+                Some(props) => {
+                    for (name, sub) in props {
+                        let p = compile_at(sub, &here(&format!("properties.{name}")), errs);
+                        s.properties.push((name.as_str().into(), p));
+                    }
+                }
+                None => errs.push(format!("{}: must be an object", here(k))),
+            },
+            "required" => match x.as_array() {
+                Some(a) if a.iter().all(Value::is_string) => {
+                    s.required = a.iter().filter_map(Value::as_str).map(Into::into).collect();
+                }
+                _ => errs.push(format!("{}: must be an array of strings", here(k))),
+            },
+            "additionalProperties" => {
+                s.additional = Some(Box::new(match x {
+                    Value::Bool(false) => Additional::Deny,
+                    other => Additional::Schema(compile_at(other, &here(k), errs)),
+                }));
+            }
+            "items" => s.items = Some(Box::new(compile_at(x, &here(k), errs))),
+            "enum" => match x.as_array() {
+                Some(a) => s.enumeration = Some(a.clone()),
+                None => errs.push(format!("{}: must be an array", here(k))),
+            },
+            "const" => s.constant = Some(x.clone()),
+            "minimum" => s.minimum = num(k, errs),
+            "maximum" => s.maximum = num(k, errs),
+            "exclusiveMinimum" => s.exclusive_minimum = num(k, errs),
+            "exclusiveMaximum" => s.exclusive_maximum = num(k, errs),
+            "minLength" => s.min_length = count(k, errs),
+            "maxLength" => s.max_length = count(k, errs),
+            "minItems" => s.min_items = count(k, errs),
+            "maxItems" => s.max_items = count(k, errs),
+            "pattern" => match x.as_str().map(Regex::new) {
+                Some(Ok(re)) => s.pattern = Some(re),
+                Some(Err(e)) => errs.push(format!("{}: invalid regular expression: {e}", here(k))),
+                None => errs.push(format!("{}: must be a string", here(k))),
+            },
+            "anyOf" | "oneOf" | "allOf" => match x.as_array() {
+                Some(a) if !a.is_empty() => {
+                    let list = a.iter().enumerate().map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs)).collect();
+                    match k.as_str() {
+                        "anyOf" => s.any_of = list,
+                        "oneOf" => s.one_of = list,
+                        _ => s.all_of = list,
+                    }
+                }
+                _ => errs.push(format!("{}: must be a non-empty array of schemas", here(k))),
+            },
+            other if ANNOTATIONS.contains(&other) => {}
+            other => errs.push(format!("{}: unsupported JSON Schema keyword", here(other))),
+        }
+    }
+    for r in &s.required {
+        if !s.properties.is_empty() && !s.properties.iter().any(|(n, _)| n == r) && matches!(s.additional.as_deref(), Some(Additional::Deny)) {
+            errs.push(format!("{}: `{r}` is required but not a property and additionalProperties is false", here("required")));
+        }
+    }
+    s.trivial = obj.keys().all(|k| ANNOTATIONS.contains(&k.as_str()));
+    s
+}
+
+/// Expands the `input:` shorthand into an object JSON Schema.
+///
+/// `{a: number, b: "string?", tags: {type: array, items: {type: string}}}` becomes an object
+/// schema with `a` required, `b` optional, `tags` as written, and no other properties.
+///
+/// # Errors
+/// One message per property whose type is neither a known type name nor a schema object.
+pub fn expand_shorthand(input: &BTreeMap<String, Value>) -> Result<Value, Vec<String>> {
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    let mut errs = Vec::new();
+    for (name, spec) in input {
+        match spec {
+            Value::String(t) => {
+                let (ty, optional) = match t.strip_suffix('?') {
+                    Some(base) => (base.trim(), true),
+                    None => (t.trim(), false),
+                };
+                if parse_type(ty).is_none() || ty == "null" {
+                    errs.push(format!(
+                        "{name}: unknown type `{ty}` (string, number, integer, boolean, object, array; `?` suffix for optional)"
+                    ));
+                    continue;
+                }
+                props.insert(name.clone(), json!({"type": ty}));
+                if !optional {
+                    required.push(Value::String(name.clone()));
+                }
+            }
+            Value::Object(_) => {
+                props.insert(name.clone(), spec.clone());
+                required.push(Value::String(name.clone()));
+            }
+            other => errs.push(format!("{name}: expected a type name or a schema object, got {other}")),
+        }
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    Ok(json!({
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": false,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(schema: Value, v: Value) -> Vec<String> {
+        let s = Schema::compile(&schema).unwrap();
+        let mut e = Vec::new();
+        s.validate(&v, &mut e);
+        e
+    }
+
+    #[test]
+    fn validates_objects_with_paths() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["a"], "additionalProperties": false});
+        assert!(errors(schema.clone(), json!({"a": 1})).is_empty());
+        assert!(errors(schema.clone(), json!({"a": 1.5, "tags": ["x"]})).is_empty());
+        let e = errors(schema, json!({"tags": ["x", 3], "zz": 1}));
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e.iter().any(|m| m == "arguments: missing required property `a`"));
+        assert!(e.iter().any(|m| m == "arguments.tags[1]: expected string, got integer"));
+        assert!(e.iter().any(|m| m == "arguments.zz: unknown property"));
+    }
+
+    #[test]
+    fn integer_accepts_whole_floats_number_accepts_integers() {
+        assert!(errors(json!({"type": "integer"}), json!(2.0)).is_empty());
+        assert!(!errors(json!({"type": "integer"}), json!(2.5)).is_empty());
+        assert!(errors(json!({"type": "number"}), json!(2)).is_empty());
+    }
+
+    #[test]
+    fn bounds_enum_pattern_and_combinators() {
+        assert_eq!(errors(json!({"minimum": 1, "maximum": 3}), json!(5)), vec!["arguments: must be <= 3"]);
+        assert!(!errors(json!({"enum": ["a", "b"]}), json!("c")).is_empty());
+        assert!(errors(json!({"pattern": "^[a-z]+$"}), json!("abc")).is_empty());
+        assert!(!errors(json!({"pattern": "^[a-z]+$"}), json!("ab1")).is_empty());
+        assert!(errors(json!({"anyOf": [{"type": "string"}, {"type": "integer"}]}), json!(3)).is_empty());
+        assert!(!errors(json!({"oneOf": [{"type": "number"}, {"type": "integer"}]}), json!(3)).is_empty());
+    }
+
+    #[test]
+    fn rejects_unsupported_keywords_with_paths() {
+        let e = Schema::compile(&json!({"type": "object", "properties": {"x": {"if": {}}}, "minimum": "z"})).unwrap_err();
+        assert!(e.contains(&"properties.x.if: unsupported JSON Schema keyword".to_owned()), "{e:?}");
+        assert!(e.contains(&"minimum: must be a number".to_owned()), "{e:?}");
+    }
+
+    #[test]
+    fn shorthand_expands_required_and_optional() {
+        let mut m = BTreeMap::new();
+        m.insert("a".to_owned(), json!("number"));
+        m.insert("b".to_owned(), json!("string?"));
+        let s = expand_shorthand(&m).unwrap();
+        assert_eq!(s["required"], json!(["a"]));
+        assert_eq!(s["properties"]["b"], json!({"type": "string"}));
+        m.insert("c".to_owned(), json!("strnig"));
+        assert!(expand_shorthand(&m).unwrap_err()[0].contains("unknown type `strnig`"));
+    }
+}

@@ -1,0 +1,340 @@
+//! `{{ path | filter }}` text templates, compiled once into token lists and rendered
+//! against JSON values without re-parsing.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+/// One segment of a dotted variable path: `steps.0.text` is `[steps, 0, text]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    key: Box<str>,
+    index: Option<usize>,
+}
+
+/// A filter applied to a substituted value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// JSON-encode the value (strings get quotes).
+    Json,
+    /// Percent-encode for a URL component.
+    Url,
+    /// Upper-case.
+    Upper,
+    /// Lower-case.
+    Lower,
+    /// Trim surrounding whitespace.
+    Trim,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Part {
+    Lit(Box<str>),
+    Var { path: Box<[Segment]>, filters: Box<[Filter]> },
+}
+
+/// A compiled text template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    parts: Box<[Part]>,
+    /// Bytes of literal text: a capacity hint for rendering.
+    literal_len: usize,
+}
+
+/// Where a template's variables are looked up.
+pub trait Scope {
+    /// The value bound to a top-level name, if any.
+    fn get(&self, name: &str) -> Option<&Value>;
+}
+
+impl Scope for Value {
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.as_object().and_then(|o| o.get(name))
+    }
+}
+
+impl Template {
+    /// Compiles `src`.
+    ///
+    /// # Errors
+    /// An unclosed `{{`, an empty or malformed path, or an unknown filter.
+    pub fn compile(src: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = src;
+        let mut literal_len = 0;
+        while let Some(start) = rest.find("{{") {
+            if start > 0 {
+                literal_len += start;
+                parts.push(Part::Lit(rest[..start].into()));
+            }
+            let after = &rest[start + 2..];
+            let end = after
+                .find("}}")
+                .ok_or_else(|| format!("unclosed `{{{{` at byte {}", src.len() - rest.len() + start))?;
+            parts.push(parse_var(after[..end].trim())?);
+            rest = &after[end + 2..];
+        }
+        if !rest.is_empty() {
+            literal_len += rest.len();
+            parts.push(Part::Lit(rest.into()));
+        }
+        Ok(Self { parts: parts.into(), literal_len })
+    }
+
+    /// The template of no text.
+    pub fn empty() -> Self {
+        Self { parts: Box::new([]), literal_len: 0 }
+    }
+
+    /// True when the template has no variables.
+    pub fn is_literal(&self) -> bool {
+        self.parts.iter().all(|p| matches!(p, Part::Lit(_)))
+    }
+
+    /// The path of the single variable when the template is exactly `{{path}}` with no filters.
+    fn sole_variable(&self) -> Option<&[Segment]> {
+        match &*self.parts {
+            [Part::Var { path, filters }] if filters.is_empty() => Some(path),
+            _ => None,
+        }
+    }
+
+    /// The first segment of every variable path (the names a scope must bind).
+    pub fn roots(&self) -> impl Iterator<Item = (&str, Option<usize>)> + '_ {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Var { path, .. } => {
+                Some((&*path[0].key, path.get(1).and_then(|s| s.index)))
+            }
+            Part::Lit(_) => None,
+        })
+    }
+
+    /// Renders into `out`. Missing variables render as nothing.
+    pub fn render_into(&self, scope: &dyn Scope, out: &mut String) {
+        for part in &*self.parts {
+            match part {
+                Part::Lit(s) => out.push_str(s),
+                Part::Var { path, filters } => {
+                    if let Some(v) = resolve(scope, path) {
+                        apply(v, filters, out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renders to a new string.
+    pub fn render(&self, scope: &dyn Scope) -> String {
+        let mut out = String::with_capacity(self.literal_len + 16);
+        self.render_into(scope, &mut out);
+        out
+    }
+}
+
+fn parse_var(expr: &str) -> Result<Part, String> {
+    let mut pieces = expr.split('|');
+    let path_src = pieces.next().unwrap_or_default().trim();
+    if path_src.is_empty() {
+        return Err("empty `{{ }}`".to_owned());
+    }
+    let mut path = Vec::new();
+    for seg in path_src.split('.') {
+        if seg.is_empty() || !seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(format!("`{path_src}` is not a variable path (letters, digits, `_`, `-`, joined by `.`)"));
+        }
+        path.push(Segment { key: seg.into(), index: seg.parse().ok() });
+    }
+    let filters = pieces
+        .map(|f| match f.trim() {
+            "json" => Ok(Filter::Json),
+            "url" => Ok(Filter::Url),
+            "upper" => Ok(Filter::Upper),
+            "lower" => Ok(Filter::Lower),
+            "trim" => Ok(Filter::Trim),
+            other => Err(format!("unknown filter `{other}` (json, url, upper, lower, trim)")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Part::Var { path: path.into(), filters: filters.into() })
+}
+
+fn resolve<'a>(scope: &'a dyn Scope, path: &[Segment]) -> Option<&'a Value> {
+    let mut v = scope.get(&path[0].key)?;
+    for seg in &path[1..] {
+        v = match v {
+            Value::Object(o) => o.get(&*seg.key)?,
+            Value::Array(a) => a.get(seg.index?)?,
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+/// Appends the text form of a value: strings raw, null as nothing, the rest as JSON.
+pub fn push_value(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => out.push_str(s),
+        Value::Null => {}
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            let _ = write!(out, "{n}");
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn apply(v: &Value, filters: &[Filter], out: &mut String) {
+    if filters.is_empty() {
+        return push_value(v, out);
+    }
+    let mut s = String::new();
+    let mut first = true;
+    for f in filters {
+        if first {
+            first = false;
+            if *f == Filter::Json {
+                s = v.to_string();
+                continue;
+            }
+            push_value(v, &mut s);
+        }
+        s = match f {
+            Filter::Json => Value::String(s).to_string(),
+            Filter::Url => percent_encode(&s),
+            Filter::Upper => s.to_uppercase(),
+            Filter::Lower => s.to_lowercase(),
+            Filter::Trim => s.trim().to_owned(),
+        };
+    }
+    out.push_str(&s);
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// A JSON value whose strings are templates. A string that is exactly `{{path}}`
+/// substitutes the bound value with its JSON type intact.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonTemplate {
+    /// A value with no templates in it.
+    Const(Value),
+    /// A string template.
+    Text(Template),
+    /// Exactly one variable: the bound value, typed.
+    Typed(Template),
+    /// An array of templates.
+    Array(Vec<JsonTemplate>),
+    /// An object of templates (keys are literal).
+    Object(Vec<(String, JsonTemplate)>),
+}
+
+impl JsonTemplate {
+    /// Compiles every string inside `v`.
+    ///
+    /// # Errors
+    /// The first malformed template, with its JSON path.
+    pub fn compile(v: &Value) -> Result<Self, String> {
+        Ok(match v {
+            Value::String(s) => {
+                let t = Template::compile(s)?;
+                if t.is_literal() {
+                    Self::Const(v.clone())
+                } else if t.sole_variable().is_some() {
+                    Self::Typed(t)
+                } else {
+                    Self::Text(t)
+                }
+            }
+            Value::Array(a) => Self::Array(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, x)| Self::compile(x).map_err(|e| format!("[{i}]: {e}")))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Object(o) => Self::Object(
+                o.iter()
+                    .map(|(k, x)| Ok((k.clone(), Self::compile(x).map_err(|e| format!(".{k}: {e}"))?)))
+                    .collect::<Result<_, String>>()?,
+            ),
+            other => Self::Const(other.clone()),
+        })
+    }
+
+    /// Every template inside, for checking the names they use.
+    pub fn templates(&self) -> Vec<&Template> {
+        let mut out = Vec::new();
+        self.collect(&mut out);
+        out
+    }
+
+    fn collect<'a>(&'a self, out: &mut Vec<&'a Template>) {
+        match self {
+            Self::Const(_) => {}
+            Self::Text(t) | Self::Typed(t) => out.push(t),
+            Self::Array(a) => a.iter().for_each(|x| x.collect(out)),
+            Self::Object(o) => o.iter().for_each(|(_, x)| x.collect(out)),
+        }
+    }
+
+    /// Renders to a JSON value.
+    pub fn render(&self, scope: &dyn Scope) -> Value {
+        match self {
+            Self::Const(v) => v.clone(),
+            Self::Text(t) => Value::String(t.render(scope)),
+            Self::Typed(t) => t
+                .sole_variable()
+                .and_then(|p| resolve(scope, p))
+                .cloned()
+                .unwrap_or(Value::Null),
+            Self::Array(a) => Value::Array(a.iter().map(|x| x.render(scope)).collect()),
+            Self::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), x.render(scope))).collect()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn renders_literals_paths_and_filters() {
+        let t = Template::compile("Hi {{ name | upper }}, {{steps.1.text}}!{{missing}}").unwrap();
+        let scope = json!({"name": "ada", "steps": [{"text": "x"}, {"text": "y"}]});
+        assert_eq!(t.render(&scope), "Hi ADA, y!");
+        let roots: Vec<_> = t.roots().collect();
+        assert_eq!(roots, vec![("name", None), ("steps", Some(1)), ("missing", None)]);
+    }
+
+    #[test]
+    fn url_and_json_filters() {
+        let scope = json!({"q": "a b&c", "n": 3});
+        assert_eq!(Template::compile("{{q|url}}").unwrap().render(&scope), "a%20b%26c");
+        assert_eq!(Template::compile("{{q|json}}").unwrap().render(&scope), "\"a b&c\"");
+        assert_eq!(Template::compile("{{n}}").unwrap().render(&scope), "3");
+    }
+
+    #[test]
+    fn rejects_malformed_templates() {
+        assert!(Template::compile("{{ open").unwrap_err().contains("unclosed"));
+        assert!(Template::compile("{{}}").unwrap_err().contains("empty"));
+        assert!(Template::compile("{{a|nope}}").unwrap_err().contains("unknown filter"));
+        assert!(Template::compile("{{a b}}").unwrap_err().contains("not a variable path"));
+    }
+
+    #[test]
+    fn json_templates_keep_types() {
+        let t = JsonTemplate::compile(&json!({"n": "{{n}}", "s": "n={{n}}", "k": [1, "{{flag}}"]})).unwrap();
+        let out = t.render(&json!({"n": 2.5, "flag": true}));
+        assert_eq!(out, json!({"n": 2.5, "s": "n=2.5", "k": [1, true]}));
+    }
+}
