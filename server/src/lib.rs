@@ -7,3 +7,24 @@
 pub mod config;
 pub mod schema;
 pub mod template;
+
+#[cfg(feature = "runtime")]
+pub mod admin;
+#[cfg(feature = "runtime")]
+pub mod cli;
+#[cfg(feature = "runtime")]
+pub mod dispatch;
+#[cfg(feature = "runtime")]
+pub mod handlers;
+#[cfg(feature = "runtime")]
+pub mod metrics;
+#[cfg(feature = "runtime")]
+pub mod protocol;
+#[cfg(feature = "runtime")]
+pub mod registry;
+#[cfg(feature = "runtime")]
+pub mod reload;
+#[cfg(feature = "runtime")]
+pub mod transport;
+#[cfg(feature = "runtime")]
+pub mod tuning;

@@ -25,6 +25,8 @@ pub enum Filter {
     Lower,
     /// Trim surrounding whitespace.
     Trim,
+    /// In URL templates: insert the value as is instead of percent-encoding it.
+    Raw,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -123,6 +125,27 @@ impl Template {
         }
     }
 
+    /// Renders a URL: substituted values are percent-encoded unless filtered `url` or `raw`.
+    pub fn render_url(&self, scope: &dyn Scope) -> String {
+        let mut out = String::with_capacity(self.literal_len + 16);
+        for part in &*self.parts {
+            match part {
+                Part::Lit(s) => out.push_str(s),
+                Part::Var { path, filters } => {
+                    let Some(v) = resolve(scope, path) else { continue };
+                    if filters.iter().any(|f| matches!(f, Filter::Raw | Filter::Url)) {
+                        apply(v, filters, &mut out);
+                    } else {
+                        let mut s = String::new();
+                        apply(v, filters, &mut s);
+                        out.push_str(&percent_encode(&s));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Renders to a new string.
     pub fn render(&self, scope: &dyn Scope) -> String {
         let mut out = String::with_capacity(self.literal_len + 16);
@@ -151,7 +174,8 @@ fn parse_var(expr: &str) -> Result<Part, String> {
             "upper" => Ok(Filter::Upper),
             "lower" => Ok(Filter::Lower),
             "trim" => Ok(Filter::Trim),
-            other => Err(format!("unknown filter `{other}` (json, url, upper, lower, trim)")),
+            "raw" => Ok(Filter::Raw),
+            other => Err(format!("unknown filter `{other}` (json, url, upper, lower, trim, raw)")),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Part::Var { path: path.into(), filters: filters.into() })
@@ -203,6 +227,7 @@ fn apply(v: &Value, filters: &[Filter], out: &mut String) {
             Filter::Upper => s.to_uppercase(),
             Filter::Lower => s.to_lowercase(),
             Filter::Trim => s.trim().to_owned(),
+            Filter::Raw => s,
         };
     }
     out.push_str(&s);
@@ -321,6 +346,13 @@ mod tests {
         assert_eq!(Template::compile("{{q|url}}").unwrap().render(&scope), "a%20b%26c");
         assert_eq!(Template::compile("{{q|json}}").unwrap().render(&scope), "\"a b&c\"");
         assert_eq!(Template::compile("{{n}}").unwrap().render(&scope), "3");
+    }
+
+    #[test]
+    fn url_rendering_encodes_unless_raw() {
+        let scope = json!({"c": "São Paulo/x", "p": "a/b"});
+        let t = Template::compile("http://h/w?c={{c}}&p={{p|raw}}").unwrap();
+        assert_eq!(t.render_url(&scope), "http://h/w?c=S%C3%A3o%20Paulo%2Fx&p=a/b");
     }
 
     #[test]

@@ -19,7 +19,7 @@ fn default_kind() -> String {
 }
 
 /// A set of MCP tools, resources and prompts served by one quiver-server.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToolSet {
     /// Document version; must be `quiver.dev/v1alpha1`.
@@ -40,6 +40,19 @@ pub struct ToolSet {
     /// Prompt templates with arguments (`prompts/list`, `prompts/get`).
     #[serde(default)]
     pub prompts: Vec<PromptSpec>,
+}
+
+impl Default for ToolSet {
+    fn default() -> Self {
+        Self {
+            api_version: default_api_version(),
+            kind: default_kind(),
+            server: ServerInfo::default(),
+            tools: Vec::new(),
+            resources: Vec::new(),
+            prompts: Vec::new(),
+        }
+    }
 }
 
 /// Server identity and listing behaviour.

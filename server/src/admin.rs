@@ -1,0 +1,72 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/status`. Kept off the MCP port
+//! so probes and scrapes never queue behind tool calls.
+
+use std::sync::Arc;
+use std::time::{Instant, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use crate::dispatch::Server;
+use crate::tuning::Tuning;
+
+/// State of the admin router.
+#[derive(Debug)]
+pub struct AdminState {
+    /// The MCP server.
+    pub server: Arc<Server>,
+    /// Where the config comes from (for `/status`).
+    pub source: String,
+    /// Worker and pinning facts.
+    pub tuning: Tuning,
+    /// Process start.
+    pub started: Instant,
+}
+
+/// The admin router.
+pub fn app(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        s.server.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
+    if s.server.registry.is_ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no tool config loaded yet").into_response()
+    }
+}
+
+async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
+    let snap = s.server.registry.load();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "ready": s.server.registry.is_ready(),
+        "source": s.source,
+        "generation": snap.generation,
+        "configHash": snap.hash,
+        "tools": snap.tools.len(),
+        "resources": snap.config.resources.len(),
+        "prompts": snap.config.prompts.len(),
+        "loadedAtUnix": snap.loaded_at.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "lastReload": s.server.registry.last_reload(),
+        "uptimeSeconds": s.started.elapsed().as_secs(),
+        "tuning": s.tuning,
+    }))
+}

@@ -1,0 +1,131 @@
+//! Tool execution: one module per handler kind, and the [`Executor`] that runs a compiled
+//! tool against validated arguments.
+
+mod builtin;
+mod exec;
+mod http;
+mod pipeline;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde_json::Value;
+
+pub use self::http::HttpClient;
+use crate::config::{Builtin, CompiledHandler};
+use crate::registry::Snapshot;
+
+/// The result of a tool call (MCP `CallToolResult`): one text block, optional structured
+/// content, and whether the tool reported an error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    /// The text content.
+    pub text: String,
+    /// `structuredContent`.
+    pub structured: Option<Value>,
+    /// `isError`.
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    /// A successful text result.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { text: text.into(), structured: None, is_error: false }
+    }
+
+    /// A tool execution error the client's model can read and act on.
+    pub fn error(text: impl Into<String>) -> Self {
+        Self { text: text.into(), structured: None, is_error: true }
+    }
+
+    /// Appends the serialized `CallToolResult` object.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"content\":[{\"type\":\"text\",\"text\":");
+        let _ = serde_json::to_writer(&mut *out, &self.text);
+        out.extend_from_slice(b"}]");
+        if let Some(s) = &self.structured {
+            out.extend_from_slice(b",\"structuredContent\":");
+            let _ = serde_json::to_writer(&mut *out, s);
+        }
+        out.extend_from_slice(if self.is_error { b",\"isError\":true}" } else { b",\"isError\":false}" });
+    }
+}
+
+/// A boxed future of a tool result (pipelines recurse, so the async path is boxed).
+pub type OutputFuture<'a> = Pin<Box<dyn Future<Output = ToolOutput> + Send + 'a>>;
+
+/// Runs tools. Holds what handlers share: the pooled HTTP client.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    http: HttpClient,
+}
+
+/// Pipelines may nest at most this deep (cycles are rejected at load; this bounds the rest).
+const MAX_DEPTH: usize = 16;
+
+impl Executor {
+    /// An executor with a fresh HTTP connection pool.
+    pub fn new() -> Self {
+        Self { http: HttpClient::new() }
+    }
+
+    /// Runs the tool synchronously when its handler never waits (most builtins, templates):
+    /// no future is boxed, no task is spawned. `None` means "use [`Executor::run`]".
+    #[inline]
+    pub fn run_now(&self, snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
+        match &snap.tools[tool].def.handler {
+            CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run(*b, args)),
+            CompiledHandler::Template(t) => Some(ToolOutput::text(t.render(args))),
+            _ => None,
+        }
+    }
+
+    /// Whether a tool may take long enough to be worth making cancellable.
+    pub fn is_slow(snap: &Snapshot, tool: usize) -> bool {
+        !matches!(&snap.tools[tool].def.handler, CompiledHandler::Builtin(b) if *b != Builtin::Sleep)
+            && !matches!(&snap.tools[tool].def.handler, CompiledHandler::Template(_))
+    }
+
+    /// Runs a tool whose arguments have been validated.
+    pub fn run<'a>(&'a self, snap: &'a Snapshot, tool: usize, args: Value, depth: usize) -> OutputFuture<'a> {
+        Box::pin(async move {
+            if let Some(out) = self.run_now(snap, tool, &args) {
+                return out;
+            }
+            match &snap.tools[tool].def.handler {
+                CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
+                CompiledHandler::Http(h) => self.http.call(h, &args).await,
+                CompiledHandler::Exec(e) => exec::run(e, &args).await,
+                CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => pipeline::run(self, snap, steps, args, depth).await,
+                CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
+                CompiledHandler::Template(_) => unreachable!("templates run synchronously"),
+            }
+        })
+    }
+}
+
+impl Default for Executor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Checks a successful result against the tool's output schema.
+pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> ToolOutput {
+    let Some(schema) = &snap.tools[tool].def.output else { return out };
+    if out.is_error {
+        return out;
+    }
+    match &out.structured {
+        None => ToolOutput::error("the tool declares an outputSchema but produced no structured content"),
+        Some(s) => {
+            let mut errs = Vec::new();
+            schema.validate(s, &mut errs);
+            if errs.is_empty() {
+                out
+            } else {
+                ToolOutput::error(format!("the result does not match the tool's outputSchema: {}", errs.join("; ").replace("arguments", "result")))
+            }
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Prometheus metrics. Hot-path instruments are lock-free atomics whose handles are resolved
+//! once (per tool, when a registry snapshot is built; per method, at start-up), so recording
+//! a request does no label hashing and takes no lock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Bucket upper bounds (seconds) of the dispatch and request histograms: 1 µs to 10 s.
+pub const LATENCY_BUCKETS: [f64; 22] = [
+    0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5,
+    0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Debug)]
+struct HistogramInner {
+    bounds: &'static [f64],
+    /// Per-bucket (non-cumulative) counts; the last slot is +Inf.
+    counts: Box<[AtomicU64]>,
+    sum_nanos: AtomicU64,
+}
+
+/// A lock-free histogram (prometheus-client's own takes a mutex per observation).
+#[derive(Debug, Clone)]
+pub struct Histogram(Arc<HistogramInner>);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::new(&LATENCY_BUCKETS)
+    }
+}
+
+impl Histogram {
+    /// A histogram with the given ascending bucket bounds.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self(Arc::new(HistogramInner {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+        }))
+    }
+
+    /// Records one duration.
+    #[inline]
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = self.0.bounds.partition_point(|b| *b < secs);
+        self.0.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.0.sum_nanos.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Number of observations so far.
+    pub fn count(&self) -> u64 {
+        self.0.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut buckets = Vec::with_capacity(self.0.counts.len());
+        let mut count = 0;
+        for (i, c) in self.0.counts.iter().enumerate() {
+            let n = c.load(Ordering::Relaxed);
+            count += n;
+            buckets.push((self.0.bounds.get(i).copied().unwrap_or(f64::MAX), n));
+        }
+        let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Labels of the per-tool dispatch histogram.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    /// Tool name.
+    pub tool: String,
+    /// `ok`, `tool_error` (isError result) or `invalid_arguments`.
+    pub outcome: &'static str,
+}
+
+/// Labels of per-method instruments.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    /// JSON-RPC method (unknown methods are `other`).
+    pub method: &'static str,
+}
+
+/// Labels of the request counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// JSON-RPC method (unknown methods are `other`).
+    pub method: &'static str,
+    /// `ok` or the JSON-RPC error class.
+    pub outcome: &'static str,
+}
+
+/// Labels of the reload counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `success`, `invalid` (config rejected, previous kept) or `unchanged`.
+    pub result: &'static str,
+}
+
+/// The methods with their own series; everything else is `other`.
+pub const METHODS: [&str; 14] = [
+    "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/templates/list",
+    "resources/read", "prompts/list", "prompts/get", "notification", "response", "invalid",
+    "batch", "other",
+];
+
+/// Outcomes of a request.
+pub const OUTCOMES: [&str; 6] = ["ok", "parse_error", "invalid_request", "method_not_found", "invalid_params", "internal_error"];
+
+/// Index of a method in [`METHODS`].
+pub fn method_index(method: &str) -> usize {
+    METHODS.iter().position(|m| *m == method).unwrap_or(METHODS.len() - 1)
+}
+
+/// Handles of a tool's dispatch histogram, by outcome.
+#[derive(Debug, Clone)]
+pub struct ToolMetrics {
+    /// Successful calls.
+    pub ok: Histogram,
+    /// Calls whose result had `isError: true`.
+    pub tool_error: Histogram,
+    /// Calls rejected by input validation.
+    pub invalid_arguments: Histogram,
+}
+
+/// Every metric of the server.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    dispatch: Family<ToolLabels, Histogram>,
+    request_duration: Vec<Histogram>,
+    requests: Vec<Counter>,
+    /// Requests being handled now.
+    pub inflight: Gauge<i64, AtomicI64>,
+    /// Tools in the current registry.
+    pub registry_tools: Gauge<i64, AtomicI64>,
+    /// Generation of the current registry.
+    pub registry_generation: Gauge<i64, AtomicI64>,
+    reloads: Family<ReloadLabels, Counter>,
+    /// Duration of config reloads (parse, compile, swap).
+    pub reload_duration: Histogram,
+    /// Open server-to-client streams (HTTP GET and stdio).
+    pub streams: Gauge<i64, AtomicI64>,
+}
+
+impl Metrics {
+    /// Registers every metric under the `quiver_` prefix.
+    pub fn new(profile: &str, allocator: &str) -> Arc<Self> {
+        let mut root = Registry::with_prefix("quiver");
+        let dispatch = Family::<ToolLabels, Histogram>::default();
+        root.register_with_unit(
+            "dispatch_duration",
+            "Time to execute a tools/call, from lookup to serialized result",
+            Unit::Seconds,
+            dispatch.clone(),
+        );
+        let request_duration_family = Family::<MethodLabels, Histogram>::default();
+        root.register_with_unit(
+            "request_duration",
+            "Time to answer a JSON-RPC message, by method",
+            Unit::Seconds,
+            request_duration_family.clone(),
+        );
+        let requests_family = Family::<RequestLabels, Counter>::default();
+        root.register("requests", "JSON-RPC messages handled, by method and outcome", requests_family.clone());
+        let request_duration = METHODS.iter().map(|m| request_duration_family.get_or_create(&MethodLabels { method: m }).clone()).collect();
+        let mut requests = Vec::with_capacity(METHODS.len() * OUTCOMES.len());
+        for m in METHODS {
+            for o in OUTCOMES {
+                requests.push(requests_family.get_or_create(&RequestLabels { method: m, outcome: o }).clone());
+            }
+        }
+        let inflight = Gauge::default();
+        root.register("inflight_requests", "Requests being handled", inflight.clone());
+        let registry_tools = Gauge::default();
+        root.register("registry_tools", "Tools in the serving registry", registry_tools.clone());
+        let registry_generation = Gauge::default();
+        root.register("registry_generation", "Generation of the serving registry (1 = first load)", registry_generation.clone());
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        root.register("config_reloads", "Config reload attempts by result", reloads.clone());
+        for r in ["success", "invalid", "unchanged"] {
+            let _ = reloads.get_or_create(&ReloadLabels { result: r });
+        }
+        let reload_duration = Histogram::default();
+        root.register_with_unit("config_reload_duration", "Time to parse, compile and swap in a config", Unit::Seconds, reload_duration.clone());
+        let streams = Gauge::default();
+        root.register("open_streams", "Open server-to-client notification streams", streams.clone());
+        root.register(
+            "build",
+            "Build information",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("profile", profile.to_owned()),
+                ("allocator", allocator.to_owned()),
+            ]),
+        );
+        Arc::new(Self { registry: root, dispatch, request_duration, requests, inflight, registry_tools, registry_generation, reloads, reload_duration, streams })
+    }
+
+    /// The dispatch histograms of one tool (created on first use, shared afterwards).
+    pub fn tool(&self, name: &str) -> ToolMetrics {
+        let h = |outcome| self.dispatch.get_or_create(&ToolLabels { tool: name.to_owned(), outcome }).clone();
+        ToolMetrics { ok: h("ok"), tool_error: h("tool_error"), invalid_arguments: h("invalid_arguments") }
+    }
+
+    /// Drops the series of a tool that is no longer served.
+    pub fn forget_tool(&self, name: &str) {
+        for outcome in ["ok", "tool_error", "invalid_arguments"] {
+            self.dispatch.remove(&ToolLabels { tool: name.to_owned(), outcome });
+        }
+    }
+
+    /// Records a handled message.
+    #[inline]
+    pub fn record(&self, method: usize, outcome: usize, elapsed: Duration) {
+        self.request_duration[method].observe(elapsed);
+        self.requests[method * OUTCOMES.len() + outcome].inc();
+    }
+
+    /// Counts a reload attempt.
+    pub fn reload(&self, result: &'static str) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_and_exposition() {
+        let m = Metrics::new("test", "system");
+        let t = m.tool("add");
+        t.ok.observe(Duration::from_micros(3));
+        t.ok.observe(Duration::from_millis(2));
+        m.record(method_index("tools/call"), 0, Duration::from_micros(40));
+        let text = m.encode();
+        assert!(text.contains("quiver_dispatch_duration_seconds_count{tool=\"add\",outcome=\"ok\"} 2"), "{text}");
+        assert!(text.contains("quiver_dispatch_duration_seconds_bucket{le=\"5e-6\",tool=\"add\",outcome=\"ok\"} 1") || text.contains("le=\"0.000005\""), "{text}");
+        assert!(text.contains("quiver_requests_total{method=\"tools/call\",outcome=\"ok\"} 1"), "{text}");
+        assert!(text.contains("quiver_build_info{version="), "{text}");
+        m.forget_tool("add");
+        assert!(!m.encode().contains("tool=\"add\""));
+    }
+}

@@ -1,0 +1,92 @@
+//! JSON-RPC 2.0 framing and MCP protocol constants, written straight into byte buffers.
+
+use serde_json::value::RawValue;
+
+/// Protocol revisions this server speaks, newest first.
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// The newest revision; offered when a client asks for one we do not speak.
+pub const LATEST_VERSION: &str = SUPPORTED_VERSIONS[0];
+/// What a Streamable HTTP request without `MCP-Protocol-Version` is assumed to speak.
+pub const DEFAULT_HTTP_VERSION: &str = "2025-03-26";
+
+/// Invalid JSON.
+pub const PARSE_ERROR: i32 = -32700;
+/// Not a valid JSON-RPC request object.
+pub const INVALID_REQUEST: i32 = -32600;
+/// Unknown method.
+pub const METHOD_NOT_FOUND: i32 = -32601;
+/// Invalid method parameters (including unknown tool, prompt or cursor).
+pub const INVALID_PARAMS: i32 = -32602;
+/// Internal error.
+pub const INTERNAL_ERROR: i32 = -32603;
+/// Resource not found (MCP).
+pub const RESOURCE_NOT_FOUND: i32 = -32002;
+/// The request was cancelled by the client.
+pub const REQUEST_CANCELLED: i32 = -32800;
+
+/// The supported revision equal to `v`, if any.
+pub fn supported(v: &str) -> Option<&'static str> {
+    SUPPORTED_VERSIONS.iter().copied().find(|s| *s == v)
+}
+
+/// Whether an `id` is a string or a number, as JSON-RPC requires (MCP forbids null).
+pub fn valid_id(id: &RawValue) -> bool {
+    matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9'))
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"result":RESULT}`.
+pub fn write_result(out: &mut Vec<u8>, id: &RawValue, result: &[u8]) {
+    out.reserve(32 + id.get().len() + result.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.get().as_bytes());
+    out.extend_from_slice(b",\"result\":");
+    out.extend_from_slice(result);
+    out.push(b'}');
+}
+
+/// `{"jsonrpc":"2.0","id":ID|null,"error":{"code":C,"message":M[,"data":D]}}`.
+pub fn write_error(out: &mut Vec<u8>, id: Option<&RawValue>, code: i32, message: &str, data: Option<&serde_json::Value>) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.map_or("null", RawValue::get).as_bytes());
+    out.extend_from_slice(b",\"error\":{\"code\":");
+    out.extend_from_slice(code.to_string().as_bytes());
+    out.extend_from_slice(b",\"message\":");
+    let _ = serde_json::to_writer(&mut *out, message);
+    if let Some(d) = data {
+        out.extend_from_slice(b",\"data\":");
+        let _ = serde_json::to_writer(&mut *out, d);
+    }
+    out.extend_from_slice(b"}}");
+}
+
+/// A complete JSON-RPC error response.
+pub fn error_response(id: Option<&RawValue>, code: i32, message: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(96 + message.len());
+    write_error(&mut out, id, code, message, None);
+    out
+}
+
+/// A serialized notification with no params.
+pub fn notification(method: &str) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"method\":\"{method}\"}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_results_and_errors() {
+        let id = RawValue::from_string("7".into()).unwrap();
+        let mut out = Vec::new();
+        write_result(&mut out, &id, b"{}");
+        assert_eq!(out, br#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
+        let e = error_response(None, PARSE_ERROR, "bad \"json\"");
+        let v: serde_json::Value = serde_json::from_slice(&e).unwrap();
+        assert_eq!(v["error"]["message"], "bad \"json\"");
+        assert!(v["id"].is_null());
+        assert!(valid_id(&RawValue::from_string("\"a\"".into()).unwrap()));
+        assert!(!valid_id(&RawValue::from_string("null".into()).unwrap()));
+        assert!(!valid_id(&RawValue::from_string("{}".into()).unwrap()));
+    }
+}

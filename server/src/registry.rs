@@ -1,0 +1,267 @@
+//! The tool registry: an immutable snapshot of compiled tools with pre-serialized list pages
+//! and initialize results, published through an atomic pointer swap. A request loads the
+//! snapshot once; a reload builds the next one off the hot path; in-flight calls finish on
+//! the snapshot they started with.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::{ArcSwap, Guard};
+use rustc_hash::FxHashMap;
+use serde_json::{Value, json};
+
+use crate::config::{CompiledTool, CompiledToolSet, ResourceKind};
+use crate::metrics::{Metrics, ToolMetrics};
+use crate::protocol::SUPPORTED_VERSIONS;
+
+/// A served tool: its compiled form and its metric handles.
+#[derive(Debug)]
+pub struct Tool {
+    /// Compiled definition.
+    pub def: CompiledTool,
+    /// Dispatch histograms of this tool.
+    pub metrics: ToolMetrics,
+}
+
+/// One generation of the registry.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// 1 for the first config loaded, +1 per successful reload.
+    pub generation: u64,
+    /// Content hash of the config.
+    pub hash: String,
+    /// Tools in declaration order (pipelines refer to them by index).
+    pub tools: Vec<Tool>,
+    by_name: FxHashMap<Box<str>, usize>,
+    tool_pages: Vec<Box<[u8]>>,
+    resource_pages: Vec<Box<[u8]>>,
+    template_pages: Vec<Box<[u8]>>,
+    prompt_pages: Vec<Box<[u8]>>,
+    initialize: Vec<(&'static str, Box<[u8]>)>,
+    static_resources: FxHashMap<Box<str>, usize>,
+    prompts_by_name: FxHashMap<Box<str>, usize>,
+    /// The compiled config (resources and prompts are read from it).
+    pub config: CompiledToolSet,
+    /// When this snapshot was built.
+    pub loaded_at: SystemTime,
+}
+
+/// Which list a page belongs to.
+#[derive(Debug, Clone, Copy)]
+pub enum ListKind {
+    /// `tools/list`.
+    Tools,
+    /// `resources/list`.
+    Resources,
+    /// `resources/templates/list`.
+    ResourceTemplates,
+    /// `prompts/list`.
+    Prompts,
+}
+
+impl Snapshot {
+    /// Builds a snapshot: resolves metric handles and serializes every answer that only
+    /// changes on reload.
+    pub fn build(config: CompiledToolSet, generation: u64, metrics: &Metrics) -> Self {
+        let mut cfg = config;
+        let defs = std::mem::take(&mut cfg.tools);
+        let tools: Vec<Tool> = defs.into_iter().map(|def| Tool { metrics: metrics.tool(&def.name), def }).collect();
+        let by_name = tools.iter().enumerate().map(|(i, t)| (t.def.name.as_str().into(), i)).collect();
+        let tag = &cfg.hash[..8.min(cfg.hash.len())];
+        let page_size = cfg.page_size;
+        let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
+        let statics: Vec<&Value> = cfg.resources.iter().filter(|r| matches!(r.kind, ResourceKind::Static { .. })).map(|r| &r.descriptor).collect();
+        let templated: Vec<&Value> = cfg.resources.iter().filter(|r| matches!(r.kind, ResourceKind::Templated { .. })).map(|r| &r.descriptor).collect();
+        let resource_pages = pages("resources", statics.into_iter(), page_size, tag);
+        let template_pages = pages("resourceTemplates", templated.into_iter(), page_size, tag);
+        let prompt_pages = pages("prompts", cfg.prompts.iter().map(|p| &p.descriptor), page_size, tag);
+        let static_resources = cfg
+            .resources
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match &r.kind {
+                ResourceKind::Static { uri, .. } => Some((uri.as_str().into(), i)),
+                ResourceKind::Templated { .. } => None,
+            })
+            .collect();
+        let prompts_by_name = cfg.prompts.iter().enumerate().map(|(i, p)| (p.name.as_str().into(), i)).collect();
+        let server = &cfg.spec.server;
+        let mut info = json!({"name": server.name, "version": server.version});
+        if let Some(t) = &server.title {
+            info["title"] = Value::String(t.clone());
+        }
+        let initialize = SUPPORTED_VERSIONS
+            .iter()
+            .map(|v| {
+                let mut r = json!({
+                    "protocolVersion": v,
+                    "capabilities": {
+                        "tools": {"listChanged": true},
+                        "resources": {"listChanged": true},
+                        "prompts": {"listChanged": true},
+                    },
+                    "serverInfo": info,
+                });
+                if let Some(i) = &server.instructions {
+                    r["instructions"] = Value::String(i.clone());
+                }
+                (*v, serde_json::to_vec(&r).unwrap_or_default().into_boxed_slice())
+            })
+            .collect();
+        Self {
+            generation,
+            hash: cfg.hash.clone(),
+            tools,
+            by_name,
+            tool_pages,
+            resource_pages,
+            template_pages,
+            prompt_pages,
+            initialize,
+            static_resources,
+            prompts_by_name,
+            config: cfg,
+            loaded_at: SystemTime::now(),
+        }
+    }
+
+    /// Index of a tool by name.
+    #[inline]
+    pub fn tool_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Index of a static resource by URI.
+    pub fn static_resource(&self, uri: &str) -> Option<usize> {
+        self.static_resources.get(uri).copied()
+    }
+
+    /// Index of a prompt by name.
+    pub fn prompt_index(&self, name: &str) -> Option<usize> {
+        self.prompts_by_name.get(name).copied()
+    }
+
+    /// The serialized initialize result for a protocol version.
+    pub fn initialize_result(&self, version: &str) -> &[u8] {
+        self.initialize.iter().find(|(v, _)| *v == version).map_or(&[], |(_, b)| b)
+    }
+
+    /// The serialized page for `cursor` (`None` = first page), or `None` for a cursor this
+    /// snapshot did not issue.
+    pub fn page(&self, kind: ListKind, cursor: Option<&str>) -> Option<&[u8]> {
+        let pages = match kind {
+            ListKind::Tools => &self.tool_pages,
+            ListKind::Resources => &self.resource_pages,
+            ListKind::ResourceTemplates => &self.template_pages,
+            ListKind::Prompts => &self.prompt_pages,
+        };
+        let index = match cursor {
+            None => 0,
+            Some(c) => {
+                let (tag, n) = c.split_once('-')?;
+                if tag != &self.hash[..tag.len().min(self.hash.len())] || tag.len() != 8.min(self.hash.len()) {
+                    return None;
+                }
+                n.parse().ok()?
+            }
+        };
+        pages.get(index).map(|p| &**p)
+    }
+}
+
+fn pages<'a>(key: &str, items: impl Iterator<Item = &'a Value>, page_size: usize, tag: &str) -> Vec<Box<[u8]>> {
+    let items: Vec<&Value> = items.collect();
+    let chunks: Vec<&[&Value]> = if items.is_empty() { vec![&[]] } else { items.chunks(page_size).collect() };
+    let n = chunks.len();
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            let mut page = json!({ key: chunk });
+            if i + 1 < n {
+                page["nextCursor"] = Value::String(format!("{tag}-{}", i + 1));
+            }
+            serde_json::to_vec(&page).unwrap_or_default().into_boxed_slice()
+        })
+        .collect()
+}
+
+/// What the last reload attempt did, for `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReloadStatus {
+    /// `success`, `invalid` or `unchanged`.
+    pub result: String,
+    /// Seconds since the Unix epoch.
+    pub at_unix: u64,
+    /// The problems, when the config was rejected.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// The registry: the current snapshot and its history counters.
+#[derive(Debug)]
+pub struct Registry {
+    current: ArcSwap<Snapshot>,
+    generation: AtomicU64,
+    ready: AtomicBool,
+    last_reload: Mutex<ReloadStatus>,
+}
+
+impl Registry {
+    /// A registry serving an empty tool set until the first config is swapped in.
+    pub fn new(metrics: &Metrics) -> Arc<Self> {
+        let empty = crate::config::compile(&crate::config::ToolSet::default()).unwrap_or_else(|e| panic!("empty ToolSet must compile: {e}"));
+        Arc::new(Self {
+            current: ArcSwap::from_pointee(Snapshot::build(empty, 0, metrics)),
+            generation: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            last_reload: Mutex::new(ReloadStatus::default()),
+        })
+    }
+
+    /// The current snapshot (no lock; a few atomic operations).
+    #[inline]
+    pub fn load(&self) -> Guard<Arc<Snapshot>> {
+        self.current.load()
+    }
+
+    /// The current snapshot as an owned pointer, for calls that outlive a guard.
+    pub fn load_full(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Builds and publishes the next generation; returns it.
+    pub fn swap(&self, config: CompiledToolSet, metrics: &Metrics) -> Arc<Snapshot> {
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let next = Arc::new(Snapshot::build(config, generation, metrics));
+        let prev = self.current.swap(next.clone());
+        for t in &prev.tools {
+            if next.tool_index(&t.def.name).is_none() {
+                metrics.forget_tool(&t.def.name);
+            }
+        }
+        metrics.registry_tools.set(next.tools.len() as i64);
+        metrics.registry_generation.set(generation as i64);
+        self.ready.store(true, Ordering::Release);
+        next
+    }
+
+    /// Whether a config has been loaded.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Records the outcome of a reload attempt.
+    pub fn set_last_reload(&self, status: ReloadStatus) {
+        if let Ok(mut s) = self.last_reload.lock() {
+            *s = status;
+        }
+    }
+
+    /// The outcome of the last reload attempt.
+    pub fn last_reload(&self) -> ReloadStatus {
+        self.last_reload.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,60 @@
+//! `--config file:PATH`: a YAML file, or a directory of YAML files such as a ConfigMap
+//! mounted by the kubelet (whose `..data` symlink is swapped atomically on update).
+//! Watched with inotify on the directory, so renames and symlink swaps are seen.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use super::Reloader;
+
+/// Reads the config text at `path`: the file, or every non-hidden `*.yaml`/`*.yml` file of
+/// the directory in name order.
+///
+/// # Errors
+/// The path or one of its files cannot be read.
+pub fn read_path(path: &Path) -> std::io::Result<Vec<(String, String)>> {
+    if !path.is_dir() {
+        return Ok(vec![(path.display().to_string(), std::fs::read_to_string(path)?)]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml")) && p.is_file()
+        })
+        .collect();
+    files.sort();
+    files.into_iter().map(|p| Ok((p.display().to_string(), std::fs::read_to_string(&p)?))).collect()
+}
+
+/// Watches `path` and reloads on every change, until the process ends.
+///
+/// # Errors
+/// The inotify watch could not be set up.
+pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Result<()> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if ev.is_ok() {
+            let _ = tx.send(());
+        }
+    })?;
+    let dir = if path.is_dir() { path.clone() } else { path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf) };
+    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    tracing::info!(path = %path.display(), watching = %dir.display(), "watching config");
+    while rx.recv().await.is_some() {
+        // Coalesce the burst of events one save or symlink swap produces.
+        while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(15), rx.recv()).await {}
+        match read_path(&path) {
+            Ok(sources) => reloader.apply_logged(&path.display().to_string(), &sources),
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot read config; still serving the previous tools"),
+        }
+    }
+    drop(watcher);
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! Hot reload: config sources, and the [`Reloader`] that turns new config text into a new
+//! registry generation. An invalid config is logged, counted and reported on `/status`;
+//! the previous registry keeps serving.
+
+mod file;
+#[cfg(feature = "kube")]
+mod configmap;
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use rustc_hash::FxHasher;
+
+#[cfg(feature = "kube")]
+pub use configmap::watch_configmap;
+pub use file::{read_path, watch_path};
+
+use crate::config::{self, ConfigError};
+use crate::dispatch::Server;
+use crate::registry::ReloadStatus;
+
+/// Where the tool config comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A YAML file, or a directory of `*.yaml`/`*.yml` files (e.g. a mounted ConfigMap).
+    File(PathBuf),
+    /// A ConfigMap watched through the Kubernetes API; its `*.yaml`/`*.yml` keys are merged.
+    ConfigMap {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
+impl FromStr for Source {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("file:") {
+            if p.is_empty() {
+                return Err("file: needs a path".into());
+            }
+            return Ok(Self::File(PathBuf::from(p)));
+        }
+        if let Some(r) = s.strip_prefix("configmap:") {
+            return match r.split_once('/') {
+                Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                    Ok(Self::ConfigMap { namespace: ns.to_owned(), name: name.to_owned() })
+                }
+                _ => Err(format!("`{s}`: expected configmap:NAMESPACE/NAME")),
+            };
+        }
+        Err(format!("`{s}`: expected file:PATH or configmap:NAMESPACE/NAME"))
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File(p) => write!(f, "file:{}", p.display()),
+            Self::ConfigMap { namespace, name } => write!(f, "configmap:{namespace}/{name}"),
+        }
+    }
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reloaded {
+    /// A new generation is serving.
+    Swapped(u64),
+    /// The content is the same as what is serving.
+    Unchanged,
+}
+
+/// Applies config text to a server's registry.
+#[derive(Debug)]
+pub struct Reloader {
+    server: Arc<Server>,
+    last_input: Mutex<Option<u64>>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Reloader {
+    /// A reloader for `server`.
+    pub fn new(server: Arc<Server>) -> Arc<Self> {
+        Arc::new(Self { server, last_input: Mutex::new(None) })
+    }
+
+    /// Parses, validates and compiles `sources` and swaps the result in.
+    ///
+    /// # Errors
+    /// The config is invalid; the serving registry is untouched.
+    pub fn apply(&self, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
+        let mut h = FxHasher::default();
+        sources.hash(&mut h);
+        let input = h.finish();
+        if self.last_input.lock().map(|l| *l == Some(input)).unwrap_or(false) {
+            return Ok(Reloaded::Unchanged);
+        }
+        let start = Instant::now();
+        let metrics = &self.server.metrics;
+        let registry = &self.server.registry;
+        let compiled = match config::load(sources).and_then(|ts| config::compile(&ts)) {
+            Ok(c) => c,
+            Err(e) => {
+                metrics.reload("invalid");
+                registry.set_last_reload(ReloadStatus {
+                    result: "invalid".into(),
+                    at_unix: now_unix(),
+                    problems: e.problems.iter().map(ToString::to_string).collect(),
+                });
+                if let Ok(mut l) = self.last_input.lock() {
+                    *l = Some(input);
+                }
+                return Err(e);
+            }
+        };
+        if let Ok(mut l) = self.last_input.lock() {
+            *l = Some(input);
+        }
+        let prev = registry.load_full();
+        if registry.is_ready() && prev.hash == compiled.hash {
+            metrics.reload("unchanged");
+            registry.set_last_reload(ReloadStatus { result: "unchanged".into(), at_unix: now_unix(), problems: Vec::new() });
+            return Ok(Reloaded::Unchanged);
+        }
+        let resources_changed = prev.config.spec.resources != compiled.spec.resources;
+        let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
+        let next = registry.swap(compiled, metrics);
+        metrics.reload_duration.observe(start.elapsed());
+        metrics.reload("success");
+        registry.set_last_reload(ReloadStatus { result: "success".into(), at_unix: now_unix(), problems: Vec::new() });
+        if prev.generation > 0 {
+            self.server.notify("notifications/tools/list_changed");
+            if resources_changed {
+                self.server.notify("notifications/resources/list_changed");
+            }
+            if prompts_changed {
+                self.server.notify("notifications/prompts/list_changed");
+            }
+        }
+        tracing::info!(generation = next.generation, hash = %next.hash, tools = next.tools.len(), elapsed_us = start.elapsed().as_micros() as u64, "config loaded");
+        Ok(Reloaded::Swapped(next.generation))
+    }
+
+    /// Applies and logs, for watchers.
+    pub fn apply_logged(&self, origin: &str, sources: &[(String, String)]) {
+        if let Err(e) = self.apply(sources) {
+            tracing::warn!(source = origin, error = %e, "config rejected; still serving the previous tools");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sources() {
+        assert_eq!("file:/etc/q.yaml".parse::<Source>().unwrap(), Source::File("/etc/q.yaml".into()));
+        assert_eq!(
+            "configmap:ns/tools".parse::<Source>().unwrap(),
+            Source::ConfigMap { namespace: "ns".into(), name: "tools".into() }
+        );
+        assert!("configmap:ns".parse::<Source>().is_err());
+        assert!("http://x".parse::<Source>().is_err());
+    }
+}
