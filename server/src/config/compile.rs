@@ -586,11 +586,34 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
 
+    // Document order: tools[2] before tools[10].
+    p.0.sort_by(|a, b| natural_key(&a.path).cmp(&natural_key(&b.path)));
     if p.0.is_empty() {
         Ok(CompiledToolSet { hash: super::hash(ts), spec: ts.clone(), tools, resources, prompts, page_size })
     } else {
         Err(ConfigError { problems: p.0 })
     }
+}
+
+/// Orders paths with their numbers compared as numbers.
+fn natural_key(path: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut chars = path.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut n = u64::from(c as u8 - b'0');
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n.saturating_mul(10).saturating_add(u64::from(d));
+                chars.next();
+            }
+            out.push((std::mem::take(&mut text), n));
+        } else {
+            text.push(c);
+        }
+    }
+    out.push((text, 0));
+    out
 }
 
 fn check_pipeline_cycles(tools: &[CompiledTool], p: &mut Problems) {

@@ -58,7 +58,10 @@ impl fmt::Display for ConfigError {
 /// # Errors
 /// A YAML syntax error or a field that does not belong, named with `source`.
 pub fn parse(source: &str, text: &str) -> Result<ToolSet, ConfigError> {
-    serde_saphyr::from_str::<ToolSet>(text)
+    // YAML 1.2 booleans only: a property named `n` or `no` stays a string ("Norway problem").
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    serde_saphyr::from_str_with_options::<ToolSet>(text, options)
         .map_err(|e| ConfigError::one(source, e.to_string().replace('\n', " ")))
 }
 
@@ -148,6 +151,12 @@ mod tests {
         let e = parse("tools.yaml", "tools: [{name: t, handlr: {template: hi}}]").unwrap_err();
         assert_eq!(e.problems[0].path, "tools.yaml");
         assert!(e.problems[0].message.contains("handlr"), "{e}");
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_stay_strings() {
+        let ts = parse("t", "tools: [{name: t, inputSchema: {type: object, required: [n, no, y]}, handler: {builtin: json}}]").unwrap();
+        assert_eq!(ts.tools[0].input_schema.as_ref().unwrap()["required"], serde_json::json!(["n", "no", "y"]));
     }
 
     #[test]

@@ -99,7 +99,7 @@ mod tests {
     fn arithmetic_keeps_integers_and_handles_floats() {
         assert_eq!(run(Builtin::Add, &json!({"a": 2, "b": 3})).structured, Some(json!({"result": 5})));
         assert_eq!(run(Builtin::Add, &json!({"a": 0.5, "b": 2})).text, "2.5");
-        assert_eq!(run(Builtin::Multiply, &json!({"a": i64::MAX, "b": 2})).text, "1.8446744073709552e19");
+        assert_eq!(run(Builtin::Multiply, &json!({"a": i64::MAX, "b": 2})).text, "1.8446744073709552e+19");
         assert!(run(Builtin::Add, &json!({"a": 1})).is_error);
     }
 
