@@ -39,7 +39,10 @@ pub fn app(state: Arc<AdminState>) -> Router {
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         s.server.metrics.encode(),
     )
         .into_response()

@@ -61,7 +61,11 @@ pub struct ServeArgs {
     #[arg(long, env = "QUIVER_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     max_body_bytes: usize,
     /// Extra allowed Origin (repeatable; `*` allows all). Loopback origins are always allowed.
-    #[arg(long = "allowed-origin", env = "QUIVER_ALLOWED_ORIGINS", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-origin",
+        env = "QUIVER_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
     allowed_origins: Vec<String>,
     /// Requests handled at once before new ones get 503.
     #[arg(long, env = "QUIVER_MAX_CONCURRENCY", default_value_t = 4096)]
@@ -79,7 +83,10 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     }
     let args = cli.serve;
     init_logging(&args.log_format, args.stdio);
-    let source = args.config.clone().context("--config is required (file:PATH or configmap:NAMESPACE/NAME)")?;
+    let source = args
+        .config
+        .clone()
+        .context("--config is required (file:PATH or configmap:NAMESPACE/NAME)")?;
     let tuning = tuning::plan(args.worker_threads, args.pin_workers);
     let rt = tuning::runtime(&tuning).context("building the tokio runtime")?;
     rt.block_on(serve(args, source, tuning, allocator))?;
@@ -100,7 +107,13 @@ fn check(source: &Source) -> i32 {
     };
     match crate::config::load(&sources).and_then(|ts| crate::config::compile(&ts)) {
         Ok(c) => {
-            println!("ok: {} tools, {} resources, {} prompts (config hash {})", c.tools.len(), c.resources.len(), c.prompts.len(), c.hash);
+            println!(
+                "ok: {} tools, {} resources, {} prompts (config hash {})",
+                c.tools.len(),
+                c.resources.len(),
+                c.prompts.len(),
+                c.hash
+            );
             0
         }
         Err(e) => {
@@ -113,12 +126,28 @@ fn check(source: &Source) -> i32 {
 fn init_logging(format: &str, stdio: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(!stdio);
-    if format == "json" { builder.json().init() } else { builder.init() }
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(!stdio);
+    if format == "json" {
+        builder.json().init()
+    } else {
+        builder.init()
+    }
 }
 
-async fn serve(args: ServeArgs, source: Source, tuning: Tuning, allocator: &'static str) -> anyhow::Result<()> {
-    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+async fn serve(
+    args: ServeArgs,
+    source: Source,
+    tuning: Tuning,
+    allocator: &'static str,
+) -> anyhow::Result<()> {
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
     let metrics = Metrics::new(profile, allocator);
     let registry = Registry::new(&metrics);
     let server = Server::new(registry, metrics);
@@ -149,12 +178,21 @@ async fn serve(args: ServeArgs, source: Source, tuning: Tuning, allocator: &'sta
         Source::ConfigMap { .. } => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
     }
 
-    let admin_state = Arc::new(AdminState { server: server.clone(), source: source.to_string(), tuning: tuning.clone(), started: Instant::now() });
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_listen).await.with_context(|| format!("binding admin {}", args.admin_listen))?;
+    let admin_state = Arc::new(AdminState {
+        server: server.clone(),
+        source: source.to_string(),
+        tuning: tuning.clone(),
+        started: Instant::now(),
+    });
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding admin {}", args.admin_listen))?;
     tracing::info!(addr = %admin_listener.local_addr()?, "admin listening");
     let admin_shutdown = shutdown.clone();
     let admin = tokio::spawn(async move {
-        axum::serve(admin_listener, admin::app(admin_state)).with_graceful_shutdown(admin_shutdown.cancelled_owned()).await
+        axum::serve(admin_listener, admin::app(admin_state))
+            .with_graceful_shutdown(admin_shutdown.cancelled_owned())
+            .await
     });
 
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
@@ -164,9 +202,15 @@ async fn serve(args: ServeArgs, source: Source, tuning: Tuning, allocator: &'sta
             () = signal() => {}
         }
     } else {
-        let options = HttpOptions { max_body_bytes: args.max_body_bytes, allowed_origins: args.allowed_origins, max_concurrency: args.max_concurrency };
+        let options = HttpOptions {
+            max_body_bytes: args.max_body_bytes,
+            allowed_origins: args.allowed_origins,
+            max_concurrency: args.max_concurrency,
+        };
         let state = crate::transport::http::HttpState::new(server, options, shutdown.clone());
-        let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
         tracing::info!(addr = %listener.local_addr()?, "MCP Streamable HTTP listening on /mcp");
         let stop = shutdown.clone();
         axum::serve(listener, crate::transport::http::app(state))

@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ResourceKind, Role};
 use crate::handlers::{Executor, ToolOutput, check_output};
 use crate::metrics::{Metrics, method_index};
-use crate::protocol::{self, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RESOURCE_NOT_FOUND};
+use crate::protocol::{
+    self, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RESOURCE_NOT_FOUND,
+};
 use crate::registry::{ListKind, Registry, Snapshot};
 
 /// A JSON-RPC message as received: every field borrowed from the request bytes.
@@ -108,6 +110,9 @@ pub struct Handled {
 
 type Failure = (i32, String);
 
+/// Running cancellable calls by (session, request id).
+type CancelMap = FxHashMap<(Box<str>, Box<str>), CancellationToken>;
+
 fn fail<T>(code: i32, msg: impl Into<String>) -> Result<T, Failure> {
     Err((code, msg.into()))
 }
@@ -132,14 +137,20 @@ pub struct Server {
     /// Runs tools.
     pub exec: Executor,
     events: broadcast::Sender<Arc<str>>,
-    cancels: Mutex<FxHashMap<(Box<str>, Box<str>), CancellationToken>>,
+    cancels: Mutex<CancelMap>,
 }
 
 impl Server {
     /// A server over a registry.
     pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Arc<Self> {
         let (events, _) = broadcast::channel(64);
-        Arc::new(Self { registry, metrics, exec: Executor::new(), events, cancels: Mutex::new(FxHashMap::default()) })
+        Arc::new(Self {
+            registry,
+            metrics,
+            exec: Executor::new(),
+            events,
+            cancels: Mutex::new(FxHashMap::default()),
+        })
     }
 
     /// Subscribes to server-to-client notifications (serialized JSON-RPC messages).
@@ -165,7 +176,15 @@ impl Server {
             Err(e) => return self.rejected(start, "batch", PARSE_ERROR, &format!("Parse error: {e}")),
         };
         if !batches {
-            return self.rejected(start, "batch", INVALID_REQUEST, &format!("JSON-RPC batches are not supported in protocol version {}", ctx.version));
+            return self.rejected(
+                start,
+                "batch",
+                INVALID_REQUEST,
+                &format!(
+                    "JSON-RPC batches are not supported in protocol version {}",
+                    ctx.version
+                ),
+            );
         }
         if items.is_empty() {
             return self.rejected(start, "batch", INVALID_REQUEST, "empty batch");
@@ -185,12 +204,21 @@ impl Server {
             }
         }
         out.push(b']');
-        Handled { body: any.then_some(out), initialized, ..Handled::default() }
+        Handled {
+            body: any.then_some(out),
+            initialized,
+            ..Handled::default()
+        }
     }
 
     fn rejected(&self, start: Instant, method: &str, code: i32, msg: &str) -> Handled {
-        self.metrics.record(method_index(method), outcome_index(code), start.elapsed());
-        Handled { body: Some(protocol::error_response(None, code, msg)), malformed: true, ..Handled::default() }
+        self.metrics
+            .record(method_index(method), outcome_index(code), start.elapsed());
+        Handled {
+            body: Some(protocol::error_response(None, code, msg)),
+            malformed: true,
+            ..Handled::default()
+        }
     }
 
     /// Handles one JSON-RPC message.
@@ -198,14 +226,29 @@ impl Server {
         let start = Instant::now();
         let msg: Incoming<'_> = match serde_json::from_slice(body) {
             Ok(m) => m,
-            Err(e) if e.is_data() => return self.rejected(start, "invalid", INVALID_REQUEST, &format!("Invalid request: {e}")),
+            Err(e) if e.is_data() => {
+                return self.rejected(
+                    start,
+                    "invalid",
+                    INVALID_REQUEST,
+                    &format!("Invalid request: {e}"),
+                );
+            }
             Err(e) => return self.rejected(start, "invalid", PARSE_ERROR, &format!("Parse error: {e}")),
         };
         if msg.jsonrpc.as_deref() != Some("2.0") {
             let id = msg.id.filter(|i| protocol::valid_id(i));
             self.metrics.record(method_index("invalid"), 2, start.elapsed());
-            let body = Some(protocol::error_response(id, INVALID_REQUEST, "Invalid request: `jsonrpc` must be \"2.0\""));
-            return Handled { body, malformed: id.is_none(), ..Handled::default() };
+            let body = Some(protocol::error_response(
+                id,
+                INVALID_REQUEST,
+                "Invalid request: `jsonrpc` must be \"2.0\"",
+            ));
+            return Handled {
+                body,
+                malformed: id.is_none(),
+                ..Handled::default()
+            };
         }
         let Some(method) = msg.method.as_deref() else {
             if msg.id.is_some() && (msg.result.is_some() || msg.error.is_some()) {
@@ -217,11 +260,17 @@ impl Server {
         };
         let Some(id) = msg.id else {
             self.on_notification(method, msg.params, ctx);
-            self.metrics.record(method_index("notification"), 0, start.elapsed());
+            self.metrics
+                .record(method_index("notification"), 0, start.elapsed());
             return Handled::default();
         };
         if !protocol::valid_id(id) {
-            return self.rejected(start, "invalid", INVALID_REQUEST, "Invalid request: `id` must be a string or a number");
+            return self.rejected(
+                start,
+                "invalid",
+                INVALID_REQUEST,
+                "Invalid request: `id` must be a string or a number",
+            );
         }
         self.metrics.inflight.inc();
         let mut out = Vec::with_capacity(256);
@@ -229,7 +278,9 @@ impl Server {
         let result = match method {
             "tools/call" => self.call_tool(msg.params, id, ctx, &mut out).await,
             "tools/list" => self.list(ListKind::Tools, msg.params, id, &mut out),
-            "initialize" => self.initialize(msg.params, id, &mut out).map(|v| negotiated = Some(v)),
+            "initialize" => self
+                .initialize(msg.params, id, &mut out)
+                .map(|v| negotiated = Some(v)),
             "ping" => {
                 protocol::write_result(&mut out, id, b"{}");
                 Ok(())
@@ -250,8 +301,14 @@ impl Server {
                 outcome_index(code)
             }
         };
-        self.metrics.record(method_index(method), outcome, start.elapsed());
-        Handled { body: Some(out), initialized: negotiated.is_some(), negotiated, malformed: false }
+        self.metrics
+            .record(method_index(method), outcome, start.elapsed());
+        Handled {
+            body: Some(out),
+            initialized: negotiated.is_some(),
+            negotiated,
+            malformed: false,
+        }
     }
 
     fn on_notification(&self, method: &str, params: Option<&RawValue>, ctx: Ctx<'_>) {
@@ -265,14 +322,25 @@ impl Server {
         }
     }
 
-    fn initialize(&self, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<&'static str, Failure> {
+    fn initialize(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        out: &mut Vec<u8>,
+    ) -> Result<&'static str, Failure> {
         let p: InitializeParams<'_> = parse_params(params)?;
         let version = protocol::supported(&p.protocol_version).unwrap_or(protocol::LATEST_VERSION);
         protocol::write_result(out, id, self.registry.load().initialize_result(version));
         Ok(version)
     }
 
-    fn list(&self, kind: ListKind, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<(), Failure> {
+    fn list(
+        &self,
+        kind: ListKind,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
         let cursor = match params {
             Some(_) => parse_params::<CursorParams<'_>>(params)?.cursor,
             None => None,
@@ -283,11 +351,20 @@ impl Server {
                 protocol::write_result(out, id, page);
                 Ok(())
             }
-            None => fail(INVALID_PARAMS, "Invalid cursor: not issued by the current list (it may have changed; list again without a cursor)"),
+            None => fail(
+                INVALID_PARAMS,
+                "Invalid cursor: not issued by the current list (it may have changed; list again without a cursor)",
+            ),
         }
     }
 
-    async fn call_tool(&self, params: Option<&RawValue>, id: &RawValue, ctx: Ctx<'_>, out: &mut Vec<u8>) -> Result<(), Failure> {
+    async fn call_tool(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        ctx: Ctx<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
         let p: CallParams<'_> = parse_params(params)?;
         let guard = self.registry.load();
         let Some(index) = guard.tool_index(&p.name) else {
@@ -303,7 +380,11 @@ impl Server {
         let mut problems = Vec::new();
         tool.def.input.validate(&args, &mut problems);
         if !problems.is_empty() {
-            let text = format!("Invalid arguments for tool {}: {}", tool.def.name, problems.join("; "));
+            let text = format!(
+                "Invalid arguments for tool {}: {}",
+                tool.def.name,
+                problems.join("; ")
+            );
             write_tool_result(out, id, &ToolOutput::error(text));
             tool.metrics.invalid_arguments.observe(start.elapsed());
             return Ok(());
@@ -333,7 +414,14 @@ impl Server {
         Ok(())
     }
 
-    async fn run_cancellable(&self, snap: &Snapshot, index: usize, args: Value, ctx: Ctx<'_>, id: &RawValue) -> Option<ToolOutput> {
+    async fn run_cancellable(
+        &self,
+        snap: &Snapshot,
+        index: usize,
+        args: Value,
+        ctx: Ctx<'_>,
+        id: &RawValue,
+    ) -> Option<ToolOutput> {
         let token = CancellationToken::new();
         let key = (Box::from(ctx.session), Box::from(id.get()));
         if let Ok(mut m) = self.cancels.lock() {
@@ -349,7 +437,12 @@ impl Server {
         result
     }
 
-    fn read_resource(&self, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<(), Failure> {
+    fn read_resource(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
         let p: ReadParams<'_> = parse_params(params)?;
         let snap = self.registry.load();
         let resources = &snap.config.resources;
@@ -359,7 +452,9 @@ impl Server {
         });
         let found = found.or_else(|| {
             resources.iter().find_map(|r| match &r.kind {
-                ResourceKind::Templated { pattern, text } => pattern.matches(&p.uri).map(|vars| (text.render(&vars), &r.mime_type)),
+                ResourceKind::Templated { pattern, text } => pattern
+                    .matches(&p.uri)
+                    .map(|vars| (text.render(&vars), &r.mime_type)),
                 ResourceKind::Static { .. } => None,
             })
         });
@@ -379,9 +474,21 @@ impl Server {
         };
         let prompt = &snap.config.prompts[i];
         let args = Value::Object(p.arguments.unwrap_or_default());
-        let missing: Vec<&str> = prompt.required.iter().filter(|r| args.get(r.as_str()).is_none_or(Value::is_null)).map(String::as_str).collect();
+        let missing: Vec<&str> = prompt
+            .required
+            .iter()
+            .filter(|r| args.get(r.as_str()).is_none_or(Value::is_null))
+            .map(String::as_str)
+            .collect();
         if !missing.is_empty() {
-            return fail(INVALID_PARAMS, format!("Missing required argument(s) for prompt {}: {}", p.name, missing.join(", ")));
+            return fail(
+                INVALID_PARAMS,
+                format!(
+                    "Missing required argument(s) for prompt {}: {}",
+                    p.name,
+                    missing.join(", ")
+                ),
+            );
         }
         let messages: Vec<Value> = prompt
             .messages
@@ -420,6 +527,10 @@ fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
 
 #[inline]
 fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
-    let h = if o.is_error { &tool.metrics.tool_error } else { &tool.metrics.ok };
+    let h = if o.is_error {
+        &tool.metrics.tool_error
+    } else {
+        &tool.metrics.ok
+    };
     h.observe(start.elapsed());
 }

@@ -4,7 +4,11 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-const ALLOCATOR: &str = if cfg!(feature = "jemalloc") { "jemalloc" } else { "system" };
+const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
+    "jemalloc"
+} else {
+    "system"
+};
 
 fn main() -> std::process::ExitCode {
     match quiver_server::cli::main(ALLOCATOR) {

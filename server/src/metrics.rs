@@ -16,8 +16,28 @@ use prometheus_client::registry::{Registry, Unit};
 
 /// Bucket upper bounds (seconds) of the dispatch and request histograms: 1 µs to 10 s.
 pub const LATENCY_BUCKETS: [f64; 22] = [
-    0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5,
-    0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.000_001,
+    0.000_002_5,
+    0.000_005,
+    0.000_01,
+    0.000_025,
+    0.000_05,
+    0.000_1,
+    0.000_25,
+    0.000_5,
+    0.001,
+    0.002_5,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 ];
 
 #[derive(Debug)]
@@ -54,7 +74,9 @@ impl Histogram {
         let secs = d.as_secs_f64();
         let i = self.0.bounds.partition_point(|b| *b < secs);
         self.0.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.0.sum_nanos.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.0
+            .sum_nanos
+            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Number of observations so far.
@@ -119,17 +141,38 @@ pub struct ReloadLabels {
 
 /// The methods with their own series; everything else is `other`.
 pub const METHODS: [&str; 14] = [
-    "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/templates/list",
-    "resources/read", "prompts/list", "prompts/get", "notification", "response", "invalid",
-    "batch", "other",
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "prompts/list",
+    "prompts/get",
+    "notification",
+    "response",
+    "invalid",
+    "batch",
+    "other",
 ];
 
 /// Outcomes of a request.
-pub const OUTCOMES: [&str; 6] = ["ok", "parse_error", "invalid_request", "method_not_found", "invalid_params", "internal_error"];
+pub const OUTCOMES: [&str; 6] = [
+    "ok",
+    "parse_error",
+    "invalid_request",
+    "method_not_found",
+    "invalid_params",
+    "internal_error",
+];
 
 /// Index of a method in [`METHODS`].
 pub fn method_index(method: &str) -> usize {
-    METHODS.iter().position(|m| *m == method).unwrap_or(METHODS.len() - 1)
+    METHODS
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(METHODS.len() - 1)
 }
 
 /// Handles of a tool's dispatch histogram, by outcome.
@@ -182,29 +225,68 @@ impl Metrics {
             request_duration_family.clone(),
         );
         let requests_family = Family::<RequestLabels, Counter>::default();
-        root.register("requests", "JSON-RPC messages handled, by method and outcome", requests_family.clone());
-        let request_duration = METHODS.iter().map(|m| request_duration_family.get_or_create(&MethodLabels { method: m }).clone()).collect();
+        root.register(
+            "requests",
+            "JSON-RPC messages handled, by method and outcome",
+            requests_family.clone(),
+        );
+        let request_duration = METHODS
+            .iter()
+            .map(|m| {
+                request_duration_family
+                    .get_or_create(&MethodLabels { method: m })
+                    .clone()
+            })
+            .collect();
         let mut requests = Vec::with_capacity(METHODS.len() * OUTCOMES.len());
         for m in METHODS {
             for o in OUTCOMES {
-                requests.push(requests_family.get_or_create(&RequestLabels { method: m, outcome: o }).clone());
+                requests.push(
+                    requests_family
+                        .get_or_create(&RequestLabels {
+                            method: m,
+                            outcome: o,
+                        })
+                        .clone(),
+                );
             }
         }
         let inflight = Gauge::default();
         root.register("inflight_requests", "Requests being handled", inflight.clone());
         let registry_tools = Gauge::default();
-        root.register("registry_tools", "Tools in the serving registry", registry_tools.clone());
+        root.register(
+            "registry_tools",
+            "Tools in the serving registry",
+            registry_tools.clone(),
+        );
         let registry_generation = Gauge::default();
-        root.register("registry_generation", "Generation of the serving registry (1 = first load)", registry_generation.clone());
+        root.register(
+            "registry_generation",
+            "Generation of the serving registry (1 = first load)",
+            registry_generation.clone(),
+        );
         let reloads = Family::<ReloadLabels, Counter>::default();
-        root.register("config_reloads", "Config reload attempts by result", reloads.clone());
+        root.register(
+            "config_reloads",
+            "Config reload attempts by result",
+            reloads.clone(),
+        );
         for r in ["success", "invalid", "unchanged"] {
             let _ = reloads.get_or_create(&ReloadLabels { result: r });
         }
         let reload_duration = Histogram::default();
-        root.register_with_unit("config_reload_duration", "Time to parse, compile and swap in a config", Unit::Seconds, reload_duration.clone());
+        root.register_with_unit(
+            "config_reload_duration",
+            "Time to parse, compile and swap in a config",
+            Unit::Seconds,
+            reload_duration.clone(),
+        );
         let streams = Gauge::default();
-        root.register("open_streams", "Open server-to-client notification streams", streams.clone());
+        root.register(
+            "open_streams",
+            "Open server-to-client notification streams",
+            streams.clone(),
+        );
         root.register(
             "build",
             "Build information",
@@ -214,19 +296,44 @@ impl Metrics {
                 ("allocator", allocator.to_owned()),
             ]),
         );
-        Arc::new(Self { registry: root, dispatch, request_duration, requests, inflight, registry_tools, registry_generation, reloads, reload_duration, streams })
+        Arc::new(Self {
+            registry: root,
+            dispatch,
+            request_duration,
+            requests,
+            inflight,
+            registry_tools,
+            registry_generation,
+            reloads,
+            reload_duration,
+            streams,
+        })
     }
 
     /// The dispatch histograms of one tool (created on first use, shared afterwards).
     pub fn tool(&self, name: &str) -> ToolMetrics {
-        let h = |outcome| self.dispatch.get_or_create(&ToolLabels { tool: name.to_owned(), outcome }).clone();
-        ToolMetrics { ok: h("ok"), tool_error: h("tool_error"), invalid_arguments: h("invalid_arguments") }
+        let h = |outcome| {
+            self.dispatch
+                .get_or_create(&ToolLabels {
+                    tool: name.to_owned(),
+                    outcome,
+                })
+                .clone()
+        };
+        ToolMetrics {
+            ok: h("ok"),
+            tool_error: h("tool_error"),
+            invalid_arguments: h("invalid_arguments"),
+        }
     }
 
     /// Drops the series of a tool that is no longer served.
     pub fn forget_tool(&self, name: &str) {
         for outcome in ["ok", "tool_error", "invalid_arguments"] {
-            self.dispatch.remove(&ToolLabels { tool: name.to_owned(), outcome });
+            self.dispatch.remove(&ToolLabels {
+                tool: name.to_owned(),
+                outcome,
+            });
         }
     }
 
@@ -264,9 +371,20 @@ mod tests {
         t.ok.observe(Duration::from_millis(2));
         m.record(method_index("tools/call"), 0, Duration::from_micros(40));
         let text = m.encode();
-        assert!(text.contains("quiver_dispatch_duration_seconds_count{tool=\"add\",outcome=\"ok\"} 2"), "{text}");
-        assert!(text.contains("quiver_dispatch_duration_seconds_bucket{le=\"5e-6\",tool=\"add\",outcome=\"ok\"} 1") || text.contains("le=\"0.000005\""), "{text}");
-        assert!(text.contains("quiver_requests_total{method=\"tools/call\",outcome=\"ok\"} 1"), "{text}");
+        assert!(
+            text.contains("quiver_dispatch_duration_seconds_count{tool=\"add\",outcome=\"ok\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "quiver_dispatch_duration_seconds_bucket{le=\"5e-6\",tool=\"add\",outcome=\"ok\"} 1"
+            ) || text.contains("le=\"0.000005\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("quiver_requests_total{method=\"tools/call\",outcome=\"ok\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("quiver_build_info{version="), "{text}");
         m.forget_tool("add");
         assert!(!m.encode().contains("tool=\"add\""));

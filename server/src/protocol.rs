@@ -45,7 +45,13 @@ pub fn write_result(out: &mut Vec<u8>, id: &RawValue, result: &[u8]) {
 }
 
 /// `{"jsonrpc":"2.0","id":ID|null,"error":{"code":C,"message":M[,"data":D]}}`.
-pub fn write_error(out: &mut Vec<u8>, id: Option<&RawValue>, code: i32, message: &str, data: Option<&serde_json::Value>) {
+pub fn write_error(
+    out: &mut Vec<u8>,
+    id: Option<&RawValue>,
+    code: i32,
+    message: &str,
+    data: Option<&serde_json::Value>,
+) {
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     out.extend_from_slice(id.map_or("null", RawValue::get).as_bytes());
     out.extend_from_slice(b",\"error\":{\"code\":");

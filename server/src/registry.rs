@@ -66,16 +66,41 @@ impl Snapshot {
     pub fn build(config: CompiledToolSet, generation: u64, metrics: &Metrics) -> Self {
         let mut cfg = config;
         let defs = std::mem::take(&mut cfg.tools);
-        let tools: Vec<Tool> = defs.into_iter().map(|def| Tool { metrics: metrics.tool(&def.name), def }).collect();
-        let by_name = tools.iter().enumerate().map(|(i, t)| (t.def.name.as_str().into(), i)).collect();
+        let tools: Vec<Tool> = defs
+            .into_iter()
+            .map(|def| Tool {
+                metrics: metrics.tool(&def.name),
+                def,
+            })
+            .collect();
+        let by_name = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.def.name.as_str().into(), i))
+            .collect();
         let tag = &cfg.hash[..8.min(cfg.hash.len())];
         let page_size = cfg.page_size;
         let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
-        let statics: Vec<&Value> = cfg.resources.iter().filter(|r| matches!(r.kind, ResourceKind::Static { .. })).map(|r| &r.descriptor).collect();
-        let templated: Vec<&Value> = cfg.resources.iter().filter(|r| matches!(r.kind, ResourceKind::Templated { .. })).map(|r| &r.descriptor).collect();
+        let statics: Vec<&Value> = cfg
+            .resources
+            .iter()
+            .filter(|r| matches!(r.kind, ResourceKind::Static { .. }))
+            .map(|r| &r.descriptor)
+            .collect();
+        let templated: Vec<&Value> = cfg
+            .resources
+            .iter()
+            .filter(|r| matches!(r.kind, ResourceKind::Templated { .. }))
+            .map(|r| &r.descriptor)
+            .collect();
         let resource_pages = pages("resources", statics.into_iter(), page_size, tag);
         let template_pages = pages("resourceTemplates", templated.into_iter(), page_size, tag);
-        let prompt_pages = pages("prompts", cfg.prompts.iter().map(|p| &p.descriptor), page_size, tag);
+        let prompt_pages = pages(
+            "prompts",
+            cfg.prompts.iter().map(|p| &p.descriptor),
+            page_size,
+            tag,
+        );
         let static_resources = cfg
             .resources
             .iter()
@@ -85,7 +110,12 @@ impl Snapshot {
                 ResourceKind::Templated { .. } => None,
             })
             .collect();
-        let prompts_by_name = cfg.prompts.iter().enumerate().map(|(i, p)| (p.name.as_str().into(), i)).collect();
+        let prompts_by_name = cfg
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str().into(), i))
+            .collect();
         let server = &cfg.spec.server;
         let mut info = json!({"name": server.name, "version": server.version});
         if let Some(t) = &server.title {
@@ -144,7 +174,10 @@ impl Snapshot {
 
     /// The serialized initialize result for a protocol version.
     pub fn initialize_result(&self, version: &str) -> &[u8] {
-        self.initialize.iter().find(|(v, _)| *v == version).map_or(&[], |(_, b)| b)
+        self.initialize
+            .iter()
+            .find(|(v, _)| *v == version)
+            .map_or(&[], |(_, b)| b)
     }
 
     /// The serialized page for `cursor` (`None` = first page), or `None` for a cursor this
@@ -160,7 +193,8 @@ impl Snapshot {
             None => 0,
             Some(c) => {
                 let (tag, n) = c.split_once('-')?;
-                if tag != &self.hash[..tag.len().min(self.hash.len())] || tag.len() != 8.min(self.hash.len()) {
+                if tag != &self.hash[..tag.len().min(self.hash.len())] || tag.len() != 8.min(self.hash.len())
+                {
                     return None;
                 }
                 n.parse().ok()?
@@ -170,9 +204,18 @@ impl Snapshot {
     }
 }
 
-fn pages<'a>(key: &str, items: impl Iterator<Item = &'a Value>, page_size: usize, tag: &str) -> Vec<Box<[u8]>> {
+fn pages<'a>(
+    key: &str,
+    items: impl Iterator<Item = &'a Value>,
+    page_size: usize,
+    tag: &str,
+) -> Vec<Box<[u8]>> {
     let items: Vec<&Value> = items.collect();
-    let chunks: Vec<&[&Value]> = if items.is_empty() { vec![&[]] } else { items.chunks(page_size).collect() };
+    let chunks: Vec<&[&Value]> = if items.is_empty() {
+        vec![&[]]
+    } else {
+        items.chunks(page_size).collect()
+    };
     let n = chunks.len();
     chunks
         .into_iter()
@@ -212,7 +255,8 @@ pub struct Registry {
 impl Registry {
     /// A registry serving an empty tool set until the first config is swapped in.
     pub fn new(metrics: &Metrics) -> Arc<Self> {
-        let empty = crate::config::compile(&crate::config::ToolSet::default()).unwrap_or_else(|e| panic!("empty ToolSet must compile: {e}"));
+        let empty = crate::config::compile(&crate::config::ToolSet::default())
+            .unwrap_or_else(|e| panic!("empty ToolSet must compile: {e}"));
         Arc::new(Self {
             current: ArcSwap::from_pointee(Snapshot::build(empty, 0, metrics)),
             generation: AtomicU64::new(0),

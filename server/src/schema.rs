@@ -20,8 +20,19 @@ const T_ANY: u8 = 127;
 
 /// Keywords accepted and ignored because they only annotate.
 const ANNOTATIONS: &[&str] = &[
-    "$schema", "$id", "$comment", "title", "description", "default", "examples", "format",
-    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
+    "$schema",
+    "$id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "format",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
 ];
 
 /// A compiled schema.
@@ -30,7 +41,7 @@ pub struct Schema {
     types: u8,
     properties: Vec<(Box<str>, Schema)>,
     required: Vec<Box<str>>,
-    additional: Option<Box<Additional>>,
+    additional: Option<Additional>,
     items: Option<Box<Schema>>,
     enumeration: Option<Vec<Value>>,
     constant: Option<Value>,
@@ -53,7 +64,7 @@ pub struct Schema {
 #[derive(Debug, Clone)]
 enum Additional {
     Deny,
-    Schema(Schema),
+    Schema(Box<Schema>),
 }
 
 impl Schema {
@@ -74,7 +85,7 @@ impl Schema {
 
     /// Whether properties beyond the declared ones are accepted.
     pub fn allows_additional(&self) -> bool {
-        !matches!(self.additional.as_deref(), Some(Additional::Deny))
+        !matches!(self.additional, Some(Additional::Deny))
     }
 
     /// Validates `v`, appending one message per violation (`path: problem`).
@@ -96,10 +107,21 @@ impl Schema {
         if self.trivial {
             return;
         }
-        let at = |path: &str| if path.is_empty() { "arguments".to_owned() } else { format!("arguments{path}") };
+        let at = |path: &str| {
+            if path.is_empty() {
+                "arguments".to_owned()
+            } else {
+                format!("arguments{path}")
+            }
+        };
         let t = type_bit(v);
         if self.types & t == 0 && !(t == T_INT && self.types & T_NUM != 0) {
-            errors.push(format!("{}: expected {}, got {}", at(path), type_names(self.types), type_name(v)));
+            errors.push(format!(
+                "{}: expected {}, got {}",
+                at(path),
+                type_names(self.types),
+                type_name(v)
+            ));
             return;
         }
         if let Some(c) = &self.constant
@@ -138,10 +160,18 @@ impl Schema {
                 if self.min_length.is_some() || self.max_length.is_some() {
                     let n = s.chars().count();
                     if self.min_length.is_some_and(|m| n < m) {
-                        errors.push(format!("{}: shorter than {} characters", at(path), self.min_length.unwrap_or(0)));
+                        errors.push(format!(
+                            "{}: shorter than {} characters",
+                            at(path),
+                            self.min_length.unwrap_or(0)
+                        ));
                     }
                     if self.max_length.is_some_and(|m| n > m) {
-                        errors.push(format!("{}: longer than {} characters", at(path), self.max_length.unwrap_or(0)));
+                        errors.push(format!(
+                            "{}: longer than {} characters",
+                            at(path),
+                            self.max_length.unwrap_or(0)
+                        ));
                     }
                 }
                 if let Some(re) = &self.pattern
@@ -152,10 +182,18 @@ impl Schema {
             }
             Value::Array(a) => {
                 if self.min_items.is_some_and(|m| a.len() < m) {
-                    errors.push(format!("{}: fewer than {} items", at(path), self.min_items.unwrap_or(0)));
+                    errors.push(format!(
+                        "{}: fewer than {} items",
+                        at(path),
+                        self.min_items.unwrap_or(0)
+                    ));
                 }
                 if self.max_items.is_some_and(|m| a.len() > m) {
-                    errors.push(format!("{}: more than {} items", at(path), self.max_items.unwrap_or(0)));
+                    errors.push(format!(
+                        "{}: more than {} items",
+                        at(path),
+                        self.max_items.unwrap_or(0)
+                    ));
                 }
                 if let Some(items) = &self.items {
                     for (i, x) in a.iter().enumerate() {
@@ -179,7 +217,7 @@ impl Schema {
                     if let Some((_, s)) = self.properties.iter().find(|(name, _)| **name == **k) {
                         s.check(x, path, errors);
                     } else {
-                        match self.additional.as_deref() {
+                        match &self.additional {
                             Some(Additional::Deny) => errors.push(format!("{}: unknown property", at(path))),
                             Some(Additional::Schema(s)) => s.check(x, path, errors),
                             None => {}
@@ -199,7 +237,10 @@ impl Schema {
         if !self.one_of.is_empty() {
             let n = self.one_of.iter().filter(|s| s.is_valid(v)).count();
             if n != 1 {
-                errors.push(format!("{}: must match exactly one oneOf alternative, matches {n}", at(path)));
+                errors.push(format!(
+                    "{}: must match exactly one oneOf alternative, matches {n}",
+                    at(path)
+                ));
             }
         }
     }
@@ -239,8 +280,13 @@ fn type_name(v: &Value) -> &'static str {
 
 fn type_names(bits: u8) -> String {
     let names = [
-        (T_NULL, "null"), (T_BOOL, "boolean"), (T_INT, "integer"), (T_NUM, "number"),
-        (T_STR, "string"), (T_ARR, "array"), (T_OBJ, "object"),
+        (T_NULL, "null"),
+        (T_BOOL, "boolean"),
+        (T_INT, "integer"),
+        (T_NUM, "number"),
+        (T_STR, "string"),
+        (T_ARR, "array"),
+        (T_OBJ, "object"),
     ];
     let v: Vec<&str> = names
         .iter()
@@ -264,17 +310,40 @@ fn parse_type(name: &str) -> Option<u8> {
 }
 
 fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
-    let here = |k: &str| if path.is_empty() { k.to_owned() } else { format!("{path}.{k}") };
+    let here = |k: &str| {
+        if path.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
     let obj = match v {
-        Value::Bool(true) => return Schema { types: T_ANY, trivial: true, ..Schema::default() },
-        Value::Bool(false) => return Schema { types: 0, ..Schema::default() },
+        Value::Bool(true) => {
+            return Schema {
+                types: T_ANY,
+                trivial: true,
+                ..Schema::default()
+            };
+        }
+        Value::Bool(false) => {
+            return Schema {
+                types: 0,
+                ..Schema::default()
+            };
+        }
         Value::Object(o) => o,
         _ => {
-            errs.push(format!("{}: a schema must be an object or a boolean", if path.is_empty() { "schema" } else { path }));
+            errs.push(format!(
+                "{}: a schema must be an object or a boolean",
+                if path.is_empty() { "schema" } else { path }
+            ));
             return Schema::default();
         }
     };
-    let mut s = Schema { types: T_ANY, ..Schema::default() };
+    let mut s = Schema {
+        types: T_ANY,
+        ..Schema::default()
+    };
     let num = |k: &str, errs: &mut Vec<String>| -> Option<f64> {
         let x = obj.get(k)?;
         x.as_f64().or_else(|| {
@@ -321,10 +390,10 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
                 _ => errs.push(format!("{}: must be an array of strings", here(k))),
             },
             "additionalProperties" => {
-                s.additional = Some(Box::new(match x {
+                s.additional = Some(match x {
                     Value::Bool(false) => Additional::Deny,
-                    other => Additional::Schema(compile_at(other, &here(k), errs)),
-                }));
+                    other => Additional::Schema(Box::new(compile_at(other, &here(k), errs))),
+                });
             }
             "items" => s.items = Some(Box::new(compile_at(x, &here(k), errs))),
             "enum" => match x.as_array() {
@@ -347,7 +416,11 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
             },
             "anyOf" | "oneOf" | "allOf" => match x.as_array() {
                 Some(a) if !a.is_empty() => {
-                    let list = a.iter().enumerate().map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs)).collect();
+                    let list = a
+                        .iter()
+                        .enumerate()
+                        .map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs))
+                        .collect();
                     match k.as_str() {
                         "anyOf" => s.any_of = list,
                         "oneOf" => s.one_of = list,
@@ -361,8 +434,14 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
         }
     }
     for r in &s.required {
-        if !s.properties.is_empty() && !s.properties.iter().any(|(n, _)| n == r) && matches!(s.additional.as_deref(), Some(Additional::Deny)) {
-            errs.push(format!("{}: `{r}` is required but not a property and additionalProperties is false", here("required")));
+        if !s.properties.is_empty()
+            && !s.properties.iter().any(|(n, _)| n == r)
+            && matches!(s.additional, Some(Additional::Deny))
+        {
+            errs.push(format!(
+                "{}: `{r}` is required but not a property and additionalProperties is false",
+                here("required")
+            ));
         }
     }
     s.trivial = obj.keys().all(|k| ANNOTATIONS.contains(&k.as_str()));
@@ -402,7 +481,9 @@ pub fn expand_shorthand(input: &BTreeMap<String, Value>) -> Result<Value, Vec<St
                 props.insert(name.clone(), spec.clone());
                 required.push(Value::String(name.clone()));
             }
-            other => errs.push(format!("{name}: expected a type name or a schema object, got {other}")),
+            other => errs.push(format!(
+                "{name}: expected a type name or a schema object, got {other}"
+            )),
         }
     }
     if !errs.is_empty() {
@@ -435,7 +516,10 @@ mod tests {
         let e = errors(schema, json!({"tags": ["x", 3], "zz": 1}));
         assert_eq!(e.len(), 3, "{e:?}");
         assert!(e.iter().any(|m| m == "arguments: missing required property `a`"));
-        assert!(e.iter().any(|m| m == "arguments.tags[1]: expected string, got integer"));
+        assert!(
+            e.iter()
+                .any(|m| m == "arguments.tags[1]: expected string, got integer")
+        );
         assert!(e.iter().any(|m| m == "arguments.zz: unknown property"));
     }
 
@@ -448,18 +532,37 @@ mod tests {
 
     #[test]
     fn bounds_enum_pattern_and_combinators() {
-        assert_eq!(errors(json!({"minimum": 1, "maximum": 3}), json!(5)), vec!["arguments: must be <= 3"]);
+        assert_eq!(
+            errors(json!({"minimum": 1, "maximum": 3}), json!(5)),
+            vec!["arguments: must be <= 3"]
+        );
         assert!(!errors(json!({"enum": ["a", "b"]}), json!("c")).is_empty());
         assert!(errors(json!({"pattern": "^[a-z]+$"}), json!("abc")).is_empty());
         assert!(!errors(json!({"pattern": "^[a-z]+$"}), json!("ab1")).is_empty());
-        assert!(errors(json!({"anyOf": [{"type": "string"}, {"type": "integer"}]}), json!(3)).is_empty());
-        assert!(!errors(json!({"oneOf": [{"type": "number"}, {"type": "integer"}]}), json!(3)).is_empty());
+        assert!(
+            errors(
+                json!({"anyOf": [{"type": "string"}, {"type": "integer"}]}),
+                json!(3)
+            )
+            .is_empty()
+        );
+        assert!(
+            !errors(
+                json!({"oneOf": [{"type": "number"}, {"type": "integer"}]}),
+                json!(3)
+            )
+            .is_empty()
+        );
     }
 
     #[test]
     fn rejects_unsupported_keywords_with_paths() {
-        let e = Schema::compile(&json!({"type": "object", "properties": {"x": {"if": {}}}, "minimum": "z"})).unwrap_err();
-        assert!(e.contains(&"properties.x.if: unsupported JSON Schema keyword".to_owned()), "{e:?}");
+        let e = Schema::compile(&json!({"type": "object", "properties": {"x": {"if": {}}}, "minimum": "z"}))
+            .unwrap_err();
+        assert!(
+            e.contains(&"properties.x.if: unsupported JSON Schema keyword".to_owned()),
+            "{e:?}"
+        );
         assert!(e.contains(&"minimum: must be a number".to_owned()), "{e:?}");
     }
 

@@ -32,7 +32,10 @@ pub enum Filter {
 #[derive(Debug, Clone, PartialEq)]
 enum Part {
     Lit(Box<str>),
-    Var { path: Box<[Segment]>, filters: Box<[Filter]> },
+    Var {
+        path: Box<[Segment]>,
+        filters: Box<[Filter]>,
+    },
 }
 
 /// A compiled text template.
@@ -80,12 +83,18 @@ impl Template {
             literal_len += rest.len();
             parts.push(Part::Lit(rest.into()));
         }
-        Ok(Self { parts: parts.into(), literal_len })
+        Ok(Self {
+            parts: parts.into(),
+            literal_len,
+        })
     }
 
     /// The template of no text.
     pub fn empty() -> Self {
-        Self { parts: Box::new([]), literal_len: 0 }
+        Self {
+            parts: Box::new([]),
+            literal_len: 0,
+        }
     }
 
     /// True when the template has no variables.
@@ -104,9 +113,7 @@ impl Template {
     /// The first segment of every variable path (the names a scope must bind).
     pub fn roots(&self) -> impl Iterator<Item = (&str, Option<usize>)> + '_ {
         self.parts.iter().filter_map(|p| match p {
-            Part::Var { path, .. } => {
-                Some((&*path[0].key, path.get(1).and_then(|s| s.index)))
-            }
+            Part::Var { path, .. } => Some((&*path[0].key, path.get(1).and_then(|s| s.index))),
             Part::Lit(_) => None,
         })
     }
@@ -162,10 +169,19 @@ fn parse_var(expr: &str) -> Result<Part, String> {
     }
     let mut path = Vec::new();
     for seg in path_src.split('.') {
-        if seg.is_empty() || !seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-            return Err(format!("`{path_src}` is not a variable path (letters, digits, `_`, `-`, joined by `.`)"));
+        if seg.is_empty()
+            || !seg
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "`{path_src}` is not a variable path (letters, digits, `_`, `-`, joined by `.`)"
+            ));
         }
-        path.push(Segment { key: seg.into(), index: seg.parse().ok() });
+        path.push(Segment {
+            key: seg.into(),
+            index: seg.parse().ok(),
+        });
     }
     let filters = pieces
         .map(|f| match f.trim() {
@@ -175,10 +191,15 @@ fn parse_var(expr: &str) -> Result<Part, String> {
             "lower" => Ok(Filter::Lower),
             "trim" => Ok(Filter::Trim),
             "raw" => Ok(Filter::Raw),
-            other => Err(format!("unknown filter `{other}` (json, url, upper, lower, trim, raw)")),
+            other => Err(format!(
+                "unknown filter `{other}` (json, url, upper, lower, trim, raw)"
+            )),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Part::Var { path: path.into(), filters: filters.into() })
+    Ok(Part::Var {
+        path: path.into(),
+        filters: filters.into(),
+    })
 }
 
 fn resolve<'a>(scope: &'a dyn Scope, path: &[Segment]) -> Option<&'a Value> {
@@ -343,8 +364,14 @@ mod tests {
     #[test]
     fn url_and_json_filters() {
         let scope = json!({"q": "a b&c", "n": 3});
-        assert_eq!(Template::compile("{{q|url}}").unwrap().render(&scope), "a%20b%26c");
-        assert_eq!(Template::compile("{{q|json}}").unwrap().render(&scope), "\"a b&c\"");
+        assert_eq!(
+            Template::compile("{{q|url}}").unwrap().render(&scope),
+            "a%20b%26c"
+        );
+        assert_eq!(
+            Template::compile("{{q|json}}").unwrap().render(&scope),
+            "\"a b&c\""
+        );
         assert_eq!(Template::compile("{{n}}").unwrap().render(&scope), "3");
     }
 
@@ -359,8 +386,16 @@ mod tests {
     fn rejects_malformed_templates() {
         assert!(Template::compile("{{ open").unwrap_err().contains("unclosed"));
         assert!(Template::compile("{{}}").unwrap_err().contains("empty"));
-        assert!(Template::compile("{{a|nope}}").unwrap_err().contains("unknown filter"));
-        assert!(Template::compile("{{a b}}").unwrap_err().contains("not a variable path"));
+        assert!(
+            Template::compile("{{a|nope}}")
+                .unwrap_err()
+                .contains("unknown filter")
+        );
+        assert!(
+            Template::compile("{{a b}}")
+                .unwrap_err()
+                .contains("not a variable path")
+        );
     }
 
     #[test]

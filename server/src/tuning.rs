@@ -23,7 +23,11 @@ pub struct Tuning {
 
 /// CPUs this process may run on.
 pub fn allowed_cpus() -> Vec<usize> {
-    let mut ids: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+    let mut ids: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
     ids.sort_unstable();
     ids
 }
@@ -32,8 +36,17 @@ pub fn allowed_cpus() -> Vec<usize> {
 pub fn plan(requested: usize, pin: bool) -> Tuning {
     let allowed = allowed_cpus();
     let avail = std::thread::available_parallelism().map_or(1, usize::from);
-    let workers = if requested > 0 { requested } else { avail.min(allowed.len().max(1)) };
-    Tuning { worker_threads: workers.max(1), allowed_cpus: allowed, available_parallelism: avail, pinned: pin }
+    let workers = if requested > 0 {
+        requested
+    } else {
+        avail.min(allowed.len().max(1))
+    };
+    Tuning {
+        worker_threads: workers.max(1),
+        allowed_cpus: allowed,
+        available_parallelism: avail,
+        pinned: pin,
+    }
 }
 
 /// Builds the multi-threaded runtime. With pinning, the first `worker_threads` threads the
@@ -44,7 +57,9 @@ pub fn plan(requested: usize, pin: bool) -> Tuning {
 /// The runtime could not be built.
 pub fn runtime(t: &Tuning) -> std::io::Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.worker_threads(t.worker_threads).enable_all().thread_name("quiver-worker");
+    b.worker_threads(t.worker_threads)
+        .enable_all()
+        .thread_name("quiver-worker");
     if t.pinned && !t.allowed_cpus.is_empty() {
         let cpus = Arc::new(t.allowed_cpus.clone());
         let started = Arc::new(AtomicUsize::new(0));

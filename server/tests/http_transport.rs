@@ -24,10 +24,18 @@ async fn initialize_negotiates_versions_and_opens_a_session() {
     let init = |v: &str| {
         post(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": v, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string())
     };
-    for (asked, got) in [("2025-11-25", "2025-11-25"), ("2025-06-18", "2025-06-18"), ("2025-03-26", "2025-03-26"), ("2024-01-01", "2025-11-25")] {
+    for (asked, got) in [
+        ("2025-11-25", "2025-11-25"),
+        ("2025-06-18", "2025-06-18"),
+        ("2025-03-26", "2025-03-26"),
+        ("2024-01-01", "2025-11-25"),
+    ] {
         let (status, resp) = h.send(init(asked)).await;
         assert_eq!(status, 200);
-        let session = resp.headers().get("mcp-session-id").map(|v| v.to_str().unwrap().len());
+        let session = resp
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().len());
         assert_eq!(session, Some(32), "a session id is issued");
         let (_, v) = h.raw(init(asked)).await;
         assert_eq!(v["result"]["protocolVersion"], got);
@@ -72,17 +80,30 @@ async fn tools_call_results_errors_and_validation() {
     let r = h.call("greet", json!({"nmae": "x"})).await;
     assert_eq!(r["isError"], true);
     let text = r["content"][0]["text"].as_str().unwrap();
-    assert!(text.contains("missing required property `name`") && text.contains("arguments.nmae: unknown property"), "{text}");
+    assert!(
+        text.contains("missing required property `name`")
+            && text.contains("arguments.nmae: unknown property"),
+        "{text}"
+    );
 
     // An output schema the handler does not satisfy is reported, not passed through.
     let r = h.call("typed", json!({"n": 3})).await;
     assert_eq!(r["isError"], true, "{r}");
 
-    let unknown = h.rpc("tools/call", json!({"name": "nope", "arguments": {}})).await;
+    let unknown = h
+        .rpc("tools/call", json!({"name": "nope", "arguments": {}}))
+        .await;
     assert_eq!(unknown["error"]["code"], -32602);
-    assert!(unknown["error"]["message"].as_str().unwrap().contains("Unknown tool: nope"));
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Unknown tool: nope")
+    );
 
-    let not_object = h.rpc("tools/call", json!({"name": "add", "arguments": [1, 2]})).await;
+    let not_object = h
+        .rpc("tools/call", json!({"name": "add", "arguments": [1, 2]}))
+        .await;
     assert_eq!(not_object["error"]["code"], -32602);
     let no_params = h.rpc("tools/call", serde_json::Value::Null).await;
     assert_eq!(no_params["error"]["code"], -32602);
@@ -104,11 +125,17 @@ async fn malformed_messages_get_json_rpc_errors() {
     ];
     for (body, status, code) in cases {
         let (s, v) = h.raw(post(body)).await;
-        assert_eq!((s, v["error"]["code"].as_i64()), (status, Some(code)), "{body} -> {v}");
+        assert_eq!(
+            (s, v["error"]["code"].as_i64()),
+            (status, Some(code)),
+            "{body} -> {v}"
+        );
     }
     // ping and notifications
     assert_eq!(h.rpc("ping", json!({})).await["result"], json!({}));
-    let (s, v) = h.raw(post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)).await;
+    let (s, v) = h
+        .raw(post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#))
+        .await;
     assert_eq!((s, v), (202, serde_json::Value::Null));
     let (s, _) = h.raw(post(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#)).await;
     assert_eq!(s, 202, "a client response is accepted");
@@ -132,11 +159,21 @@ async fn batches_only_under_2025_03_26() {
 
 #[tokio::test]
 async fn transport_rules_give_http_errors() {
-    let h = harness_with(TOOLS, HttpOptions { max_body_bytes: 1024, allowed_origins: vec!["https://app.example".into()], max_concurrency: 16 });
+    let h = harness_with(
+        TOOLS,
+        HttpOptions {
+            max_body_bytes: 1024,
+            allowed_origins: vec!["https://app.example".into()],
+            max_concurrency: 16,
+        },
+    );
     let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
     let with = |k: &str, v: &str| {
         let mut r = post(ping);
-        r.headers_mut().insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        r.headers_mut().insert(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
         r
     };
     assert_eq!(h.raw(with("content-type", "text/plain")).await.0, 415);
@@ -145,41 +182,75 @@ async fn transport_rules_give_http_errors() {
     assert_eq!(h.raw(with("origin", "http://evil.example")).await.0, 403);
     assert_eq!(h.raw(with("origin", "https://app.example")).await.0, 200);
     assert_eq!(h.raw(with("origin", "http://localhost:6274")).await.0, 200);
-    let big = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#, "x".repeat(2000));
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(2000)
+    );
     let (s, v) = h.raw(post(&big)).await;
     assert_eq!(s, 413);
     assert!(v["error"]["message"].as_str().unwrap().contains("1024"));
     // GET needs an event-stream Accept; DELETE needs a session.
-    let get = Request::get("/mcp").header("accept", "application/json").body(Body::empty()).unwrap();
+    let get = Request::get("/mcp")
+        .header("accept", "application/json")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(h.raw(get).await.0, 406);
     let del = Request::delete("/mcp").body(Body::empty()).unwrap();
     assert_eq!(h.raw(del).await.0, 400);
-    let del = Request::delete("/mcp").header("mcp-session-id", "abc").body(Body::empty()).unwrap();
+    let del = Request::delete("/mcp")
+        .header("mcp-session-id", "abc")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(h.raw(del).await.0, 204);
 }
 
 #[tokio::test]
 async fn resources_and_prompts() {
-    let h = harness(r#"
+    let h = harness(
+        r#"
 resources:
   - {uri: "doc://a", name: a, text: "A text"}
   - {uriTemplate: "greet://{who}/x", name: g, mimeType: text/markdown, text: "Hi {{who}}"}
 prompts:
   - {name: p, description: d, arguments: [{name: topic, required: true}, {name: tone}], messages: [{role: user, text: "{{tone}} about {{topic}}"}, {role: assistant, text: ok}]}
-"#);
-    assert_eq!(h.rpc("resources/list", json!({})).await["result"]["resources"][0]["uri"], "doc://a");
-    assert_eq!(h.rpc("resources/templates/list", json!({})).await["result"]["resourceTemplates"][0]["uriTemplate"], "greet://{who}/x");
+"#,
+    );
+    assert_eq!(
+        h.rpc("resources/list", json!({})).await["result"]["resources"][0]["uri"],
+        "doc://a"
+    );
+    assert_eq!(
+        h.rpc("resources/templates/list", json!({})).await["result"]["resourceTemplates"][0]["uriTemplate"],
+        "greet://{who}/x"
+    );
     let r = h.rpc("resources/read", json!({"uri": "greet://Ada%20L/x"})).await;
     assert_eq!(r["result"]["contents"][0]["text"], "Hi Ada L");
     assert_eq!(r["result"]["contents"][0]["mimeType"], "text/markdown");
-    assert_eq!(h.rpc("resources/read", json!({"uri": "doc://a"})).await["result"]["contents"][0]["text"], "A text");
-    assert_eq!(h.rpc("resources/read", json!({"uri": "doc://zz"})).await["error"]["code"], -32002);
-    let p = h.rpc("prompts/get", json!({"name": "p", "arguments": {"topic": "rust", "tone": "Briefly"}})).await;
-    assert_eq!(p["result"]["messages"][0]["content"]["text"], "Briefly about rust");
+    assert_eq!(
+        h.rpc("resources/read", json!({"uri": "doc://a"})).await["result"]["contents"][0]["text"],
+        "A text"
+    );
+    assert_eq!(
+        h.rpc("resources/read", json!({"uri": "doc://zz"})).await["error"]["code"],
+        -32002
+    );
+    let p = h
+        .rpc(
+            "prompts/get",
+            json!({"name": "p", "arguments": {"topic": "rust", "tone": "Briefly"}}),
+        )
+        .await;
+    assert_eq!(
+        p["result"]["messages"][0]["content"]["text"],
+        "Briefly about rust"
+    );
     assert_eq!(p["result"]["messages"][1]["role"], "assistant");
     let missing = h.rpc("prompts/get", json!({"name": "p", "arguments": {}})).await;
     assert!(missing["error"]["message"].as_str().unwrap().contains("topic"));
-    assert_eq!(h.rpc("prompts/list", json!({})).await["result"]["prompts"][0]["arguments"][0]["required"], true);
+    assert_eq!(
+        h.rpc("prompts/list", json!({})).await["result"]["prompts"][0]["arguments"][0]["required"],
+        true
+    );
 }
 
 #[tokio::test]
@@ -189,8 +260,13 @@ async fn metrics_count_requests_and_dispatch() {
     h.call("add", json!({"a": "x"})).await;
     h.raw(post("{oops")).await;
     let text = h.server.metrics.encode();
-    assert!(text.contains(r#"quiver_dispatch_duration_seconds_count{tool="add",outcome="ok"} 1"#), "{text}");
-    assert!(text.contains(r#"quiver_dispatch_duration_seconds_count{tool="add",outcome="invalid_arguments"} 1"#));
+    assert!(
+        text.contains(r#"quiver_dispatch_duration_seconds_count{tool="add",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"quiver_dispatch_duration_seconds_count{tool="add",outcome="invalid_arguments"} 1"#)
+    );
     assert!(text.contains(r#"quiver_requests_total{method="tools/call",outcome="ok"} 2"#));
     assert!(text.contains(r#"quiver_requests_total{method="invalid",outcome="parse_error"} 1"#));
     assert!(text.contains("quiver_registry_tools 5"));

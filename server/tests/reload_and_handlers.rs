@@ -10,22 +10,34 @@ use common::harness;
 use quiver_server::reload::{Reloaded, read_path, watch_path};
 use serde_json::{Value, json};
 
-const BASE: &str = "tools:\n  - {name: a, handler: {template: first}}\n  - {name: sleep, handler: {builtin: sleep}}\n";
+const BASE: &str =
+    "tools:\n  - {name: a, handler: {template: first}}\n  - {name: sleep, handler: {builtin: sleep}}\n";
 
 #[tokio::test]
 async fn reload_swaps_generation_and_notifies_streams() {
     let h = harness(BASE);
     let mut events = h.server.subscribe();
     assert_eq!(h.server.registry.load().generation, 1);
-    let next = "tools:\n  - {name: a, handler: {template: second}}\n  - {name: b, handler: {template: new}}\n";
-    assert_eq!(h.reloader.apply(&[("t".into(), next.into())]).unwrap(), Reloaded::Swapped(2));
+    let next =
+        "tools:\n  - {name: a, handler: {template: second}}\n  - {name: b, handler: {template: new}}\n";
+    assert_eq!(
+        h.reloader.apply(&[("t".into(), next.into())]).unwrap(),
+        Reloaded::Swapped(2)
+    );
     assert_eq!(h.call("a", json!({})).await["content"][0]["text"], "second");
     assert_eq!(h.call("b", json!({})).await["content"][0]["text"], "new");
     let msg = events.recv().await.unwrap();
-    assert_eq!(&*msg, r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#);
+    assert_eq!(
+        &*msg,
+        r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#
+    );
     // Same content, different formatting: no new generation, no notification.
-    let reformatted = "tools:\n- name: a\n  handler: {template: second}\n- {name: b, handler: {template: new}}\n";
-    assert_eq!(h.reloader.apply(&[("t".into(), reformatted.into())]).unwrap(), Reloaded::Unchanged);
+    let reformatted =
+        "tools:\n- name: a\n  handler: {template: second}\n- {name: b, handler: {template: new}}\n";
+    assert_eq!(
+        h.reloader.apply(&[("t".into(), reformatted.into())]).unwrap(),
+        Reloaded::Unchanged
+    );
     assert!(events.try_recv().is_err());
 }
 
@@ -39,8 +51,17 @@ async fn an_invalid_config_never_replaces_a_working_one() {
     assert_eq!(h.call("a", json!({})).await["content"][0]["text"], "first");
     let status = h.server.registry.last_reload();
     assert_eq!(status.result, "invalid");
-    assert!(status.problems[0].starts_with("tools[0].handler.builtin"), "{:?}", status.problems);
-    assert!(h.server.metrics.encode().contains(r#"quiver_config_reloads_total{result="invalid"} 1"#));
+    assert!(
+        status.problems[0].starts_with("tools[0].handler.builtin"),
+        "{:?}",
+        status.problems
+    );
+    assert!(
+        h.server
+            .metrics
+            .encode()
+            .contains(r#"quiver_config_reloads_total{result="invalid"} 1"#)
+    );
 }
 
 #[tokio::test]
@@ -50,8 +71,13 @@ async fn in_flight_calls_finish_on_their_snapshot_across_a_reload() {
         let router = h.router.clone();
         tokio::spawn(async move {
             let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": 300}}}).to_string();
-            let resp = tower::ServiceExt::oneshot(router, common::post(&body)).await.unwrap();
-            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+            let resp = tower::ServiceExt::oneshot(router, common::post(&body))
+                .await
+                .unwrap();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
             serde_json::from_slice::<Value>(&bytes).unwrap()
         })
     };
@@ -64,10 +90,19 @@ async fn in_flight_calls_finish_on_their_snapshot_across_a_reload() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(metrics.inflight.get(), 1, "the call is in flight");
-    h.reloader.apply(&[("t".into(), "tools: [{name: other, handler: {template: x}}]".into())]).unwrap();
+    h.reloader
+        .apply(&[(
+            "t".into(),
+            "tools: [{name: other, handler: {template: x}}]".into(),
+        )])
+        .unwrap();
     let done = call.await.unwrap();
     assert_eq!(done["result"]["content"][0]["text"], "slept 300 ms", "{done}");
-    assert_eq!(h.rpc("tools/call", json!({"name": "sleep", "arguments": {"ms": 1}})).await["error"]["code"], -32602);
+    assert_eq!(
+        h.rpc("tools/call", json!({"name": "sleep", "arguments": {"ms": 1}}))
+            .await["error"]["code"],
+        -32602
+    );
 }
 
 #[tokio::test]
@@ -79,7 +114,10 @@ async fn cancelled_notification_stops_a_running_call() {
         let mut req = common::post(&body);
         req.headers_mut().insert("mcp-session-id", "s1".parse().unwrap());
         let resp = tower::ServiceExt::oneshot(router, req).await.unwrap();
-        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
         serde_json::from_slice::<Value>(&bytes).unwrap()
     });
     for _ in 0..200 {
@@ -88,10 +126,17 @@ async fn cancelled_notification_stops_a_running_call() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut cancel = common::post(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"c1","reason":"user"}}"#);
-    cancel.headers_mut().insert("mcp-session-id", "s1".parse().unwrap());
+    let mut cancel = common::post(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"c1","reason":"user"}}"#,
+    );
+    cancel
+        .headers_mut()
+        .insert("mcp-session-id", "s1".parse().unwrap());
     assert_eq!(h.send(cancel).await.0, 202);
-    let out = tokio::time::timeout(Duration::from_secs(5), call).await.expect("cancelled call returns").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("cancelled call returns")
+        .unwrap();
     assert_eq!(out["error"]["code"], -32800, "{out}");
 }
 
@@ -105,35 +150,60 @@ async fn file_source_reloads_on_edit_and_on_kubelet_symlink_swap() {
     std::os::unix::fs::symlink("..v1", dir.path().join("..data")).unwrap();
     std::os::unix::fs::symlink("..data/tools.yaml", dir.path().join("tools.yaml")).unwrap();
     let h = harness(BASE);
-    assert_eq!(read_path(dir.path()).unwrap().len(), 1, "hidden ..data entries are not read twice");
+    assert_eq!(
+        read_path(dir.path()).unwrap().len(),
+        1,
+        "hidden ..data entries are not read twice"
+    );
     let mut events = h.server.subscribe();
     tokio::spawn(watch_path(dir.path().to_path_buf(), h.reloader.clone()));
     tokio::time::sleep(Duration::from_millis(100)).await; // let the watch start
     // Atomic swap, exactly as the kubelet does it.
     let v2 = dir.path().join("..v2");
     std::fs::create_dir(&v2).unwrap();
-    std::fs::write(v2.join("tools.yaml"), "tools: [{name: swapped, handler: {template: yes}}]").unwrap();
+    std::fs::write(
+        v2.join("tools.yaml"),
+        "tools: [{name: swapped, handler: {template: yes}}]",
+    )
+    .unwrap();
     std::os::unix::fs::symlink("..v2", dir.path().join("..data_tmp")).unwrap();
     std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).unwrap();
-    let msg = tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("list_changed after the swap").unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(5), events.recv())
+        .await
+        .expect("list_changed after the swap")
+        .unwrap();
     assert!(msg.contains("tools/list_changed"));
     assert_eq!(h.call("swapped", json!({})).await["content"][0]["text"], "yes");
 }
 
 async fn spawn_upstream() -> std::net::SocketAddr {
     let app = axum::Router::new()
-        .route("/weather", get(|q: axum::extract::RawQuery| async move {
-            axum::Json(json!({"query": q.0, "tempC": 21}))
-        }))
-        .route("/echo", post(|headers: http::HeaderMap, body: String| async move {
-            let auth = headers.get("x-token").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-            format!("{auth}|{body}")
-        }))
-        .route("/slow", get(|| async {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            "late"
-        }))
-        .route("/fail", get(|| async { (http::StatusCode::BAD_GATEWAY, "upstream down") }))
+        .route(
+            "/weather",
+            get(|q: axum::extract::RawQuery| async move { axum::Json(json!({"query": q.0, "tempC": 21})) }),
+        )
+        .route(
+            "/echo",
+            post(|headers: http::HeaderMap, body: String| async move {
+                let auth = headers
+                    .get("x-token")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                format!("{auth}|{body}")
+            }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                "late"
+            }),
+        )
+        .route(
+            "/fail",
+            get(|| async { (http::StatusCode::BAD_GATEWAY, "upstream down") }),
+        )
         .route("/big", get(|| async { "x".repeat(5000) }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -159,19 +229,41 @@ tools:
     );
     let h = harness(&yaml);
     let r = h.call("weather", json!({"city": "São Paulo"})).await;
-    assert_eq!(r["structuredContent"], json!({"query": "city=S%C3%A3o%20Paulo", "tempC": 21}), "{r}");
+    assert_eq!(
+        r["structuredContent"],
+        json!({"query": "city=S%C3%A3o%20Paulo", "tempC": 21}),
+        "{r}"
+    );
     let r = h.call("post", json!({"n": 7, "token": "abc"})).await;
     assert_eq!(r["content"][0]["text"], r#"t-abc|{"n":7,"s":"n=7"}"#);
     let r = h.call("slow", json!({})).await;
     assert_eq!(r["isError"], true);
-    assert!(r["content"][0]["text"].as_str().unwrap().contains("timed out after 200ms"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("timed out after 200ms"),
+        "{r}"
+    );
     let r = h.call("fail", json!({})).await;
-    assert!(r["content"][0]["text"].as_str().unwrap().contains("502 Bad Gateway: upstream down"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("502 Bad Gateway: upstream down"),
+        "{r}"
+    );
     let r = h.call("big", json!({})).await;
     assert_eq!(r["isError"], true, "{r}");
     let r = h.call("refused", json!({})).await;
     assert_eq!(r["isError"], true);
-    assert!(r["content"][0]["text"].as_str().unwrap().contains("request to http://127.0.0.1:1/x failed"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("request to http://127.0.0.1:1/x failed"),
+        "{r}"
+    );
 }
 
 #[tokio::test]
@@ -190,18 +282,42 @@ tools:
     // Shell metacharacters stay one literal argument.
     let r = h.call("echo", json!({"text": "a; rm -rf / $(id) | x"})).await;
     assert_eq!(r["content"][0]["text"], "a; rm -rf / $(id) | x\n");
-    let env = h.call("env", json!({})).await["content"][0]["text"].as_str().unwrap().to_owned();
+    let env = h.call("env", json!({})).await["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let mut keys: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["ONLY", "PATH"], "nothing else is inherited");
-    assert_eq!(h.call("cat", json!({"text": "from stdin"})).await["content"][0]["text"], "from stdin");
+    assert_eq!(
+        h.call("cat", json!({"text": "from stdin"})).await["content"][0]["text"],
+        "from stdin"
+    );
     let r = h.call("slow", json!({})).await;
-    assert!(r["content"][0]["text"].as_str().unwrap().contains("timed out after 200ms and was killed"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("timed out after 200ms and was killed"),
+        "{r}"
+    );
     let r = h.call("yes", json!({})).await;
-    assert!(r["content"][0]["text"].as_str().unwrap().contains("more than 1000 bytes"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("more than 1000 bytes"),
+        "{r}"
+    );
     let r = h.call("fail", json!({})).await;
     assert_eq!(r["isError"], true);
-    assert!(r["content"][0]["text"].as_str().unwrap().contains("exited with status 2"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("exited with status 2"),
+        "{r}"
+    );
 }
 
 #[tokio::test]
@@ -220,8 +336,17 @@ tools:
     handler: {pipeline: [{tool: add}, {tool: greet, input: {name: "{{steps.0.structured}}"}}]}
 "#,
     );
-    assert_eq!(h.call("add-greet-shout", json!({"a": 20, "b": 22})).await["content"][0]["text"], "HELLO 42!");
+    assert_eq!(
+        h.call("add-greet-shout", json!({"a": 20, "b": 22})).await["content"][0]["text"],
+        "HELLO 42!"
+    );
     let r = h.call("broken", json!({"a": 1, "b": 2})).await;
     assert_eq!(r["isError"], true);
-    assert!(r["content"][0]["text"].as_str().unwrap().starts_with("step 1 (greet): invalid arguments"), "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("step 1 (greet): invalid arguments"),
+        "{r}"
+    );
 }

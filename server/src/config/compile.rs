@@ -133,9 +133,16 @@ pub enum Builtin {
 
 impl Builtin {
     const ALL: [(&'static str, Builtin); 10] = [
-        ("echo", Self::Echo), ("add", Self::Add), ("multiply", Self::Multiply), ("upper", Self::Upper),
-        ("lower", Self::Lower), ("length", Self::Length), ("sha256", Self::Sha256), ("now", Self::Now),
-        ("sleep", Self::Sleep), ("json", Self::Json),
+        ("echo", Self::Echo),
+        ("add", Self::Add),
+        ("multiply", Self::Multiply),
+        ("upper", Self::Upper),
+        ("lower", Self::Lower),
+        ("length", Self::Length),
+        ("sha256", Self::Sha256),
+        ("now", Self::Now),
+        ("sleep", Self::Sleep),
+        ("json", Self::Json),
     ];
 
     fn from_name(s: &str) -> Option<Self> {
@@ -151,9 +158,13 @@ impl Builtin {
         let text = json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": false});
         match self {
             Self::Echo | Self::Upper | Self::Lower | Self::Length | Self::Sha256 => text,
-            Self::Add | Self::Multiply => json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"], "additionalProperties": false}),
+            Self::Add | Self::Multiply => {
+                json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"], "additionalProperties": false})
+            }
             Self::Now => json!({"type": "object", "properties": {}, "additionalProperties": false}),
-            Self::Sleep => json!({"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 60000}}, "required": ["ms"], "additionalProperties": false}),
+            Self::Sleep => {
+                json!({"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 60000}}, "required": ["ms"], "additionalProperties": false})
+            }
             Self::Json => json!({"type": "object"}),
         }
     }
@@ -161,7 +172,9 @@ impl Builtin {
     /// The output schema of builtins with structured results.
     fn output_schema(self) -> Option<Value> {
         match self {
-            Self::Add | Self::Multiply | Self::Length => Some(json!({"type": "object", "properties": {"result": {"type": "number"}}, "required": ["result"]})),
+            Self::Add | Self::Multiply | Self::Length => Some(
+                json!({"type": "object", "properties": {"result": {"type": "number"}}, "required": ["result"]}),
+            ),
             _ => None,
         }
     }
@@ -214,7 +227,9 @@ impl UriPattern {
             let close = rest[open..].find('}').ok_or("unclosed `{`")? + open;
             let name = &rest[open + 1..close];
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!("`{{{name}}}` is not a simple variable (RFC 6570 level 1)"));
+                return Err(format!(
+                    "`{{{name}}}` is not a simple variable (RFC 6570 level 1)"
+                ));
             }
             if parts.last().is_some_and(|(var, _)| *var) {
                 return Err("two variables must be separated by literal text".into());
@@ -264,12 +279,12 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Some(v) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && let Some(v) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(b[i]);
         i += 1;
@@ -298,7 +313,10 @@ struct Problems(Vec<Problem>);
 
 impl Problems {
     fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem { path: path.into(), message: message.into() });
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
     }
 
     /// Adds problems reported by a nested compiler as `sub.path: message`, under `prefix`.
@@ -313,7 +331,9 @@ impl Problems {
 }
 
 fn valid_tool_name(n: &str) -> bool {
-    (1..=128).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    (1..=128).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 /// Names a template may refer to: the input's declared properties (unless the input is open),
@@ -330,15 +350,31 @@ fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems)
         {
             match idx {
                 Some(i) if i < limit => {}
-                Some(i) => p.push(path, format!("`steps.{i}` refers to a step that has not run yet (this is step {limit})")),
-                None => p.push(path, "use `steps.N.text` or `steps.N.structured` with a step number"),
+                Some(i) => p.push(
+                    path,
+                    format!("`steps.{i}` refers to a step that has not run yet (this is step {limit})"),
+                ),
+                None => p.push(
+                    path,
+                    "use `steps.N.text` or `steps.N.structured` with a step number",
+                ),
             }
             continue;
         }
         if let Some(props) = &names.props
             && !props.contains(&root)
         {
-            p.push(path, format!("template uses `{root}`, which is not an input property ({})", if props.is_empty() { "none declared".to_owned() } else { props.join(", ") }));
+            p.push(
+                path,
+                format!(
+                    "template uses `{root}`, which is not an input property ({})",
+                    if props.is_empty() {
+                        "none declared".to_owned()
+                    } else {
+                        props.join(", ")
+                    }
+                ),
+            );
         }
     }
 }
@@ -380,7 +416,10 @@ fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
 pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let mut p = Problems(Vec::new());
     if ts.api_version != API_VERSION {
-        p.push("apiVersion", format!("must be `{API_VERSION}`, got `{}`", ts.api_version));
+        p.push(
+            "apiVersion",
+            format!("must be `{API_VERSION}`, got `{}`", ts.api_version),
+        );
     }
     if ts.kind != KIND {
         p.push("kind", format!("must be `{KIND}`, got `{}`", ts.kind));
@@ -391,7 +430,10 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let page_size = match ts.server.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
         n @ 1..=MAX_PAGE_SIZE => n as usize,
         _ => {
-            p.push("server.pageSize", format!("must be between 1 and {MAX_PAGE_SIZE}"));
+            p.push(
+                "server.pageSize",
+                format!("must be between 1 and {MAX_PAGE_SIZE}"),
+            );
             DEFAULT_PAGE_SIZE as usize
         }
     };
@@ -399,10 +441,19 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
     for (i, t) in ts.tools.iter().enumerate() {
         if !valid_tool_name(&t.name) {
-            p.push(format!("tools[{i}].name"), format!("`{}` is not a valid tool name (1-128 characters of A-Z a-z 0-9 _ - .)", t.name));
+            p.push(
+                format!("tools[{i}].name"),
+                format!(
+                    "`{}` is not a valid tool name (1-128 characters of A-Z a-z 0-9 _ - .)",
+                    t.name
+                ),
+            );
         }
         if let Some(first) = index.insert(&t.name, i) {
-            p.push(format!("tools[{i}].name"), format!("duplicate tool name `{}` (also tools[{first}])", t.name));
+            p.push(
+                format!("tools[{i}].name"),
+                format!("duplicate tool name `{}` (also tools[{first}])", t.name),
+            );
             index.insert(&t.name, first);
         }
     }
@@ -414,7 +465,10 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             Handler::Builtin(name) => {
                 let b = Builtin::from_name(name);
                 if b.is_none() {
-                    p.push(format!("{at}.handler.builtin"), format!("unknown builtin `{name}` (one of: {})", Builtin::names()));
+                    p.push(
+                        format!("{at}.handler.builtin"),
+                        format!("unknown builtin `{name}` (one of: {})", Builtin::names()),
+                    );
                 }
                 b
             }
@@ -430,20 +484,32 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 json!({"type": "object"})
             }),
             (None, Some(s)) => s.clone(),
-            (None, None) => builtin.map_or_else(|| json!({"type": "object", "properties": {}}), Builtin::input_schema),
+            (None, None) => builtin.map_or_else(
+                || json!({"type": "object", "properties": {}}),
+                Builtin::input_schema,
+            ),
         };
         if schema_json.get("type").and_then(Value::as_str) != Some("object") {
-            p.push(format!("{at}.inputSchema.type"), "an input schema must have `type: object`");
+            p.push(
+                format!("{at}.inputSchema.type"),
+                "an input schema must have `type: object`",
+            );
         }
         let input = Schema::compile(&schema_json).unwrap_or_else(|errs| {
             let base = if t.input.is_some() { "input" } else { "inputSchema" };
             p.nested(&format!("{at}.{base}"), errs);
             Schema::default()
         });
-        let output_json = t.output_schema.clone().or_else(|| builtin.and_then(Builtin::output_schema));
+        let output_json = t
+            .output_schema
+            .clone()
+            .or_else(|| builtin.and_then(Builtin::output_schema));
         let output = output_json.as_ref().and_then(|o| {
             if o.get("type").and_then(Value::as_str) != Some("object") {
-                p.push(format!("{at}.outputSchema.type"), "an output schema must have `type: object`");
+                p.push(
+                    format!("{at}.outputSchema.type"),
+                    "an output schema must have `type: object`",
+                );
             }
             Schema::compile(o)
                 .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
@@ -468,11 +534,19 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 let hp = format!("{hat}.http");
                 let method = h.method.to_ascii_uppercase();
                 if !["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&method.as_str()) {
-                    p.push(format!("{hp}.method"), format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method));
+                    p.push(
+                        format!("{hp}.method"),
+                        format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method),
+                    );
                 }
                 if !(h.url.starts_with("http://") || h.url.starts_with("https://")) {
                     p.push(format!("{hp}.url"), "must start with http:// or https://");
-                } else if h.url.split("://").nth(1).is_some_and(|r| r.is_empty() || r.starts_with("{{")) {
+                } else if h
+                    .url
+                    .split("://")
+                    .nth(1)
+                    .is_some_and(|r| r.is_empty() || r.starts_with("{{"))
+                {
                     p.push(format!("{hp}.url"), "the host must be literal, not a template (a template host lets callers reach any server)");
                 }
                 let url = template(&h.url, &format!("{hp}.url"), &mut p);
@@ -481,7 +555,11 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 }
                 let mut headers = Vec::new();
                 for (k, v) in &h.headers {
-                    if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b)) {
+                    if k.is_empty()
+                        || !k
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
+                    {
                         p.push(format!("{hp}.headers.{k}"), "not a valid header name");
                     }
                     if let Some(t) = template(v, &format!("{hp}.headers.{k}"), &mut p) {
@@ -490,7 +568,9 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     }
                 }
                 let body = h.body.as_ref().and_then(|b| {
-                    let jt = JsonTemplate::compile(b).map_err(|e| p.push(format!("{hp}.body"), e)).ok()?;
+                    let jt = JsonTemplate::compile(b)
+                        .map_err(|e| p.push(format!("{hp}.body"), e))
+                        .ok()?;
                     for t in jt.templates() {
                         check_template(t, &names, &format!("{hp}.body"), &mut p);
                     }
@@ -501,7 +581,11 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 }
                 CompiledHandler::Http(HttpCall {
                     timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), &mut p),
-                    max_response_bytes: byte_cap(h.max_response_bytes, &format!("{hp}.maxResponseBytes"), &mut p),
+                    max_response_bytes: byte_cap(
+                        h.max_response_bytes,
+                        &format!("{hp}.maxResponseBytes"),
+                        &mut p,
+                    ),
                     method,
                     url: url.unwrap_or_else(Template::empty),
                     headers,
@@ -514,9 +598,15 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 if program.is_empty() {
                     p.push(format!("{ep}.command"), "must name a program");
                 } else if program.contains("{{") {
-                    p.push(format!("{ep}.command[0]"), "the program must be literal, not a template");
+                    p.push(
+                        format!("{ep}.command[0]"),
+                        "the program must be literal, not a template",
+                    );
                 } else if !program.starts_with('/') {
-                    p.push(format!("{ep}.command[0]"), "must be an absolute path (no PATH lookup, no shell)");
+                    p.push(
+                        format!("{ep}.command[0]"),
+                        "must be an absolute path (no PATH lookup, no shell)",
+                    );
                 }
                 let mut args = Vec::new();
                 for (j, a) in e.command.iter().enumerate().skip(1) {
@@ -548,12 +638,20 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 for (j, s) in steps.iter().enumerate() {
                     let sp = format!("{pp}[{j}]");
                     let Some(&target) = index.get(s.tool.as_str()) else {
-                        p.push(format!("{sp}.tool"), format!("no tool named `{}` in this ToolSet", s.tool));
+                        p.push(
+                            format!("{sp}.tool"),
+                            format!("no tool named `{}` in this ToolSet", s.tool),
+                        );
                         continue;
                     };
                     let input = s.input.as_ref().and_then(|v| {
-                        let jt = JsonTemplate::compile(v).map_err(|e| p.push(format!("{sp}.input"), e)).ok()?;
-                        let step_names = Names { props: names.props.clone(), steps: Some(j) };
+                        let jt = JsonTemplate::compile(v)
+                            .map_err(|e| p.push(format!("{sp}.input"), e))
+                            .ok()?;
+                        let step_names = Names {
+                            props: names.props.clone(),
+                            steps: Some(j),
+                        };
                         for t in jt.templates() {
                             check_template(t, &step_names, &format!("{sp}.input"), &mut p);
                         }
@@ -579,7 +677,13 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         if let Some(a) = &t.annotations {
             descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
         }
-        tools.push(CompiledTool { name: t.name.clone(), descriptor: Value::Object(descriptor), input, output, handler });
+        tools.push(CompiledTool {
+            name: t.name.clone(),
+            descriptor: Value::Object(descriptor),
+            input,
+            output,
+            handler,
+        });
     }
     check_pipeline_cycles(&tools, &mut p);
 
@@ -587,9 +691,16 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let prompts = compile_prompts(ts, &mut p);
 
     // Document order: tools[2] before tools[10].
-    p.0.sort_by(|a, b| natural_key(&a.path).cmp(&natural_key(&b.path)));
+    p.0.sort_by_key(|a| natural_key(&a.path));
     if p.0.is_empty() {
-        Ok(CompiledToolSet { hash: super::hash(ts), spec: ts.clone(), tools, resources, prompts, page_size })
+        Ok(CompiledToolSet {
+            hash: super::hash(ts),
+            spec: ts.clone(),
+            tools,
+            resources,
+            prompts,
+            page_size,
+        })
     } else {
         Err(ConfigError { problems: p.0 })
     }
@@ -618,7 +729,12 @@ fn natural_key(path: &str) -> Vec<(String, u64)> {
 
 fn check_pipeline_cycles(tools: &[CompiledTool], p: &mut Problems) {
     // 0 = unvisited, 1 = on the stack, 2 = done
-    fn visit(i: usize, tools: &[CompiledTool], state: &mut [u8], stack: &mut Vec<usize>) -> Option<Vec<usize>> {
+    fn visit(
+        i: usize,
+        tools: &[CompiledTool],
+        state: &mut [u8],
+        stack: &mut Vec<usize>,
+    ) -> Option<Vec<usize>> {
         state[i] = 1;
         stack.push(i);
         if let CompiledHandler::Pipeline(steps) = &tools[i].handler {
@@ -649,7 +765,10 @@ fn check_pipeline_cycles(tools: &[CompiledTool], p: &mut Problems) {
             && let Some(cycle) = visit(i, tools, &mut state, &mut Vec::new())
         {
             let names: Vec<&str> = cycle.iter().map(|&j| tools[j].name.as_str()).collect();
-            p.push(format!("tools[{}].handler.pipeline", cycle[0]), format!("pipeline cycle: {}", names.join(" -> ")));
+            p.push(
+                format!("tools[{}].handler.pipeline", cycle[0]),
+                format!("pipeline cycle: {}", names.join(" -> ")),
+            );
             return;
         }
     }
@@ -671,13 +790,22 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
                     p.push(format!("{at}.uri"), "must be an absolute URI (scheme:...)");
                 }
                 if let Some(j) = seen.insert(uri, i) {
-                    p.push(format!("{at}.uri"), format!("duplicate URI (also resources[{j}])"));
+                    p.push(
+                        format!("{at}.uri"),
+                        format!("duplicate URI (also resources[{j}])"),
+                    );
                 }
                 if Template::compile(&r.text).is_ok_and(|t| !t.is_literal()) {
-                    p.push(format!("{at}.text"), "a resource with a fixed `uri` has fixed text; use `uriTemplate` for variables");
+                    p.push(
+                        format!("{at}.text"),
+                        "a resource with a fixed `uri` has fixed text; use `uriTemplate` for variables",
+                    );
                 }
                 d.insert("uri".into(), Value::String(uri.clone()));
-                ResourceKind::Static { uri: uri.clone(), text: r.text.clone() }
+                ResourceKind::Static {
+                    uri: uri.clone(),
+                    text: r.text.clone(),
+                }
             }
             (None, Some(tpl)) => {
                 d.insert("uriTemplate".into(), Value::String(tpl.clone()));
@@ -686,9 +814,20 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
                         let vars: Vec<&str> = pattern.variables().collect();
                         let text = template(&r.text, &format!("{at}.text"), p);
                         if let Some(t) = &text {
-                            check_template(t, &Names { props: Some(vars), steps: None }, &format!("{at}.text"), p);
+                            check_template(
+                                t,
+                                &Names {
+                                    props: Some(vars),
+                                    steps: None,
+                                },
+                                &format!("{at}.text"),
+                                p,
+                            );
                         }
-                        ResourceKind::Templated { text: text.unwrap_or_else(Template::empty), pattern }
+                        ResourceKind::Templated {
+                            text: text.unwrap_or_else(Template::empty),
+                            pattern,
+                        }
                     }
                     Err(e) => {
                         p.push(format!("{at}.uriTemplate"), e);
@@ -709,7 +848,11 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
             d.insert("description".into(), Value::String(t.clone()));
         }
         d.insert("mimeType".into(), Value::String(mime_type.clone()));
-        out.push(CompiledResource { descriptor: Value::Object(d), mime_type, kind });
+        out.push(CompiledResource {
+            descriptor: Value::Object(d),
+            mime_type,
+            kind,
+        });
     }
     out
 }
@@ -723,7 +866,10 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
             p.push(format!("{at}.name"), "must not be empty");
         }
         if let Some(j) = seen.insert(&pr.name, i) {
-            p.push(format!("{at}.name"), format!("duplicate prompt name `{}` (also prompts[{j}])", pr.name));
+            p.push(
+                format!("{at}.name"),
+                format!("duplicate prompt name `{}` (also prompts[{j}])", pr.name),
+            );
         }
         if pr.messages.is_empty() {
             p.push(format!("{at}.messages"), "must have at least one message");
@@ -733,7 +879,15 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         for (j, m) in pr.messages.iter().enumerate() {
             let mp = format!("{at}.messages[{j}].text");
             if let Some(t) = template(&m.text, &mp, p) {
-                check_template(&t, &Names { props: Some(args.clone()), steps: None }, &mp, p);
+                check_template(
+                    &t,
+                    &Names {
+                        props: Some(args.clone()),
+                        steps: None,
+                    },
+                    &mp,
+                    p,
+                );
                 messages.push((m.role, t));
             }
         }
@@ -744,7 +898,12 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         out.push(CompiledPrompt {
             name: pr.name.clone(),
             descriptor: d,
-            required: pr.arguments.iter().filter(|a| a.required).map(|a| a.name.clone()).collect(),
+            required: pr
+                .arguments
+                .iter()
+                .filter(|a| a.required)
+                .map(|a| a.name.clone())
+                .collect(),
             arguments: args.iter().map(|s| (*s).to_owned()).collect(),
             messages,
             description: pr.description.clone(),
@@ -767,7 +926,10 @@ mod tests {
 
     #[test]
     fn a_good_toolset_compiles_every_handler_kind() {
-        let c = compile(&parse("t", r#"
+        let c = compile(
+            &parse(
+                "t",
+                r#"
 tools:
   - {name: add, handler: {builtin: add}}
   - name: greet
@@ -787,23 +949,32 @@ resources:
   - {uriTemplate: "greeting://{name}", name: greeting, text: "Hello {{name}}"}
 prompts:
   - {name: p, arguments: [{name: topic, required: true}], messages: [{role: user, text: "About {{topic}}"}]}
-"#).unwrap()).unwrap();
+"#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
         assert_eq!(c.tools.len(), 5);
-        assert_eq!(c.tools[0].descriptor["inputSchema"]["required"], json!(["a", "b"]));
+        assert_eq!(
+            c.tools[0].descriptor["inputSchema"]["required"],
+            json!(["a", "b"])
+        );
         assert!(matches!(&c.tools[4].handler, CompiledHandler::Pipeline(s) if s[1].tool == 1));
         assert_eq!(c.resources.len(), 2);
     }
 
     #[test]
     fn every_problem_is_reported_with_its_path() {
-        let p = problems(r#"
+        let p = problems(
+            r#"
 tools:
   - {name: "bad name", handler: {builtin: nope}}
   - {name: t, input: {x: strnig}, handler: {template: "{{y}}"}}
   - {name: t, handler: {http: {url: "ftp://x", timeout: 9h}}}
   - {name: e, handler: {exec: {command: [wc]}}}
   - {name: p, handler: {pipeline: [{tool: missing}]}}
-"#);
+"#,
+        );
         let expect = [
             "tools[0].name: `bad name` is not a valid tool name",
             "tools[0].handler.builtin: unknown builtin `nope`",
@@ -821,33 +992,53 @@ tools:
 
     #[test]
     fn templates_must_name_declared_inputs_and_earlier_steps() {
-        let p = problems(r#"
+        let p = problems(
+            r#"
 tools:
   - {name: g, input: {name: string}, handler: {template: "Hi {{nmae}}"}}
   - name: pipe
     input: {name: string}
     handler: {pipeline: [{tool: g, input: {name: "{{steps.0.text}}"}}]}
-"#);
-        assert!(p.iter().any(|x| x.starts_with("tools[0].handler.template: template uses `nmae`")), "{p:#?}");
-        assert!(p.iter().any(|x| x.contains("pipeline[0].input: `steps.0` refers to a step that has not run yet")), "{p:#?}");
+"#,
+        );
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("tools[0].handler.template: template uses `nmae`")),
+            "{p:#?}"
+        );
+        assert!(
+            p.iter()
+                .any(|x| x.contains("pipeline[0].input: `steps.0` refers to a step that has not run yet")),
+            "{p:#?}"
+        );
     }
 
     #[test]
     fn pipeline_cycles_are_rejected() {
-        let p = problems("tools:\n  - {name: a, handler: {pipeline: [{tool: b}]}}\n  - {name: b, handler: {pipeline: [{tool: a}]}}\n");
-        assert!(p.iter().any(|x| x.contains("pipeline cycle: a -> b -> a")), "{p:#?}");
+        let p = problems(
+            "tools:\n  - {name: a, handler: {pipeline: [{tool: b}]}}\n  - {name: b, handler: {pipeline: [{tool: a}]}}\n",
+        );
+        assert!(
+            p.iter().any(|x| x.contains("pipeline cycle: a -> b -> a")),
+            "{p:#?}"
+        );
     }
 
     #[test]
     fn http_hosts_must_be_literal() {
-        let p = problems("tools:\n  - {name: a, input: {h: string}, handler: {http: {url: \"http://{{h}}/x\"}}}\n");
+        let p = problems(
+            "tools:\n  - {name: a, input: {h: string}, handler: {http: {url: \"http://{{h}}/x\"}}}\n",
+        );
         assert!(p.iter().any(|x| x.contains("host must be literal")), "{p:#?}");
     }
 
     #[test]
     fn uri_patterns_match_and_decode() {
         let u = UriPattern::compile("file:///{dir}/x/{name}.txt").unwrap();
-        assert_eq!(u.matches("file:///a%20b/x/readme.txt"), Some(json!({"dir": "a b", "name": "readme"})));
+        assert_eq!(
+            u.matches("file:///a%20b/x/readme.txt"),
+            Some(json!({"dir": "a b", "name": "readme"}))
+        );
         assert_eq!(u.matches("file:///a/y/readme.txt"), None);
         assert!(UriPattern::compile("x://{a}{b}").is_err());
     }

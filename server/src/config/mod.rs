@@ -38,7 +38,12 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub(crate) fn one(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { problems: vec![Problem { path: path.into(), message: message.into() }] }
+        Self {
+            problems: vec![Problem {
+                path: path.into(),
+                message: message.into(),
+            }],
+        }
     }
 }
 
@@ -140,7 +145,11 @@ mod tests {
     #[test]
     fn hash_ignores_formatting() {
         let a = parse("a", "tools: [{name: t, handler: {template: hi}}]").unwrap();
-        let b = parse("b", "apiVersion: quiver.dev/v1alpha1\ntools:\n  - handler:\n      template: hi\n    name: t\n").unwrap();
+        let b = parse(
+            "b",
+            "apiVersion: quiver.dev/v1alpha1\ntools:\n  - handler:\n      template: hi\n    name: t\n",
+        )
+        .unwrap();
         assert_eq!(hash(&a), hash(&b));
         let c = parse("c", "tools: [{name: t, handler: {template: ho}}]").unwrap();
         assert_ne!(hash(&a), hash(&c));
@@ -155,15 +164,28 @@ mod tests {
 
     #[test]
     fn yaml_1_1_booleans_stay_strings() {
-        let ts = parse("t", "tools: [{name: t, inputSchema: {type: object, required: [n, no, y]}, handler: {builtin: json}}]").unwrap();
-        assert_eq!(ts.tools[0].input_schema.as_ref().unwrap()["required"], serde_json::json!(["n", "no", "y"]));
+        let ts = parse(
+            "t",
+            "tools: [{name: t, inputSchema: {type: object, required: [n, no, y]}, handler: {builtin: json}}]",
+        )
+        .unwrap();
+        assert_eq!(
+            ts.tools[0].input_schema.as_ref().unwrap()["required"],
+            serde_json::json!(["n", "no", "y"])
+        );
     }
 
     #[test]
     fn load_merges_documents() {
         let ts = load(&[
-            ("a.yaml".into(), "server: {name: first}\ntools: [{name: a, handler: {template: x}}]".into()),
-            ("b.yaml".into(), "server: {name: second}\ntools: [{name: b, handler: {template: y}}]".into()),
+            (
+                "a.yaml".into(),
+                "server: {name: first}\ntools: [{name: a, handler: {template: x}}]".into(),
+            ),
+            (
+                "b.yaml".into(),
+                "server: {name: second}\ntools: [{name: b, handler: {template: y}}]".into(),
+            ),
         ])
         .unwrap();
         assert_eq!(ts.server.name, "first");

@@ -9,11 +9,17 @@ use super::ToolOutput;
 use crate::config::Builtin;
 
 fn text_arg(args: &Value) -> Result<&str, ToolOutput> {
-    args.get("text").and_then(Value::as_str).ok_or_else(|| ToolOutput::error("argument `text` (a string) is required"))
+    args.get("text")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ToolOutput::error("argument `text` (a string) is required"))
 }
 
 fn number_result(n: Number) -> ToolOutput {
-    ToolOutput { text: n.to_string(), structured: Some(json!({"result": n})), is_error: false }
+    ToolOutput {
+        text: n.to_string(),
+        structured: Some(json!({"result": n})),
+        is_error: false,
+    }
 }
 
 fn arith(args: &Value, int: fn(i64, i64) -> Option<i64>, float: fn(f64, f64) -> f64) -> ToolOutput {
@@ -55,7 +61,11 @@ pub fn run(b: Builtin, args: &Value) -> ToolOutput {
         Builtin::Add => arith(args, i64::checked_add, |x, y| x + y),
         Builtin::Multiply => arith(args, i64::checked_mul, |x, y| x * y),
         Builtin::Now => ToolOutput::text(rfc3339(SystemTime::now())),
-        Builtin::Json => ToolOutput { text: args.to_string(), structured: Some(args.clone()), is_error: false },
+        Builtin::Json => ToolOutput {
+            text: args.to_string(),
+            structured: Some(args.clone()),
+            is_error: false,
+        },
         Builtin::Sleep => ToolOutput::error("sleep is asynchronous"),
     }
 }
@@ -97,9 +107,15 @@ mod tests {
 
     #[test]
     fn arithmetic_keeps_integers_and_handles_floats() {
-        assert_eq!(run(Builtin::Add, &json!({"a": 2, "b": 3})).structured, Some(json!({"result": 5})));
+        assert_eq!(
+            run(Builtin::Add, &json!({"a": 2, "b": 3})).structured,
+            Some(json!({"result": 5}))
+        );
         assert_eq!(run(Builtin::Add, &json!({"a": 0.5, "b": 2})).text, "2.5");
-        assert_eq!(run(Builtin::Multiply, &json!({"a": i64::MAX, "b": 2})).text, "1.8446744073709552e+19");
+        assert_eq!(
+            run(Builtin::Multiply, &json!({"a": i64::MAX, "b": 2})).text,
+            "1.8446744073709552e+19"
+        );
         assert!(run(Builtin::Add, &json!({"a": 1})).is_error);
     }
 
@@ -116,6 +132,9 @@ mod tests {
     #[test]
     fn rfc3339_formats_known_instants() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(1_709_251_199_123)), "2024-02-29T23:59:59.123Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_millis(1_709_251_199_123)),
+            "2024-02-29T23:59:59.123Z"
+        );
     }
 }

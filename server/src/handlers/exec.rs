@@ -30,7 +30,11 @@ pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
         .env_clear()
         .env("PATH", PATH)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -49,7 +53,8 @@ pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
                 let _ = w.write_all(text.as_bytes()).await;
             }
         };
-        let ((), (out, out_over), (err, _)) = tokio::join!(feed, read_capped(stdout, cap), read_capped(stderr, cap));
+        let ((), (out, out_over), (err, _)) =
+            tokio::join!(feed, read_capped(stdout, cap), read_capped(stderr, cap));
         if out_over {
             let _ = child.start_kill();
         }
@@ -59,17 +64,32 @@ pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
     let (status, out, over, err) = match tokio::time::timeout(spec.timeout, work).await {
         Ok(x) => x,
         // Dropping `work` drops the child, which kills it (kill_on_drop).
-        Err(_) => return ToolOutput::error(format!("{} timed out after {:?} and was killed", spec.program, spec.timeout)),
+        Err(_) => {
+            return ToolOutput::error(format!(
+                "{} timed out after {:?} and was killed",
+                spec.program, spec.timeout
+            ));
+        }
     };
     let stdout = String::from_utf8_lossy(&out).into_owned();
     if over {
-        return ToolOutput::error(format!("{} wrote more than {cap} bytes and was stopped; first {cap} bytes:\n{stdout}", spec.program));
+        return ToolOutput::error(format!(
+            "{} wrote more than {cap} bytes and was stopped; first {cap} bytes:\n{stdout}",
+            spec.program
+        ));
     }
     match status {
         Ok(s) if s.success() => ToolOutput::text(stdout),
         Ok(s) => {
-            let code = s.code().map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
-            ToolOutput::error(format!("{} exited with {code}: {}{}", spec.program, String::from_utf8_lossy(&err), stdout))
+            let code = s
+                .code()
+                .map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
+            ToolOutput::error(format!(
+                "{} exited with {code}: {}{}",
+                spec.program,
+                String::from_utf8_lossy(&err),
+                stdout
+            ))
         }
         Err(e) => ToolOutput::error(format!("waiting for {} failed: {e}", spec.program)),
     }

@@ -41,10 +41,15 @@ impl HttpClient {
     /// Performs the request of an http tool.
     pub async fn call(&self, spec: &HttpCall, args: &Value) -> ToolOutput {
         let url = spec.url.render_url(args);
-        let mut req = Request::builder().method(Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET)).uri(&url);
+        let mut req = Request::builder()
+            .method(Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET))
+            .uri(&url);
         for (name, value) in &spec.headers {
             let rendered = value.render(args);
-            match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&rendered)) {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&rendered),
+            ) {
                 (Ok(n), Ok(v)) => req = req.header(n, v),
                 _ => return ToolOutput::error(format!("header `{name}` rendered to an invalid value")),
             }
@@ -56,12 +61,22 @@ impl HttpClient {
             }
             None => Bytes::new(),
         };
-        let req = match req.header(header::USER_AGENT, concat!("quiver-server/", env!("CARGO_PKG_VERSION"))).body(Full::new(body)) {
+        let req = match req
+            .header(
+                header::USER_AGENT,
+                concat!("quiver-server/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Full::new(body))
+        {
             Ok(r) => r,
             Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
         };
         let exchange = async {
-            let resp = self.client.request(req).await.map_err(|e| format!("request to {url} failed: {}", error_chain(&e)))?;
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| format!("request to {url} failed: {}", error_chain(&e)))?;
             let (parts, body) = resp.into_parts();
             let bytes = Limited::new(body, spec.max_response_bytes)
                 .collect()
@@ -71,7 +86,12 @@ impl HttpClient {
             Ok::<_, String>((parts, bytes))
         };
         let (parts, bytes) = match tokio::time::timeout(spec.timeout, exchange).await {
-            Err(_) => return ToolOutput::error(format!("{} {url} timed out after {:?}", spec.method, spec.timeout)),
+            Err(_) => {
+                return ToolOutput::error(format!(
+                    "{} {url} timed out after {:?}",
+                    spec.method, spec.timeout
+                ));
+            }
             Ok(Err(e)) => return ToolOutput::error(e),
             Ok(Ok(x)) => x,
         };
@@ -84,8 +104,18 @@ impl HttpClient {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/json") || ct.contains("+json"));
-        let structured = if is_json { serde_json::from_slice::<Value>(&bytes).ok().filter(Value::is_object) } else { None };
-        ToolOutput { text, structured, is_error: false }
+        let structured = if is_json {
+            serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .filter(Value::is_object)
+        } else {
+            None
+        };
+        ToolOutput {
+            text,
+            structured,
+            is_error: false,
+        }
     }
 }
 

@@ -30,12 +30,20 @@ pub struct ToolOutput {
 impl ToolOutput {
     /// A successful text result.
     pub fn text(text: impl Into<String>) -> Self {
-        Self { text: text.into(), structured: None, is_error: false }
+        Self {
+            text: text.into(),
+            structured: None,
+            is_error: false,
+        }
     }
 
     /// A tool execution error the client's model can read and act on.
     pub fn error(text: impl Into<String>) -> Self {
-        Self { text: text.into(), structured: None, is_error: true }
+        Self {
+            text: text.into(),
+            structured: None,
+            is_error: true,
+        }
     }
 
     /// Appends the serialized `CallToolResult` object.
@@ -47,7 +55,11 @@ impl ToolOutput {
             out.extend_from_slice(b",\"structuredContent\":");
             let _ = serde_json::to_writer(&mut *out, s);
         }
-        out.extend_from_slice(if self.is_error { b",\"isError\":true}" } else { b",\"isError\":false}" });
+        out.extend_from_slice(if self.is_error {
+            b",\"isError\":true}"
+        } else {
+            b",\"isError\":false}"
+        });
     }
 }
 
@@ -66,7 +78,9 @@ const MAX_DEPTH: usize = 16;
 impl Executor {
     /// An executor with a fresh HTTP connection pool.
     pub fn new() -> Self {
-        Self { http: HttpClient::new() }
+        Self {
+            http: HttpClient::new(),
+        }
     }
 
     /// Runs the tool synchronously when its handler never waits (most builtins, templates):
@@ -96,7 +110,9 @@ impl Executor {
                 CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
                 CompiledHandler::Http(h) => self.http.call(h, &args).await,
                 CompiledHandler::Exec(e) => exec::run(e, &args).await,
-                CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => pipeline::run(self, snap, steps, args, depth).await,
+                CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => {
+                    pipeline::run(self, snap, steps, args, depth).await
+                }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
                 CompiledHandler::Template(_) => unreachable!("templates run synchronously"),
             }
@@ -112,7 +128,9 @@ impl Default for Executor {
 
 /// Checks a successful result against the tool's output schema.
 pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> ToolOutput {
-    let Some(schema) = &snap.tools[tool].def.output else { return out };
+    let Some(schema) = &snap.tools[tool].def.output else {
+        return out;
+    };
     if out.is_error {
         return out;
     }
@@ -124,7 +142,10 @@ pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> ToolOutput
             if errs.is_empty() {
                 out
             } else {
-                ToolOutput::error(format!("the result does not match the tool's outputSchema: {}", errs.join("; ").replace("arguments", "result")))
+                ToolOutput::error(format!(
+                    "the result does not match the tool's outputSchema: {}",
+                    errs.join("; ").replace("arguments", "result")
+                ))
             }
         }
     }

@@ -15,7 +15,11 @@ struct PipelineScope<'a> {
 
 impl Scope for PipelineScope<'_> {
     fn get(&self, name: &str) -> Option<&Value> {
-        if name == "steps" { Some(self.steps) } else { self.args.get(name) }
+        if name == "steps" {
+            Some(self.steps)
+        } else {
+            self.args.get(name)
+        }
     }
 }
 
@@ -26,13 +30,20 @@ pub async fn run(exec: &Executor, snap: &Snapshot, steps: &[Step], args: Value, 
     for (i, step) in steps.iter().enumerate() {
         let tool = &snap.tools[step.tool];
         let input = match &step.input {
-            Some(t) => t.render(&PipelineScope { args: &args, steps: &done }),
+            Some(t) => t.render(&PipelineScope {
+                args: &args,
+                steps: &done,
+            }),
             None => args.clone(),
         };
         let mut errs = Vec::new();
         tool.def.input.validate(&input, &mut errs);
         if !errs.is_empty() {
-            return ToolOutput::error(format!("step {i} ({}): invalid arguments: {}", tool.def.name, errs.join("; ")));
+            return ToolOutput::error(format!(
+                "step {i} ({}): invalid arguments: {}",
+                tool.def.name,
+                errs.join("; ")
+            ));
         }
         let out = exec.run(snap, step.tool, input, depth + 1).await;
         if out.is_error {

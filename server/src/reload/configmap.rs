@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 
 use super::Reloader;
 
@@ -42,8 +42,12 @@ pub async fn watch_configmap(namespace: String, name: String, reloader: Arc<Relo
                 seen = true;
                 reloader.apply_logged(&origin, &sources(&cm));
             }
-            Ok(Event::Delete(_)) => tracing::warn!(source = %origin, "ConfigMap deleted; still serving the previous tools"),
-            Ok(Event::InitDone) if !seen => tracing::warn!(source = %origin, "ConfigMap not found yet; not ready until it exists"),
+            Ok(Event::Delete(_)) => {
+                tracing::warn!(source = %origin, "ConfigMap deleted; still serving the previous tools")
+            }
+            Ok(Event::InitDone) if !seen => {
+                tracing::warn!(source = %origin, "ConfigMap not found yet; not ready until it exists")
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!(source = %origin, error = %e, "watch error; retrying with backoff"),
         }

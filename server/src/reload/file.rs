@@ -29,7 +29,10 @@ pub fn read_path(path: &Path) -> std::io::Result<Vec<(String, String)>> {
         })
         .collect();
     files.sort();
-    files.into_iter().map(|p| Ok((p.display().to_string(), std::fs::read_to_string(&p)?))).collect()
+    files
+        .into_iter()
+        .map(|p| Ok((p.display().to_string(), std::fs::read_to_string(&p)?)))
+        .collect()
 }
 
 /// Watches `path` and reloads on every change, until the process ends.
@@ -43,8 +46,17 @@ pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Resul
             let _ = tx.send(());
         }
     })?;
-    let dir = if path.is_dir() { path.clone() } else { path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf) };
-    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    let dir = if path.is_dir() {
+        path.clone()
+    } else {
+        path.parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        dir
+    };
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     tracing::info!(path = %path.display(), watching = %dir.display(), "watching config");
     while rx.recv().await.is_some() {
@@ -52,7 +64,9 @@ pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Resul
         while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(15), rx.recv()).await {}
         match read_path(&path) {
             Ok(sources) => reloader.apply_logged(&path.display().to_string(), &sources),
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot read config; still serving the previous tools"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read config; still serving the previous tools")
+            }
         }
     }
     drop(watcher);

@@ -2,9 +2,9 @@
 //! registry generation. An invalid config is logged, counted and reported on `/status`;
 //! the previous registry keeps serving.
 
-mod file;
 #[cfg(feature = "kube")]
 mod configmap;
+mod file;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -50,7 +50,10 @@ impl FromStr for Source {
         if let Some(r) = s.strip_prefix("configmap:") {
             return match r.split_once('/') {
                 Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                    Ok(Self::ConfigMap { namespace: ns.to_owned(), name: name.to_owned() })
+                    Ok(Self::ConfigMap {
+                        namespace: ns.to_owned(),
+                        name: name.to_owned(),
+                    })
                 }
                 _ => Err(format!("`{s}`: expected configmap:NAMESPACE/NAME")),
             };
@@ -85,13 +88,19 @@ pub struct Reloader {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Reloader {
     /// A reloader for `server`.
     pub fn new(server: Arc<Server>) -> Arc<Self> {
-        Arc::new(Self { server, last_input: Mutex::new(None) })
+        Arc::new(Self {
+            server,
+            last_input: Mutex::new(None),
+        })
     }
 
     /// Parses, validates and compiles `sources` and swaps the result in.
@@ -129,7 +138,11 @@ impl Reloader {
         let prev = registry.load_full();
         if registry.is_ready() && prev.hash == compiled.hash {
             metrics.reload("unchanged");
-            registry.set_last_reload(ReloadStatus { result: "unchanged".into(), at_unix: now_unix(), problems: Vec::new() });
+            registry.set_last_reload(ReloadStatus {
+                result: "unchanged".into(),
+                at_unix: now_unix(),
+                problems: Vec::new(),
+            });
             return Ok(Reloaded::Unchanged);
         }
         let resources_changed = prev.config.spec.resources != compiled.spec.resources;
@@ -137,7 +150,11 @@ impl Reloader {
         let next = registry.swap(compiled, metrics);
         metrics.reload_duration.observe(start.elapsed());
         metrics.reload("success");
-        registry.set_last_reload(ReloadStatus { result: "success".into(), at_unix: now_unix(), problems: Vec::new() });
+        registry.set_last_reload(ReloadStatus {
+            result: "success".into(),
+            at_unix: now_unix(),
+            problems: Vec::new(),
+        });
         if prev.generation > 0 {
             self.server.notify("notifications/tools/list_changed");
             if resources_changed {
@@ -165,10 +182,16 @@ mod tests {
 
     #[test]
     fn parses_sources() {
-        assert_eq!("file:/etc/q.yaml".parse::<Source>().unwrap(), Source::File("/etc/q.yaml".into()));
+        assert_eq!(
+            "file:/etc/q.yaml".parse::<Source>().unwrap(),
+            Source::File("/etc/q.yaml".into())
+        );
         assert_eq!(
             "configmap:ns/tools".parse::<Source>().unwrap(),
-            Source::ConfigMap { namespace: "ns".into(), name: "tools".into() }
+            Source::ConfigMap {
+                namespace: "ns".into(),
+                name: "tools".into()
+            }
         );
         assert!("configmap:ns".parse::<Source>().is_err());
         assert!("http://x".parse::<Source>().is_err());

@@ -45,7 +45,11 @@ pub struct HttpOptions {
 
 impl Default for HttpOptions {
     fn default() -> Self {
-        Self { max_body_bytes: 4 << 20, allowed_origins: Vec::new(), max_concurrency: 4096 }
+        Self {
+            max_body_bytes: 4 << 20,
+            allowed_origins: Vec::new(),
+            max_concurrency: 4096,
+        }
     }
 }
 
@@ -62,7 +66,13 @@ pub struct HttpState {
 impl HttpState {
     /// State for `app`.
     pub fn new(server: Arc<Server>, options: HttpOptions, shutdown: CancellationToken) -> Arc<Self> {
-        Arc::new(Self { server, options, streams: Mutex::new(FxHashMap::default()), next_stream: AtomicU64::new(0), shutdown })
+        Arc::new(Self {
+            server,
+            options,
+            streams: Mutex::new(FxHashMap::default()),
+            next_stream: AtomicU64::new(0),
+            shutdown,
+        })
     }
 }
 
@@ -75,52 +85,92 @@ pub fn app(state: Arc<HttpState>) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(
             tower::ServiceBuilder::new()
-                .layer(axum::error_handling::HandleErrorLayer::new(|_: tower::BoxError| async {
-                    http_error(StatusCode::SERVICE_UNAVAILABLE, "server overloaded, retry later")
-                }))
+                .layer(axum::error_handling::HandleErrorLayer::new(
+                    |_: tower::BoxError| async {
+                        http_error(StatusCode::SERVICE_UNAVAILABLE, "server overloaded, retry later")
+                    },
+                ))
                 .load_shed()
                 .concurrency_limit(concurrency),
         )
         .with_state(state)
 }
 
+/// A request refused before dispatch: an HTTP status and a JSON-RPC error body.
+struct Reject(StatusCode, String);
+
+impl IntoResponse for Reject {
+    fn into_response(self) -> Response {
+        http_error(self.0, &self.1)
+    }
+}
+
 fn http_error(status: StatusCode, message: &str) -> Response {
     let body = protocol::error_response(None, INVALID_REQUEST, message);
-    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
 }
 
 fn is_loopback_origin(origin: &str) -> bool {
-    let rest = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")).unwrap_or("");
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .unwrap_or("");
     let host = if rest.starts_with('[') {
-        rest.split(']').next().map(|h| format!("{h}]")).unwrap_or_default()
+        rest.split(']')
+            .next()
+            .map(|h| format!("{h}]"))
+            .unwrap_or_default()
     } else {
         rest.split(':').next().unwrap_or("").to_owned()
     };
     matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
-fn check_origin(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
-    let Some(origin) = headers.get(header::ORIGIN) else { return Ok(()) };
+fn check_origin(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
     let origin = origin.to_str().unwrap_or("");
-    let allowed = is_loopback_origin(origin) || state.options.allowed_origins.iter().any(|a| a == "*" || a == origin);
-    if allowed { Ok(()) } else { Err(http_error(StatusCode::FORBIDDEN, &format!("Origin {origin} is not allowed"))) }
+    let allowed = is_loopback_origin(origin)
+        || state
+            .options
+            .allowed_origins
+            .iter()
+            .any(|a| a == "*" || a == origin);
+    if allowed {
+        Ok(())
+    } else {
+        Err(Reject(StatusCode::FORBIDDEN, format!("Origin {origin} is not allowed")))
+    }
 }
 
 fn accepts(headers: &HeaderMap, wanted: &str) -> bool {
-    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else { return true };
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
     let family = wanted.split('/').next().unwrap_or("");
-    accept.split(',').map(|part| part.split(';').next().unwrap_or("").trim()).any(|t| {
-        t == wanted || t == "*/*" || t.strip_suffix("/*") == Some(family)
-    })
+    accept
+        .split(',')
+        .map(|part| part.split(';').next().unwrap_or("").trim())
+        .any(|t| t == wanted || t == "*/*" || t.strip_suffix("/*") == Some(family))
 }
 
-fn version(headers: &HeaderMap) -> Result<&'static str, Response> {
+fn version(headers: &HeaderMap) -> Result<&'static str, Reject> {
     match headers.get(VERSION_HEADER) {
         None => Ok(protocol::DEFAULT_HTTP_VERSION),
         Some(v) => v.to_str().ok().and_then(protocol::supported).ok_or_else(|| {
-            http_error(
+            Reject(
                 StatusCode::BAD_REQUEST,
-                &format!("Unsupported MCP-Protocol-Version {:?}; supported: {}", v, protocol::SUPPORTED_VERSIONS.join(", ")),
+                format!(
+                    "Unsupported MCP-Protocol-Version {:?}; supported: {}",
+                    v,
+                    protocol::SUPPORTED_VERSIONS.join(", ")
+                ),
             )
         }),
     }
@@ -130,47 +180,80 @@ fn new_session_id() -> String {
     let mut b = [0u8; 16];
     if getrandom::getrandom(&mut b).is_err() {
         // Unreachable on Linux; fall back to a time-derived id rather than failing initialize.
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
         b = t.to_le_bytes();
     }
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-async fn post_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn post_mcp(
+    State(state): State<Arc<HttpState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     if let Err(r) = check_origin(&state, &headers) {
-        return r;
+        return r.into_response();
     }
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")));
+        .is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+        });
     if !is_json {
-        return http_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json");
+        return http_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+        );
     }
     if !accepts(&headers, "application/json") {
         return http_error(StatusCode::NOT_ACCEPTABLE, "Accept must allow application/json");
     }
     let version = match version(&headers) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let body = match body {
         Ok(b) => b,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return http_error(StatusCode::PAYLOAD_TOO_LARGE, &format!("request body exceeds {} bytes", state.options.max_body_bytes));
+            return http_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request body exceeds {} bytes", state.options.max_body_bytes),
+            );
         }
         Err(e) => return http_error(e.status(), &e.body_text()),
     };
-    let session = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     let ctx = Ctx { session, version };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
     let Some(out) = handled.body else {
         return StatusCode::ACCEPTED.into_response();
     };
-    let status = if handled.malformed { StatusCode::BAD_REQUEST } else { StatusCode::OK };
-    let mut resp = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], out).into_response();
+    let status = if handled.malformed {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::OK
+    };
+    let mut resp = (
+        status,
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        out,
+    )
+        .into_response();
     if handled.initialized
-        && let Ok(v) = HeaderValue::from_str(&if session.is_empty() { new_session_id() } else { session.to_owned() })
+        && let Ok(v) = HeaderValue::from_str(&if session.is_empty() {
+            new_session_id()
+        } else {
+            session.to_owned()
+        })
     {
         resp.headers_mut().insert(SESSION_HEADER, v);
     }
@@ -179,21 +262,34 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap, body:
 
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     if let Err(r) = check_origin(&state, &headers) {
-        return r;
+        return r.into_response();
     }
-    if !headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream")) {
-        return http_error(StatusCode::NOT_ACCEPTABLE, "GET /mcp opens an SSE stream: Accept must include text/event-stream");
+    if !headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream"))
+    {
+        return http_error(
+            StatusCode::NOT_ACCEPTABLE,
+            "GET /mcp opens an SSE stream: Accept must include text/event-stream",
+        );
     }
     if let Err(r) = version(&headers) {
-        return r;
+        return r.into_response();
     }
-    let session = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     let token = state.shutdown.child_token();
     let id = state.next_stream.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut s) = state.streams.lock() {
         s.entry(session.clone()).or_default().push((id, token.clone()));
     }
-    Sse::new(event_stream(state, session, id, token)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+    Sse::new(event_stream(state, session, id, token))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
 }
 
 /// Unregisters a GET stream when the client goes away or the stream is ended.
@@ -218,10 +314,20 @@ impl Drop for StreamGuard {
     }
 }
 
-fn event_stream(state: Arc<HttpState>, session: String, id: u64, token: CancellationToken) -> impl Stream<Item = Result<Event, Infallible>> {
+fn event_stream(
+    state: Arc<HttpState>,
+    session: String,
+    id: u64,
+    token: CancellationToken,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     state.server.metrics.streams.inc();
     let rx = state.server.subscribe();
-    let guard = StreamGuard { state, session, id, token };
+    let guard = StreamGuard {
+        state,
+        session,
+        id,
+        token,
+    };
     stream::unfold((rx, guard), move |(mut rx, guard)| {
         let token = guard.token.clone();
         async move {
@@ -241,12 +347,20 @@ fn event_stream(state: Arc<HttpState>, session: String, id: u64, token: Cancella
 
 async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     if let Err(r) = check_origin(&state, &headers) {
-        return r;
+        return r.into_response();
     }
     let Some(session) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
-        return http_error(StatusCode::BAD_REQUEST, "DELETE /mcp ends a session: Mcp-Session-Id is required");
+        return http_error(
+            StatusCode::BAD_REQUEST,
+            "DELETE /mcp ends a session: Mcp-Session-Id is required",
+        );
     };
-    let tokens = state.streams.lock().ok().and_then(|mut s| s.remove(session)).unwrap_or_default();
+    let tokens = state
+        .streams
+        .lock()
+        .ok()
+        .and_then(|mut s| s.remove(session))
+        .unwrap_or_default();
     for (_, t) in tokens {
         t.cancel();
     }

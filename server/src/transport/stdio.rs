@@ -48,7 +48,10 @@ pub async fn serve(server: Arc<Server>) -> std::io::Result<()> {
         let server = server.clone();
         let tx = tx.clone();
         tasks.spawn(async move {
-            let ctx = Ctx { session: "stdio", version: crate::protocol::LATEST_VERSION };
+            let ctx = Ctx {
+                session: "stdio",
+                version: crate::protocol::LATEST_VERSION,
+            };
             let handled = server.handle(line.as_bytes(), ctx, true).await;
             if let Some(body) = handled.body {
                 // A cancelled request gets no response on stdio (the client has moved on).

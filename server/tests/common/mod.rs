@@ -33,9 +33,15 @@ pub fn harness_with(yaml: &str, options: HttpOptions) -> Harness {
     let registry = Registry::new(&metrics);
     let server = Server::new(registry, metrics);
     let reloader = Reloader::new(server.clone());
-    reloader.apply(&[("test.yaml".into(), yaml.into())]).unwrap_or_else(|e| panic!("{e}"));
+    reloader
+        .apply(&[("test.yaml".into(), yaml.into())])
+        .unwrap_or_else(|e| panic!("{e}"));
     let router = app(HttpState::new(server.clone(), options, CancellationToken::new()));
-    Harness { server, reloader, router }
+    Harness {
+        server,
+        reloader,
+        router,
+    }
 }
 
 pub fn post(body: &str) -> Request<Body> {
@@ -49,14 +55,28 @@ pub fn post(body: &str) -> Request<Body> {
 
 impl Harness {
     pub async fn send(&self, req: Request<Body>) -> (u16, Response<Body>) {
-        let resp = self.router.clone().oneshot(req).await.unwrap_or_else(|e| match e {});
+        let resp = self
+            .router
+            .clone()
+            .oneshot(req)
+            .await
+            .unwrap_or_else(|e| match e {});
         (resp.status().as_u16(), resp)
     }
 
     pub async fn raw(&self, req: Request<Body>) -> (u16, Value) {
         let (status, resp) = self.send(req).await;
-        let bytes = resp.into_body().collect().await.unwrap_or_else(|e| panic!("{e}")).to_bytes();
-        let v = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}")) };
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_bytes();
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"))
+        };
         (status, v)
     }
 
@@ -68,6 +88,8 @@ impl Harness {
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Value {
-        self.rpc("tools/call", json!({"name": tool, "arguments": args})).await["result"].clone()
+        self.rpc("tools/call", json!({"name": tool, "arguments": args}))
+            .await["result"]
+            .clone()
     }
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): formatting, lints, unit and integration tests, the
+# official MCP SDK clients (Python and TypeScript) against the real server binary, and a
+# smoke run of the quick-start demo. Installs what it needs; caches under ~/.cache/quiver.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy (all targets, -D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "server library without default features (what the operator links)"
+cargo check -p quiver-server --no-default-features --locked
+
+log "cargo test (unit, integration, doc)"
+cargo test --workspace --locked
+
+log "building quiver-server for the SDK tests"
+cargo build -p quiver-server --locked
+export QUIVER_SERVER_BIN="$ROOT/target/debug/quiver-server"
+
+log "Python MCP SDK client tests"
+python_env
+"$PY" -m pytest -q -s tests/sdk/python
+
+log "TypeScript MCP SDK client tests"
+node_env
+(cd tests/sdk/typescript && npm test --silent)
+
+log "quick-start demo (one-shot)"
+"$ROOT/scripts/demo.sh" --once
+
+log "all tests passed"

@@ -1,0 +1,138 @@
+"""Fixtures: a real quiver-server process on loopback ports, driven by the official MCP SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(os.environ.get("QUIVER_SERVER_BIN", ROOT / "target" / "debug" / "quiver-server"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
+    """Polls `predicate` until it returns a truthy value or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - the condition is not met yet
+            last_error = e
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last error: {last_error})")
+
+
+class Upstream(BaseHTTPRequestHandler):
+    """A tiny JSON API for the http handler to call."""
+
+    def do_GET(self):  # noqa: N802 - http.server naming
+        body = json.dumps({"path": self.path, "tempC": 21}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def toolset(upstream_url: str) -> str:
+    return f"""
+apiVersion: quiver.dev/v1alpha1
+kind: ToolSet
+server: {{name: sdk-test, version: 2.0.0, pageSize: 2}}
+tools:
+  - {{name: add, description: Add two numbers, handler: {{builtin: add}}}}
+  - {{name: greet, input: {{name: string}}, handler: {{template: "Hello {{{{name}}}}!"}}}}
+  - name: add-then-greet
+    input: {{a: number, b: number}}
+    handler: {{pipeline: [{{tool: add}}, {{tool: greet, input: {{name: "{{{{steps.0.text}}}}"}}}}]}}
+  - {{name: word-count, input: {{text: string}}, handler: {{exec: {{command: [/usr/bin/wc, -w], stdin: "{{{{text}}}}"}}}}}}
+  - {{name: weather, input: {{city: string}}, handler: {{http: {{url: "{upstream_url}/weather?city={{{{city}}}}", timeout: 2s}}}}}}
+resources:
+  - {{uri: "doc://readme", name: readme, text: "read me"}}
+  - {{uriTemplate: "greeting://{{name}}", name: greeting, text: "Hi {{{{name}}}}"}}
+prompts:
+  - {{name: summarize, arguments: [{{name: topic, required: true}}], messages: [{{role: user, text: "Summarize {{{{topic}}}}"}}]}}
+"""
+
+
+class ServerProcess:
+    def __init__(self, config: Path, port: int, admin: int, proc: subprocess.Popen):
+        self.config, self.port, self.admin, self.proc = config, port, admin, proc
+        self.url = f"http://127.0.0.1:{port}/mcp"
+
+    def status(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/status", timeout=2) as r:
+            return json.load(r)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=2) as r:
+            return r.read().decode()
+
+
+@pytest.fixture()
+def server(upstream):
+    assert BIN.exists(), f"build the server first: {BIN} (cargo build -p quiver-server)"
+    tmp = Path(tempfile.mkdtemp(prefix="quiver-sdk-"))
+    config = tmp / "tools.yaml"
+    config.write_text(toolset(upstream))
+    port, admin = free_port(), free_port()
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen(
+        [str(BIN), "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    sp = ServerProcess(config, port, admin, proc)
+    try:
+        wait_until(lambda: sp.status()["ready"])
+        yield sp
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        if proc.returncode not in (0, -15):
+            print((tmp / "server.log").read_text())
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture()
+def stdio_config(upstream):
+    tmp = Path(tempfile.mkdtemp(prefix="quiver-stdio-"))
+    config = tmp / "tools.yaml"
+    config.write_text(toolset(upstream))
+    yield config
+    shutil.rmtree(tmp, ignore_errors=True)
