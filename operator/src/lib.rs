@@ -1,6 +1,11 @@
-//! The Quiver operator: reconciles `McpServer` objects into tuned quiver-server Deployments.
-//!
-//! The controller itself is tracked in its own issue; this crate already depends on the
-//! server's ToolSet model (default features off) so both share one definition of a tool.
+//! The Quiver operator: reconciles `McpServer` objects into tuned quiver-server Deployments,
+//! a ConfigMap of tools the pods hot-reload, and the objects around them.
+
+pub mod build;
+pub mod controller;
+pub mod crd;
+pub mod metrics;
+pub mod reconcile;
+pub mod render;
 
 pub use quiver_server::config::ToolSet;

@@ -20,7 +20,6 @@ use quiver_server::config::{self, ToolSet};
 use quiver_server::dispatch::{Ctx, Server};
 use quiver_server::metrics::Metrics;
 use quiver_server::registry::Registry;
-use quiver_server::reload::Reloader;
 use serde_json::json;
 
 struct Counting;
@@ -46,25 +45,44 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn toolset_yaml(n: usize) -> String {
-    let mut y = String::from("apiVersion: quiver.dev/v1alpha1\nkind: ToolSet\ntools:\n  - {name: add, handler: {builtin: add}}\n  - {name: greet, input: {name: string}, handler: {template: \"Hello {{name}}!\"}}\n");
+    let mut y = String::from(
+        "apiVersion: quiver.dev/v1alpha1\nkind: ToolSet\ntools:\n  - {name: add, handler: {builtin: add}}\n  - {name: greet, input: {name: string}, handler: {template: \"Hello {{name}}!\"}}\n",
+    );
     for i in 2..n {
         y.push_str(&format!("  - {{name: tool-{i}, description: Tool number {i}, input: {{x: string}}, handler: {{template: \"{i}:{{{{x}}}}\"}}}}\n"));
     }
     y
 }
 
+/// The same ToolSet as `toolset_yaml`, built without YAML: 100,000 tools exceed the YAML
+/// parser's node budget (250,000 nodes, a guard against YAML bombs).
+fn toolset(n: usize) -> ToolSet {
+    let mut tools = vec![
+        json!({"name": "add", "handler": {"builtin": "add"}}),
+        json!({"name": "greet", "input": {"name": "string"}, "handler": {"template": "Hello {{name}}!"}}),
+    ];
+    for i in 2..n {
+        tools.push(json!({"name": format!("tool-{i}"), "description": format!("Tool number {i}"), "input": {"x": "string"}, "handler": {"template": format!("{i}:{{{{x}}}}")}}));
+    }
+    serde_json::from_value(json!({"tools": tools})).unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn server(n: usize) -> Arc<Server> {
     let metrics = Metrics::new("bench", "system");
     let registry = Registry::new(&metrics);
-    let server = Server::new(registry, metrics);
-    Reloader::new(server.clone()).apply(&[("bench".into(), toolset_yaml(n))]).unwrap_or_else(|e| panic!("{e}"));
-    server
+    let compiled = config::compile(&toolset(n)).unwrap_or_else(|e| panic!("{e}"));
+    registry.swap(compiled, &metrics);
+    Server::new(registry, metrics)
 }
 
-const CALL_ADD: &[u8] = br#"{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"add","arguments":{"a":20,"b":22}}}"#;
+const CALL_ADD: &[u8] =
+    br#"{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"add","arguments":{"a":20,"b":22}}}"#;
 const CALL_GREET: &[u8] = br#"{"jsonrpc":"2.0","id":"r-1","method":"tools/call","params":{"name":"greet","arguments":{"name":"Ada"}}}"#;
 const LIST: &[u8] = br#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#;
-const CTX: Ctx<'static> = Ctx { session: "", version: "2025-11-25" };
+const CTX: Ctx<'static> = Ctx {
+    session: "",
+    version: "2025-11-25",
+};
 
 fn count<R>(f: impl Fn() -> R) -> u64 {
     f(); // warm caches and lazy statics
@@ -77,7 +95,9 @@ fn count<R>(f: impl Fn() -> R) -> u64 {
 
 fn dispatch_once(server: &Server, name: &str, args: &serde_json::Value) -> bool {
     let snap = server.registry.load();
-    let Some(i) = snap.tool_index(name) else { return false };
+    let Some(i) = snap.tool_index(name) else {
+        return false;
+    };
     let tool = &snap.tools[i];
     let mut errs = Vec::new();
     tool.def.input.validate(args, &mut errs);
@@ -85,15 +105,32 @@ fn dispatch_once(server: &Server, name: &str, args: &serde_json::Value) -> bool 
 }
 
 fn audit() {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
     let s = server(1000);
     let args = json!({"a": 20, "b": 22});
     println!("allocation audit (allocations per operation, 1,000-tool registry):");
-    println!("  lookup            {}", count(|| s.registry.load().tool_index("tool-500")));
-    println!("  dispatch add      {}", count(|| dispatch_once(&s, "add", &args)));
-    println!("  message add       {}", count(|| rt.block_on(s.handle_one(CALL_ADD, CTX)).body));
-    println!("  message greet     {}", count(|| rt.block_on(s.handle_one(CALL_GREET, CTX)).body));
-    println!("  message tools/list {}", count(|| rt.block_on(s.handle_one(LIST, CTX)).body));
+    println!(
+        "  lookup            {}",
+        count(|| s.registry.load().tool_index("tool-500"))
+    );
+    println!(
+        "  dispatch add      {}",
+        count(|| dispatch_once(&s, "add", &args))
+    );
+    println!(
+        "  message add       {}",
+        count(|| rt.block_on(s.handle_one(CALL_ADD, CTX)).body)
+    );
+    println!(
+        "  message greet     {}",
+        count(|| rt.block_on(s.handle_one(CALL_GREET, CTX)).body)
+    );
+    println!(
+        "  message tools/list {}",
+        count(|| rt.block_on(s.handle_one(LIST, CTX)).body)
+    );
 }
 
 fn bench_lookup(c: &mut Criterion) {
@@ -113,22 +150,32 @@ fn bench_dispatch(c: &mut Criterion) {
     let args = json!({"a": 20, "b": 22});
     for n in [10, 1_000, 100_000] {
         let s = server(n);
-        g.bench_function(BenchmarkId::from_parameter(n), |b| b.iter(|| dispatch_once(&s, black_box("add"), black_box(&args))));
+        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter(|| dispatch_once(&s, black_box("add"), black_box(&args)))
+        });
     }
     g.finish();
 }
 
 fn bench_message(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut g = c.benchmark_group("message");
     g.throughput(Throughput::Elements(1));
     for n in [10, 100_000] {
         let s = server(n);
-        g.bench_function(BenchmarkId::new("call-add", n), |b| b.iter(|| rt.block_on(s.handle_one(black_box(CALL_ADD), CTX)).body));
+        g.bench_function(BenchmarkId::new("call-add", n), |b| {
+            b.iter(|| rt.block_on(s.handle_one(black_box(CALL_ADD), CTX)).body)
+        });
     }
     let s = server(1000);
-    g.bench_function("call-greet-template", |b| b.iter(|| rt.block_on(s.handle_one(black_box(CALL_GREET), CTX)).body));
-    g.bench_function("tools-list-page", |b| b.iter(|| rt.block_on(s.handle_one(black_box(LIST), CTX)).body));
+    g.bench_function("call-greet-template", |b| {
+        b.iter(|| rt.block_on(s.handle_one(black_box(CALL_GREET), CTX)).body)
+    });
+    g.bench_function("tools-list-page", |b| {
+        b.iter(|| rt.block_on(s.handle_one(black_box(LIST), CTX)).body)
+    });
     g.finish();
 }
 

@@ -145,7 +145,10 @@ fn check_origin(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     if allowed {
         Ok(())
     } else {
-        Err(Reject(StatusCode::FORBIDDEN, format!("Origin {origin} is not allowed")))
+        Err(Reject(
+            StatusCode::FORBIDDEN,
+            format!("Origin {origin} is not allowed"),
+        ))
     }
 }
 

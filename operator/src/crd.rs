@@ -1,0 +1,264 @@
+//! The `McpServer` custom resource (`mcpservers.quiver.dev/v1alpha1`). Every field's doc
+//! comment is what `kubectl explain mcpserver.spec.FIELD` prints.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Limits that keep the CEL rules' cost bounded.
+pub const MAX_TOOLS: usize = 256;
+
+/// An MCP server deployed by Quiver: a Deployment of quiver-server serving the tools below,
+/// hot-reloaded from a ConfigMap the operator keeps in sync.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "quiver.dev",
+    version = "v1alpha1",
+    kind = "McpServer",
+    namespaced,
+    status = "McpServerStatus",
+    shortname = "mcps",
+    category = "quiver",
+    doc = "An MCP server deployed by Quiver: a tuned Deployment of quiver-server serving YAML-declared tools",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.replicasSummary"),
+    printcolumn(name = "Tools", type_ = "integer", json_path = ".status.toolCount"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("set either replicas or autoscaling, not both"))]
+#[x_kube(validation = Rule::new("!has(self.tools) || self.tools.all(t, self.tools.exists_one(u, u.name == t.name))").message("tool names must be unique").field_path(".tools"))]
+#[x_kube(validation = Rule::new("!has(self.tuning) || !has(self.tuning.cpuPinning) || !self.tuning.cpuPinning || (has(self.resources) && has(self.resources.limits) && 'cpu' in self.resources.limits && quantity(self.resources.limits.cpu).isInteger())").message("cpuPinning needs resources.limits.cpu set to a whole number of CPUs (Guaranteed QoS with exclusive cores)").field_path(".tuning.cpuPinning"))]
+#[serde(rename_all = "camelCase")]
+pub struct McpServerSpec {
+    /// Number of server pods. Omit when `autoscaling` is set (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: Option<i32>,
+    /// quiver-server image; defaults to the operator's configured server image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Image pull policy (Always, IfNotPresent, Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// Server identity reported to MCP clients (name, version, title, instructions, pageSize).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerInfo>,
+    /// Tools, in the ToolSet format (see docs/toolset.md). Editing them updates the
+    /// ConfigMap only: running pods hot-reload it, nothing restarts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub tools: Vec<ToolSpec>,
+    /// More tools from ConfigMap keys holding ToolSet documents; their edits propagate too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub tools_from: Vec<ToolsFrom>,
+    /// MCP resources (static or URI-templated text), in the ToolSet format.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_resources: Vec<ResourceSpec>,
+    /// MCP prompt templates, in the ToolSet format.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompts: Vec<PromptSpec>,
+    /// Compute resources of the server container. With `tuning.cpuPinning`, limits.cpu must
+    /// be a whole number and requests are set equal to limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Scheduling overrides of the server pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodOverrides>,
+    /// Performance tuning of the server pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<Tuning>,
+    /// Horizontal autoscaling on CPU (creates a HorizontalPodAutoscaler). Exclusive with `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+    /// The Service in front of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceOptions>,
+    /// Browser origins allowed to call the server besides loopback ones (`*` = any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_origins: Vec<String>,
+    /// Prometheus integration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<Monitoring>,
+}
+
+/// A ConfigMap key holding a ToolSet document.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolsFrom {
+    /// The ConfigMap (same namespace) and key.
+    pub config_map_key_ref: ConfigMapKey,
+}
+
+/// A key of a ConfigMap in the McpServer's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+pub struct ConfigMapKey {
+    /// ConfigMap name.
+    pub name: String,
+    /// Key holding a ToolSet YAML document.
+    pub key: String,
+}
+
+/// Scheduling overrides.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Extra labels on the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations on the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A tuning profile: defaults for sysctls and worker sizing.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// Defaults suitable for most servers.
+    #[default]
+    Balanced,
+    /// Short keepalives and fast failure detection for interactive clients.
+    Latency,
+    /// Wide ephemeral port range and quick TIME_WAIT reuse for many upstream calls.
+    Throughput,
+}
+
+/// The memory allocator of the server process.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Allocator {
+    /// jemalloc (default): lower fragmentation and faster multi-threaded allocation.
+    #[default]
+    Jemalloc,
+    /// The C library's malloc.
+    System,
+}
+
+/// Performance tuning.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tuning {
+    /// Profile whose sysctls apply unless overridden in `sysctls`.
+    #[serde(default)]
+    pub profile: Profile,
+    /// Exclusive CPUs: Guaranteed QoS (requests = limits, whole CPUs) so the kubelet's static
+    /// CPU manager gives the pod dedicated cores, and each worker thread pinned to one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_pinning: Option<bool>,
+    /// Memory allocator.
+    #[serde(default)]
+    pub allocator: Allocator,
+    /// Worker threads; 0 or unset = one per CPU the pod gets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 256))]
+    pub worker_threads: Option<u32>,
+    /// Namespaced sysctls from the kubelet's safe set (e.g. net.ipv4.ip_local_port_range,
+    /// net.ipv4.tcp_keepalive_time). Overrides the profile's values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sysctls: BTreeMap<String, String>,
+    /// Namespaced sysctls outside the safe set (e.g. net.core.somaxconn). Pods using them are
+    /// only admitted on nodes whose kubelet lists them in `allowedUnsafeSysctls`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unsafe_sysctls: BTreeMap<String, String>,
+}
+
+/// Autoscaling on CPU utilization.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
+pub struct Autoscaling {
+    /// Fewest pods.
+    #[schemars(range(min = 1))]
+    pub min_replicas: i32,
+    /// Most pods.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// Average CPU utilization (percent of requests) to aim for (default 70).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub target_cpu_utilization: Option<i32>,
+}
+
+/// Service options.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceOptions {
+    /// Port of the MCP endpoint (default 8080).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// Service type: ClusterIP (default), NodePort or LoadBalancer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
+}
+
+/// Prometheus integration.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Monitoring {
+    /// Create a ServiceMonitor (only when the monitoring.coreos.com CRD exists).
+    #[serde(default)]
+    pub service_monitor: bool,
+}
+
+/// Observed state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct McpServerStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Progressing, ConfigValid, Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Pods of the Deployment.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Ready pods.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// `ready/desired`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_summary: Option<String>,
+    /// Label selector of the pods (for the scale subresource and HPAs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Tools in the served config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_count: Option<i32>,
+    /// Content hash of the served config (pods report it on /status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// Ready pods that have loaded `configHash`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_loaded_replicas: Option<i32>,
+    /// In-cluster MCP endpoint URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+}

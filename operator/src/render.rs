@@ -1,0 +1,211 @@
+//! Dereference and validate: the ToolSet an McpServer serves, assembled from its inline
+//! tools and its `toolsFrom` ConfigMap keys, checked by the server's own compiler.
+
+use std::collections::BTreeMap;
+
+use quiver_server::config::{self, ServerInfo, ToolSet};
+
+use crate::crd::McpServer;
+
+/// The rendered, validated ToolSet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// The document written to the ConfigMap (key `tools.yaml`).
+    pub yaml: String,
+    /// Content hash, as the server reports it on `/status`.
+    pub hash: String,
+    /// Tools served.
+    pub tool_count: usize,
+}
+
+/// Why a spec cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Condition reason (CamelCase).
+    pub reason: &'static str,
+    /// Every problem, located (`spec.tools[2].handler...`, `toolsFrom[0] (ConfigMap a, key b): ...`).
+    pub problems: Vec<String>,
+}
+
+impl Invalid {
+    /// One message for a condition or an event.
+    pub fn message(&self) -> String {
+        let mut m = self
+            .problems
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ");
+        if self.problems.len() > 10 {
+            m.push_str(&format!("; and {} more", self.problems.len() - 10));
+        }
+        m
+    }
+}
+
+/// The content of each `toolsFrom` entry: `Some(text)` or `None` when the ConfigMap or key is missing.
+pub type Fetched = Vec<Option<String>>;
+
+/// Assembles and validates the ToolSet of `mcp`.
+///
+/// # Errors
+/// A missing `toolsFrom` source or any problem the server's compiler reports.
+pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
+    let spec = &mcp.spec;
+    let name = mcp.metadata.name.clone().unwrap_or_default();
+    let missing: Vec<String> = spec
+        .tools_from
+        .iter()
+        .zip(fetched)
+        .enumerate()
+        .filter(|(_, (_, f))| f.is_none())
+        .map(|(i, (t, _))| {
+            format!(
+                "spec.toolsFrom[{i}]: ConfigMap {} has no key {}",
+                t.config_map_key_ref.name, t.config_map_key_ref.key
+            )
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(Invalid {
+            reason: "ToolsFromMissing",
+            problems: missing,
+        });
+    }
+    let mut ts = ToolSet {
+        server: spec.server.clone().unwrap_or_else(|| ServerInfo {
+            name: name.clone(),
+            ..ServerInfo::default()
+        }),
+        tools: spec.tools.clone(),
+        resources: spec.mcp_resources.clone(),
+        prompts: spec.prompts.clone(),
+        ..ToolSet::default()
+    };
+    // Where each merged tool came from, to name it in problems.
+    let mut origins: Vec<String> = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
+    let mut parse_problems = Vec::new();
+    for (i, (from, text)) in spec.tools_from.iter().zip(fetched).enumerate() {
+        let r = &from.config_map_key_ref;
+        let label = format!("spec.toolsFrom[{i}] (ConfigMap {}, key {})", r.name, r.key);
+        match config::parse(&label, text.as_deref().unwrap_or_default()) {
+            Ok(doc) => {
+                origins.extend((0..doc.tools.len()).map(|j| format!("{label} tools[{j}]")));
+                ts.tools.extend(doc.tools);
+                ts.resources.extend(doc.resources);
+                ts.prompts.extend(doc.prompts);
+            }
+            Err(e) => parse_problems.extend(e.problems.iter().map(ToString::to_string)),
+        }
+    }
+    if !parse_problems.is_empty() {
+        return Err(Invalid {
+            reason: "InvalidToolConfig",
+            problems: parse_problems,
+        });
+    }
+    let compiled = config::compile(&ts).map_err(|e| Invalid {
+        reason: "InvalidToolConfig",
+        problems: e
+            .problems
+            .iter()
+            .map(|p| locate(&p.to_string(), &origins))
+            .collect(),
+    })?;
+    let yaml = serde_saphyr::to_string(&ts).map_err(|e| Invalid {
+        reason: "RenderFailed",
+        problems: vec![e.to_string()],
+    })?;
+    Ok(Rendered {
+        yaml,
+        hash: compiled.hash,
+        tool_count: compiled.tools.len(),
+    })
+}
+
+/// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.
+fn locate(problem: &str, origins: &[String]) -> String {
+    if let Some(rest) = problem.strip_prefix("tools[")
+        && let Some((n, tail)) = rest.split_once(']')
+        && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))
+    {
+        return format!("{origin}{tail}");
+    }
+    if let Some(rest) = problem.strip_prefix("resources[") {
+        return format!("spec.mcpResources[{rest}");
+    }
+    if problem.starts_with("prompts[") || problem.starts_with("server.") {
+        return format!("spec.{problem}");
+    }
+    problem.to_owned()
+}
+
+/// The keys of a ConfigMap's data, for looking up `toolsFrom` sources.
+pub fn key_of(data: Option<&BTreeMap<String, String>>, key: &str) -> Option<String> {
+    data.and_then(|d| d.get(key)).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_server::config::compile;
+
+    fn mcp(yaml: &str) -> McpServer {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn problems_name_their_origin() {
+        let m = mcp(r#"
+metadata: {name: x}
+spec:
+  tools:
+    - {name: ok, handler: {builtin: add}}
+  toolsFrom:
+    - configMapKeyRef: {name: shared, key: tools.yaml}
+"#);
+        let from = "tools:\n  - {name: bad, handler: {builtin: nope}}\n";
+        let err = render(&m, &vec![Some(from.to_owned())]).unwrap_err();
+        assert_eq!(err.reason, "InvalidToolConfig");
+        assert!(err.problems[0].starts_with("spec.toolsFrom[0] (ConfigMap shared, key tools.yaml) tools[0].handler.builtin: unknown builtin `nope`"), "{:?}", err.problems);
+        let inline = mcp(
+            "metadata: {name: x}\nspec:\n  tools:\n    - {name: ok, handler: {builtin: add}}\n    - {name: g, input: {n: string}, handler: {template: \"{{nn}}\"}}\n",
+        );
+        let err = render(&inline, &vec![]).unwrap_err();
+        assert!(
+            err.problems[0].starts_with("spec.tools[1].handler.template: template uses `nn`"),
+            "{:?}",
+            err.problems
+        );
+    }
+
+    #[test]
+    fn missing_sources_are_reported() {
+        let m = mcp(
+            "metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: gone, key: t.yaml}\n",
+        );
+        let err = render(&m, &vec![None]).unwrap_err();
+        assert_eq!(err.reason, "ToolsFromMissing");
+        assert!(err.problems[0].contains("ConfigMap gone has no key t.yaml"));
+    }
+
+    #[test]
+    fn rendered_yaml_round_trips_to_the_same_hash_the_server_computes() {
+        let m = mcp(r#"
+metadata: {name: x}
+spec:
+  server: {name: srv, instructions: "multi\nline"}
+  tools:
+    - {name: add, handler: {builtin: add}}
+    - name: w
+      input: {city: string, n: "integer?"}
+      handler: {http: {method: POST, url: "http://h/{{city}}", body: {n: "{{n}}", f: 1.5, t: true}, timeout: 2s}}
+  prompts: [{name: p, messages: [{role: user, text: hi}]}]
+"#);
+        let r = render(&m, &vec![]).unwrap();
+        let reparsed = quiver_server::config::parse("cm", &r.yaml).unwrap();
+        assert_eq!(compile(&reparsed).unwrap().hash, r.hash, "{}", r.yaml);
+        assert_eq!(r.tool_count, 2);
+    }
+}
