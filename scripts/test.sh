@@ -15,6 +15,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log "server library without default features (what the operator links)"
 cargo check -p quiver-server --no-default-features --locked
 
+log "crds/ is what crdgen generates"
+cargo run -q -p quiver-operator --bin crdgen --locked | diff -u crds/mcpservers.quiver.dev.yaml - \
+  || { echo "crds/ drifted: run 'cargo run -p quiver-operator --bin crdgen > crds/mcpservers.quiver.dev.yaml'" >&2; exit 1; }
+
 log "cargo test (unit, integration, doc)"
 cargo test --workspace --locked
 
@@ -29,6 +33,10 @@ python_env
 log "TypeScript MCP SDK client tests"
 node_env
 (cd tests/sdk/typescript && npm test --silent)
+
+log "operator against a real control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
+cargo build -p quiver-operator --locked
+"$ROOT/scripts/operator-it.sh"
 
 log "quick-start demo (one-shot)"
 "$ROOT/scripts/demo.sh" --once

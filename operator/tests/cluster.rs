@@ -1,0 +1,448 @@
+//! Against a real control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok
+//! fake nodes) with the operator binary running: `scripts/test.sh` starts them and runs
+//! these with `--ignored`. Each test works in its own namespace and prints the namespace's
+//! events and McpServers when it fails.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use quiver_operator::crd::McpServer;
+use serde_json::{Value, json};
+
+const CLUSTER: &str = "needs a control plane: run scripts/test.sh (or KUBECONFIG + a running operator)";
+
+async fn client() -> Client {
+    Client::try_default()
+        .await
+        .unwrap_or_else(|e| panic!("{CLUSTER}: {e}"))
+}
+
+/// Polls `f` until it yields `Some`, for at most `secs` seconds.
+async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct TempNs {
+    client: Client,
+    name: String,
+}
+
+impl TempNs {
+    async fn new(prefix: &str) -> Self {
+        let client = client().await;
+        let name = format!("{prefix}-{}", std::process::id() % 100_000);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        let api: Api<Namespace> = Api::all(client.clone());
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+        eventually(60, "old namespace gone", || async {
+            api.get_opt(&name).await.ok().flatten().is_none().then_some(())
+        })
+        .await;
+        api.create(&PostParams::default(), &ns).await.unwrap();
+        Self { client, name }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    async fn apply_yaml(&self, yaml: &str) {
+        for doc in yaml.split("\n---\n") {
+            let v: Value = serde_saphyr::from_str(doc).unwrap();
+            let mut obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
+            obj.metadata.namespace = Some(self.name.clone());
+            let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+            let (ar, _) = kube::discovery::pinned_kind(&self.client, &gvk).await.unwrap();
+            let api: Api<kube::api::DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &self.name, &ar);
+            api.patch(
+                &obj.name_any(),
+                &PatchParams::apply("quiver-tests").force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap();
+        }
+    }
+
+    async fn mcp(&self, name: &str) -> McpServer {
+        self.api::<McpServer>().get(name).await.unwrap()
+    }
+
+    async fn condition(&self, name: &str, type_: &str) -> Option<(String, String, String)> {
+        let m = self.api::<McpServer>().get_opt(name).await.ok()??;
+        let c = m.status?.conditions.into_iter().find(|c| c.type_ == type_)?;
+        Some((c.status, c.reason, c.message))
+    }
+
+    async fn wait_condition(&self, name: &str, type_: &str, status: &str, secs: u64) -> (String, String) {
+        eventually(secs, &format!("{name} {type_}={status}"), || async {
+            self.condition(name, type_)
+                .await
+                .filter(|c| c.0 == status)
+                .map(|c| (c.1, c.2))
+        })
+        .await
+    }
+
+    async fn dump(&self) {
+        let events: Api<Event> = self.api();
+        if let Ok(list) = events.list(&ListParams::default()).await {
+            for e in list {
+                eprintln!(
+                    "event {} {}: {}",
+                    e.reason.unwrap_or_default(),
+                    e.involved_object.name.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                );
+            }
+        }
+        if let Ok(list) = self.api::<McpServer>().list(&ListParams::default()).await {
+            for m in list {
+                eprintln!(
+                    "mcpserver {}: {}",
+                    m.name_any(),
+                    serde_json::to_string(&m.status).unwrap_or_default()
+                );
+            }
+        }
+    }
+}
+
+/// Runs a test body in a fresh namespace; dumps state if it panics; deletes the namespace.
+async fn with_ns<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(TempNs) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let ns = TempNs::new(prefix).await;
+    let (client, name) = (ns.client.clone(), ns.name.clone());
+    let dump = TempNs {
+        client: client.clone(),
+        name: name.clone(),
+    };
+    let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(body(ns))).await;
+    if result.is_err() {
+        dump.dump().await;
+    }
+    let _ = Api::<Namespace>::all(client)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+fn sample(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../deploy/samples/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn kubectl(args: &[&str]) -> String {
+    let out = std::process::Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl on PATH");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn sample_becomes_ready_with_all_children_and_printer_columns() {
+    with_ns("q-sample", |ns| async move {
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        let (reason, msg) = ns.wait_condition("calculator", "Ready", "True", 90).await;
+        assert_eq!((reason.as_str(), msg.as_str()), ("PodsReady", "2/2 pods ready"));
+        let (_, valid) = ns.wait_condition("calculator", "ConfigValid", "True", 5).await;
+        assert!(valid.starts_with("4 tools"), "{valid}");
+        ns.api::<ConfigMap>().get("calculator-tools").await.unwrap();
+        ns.api::<ServiceAccount>().get("calculator").await.unwrap();
+        ns.api::<Role>().get("calculator-config-reader").await.unwrap();
+        ns.api::<RoleBinding>()
+            .get("calculator-config-reader")
+            .await
+            .unwrap();
+        ns.api::<Service>().get("calculator").await.unwrap();
+        ns.api::<PodDisruptionBudget>().get("calculator").await.unwrap();
+        let d = ns.api::<Deployment>().get("calculator").await.unwrap();
+        assert_eq!(d.owner_references()[0].kind, "McpServer");
+        let m = ns.mcp("calculator").await;
+        let s = m.status.unwrap();
+        assert_eq!(
+            s.endpoint.as_deref(),
+            Some(format!("http://calculator.{}.svc:8080/mcp", ns.name).as_str())
+        );
+        assert_eq!(s.observed_generation, m.metadata.generation);
+        let table = kubectl(&["get", "mcps", "-n", &ns.name]);
+        println!("{table}");
+        let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(header, ["NAME", "READY", "REPLICAS", "TOOLS", "ENDPOINT", "AGE"]);
+        let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(&row[..4], ["calculator", "True", "2/2", "4"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn tools_only_changes_update_the_config_map_without_rolling() {
+    with_ns("q-tools", |ns| async move {
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        ns.wait_condition("calculator", "Ready", "True", 90).await;
+        let before = ns.api::<Deployment>().get("calculator").await.unwrap();
+        let hash_before = ns.mcp("calculator").await.status.unwrap().config_hash.unwrap();
+        let patch = json!({"spec": {"tools": [{"name": "add", "handler": {"builtin": "add"}}, {"name": "shout", "handler": {"builtin": "upper"}}]}});
+        ns.api::<McpServer>().patch("calculator", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        let cm = eventually(30, "ConfigMap with the new tool", || async {
+            let cm = ns.api::<ConfigMap>().get("calculator-tools").await.ok()?;
+            cm.data.as_ref()?.get("tools.yaml")?.contains("shout").then_some(cm)
+        })
+        .await;
+        assert!(!cm.data.unwrap()["tools.yaml"].contains("explain"));
+        let status = eventually(30, "status with the new hash", || async {
+            ns.mcp("calculator").await.status.filter(|s| s.config_hash.as_deref() != Some(&hash_before) && s.tool_count == Some(2))
+        })
+        .await;
+        assert_eq!(status.tool_count, Some(2));
+        let after = ns.api::<Deployment>().get("calculator").await.unwrap();
+        assert_eq!(after.metadata.generation, before.metadata.generation, "a tools-only change must not roll the Deployment");
+
+        // An image change does roll it.
+        let patch = json!({"spec": {"image": "quiver-server:other"}});
+        ns.api::<McpServer>().patch("calculator", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        eventually(30, "Deployment rolled", || async {
+            let d = ns.api::<Deployment>().get("calculator").await.ok()?;
+            (d.metadata.generation > before.metadata.generation).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn invalid_tools_are_refused_naming_the_field_and_the_last_good_config_stays() {
+    with_ns("q-invalid", |ns| async move {
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        ns.wait_condition("calculator", "ConfigValid", "True", 60).await;
+        let good = ns.api::<ConfigMap>().get("calculator-tools").await.unwrap().data;
+        let patch = json!({"spec": {"tools": [{"name": "add", "handler": {"builtin": "addd"}}]}});
+        ns.api::<McpServer>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let (reason, message) = ns.wait_condition("calculator", "ConfigValid", "False", 30).await;
+        assert_eq!(reason, "InvalidToolConfig");
+        assert!(
+            message.contains("spec.tools[0].handler.builtin: unknown builtin `addd`"),
+            "{message}"
+        );
+        assert_eq!(
+            ns.api::<ConfigMap>().get("calculator-tools").await.unwrap().data,
+            good,
+            "the last good ConfigMap stays"
+        );
+        let events: Api<Event> = ns.api();
+        eventually(30, "InvalidToolConfig event", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("InvalidToolConfig"))
+        })
+        .await;
+
+        // A missing toolsFrom ConfigMap is refused the same way, and creating it heals the object.
+        ns.apply_yaml(
+            &sample("tools-from-configmap.yaml")
+                .split("\n---\n")
+                .nth(1)
+                .unwrap()
+                .to_owned(),
+        )
+        .await;
+        let (reason, message) = ns
+            .wait_condition("from-configmap", "ConfigValid", "False", 30)
+            .await;
+        assert_eq!(reason, "ToolsFromMissing");
+        assert!(message.contains("shared-tools"), "{message}");
+        ns.apply_yaml(
+            sample("tools-from-configmap.yaml")
+                .split("\n---\n")
+                .next()
+                .unwrap(),
+        )
+        .await;
+        let (_, message) = ns
+            .wait_condition("from-configmap", "ConfigValid", "True", 30)
+            .await;
+        assert!(message.starts_with("3 tools"), "{message}");
+        // An edit of the referenced ConfigMap propagates.
+        let patch = json!({"data": {"tools.yaml": "tools:\n  - {name: only, handler: {builtin: now}}\n"}});
+        ns.api::<ConfigMap>()
+            .patch("shared-tools", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        eventually(30, "rendered ConfigMap follows toolsFrom", || async {
+            let cm = ns.api::<ConfigMap>().get("from-configmap-tools").await.ok()?;
+            cm.data?.get("tools.yaml")?.contains("name: only").then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn cel_rules_reject_bad_specs_at_admission() {
+    with_ns("q-cel", |ns| async move {
+        let api = ns.api::<McpServer>();
+        let cases = [
+            (json!({"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}), "set either replicas or autoscaling, not both"),
+            (json!({"tools": [{"name": "a", "handler": {"builtin": "add"}}, {"name": "a", "handler": {"builtin": "echo"}}]}), "tool names must be unique"),
+            (json!({"tuning": {"cpuPinning": true}, "resources": {"limits": {"cpu": "500m"}}}), "cpuPinning needs resources.limits.cpu"),
+            (json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}), "minReplicas must not exceed maxReplicas"),
+        ];
+        for (i, (spec, expected)) in cases.into_iter().enumerate() {
+            let obj: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": format!("bad-{i}")}, "spec": spec})).unwrap_or_else(|e| {
+                // Values the Rust types cannot even represent go through a raw request.
+                panic!("case {i} must deserialize for the typed client: {e}")
+            });
+            let err = api.create(&PostParams::default(), &obj).await.expect_err("the API server must refuse it");
+            let msg = err.to_string();
+            assert!(msg.contains(expected), "case {i}: {msg}");
+        }
+        // A pinned spec with whole CPUs is accepted.
+        let ok: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "pinned"}, "spec": {"tuning": {"cpuPinning": true}, "resources": {"limits": {"cpu": "2"}}}})).unwrap();
+        api.create(&PostParams::default(), &ok).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn drift_is_repaired_scale_works_and_deletion_collects_children() {
+    with_ns("q-drift", |ns| async move {
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        ns.wait_condition("calculator", "Ready", "True", 90).await;
+        // Someone deletes the tools ConfigMap and scales the Deployment by hand.
+        ns.api::<ConfigMap>()
+            .delete("calculator-tools", &DeleteParams::default())
+            .await
+            .unwrap();
+        let scale = json!({"spec": {"replicas": 5}});
+        ns.api::<Deployment>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&scale))
+            .await
+            .unwrap();
+        eventually(30, "ConfigMap recreated", || async {
+            ns.api::<ConfigMap>().get_opt("calculator-tools").await.ok()?
+        })
+        .await;
+        eventually(30, "replicas restored", || async {
+            let d = ns.api::<Deployment>().get("calculator").await.ok()?;
+            (d.spec?.replicas == Some(2)).then_some(())
+        })
+        .await;
+
+        // The scale subresource (kubectl scale) drives the Deployment.
+        kubectl(&["scale", "mcps/calculator", "-n", &ns.name, "--replicas=3"]);
+        eventually(30, "Deployment at 3", || async {
+            let d = ns.api::<Deployment>().get("calculator").await.ok()?;
+            (d.spec?.replicas == Some(3)).then_some(())
+        })
+        .await;
+        let (_, msg) = ns.wait_condition("calculator", "Ready", "True", 60).await;
+        assert_eq!(msg, "3/3 pods ready");
+
+        // Autoscaling creates an HPA.
+        let patch = json!({"spec": {"replicas": null, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}});
+        ns.api::<McpServer>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let hpas: Api<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler> = ns.api();
+        eventually(30, "HPA", || async { hpas.get_opt("calculator").await.ok()? }).await;
+
+        // Deleting the McpServer garbage-collects every child.
+        ns.api::<McpServer>()
+            .delete("calculator", &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually(60, "children collected", || async {
+            let d = ns.api::<Deployment>().get_opt("calculator").await.ok()?;
+            let c = ns.api::<ConfigMap>().get_opt("calculator-tools").await.ok()?;
+            let s = ns.api::<Service>().get_opt("calculator").await.ok()?;
+            (d.is_none() && c.is_none() && s.is_none()).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn server_configmap_source_picks_up_edits() {
+    let bin = std::env::var("QUIVER_SERVER_BIN")
+        .unwrap_or_else(|_| format!("{}/../target/debug/quiver-server", env!("CARGO_MANIFEST_DIR")));
+    with_ns("q-cmsrc", |ns| async move {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "tools"}, "data": {"tools.yaml": "tools:\n  - {name: a, handler: {builtin: add}}\n"}})).unwrap();
+        ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await.unwrap();
+        let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = tokio::process::Command::new(&bin)
+            .args(["--config", &format!("configmap:{}/tools", ns.name), "--listen", &format!("127.0.0.1:{mcp}"), "--admin-listen", &format!("127.0.0.1:{admin}")])
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let status = |port: u16| async move {
+            let out = tokio::process::Command::new("curl").args(["-fsS", &format!("http://127.0.0.1:{port}/status")]).output().await.ok()?;
+            serde_json::from_slice::<Value>(&out.stdout).ok()
+        };
+        let first = eventually(30, "server loaded the ConfigMap", || async { status(admin).await.filter(|s| s["ready"] == true) }).await;
+        assert_eq!(first["tools"], 1);
+        let start = Instant::now();
+        let patch = json!({"data": {"tools.yaml": "tools:\n  - {name: a, handler: {builtin: add}}\n  - {name: b, handler: {builtin: echo}}\n"}});
+        ns.api::<ConfigMap>().patch("tools", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        let next = eventually(10, "server reloaded", || async { status(admin).await.filter(|s| s["tools"] == 2) }).await;
+        println!("ConfigMap edit -> quiver-server serving the new tools (kube watch): {} ms", start.elapsed().as_millis());
+        assert_eq!(next["generation"], 2);
+        // An invalid edit is rejected and the server keeps serving generation 2.
+        let patch = json!({"data": {"tools.yaml": "tools:\n  - {name: a, handler: {builtin: nope}}\n"}});
+        ns.api::<ConfigMap>().patch("tools", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        let bad = eventually(10, "invalid config reported", || async { status(admin).await.filter(|s| s["lastReload"]["result"] == "invalid") }).await;
+        assert_eq!(bad["generation"], 2);
+        let _ = child.kill().await;
+    })
+    .await;
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# A real local Kubernetes control plane for integration tests: etcd + kube-apiserver (RBAC,
+# CEL admission) + kube-controller-manager (garbage collection, Deployments) +
+# kube-scheduler + kwok (fake nodes that turn scheduled pods Running and Ready).
+#
+#   scripts/control-plane.sh up DIR     start it; writes DIR/kubeconfig, DIR/env, DIR/*.pid
+#   scripts/control-plane.sh down DIR   stop it and remove DIR
+#
+# Binaries come from scripts/k8s-binaries.sh (built from Go modules, cached).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+cmd="${1:?up|down}"
+dir="${2:?state directory}"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+down() {
+  for p in "$dir"/*.pid; do
+    [ -f "$p" ] || continue
+    kill "$(cat "$p")" 2>/dev/null || true
+  done
+  for p in "$dir"/*.pid; do
+    [ -f "$p" ] || continue
+    for _ in $(seq 1 50); do kill -0 "$(cat "$p")" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$(cat "$p")" 2>/dev/null || true
+  done
+  rm -rf "$dir"
+}
+
+if [ "$cmd" = down ]; then down; exit 0; fi
+
+bin="$("$ROOT/scripts/k8s-binaries.sh" | tail -1)"
+mkdir -p "$dir/pki" "$dir/logs"
+pki="$dir/pki"
+
+log "certificates"
+cert() { # name subject [san]
+  local n="$1" subj="$2" san="${3:-}"
+  openssl req -newkey rsa:2048 -nodes -keyout "$pki/$n.key" -subj "$subj" -out "$pki/$n.csr" 2>/dev/null
+  if [ -n "$san" ]; then printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$san" > "$pki/$n.ext"; else printf 'extendedKeyUsage=clientAuth\n' > "$pki/$n.ext"; fi
+  openssl x509 -req -in "$pki/$n.csr" -CA "$pki/${4:-ca}.crt" -CAkey "$pki/${4:-ca}.key" -CAcreateserial -days 2 -extfile "$pki/$n.ext" -out "$pki/$n.crt" 2>/dev/null
+}
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -subj "/CN=quiver-test-ca" -days 2 -out "$pki/ca.crt" 2>/dev/null
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/front-proxy-ca.key" -subj "/CN=front-proxy-ca" -days 2 -out "$pki/front-proxy-ca.crt" 2>/dev/null
+cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+cert admin "/O=system:masters/CN=quiver-admin"
+cert front-proxy-client "/CN=front-proxy-client" "" front-proxy-ca
+openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+
+ETCD_PORT="$(free_port)"; ETCD_PEER="$(free_port)"; API_PORT="$(free_port)"; SCHED_PORT="$(free_port)"; CM_PORT="$(free_port)"
+KWOK_PORT="$(free_port)"
+
+cat > "$dir/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: admin, user: {client-certificate: "$pki/admin.crt", client-key: "$pki/admin.key"}}]
+contexts: [{name: local, context: {cluster: local, user: admin, namespace: default}}]
+current-context: local
+KC
+
+start() { # name args...
+  local n="$1"; shift
+  "$@" > "$dir/logs/$n.log" 2>&1 &
+  echo $! > "$dir/$n.pid"
+}
+
+log "etcd on 127.0.0.1:$ETCD_PORT"
+start etcd etcd --data-dir "$dir/etcd" --name quiver-test \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+  --initial-cluster "quiver-test=http://127.0.0.1:$ETCD_PEER" --quota-backend-bytes 4294967296 --unsafe-no-fsync
+
+log "kube-apiserver on 127.0.0.1:$API_PORT"
+start kube-apiserver "$bin/kube-apiserver" \
+  --etcd-servers "http://127.0.0.1:$ETCD_PORT" --bind-address 127.0.0.1 --secure-port "$API_PORT" \
+  --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" --client-ca-file "$pki/ca.crt" \
+  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
+  --authorization-mode Node,RBAC --allow-privileged \
+  --requestheader-client-ca-file "$pki/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key"
+
+K="$bin/kubectl --kubeconfig $dir/kubeconfig"
+for i in $(seq 1 300); do
+  $K get --raw /readyz >/dev/null 2>&1 && break
+  kill -0 "$(cat "$dir/kube-apiserver.pid")" 2>/dev/null || { tail -30 "$dir/logs/kube-apiserver.log"; exit 1; }
+  sleep 0.1
+done
+$K get --raw /readyz >/dev/null
+
+log "kube-controller-manager and kube-scheduler"
+start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$dir/kubeconfig" \
+  --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$CM_PORT" --leader-elect=false --use-service-account-credentials \
+  --root-ca-file "$pki/ca.crt" --service-account-private-key-file "$pki/sa.key" \
+  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+  --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle' --concurrent-gc-syncs 10
+start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/kubeconfig" \
+  --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false
+
+log "kwok fake node"
+stages="$(ls -d "$(go env GOMODCACHE)"/sigs.k8s.io/kwok@"${KWOK_VERSION:-v0.8.0}"/kustomize/stage 2>/dev/null | head -1)"
+stage_args=()
+for s in node-fast/node-initialize.yaml node-heartbeat-with-lease/node-heartbeat-with-lease.yaml pod-fast/pod-ready.yaml pod-fast/pod-complete.yaml pod-fast/pod-delete.yaml; do
+  f="$(ls "$stages"/*/"$(basename "$s")" 2>/dev/null | head -1 || true)"
+  [ -n "$f" ] && stage_args+=(--config "$f")
+done
+start kwok "$bin/kwok" --kubeconfig "$dir/kubeconfig" --manage-all-nodes=false \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --manage-nodes-with-label-selector= --disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom \
+  --cidr=10.244.0.0/16 --node-ip=127.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" "${stage_args[@]}"
+$K apply -f - >/dev/null <<NODE
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-0
+  annotations: {node.alpha.kubernetes.io/ttl: "0", kwok.x-k8s.io/node: fake}
+  labels: {type: kwok, kubernetes.io/hostname: kwok-node-0, kubernetes.io/os: linux}
+status:
+  allocatable: {cpu: "32", memory: 256Gi, pods: "2000"}
+  capacity: {cpu: "32", memory: 256Gi, pods: "2000"}
+NODE
+for i in $(seq 1 100); do
+  [ "$($K get node kwok-node-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && break
+  sleep 0.1
+done
+
+cat > "$dir/env" <<ENV
+export KUBECONFIG="$dir/kubeconfig"
+export QUIVER_TEST_CLUSTER=1
+export PATH="$bin:\$PATH"
+ENV
+log "control plane up: KUBECONFIG=$dir/kubeconfig"
