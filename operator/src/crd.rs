@@ -1,6 +1,9 @@
 //! The `McpServer` custom resource (`mcpservers.quiver.dev/v1alpha1`). Every field's doc
 //! comment is what `kubectl explain mcpserver.spec.FIELD` prints.
 
+// kube-derive's repeated `printcolumn(type_ = "string", ...)` arguments trip this lint.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};

@@ -158,14 +158,12 @@ async fn a_valid_spec_applies_every_child_then_the_status() {
             |_| not_found(),
         )
         .await;
-        let status = api
-            .expect(
-                Method::PATCH,
-                "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status",
-                patched,
-            )
-            .await;
-        status
+        api.expect(
+            Method::PATCH,
+            "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status",
+            patched,
+        )
+        .await
     });
     let action = reconcile(m, ctx).await.unwrap();
     let status = server.await.unwrap()["status"].clone();
