@@ -284,11 +284,14 @@ async fn invalid_tools_are_refused_naming_the_field_and_the_last_good_config_sta
 
         // A missing toolsFrom ConfigMap is refused the same way, and creating it heals the object.
         ns.apply_yaml(
-            &sample("tools-from-configmap.yaml")
-                .split("\n---\n")
+            sample("tools-from-configmap.yaml")
+                .split(
+                    "
+---
+",
+                )
                 .nth(1)
-                .unwrap()
-                .to_owned(),
+                .unwrap(),
         )
         .await;
         let (reason, message) = ns
