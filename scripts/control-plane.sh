@@ -106,11 +106,12 @@ start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false
 
 log "kwok fake node"
-stages="$(ls -d "$(go env GOMODCACHE)"/sigs.k8s.io/kwok@"${KWOK_VERSION:-v0.8.0}"/kustomize/stage 2>/dev/null | head -1)"
+stages="$(go env GOMODCACHE)/sigs.k8s.io/kwok@${KWOK_VERSION:-v0.8.0}/kustomize/stage"
 stage_args=()
-for s in node-fast/node-initialize.yaml node-heartbeat-with-lease/node-heartbeat-with-lease.yaml pod-fast/pod-ready.yaml pod-fast/pod-complete.yaml pod-fast/pod-delete.yaml; do
-  f="$(ls "$stages"/*/"$(basename "$s")" 2>/dev/null | head -1 || true)"
-  [ -n "$f" ] && stage_args+=(--config "$f")
+for s in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+         pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+  [ -f "$stages/$s" ] || { echo "kwok stage $stages/$s missing (is kwok ${KWOK_VERSION:-v0.8.0} in the Go module cache?)" >&2; exit 1; }
+  stage_args+=(--config "$stages/$s")
 done
 start kwok "$bin/kwok" --kubeconfig "$dir/kubeconfig" --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \

@@ -18,6 +18,8 @@ cargo check -p quiver-server --no-default-features --locked
 log "crds/ is what crdgen generates"
 cargo run -q -p quiver-operator --bin crdgen --locked | diff -u crds/mcpservers.quiver.dev.yaml - \
   || { echo "crds/ drifted: run 'cargo run -p quiver-operator --bin crdgen > crds/mcpservers.quiver.dev.yaml'" >&2; exit 1; }
+cargo run -q -p quiver-operator --bin crdgen --locked -- --reference | diff -u docs/crd-reference.md - \
+  || { echo "docs/crd-reference.md drifted: run 'cargo run -p quiver-operator --bin crdgen -- --reference > docs/crd-reference.md'" >&2; exit 1; }
 
 log "cargo test (unit, integration, doc)"
 cargo test --workspace --locked

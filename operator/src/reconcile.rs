@@ -143,6 +143,9 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<Action, Error
         Some(p) => drop(apply(client, &ns, p).await?),
         None => delete_if_present::<PodDisruptionBudget>(client, &ns, &name).await?,
     }
+    if mcp.spec.monitoring.as_ref().is_some_and(|m| m.service_monitor) {
+        apply_service_monitor(ctx, mcp, &ns, &name).await?;
+    }
     let status = status_from(mcp, &rendered, &deployment, &ns, &name);
     patch_status(client, &ns, &name, &status).await?;
     let unsafe_sysctls = build::unsafe_in_safe_list(mcp);
@@ -159,6 +162,28 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<Action, Error
     } else {
         Duration::from_secs(5)
     }))
+}
+
+/// A prometheus-operator ServiceMonitor for the admin port, when that CRD is installed.
+async fn apply_service_monitor(ctx: &Context, mcp: &McpServer, ns: &str, name: &str) -> Result<(), Error> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"), "servicemonitors");
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
+    let owner = mcp.controller_owner_ref(&()).map(|o| vec![o]).unwrap_or_default();
+    let sm = json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": name, "namespace": ns, "labels": build::labels(name), "ownerReferences": owner},
+        "spec": {"selector": {"matchLabels": build::selector(name)}, "endpoints": [{"port": "admin", "path": "/metrics", "interval": "15s"}]},
+    });
+    match api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&sm)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            publish(ctx, mcp, EventType::Warning, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed".into()).await;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn report_invalid(

@@ -84,6 +84,16 @@ const CTX: Ctx<'static> = Ctx {
     version: "2025-11-25",
 };
 
+/// Polls a future that completes without waiting (builtins, templates, lists) exactly once,
+/// so the measurement is the dispatch code, not an executor's bookkeeping.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("this message should complete synchronously"),
+    }
+}
+
 fn count<R>(f: impl Fn() -> R) -> u64 {
     f(); // warm caches and lazy statics
     let before = ALLOCS.load(Ordering::Relaxed);
@@ -105,9 +115,6 @@ fn dispatch_once(server: &Server, name: &str, args: &serde_json::Value) -> bool 
 }
 
 fn audit() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
     let s = server(1000);
     let args = json!({"a": 20, "b": 22});
     println!("allocation audit (allocations per operation, 1,000-tool registry):");
@@ -121,15 +128,15 @@ fn audit() {
     );
     println!(
         "  message add       {}",
-        count(|| rt.block_on(s.handle_one(CALL_ADD, CTX)).body)
+        count(|| ready(s.handle_one(CALL_ADD, CTX)).body)
     );
     println!(
         "  message greet     {}",
-        count(|| rt.block_on(s.handle_one(CALL_GREET, CTX)).body)
+        count(|| ready(s.handle_one(CALL_GREET, CTX)).body)
     );
     println!(
         "  message tools/list {}",
-        count(|| rt.block_on(s.handle_one(LIST, CTX)).body)
+        count(|| ready(s.handle_one(LIST, CTX)).body)
     );
 }
 
@@ -158,23 +165,20 @@ fn bench_dispatch(c: &mut Criterion) {
 }
 
 fn bench_message(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
     let mut g = c.benchmark_group("message");
     g.throughput(Throughput::Elements(1));
     for n in [10, 100_000] {
         let s = server(n);
         g.bench_function(BenchmarkId::new("call-add", n), |b| {
-            b.iter(|| rt.block_on(s.handle_one(black_box(CALL_ADD), CTX)).body)
+            b.iter(|| ready(s.handle_one(black_box(CALL_ADD), CTX)).body)
         });
     }
     let s = server(1000);
     g.bench_function("call-greet-template", |b| {
-        b.iter(|| rt.block_on(s.handle_one(black_box(CALL_GREET), CTX)).body)
+        b.iter(|| ready(s.handle_one(black_box(CALL_GREET), CTX)).body)
     });
     g.bench_function("tools-list-page", |b| {
-        b.iter(|| rt.block_on(s.handle_one(black_box(LIST), CTX)).body)
+        b.iter(|| ready(s.handle_one(black_box(LIST), CTX)).body)
     });
     g.finish();
 }
