@@ -100,7 +100,7 @@ start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$dir/
   --bind-address 127.0.0.1 --secure-port "$CM_PORT" --leader-elect=false --use-service-account-credentials \
   --root-ca-file "$pki/ca.crt" --service-account-private-key-file "$pki/sa.key" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-  --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle' --concurrent-gc-syncs 10
+  --controllers '*,-nodeipam,-cloud-node-lifecycle' --concurrent-gc-syncs 10
 start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/kubeconfig" \
   --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false
@@ -128,8 +128,16 @@ status:
   allocatable: {cpu: "32", memory: 256Gi, pods: "2000"}
   capacity: {cpu: "32", memory: 256Gi, pods: "2000"}
 NODE
-for i in $(seq 1 100); do
+for i in $(seq 1 300); do
   [ "$($K get node kwok-node-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && break
+  sleep 0.1
+done
+[ "$($K get node kwok-node-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ] \
+  || { echo "kwok node never became Ready" >&2; tail -20 "$dir/logs/kwok.log" >&2; exit 1; }
+# The node controller lifts the not-ready taint on its next pass; waiting for it keeps the
+# first test from racing it.
+for i in $(seq 1 300); do
+  [ -z "$($K get node kwok-node-0 -o jsonpath='{.spec.taints}')" ] && break
   sleep 0.1
 done
 

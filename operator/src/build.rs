@@ -256,10 +256,15 @@ fn deployment(
         let limits = resources.get("limits").cloned().unwrap_or_else(|| json!({}));
         let mut limits = limits.as_object().cloned().unwrap_or_default();
         limits.entry("memory").or_insert_with(|| json!("256Mi"));
-        cpus = limits
-            .get("cpu")
-            .and_then(Value::as_str)
-            .and_then(|c| c.parse::<u32>().ok());
+        cpus = tuning.cpus.or_else(|| {
+            limits
+                .get("cpu")
+                .and_then(Value::as_str)
+                .and_then(|c| c.parse::<u32>().ok())
+        });
+        if let Some(n) = cpus {
+            limits.insert("cpu".into(), json!(n.to_string()));
+        }
         resources = json!({"requests": limits.clone(), "limits": limits});
     }
     let workers = tuning.worker_threads.filter(|w| *w > 0).or(cpus);
@@ -422,8 +427,8 @@ kind: McpServer
 metadata: {name: fast}
 spec:
   replicas: 3
-  resources: {limits: {cpu: "2", memory: 512Mi}, requests: {cpu: 500m}}
-  tuning: {profile: throughput, cpuPinning: true, allocator: system, sysctls: {net.ipv4.tcp_fin_timeout: "10"}, unsafeSysctls: {net.core.somaxconn: "4096"}}
+  resources: {limits: {cpu: "4", memory: 512Mi}, requests: {cpu: 500m}}
+  tuning: {profile: throughput, cpuPinning: true, cpus: 2, allocator: system, sysctls: {net.ipv4.tcp_fin_timeout: "10"}, unsafeSysctls: {net.core.somaxconn: "4096"}}
   tools: [{name: add, handler: {builtin: add}}]
 "#,
         );

@@ -44,8 +44,6 @@ pub const MAX_TOOLS: usize = 256;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("set either replicas or autoscaling, not both"))]
-#[x_kube(validation = Rule::new("!has(self.tools) || self.tools.all(t, self.tools.exists_one(u, u.name == t.name))").message("tool names must be unique").field_path(".tools"))]
-#[x_kube(validation = Rule::new("!has(self.tuning) || !has(self.tuning.cpuPinning) || !self.tuning.cpuPinning || (has(self.resources) && has(self.resources.limits) && 'cpu' in self.resources.limits && quantity(self.resources.limits.cpu).isInteger())").message("cpuPinning needs resources.limits.cpu set to a whole number of CPUs (Guaranteed QoS with exclusive cores)").field_path(".tuning.cpuPinning"))]
 #[serde(rename_all = "camelCase")]
 pub struct McpServerSpec {
     /// Number of server pods. Omit when `autoscaling` is set (default 1).
@@ -61,10 +59,12 @@ pub struct McpServerSpec {
     /// Server identity reported to MCP clients (name, version, title, instructions, pageSize).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerInfo>,
-    /// Tools, in the ToolSet format (see docs/toolset.md). Editing them updates the
-    /// ConfigMap only: running pods hot-reload it, nothing restarts.
+    /// Tools, in the ToolSet format (see docs/toolset.md). Names are unique (a list map keyed
+    /// by `name`, enforced by the API server). Editing them updates the ConfigMap only:
+    /// running pods hot-reload it, nothing restarts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub tools: Vec<ToolSpec>,
     /// More tools from ConfigMap keys holding ToolSet documents; their edits propagate too.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -76,8 +76,8 @@ pub struct McpServerSpec {
     /// MCP prompt templates, in the ToolSet format.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prompts: Vec<PromptSpec>,
-    /// Compute resources of the server container. With `tuning.cpuPinning`, limits.cpu must
-    /// be a whole number and requests are set equal to limits.
+    /// Compute resources of the server container. With `tuning.cpuPinning`, CPU comes from
+    /// `tuning.cpus` and requests are set equal to limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Scheduling overrides of the server pods.
@@ -165,14 +165,20 @@ pub enum Allocator {
 /// Performance tuning.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.cpuPinning) || !self.cpuPinning || has(self.cpus)").message("cpuPinning needs cpus: the whole number of exclusive CPUs each pod gets").field_path(".cpus"))]
 pub struct Tuning {
     /// Profile whose sysctls apply unless overridden in `sysctls`.
     #[serde(default)]
     pub profile: Profile,
-    /// Exclusive CPUs: Guaranteed QoS (requests = limits, whole CPUs) so the kubelet's static
-    /// CPU manager gives the pod dedicated cores, and each worker thread pinned to one of them.
+    /// Exclusive CPUs: Guaranteed QoS (requests = limits, `cpus` whole CPUs) so the kubelet's
+    /// static CPU manager gives the pod dedicated cores, and each worker thread pinned to one
+    /// of them. Requires `cpus`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_pinning: Option<bool>,
+    /// Whole CPUs per pod with `cpuPinning` (sets the container's CPU request and limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub cpus: Option<u32>,
     /// Memory allocator.
     #[serde(default)]
     pub allocator: Allocator,

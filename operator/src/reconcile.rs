@@ -167,7 +167,10 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<Action, Error
 /// A prometheus-operator ServiceMonitor for the admin port, when that CRD is installed.
 async fn apply_service_monitor(ctx: &Context, mcp: &McpServer, ns: &str, name: &str) -> Result<(), Error> {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"), "servicemonitors");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    );
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
     let owner = mcp.controller_owner_ref(&()).map(|o| vec![o]).unwrap_or_default();
     let sm = json!({
@@ -176,7 +179,10 @@ async fn apply_service_monitor(ctx: &Context, mcp: &McpServer, ns: &str, name: &
         "metadata": {"name": name, "namespace": ns, "labels": build::labels(name), "ownerReferences": owner},
         "spec": {"selector": {"matchLabels": build::selector(name)}, "endpoints": [{"port": "admin", "path": "/metrics", "interval": "15s"}]},
     });
-    match api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&sm)).await {
+    match api
+        .patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&sm))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => {
             publish(ctx, mcp, EventType::Warning, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed".into()).await;

@@ -332,8 +332,9 @@ async fn cel_rules_reject_bad_specs_at_admission() {
         let api = ns.api::<McpServer>();
         let cases = [
             (json!({"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}), "set either replicas or autoscaling, not both"),
-            (json!({"tools": [{"name": "a", "handler": {"builtin": "add"}}, {"name": "a", "handler": {"builtin": "echo"}}]}), "tool names must be unique"),
-            (json!({"tuning": {"cpuPinning": true}, "resources": {"limits": {"cpu": "500m"}}}), "cpuPinning needs resources.limits.cpu"),
+            (json!({"tools": [{"name": "a", "handler": {"builtin": "add"}}, {"name": "a", "handler": {"builtin": "echo"}}]}), "Duplicate value"),
+            (json!({"tuning": {"cpuPinning": true}}), "cpuPinning needs cpus"),
+            (json!({"tuning": {"cpuPinning": true, "cpus": 0}}), "should be greater than or equal to 1"),
             (json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}), "minReplicas must not exceed maxReplicas"),
         ];
         for (i, (spec, expected)) in cases.into_iter().enumerate() {
@@ -346,7 +347,7 @@ async fn cel_rules_reject_bad_specs_at_admission() {
             assert!(msg.contains(expected), "case {i}: {msg}");
         }
         // A pinned spec with whole CPUs is accepted.
-        let ok: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "pinned"}, "spec": {"tuning": {"cpuPinning": true}, "resources": {"limits": {"cpu": "2"}}}})).unwrap();
+        let ok: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "pinned"}, "spec": {"tuning": {"cpuPinning": true, "cpus": 2}}})).unwrap();
         api.create(&PostParams::default(), &ok).await.unwrap();
     })
     .await;

@@ -88,7 +88,10 @@ const CTX: Ctx<'static> = Ctx {
 /// so the measurement is the dispatch code, not an executor's bookkeeping.
 fn ready<F: std::future::Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(f);
-    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+    match f
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
         std::task::Poll::Ready(v) => v,
         std::task::Poll::Pending => panic!("this message should complete synchronously"),
     }
