@@ -27,7 +27,7 @@ kubectl apply --server-side -f crds/mcpservers.quiver.dev.yaml
 kubectl wait --for=condition=Established crd/mcpservers.quiver.dev --timeout=60s
 
 log "starting quiver-operator"
-"$ROOT/target/debug/quiver-operator" --admin-listen 127.0.0.1:0 > "$state/logs/quiver-operator.log" 2>&1 &
+"$ROOT/target/debug/quiver-operator" --admin-listen 127.0.0.1:0 --probe-pods=false > "$state/logs/quiver-operator.log" 2>&1 &
 op_pid=$!
 
 export QUIVER_SERVER_BIN="$ROOT/target/debug/quiver-server"

@@ -53,7 +53,13 @@ pub fn admin(health: Arc<Health>) -> Router {
 }
 
 /// Runs the controller until SIGTERM/SIGINT.
-pub async fn run(client: Client, defaults: Defaults, concurrency: u16, health: Arc<Health>) {
+pub async fn run(
+    client: Client,
+    defaults: Defaults,
+    concurrency: u16,
+    probe_pods: bool,
+    health: Arc<Health>,
+) {
     let mcps: Api<McpServer> = Api::all(client.clone());
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=quiver-operator");
     let controller = Controller::new(mcps, watcher::Config::default());
@@ -69,6 +75,7 @@ pub async fn run(client: Client, defaults: Defaults, concurrency: u16, health: A
             },
         ),
         metrics: health.metrics.clone(),
+        probe_pods,
     });
     let ready = health.clone();
     controller

@@ -4,7 +4,9 @@
 pub mod build;
 pub mod controller;
 pub mod crd;
+pub mod leader;
 pub mod metrics;
+pub mod probe;
 pub mod reconcile;
 pub mod render;
 

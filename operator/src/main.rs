@@ -6,6 +6,8 @@ use std::sync::Arc;
 use clap::Parser;
 use quiver_operator::build::Defaults;
 use quiver_operator::controller::{self, Health};
+use quiver_operator::leader::LeaseLock;
+use std::time::Duration;
 
 /// Reconciles McpServer objects into tuned quiver-server Deployments.
 #[derive(Debug, Parser)]
@@ -23,6 +25,16 @@ struct Args {
     /// McpServers reconciled at once.
     #[arg(long, env = "QUIVER_OPERATOR_CONCURRENCY", default_value_t = 8)]
     concurrency: u16,
+    /// Elect a leader on a Lease so several replicas can run (one reconciles).
+    #[arg(long, env = "QUIVER_OPERATOR_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Ask ready server pods which config they serve, for status.configLoadedReplicas (the
+    /// operator must reach pod IPs; turn off when it runs outside the cluster network).
+    #[arg(long, env = "QUIVER_OPERATOR_PROBE_PODS", default_value_t = true, action = clap::ArgAction::Set)]
+    probe_pods: bool,
+    /// Namespace of the leader-election Lease (default: the pod's namespace, else "default").
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
 }
 
 #[tokio::main]
@@ -42,7 +54,30 @@ async fn main() -> anyhow::Result<()> {
         server_image: args.server_image,
         image_pull_policy: args.image_pull_policy,
     };
-    controller::run(client, defaults, args.concurrency, health).await;
+    if args.leader_elect {
+        let identity =
+            std::env::var("POD_NAME").unwrap_or_else(|_| format!("quiver-operator-{}", std::process::id()));
+        let lock = LeaseLock::new(
+            client.clone(),
+            &args.lease_namespace,
+            "quiver-operator",
+            &identity,
+            Duration::from_secs(15),
+        );
+        tracing::info!(%identity, "waiting to become leader");
+        lock.acquire().await;
+        tracing::info!(%identity, "leading");
+        tokio::select! {
+            () = controller::run(client, defaults, args.concurrency, args.probe_pods, health) => {}
+            () = lock.hold() => {
+                // Another replica may already reconcile: stop at once and restart as a candidate.
+                tracing::error!("leader election lost; exiting");
+                std::process::exit(1);
+            }
+        }
+    } else {
+        controller::run(client, defaults, args.concurrency, args.probe_pods, health).await;
+    }
     admin.abort();
     Ok(())
 }

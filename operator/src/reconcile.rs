@@ -61,6 +61,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Ask ready pods which config they serve (needs pod-network access: in-cluster only).
+    pub probe_pods: bool,
 }
 
 async fn fetch(client: &Client, ns: &str, mcp: &McpServer) -> Result<Fetched, Error> {
@@ -146,7 +148,11 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<Action, Error
     if mcp.spec.monitoring.as_ref().is_some_and(|m| m.service_monitor) {
         apply_service_monitor(ctx, mcp, &ns, &name).await?;
     }
-    let status = status_from(mcp, &rendered, &deployment, &ns, &name);
+    let mut status = status_from(mcp, &rendered, &deployment, &ns, &name);
+    if ctx.probe_pods {
+        let loaded = crate::probe::config_loaded(client, &ns, &name, &rendered.hash).await?;
+        status.config_loaded_replicas = Some(loaded);
+    }
     patch_status(client, &ns, &name, &status).await?;
     let unsafe_sysctls = build::unsafe_in_safe_list(mcp);
     if !unsafe_sysctls.is_empty() {

@@ -386,8 +386,12 @@ async fn drift_is_repaired_scale_works_and_deletion_collects_children() {
             (d.spec?.replicas == Some(3)).then_some(())
         })
         .await;
-        let (_, msg) = ns.wait_condition("calculator", "Ready", "True", 60).await;
-        assert_eq!(msg, "3/3 pods ready");
+        eventually(60, "Ready with 3/3 pods", || async {
+            ns.condition("calculator", "Ready")
+                .await
+                .filter(|c| c.0 == "True" && c.2 == "3/3 pods ready")
+        })
+        .await;
 
         // Autoscaling creates an HPA.
         let patch = json!({"spec": {"replicas": null, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}});
@@ -447,6 +451,45 @@ async fn server_configmap_source_picks_up_edits() {
         let bad = eventually(10, "invalid config reported", || async { status(admin).await.filter(|s| s["lastReload"]["result"] == "invalid") }).await;
         assert_eq!(bad["generation"], 2);
         let _ = child.kill().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn leader_election_hands_over_after_the_lease_expires() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use quiver_operator::leader::LeaseLock;
+    with_ns("q-lease", |ns| async move {
+        let ttl = Duration::from_secs(2);
+        let a = LeaseLock::new(ns.client.clone(), &ns.name, "quiver-operator", "replica-a", ttl);
+        let b = LeaseLock::new(ns.client.clone(), &ns.name, "quiver-operator", "replica-b", ttl);
+        assert!(a.try_acquire_or_renew().await.unwrap(), "a takes the free lease");
+        assert!(
+            !b.try_acquire_or_renew().await.unwrap(),
+            "b cannot take a held lease"
+        );
+        assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
+        // a stops renewing (crashed); b takes over once the lease has expired.
+        let start = Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), b.acquire())
+            .await
+            .expect("b acquires after expiry");
+        assert!(
+            start.elapsed() >= Duration::from_millis(1500),
+            "not before the lease expired: {:?}",
+            start.elapsed()
+        );
+        let lease = ns
+            .api::<Lease>()
+            .get("quiver-operator")
+            .await
+            .unwrap()
+            .spec
+            .unwrap();
+        assert_eq!(lease.holder_identity.as_deref(), Some("replica-b"));
+        assert_eq!(lease.lease_transitions, Some(1));
+        assert!(!a.try_acquire_or_renew().await.unwrap(), "a has lost it");
     })
     .await;
 }

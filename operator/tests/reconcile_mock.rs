@@ -91,6 +91,7 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
             },
         ),
         metrics: Arc::new(Metrics::default()),
+        probe_pods: false,
     };
     (Arc::new(ctx), ApiServerVerifier(handle))
 }
