@@ -23,12 +23,34 @@ use crate::metrics::Metrics;
 use crate::reconcile::{Context, error_policy, reconcile};
 
 /// Shared with the admin endpoints.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Health {
     /// Set once the McpServer watch has listed.
     pub ready: AtomicBool,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The controller's cache of McpServers, for per-condition counts at scrape time.
+    pub store: std::sync::OnceLock<kube::runtime::reflector::Store<McpServer>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+fn metrics_text(h: &Health) -> String {
+    if let Some(store) = h.store.get() {
+        let all = store.state();
+        h.metrics.set_conditions(all.iter().flat_map(|m| {
+            m.status
+                .iter()
+                .flat_map(|s| s.conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str())))
+        }));
+    }
+    h.metrics.encode()
 }
 
 /// The admin router: /metrics, /healthz, /readyz.
@@ -36,7 +58,7 @@ pub fn admin(health: Arc<Health>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(h): State<Arc<Health>>| async move { h.metrics.encode() }),
+            get(|State(h): State<Arc<Health>>| async move { metrics_text(&h) }),
         )
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -64,6 +86,7 @@ pub async fn run(
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=quiver-operator");
     let controller = Controller::new(mcps, watcher::Config::default());
     let store = controller.store();
+    let _ = health.store.set(store.clone());
     let ctx = Arc::new(Context {
         client: client.clone(),
         defaults,

@@ -15,6 +15,17 @@ struct ErrorLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    condition: &'static str,
+    status: &'static str,
+}
+
+/// Error categories, pre-created at zero so dashboards and alerts always have series.
+pub const ERROR_CATEGORIES: [&str; 6] = ["api", "conflict", "forbidden", "rejected", "transport", "unnamed"];
+/// Conditions counted by `quiver_operator_mcpservers`.
+pub const CONDITIONS: [&str; 4] = ["Ready", "ConfigValid", "Degraded", "Progressing"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -26,6 +37,8 @@ pub struct Metrics {
     duration: Histogram,
     reconciles: Family<ResultLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
+    inflight: prometheus_client::metrics::gauge::Gauge,
+    by_condition: Family<ConditionLabels, prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Default for Metrics {
@@ -52,11 +65,27 @@ impl Default for Metrics {
             "Failed reconciles by error category",
             errors.clone(),
         );
+        for category in ERROR_CATEGORIES {
+            let _ = errors.get_or_create(&ErrorLabels { category });
+        }
+        for result in ["ok", "invalid_spec", "error"] {
+            let _ = reconciles.get_or_create(&ResultLabels { result });
+        }
+        let inflight = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register("reconciles_in_flight", "Reconciles running now", inflight.clone());
+        let by_condition = Family::<ConditionLabels, prometheus_client::metrics::gauge::Gauge>::default();
+        registry.register(
+            "mcpservers",
+            "McpServers by condition and status (as of the last scrape)",
+            by_condition.clone(),
+        );
         Self {
             registry,
             duration,
             reconciles,
             errors,
+            inflight,
+            by_condition,
         }
     }
 }
@@ -88,10 +117,45 @@ impl Metrics {
             .inc();
     }
 
+    /// Marks a reconcile as started; the guard marks it finished.
+    pub fn start(&self) -> InFlight<'_> {
+        self.inflight.inc();
+        InFlight(&self.inflight)
+    }
+
+    /// Sets the per-condition counts from the McpServers' current conditions.
+    pub fn set_conditions<'a>(&self, conditions: impl Iterator<Item = (&'a str, &'a str)>) {
+        let statuses = ["True", "False", "Unknown"];
+        let mut counts = [[0i64; 3]; CONDITIONS.len()];
+        for (c, s) in conditions {
+            if let Some(ci) = CONDITIONS.iter().position(|k| *k == c) {
+                let si = statuses.iter().position(|k| *k == s).unwrap_or(2);
+                counts[ci][si] += 1;
+            }
+        }
+        for (ci, condition) in CONDITIONS.iter().enumerate() {
+            for (si, status) in statuses.iter().enumerate() {
+                self.by_condition
+                    .get_or_create(&ConditionLabels { condition, status })
+                    .set(counts[ci][si]);
+            }
+        }
+    }
+
     /// Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+#[derive(Debug)]
+pub struct InFlight<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -110,6 +110,7 @@ where
 /// Transient API failures; the controller retries them with backoff.
 pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let start = Instant::now();
+    let _running = ctx.metrics.start();
     let result = reconcile_inner(&mcp, &ctx).await;
     ctx.metrics
         .observe(start.elapsed(), result.as_ref().err().map(Error::category));

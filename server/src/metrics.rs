@@ -107,6 +107,54 @@ impl EncodeMetric for Histogram {
     }
 }
 
+/// Process CPU time (`process_cpu_seconds_total`), read from /proc/self/stat when scraped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessCpu;
+
+/// Resident memory (`process_resident_memory_bytes`), read from /proc/self/statm when scraped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessRss;
+
+/// Clock ticks per second of /proc/self/stat times (USER_HZ, 100 on Linux).
+const USER_HZ: f64 = 100.0;
+const PAGE_SIZE: f64 = 4096.0;
+
+fn proc_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / USER_HZ
+}
+
+fn proc_rss_bytes() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+        .map_or(0.0, |pages| pages * PAGE_SIZE)
+}
+
+impl EncodeMetric for ProcessCpu {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, f64, f64>(&proc_cpu_seconds(), None)
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+impl EncodeMetric for ProcessRss {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&proc_rss_bytes())
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
 /// Labels of the per-tool dispatch histogram.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ToolLabels {
@@ -287,6 +335,19 @@ impl Metrics {
             "Open server-to-client notification streams",
             streams.clone(),
         );
+        // Process CPU and memory per pod, for the dashboards (read from /proc when scraped).
+        root.register_with_unit(
+            "process_cpu",
+            "Total user and system CPU time spent",
+            Unit::Seconds,
+            ProcessCpu,
+        );
+        root.register_with_unit(
+            "process_resident_memory",
+            "Resident memory size",
+            Unit::Bytes,
+            ProcessRss,
+        );
         root.register(
             "build",
             "Build information",
@@ -386,6 +447,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("quiver_build_info{version="), "{text}");
+        assert!(text.contains("quiver_process_resident_memory_bytes "), "{text}");
         m.forget_tool("add");
         assert!(!m.encode().contains("tool=\"add\""));
     }
