@@ -2,12 +2,13 @@
 # Builds the Kubernetes control-plane binaries from Go modules (no release downloads exist
 # here): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl at
 # $K8S_VERSION, plus kwok (fake nodes). Installs etcd from Debian. Cached by version under
-# ~/.cache/quiver/k8s; a warm run does nothing. Prints the bin directory.
+# ~/.cache/quiver/k8s; a warm run does nothing. Also helm. Prints the bin directory.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 K8S_VERSION="${K8S_VERSION:-1.33.13}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+HELM_VERSION="${HELM_VERSION:-v3.16.3}"
 STAGING=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
   cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
   cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms
@@ -55,6 +56,11 @@ if [ "$missing" = 1 ]; then
   pkgs=()
   for b in "${BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
   (cd "$src" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/" "${pkgs[@]}")
+fi
+
+if [ ! -x "$bin/helm" ]; then
+  log "building helm $HELM_VERSION"
+  GOBIN="$bin" CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
 if [ ! -x "$bin/kwok" ]; then

@@ -9,7 +9,7 @@ log() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 # A Python virtualenv in the cache with the SDK-test requirements installed.
 # Reinstalls only when requirements.txt changes.
 python_env() {
-  local venv="$QUIVER_CACHE/venv" req="$ROOT/tests/sdk/python/requirements.txt"
+  local venv="$QUIVER_CACHE/venv" req="$ROOT/tests/requirements.txt"
   local stamp="$venv/.req-$(sha256sum "$req" | cut -c1-16)"
   if [ ! -f "$stamp" ]; then
     log "installing Python packages into $venv"

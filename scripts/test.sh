@@ -40,6 +40,9 @@ log "operator against a real control plane (etcd, kube-apiserver, controller-man
 cargo build -p quiver-operator --locked
 "$ROOT/scripts/operator-it.sh"
 
+log "Helm chart, dashboards and alerts against a real API server and a real Prometheus"
+"$ROOT/scripts/chart-it.sh"
+
 log "quick-start demo (one-shot)"
 "$ROOT/scripts/demo.sh" --once
 

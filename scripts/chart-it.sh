@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The Helm chart and the observability stack, checked for real:
+#  - helm lint --strict; template tests (tests/chart) with real helm;
+#  - `helm template | kubectl apply --dry-run=server` against a real kube-apiserver;
+#  - `helm install` into it, then the operator binary running with the chart's own
+#    ServiceAccount token (so the chart's RBAC is exactly what it gets) reconciles samples;
+#  - Prometheus (Debian) scraping three quiver-servers and that operator while bounded
+#    traffic runs; every dashboard and rule expression must return data
+#    (tests/observability/check_queries.py); promtool checks and unit-tests the rules;
+#  - helm upgrade (leader election appears with 2 replicas) and helm uninstall (CRD kept).
+# QUIVER_PREVIEWS=DIR also renders dashboard previews from the real results into DIR.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+python_env
+
+state="$(mktemp -d "${TMPDIR:-/tmp}/quiver-chart.XXXXXX")"
+pids=()
+cleanup() {
+  status=$?
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ "$status" != 0 ]; then
+    for f in "$state"/logs/*.log "$state"/*.log; do [ -f "$f" ] && { echo "--- $(basename "$f") (last 30 lines)"; tail -30 "$f"; }; done
+  fi
+  "$ROOT/scripts/control-plane.sh" down "$state/cp" || true
+  rm -rf "$state"
+  exit "$status"
+}
+trap cleanup EXIT
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "no answer from $1" >&2; return 1; }
+
+"$ROOT/scripts/control-plane.sh" up "$state/cp"
+source "$state/cp/env"
+
+log "dashboards, chart copies and rules are generated from their sources"
+"$PY" deploy/grafana/dashboards.py --check
+diff -u crds/mcpservers.quiver.dev.yaml charts/quiver/files/crds/mcpservers.quiver.dev.yaml \
+  || { echo "charts/quiver/files/crds drifted from crds/: copy it" >&2; exit 1; }
+
+"$PY" charts/quiver/generate_readme.py --check
+
+log "promtool"
+command -v promtool >/dev/null || { apt-get update -qq >/dev/null; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+promtool check rules deploy/prometheus/quiver-rules.yaml
+(cd tests/observability && promtool test rules quiver-rules.test.yaml)
+
+log "helm lint --strict"
+helm lint --strict charts/quiver
+
+log "chart template tests (real helm)"
+"$PY" -m pytest -q tests/chart
+
+log "helm template | kubectl apply --dry-run=server"
+kubectl create namespace quiver-system >/dev/null
+helm template quiver charts/quiver -n quiver-system | kubectl apply --dry-run=server -f - >/dev/null
+echo "every rendered object accepted by the API server (dry run)"
+
+log "helm install"
+helm install quiver charts/quiver -n quiver-system --wait --timeout 3m
+kubectl get crd mcpservers.quiver.dev >/dev/null
+
+log "operator with the chart's ServiceAccount token"
+token="$(kubectl create token quiver -n quiver-system --duration=1h)"
+server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
+ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority}')"
+cat > "$state/sa.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "$server", certificate-authority: "$ca"}}]
+users: [{name: quiver, user: {token: "$token"}}]
+contexts: [{name: quiver, context: {cluster: local, user: quiver, namespace: quiver-system}}]
+current-context: quiver
+KC
+op_admin="$(free_port)"
+KUBECONFIG="$state/sa.kubeconfig" POD_NAMESPACE=quiver-system "$ROOT/target/debug/quiver-operator" \
+  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false --leader-elect > "$state/operator.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$op_admin/readyz"
+kubectl create namespace demo >/dev/null
+for s in calculator every-handler tuned autoscaled tools-from-configmap; do kubectl apply -n demo -f "deploy/samples/$s.yaml" >/dev/null; done
+kubectl wait -n demo --for=condition=Ready mcps/calculator mcps/every-handler mcps/tuned --timeout=120s
+kubectl wait -n demo --for=condition=ConfigValid mcps/autoscaled mcps/from-configmap --timeout=60s
+kubectl get mcps -n demo
+if grep -q "forbidden" "$state/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$state/operator.log" | head -5 >&2; exit 1; fi
+# An invalid McpServer, so the operator's invalid-spec series carry data.
+kubectl apply -n demo -f - >/dev/null <<'YAML'
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: broken}
+spec:
+  tools: [{name: x, handler: {builtin: nope}}]
+YAML
+kubectl wait -n demo --for=condition=ConfigValid=False mcps/broken --timeout=60s
+
+log "quiver-servers and Prometheus"
+mkdir -p "$state/servers"
+targets=()
+urls=()
+for i in 0 1 2; do
+  cp tests/observability/tools.yaml "$state/servers/tools-$i.yaml"
+  port="$(free_port)"; admin="$(free_port)"
+  "$ROOT/target/debug/quiver-server" --config "file:$state/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \
+    --admin-listen "127.0.0.1:$admin" > "$state/server-$i.log" 2>&1 &
+  pids+=($!)
+  wait_http "http://127.0.0.1:$admin/readyz"
+  urls+=("http://127.0.0.1:$port/mcp")
+  targets+=("$admin")
+done
+prom_port="$(free_port)"
+cat > "$state/prometheus.yml" <<PROM
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: ["$ROOT/deploy/prometheus/quiver-rules.yaml"]
+scrape_configs:
+  - job_name: quiver-server
+    static_configs:
+      - {targets: ["127.0.0.1:${targets[0]}"], labels: {namespace: demo, service: calculator, pod: calculator-0}}
+      - {targets: ["127.0.0.1:${targets[1]}"], labels: {namespace: demo, service: calculator, pod: calculator-1}}
+      - {targets: ["127.0.0.1:${targets[2]}"], labels: {namespace: shop, service: catalog, pod: catalog-0}}
+  - job_name: quiver-operator
+    static_configs:
+      - {targets: ["127.0.0.1:$op_admin"], labels: {namespace: quiver-system, pod: quiver-operator-0}}
+PROM
+promtool check config "$state/prometheus.yml" >/dev/null
+prometheus --config.file "$state/prometheus.yml" --storage.tsdb.path "$state/tsdb" \
+  --web.listen-address "127.0.0.1:$prom_port" > "$state/prometheus.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$prom_port/-/ready"
+for _ in $(seq 1 100); do
+  up="$(curl -fsS "http://127.0.0.1:$prom_port/api/v1/query?query=sum(up)" | "$PY" -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)')"
+  [ "$up" = 4 ] && break
+  sleep 0.2
+done
+[ "$up" = 4 ] || { echo "Prometheus scrapes $up/4 targets" >&2; exit 1; }
+since="$(date +%s)"
+
+log "bounded traffic (30 s)"
+"$PY" tests/observability/drive_traffic.py --seconds 30 --config "$state/servers/tools-0.yaml" "${urls[@]}"
+sleep 3   # two scrape intervals, so the last samples are in
+preview_args=()
+[ -n "${QUIVER_PREVIEWS:-}" ] && preview_args=(--previews "$QUIVER_PREVIEWS" --since "$since")
+"$PY" tests/observability/check_queries.py --prometheus "http://127.0.0.1:$prom_port" "${preview_args[@]}"
+
+log "helm upgrade (2 replicas: leader election)"
+helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=2 --wait --timeout 3m
+kubectl get role quiver-leader-election -n quiver-system >/dev/null
+kubectl get deploy quiver -n quiver-system -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- --leader-elect
+
+log "helm uninstall (the CRD and the McpServers stay)"
+helm uninstall quiver -n quiver-system --wait
+kubectl get crd mcpservers.quiver.dev >/dev/null
+kubectl get mcps calculator -n demo >/dev/null
+! kubectl get clusterrole quiver >/dev/null 2>&1
+echo "chart checks passed"

@@ -1,0 +1,92 @@
+"""Template tests of charts/quiver with real helm: render with the values that change the
+output and assert on the objects. Run by scripts/chart-it.sh (needs `helm` on PATH)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "quiver"
+
+
+def render(*sets, namespace="quiver-system"):
+    args = ["helm", "template", "quiver", str(CHART), "-n", namespace]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def find(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found
+
+
+def test_defaults_install_crd_operator_rbac_and_dashboards():
+    docs = render()
+    crd = find(docs, "CustomResourceDefinition")[0]
+    assert crd["metadata"]["name"] == "mcpservers.quiver.dev"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    dep = find(docs, "Deployment")[0]
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == "quiver-operator:0.1.0"
+    assert "--server-image=quiver-server:0.1.0" in c["args"]
+    assert "--leader-elect" not in c["args"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    rules = find(docs, "ClusterRole")[0]["rules"]
+    verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert verbs[("quiver.dev", "mcpservers/status")] == {"patch"}
+    assert verbs[("apps", "deployments")] == {"list", "watch", "create", "patch"}
+    assert "delete" not in verbs[("", "configmaps")], "the operator never deletes ConfigMaps"
+    assert not any("*" in v for v in verbs.values()), "no wildcard verbs"
+    assert not find(docs, "Role"), "no leader-election Role with one replica"
+    dashboards = find(docs, "ConfigMap")
+    assert sorted(d["metadata"]["name"] for d in dashboards) == ["quiver-dashboard-quiver-dispatch", "quiver-dashboard-quiver-operator"]
+    for d in dashboards:
+        assert d["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (body,) = d["data"].values()
+        assert json.loads(body)["panels"], "the dashboard JSON survives templating"
+    assert not find(docs, "ServiceMonitor") and not find(docs, "PrometheusRule")
+
+
+def test_replicas_turn_on_leader_election():
+    docs = render("replicaCount=2")
+    assert "--leader-elect" in find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    role = find(docs, "Role")[0]
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+    assert find(docs, "RoleBinding")
+
+
+def test_optional_objects_and_overrides():
+    docs = render("crds.enabled=false", "dashboards.enabled=false", "metrics.serviceMonitor.enabled=true",
+                  "metrics.serviceMonitor.labels.release=prom", "prometheusRules.enabled=true",
+                  "image.tag=9.9.9", "server.image.repository=registry.example/quiver-server", "operator.probePods=false")
+    assert not find(docs, "CustomResourceDefinition")
+    assert not find(docs, "ConfigMap")
+    sm = find(docs, "ServiceMonitor")[0]
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["endpoints"][0]["port"] == "admin"
+    pr = find(docs, "PrometheusRule")[0]
+    assert {g["name"] for g in pr["spec"]["groups"]} == {"quiver.recording", "quiver.alerts"}
+    c = find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "quiver-operator:9.9.9"
+    assert "--server-image=registry.example/quiver-server:0.1.0" in c["args"]
+    assert "--probe-pods=false" in c["args"]
+
+
+def test_crd_keep_can_be_turned_off():
+    crd = find(render("crds.keep=false"), "CustomResourceDefinition")[0]
+    assert "annotations" not in crd["metadata"] or "helm.sh/resource-policy" not in crd["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("bad", ["unknownKey=1", "image.colour=red", "replicaCount=-1", "image.pullPolicy=Sometimes"])
+def test_schema_rejects_unknown_and_invalid_values(bad):
+    r = subprocess.run(["helm", "template", "quiver", str(CHART), "--set", bad], capture_output=True, text=True)
+    assert r.returncode != 0, f"{bad} was accepted"
+    assert "values don't meet the specifications of the schema" in r.stderr, r.stderr

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Bounded MCP traffic against quiver-servers on loopback, for the Prometheus checks:
+successful calls of several tools with varied latency, tool errors, invalid arguments,
+malformed JSON and unknown methods, plus one valid and one invalid config reload.
+
+    drive_traffic.py --seconds 30 --config PATH URL [URL ...]
+"""
+
+import argparse
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=body.encode(), method="POST", headers={
+        "content-type": "application/json", "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2025-11-25"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def call(url, i, tool, args):
+    return post(url, json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool, "arguments": args}}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--config", type=Path, required=True, help="ToolSet file of the first server (edited for reloads)")
+    ap.add_argument("urls", nargs="+")
+    a = ap.parse_args()
+    rng = random.Random(7)
+    deadline = time.monotonic() + a.seconds
+    sent, i, reloaded, broke = 0, 0, False, False
+    original = a.config.read_text()
+    while time.monotonic() < deadline and sent < 200_000:
+        i += 1
+        url = a.urls[i % len(a.urls)]
+        r = rng.random()
+        if r < 0.45:
+            call(url, i, "add", {"a": rng.randint(0, 99), "b": rng.randint(0, 99)})
+        elif r < 0.65:
+            call(url, i, "greet", {"name": rng.choice(["Ada", "Grace", "Linus"])})
+        elif r < 0.80:
+            call(url, i, "sleep", {"ms": rng.choice([1, 2, 5, 10, 20, 50])})
+        elif r < 0.86:
+            call(url, i, "add", {"a": "not a number"})           # invalid arguments
+        elif r < 0.90:
+            call(url, i, "wc", {"text": "a b c"})                # exec handler
+        elif r < 0.93:
+            post(url, "{not json")                               # parse error
+        elif r < 0.96:
+            post(url, json.dumps({"jsonrpc": "2.0", "id": i, "method": "no/such"}))
+        else:
+            post(url, json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
+        sent += 1
+        left = deadline - time.monotonic()
+        if not reloaded and left < a.seconds * 0.6:
+            a.config.write_text(original.replace("tools:\n", "tools:\n  - {name: extra, handler: {builtin: now}}\n", 1))
+            reloaded = True
+        if reloaded and not broke and left < a.seconds * 0.3:
+            a.config.write_text(original.replace("builtin: add", "builtin: nope"))  # rejected, old tools keep serving
+            broke = True
+    print(f"sent {sent} messages in {a.seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
