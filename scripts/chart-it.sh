@@ -53,7 +53,7 @@ log "chart template tests (real helm)"
 
 log "helm template | kubectl apply --dry-run=server"
 kubectl create namespace quiver-system >/dev/null
-helm template quiver charts/quiver -n quiver-system | kubectl apply --dry-run=server -f - >/dev/null
+helm template quiver charts/quiver -n quiver-system --kube-version 1.33.13 | kubectl apply --dry-run=server -f - >/dev/null
 echo "every rendered object accepted by the API server (dry run)"
 
 log "helm install"
