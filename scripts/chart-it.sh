@@ -74,7 +74,7 @@ current-context: quiver
 KC
 op_admin="$(free_port)"
 KUBECONFIG="$state/sa.kubeconfig" POD_NAMESPACE=quiver-system "$ROOT/target/debug/quiver-operator" \
-  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false --leader-elect > "$state/operator.log" 2>&1 &
+  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false > "$state/operator.log" 2>&1 &
 pids+=($!)
 wait_http "http://127.0.0.1:$op_admin/readyz"
 kubectl create namespace demo >/dev/null
@@ -142,7 +142,7 @@ preview_args=()
 "$PY" tests/observability/check_queries.py --prometheus "http://127.0.0.1:$prom_port" "${preview_args[@]}"
 
 log "helm upgrade (2 replicas: leader election)"
-helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=2 --wait --timeout 3m
+helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=2
 kubectl get role quiver-leader-election -n quiver-system >/dev/null
 kubectl get deploy quiver -n quiver-system -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- --leader-elect
 

@@ -87,6 +87,20 @@ pub async fn run(
     let controller = Controller::new(mcps, watcher::Config::default());
     let store = controller.store();
     let _ = health.store.set(store.clone());
+    // Ready once the McpServer watch has listed (also with zero McpServers). The store's
+    // readiness is a oneshot that wakes only one of several concurrent waiters (the controller
+    // waits on it too), so re-poll it instead of awaiting it once.
+    let (listed, flag) = (store.clone(), health.clone());
+    tokio::spawn(async move {
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_millis(250), listed.wait_until_ready()).await
+            {
+                Ok(Ok(())) => break flag.ready.store(true, Ordering::Release),
+                Ok(Err(_)) => break,
+                Err(_) => {}
+            }
+        }
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         defaults,
@@ -100,7 +114,6 @@ pub async fn run(
         metrics: health.metrics.clone(),
         probe_pods,
     });
-    let ready = health.clone();
     controller
         .owns(Api::<Deployment>::all(client.clone()), managed.clone())
         .owns(Api::<Service>::all(client.clone()), managed)
@@ -137,7 +150,6 @@ pub async fn run(
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
-            ready.ready.store(true, Ordering::Release);
             if let Err(e) = res {
                 tracing::debug!(error = %e, "reconcile result");
             }

@@ -96,7 +96,7 @@ impl EncodeMetric for Histogram {
         for (i, c) in self.0.counts.iter().enumerate() {
             let n = c.load(Ordering::Relaxed);
             count += n;
-            buckets.push((self.0.bounds.get(i).copied().unwrap_or(f64::MAX), n));
+            buckets.push((self.0.bounds.get(i).copied().unwrap_or(f64::INFINITY), n));
         }
         let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
@@ -448,6 +448,11 @@ mod tests {
         );
         assert!(text.contains("quiver_build_info{version="), "{text}");
         assert!(text.contains("quiver_process_resident_memory_bytes "), "{text}");
+        // histogram_quantile needs the +Inf bucket.
+        assert!(
+            text.contains(r#"quiver_dispatch_duration_seconds_bucket{le="+Inf",tool="add",outcome="ok"} 2"#),
+            "{text}"
+        );
         m.forget_tool("add");
         assert!(!m.encode().contains("tool=\"add\""));
     }

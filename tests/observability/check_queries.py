@@ -51,6 +51,9 @@ def check_expr(base, expr, what, failures, require_data=True):
     result = r["data"]["result"]
     if require_data and not result:
         failures.append(f"{what}: no series for {expr}")
+    # A series of NaN is no data either (e.g. histogram_quantile without a +Inf bucket).
+    elif require_data and all(s["value"][1] in ("NaN", "+Inf", "-Inf") for s in result):
+        failures.append(f"{what}: only NaN/Inf values for {expr}")
     return result
 
 
@@ -125,7 +128,9 @@ def previews(args, dashboards):
             for t in p["targets"]:
                 expr = substitute(t["expr"], args.rate_window)
                 r = api(args.prometheus, "query_range", query=expr, start=start, end=end, step=2)
-                for s in r["data"]["result"][:8]:
+                series = r["data"]["result"]
+                peak = lambda s: max((float(v[1]) for v in s["values"] if v[1] not in ("NaN", "+Inf", "-Inf")), default=0.0)
+                for s in sorted(series, key=peak, reverse=True)[:8]:
                     legend = t["legendFormat"]
                     for k, v in s["metric"].items():
                         legend = legend.replace("{{" + k + "}}", v)
