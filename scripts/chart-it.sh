@@ -39,6 +39,7 @@ diff -u crds/mcpservers.quiver.dev.yaml charts/quiver/files/crds/mcpservers.quiv
   || { echo "charts/quiver/files/crds drifted from crds/: copy it" >&2; exit 1; }
 
 "$PY" charts/quiver/generate_readme.py --check
+"$PY" tests/observability/validate_dashboards.py
 
 log "promtool"
 command -v promtool >/dev/null || { apt-get update -qq >/dev/null; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }

@@ -57,7 +57,6 @@ def var_query(name, label, query, include_all=True):
         "type": "query",
         "datasource": DS,
         "query": {"query": query, "refId": name},
-        "definition": query,
         "refresh": 2,
         "includeAll": include_all,
         "multi": True,

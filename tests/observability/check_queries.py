@@ -71,8 +71,9 @@ def main():
         for var in d["templating"]["list"]:
             if var["type"] != "query":
                 continue
-            m = re.match(r"label_values\((.*),\s*(\w+)\)$", var["definition"])
-            assert m, var["definition"]
+            definition = var["query"]["query"]
+            m = re.match(r"label_values\((.*),\s*(\w+)\)$", definition)
+            assert m, definition
             metric, label = substitute(m.group(1), args.rate_window), m.group(2)
             series = api(args.prometheus, "series", **{"match[]": metric})["data"]
             checked += 1
