@@ -35,6 +35,25 @@ const ANNOTATIONS: &[&str] = &[
     "contentEncoding",
 ];
 
+/// Where a value sits in the arguments, as a chain of borrowed segments on the stack;
+/// rendered (`arguments.tags[1]`) only when reporting a violation.
+#[derive(Debug, Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Root => f.write_str("arguments"),
+            Self::Key(p, k) => write!(f, "{p}.{k}"),
+            Self::Index(p, i) => write!(f, "{p}[{i}]"),
+        }
+    }
+}
+
 /// A compiled schema.
 #[derive(Debug, Clone, Default)]
 pub struct Schema {
@@ -91,8 +110,7 @@ impl Schema {
     /// Validates `v`, appending one message per violation (`path: problem`).
     pub fn validate(&self, v: &Value, errors: &mut Vec<String>) {
         if !self.trivial {
-            let mut path = String::new();
-            self.check(v, &mut path, errors);
+            self.check(v, &Path::Root, errors);
         }
     }
 
@@ -103,17 +121,13 @@ impl Schema {
         e.is_empty()
     }
 
-    fn check(&self, v: &Value, path: &mut String, errors: &mut Vec<String>) {
+    fn check(&self, v: &Value, path: &Path<'_>, errors: &mut Vec<String>) {
         if self.trivial {
             return;
         }
-        let at = |path: &str| {
-            if path.is_empty() {
-                "arguments".to_owned()
-            } else {
-                format!("arguments{path}")
-            }
-        };
+        // The path is only rendered when there is something to report: valid input
+        // allocates nothing here.
+        let at = |path: &Path<'_>| path.to_string();
         let t = type_bit(v);
         if self.types & t == 0 && !(t == T_INT && self.types & T_NUM != 0) {
             errors.push(format!(
@@ -197,10 +211,7 @@ impl Schema {
                 }
                 if let Some(items) = &self.items {
                     for (i, x) in a.iter().enumerate() {
-                        let len = path.len();
-                        path.push_str(&format!("[{i}]"));
-                        items.check(x, path, errors);
-                        path.truncate(len);
+                        items.check(x, &Path::Index(path, i), errors);
                     }
                 }
             }
@@ -211,9 +222,7 @@ impl Schema {
                     }
                 }
                 for (k, x) in o {
-                    let len = path.len();
-                    path.push('.');
-                    path.push_str(k);
+                    let path = &Path::Key(path, k);
                     if let Some((_, s)) = self.properties.iter().find(|(name, _)| **name == **k) {
                         s.check(x, path, errors);
                     } else {
@@ -223,7 +232,6 @@ impl Schema {
                             None => {}
                         }
                     }
-                    path.truncate(len);
                 }
             }
             _ => {}
