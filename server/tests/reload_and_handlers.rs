@@ -238,32 +238,14 @@ tools:
     assert_eq!(r["content"][0]["text"], r#"t-abc|{"n":7,"s":"n=7"}"#);
     let r = h.call("slow", json!({})).await;
     assert_eq!(r["isError"], true);
-    assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("timed out after 200ms"),
-        "{r}"
-    );
+    common::assert_text_contains(&r, "timed out after 200ms");
     let r = h.call("fail", json!({})).await;
-    assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("502 Bad Gateway: upstream down"),
-        "{r}"
-    );
+    common::assert_text_contains(&r, "502 Bad Gateway: upstream down");
     let r = h.call("big", json!({})).await;
     assert_eq!(r["isError"], true, "{r}");
     let r = h.call("refused", json!({})).await;
     assert_eq!(r["isError"], true);
-    assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("request to http://127.0.0.1:1/x failed"),
-        "{r}"
-    );
+    common::assert_text_contains(&r, "request to http://127.0.0.1:1/x failed");
 }
 
 #[tokio::test]
@@ -294,30 +276,12 @@ tools:
         "from stdin"
     );
     let r = h.call("slow", json!({})).await;
-    assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("timed out after 200ms and was killed"),
-        "{r}"
-    );
+    common::assert_text_contains(&r, "timed out after 200ms and was killed");
     let r = h.call("yes", json!({})).await;
-    assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("more than 1000 bytes"),
-        "{r}"
-    );
+    common::assert_text_contains(&r, "more than 1000 bytes");
     let r = h.call("fail", json!({})).await;
     assert_eq!(r["isError"], true);
-    assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("exited with status 2"),
-        "{r}"
-    );
+    common::assert_text_contains(&r, "exited with status 2");
 }
 
 #[tokio::test]
@@ -343,10 +307,7 @@ tools:
     let r = h.call("broken", json!({"a": 1, "b": 2})).await;
     assert_eq!(r["isError"], true);
     assert!(
-        r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .starts_with("step 1 (greet): invalid arguments"),
+        common::text(&r).starts_with("step 1 (greet): invalid arguments"),
         "{r}"
     );
 }

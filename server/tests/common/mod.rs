@@ -93,3 +93,16 @@ impl Harness {
             .clone()
     }
 }
+
+/// The text of a tool result's first content block.
+pub fn text(result: &Value) -> &str {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text content in {result}"))
+}
+
+/// Asserts that a tool result's text contains `needle`.
+#[track_caller]
+pub fn assert_text_contains(result: &Value, needle: &str) {
+    assert!(text(result).contains(needle), "{needle:?} not in {result}");
+}
