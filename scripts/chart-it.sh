@@ -80,8 +80,8 @@ pids+=($!)
 wait_http "http://127.0.0.1:$op_admin/readyz"
 kubectl create namespace demo >/dev/null
 for s in calculator every-handler tuned autoscaled tools-from-configmap; do kubectl apply -n demo -f "deploy/samples/$s.yaml" >/dev/null; done
-kubectl wait -n demo --for=condition=Ready mcps/calculator mcps/every-handler mcps/tuned --timeout=120s
-kubectl wait -n demo --for=condition=ConfigValid mcps/autoscaled mcps/from-configmap --timeout=60s
+wait_condition demo Ready True 120 calculator every-handler tuned
+wait_condition demo ConfigValid True 60 autoscaled from-configmap
 kubectl get mcps -n demo
 if grep -q "forbidden" "$state/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$state/operator.log" | head -5 >&2; exit 1; fi
 # An invalid McpServer, so the operator's invalid-spec series carry data.
@@ -92,7 +92,7 @@ metadata: {name: broken}
 spec:
   tools: [{name: x, handler: {builtin: nope}}]
 YAML
-kubectl wait -n demo --for=condition=ConfigValid=False mcps/broken --timeout=60s
+wait_condition demo ConfigValid False 60 broken
 
 log "quiver-servers and Prometheus"
 mkdir -p "$state/servers"

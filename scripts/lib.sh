@@ -28,3 +28,31 @@ node_env() {
     (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error --cache "$QUIVER_CACHE/npm")
   fi
 }
+
+# Installs the McpServer CRD and waits until it is Established. (`kubectl wait` fails at
+# once, instead of waiting, while a just-created CRD has no status conditions yet.)
+install_crd() {
+  kubectl apply --server-side -f "$ROOT/crds/mcpservers.quiver.dev.yaml" >/dev/null
+  for _ in $(seq 1 300); do
+    [ "$(kubectl get crd mcpservers.quiver.dev -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ] && return 0
+    sleep 0.1
+  done
+  echo "CRD mcpservers.quiver.dev not Established after 30 s" >&2
+  return 1
+}
+
+# wait_condition NAMESPACE CONDITION STATUS SECONDS MCPSERVER...: polls each McpServer until
+# its condition has STATUS (kubectl wait errors out while .status is still empty).
+wait_condition() {
+  local ns="$1" cond="$2" want="$3" secs="$4"; shift 4
+  local name got
+  for name in "$@"; do
+    for _ in $(seq 1 $((secs * 10))); do
+      got="$(kubectl get mcps "$name" -n "$ns" -o jsonpath="{.status.conditions[?(@.type==\"$cond\")].status}" 2>/dev/null || true)"
+      [ "$got" = "$want" ] && break
+      sleep 0.1
+    done
+    [ "$got" = "$want" ] || { echo "mcps/$name: $cond is '${got}', not $want, after ${secs}s" >&2; kubectl get mcps "$name" -n "$ns" -o yaml >&2 || true; return 1; }
+    echo "mcps/$name $cond=$want"
+  done
+}

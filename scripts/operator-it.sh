@@ -23,8 +23,7 @@ trap cleanup EXIT
 source "$state/env"
 
 log "installing the CRD"
-kubectl apply --server-side -f crds/mcpservers.quiver.dev.yaml
-kubectl wait --for=condition=Established crd/mcpservers.quiver.dev --timeout=60s
+install_crd
 
 log "starting quiver-operator"
 "$ROOT/target/debug/quiver-operator" --admin-listen 127.0.0.1:0 --probe-pods=false > "$state/logs/quiver-operator.log" 2>&1 &

@@ -19,8 +19,7 @@ trap cleanup EXIT
 "$ROOT/scripts/control-plane.sh" up "$state"
 source "$state/env"
 # One kwok node holds 2000 pods; add more for larger N.
-kubectl apply --server-side -f crds/mcpservers.quiver.dev.yaml >/dev/null
-kubectl wait --for=condition=Established crd/mcpservers.quiver.dev --timeout=60s >/dev/null
+install_crd
 admin_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 "$ROOT/target/release/quiver-operator" --admin-listen "127.0.0.1:$admin_port" --concurrency 16 --probe-pods=false > "$state/logs/operator.log" 2>&1 &
 op_pid=$!
