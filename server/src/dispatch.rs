@@ -101,8 +101,6 @@ pub struct Handled {
     pub body: Option<Vec<u8>>,
     /// True when the input was a successful `initialize` (the transport may open a session).
     pub initialized: bool,
-    /// The negotiated version, for a successful `initialize`.
-    pub negotiated: Option<&'static str>,
     /// The input could not be read as a request at all (parse error, invalid request without
     /// a usable id): HTTP answers 400 with the JSON-RPC error as body.
     pub malformed: bool,
@@ -238,7 +236,11 @@ impl Server {
         };
         if msg.jsonrpc.as_deref() != Some("2.0") {
             let id = msg.id.filter(|i| protocol::valid_id(i));
-            self.metrics.record(method_index("invalid"), 2, start.elapsed());
+            self.metrics.record(
+                method_index("invalid"),
+                outcome_index(INVALID_REQUEST),
+                start.elapsed(),
+            );
             let body = Some(protocol::error_response(
                 id,
                 INVALID_REQUEST,
@@ -274,13 +276,13 @@ impl Server {
         }
         self.metrics.inflight.inc();
         let mut out = Vec::with_capacity(256);
-        let mut negotiated = None;
+        let mut initialized = false;
         let result = match method {
             "tools/call" => self.call_tool(msg.params, id, ctx, &mut out).await,
             "tools/list" => self.list(ListKind::Tools, msg.params, id, &mut out),
             "initialize" => self
                 .initialize(msg.params, id, &mut out)
-                .map(|v| negotiated = Some(v)),
+                .map(|()| initialized = true),
             "ping" => {
                 protocol::write_result(&mut out, id, b"{}");
                 Ok(())
@@ -305,8 +307,7 @@ impl Server {
             .record(method_index(method), outcome, start.elapsed());
         Handled {
             body: Some(out),
-            initialized: negotiated.is_some(),
-            negotiated,
+            initialized,
             malformed: false,
         }
     }
@@ -322,16 +323,11 @@ impl Server {
         }
     }
 
-    fn initialize(
-        &self,
-        params: Option<&RawValue>,
-        id: &RawValue,
-        out: &mut Vec<u8>,
-    ) -> Result<&'static str, Failure> {
+    fn initialize(&self, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<(), Failure> {
         let p: InitializeParams<'_> = parse_params(params)?;
         let version = protocol::supported(&p.protocol_version).unwrap_or(protocol::LATEST_VERSION);
         protocol::write_result(out, id, self.registry.load().initialize_result(version));
-        Ok(version)
+        Ok(())
     }
 
     fn list(

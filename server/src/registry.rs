@@ -78,23 +78,17 @@ impl Snapshot {
             .enumerate()
             .map(|(i, t)| (t.def.name.as_str().into(), i))
             .collect();
-        let tag = &cfg.hash[..8.min(cfg.hash.len())];
+        let tag = cursor_tag(&cfg.hash);
         let page_size = cfg.page_size;
         let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
-        let statics: Vec<&Value> = cfg
-            .resources
-            .iter()
-            .filter(|r| matches!(r.kind, ResourceKind::Static { .. }))
-            .map(|r| &r.descriptor)
-            .collect();
-        let templated: Vec<&Value> = cfg
-            .resources
-            .iter()
-            .filter(|r| matches!(r.kind, ResourceKind::Templated { .. }))
-            .map(|r| &r.descriptor)
-            .collect();
-        let resource_pages = pages("resources", statics.into_iter(), page_size, tag);
-        let template_pages = pages("resourceTemplates", templated.into_iter(), page_size, tag);
+        let of_kind = |templated: bool| {
+            cfg.resources
+                .iter()
+                .filter(move |r| matches!(r.kind, ResourceKind::Templated { .. }) == templated)
+                .map(|r| &r.descriptor)
+        };
+        let resource_pages = pages("resources", of_kind(false), page_size, tag);
+        let template_pages = pages("resourceTemplates", of_kind(true), page_size, tag);
         let prompt_pages = pages(
             "prompts",
             cfg.prompts.iter().map(|p| &p.descriptor),
@@ -193,8 +187,7 @@ impl Snapshot {
             None => 0,
             Some(c) => {
                 let (tag, n) = c.split_once('-')?;
-                if tag != &self.hash[..tag.len().min(self.hash.len())] || tag.len() != 8.min(self.hash.len())
-                {
+                if tag != cursor_tag(&self.hash) {
                     return None;
                 }
                 n.parse().ok()?
@@ -202,6 +195,11 @@ impl Snapshot {
         };
         pages.get(index).map(|p| &**p)
     }
+}
+
+/// The config-hash prefix that ties a list cursor to the snapshot that issued it.
+fn cursor_tag(hash: &str) -> &str {
+    &hash[..8.min(hash.len())]
 }
 
 fn pages<'a>(

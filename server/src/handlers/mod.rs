@@ -94,12 +94,6 @@ impl Executor {
         }
     }
 
-    /// Whether a tool may take long enough to be worth making cancellable.
-    pub fn is_slow(snap: &Snapshot, tool: usize) -> bool {
-        !matches!(&snap.tools[tool].def.handler, CompiledHandler::Builtin(b) if *b != Builtin::Sleep)
-            && !matches!(&snap.tools[tool].def.handler, CompiledHandler::Template(_))
-    }
-
     /// Runs a tool whose arguments have been validated.
     pub fn run<'a>(&'a self, snap: &'a Snapshot, tool: usize, args: Value, depth: usize) -> OutputFuture<'a> {
         Box::pin(async move {

@@ -111,8 +111,12 @@ impl Reloader {
         let mut h = FxHasher::default();
         sources.hash(&mut h);
         let input = h.finish();
-        if self.last_input.lock().map(|l| *l == Some(input)).unwrap_or(false) {
-            return Ok(Reloaded::Unchanged);
+        // Remembered whatever the outcome: the same text is not compiled again.
+        if let Ok(mut last) = self.last_input.lock() {
+            if *last == Some(input) {
+                return Ok(Reloaded::Unchanged);
+            }
+            *last = Some(input);
         }
         let start = Instant::now();
         let metrics = &self.server.metrics;
@@ -120,41 +124,20 @@ impl Reloader {
         let compiled = match config::load(sources).and_then(|ts| config::compile(&ts)) {
             Ok(c) => c,
             Err(e) => {
-                metrics.reload("invalid");
-                registry.set_last_reload(ReloadStatus {
-                    result: "invalid".into(),
-                    at_unix: now_unix(),
-                    problems: e.problems.iter().map(ToString::to_string).collect(),
-                });
-                if let Ok(mut l) = self.last_input.lock() {
-                    *l = Some(input);
-                }
+                self.record("invalid", e.problems.iter().map(ToString::to_string).collect());
                 return Err(e);
             }
         };
-        if let Ok(mut l) = self.last_input.lock() {
-            *l = Some(input);
-        }
         let prev = registry.load_full();
         if registry.is_ready() && prev.hash == compiled.hash {
-            metrics.reload("unchanged");
-            registry.set_last_reload(ReloadStatus {
-                result: "unchanged".into(),
-                at_unix: now_unix(),
-                problems: Vec::new(),
-            });
+            self.record("unchanged", Vec::new());
             return Ok(Reloaded::Unchanged);
         }
         let resources_changed = prev.config.spec.resources != compiled.spec.resources;
         let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
         let next = registry.swap(compiled, metrics);
         metrics.reload_duration.observe(start.elapsed());
-        metrics.reload("success");
-        registry.set_last_reload(ReloadStatus {
-            result: "success".into(),
-            at_unix: now_unix(),
-            problems: Vec::new(),
-        });
+        self.record("success", Vec::new());
         if prev.generation > 0 {
             self.server.notify("notifications/tools/list_changed");
             if resources_changed {
@@ -166,6 +149,16 @@ impl Reloader {
         }
         tracing::info!(generation = next.generation, hash = %next.hash, tools = next.tools.len(), elapsed_us = start.elapsed().as_micros() as u64, "config loaded");
         Ok(Reloaded::Swapped(next.generation))
+    }
+
+    /// Counts a reload outcome and keeps it for `/status`.
+    fn record(&self, result: &'static str, problems: Vec<String>) {
+        self.server.metrics.reload(result);
+        self.server.registry.set_last_reload(ReloadStatus {
+            result: result.into(),
+            at_unix: now_unix(),
+            problems,
+        });
     }
 
     /// Applies and logs, for watchers.
