@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -393,6 +392,3 @@ pub fn error_policy(mcp: Arc<McpServer>, err: &Error, _ctx: Arc<Context>) -> Act
     tracing::warn!(mcpserver = %mcp.name_any(), error = %err, category = err.category(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
-
-/// The children's kinds, for watching (owner references point at the McpServer).
-pub type Owned = (ConfigMap, ServiceAccount, Role, RoleBinding, Deployment, Service);
