@@ -95,12 +95,15 @@ done
 $K get --raw /readyz >/dev/null
 
 log "kube-controller-manager and kube-scheduler"
+# The fake node's liveness is not under test: a long grace period keeps a starved kwok
+# (2 busy cores in CI) from having its node marked NotReady and its pods unready mid-test.
 start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$dir/kubeconfig" \
   --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$CM_PORT" --leader-elect=false --use-service-account-credentials \
   --root-ca-file "$pki/ca.crt" --service-account-private-key-file "$pki/sa.key" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-  --controllers '*,-nodeipam,-cloud-node-lifecycle' --concurrent-gc-syncs 10
+  --controllers '*,-nodeipam,-cloud-node-lifecycle' --concurrent-gc-syncs 10 \
+  --node-monitor-grace-period 10m
 start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/kubeconfig" \
   --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false
