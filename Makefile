@@ -1,8 +1,20 @@
 # Quiver: the two quick-start commands and the pieces behind them.
-.PHONY: demo test bench fmt
+.PHONY: demo up down test e2e images bench fmt
 
 demo: ## Build the server, serve examples/tools.yaml, call a tool with the official MCP client
 	./scripts/demo.sh
+
+up: ## The whole system on a local kind cluster: operator, a sample McpServer, a tool call
+	./scripts/up.sh
+
+down: ## Delete the kind cluster made by make up
+	./scripts/down.sh
+
+images: ## Build the quiver-server and quiver-operator images (no registry needed)
+	./scripts/images.sh
+
+e2e: ## Only the end-to-end suite on kind
+	./scripts/e2e.sh
 
 test: ## The full test command (what CI runs)
 	./scripts/test.sh

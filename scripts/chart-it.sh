@@ -42,7 +42,7 @@ diff -u crds/mcpservers.quiver.dev.yaml charts/quiver/files/crds/mcpservers.quiv
 "$PY" tests/observability/validate_dashboards.py
 
 log "promtool"
-command -v promtool >/dev/null || { apt-get update -qq >/dev/null; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+command -v promtool >/dev/null || apt_install prometheus
 promtool check rules deploy/prometheus/quiver-rules.yaml
 (cd tests/observability && promtool test rules quiver-rules.test.yaml)
 

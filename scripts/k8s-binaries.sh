@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes control-plane binaries from Go modules (no release downloads exist
 # here): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl at
-# $K8S_VERSION, plus kwok (fake nodes). Installs etcd from Debian. Cached by version under
+# $K8S_VERSION, plus kwok (fake nodes); with --node also kubelet, kubeadm,
+# kube-proxy and kind. Installs etcd from Debian. Cached by version under
 # ~/.cache/quiver/k8s; a warm run does nothing. Also helm. Prints the bin directory.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -15,6 +16,9 @@ STAGING=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-g
   kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
   mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller)
 BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# --node: also what a kind node image holds (kubelet, kubeadm, kube-proxy) and kind itself.
+KIND_VERSION="${KIND_VERSION:-v0.27.0}"
+[ "${1:-}" = --node ] && BINS+=(kubelet kubeadm kube-proxy)
 
 dir="$QUIVER_CACHE/k8s/v$K8S_VERSION"
 bin="$dir/bin"
@@ -22,11 +26,7 @@ mkdir -p "$bin"
 
 if ! command -v etcd >/dev/null 2>&1; then
   log "installing etcd (Debian etcd-server)"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
-  else
-    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
-  fi
+  apt_install etcd-server
 fi
 
 missing=0
@@ -61,6 +61,11 @@ fi
 if [ ! -x "$bin/helm" ]; then
   log "building helm $HELM_VERSION"
   GOBIN="$bin" CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+
+if [ "${1:-}" = --node ] && [ ! -x "$bin/kind" ]; then
+  log "building kind $KIND_VERSION"
+  GOBIN="$bin" CGO_ENABLED=0 go install "sigs.k8s.io/kind@$KIND_VERSION"
 fi
 
 if [ ! -x "$bin/kwok" ]; then

@@ -8,6 +8,14 @@ log() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # A Python virtualenv in the cache with the SDK-test requirements installed.
 # Reinstalls only when requirements.txt changes.
+# apt_install PKG... : Debian packages, as root or through sudo.
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
 python_env() {
   local venv="$QUIVER_CACHE/venv" req="$ROOT/tests/requirements.txt"
   local stamp="$venv/.req-$(sha256sum "$req" | cut -c1-16)"
@@ -55,4 +63,11 @@ wait_condition() {
     [ "$got" = "$want" ] || { echo "mcps/$name: $cond is '${got}', not $want, after ${secs}s" >&2; kubectl get mcps "$name" -n "$ns" -o yaml >&2 || true; return 1; }
     echo "mcps/$name $cond=$want"
   done
+}
+
+# kind_env: the kind cluster's name and a kubeconfig of its own (never ~/.kube/config).
+kind_env() {
+  QUIVER_CLUSTER="${QUIVER_CLUSTER:-quiver}"
+  mkdir -p "$QUIVER_CACHE/kind"
+  export KUBECONFIG="$QUIVER_CACHE/kind/$QUIVER_CLUSTER.kubeconfig"
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): formatting, lints, unit and integration tests, the
-# official MCP SDK clients (Python and TypeScript) against the real server binary, and a
+# official MCP SDK clients (Python and TypeScript) against the real server binary, the
+# operator and chart on a real control plane, the e2e suite on a real kind cluster, and a
 # smoke run of the quick-start demo. Installs what it needs; caches under ~/.cache/quiver.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -42,6 +43,9 @@ cargo build -p quiver-operator --locked
 
 log "Helm chart, dashboards and alerts against a real API server and a real Prometheus"
 "$ROOT/scripts/chart-it.sh"
+
+log "end to end on a real kind cluster (node image, images, helm install, tests/e2e)"
+"$ROOT/scripts/e2e.sh"
 
 log "quick-start demo (one-shot)"
 "$ROOT/scripts/demo.sh" --once

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the Quiver images without pulling anything: static release binaries (fat LTO,
+# glibc crt-static) in FROM-scratch images laid out by deploy/images/layout.sh, the same
+# layout deploy/images/Dockerfile produces where a registry is reachable.
+#   quiver-server:$TAG    /usr/local/bin/quiver-server (jemalloc), quiver-server-sysalloc
+#   quiver-operator:$TAG  /usr/local/bin/quiver-operator
+# Cargo output is cached in ~/.cache/quiver/target-images so a warm run only relinks what
+# changed. Prints the two image names.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+
+TAG="${QUIVER_IMAGE_TAG:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}"
+DOCKER="${DOCKER:-docker}"
+triple=x86_64-unknown-linux-gnu
+export CARGO_TARGET_DIR="$QUIVER_CACHE/target-images"
+export RUSTFLAGS="-C target-feature=+crt-static"
+rel="$CARGO_TARGET_DIR/$triple/release"
+bins="$QUIVER_CACHE/images/bin"
+mkdir -p "$bins"
+
+log "release builds (fat LTO, static) for the images"
+cargo build --release --locked --target "$triple" -p quiver-server -p quiver-operator \
+  --bin quiver-server --bin quiver-operator
+cp "$rel/quiver-server" "$rel/quiver-operator" "$bins/"
+cargo build --release --locked --target "$triple" -p quiver-server --bin quiver-server \
+  --no-default-features --features runtime,kube
+cp "$rel/quiver-server" "$bins/quiver-server-sysalloc"
+for b in quiver-server quiver-server-sysalloc quiver-operator; do
+  if ldd "$bins/$b" >/dev/null 2>&1; then echo "$b is not static" >&2; exit 1; fi
+done
+
+image() { # name entrypoint ports binaries...
+  local name="$1" entry="$2" ports="$3"; shift 3
+  local ctx="$QUIVER_CACHE/images/ctx-$name"
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  deploy/images/layout.sh "$ctx/rootfs" /etc/ssl/certs/ca-certificates.crt "$@"
+  cat > "$ctx/Dockerfile" <<DOCKERFILE
+FROM scratch
+COPY rootfs /
+USER 65532:65532
+ENV PATH=/usr/local/bin
+EXPOSE $ports
+ENTRYPOINT ["$entry"]
+DOCKERFILE
+  DOCKER_BUILDKIT=0 "$DOCKER" build -q -t "$name:$TAG" "$ctx" >/dev/null
+  echo "$name:$TAG"
+}
+image quiver-server /usr/local/bin/quiver-server "8080 9090" "$bins/quiver-server" "$bins/quiver-server-sysalloc"
+image quiver-operator /usr/local/bin/quiver-operator "8081" "$bins/quiver-operator"

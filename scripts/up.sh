@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# make up: the whole system on a local kind cluster, from nothing.
+#   1. a Docker engine (deploy/kind/dockerd.sh starts one if none answers);
+#   2. the kind node image: kindest/node where it can be pulled, else built here without a
+#      registry (deploy/kind/build-node-image.sh; ~25 min cold, cached afterwards);
+#   3. the cluster (deploy/kind/cluster.yaml: static CPU manager on a dedicated worker,
+#      unsafe sysctls allowed), the Quiver images built and loaded (scripts/images.sh);
+#   4. `helm upgrade --install` of charts/quiver, a sample McpServer, a wait for Ready, and
+#      a tool call through `kubectl port-forward` with the official MCP Python client.
+# Idempotent: a second run reuses the cluster and upgrades what changed.
+# Env: QUIVER_CLUSTER (default quiver), QUIVER_KIND_NODE_IMAGE (a node image to use).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+
+"$ROOT/deploy/kind/dockerd.sh"
+bin="$("$ROOT/scripts/k8s-binaries.sh" --node)"
+export PATH="$bin:$PATH"
+kind_env
+
+if ! kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER"; then
+  node_image="${QUIVER_KIND_NODE_IMAGE:-}"
+  if [ -z "$node_image" ] && timeout 60 docker pull -q "kindest/node:v1.33.1" >/dev/null 2>&1; then
+    node_image=kindest/node:v1.33.1
+  fi
+  if [ -z "$node_image" ]; then
+    log "no kindest/node image can be pulled: building the node image here"
+    node_image="$("$ROOT/deploy/kind/build-node-image.sh")"
+  fi
+  log "creating kind cluster $QUIVER_CLUSTER from $node_image"
+  kind create cluster --name "$QUIVER_CLUSTER" --image "$node_image" --config deploy/kind/cluster.yaml \
+    --kubeconfig "$KUBECONFIG" --wait 5m
+fi
+kubectl wait --for=condition=Ready nodes --all --timeout=300s >/dev/null
+
+log "Quiver images"
+images=()
+while read -r img; do images+=("$img"); done < <("$ROOT/scripts/images.sh")
+kind load docker-image --name "$QUIVER_CLUSTER" "${images[@]}"
+
+log "helm upgrade --install quiver charts/quiver"
+helm upgrade --install quiver charts/quiver -n quiver-system --create-namespace --wait --timeout 5m \
+  --set-string podAnnotations.quiver\\.dev/images="$(docker image inspect -f '{{.Id}}' "${images[@]}" | sha256sum | cut -c1-12)" >/dev/null
+kubectl -n quiver-system rollout status deployment/quiver-operator --timeout=300s
+
+if [ "${1:-}" = --no-demo ]; then exit 0; fi
+
+log "sample McpServer deploy/samples/calculator.yaml in namespace quiver-demo"
+kubectl create namespace quiver-demo --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl apply -n quiver-demo -f deploy/samples/calculator.yaml
+wait_condition quiver-demo Ready True 300 calculator
+kubectl get mcps -n quiver-demo
+
+log "calling a tool through kubectl port-forward"
+python_env
+pf_log="$(mktemp)"
+kubectl port-forward -n quiver-demo svc/calculator --address 127.0.0.1 :8080 > "$pf_log" 2>&1 &
+pf=$!
+trap 'kill $pf 2>/dev/null || true; rm -f "$pf_log"' EXIT
+port=""
+for _ in $(seq 1 100); do
+  port="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$pf_log" | head -1)"
+  [ -n "$port" ] && break
+  kill -0 $pf 2>/dev/null || { cat "$pf_log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$port" ] || { echo "kubectl port-forward printed no port" >&2; cat "$pf_log" >&2; exit 1; }
+"$PY" scripts/mcp_call.py "http://127.0.0.1:$port/mcp" add '{"a": 40, "b": 2}'
+
+cat <<EOF
+
+Quiver is up on kind cluster '$QUIVER_CLUSTER'.
+  export KUBECONFIG=$KUBECONFIG
+  kubectl get mcps -A
+  kubectl -n quiver-demo port-forward svc/calculator 8080:8080   # then MCP at http://127.0.0.1:8080/mcp
+  kubectl -n quiver-demo edit mcps calculator                    # tool edits reach the pods without a restart
+Remove it with: make down
+EOF

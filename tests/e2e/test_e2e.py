@@ -1,0 +1,266 @@
+"""Quiver end to end on a real kind cluster: the operator from the Helm chart, real pods of
+quiver-server, the official MCP Python SDK talking to them through kubectl port-forward."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+
+import mcp_types as types
+from conftest import Namespace, eventually, kubectl
+from mcp import Client
+
+CALCULATOR = {
+    "apiVersion": "quiver.dev/v1alpha1",
+    "kind": "McpServer",
+    "metadata": {"name": "calc"},
+    "spec": {
+        "replicas": 2,
+        "server": {"name": "calc", "version": "1.0.0"},
+        "tools": [
+            {"name": "add", "description": "Add two numbers", "handler": {"builtin": "add"}},
+            {"name": "say", "input": {"text": "string"}, "handler": {"template": "{{text}}"}},
+        ],
+    },
+}
+
+
+def mcp_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}/mcp"
+
+
+def admin_get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return r.read().decode()
+
+
+def pod_identity(ns: Namespace, name: str) -> dict[str, int]:
+    """uid -> total restarts of every pod of an McpServer."""
+    return {
+        p["metadata"]["uid"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses", []))
+        for p in ns.pods(name)
+    }
+
+
+def ready_pods(ns: Namespace, name: str, want: int) -> list[str]:
+    def probe():
+        names = [
+            p["metadata"]["name"]
+            for p in ns.pods(name)
+            if p["metadata"].get("deletionTimestamp") is None
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        ]
+        return names if len(names) == want else None
+
+    return eventually(f"{want} ready pods of {name}", probe, 180)
+
+
+def test_ready_with_printer_columns_and_tools_served(ns: Namespace):
+    ns.apply(CALCULATOR)
+    ns.wait_condition("calc", "Ready", "True")
+    table = ns.k("get", "mcps", "calc").splitlines()
+    header, row = re.split(r"\s{2,}", table[0].strip()), re.split(r"\s{2,}", table[1].strip())
+    assert header == ["NAME", "READY", "REPLICAS", "TOOLS", "ENDPOINT", "AGE"]
+    assert row[:5] == ["calc", "True", "2/2", "2", f"http://calc.{ns.name}.svc:8080/mcp"]
+    status = ns.get("mcps", "calc")["status"]
+    assert status["configLoadedReplicas"] == 2, "both pods report the current config hash"
+
+    async def run(port: int):
+        async with Client(mcp_url(port)) as c:
+            assert c.server_info.name == "calc"
+            tools = await c.list_tools(cache_mode="bypass")
+            assert sorted(t.name for t in tools.tools) == ["add", "say"]
+            r = await c.call_tool("add", {"a": 40, "b": 2})
+            assert (r.is_error, r.content[0].text) == (False, "42")
+            r = await c.call_tool("say", {"text": "through kind"})
+            assert r.content[0].text == "through kind"
+
+    with ns.port_forward("svc/calc", 8080) as port:
+        asyncio.run(run(port))
+
+
+def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
+    ns.apply(CALCULATOR)
+    ns.wait_condition("calc", "Ready", "True")
+    pods = ready_pods(ns, "calc", 2)
+    before = pod_identity(ns, "calc")
+    deploy_gen = ns.get("deploy", "calc")["metadata"]["generation"]
+    new_tools = CALCULATOR["spec"]["tools"] + [{"name": "shout", "input": {"text": "string"}, "handler": {"template": "{{text}}!"}}]
+
+    async def run(mcp_port: int, admin_port: int) -> tuple[float, float]:
+        changed = asyncio.Event()
+        changed_at = 0.0
+
+        async def on_message(msg):
+            nonlocal changed_at
+            if isinstance(msg, types.ToolListChangedNotification) or getattr(msg, "method", None) == "notifications/tools/list_changed":
+                changed_at = changed_at or time.monotonic()
+                changed.set()
+
+        async with Client(mcp_url(mcp_port), mode="legacy", message_handler=on_message) as c:
+            await c.list_tools(cache_mode="bypass")
+            # The SDK opens its GET stream after initialize; wait until this pod counts it.
+            await asyncio.to_thread(
+                eventually, "the SDK's GET stream", lambda: re.search(r"^quiver_open_streams [1-9]", admin_get(admin_port, "/metrics"), re.M), 30
+            )
+            start = time.monotonic()
+            await asyncio.to_thread(ns.patch_mcps, "calc", {"spec": {"tools": new_tools}})
+            callable_at = None
+            deadline = start + 60
+            while time.monotonic() < deadline:
+                r = await c.call_tool("shout", {"text": "hi"})
+                if not r.is_error:
+                    callable_at = time.monotonic()
+                    assert r.content[0].text == "hi!"
+                    break
+                await asyncio.sleep(0.02)
+            assert callable_at, "the new tool never became callable"
+            await asyncio.wait_for(changed.wait(), 30)
+            return callable_at - start, changed_at - start
+
+    with ns.port_forward(f"pod/{pods[0]}", 8080) as mcp_port, ns.port_forward(f"pod/{pods[0]}", 9090) as admin_port:
+        to_callable, to_notified = asyncio.run(run(mcp_port, admin_port))
+    print(
+        f"\nMcpServer edit -> tool callable in a running pod (operator + ConfigMap + watch): {to_callable * 1000:.0f} ms;"
+        f" tools/list_changed at the SDK client: {to_notified * 1000:.0f} ms"
+    )
+
+    # The other replica serves it too, and nothing restarted or rolled.
+    with ns.port_forward(f"pod/{pods[1]}", 8080) as port:
+
+        async def other():
+            async with Client(mcp_url(port)) as c:
+                return sorted(t.name for t in (await c.list_tools(cache_mode="bypass")).tools)
+
+        assert asyncio.run(other()) == ["add", "say", "shout"]
+    assert pod_identity(ns, "calc") == before, "pod UIDs and restart counts unchanged"
+    assert ns.get("deploy", "calc")["metadata"]["generation"] == deploy_gen, "the Deployment did not roll"
+    eventually("status toolCount 3", lambda: ns.get("mcps", "calc")["status"].get("toolCount") == 3, 30)
+
+
+def test_invalid_edit_is_reported_and_old_tools_keep_serving(ns: Namespace):
+    ns.apply(CALCULATOR)
+    ns.wait_condition("calc", "Ready", "True")
+    cm_before = ns.get("cm", "calc-tools")["data"]
+    bad = CALCULATOR["spec"]["tools"] + [{"name": "broken", "handler": {"http": {"url": "not a url {{"}}}]
+    ns.patch_mcps("calc", {"spec": {"tools": bad}})
+    cond = ns.wait_condition("calc", "ConfigValid", "False", 60)
+    assert "tools[2].handler.http.url" in cond["message"], cond["message"]
+    events = ns.k("get", "events", "--field-selector", "involvedObject.name=calc,involvedObject.kind=McpServer")
+    assert "InvalidToolConfig" in events and "tools[2].handler.http.url" in events, events
+    assert ns.get("cm", "calc-tools")["data"] == cm_before, "the last good ConfigMap stays"
+
+    async def run(port: int):
+        async with Client(mcp_url(port)) as c:
+            tools = await c.list_tools(cache_mode="bypass")
+            assert sorted(t.name for t in tools.tools) == ["add", "say"]
+            assert (await c.call_tool("add", {"a": 1, "b": 2})).content[0].text == "3"
+
+    with ns.port_forward("svc/calc", 8080) as port:
+        asyncio.run(run(port))
+
+
+def helper_image() -> str:
+    """An image with a shell that every kind node holds (kind's storage helper)."""
+    deploy = json.loads(kubectl("get", "deploy", "-n", "local-path-storage", "local-path-provisioner", "-o", "json"))
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+    return args[args.index("--helper-image") + 1]
+
+
+def test_cpu_pinning_gives_guaranteed_exclusive_pinned_pods_and_sysctls(ns: Namespace):
+    ns.apply(
+        {
+            "apiVersion": "quiver.dev/v1alpha1",
+            "kind": "McpServer",
+            "metadata": {"name": "pinned"},
+            "spec": {
+                "replicas": 1,
+                "resources": {"limits": {"memory": "128Mi"}},
+                "tuning": {
+                    "profile": "latency",
+                    "cpuPinning": True,
+                    "cpus": 1,
+                    "sysctls": {"net.ipv4.tcp_keepalive_time": "30"},
+                    "unsafeSysctls": {"net.core.somaxconn": "4096"},
+                },
+                # The kind cluster's worker is the node with exclusive CPUs (deploy/kind/cluster.yaml).
+                "podTemplate": {
+                    "nodeSelector": {"quiver.dev/exclusive-cpus": "true"},
+                    "tolerations": [{"key": "quiver.dev/exclusive-cpus", "operator": "Exists", "effect": "NoSchedule"}],
+                },
+                "tools": [{"name": "add", "handler": {"builtin": "add"}}],
+            },
+        }
+    )
+    ns.wait_condition("pinned", "Ready", "True", 240)
+    pod = ns.pods("pinned")[0]
+    pname = pod["metadata"]["name"]
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    ctr = pod["spec"]["containers"][0]
+    assert ctr["resources"]["requests"]["cpu"] == ctr["resources"]["limits"]["cpu"] == "1"
+    assert "--pin-workers" in ctr["args"]
+
+    # What the server says about itself...
+    with ns.port_forward(f"pod/{pname}", 9090) as port:
+        tuning = json.loads(admin_get(port, "/status"))["tuning"]
+    assert tuning["pinned"] is True and tuning["workerThreads"] == 1
+    assert len(tuning["allowedCpus"]) == 1 and tuning["allowedCpus"] != [0], tuning
+
+    # ...checked from outside the server: an ephemeral container in the pod's PID and network
+    # namespaces reads the kernel's view of the server process, its threads and the sysctls.
+    script = (
+        "grep Cpus_allowed_list /proc/1/status; "
+        "for t in /proc/1/task/*; do echo \"thread $(cat $t/comm) $(grep Cpus_allowed_list $t/status | cut -f2)\"; done; "
+        "echo somaxconn $(cat /proc/sys/net/core/somaxconn); "
+        "echo keepalive $(cat /proc/sys/net/ipv4/tcp_keepalive_time)"
+    )
+    ns.k("debug", pname, "--image", helper_image(), "--target", "server", "--container", "probe",
+         "--profile", "restricted", "--", "sh", "-c", script)
+    out = eventually(
+        "the probe container's output",
+        lambda: (lambda o: o if "keepalive" in o else None)(ns.k("logs", pname, "-c", "probe", check=False)),
+        60,
+    )
+    cpus = re.search(r"^Cpus_allowed_list:\s*(\S+)", out, re.M).group(1)
+    assert cpus == str(tuning["allowedCpus"][0]), f"the server's cpuset is the exclusive CPU: {out}"
+    workers = re.findall(r"^thread quiver-worker (\S+)$", out, re.M)
+    assert workers and all(w == cpus for w in workers), f"every worker pinned to {cpus}: {out}"
+    assert "somaxconn 4096" in out and "keepalive 30" in out, out
+
+    # The shared pool on that node no longer includes the exclusive CPU: kube-proxy there runs elsewhere.
+    node = pod["spec"]["nodeName"]
+    print(f"\npinned pod on {node}: cpuset {cpus}, {len(workers)} worker thread(s) pinned; sysctls applied")
+
+
+def test_scale_subresource_and_autoscaling(ns: Namespace):
+    ns.apply(CALCULATOR)
+    ns.wait_condition("calc", "Ready", "True")
+    kubectl("scale", "mcps/calc", "-n", ns.name, "--replicas=3")
+    eventually("Deployment at 3 replicas", lambda: ns.get("deploy", "calc")["spec"]["replicas"] == 3, 60)
+    eventually(
+        "status 3/3 ready",
+        lambda: (lambda s: s.get("readyReplicas") == 3 and s.get("replicas") == 3)(ns.get("mcps", "calc").get("status", {})),
+        180,
+    )
+    ns.patch_mcps("calc", {"spec": {"replicas": None, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}})
+    hpa = eventually("an HPA", lambda: ns.get("hpa").get("items"), 60)[0]
+    assert hpa["metadata"]["name"] == "calc"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 4)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "calc"}
+
+
+def test_delete_collects_every_child(ns: Namespace):
+    ns.apply(CALCULATOR)
+    ns.wait_condition("calc", "Ready", "True")
+    kinds = "deploy,svc,cm,sa,role,rolebinding"
+    children = ns.k("get", kinds, "-l", "app.kubernetes.io/instance=calc", "-o", "name").split()
+    assert len(children) >= 6, children
+    ns.k("delete", "mcps", "calc")
+    eventually(
+        "children garbage-collected",
+        lambda: ns.k("get", kinds + ",pods", "-l", "app.kubernetes.io/instance=calc", "-o", "name").strip() == "",
+        120,
+    )
