@@ -71,3 +71,10 @@ kind_env() {
   mkdir -p "$QUIVER_CACHE/kind"
   export KUBECONFIG="$QUIVER_CACHE/kind/$QUIVER_CLUSTER.kubeconfig"
 }
+
+# quiet_build TAG DIR: a no-pull image build (the classic builder: BuildKit is not in
+# Debian's docker.io) that prints only when it fails.
+quiet_build() {
+  local out
+  out="$(DOCKER_BUILDKIT=0 "${DOCKER:-docker}" build -q -t "$1" "$2" 2>&1)" || { echo "$out" >&2; return 1; }
+}

@@ -41,7 +41,6 @@ kind load docker-image --name "$QUIVER_CLUSTER" "${images[@]}"
 log "helm upgrade --install quiver charts/quiver"
 helm upgrade --install quiver charts/quiver -n quiver-system --create-namespace --wait --timeout 5m \
   --set-string podAnnotations.quiver\\.dev/images="$(docker image inspect -f '{{.Id}}' "${images[@]}" | sha256sum | cut -c1-12)" >/dev/null
-kubectl -n quiver-system rollout status deployment/quiver-operator --timeout=300s
 
 if [ "${1:-}" = --no-demo ]; then exit 0; fi
 

@@ -83,7 +83,7 @@ rootfs_image "quiver.dev/kind-rootfs-net:$SUITE" iptables,nftables,iproute2,conn
 ctx="$work/ctx"
 build() { # tag dockerfile-text (context: $ctx)
   printf '%s\n' "$2" > "$ctx/Dockerfile"
-  DOCKER_BUILDKIT=0 "$DOCKER" build -q -t "$1" "$ctx" >/dev/null
+  quiet_build "$1" "$ctx"
 }
 fresh_ctx() { rm -rf "$ctx" && mkdir -p "$ctx"; }
 scratch_files() { # passwd, group, CA bundle for FROM scratch images
@@ -228,8 +228,11 @@ sed "s|@KINDNET_IMAGE@|$KINDNET_IMAGE|" "$here/manifests/default-cni.yaml" > "$c
 python3 - "$storage_go" "$lpp_tag" "$helper_tag" > "$ctx/manifests/default-storage.yaml" <<'PY'
 import re, sys
 src, lpp, helper = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
-body = re.search(r'const defaultStorageManifest = `(.*?)`', src, re.S).group(1)
-print(body.replace('` + storageProvisionerImage + `', lpp).replace('` + storageHelperImage + `', helper))
+# The manifest is one Go string expression: raw strings joined with the image constants.
+expr = re.search(r'^const defaultStorageManifest = (`.*?\n`)$', src, re.S | re.M).group(1)
+expr = expr.replace('` + storageProvisionerImage + `', lpp).replace('` + storageHelperImage + `', helper)
+assert expr.count('`') == 2, "kind's storage manifest changed shape"
+print(expr.strip('`'))
 PY
 builder="quiver-kind-build-$$"
 trap '"$DOCKER" rm -f "$builder" >/dev/null 2>&1 || true' EXIT
@@ -246,4 +249,8 @@ for b in kubeadm kubelet kubectl; do "$DOCKER" cp "$k8s_bin/$b" "$builder:/usr/b
   rm -rf /kind/images /var/log/containerd-build.log'
 "$DOCKER" commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
   "$builder" "$NODE_IMAGE" >/dev/null
+# Older builds of these images (other keys) only take disk; images in use stay.
+"$DOCKER" images --format '{{.Repository}}:{{.Tag}}' \
+  | grep -E '^quiver\.dev/(kind-node|kind-base|kindnetd):' | grep -v -- "$key\$" \
+  | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
 echo "$NODE_IMAGE"

@@ -120,7 +120,7 @@ class Namespace:
             out.append(f"----- logs {pname} -----")
             out.append(kubectl("logs", "-n", self.name, pname, "--all-containers", "--tail=100", check=False))
         out.append("----- operator logs -----")
-        out.append(kubectl("logs", "-n", "quiver-system", "deploy/quiver-operator", "--tail=100", check=False))
+        out.append(kubectl("logs", "-n", "quiver-system", "deploy/quiver", "--tail=100", check=False))
         return "\n".join(out)
 
 
