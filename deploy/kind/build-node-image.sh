@@ -244,7 +244,7 @@ for b in kubeadm kubelet kubectl; do "$DOCKER" cp "$k8s_bin/$b" "$builder:/usr/b
 "$DOCKER" exec "$builder" sh -c 'containerd > /var/log/containerd-build.log 2>&1 &
   for i in $(seq 1 100); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
   for t in /kind/images/*.tar; do ctr --namespace=k8s.io images import --all-platforms --no-unpack --digests "$t" >/dev/null || exit 1; done
-  ctr --namespace=k8s.io images ls -q >&2
+  echo "$(ctr --namespace=k8s.io images ls -q | grep -vc ^sha256:) image references preloaded" >&2
   pkill containerd; while pgrep -x containerd >/dev/null; do sleep 0.1; done
   rm -rf /kind/images /var/log/containerd-build.log'
 "$DOCKER" commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
