@@ -137,7 +137,14 @@ since="$(date +%s)"
 
 log "bounded traffic (30 s)"
 "$PY" tests/observability/drive_traffic.py --seconds 30 --config "$state/servers/tools-0.yaml" "${urls[@]}"
-sleep 3   # two scrape intervals, so the last samples are in
+# Wait until every target has been scraped after the traffic ended, so its last samples are in.
+done_at="$(date +%s)"
+for _ in $(seq 1 150); do
+  last="$(curl -fsS "http://127.0.0.1:$prom_port/api/v1/query?query=min(timestamp(up))" | "$PY" -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)')"
+  [ "$last" -gt "$done_at" ] && break
+  sleep 0.1
+done
+[ "$last" -gt "$done_at" ] || { echo "Prometheus did not scrape every target after the traffic ended" >&2; exit 1; }
 preview_args=()
 [ -n "${QUIVER_PREVIEWS:-}" ] && preview_args=(--previews "$QUIVER_PREVIEWS" --since "$since")
 "$PY" tests/observability/check_queries.py --prometheus "http://127.0.0.1:$prom_port" "${preview_args[@]}"
