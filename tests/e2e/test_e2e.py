@@ -125,7 +125,7 @@ def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
     cm_watch = ConfigMapWatch(ns, "calc-tools")
     eventually("the ConfigMap watch to start", lambda: cm_watch.seen, 30)
 
-    async def run(mcp_port: int, admin_port: int) -> list[tuple[float, float, float]]:
+    async def run(mcp_port: int, admin_port: int) -> list[tuple[float, float, float, float]]:
         notified: list[float] = []
 
         async def on_message(msg):
@@ -144,6 +144,7 @@ def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
                 tools.append({"name": name, "input": {"text": "string"}, "handler": {"template": f"{{{{text}}}}!{i}"}})
                 start = time.monotonic()
                 await asyncio.to_thread(ns.patch_mcps, "calc", {"spec": {"tools": tools}})
+                patched_at = time.monotonic()
                 callable_at = None
                 while time.monotonic() < start + 60:
                     try:
@@ -158,7 +159,9 @@ def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
                 assert callable_at, f"{name} never became callable"
                 await asyncio.to_thread(eventually, "tools/list_changed", lambda: any(t > start for t in notified), 30)
                 cm_at = await asyncio.to_thread(eventually, "the ConfigMap update", lambda: cm_watch.first_after(start), 30)
-                samples.append((callable_at - start, next(t for t in notified if t > start) - start, callable_at - cm_at))
+                samples.append(
+                    (callable_at - start, next(t for t in notified if t > start) - start, callable_at - cm_at, patched_at - start)
+                )
         return samples
 
     try:
@@ -167,12 +170,13 @@ def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
     finally:
         cm_watch.close()
     ms = lambda xs: " ".join(f"{x * 1000:.0f}" for x in xs)  # noqa: E731
-    edit, notify, from_cm = zip(*samples)
+    edit, notify, from_cm, kubectl_patch = zip(*samples)
     print(
         f"\nhot reload on kind over {EDITS} edits (ms):"
         f"\n  McpServer edit -> new tool callable in a running pod: {ms(edit)} (median {statistics.median(edit) * 1000:.0f})"
         f"\n  McpServer edit -> tools/list_changed at the SDK client: {ms(notify)} (median {statistics.median(notify) * 1000:.0f})"
         f"\n  ConfigMap update seen by a watcher -> callable: {ms(from_cm)} (median {statistics.median(from_cm) * 1000:.0f})"
+        f"\n  the `kubectl patch` process (start to exit), included in the first line: {ms(kubectl_patch)}"
     )
 
     # The other replica serves them too, and nothing restarted or rolled.
