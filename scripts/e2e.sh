@@ -13,6 +13,9 @@ cleanup() {
   [ "${QUIVER_KEEP_CLUSTER:-0}" = 1 ] || "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
+# Start from a new cluster (one left by an interrupted run is not trusted), unless asked to
+# keep it between runs while iterating.
+[ "${QUIVER_KEEP_CLUSTER:-0}" = 1 ] || "$ROOT/scripts/down.sh" >/dev/null
 "$ROOT/scripts/up.sh"
 export PATH="$QUIVER_CACHE/k8s/v${K8S_VERSION:-1.33.13}/bin:$PATH"
 kind_env

@@ -18,6 +18,13 @@ bin="$("$ROOT/scripts/k8s-binaries.sh" --node)"
 export PATH="$bin:$PATH"
 kind_env
 
+# A cluster left from before (e.g. its node containers stopped with the machine) that no
+# longer answers is replaced rather than reused.
+if kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER" \
+   && ! kubectl get --raw /readyz --request-timeout=20s >/dev/null 2>&1; then
+  log "kind cluster $QUIVER_CLUSTER does not answer: recreating it"
+  kind delete cluster --name "$QUIVER_CLUSTER" --kubeconfig "$KUBECONFIG"
+fi
 if ! kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER"; then
   node_image="${QUIVER_KIND_NODE_IMAGE:-}"
   if [ -z "$node_image" ] && timeout 60 docker pull -q "kindest/node:v1.33.1" >/dev/null 2>&1; then
@@ -34,13 +41,19 @@ fi
 kubectl wait --for=condition=Ready nodes --all --timeout=300s >/dev/null
 
 log "Quiver images"
-images=()
-while read -r img; do images+=("$img"); done < <("$ROOT/scripts/images.sh")
-kind load docker-image --name "$QUIVER_CLUSTER" "${images[@]}"
+# Each image is also tagged with its content ID, and the chart is installed with those tags:
+# after a rebuild the operator and the McpServer pods roll onto the new images.
+tags=()
+while read -r img; do
+  id="$(docker image inspect -f '{{.Id}}' "$img" | sed 's/^sha256://' | cut -c1-12)"
+  docker tag "$img" "$img-$id"
+  tags+=("$img-$id")
+done < <("$ROOT/scripts/images.sh")
+kind load docker-image --name "$QUIVER_CLUSTER" "${tags[@]}"
 
 log "helm upgrade --install quiver charts/quiver"
 helm upgrade --install quiver charts/quiver -n quiver-system --create-namespace --wait --timeout 5m \
-  --set-string podAnnotations.quiver\\.dev/images="$(docker image inspect -f '{{.Id}}' "${images[@]}" | sha256sum | cut -c1-12)" >/dev/null
+  --set image.tag="${tags[1]#*:}" --set server.image.tag="${tags[0]#*:}" >/dev/null
 
 if [ "${1:-}" = --no-demo ]; then exit 0; fi
 
