@@ -14,24 +14,10 @@ source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 python_env
 
-state="$(mktemp -d "${TMPDIR:-/tmp}/quiver-chart.XXXXXX")"
-pids=()
-cleanup() {
-  status=$?
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  if [ "$status" != 0 ]; then
-    for f in "$state"/logs/*.log "$state"/*.log; do [ -f "$f" ] && { echo "--- $(basename "$f") (last 30 lines)"; tail -30 "$f"; }; done
-  fi
-  "$ROOT/scripts/control-plane.sh" down "$state/cp" || true
-  rm -rf "$state"
-  exit "$status"
-}
-trap cleanup EXIT
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "no answer from $1" >&2; return 1; }
 
-"$ROOT/scripts/control-plane.sh" up "$state/cp"
-source "$state/cp/env"
+control_plane_session chart
 
 log "dashboards, chart copies and rules are generated from their sources"
 "$PY" deploy/grafana/dashboards.py --check
@@ -65,7 +51,7 @@ log "operator with the chart's ServiceAccount token"
 token="$(kubectl create token quiver -n quiver-system --duration=1h)"
 server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
 ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority}')"
-cat > "$state/sa.kubeconfig" <<KC
+cat > "$STATE/sa.kubeconfig" <<KC
 apiVersion: v1
 kind: Config
 clusters: [{name: local, cluster: {server: "$server", certificate-authority: "$ca"}}]
@@ -74,16 +60,16 @@ contexts: [{name: quiver, context: {cluster: local, user: quiver, namespace: qui
 current-context: quiver
 KC
 op_admin="$(free_port)"
-KUBECONFIG="$state/sa.kubeconfig" POD_NAMESPACE=quiver-system "$ROOT/target/debug/quiver-operator" \
-  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false > "$state/operator.log" 2>&1 &
-pids+=($!)
+KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system "$ROOT/target/debug/quiver-operator" \
+  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false > "$STATE/operator.log" 2>&1 &
+BG_PIDS+=($!)
 wait_http "http://127.0.0.1:$op_admin/readyz"
 kubectl create namespace demo >/dev/null
 for s in calculator every-handler tuned autoscaled tools-from-configmap; do kubectl apply -n demo -f "deploy/samples/$s.yaml" >/dev/null; done
 wait_condition demo Ready True 120 calculator every-handler tuned
 wait_condition demo ConfigValid True 60 autoscaled from-configmap
 kubectl get mcps -n demo
-if grep -q "forbidden" "$state/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$state/operator.log" | head -5 >&2; exit 1; fi
+if grep -q "forbidden" "$STATE/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$STATE/operator.log" | head -5 >&2; exit 1; fi
 # An invalid McpServer, so the operator's invalid-spec series carry data.
 kubectl apply -n demo -f - >/dev/null <<'YAML'
 apiVersion: quiver.dev/v1alpha1
@@ -95,21 +81,21 @@ YAML
 wait_condition demo ConfigValid False 60 broken
 
 log "quiver-servers and Prometheus"
-mkdir -p "$state/servers"
+mkdir -p "$STATE/servers"
 targets=()
 urls=()
 for i in 0 1 2; do
-  cp tests/observability/tools.yaml "$state/servers/tools-$i.yaml"
+  cp tests/observability/tools.yaml "$STATE/servers/tools-$i.yaml"
   port="$(free_port)"; admin="$(free_port)"
-  "$ROOT/target/debug/quiver-server" --config "file:$state/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \
-    --admin-listen "127.0.0.1:$admin" > "$state/server-$i.log" 2>&1 &
-  pids+=($!)
+  "$ROOT/target/debug/quiver-server" --config "file:$STATE/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \
+    --admin-listen "127.0.0.1:$admin" > "$STATE/server-$i.log" 2>&1 &
+  BG_PIDS+=($!)
   wait_http "http://127.0.0.1:$admin/readyz"
   urls+=("http://127.0.0.1:$port/mcp")
   targets+=("$admin")
 done
 prom_port="$(free_port)"
-cat > "$state/prometheus.yml" <<PROM
+cat > "$STATE/prometheus.yml" <<PROM
 global: {scrape_interval: 1s, evaluation_interval: 1s}
 rule_files: ["$ROOT/deploy/prometheus/quiver-rules.yaml"]
 scrape_configs:
@@ -122,10 +108,10 @@ scrape_configs:
     static_configs:
       - {targets: ["127.0.0.1:$op_admin"], labels: {namespace: quiver-system, pod: quiver-operator-0}}
 PROM
-promtool check config "$state/prometheus.yml" >/dev/null
-prometheus --config.file "$state/prometheus.yml" --storage.tsdb.path "$state/tsdb" \
-  --web.listen-address "127.0.0.1:$prom_port" > "$state/prometheus.log" 2>&1 &
-pids+=($!)
+promtool check config "$STATE/prometheus.yml" >/dev/null
+prometheus --config.file "$STATE/prometheus.yml" --storage.tsdb.path "$STATE/tsdb" \
+  --web.listen-address "127.0.0.1:$prom_port" > "$STATE/prometheus.log" 2>&1 &
+BG_PIDS+=($!)
 wait_http "http://127.0.0.1:$prom_port/-/ready"
 for _ in $(seq 1 100); do
   up="$(curl -fsS "http://127.0.0.1:$prom_port/api/v1/query?query=sum(up)" | "$PY" -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)')"
@@ -136,7 +122,7 @@ done
 since="$(date +%s)"
 
 log "bounded traffic (30 s)"
-"$PY" tests/observability/drive_traffic.py --seconds 30 --config "$state/servers/tools-0.yaml" "${urls[@]}"
+"$PY" tests/observability/drive_traffic.py --seconds 30 --config "$STATE/servers/tools-0.yaml" "${urls[@]}"
 # Wait until every target has been scraped after the traffic ended, so its last samples are in.
 done_at="$(date +%s)"
 for _ in $(seq 1 150); do

@@ -78,3 +78,26 @@ quiet_build() {
   local out
   out="$(DOCKER_BUILDKIT=0 "${DOCKER:-docker}" build -q -t "$1" "$2" 2>&1)" || { echo "$out" >&2; return 1; }
 }
+
+# control_plane_session NAME: a state directory ($STATE) holding a local control plane
+# ($STATE/cp, scripts/control-plane.sh) whose env is sourced, and one EXIT trap for the
+# session: kill the processes listed in BG_PIDS, print the tail of every log under $STATE
+# when the script fails, stop the control plane, remove $STATE.
+BG_PIDS=()
+control_plane_session() {
+  STATE="$(mktemp -d "${TMPDIR:-/tmp}/quiver-$1.XXXXXX")"
+  trap _control_plane_session_end EXIT
+  "$ROOT/scripts/control-plane.sh" up "$STATE/cp"
+  source "$STATE/cp/env"
+}
+_control_plane_session_end() {
+  local status=$? p f
+  for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ "$status" != 0 ]; then
+    while read -r f; do echo "--- ${f#"$STATE"/} (last 40 lines)"; tail -40 "$f"; done < <(find "$STATE" -name '*.log' | sort)
+  fi
+  "$ROOT/scripts/control-plane.sh" down "$STATE/cp" || true
+  rm -rf "$STATE"
+  exit "$status"
+}
+

@@ -6,28 +6,14 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-state="$(mktemp -d "${TMPDIR:-/tmp}/quiver-cp.XXXXXX")"
-op_pid=""
-cleanup() {
-  status=$?
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null || true
-  if [ "$status" != 0 ]; then
-    for f in "$state"/logs/*.log; do [ -f "$f" ] && { echo "--- $(basename "$f") (last 40 lines)"; tail -40 "$f"; }; done
-  fi
-  "$ROOT/scripts/control-plane.sh" down "$state" || true
-  exit "$status"
-}
-trap cleanup EXIT
-
-"$ROOT/scripts/control-plane.sh" up "$state"
-source "$state/env"
+control_plane_session cp
 
 log "installing the CRD"
 install_crd
 
 log "starting quiver-operator"
-"$ROOT/target/debug/quiver-operator" --admin-listen 127.0.0.1:0 --probe-pods=false > "$state/logs/quiver-operator.log" 2>&1 &
-op_pid=$!
+"$ROOT/target/debug/quiver-operator" --admin-listen 127.0.0.1:0 --probe-pods=false > "$STATE/quiver-operator.log" 2>&1 &
+BG_PIDS+=($!)
 
 export QUIVER_SERVER_BIN="$ROOT/target/debug/quiver-server"
 cargo test -p quiver-operator --locked --test cluster -- --ignored --test-threads=3 --nocapture

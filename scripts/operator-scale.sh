@@ -12,21 +12,17 @@ N="${1:-1000}"
 log "building quiver-operator (release)"
 cargo build --release -p quiver-operator --locked --quiet
 
-state="$(mktemp -d "${TMPDIR:-/tmp}/quiver-scale.XXXXXX")"
-op_pid=""
-cleanup() { [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null; "$ROOT/scripts/control-plane.sh" down "$state" || true; }
-trap cleanup EXIT
-"$ROOT/scripts/control-plane.sh" up "$state"
-source "$state/env"
+control_plane_session scale
 # One kwok node holds 2000 pods; add more for larger N.
 install_crd
 admin_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-"$ROOT/target/release/quiver-operator" --admin-listen "127.0.0.1:$admin_port" --concurrency 16 --probe-pods=false > "$state/logs/operator.log" 2>&1 &
+"$ROOT/target/release/quiver-operator" --admin-listen "127.0.0.1:$admin_port" --concurrency 16 --probe-pods=false > "$STATE/operator.log" 2>&1 &
 op_pid=$!
+BG_PIDS+=($op_pid)
 kubectl create namespace scale >/dev/null
 
 log "creating $N McpServers"
-python3 - "$N" > "$state/mcps.yaml" <<'PY'
+python3 - "$N" > "$STATE/mcps.yaml" <<'PY'
 import sys
 n = int(sys.argv[1])
 for i in range(n):
@@ -40,7 +36,7 @@ spec:
     - {{name: greet, input: {{name: string}}, handler: {{template: "Hello {{{{name}}}} from {i}"}}}}""")
 PY
 start=$(date +%s.%N)
-kubectl apply --server-side -f "$state/mcps.yaml" >/dev/null
+kubectl apply --server-side -f "$STATE/mcps.yaml" >/dev/null
 created=$(date +%s.%N)
 reconciled() {
   kubectl get mcps -n scale -o json | python3 -c '
@@ -73,7 +69,7 @@ for i in $(seq 1 10); do
 done
 sorted="$(printf '%s\n' "${lat[@]}" | sort -n | tr '\n' ' ')"
 metrics="$(curl -fsS "http://127.0.0.1:$admin_port/metrics")"
-python3 - "$metrics" <<'PY' > "$state/hist.txt"
+python3 - "$metrics" <<'PY' > "$STATE/hist.txt"
 import sys
 b = []
 for line in sys.argv[1].splitlines():
@@ -93,4 +89,4 @@ echo "McpServers:                       $N"
 printf 'create -> all reconciled:         %.1f s (kubectl apply took %.1f s)\n' "$(echo "$done_at - $start" | bc)" "$(echo "$created - $start" | bc)"
 echo "operator RSS after settling:      $((rss_kb / 1024)) MiB"
 echo "tools edit -> ConfigMap (ms):     $sorted"
-cat "$state/hist.txt"
+cat "$STATE/hist.txt"
