@@ -2,7 +2,7 @@
 # Builds the Quiver images without pulling anything: static release binaries (fat LTO,
 # glibc crt-static) in FROM-scratch images laid out by deploy/images/layout.sh, the same
 # layout deploy/images/Dockerfile produces where a registry is reachable.
-#   quiver-server:$TAG    /usr/local/bin/quiver-server (jemalloc), quiver-server-sysalloc
+#   quiver-server:$TAG    /usr/local/bin/quiver-server (jemalloc; QUIVER_ALLOCATOR=system for the system allocator)
 #   quiver-operator:$TAG  /usr/local/bin/quiver-operator
 # Cargo output is cached in ~/.cache/quiver/target-images so a warm run only relinks what
 # changed. Prints the two image names.
@@ -23,10 +23,7 @@ log "release builds (fat LTO, static) for the images"
 cargo build --release --locked --target "$triple" -p quiver-server -p quiver-operator \
   --bin quiver-server --bin quiver-operator
 cp "$rel/quiver-server" "$rel/quiver-operator" "$bins/"
-cargo build --release --locked --target "$triple" -p quiver-server --bin quiver-server \
-  --no-default-features --features runtime,kube
-cp "$rel/quiver-server" "$bins/quiver-server-sysalloc"
-for b in quiver-server quiver-server-sysalloc quiver-operator; do
+for b in quiver-server quiver-operator; do
   strip --strip-debug "$bins/$b"   # keep the symbol table (backtraces), drop the line tables
   if readelf -d "$bins/$b" | grep -q NEEDED; then echo "$b links shared libraries: not fit for a scratch image" >&2; exit 1; fi
 done
@@ -47,5 +44,5 @@ DOCKERFILE
   quiet_build "$name:$TAG" "$ctx"
   echo "$name:$TAG"
 }
-image quiver-server /usr/local/bin/quiver-server "8080 9090" "$bins/quiver-server" "$bins/quiver-server-sysalloc"
+image quiver-server /usr/local/bin/quiver-server "8080 9090" "$bins/quiver-server"
 image quiver-operator /usr/local/bin/quiver-operator "8081" "$bins/quiver-operator"

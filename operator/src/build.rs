@@ -283,9 +283,10 @@ fn deployment(
     if !spec.allowed_origins.is_empty() {
         args.push(format!("--allowed-origin={}", spec.allowed_origins.join(",")));
     }
-    let binary = match tuning.allocator {
-        Allocator::Jemalloc => "/usr/local/bin/quiver-server",
-        Allocator::System => "/usr/local/bin/quiver-server-sysalloc",
+    // The server binary carries both allocators and picks one from this variable at start.
+    let allocator = match tuning.allocator {
+        Allocator::Jemalloc => "jemalloc",
+        Allocator::System => "system",
     };
     let sysctls: Vec<Value> = sysctls(mcp)
         .into_iter()
@@ -308,13 +309,13 @@ fn deployment(
             "name": "server",
             "image": spec.image.clone().unwrap_or_else(|| defaults.server_image.clone()),
             "imagePullPolicy": spec.image_pull_policy.clone().unwrap_or_else(|| defaults.image_pull_policy.clone()),
-            "command": [binary],
+            "command": ["/usr/local/bin/quiver-server"],
             "args": args,
             "ports": [
                 {"name": "mcp", "containerPort": MCP_PORT, "protocol": "TCP"},
                 {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
             ],
-            "env": [{"name": "RUST_LOG", "value": "info"}],
+            "env": [{"name": "RUST_LOG", "value": "info"}, {"name": "QUIVER_ALLOCATOR", "value": allocator}],
             "resources": resources,
             "readinessProbe": probe("/readyz", 2),
             "livenessProbe": probe("/healthz", 10),
@@ -444,7 +445,10 @@ spec:
             args.contains(&json!("--pin-workers")) && args.contains(&json!("--worker-threads=2")),
             "{args:?}"
         );
-        assert_eq!(ctr["command"][0], "/usr/local/bin/quiver-server-sysalloc");
+        assert_eq!(
+            ctr["env"][1],
+            json!({"name": "QUIVER_ALLOCATOR", "value": "system"})
+        );
         let sysctls = &d["spec"]["template"]["spec"]["securityContext"]["sysctls"];
         assert_eq!(
             sysctls,

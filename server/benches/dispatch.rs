@@ -4,6 +4,8 @@
 //! - `dispatch/N`: lookup + argument validation + running a builtin (`add`), no JSON framing.
 //! - `message/*`: a whole JSON-RPC message, request bytes in, response bytes out, no socket.
 //! - `compile/1000`: parse + validate + compile a 1,000-tool ToolSet and build its snapshot.
+//! - `allocator/*`: alloc + free through jemalloc directly, through the binary's selectable
+//!   allocator (jemalloc chosen), and through the system allocator.
 //!
 //! Before measuring, the allocations of one operation of each kind are counted with a
 //! counting global allocator and printed (`allocs/op`).
@@ -201,10 +203,38 @@ fn bench_compile(c: &mut Criterion) {
     g.finish();
 }
 
+/// One alloc/free pair per size, 16 B to 2 KiB, through `a`.
+fn alloc_free<A: GlobalAlloc>(a: &A) {
+    for shift in 4..=11 {
+        let layout = Layout::from_size_align(1 << shift, 8).unwrap();
+        // SAFETY: a non-zero-size layout; the block is freed with the layout it was made with.
+        unsafe {
+            let p = a.alloc(black_box(layout));
+            assert!(!p.is_null());
+            p.write(1);
+            black_box(p);
+            a.dealloc(p, layout);
+        }
+    }
+}
+
+fn bench_allocator(c: &mut Criterion) {
+    let mut g = c.benchmark_group("allocator");
+    g.throughput(Throughput::Elements(8));
+    g.bench_function("jemalloc", |b| {
+        b.iter(|| alloc_free(&tikv_jemallocator::Jemalloc))
+    });
+    g.bench_function("selectable-jemalloc", |b| {
+        b.iter(|| alloc_free(&quiver_server::alloc::Selectable))
+    });
+    g.bench_function("system", |b| b.iter(|| alloc_free(&System)));
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
-    targets = bench_lookup, bench_dispatch, bench_message, bench_compile
+    targets = bench_lookup, bench_dispatch, bench_message, bench_compile, bench_allocator
 }
 
 fn main() {

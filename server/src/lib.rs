@@ -4,6 +4,9 @@
 //! compiler ([`schema`]) and templates ([`template`]): what the operator needs to validate
 //! tool configs. With it, the registry, dispatch, handlers, transports and reload sources.
 
+#[cfg(feature = "jemalloc")]
+#[allow(unsafe_code)] // a GlobalAlloc implementation; every unsafe block states its contract
+pub mod alloc;
 pub mod config;
 pub mod schema;
 pub mod template;

@@ -221,7 +221,7 @@ def helper_image() -> str:
     return args[args.index("--helper-image") + 1]
 
 
-def test_cpu_pinning_gives_guaranteed_exclusive_pinned_pods_and_sysctls(ns: Namespace):
+def test_tuning_pins_exclusive_cpus_sets_sysctls_and_allocator(ns: Namespace):
     ns.apply(
         {
             "apiVersion": "quiver.dev/v1alpha1",
@@ -234,6 +234,7 @@ def test_cpu_pinning_gives_guaranteed_exclusive_pinned_pods_and_sysctls(ns: Name
                     "profile": "latency",
                     "cpuPinning": True,
                     "cpus": 1,
+                    "allocator": "system",
                     "sysctls": {"net.ipv4.tcp_keepalive_time": "30"},
                     "unsafeSysctls": {"net.core.somaxconn": "4096"},
                 },
@@ -257,6 +258,8 @@ def test_cpu_pinning_gives_guaranteed_exclusive_pinned_pods_and_sysctls(ns: Name
     # What the server says about itself...
     with ns.port_forward(f"pod/{pname}", 9090) as port:
         tuning = json.loads(admin_get(port, "/status"))["tuning"]
+        build_info = next(line for line in admin_get(port, "/metrics").splitlines() if line.startswith("quiver_build_info"))
+    assert 'allocator="system"' in build_info, build_info
     assert tuning["pinned"] is True and tuning["workerThreads"] == 1
     assert len(tuning["allowedCpus"]) == 1 and tuning["allowedCpus"] != [0], tuning
 
