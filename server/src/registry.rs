@@ -219,11 +219,18 @@ fn pages<'a>(
         .into_iter()
         .enumerate()
         .map(|(i, chunk)| {
-            let mut page = json!({ key: chunk });
+            // Written straight out: building a `Value` first would deep-copy every descriptor.
+            let mut page = Vec::with_capacity(128 * chunk.len() + 64);
+            page.extend_from_slice(b"{\"");
+            page.extend_from_slice(key.as_bytes());
+            page.extend_from_slice(b"\":");
+            serde_json::to_writer(&mut page, chunk).unwrap_or_default();
             if i + 1 < n {
-                page["nextCursor"] = Value::String(format!("{tag}-{}", i + 1));
+                page.extend_from_slice(b",\"nextCursor\":");
+                serde_json::to_writer(&mut page, &format!("{tag}-{}", i + 1)).unwrap_or_default();
             }
-            serde_json::to_vec(&page).unwrap_or_default().into_boxed_slice()
+            page.push(b'}');
+            page.into_boxed_slice()
         })
         .collect()
 }
