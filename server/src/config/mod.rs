@@ -58,16 +58,70 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// Largest ToolSet document accepted, in bytes (a ConfigMap holds at most 1 MiB; files may be
+/// larger, up to this).
+pub const MAX_DOCUMENT_BYTES: usize = 8 << 20;
+/// Deepest nesting of YAML collections accepted in a document. Every walk over a parsed
+/// document is bounded by this (and [`compile`] bounds embedded JSON values more tightly).
+pub const MAX_YAML_DEPTH: usize = 48;
+
+fn yaml_options() -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    // YAML 1.2 booleans only: a property named `n` or `no` stays a string ("Norway problem").
+    options.strict_booleans = true;
+    // Errors name a line and column, never quote the text: a config line may hold a credential,
+    // and errors reach logs, /status, events and conditions.
+    options.with_snippet = false;
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_YAML_DEPTH;
+    budget.max_reader_input_bytes = Some(MAX_DOCUMENT_BYTES);
+    budget.max_total_scalar_bytes = MAX_DOCUMENT_BYTES;
+    // Aliases replay their anchor's events: bound the expansion ("billion laughs").
+    budget.max_events = 500_000;
+    budget.max_nodes = 250_000;
+    options.budget = Some(budget);
+    options
+}
+
+/// Removes quoted text from a parser message: serde quotes the offending value
+/// (`invalid type: string "sk-live-…", expected u64`), which may be a secret.
+fn redact(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(open) = rest.find('"') {
+        out.push_str(&rest[..open]);
+        match rest[open + 1..].find('"') {
+            Some(close) => {
+                out.push_str("\"…\"");
+                rest = &rest[open + 1 + close + 1..];
+            }
+            None => {
+                out.push('…');
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out.replace('\n', " ")
+}
+
 /// Parses one YAML document into a ToolSet.
 ///
 /// # Errors
-/// A YAML syntax error or a field that does not belong, named with `source`.
+/// A YAML syntax error, a document over the size or nesting limits, or a field that does not
+/// belong, named with `source`. Messages give the position and never quote the document.
 pub fn parse(source: &str, text: &str) -> Result<ToolSet, ConfigError> {
-    // YAML 1.2 booleans only: a property named `n` or `no` stays a string ("Norway problem").
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
-    serde_saphyr::from_str_with_options::<ToolSet>(text, options)
-        .map_err(|e| ConfigError::one(source, e.to_string().replace('\n', " ")))
+    if text.len() > MAX_DOCUMENT_BYTES {
+        return Err(ConfigError::one(
+            source,
+            format!(
+                "the document has {} bytes; at most {MAX_DOCUMENT_BYTES} are accepted",
+                text.len()
+            ),
+        ));
+    }
+    serde_saphyr::from_str_with_options::<ToolSet>(text, yaml_options())
+        .map_err(|e| ConfigError::one(source, redact(&e.to_string())))
 }
 
 /// Parses and merges several documents (files of a directory, keys of a ConfigMap) in the
@@ -109,12 +163,16 @@ pub fn hash(ts: &ToolSet) -> String {
     out
 }
 
-/// Parses a duration such as `250ms`, `2s`, `1.5s`, `1m`.
+/// Parses a duration such as `250ms`, `2s`, `1.5s`, `1m`. Never panics: values too large for a
+/// [`Duration`] are errors (callers then apply their own upper bound).
 ///
 /// # Errors
-/// Anything else.
+/// Anything else, including more than 32 characters.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s.len() > 32 {
+        return Err("a duration has at most 32 characters (e.g. `250ms`, `2s`, `1m`)".to_owned());
+    }
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => s.split_at(i),
         None => return Err(format!("`{s}` has no unit (use ms, s or m)")),
@@ -126,7 +184,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => n * 60.0,
         _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s or m)")),
     };
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
 }
 
 #[cfg(test)]
@@ -140,6 +198,54 @@ mod tests {
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("5h").is_err());
+        // Out of range or malformed: errors, never a panic.
+        for bad in [
+            "99999999999999999999s",
+            "99999999999999999999m",
+            "1e400s",
+            "..s",
+            ".s",
+            "1.2.3s",
+            "-1s",
+            "ms",
+            "",
+            &"9".repeat(400),
+            &format!("{}s", "9".repeat(400)),
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(parse_duration(".5s").unwrap(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn parse_errors_do_not_quote_the_document() {
+        let secret = "sk-live-0123456789abcdef";
+        for yaml in [
+            format!("tools: [{{name: t, handler: {{http: {{url: 'http://x/', maxResponseBytes: \"{secret}\"}}}}}}]"),
+            "tools:\n  - name: t\n    handler: {http: {url: x, headers: {Authorization: Bearer SECRET}}}\n   bad: [\n".replace("SECRET", secret),
+            format!("server: {{name: {secret}, pageSize: {secret}}}"),
+            format!("{secret}"),
+        ] {
+            let e = parse("tools.yaml", &yaml).unwrap_err().to_string();
+            assert!(!e.contains("0123456789abcdef"), "secret in {e:?}");
+            assert!(e.contains("tools.yaml"), "{e}");
+        }
+    }
+
+    #[test]
+    fn deep_and_huge_documents_are_refused_not_crashed_on() {
+        let deep = format!(
+            "tools: [{{name: t, handler: {{builtin: json}}, inputSchema: {}{}}}]",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert!(parse("t", &deep).is_err());
+        let deep_block: String = (0..5_000).map(|i| format!("{}- \n", "  ".repeat(i))).collect();
+        assert!(parse("t", &deep_block).is_err());
+        let laughs = "a: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]\n";
+        assert!(parse("t", laughs).is_err());
+        let huge = format!("tools: []\n# {}", "x".repeat(MAX_DOCUMENT_BYTES));
+        assert!(parse("t", &huge).unwrap_err().to_string().contains("at most"));
     }
 
     #[test]
