@@ -165,6 +165,7 @@ async fn transport_rules_give_http_errors() {
             max_body_bytes: 1024,
             allowed_origins: vec!["https://app.example".into()],
             max_concurrency: 16,
+            ..HttpOptions::default()
         },
     );
     let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
