@@ -13,6 +13,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct Connections {
     slots: Arc<Semaphore>,
     max: usize,
+    /// Accepted connections not yet closed (the accept loop also holds a slot while it
+    /// waits in `accept`, so free slots alone would be off by one).
+    open: AtomicUsize,
 }
 
 impl Connections {
@@ -22,6 +25,7 @@ impl Connections {
         Arc::new(Self {
             slots: Arc::new(Semaphore::new(max)),
             max,
+            open: AtomicUsize::new(0),
         })
     }
 
@@ -32,12 +36,22 @@ impl Connections {
 
     /// Connections open now.
     pub fn open(&self) -> usize {
-        self.max - self.slots.available_permits()
+        self.open.load(Ordering::Acquire)
     }
 
-    /// Whether every slot is taken.
+    /// Whether the cap is reached.
     pub fn saturated(&self) -> bool {
-        self.slots.available_permits() == 0
+        self.open() >= self.max
+    }
+
+    /// Marks an accepted connection open until the returned guard drops; `permit` is the
+    /// slot it was accepted with.
+    pub(crate) fn opened(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> OpenSlot {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        OpenSlot {
+            conns: self.clone(),
+            _permit: permit,
+        }
     }
 
     /// A slot without waiting, if one is free.
@@ -58,6 +72,19 @@ impl Connections {
     pub(crate) async fn all_closed(&self) {
         let n = u32::try_from(self.max).unwrap_or(u32::MAX);
         let _ = self.slots.acquire_many(n).await;
+    }
+}
+
+/// An open connection's slot; closing it (dropping this) frees the slot.
+#[derive(Debug)]
+pub struct OpenSlot {
+    conns: Arc<Connections>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.conns.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -200,8 +227,13 @@ mod tests {
         let pass = load.inflight.try_enter();
         assert_eq!(load.unready_reason(), Some("in-flight request limit reached"));
         drop(pass);
-        let slot = load.connections.try_take();
-        assert!(slot.is_some());
+        let permit = load.connections.try_take().unwrap();
+        assert_eq!(
+            load.connections.open(),
+            0,
+            "a slot held by the accept loop is no connection"
+        );
+        let slot = load.connections.opened(permit);
         assert_eq!(load.connections.open(), 1);
         assert_eq!(load.unready_reason(), Some("connection limit reached"));
         drop(slot);

@@ -33,9 +33,9 @@ impl Default for ConnOptions {
     }
 }
 
-/// Largest read buffer of a connection, so also the largest request head (larger heads get
-/// 431). hyper's default (~400 KiB) times 10,000 connections would be 4 GiB.
-const MAX_BUF_BYTES: usize = 64 << 10;
+/// Largest request head (start line and headers); larger ones get 431. Also the read
+/// buffer's cap: hyper's default (~400 KiB) times 10,000 connections would be 4 GiB.
+const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// How long the loop pauses after an accept error such as EMFILE, rather than spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -59,7 +59,8 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
         .keep_alive(true)
-        .max_buf_size(MAX_BUF_BYTES);
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES);
     loop {
         let slot = match conns.try_take() {
             Some(s) => s,
@@ -91,6 +92,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
+        let slot = conns.opened(slot);
         let stop = stop.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
