@@ -374,7 +374,14 @@ async fn dropping_a_request_mid_call_releases_its_state() {
     }
     let timed_out = tokio::time::timeout(
         Duration::from_millis(50),
-        server.handle(body, Ctx { session: "s2", version: "2025-11-25" }, false),
+        server.handle(
+            body,
+            Ctx {
+                session: "s2",
+                version: "2025-11-25",
+            },
+            false,
+        ),
     )
     .await;
     assert!(timed_out.is_err());
@@ -401,7 +408,10 @@ async fn cancellation_is_scoped_to_the_session() {
     assert_eq!(status_of(&l.router, cancel("c3", Some("s2"))).await, 202);
     // The owner cancels.
     assert_eq!(status_of(&l.router, cancel("c3", Some("s1"))).await, 202);
-    let out = tokio::time::timeout(net::PATIENCE, target).await.unwrap().unwrap();
+    let out = tokio::time::timeout(net::PATIENCE, target)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(out["error"]["code"], -32800, "{out}");
     for call in [sessionless, other_session] {
         let out = tokio::time::timeout(net::PATIENCE, call).await.unwrap().unwrap();
@@ -443,7 +453,10 @@ async fn inflight_and_stream_caps_shed_and_show_in_readiness() {
     assert_eq!(status_of(&l.admin, readyz()).await, 200);
     let router = l.router.clone();
     let slow = tokio::spawn(async move { json_of(&router, sleep_call("s", 30_000, None)).await });
-    net::wait_for("the slow call holds the only place", || l.load.inflight.current() == 1).await;
+    net::wait_for("the slow call holds the only place", || {
+        l.load.inflight.current() == 1
+    })
+    .await;
     let busy = json_of(&l.router, post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)).await;
     assert_eq!(busy["error"]["code"], -32600);
     assert_eq!(
@@ -453,7 +466,10 @@ async fn inflight_and_stream_caps_shed_and_show_in_readiness() {
     assert_eq!(l.server.metrics.refusals(Refusal::Inflight), 2);
     let resp = l.admin.clone().oneshot(readyz()).await.unwrap();
     assert_eq!(resp.status(), 503);
-    let why = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+    let why = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
     assert_eq!(&why[..], b"in-flight request limit reached");
     // The client goes away: its place comes back.
     slow.abort();
@@ -503,12 +519,19 @@ async fn delete_needs_a_valid_session_id() {
     assert_eq!(open.status(), 200);
     for bad in ["", "a b", "a\tb"] {
         let del = Request::delete("/mcp")
-            .header("mcp-session-id", http::HeaderValue::from_bytes(bad.as_bytes()).unwrap())
+            .header(
+                "mcp-session-id",
+                http::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
+            )
             .body(Body::empty())
             .unwrap();
         assert_eq!(status_of(&l.router, del).await, 400, "{bad:?}");
     }
-    assert_eq!(l.load.streams.current(), 1, "the sessionless stream is still open");
+    assert_eq!(
+        l.load.streams.current(),
+        1,
+        "the sessionless stream is still open"
+    );
     let mut body = open.into_body().into_data_stream();
     let del = Request::delete("/mcp")
         .header("mcp-session-id", "someone-else")
