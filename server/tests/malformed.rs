@@ -25,7 +25,7 @@ tools:
   - {name: sleep, handler: {builtin: sleep}}
 "#;
 
-const MAX_BODY: usize = 64 << 10;
+const MAX_BODY: usize = 128 << 10;
 
 async fn served(max_connections: usize, header_timeout: Duration) -> Served {
     serve_app(
@@ -132,11 +132,11 @@ async fn huge_ids_and_deep_nesting() {
             &text[..80]
         );
     }
-    // 60,000 unclosed `[`: a parse error, no stack overflow.
-    let r = post(s.mcp, "[".repeat(60_000).as_bytes()).await;
+    // 100,000 unclosed `[`: a parse error, no stack overflow.
+    let r = post(s.mcp, "[".repeat(100_000).as_bytes()).await;
     assert_eq!(r.code(), (400, Some(-32700)));
     // Closed, as a batch element: not a request object.
-    let deep = format!("{}{}", "[".repeat(30_000), "]".repeat(30_000));
+    let deep = format!("{}{}", "[".repeat(50_000), "]".repeat(50_000));
     let r = post(s.mcp, deep.as_bytes()).await;
     assert_eq!(r.code(), (400, Some(-32600)));
     // Deep arguments hit serde_json's recursion limit (128): invalid params, not a crash.
@@ -179,7 +179,7 @@ async fn over_long_bodies_get_413_declared_or_chunked() {
     let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
                 Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
     let mut raw = head.as_bytes().to_vec();
-    for _ in 0..5 {
+    for _ in 0..10 {
         raw.extend_from_slice(format!("{:x}\r\n{}\r\n", 20_000, "y".repeat(20_000)).as_bytes());
     }
     raw.extend_from_slice(b"0\r\n\r\n");

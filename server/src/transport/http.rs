@@ -3,7 +3,9 @@
 //!
 //! Stateless by default: a session id is issued on `initialize` (clients need one to open
 //! the GET stream) but no request depends on server-side session state, so any replica can
-//! answer any request and unknown session ids are accepted.
+//! answer any request and unknown session ids are accepted (a malformed one, empty or not
+//! visible ASCII, is a 400). Request bodies are read against a size cap and a deadline; the
+//! accept loop in [`super::listen`] bounds connections and header time.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
