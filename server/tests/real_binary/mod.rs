@@ -19,7 +19,7 @@ pub struct Proc {
     pub child: Child,
     pub mcp: u16,
     pub admin: u16,
-    _dir: tempfile::TempDir,
+    pub _dir: tempfile::TempDir,
 }
 
 impl Drop for Proc {
@@ -29,7 +29,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
