@@ -21,8 +21,8 @@ fn call(port: u16, ms: u64) -> std::thread::JoinHandle<Option<String>> {
 
 #[test]
 fn sigterm_fails_readiness_first_then_drains_in_flight_calls() {
-    let mut p = start_http(&["--shutdown-delay=3s", "--shutdown-grace=20s"]);
-    let slow = call(p.mcp, 4000);
+    let mut p = start_http(&["--shutdown-delay=5s", "--shutdown-grace=20s"]);
+    let slow = call(p.mcp, 6000);
     wait_for("the slow call is in flight", || {
         metric(p.admin, "quiver_inflight_requests") == Some(1.0)
     });
@@ -42,7 +42,7 @@ fn sigterm_fails_readiness_first_then_drains_in_flight_calls() {
     assert!(ping.starts_with("HTTP/1.1 200"), "{ping}");
     // The call that was running when SIGTERM came completes.
     let done = slow.join().unwrap().expect("the in-flight call got a response");
-    assert!(done.contains("slept 4000 ms"), "{done}");
+    assert!(done.contains("slept 6000 ms"), "{done}");
     let status = wait_exit(&mut p, PATIENCE).expect("the server exits once drained");
     assert!(status.success(), "{status}");
 }

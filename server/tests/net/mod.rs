@@ -120,20 +120,24 @@ pub fn post_head(len: usize, extra: &str) -> String {
     )
 }
 
-/// Sends raw bytes on a new connection and reads until the server closes it.
+/// Sends raw bytes on a new connection and reads until the server closes it. The server may
+/// answer and close before reading everything (413, 408), so a failed write is not an error.
 pub async fn exchange(addr: SocketAddr, raw: &[u8]) -> Reply {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(raw).await.unwrap();
+    let _ = s.write_all(raw).await;
     read_reply(&mut s).await
 }
 
-/// Reads one whole response, to EOF (requests here say `Connection: close`).
+/// Reads one whole response, to EOF (requests here say `Connection: close`). A reset after
+/// the response (the server closed with request bytes unread) still yields what came before.
 pub async fn read_reply(s: &mut TcpStream) -> Reply {
     let mut out = Vec::new();
-    tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
+    let read = tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
         .await
-        .expect("the server answered and closed the connection")
-        .unwrap();
+        .expect("the server answered and closed the connection");
+    if let Err(e) = read {
+        assert!(!out.is_empty(), "no response before the error: {e}");
+    }
     parse(&out)
 }
 
