@@ -12,7 +12,18 @@ use axum::routing::get;
 use serde_json::json;
 
 use crate::dispatch::Server;
+use crate::transport::limits::Load;
+use crate::transport::listen::ConnOptions;
 use crate::tuning::Tuning;
+
+/// Connections the admin listener takes at once (probes and scrapes need a handful); its
+/// descriptors are part of the headroom kept out of the MCP connection cap.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Header-read (and keep-alive idle) timeout of the admin listener.
+pub const CONN_OPTIONS: ConnOptions = ConnOptions {
+    header_read_timeout: std::time::Duration::from_secs(5),
+};
 
 /// State of the admin router.
 #[derive(Debug)]
@@ -25,6 +36,8 @@ pub struct AdminState {
     pub tuning: Tuning,
     /// Process start.
     pub started: Instant,
+    /// Capacity of the MCP port: `/readyz` fails while it is saturated or draining.
+    pub load: Arc<Load>,
 }
 
 /// The admin router.
@@ -48,11 +61,15 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
         .into_response()
 }
 
+/// Ready when a config is loaded and the MCP port can take more work: not shutting down,
+/// connections and in-flight requests below their caps.
 async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
-    if s.server.registry.is_ready() {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no tool config loaded yet").into_response()
+    if !s.server.registry.is_ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no tool config loaded yet").into_response();
+    }
+    match s.load.unready_reason() {
+        None => (StatusCode::OK, "ready").into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
 
@@ -71,5 +88,14 @@ async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
         "lastReload": s.server.registry.last_reload(),
         "uptimeSeconds": s.started.elapsed().as_secs(),
         "tuning": s.tuning,
+        "load": {
+            "draining": s.load.draining(),
+            "connections": s.load.connections.open(),
+            "maxConnections": s.load.connections.max(),
+            "inflight": s.load.inflight.current(),
+            "maxInflight": s.load.inflight.max(),
+            "streams": s.load.streams.current(),
+            "maxStreams": s.load.streams.max(),
+        },
     }))
 }

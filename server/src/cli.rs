@@ -2,18 +2,21 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
-use crate::dispatch::Server;
+use crate::dispatch::{Limits, Server};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::reload::{self, Reloader, Source};
-use crate::transport::{http::HttpOptions, stdio};
+use crate::transport::http::{self, HttpOptions, HttpState};
+use crate::transport::limits::{Connections, Load};
+use crate::transport::listen::{self, ConnOptions};
+use crate::transport::stdio::{self, StdioOptions};
 use crate::tuning::{self, Tuning};
 
 /// quiver-server: an MCP server whose tools are declared in YAML.
@@ -57,9 +60,15 @@ pub struct ServeArgs {
     /// Worker threads (0 = one per CPU available to the process).
     #[arg(long, env = "QUIVER_WORKER_THREADS", default_value_t = 0)]
     worker_threads: usize,
-    /// Largest accepted request body in bytes.
+    /// Largest accepted request body (HTTP, else 413) or stdio line (else -32600), in bytes.
     #[arg(long, env = "QUIVER_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     max_body_bytes: usize,
+    /// Largest response to one message or batch, in bytes; a larger one becomes a -32603 error.
+    #[arg(long, env = "QUIVER_MAX_RESPONSE_BYTES", default_value_t = 8 << 20)]
+    max_response_bytes: usize,
+    /// Messages in one JSON-RPC batch (protocol 2025-03-26); a longer batch is refused with -32600.
+    #[arg(long, env = "QUIVER_MAX_BATCH", default_value_t = 64)]
+    max_batch: usize,
     /// Extra allowed Origin (repeatable; `*` allows all). Loopback origins are always allowed.
     #[arg(
         long = "allowed-origin",
@@ -67,9 +76,34 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     allowed_origins: Vec<String>,
-    /// Requests handled at once before new ones get 503.
+    /// Requests handled at once: over HTTP more get 503; over stdio reading pauses.
     #[arg(long, env = "QUIVER_MAX_CONCURRENCY", default_value_t = 4096)]
     max_concurrency: usize,
+    /// Connections to the MCP port; at the cap the server stops accepting and /readyz fails.
+    /// Lowered at start to stay below the open-file limit with headroom.
+    #[arg(long, env = "QUIVER_MAX_CONNECTIONS", default_value_t = 10_000)]
+    max_connections: usize,
+    /// Open GET /mcp (SSE) streams; more get 503.
+    #[arg(long, env = "QUIVER_MAX_STREAMS", default_value_t = 1024)]
+    max_streams: usize,
+    /// Time to send a request's headers, counted from when the connection is ready for a
+    /// request, so also the keep-alive idle timeout (e.g. 10s, 500ms, 1m).
+    #[arg(long, env = "QUIVER_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    header_read_timeout: Duration,
+    /// Time for a whole request body to arrive after its headers; then 408.
+    #[arg(long, env = "QUIVER_BODY_READ_TIMEOUT", default_value = "30s", value_parser = duration)]
+    body_read_timeout: Duration,
+    /// Longest a message may run; a tool call still running then ends with a tool error.
+    #[arg(long, env = "QUIVER_REQUEST_TIMEOUT", default_value = "5m", value_parser = duration)]
+    request_timeout: Duration,
+    /// On SIGTERM, keep serving (with /readyz failing) this long so endpoints update before the
+    /// listener closes. In Kubernetes set it to a few seconds (e.g. 5s).
+    #[arg(long, env = "QUIVER_SHUTDOWN_DELAY", default_value = "0s", value_parser = duration)]
+    shutdown_delay: Duration,
+    /// Longest shutdown, from SIGTERM to exit (delay included): in-flight calls that have not
+    /// finished by then are dropped. Keep it below the pod's terminationGracePeriodSeconds.
+    #[arg(long, env = "QUIVER_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
+    shutdown_grace: Duration,
     /// Log format: text or json.
     #[arg(long, env = "QUIVER_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -89,8 +123,26 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
         .context("--config is required (file:PATH or configmap:NAMESPACE/NAME)")?;
     let tuning = tuning::plan(args.worker_threads, args.pin_workers);
     let rt = tuning::runtime(&tuning).context("building the tokio runtime")?;
-    rt.block_on(serve(args, source, tuning, allocator))?;
-    Ok(0)
+    let result = rt.block_on(serve(args, source, tuning, allocator));
+    // Tasks still running after the grace (and a blocked stdin read) must not hold up exit.
+    rt.shutdown_timeout(Duration::from_millis(500));
+    result.map(|()| 0)
+}
+
+/// A duration flag: `250ms`, `10s`, `1.5s`, `5m`.
+fn duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        return Err(format!("`{s}` needs a unit: ms, s or m"));
+    };
+    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration"))?;
+    Duration::try_from_secs_f64(n * scale).map_err(|_| format!("`{s}` is out of range"))
 }
 
 fn check(source: &Source) -> i32 {
@@ -150,8 +202,14 @@ async fn serve(
     };
     let metrics = Metrics::new(profile, allocator);
     let registry = Registry::new(&metrics);
-    let server = Server::new(registry, metrics);
+    let limits = Limits {
+        max_batch: args.max_batch,
+        max_response_bytes: args.max_response_bytes,
+        request_timeout: args.request_timeout,
+    };
+    let server = Server::with_limits(registry, metrics.clone(), limits);
     let reloader = Reloader::new(server.clone());
+    // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();
 
     match &source {
@@ -178,51 +236,117 @@ async fn serve(
         Source::ConfigMap { .. } => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
     }
 
+    let fd_limit = listen::fd_limit();
+    let (max_connections, lowered) = listen::connection_cap(args.max_connections, fd_limit);
+    if lowered {
+        tracing::warn!(
+            wanted = args.max_connections,
+            used = max_connections,
+            fd_limit = ?fd_limit,
+            "--max-connections lowered to leave file descriptors for the admin port and tool calls"
+        );
+    }
+    let options = HttpOptions {
+        max_body_bytes: args.max_body_bytes,
+        allowed_origins: args.allowed_origins,
+        max_concurrency: args.max_concurrency,
+        max_streams: args.max_streams,
+        max_connections,
+        body_read_timeout: args.body_read_timeout,
+    };
+    let state = HttpState::new(server.clone(), options, shutdown.clone());
+    let load: Arc<Load> = state.load();
+
     let admin_state = Arc::new(AdminState {
         server: server.clone(),
         source: source.to_string(),
         tuning: tuning.clone(),
         started: Instant::now(),
+        load: load.clone(),
     });
     let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding admin {}", args.admin_listen))?;
     tracing::info!(addr = %admin_listener.local_addr()?, "admin listening");
-    let admin_shutdown = shutdown.clone();
-    let admin = tokio::spawn(async move {
-        axum::serve(admin_listener, admin::app(admin_state))
-            .with_graceful_shutdown(admin_shutdown.cancelled_owned())
-            .await
-    });
+    let admin_stop = CancellationToken::new();
+    let admin = tokio::spawn(listen::serve(
+        admin_listener,
+        admin::app(admin_state),
+        Connections::new(admin::MAX_CONNECTIONS),
+        admin::CONN_OPTIONS,
+        admin_stop.clone(),
+        None,
+    ));
 
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
+    let grace = args.shutdown_grace;
     if args.stdio {
+        let options = StdioOptions {
+            max_line_bytes: args.max_body_bytes,
+            max_inflight: args.max_concurrency,
+        };
+        let mut stdio = tokio::spawn(stdio::serve(server, options, shutdown.clone()));
         tokio::select! {
-            r = stdio::serve(server) => r.context("stdio transport")?,
-            () = signal() => {}
+            r = &mut stdio => r.context("stdio transport")?.context("stdio transport")?,
+            () = signal() => {
+                let deadline = tokio::time::Instant::now() + grace;
+                load.start_draining();
+                shutdown.cancel();
+                if tokio::time::timeout_at(deadline, stdio).await.is_err() {
+                    tracing::warn!(grace = ?grace, "shutdown grace expired with stdio requests in flight");
+                }
+            }
         }
     } else {
-        let options = HttpOptions {
-            max_body_bytes: args.max_body_bytes,
-            allowed_origins: args.allowed_origins,
-            max_concurrency: args.max_concurrency,
-        };
-        let state = crate::transport::http::HttpState::new(server, options, shutdown.clone());
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, "MCP Streamable HTTP listening on /mcp");
-        let stop = shutdown.clone();
-        axum::serve(listener, crate::transport::http::app(state))
-            .with_graceful_shutdown(async move {
-                signal().await;
-                stop.cancel();
-            })
-            .await?;
+        tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
+        let conn_options = ConnOptions {
+            header_read_timeout: args.header_read_timeout,
+        };
+        let mcp = tokio::spawn(listen::serve(
+            listener,
+            http::app(state),
+            load.connections.clone(),
+            conn_options,
+            shutdown.clone(),
+            Some(metrics),
+        ));
+        signal().await;
+        drain(&load, &shutdown, mcp, args.shutdown_delay, grace).await;
     }
-    shutdown.cancel();
-    let _ = admin.await;
+    admin_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     Ok(())
+}
+
+/// The shutdown sequence after SIGTERM: readiness off, keep serving for `delay` so the pod
+/// leaves its Service's endpoints, then stop accepting, end GET streams, let in-flight
+/// requests finish, and give up at `grace` after the signal.
+async fn drain(
+    load: &Load,
+    shutdown: &CancellationToken,
+    mcp: tokio::task::JoinHandle<()>,
+    delay: Duration,
+    grace: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + grace;
+    load.start_draining();
+    tracing::info!(delay = ?delay, grace = ?grace, "shutdown: readiness off");
+    tokio::time::sleep(delay.min(grace)).await;
+    shutdown.cancel();
+    tracing::info!(
+        connections = load.connections.open(),
+        "shutdown: listener closed, draining connections"
+    );
+    match tokio::time::timeout_at(deadline, mcp).await {
+        Ok(_) => tracing::info!("shutdown: every connection closed"),
+        Err(_) => tracing::warn!(
+            connections = load.connections.open(),
+            "shutdown grace expired; dropping the remaining connections"
+        ),
+    }
 }
 
 async fn signal() {
@@ -240,4 +364,22 @@ async fn signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duration_flags() {
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(duration("0s"), Ok(Duration::ZERO));
+        assert!(duration("10").is_err());
+        assert!(duration("-1s").is_err());
+        assert!(duration("1e300m").is_err());
+        assert!(duration("ten s").is_err());
+    }
 }

@@ -3,10 +3,15 @@
 //! registry snapshot without a lock, and writes the response straight into one buffer.
 
 use std::borrow::Cow;
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::gauge::Gauge;
 use rustc_hash::FxHashMap;
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -15,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ResourceKind, Role};
 use crate::handlers::{Executor, ToolOutput, check_output};
-use crate::metrics::{Metrics, method_index};
+use crate::metrics::{Metrics, Refusal, method_index};
 use crate::protocol::{
-    self, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RESOURCE_NOT_FOUND,
+    self, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RESOURCE_NOT_FOUND,
 };
 use crate::registry::{ListKind, Registry, Snapshot};
 
@@ -89,6 +94,8 @@ struct CancelParams<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Ctx<'a> {
     /// Session (HTTP `Mcp-Session-Id`, `stdio`, or empty): scopes request ids for cancellation.
+    /// Calls without a session cannot be cancelled by `notifications/cancelled` (only by
+    /// dropping the request, i.e. disconnecting): nothing ties a sessionless cancel to its call.
     pub session: &'a str,
     /// Protocol revision in force for this message.
     pub version: &'a str,
@@ -108,8 +115,32 @@ pub struct Handled {
 
 type Failure = (i32, String);
 
-/// Running cancellable calls by (session, request id).
-type CancelMap = FxHashMap<(Box<str>, Box<str>), CancellationToken>;
+/// Running cancellable calls by (session, request id); the number tells apart two calls that
+/// reuse one key, so the first to finish does not unregister the other.
+type CancelMap = FxHashMap<(Box<str>, Box<str>), (u64, CancellationToken)>;
+
+/// Limits dispatch applies to every message, whatever the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Messages in one JSON-RPC batch; a longer batch is refused whole with one `-32600`.
+    pub max_batch: usize,
+    /// Bytes of the response to one transport message (a batch counts as one); a larger
+    /// answer is replaced by a `-32603` error instead of being sent.
+    pub max_response_bytes: usize,
+    /// Time one message may take; a slow tool call still running then ends with a tool
+    /// error (`isError: true`). Tools' own timeouts are usually shorter.
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_batch: 64,
+            max_response_bytes: 8 << 20,
+            request_timeout: Duration::from_secs(300),
+        }
+    }
+}
 
 fn fail<T>(code: i32, msg: impl Into<String>) -> Result<T, Failure> {
     Err((code, msg.into()))
@@ -136,11 +167,18 @@ pub struct Server {
     pub exec: Executor,
     events: broadcast::Sender<Arc<str>>,
     cancels: Mutex<CancelMap>,
+    next_call: AtomicU64,
+    limits: Limits,
 }
 
 impl Server {
-    /// A server over a registry.
+    /// A server over a registry, with the default [`Limits`].
     pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_limits(registry, metrics, Limits::default())
+    }
+
+    /// A server over a registry with the given limits.
+    pub fn with_limits(registry: Arc<Registry>, metrics: Arc<Metrics>, limits: Limits) -> Arc<Self> {
         let (events, _) = broadcast::channel(64);
         Arc::new(Self {
             registry,
@@ -148,7 +186,19 @@ impl Server {
             exec: Executor::new(),
             events,
             cancels: Mutex::new(FxHashMap::default()),
+            next_call: AtomicU64::new(0),
+            limits,
         })
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Calls registered for cancellation right now (running slow calls that have a session).
+    pub fn cancellable_calls(&self) -> usize {
+        self.cancels.lock().map_or(0, |m| m.len())
     }
 
     /// Subscribes to server-to-client notifications (serialized JSON-RPC messages).
@@ -169,8 +219,26 @@ impl Server {
             return self.handle_one(body, ctx).await;
         }
         let start = Instant::now();
-        let items: Vec<&RawValue> = match serde_json::from_slice(body) {
+        let over = Cell::new(false);
+        let seed = BoundedBatch {
+            max: self.limits.max_batch,
+            over: &over,
+        };
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let items = match seed.deserialize(&mut de).and_then(|v| de.end().map(|()| v)) {
             Ok(v) => v,
+            Err(_) if over.get() => {
+                self.metrics.refused(Refusal::Batch);
+                return self.rejected(
+                    start,
+                    "batch",
+                    INVALID_REQUEST,
+                    &format!(
+                        "Invalid request: a batch may hold at most {} messages",
+                        self.limits.max_batch
+                    ),
+                );
+            }
             Err(e) => return self.rejected(start, "batch", PARSE_ERROR, &format!("Parse error: {e}")),
         };
         if !batches {
@@ -187,11 +255,13 @@ impl Server {
         if items.is_empty() {
             return self.rejected(start, "batch", INVALID_REQUEST, "empty batch");
         }
+        // One deadline for the whole batch: its calls run one after another.
+        let deadline = start + self.limits.request_timeout;
         let mut out = Vec::from(&b"["[..]);
         let mut any = false;
         let mut initialized = false;
         for item in items {
-            let h = Box::pin(self.handle_one(item.get().as_bytes(), ctx)).await;
+            let h = Box::pin(self.message(item.get().as_bytes(), ctx, Some(deadline))).await;
             initialized |= h.initialized;
             if let Some(b) = h.body {
                 if any {
@@ -199,6 +269,21 @@ impl Server {
                 }
                 out.extend_from_slice(&b);
                 any = true;
+            }
+            if out.len() > self.limits.max_response_bytes {
+                self.metrics.refused(Refusal::ResponseBytes);
+                return Handled {
+                    body: Some(protocol::error_response(
+                        None,
+                        INTERNAL_ERROR,
+                        &format!(
+                            "the batch's responses exceed {} bytes; send fewer messages per batch",
+                            self.limits.max_response_bytes
+                        ),
+                    )),
+                    initialized,
+                    malformed: false,
+                };
             }
         }
         out.push(b']');
@@ -221,6 +306,12 @@ impl Server {
 
     /// Handles one JSON-RPC message.
     pub async fn handle_one(&self, body: &[u8], ctx: Ctx<'_>) -> Handled {
+        self.message(body, ctx, None).await
+    }
+
+    /// One message; `deadline` is the batch's, or `None` to start the request timeout when a
+    /// slow call starts (a single message needs no clock reading on the fast path).
+    async fn message(&self, body: &[u8], ctx: Ctx<'_>, deadline: Option<Instant>) -> Handled {
         let start = Instant::now();
         let msg: Incoming<'_> = match serde_json::from_slice(body) {
             Ok(m) => m,
@@ -274,11 +365,12 @@ impl Server {
                 "Invalid request: `id` must be a string or a number",
             );
         }
-        self.metrics.inflight.inc();
+        // Decremented on drop: a request future dropped mid-call (client gone) still counts down.
+        let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
         let mut initialized = false;
         let result = match method {
-            "tools/call" => self.call_tool(msg.params, id, ctx, &mut out).await,
+            "tools/call" => self.call_tool(msg.params, id, ctx, deadline, &mut out).await,
             "tools/list" => self.list(ListKind::Tools, msg.params, id, &mut out),
             "initialize" => self
                 .initialize(msg.params, id, &mut out)
@@ -294,11 +386,26 @@ impl Server {
             "prompts/get" => self.get_prompt(msg.params, id, &mut out),
             other => fail(METHOD_NOT_FOUND, format!("Method not found: {other}")),
         };
-        self.metrics.inflight.dec();
+        drop(inflight);
+        let result = match result {
+            Ok(()) if out.len() > self.limits.max_response_bytes => {
+                self.metrics.refused(Refusal::ResponseBytes);
+                fail(
+                    INTERNAL_ERROR,
+                    format!(
+                        "the response ({} bytes) exceeds the server's limit of {} bytes",
+                        out.len(),
+                        self.limits.max_response_bytes
+                    ),
+                )
+            }
+            r => r,
+        };
         let outcome = match result {
             Ok(()) => 0,
             Err((code, message)) => {
                 out.clear();
+                out.shrink_to(256);
                 protocol::write_error(&mut out, Some(id), code, &message, None);
                 outcome_index(code)
             }
@@ -313,11 +420,14 @@ impl Server {
     }
 
     fn on_notification(&self, method: &str, params: Option<&RawValue>, ctx: Ctx<'_>) {
+        // Sessionless calls are never registered, so a sessionless cancel has nothing to match
+        // (one client must not cancel another's call by guessing its request id).
         if method == "notifications/cancelled"
+            && !ctx.session.is_empty()
             && let Some(p) = params.and_then(|p| serde_json::from_str::<CancelParams<'_>>(p.get()).ok())
         {
             let key = (Box::from(ctx.session), Box::from(p.request_id.get()));
-            if let Some(token) = self.cancels.lock().ok().and_then(|mut m| m.remove(&key)) {
+            if let Some((_, token)) = self.cancels.lock().ok().and_then(|mut m| m.remove(&key)) {
                 token.cancel();
             }
         }
@@ -359,6 +469,7 @@ impl Server {
         params: Option<&RawValue>,
         id: &RawValue,
         ctx: Ctx<'_>,
+        deadline: Option<Instant>,
         out: &mut Vec<u8>,
     ) -> Result<(), Failure> {
         let p: CallParams<'_> = parse_params(params)?;
@@ -391,7 +502,7 @@ impl Server {
                 // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and
                 // make the call cancellable by `notifications/cancelled`.
                 let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
-                let result = self.run_cancellable(&snap, index, args, ctx, id).await;
+                let result = self.run_cancellable(&snap, index, args, ctx, id, deadline).await;
                 let tool = &snap.tools[index];
                 return match result {
                     Some(o) => {
@@ -417,20 +528,37 @@ impl Server {
         args: Value,
         ctx: Ctx<'_>,
         id: &RawValue,
+        deadline: Option<Instant>,
     ) -> Option<ToolOutput> {
         let token = CancellationToken::new();
-        let key = (Box::from(ctx.session), Box::from(id.get()));
-        if let Ok(mut m) = self.cancels.lock() {
-            m.insert(key.clone(), token.clone());
-        }
-        let result = tokio::select! {
+        // Unregistered on drop, also when the request future is dropped (client gone).
+        let _entry = (!ctx.session.is_empty()).then(|| self.register_cancel(ctx.session, id, &token));
+        let limit = self.limits.request_timeout;
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + limit);
+        tokio::select! {
             o = self.exec.run(snap, index, args, 0) => Some(o),
             () = token.cancelled() => None,
-        };
-        if let Ok(mut m) = self.cancels.lock() {
-            m.remove(&key);
+            () = tokio::time::sleep_until(deadline.into()) => {
+                self.metrics.refused(Refusal::RequestTimeout);
+                Some(ToolOutput::error(format!(
+                    "the call did not finish within the server's request timeout ({})",
+                    DisplayDuration(limit)
+                )))
+            }
         }
-        result
+    }
+
+    fn register_cancel(&self, session: &str, id: &RawValue, token: &CancellationToken) -> CancelEntry<'_> {
+        let key = (Box::from(session), Box::from(id.get()));
+        let seq = self.next_call.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.cancels.lock() {
+            m.insert(key.clone(), (seq, token.clone()));
+        }
+        CancelEntry {
+            map: &self.cancels,
+            key,
+            seq,
+        }
     }
 
     fn read_resource(
@@ -503,6 +631,92 @@ impl Server {
         }
         protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(())
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+struct InflightGuard<'a>(&'a Gauge<i64, AtomicI64>);
+
+impl<'a> InflightGuard<'a> {
+    #[inline]
+    fn enter(g: &'a Gauge<i64, AtomicI64>) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for InflightGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A call's entry in the cancellation map, removed when dropped (unless a newer call with the
+/// same key replaced it, or a cancel already took it).
+struct CancelEntry<'a> {
+    map: &'a Mutex<CancelMap>,
+    key: (Box<str>, Box<str>),
+    seq: u64,
+}
+
+impl Drop for CancelEntry<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.map.lock()
+            && m.get(&self.key).is_some_and(|(seq, _)| *seq == self.seq)
+        {
+            m.remove(&self.key);
+        }
+    }
+}
+
+/// Reads a batch's elements as raw messages, failing (and setting `over`) past `max` of them,
+/// so an oversized batch is refused before its element list is built.
+struct BoundedBatch<'c> {
+    max: usize,
+    over: &'c Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for BoundedBatch<'_> {
+    type Value = Vec<&'de RawValue>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BoundedBatch<'_> {
+    type Value = Vec<&'de RawValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON-RPC batch (an array of messages)")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(8).min(self.max));
+        while let Some(item) = seq.next_element::<&'de RawValue>()? {
+            if items.len() == self.max {
+                self.over.set(true);
+                return Err(serde::de::Error::custom("batch too long"));
+            }
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+/// `300s`, `1.5s`, `250ms`.
+struct DisplayDuration(Duration);
+
+impl fmt::Display for DisplayDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.subsec_millis() == 0 {
+            write!(f, "{}s", self.0.as_secs())
+        } else if self.0 < Duration::from_secs(1) {
+            write!(f, "{}ms", self.0.as_millis())
+        } else {
+            write!(f, "{}s", self.0.as_secs_f64())
+        }
     }
 }
 

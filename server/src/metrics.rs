@@ -187,6 +187,62 @@ pub struct ReloadLabels {
     pub result: &'static str,
 }
 
+/// Labels of the refusal counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The limit that refused the work (one of [`Refusal::ALL`]'s names).
+    pub limit: &'static str,
+}
+
+/// A limit that turned work away; each has its own `quiver_refusals_total` series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The connection cap was reached (the accept loop paused).
+    Connections,
+    /// `--max-concurrency` requests were already being handled (HTTP 503).
+    Inflight,
+    /// `--max-streams` GET streams were already open (HTTP 503).
+    Streams,
+    /// A request body did not arrive within `--body-read-timeout` (HTTP 408).
+    BodyTimeout,
+    /// A request body or stdio line was over `--max-body-bytes`.
+    BodyBytes,
+    /// A batch was longer than `--max-batch`.
+    Batch,
+    /// A response was over `--max-response-bytes`.
+    ResponseBytes,
+    /// A call ran past `--request-timeout`.
+    RequestTimeout,
+}
+
+impl Refusal {
+    /// Every refusal, in label order.
+    pub const ALL: [Refusal; 8] = [
+        Refusal::Connections,
+        Refusal::Inflight,
+        Refusal::Streams,
+        Refusal::BodyTimeout,
+        Refusal::BodyBytes,
+        Refusal::Batch,
+        Refusal::ResponseBytes,
+        Refusal::RequestTimeout,
+    ];
+
+    /// The `limit` label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::Connections => "connections",
+            Refusal::Inflight => "inflight",
+            Refusal::Streams => "streams",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::BodyBytes => "body_bytes",
+            Refusal::Batch => "batch",
+            Refusal::ResponseBytes => "response_bytes",
+            Refusal::RequestTimeout => "request_timeout",
+        }
+    }
+}
+
 /// The methods with their own series; everything else is `other`.
 pub const METHODS: [&str; 14] = [
     "initialize",
@@ -252,6 +308,9 @@ pub struct Metrics {
     pub reload_duration: Histogram,
     /// Open server-to-client streams (HTTP GET and stdio).
     pub streams: Gauge<i64, AtomicI64>,
+    /// Open connections on the MCP port.
+    pub connections: Gauge<i64, AtomicI64>,
+    refusals: Vec<Counter>,
 }
 
 impl Metrics {
@@ -335,6 +394,26 @@ impl Metrics {
             "Open server-to-client notification streams",
             streams.clone(),
         );
+        let connections = Gauge::default();
+        root.register(
+            "open_connections",
+            "Open connections on the MCP port",
+            connections.clone(),
+        );
+        let refusals_family = Family::<RefusalLabels, Counter>::default();
+        root.register(
+            "refusals",
+            "Work turned away by a limit (connections, inflight, streams, body_timeout, body_bytes, batch, response_bytes, request_timeout)",
+            refusals_family.clone(),
+        );
+        let refusals = Refusal::ALL
+            .iter()
+            .map(|r| {
+                refusals_family
+                    .get_or_create(&RefusalLabels { limit: r.name() })
+                    .clone()
+            })
+            .collect();
         // Process CPU and memory per pod, for the dashboards (read from /proc when scraped).
         root.register_with_unit(
             "process_cpu",
@@ -368,6 +447,8 @@ impl Metrics {
             reloads,
             reload_duration,
             streams,
+            connections,
+            refusals,
         })
     }
 
@@ -403,6 +484,17 @@ impl Metrics {
     pub fn record(&self, method: usize, outcome: usize, elapsed: Duration) {
         self.request_duration[method].observe(elapsed);
         self.requests[method * OUTCOMES.len() + outcome].inc();
+    }
+
+    /// Counts work turned away by a limit.
+    #[inline]
+    pub fn refused(&self, r: Refusal) {
+        self.refusals[r as usize].inc();
+    }
+
+    /// How often a limit has turned work away.
+    pub fn refusals(&self, r: Refusal) -> u64 {
+        self.refusals[r as usize].get()
     }
 
     /// Counts a reload attempt.

@@ -24,6 +24,15 @@ pub const RESOURCE_NOT_FOUND: i32 = -32002;
 /// The request was cancelled by the client.
 pub const REQUEST_CANCELLED: i32 = -32800;
 
+/// Longest `Mcp-Session-Id` accepted (ids this server issues are 32 characters).
+pub const MAX_SESSION_ID_LEN: usize = 128;
+
+/// Whether `id` is an acceptable session id: 1 to [`MAX_SESSION_ID_LEN`] visible ASCII
+/// characters (0x21 to 0x7E), as the Streamable HTTP transport requires.
+pub fn valid_session_id(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= MAX_SESSION_ID_LEN && id.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
 /// The supported revision equal to `v`, if any.
 pub fn supported(v: &str) -> Option<&'static str> {
     SUPPORTED_VERSIONS.iter().copied().find(|s| *s == v)
@@ -94,5 +103,18 @@ mod tests {
         assert!(valid_id(&RawValue::from_string("\"a\"".into()).unwrap()));
         assert!(!valid_id(&RawValue::from_string("null".into()).unwrap()));
         assert!(!valid_id(&RawValue::from_string("{}".into()).unwrap()));
+    }
+
+    #[test]
+    fn session_ids_are_visible_ascii_and_bounded() {
+        assert!(valid_session_id(b"0123456789abcdef0123456789abcdef"));
+        assert!(valid_session_id(b"!~"));
+        assert!(valid_session_id(&[b'a'; MAX_SESSION_ID_LEN]));
+        assert!(!valid_session_id(b""));
+        assert!(!valid_session_id(b"has space"));
+        assert!(!valid_session_id(b"tab\there"));
+        assert!(!valid_session_id(b"\x7f"));
+        assert!(!valid_session_id("caf\u{e9}".as_bytes()));
+        assert!(!valid_session_id(&[b'a'; MAX_SESSION_ID_LEN + 1]));
     }
 }

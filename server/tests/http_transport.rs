@@ -165,6 +165,7 @@ async fn transport_rules_give_http_errors() {
             max_body_bytes: 1024,
             allowed_origins: vec!["https://app.example".into()],
             max_concurrency: 16,
+            ..HttpOptions::default()
         },
     );
     let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
@@ -270,4 +271,278 @@ async fn metrics_count_requests_and_dispatch() {
     assert!(text.contains(r#"quiver_requests_total{method="tools/call",outcome="ok"} 2"#));
     assert!(text.contains(r#"quiver_requests_total{method="invalid",outcome="parse_error"} 1"#));
     assert!(text.contains("quiver_registry_tools 5"));
+}
+
+mod net;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use quiver_server::admin::{self, AdminState};
+use quiver_server::dispatch::{Ctx, Limits, Server};
+use quiver_server::metrics::Refusal;
+use quiver_server::transport::http::{HttpState, app};
+use quiver_server::transport::limits::Load;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+struct Limited {
+    server: Arc<Server>,
+    load: Arc<Load>,
+    router: Router,
+    admin: Router,
+}
+
+fn limited(options: HttpOptions, limits: Limits) -> Limited {
+    let server = net::server_with(TOOLS, limits);
+    let state = HttpState::new(server.clone(), options, CancellationToken::new());
+    let load = state.load();
+    let admin = admin::app(Arc::new(AdminState {
+        server: server.clone(),
+        source: "test".into(),
+        tuning: quiver_server::tuning::plan(1, false),
+        started: std::time::Instant::now(),
+        load: load.clone(),
+    }));
+    Limited {
+        server,
+        load,
+        router: app(state),
+        admin,
+    }
+}
+
+async fn status_of(router: &Router, req: Request<Body>) -> u16 {
+    router.clone().oneshot(req).await.unwrap().status().as_u16()
+}
+
+async fn json_of(router: &Router, req: Request<Body>) -> serde_json::Value {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+fn readyz() -> Request<Body> {
+    Request::get("/readyz").body(Body::empty()).unwrap()
+}
+
+fn sleep_call(id: &str, ms: u64, session: Option<&str>) -> Request<Body> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": ms}}});
+    let mut req = post(&body.to_string());
+    if let Some(s) = session {
+        req.headers_mut().insert("mcp-session-id", s.parse().unwrap());
+    }
+    req
+}
+
+fn cancel(id: &str, session: Option<&str>) -> Request<Body> {
+    let body = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}});
+    let mut req = post(&body.to_string());
+    if let Some(s) = session {
+        req.headers_mut().insert("mcp-session-id", s.parse().unwrap());
+    }
+    req
+}
+
+/// Item 15: a request future dropped mid-call (client gone) leaves no in-flight count and no
+/// cancellation entry behind.
+#[tokio::test]
+async fn dropping_a_request_mid_call_releases_its_state() {
+    let server = net::server_with(TOOLS, Limits::default());
+    let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":30000}}}"#;
+    for session in ["s1", ""] {
+        let ctx = Ctx {
+            session,
+            version: "2025-11-25",
+        };
+        let mut call = Box::pin(server.handle(body, ctx, false));
+        let registered = usize::from(!session.is_empty());
+        tokio::select! {
+            _ = &mut call => panic!("a 30 s sleep finished"),
+            () = net::wait_for("the call is running", || {
+                server.metrics.inflight.get() == 1 && server.cancellable_calls() == registered
+            }) => {}
+        }
+        // The same through a timeout, as a transport would drop it.
+        drop(call);
+        assert_eq!(server.metrics.inflight.get(), 0, "session {session:?}");
+        assert_eq!(server.cancellable_calls(), 0, "session {session:?}");
+    }
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(50),
+        server.handle(
+            body,
+            Ctx {
+                session: "s2",
+                version: "2025-11-25",
+            },
+            false,
+        ),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    assert_eq!(server.metrics.inflight.get(), 0);
+    assert_eq!(server.cancellable_calls(), 0);
+}
+
+/// Item 14: a cancel reaches only the call of the same session; sessionless calls cannot be
+/// cancelled by anyone's notification.
+#[tokio::test]
+async fn cancellation_is_scoped_to_the_session() {
+    let l = limited(HttpOptions::default(), Limits::default());
+    let run = |req| {
+        let router = l.router.clone();
+        tokio::spawn(async move { json_of(&router, req).await })
+    };
+    let sessionless = run(sleep_call("c1", 600, None));
+    let other_session = run(sleep_call("c2", 600, Some("s1")));
+    let target = run(sleep_call("c3", 30_000, Some("s1")));
+    net::wait_for("three calls in flight", || l.server.metrics.inflight.get() == 3).await;
+    // Another sessionless client, and another session, try to cancel.
+    assert_eq!(status_of(&l.router, cancel("c1", None)).await, 202);
+    assert_eq!(status_of(&l.router, cancel("c2", Some("s2"))).await, 202);
+    assert_eq!(status_of(&l.router, cancel("c3", Some("s2"))).await, 202);
+    // The owner cancels.
+    assert_eq!(status_of(&l.router, cancel("c3", Some("s1"))).await, 202);
+    let out = tokio::time::timeout(net::PATIENCE, target)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out["error"]["code"], -32800, "{out}");
+    for call in [sessionless, other_session] {
+        let out = tokio::time::timeout(net::PATIENCE, call).await.unwrap().unwrap();
+        assert_eq!(out["result"]["content"][0]["text"], "slept 600 ms", "{out}");
+    }
+    assert_eq!(l.server.cancellable_calls(), 0);
+}
+
+#[tokio::test]
+async fn a_call_past_the_request_timeout_ends_with_a_tool_error() {
+    let l = limited(
+        HttpOptions::default(),
+        Limits {
+            request_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        },
+    );
+    let out = tokio::time::timeout(net::PATIENCE, json_of(&l.router, sleep_call("t", 30_000, None)))
+        .await
+        .expect("the request timeout ends the call");
+    assert_eq!(out["result"]["isError"], true, "{out}");
+    common::assert_text_contains(&out["result"], "request timeout (200ms)");
+    assert_eq!(l.server.metrics.refusals(Refusal::RequestTimeout), 1);
+    assert_eq!(l.server.metrics.inflight.get(), 0);
+}
+
+/// Items 4 and 7: the in-flight cap sheds with 503 and fails readiness; the GET stream cap
+/// sheds with 503 and is counted.
+#[tokio::test]
+async fn inflight_and_stream_caps_shed_and_show_in_readiness() {
+    let l = limited(
+        HttpOptions {
+            max_concurrency: 1,
+            max_streams: 1,
+            ..HttpOptions::default()
+        },
+        Limits::default(),
+    );
+    assert_eq!(status_of(&l.admin, readyz()).await, 200);
+    let router = l.router.clone();
+    let slow = tokio::spawn(async move { json_of(&router, sleep_call("s", 30_000, None)).await });
+    net::wait_for("the slow call holds the only place", || {
+        l.load.inflight.current() == 1
+    })
+    .await;
+    let busy = json_of(&l.router, post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)).await;
+    assert_eq!(busy["error"]["code"], -32600);
+    assert_eq!(
+        status_of(&l.router, post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)).await,
+        503
+    );
+    assert_eq!(l.server.metrics.refusals(Refusal::Inflight), 2);
+    let resp = l.admin.clone().oneshot(readyz()).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let why = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&why[..], b"in-flight request limit reached");
+    // The client goes away: its place comes back.
+    slow.abort();
+    net::wait_for("the place is released", || l.load.inflight.current() == 0).await;
+    assert_eq!(l.server.metrics.inflight.get(), 0);
+    assert_eq!(status_of(&l.admin, readyz()).await, 200);
+
+    let stream = || {
+        Request::get("/mcp")
+            .header("accept", "text/event-stream")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = l.router.clone().oneshot(stream()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(l.server.metrics.streams.get(), 1);
+    assert_eq!(status_of(&l.router, stream()).await, 503);
+    assert_eq!(l.server.metrics.refusals(Refusal::Streams), 1);
+    assert!(
+        l.server
+            .metrics
+            .encode()
+            .contains(r#"quiver_refusals_total{limit="streams"} 1"#)
+    );
+    drop(first);
+    assert_eq!(l.load.streams.current(), 0);
+    assert_eq!(l.server.metrics.streams.get(), 0);
+    let again = l.router.clone().oneshot(stream()).await.unwrap();
+    assert_eq!(again.status(), 200);
+}
+
+/// Item 14: an empty or invalid session id never ends other clients' streams.
+#[tokio::test]
+async fn delete_needs_a_valid_session_id() {
+    let l = limited(HttpOptions::default(), Limits::default());
+    let open = l
+        .router
+        .clone()
+        .oneshot(
+            Request::get("/mcp")
+                .header("accept", "text/event-stream")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+    for bad in ["", "a b", "a\tb"] {
+        let del = Request::delete("/mcp")
+            .header(
+                "mcp-session-id",
+                http::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
+            )
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(status_of(&l.router, del).await, 400, "{bad:?}");
+    }
+    assert_eq!(
+        l.load.streams.current(),
+        1,
+        "the sessionless stream is still open"
+    );
+    let mut body = open.into_body().into_data_stream();
+    let del = Request::delete("/mcp")
+        .header("mcp-session-id", "someone-else")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(status_of(&l.router, del).await, 204);
+    l.server.notify("notifications/tools/list_changed");
+    let event = tokio::time::timeout(net::PATIENCE, futures_util::StreamExt::next(&mut body))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&event).contains("list_changed"));
 }

@@ -3,7 +3,9 @@
 //!
 //! Stateless by default: a session id is issued on `initialize` (clients need one to open
 //! the GET stream) but no request depends on server-side session state, so any replica can
-//! answer any request and unknown session ids are accepted.
+//! answer any request and unknown session ids are accepted (a malformed one, empty or not
+//! visible ASCII, is a 400). Request bodies are read against a size cap and a deadline; the
+//! accept loop in [`super::listen`] bounds connections and header time.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,19 +13,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::stream::{self, Stream};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rustc_hash::FxHashMap;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+use super::limits::Load;
 use crate::dispatch::{Ctx, Server};
+use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};
 
 /// Session id header.
@@ -39,8 +43,14 @@ pub struct HttpOptions {
     /// Origins allowed besides loopback ones (`http://localhost[:port]`, `http://127.0.0.1[:port]`,
     /// `http://[::1][:port]`). `*` allows every origin.
     pub allowed_origins: Vec<String>,
-    /// Requests handled at once; excess requests get 503 immediately.
+    /// POST requests dispatched at once; excess requests get 503 immediately.
     pub max_concurrency: usize,
+    /// Open GET (SSE) streams; excess streams get 503.
+    pub max_streams: usize,
+    /// Connections to the MCP port (the accept loop's cap; see [`super::listen`]).
+    pub max_connections: usize,
+    /// Time for a whole request body to arrive once the headers are in; then 408.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for HttpOptions {
@@ -49,6 +59,9 @@ impl Default for HttpOptions {
             max_body_bytes: 4 << 20,
             allowed_origins: Vec::new(),
             max_concurrency: 4096,
+            max_streams: 1024,
+            max_connections: 10_000,
+            body_read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -58,41 +71,40 @@ impl Default for HttpOptions {
 pub struct HttpState {
     server: Arc<Server>,
     options: HttpOptions,
+    load: Arc<Load>,
     streams: Mutex<FxHashMap<String, Vec<(u64, CancellationToken)>>>,
     next_stream: AtomicU64,
     shutdown: CancellationToken,
 }
 
 impl HttpState {
-    /// State for `app`.
+    /// State for `app`. Cancelling `shutdown` ends every GET stream.
     pub fn new(server: Arc<Server>, options: HttpOptions, shutdown: CancellationToken) -> Arc<Self> {
+        let load = Load::new(
+            options.max_connections,
+            options.max_concurrency,
+            options.max_streams,
+        );
         Arc::new(Self {
             server,
             options,
+            load,
             streams: Mutex::new(FxHashMap::default()),
             next_stream: AtomicU64::new(0),
             shutdown,
         })
     }
+
+    /// The capacity of this transport (for the accept loop and `/readyz`).
+    pub fn load(&self) -> Arc<Load> {
+        self.load.clone()
+    }
 }
 
 /// The `/mcp` router.
 pub fn app(state: Arc<HttpState>) -> Router {
-    let limit = state.options.max_body_bytes;
-    let concurrency = state.options.max_concurrency;
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(
-            tower::ServiceBuilder::new()
-                .layer(axum::error_handling::HandleErrorLayer::new(
-                    |_: tower::BoxError| async {
-                        http_error(StatusCode::SERVICE_UNAVAILABLE, "server overloaded, retry later")
-                    },
-                ))
-                .load_shed()
-                .concurrency_limit(concurrency),
-        )
         .with_state(state)
 }
 
@@ -113,6 +125,49 @@ fn http_error(status: StatusCode, message: &str) -> Response {
         body,
     )
         .into_response()
+}
+
+/// An error after which the connection is closed (the rest of the body is not read).
+fn http_error_close(status: StatusCode, message: &str) -> Response {
+    let mut resp = http_error(status, message);
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// The `Mcp-Session-Id` header: absent is `""`; present, it must be 1 to 128 visible ASCII
+/// characters.
+fn session_id(headers: &HeaderMap) -> Result<&str, Reject> {
+    let Some(v) = headers.get(SESSION_HEADER) else {
+        return Ok("");
+    };
+    if !protocol::valid_session_id(v.as_bytes()) {
+        return Err(Reject(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "Invalid Mcp-Session-Id: it must be 1 to {} visible ASCII characters",
+                protocol::MAX_SESSION_ID_LEN
+            ),
+        ));
+    }
+    // Visible ASCII is valid UTF-8.
+    Ok(v.to_str().unwrap_or(""))
+}
+
+enum BodyError {
+    TooLarge,
+    Timeout,
+    Broken,
+}
+
+/// Reads the whole body within `deadline`, refusing more than `max` bytes.
+async fn read_body(body: Body, max: usize, deadline: Duration) -> Result<Bytes, BodyError> {
+    match tokio::time::timeout(deadline, Limited::new(body, max).collect()).await {
+        Err(_) => Err(BodyError::Timeout),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge),
+        Ok(Err(_)) => Err(BodyError::Broken),
+    }
 }
 
 fn is_loopback_origin(origin: &str) -> bool {
@@ -192,12 +247,10 @@ fn new_session_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-async fn post_mcp(
-    State(state): State<Arc<HttpState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    if let Err(r) = check_origin(&state, &headers) {
+async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let headers = &parts.headers;
+    if let Err(r) = check_origin(&state, headers) {
         return r.into_response();
     }
     let is_json = headers
@@ -214,27 +267,55 @@ async fn post_mcp(
             "Content-Type must be application/json",
         );
     }
-    if !accepts(&headers, "application/json") {
+    if !accepts(headers, "application/json") {
         return http_error(StatusCode::NOT_ACCEPTABLE, "Accept must allow application/json");
     }
-    let version = match version(&headers) {
+    let version = match version(headers) {
         Ok(v) => v,
         Err(r) => return r.into_response(),
     };
-    let body = match body {
+    let session = match session_id(headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let max = state.options.max_body_bytes;
+    let too_large = || {
+        state.server.metrics.refused(Refusal::BodyBytes);
+        http_error_close(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body exceeds {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return too_large();
+    }
+    // No in-flight place is held while the body arrives: a slow body costs a connection slot
+    // for at most the body timeout, never dispatch capacity.
+    let body = match read_body(body, max, state.options.body_read_timeout).await {
         Ok(b) => b,
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return http_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("request body exceeds {} bytes", state.options.max_body_bytes),
+        Err(BodyError::TooLarge) => return too_large(),
+        Err(BodyError::Timeout) => {
+            state.server.metrics.refused(Refusal::BodyTimeout);
+            return http_error_close(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the request body did not arrive within {} s",
+                    state.options.body_read_timeout.as_secs_f64()
+                ),
             );
         }
-        Err(e) => return http_error(e.status(), &e.body_text()),
+        Err(BodyError::Broken) => {
+            return http_error_close(StatusCode::BAD_REQUEST, "the request body could not be read");
+        }
     };
-    let session = headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let Some(_pass) = state.load.inflight.try_enter() else {
+        state.server.metrics.refused(Refusal::Inflight);
+        return http_error(StatusCode::SERVICE_UNAVAILABLE, "server overloaded, retry later");
+    };
     let ctx = Ctx { session, version };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
     let Some(out) = handled.body else {
@@ -280,11 +361,17 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
     if let Err(r) = version(&headers) {
         return r.into_response();
     }
-    let session = headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let session = match session_id(&headers) {
+        Ok(s) => s.to_owned(),
+        Err(r) => return r.into_response(),
+    };
+    if !state.load.streams.try_enter_detached() {
+        state.server.metrics.refused(Refusal::Streams);
+        return http_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many open streams on this server, retry later",
+        );
+    }
     let token = state.shutdown.child_token();
     let id = state.next_stream.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut s) = state.streams.lock() {
@@ -306,6 +393,7 @@ struct StreamGuard {
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         self.state.server.metrics.streams.dec();
+        self.state.load.streams.release();
         if let Ok(mut s) = self.state.streams.lock()
             && let Some(list) = s.get_mut(&self.session)
         {
@@ -352,11 +440,15 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
     if let Err(r) = check_origin(&state, &headers) {
         return r.into_response();
     }
-    let Some(session) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
-        return http_error(
-            StatusCode::BAD_REQUEST,
-            "DELETE /mcp ends a session: Mcp-Session-Id is required",
-        );
+    let session = match session_id(&headers) {
+        Ok("") => {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                "DELETE /mcp ends a session: Mcp-Session-Id is required",
+            );
+        }
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
     };
     let tokens = state
         .streams

@@ -1,26 +1,71 @@
 //! MCP over stdio: newline-delimited JSON-RPC on stdin/stdout. Requests run concurrently
-//! (a slow tool does not hold up `ping` or `notifications/cancelled`); one writer task
-//! serializes responses and `list_changed` notifications onto stdout.
+//! (a slow tool does not hold up `ping` or `notifications/cancelled`), at most
+//! `max_inflight` at once: at that many, reading pauses until one finishes. A line longer than
+//! `max_line_bytes` is skipped and answered with `-32600`. One writer task serializes
+//! responses and `list_changed` notifications onto stdout.
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{Ctx, Server};
+use crate::metrics::Refusal;
+use crate::protocol::{self, INVALID_REQUEST};
 
-/// Serves stdin/stdout until stdin closes.
+/// Limits of the stdio transport.
+#[derive(Debug, Clone, Copy)]
+pub struct StdioOptions {
+    /// Longest line (one JSON-RPC message or batch) read, newline excluded.
+    pub max_line_bytes: usize,
+    /// Requests handled at once.
+    pub max_inflight: usize,
+}
+
+impl Default for StdioOptions {
+    fn default() -> Self {
+        Self {
+            max_line_bytes: 4 << 20,
+            max_inflight: 4096,
+        }
+    }
+}
+
+/// Serves stdin/stdout until stdin closes or `stop` is cancelled, then waits for the
+/// requests in flight (bound that wait from outside).
 ///
 /// # Errors
 /// Reading stdin or writing stdout failed.
-pub async fn serve(server: Arc<Server>) -> std::io::Result<()> {
+pub async fn serve(
+    server: Arc<Server>,
+    options: StdioOptions,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    serve_io(server, tokio::io::stdin(), tokio::io::stdout(), options, stop).await
+}
+
+/// [`serve`] over any reader and writer.
+///
+/// # Errors
+/// Reading `input` or writing `output` failed.
+pub async fn serve_io<R, W>(
+    server: Arc<Server>,
+    input: R,
+    mut output: W,
+    options: StdioOptions,
+    stop: CancellationToken,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
     let writer = tokio::spawn(async move {
-        let mut out = tokio::io::stdout();
         while let Some(mut line) = rx.recv().await {
             line.push(b'\n');
-            out.write_all(&line).await?;
-            out.flush().await?;
+            output.write_all(&line).await?;
+            output.flush().await?;
         }
         Ok::<_, std::io::Error>(())
     });
@@ -39,20 +84,55 @@ pub async fn serve(server: Arc<Server>) -> std::io::Result<()> {
             }
         }
     });
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let slots = Arc::new(Semaphore::new(options.max_inflight.max(1)));
+    let mut reader = BufReader::new(input);
     let mut tasks = tokio::task::JoinSet::new();
-    while let Some(line) = lines.next_line().await? {
-        if line.trim().is_empty() {
+    let mut read_error = None;
+    loop {
+        let mut line = Vec::new();
+        let read = tokio::select! {
+            r = read_line(&mut reader, &mut line, options.max_line_bytes) => r,
+            () = stop.cancelled() => break,
+        };
+        match read {
+            Err(e) => {
+                read_error = Some(e);
+                break;
+            }
+            Ok(Line::Eof) => break,
+            Ok(Line::TooLong(n)) => {
+                server.metrics.refused(Refusal::BodyBytes);
+                let msg = format!(
+                    "Invalid request: message of {n} bytes exceeds the limit of {} bytes",
+                    options.max_line_bytes
+                );
+                let _ = tx
+                    .send(protocol::error_response(None, INVALID_REQUEST, &msg))
+                    .await;
+                continue;
+            }
+            Ok(Line::Message) => {}
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        // At `max_inflight` requests this waits, and stdin is not read meanwhile.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+            () = stop.cancelled() => break,
+        };
         let server = server.clone();
         let tx = tx.clone();
         tasks.spawn(async move {
+            let _slot = slot;
             let ctx = Ctx {
                 session: "stdio",
                 version: crate::protocol::LATEST_VERSION,
             };
-            let handled = server.handle(line.as_bytes(), ctx, true).await;
+            let handled = server.handle(&line, ctx, true).await;
             if let Some(body) = handled.body {
                 // A cancelled request gets no response on stdio (the client has moved on).
                 if !is_cancelled_error(&body) {
@@ -65,10 +145,82 @@ pub async fn serve(server: Arc<Server>) -> std::io::Result<()> {
     while tasks.join_next().await.is_some() {}
     forward.abort();
     drop(tx);
-    writer.await.map_err(std::io::Error::other)?
+    writer.await.map_err(std::io::Error::other)??;
+    read_error.map_or(Ok(()), Err)
+}
+
+/// What [`read_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// A line is in the buffer (newline removed).
+    Message,
+    /// A line of this many bytes was over the limit and skipped.
+    TooLong(usize),
+    /// End of input.
+    Eof,
+}
+
+/// Reads one `\n`-terminated line into `buf`, keeping at most `max` bytes: a longer line is
+/// consumed and dropped without being buffered. A final line without a newline counts.
+async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Line> {
+    buf.clear();
+    let mut total = 0usize;
+    let mut over = false;
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(match (total, over) {
+                (0, _) => Line::Eof,
+                (n, true) => Line::TooLong(n),
+                _ => Line::Message,
+            });
+        }
+        let newline = avail.iter().position(|b| *b == b'\n');
+        let chunk = &avail[..newline.unwrap_or(avail.len())];
+        total = total.saturating_add(chunk.len());
+        if !over {
+            if buf.len() + chunk.len() > max {
+                over = true;
+                buf.clear();
+                buf.shrink_to_fit();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        let used = newline.map_or(avail.len(), |i| i + 1);
+        r.consume(used);
+        if newline.is_some() {
+            return Ok(if over { Line::TooLong(total) } else { Line::Message });
+        }
+    }
 }
 
 fn is_cancelled_error(body: &[u8]) -> bool {
     let needle = format!("\"code\":{}", crate::protocol::REQUEST_CANCELLED);
     body.len() < 200 && body.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_over_long_ones_skipped() {
+        let input: &[u8] = b"short\n0123456789abcdef\n\nlast";
+        let mut r = BufReader::with_capacity(4, input);
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut r, &mut buf, 8).await.unwrap(), Line::Message);
+        assert_eq!(buf, b"short");
+        assert_eq!(read_line(&mut r, &mut buf, 8).await.unwrap(), Line::TooLong(16));
+        assert!(buf.is_empty());
+        assert_eq!(read_line(&mut r, &mut buf, 8).await.unwrap(), Line::Message);
+        assert_eq!(buf, b"");
+        assert_eq!(read_line(&mut r, &mut buf, 8).await.unwrap(), Line::Message);
+        assert_eq!(buf, b"last");
+        assert_eq!(read_line(&mut r, &mut buf, 8).await.unwrap(), Line::Eof);
+    }
 }

@@ -1,0 +1,358 @@
+//! Hostile input over a real socket to the real app and accept loop: every case gets its
+//! exact HTTP status and JSON-RPC error code, and the server still answers a normal
+//! `tools/call` afterwards. Limits are small so the timeouts take well under a second.
+
+mod net;
+
+use std::time::Duration;
+
+use net::{
+    PATIENCE, Served, assert_still_serves, closed_by_server, exchange, get, post, post_head, post_with,
+    read_reply, serve_app, wait_for,
+};
+use quiver_server::dispatch::Limits;
+use quiver_server::metrics::Refusal;
+use quiver_server::transport::http::HttpOptions;
+use quiver_server::transport::listen::ConnOptions;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+const TOOLS: &str = r#"
+tools:
+  - {name: add, handler: {builtin: add}}
+  - {name: echo, handler: {builtin: echo}}
+  - {name: json, handler: {builtin: json}}
+  - {name: sleep, handler: {builtin: sleep}}
+"#;
+
+const MAX_BODY: usize = 128 << 10;
+
+async fn served(max_connections: usize, header_timeout: Duration) -> Served {
+    serve_app(
+        TOOLS,
+        HttpOptions {
+            max_body_bytes: MAX_BODY,
+            max_connections,
+            body_read_timeout: Duration::from_millis(300),
+            ..HttpOptions::default()
+        },
+        ConnOptions {
+            header_read_timeout: header_timeout,
+        },
+        Limits {
+            max_batch: 4,
+            max_response_bytes: 16 << 10,
+            ..Limits::default()
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn invalid_json_and_envelopes_get_exact_errors() {
+    let s = served(64, Duration::from_secs(5)).await;
+    let cases: [(&[u8], u16, i64); 19] = [
+        (b"{not json", 400, -32700),
+        (b"", 400, -32700),
+        (b"[1, 2", 400, -32700),
+        (b"\"just a string\"", 400, -32600),
+        (b"42", 400, -32600),
+        (b"null", 400, -32600),
+        (br#"{"jsonrpc":2,"id":1,"method":"ping"}"#, 400, -32600),
+        (br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, 200, -32600),
+        (br#"{"jsonrpc":"2.0","id":1,"method":7}"#, 400, -32600),
+        (br#"{"jsonrpc":"2.0","id":1,"method":null}"#, 400, -32600),
+        (br#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, 400, -32600),
+        (br#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#, 400, -32600),
+        (br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, 400, -32600),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"x"}"#,
+            200,
+            -32602,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":[]}"#,
+            200,
+            -32602,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#,
+            200,
+            -32602,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add","arguments":"x"}}"#,
+            200,
+            -32602,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":9}}"#,
+            200,
+            -32602,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"no/such/method"}"#,
+            200,
+            -32601,
+        ),
+    ];
+    for (body, status, code) in cases {
+        let r = post(s.mcp, body).await;
+        assert_eq!(
+            r.code(),
+            (status, Some(code)),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    // Invalid UTF-8 inside a string is a parse error, never a crash or a lossy guess.
+    let r = post(s.mcp, b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"pi\xffng\"}").await;
+    assert_eq!(r.code(), (400, Some(-32700)));
+    let r = post(
+        s.mcp,
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"\xc3\x28\"}}}",
+    )
+    .await;
+    assert_eq!(r.code(), (400, Some(-32700)));
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn huge_ids_and_deep_nesting() {
+    let s = served(64, Duration::from_secs(5)).await;
+    // A 6,000-digit number and an 8,000-character string are valid ids, echoed verbatim.
+    for id in ["9".repeat(6_000), format!("\"{}\"", "i".repeat(8_000))] {
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+        let r = post(s.mcp, body.as_bytes()).await;
+        assert_eq!(r.status, 200);
+        let text = String::from_utf8(r.body).unwrap();
+        assert!(
+            text == format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#),
+            "id not echoed verbatim: {}...",
+            &text[..80]
+        );
+    }
+    // 100,000 unclosed `[`: a parse error, no stack overflow.
+    let r = post(s.mcp, "[".repeat(100_000).as_bytes()).await;
+    assert_eq!(r.code(), (400, Some(-32700)));
+    // Closed, as a batch element: not a request object.
+    let deep = format!("{}{}", "[".repeat(50_000), "]".repeat(50_000));
+    let r = post(s.mcp, deep.as_bytes()).await;
+    assert_eq!(r.code(), (400, Some(-32600)));
+    // Deep arguments hit serde_json's recursion limit (128): invalid params, not a crash.
+    let args = format!("{}1{}", "[".repeat(30_000), "]".repeat(30_000));
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"json","arguments":{{"a":{args}}}}}}}"#
+    );
+    let r = post(s.mcp, body.as_bytes()).await;
+    assert_eq!(r.code(), (200, Some(-32602)));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("recursion limit"),
+        "{}",
+        r.json()
+    );
+    // Just under the limit is accepted.
+    let args = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"json","arguments":{{"a":{args}}}}}}}"#
+    );
+    let r = post(s.mcp, body.as_bytes()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"]["isError"], false);
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn over_long_bodies_get_413_declared_or_chunked() {
+    let s = served(64, Duration::from_secs(5)).await;
+    let pad = "x".repeat(MAX_BODY);
+    let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"p":"{pad}"}}}}"#);
+    let r = post(s.mcp, body.as_bytes()).await;
+    assert_eq!(r.code(), (413, Some(-32600)));
+    // A Content-Length over the limit is refused before any body byte is read.
+    let r = exchange(s.mcp, post_head(1 << 30, "").as_bytes()).await;
+    assert_eq!(r.code(), (413, Some(-32600)));
+    // Chunked, no length announced: refused once the limit is crossed.
+    let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let mut raw = head.as_bytes().to_vec();
+    for _ in 0..10 {
+        raw.extend_from_slice(format!("{:x}\r\n{}\r\n", 20_000, "y".repeat(20_000)).as_bytes());
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let r = exchange(s.mcp, &raw).await;
+    assert_eq!(r.code(), (413, Some(-32600)));
+    assert!(s.server.metrics.refusals(Refusal::BodyBytes) >= 3);
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn batches_over_the_cap_and_oversized_answers_are_refused() {
+    let s = served(64, Duration::from_secs(5)).await;
+    let v0326 = "MCP-Protocol-Version: 2025-03-26\r\n";
+    let ping = |i: usize| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#);
+    let batch = |n: usize| format!("[{}]", (0..n).map(ping).collect::<Vec<_>>().join(","));
+    // The override header comes last, so it wins over post_head's 2025-11-25.
+    let post_0326 = |body: String| {
+        let mut raw = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Connection: close\r\n{v0326}Content-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(body.as_bytes());
+        raw
+    };
+    let r = exchange(s.mcp, &post_0326(batch(4))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json().as_array().map(Vec::len), Some(4));
+    let r = exchange(s.mcp, &post_0326(batch(5))).await;
+    assert_eq!(r.code(), (400, Some(-32600)));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 4 messages")
+    );
+    // 10,000 elements: one error, no per-element work.
+    let r = exchange(s.mcp, &post_0326(format!("[{}]", vec!["{}"; 10_000].join(",")))).await;
+    assert_eq!(r.code(), (400, Some(-32600)));
+    // Batches are refused outright in later revisions.
+    let r = post(s.mcp, batch(2).as_bytes()).await;
+    assert_eq!(r.code(), (400, Some(-32600)));
+    // An answer over max_response_bytes (16 KiB) becomes an error with the request's id.
+    let big = "z".repeat(20_000);
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{big}"}}}}}}"#
+    );
+    let r = post(s.mcp, call.as_bytes()).await;
+    assert_eq!(r.code(), (200, Some(-32603)));
+    assert_eq!(r.json()["id"], "big");
+    // Four answers of 6 KB each add up past 16 KiB: the batch gets one error.
+    let six = "w".repeat(6_000);
+    let item = |i: usize| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{six}"}}}}}}"#
+        )
+    };
+    let body = format!("[{}]", (0..4).map(item).collect::<Vec<_>>().join(","));
+    let r = exchange(s.mcp, &post_0326(body)).await;
+    assert_eq!(r.code(), (200, Some(-32603)));
+    assert!(r.json()["id"].is_null());
+    assert_eq!(s.server.metrics.refusals(Refusal::Batch), 2);
+    assert_eq!(s.server.metrics.refusals(Refusal::ResponseBytes), 2);
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn invalid_session_ids_are_rejected() {
+    let s = served(64, Duration::from_secs(5)).await;
+    let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    for bad in ["", " ", "a b", "\t", &"s".repeat(129)] {
+        let r = post_with(s.mcp, ping, &format!("Mcp-Session-Id: {bad}\r\n")).await;
+        assert_eq!(r.code(), (400, Some(-32600)), "{bad:?}");
+        let del = format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nMcp-Session-Id: {bad}\r\n\r\n"
+        );
+        assert_eq!(exchange(s.mcp, del.as_bytes()).await.status, 400, "{bad:?}");
+    }
+    let r = post_with(s.mcp, ping, "Mcp-Session-Id: ok-session_1.~\r\n").await;
+    assert_eq!(r.status, 200);
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn slowloris_headers_are_cut_off_and_slow_bodies_get_408() {
+    let s = served(64, Duration::from_millis(300)).await;
+    // Half a request head, then silence: the connection is closed (hyper sends nothing).
+    let mut c = TcpStream::connect(s.mcp).await.unwrap();
+    c.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        .await
+        .unwrap();
+    let got = closed_by_server(&mut c).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    // A request head over 64 KiB is refused with 431.
+    let mut c = TcpStream::connect(s.mcp).await.unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {}\r\n\r\n",
+        "p".repeat(70_000)
+    );
+    let _ = c.write_all(head.as_bytes()).await;
+    let got = closed_by_server(&mut c).await;
+    assert!(
+        got.starts_with(b"HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // A connection that never sends a byte is closed too (the idle keep-alive case).
+    let mut idle = TcpStream::connect(s.mcp).await.unwrap();
+    assert!(closed_by_server(&mut idle).await.is_empty());
+    // Complete headers, a few body bytes, then silence: 408 with a JSON-RPC error.
+    let mut c = TcpStream::connect(s.mcp).await.unwrap();
+    let mut raw = post_head(100, "").into_bytes();
+    raw.extend_from_slice(br#"{"jsonrpc":"#);
+    c.write_all(&raw).await.unwrap();
+    let r = read_reply(&mut c).await;
+    assert_eq!(r.code(), (408, Some(-32600)));
+    assert!(r.headers.contains("connection: close"), "{}", r.headers);
+    assert_eq!(s.server.metrics.refusals(Refusal::BodyTimeout), 1);
+    // A kept-alive connection is closed after being idle past the header timeout.
+    let mut c = TcpStream::connect(s.mcp).await.unwrap();
+    let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let mut raw = post_head(ping.len(), "")
+        .replace("Connection: close\r\n", "")
+        .into_bytes();
+    raw.extend_from_slice(ping);
+    c.write_all(&raw).await.unwrap();
+    let got = closed_by_server(&mut c).await;
+    let r = net::parse(&got);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"], serde_json::json!({}));
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn idle_connections_up_to_the_cap_fail_readiness_not_the_admin_port() {
+    const CAP: usize = 8;
+    // A long header timeout: the idle connections stay until the test closes them.
+    let s = served(CAP, PATIENCE * 3).await;
+    assert_eq!(get(s.admin, "/readyz").await.status, 200);
+    let mut idle = Vec::new();
+    for _ in 0..CAP {
+        idle.push(TcpStream::connect(s.mcp).await.unwrap());
+    }
+    wait_for("every idle connection accepted", || {
+        s.load.connections.open() == CAP
+    })
+    .await;
+    // At the cap the accept loop pauses, and says so.
+    wait_for("the pause is counted", || {
+        s.server.metrics.refusals(Refusal::Connections) >= 1
+    })
+    .await;
+    // The admin port still answers, and readiness reports the saturation.
+    let r = get(s.admin, "/readyz").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(String::from_utf8_lossy(&r.body), "connection limit reached");
+    assert_eq!(get(s.admin, "/healthz").await.status, 200);
+    let metrics = String::from_utf8(get(s.admin, "/metrics").await.body).unwrap();
+    assert!(
+        metrics.contains(&format!("quiver_open_connections {CAP}")),
+        "{metrics}"
+    );
+    // One more client waits in the backlog; it is served once an idle connection goes away.
+    let addr = s.mcp;
+    let waiting = tokio::spawn(async move { assert_still_serves(addr).await });
+    drop(idle.pop());
+    tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the waiting client is served after a slot frees")
+        .unwrap();
+    drop(idle);
+    wait_for("every connection closed", || s.load.connections.open() == 0).await;
+    assert_eq!(get(s.admin, "/readyz").await.status, 200);
+    assert_still_serves(s.mcp).await;
+}

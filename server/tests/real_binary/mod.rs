@@ -1,0 +1,154 @@
+//! Starts the real `quiver-server` binary on 127.0.0.1 (or over pipes) with a ToolSet in a
+//! temporary directory, and talks to it with blocking sockets.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Bound on any single wait ("it did finish"), never a pass/fail timing.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub const TOOLS: &str =
+    "tools:\n  - {name: add, handler: {builtin: add}}\n  - {name: sleep, handler: {builtin: sleep}}\n";
+
+pub struct Proc {
+    pub child: Child,
+    pub mcp: u16,
+    pub admin: u16,
+    pub _dir: tempfile::TempDir,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn command(dir: &tempfile::TempDir, args: &[&str]) -> Command {
+    let config = dir.path().join("tools.yaml");
+    std::fs::write(&config, TOOLS).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver-server"));
+    cmd.arg(format!("--config=file:{}", config.display()))
+        .args(args)
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Starts the HTTP server and waits until `/readyz` answers 200.
+pub fn start_http(args: &[&str]) -> Proc {
+    let dir = tempfile::tempdir().unwrap();
+    let (mcp, admin) = (free_port(), free_port());
+    let mut cmd = command(&dir, args);
+    cmd.arg(format!("--listen=127.0.0.1:{mcp}"))
+        .arg(format!("--admin-listen=127.0.0.1:{admin}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let p = Proc {
+        child: cmd.spawn().unwrap(),
+        mcp,
+        admin,
+        _dir: dir,
+    };
+    wait_for("quiver-server ready", || {
+        http(p.admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    p
+}
+
+/// Starts `--stdio` with piped stdin/stdout; stdout lines arrive on the receiver.
+pub fn start_stdio(args: &[&str]) -> (Proc, ChildStdin, mpsc::Receiver<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(&dir, args);
+    cmd.arg("--stdio")
+        .arg("--admin-listen=127.0.0.1:0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let p = Proc {
+        child,
+        mcp: 0,
+        admin: 0,
+        _dir: dir,
+    };
+    (p, stdin, rx)
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`; the whole response as text.
+pub fn http(port: u16, method: &str, path: &str, body: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(PATIENCE)).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Polls `cond` every 20 ms until it holds, failing after [`PATIENCE`].
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends SIGTERM.
+pub fn terminate(p: &Proc) {
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(p.child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits for the process to exit, at most `bound`.
+pub fn wait_exit(p: &mut Proc, bound: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The value of an unlabelled metric on `/metrics`.
+pub fn metric(admin: u16, name: &str) -> Option<f64> {
+    let text = http(admin, "GET", "/metrics", "")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

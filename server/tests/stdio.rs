@@ -1,0 +1,82 @@
+//! The real binary over pipes (`--stdio`): over-long lines, invalid UTF-8 and broken JSON get
+//! JSON-RPC errors and serving continues; `--max-concurrency` bounds requests in flight
+//! (reading pauses); SIGTERM lets the running call finish.
+
+mod real_binary;
+
+use std::io::Write;
+use std::sync::mpsc::Receiver;
+
+use real_binary::{PATIENCE, start_stdio, terminate, wait_exit};
+use serde_json::{Value, json};
+
+fn next(rx: &Receiver<String>) -> Value {
+    let line = rx.recv_timeout(PATIENCE).expect("a line on stdout");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+#[test]
+fn hostile_lines_get_errors_and_serving_continues() {
+    let (mut p, mut stdin, rx) = start_stdio(&["--max-body-bytes=1024", "--max-concurrency=1"]);
+    let long = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"p":"{}"}}}}"#,
+        "x".repeat(5000)
+    );
+    stdin.write_all(long.as_bytes()).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    let err = next(&rx);
+    assert_eq!(err["error"]["code"], -32600, "{err}");
+    assert!(err["id"].is_null());
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("1024"),
+        "{err}"
+    );
+
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"pi\xffng\"}\n")
+        .unwrap();
+    assert_eq!(next(&rx)["error"]["code"], -32700);
+    stdin.write_all(b"{not json\n\n   \n").unwrap();
+    assert_eq!(next(&rx)["error"]["code"], -32700);
+    let deep = format!("{}\n", "[".repeat(1000));
+    stdin.write_all(deep.as_bytes()).unwrap();
+    assert_eq!(
+        next(&rx)["error"]["code"],
+        -32700,
+        "deep unclosed nesting is a parse error"
+    );
+
+    // With one request in flight at most, a ping sent after a slow call is answered after it.
+    let slow = json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": 500}}});
+    let ping = json!({"jsonrpc": "2.0", "id": "ping", "method": "ping"});
+    writeln!(stdin, "{slow}\n{ping}").unwrap();
+    let first = next(&rx);
+    assert_eq!(first["id"], "slow", "{first}");
+    assert_eq!(first["result"]["content"][0]["text"], "slept 500 ms");
+    assert_eq!(next(&rx)["id"], "ping");
+
+    let add = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "add", "arguments": {"a": 40, "b": 2}}});
+    writeln!(stdin, "{add}").unwrap();
+    assert_eq!(next(&rx)["result"]["content"][0]["text"], "42");
+    drop(stdin);
+    let status = wait_exit(&mut p, PATIENCE).expect("exit when stdin closes");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn sigterm_lets_the_running_stdio_call_finish() {
+    let (mut p, mut stdin, rx) = start_stdio(&["--shutdown-grace=20s"]);
+    let ping = json!({"jsonrpc": "2.0", "id": 0, "method": "ping"});
+    writeln!(stdin, "{ping}").unwrap();
+    assert_eq!(next(&rx)["id"], 0, "serving");
+    let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": 1500}}});
+    writeln!(stdin, "{slow}").unwrap();
+    // The call is read and running once a later ping is answered (reads are in order).
+    writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": 2, "method": "ping"})).unwrap();
+    assert_eq!(next(&rx)["id"], 2);
+    terminate(&p);
+    let done = next(&rx);
+    assert_eq!(done["result"]["content"][0]["text"], "slept 1500 ms", "{done}");
+    let status = wait_exit(&mut p, PATIENCE).expect("exit after the drain");
+    assert!(status.success(), "{status}");
+}
