@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use quiver_server::config::{self, ServerInfo, ToolSet};
 
-use crate::crd::McpServer;
+use crate::crd::{McpServer, TOOLS_LABEL};
+use crate::guard;
 
 /// The rendered, validated ToolSet.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +55,12 @@ pub type Fetched = Vec<Option<String>>;
 pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     let spec = &mcp.spec;
     let name = mcp.metadata.name.clone().unwrap_or_default();
+    if let Some(problem) = guard::name(&name) {
+        return Err(Invalid {
+            reason: "InvalidName",
+            problems: vec![problem],
+        });
+    }
     let missing: Vec<String> = spec
         .tools_from
         .iter()
@@ -62,8 +69,8 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         .filter(|(_, (_, f))| f.is_none())
         .map(|(i, (t, _))| {
             format!(
-                "spec.toolsFrom[{i}]: ConfigMap {} has no key {}",
-                t.config_map_key_ref.name, t.config_map_key_ref.key
+                "spec.toolsFrom[{i}]: ConfigMap {} has no key {} (a ConfigMap labelled {}={} is read as soon as it changes, others within 5 minutes)",
+                t.config_map_key_ref.name, t.config_map_key_ref.key, TOOLS_LABEL.0, TOOLS_LABEL.1
             )
         })
         .collect();
@@ -103,6 +110,13 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         return Err(Invalid {
             reason: "InvalidToolConfig",
             problems: parse_problems,
+        });
+    }
+    let unsafe_timeouts = guard::timeouts(&ts, &origins);
+    if !unsafe_timeouts.is_empty() {
+        return Err(Invalid {
+            reason: "InvalidToolConfig",
+            problems: unsafe_timeouts,
         });
     }
     let compiled = config::compile(&ts).map_err(|e| Invalid {
