@@ -351,3 +351,160 @@ async fn leader_election_hands_over_after_the_lease_expires() {
     })
     .await;
 }
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn unlabelled_tools_from_config_maps_work_with_a_warning_and_labelled_ones_propagate() {
+    with_ns("q-toolsfrom", |ns| async move {
+        // The sample without the watch label.
+        let yaml =
+            sample("tools-from-configmap.yaml").replace("  labels: {quiver.dev/tools: \"true\"}\n", "");
+        assert!(
+            !yaml.contains("quiver.dev/tools"),
+            "the sample's label was removed"
+        );
+        ns.apply_yaml(&yaml).await;
+        let (_, message) = ns
+            .wait_condition("from-configmap", "ConfigValid", "True", 30)
+            .await;
+        assert!(
+            message.starts_with("3 tools"),
+            "an unlabelled ConfigMap is still read: {message}"
+        );
+        let status = eventually(30, "status.unwatchedConfigMaps", || async {
+            ns.mcp("from-configmap")
+                .await
+                .status
+                .filter(|s| !s.unwatched_config_maps.is_empty())
+        })
+        .await;
+        assert_eq!(status.unwatched_config_maps, ["shared-tools"]);
+        let events: Api<Event> = ns.api();
+        let warning = eventually(30, "ToolsFromNotWatched event", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("ToolsFromNotWatched"))
+        })
+        .await;
+        assert!(
+            warning
+                .message
+                .unwrap_or_default()
+                .contains("shared-tools lack the label quiver.dev/tools=true")
+        );
+
+        // Labelling it: the warning list clears and edits propagate at once.
+        let label = json!({"metadata": {"labels": {"quiver.dev/tools": "true"}}});
+        ns.api::<ConfigMap>()
+            .patch("shared-tools", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+        eventually(30, "status.unwatchedConfigMaps cleared", || async {
+            ns.mcp("from-configmap")
+                .await
+                .status
+                .filter(|s| s.unwatched_config_maps.is_empty())
+        })
+        .await;
+        let patch =
+            json!({"data": {"tools.yaml": "tools:\n  - {name: labelled, handler: {builtin: now}}\n"}});
+        ns.api::<ConfigMap>()
+            .patch("shared-tools", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        eventually(
+            20,
+            "the edit of a labelled ConfigMap reaches the rendered one",
+            || async {
+                let cm = ns.api::<ConfigMap>().get("from-configmap-tools").await.ok()?;
+                cm.data?
+                    .get("tools.yaml")?
+                    .contains("name: labelled")
+                    .then_some(())
+            },
+        )
+        .await;
+        let warnings = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ToolsFromNotWatched"))
+            .map(|e| e.series.and_then(|s| s.count).unwrap_or(1))
+            .sum::<i32>();
+        assert_eq!(warnings, 1, "the warning is emitted once, not on every reconcile");
+    })
+    .await;
+}
+
+/// A minimal `monitoring.coreos.com/v1` ServiceMonitor CRD, created unless one exists.
+async fn ensure_service_monitor_crd(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com", "scope": "Namespaced",
+            "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    }))
+    .unwrap();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("ServiceMonitor CRD: {e}"),
+    }
+    eventually(30, "ServiceMonitor CRD Established", || async {
+        let c = crds.get("servicemonitors.monitoring.coreos.com").await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_service_monitor_follows_monitoring_on_and_off() {
+    use kube::api::DynamicObject;
+    with_ns("q-monitor", |ns| async move {
+        ensure_service_monitor_crd(&ns.client).await;
+        let ar = quiver_operator::build::service_monitor_resource();
+        let monitors: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &ar);
+        // One of the same name that the McpServer does not own must survive.
+        let foreign = DynamicObject::new("other", &ar).data(json!({"spec": {}}));
+        monitors.create(&PostParams::default(), &foreign).await.unwrap();
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        ns.wait_condition("calculator", "ConfigValid", "True", 60).await;
+        let on = json!({"spec": {"monitoring": {"serviceMonitor": true}}});
+        ns.api::<McpServer>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&on))
+            .await
+            .unwrap();
+        let sm = eventually(30, "ServiceMonitor created", || async {
+            monitors.get_opt("calculator").await.ok()?
+        })
+        .await;
+        assert_eq!(sm.owner_references()[0].kind, "McpServer");
+        let off = json!({"spec": {"monitoring": {"serviceMonitor": false}}});
+        ns.api::<McpServer>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&off))
+            .await
+            .unwrap();
+        eventually(30, "ServiceMonitor deleted when turned off", || async {
+            monitors.get_opt("calculator").await.ok()?.is_none().then_some(())
+        })
+        .await;
+        assert!(
+            monitors.get_opt("other").await.unwrap().is_some(),
+            "a foreign ServiceMonitor stays"
+        );
+    })
+    .await;
+}

@@ -63,7 +63,14 @@ impl Replica {
 
     async fn get(&self, path: &str) -> Option<(u16, String)> {
         let out = Command::new("curl")
-            .args(["-sS", "-m", "2", "-w", "\n%{http_code}", &format!("http://127.0.0.1:{}{path}", self.admin)])
+            .args([
+                "-sS",
+                "-m",
+                "2",
+                "-w",
+                "\n%{http_code}",
+                &format!("http://127.0.0.1:{}{path}", self.admin),
+            ])
             .output()
             .await
             .ok()?;
@@ -80,13 +87,19 @@ impl Replica {
     /// The `quiver_operator_leader` gauge.
     async fn leads(&self) -> Option<bool> {
         let (_, metrics) = self.get("/metrics").await?;
-        let value = metrics.lines().find_map(|l| l.strip_prefix("quiver_operator_leader "))?;
+        let value = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("quiver_operator_leader "))?;
         Some(value.trim() == "1")
     }
 
     fn signal(&self, sig: &str) {
         let pid = self.child.id().expect("still running").to_string();
-        let ok = std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
         assert!(ok, "kill {sig} {pid}");
     }
 }
@@ -147,7 +160,11 @@ async fn replicas_are_ready_while_one_leads_and_a_standby_takes_over() {
         );
 
         // A crash (SIGKILL) releases nothing: the standby waits out the lease, no longer.
-        let (mut crashed, standby) = if rest.identity == second { (rest, c) } else { (c, rest) };
+        let (mut crashed, standby) = if rest.identity == second {
+            (rest, c)
+        } else {
+            (c, rest)
+        };
         crashed.signal("-KILL");
         let start = Instant::now();
         crashed.child.wait().await.unwrap();
@@ -168,7 +185,10 @@ async fn replicas_are_ready_while_one_leads_and_a_standby_takes_over() {
             .unwrap();
         eventually(30, "the new leader renders the edit", || async {
             let cm = ns.api::<ConfigMap>().get("calculator-tools").await.ok()?;
-            cm.data?.get("tools.yaml")?.contains("after-takeover").then_some(())
+            cm.data?
+                .get("tools.yaml")?
+                .contains("after-takeover")
+                .then_some(())
         })
         .await;
         drop(standby);
