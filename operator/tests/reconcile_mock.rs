@@ -59,6 +59,22 @@ impl ApiServerVerifier {
         body
     }
 
+    /// Like `expect`, answering with a plain-text body (what a missing API group may return).
+    async fn expect_text(&mut self, method: Method, path: &str, status: StatusCode, text: &'static str) {
+        let (req, send) = self
+            .0
+            .next_request()
+            .await
+            .unwrap_or_else(|| panic!("expected {method} {path}"));
+        assert_eq!((req.method(), req.uri().path()), (&method, path));
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(text.as_bytes().to_vec()))
+                .unwrap(),
+        );
+    }
+
     /// Asserts the client sends nothing more (every clone of it must be dropped first).
     async fn expect_no_more(&mut self) {
         if let Some((req, _)) = self.0.next_request().await {
@@ -183,11 +199,13 @@ async fn expect_applies(api: &mut ApiServerVerifier) -> Value {
     cm
 }
 
-/// No HPA, PDB or ServiceMonitor is wanted and none exists (the ServiceMonitor CRD is absent).
+/// No HPA, PDB or ServiceMonitor is wanted and none exists; the ServiceMonitor CRD is absent,
+/// and its API group answers a plain-text 404.
 async fn expect_no_optional_children(api: &mut ApiServerVerifier) {
     api.expect(Method::GET, HPA, |_| not_found()).await;
     api.expect(Method::GET, PDB, |_| not_found()).await;
-    api.expect(Method::GET, SM, |_| not_found()).await;
+    api.expect_text(Method::GET, SM, StatusCode::NOT_FOUND, "404 page not found")
+        .await;
 }
 
 fn condition(status: &Value, type_: &str) -> Value {

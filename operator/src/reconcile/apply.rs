@@ -29,8 +29,11 @@ where
 /// that name the McpServer does not own is left alone. A missing object, or a missing API
 /// (an absent CRD answers 404 too), is not an error.
 pub async fn delete_owned(api: &Api<DynamicObject>, name: &str, owner_uid: &str) -> Result<(), Error> {
-    let Some(obj) = api.get_opt(name).await? else {
-        return Ok(());
+    // By code, not reason: a missing API group may answer a plain-text 404.
+    let obj = match api.get(name).await {
+        Ok(obj) => obj,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
     };
     if !obj.owner_references().iter().any(|o| o.uid == owner_uid) {
         return Ok(());
@@ -45,7 +48,7 @@ pub async fn delete_owned(api: &Api<DynamicObject>, name: &str, owner_uid: &str)
     match api.delete(name, &params).await {
         Ok(_) => Ok(()),
         // Gone meanwhile, or replaced by another object of the same name (precondition).
-        Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
