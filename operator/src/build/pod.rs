@@ -15,7 +15,7 @@ use crate::crd::{Allocator, McpServer};
 /// UID and GID of the server process (the distroless "nonroot" user).
 const NONROOT: i64 = 65532;
 
-fn some_unless_empty<T: IntoIterator + Default + PartialEq>(v: T) -> Option<T> {
+fn some_unless_empty<T: Default + PartialEq>(v: T) -> Option<T> {
     (v != T::default()).then_some(v)
 }
 
