@@ -290,11 +290,13 @@ pub struct McpServerStatus {
     pub endpoint: Option<String>,
     /// Keys of `tuning.sysctls` outside the kubelet's safe set (a Warning event is emitted when
     /// this list changes).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // Serialized when empty too: the status is written as a merge patch, where an omitted
+    // field would keep its old value.
+    #[serde(default)]
     pub unsafe_sysctls: Vec<String>,
     /// `toolsFrom` ConfigMaps without the `quiver.dev/tools: "true"` label: their edits are
     /// picked up by the 5-minute re-read, not at once (a Warning event is emitted when this list
     /// changes).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub unwatched_config_maps: Vec<String>,
 }

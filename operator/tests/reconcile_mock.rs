@@ -357,6 +357,24 @@ async fn the_unsafe_sysctls_warning_is_emitted_once_per_change_of_the_set() {
             .unwrap()
             .starts_with("net.core.rmem_max, net.core.somaxconn")
     );
+
+    // Fixed: the merge patch must say so explicitly (an omitted list would stay), no event.
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        let status = api.expect(Method::PATCH, STATUS, patched).await;
+        api.expect_no_more().await;
+        status
+    });
+    reconcile(
+        mcp_with(json!({"tools": add()}), Some(status["status"].clone())),
+        ctx,
+    )
+    .await
+    .unwrap();
+    let status = server.await.unwrap();
+    assert_eq!(status["status"]["unsafeSysctls"], json!([]));
 }
 
 fn service_monitor(owner_uid: &str) -> Value {
