@@ -222,4 +222,36 @@ spec:
         assert_eq!(compile(&reparsed).unwrap().hash, r.hash, "{}", r.yaml);
         assert_eq!(r.tool_count, 2);
     }
+
+    #[test]
+    fn hostile_tools_from_documents_are_refused_not_crashing() {
+        let m = mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: a, key: b}\n");
+        let deep_flow = format!(
+            "tools: [{{name: a, handler: {{builtin: echo}}, inputSchema: {}{}}}]",
+            "[".repeat(200_000),
+            "]".repeat(200_000)
+        );
+        let mut deep_block = String::from("tools:\n- name: a\n  handler: {builtin: echo}\n  inputSchema:\n");
+        for i in 0..5_000 {
+            deep_block.push_str(&" ".repeat(4 + i));
+            deep_block.push_str("- \n");
+        }
+        // "Billion laughs": aliases that would expand to 10^10 nodes inside a free-form schema.
+        let mut laughs = String::from(
+            "tools:\n- name: a\n  handler: {builtin: echo}\n  inputSchema:\n    a: &a [x, x, x, x, x, x, x, x, x, x]\n",
+        );
+        for (prev, next) in ('a'..='i').zip('b'..='j') {
+            let refs = vec![format!("*{prev}"); 10].join(", ");
+            laughs.push_str(&format!("    {next}: &{next} [{refs}]\n"));
+        }
+        for doc in [deep_flow, deep_block, laughs] {
+            let err = render(&m, &vec![Some(doc)]).unwrap_err();
+            assert_eq!(err.reason, "InvalidToolConfig");
+            assert!(
+                err.problems[0].starts_with("spec.toolsFrom[0] (ConfigMap a, key b)"),
+                "{:?}",
+                err.problems
+            );
+        }
+    }
 }
