@@ -7,7 +7,9 @@
 #  - Prometheus (Debian) scraping three quiver-servers and that operator while bounded
 #    traffic runs; every dashboard and rule expression must return data
 #    (tests/observability/check_queries.py); promtool checks and unit-tests the rules;
-#  - helm upgrade (leader election appears with 2 replicas) and helm uninstall (CRD kept).
+#  - helm upgrade to 2 replicas (leader election, RollingUpdate maxUnavailable 0), two
+#    elected operators with the chart's token: both Ready, one leads, SIGTERM hands over;
+#  - helm uninstall (CRD kept).
 # QUIVER_PREVIEWS=DIR also renders dashboard previews from the real results into DIR.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -17,6 +19,7 @@ python_env
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "no answer from $1" >&2; return 1; }
 
+BIN="$(target_dir)/debug"
 control_plane_session chart
 
 log "dashboards, chart copies and rules are generated from their sources"
@@ -60,9 +63,10 @@ contexts: [{name: quiver, context: {cluster: local, user: quiver, namespace: qui
 current-context: quiver
 KC
 op_admin="$(free_port)"
-KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system "$ROOT/target/debug/quiver-operator" \
+KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system "$BIN/quiver-operator" \
   --admin-listen "127.0.0.1:$op_admin" --probe-pods=false > "$STATE/operator.log" 2>&1 &
-BG_PIDS+=($!)
+op_pid=$!
+BG_PIDS+=($op_pid)
 wait_http "http://127.0.0.1:$op_admin/readyz"
 kubectl create namespace demo >/dev/null
 for s in calculator every-handler tuned autoscaled tools-from-configmap; do kubectl apply -n demo -f "deploy/samples/$s.yaml" >/dev/null; done
@@ -87,7 +91,7 @@ urls=()
 for i in 0 1 2; do
   cp tests/observability/tools.yaml "$STATE/servers/tools-$i.yaml"
   port="$(free_port)"; admin="$(free_port)"
-  "$ROOT/target/debug/quiver-server" --config "file:$STATE/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \
+  "$BIN/quiver-server" --config "file:$STATE/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$admin" > "$STATE/server-$i.log" 2>&1 &
   BG_PIDS+=($!)
   wait_http "http://127.0.0.1:$admin/readyz"
@@ -135,10 +139,44 @@ preview_args=()
 [ -n "${QUIVER_PREVIEWS:-}" ] && preview_args=(--previews "$QUIVER_PREVIEWS" --since "$since")
 "$PY" tests/observability/check_queries.py --prometheus "http://127.0.0.1:$prom_port" "${preview_args[@]}"
 
-log "helm upgrade (2 replicas: leader election)"
-helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=2
+log "helm upgrade (2 replicas: leader election, a rolling update that waits for Ready)"
+helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=2 --wait --timeout 3m
 kubectl get role quiver-leader-election -n quiver-system >/dev/null
 kubectl get deploy quiver -n quiver-system -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- --leader-elect
+strategy="$(kubectl get deploy quiver -n quiver-system -o jsonpath='{.spec.strategy.type} {.spec.strategy.rollingUpdate.maxUnavailable} {.spec.strategy.rollingUpdate.maxSurge} {.spec.template.spec.containers[0].readinessProbe.httpGet.path}')"
+[ "$strategy" = "RollingUpdate 0 1 /readyz" ] || { echo "2-replica Deployment: strategy/readiness '$strategy'" >&2; exit 1; }
+
+log "two elected operators with the chart's ServiceAccount (Lease RBAC, standby Ready, handover)"
+# kwok marks the chart's pods Ready without running them, so the replicas run here, with the
+# chart's token. The single operator above stops first: it is not elected.
+kill "$op_pid"; wait "$op_pid" 2>/dev/null || true
+leader_gauge() { curl -fsS "http://127.0.0.1:$1/metrics" | awk '$1 == "quiver_operator_leader" {print $2}'; }
+ready() { curl -fsS -o /dev/null "http://127.0.0.1:$1/readyz" 2>/dev/null; }
+ports=(); pids=()
+for r in a b; do
+  port="$(free_port)"
+  KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system POD_NAME="replica-$r" "$BIN/quiver-operator" \
+    --admin-listen "127.0.0.1:$port" --probe-pods=false --leader-elect \
+    --lease-duration-seconds 4 --renew-deadline-seconds 3 --retry-period-seconds 1 > "$STATE/replica-$r.log" 2>&1 &
+  pids+=($!); BG_PIDS+=($!); ports+=("$port")
+done
+leader=""
+for _ in $(seq 1 300); do
+  if ready "${ports[0]}" && ready "${ports[1]}"; then
+    g0="$(leader_gauge "${ports[0]}")"; g1="$(leader_gauge "${ports[1]}")"
+    [ "$g0$g1" = 10 ] && leader=0 && break
+    [ "$g0$g1" = 01 ] && leader=1 && break
+  fi
+  sleep 0.1
+done
+[ -n "$leader" ] || { echo "want both replicas Ready and one leader" >&2; exit 1; }
+standby=$((1 - leader))
+echo "replica $leader leads, replica $standby stands by, both Ready"
+kill -TERM "${pids[$leader]}"
+for _ in $(seq 1 150); do [ "$(leader_gauge "${ports[$standby]}")" = 1 ] && break; sleep 0.1; done
+[ "$(leader_gauge "${ports[$standby]}")" = 1 ] || { echo "the standby did not take over within 15 s of SIGTERM" >&2; exit 1; }
+echo "the standby took over after SIGTERM"
+if grep -q "forbidden" "$STATE"/replica-*.log; then echo "the chart's leader-election RBAC is missing a permission:" >&2; grep forbidden "$STATE"/replica-*.log | head -5 >&2; exit 1; fi
 
 log "helm uninstall (the CRD and the McpServers stay)"
 helm uninstall quiver -n quiver-system --wait

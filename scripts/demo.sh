@@ -15,7 +15,7 @@ cargo build -p quiver-server --locked --quiet
 python_env
 
 log "starting quiver-server on http://127.0.0.1:$PORT/mcp (admin :$ADMIN)"
-./target/debug/quiver-server --config file:examples/tools.yaml \
+"$(target_dir)/debug/quiver-server" --config file:examples/tools.yaml \
   --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT

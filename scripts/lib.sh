@@ -4,6 +4,13 @@ QUIVER_CACHE="${QUIVER_CACHE:-$HOME/.cache/quiver}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$QUIVER_CACHE"
 
+# cargo's target directory: CARGO_TARGET_DIR (or a build.target-dir setting) if set, else
+# the workspace's target/. Built binaries are under "$(target_dir)/debug" or ".../release".
+target_dir() {
+  cargo metadata --format-version 1 --no-deps --manifest-path "$ROOT/Cargo.toml" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
 log() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # A Python virtualenv in the cache with the SDK-test requirements installed.

@@ -3,7 +3,7 @@
 # 1000), measures the time until every one is reconciled (status.observedGeneration current,
 # ConfigValid=True), the latency of a tools edit reaching its ConfigMap with N objects
 # present, the operator's reconcile-duration histogram and its resident memory.
-#   scripts/operator-scale.sh [N]        (uses target/release/quiver-operator)
+#   scripts/operator-scale.sh [N]        (uses the release quiver-operator of cargo's target directory)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -16,7 +16,7 @@ control_plane_session scale
 # One kwok node holds 2000 pods; add more for larger N.
 install_crd
 admin_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-"$ROOT/target/release/quiver-operator" --admin-listen "127.0.0.1:$admin_port" --concurrency 16 --probe-pods=false > "$STATE/operator.log" 2>&1 &
+"$(target_dir)/release/quiver-operator" --admin-listen "127.0.0.1:$admin_port" --concurrency 16 --probe-pods=false > "$STATE/operator.log" 2>&1 &
 op_pid=$!
 BG_PIDS+=($op_pid)
 kubectl create namespace scale >/dev/null

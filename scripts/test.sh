@@ -27,7 +27,7 @@ cargo test --workspace --locked
 
 log "building quiver-server for the SDK tests"
 cargo build -p quiver-server --locked
-export QUIVER_SERVER_BIN="$ROOT/target/debug/quiver-server"
+export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
 
 log "Python MCP SDK client tests"
 python_env

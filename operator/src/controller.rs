@@ -1,13 +1,11 @@
-//! The controller: watches McpServers, their children and the ConfigMaps they reference,
-//! and runs reconciles with bounded concurrency. Also the operator's admin endpoints.
+//! The controller: watches McpServers, the children they own (selected by the
+//! `app.kubernetes.io/managed-by=quiver-operator` label) and the `toolsFrom` ConfigMaps that
+//! carry `quiver.dev/tools=true`, and runs reconciles with bounded concurrency. No watch
+//! covers every ConfigMap of the cluster.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -17,61 +15,36 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-use crate::build::Defaults;
-use crate::crd::McpServer;
-use crate::metrics::Metrics;
-use crate::reconcile::{Context, error_policy, reconcile};
+use crate::admin::Health;
+use crate::backoff::Backoff;
+use crate::build::{Defaults, MANAGED_BY};
+use crate::crd::{McpServer, TOOLS_LABEL};
+use crate::reconcile::{self, Context, error_policy, reconcile};
 
-/// Shared with the admin endpoints.
-#[derive(Default)]
-pub struct Health {
-    /// Set once the McpServer watch has listed.
-    pub ready: AtomicBool,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// The controller's cache of McpServers, for per-condition counts at scrape time.
-    pub store: std::sync::OnceLock<kube::runtime::reflector::Store<McpServer>>,
-}
-
-impl std::fmt::Debug for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Health")
-            .field("ready", &self.ready)
-            .finish_non_exhaustive()
-    }
-}
-
-fn metrics_text(h: &Health) -> String {
-    if let Some(store) = h.store.get() {
-        let all = store.state();
-        h.metrics.set_conditions(all.iter().flat_map(|m| {
-            m.status
+/// The McpServers in the ConfigMap's namespace that read it through `toolsFrom`.
+pub fn referencing(mcps: &[Arc<McpServer>], cm: &ConfigMap) -> Vec<ObjectRef<McpServer>> {
+    let ns = cm.namespace();
+    let name = cm.name_any();
+    mcps.iter()
+        .filter(|m| m.namespace() == ns)
+        .filter(|m| {
+            m.spec
+                .tools_from
                 .iter()
-                .flat_map(|s| s.conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str())))
-        }));
-    }
-    h.metrics.encode()
+                .any(|t| t.config_map_key_ref.name == name)
+        })
+        .map(|m| ObjectRef::from_obj(&**m))
+        .collect()
 }
 
-/// The admin router: /metrics, /healthz, /readyz.
-pub fn admin(health: Arc<Health>) -> Router {
-    Router::new()
-        .route(
-            "/metrics",
-            get(|State(h): State<Arc<Health>>| async move { metrics_text(&h) }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(h): State<Arc<Health>>| async move {
-                if h.ready.load(Ordering::Acquire) {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
-                }
-            }),
-        )
-        .with_state(health)
+/// Forgets the backoff of an McpServer the controller found deleted (a pending retry of a
+/// failing object ends here), so the table does not keep deleted objects.
+pub fn forget_deleted(backoff: &Backoff, err: &controller::Error<reconcile::Error, watcher::Error>) {
+    if let controller::Error::ObjectNotFound(r) = err {
+        let mut key = ObjectRef::<McpServer>::new(&r.name);
+        key.namespace.clone_from(&r.namespace);
+        backoff.reset(&key);
+    }
 }
 
 /// Runs the controller until SIGTERM/SIGINT.
@@ -83,7 +56,8 @@ pub async fn run(
     health: Arc<Health>,
 ) {
     let mcps: Api<McpServer> = Api::all(client.clone());
-    let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=quiver-operator");
+    let managed = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let tools = watcher::Config::default().labels(&format!("{}={}", TOOLS_LABEL.0, TOOLS_LABEL.1));
     let controller = Controller::new(mcps, watcher::Config::default());
     let store = controller.store();
     let _ = health.store.set(store.clone());
@@ -95,7 +69,7 @@ pub async fn run(
         loop {
             match tokio::time::timeout(std::time::Duration::from_millis(250), listed.wait_until_ready()).await
             {
-                Ok(Ok(())) => break flag.ready.store(true, Ordering::Release),
+                Ok(Ok(())) => break flag.listed.store(true, Ordering::Release),
                 Ok(Err(_)) => break,
                 Err(_) => {}
             }
@@ -113,47 +87,82 @@ pub async fn run(
         ),
         metrics: health.metrics.clone(),
         probe_pods,
+        backoff: Backoff::default(),
     });
+    let results_ctx = ctx.clone();
     controller
         .owns(Api::<Deployment>::all(client.clone()), managed.clone())
-        .owns(Api::<Service>::all(client.clone()), managed)
-        // ConfigMaps: the tools ConfigMap each McpServer owns (drift repair), and any ConfigMap
-        // an McpServer references in toolsFrom (its edits propagate).
+        .owns(Api::<Service>::all(client.clone()), managed.clone())
+        // The rendered tools ConfigMaps (drift repair), selected by label.
+        .owns(Api::<ConfigMap>::all(client.clone()), managed)
+        // toolsFrom sources that opted in with the label: their edits propagate at once.
         .watches(
             Api::<ConfigMap>::all(client.clone()),
-            watcher::Config::default(),
-            move |cm: ConfigMap| {
-                let ns = cm.namespace().unwrap_or_default();
-                let name = cm.name_any();
-                let owners: Vec<ObjectRef<McpServer>> = cm
-                    .owner_references()
-                    .iter()
-                    .filter(|o| o.kind == "McpServer" && o.api_version.starts_with("quiver.dev/"))
-                    .map(|o| ObjectRef::new(&o.name).within(&ns))
-                    .collect();
-                let referencing = store
-                    .state()
-                    .into_iter()
-                    .filter(|m| {
-                        m.namespace().as_deref() == Some(ns.as_str())
-                            && m.spec
-                                .tools_from
-                                .iter()
-                                .any(|t| t.config_map_key_ref.name == name)
-                    })
-                    .map(|m| ObjectRef::from_obj(&*m))
-                    .collect::<Vec<_>>();
-                owners.into_iter().chain(referencing)
-            },
+            tools,
+            move |cm: ConfigMap| referencing(&store.state(), &cm),
         )
         .with_config(controller::Config::default().concurrency(concurrency))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
-            if let Err(e) = res {
+            if let Err(e) = &res {
+                forget_deleted(&results_ctx.backoff, e);
                 tracing::debug!(error = %e, "reconcile result");
             }
             async {}
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mcp(ns: &str, name: &str, from: &[&str]) -> Arc<McpServer> {
+        let refs: Vec<_> = from
+            .iter()
+            .map(|n| json!({"configMapKeyRef": {"name": n, "key": "tools.yaml"}}))
+            .collect();
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"toolsFrom": refs},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_config_map_maps_to_the_mcpservers_of_its_namespace_that_read_it() {
+        let all = [
+            mcp("a", "one", &["shared"]),
+            mcp("a", "two", &["other", "shared"]),
+            mcp("a", "three", &["other"]),
+            mcp("b", "four", &["shared"]),
+        ];
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "shared", "namespace": "a"}})).unwrap();
+        let names: Vec<String> = referencing(&all, &cm).into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["one", "two"]);
+    }
+
+    #[test]
+    fn a_deleted_object_leaves_the_backoff_table() {
+        let backoff = Backoff::default();
+        let gone = ObjectRef::<McpServer>::new("gone").within("ns");
+        backoff.fail(gone.clone());
+        backoff.fail(ObjectRef::new("kept").within("ns"));
+        forget_deleted(
+            &backoff,
+            &controller::Error::ObjectNotFound(Box::new(gone.clone().erase())),
+        );
+        assert_eq!(backoff.len(), 1);
+        assert_eq!(
+            backoff.fail(gone),
+            std::time::Duration::from_secs(1),
+            "gone was forgotten"
+        );
+    }
 }

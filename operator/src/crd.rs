@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 
 /// Limits that keep the CEL rules' cost bounded.
 pub const MAX_TOOLS: usize = 256;
+/// Label a `toolsFrom` ConfigMap carries to be watched: its edits then propagate at once.
+pub const TOOLS_LABEL: (&str, &str) = ("quiver.dev/tools", "true");
 
 /// An MCP server deployed by Quiver: a Deployment of quiver-server serving the tools below,
 /// hot-reloaded from a ConfigMap the operator keeps in sync.
@@ -52,9 +54,11 @@ pub struct McpServerSpec {
     pub replicas: Option<i32>,
     /// quiver-server image; defaults to the operator's configured server image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
     /// Image pull policy (Always, IfNotPresent, Never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["Always", "IfNotPresent", "Never"]))]
     pub image_pull_policy: Option<String>,
     /// Server identity reported to MCP clients (name, version, title, instructions, pageSize).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,15 +70,19 @@ pub struct McpServerSpec {
     #[schemars(length(max = 256))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub tools: Vec<ToolSpec>,
-    /// More tools from ConfigMap keys holding ToolSet documents; their edits propagate too.
+    /// More tools from ConfigMap keys holding ToolSet documents. Label those ConfigMaps
+    /// `quiver.dev/tools: "true"` and their edits propagate at once; unlabelled ones are re-read
+    /// every 5 minutes (the McpServer gets a Warning event and `status.unwatchedConfigMaps`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub tools_from: Vec<ToolsFrom>,
     /// MCP resources (static or URI-templated text), in the ToolSet format.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
     pub mcp_resources: Vec<ResourceSpec>,
     /// MCP prompt templates, in the ToolSet format.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
     pub prompts: Vec<PromptSpec>,
     /// Compute resources of the server container. With `tuning.cpuPinning`, CPU comes from
     /// `tuning.cpus` and requests are set equal to limits.
@@ -94,6 +102,7 @@ pub struct McpServerSpec {
     pub service: Option<ServiceOptions>,
     /// Browser origins allowed to call the server besides loopback ones (`*` = any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 256)))]
     pub allowed_origins: Vec<String>,
     /// Prometheus integration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,8 +121,10 @@ pub struct ToolsFrom {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 pub struct ConfigMapKey {
     /// ConfigMap name.
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// Key holding a ToolSet YAML document.
+    #[schemars(length(min = 1, max = 253))]
     pub key: String,
 }
 
@@ -123,18 +134,22 @@ pub struct ConfigMapKey {
 pub struct PodOverrides {
     /// Node labels the pods must match.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 63}))]
     pub node_selector: BTreeMap<String, String>,
     /// Tolerations of the pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub tolerations: Vec<Toleration>,
     /// Affinity of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
     /// Extra labels on the pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 63}))]
     pub labels: BTreeMap<String, String>,
     /// Extra annotations on the pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -189,10 +204,12 @@ pub struct Tuning {
     /// Namespaced sysctls from the kubelet's safe set (e.g. net.ipv4.ip_local_port_range,
     /// net.ipv4.tcp_keepalive_time). Overrides the profile's values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 256}))]
     pub sysctls: BTreeMap<String, String>,
     /// Namespaced sysctls outside the safe set (e.g. net.core.somaxconn). Pods using them are
     /// only admitted on nodes whose kubelet lists them in `allowedUnsafeSysctls`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 256}))]
     pub unsafe_sysctls: BTreeMap<String, String>,
 }
 
@@ -202,7 +219,7 @@ pub struct Tuning {
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
 pub struct Autoscaling {
     /// Fewest pods.
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 1000))]
     pub min_replicas: i32,
     /// Most pods.
     #[schemars(range(min = 1, max = 1000))]
@@ -223,6 +240,7 @@ pub struct ServiceOptions {
     pub port: Option<i32>,
     /// Service type: ClusterIP (default), NodePort or LoadBalancer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["ClusterIP", "NodePort", "LoadBalancer"]))]
     #[serde(rename = "type")]
     pub type_: Option<String>,
 }
@@ -270,4 +288,15 @@ pub struct McpServerStatus {
     /// In-cluster MCP endpoint URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// Keys of `tuning.sysctls` outside the kubelet's safe set (a Warning event is emitted when
+    /// this list changes).
+    // Serialized when empty too: the status is written as a merge patch, where an omitted
+    // field would keep its old value.
+    #[serde(default)]
+    pub unsafe_sysctls: Vec<String>,
+    /// `toolsFrom` ConfigMaps without the `quiver.dev/tools: "true"` label: their edits are
+    /// picked up by the 5-minute re-read, not at once (a Warning event is emitted when this list
+    /// changes).
+    #[serde(default)]
+    pub unwatched_config_maps: Vec<String>,
 }

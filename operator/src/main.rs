@@ -2,12 +2,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
+use quiver_operator::admin::{self, Health};
 use quiver_operator::build::Defaults;
-use quiver_operator::controller::{self, Health};
-use quiver_operator::leader::LeaseLock;
-use std::time::Duration;
+use quiver_operator::controller;
+use quiver_operator::leader::{self, LeaseLock, Timing};
 
 /// Reconciles McpServer objects into tuned quiver-server Deployments.
 #[derive(Debug, Parser)]
@@ -28,6 +29,15 @@ struct Args {
     /// Elect a leader on a Lease so several replicas can run (one reconciles).
     #[arg(long, env = "QUIVER_OPERATOR_LEADER_ELECT")]
     leader_elect: bool,
+    /// Seconds a leader lease is valid without renewal.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_duration_seconds: u64,
+    /// Seconds a leader keeps acting without a successful renewal (less than the lease duration).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    renew_deadline_seconds: u64,
+    /// Seconds between attempts to acquire or renew the lease.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    retry_period_seconds: u64,
     /// Ask ready server pods which config they serve, for status.configLoadedReplicas (the
     /// operator must reach pod IPs; turn off when it runs outside the cluster network).
     #[arg(long, env = "QUIVER_OPERATOR_PROBE_PODS", default_value_t = true, action = clap::ArgAction::Set)]
@@ -45,38 +55,47 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
+    let timing = Timing {
+        lease: Duration::from_secs(args.lease_duration_seconds),
+        renew_deadline: Duration::from_secs(args.renew_deadline_seconds),
+        retry: Duration::from_secs(args.retry_period_seconds),
+    }
+    .validate()
+    .map_err(anyhow::Error::msg)?;
     let client = kube::Client::try_default().await?;
     let health = Arc::new(Health::default());
     let listener = tokio::net::TcpListener::bind(args.admin_listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admin listening");
-    let admin = tokio::spawn(axum::serve(listener, controller::admin(health.clone())).into_future());
+    let admin = tokio::spawn(axum::serve(listener, admin::router(health.clone())).into_future());
     let defaults = Defaults {
         server_image: args.server_image,
         image_pull_policy: args.image_pull_policy,
     };
+    let run = controller::run(
+        client.clone(),
+        defaults,
+        args.concurrency,
+        args.probe_pods,
+        health.clone(),
+    );
     if args.leader_elect {
         let identity =
             std::env::var("POD_NAME").unwrap_or_else(|_| format!("quiver-operator-{}", std::process::id()));
         let lock = LeaseLock::new(
-            client.clone(),
+            client,
             &args.lease_namespace,
             "quiver-operator",
             &identity,
-            Duration::from_secs(15),
+            timing,
         );
-        tracing::info!(%identity, "waiting to become leader");
-        lock.acquire().await;
-        tracing::info!(%identity, "leading");
-        tokio::select! {
-            () = controller::run(client, defaults, args.concurrency, args.probe_pods, health) => {}
-            () = lock.hold() => {
-                // Another replica may already reconcile: stop at once and restart as a candidate.
-                tracing::error!("leader election lost; exiting");
-                std::process::exit(1);
-            }
+        if let Err(lost) = leader::lead(&lock, &health, run).await {
+            // Another replica may already reconcile: stop at once and restart as a candidate.
+            tracing::error!(?lost, "leader election lost; exiting");
+            std::process::exit(1);
         }
     } else {
-        controller::run(client, defaults, args.concurrency, args.probe_pods, health).await;
+        health.set_leading(true);
+        run.await;
     }
     admin.abort();
     Ok(())

@@ -30,6 +30,17 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// How one reconcile ended: exactly one of these is counted per reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Children applied, status written.
+    Ok,
+    /// The spec cannot be served: a condition and an event say why.
+    InvalidSpec,
+    /// An API call failed (the error category).
+    Error(&'static str),
+}
+
 /// The operator's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -39,6 +50,7 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     inflight: prometheus_client::metrics::gauge::Gauge,
     by_condition: Family<ConditionLabels, prometheus_client::metrics::gauge::Gauge>,
+    leader: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Default for Metrics {
@@ -79,7 +91,14 @@ impl Default for Metrics {
             "McpServers by condition and status (as of the last scrape)",
             by_condition.clone(),
         );
+        let leader = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease (or runs without leader election), 0 on standby",
+            leader.clone(),
+        );
         Self {
+            leader,
             registry,
             duration,
             reconciles,
@@ -91,30 +110,23 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Records a reconcile.
-    pub fn observe(&self, d: Duration, error: Option<&'static str>) {
+    /// Records one reconcile with its one outcome.
+    pub fn observe(&self, d: Duration, outcome: Outcome) {
         self.duration.observe(d.as_secs_f64());
-        match error {
-            None => self
-                .reconciles
-                .get_or_create(&ResultLabels { result: "ok" })
-                .inc(),
-            Some(category) => {
-                self.reconciles
-                    .get_or_create(&ResultLabels { result: "error" })
-                    .inc();
-                self.errors.get_or_create(&ErrorLabels { category }).inc()
+        let result = match outcome {
+            Outcome::Ok => "ok",
+            Outcome::InvalidSpec => "invalid_spec",
+            Outcome::Error(category) => {
+                self.errors.get_or_create(&ErrorLabels { category }).inc();
+                "error"
             }
         };
+        self.reconciles.get_or_create(&ResultLabels { result }).inc();
     }
 
-    /// Counts a reconcile that found an invalid spec.
-    pub fn invalid(&self) {
-        self.reconciles
-            .get_or_create(&ResultLabels {
-                result: "invalid_spec",
-            })
-            .inc();
+    /// Sets whether this replica leads (reconciles); standbys report 0.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// Marks a reconcile as started; the guard marks it finished.

@@ -58,5 +58,6 @@ pub async fn config_loaded(
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
         .collect();
     let hashes = futures_util::future::join_all(ips.iter().map(|ip| loaded_hash(ip))).await;
-    Ok(hashes.iter().filter(|h| h.as_deref() == Some(hash)).count() as i32)
+    let loaded = hashes.iter().filter(|h| h.as_deref() == Some(hash)).count();
+    Ok(i32::try_from(loaded).unwrap_or(i32::MAX))
 }

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use quiver_server::config::{self, ServerInfo, ToolSet};
 
-use crate::crd::McpServer;
+use crate::crd::{McpServer, TOOLS_LABEL};
+use crate::guard;
 
 /// The rendered, validated ToolSet.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +55,12 @@ pub type Fetched = Vec<Option<String>>;
 pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     let spec = &mcp.spec;
     let name = mcp.metadata.name.clone().unwrap_or_default();
+    if let Some(problem) = guard::name(&name) {
+        return Err(Invalid {
+            reason: "InvalidName",
+            problems: vec![problem],
+        });
+    }
     let missing: Vec<String> = spec
         .tools_from
         .iter()
@@ -62,8 +69,8 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         .filter(|(_, (_, f))| f.is_none())
         .map(|(i, (t, _))| {
             format!(
-                "spec.toolsFrom[{i}]: ConfigMap {} has no key {}",
-                t.config_map_key_ref.name, t.config_map_key_ref.key
+                "spec.toolsFrom[{i}]: ConfigMap {} has no key {} (a ConfigMap labelled {}={} is read as soon as it changes, others within 5 minutes)",
+                t.config_map_key_ref.name, t.config_map_key_ref.key, TOOLS_LABEL.0, TOOLS_LABEL.1
             )
         })
         .collect();
@@ -103,6 +110,13 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         return Err(Invalid {
             reason: "InvalidToolConfig",
             problems: parse_problems,
+        });
+    }
+    let unsafe_timeouts = guard::timeouts(&ts, &origins);
+    if !unsafe_timeouts.is_empty() {
+        return Err(Invalid {
+            reason: "InvalidToolConfig",
+            problems: unsafe_timeouts,
         });
     }
     let compiled = config::compile(&ts).map_err(|e| Invalid {
@@ -207,5 +221,37 @@ spec:
         let reparsed = quiver_server::config::parse("cm", &r.yaml).unwrap();
         assert_eq!(compile(&reparsed).unwrap().hash, r.hash, "{}", r.yaml);
         assert_eq!(r.tool_count, 2);
+    }
+
+    #[test]
+    fn hostile_tools_from_documents_are_refused_not_crashing() {
+        let m = mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: a, key: b}\n");
+        let deep_flow = format!(
+            "tools: [{{name: a, handler: {{builtin: echo}}, inputSchema: {}{}}}]",
+            "[".repeat(200_000),
+            "]".repeat(200_000)
+        );
+        let mut deep_block = String::from("tools:\n- name: a\n  handler: {builtin: echo}\n  inputSchema:\n");
+        for i in 0..5_000 {
+            deep_block.push_str(&" ".repeat(4 + i));
+            deep_block.push_str("- \n");
+        }
+        // "Billion laughs": aliases that would expand to 10^10 nodes inside a free-form schema.
+        let mut laughs = String::from(
+            "tools:\n- name: a\n  handler: {builtin: echo}\n  inputSchema:\n    a: &a [x, x, x, x, x, x, x, x, x, x]\n",
+        );
+        for (prev, next) in ('a'..='i').zip('b'..='j') {
+            let refs = vec![format!("*{prev}"); 10].join(", ");
+            laughs.push_str(&format!("    {next}: &{next} [{refs}]\n"));
+        }
+        for doc in [deep_flow, deep_block, laughs] {
+            let err = render(&m, &vec![Some(doc)]).unwrap_err();
+            assert_eq!(err.reason, "InvalidToolConfig");
+            assert!(
+                err.problems[0].starts_with("spec.toolsFrom[0] (ConfigMap a, key b)"),
+                "{:?}",
+                err.problems
+            );
+        }
     }
 }

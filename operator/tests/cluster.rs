@@ -3,179 +3,20 @@
 //! these with `--ignored`. Each test works in its own namespace and prints the namespace's
 //! events and McpServers when it fails.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use quiver_operator::crd::McpServer;
 use serde_json::{Value, json};
 
-const CLUSTER: &str = "needs a control plane: run scripts/test.sh (or KUBECONFIG + a running operator)";
+mod common;
 
-async fn client() -> Client {
-    Client::try_default()
-        .await
-        .unwrap_or_else(|e| panic!("{CLUSTER}: {e}"))
-}
-
-/// Polls `f` until it yields `Some`, for at most `secs` seconds.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {secs}s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-struct TempNs {
-    client: Client,
-    name: String,
-}
-
-impl TempNs {
-    async fn new(prefix: &str) -> Self {
-        let client = client().await;
-        let name = format!("{prefix}-{}", std::process::id() % 100_000);
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        let api: Api<Namespace> = Api::all(client.clone());
-        let _ = api.delete(&name, &DeleteParams::default()).await;
-        eventually(60, "old namespace gone", || async {
-            api.get_opt(&name).await.ok().flatten().is_none().then_some(())
-        })
-        .await;
-        api.create(&PostParams::default(), &ns).await.unwrap();
-        Self { client, name }
-    }
-
-    fn api<K>(&self) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        K::DynamicType: Default,
-    {
-        Api::namespaced(self.client.clone(), &self.name)
-    }
-
-    async fn apply_yaml(&self, yaml: &str) {
-        for doc in yaml.split("\n---\n") {
-            let v: Value = serde_saphyr::from_str(doc).unwrap();
-            let mut obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
-            obj.metadata.namespace = Some(self.name.clone());
-            let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-            let (ar, _) = kube::discovery::pinned_kind(&self.client, &gvk).await.unwrap();
-            let api: Api<kube::api::DynamicObject> =
-                Api::namespaced_with(self.client.clone(), &self.name, &ar);
-            api.patch(
-                &obj.name_any(),
-                &PatchParams::apply("quiver-tests").force(),
-                &Patch::Apply(&obj),
-            )
-            .await
-            .unwrap();
-        }
-    }
-
-    async fn mcp(&self, name: &str) -> McpServer {
-        self.api::<McpServer>().get(name).await.unwrap()
-    }
-
-    async fn condition(&self, name: &str, type_: &str) -> Option<(String, String, String)> {
-        let m = self.api::<McpServer>().get_opt(name).await.ok()??;
-        let c = m.status?.conditions.into_iter().find(|c| c.type_ == type_)?;
-        Some((c.status, c.reason, c.message))
-    }
-
-    async fn wait_condition(&self, name: &str, type_: &str, status: &str, secs: u64) -> (String, String) {
-        eventually(secs, &format!("{name} {type_}={status}"), || async {
-            self.condition(name, type_)
-                .await
-                .filter(|c| c.0 == status)
-                .map(|c| (c.1, c.2))
-        })
-        .await
-    }
-
-    async fn dump(&self) {
-        let events: Api<Event> = self.api();
-        if let Ok(list) = events.list(&ListParams::default()).await {
-            for e in list {
-                eprintln!(
-                    "event {} {}: {}",
-                    e.reason.unwrap_or_default(),
-                    e.involved_object.name.unwrap_or_default(),
-                    e.message.unwrap_or_default()
-                );
-            }
-        }
-        if let Ok(list) = self.api::<McpServer>().list(&ListParams::default()).await {
-            for m in list {
-                eprintln!(
-                    "mcpserver {}: {}",
-                    m.name_any(),
-                    serde_json::to_string(&m.status).unwrap_or_default()
-                );
-            }
-        }
-    }
-}
-
-/// Runs a test body in a fresh namespace; dumps state if it panics; deletes the namespace.
-async fn with_ns<F, Fut>(prefix: &str, body: F)
-where
-    F: FnOnce(TempNs) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let ns = TempNs::new(prefix).await;
-    let (client, name) = (ns.client.clone(), ns.name.clone());
-    let dump = TempNs {
-        client: client.clone(),
-        name: name.clone(),
-    };
-    let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(body(ns))).await;
-    if result.is_err() {
-        dump.dump().await;
-    }
-    let _ = Api::<Namespace>::all(client)
-        .delete(&name, &DeleteParams::default())
-        .await;
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
-}
-
-fn sample(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/../deploy/samples/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
-}
-
-fn kubectl(args: &[&str]) -> String {
-    let out = std::process::Command::new("kubectl")
-        .args(args)
-        .output()
-        .expect("kubectl on PATH");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::*;
 
 #[tokio::test]
 #[ignore = "needs cluster"]
@@ -459,11 +300,28 @@ async fn server_configmap_source_picks_up_edits() {
 #[ignore = "needs cluster"]
 async fn leader_election_hands_over_after_the_lease_expires() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use quiver_operator::leader::LeaseLock;
+    use quiver_operator::leader::{LeaseLock, Timing};
     with_ns("q-lease", |ns| async move {
-        let ttl = Duration::from_secs(2);
-        let a = LeaseLock::new(ns.client.clone(), &ns.name, "quiver-operator", "replica-a", ttl);
-        let b = LeaseLock::new(ns.client.clone(), &ns.name, "quiver-operator", "replica-b", ttl);
+        let timing = Timing {
+            lease: Duration::from_secs(2),
+            renew_deadline: Duration::from_millis(1500),
+            retry: Duration::from_millis(300),
+        };
+        let a = LeaseLock::new(
+            ns.client.clone(),
+            &ns.name,
+            "quiver-operator",
+            "replica-a",
+            timing,
+        );
+        let b = LeaseLock::new(
+            ns.client.clone(),
+            &ns.name,
+            "quiver-operator",
+            "replica-b",
+            timing,
+        );
+        let health = quiver_operator::admin::Health::default();
         assert!(a.try_acquire_or_renew().await.unwrap(), "a takes the free lease");
         assert!(
             !b.try_acquire_or_renew().await.unwrap(),
@@ -472,7 +330,7 @@ async fn leader_election_hands_over_after_the_lease_expires() {
         assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
         // a stops renewing (crashed); b takes over once the lease has expired.
         let start = Instant::now();
-        tokio::time::timeout(Duration::from_secs(10), b.acquire())
+        tokio::time::timeout(Duration::from_secs(10), b.acquire(&health))
             .await
             .expect("b acquires after expiry");
         assert!(
@@ -490,6 +348,163 @@ async fn leader_election_hands_over_after_the_lease_expires() {
         assert_eq!(lease.holder_identity.as_deref(), Some("replica-b"));
         assert_eq!(lease.lease_transitions, Some(1));
         assert!(!a.try_acquire_or_renew().await.unwrap(), "a has lost it");
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn unlabelled_tools_from_config_maps_work_with_a_warning_and_labelled_ones_propagate() {
+    with_ns("q-toolsfrom", |ns| async move {
+        // The sample without the watch label.
+        let yaml =
+            sample("tools-from-configmap.yaml").replace("  labels: {quiver.dev/tools: \"true\"}\n", "");
+        assert!(
+            !yaml.contains("quiver.dev/tools"),
+            "the sample's label was removed"
+        );
+        ns.apply_yaml(&yaml).await;
+        let (_, message) = ns
+            .wait_condition("from-configmap", "ConfigValid", "True", 30)
+            .await;
+        assert!(
+            message.starts_with("3 tools"),
+            "an unlabelled ConfigMap is still read: {message}"
+        );
+        let status = eventually(30, "status.unwatchedConfigMaps", || async {
+            ns.mcp("from-configmap")
+                .await
+                .status
+                .filter(|s| !s.unwatched_config_maps.is_empty())
+        })
+        .await;
+        assert_eq!(status.unwatched_config_maps, ["shared-tools"]);
+        let events: Api<Event> = ns.api();
+        let warning = eventually(30, "ToolsFromNotWatched event", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("ToolsFromNotWatched"))
+        })
+        .await;
+        assert!(
+            warning
+                .message
+                .unwrap_or_default()
+                .contains("shared-tools lack the label quiver.dev/tools=true")
+        );
+
+        // Labelling it: the warning list clears and edits propagate at once.
+        let label = json!({"metadata": {"labels": {"quiver.dev/tools": "true"}}});
+        ns.api::<ConfigMap>()
+            .patch("shared-tools", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+        eventually(30, "status.unwatchedConfigMaps cleared", || async {
+            ns.mcp("from-configmap")
+                .await
+                .status
+                .filter(|s| s.unwatched_config_maps.is_empty())
+        })
+        .await;
+        let patch =
+            json!({"data": {"tools.yaml": "tools:\n  - {name: labelled, handler: {builtin: now}}\n"}});
+        ns.api::<ConfigMap>()
+            .patch("shared-tools", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        eventually(
+            20,
+            "the edit of a labelled ConfigMap reaches the rendered one",
+            || async {
+                let cm = ns.api::<ConfigMap>().get("from-configmap-tools").await.ok()?;
+                cm.data?
+                    .get("tools.yaml")?
+                    .contains("name: labelled")
+                    .then_some(())
+            },
+        )
+        .await;
+        let warnings = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ToolsFromNotWatched"))
+            .map(|e| e.series.and_then(|s| s.count).unwrap_or(1))
+            .sum::<i32>();
+        assert_eq!(warnings, 1, "the warning is emitted once, not on every reconcile");
+    })
+    .await;
+}
+
+/// A minimal `monitoring.coreos.com/v1` ServiceMonitor CRD, created unless one exists.
+async fn ensure_service_monitor_crd(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com", "scope": "Namespaced",
+            "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    }))
+    .unwrap();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("ServiceMonitor CRD: {e}"),
+    }
+    eventually(30, "ServiceMonitor CRD Established", || async {
+        let c = crds.get("servicemonitors.monitoring.coreos.com").await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_service_monitor_follows_monitoring_on_and_off() {
+    use kube::api::DynamicObject;
+    with_ns("q-monitor", |ns| async move {
+        ensure_service_monitor_crd(&ns.client).await;
+        let ar = quiver_operator::build::service_monitor_resource();
+        let monitors: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &ar);
+        // One of the same name that the McpServer does not own must survive.
+        let foreign = DynamicObject::new("other", &ar).data(json!({"spec": {}}));
+        monitors.create(&PostParams::default(), &foreign).await.unwrap();
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        ns.wait_condition("calculator", "ConfigValid", "True", 60).await;
+        let on = json!({"spec": {"monitoring": {"serviceMonitor": true}}});
+        ns.api::<McpServer>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&on))
+            .await
+            .unwrap();
+        let sm = eventually(30, "ServiceMonitor created", || async {
+            monitors.get_opt("calculator").await.ok()?
+        })
+        .await;
+        assert_eq!(sm.owner_references()[0].kind, "McpServer");
+        let off = json!({"spec": {"monitoring": {"serviceMonitor": false}}});
+        ns.api::<McpServer>()
+            .patch("calculator", &PatchParams::default(), &Patch::Merge(&off))
+            .await
+            .unwrap();
+        eventually(30, "ServiceMonitor deleted when turned off", || async {
+            monitors.get_opt("calculator").await.ok()?.is_none().then_some(())
+        })
+        .await;
+        assert!(
+            monitors.get_opt("other").await.unwrap().is_some(),
+            "a foreign ServiceMonitor stays"
+        );
     })
     .await;
 }

@@ -1,17 +1,22 @@
 //! Reconcile against a mocked API server (tower-test): the exact requests one reconcile
-//! makes, in order, for a valid spec and for an invalid one.
+//! makes, in order, for a valid spec and for an invalid one; warnings emitted once per
+//! change; ServiceMonitors removed when turned off; one metric outcome per reconcile; and the
+//! per-object retry backoff.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, ResourceExt};
+use quiver_operator::backoff::Backoff;
 use quiver_operator::build::Defaults;
 use quiver_operator::crd::McpServer;
 use quiver_operator::metrics::Metrics;
-use quiver_operator::reconcile::{Context, reconcile};
+use quiver_operator::reconcile::{Context, error_policy, reconcile};
 use serde_json::{Value, json};
 use tower_test::mock::{self, Handle};
 
@@ -53,6 +58,29 @@ impl ApiServerVerifier {
         );
         body
     }
+
+    /// Like `expect`, answering with a plain-text body (what a missing API group may return).
+    async fn expect_text(&mut self, method: Method, path: &str, status: StatusCode, text: &'static str) {
+        let (req, send) = self
+            .0
+            .next_request()
+            .await
+            .unwrap_or_else(|| panic!("expected {method} {path}"));
+        assert_eq!((req.method(), req.uri().path()), (&method, path));
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(text.as_bytes().to_vec()))
+                .unwrap(),
+        );
+    }
+
+    /// Asserts the client sends nothing more (every clone of it must be dropped first).
+    async fn expect_no_more(&mut self) {
+        if let Some((req, _)) = self.0.next_request().await {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
 }
 
 fn not_found() -> (StatusCode, Value) {
@@ -67,6 +95,13 @@ fn patched(body: Value) -> (StatusCode, Value) {
     (
         StatusCode::OK,
         json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "calc", "namespace": "ns"}, "spec": {}, "status": body["status"]}),
+    )
+}
+
+fn forbidden() -> (StatusCode, Value) {
+    (
+        StatusCode::FORBIDDEN,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
     )
 }
 
@@ -92,96 +127,140 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
         ),
         metrics: Arc::new(Metrics::default()),
         probe_pods: false,
+        backoff: Backoff::default(),
     };
     (Arc::new(ctx), ApiServerVerifier(handle))
 }
 
-fn mcp(tools: Value) -> Arc<McpServer> {
+fn mcp_with(spec: Value, status: Option<Value>) -> Arc<McpServer> {
     Arc::new(
         serde_json::from_value(json!({
             "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",
             "metadata": {"name": "calc", "namespace": "ns", "uid": "u-1", "generation": 3},
-            "spec": {"tools": tools},
+            "spec": spec,
+            "status": status,
         }))
         .unwrap(),
     )
 }
 
+fn mcp(tools: Value) -> Arc<McpServer> {
+    mcp_with(json!({"tools": tools}), None)
+}
+
+const ADD: &str = r#"[{"name": "add", "handler": {"builtin": "add"}}]"#;
+
+fn add() -> Value {
+    serde_json::from_str(ADD).unwrap()
+}
+
+const BASE: &str = "/api/v1/namespaces/ns";
+const HPA: &str = "/apis/autoscaling/v2/namespaces/ns/horizontalpodautoscalers/calc";
+const PDB: &str = "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/calc";
+const SM: &str = "/apis/monitoring.coreos.com/v1/namespaces/ns/servicemonitors/calc";
+const STATUS: &str = "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+/// The applies of a valid single-replica spec, up to and including the Service; returns the
+/// applied ConfigMap.
+async fn expect_applies(api: &mut ApiServerVerifier) -> Value {
+    let cm = api
+        .expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), echo)
+        .await;
+    api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), echo)
+        .await;
+    api.expect(
+        Method::PATCH,
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles/calc-config-reader",
+        echo,
+    )
+    .await;
+    api.expect(
+        Method::PATCH,
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings/calc-config-reader",
+        echo,
+    )
+    .await;
+    let d = api
+        .expect(
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/ns/deployments/calc",
+            |mut b| {
+                b["metadata"]["generation"] = json!(1);
+                b["status"] =
+                    json!({"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1});
+                (StatusCode::OK, b)
+            },
+        )
+        .await;
+    assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    api.expect(Method::PATCH, &format!("{BASE}/services/calc"), echo)
+        .await;
+    cm
+}
+
+/// No HPA, PDB or ServiceMonitor is wanted and none exists; the ServiceMonitor CRD is absent,
+/// and its API group answers a plain-text 404.
+async fn expect_no_optional_children(api: &mut ApiServerVerifier) {
+    api.expect(Method::GET, HPA, |_| not_found()).await;
+    api.expect(Method::GET, PDB, |_| not_found()).await;
+    api.expect_text(Method::GET, SM, StatusCode::NOT_FOUND, "404 page not found")
+        .await;
+}
+
+fn condition(status: &Value, type_: &str) -> Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap()
+        .clone()
+}
+
+/// `quiver_operator_reconciles_total{result=...}` as exposed.
+fn reconciles(ctx: &Context, result: &str) -> u64 {
+    let text = ctx.metrics.encode();
+    let prefix = format!("quiver_operator_reconciles_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_valid_spec_applies_every_child_then_the_status() {
     let (ctx, mut api) = setup();
-    let m = mcp(json!([{"name": "add", "handler": {"builtin": "add"}}]));
+    let m = mcp(add());
     let name = m.name_any();
     let server = tokio::spawn(async move {
-        let base = "/api/v1/namespaces/ns";
-        let cm = api
-            .expect(Method::PATCH, &format!("{base}/configmaps/calc-tools"), echo)
-            .await;
+        let cm = expect_applies(&mut api).await;
         assert!(
             cm["data"]["tools.yaml"]
                 .as_str()
                 .unwrap()
                 .contains("builtin: add")
         );
-        api.expect(Method::PATCH, &format!("{base}/serviceaccounts/calc"), echo)
-            .await;
-        api.expect(
-            Method::PATCH,
-            "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles/calc-config-reader",
-            echo,
-        )
-        .await;
-        api.expect(
-            Method::PATCH,
-            "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings/calc-config-reader",
-            echo,
-        )
-        .await;
-        let d = api
-            .expect(Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/calc", |mut b| {
-                b["metadata"]["generation"] = json!(1);
-                b["status"] = json!({"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1});
-                (StatusCode::OK, b)
-            })
-            .await;
-        assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "u-1");
-        api.expect(Method::PATCH, &format!("{base}/services/calc"), echo)
-            .await;
-        api.expect(
-            Method::DELETE,
-            "/apis/autoscaling/v2/namespaces/ns/horizontalpodautoscalers/calc",
-            |_| not_found(),
-        )
-        .await;
-        api.expect(
-            Method::DELETE,
-            "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/calc",
-            |_| not_found(),
-        )
-        .await;
-        api.expect(
-            Method::PATCH,
-            "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status",
-            patched,
-        )
-        .await
+        assert_eq!(
+            cm["metadata"]["labels"]["app.kubernetes.io/managed-by"], "quiver-operator",
+            "the owned-ConfigMap watch selects this label"
+        );
+        expect_no_optional_children(&mut api).await;
+        api.expect(Method::PATCH, STATUS, patched).await
     });
-    let action = reconcile(m, ctx).await.unwrap();
+    let action = reconcile(m, ctx.clone()).await.unwrap();
     let status = server.await.unwrap()["status"].clone();
     assert_eq!(status["toolCount"], 1);
     assert_eq!(status["observedGeneration"], 3);
     assert_eq!(status["replicasSummary"], "1/1");
-    let ready = status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .unwrap();
-    assert_eq!(ready["status"], "True");
-    assert!(
-        format!("{action:?}").contains("300"),
-        "a settled object is re-checked every 5 minutes: {action:?} ({name})"
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(300)),
+        "a settled object is re-checked every 5 minutes ({name})"
     );
+    assert_eq!((reconciles(&ctx, "ok"), reconciles(&ctx, "invalid_spec")), (1, 0));
 }
 
 #[tokio::test]
@@ -189,27 +268,13 @@ async fn an_invalid_spec_writes_a_condition_and_an_event_and_touches_no_child() 
     let (ctx, mut api) = setup();
     let m = mcp(json!([{"name": "add", "handler": {"builtin": "nope"}}]));
     let server = tokio::spawn(async move {
-        let status = api
-            .expect(
-                Method::PATCH,
-                "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status",
-                patched,
-            )
-            .await;
-        let event = api
-            .expect(Method::POST, "/apis/events.k8s.io/v1/namespaces/ns/events", echo)
-            .await;
+        let status = api.expect(Method::PATCH, STATUS, patched).await;
+        let event = api.expect(Method::POST, EVENTS, echo).await;
         (status, event)
     });
-    let action = reconcile(m, ctx).await.unwrap();
+    let action = reconcile(m, ctx.clone()).await.unwrap();
     let (status, event) = server.await.unwrap();
-    let valid = status["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "ConfigValid")
-        .unwrap()
-        .clone();
+    let valid = condition(&status["status"], "ConfigValid");
     assert_eq!(valid["status"], "False");
     assert_eq!(valid["reason"], "InvalidToolConfig");
     assert!(
@@ -220,8 +285,212 @@ async fn an_invalid_spec_writes_a_condition_and_an_event_and_touches_no_child() 
     );
     assert_eq!(event["reason"], "InvalidToolConfig");
     assert_eq!(event["type"], "Warning");
+    assert_eq!(action, Action::await_change(), "waits for a change");
+    assert_eq!(
+        (
+            reconciles(&ctx, "ok"),
+            reconciles(&ctx, "invalid_spec"),
+            reconciles(&ctx, "error")
+        ),
+        (0, 1, 0),
+        "an invalid spec is counted once, as invalid_spec only"
+    );
+}
+
+#[tokio::test]
+async fn the_unsafe_sysctls_warning_is_emitted_once_per_change_of_the_set() {
+    let spec = json!({"tools": add(), "tuning": {"sysctls": {"net.core.somaxconn": "1024"}}});
+    // First reconcile: the status records the set and one Warning event is emitted.
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        let status = api.expect(Method::PATCH, STATUS, patched).await;
+        let event = api.expect(Method::POST, EVENTS, echo).await;
+        (status, event)
+    });
+    reconcile(mcp_with(spec.clone(), None), ctx).await.unwrap();
+    let (status, event) = server.await.unwrap();
+    assert_eq!(status["status"]["unsafeSysctls"], json!(["net.core.somaxconn"]));
+    assert_eq!(event["reason"], "UnsafeSysctls");
     assert!(
-        format!("{action:?}").contains("None"),
-        "waits for a change: {action:?}"
+        event["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("net.core.somaxconn are not in the kubelet's safe set")
+    );
+
+    // The same spec again, now carrying that status: nothing to write, no event.
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        api.expect_no_more().await;
+    });
+    reconcile(mcp_with(spec.clone(), Some(status["status"].clone())), ctx)
+        .await
+        .unwrap();
+    server.await.unwrap();
+
+    // Another unsafe sysctl changes the set: a new event.
+    let mut changed = spec;
+    changed["tuning"]["sysctls"]["net.core.rmem_max"] = json!("1048576");
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        let status = api.expect(Method::PATCH, STATUS, patched).await;
+        let event = api.expect(Method::POST, EVENTS, echo).await;
+        (status, event)
+    });
+    reconcile(mcp_with(changed, Some(status["status"].clone())), ctx)
+        .await
+        .unwrap();
+    let (status, event) = server.await.unwrap();
+    assert_eq!(
+        status["status"]["unsafeSysctls"],
+        json!(["net.core.rmem_max", "net.core.somaxconn"])
+    );
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("net.core.rmem_max, net.core.somaxconn")
+    );
+
+    // Fixed: the merge patch must say so explicitly (an omitted list would stay), no event.
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        let status = api.expect(Method::PATCH, STATUS, patched).await;
+        api.expect_no_more().await;
+        status
+    });
+    reconcile(
+        mcp_with(json!({"tools": add()}), Some(status["status"].clone())),
+        ctx,
+    )
+    .await
+    .unwrap();
+    let status = server.await.unwrap();
+    assert_eq!(status["status"]["unsafeSysctls"], json!([]));
+}
+
+fn service_monitor(owner_uid: &str) -> Value {
+    json!({
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": "calc", "namespace": "ns", "uid": "sm-1", "ownerReferences": [
+            {"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": owner_uid, "controller": true}
+        ]},
+        "spec": {},
+    })
+}
+
+#[tokio::test]
+async fn a_service_monitor_turned_off_is_deleted_if_the_mcpserver_owns_it() {
+    let (ctx, mut api) = setup();
+    let spec = json!({"tools": add(), "monitoring": {"serviceMonitor": false}});
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        api.expect(Method::GET, HPA, |_| not_found()).await;
+        api.expect(Method::GET, PDB, |_| not_found()).await;
+        api.expect(Method::GET, SM, |_| (StatusCode::OK, service_monitor("u-1")))
+            .await;
+        let delete = api.expect(Method::DELETE, SM, echo).await;
+        api.expect(Method::PATCH, STATUS, patched).await;
+        delete
+    });
+    reconcile(mcp_with(spec.clone(), None), ctx).await.unwrap();
+    let delete = server.await.unwrap();
+    assert_eq!(
+        delete["preconditions"]["uid"], "sm-1",
+        "deletes exactly the object it read"
+    );
+
+    // One of the same name that another owner made is left alone.
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        api.expect(Method::GET, HPA, |_| not_found()).await;
+        api.expect(Method::GET, PDB, |_| not_found()).await;
+        api.expect(Method::GET, SM, |_| {
+            (StatusCode::OK, service_monitor("someone-else"))
+        })
+        .await;
+        api.expect(Method::PATCH, STATUS, patched).await;
+        api.expect_no_more().await;
+    });
+    reconcile(mcp_with(spec, None), ctx).await.unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_service_monitor_without_its_crd_is_a_warning_not_an_error() {
+    let (ctx, mut api) = setup();
+    let spec = json!({"tools": add(), "monitoring": {"serviceMonitor": true}});
+    let server = tokio::spawn(async move {
+        expect_applies(&mut api).await;
+        api.expect(Method::GET, HPA, |_| not_found()).await;
+        api.expect(Method::GET, PDB, |_| not_found()).await;
+        let sm = api.expect(Method::PATCH, SM, |_| not_found()).await;
+        let event = api.expect(Method::POST, EVENTS, echo).await;
+        api.expect(Method::PATCH, STATUS, patched).await;
+        (sm, event)
+    });
+    reconcile(mcp_with(spec, None), ctx).await.unwrap();
+    let (sm, event) = server.await.unwrap();
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "admin");
+    assert_eq!(sm["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    assert_eq!(event["reason"], "ServiceMonitorUnavailable");
+}
+
+#[tokio::test]
+async fn failures_back_off_per_object_and_a_success_resets_the_schedule() {
+    let (ctx, mut api) = setup();
+    let m = mcp(add());
+    let server = tokio::spawn(async move {
+        for _ in 0..3 {
+            api.expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), |_| {
+                forbidden()
+            })
+            .await;
+        }
+        expect_applies(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        api.expect(Method::PATCH, STATUS, patched).await;
+        api.expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), |_| {
+            forbidden()
+        })
+        .await;
+    });
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        let err = reconcile(m.clone(), ctx.clone()).await.unwrap_err();
+        assert_eq!(err.category(), "forbidden");
+        delays.push(error_policy(m.clone(), &err, ctx.clone()));
+    }
+    let secs = |s| Action::requeue(Duration::from_secs(s));
+    assert_eq!(delays, [secs(1), secs(2), secs(4)]);
+    // Another object has its own schedule.
+    let other = mcp_with(json!({}), None);
+    let mut other = (*other).clone();
+    other.metadata.name = Some("other".into());
+    let err = quiver_operator::reconcile::Error::Unnamed;
+    assert_eq!(error_policy(Arc::new(other), &err, ctx.clone()), secs(1));
+
+    reconcile(m.clone(), ctx.clone()).await.unwrap();
+    assert_eq!(ctx.backoff.len(), 1, "the success forgot calc; other still fails");
+    let err = reconcile(m.clone(), ctx.clone()).await.unwrap_err();
+    assert_eq!(
+        error_policy(m, &err, ctx.clone()),
+        secs(1),
+        "the schedule starts over"
+    );
+    server.await.unwrap();
+    assert_eq!(
+        (reconciles(&ctx, "error"), reconciles(&ctx, "ok")),
+        (4, 1),
+        "each reconcile is counted once"
     );
 }

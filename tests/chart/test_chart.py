@@ -45,9 +45,11 @@ def test_defaults_install_crd_operator_rbac_and_dashboards():
     verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert verbs[("quiver.dev", "mcpservers/status")] == {"patch"}
     assert verbs[("apps", "deployments")] == {"list", "watch", "create", "patch"}
+    assert verbs[("monitoring.coreos.com", "servicemonitors")] == {"get", "create", "patch", "delete"}
     assert "delete" not in verbs[("", "configmaps")], "the operator never deletes ConfigMaps"
     assert not any("*" in v for v in verbs.values()), "no wildcard verbs"
     assert not find(docs, "Role"), "no leader-election Role with one replica"
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}, "two unelected operators never overlap"
     dashboards = find(docs, "ConfigMap")
     assert sorted(d["metadata"]["name"] for d in dashboards) == ["quiver-dashboard-quiver-dispatch", "quiver-dashboard-quiver-operator"]
     for d in dashboards:
@@ -63,6 +65,11 @@ def test_replicas_turn_on_leader_election():
     role = find(docs, "Role")[0]
     assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     assert find(docs, "RoleBinding")
+    dep = find(docs, "Deployment")[0]
+    # Standbys are Ready, so a surge pod can become Ready while the old leader still runs.
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_optional_objects_and_overrides():

@@ -1,0 +1,260 @@
+//! Build: the desired child objects of an McpServer, as pure functions of the spec, the
+//! rendered ToolSet and the operator's defaults, written as typed k8s-openapi structs (a field
+//! of the wrong type is a compile error). No API client here; this is where most unit tests live.
+
+mod monitor;
+mod pod;
+mod tuning;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec, MetricSpec,
+    MetricTarget, ResourceMetricSource,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount, ServicePort, ServiceSpec};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+use kube::api::DynamicObject;
+
+use crate::crd::McpServer;
+use crate::render::Rendered;
+
+pub use monitor::service_monitor_resource;
+pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};
+
+/// Key of the ToolSet in the tools ConfigMap.
+pub const TOOLS_KEY: &str = "tools.yaml";
+/// MCP port of the container.
+pub const MCP_PORT: i32 = 8080;
+/// Admin port of the container (metrics, probes, status).
+pub const ADMIN_PORT: i32 = 9090;
+/// Label on every child (and the selector of the operator's owned-object watches).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "quiver-operator");
+/// Target CPU utilization of the HPA when the spec names none.
+const DEFAULT_CPU_UTILIZATION: i32 = 70;
+
+/// Operator-wide defaults.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    /// Server image when the spec names none.
+    pub server_image: String,
+    /// Pull policy when the spec names none.
+    pub image_pull_policy: String,
+}
+
+/// Every child object of one McpServer.
+#[derive(Debug, Clone)]
+pub struct Children {
+    /// The rendered ToolSet.
+    pub config_map: ConfigMap,
+    /// Identity of the pods.
+    pub service_account: ServiceAccount,
+    /// get/list/watch of the tools ConfigMap only.
+    pub role: Role,
+    /// Binds the Role to the ServiceAccount.
+    pub role_binding: RoleBinding,
+    /// The server pods.
+    pub deployment: Deployment,
+    /// MCP and metrics ports.
+    pub service: Service,
+    /// When autoscaling is set.
+    pub hpa: Option<HorizontalPodAutoscaler>,
+    /// When more than one replica may run.
+    pub pdb: Option<PodDisruptionBudget>,
+    /// When `monitoring.serviceMonitor` is set (applied only if its CRD exists).
+    pub service_monitor: Option<DynamicObject>,
+}
+
+/// The McpServer has no name or uid, so its children cannot carry an owner reference (an
+/// object read from the API server always has both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("McpServer without a name or uid")]
+pub struct Unowned;
+
+/// Names of the children.
+pub fn tools_config_map_name(server: &str) -> String {
+    format!("{server}-tools")
+}
+
+/// Labels on every child; the first two select the pods.
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    let mut l = selector(name);
+    l.insert(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned());
+    l
+}
+
+/// The pod selector.
+pub fn selector(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "quiver-server".to_owned()),
+        ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
+    ])
+}
+
+/// The selector as a string (status.selector, for the scale subresource).
+pub fn selector_string(name: &str) -> String {
+    selector(name)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn meta(mcp: &McpServer, name: String, owner: &OwnerReference) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: mcp.metadata.namespace.clone(),
+        labels: Some(labels(mcp.metadata.name.as_deref().unwrap_or_default())),
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    }
+}
+
+fn strings(items: &[&str]) -> Option<Vec<String>> {
+    Some(items.iter().map(|s| (*s).to_owned()).collect())
+}
+
+fn pod_selector(name: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(selector(name)),
+        match_expressions: None,
+    }
+}
+
+/// Builds every child.
+///
+/// # Errors
+/// [`Unowned`] when the McpServer has no name or uid.
+pub fn build(mcp: &McpServer, rendered: &Rendered, defaults: &Defaults) -> Result<Children, Unowned> {
+    let owner = mcp.controller_owner_ref(&()).ok_or(Unowned)?;
+    let name = mcp.metadata.name.clone().ok_or(Unowned)?;
+    let ns = mcp.metadata.namespace.clone().unwrap_or_default();
+    let cm_name = tools_config_map_name(&name);
+    let reader = format!("{name}-config-reader");
+
+    let config_map = ConfigMap {
+        metadata: meta(mcp, cm_name.clone(), &owner),
+        data: Some(BTreeMap::from([(TOOLS_KEY.to_owned(), rendered.yaml.clone())])),
+        ..ConfigMap::default()
+    };
+    let service_account = ServiceAccount {
+        metadata: meta(mcp, name.clone(), &owner),
+        automount_service_account_token: Some(true),
+        ..ServiceAccount::default()
+    };
+    let role = Role {
+        metadata: meta(mcp, reader.clone(), &owner),
+        rules: Some(vec![PolicyRule {
+            api_groups: strings(&[""]),
+            resources: strings(&["configmaps"]),
+            resource_names: Some(vec![cm_name.clone()]),
+            verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
+            non_resource_urls: None,
+        }]),
+    };
+    let role_binding = RoleBinding {
+        metadata: meta(mcp, reader.clone(), &owner),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_owned(),
+            kind: "Role".to_owned(),
+            name: reader,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: name.clone(),
+            namespace: Some(ns.clone()),
+            api_group: None,
+        }]),
+    };
+    let mut deployment = pod::deployment(mcp, &name, &ns, &cm_name, defaults);
+    deployment.metadata = meta(mcp, name.clone(), &owner);
+    let service = Service {
+        metadata: meta(mcp, name.clone(), &owner),
+        spec: Some(service_spec(mcp, &name)),
+        status: None,
+    };
+    let hpa = mcp.spec.autoscaling.as_ref().map(|a| HorizontalPodAutoscaler {
+        metadata: meta(mcp, name.clone(), &owner),
+        spec: Some(HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".to_owned()),
+                kind: "Deployment".to_owned(),
+                name: name.clone(),
+            },
+            min_replicas: Some(a.min_replicas),
+            max_replicas: a.max_replicas,
+            metrics: Some(vec![MetricSpec {
+                type_: "Resource".to_owned(),
+                resource: Some(ResourceMetricSource {
+                    name: "cpu".to_owned(),
+                    target: MetricTarget {
+                        type_: "Utilization".to_owned(),
+                        average_utilization: Some(
+                            a.target_cpu_utilization.unwrap_or(DEFAULT_CPU_UTILIZATION),
+                        ),
+                        ..MetricTarget::default()
+                    },
+                }),
+                ..MetricSpec::default()
+            }]),
+            behavior: None,
+        }),
+        status: None,
+    });
+    let may_have_many = mcp.spec.autoscaling.is_some() || mcp.spec.replicas.unwrap_or(1) > 1;
+    let pdb = may_have_many.then(|| PodDisruptionBudget {
+        metadata: meta(mcp, name.clone(), &owner),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(pod_selector(&name)),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    });
+    let service_monitor = mcp
+        .spec
+        .monitoring
+        .as_ref()
+        .is_some_and(|m| m.service_monitor)
+        .then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
+    Ok(Children {
+        config_map,
+        service_account,
+        role,
+        role_binding,
+        deployment,
+        service,
+        hpa,
+        pdb,
+        service_monitor,
+    })
+}
+
+fn service_spec(mcp: &McpServer, name: &str) -> ServiceSpec {
+    let options = mcp.spec.service.clone().unwrap_or_default();
+    let port = |name: &str, port: i32, app_protocol: Option<&str>| ServicePort {
+        name: Some(name.to_owned()),
+        port,
+        target_port: Some(IntOrString::String(name.to_owned())),
+        protocol: Some("TCP".to_owned()),
+        app_protocol: app_protocol.map(str::to_owned),
+        node_port: None,
+    };
+    ServiceSpec {
+        type_: Some(options.type_.unwrap_or_else(|| "ClusterIP".to_owned())),
+        selector: Some(selector(name)),
+        ports: Some(vec![
+            port("mcp", options.port.unwrap_or(MCP_PORT), Some("http")),
+            port("admin", ADMIN_PORT, None),
+        ]),
+        ..ServiceSpec::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! The server Deployment: pod template, container, probes and security settings.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Sysctl,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::tuning::{pinned, resources, sysctls};
+use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
+use crate::crd::{Allocator, McpServer};
+
+/// UID and GID of the server process (the distroless "nonroot" user).
+const NONROOT: i64 = 65532;
+
+fn some_unless_empty<T: Default + PartialEq>(v: T) -> Option<T> {
+    (v != T::default()).then_some(v)
+}
+
+fn probe(path: &str, period: i32, failures: i32, timeout: Option<i32>) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("admin".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: timeout,
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    }
+}
+
+fn port(name: &str, number: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: number,
+        protocol: Some("TCP".to_owned()),
+        ..ContainerPort::default()
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        value_from: None,
+    }
+}
+
+fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<String> {
+    let workers = mcp
+        .spec
+        .tuning
+        .as_ref()
+        .and_then(|t| t.worker_threads)
+        .filter(|w| *w > 0)
+        .or(cpus);
+    let mut args = vec![
+        format!("--config=configmap:{ns}/{cm_name}"),
+        format!("--listen=0.0.0.0:{MCP_PORT}"),
+        format!("--admin-listen=0.0.0.0:{ADMIN_PORT}"),
+        "--log-format=json".to_owned(),
+    ];
+    if pinned(mcp) {
+        args.push("--pin-workers".into());
+    }
+    if let Some(w) = workers {
+        args.push(format!("--worker-threads={w}"));
+    }
+    if !mcp.spec.allowed_origins.is_empty() {
+        args.push(format!("--allowed-origin={}", mcp.spec.allowed_origins.join(",")));
+    }
+    args
+}
+
+fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> Container {
+    let spec = &mcp.spec;
+    let (resources, cpus) = resources(mcp);
+    // The server binary carries both allocators and picks one from this variable at start.
+    let allocator = match spec.tuning.as_ref().map(|t| t.allocator).unwrap_or_default() {
+        Allocator::Jemalloc => "jemalloc",
+        Allocator::System => "system",
+    };
+    Container {
+        name: "server".to_owned(),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| defaults.server_image.clone()),
+        ),
+        image_pull_policy: Some(
+            spec.image_pull_policy
+                .clone()
+                .unwrap_or_else(|| defaults.image_pull_policy.clone()),
+        ),
+        command: Some(vec!["/usr/local/bin/quiver-server".to_owned()]),
+        args: Some(args(mcp, ns, cm_name, cpus)),
+        ports: Some(vec![port("mcp", MCP_PORT), port("admin", ADMIN_PORT)]),
+        env: Some(vec![env("RUST_LOG", "info"), env("QUIVER_ALLOCATOR", allocator)]),
+        resources: Some(resources),
+        readiness_probe: Some(probe("/readyz", 2, 3, Some(2))),
+        liveness_probe: Some(probe("/healthz", 10, 3, Some(2))),
+        startup_probe: Some(probe("/healthz", 1, 30, None)),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// The Deployment of quiver-server pods serving the ConfigMap `cm_name`.
+pub(super) fn deployment(
+    mcp: &McpServer,
+    name: &str,
+    ns: &str,
+    cm_name: &str,
+    defaults: &Defaults,
+) -> Deployment {
+    let spec = &mcp.spec;
+    let overrides = spec.pod_template.clone().unwrap_or_default();
+    let mut pod_labels = overrides.labels.clone();
+    pod_labels.extend(labels(name));
+    let sysctls: Vec<Sysctl> = sysctls(mcp)
+        .into_iter()
+        .map(|(name, value)| Sysctl { name, value })
+        .collect();
+    let pod_spec = PodSpec {
+        service_account_name: Some(name.to_owned()),
+        automount_service_account_token: Some(true),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(NONROOT),
+            run_as_group: Some(NONROOT),
+            fs_group: Some(NONROOT),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            sysctls: some_unless_empty(sysctls),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![container(mcp, ns, cm_name, defaults)],
+        node_selector: some_unless_empty(overrides.node_selector),
+        tolerations: some_unless_empty(overrides.tolerations),
+        affinity: overrides.affinity,
+        ..PodSpec::default()
+    };
+    Deployment {
+        metadata: ObjectMeta::default(),
+        spec: Some(DeploymentSpec {
+            // The HPA owns the replica count when autoscaling is on.
+            replicas: spec.autoscaling.is_none().then(|| spec.replicas.unwrap_or(1)),
+            selector: LabelSelector {
+                match_labels: Some(selector(name)),
+                match_expressions: None,
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: some_unless_empty(overrides.annotations),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}

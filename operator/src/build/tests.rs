@@ -1,0 +1,199 @@
+//! Unit tests of the built children: inline YAML in, objects out.
+
+use serde_json::json;
+
+use super::*;
+use crate::render::render;
+
+pub(crate) fn mcp(yaml: &str) -> McpServer {
+    let mut m: McpServer = serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
+    m.metadata.namespace = Some("ns".into());
+    m.metadata.uid = Some("uid-1".into());
+    m
+}
+
+fn children(yaml: &str) -> Children {
+    let m = mcp(yaml);
+    let r = render(&m, &vec![None; m.spec.tools_from.len()]).unwrap_or_else(|e| panic!("{e:?}"));
+    build(
+        &m,
+        &r,
+        &Defaults {
+            server_image: "quiver-server:test".into(),
+            image_pull_policy: "IfNotPresent".into(),
+        },
+    )
+    .unwrap()
+}
+
+const BASIC: &str = r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: calc}
+spec:
+  tools:
+    - {name: add, handler: {builtin: add}}
+"#;
+
+#[test]
+fn basic_children_are_owned_and_restricted() {
+    let c = children(BASIC);
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    assert_eq!(d["metadata"]["ownerReferences"][0]["kind"], "McpServer");
+    assert_eq!(d["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(d["spec"]["replicas"], 1);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "calc");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let ctr = &pod["containers"][0];
+    assert_eq!(ctr["image"], "quiver-server:test");
+    assert_eq!(ctr["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(ctr["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert!(
+        ctr["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--config=configmap:ns/calc-tools"))
+    );
+    assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let role = serde_json::to_value(&c.role).unwrap();
+    assert_eq!(role["rules"][0]["resourceNames"], json!(["calc-tools"]));
+    assert_eq!(role["rules"][0]["verbs"], json!(["get", "list", "watch"]));
+    assert!(c.hpa.is_none() && c.pdb.is_none());
+    let tools = &c.config_map.data.as_ref().unwrap()[TOOLS_KEY];
+    assert!(tools.contains("builtin: add"), "{tools}");
+}
+
+#[test]
+fn cpu_pinning_makes_guaranteed_pods_with_pinned_workers() {
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: fast}
+spec:
+  replicas: 3
+  resources: {limits: {cpu: "4", memory: 512Mi}, requests: {cpu: 500m}}
+  tuning: {profile: throughput, cpuPinning: true, cpus: 2, allocator: system, sysctls: {net.ipv4.tcp_fin_timeout: "10"}, unsafeSysctls: {net.core.somaxconn: "4096"}}
+  tools: [{name: add, handler: {builtin: add}}]
+"#,
+    );
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let ctr = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        ctr["resources"]["requests"],
+        json!({"cpu": "2", "memory": "512Mi"})
+    );
+    assert_eq!(ctr["resources"]["limits"], ctr["resources"]["requests"]);
+    let args = ctr["args"].as_array().unwrap();
+    assert!(
+        args.contains(&json!("--pin-workers")) && args.contains(&json!("--worker-threads=2")),
+        "{args:?}"
+    );
+    assert_eq!(
+        ctr["env"][1],
+        json!({"name": "QUIVER_ALLOCATOR", "value": "system"})
+    );
+    let sysctls = &d["spec"]["template"]["spec"]["securityContext"]["sysctls"];
+    assert_eq!(
+        sysctls,
+        &json!([
+            {"name": "net.core.somaxconn", "value": "4096"},
+            {"name": "net.ipv4.ip_local_port_range", "value": "1024 65000"},
+            {"name": "net.ipv4.tcp_fin_timeout", "value": "10"},
+        ])
+    );
+    assert!(c.pdb.is_some(), "several replicas get a PodDisruptionBudget");
+}
+
+#[test]
+fn autoscaling_leaves_replicas_to_the_hpa() {
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: auto}
+spec:
+  autoscaling: {minReplicas: 2, maxReplicas: 5}
+  tools: [{name: add, handler: {builtin: add}}]
+"#,
+    );
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    assert!(
+        d["spec"].get("replicas").is_none(),
+        "the HPA owns the replica count"
+    );
+    let h = serde_json::to_value(c.hpa.unwrap()).unwrap();
+    assert_eq!(h["spec"]["scaleTargetRef"]["name"], "auto");
+    assert_eq!(
+        h["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+        70
+    );
+}
+
+#[test]
+fn a_tools_only_change_changes_only_the_config_map() {
+    let a = children(BASIC);
+    let b = children(&BASIC.replace(
+        "{name: add, handler: {builtin: add}}",
+        "{name: add, handler: {builtin: add}}\n    - {name: up, handler: {builtin: upper}}",
+    ));
+    assert_ne!(a.config_map, b.config_map);
+    assert_eq!(
+        a.deployment, b.deployment,
+        "the pod template must not change, so nothing rolls"
+    );
+    assert_eq!(a.service, b.service);
+}
+
+#[test]
+fn unsafe_sysctls_under_sysctls_are_flagged() {
+    let m = mcp(&BASIC.replace(
+        "spec:\n",
+        "spec:\n  tuning: {sysctls: {net.core.somaxconn: \"1024\"}}\n",
+    ));
+    assert_eq!(unsafe_in_safe_list(&m), vec!["net.core.somaxconn".to_owned()]);
+}
+
+#[test]
+fn every_child_carries_the_label_the_owned_watches_select() {
+    let c = children(&BASIC.replace("spec:\n", "spec:\n  monitoring: {serviceMonitor: true}\n"));
+    let managed = |labels: &Option<BTreeMap<String, String>>| {
+        labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY.0))
+            .map(String::as_str)
+            == Some(MANAGED_BY.1)
+    };
+    assert!(
+        managed(&c.config_map.metadata.labels),
+        "the owned-ConfigMap watch selects by it"
+    );
+    assert!(managed(&c.deployment.metadata.labels));
+    assert!(managed(&c.service.metadata.labels));
+    let sm = c.service_monitor.expect("monitoring.serviceMonitor builds one");
+    assert!(managed(&sm.metadata.labels));
+    assert_eq!(sm.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+    let v = serde_json::to_value(&sm).unwrap();
+    assert_eq!(v["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(v["kind"], "ServiceMonitor");
+    assert_eq!(
+        v["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "calc"
+    );
+    assert_eq!(v["spec"]["endpoints"][0]["port"], "admin");
+    assert!(children(BASIC).service_monitor.is_none());
+}
+
+#[test]
+fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
+    let mut m = mcp(BASIC);
+    m.metadata.uid = None;
+    let r = render(&m, &vec![]).unwrap();
+    let defaults = Defaults {
+        server_image: "s".into(),
+        image_pull_policy: "Never".into(),
+    };
+    assert_eq!(build(&m, &r, &defaults).unwrap_err(), Unowned);
+}

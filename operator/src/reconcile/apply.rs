@@ -1,0 +1,94 @@
+//! Writes to the API server: server-side apply of children (one field manager), removal of
+//! children that are no longer wanted, status patches and events.
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::{Context, Error, MANAGER};
+use crate::crd::{McpServer, McpServerStatus};
+
+/// Server-side applies `obj`, forced, as [`MANAGER`].
+pub async fn apply<K>(client: &Client, ns: &str, obj: &K) -> Result<K, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let name = obj.meta().name.clone().unwrap_or_default();
+    Ok(api
+        .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj))
+        .await?)
+}
+
+/// Deletes `name` if it exists and is owned by the McpServer with `owner_uid`; an object of
+/// that name the McpServer does not own is left alone. A missing object, or a missing API
+/// (an absent CRD answers 404 too), is not an error.
+pub async fn delete_owned(api: &Api<DynamicObject>, name: &str, owner_uid: &str) -> Result<(), Error> {
+    // By code, not reason: a missing API group may answer a plain-text 404.
+    let obj = match api.get(name).await {
+        Ok(obj) => obj,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if !obj.owner_references().iter().any(|o| o.uid == owner_uid) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: obj.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone meanwhile, or replaced by another object of the same name (precondition).
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A namespaced `Api` of the resource `K` as dynamic objects (for [`delete_owned`]).
+pub fn dynamic<K>(client: &Client, ns: &str) -> Api<DynamicObject>
+where
+    K: Resource<DynamicType = ()>,
+{
+    Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()))
+}
+
+/// Merge-patches the status subresource.
+pub async fn patch_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    status: &McpServerStatus,
+) -> Result<(), Error> {
+    let api: Api<McpServer> = Api::namespaced(client.clone(), ns);
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Publishes an event about `mcp`; failures are logged, not returned.
+pub async fn publish(ctx: &Context, mcp: &McpServer, type_: EventType, reason: &str, note: String) {
+    let note: String = note.chars().take(1000).collect();
+    let ev = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &mcp.object_ref(&())).await {
+        tracing::warn!(error = %e, "could not publish event");
+    }
+}

@@ -1,0 +1,281 @@
+//! Reconcile an McpServer: dereference → validate → build → apply (server-side apply, one
+//! field manager) → status computed from what was applied.
+
+mod apply;
+mod status;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+
+use crate::backoff::Backoff;
+use crate::build::{self, Defaults};
+use crate::crd::{McpServer, TOOLS_LABEL};
+use crate::metrics::{Metrics, Outcome};
+use crate::render::{self, Fetched, Invalid};
+
+pub use status::{set_condition, status_from, warnings};
+
+/// Field manager of every server-side apply.
+pub const MANAGER: &str = "quiver-operator";
+/// How often a settled McpServer is re-checked (drift of unwatched objects, unlabelled
+/// `toolsFrom` ConfigMaps).
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// How often an McpServer whose pods are still loading a new config is re-checked.
+const CONVERGE_POLL: Duration = Duration::from_secs(10);
+
+/// Reconcile errors. Invalid specs are not errors: they become a condition and an event.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed (transient: retried with backoff).
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object has no namespace, name or uid.
+    #[error("McpServer without namespace, name or uid")]
+    Unnamed,
+}
+
+impl From<build::Unowned> for Error {
+    fn from(_: build::Unowned) -> Self {
+        Self::Unnamed
+    }
+}
+
+impl Error {
+    /// Bounded label value for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Self::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            Self::Kube(kube::Error::Api(s)) if s.code == 422 => "rejected",
+            Self::Kube(kube::Error::Api(_)) => "api",
+            Self::Kube(_) => "transport",
+            Self::Unnamed => "unnamed",
+        }
+    }
+}
+
+/// What the controller shares across reconciles.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Operator defaults.
+    pub defaults: Defaults,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Ask ready pods which config they serve (needs pod-network access: in-cluster only).
+    pub probe_pods: bool,
+    /// Retry delays of failing McpServers.
+    pub backoff: Backoff,
+}
+
+/// The `toolsFrom` sources of an McpServer, read from the API.
+struct Dereferenced {
+    fetched: Fetched,
+    /// Referenced ConfigMaps without [`TOOLS_LABEL`] (sorted, unique).
+    unwatched: Vec<String>,
+}
+
+async fn fetch(client: &Client, ns: &str, mcp: &McpServer) -> Result<Dereferenced, Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let mut read: BTreeMap<&str, Option<ConfigMap>> = BTreeMap::new();
+    for t in &mcp.spec.tools_from {
+        let name = t.config_map_key_ref.name.as_str();
+        if !read.contains_key(name) {
+            read.insert(name, api.get_opt(name).await?);
+        }
+    }
+    let fetched = mcp
+        .spec
+        .tools_from
+        .iter()
+        .map(|t| {
+            let cm = read
+                .get(t.config_map_key_ref.name.as_str())
+                .and_then(Option::as_ref);
+            cm.and_then(|c| render::key_of(c.data.as_ref(), &t.config_map_key_ref.key))
+        })
+        .collect();
+    let unwatched = read
+        .iter()
+        .filter_map(|(name, cm)| cm.as_ref().map(|c| (name, c)))
+        .filter(|(_, c)| c.labels().get(TOOLS_LABEL.0).map(String::as_str) != Some(TOOLS_LABEL.1))
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    Ok(Dereferenced { fetched, unwatched })
+}
+
+/// One reconcile.
+///
+/// # Errors
+/// Transient API failures; [`error_policy`] retries them with per-object backoff.
+pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let start = Instant::now();
+    let _running = ctx.metrics.start();
+    let result = reconcile_inner(&mcp, &ctx).await;
+    let outcome = match &result {
+        Ok((outcome, _)) => *outcome,
+        Err(e) => Outcome::Error(e.category()),
+    };
+    ctx.metrics.observe(start.elapsed(), outcome);
+    if result.is_ok() {
+        ctx.backoff.reset(&ObjectRef::from_obj(&*mcp));
+    }
+    result.map(|(_, action)| action)
+}
+
+async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Action), Error> {
+    let (Some(ns), Some(name), Some(uid)) = (
+        mcp.metadata.namespace.clone(),
+        mcp.metadata.name.clone(),
+        mcp.metadata.uid.clone(),
+    ) else {
+        return Err(Error::Unnamed);
+    };
+    let client = &ctx.client;
+    let Dereferenced { fetched, unwatched } = fetch(client, &ns, mcp).await?;
+    let rendered = match render::render(mcp, &fetched) {
+        Ok(r) => r,
+        Err(invalid) => {
+            report_invalid(mcp, ctx, &ns, &name, &invalid, unwatched).await?;
+            // Nothing to retry until the spec or a watched ConfigMap changes; specs reading
+            // ConfigMaps are re-read anyway, as those may be unlabelled (unwatched) or not exist yet.
+            let action = if mcp.spec.tools_from.is_empty() {
+                Action::await_change()
+            } else {
+                Action::requeue(RESYNC)
+            };
+            return Ok((Outcome::InvalidSpec, action));
+        }
+    };
+    let children = build::build(mcp, &rendered, &ctx.defaults)?;
+    apply::apply(client, &ns, &children.config_map).await?;
+    apply::apply(client, &ns, &children.service_account).await?;
+    apply::apply(client, &ns, &children.role).await?;
+    apply::apply(client, &ns, &children.role_binding).await?;
+    let deployment = apply::apply(client, &ns, &children.deployment).await?;
+    apply::apply(client, &ns, &children.service).await?;
+    match &children.hpa {
+        Some(h) => drop(apply::apply(client, &ns, h).await?),
+        None => {
+            apply::delete_owned(
+                &apply::dynamic::<HorizontalPodAutoscaler>(client, &ns),
+                &name,
+                &uid,
+            )
+            .await?
+        }
+    }
+    match &children.pdb {
+        Some(p) => drop(apply::apply(client, &ns, p).await?),
+        None => apply::delete_owned(&apply::dynamic::<PodDisruptionBudget>(client, &ns), &name, &uid).await?,
+    }
+    let monitors: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &build::service_monitor_resource());
+    match &children.service_monitor {
+        Some(sm) => apply_service_monitor(ctx, mcp, &monitors, sm).await?,
+        None => apply::delete_owned(&monitors, &name, &uid).await?,
+    }
+    let mut status = status_from(mcp, &rendered, &deployment, &ns, &name);
+    if ctx.probe_pods {
+        let loaded = crate::probe::config_loaded(client, &ns, &name, &rendered.hash).await?;
+        status.config_loaded_replicas = Some(loaded);
+    }
+    let events = warnings(mcp, unwatched, &mut status);
+    // Unchanged status: no write (transition times only move when a condition changes).
+    if mcp.status.as_ref() != Some(&status) {
+        apply::patch_status(client, &ns, &name, &status).await?;
+    }
+    for (reason, note) in events {
+        apply::publish(ctx, mcp, EventType::Warning, reason, note).await;
+    }
+    // Deployment status changes arrive through the owned-Deployment watch, so an unready
+    // object needs no fast polling (1,000 of them at 5 s flooded the API server in the scale
+    // test). Pods loading a new config are not watched: poll those briefly.
+    let converged = !ctx.probe_pods || status.config_loaded_replicas >= Some(status.ready_replicas);
+    let action = Action::requeue(if converged { RESYNC } else { CONVERGE_POLL });
+    Ok((Outcome::Ok, action))
+}
+
+/// Applies the ServiceMonitor; a missing CRD is a Warning event, not an error.
+async fn apply_service_monitor(
+    ctx: &Context,
+    mcp: &McpServer,
+    api: &Api<DynamicObject>,
+    sm: &DynamicObject,
+) -> Result<(), Error> {
+    match api
+        .patch(
+            &sm.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(sm),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            apply::publish(ctx, mcp, EventType::Warning, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed".into()).await;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn report_invalid(
+    mcp: &McpServer,
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    invalid: &Invalid,
+    unwatched: Vec<String>,
+) -> Result<(), Error> {
+    let message = invalid.message();
+    let mut status = mcp.status.clone().unwrap_or_default();
+    status.observed_generation = mcp.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        "ConfigValid",
+        false,
+        invalid.reason,
+        &format!("{message} (the last valid tools keep serving)"),
+        mcp.metadata.generation,
+    );
+    set_condition(
+        &mut status.conditions,
+        "Degraded",
+        true,
+        invalid.reason,
+        "the spec's tools are invalid; serving the last valid config, if any",
+        mcp.metadata.generation,
+    );
+    let events = warnings(mcp, unwatched, &mut status);
+    // The same problems as last time (a re-read of an unchanged spec): no write, no event.
+    if mcp.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    apply::patch_status(&ctx.client, ns, name, &status).await?;
+    apply::publish(ctx, mcp, EventType::Warning, invalid.reason, message).await;
+    for (reason, note) in events {
+        apply::publish(ctx, mcp, EventType::Warning, reason, note).await;
+    }
+    Ok(())
+}
+
+/// Error policy: retry the object after its next backoff delay (1 s doubling to 5 min; a
+/// success resets it), so persistent failures of many objects do not flood the API server.
+pub fn error_policy(mcp: Arc<McpServer>, err: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.fail(ObjectRef::from_obj(&*mcp));
+    tracing::warn!(mcpserver = %mcp.name_any(), error = %err, category = err.category(), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

@@ -1,0 +1,175 @@
+//! Status: conditions and fields computed from what was applied (pure functions), and the
+//! warning lists whose events are emitted only when they change.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::build;
+use crate::crd::{McpServer, McpServerStatus, TOOLS_LABEL};
+use crate::render;
+
+/// Sets a condition, keeping its transition time when its status did not change.
+pub fn set_condition(
+    conds: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    match conds.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = now;
+            }
+            c.status = status;
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            c.observed_generation = generation;
+        }
+        None => conds.push(Condition {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            observed_generation: generation,
+            last_transition_time: now,
+        }),
+    }
+}
+
+/// Status from the applied Deployment (pure).
+pub fn status_from(
+    mcp: &McpServer,
+    rendered: &render::Rendered,
+    d: &Deployment,
+    ns: &str,
+    name: &str,
+) -> McpServerStatus {
+    let generation = mcp.metadata.generation;
+    let mut s = mcp.status.clone().unwrap_or_default();
+    let ds = d.status.clone().unwrap_or_default();
+    let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let ready = ds.ready_replicas.unwrap_or(0);
+    let updated = ds.updated_replicas.unwrap_or(0);
+    let rolled = ds.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
+        && updated >= desired
+        && ds.replicas.unwrap_or(0) <= desired;
+    let deadline = ds
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Progressing" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"));
+    let replica_failure = ds
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True");
+    s.observed_generation = generation;
+    s.replicas = ds.replicas.unwrap_or(0);
+    s.ready_replicas = ready;
+    s.replicas_summary = Some(format!("{ready}/{desired}"));
+    s.selector = Some(build::selector_string(name));
+    s.tool_count = Some(i32::try_from(rendered.tool_count).unwrap_or(i32::MAX));
+    s.config_hash = Some(rendered.hash.clone());
+    let port = mcp
+        .spec
+        .service
+        .as_ref()
+        .and_then(|p| p.port)
+        .unwrap_or(build::MCP_PORT);
+    s.endpoint = Some(format!("http://{name}.{ns}.svc:{port}/mcp"));
+    let msg = format!("{} tools, config {}", rendered.tool_count, rendered.hash);
+    set_condition(&mut s.conditions, "ConfigValid", true, "Valid", &msg, generation);
+    if rolled {
+        set_condition(
+            &mut s.conditions,
+            "Progressing",
+            false,
+            "RolloutComplete",
+            "the Deployment is up to date",
+            generation,
+        );
+    } else {
+        set_condition(
+            &mut s.conditions,
+            "Progressing",
+            true,
+            "RollingOut",
+            &format!("{updated}/{desired} pods updated"),
+            generation,
+        );
+    }
+    let is_ready = ready >= desired && rolled;
+    let ready_msg = if desired == 0 {
+        "scaled to zero".to_owned()
+    } else {
+        format!("{ready}/{desired} pods ready")
+    };
+    set_condition(
+        &mut s.conditions,
+        "Ready",
+        is_ready,
+        if is_ready { "PodsReady" } else { "PodsNotReady" },
+        &ready_msg,
+        generation,
+    );
+    match (replica_failure, deadline) {
+        (Some(f), _) => set_condition(
+            &mut s.conditions,
+            "Degraded",
+            true,
+            "ReplicaFailure",
+            f.message.as_deref().unwrap_or("pods cannot be created"),
+            generation,
+        ),
+        (None, true) => set_condition(
+            &mut s.conditions,
+            "Degraded",
+            true,
+            "ProgressDeadlineExceeded",
+            "the rollout is not making progress; check the pods' events",
+            generation,
+        ),
+        (None, false) => set_condition(&mut s.conditions, "Degraded", false, "AsExpected", "", generation),
+    }
+    s
+}
+
+/// Records the spec's warning lists in `status` and returns the Warning events (reason, note)
+/// of the lists that changed since the status the McpServer carried when the reconcile began,
+/// so a warning is emitted once per change, not on every reconcile.
+pub fn warnings(
+    mcp: &McpServer,
+    unwatched: Vec<String>,
+    status: &mut McpServerStatus,
+) -> Vec<(&'static str, String)> {
+    let previous = mcp.status.as_ref();
+    let sysctls = build::unsafe_in_safe_list(mcp);
+    let mut events = Vec::new();
+    if !sysctls.is_empty() && previous.map(|p| &p.unsafe_sysctls) != Some(&sysctls) {
+        events.push((
+            "UnsafeSysctls",
+            format!(
+                "{} are not in the kubelet's safe set; move them to tuning.unsafeSysctls and allow them on the nodes",
+                sysctls.join(", ")
+            ),
+        ));
+    }
+    if !unwatched.is_empty() && previous.map(|p| &p.unwatched_config_maps) != Some(&unwatched) {
+        events.push((
+            "ToolsFromNotWatched",
+            format!(
+                "toolsFrom ConfigMaps {} lack the label {}={}: their edits reach the servers only on the 5-minute re-read; label them to propagate edits at once",
+                unwatched.join(", "),
+                TOOLS_LABEL.0,
+                TOOLS_LABEL.1
+            ),
+        ));
+    }
+    status.unsafe_sysctls = sysctls;
+    status.unwatched_config_maps = unwatched;
+    events
+}
