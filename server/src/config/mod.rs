@@ -224,7 +224,7 @@ mod tests {
             format!("tools: [{{name: t, handler: {{http: {{url: 'http://x/', maxResponseBytes: \"{secret}\"}}}}}}]"),
             "tools:\n  - name: t\n    handler: {http: {url: x, headers: {Authorization: Bearer SECRET}}}\n   bad: [\n".replace("SECRET", secret),
             format!("server: {{name: {secret}, pageSize: {secret}}}"),
-            format!("{secret}"),
+            secret.to_string(),
         ] {
             let e = parse("tools.yaml", &yaml).unwrap_err().to_string();
             assert!(!e.contains("0123456789abcdef"), "secret in {e:?}");
