@@ -25,6 +25,7 @@ use crate::protocol::{
     self, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RESOURCE_NOT_FOUND,
 };
 use crate::registry::{ListKind, Registry, Snapshot};
+use crate::template::Budget;
 
 /// A JSON-RPC message as received: every field borrowed from the request bytes.
 #[derive(Deserialize)]
@@ -571,7 +572,7 @@ impl Server {
         let snap = self.registry.load();
         let resources = &snap.config.resources;
         let found = snap.static_resource(&p.uri).map(|i| match &resources[i].kind {
-            ResourceKind::Static { text, .. } => (text.clone(), &resources[i].mime_type),
+            ResourceKind::Static { text, .. } => (Ok(text.clone()), &resources[i].mime_type),
             ResourceKind::Templated { .. } => unreachable!("static index"),
         });
         let found = found.or_else(|| {
@@ -585,6 +586,7 @@ impl Server {
         let Some((text, mime)) = found else {
             return fail(RESOURCE_NOT_FOUND, format!("Resource not found: {}", p.uri));
         };
+        let text = text.or_else(|e| fail(INVALID_PARAMS, format!("Resource {}: {e}", p.uri)))?;
         let result = json!({"contents": [{"uri": p.uri, "mimeType": mime, "text": text}]});
         protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(())
@@ -614,17 +616,18 @@ impl Server {
                 ),
             );
         }
-        let messages: Vec<Value> = prompt
-            .messages
-            .iter()
-            .map(|(role, t)| {
-                let role = match role {
-                    Role::User => "user",
-                    Role::Assistant => "assistant",
-                };
-                json!({"role": role, "content": {"type": "text", "text": t.render(&args)}})
-            })
-            .collect();
+        let mut budget = Budget::new();
+        let mut messages = Vec::with_capacity(prompt.messages.len());
+        for (role, t) in &prompt.messages {
+            let role = match role {
+                Role::User => "user",
+                Role::Assistant => "assistant",
+            };
+            let text = t
+                .render_with(&args, &mut budget)
+                .or_else(|e| fail(INVALID_PARAMS, format!("Prompt {}: {e}", p.name)))?;
+            messages.push(json!({"role": role, "content": {"type": "text", "text": text}}));
+        }
         let mut result = json!({"messages": messages});
         if let Some(d) = &prompt.description {
             result["description"] = Value::String(d.clone());

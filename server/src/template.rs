@@ -1,9 +1,92 @@
 //! `{{ path | filter }}` text templates, compiled once into token lists and rendered
 //! against JSON values without re-parsing.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use serde_json::Value;
+
+/// The most bytes one rendering may produce. A template that names a caller's value many
+/// times (`{{x}}{{x}}...`) would otherwise turn a 4 MiB request into gigabytes.
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
+/// A rendering stopped because it would have produced more than [`MAX_RENDERED_BYTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooLarge;
+
+impl fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the rendered text would exceed {} MiB",
+            MAX_RENDERED_BYTES >> 20
+        )
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// Bytes left to render; shared by every template of one rendering (a JSON body, an argv).
+#[derive(Debug)]
+pub struct Budget(usize);
+
+impl Budget {
+    /// A fresh budget of [`MAX_RENDERED_BYTES`].
+    pub const fn new() -> Self {
+        Self(MAX_RENDERED_BYTES)
+    }
+
+    /// Takes `n` bytes from the budget.
+    ///
+    /// # Errors
+    /// When fewer than `n` are left.
+    pub fn take(&mut self, n: usize) -> Result<(), TooLarge> {
+        self.0 = self.0.checked_sub(n).ok_or(TooLarge)?;
+        Ok(())
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// About how many bytes a JSON value takes in memory (its strings, plus a word per node),
+/// measured without recursion.
+pub fn approx_size(v: &Value) -> usize {
+    let mut total = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        total = total.saturating_add(16);
+        match v {
+            Value::String(s) => total = total.saturating_add(s.len()),
+            Value::Array(a) => stack.extend(a),
+            Value::Object(o) => {
+                for (k, x) in o {
+                    total = total.saturating_add(k.len());
+                    stack.push(x);
+                }
+            }
+            _ => {}
+        }
+    }
+    total
+}
+
+/// How deeply a JSON value nests (a scalar is 1), measured without recursion.
+pub fn depth(v: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            Value::Array(a) => stack.extend(a.iter().map(|x| (x, d + 1))),
+            Value::Object(o) => stack.extend(o.values().map(|x| (x, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
+}
 
 /// One segment of a dotted variable path: `steps.0.text` is `[steps, 0, text]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,9 +201,27 @@ impl Template {
         })
     }
 
-    /// Renders into `out`. Missing variables render as nothing.
-    pub fn render_into(&self, scope: &dyn Scope, out: &mut String) {
+    /// True when the template starts with a substituted value rather than literal text.
+    pub fn starts_with_variable(&self) -> bool {
+        matches!(self.parts.first(), Some(Part::Var { .. }))
+    }
+
+    /// The literal text before the first variable (all of it for a literal template).
+    pub fn literal_prefix(&self) -> &str {
+        match self.parts.first() {
+            Some(Part::Lit(s)) => s,
+            _ => "",
+        }
+    }
+
+    /// Renders into `out`, taking what it appends from `budget`. Missing variables render
+    /// as nothing.
+    ///
+    /// # Errors
+    /// The budget ran out; `out` then holds a partial rendering.
+    pub fn render_into(&self, scope: &dyn Scope, out: &mut String, budget: &mut Budget) -> Result<(), TooLarge> {
         for part in &*self.parts {
+            let before = out.len();
             match part {
                 Part::Lit(s) => out.push_str(s),
                 Part::Var { path, filters } => {
@@ -129,13 +230,20 @@ impl Template {
                     }
                 }
             }
+            budget.take(out.len() - before)?;
         }
+        Ok(())
     }
 
     /// Renders a URL: substituted values are percent-encoded unless filtered `url` or `raw`.
-    pub fn render_url(&self, scope: &dyn Scope) -> String {
+    ///
+    /// # Errors
+    /// The URL would exceed [`MAX_RENDERED_BYTES`].
+    pub fn render_url(&self, scope: &dyn Scope) -> Result<String, TooLarge> {
+        let mut budget = Budget::new();
         let mut out = String::with_capacity(self.literal_len + 16);
         for part in &*self.parts {
+            let before = out.len();
             match part {
                 Part::Lit(s) => out.push_str(s),
                 Part::Var { path, filters } => {
@@ -149,15 +257,27 @@ impl Template {
                     }
                 }
             }
+            budget.take(out.len() - before)?;
         }
-        out
+        Ok(out)
     }
 
     /// Renders to a new string.
-    pub fn render(&self, scope: &dyn Scope) -> String {
+    ///
+    /// # Errors
+    /// The text would exceed [`MAX_RENDERED_BYTES`].
+    pub fn render(&self, scope: &dyn Scope) -> Result<String, TooLarge> {
+        self.render_with(scope, &mut Budget::new())
+    }
+
+    /// Renders to a new string, taking its bytes from a shared budget.
+    ///
+    /// # Errors
+    /// The budget ran out.
+    pub fn render_with(&self, scope: &dyn Scope, budget: &mut Budget) -> Result<String, TooLarge> {
         let mut out = String::with_capacity(self.literal_len + 16);
-        self.render_into(scope, &mut out);
-        out
+        self.render_into(scope, &mut out, budget)?;
+        Ok(out)
     }
 }
 
@@ -332,18 +452,41 @@ impl JsonTemplate {
     }
 
     /// Renders to a JSON value.
-    pub fn render(&self, scope: &dyn Scope) -> Value {
-        match self {
-            Self::Const(v) => v.clone(),
-            Self::Text(t) => Value::String(t.render(scope)),
-            Self::Typed(t) => t
-                .sole_variable()
-                .and_then(|p| resolve(scope, p))
-                .cloned()
-                .unwrap_or(Value::Null),
-            Self::Array(a) => Value::Array(a.iter().map(|x| x.render(scope)).collect()),
-            Self::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), x.render(scope))).collect()),
-        }
+    ///
+    /// # Errors
+    /// The value would take more than [`MAX_RENDERED_BYTES`] (a value substituted many
+    /// times counts each time).
+    pub fn render(&self, scope: &dyn Scope) -> Result<Value, TooLarge> {
+        self.render_with(scope, &mut Budget::new())
+    }
+
+    fn render_with(&self, scope: &dyn Scope, budget: &mut Budget) -> Result<Value, TooLarge> {
+        // Nesting is bounded when the ToolSet is compiled (config::MAX_VALUE_DEPTH), so
+        // this recursion is too.
+        Ok(match self {
+            Self::Const(v) => {
+                budget.take(approx_size(v))?;
+                v.clone()
+            }
+            Self::Text(t) => Value::String(t.render_with(scope, budget)?),
+            Self::Typed(t) => match t.sole_variable().and_then(|p| resolve(scope, p)) {
+                Some(v) => {
+                    budget.take(approx_size(v))?;
+                    v.clone()
+                }
+                None => Value::Null,
+            },
+            Self::Array(a) => Value::Array(
+                a.iter()
+                    .map(|x| x.render_with(scope, budget))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Self::Object(o) => Value::Object(
+                o.iter()
+                    .map(|(k, x)| Ok((k.clone(), x.render_with(scope, budget)?)))
+                    .collect::<Result<_, TooLarge>>()?,
+            ),
+        })
     }
 }
 
@@ -356,7 +499,7 @@ mod tests {
     fn renders_literals_paths_and_filters() {
         let t = Template::compile("Hi {{ name | upper }}, {{steps.1.text}}!{{missing}}").unwrap();
         let scope = json!({"name": "ada", "steps": [{"text": "x"}, {"text": "y"}]});
-        assert_eq!(t.render(&scope), "Hi ADA, y!");
+        assert_eq!(t.render(&scope).unwrap(), "Hi ADA, y!");
         let roots: Vec<_> = t.roots().collect();
         assert_eq!(roots, vec![("name", None), ("steps", Some(1)), ("missing", None)]);
     }
@@ -365,21 +508,21 @@ mod tests {
     fn url_and_json_filters() {
         let scope = json!({"q": "a b&c", "n": 3});
         assert_eq!(
-            Template::compile("{{q|url}}").unwrap().render(&scope),
+            Template::compile("{{q|url}}").unwrap().render(&scope).unwrap(),
             "a%20b%26c"
         );
         assert_eq!(
-            Template::compile("{{q|json}}").unwrap().render(&scope),
+            Template::compile("{{q|json}}").unwrap().render(&scope).unwrap(),
             "\"a b&c\""
         );
-        assert_eq!(Template::compile("{{n}}").unwrap().render(&scope), "3");
+        assert_eq!(Template::compile("{{n}}").unwrap().render(&scope).unwrap(), "3");
     }
 
     #[test]
     fn url_rendering_encodes_unless_raw() {
         let scope = json!({"c": "São Paulo/x", "p": "a/b"});
         let t = Template::compile("http://h/w?c={{c}}&p={{p|raw}}").unwrap();
-        assert_eq!(t.render_url(&scope), "http://h/w?c=S%C3%A3o%20Paulo%2Fx&p=a/b");
+        assert_eq!(t.render_url(&scope).unwrap(), "http://h/w?c=S%C3%A3o%20Paulo%2Fx&p=a/b");
     }
 
     #[test]
@@ -401,7 +544,38 @@ mod tests {
     #[test]
     fn json_templates_keep_types() {
         let t = JsonTemplate::compile(&json!({"n": "{{n}}", "s": "n={{n}}", "k": [1, "{{flag}}"]})).unwrap();
-        let out = t.render(&json!({"n": 2.5, "flag": true}));
+        let out = t.render(&json!({"n": 2.5, "flag": true})).unwrap();
         assert_eq!(out, json!({"n": 2.5, "s": "n=2.5", "k": [1, true]}));
+    }
+
+    #[test]
+    fn repeating_a_value_cannot_blow_up_a_rendering() {
+        let big = "x".repeat(2 << 20);
+        let scope = json!({ "x": big });
+        let ten = "{{x}}".repeat(10);
+        assert_eq!(Template::compile(&ten).unwrap().render(&scope), Err(TooLarge));
+        assert_eq!(
+            Template::compile(&format!("http://h/{ten}")).unwrap().render_url(&scope),
+            Err(TooLarge)
+        );
+        let typed = JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 10])).unwrap();
+        assert_eq!(typed.render(&scope), Err(TooLarge));
+        // Under the budget the same templates render in full.
+        let seven = "{{x}}".repeat(7);
+        assert_eq!(Template::compile(&seven).unwrap().render(&scope).unwrap().len(), 7 * (2 << 20));
+        assert_eq!(JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 7])).unwrap().render(&scope).unwrap()[6], scope["x"]);
+    }
+
+    #[test]
+    fn depth_and_size_are_measured_without_recursion() {
+        let mut v = json!(1);
+        for _ in 0..100_000 {
+            v = Value::Array(vec![v]);
+        }
+        assert_eq!(depth(&v), 100_001);
+        assert!(approx_size(&v) > 100_000);
+        assert_eq!(depth(&json!({"a": [1, {"b": 2}]})), 4);
+        // Dropping such a value recurses in serde_json; leak it instead of testing that here.
+        std::mem::forget(v);
     }
 }

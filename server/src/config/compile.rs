@@ -8,13 +8,22 @@ use serde_json::{Map, Value, json};
 
 use super::{API_VERSION, ConfigError, Handler, KIND, Problem, Role, ToolSet, parse_duration};
 use crate::schema::{Schema, expand_shorthand};
-use crate::template::{JsonTemplate, Template};
+use crate::template::{JsonTemplate, Template, depth};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_MAX_BYTES: usize = 1 << 20;
 const MAX_PAGE_SIZE: u32 = 10_000;
 const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// Pipelines may nest at most this deep (a pipeline whose step is a pipeline is 2 deep).
+pub const MAX_PIPELINE_NESTING: usize = 16;
+/// One call of a pipeline may run at most this many steps, nested pipelines' steps included.
+pub const MAX_PIPELINE_STEPS: usize = 10_000;
+/// JSON values in a ToolSet (schemas, `input`, bodies, step inputs) may nest at most this
+/// deep. It keeps every walk over them shallow, and a value that fits re-parses from the
+/// YAML the operator writes (whose nesting limit is 48, see `yaml_options`).
+pub const MAX_VALUE_DEPTH: usize = 32;
 
 /// A validated, compiled ToolSet.
 #[derive(Debug)]
@@ -70,6 +79,8 @@ pub struct HttpCall {
     pub method: String,
     /// URL template (values percent-encoded unless filtered `raw`).
     pub url: Template,
+    /// `scheme://authority` of every URL this tool requests: literal in the template.
+    pub origin: String,
     /// Header name and value template.
     pub headers: Vec<(String, Template)>,
     /// JSON body template.
@@ -405,6 +416,51 @@ fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
     }
 }
 
+/// True when `v` nests at most [`MAX_VALUE_DEPTH`] deep; reports it otherwise.
+fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
+    let d = depth(v);
+    if d > MAX_VALUE_DEPTH {
+        p.push(path, format!("nests {d} deep; at most {MAX_VALUE_DEPTH} levels are accepted"));
+        return false;
+    }
+    true
+}
+
+/// The `scheme://authority` of an http tool's URL template, which must be literal and end
+/// where the template's literal text still goes on (with `/`, `?` or `#`): a value can then
+/// only change the path, query or fragment, never which server is called.
+fn literal_origin(url: &Template) -> Result<String, &'static str> {
+    let prefix = url.literal_prefix();
+    let Some((scheme, rest)) = prefix.split_once("://") else {
+        return Err("must start with http:// or https://");
+    };
+    if !matches!(scheme, "http" | "https") {
+        return Err("must start with http:// or https://");
+    }
+    let end = match rest.find(['/', '?', '#']) {
+        Some(end) => end,
+        None if url.is_literal() => rest.len(),
+        None => {
+            return Err(
+                "the scheme, host and port must be literal and followed by a literal `/`, `?` or `#` \
+                 before the first `{{`: a value that could change the server called lets callers reach any server",
+            );
+        }
+    };
+    let authority = &rest[..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.is_empty() || host.starts_with(':') {
+        return Err("names no host");
+    }
+    if authority.contains(['\\', ' ']) {
+        return Err("the host part contains a character no URL host has");
+    }
+    if authority.parse::<http::uri::Authority>().is_err() {
+        return Err("the host part is not a valid URL authority");
+    }
+    Ok(format!("{scheme}://{authority}"))
+}
+
 fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
     Template::compile(src).map_err(|e| p.push(path, e)).ok()
 }
@@ -474,7 +530,17 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             }
             _ => None,
         };
+        let input_shallow = t
+            .input
+            .iter()
+            .flatten()
+            .all(|(k, v)| shallow(v, &format!("{at}.input.{k}"), &mut p));
+        let schema_shallow = t
+            .input_schema
+            .as_ref()
+            .is_none_or(|v| shallow(v, &format!("{at}.inputSchema"), &mut p));
         let schema_json = match (&t.input, &t.input_schema) {
+            _ if !(input_shallow && schema_shallow) => json!({"type": "object"}),
             (Some(_), Some(_)) => {
                 p.push(&at, "set `input` or `inputSchema`, not both");
                 json!({"type": "object"})
@@ -503,6 +569,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         let output_json = t
             .output_schema
             .clone()
+            .filter(|o| shallow(o, &format!("{at}.outputSchema"), &mut p))
             .or_else(|| builtin.and_then(Builtin::output_schema));
         let output = output_json.as_ref().and_then(|o| {
             if o.get("type").and_then(Value::as_str) != Some("object") {
@@ -539,19 +606,19 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method),
                     );
                 }
-                if !(h.url.starts_with("http://") || h.url.starts_with("https://")) {
-                    p.push(format!("{hp}.url"), "must start with http:// or https://");
-                } else if h
-                    .url
-                    .split("://")
-                    .nth(1)
-                    .is_some_and(|r| r.is_empty() || r.starts_with("{{"))
-                {
-                    p.push(format!("{hp}.url"), "the host must be literal, not a template (a template host lets callers reach any server)");
-                }
                 let url = template(&h.url, &format!("{hp}.url"), &mut p);
+                let mut origin = String::new();
                 if let Some(u) = &url {
                     check_template(u, &names, &format!("{hp}.url"), &mut p);
+                    match literal_origin(u) {
+                        Ok(o) => origin = o,
+                        Err(e) => p.push(format!("{hp}.url"), e),
+                    }
+                    if u.literal_prefix().len() > origin.len()
+                        && has_dot_segment(path_of(&u.literal_prefix()[origin.len()..]))
+                    {
+                        p.push(format!("{hp}.url"), "the path has a `.` or `..` segment");
+                    }
                 }
                 let mut headers = Vec::new();
                 for (k, v) in &h.headers {
@@ -568,6 +635,9 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     }
                 }
                 let body = h.body.as_ref().and_then(|b| {
+                    if !shallow(b, &format!("{hp}.body"), &mut p) {
+                        return None;
+                    }
                     let jt = JsonTemplate::compile(b)
                         .map_err(|e| p.push(format!("{hp}.body"), e))
                         .ok()?;
@@ -588,6 +658,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     ),
                     method,
                     url: url.unwrap_or_else(Template::empty),
+                    origin,
                     headers,
                     body,
                 })
@@ -645,6 +716,9 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         continue;
                     };
                     let input = s.input.as_ref().and_then(|v| {
+                        if !shallow(v, &format!("{sp}.input"), &mut p) {
+                            return None;
+                        }
                         let jt = JsonTemplate::compile(v)
                             .map_err(|e| p.push(format!("{sp}.input"), e))
                             .ok()?;
@@ -685,7 +759,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             handler,
         });
     }
-    check_pipeline_cycles(&tools, &mut p);
+    check_pipelines(&tools, &mut p);
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
@@ -727,50 +801,111 @@ fn natural_key(path: &str) -> Vec<(String, u64)> {
     out
 }
 
-fn check_pipeline_cycles(tools: &[CompiledTool], p: &mut Problems) {
-    // 0 = unvisited, 1 = on the stack, 2 = done
-    fn visit(
-        i: usize,
-        tools: &[CompiledTool],
-        state: &mut [u8],
-        stack: &mut Vec<usize>,
-    ) -> Option<Vec<usize>> {
-        state[i] = 1;
-        stack.push(i);
-        if let CompiledHandler::Pipeline(steps) = &tools[i].handler {
-            for s in steps {
-                match state[s.tool] {
-                    1 => {
-                        let from = stack.iter().position(|&x| x == s.tool).unwrap_or(0);
-                        let mut cycle = stack[from..].to_vec();
-                        cycle.push(s.tool);
-                        return Some(cycle);
+/// The path of a URL or URL tail: what comes before its query or fragment.
+pub(crate) fn path_of(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or_default()
+}
+
+/// True when a URL path, once percent-decoded, has a `.` or `..` segment (with `/` or `\`
+/// as separators, as servers that decode before normalising see it).
+pub(crate) fn has_dot_segment(path: &str) -> bool {
+    let decoded = percent_decode(path);
+    decoded.split(['/', '\\']).any(|seg| seg == "." || seg == "..")
+}
+
+/// Rejects pipeline cycles, nesting deeper than [`MAX_PIPELINE_NESTING`] and pipelines one
+/// call of which would run more than [`MAX_PIPELINE_STEPS`] steps. The walk is an explicit
+/// depth-first search (no recursion: a chain of thousands of pipelines is input too).
+fn check_pipelines(tools: &[CompiledTool], p: &mut Problems) {
+    const NEW: u8 = 0;
+    const ON_PATH: u8 = 1;
+    const DONE: u8 = 2;
+    let steps_of = |i: usize| match &tools[i].handler {
+        CompiledHandler::Pipeline(steps) => steps.as_slice(),
+        _ => &[],
+    };
+    let mut state = vec![NEW; tools.len()];
+    // Pipelines on the deepest chain starting at a tool (itself included), and the steps one
+    // call of it runs (nested ones included); both 0 for other handlers.
+    let mut nesting = vec![0usize; tools.len()];
+    let mut cost = vec![0usize; tools.len()];
+    for root in 0..tools.len() {
+        if state[root] != NEW {
+            continue;
+        }
+        state[root] = ON_PATH;
+        let mut path: Vec<(usize, usize)> = vec![(root, 0)];
+        while let Some((i, next)) = path.last_mut() {
+            let (i, steps) = (*i, steps_of(*i));
+            if let Some(step) = steps.get(*next) {
+                *next += 1;
+                match state[step.tool] {
+                    NEW => {
+                        state[step.tool] = ON_PATH;
+                        path.push((step.tool, 0));
                     }
-                    0 => {
-                        if let Some(c) = visit(s.tool, tools, state, stack) {
-                            return Some(c);
-                        }
+                    ON_PATH => {
+                        let from = path.iter().position(|&(x, _)| x == step.tool).unwrap_or(0);
+                        let mut names: Vec<&str> = path[from..].iter().map(|&(x, _)| tools[x].name.as_str()).collect();
+                        names.push(&tools[step.tool].name);
+                        p.push(
+                            format!("tools[{}].handler.pipeline", step.tool),
+                            format!("pipeline cycle: {}", names.join(" -> ")),
+                        );
+                        return;
                     }
                     _ => {}
                 }
+                continue;
             }
+            if !steps.is_empty() {
+                nesting[i] = 1 + steps.iter().map(|s| nesting[s.tool]).max().unwrap_or(0);
+                cost[i] = steps
+                    .iter()
+                    .fold(0usize, |acc, s| acc.saturating_add(1).saturating_add(cost[s.tool]));
+            }
+            state[i] = DONE;
+            path.pop();
         }
-        stack.pop();
-        state[i] = 2;
-        None
     }
-    let mut state = vec![0u8; tools.len()];
-    for i in 0..tools.len() {
-        if state[i] == 0
-            && let Some(cycle) = visit(i, tools, &mut state, &mut Vec::new())
-        {
-            let names: Vec<&str> = cycle.iter().map(|&j| tools[j].name.as_str()).collect();
-            p.push(
-                format!("tools[{}].handler.pipeline", cycle[0]),
-                format!("pipeline cycle: {}", names.join(" -> ")),
-            );
-            return;
+    // A chain of thousands would name thousands of tools: name the first few.
+    const SHOWN: usize = 10;
+    let mut over = 0;
+    let mut first_unshown = 0;
+    for (i, t) in tools.iter().enumerate() {
+        let problem = if nesting[i] > MAX_PIPELINE_NESTING {
+            format!(
+                "pipelines nest {} deep from `{}`; at most {MAX_PIPELINE_NESTING} are accepted",
+                nesting[i], t.name
+            )
+        } else if cost[i] > MAX_PIPELINE_STEPS {
+            let shown = if cost[i] == usize::MAX {
+                "more than that".to_owned()
+            } else {
+                cost[i].to_string()
+            };
+            format!(
+                "one call of `{}` would run {shown} steps (nested pipelines multiply); at most {MAX_PIPELINE_STEPS} are accepted",
+                t.name
+            )
+        } else {
+            continue;
+        };
+        over += 1;
+        if over <= SHOWN {
+            p.push(format!("tools[{i}].handler.pipeline"), problem);
+        } else if over == SHOWN + 1 {
+            first_unshown = i;
         }
+    }
+    if over > SHOWN {
+        p.push(
+            format!("tools[{first_unshown}].handler.pipeline"),
+            format!(
+                "and {} more pipelines from here on nest too deep or run too many steps",
+                over - SHOWN
+            ),
+        );
     }
 }
 
@@ -1025,11 +1160,125 @@ tools:
     }
 
     #[test]
-    fn http_hosts_must_be_literal() {
-        let p = problems(
-            "tools:\n  - {name: a, input: {h: string}, handler: {http: {url: \"http://{{h}}/x\"}}}\n",
+    fn the_whole_url_authority_must_be_literal() {
+        let tool = |url: &str| {
+            problems(&format!(
+                "tools:\n  - {{name: a, input: {{p: string}}, handler: {{http: {{url: \"{url}\"}}}}}}\n"
+            ))
+        };
+        // Every way a value could pick the server: host, a host suffix, userinfo, port,
+        // an authority that is never closed by a literal `/`, `?` or `#`.
+        for url in [
+            "http://{{p}}/x",
+            "http://api.example{{p}}/",
+            "http://x@{{p}}/",
+            "http://127.0.0.1:{{p}}/",
+            "https://api.example.com{{p}}",
+            "http://{{p}}",
+        ] {
+            let p = tool(url);
+            assert!(
+                p.iter().any(|x| x.contains("must be literal and followed by")),
+                "{url}: {p:#?}"
+            );
+        }
+        for url in ["ftp://h/{{p}}", "h/{{p}}", "http:///{{p}}", "http://:80/{{p}}"] {
+            assert!(!tool(url).is_empty(), "{url} was accepted");
+        }
+        assert!(
+            tool("http://h/a/../{{p}}")
+                .iter()
+                .any(|x| x.contains("`..` segment"))
         );
-        assert!(p.iter().any(|x| x.contains("host must be literal")), "{p:#?}");
+        // The value may shape the path, query and fragment.
+        for url in [
+            "http://api.example.com/{{p}}",
+            "https://u:pw@api.example.com:8443/v1?q={{p}}",
+            "http://h#{{p}}",
+            "http://[::1]:8080/x/{{p}}",
+            "http://h",
+        ] {
+            assert_eq!(tool(url), Vec::<String>::new(), "{url}");
+        }
+    }
+
+    #[test]
+    fn pipeline_walks_are_iterative_and_bounded() {
+        // A chain of 8,000 pipelines: the old recursive check overflowed its stack here.
+        let mut yaml = String::from("tools:\n  - {name: leaf, handler: {builtin: now}}\n");
+        for i in 0..8_000 {
+            let next = if i == 7_999 { "leaf".to_owned() } else { format!("p{}", i + 1) };
+            yaml.push_str(&format!("  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"));
+        }
+        let p = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || problems(&yaml))
+            .unwrap()
+            .join()
+            .expect("compiling a long chain must not overflow a small stack");
+        assert!(p.iter().any(|x| x.contains("nest 8000 deep from `p0`")), "{:#?}", &p[..3]);
+        assert!(p.len() <= 11, "problems are summarised, got {}", p.len());
+        assert!(p.last().unwrap().contains("more pipelines"), "{p:#?}");
+
+        // Exactly MAX_PIPELINE_NESTING levels run; one more is refused.
+        let chain = |n: usize| {
+            let mut y = String::from("tools:\n  - {name: leaf, handler: {builtin: now}}\n");
+            for i in 0..n {
+                let next = if i + 1 == n { "leaf".to_owned() } else { format!("p{}", i + 1) };
+                y.push_str(&format!("  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"));
+            }
+            problems(&y)
+        };
+        assert_eq!(chain(MAX_PIPELINE_NESTING), Vec::<String>::new());
+        assert!(chain(MAX_PIPELINE_NESTING + 1)[0].contains("at most 16"));
+
+        // Fan-out: 10 steps at each of 8 levels is 10^8 steps for one call.
+        let mut y = String::from("tools:\n  - {name: l0, handler: {builtin: now}}\n");
+        for level in 1..=8 {
+            let steps = vec![format!("{{tool: l{}}}", level - 1); 10].join(", ");
+            y.push_str(&format!("  - {{name: l{level}, handler: {{pipeline: [{steps}]}}}}\n"));
+        }
+        let p = problems(&y);
+        assert!(p.iter().any(|x| x.contains("`l4` would run 11110 steps")), "{p:#?}");
+        assert!(p.iter().any(|x| x.contains("`l8` would run 111111110 steps")), "{p:#?}");
+        assert!(!p.iter().any(|x| x.contains("`l3`")), "{p:#?}");
+        // ...while 10 x 3 levels (1,110 steps) is fine.
+        y.truncate(y.find("  - {name: l4").unwrap());
+        assert_eq!(problems(&y), Vec::<String>::new());
+    }
+
+    #[test]
+    fn deep_json_values_are_refused_before_any_walk() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        for (field, yaml) in [
+            ("inputSchema", format!("inputSchema: {{type: object, properties: {{a: {{default: {}}}}}}}", deep(40))),
+            ("outputSchema", format!("outputSchema: {{type: object, x: {}}}", deep(40))),
+            ("input.a", format!("input: {{a: {{type: array, default: {}}}}}", deep(40))),
+        ] {
+            let p = problems(&format!("tools:\n  - {{name: t, handler: {{builtin: json}}, {yaml}}}\n"));
+            assert!(
+                p.iter().any(|x| x.starts_with(&format!("tools[0].{field}: nests")) && x.contains("at most 32")),
+                "{field}: {p:#?}"
+            );
+        }
+        let p = problems(&format!(
+            "tools:\n  - {{name: t, handler: {{http: {{method: POST, url: \"http://h/\", body: {}}}}}}}\n",
+            deep(40)
+        ));
+        assert!(p.iter().any(|x| x.contains("handler.http.body: nests")), "{p:#?}");
+        let p = problems(&format!(
+            "tools:\n  - {{name: j, handler: {{builtin: json}}}}\n  - {{name: t, handler: {{pipeline: [{{tool: j, input: {{a: {}}}}}]}}}}\n",
+            deep(40)
+        ));
+        assert!(p.iter().any(|x| x.contains("pipeline[0].input: nests")), "{p:#?}");
+        // 31 levels is within bounds.
+        assert_eq!(
+            problems(&format!(
+                "tools:\n  - {{name: t, handler: {{builtin: json}}, outputSchema: {{type: object, properties: {{a: {{default: {}}}}}}}}}\n",
+                deep(27)
+            )),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -10,8 +10,9 @@ use sha2::{Digest, Sha256};
 
 pub use compile::{
     Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ExecCall,
-    HttpCall, ResourceKind, Step, UriPattern, compile,
+    HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_VALUE_DEPTH, ResourceKind, Step, UriPattern, compile,
 };
+pub(crate) use compile::{has_dot_segment, path_of};
 pub use model::*;
 
 /// One problem found in a ToolSet, located by a path such as `tools[3].handler.http.url`.

@@ -72,7 +72,15 @@ pub fn run(b: Builtin, args: &Value) -> ToolOutput {
 
 /// `sleep`: waits `ms` milliseconds (validated to 0..=60000 by its schema).
 pub async fn sleep(args: &Value) -> ToolOutput {
-    let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0).min(60_000);
+    // The schema accepts any integral number, so `2e3` (a float in JSON terms) is 2000 ms.
+    let ms = args
+        .get("ms")
+        .and_then(|v| {
+            v.as_u64()
+                .or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64))
+        })
+        .unwrap_or(0)
+        .min(60_000);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     ToolOutput::text(format!("slept {ms} ms"))
 }

@@ -24,7 +24,13 @@ async fn read_capped(r: Option<impl AsyncRead + Unpin>, cap: usize) -> (Vec<u8>,
 
 /// Runs the process of an exec tool.
 pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
-    let argv: Vec<String> = spec.args.iter().map(|t| t.render(args)).collect();
+    let mut budget = crate::template::Budget::new();
+    let rendered = spec.args.iter().map(|t| t.render_with(args, &mut budget)).collect();
+    let stdin_text = spec.stdin.as_ref().map(|t| t.render_with(args, &mut budget)).transpose();
+    let (argv, stdin_text): (Vec<String>, _) = match (rendered, stdin_text) {
+        (Ok(a), Ok(s)) => (a, s),
+        (Err(e), _) | (_, Err(e)) => return ToolOutput::error(format!("{}: {e}", spec.program)),
+    };
     let mut cmd = Command::new(&spec.program);
     cmd.args(&argv)
         .env_clear()
@@ -42,7 +48,6 @@ pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("could not start {}: {e}", spec.program)),
     };
-    let stdin_text = spec.stdin.as_ref().map(|t| t.render(args));
     let mut stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();

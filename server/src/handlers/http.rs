@@ -2,7 +2,7 @@
 //! and JSON body, a timeout and a response size cap.
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Request, header};
+use http::{HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::ToolOutput;
 use crate::config::HttpCall;
+use crate::config::{has_dot_segment, path_of};
 
 /// A pooled HTTP(S) client shared by every http tool.
 #[derive(Clone, Debug)]
@@ -40,12 +41,20 @@ impl HttpClient {
 
     /// Performs the request of an http tool.
     pub async fn call(&self, spec: &HttpCall, args: &Value) -> ToolOutput {
-        let url = spec.url.render_url(args);
+        let uri = match target(spec, args) {
+            Ok(u) => u,
+            Err(e) => return ToolOutput::error(e),
+        };
+        // Errors name the URL without its query, fragment or userinfo: they may hold secrets.
+        let url = redacted(&uri);
         let mut req = Request::builder()
             .method(Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET))
-            .uri(&url);
+            .uri(uri);
         for (name, value) in &spec.headers {
-            let rendered = value.render(args);
+            let rendered = match value.render(args) {
+                Ok(r) => r,
+                Err(e) => return ToolOutput::error(format!("header `{name}`: {e}")),
+            };
             match (
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_str(&rendered),
@@ -57,7 +66,10 @@ impl HttpClient {
         let body = match &spec.body {
             Some(t) => {
                 req = req.header(header::CONTENT_TYPE, "application/json");
-                Bytes::from(serde_json::to_vec(&t.render(args)).unwrap_or_default())
+                match t.render(args) {
+                    Ok(v) => Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
+                    Err(e) => return ToolOutput::error(format!("the request body: {e}")),
+                }
             }
             None => Bytes::new(),
         };
@@ -123,6 +135,39 @@ impl Default for HttpClient {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Renders the URL of a call and checks that values changed only its path, query and
+/// fragment: the server called is the tool's literal `scheme://authority`, and no value made
+/// a `.` or `..` path segment (which would walk up the path the tool declares).
+fn target(spec: &HttpCall, args: &Value) -> Result<Uri, String> {
+    let url = spec.url.render_url(args).map_err(|e| format!("the URL: {e}"))?;
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| "the arguments make an invalid URL".to_owned())?;
+    let origin_ok = uri.scheme_str().zip(uri.authority()).is_some_and(|(scheme, authority)| {
+        spec.origin
+            .strip_prefix(scheme)
+            .and_then(|rest| rest.strip_prefix("://"))
+            .is_some_and(|a| a.eq_ignore_ascii_case(authority.as_str()))
+    });
+    if !origin_ok {
+        return Err("the arguments change the server this tool calls; refused".to_owned());
+    }
+    if has_dot_segment(path_of(url.get(spec.origin.len()..).unwrap_or_default())) {
+        return Err("the arguments make a `.` or `..` URL path segment; refused".to_owned());
+    }
+    Ok(uri)
+}
+
+/// A URL as messages show it: scheme, host, port and path (no userinfo, query or fragment).
+fn redacted(uri: &Uri) -> String {
+    let host = uri.authority().map_or("", |a| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h));
+    let mut s = format!("{}://{host}{}", uri.scheme_str().unwrap_or("http"), uri.path());
+    if uri.query().is_some() {
+        s.push_str("?…");
+    }
+    s
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -72,8 +72,9 @@ pub struct Executor {
     http: HttpClient,
 }
 
-/// Pipelines may nest at most this deep (cycles are rejected at load; this bounds the rest).
-const MAX_DEPTH: usize = 16;
+/// Pipelines may nest at most this deep. Cycles and deeper nesting are rejected when a
+/// ToolSet is compiled; this bounds the rest.
+pub const MAX_DEPTH: usize = crate::config::MAX_PIPELINE_NESTING;
 
 impl Executor {
     /// An executor with a fresh HTTP connection pool.
@@ -89,13 +90,29 @@ impl Executor {
     pub fn run_now(&self, snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
         match &snap.tools[tool].def.handler {
             CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run(*b, args)),
-            CompiledHandler::Template(t) => Some(ToolOutput::text(t.render(args))),
+            CompiledHandler::Template(t) => Some(match t.render(args) {
+                Ok(text) => ToolOutput::text(text),
+                Err(e) => ToolOutput::error(e.to_string()),
+            }),
             _ => None,
         }
     }
 
     /// Runs a tool whose arguments have been validated.
     pub fn run<'a>(&'a self, snap: &'a Snapshot, tool: usize, args: Value, depth: usize) -> OutputFuture<'a> {
+        self.run_within(snap, tool, args, depth, None)
+    }
+
+    /// Runs a tool as a step of a pipeline call, which shares one [`pipeline::Budget`]
+    /// across all its nested steps (`None`: the tool is the call itself).
+    fn run_within<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: Option<&'a pipeline::Budget>,
+    ) -> OutputFuture<'a> {
         Box::pin(async move {
             if let Some(out) = self.run_now(snap, tool, &args) {
                 return out;
@@ -105,7 +122,15 @@ impl Executor {
                 CompiledHandler::Http(h) => self.http.call(h, &args).await,
                 CompiledHandler::Exec(e) => exec::run(e, &args).await,
                 CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => {
-                    pipeline::run(self, snap, steps, args, depth).await
+                    let fresh;
+                    let budget = match budget {
+                        Some(b) => b,
+                        None => {
+                            fresh = pipeline::Budget::new();
+                            &fresh
+                        }
+                    };
+                    pipeline::run(self, snap, steps, args, depth, budget).await
                 }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
                 CompiledHandler::Template(_) => unreachable!("templates run synchronously"),

@@ -1,12 +1,47 @@
 //! The `pipeline` handler: runs other tools of the same snapshot in order. Each step's
 //! input template sees the pipeline's arguments and `steps.N.text` / `steps.N.structured`.
+//!
+//! A call is bounded three ways. The compiler rejects cycles, nesting deeper than
+//! [`super::MAX_DEPTH`] and ToolSets where one call would run more than [`MAX_STEPS`] tools
+//! (nested pipelines multiply). At run time a [`Budget`] shared by every nested step counts
+//! the steps and the bytes of the step results kept for later steps, and the pipeline yields
+//! to the scheduler between steps, so a long call shares its worker and stops as soon as it
+//! is cancelled or times out (the caller drops it).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Map, Value};
 
 use super::{Executor, ToolOutput};
-use crate::config::Step;
+use crate::config::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
 use crate::registry::Snapshot;
-use crate::template::Scope;
+use crate::template::{Scope, approx_size};
+
+/// The most bytes of step results one pipeline call (with its nested pipelines) keeps.
+pub const MAX_KEPT_BYTES: usize = 64 << 20;
+
+/// What is left of a pipeline call's allowance of steps and kept bytes.
+#[derive(Debug)]
+pub struct Budget {
+    steps: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Budget {
+    /// The allowance of one call.
+    pub const fn new() -> Self {
+        Self {
+            steps: AtomicUsize::new(MAX_STEPS),
+            bytes: AtomicUsize::new(MAX_KEPT_BYTES),
+        }
+    }
+
+    fn take(counter: &AtomicUsize, n: usize) -> bool {
+        counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(n))
+            .is_ok()
+    }
+}
 
 struct PipelineScope<'a> {
     args: &'a Value,
@@ -24,16 +59,34 @@ impl Scope for PipelineScope<'_> {
 }
 
 /// Runs the steps; the first failing step ends the pipeline with its error.
-pub async fn run(exec: &Executor, snap: &Snapshot, steps: &[Step], args: Value, depth: usize) -> ToolOutput {
+pub async fn run(
+    exec: &Executor,
+    snap: &Snapshot,
+    steps: &[Step],
+    args: Value,
+    depth: usize,
+    budget: &Budget,
+) -> ToolOutput {
     let mut done = Value::Array(Vec::with_capacity(steps.len()));
     let mut last = ToolOutput::text("");
     for (i, step) in steps.iter().enumerate() {
         let tool = &snap.tools[step.tool];
+        if !Budget::take(&budget.steps, 1) {
+            return ToolOutput::error(format!(
+                "step {i} ({}): the call ran {MAX_STEPS} steps, the most one call may run",
+                tool.def.name
+            ));
+        }
+        // Let other requests run, and let a cancelled or timed-out call stop here.
+        tokio::task::yield_now().await;
         let input = match &step.input {
-            Some(t) => t.render(&PipelineScope {
+            Some(t) => match t.render(&PipelineScope {
                 args: &args,
                 steps: &done,
-            }),
+            }) {
+                Ok(v) => v,
+                Err(e) => return ToolOutput::error(format!("step {i} ({}): {e}", tool.def.name)),
+            },
             None => args.clone(),
         };
         let mut errs = Vec::new();
@@ -45,9 +98,17 @@ pub async fn run(exec: &Executor, snap: &Snapshot, steps: &[Step], args: Value, 
                 errs.join("; ")
             ));
         }
-        let out = exec.run(snap, step.tool, input, depth + 1).await;
+        let out = exec.run_within(snap, step.tool, input, depth + 1, Some(budget)).await;
         if out.is_error {
             return ToolOutput::error(format!("step {i} ({}) failed: {}", tool.def.name, out.text));
+        }
+        let kept = out.text.len() + out.structured.as_ref().map_or(0, approx_size);
+        if !Budget::take(&budget.bytes, kept) {
+            return ToolOutput::error(format!(
+                "step {i} ({}): the results of this call's steps exceed {} MiB",
+                tool.def.name,
+                MAX_KEPT_BYTES >> 20
+            ));
         }
         let mut record = Map::new();
         record.insert("text".into(), Value::String(out.text.clone()));

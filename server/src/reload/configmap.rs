@@ -40,7 +40,7 @@ pub async fn watch_configmap(namespace: String, name: String, reloader: Arc<Relo
         match ev {
             Ok(Event::Apply(cm) | Event::InitApply(cm)) => {
                 seen = true;
-                reloader.apply_logged(&origin, &sources(&cm));
+                reloader.apply_off_workers(origin.clone(), sources(&cm)).await;
             }
             Ok(Event::Delete(_)) => {
                 tracing::warn!(source = %origin, "ConfigMap deleted; still serving the previous tools")

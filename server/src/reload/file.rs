@@ -62,11 +62,17 @@ pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Resul
     while rx.recv().await.is_some() {
         // Coalesce the burst of events one save or symlink swap produces.
         while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(15), rx.recv()).await {}
-        match read_path(&path) {
-            Ok(sources) => reloader.apply_logged(&path.display().to_string(), &sources),
+        // Reading and compiling take CPU and I/O: off the request workers.
+        let (file, r) = (path.clone(), Arc::clone(&reloader));
+        let done = tokio::task::spawn_blocking(move || match read_path(&file) {
+            Ok(sources) => r.apply_logged(&file.display().to_string(), &sources),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read config; still serving the previous tools")
+                tracing::warn!(path = %file.display(), error = %e, "cannot read config; still serving the previous tools")
             }
+        })
+        .await;
+        if let Err(e) = done {
+            tracing::error!(error = %e, "config reload task failed; still serving the previous tools");
         }
     }
     drop(watcher);

@@ -167,6 +167,15 @@ impl Reloader {
             tracing::warn!(source = origin, error = %e, "config rejected; still serving the previous tools");
         }
     }
+
+    /// [`Reloader::apply_logged`] on a blocking thread: parsing and compiling a large ToolSet
+    /// takes milliseconds of CPU that must not be taken from the request workers.
+    pub async fn apply_off_workers(self: &Arc<Self>, origin: String, sources: Vec<(String, String)>) {
+        let this = Arc::clone(self);
+        if let Err(e) = tokio::task::spawn_blocking(move || this.apply_logged(&origin, &sources)).await {
+            tracing::error!(error = %e, "config reload task failed; still serving the previous tools");
+        }
+    }
 }
 
 #[cfg(test)]
