@@ -8,6 +8,10 @@ use quiver_server::config::{self, ServerInfo, ToolSet};
 use crate::crd::{McpServer, TOOLS_LABEL};
 use crate::guard;
 
+/// The most bytes of rendered YAML a ConfigMap can take (Kubernetes caps a ConfigMap's
+/// data at 1 MiB; the rest is left for its metadata).
+pub const MAX_CONFIGMAP_BYTES: usize = 1_000_000;
+
 /// The rendered, validated ToolSet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
@@ -131,6 +135,27 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         reason: "RenderFailed",
         problems: vec![e.to_string()],
     })?;
+    if yaml.len() > MAX_CONFIGMAP_BYTES {
+        return Err(Invalid {
+            reason: "ToolConfigTooLarge",
+            problems: vec![format!(
+                "the ToolSet renders to {} bytes; a ConfigMap holds at most {MAX_CONFIGMAP_BYTES}",
+                yaml.len()
+            )],
+        });
+    }
+    // The pods read this document back with the server's own parser: check here that it
+    // reads back to the same ToolSet, so what the operator accepts is what the pods serve.
+    let served = config::parse("ConfigMap", &yaml).and_then(|ts| config::compile(&ts));
+    if served.as_ref().map(|c| &c.hash) != Ok(&compiled.hash) {
+        return Err(Invalid {
+            reason: "RenderFailed",
+            problems: vec![match served {
+                Err(e) => format!("the rendered ToolSet does not read back: {e}"),
+                Ok(_) => "the rendered ToolSet reads back as a different ToolSet".to_owned(),
+            }],
+        });
+    }
     Ok(Rendered {
         yaml,
         hash: compiled.hash,
@@ -253,5 +278,25 @@ spec:
                 err.problems
             );
         }
+    }
+
+    #[test]
+    fn what_renders_is_what_the_pods_will_read_back() {
+        // Too large for a ConfigMap: refused with its own reason, not a failed apply.
+        let big = format!(
+            "metadata: {{name: x}}\nspec:\n  tools:\n    - {{name: a, handler: {{template: \"{}\"}}}}\n",
+            "t".repeat(MAX_CONFIGMAP_BYTES)
+        );
+        let err = render(&mcp(&big), &vec![]).unwrap_err();
+        assert_eq!(err.reason, "ToolConfigTooLarge", "{:?}", err.problems);
+        // A schema nested deeper than the server accepts is refused here too (the pods
+        // would refuse the ConfigMap and keep serving stale tools).
+        let deep = format!(
+            "metadata: {{name: x}}\nspec:\n  tools:\n    - {{name: a, handler: {{builtin: json}}, inputSchema: {{type: object, properties: {{a: {{default: {}1{}}}}}}}}}\n",
+            "[".repeat(40),
+            "]".repeat(40)
+        );
+        let err = render(&mcp(&deep), &vec![]).unwrap_err();
+        assert!(err.problems[0].contains("nests"), "{:?}", err.problems);
     }
 }

@@ -448,17 +448,51 @@ fn literal_origin(url: &Template) -> Result<String, &'static str> {
         }
     };
     let authority = &rest[..end];
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
     if host.is_empty() || host.starts_with(':') {
         return Err("names no host");
     }
-    if authority.contains(['\\', ' ']) {
-        return Err("the host part contains a character no URL host has");
+    if !userinfo
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:".contains(&b))
+    {
+        return Err("the user information before `@` has a character URLs do not allow there");
     }
-    if authority.parse::<http::uri::Authority>().is_err() {
-        return Err("the host part is not a valid URL authority");
+    if !valid_host_port(host) {
+        return Err("the host part is not a valid host[:port]");
     }
     Ok(format!("{scheme}://{authority}"))
+}
+
+/// `host[:port]` of RFC 3986: a registered name or IPv4 address, or an IPv6 address in
+/// brackets, and a port of at most 65535.
+fn valid_host_port(s: &str) -> bool {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let Some((v6, after)) = rest.split_once(']') else { return false };
+        if v6.is_empty() || !v6.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+            return false;
+        }
+        match after {
+            "" => return true,
+            _ => match after.strip_prefix(':') {
+                Some(port) => ("x", Some(port)),
+                None => return false,
+            },
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, port)) => (h, Some(port)),
+            None => (s, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(&b));
+    let port_ok = port.is_none_or(|p| {
+        p.is_empty() || (p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok())
+    });
+    host_ok && port_ok
 }
 
 fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
@@ -1182,7 +1216,17 @@ tools:
                 "{url}: {p:#?}"
             );
         }
-        for url in ["ftp://h/{{p}}", "h/{{p}}", "http:///{{p}}", "http://:80/{{p}}"] {
+        for url in [
+            "ftp://h/{{p}}",
+            "h/{{p}}",
+            "http:///{{p}}",
+            "http://:80/{{p}}",
+            "http://h:99999/{{p}}",
+            "http://h:+80/{{p}}",
+            "http://a b/{{p}}",
+            "http://h\\\\@evil/{{p}}",
+            "http://[::1/{{p}}",
+        ] {
             assert!(!tool(url).is_empty(), "{url} was accepted");
         }
         assert!(

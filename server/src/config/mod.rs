@@ -12,6 +12,7 @@ pub use compile::{
     Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ExecCall,
     HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_VALUE_DEPTH, ResourceKind, Step, UriPattern, compile,
 };
+#[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};
 pub use model::*;
 
