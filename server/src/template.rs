@@ -219,7 +219,12 @@ impl Template {
     ///
     /// # Errors
     /// The budget ran out; `out` then holds a partial rendering.
-    pub fn render_into(&self, scope: &dyn Scope, out: &mut String, budget: &mut Budget) -> Result<(), TooLarge> {
+    pub fn render_into(
+        &self,
+        scope: &dyn Scope,
+        out: &mut String,
+        budget: &mut Budget,
+    ) -> Result<(), TooLarge> {
         for part in &*self.parts {
             let before = out.len();
             match part {
@@ -522,7 +527,10 @@ mod tests {
     fn url_rendering_encodes_unless_raw() {
         let scope = json!({"c": "São Paulo/x", "p": "a/b"});
         let t = Template::compile("http://h/w?c={{c}}&p={{p|raw}}").unwrap();
-        assert_eq!(t.render_url(&scope).unwrap(), "http://h/w?c=S%C3%A3o%20Paulo%2Fx&p=a/b");
+        assert_eq!(
+            t.render_url(&scope).unwrap(),
+            "http://h/w?c=S%C3%A3o%20Paulo%2Fx&p=a/b"
+        );
     }
 
     #[test]
@@ -555,15 +563,26 @@ mod tests {
         let ten = "{{x}}".repeat(10);
         assert_eq!(Template::compile(&ten).unwrap().render(&scope), Err(TooLarge));
         assert_eq!(
-            Template::compile(&format!("http://h/{ten}")).unwrap().render_url(&scope),
+            Template::compile(&format!("http://h/{ten}"))
+                .unwrap()
+                .render_url(&scope),
             Err(TooLarge)
         );
         let typed = JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 10])).unwrap();
         assert_eq!(typed.render(&scope), Err(TooLarge));
         // Under the budget the same templates render in full.
         let seven = "{{x}}".repeat(7);
-        assert_eq!(Template::compile(&seven).unwrap().render(&scope).unwrap().len(), 7 * (2 << 20));
-        assert_eq!(JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 7])).unwrap().render(&scope).unwrap()[6], scope["x"]);
+        assert_eq!(
+            Template::compile(&seven).unwrap().render(&scope).unwrap().len(),
+            7 * (2 << 20)
+        );
+        assert_eq!(
+            JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 7]))
+                .unwrap()
+                .render(&scope)
+                .unwrap()[6],
+            scope["x"]
+        );
     }
 
     #[test]

@@ -16,14 +16,16 @@ use serde_json::json;
 async fn counting_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let app = axum::Router::new()
-        .fallback(|State(hits): State<Arc<AtomicUsize>>, uri: http::Uri| async move {
-            hits.fetch_add(1, Ordering::SeqCst);
-            if uri.path().starts_with("/fail") {
-                (http::StatusCode::BAD_GATEWAY, "down".to_owned())
-            } else {
-                (http::StatusCode::OK, uri.to_string())
-            }
-        })
+        .fallback(
+            |State(hits): State<Arc<AtomicUsize>>, uri: http::Uri| async move {
+                hits.fetch_add(1, Ordering::SeqCst);
+                if uri.path().starts_with("/fail") {
+                    (http::StatusCode::BAD_GATEWAY, "down".to_owned())
+                } else {
+                    (http::StatusCode::OK, uri.to_string())
+                }
+            },
+        )
         .with_state(hits.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -63,7 +65,11 @@ tools:
         assert_eq!(r["isError"], true, "{tool}({value}) -> {r}");
         common::assert_text_contains(&r, "`.` or `..` URL path segment");
     }
-    assert_eq!(hits.load(Ordering::SeqCst), 2, "no refused call reached the upstream");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "no refused call reached the upstream"
+    );
 }
 
 #[tokio::test]
@@ -79,12 +85,18 @@ tools:
     ));
     let r = h.call("fail", json!({"key": "sk-LIVE-123"})).await;
     assert_eq!(r["isError"], true);
-    common::assert_text_contains(&r, &format!("GET http://{addr}/fail?… answered 502 Bad Gateway: down"));
+    common::assert_text_contains(
+        &r,
+        &format!("GET http://{addr}/fail?… answered 502 Bad Gateway: down"),
+    );
     assert!(!common::text(&r).contains("sk-LIVE-123"), "{r}");
     let r = h.call("creds", json!({})).await;
     assert_eq!(r["isError"], true);
     common::assert_text_contains(&r, "request to http://127.0.0.1:1/x?… failed");
-    assert!(!common::text(&r).contains("hunter2") && !common::text(&r).contains("s3cr3t"), "{r}");
+    assert!(
+        !common::text(&r).contains("hunter2") && !common::text(&r).contains("s3cr3t"),
+        "{r}"
+    );
     let r = h.call("slow", json!({"key": "sk-LIVE-456"})).await;
     assert_eq!(r["isError"], true);
     assert!(!common::text(&r).contains("sk-LIVE-456"), "{r}");
@@ -95,7 +107,7 @@ async fn a_template_that_repeats_a_value_is_refused_not_rendered() {
     let refs = "{{x}}".repeat(10);
     let h = harness(&format!(
         "tools:\n  - {{name: t, input: {{x: string}}, handler: {{template: \"{refs}\"}}}}\n  - {{name: body, input: {{x: string}}, handler: {{http: {{method: POST, url: \"http://127.0.0.1:1/\", body: [{}]}}}}}}\n",
-        vec!["\"{{x}}\""; 10].join(", ")
+        ["\"{{x}}\""; 10].join(", ")
     ));
     let x = "y".repeat(2 << 20);
     for tool in ["t", "body"] {
@@ -104,7 +116,10 @@ async fn a_template_that_repeats_a_value_is_refused_not_rendered() {
         common::assert_text_contains(&r, "would exceed 16 MiB");
     }
     // The same template with a small value renders.
-    assert_eq!(common::text(&h.call("t", json!({"x": "ab"})).await), "ab".repeat(10));
+    assert_eq!(
+        common::text(&h.call("t", json!({"x": "ab"})).await),
+        "ab".repeat(10)
+    );
 }
 
 #[tokio::test]
@@ -112,8 +127,14 @@ async fn pipelines_run_to_the_nesting_limit_and_share_the_worker() {
     // 16 nested pipelines: the deepest the compiler accepts, and it runs.
     let mut yaml = String::from("tools:\n  - {name: leaf, handler: {template: bottom}}\n");
     for i in 0..16 {
-        let next = if i == 15 { "leaf".to_owned() } else { format!("p{}", i + 1) };
-        yaml.push_str(&format!("  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"));
+        let next = if i == 15 {
+            "leaf".to_owned()
+        } else {
+            format!("p{}", i + 1)
+        };
+        yaml.push_str(&format!(
+            "  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"
+        ));
     }
     // 99 steps that each run a 100-step pipeline: 9,999 steps, just under the limit.
     let hundred = vec!["{tool: now}"; 100].join(", ");
@@ -130,14 +151,20 @@ async fn pipelines_run_to_the_nesting_limit_and_share_the_worker() {
     let router = h.router.clone();
     let long = tokio::spawn(async move {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "huge", "arguments": {}}}).to_string();
-        tower::ServiceExt::oneshot(router, common::post(&body)).await.unwrap().status()
+        tower::ServiceExt::oneshot(router, common::post(&body))
+            .await
+            .unwrap()
+            .status()
     });
     while h.server.metrics.inflight.get() == 0 && !long.is_finished() {
         tokio::task::yield_now().await;
     }
     let quick = h.call("leaf", json!({})).await;
     assert_eq!(common::text(&quick), "bottom");
-    assert!(!long.is_finished(), "the short call waited for the whole pipeline");
+    assert!(
+        !long.is_finished(),
+        "the short call waited for the whole pipeline"
+    );
     // Dropping the call (a client disconnect) stops it and releases its place.
     long.abort();
     assert!(long.await.unwrap_err().is_cancelled());

@@ -420,7 +420,10 @@ fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
 fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
     let d = depth(v);
     if d > MAX_VALUE_DEPTH {
-        p.push(path, format!("nests {d} deep; at most {MAX_VALUE_DEPTH} levels are accepted"));
+        p.push(
+            path,
+            format!("nests {d} deep; at most {MAX_VALUE_DEPTH} levels are accepted"),
+        );
         return false;
     }
     true
@@ -468,8 +471,14 @@ fn literal_origin(url: &Template) -> Result<String, &'static str> {
 /// brackets, and a port of at most 65535.
 fn valid_host_port(s: &str) -> bool {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let Some((v6, after)) = rest.split_once(']') else { return false };
-        if v6.is_empty() || !v6.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+        let Some((v6, after)) = rest.split_once(']') else {
+            return false;
+        };
+        if v6.is_empty()
+            || !v6
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
             return false;
         }
         match after {
@@ -880,7 +889,10 @@ fn check_pipelines(tools: &[CompiledTool], p: &mut Problems) {
                     }
                     ON_PATH => {
                         let from = path.iter().position(|&(x, _)| x == step.tool).unwrap_or(0);
-                        let mut names: Vec<&str> = path[from..].iter().map(|&(x, _)| tools[x].name.as_str()).collect();
+                        let mut names: Vec<&str> = path[from..]
+                            .iter()
+                            .map(|&(x, _)| tools[x].name.as_str())
+                            .collect();
                         names.push(&tools[step.tool].name);
                         p.push(
                             format!("tools[{}].handler.pipeline", step.tool),
@@ -894,9 +906,9 @@ fn check_pipelines(tools: &[CompiledTool], p: &mut Problems) {
             }
             if !steps.is_empty() {
                 nesting[i] = 1 + steps.iter().map(|s| nesting[s.tool]).max().unwrap_or(0);
-                cost[i] = steps
-                    .iter()
-                    .fold(0usize, |acc, s| acc.saturating_add(1).saturating_add(cost[s.tool]));
+                cost[i] = steps.iter().fold(0usize, |acc, s| {
+                    acc.saturating_add(1).saturating_add(cost[s.tool])
+                });
             }
             state[i] = DONE;
             path.pop();
@@ -1251,8 +1263,14 @@ tools:
         // A chain of 8,000 pipelines: the old recursive check overflowed its stack here.
         let mut yaml = String::from("tools:\n  - {name: leaf, handler: {builtin: now}}\n");
         for i in 0..8_000 {
-            let next = if i == 7_999 { "leaf".to_owned() } else { format!("p{}", i + 1) };
-            yaml.push_str(&format!("  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"));
+            let next = if i == 7_999 {
+                "leaf".to_owned()
+            } else {
+                format!("p{}", i + 1)
+            };
+            yaml.push_str(&format!(
+                "  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"
+            ));
         }
         let p = std::thread::Builder::new()
             .stack_size(256 << 10)
@@ -1260,7 +1278,11 @@ tools:
             .unwrap()
             .join()
             .expect("compiling a long chain must not overflow a small stack");
-        assert!(p.iter().any(|x| x.contains("nest 8000 deep from `p0`")), "{:#?}", &p[..3]);
+        assert!(
+            p.iter().any(|x| x.contains("nest 8000 deep from `p0`")),
+            "{:#?}",
+            &p[..3]
+        );
         assert!(p.len() <= 11, "problems are summarised, got {}", p.len());
         assert!(p.last().unwrap().contains("more pipelines"), "{p:#?}");
 
@@ -1268,8 +1290,14 @@ tools:
         let chain = |n: usize| {
             let mut y = String::from("tools:\n  - {name: leaf, handler: {builtin: now}}\n");
             for i in 0..n {
-                let next = if i + 1 == n { "leaf".to_owned() } else { format!("p{}", i + 1) };
-                y.push_str(&format!("  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"));
+                let next = if i + 1 == n {
+                    "leaf".to_owned()
+                } else {
+                    format!("p{}", i + 1)
+                };
+                y.push_str(&format!(
+                    "  - {{name: p{i}, handler: {{pipeline: [{{tool: {next}}}]}}}}\n"
+                ));
             }
             problems(&y)
         };
@@ -1280,11 +1308,19 @@ tools:
         let mut y = String::from("tools:\n  - {name: l0, handler: {builtin: now}}\n");
         for level in 1..=8 {
             let steps = vec![format!("{{tool: l{}}}", level - 1); 10].join(", ");
-            y.push_str(&format!("  - {{name: l{level}, handler: {{pipeline: [{steps}]}}}}\n"));
+            y.push_str(&format!(
+                "  - {{name: l{level}, handler: {{pipeline: [{steps}]}}}}\n"
+            ));
         }
         let p = problems(&y);
-        assert!(p.iter().any(|x| x.contains("`l4` would run 11110 steps")), "{p:#?}");
-        assert!(p.iter().any(|x| x.contains("`l8` would run 111111110 steps")), "{p:#?}");
+        assert!(
+            p.iter().any(|x| x.contains("`l4` would run 11110 steps")),
+            "{p:#?}"
+        );
+        assert!(
+            p.iter().any(|x| x.contains("`l8` would run 111111110 steps")),
+            "{p:#?}"
+        );
         assert!(!p.iter().any(|x| x.contains("`l3`")), "{p:#?}");
         // ...while 10 x 3 levels (1,110 steps) is fine.
         y.truncate(y.find("  - {name: l4").unwrap());
@@ -1295,13 +1331,28 @@ tools:
     fn deep_json_values_are_refused_before_any_walk() {
         let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
         for (field, yaml) in [
-            ("inputSchema", format!("inputSchema: {{type: object, properties: {{a: {{default: {}}}}}}}", deep(40))),
-            ("outputSchema", format!("outputSchema: {{type: object, x: {}}}", deep(40))),
-            ("input.a", format!("input: {{a: {{type: array, default: {}}}}}", deep(40))),
+            (
+                "inputSchema",
+                format!(
+                    "inputSchema: {{type: object, properties: {{a: {{default: {}}}}}}}",
+                    deep(40)
+                ),
+            ),
+            (
+                "outputSchema",
+                format!("outputSchema: {{type: object, x: {}}}", deep(40)),
+            ),
+            (
+                "input.a",
+                format!("input: {{a: {{type: array, default: {}}}}}", deep(40)),
+            ),
         ] {
-            let p = problems(&format!("tools:\n  - {{name: t, handler: {{builtin: json}}, {yaml}}}\n"));
+            let p = problems(&format!(
+                "tools:\n  - {{name: t, handler: {{builtin: json}}, {yaml}}}\n"
+            ));
             assert!(
-                p.iter().any(|x| x.starts_with(&format!("tools[0].{field}: nests")) && x.contains("at most 32")),
+                p.iter()
+                    .any(|x| x.starts_with(&format!("tools[0].{field}: nests")) && x.contains("at most 32")),
                 "{field}: {p:#?}"
             );
         }

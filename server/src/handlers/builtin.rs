@@ -76,8 +76,11 @@ pub async fn sleep(args: &Value) -> ToolOutput {
     let ms = args
         .get("ms")
         .and_then(|v| {
-            v.as_u64()
-                .or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64))
+            v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .map(|f| f as u64)
+            })
         })
         .unwrap_or(0)
         .min(60_000);

@@ -25,8 +25,16 @@ async fn read_capped(r: Option<impl AsyncRead + Unpin>, cap: usize) -> (Vec<u8>,
 /// Runs the process of an exec tool.
 pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
     let mut budget = crate::template::Budget::new();
-    let rendered = spec.args.iter().map(|t| t.render_with(args, &mut budget)).collect();
-    let stdin_text = spec.stdin.as_ref().map(|t| t.render_with(args, &mut budget)).transpose();
+    let rendered = spec
+        .args
+        .iter()
+        .map(|t| t.render_with(args, &mut budget))
+        .collect();
+    let stdin_text = spec
+        .stdin
+        .as_ref()
+        .map(|t| t.render_with(args, &mut budget))
+        .transpose();
     let (argv, stdin_text): (Vec<String>, _) = match (rendered, stdin_text) {
         (Ok(a), Ok(s)) => (a, s),
         (Err(e), _) | (_, Err(e)) => return ToolOutput::error(format!("{}: {e}", spec.program)),

@@ -145,12 +145,15 @@ fn target(spec: &HttpCall, args: &Value) -> Result<Uri, String> {
     let uri: Uri = url
         .parse()
         .map_err(|_| "the arguments make an invalid URL".to_owned())?;
-    let origin_ok = uri.scheme_str().zip(uri.authority()).is_some_and(|(scheme, authority)| {
-        spec.origin
-            .strip_prefix(scheme)
-            .and_then(|rest| rest.strip_prefix("://"))
-            .is_some_and(|a| a.eq_ignore_ascii_case(authority.as_str()))
-    });
+    let origin_ok = uri
+        .scheme_str()
+        .zip(uri.authority())
+        .is_some_and(|(scheme, authority)| {
+            spec.origin
+                .strip_prefix(scheme)
+                .and_then(|rest| rest.strip_prefix("://"))
+                .is_some_and(|a| a.eq_ignore_ascii_case(authority.as_str()))
+        });
     if !origin_ok {
         return Err("the arguments change the server this tool calls; refused".to_owned());
     }
@@ -162,7 +165,9 @@ fn target(spec: &HttpCall, args: &Value) -> Result<Uri, String> {
 
 /// A URL as messages show it: scheme, host, port and path (no userinfo, query or fragment).
 fn redacted(uri: &Uri) -> String {
-    let host = uri.authority().map_or("", |a| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h));
+    let host = uri
+        .authority()
+        .map_or("", |a| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h));
     let mut s = format!("{}://{host}{}", uri.scheme_str().unwrap_or("http"), uri.path());
     if uri.query().is_some() {
         s.push_str("?…");

@@ -98,7 +98,9 @@ pub async fn run(
                 errs.join("; ")
             ));
         }
-        let out = exec.run_within(snap, step.tool, input, depth + 1, Some(budget)).await;
+        let out = exec
+            .run_within(snap, step.tool, input, depth + 1, Some(budget))
+            .await;
         if out.is_error {
             return ToolOutput::error(format!("step {i} ({}) failed: {}", tool.def.name, out.text));
         }
