@@ -299,4 +299,27 @@ spec:
         let err = render(&mcp(&deep), &vec![]).unwrap_err();
         assert!(err.problems[0].contains("nests"), "{:?}", err.problems);
     }
+
+    #[test]
+    fn a_schema_too_deep_for_json_readers_is_a_problem_of_its_tool_not_of_the_list() {
+        let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+        let list = format!(
+            r#"{{"items": [
+                {{"metadata": {{"name": "deep"}}, "spec": {{"tools": [{{"name": "a", "handler": {{"builtin": "json"}}, "inputSchema": {{"type": "object", "default": {deep}}}}}]}}}},
+                {{"metadata": {{"name": "fine"}}, "spec": {{"tools": [{{"name": "a", "handler": {{"builtin": "now"}}}}]}}}}
+            ]}}"#
+        );
+        #[derive(serde::Deserialize)]
+        struct List {
+            items: Vec<McpServer>,
+        }
+        let list: List = serde_json::from_str(&list).expect("the list reads despite the deep schema");
+        let err = render(&list.items[0], &vec![]).unwrap_err();
+        assert_eq!(err.reason, "InvalidToolConfig");
+        assert_eq!(
+            err.problems,
+            ["spec.tools[0].inputSchema: nests 302 deep; at most 32 levels are accepted"]
+        );
+        assert!(render(&list.items[1], &vec![]).is_ok());
+    }
 }

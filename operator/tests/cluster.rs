@@ -508,3 +508,44 @@ async fn a_service_monitor_follows_monitoring_on_and_off() {
     })
     .await;
 }
+
+/// An McpServer whose schema nests deeper than serde_json reads (128 levels) is accepted by
+/// the API server. It must not stop the operator from reading the list of McpServers (kube-rs
+/// reads a list as one document): that McpServer gets a condition, the others reconcile.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_schema_nested_deeper_than_json_readers_allow_stalls_nothing() {
+    with_ns("q-deep", |ns| async move {
+        let mut deep = json!(1);
+        for _ in 0..200 {
+            deep = Value::Array(vec![deep]);
+        }
+        let obj = json!({
+            "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",
+            "metadata": {"name": "deep", "namespace": ns.name},
+            "spec": {"tools": [{"name": "a", "handler": {"builtin": "json"},
+                "inputSchema": {"type": "object", "properties": {"a": {"default": deep}}}}]},
+        });
+        // kubectl (Go) writes it; kube-rs could not read the created object back.
+        let mut kubectl = std::process::Command::new("kubectl")
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl on PATH");
+        std::io::Write::write_all(&mut kubectl.stdin.take().unwrap(), obj.to_string().as_bytes()).unwrap();
+        assert!(
+            kubectl.wait().unwrap().success(),
+            "the API server accepts the object"
+        );
+        let (reason, message) = ns.wait_condition("deep", "ConfigValid", "False", 60).await;
+        assert_eq!(reason, "InvalidToolConfig");
+        assert!(
+            message.contains("spec.tools[0].inputSchema: nests 204 deep; at most 32"),
+            "{message}"
+        );
+        // The operator still lists, watches and reconciles the rest.
+        ns.apply_yaml(&sample("calculator.yaml")).await;
+        ns.wait_condition("calculator", "ConfigValid", "True", 60).await;
+    })
+    .await;
+}

@@ -418,7 +418,8 @@ fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
 
 /// True when `v` nests at most [`MAX_VALUE_DEPTH`] deep; reports it otherwise.
 fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
-    let d = depth(v);
+    let d =
+        super::json_field::too_deep(v).map_or_else(|| depth(v), |d| usize::try_from(d).unwrap_or(usize::MAX));
     if d > MAX_VALUE_DEPTH {
         p.push(
             path,

@@ -1,6 +1,7 @@
 //! The ToolSet configuration: model, loading from YAML sources, validation and compilation.
 
 mod compile;
+mod json_field;
 mod model;
 
 use std::fmt;

@@ -6,6 +6,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::json_field;
+
 /// The only `apiVersion` a ToolSet document may carry.
 pub const API_VERSION: &str = "quiver.dev/v1alpha1";
 /// The only `kind` a ToolSet document may carry.
@@ -110,15 +112,27 @@ pub struct ToolSpec {
     /// Shorthand input: property name to a type (`string`, `number`, `integer`, `boolean`,
     /// `object`, `array`; suffix `?` for optional) or to a full JSON Schema. Compiled to
     /// `inputSchema` with every non-optional property required. Exclusive with `inputSchema`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "json_field::optional_map"
+    )]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub input: Option<BTreeMap<String, Value>>,
     /// Full JSON Schema (an object schema) of the arguments. Exclusive with `input`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "json_field::optional"
+    )]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub input_schema: Option<Value>,
     /// JSON Schema of `structuredContent`; when set, results carry structured content.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "json_field::optional"
+    )]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub output_schema: Option<Value>,
     /// MCP tool annotations (hints for clients).
@@ -177,7 +191,11 @@ pub struct HttpHandler {
     pub headers: BTreeMap<String, String>,
     /// JSON body template: strings are templates; a string that is exactly `{{arg}}` keeps
     /// the argument's JSON type. Sent as `application/json`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "json_field::optional"
+    )]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub body: Option<Value>,
     /// Request timeout, e.g. `500ms`, `2s` (default 10s, at most 5m).
@@ -221,7 +239,11 @@ pub struct PipelineStep {
     pub tool: String,
     /// Arguments for that tool (JSON template over the pipeline's arguments and
     /// `steps.N.text` / `steps.N.structured`). Omitted: the pipeline's own arguments.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "json_field::optional"
+    )]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub input: Option<Value>,
 }
