@@ -2,9 +2,10 @@
 //! runs inside this process: a panic there would abort the operator (release builds use
 //! `panic = "abort"`) and with it every McpServer of the cluster.
 //!
-//! - `quiver_server::config::parse_duration` turns the number into a `Duration` with
-//!   `Duration::from_secs_f64`, which panics when the value does not fit (e.g. `timeout:
-//!   100000000000000000000s`). Such a timeout is reported as a problem here instead.
+//! - Timeouts whose number would not fit a `Duration` (e.g. `timeout:
+//!   100000000000000000000s`). `quiver_server::config::parse_duration` reports them as errors
+//!   itself now (`Duration::try_from_secs_f64`; it used `from_secs_f64`, which panicked):
+//!   this check stays as a second line, and names the field in the operator's own words.
 //! - The McpServer's name becomes a Service name and a label value: it must be a DNS-1035
 //!   label, or every apply would be rejected and retried.
 
