@@ -200,6 +200,8 @@ async fn serve(
     } else {
         "release"
     };
+    // Exec tools' orphans are re-parented to this process (PID 1 in its image): reap them.
+    crate::handlers::start_reaper();
     let metrics = Metrics::new(profile, allocator);
     let registry = Registry::new(&metrics);
     let limits = Limits {

@@ -179,3 +179,111 @@ async fn sleep_takes_integral_floats_at_their_value() {
     assert_eq!(common::text(&r), "slept 200 ms");
     assert!(start.elapsed() >= std::time::Duration::from_millis(200));
 }
+
+/// Processes whose command line holds `marker` and that are still running (not zombies).
+fn running(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && cmdline.split(|&b| b == 0).any(|arg| arg == marker.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Waits (bounded) until no process with `marker` runs.
+async fn until_gone(marker: &str) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left = running(marker);
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn exec_values_cannot_become_options() {
+    let h = harness(
+        r#"
+tools:
+  - {name: wc, input: {path: string}, handler: {exec: {command: [/usr/bin/wc, -c, "{{path}}"]}}}
+  - {name: safe, input: {path: string}, handler: {exec: {command: [/usr/bin/wc, -c, --, "{{path}}"]}}}
+  - {name: echo, input: {word: string}, handler: {exec: {command: [/bin/echo, "x{{word}}", "{{word}}"], allowOptionArguments: true}}}
+  - {name: named, input: {n: string}, handler: {exec: {command: [/bin/echo, "--name={{n}}"]}}}
+"#,
+    );
+    // The documented attack: the value would be read as an option and leak the file.
+    for value in ["--files0-from=/etc/passwd", "-", "-c"] {
+        let r = h.call("wc", json!({ "path": value })).await;
+        assert_eq!(r["isError"], true, "{value}: {r}");
+        common::assert_text_contains(&r, "argument 2 would start with `-`");
+        assert!(
+            !common::text(&r).contains("passwd"),
+            "the value is not echoed: {r}"
+        );
+    }
+    // After a literal `--` the same value is an operand: wc reports a missing file.
+    let r = h.call("safe", json!({"path": "--files0-from=/etc/passwd"})).await;
+    assert_eq!(r["isError"], true);
+    common::assert_text_contains(&r, "'--files0-from=/etc/passwd': No such file");
+    // An explicit opt-in, and templates that start with literal text, pass values through.
+    let r = h.call("echo", json!({"word": "-n"})).await;
+    assert_eq!(common::text(&r), "x-n -n\n", "{r}");
+    let r = h.call("named", json!({"n": "-x"})).await;
+    assert_eq!(common::text(&r), "--name=-x\n", "{r}");
+    // NUL bytes cannot be passed in an argument.
+    let r = h.call("named", json!({"n": "a\u{0}b"})).await;
+    common::assert_text_contains(&r, "contains a NUL byte");
+}
+
+#[tokio::test]
+async fn exec_runs_leave_no_process_behind() {
+    let h = harness(
+        r#"
+tools:
+  - {name: bg, handler: {exec: {command: [/bin/sh, -c, "/bin/sleep 318.25 & echo started"], timeout: 20s}}}
+  - {name: slow, handler: {exec: {command: [/bin/sh, -c, "/bin/sleep 319.25 & /bin/sleep 319.5"], timeout: 300ms}}}
+  - {name: long, handler: {exec: {command: [/bin/sh, -c, "/bin/sleep 320.25 & /bin/sleep 320.5"], timeout: 60s}}}
+"#,
+    );
+    // The program exits at once but leaves a child holding its stdout: the run ends when the
+    // program does (not at the timeout), and the child is killed with its group.
+    let r = h.call("bg", json!({})).await;
+    assert_eq!(common::text(&r), "started\n", "{r}");
+    assert_eq!(until_gone("318.25").await, Vec::<u32>::new());
+
+    // A timeout kills the whole group, not only the direct child.
+    let r = h.call("slow", json!({})).await;
+    common::assert_text_contains(&r, "timed out after 300ms and was killed");
+    assert_eq!(until_gone("319.25").await, Vec::<u32>::new());
+    assert_eq!(until_gone("319.5").await, Vec::<u32>::new());
+
+    // A dropped call (client gone) kills the group too.
+    let router = h.router.clone();
+    let call = tokio::spawn(async move {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "long", "arguments": {}}}).to_string();
+        tower::ServiceExt::oneshot(router, common::post(&body))
+            .await
+            .unwrap()
+            .status()
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while running("320.25").is_empty() || running("320.5").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert_eq!(until_gone("320.25").await, Vec::<u32>::new());
+    assert_eq!(until_gone("320.5").await, Vec::<u32>::new());
+}

@@ -96,8 +96,8 @@ pub struct HttpCall {
 pub struct ExecCall {
     /// Program path.
     pub program: String,
-    /// Argument templates, one argument each.
-    pub args: Vec<Template>,
+    /// Arguments, one template each.
+    pub args: Vec<ExecArg>,
     /// Environment.
     pub env: Vec<(String, String)>,
     /// Standard input template.
@@ -106,6 +106,18 @@ pub struct ExecCall {
     pub timeout: Duration,
     /// Output cap per stream.
     pub max_output_bytes: usize,
+}
+
+/// One argument of an exec handler.
+#[derive(Debug)]
+pub struct ExecArg {
+    /// Its template.
+    pub template: Template,
+    /// A value that starts with `-` is refused: the template starts with a substituted
+    /// value, no literal `--` comes before it, and the tool does not set
+    /// `allowOptionArguments` (so a caller cannot slip in an option such as
+    /// `--files0-from=/etc/passwd`).
+    pub refuse_option: bool,
 }
 
 /// A pipeline step.
@@ -724,11 +736,19 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     );
                 }
                 let mut args = Vec::new();
+                let mut after_options = false;
                 for (j, a) in e.command.iter().enumerate().skip(1) {
                     if let Some(t) = template(a, &format!("{ep}.command[{j}]"), &mut p) {
                         check_template(&t, &names, &format!("{ep}.command[{j}]"), &mut p);
-                        args.push(t);
+                        args.push(ExecArg {
+                            refuse_option: t.starts_with_variable()
+                                && !after_options
+                                && !e.allow_option_arguments,
+                            template: t,
+                        });
                     }
+                    // Programs read what follows `--` as operands, never as options.
+                    after_options |= a == "--";
                 }
                 let stdin = e.stdin.as_ref().and_then(|s| {
                     let t = template(s, &format!("{ep}.stdin"), &mut p)?;
@@ -1122,7 +1142,7 @@ tools:
     handler: {http: {url: "http://127.0.0.1:1/w?c={{city}}", timeout: 2s}}
   - name: wc
     input: {path: string}
-    handler: {exec: {command: [/usr/bin/wc, -l, "{{path}}"], timeout: 1s}}
+    handler: {exec: {command: [/usr/bin/wc, -l, --, "{{path}}"], timeout: 1s}}
   - name: add-then-greet
     input: {a: number, b: number}
     handler: {pipeline: [{tool: add}, {tool: greet, input: {name: "{{steps.0.text}}"}}]}

@@ -229,6 +229,14 @@ pub struct ExecHandler {
     /// Largest output kept from stdout (and separately stderr), in bytes (default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
+    /// Let callers pass options: by default an argument that starts with a substituted value
+    /// and comes before a literal `--` is refused when its value starts with `-`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_option_arguments: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One step of a pipeline.

@@ -1,5 +1,6 @@
 //! The `exec` handler: runs a program from an argv list (never a shell), with a clean
-//! environment, a time limit after which it is killed, and capped output.
+//! environment, in a process group of its own that is killed whole when the run ends, times
+//! out or is cancelled, and with capped output.
 
 use std::process::Stdio;
 
@@ -7,8 +8,9 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::ToolOutput;
+use super::{ToolOutput, process};
 use crate::config::ExecCall;
+use crate::template::Budget;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -22,29 +24,50 @@ async fn read_capped(r: Option<impl AsyncRead + Unpin>, cap: usize) -> (Vec<u8>,
     (buf, over)
 }
 
-/// Runs the process of an exec tool.
-pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
-    let mut budget = crate::template::Budget::new();
-    let rendered = spec
-        .args
-        .iter()
-        .map(|t| t.render_with(args, &mut budget))
-        .collect();
-    let stdin_text = spec
+/// The argv and stdin of a run, or why the arguments cannot make one.
+fn render(spec: &ExecCall, args: &Value) -> Result<(Vec<String>, Option<String>), String> {
+    let mut budget = Budget::new();
+    let mut argv = Vec::with_capacity(spec.args.len());
+    for (i, a) in spec.args.iter().enumerate() {
+        let value = a
+            .template
+            .render_with(args, &mut budget)
+            .map_err(|e| e.to_string())?;
+        // The value itself is not echoed: it is the caller's and may be long or secret.
+        if a.refuse_option && value.starts_with('-') {
+            return Err(format!(
+                "argument {} would start with `-`, which {} would read as an option; \
+                 refused (the tool can put a literal `--` before it, or set allowOptionArguments)",
+                i + 1,
+                spec.program
+            ));
+        }
+        if value.contains('\0') {
+            return Err(format!("argument {} contains a NUL byte", i + 1));
+        }
+        argv.push(value);
+    }
+    let stdin = spec
         .stdin
         .as_ref()
         .map(|t| t.render_with(args, &mut budget))
-        .transpose();
-    let (argv, stdin_text): (Vec<String>, _) = match (rendered, stdin_text) {
-        (Ok(a), Ok(s)) => (a, s),
-        (Err(e), _) | (_, Err(e)) => return ToolOutput::error(format!("{}: {e}", spec.program)),
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    Ok((argv, stdin))
+}
+
+/// Runs the process of an exec tool.
+pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
+    let (argv, stdin_text) = match render(spec, args) {
+        Ok(r) => r,
+        Err(e) => return ToolOutput::error(format!("{}: {e}", spec.program)),
     };
     let mut cmd = Command::new(&spec.program);
     cmd.args(&argv)
         .env_clear()
         .env("PATH", PATH)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(if spec.stdin.is_some() {
+        .stdin(if stdin_text.is_some() {
             Stdio::piped()
         } else {
             Stdio::null()
@@ -52,7 +75,9 @@ pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
+    // Dropping `group` (also when this future is dropped: a cancelled call) kills the
+    // whole group; it is declared after `child`, so that happens before tokio reaps the leader.
+    let (mut child, group) = match process::spawn(&mut cmd) {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("could not start {}: {e}", spec.program)),
     };
@@ -61,22 +86,32 @@ pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
     let stderr = child.stderr.take();
     let cap = spec.max_output_bytes;
     let work = async {
-        let feed = async {
-            if let (Some(mut w), Some(text)) = (stdin.take(), stdin_text) {
-                let _ = w.write_all(text.as_bytes()).await;
+        let output = async {
+            let feed = async {
+                if let (Some(mut w), Some(text)) = (stdin.take(), stdin_text) {
+                    let _ = w.write_all(text.as_bytes()).await;
+                }
+            };
+            let ((), out, err) = tokio::join!(feed, read_capped(stdout, cap), read_capped(stderr, cap));
+            if out.1 {
+                group.kill();
             }
+            (out, err)
         };
-        let ((), (out, out_over), (err, _)) =
-            tokio::join!(feed, read_capped(stdout, cap), read_capped(stderr, cap));
-        if out_over {
-            let _ = child.start_kill();
-        }
-        let status = child.wait().await;
-        (status, out, out_over, err)
+        // When the program exits, whatever it left running in the background goes too (it
+        // would otherwise hold the output pipes open until the timeout).
+        let exit = async {
+            let status = child.wait().await;
+            group.kill();
+            status
+        };
+        let (((out, over), (err, _)), status) = tokio::join!(output, exit);
+        (status, out, over, err)
     };
-    let (status, out, over, err) = match tokio::time::timeout(spec.timeout, work).await {
+    let outcome = tokio::time::timeout(spec.timeout, work).await;
+    group.kill();
+    let (status, out, over, err) = match outcome {
         Ok(x) => x,
-        // Dropping `work` drops the child, which kills it (kill_on_drop).
         Err(_) => {
             return ToolOutput::error(format!(
                 "{} timed out after {:?} and was killed",

@@ -5,6 +5,8 @@ mod builtin;
 mod exec;
 mod http;
 mod pipeline;
+#[allow(unsafe_code)] // kill(2), waitpid(2), prctl(2): every unsafe block states its contract
+mod process;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +14,7 @@ use std::pin::Pin;
 use serde_json::Value;
 
 pub use self::http::HttpClient;
+pub use self::process::start_reaper;
 use crate::config::{Builtin, CompiledHandler};
 use crate::registry::Snapshot;
 

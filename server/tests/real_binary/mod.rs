@@ -37,9 +37,9 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-fn command(dir: &tempfile::TempDir, args: &[&str]) -> Command {
+fn command(dir: &tempfile::TempDir, tools: &str, args: &[&str]) -> Command {
     let config = dir.path().join("tools.yaml");
-    std::fs::write(&config, TOOLS).unwrap();
+    std::fs::write(&config, tools).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver-server"));
     cmd.arg(format!("--config=file:{}", config.display()))
         .args(args)
@@ -49,9 +49,14 @@ fn command(dir: &tempfile::TempDir, args: &[&str]) -> Command {
 
 /// Starts the HTTP server and waits until `/readyz` answers 200.
 pub fn start_http(args: &[&str]) -> Proc {
+    start_http_with(TOOLS, args)
+}
+
+/// [`start_http`] serving `tools`.
+pub fn start_http_with(tools: &str, args: &[&str]) -> Proc {
     let dir = tempfile::tempdir().unwrap();
     let (mcp, admin) = (free_port(), free_port());
-    let mut cmd = command(&dir, args);
+    let mut cmd = command(&dir, tools, args);
     cmd.arg(format!("--listen=127.0.0.1:{mcp}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))
         .stdout(Stdio::null())
@@ -71,7 +76,7 @@ pub fn start_http(args: &[&str]) -> Proc {
 /// Starts `--stdio` with piped stdin/stdout; stdout lines arrive on the receiver.
 pub fn start_stdio(args: &[&str]) -> (Proc, ChildStdin, mpsc::Receiver<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = command(&dir, args);
+    let mut cmd = command(&dir, TOOLS, args);
     cmd.arg("--stdio")
         .arg("--admin-listen=127.0.0.1:0")
         .stdin(Stdio::piped())
