@@ -19,9 +19,49 @@ fn call(port: u16, ms: u64) -> std::thread::JoinHandle<Option<String>> {
     })
 }
 
+/// A ping on a kept-alive connection: the response head (lower case), and whether the server
+/// closed the connection right after the response.
+fn keep_alive_ping(s: &mut TcpStream) -> (String, bool) {
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        assert_eq!(std::io::Read::read(s, &mut byte).unwrap(), 1, "response head");
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8(buf).unwrap().to_ascii_lowercase();
+    let len: usize = head
+        .split("content-length: ")
+        .nth(1)
+        .and_then(|r| r.split("\r\n").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let mut rest = vec![0u8; len];
+    std::io::Read::read_exact(s, &mut rest).unwrap();
+    // Closed now (read 0), or left open (the read times out)?
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let closed = matches!(std::io::Read::read(s, &mut byte), Ok(0));
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    (head, closed)
+}
+
 #[test]
 fn sigterm_fails_readiness_first_then_drains_in_flight_calls() {
     let mut p = start_http(&["--shutdown-delay=5s", "--shutdown-grace=20s"]);
+    // A keep-alive client: before SIGTERM its connection stays open.
+    let mut kept = TcpStream::connect(("127.0.0.1", p.mcp)).unwrap();
+    kept.set_read_timeout(Some(PATIENCE)).unwrap();
+    let (head, _) = keep_alive_ping(&mut kept);
+    assert!(
+        head.starts_with("http/1.1 200") && !head.contains("connection: close"),
+        "{head}"
+    );
     let slow = call(p.mcp, 6000);
     wait_for("the slow call is in flight", || {
         metric(p.admin, "quiver_inflight_requests") == Some(1.0)
@@ -40,6 +80,11 @@ fn sigterm_fails_readiness_first_then_drains_in_flight_calls() {
     )
     .unwrap();
     assert!(ping.starts_with("HTTP/1.1 200"), "{ping}");
+    // ...and asks each keep-alive client to close its connection, so it reconnects (to pods
+    // that are not stopping) before idle connections are closed.
+    let (head, closed) = keep_alive_ping(&mut kept);
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert!(closed, "the server closed the connection after the response");
     // The call that was running when SIGTERM came completes.
     let done = slow.join().unwrap().expect("the in-flight call got a response");
     assert!(done.contains("slept 6000 ms"), "{done}");

@@ -105,7 +105,23 @@ impl HttpState {
 pub fn app(state: Arc<HttpState>) -> Router {
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
+        .layer(axum::middleware::map_response_with_state(
+            state.clone(),
+            close_when_draining,
+        ))
         .with_state(state)
+}
+
+/// While the server drains (after SIGTERM, during `--shutdown-delay`), every response tells
+/// the client to close its connection: each keep-alive connection moves to a new one, which
+/// the Service sends to a pod that is not stopping, before this pod closes its idle
+/// connections (a request racing such a close is the one a client could lose).
+async fn close_when_draining(State(state): State<Arc<HttpState>>, mut resp: Response) -> Response {
+    if state.load.draining() {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// A request refused before dispatch: an HTTP status and a JSON-RPC error body.
