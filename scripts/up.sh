@@ -34,9 +34,13 @@ if ! kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER"; then
     log "no kindest/node image can be pulled: building the node image here"
     node_image="$("$ROOT/deploy/kind/build-node-image.sh")"
   fi
-  log "creating kind cluster $QUIVER_CLUSTER from $node_image"
-  kind create cluster --name "$QUIVER_CLUSTER" --image "$node_image" --config deploy/kind/cluster.yaml \
+  host_port="${QUIVER_NODEPORT_HOST_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
+  config="$(mktemp)"
+  sed "s/hostPort: 30080/hostPort: $host_port/" deploy/kind/cluster.yaml > "$config"
+  log "creating kind cluster $QUIVER_CLUSTER from $node_image (NodePort 30080 on 127.0.0.1:$host_port)"
+  kind create cluster --name "$QUIVER_CLUSTER" --image "$node_image" --config "$config" \
     --kubeconfig "$KUBECONFIG" --wait 5m
+  rm -f "$config"
 fi
 kubectl wait --for=condition=Ready nodes --all --timeout=300s >/dev/null
 

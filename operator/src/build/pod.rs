@@ -12,6 +12,14 @@ use super::tuning::{pinned, resources, sysctls};
 use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
 use crate::crd::{Allocator, McpServer};
 
+/// How long a stopping server keeps serving with readiness off: endpoint removal reaches
+/// kube-proxy on every node within a second or two; 5 s leaves room for a loaded node.
+const SHUTDOWN_DELAY: &str = "5s";
+/// The server's whole shutdown after SIGTERM (delay included), and the pod's grace period
+/// above it: in-flight calls get 15 s after the delay before the kubelet would kill.
+const SHUTDOWN_GRACE: &str = "20s";
+const TERMINATION_GRACE_SECONDS: i64 = 30;
+
 /// UID and GID of the server process (the distroless "nonroot" user).
 const NONROOT: i64 = 65532;
 
@@ -99,7 +107,14 @@ fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> C
         command: Some(vec!["/usr/local/bin/quiver-server".to_owned()]),
         args: Some(args(mcp, ns, cm_name, cpus)),
         ports: Some(vec![port("mcp", MCP_PORT), port("admin", ADMIN_PORT)]),
-        env: Some(vec![env("RUST_LOG", "info"), env("QUIVER_ALLOCATOR", allocator)]),
+        env: Some(vec![
+            env("RUST_LOG", "info"),
+            env("QUIVER_ALLOCATOR", allocator),
+            // After SIGTERM: keep serving, with readiness off and every response asking its
+            // client to reconnect, until the pod has left the Service's endpoints.
+            env("QUIVER_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
+            env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
+        ]),
         resources: Some(resources),
         readiness_probe: Some(probe("/readyz", 2, 3, Some(2))),
         liveness_probe: Some(probe("/healthz", 10, 3, Some(2))),
@@ -135,6 +150,7 @@ pub(super) fn deployment(
         .map(|(name, value)| Sysctl { name, value })
         .collect();
     let pod_spec = PodSpec {
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         service_account_name: Some(name.to_owned()),
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),

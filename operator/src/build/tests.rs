@@ -57,6 +57,18 @@ fn basic_children_are_owned_and_restricted() {
             .contains(&json!("--config=configmap:ns/calc-tools"))
     );
     assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // A stopping pod keeps serving until it has left the endpoints, within the pod's grace.
+    let env = |name: &str| {
+        ctr["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(env("QUIVER_SHUTDOWN_DELAY"), Some(json!("5s")));
+    assert_eq!(env("QUIVER_SHUTDOWN_GRACE"), Some(json!("20s")));
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
     let role = serde_json::to_value(&c.role).unwrap();
     assert_eq!(role["rules"][0]["resourceNames"], json!(["calc-tools"]));
     assert_eq!(role["rules"][0]["verbs"], json!(["get", "list", "watch"]));
