@@ -39,6 +39,37 @@ enum Command {
     },
 }
 
+/// `--admin-listen`: an address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminListen {
+    /// No admin listener.
+    Off,
+    /// Listen here.
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for AdminListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(Self::Off);
+        }
+        s.parse()
+            .map(Self::At)
+            .map_err(|e| format!("`{s}` is neither `off` nor an address like 0.0.0.0:9090: {e}"))
+    }
+}
+
+/// Where the admin listener goes when `--admin-listen` is not given.
+fn admin_default(stdio: bool) -> AdminListen {
+    if stdio {
+        AdminListen::Off
+    } else {
+        AdminListen::At(SocketAddr::from(([0, 0, 0, 0], 9090)))
+    }
+}
+
 /// Options of the server.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -48,10 +79,12 @@ pub struct ServeArgs {
     /// MCP Streamable HTTP listen address.
     #[arg(long, env = "QUIVER_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
-    /// Admin listen address (/metrics, /healthz, /readyz, /status).
-    #[arg(long, env = "QUIVER_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
-    admin_listen: SocketAddr,
-    /// Serve MCP over stdin/stdout instead of HTTP (the admin listener still runs unless --admin-listen is off).
+    /// Admin listen address (/metrics, /healthz, /readyz, /status), or `off`. Default:
+    /// 0.0.0.0:9090 over HTTP; off with --stdio (a stdio server is a client's child process,
+    /// which should not open a port nobody asked for).
+    #[arg(long, env = "QUIVER_ADMIN_LISTEN")]
+    admin_listen: Option<AdminListen>,
+    /// Serve MCP over stdin/stdout instead of HTTP.
     #[arg(long)]
     stdio: bool,
     /// Pin each worker thread to one CPU of the process's affinity mask.
@@ -266,19 +299,27 @@ async fn serve(
         started: Instant::now(),
         load: load.clone(),
     });
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
-        .await
-        .with_context(|| format!("binding admin {}", args.admin_listen))?;
-    tracing::info!(addr = %admin_listener.local_addr()?, "admin listening");
     let admin_stop = CancellationToken::new();
-    let admin = tokio::spawn(listen::serve(
-        admin_listener,
-        admin::app(admin_state),
-        Connections::new(admin::MAX_CONNECTIONS),
-        admin::CONN_OPTIONS,
-        admin_stop.clone(),
-        None,
-    ));
+    let admin = match args.admin_listen.unwrap_or(admin_default(args.stdio)) {
+        AdminListen::Off => {
+            tracing::info!("admin listener off");
+            None
+        }
+        AdminListen::At(addr) => {
+            let admin_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding admin {addr}"))?;
+            tracing::info!(addr = %admin_listener.local_addr()?, "admin listening");
+            Some(tokio::spawn(listen::serve(
+                admin_listener,
+                admin::app(admin_state),
+                Connections::new(admin::MAX_CONNECTIONS),
+                admin::CONN_OPTIONS,
+                admin_stop.clone(),
+                None,
+            )))
+        }
+    };
 
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
     let grace = args.shutdown_grace;
@@ -319,7 +360,9 @@ async fn serve(
         drain(&load, &shutdown, mcp, args.shutdown_delay, grace).await;
     }
     admin_stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
+    if let Some(admin) = admin {
+        let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
+    }
     Ok(())
 }
 
@@ -383,5 +426,21 @@ mod tests {
         assert!(duration("-1s").is_err());
         assert!(duration("1e300m").is_err());
         assert!(duration("ten s").is_err());
+    }
+
+    #[test]
+    fn admin_listen_is_an_address_or_off() {
+        assert_eq!("off".parse(), Ok(AdminListen::Off));
+        assert_eq!(
+            "127.0.0.1:9".parse(),
+            Ok(AdminListen::At(SocketAddr::from(([127, 0, 0, 1], 9))))
+        );
+        assert!("9090".parse::<AdminListen>().is_err());
+        assert!("Off".parse::<AdminListen>().is_err());
+        assert_eq!(admin_default(true), AdminListen::Off);
+        assert_eq!(
+            admin_default(false),
+            AdminListen::At(SocketAddr::from(([0, 0, 0, 0], 9090)))
+        );
     }
 }

@@ -7,7 +7,7 @@ mod real_binary;
 use std::io::Write;
 use std::sync::mpsc::Receiver;
 
-use real_binary::{PATIENCE, start_stdio, terminate, wait_exit};
+use real_binary::{PATIENCE, listening_ports, start_stdio, terminate, wait_exit};
 use serde_json::{Value, json};
 
 fn next(rx: &Receiver<String>) -> Value {
@@ -79,4 +79,47 @@ fn sigterm_lets_the_running_stdio_call_finish() {
     assert_eq!(done["result"]["content"][0]["text"], "slept 1500 ms", "{done}");
     let status = wait_exit(&mut p, PATIENCE).expect("exit after the drain");
     assert!(status.success(), "{status}");
+}
+
+#[test]
+fn stdio_opens_no_port_unless_asked() {
+    let (p, mut stdin, rx) = start_stdio(&["--admin-listen=off"]);
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+        .unwrap();
+    assert_eq!(next(&rx)["result"], json!({}));
+    assert_eq!(listening_ports(p.child.id()), Vec::<u16>::new());
+    // The default with --stdio is the same: no admin listener.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tools.yaml");
+    std::fs::write(&config, "tools: []\n").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_quiver-server"))
+        .arg(format!("--config=file:{}", config.display()))
+        .arg("--stdio")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut input = child.stdin.take().unwrap();
+    input
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.contains("\"result\":{}"), "{line}");
+    let ports = listening_ports(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(ports, Vec::<u16>::new());
+    // With an address it listens there.
+    let (p, _stdin, _rx) = start_stdio(&[]);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while listening_ports(p.child.id()).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no admin listener with --admin-listen=127.0.0.1:0"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -38,8 +38,16 @@ class Stats:
         self.retried_stale = 0
         self.reconnects = 0
         self.latencies: list[float] = []
+        self.samples: list[str] = []
+        self.t0 = time.monotonic()
         self.open = 0
         self.max_open = 0
+
+    def fail(self, kind: str, detail: str = "") -> None:
+        """Counts a failure; the first few are kept with when they happened, for the report."""
+        self.failures[kind] += 1
+        if len(self.samples) < 10:
+            self.samples.append(f"{time.monotonic() - self.t0:.2f}s {kind} {detail}"[:300])
 
     def opened(self) -> None:
         self.open += 1
@@ -65,6 +73,7 @@ class Stats:
             "p99_ms": pct(0.99),
             "max_ms": round(lat[-1] * 1000, 2) if lat else None,
             "max_open_connections": self.max_open,
+            "failure_samples": self.samples,
         }
 
 
@@ -151,32 +160,32 @@ async def one_request(conn: Conn, stats: Stats, i: int) -> None:
             if attempt == 1:
                 stats.retried_stale += 1
                 continue
-            stats.failures["closed_before_answer"] += 1
+            stats.fail("closed_before_answer", "twice")
             return
         except asyncio.TimeoutError:
             conn.close()
-            stats.failures["timeout"] += 1
+            stats.fail("timeout")
             return
         except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             conn.close()
-            stats.failures[f"connection:{type(e).__name__}"] += 1
+            stats.fail(f"connection:{type(e).__name__}", f"{e} (connection had served {conn.served})")
             return
         if close:
             conn.close()
         break
     stats.latencies.append(time.monotonic() - start)
     if status != 200:
-        stats.failures[f"http_{status}"] += 1
+        stats.fail(f"http_{status}", data[:200].decode("utf-8", "replace"))
         return
     try:
         msg = json.loads(data)
     except ValueError:
-        stats.failures["bad_json"] += 1
+        stats.fail("bad_json", data[:200].decode("utf-8", "replace"))
         return
     if "error" in msg:
-        stats.failures[f"jsonrpc_{msg['error'].get('code')}"] += 1
+        stats.fail(f"jsonrpc_{msg['error'].get('code')}", json.dumps(msg["error"])[:200])
     elif msg.get("result", {}).get("content", [{}])[0].get("text") != str(i + 1):
-        stats.failures["wrong_result"] += 1
+        stats.fail("wrong_result", json.dumps(msg)[:200])
     else:
         stats.ok += 1
 
@@ -187,7 +196,7 @@ async def worker(n: int, port: int, interval: float, stats: Stats, stop: asyncio
         try:
             await conn.open()
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
-            stats.failures[f"connect:{type(e).__name__}"] += 1
+            stats.fail(f"connect:{type(e).__name__}", str(e))
         await ready.wait()
     i = n * 1_000_000
     # Spread the connections' first requests over one interval.

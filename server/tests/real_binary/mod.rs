@@ -73,12 +73,15 @@ pub fn start_http_with(tools: &str, args: &[&str]) -> Proc {
     p
 }
 
-/// Starts `--stdio` with piped stdin/stdout; stdout lines arrive on the receiver.
+/// Starts `--stdio` with piped stdin/stdout; stdout lines arrive on the receiver. The admin
+/// listener is on 127.0.0.1 unless `args` sets `--admin-listen`.
 pub fn start_stdio(args: &[&str]) -> (Proc, ChildStdin, mpsc::Receiver<String>) {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = command(&dir, TOOLS, args);
+    if !args.iter().any(|a| a.starts_with("--admin-listen")) {
+        cmd.arg("--admin-listen=127.0.0.1:0");
+    }
     cmd.arg("--stdio")
-        .arg("--admin-listen=127.0.0.1:0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -156,4 +159,36 @@ pub fn metric(admin: u16, name: &str) -> Option<f64> {
     let text = http(admin, "GET", "/metrics", "")?;
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// TCP ports the process listens on, from /proc (its socket inodes in LISTEN state).
+pub fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    l.strip_prefix("socket:[")
+                        .and_then(|r| r.strip_suffix(']'))
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address is HEX_IP:HEX_PORT, st 0A is LISTEN, inode is field 9.
+            let port = f[1]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
+                ports.extend(port);
+            }
+        }
+    }
+    ports
 }
