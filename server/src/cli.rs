@@ -61,6 +61,17 @@ impl std::str::FromStr for AdminListen {
     }
 }
 
+/// `--allowed-host`, or its default for the listen address (see the flag).
+fn host_policy(listen: SocketAddr, given: Vec<String>) -> Option<Vec<String>> {
+    if !given.is_empty() {
+        Some(given)
+    } else if listen.ip().is_loopback() {
+        Some(Vec::new())
+    } else {
+        None
+    }
+}
+
 /// Where the admin listener goes when `--admin-listen` is not given.
 fn admin_default(stdio: bool) -> AdminListen {
     if stdio {
@@ -109,6 +120,12 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     allowed_origins: Vec<String>,
+    /// Allowed `Host` header values (repeatable; `host` or `host:port`; `*` allows all).
+    /// Default: loopback names only when --listen is a loopback address (DNS-rebinding
+    /// protection for a server on a developer's machine); any host otherwise (in a cluster,
+    /// clients use Service names, pod IPs and Ingress hosts).
+    #[arg(long = "allowed-host", env = "QUIVER_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
     /// Requests handled at once: over HTTP more get 503; over stdio reading pauses.
     #[arg(long, env = "QUIVER_MAX_CONCURRENCY", default_value_t = 4096)]
     max_concurrency: usize,
@@ -284,6 +301,7 @@ async fn serve(
     let options = HttpOptions {
         max_body_bytes: args.max_body_bytes,
         allowed_origins: args.allowed_origins,
+        allowed_hosts: host_policy(args.listen, args.allowed_hosts),
         max_concurrency: args.max_concurrency,
         max_streams: args.max_streams,
         max_connections,
@@ -426,6 +444,18 @@ mod tests {
         assert!(duration("-1s").is_err());
         assert!(duration("1e300m").is_err());
         assert!(duration("ten s").is_err());
+    }
+
+    #[test]
+    fn hosts_are_checked_by_default_only_on_loopback() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(host_policy(at("127.0.0.1:8080"), vec![]), Some(vec![]));
+        assert_eq!(host_policy(at("[::1]:8080"), vec![]), Some(vec![]));
+        assert_eq!(host_policy(at("0.0.0.0:8080"), vec![]), None);
+        assert_eq!(
+            host_policy(at("0.0.0.0:8080"), vec!["mcp.example".into()]),
+            Some(vec!["mcp.example".into()])
+        );
     }
 
     #[test]

@@ -296,11 +296,24 @@ impl Server {
     }
 
     fn rejected(&self, start: Instant, method: &str, code: i32, msg: &str) -> Handled {
+        self.rejected_as(start, method, code, msg, None)
+    }
+
+    /// An invalid message answered with an error; `id` when the message's id could be read
+    /// (then it is not `malformed`: the client can match the error to its request).
+    fn rejected_as(
+        &self,
+        start: Instant,
+        method: &str,
+        code: i32,
+        msg: &str,
+        id: Option<&RawValue>,
+    ) -> Handled {
         self.metrics
             .record(method_index(method), outcome_index(code), start.elapsed());
         Handled {
-            body: Some(protocol::error_response(None, code, msg)),
-            malformed: true,
+            body: Some(protocol::error_response(id, code, msg)),
+            malformed: id.is_none(),
             ..Handled::default()
         }
     }
@@ -317,11 +330,12 @@ impl Server {
         let msg: Incoming<'_> = match serde_json::from_slice(body) {
             Ok(m) => m,
             Err(e) if e.is_data() => {
-                return self.rejected(
+                return self.rejected_as(
                     start,
                     "invalid",
                     INVALID_REQUEST,
                     &format!("Invalid request: {e}"),
+                    protocol::peek_id(body),
                 );
             }
             Err(e) => return self.rejected(start, "invalid", PARSE_ERROR, &format!("Parse error: {e}")),
@@ -350,7 +364,14 @@ impl Server {
                 self.metrics.record(method_index("response"), 0, start.elapsed());
                 return Handled::default();
             }
-            return self.rejected(start, "invalid", INVALID_REQUEST, "Invalid request: no `method`");
+            let id = msg.id.filter(|i| protocol::valid_id(i));
+            return self.rejected_as(
+                start,
+                "invalid",
+                INVALID_REQUEST,
+                "Invalid request: no `method`",
+                id,
+            );
         };
         let Some(id) = msg.id else {
             self.on_notification(method, msg.params, ctx);

@@ -43,6 +43,21 @@ pub fn valid_id(id: &RawValue) -> bool {
     matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9'))
 }
 
+/// The `id` of a single JSON-RPC message, if it can be read and is a string or a number: for
+/// errors found before dispatch (transport refusals), which should still name the request.
+/// A batch, an unreadable body or a missing, null or structured id gives `None`.
+pub fn peek_id(body: &[u8]) -> Option<&RawValue> {
+    #[derive(serde::Deserialize)]
+    struct IdOnly<'a> {
+        #[serde(borrow, default)]
+        id: Option<&'a RawValue>,
+    }
+    serde_json::from_slice::<IdOnly<'_>>(body)
+        .ok()?
+        .id
+        .filter(|id| valid_id(id))
+}
+
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}`.
 pub fn write_result(out: &mut Vec<u8>, id: &RawValue, result: &[u8]) {
     out.reserve(32 + id.get().len() + result.len());
@@ -103,6 +118,24 @@ mod tests {
         assert!(valid_id(&RawValue::from_string("\"a\"".into()).unwrap()));
         assert!(!valid_id(&RawValue::from_string("null".into()).unwrap()));
         assert!(!valid_id(&RawValue::from_string("{}".into()).unwrap()));
+    }
+
+    #[test]
+    fn peeks_request_ids() {
+        let id = |b: &str| peek_id(b.as_bytes()).map(|r| r.get().to_owned());
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#).as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            id(r#"{"method":"x","id":"a b","params":{"id":1}}"#).as_deref(),
+            Some("\"a b\"")
+        );
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":null}"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":{"x":1}}"#), None);
+        assert_eq!(id(r#"[{"jsonrpc":"2.0","id":1}]"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":1"#), None);
+        assert_eq!(id("not json"), None);
     }
 
     #[test]

@@ -119,7 +119,7 @@ async fn malformed_messages_get_json_rpc_errors() {
         (r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, 200, -32600),
         (r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, 400, -32600),
         (r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#, 400, -32600),
-        (r#"{"jsonrpc":"2.0","id":1}"#, 400, -32600),
+        (r#"{"jsonrpc":"2.0","id":1}"#, 200, -32600),
         (r#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#, 200, -32601),
         (r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, 400, -32600),
     ];

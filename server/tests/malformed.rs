@@ -51,17 +51,18 @@ async fn served(max_connections: usize, header_timeout: Duration) -> Served {
 #[tokio::test]
 async fn invalid_json_and_envelopes_get_exact_errors() {
     let s = served(64, Duration::from_secs(5)).await;
-    let cases: [(&[u8], u16, i64); 19] = [
+    let cases: [(&[u8], u16, i64); 20] = [
         (b"{not json", 400, -32700),
         (b"", 400, -32700),
         (b"[1, 2", 400, -32700),
         (b"\"just a string\"", 400, -32600),
         (b"42", 400, -32600),
         (b"null", 400, -32600),
-        (br#"{"jsonrpc":2,"id":1,"method":"ping"}"#, 400, -32600),
+        (br#"{"jsonrpc":2,"id":1,"method":"ping"}"#, 200, -32600),
         (br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, 200, -32600),
-        (br#"{"jsonrpc":"2.0","id":1,"method":7}"#, 400, -32600),
-        (br#"{"jsonrpc":"2.0","id":1,"method":null}"#, 400, -32600),
+        (br#"{"jsonrpc":"2.0","id":1,"method":7}"#, 200, -32600),
+        (br#"{"jsonrpc":"2.0","id":1,"method":null}"#, 200, -32600),
+        (br#"{"jsonrpc":"2.0","method":7}"#, 400, -32600),
         (br#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, 400, -32600),
         (br#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#, 400, -32600),
         (br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, 400, -32600),
@@ -101,6 +102,23 @@ async fn invalid_json_and_envelopes_get_exact_errors() {
         assert_eq!(
             r.code(),
             (status, Some(code)),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        // An error names the request whenever its id could be read (string or number);
+        // only then is it a 200, so the client can match it.
+        let readable = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("id").filter(|i| i.is_number() || i.is_string()).cloned());
+        assert_eq!(
+            r.json()["id"],
+            readable.clone().unwrap_or_default(),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(
+            readable.is_some(),
+            status == 200,
             "{}",
             String::from_utf8_lossy(body)
         );
@@ -245,6 +263,101 @@ async fn batches_over_the_cap_and_oversized_answers_are_refused() {
     assert_eq!(s.server.metrics.refusals(Refusal::Batch), 2);
     assert_eq!(s.server.metrics.refusals(Refusal::ResponseBytes), 2);
     assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn transport_refusals_name_the_request_when_its_id_is_readable() {
+    let s = served(64, Duration::from_secs(5)).await;
+    let ping = br#"{"jsonrpc":"2.0","id":"req-7","method":"ping"}"#;
+    let cases = [
+        ("Content-Type: text/plain\r\n", 415),
+        ("Content-Type: application/json\r\nAccept: text/html\r\n", 406),
+        (
+            "Content-Type: application/json\r\nMCP-Protocol-Version: 1999-01-01\r\n",
+            400,
+        ),
+        ("Content-Type: application/json\r\nMcp-Session-Id: a b\r\n", 400),
+    ];
+    for (headers, status) in cases {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n",
+            ping.len()
+        );
+        let mut req = head.into_bytes();
+        req.extend_from_slice(ping);
+        let r = exchange(s.mcp, &req).await;
+        assert_eq!(r.code(), (status, Some(-32600)), "{headers}");
+        assert_eq!(r.json()["id"], "req-7", "{headers}");
+    }
+    assert_still_serves(s.mcp).await;
+}
+
+#[tokio::test]
+async fn ended_sessions_get_404_and_hosts_are_checked() {
+    let s = served(64, Duration::from_secs(5)).await;
+    let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let session = "Mcp-Session-Id: s-to-end\r\n";
+    assert_eq!(post_with(s.mcp, ping, session).await.status, 200);
+    let del =
+        "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nMcp-Session-Id: s-to-end\r\n\r\n";
+    assert_eq!(exchange(s.mcp, del.as_bytes()).await.status, 204);
+    let r = post_with(s.mcp, ping, session).await;
+    assert_eq!(r.code(), (404, Some(-32600)));
+    assert_eq!(r.json()["id"], 1);
+    assert_eq!(
+        exchange(s.mcp, del.as_bytes()).await.status,
+        404,
+        "a second DELETE"
+    );
+    let get = "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAccept: text/event-stream\r\nMcp-Session-Id: s-to-end\r\n\r\n";
+    assert_eq!(exchange(s.mcp, get.as_bytes()).await.status, 404);
+    // Other sessions, and requests without one, are not affected.
+    assert_eq!(
+        post_with(s.mcp, ping, "Mcp-Session-Id: s-other\r\n").await.status,
+        200
+    );
+    assert_still_serves(s.mcp).await;
+
+    // Host: with an allow-list (the default on a loopback listener), loopback names and the
+    // listed hosts pass; any other Host (a rebinding page's domain) gets 403.
+    let strict = serve_app(
+        TOOLS,
+        HttpOptions {
+            allowed_hosts: Some(vec!["mcp.example".into()]),
+            ..HttpOptions::default()
+        },
+        ConnOptions::default(),
+        Limits::default(),
+    )
+    .await;
+    for (host, status) in [
+        ("127.0.0.1:9", 200),
+        ("localhost", 200),
+        ("[::1]:8080", 200),
+        ("mcp.example", 200),
+        ("MCP.example:443", 200),
+        ("evil.example", 403),
+        ("localhost.evil.example", 403),
+        ("mcp.example.evil.example", 403),
+    ] {
+        let req = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+            ping.len(),
+            std::str::from_utf8(ping).unwrap()
+        );
+        assert_eq!(
+            exchange(strict.mcp, req.as_bytes()).await.status,
+            status,
+            "{host}"
+        );
+    }
+    // Without an allow-list (a cluster listener), any Host is served.
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: load.ns.svc:8080\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+        ping.len(),
+        std::str::from_utf8(ping).unwrap()
+    );
+    assert_eq!(exchange(s.mcp, req.as_bytes()).await.status, 200);
 }
 
 #[tokio::test]

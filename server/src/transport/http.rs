@@ -26,6 +26,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use super::limits::Load;
+use super::sessions::EndedSessions;
 use crate::dispatch::{Ctx, Server};
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};
@@ -43,6 +44,10 @@ pub struct HttpOptions {
     /// Origins allowed besides loopback ones (`http://localhost[:port]`, `http://127.0.0.1[:port]`,
     /// `http://[::1][:port]`). `*` allows every origin.
     pub allowed_origins: Vec<String>,
+    /// `Host` header values accepted (`host` or `host:port`, `*` for any) besides loopback
+    /// names; `None` accepts every host. A browser page on an attacker's domain that resolves
+    /// to 127.0.0.1 (DNS rebinding) sends its own domain as `Host`, which this refuses.
+    pub allowed_hosts: Option<Vec<String>>,
     /// POST requests dispatched at once; excess requests get 503 immediately.
     pub max_concurrency: usize,
     /// Open GET (SSE) streams; excess streams get 503.
@@ -58,6 +63,7 @@ impl Default for HttpOptions {
         Self {
             max_body_bytes: 4 << 20,
             allowed_origins: Vec::new(),
+            allowed_hosts: None,
             max_concurrency: 4096,
             max_streams: 1024,
             max_connections: 10_000,
@@ -74,6 +80,7 @@ pub struct HttpState {
     load: Arc<Load>,
     streams: Mutex<FxHashMap<String, Vec<(u64, CancellationToken)>>>,
     next_stream: AtomicU64,
+    ended: EndedSessions,
     shutdown: CancellationToken,
 }
 
@@ -91,6 +98,7 @@ impl HttpState {
             load,
             streams: Mutex::new(FxHashMap::default()),
             next_stream: AtomicU64::new(0),
+            ended: EndedSessions::default(),
             shutdown,
         })
     }
@@ -133,8 +141,19 @@ impl IntoResponse for Reject {
     }
 }
 
+impl Reject {
+    /// The refusal naming the request's id when the body shows it.
+    fn for_body(self, body: &[u8]) -> Response {
+        http_error_for(protocol::peek_id(body), self.0, &self.1)
+    }
+}
+
 fn http_error(status: StatusCode, message: &str) -> Response {
-    let body = protocol::error_response(None, INVALID_REQUEST, message);
+    http_error_for(None, status, message)
+}
+
+fn http_error_for(id: Option<&serde_json::value::RawValue>, status: StatusCode, message: &str) -> Response {
+    let body = protocol::error_response(id, INVALID_REQUEST, message);
     (
         status,
         [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
@@ -223,6 +242,58 @@ fn check_origin(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     }
 }
 
+/// The host part of a `Host` value (`[::1]` keeps its brackets), without the port.
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        host.find(']').map_or(host, |i| &host[..=i])
+    } else {
+        host.split(':').next().unwrap_or("")
+    }
+}
+
+fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
+    let Some(allowed) = &state.options.allowed_hosts else {
+        return Ok(());
+    };
+    // HTTP/1.1 requires Host (hyper refuses a request without one); HTTP/2 may carry the
+    // authority in the URI instead, which a browser's rebinding request would also name.
+    let Some(host) = headers.get(header::HOST) else {
+        return Ok(());
+    };
+    let host = host.to_str().unwrap_or("").to_ascii_lowercase();
+    let name = host_name(&host);
+    let ok = matches!(name, "localhost" | "127.0.0.1" | "[::1]")
+        || allowed
+            .iter()
+            .any(|a| a == "*" || a.eq_ignore_ascii_case(&host) || a.eq_ignore_ascii_case(name));
+    if ok {
+        Ok(())
+    } else {
+        Err(Reject(
+            StatusCode::FORBIDDEN,
+            format!("Host {host} is not allowed (see --allowed-host)"),
+        ))
+    }
+}
+
+/// Origin and Host: both are checked before anything else is read.
+fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
+    check_origin(state, headers)?;
+    check_host(state, headers)
+}
+
+/// 404 for a session this server ended (DELETE).
+fn check_not_ended(state: &HttpState, session: &str) -> Result<(), Reject> {
+    if state.ended.ended(session) {
+        Err(Reject(
+            StatusCode::NOT_FOUND,
+            "Session not found: it was ended; initialize a new one".to_owned(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn accepts(headers: &HeaderMap, wanted: &str) -> bool {
     let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
         return true;
@@ -250,6 +321,31 @@ fn version(headers: &HeaderMap) -> Result<&'static str, Reject> {
     }
 }
 
+/// The headers a POST must carry: JSON in, JSON accepted; the protocol version and session.
+fn post_headers(headers: &HeaderMap) -> Result<(&'static str, &str), Reject> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !is_json {
+        return Err(Reject(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json".to_owned(),
+        ));
+    }
+    if !accepts(headers, "application/json") {
+        return Err(Reject(
+            StatusCode::NOT_ACCEPTABLE,
+            "Accept must allow application/json".to_owned(),
+        ));
+    }
+    Ok((version(headers)?, session_id(headers)?))
+}
+
 fn new_session_id() -> String {
     let mut b = [0u8; 16];
     if getrandom::getrandom(&mut b).is_err() {
@@ -266,34 +362,9 @@ fn new_session_id() -> String {
 async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let headers = &parts.headers;
-    if let Err(r) = check_origin(&state, headers) {
+    if let Err(r) = check_caller(&state, headers) {
         return r.into_response();
     }
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| {
-            ct.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
-        });
-    if !is_json {
-        return http_error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "Content-Type must be application/json",
-        );
-    }
-    if !accepts(headers, "application/json") {
-        return http_error(StatusCode::NOT_ACCEPTABLE, "Accept must allow application/json");
-    }
-    let version = match version(headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
-    let session = match session_id(headers) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
     let max = state.options.max_body_bytes;
     let too_large = || {
         state.server.metrics.refused(Refusal::BodyBytes);
@@ -310,7 +381,8 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         return too_large();
     }
     // No in-flight place is held while the body arrives: a slow body costs a connection slot
-    // for at most the body timeout, never dispatch capacity.
+    // for at most the body timeout, never dispatch capacity. It is read before the header
+    // checks below so that their errors can name the request's id.
     let body = match read_body(body, max, state.options.body_read_timeout).await {
         Ok(b) => b,
         Err(BodyError::TooLarge) => return too_large(),
@@ -328,9 +400,20 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
             return http_error_close(StatusCode::BAD_REQUEST, "the request body could not be read");
         }
     };
+    let (version, session) = match post_headers(headers) {
+        Ok(v) => v,
+        Err(r) => return r.for_body(&body),
+    };
+    if let Err(r) = check_not_ended(&state, session) {
+        return r.for_body(&body);
+    }
     let Some(_pass) = state.load.inflight.try_enter() else {
         state.server.metrics.refused(Refusal::Inflight);
-        return http_error(StatusCode::SERVICE_UNAVAILABLE, "server overloaded, retry later");
+        return Reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server overloaded, retry later".to_owned(),
+        )
+        .for_body(&body);
     };
     let ctx = Ctx { session, version };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
@@ -361,7 +444,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
 }
 
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_origin(&state, &headers) {
+    if let Err(r) = check_caller(&state, &headers) {
         return r.into_response();
     }
     if !headers
@@ -377,7 +460,7 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
     if let Err(r) = version(&headers) {
         return r.into_response();
     }
-    let session = match session_id(&headers) {
+    let session = match session_id(&headers).and_then(|s| check_not_ended(&state, s).map(|()| s)) {
         Ok(s) => s.to_owned(),
         Err(r) => return r.into_response(),
     };
@@ -453,7 +536,7 @@ fn event_stream(
 }
 
 async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_origin(&state, &headers) {
+    if let Err(r) = check_caller(&state, &headers) {
         return r.into_response();
     }
     let session = match session_id(&headers) {
@@ -466,6 +549,12 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
+    if !state.ended.end(session) {
+        return check_not_ended(&state, session).err().map_or_else(
+            || StatusCode::NO_CONTENT.into_response(),
+            IntoResponse::into_response,
+        );
+    }
     let tokens = state
         .streams
         .lock()
@@ -489,5 +578,13 @@ mod tests {
         assert!(is_loopback_origin("http://[::1]:8080"));
         assert!(!is_loopback_origin("http://evil.example"));
         assert!(!is_loopback_origin("http://localhost.evil.example"));
+    }
+
+    #[test]
+    fn host_names() {
+        assert_eq!(host_name("localhost:8080"), "localhost");
+        assert_eq!(host_name("[::1]:8080"), "[::1]");
+        assert_eq!(host_name("[::1]"), "[::1]");
+        assert_eq!(host_name("mcp.example"), "mcp.example");
     }
 }

@@ -4,4 +4,5 @@
 pub mod http;
 pub mod limits;
 pub mod listen;
+pub mod sessions;
 pub mod stdio;
