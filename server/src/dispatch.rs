@@ -593,22 +593,32 @@ impl Server {
         let snap = self.registry.load();
         let resources = &snap.config.resources;
         let found = snap.static_resource(&p.uri).map(|i| match &resources[i].kind {
-            ResourceKind::Static { text, .. } => (Ok(text.clone()), &resources[i].mime_type),
+            ResourceKind::Static { text, blob, .. } => (Ok(text.clone()), *blob, &resources[i].mime_type),
             ResourceKind::Templated { .. } => unreachable!("static index"),
         });
         let found = found.or_else(|| {
             resources.iter().find_map(|r| match &r.kind {
-                ResourceKind::Templated { pattern, text } => pattern
+                ResourceKind::Templated { pattern, text, blob } => pattern
                     .matches(&p.uri)
-                    .map(|vars| (text.render(&vars), &r.mime_type)),
+                    .map(|vars| (text.render(&vars), *blob, &r.mime_type)),
                 ResourceKind::Static { .. } => None,
             })
         });
-        let Some((text, mime)) = found else {
+        let Some((text, blob, mime)) = found else {
             return fail(RESOURCE_NOT_FOUND, format!("Resource not found: {}", p.uri));
         };
         let text = text.or_else(|e| fail(INVALID_PARAMS, format!("Resource {}: {e}", p.uri)))?;
-        let result = json!({"contents": [{"uri": p.uri, "mimeType": mime, "text": text}]});
+        let result = if blob {
+            if !crate::config::content::is_base64(&text) {
+                return fail(
+                    INVALID_PARAMS,
+                    format!("Resource {}: the blob is not valid base64", p.uri),
+                );
+            }
+            json!({"contents": [{"uri": p.uri, "mimeType": mime, "blob": text}]})
+        } else {
+            json!({"contents": [{"uri": p.uri, "mimeType": mime, "text": text}]})
+        };
         protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(())
     }
@@ -644,10 +654,10 @@ impl Server {
                 Role::User => "user",
                 Role::Assistant => "assistant",
             };
-            let text = t
-                .render_with(&args, &mut budget)
+            let content = t
+                .render(&args, &mut budget)
                 .or_else(|e| fail(INVALID_PARAMS, format!("Prompt {}: {e}", p.name)))?;
-            messages.push(json!({"role": role, "content": {"type": "text", "text": text}}));
+            messages.push(json!({"role": role, "content": content}));
         }
         let mut result = json!({"messages": messages});
         if let Some(d) = &prompt.description {

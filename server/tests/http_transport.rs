@@ -3,7 +3,7 @@
 mod common;
 
 use axum::body::Body;
-use common::{harness, harness_with, post};
+use common::{assert_text_contains, harness, harness_with, post};
 use http::Request;
 use quiver_server::transport::http::HttpOptions;
 use serde_json::json;
@@ -252,6 +252,100 @@ prompts:
         h.rpc("prompts/list", json!({})).await["result"]["prompts"][0]["arguments"][0]["required"],
         true
     );
+}
+
+#[tokio::test]
+async fn rich_content_in_results_resources_and_prompts() {
+    let h = harness(
+        r#"
+tools:
+  - name: show
+    input: {who: string, png: string}
+    handler:
+      content:
+        - {text: "for {{who}}"}
+        - {image: {data: "{{png}}", mimeType: image/png}}
+        - {audio: {data: "UklGRg==", mimeType: audio/wav}}
+        - {resource: {uri: "note://{{who}}", mimeType: text/plain, text: "about {{who}}"}}
+        - {resource: {uri: "bin://x", blob: "AAEC"}}
+        - {resourceLink: {uri: "doc://{{who}}", name: doc, mimeType: text/markdown}}
+        - {text: "end"}
+  - name: then
+    input: {who: string, png: string}
+    handler: {pipeline: [{tool: show}, {tool: echo, input: {s: "{{steps.0.text}}"}}]}
+  - name: echo
+    input: {s: string}
+    handler: {template: "got {{s}}"}
+resources:
+  - {uri: "bin://static", name: b, blob: "AAECAw=="}
+  - {uriTemplate: "bin://t/{b64}", name: t, mimeType: image/png, blob: "{{b64}}"}
+prompts:
+  - name: look
+    arguments: [{name: img, required: true}]
+    messages:
+      - {role: user, text: "look at this"}
+      - {role: user, content: {image: {data: "{{img}}", mimeType: image/gif}}}
+      - {role: assistant, content: {resource: {uri: "x://y", text: "seen"}}}
+"#,
+    );
+    let r = h.call("show", json!({"who": "ada", "png": "iVBORw0KGgo="})).await;
+    let c = &r["content"];
+    assert_eq!(c.as_array().map(Vec::len), Some(7), "{r}");
+    assert_eq!(c[0], json!({"type": "text", "text": "for ada"}));
+    assert_eq!(
+        c[1],
+        json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"})
+    );
+    assert_eq!(c[2]["type"], "audio");
+    assert_eq!(
+        c[3],
+        json!({"type": "resource", "resource": {"uri": "note://ada", "mimeType": "text/plain", "text": "about ada"}})
+    );
+    assert_eq!(c[4]["resource"]["blob"], "AAEC");
+    assert_eq!(
+        c[5],
+        json!({"type": "resource_link", "uri": "doc://ada", "name": "doc", "mimeType": "text/markdown"})
+    );
+    assert_eq!(r["isError"], false);
+    // A later pipeline step sees the text blocks.
+    assert_text_contains(
+        &h.call("then", json!({"who": "bo", "png": ""})).await,
+        "got for bo\nend",
+    );
+    // Base64 that only exists after rendering is checked then: a tool error, not bad bytes.
+    let bad = h.call("show", json!({"who": "ada", "png": "@@@"})).await;
+    assert_eq!(bad["isError"], true, "{bad}");
+    assert_text_contains(&bad, "content[1]: `data` is not valid base64");
+
+    let b = h.rpc("resources/read", json!({"uri": "bin://static"})).await;
+    assert_eq!(
+        b["result"]["contents"][0],
+        json!({"uri": "bin://static", "mimeType": "application/octet-stream", "blob": "AAECAw=="})
+    );
+    let t = h.rpc("resources/read", json!({"uri": "bin://t/AAEC"})).await;
+    assert_eq!(t["result"]["contents"][0]["blob"], "AAEC");
+    assert_eq!(t["result"]["contents"][0]["mimeType"], "image/png");
+    assert!(t["result"]["contents"][0].get("text").is_none());
+    let t = h.rpc("resources/read", json!({"uri": "bin://t/abc"})).await;
+    assert!(t["error"]["message"].as_str().unwrap().contains("base64"), "{t}");
+
+    let p = h
+        .rpc(
+            "prompts/get",
+            json!({"name": "look", "arguments": {"img": "R0lGOA=="}}),
+        )
+        .await;
+    let m = &p["result"]["messages"];
+    assert_eq!(m[0]["content"], json!({"type": "text", "text": "look at this"}));
+    assert_eq!(
+        m[1]["content"],
+        json!({"type": "image", "data": "R0lGOA==", "mimeType": "image/gif"})
+    );
+    assert_eq!(m[2]["content"]["resource"]["text"], "seen");
+    let p = h
+        .rpc("prompts/get", json!({"name": "look", "arguments": {"img": "no"}}))
+        .await;
+    assert!(p["error"]["message"].as_str().unwrap().contains("base64"), "{p}");
 }
 
 #[tokio::test]

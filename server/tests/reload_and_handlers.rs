@@ -204,7 +204,16 @@ async fn spawn_upstream() -> std::net::SocketAddr {
             "/fail",
             get(|| async { (http::StatusCode::BAD_GATEWAY, "upstream down") }),
         )
-        .route("/big", get(|| async { "x".repeat(5000) }));
+        .route("/big", get(|| async { "x".repeat(5000) }))
+        .route(
+            "/png",
+            get(|| async {
+                (
+                    [(http::header::CONTENT_TYPE, "Image/PNG; q=1")],
+                    vec![0x89u8, b'P', b'N', b'G', 0, 255],
+                )
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -225,6 +234,7 @@ tools:
   - {{name: fail, handler: {{http: {{url: "http://{addr}/fail"}}}}}}
   - {{name: big, handler: {{http: {{url: "http://{addr}/big", maxResponseBytes: 1000}}}}}}
   - {{name: refused, handler: {{http: {{url: "http://127.0.0.1:1/x"}}}}}}
+  - {{name: png, handler: {{http: {{url: "http://{addr}/png"}}}}}}
 "#
     );
     let h = harness(&yaml);
@@ -246,6 +256,13 @@ tools:
     let r = h.call("refused", json!({})).await;
     assert_eq!(r["isError"], true);
     common::assert_text_contains(&r, "request to http://127.0.0.1:1/x failed");
+    // Binary media answers arrive as an image block, bytes intact.
+    let r = h.call("png", json!({})).await;
+    assert_eq!(
+        r["content"],
+        json!([{"type": "image", "data": "iVBORwD/", "mimeType": "image/png"}]),
+        "{r}"
+    );
 }
 
 #[tokio::test]

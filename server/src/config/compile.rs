@@ -6,6 +6,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
+use super::content::{self, Content};
 use super::{API_VERSION, ConfigError, Handler, KIND, Problem, Role, ToolSet, parse_duration};
 use crate::schema::{Schema, expand_shorthand};
 use crate::template::{JsonTemplate, Template, depth};
@@ -70,6 +71,8 @@ pub enum CompiledHandler {
     Template(Template),
     /// Steps referring to other tools by index.
     Pipeline(Vec<Step>),
+    /// Content blocks rendered from the arguments.
+    Content(Vec<Content>),
 }
 
 /// A compiled HTTP handler.
@@ -217,19 +220,23 @@ pub struct CompiledResource {
 /// Whether a resource has a fixed URI or a URI template.
 #[derive(Debug)]
 pub enum ResourceKind {
-    /// A fixed URI and its text.
+    /// A fixed URI and its contents.
     Static {
         /// The URI.
         uri: String,
-        /// The text.
+        /// The text, or base64 when `blob`.
         text: String,
+        /// Whether `text` is a base64 blob.
+        blob: bool,
     },
-    /// A URI template and the text template over its variables.
+    /// A URI template and the contents' template over its variables.
     Templated {
         /// The URI pattern.
         pattern: UriPattern,
-        /// The text template.
+        /// The text template (base64 when `blob`).
         text: Template,
+        /// Whether the rendered text is a base64 blob.
+        blob: bool,
     },
 }
 
@@ -326,16 +333,16 @@ pub struct CompiledPrompt {
     pub required: Vec<String>,
     /// Names of all arguments.
     pub arguments: Vec<String>,
-    /// Messages: role and text template.
-    pub messages: Vec<(Role, Template)>,
+    /// Messages: role and content block.
+    pub messages: Vec<(Role, Content)>,
     /// Prompt description for `prompts/get`.
     pub description: Option<String>,
 }
 
-struct Problems(Vec<Problem>);
+pub(super) struct Problems(Vec<Problem>);
 
 impl Problems {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(Problem {
             path: path.into(),
             message: message.into(),
@@ -361,12 +368,12 @@ fn valid_tool_name(n: &str) -> bool {
 
 /// Names a template may refer to: the input's declared properties (unless the input is open),
 /// and `steps.N` for N below `steps`.
-struct Names<'a> {
+pub(super) struct Names<'a> {
     props: Option<Vec<&'a str>>,
     steps: Option<usize>,
 }
 
-fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
+pub(super) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
     for (root, idx) in t.roots() {
         if root == "steps"
             && let Some(limit) = names.steps
@@ -517,7 +524,7 @@ fn valid_host_port(s: &str) -> bool {
     host_ok && port_ok
 }
 
-fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
+pub(super) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
     Template::compile(src).map_err(|e| p.push(path, e)).ok()
 }
 
@@ -652,6 +659,20 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     check_template(tpl, &names, &format!("{hat}.template"), &mut p);
                 }
                 CompiledHandler::Template(tpl.unwrap_or_else(Template::empty))
+            }
+            Handler::Content(blocks) => {
+                if blocks.is_empty() {
+                    p.push(format!("{hat}.content"), "must have at least one block");
+                }
+                CompiledHandler::Content(
+                    blocks
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(j, b)| {
+                            content::compile(b, &format!("{hat}.content[{j}]"), &names, &mut p)
+                        })
+                        .collect(),
+                )
             }
             Handler::Http(h) => {
                 let hp = format!("{hat}.http");
@@ -984,7 +1005,20 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
         if r.name.trim().is_empty() {
             p.push(format!("{at}.name"), "must not be empty");
         }
-        let mime_type = r.mime_type.clone().unwrap_or_else(|| "text/plain".to_owned());
+        let (body, blob, field) = match (&r.text, &r.blob) {
+            (Some(t), None) => (t.as_str(), false, "text"),
+            (None, Some(b)) => (b.as_str(), true, "blob"),
+            _ => {
+                p.push(&at, "set exactly one of `text` and `blob`");
+                continue;
+            }
+        };
+        let default_mime = if blob {
+            "application/octet-stream"
+        } else {
+            "text/plain"
+        };
+        let mime_type = r.mime_type.clone().unwrap_or_else(|| default_mime.to_owned());
         let mut d = Map::new();
         let kind = match (&r.uri, &r.uri_template) {
             (Some(uri), None) => {
@@ -997,16 +1031,20 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
                         format!("duplicate URI (also resources[{j}])"),
                     );
                 }
-                if Template::compile(&r.text).is_ok_and(|t| !t.is_literal()) {
+                if Template::compile(body).is_ok_and(|t| !t.is_literal()) {
                     p.push(
-                        format!("{at}.text"),
-                        "a resource with a fixed `uri` has fixed text; use `uriTemplate` for variables",
+                        format!("{at}.{field}"),
+                        "a resource with a fixed `uri` has fixed contents; use `uriTemplate` for variables",
                     );
+                }
+                if blob && !content::is_base64(body) {
+                    p.push(format!("{at}.blob"), "must be base64 (standard alphabet, padded)");
                 }
                 d.insert("uri".into(), Value::String(uri.clone()));
                 ResourceKind::Static {
                     uri: uri.clone(),
-                    text: r.text.clone(),
+                    text: body.to_owned(),
+                    blob,
                 }
             }
             (None, Some(tpl)) => {
@@ -1014,7 +1052,7 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
                 match UriPattern::compile(tpl) {
                     Ok(pattern) => {
                         let vars: Vec<&str> = pattern.variables().collect();
-                        let text = template(&r.text, &format!("{at}.text"), p);
+                        let text = template(body, &format!("{at}.{field}"), p);
                         if let Some(t) = &text {
                             check_template(
                                 t,
@@ -1022,13 +1060,14 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
                                     props: Some(vars),
                                     steps: None,
                                 },
-                                &format!("{at}.text"),
+                                &format!("{at}.{field}"),
                                 p,
                             );
                         }
                         ResourceKind::Templated {
                             text: text.unwrap_or_else(Template::empty),
                             pattern,
+                            blob,
                         }
                     }
                     Err(e) => {
@@ -1078,20 +1117,24 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         }
         let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
         let mut messages = Vec::new();
+        let names = Names {
+            props: Some(args.clone()),
+            steps: None,
+        };
         for (j, m) in pr.messages.iter().enumerate() {
-            let mp = format!("{at}.messages[{j}].text");
-            if let Some(t) = template(&m.text, &mp, p) {
-                check_template(
-                    &t,
-                    &Names {
-                        props: Some(args.clone()),
-                        steps: None,
-                    },
-                    &mp,
-                    p,
-                );
-                messages.push((m.role, t));
-            }
+            let mp = format!("{at}.messages[{j}]");
+            let block = match (&m.text, &m.content) {
+                (Some(text), None) => template(text, &format!("{mp}.text"), p).map(|t| {
+                    check_template(&t, &names, &format!("{mp}.text"), p);
+                    Content::Text(t)
+                }),
+                (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
+                _ => {
+                    p.push(&mp, "set exactly one of `text` and `content`");
+                    None
+                }
+            };
+            messages.extend(block.map(|b| (m.role, b)));
         }
         let mut d = serde_json::to_value(pr).unwrap_or_default();
         if let Some(o) = d.as_object_mut() {
@@ -1395,6 +1438,55 @@ tools:
             )),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn content_blocks_are_checked_as_a_class() {
+        let p = problems(
+            r#"
+tools:
+  - name: c
+    input: {who: string}
+    handler:
+      content:
+        - {image: {data: "not base64!", mimeType: image/png}}
+        - {audio: {data: "AAAA", mimeType: ""}}
+        - {resource: {uri: "x://a", text: t, blob: "AAAA"}}
+        - {resource: {uri: "x://b"}}
+        - {resourceLink: {uri: "x://{{nobody}}", name: ""}}
+        - {text: "{{who}}"}
+resources:
+  - {uri: "x://r", name: r, text: a, blob: "AAAA"}
+  - {uri: "x://s", name: s, blob: "%%%%"}
+  - {uri: "x://t", name: t}
+prompts:
+  - name: p
+    messages:
+      - {role: user, text: a, content: {text: b}}
+      - {role: user}
+      - {role: user, content: {image: {data: "{{missing}}", mimeType: image/png}}}
+"#,
+        );
+        for needle in [
+            "content[0].image.data: must be base64",
+            "content[1].audio.mimeType: must not be empty",
+            "content[2].resource: set exactly one of `text` and `blob`",
+            "content[3].resource: set exactly one of `text` and `blob`",
+            "content[4].resourceLink.name: must not be empty",
+            "content[4].resourceLink.uri",
+            "resources[0]",
+            "resources[1].blob: must be base64",
+            "resources[2]",
+            "messages[0]",
+            "messages[1]",
+            "messages[2].content.image.data",
+        ] {
+            assert!(
+                p.iter().any(|x| x.contains(needle)),
+                "no problem with {needle:?} in {p:#?}"
+            );
+        }
+        assert!(!p.iter().any(|x| x.contains("content[5]")), "{p:#?}");
     }
 
     #[test]

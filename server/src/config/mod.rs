@@ -1,6 +1,7 @@
 //! The ToolSet configuration: model, loading from YAML sources, validation and compilation.
 
 mod compile;
+pub mod content;
 mod json_field;
 mod model;
 

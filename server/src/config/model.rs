@@ -175,6 +175,69 @@ pub enum Handler {
     Template(String),
     /// Other tools of this set, run in order; later steps see `{{steps.N.text}}`.
     Pipeline(Vec<PipelineStep>),
+    /// Content blocks (text, image, audio, embedded resource, resource link) whose strings are
+    /// templates over the arguments: a result that is more than one text block.
+    Content(Vec<ContentSpec>),
+}
+
+/// One block of MCP content. Every string in it is a template over the arguments (of the
+/// tool, or of the prompt); `data` and `blob` are base64.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum ContentSpec {
+    /// A text block.
+    Text(String),
+    /// An image: base64 `data` and its `mimeType` (e.g. `image/png`).
+    Image(MediaSpec),
+    /// Audio: base64 `data` and its `mimeType` (e.g. `audio/wav`).
+    Audio(MediaSpec),
+    /// A resource embedded whole: `uri`, and `text` or base64 `blob`.
+    Resource(EmbeddedResourceSpec),
+    /// A link to a resource the client may read (`resource_link`).
+    ResourceLink(ResourceLinkSpec),
+}
+
+/// Image or audio content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MediaSpec {
+    /// Base64 data (standard alphabet, padded).
+    pub data: String,
+    /// MIME type, e.g. `image/png`, `audio/wav`.
+    pub mime_type: String,
+}
+
+/// An embedded resource.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EmbeddedResourceSpec {
+    /// The resource's URI.
+    pub uri: String,
+    /// MIME type of the contents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Text contents. Exclusive with `blob`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Base64 binary contents. Exclusive with `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob: Option<String>,
+}
+
+/// A resource link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceLinkSpec {
+    /// The resource's URI.
+    pub uri: String,
+    /// The resource's name.
+    pub name: String,
+    /// What the resource holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// MIME type of the resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
 }
 
 /// An HTTP handler.
@@ -256,7 +319,8 @@ pub struct PipelineStep {
     pub input: Option<Value>,
 }
 
-/// A text resource: a fixed `uri`, or a `uriTemplate` whose `{var}`s fill the text template.
+/// A resource: a fixed `uri`, or a `uriTemplate` whose `{var}`s fill the text (or blob)
+/// template.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceSpec {
@@ -274,11 +338,16 @@ pub struct ResourceSpec {
     /// What the resource holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// MIME type of the text (default `text/plain`).
+    /// MIME type of the contents (default `text/plain` for text, `application/octet-stream`
+    /// for a blob).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mime_type: Option<String>,
-    /// The content; a template over the URI template's variables.
-    pub text: String,
+    /// Text contents; a template over the URI template's variables. Exclusive with `blob`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Binary contents as base64 (a template, like `text`). Exclusive with `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob: Option<String>,
 }
 
 /// A prompt template.
@@ -330,6 +399,11 @@ pub enum Role {
 pub struct PromptMessage {
     /// Speaker.
     pub role: Role,
-    /// Text template over the prompt's arguments.
-    pub text: String,
+    /// Text template over the prompt's arguments. Exclusive with `content`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// A content block (image, audio, embedded resource, ...) whose strings are templates
+    /// over the prompt's arguments. Exclusive with `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<ContentSpec>,
 }

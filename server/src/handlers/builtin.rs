@@ -18,6 +18,7 @@ fn number_result(n: Number) -> ToolOutput {
     ToolOutput {
         text: n.to_string(),
         structured: Some(json!({"result": n})),
+        content: None,
         is_error: false,
     }
 }
@@ -64,6 +65,7 @@ pub fn run(b: Builtin, args: &Value) -> ToolOutput {
         Builtin::Json => ToolOutput {
             text: args.to_string(),
             structured: Some(args.clone()),
+            content: None,
             is_error: false,
         },
         Builtin::Sleep => ToolOutput::error("sleep is asynchronous"),

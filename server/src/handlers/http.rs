@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::ToolOutput;
 use crate::config::HttpCall;
+use crate::config::content::to_base64;
 use crate::config::{has_dot_segment, path_of};
 
 /// A pooled HTTP(S) client shared by every http tool.
@@ -107,15 +108,37 @@ impl HttpClient {
             Ok(Err(e)) => return ToolOutput::error(e),
             Ok(Ok(x)) => x,
         };
-        let text = String::from_utf8_lossy(&bytes).into_owned();
         if !parts.status.is_success() {
+            let text = String::from_utf8_lossy(&bytes);
             return ToolOutput::error(format!("{} {url} answered {}: {text}", spec.method, parts.status));
         }
-        let is_json = parts
+        let content_type = parts
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("application/json") || ct.contains("+json"));
+            .unwrap_or("");
+        let mime = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        // An image or audio answer becomes an image or audio block (base64), with the text
+        // a pipeline step sees describing it.
+        if let Some(kind) = ["image", "audio"]
+            .into_iter()
+            .find(|k| mime.strip_prefix(k).is_some_and(|r| r.starts_with('/')))
+        {
+            let block = serde_json::json!({"type": kind, "data": to_base64(&bytes), "mimeType": mime});
+            return ToolOutput {
+                text: format!("[{kind} {mime}, {} bytes]", bytes.len()),
+                structured: None,
+                content: Some(vec![block]),
+                is_error: false,
+            };
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let is_json = mime == "application/json" || mime.ends_with("+json");
         let structured = if is_json {
             serde_json::from_slice::<Value>(&bytes)
                 .ok()
@@ -126,6 +149,7 @@ impl HttpClient {
         ToolOutput {
             text,
             structured,
+            content: None,
             is_error: false,
         }
     }

@@ -2,6 +2,7 @@
 //! tool against validated arguments.
 
 mod builtin;
+mod content;
 mod exec;
 mod http;
 mod pipeline;
@@ -18,14 +19,16 @@ pub use self::process::start_reaper;
 use crate::config::{Builtin, CompiledHandler};
 use crate::registry::Snapshot;
 
-/// The result of a tool call (MCP `CallToolResult`): one text block, optional structured
-/// content, and whether the tool reported an error.
+/// The result of a tool call (MCP `CallToolResult`): one text block (or rich content blocks),
+/// optional structured content, and whether the tool reported an error.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
-    /// The text content.
+    /// The text content (with `content`: the text of its text blocks, for pipelines).
     pub text: String,
     /// `structuredContent`.
     pub structured: Option<Value>,
+    /// Content blocks sent instead of the one text block.
+    pub content: Option<Vec<Value>>,
     /// `isError`.
     pub is_error: bool,
 }
@@ -36,6 +39,7 @@ impl ToolOutput {
         Self {
             text: text.into(),
             structured: None,
+            content: None,
             is_error: false,
         }
     }
@@ -45,15 +49,21 @@ impl ToolOutput {
         Self {
             text: text.into(),
             structured: None,
+            content: None,
             is_error: true,
         }
     }
 
     /// Appends the serialized `CallToolResult` object.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"content\":[{\"type\":\"text\",\"text\":");
-        let _ = serde_json::to_writer(&mut *out, &self.text);
-        out.extend_from_slice(b"}]");
+        if let Some(blocks) = &self.content {
+            out.extend_from_slice(b"{\"content\":");
+            let _ = serde_json::to_writer(&mut *out, blocks);
+        } else {
+            out.extend_from_slice(b"{\"content\":[{\"type\":\"text\",\"text\":");
+            let _ = serde_json::to_writer(&mut *out, &self.text);
+            out.extend_from_slice(b"}]");
+        }
         if let Some(s) = &self.structured {
             out.extend_from_slice(b",\"structuredContent\":");
             let _ = serde_json::to_writer(&mut *out, s);
@@ -97,6 +107,7 @@ impl Executor {
                 Ok(text) => ToolOutput::text(text),
                 Err(e) => ToolOutput::error(e.to_string()),
             }),
+            CompiledHandler::Content(blocks) => Some(content::run(blocks, args)),
             _ => None,
         }
     }
@@ -136,7 +147,9 @@ impl Executor {
                     pipeline::run(self, snap, steps, args, depth, budget).await
                 }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
-                CompiledHandler::Template(_) => unreachable!("templates run synchronously"),
+                CompiledHandler::Template(_) | CompiledHandler::Content(_) => {
+                    unreachable!("templates and content run synchronously")
+                }
             }
         })
     }
