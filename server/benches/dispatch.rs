@@ -86,6 +86,7 @@ const LIST: &[u8] = br#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#;
 const CTX: Ctx<'static> = Ctx {
     session: "",
     version: "2025-11-25",
+    stream: false,
 };
 
 /// Polls a future that completes without waiting (builtins, templates, lists) exactly once,

@@ -18,13 +18,15 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ResourceKind, Role};
+use crate::config::{LogLevel, ResourceKind, Role};
 use crate::handlers::{Executor, ToolOutput, check_output};
 use crate::metrics::{Metrics, Refusal, method_index};
+use crate::peer::{CallCtx, Peer, Pending};
 use crate::protocol::{
     self, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RESOURCE_NOT_FOUND,
 };
 use crate::registry::{ListKind, Registry, Snapshot};
+use crate::session::{ClientCaps, Sessions};
 use crate::template::Budget;
 
 /// A JSON-RPC message as received: every field borrowed from the request bytes.
@@ -55,6 +57,15 @@ struct CallParams<'a> {
     name: Cow<'a, str>,
     #[serde(default)]
     arguments: Option<Value>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<CallMeta<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CallMeta<'a> {
+    #[serde(borrow, default)]
+    progress_token: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -68,6 +79,53 @@ struct CursorParams<'a> {
 struct InitializeParams<'a> {
     #[serde(borrow)]
     protocol_version: Cow<'a, str>,
+    #[serde(default)]
+    capabilities: Option<ClientCapsParams>,
+}
+
+/// The parts of a client's capabilities this server acts on (present means supported).
+#[derive(Deserialize, Default)]
+struct ClientCapsParams {
+    #[serde(default, deserialize_with = "present_any")]
+    sampling: bool,
+    #[serde(default, deserialize_with = "present_any")]
+    elicitation: bool,
+}
+
+fn present_any<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+}
+
+#[derive(Deserialize)]
+struct LevelParams<'a> {
+    #[serde(borrow)]
+    level: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct CompleteParams<'a> {
+    #[serde(borrow, rename = "ref")]
+    reference: CompleteRef<'a>,
+    #[serde(borrow)]
+    argument: CompleteArgument<'a>,
+}
+
+#[derive(Deserialize)]
+struct CompleteRef<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    uri: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct CompleteArgument<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow)]
+    value: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
@@ -100,6 +158,11 @@ pub struct Ctx<'a> {
     pub session: &'a str,
     /// Protocol revision in force for this message.
     pub version: &'a str,
+    /// The transport can stream the answer: a slow tool call is handed back as
+    /// [`Handled::deferred`] for [`Server::run_deferred`], which can reach the client while the
+    /// call runs (progress, log messages, sampling, elicitation). Otherwise it runs here,
+    /// unable to reach the client.
+    pub stream: bool,
 }
 
 /// What dispatch produced.
@@ -109,6 +172,10 @@ pub struct Handled {
     pub body: Option<Vec<u8>>,
     /// True when the input was a successful `initialize` (the transport may open a session).
     pub initialized: bool,
+    /// What the client of a successful `initialize` can do.
+    pub client: ClientCaps,
+    /// A slow tool call left for the transport to run (see [`Ctx::stream`]).
+    pub deferred: Option<Deferred>,
     /// The input could not be read as a request at all (parse error, invalid request without
     /// a usable id): HTTP answers 400 with the JSON-RPC error as body.
     pub malformed: bool,
@@ -166,7 +233,11 @@ pub struct Server {
     pub metrics: Arc<Metrics>,
     /// Runs tools.
     pub exec: Executor,
-    events: broadcast::Sender<Arc<str>>,
+    events: broadcast::Sender<Arc<Event>>,
+    /// What the server remembers per session.
+    pub sessions: Sessions,
+    /// Requests sent to clients, waiting for answers.
+    pub pending: Pending,
     cancels: Mutex<CancelMap>,
     next_call: AtomicU64,
     limits: Limits,
@@ -186,6 +257,8 @@ impl Server {
             metrics,
             exec: Executor::new(),
             events,
+            sessions: Sessions::default(),
+            pending: Pending::default(),
             cancels: Mutex::new(FxHashMap::default()),
             next_call: AtomicU64::new(0),
             limits,
@@ -203,13 +276,16 @@ impl Server {
     }
 
     /// Subscribes to server-to-client notifications (serialized JSON-RPC messages).
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.events.subscribe()
     }
 
     /// Sends a notification to every open stream.
     pub fn notify(&self, method: &str) {
-        let _ = self.events.send(protocol::notification(method).into());
+        let _ = self.events.send(Arc::new(Event {
+            session: None,
+            message: protocol::notification(method).into(),
+        }));
     }
 
     /// Handles one transport message: a single JSON-RPC message, or a batch when `batches` is
@@ -261,9 +337,15 @@ impl Server {
         let mut out = Vec::from(&b"["[..]);
         let mut any = false;
         let mut initialized = false;
+        let mut client = ClientCaps::default();
+        // Calls in a batch run here, one after another: a batch answer is one JSON array.
+        let ctx = Ctx { stream: false, ..ctx };
         for item in items {
             let h = Box::pin(self.message(item.get().as_bytes(), ctx, Some(deadline))).await;
             initialized |= h.initialized;
+            if h.initialized {
+                client = h.client;
+            }
             if let Some(b) = h.body {
                 if any {
                     out.push(b',');
@@ -283,7 +365,8 @@ impl Server {
                         ),
                     )),
                     initialized,
-                    malformed: false,
+                    client,
+                    ..Handled::default()
                 };
             }
         }
@@ -291,6 +374,7 @@ impl Server {
         Handled {
             body: any.then_some(out),
             initialized,
+            client,
             ..Handled::default()
         }
     }
@@ -359,8 +443,12 @@ impl Server {
             };
         }
         let Some(method) = msg.method.as_deref() else {
-            if msg.id.is_some() && (msg.result.is_some() || msg.error.is_some()) {
-                // A response to a server request; this server sends none, so there is nothing to match.
+            if let Some(id) = msg.id
+                && (msg.result.is_some() || msg.error.is_some())
+            {
+                // The answer to a request this server sent (sampling, elicitation). Answers
+                // match only requests of the same session; anything else is dropped.
+                self.pending.answer(ctx.session, id, msg.result, msg.error);
                 self.metrics.record(method_index("response"), 0, start.elapsed());
                 return Handled::default();
             }
@@ -391,12 +479,26 @@ impl Server {
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
         let mut initialized = false;
+        let mut client = ClientCaps::default();
         let result = match method {
-            "tools/call" => self.call_tool(msg.params, id, ctx, deadline, &mut out).await,
+            "tools/call" => match self
+                .call_tool(msg.params, id, ctx, deadline, start, &mut out)
+                .await
+            {
+                Ok(Some(d)) => {
+                    return Handled {
+                        deferred: Some(d),
+                        ..Handled::default()
+                    };
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            },
             "tools/list" => self.list(ListKind::Tools, msg.params, id, &mut out),
-            "initialize" => self
-                .initialize(msg.params, id, &mut out)
-                .map(|()| initialized = true),
+            "initialize" => self.initialize(msg.params, id, &mut out).map(|caps| {
+                initialized = true;
+                client = caps;
+            }),
             "ping" => {
                 protocol::write_result(&mut out, id, b"{}");
                 Ok(())
@@ -406,9 +508,32 @@ impl Server {
             "resources/read" => self.read_resource(msg.params, id, &mut out),
             "prompts/list" => self.list(ListKind::Prompts, msg.params, id, &mut out),
             "prompts/get" => self.get_prompt(msg.params, id, &mut out),
+            "completion/complete" => self.complete(msg.params, id, &mut out),
+            "logging/setLevel" => self.set_level(msg.params, id, ctx, &mut out),
+            "resources/subscribe" => self.subscription(msg.params, id, ctx, true, &mut out),
+            "resources/unsubscribe" => self.subscription(msg.params, id, ctx, false, &mut out),
             other => fail(METHOD_NOT_FOUND, format!("Method not found: {other}")),
         };
         drop(inflight);
+        self.finish(method, id, result, &mut out, start);
+        Handled {
+            body: Some(out),
+            initialized,
+            client,
+            ..Handled::default()
+        }
+    }
+
+    /// Bounds the answer's size, turns a failure into its JSON-RPC error, and records the
+    /// message's metrics.
+    fn finish(
+        &self,
+        method: &str,
+        id: &RawValue,
+        result: Result<(), Failure>,
+        out: &mut Vec<u8>,
+        start: Instant,
+    ) {
         let result = match result {
             Ok(()) if out.len() > self.limits.max_response_bytes => {
                 self.metrics.refused(Refusal::ResponseBytes);
@@ -428,17 +553,46 @@ impl Server {
             Err((code, message)) => {
                 out.clear();
                 out.shrink_to(256);
-                protocol::write_error(&mut out, Some(id), code, &message, None);
+                protocol::write_error(out, Some(id), code, &message, None);
                 outcome_index(code)
             }
         };
         self.metrics
             .record(method_index(method), outcome, start.elapsed());
-        Handled {
-            body: Some(out),
-            initialized,
-            malformed: false,
-        }
+    }
+
+    /// Runs a slow tool call that [`Server::handle`] handed back (see [`Ctx::stream`]),
+    /// reaching the client through `peer`. Returns the response, or `None` when the client
+    /// cancelled the call (a cancelled request gets no response).
+    pub async fn run_deferred(&self, d: Deferred, session: &str, peer: Option<&Peer>) -> Option<Vec<u8>> {
+        let inflight = InflightGuard::enter(&self.metrics.inflight);
+        let cx = CallCtx {
+            session,
+            peer,
+            progress_token: d.progress.as_deref(),
+            level: self.sessions.level(session),
+            caps: self.sessions.caps(session),
+            pending: Some(&self.pending),
+            dropped: Some(&self.metrics.peer_dropped),
+        };
+        let result = self
+            .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
+            .await;
+        drop(inflight);
+        let Some(o) = result else {
+            self.metrics.record(
+                method_index("tools/call"),
+                outcome_index(protocol::REQUEST_CANCELLED),
+                d.start.elapsed(),
+            );
+            return None;
+        };
+        let o = check_output(&d.snap, d.index, o);
+        let mut out = Vec::with_capacity(256);
+        write_tool_result(&mut out, &d.id, &o);
+        observe(&d.snap.tools[d.index], &o, d.start);
+        self.finish("tools/call", &d.id, Ok(()), &mut out, d.start);
+        Some(out)
     }
 
     fn on_notification(&self, method: &str, params: Option<&RawValue>, ctx: Ctx<'_>) {
@@ -455,10 +609,128 @@ impl Server {
         }
     }
 
-    fn initialize(&self, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<(), Failure> {
+    fn initialize(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        out: &mut Vec<u8>,
+    ) -> Result<ClientCaps, Failure> {
         let p: InitializeParams<'_> = parse_params(params)?;
         let version = protocol::supported(&p.protocol_version).unwrap_or(protocol::LATEST_VERSION);
         protocol::write_result(out, id, self.registry.load().initialize_result(version));
+        let caps = p.capabilities.unwrap_or_default();
+        Ok(ClientCaps {
+            sampling: caps.sampling,
+            elicitation: caps.elicitation,
+        })
+    }
+
+    fn set_level(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        ctx: Ctx<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
+        let p: LevelParams<'_> = parse_params(params)?;
+        let Some(level) = LogLevel::parse(&p.level) else {
+            return fail(
+                INVALID_PARAMS,
+                format!(
+                    "Invalid params: unknown level `{}` (one of debug, info, notice, warning, error, critical, alert, emergency)",
+                    p.level.chars().take(64).collect::<String>()
+                ),
+            );
+        };
+        // Without a session there is nowhere to keep the level: such a client gets `info`.
+        self.sessions.set_level(ctx.session, level);
+        protocol::write_result(out, id, b"{}");
+        Ok(())
+    }
+
+    fn subscription(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        ctx: Ctx<'_>,
+        on: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
+        let p: ReadParams<'_> = parse_params(params)?;
+        if on {
+            if resource_contents(&self.registry.load(), &p.uri).is_none() {
+                return fail(RESOURCE_NOT_FOUND, format!("Resource not found: {}", p.uri));
+            }
+            self.sessions
+                .subscribe(ctx.session, &p.uri)
+                .or_else(|e| fail(INVALID_PARAMS, e.to_string()))?;
+        } else {
+            self.sessions.unsubscribe(ctx.session, &p.uri);
+        }
+        protocol::write_result(out, id, b"{}");
+        Ok(())
+    }
+
+    /// Tells every session subscribed to a resource whose contents differ between `old` and
+    /// `new` (or that is gone) with `notifications/resources/updated`.
+    pub fn resources_updated(&self, old: &Snapshot, new: &Snapshot) {
+        for (session, uri) in self.sessions.subscriptions() {
+            let before = resource_contents(old, &uri);
+            let after = resource_contents(new, &uri);
+            if before != after {
+                let msg = serde_json::to_string(&json!({
+                    "jsonrpc": "2.0",
+                    "method": "notifications/resources/updated",
+                    "params": {"uri": &*uri},
+                }))
+                .unwrap_or_default();
+                let _ = self.events.send(Arc::new(Event {
+                    session: Some(session),
+                    message: msg.into(),
+                }));
+            }
+        }
+    }
+
+    fn complete(&self, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<(), Failure> {
+        let p: CompleteParams<'_> = parse_params(params)?;
+        let snap = self.registry.load();
+        let values = match (&*p.reference.kind, &p.reference.name, &p.reference.uri) {
+            ("ref/prompt", Some(name), _) => {
+                let Some(i) = snap.prompt_index(name) else {
+                    return fail(INVALID_PARAMS, format!("Unknown prompt: {name}"));
+                };
+                snap.config.prompts[i].values.get(&*p.argument.name)
+            }
+            ("ref/resource", _, Some(uri)) => {
+                let Some(r) = snap.config.resources.iter().find(|r| match &r.kind {
+                    ResourceKind::Templated { pattern, .. } => pattern.source() == uri.as_ref(),
+                    ResourceKind::Static { uri: u, .. } => u == uri.as_ref(),
+                }) else {
+                    return fail(RESOURCE_NOT_FOUND, format!("Resource not found: {uri}"));
+                };
+                r.values.get(&*p.argument.name)
+            }
+            _ => {
+                return fail(
+                    INVALID_PARAMS,
+                    "Invalid params: `ref` must be {type: ref/prompt, name} or {type: ref/resource, uri}",
+                );
+            }
+        };
+        let prefix = p.argument.value.to_lowercase();
+        let matching: Vec<&String> = values
+            .into_iter()
+            .flatten()
+            .filter(|v| v.to_lowercase().starts_with(&prefix))
+            .collect();
+        let shown = &matching[..matching.len().min(MAX_COMPLETIONS)];
+        let result = json!({"completion": {
+            "values": shown,
+            "total": matching.len(),
+            "hasMore": matching.len() > shown.len(),
+        }});
+        protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(())
     }
 
@@ -492,8 +764,9 @@ impl Server {
         id: &RawValue,
         ctx: Ctx<'_>,
         deadline: Option<Instant>,
+        received: Instant,
         out: &mut Vec<u8>,
-    ) -> Result<(), Failure> {
+    ) -> Result<Option<Deferred>, Failure> {
         let p: CallParams<'_> = parse_params(params)?;
         let guard = self.registry.load();
         let Some(index) = guard.tool_index(&p.name) else {
@@ -516,7 +789,7 @@ impl Server {
             );
             write_tool_result(out, id, &ToolOutput::error(text));
             tool.metrics.invalid_arguments.observe(start.elapsed());
-            return Ok(());
+            return Ok(None);
         }
         let output = match self.exec.run_now(&guard, index, &args) {
             Some(o) => o,
@@ -524,14 +797,30 @@ impl Server {
                 // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and
                 // make the call cancellable by `notifications/cancelled`.
                 let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
-                let result = self.run_cancellable(&snap, index, args, ctx, id, deadline).await;
+                if ctx.stream {
+                    return Ok(Some(Deferred {
+                        snap,
+                        index,
+                        args,
+                        id: id.to_owned(),
+                        progress: p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
+                        start: received,
+                    }));
+                }
+                let cx = CallCtx {
+                    session: ctx.session,
+                    ..CallCtx::DETACHED
+                };
+                let result = self
+                    .run_cancellable(&snap, index, args, ctx.session, id, deadline, &cx)
+                    .await;
                 let tool = &snap.tools[index];
                 return match result {
                     Some(o) => {
                         let o = check_output(&snap, index, o);
                         write_tool_result(out, id, &o);
                         observe(tool, &o, start);
-                        Ok(())
+                        Ok(None)
                     }
                     None => fail(protocol::REQUEST_CANCELLED, "Request cancelled"),
                 };
@@ -540,25 +829,27 @@ impl Server {
         let output = check_output(&guard, index, output);
         write_tool_result(out, id, &output);
         observe(tool, &output, start);
-        Ok(())
+        Ok(None)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_cancellable(
         &self,
         snap: &Snapshot,
         index: usize,
         args: Value,
-        ctx: Ctx<'_>,
+        session: &str,
         id: &RawValue,
         deadline: Option<Instant>,
+        cx: &CallCtx<'_>,
     ) -> Option<ToolOutput> {
         let token = CancellationToken::new();
         // Unregistered on drop, also when the request future is dropped (client gone).
-        let _entry = (!ctx.session.is_empty()).then(|| self.register_cancel(ctx.session, id, &token));
+        let _entry = (!session.is_empty()).then(|| self.register_cancel(session, id, &token));
         let limit = self.limits.request_timeout;
         let deadline = deadline.unwrap_or_else(|| Instant::now() + limit);
         tokio::select! {
-            o = self.exec.run(snap, index, args, 0) => Some(o),
+            o = self.exec.run(snap, index, args, 0, cx) => Some(o),
             () = token.cancelled() => None,
             () = tokio::time::sleep_until(deadline.into()) => {
                 self.metrics.refused(Refusal::RequestTimeout);
@@ -591,20 +882,7 @@ impl Server {
     ) -> Result<(), Failure> {
         let p: ReadParams<'_> = parse_params(params)?;
         let snap = self.registry.load();
-        let resources = &snap.config.resources;
-        let found = snap.static_resource(&p.uri).map(|i| match &resources[i].kind {
-            ResourceKind::Static { text, blob, .. } => (Ok(text.clone()), *blob, &resources[i].mime_type),
-            ResourceKind::Templated { .. } => unreachable!("static index"),
-        });
-        let found = found.or_else(|| {
-            resources.iter().find_map(|r| match &r.kind {
-                ResourceKind::Templated { pattern, text, blob } => pattern
-                    .matches(&p.uri)
-                    .map(|vars| (text.render(&vars), *blob, &r.mime_type)),
-                ResourceKind::Static { .. } => None,
-            })
-        });
-        let Some((text, blob, mime)) = found else {
+        let Some((text, blob, mime)) = resource_contents(&snap, &p.uri) else {
             return fail(RESOURCE_NOT_FOUND, format!("Resource not found: {}", p.uri));
         };
         let text = text.or_else(|e| fail(INVALID_PARAMS, format!("Resource {}: {e}", p.uri)))?;
@@ -665,6 +943,58 @@ impl Server {
         }
         protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(())
+    }
+}
+
+/// Most values one `completion/complete` answer lists (the protocol's limit).
+const MAX_COMPLETIONS: usize = 100;
+
+/// A resource's contents: the text (base64 when the flag says blob, or why it could not be
+/// rendered) and its MIME type; `None` when no resource has the URI.
+fn resource_contents<'s>(snap: &'s Snapshot, uri: &str) -> Option<(Result<String, String>, bool, &'s str)> {
+    let resources = &snap.config.resources;
+    if let Some(i) = snap.static_resource(uri)
+        && let ResourceKind::Static { text, blob, .. } = &resources[i].kind
+    {
+        return Some((Ok(text.clone()), *blob, &resources[i].mime_type));
+    }
+    resources.iter().find_map(|r| match &r.kind {
+        ResourceKind::Templated { pattern, text, blob } => pattern.matches(uri).map(|vars| {
+            (
+                text.render(&vars).map_err(|e| e.to_string()),
+                *blob,
+                r.mime_type.as_str(),
+            )
+        }),
+        ResourceKind::Static { .. } => None,
+    })
+}
+
+/// A slow tool call handed back to the transport (see [`Ctx::stream`]): everything it needs,
+/// owned, so the transport can run it where it streams the answer.
+#[derive(Debug)]
+pub struct Deferred {
+    snap: Arc<Snapshot>,
+    index: usize,
+    args: Value,
+    id: Box<RawValue>,
+    progress: Option<Box<RawValue>>,
+    start: Instant,
+}
+
+/// A server-to-client notification for the open streams.
+#[derive(Debug)]
+pub struct Event {
+    /// The session whose streams get it; `None`: every stream.
+    pub session: Option<Box<str>>,
+    /// The serialized JSON-RPC notification.
+    pub message: Box<str>,
+}
+
+impl Event {
+    /// Whether a stream of `session` should carry this event.
+    pub fn is_for(&self, session: &str) -> bool {
+        self.session.as_deref().is_none_or(|s| s == session)
     }
 }
 

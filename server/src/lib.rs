@@ -22,11 +22,15 @@ pub mod handlers;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]
+pub mod peer;
+#[cfg(feature = "runtime")]
 pub mod protocol;
 #[cfg(feature = "runtime")]
 pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod reload;
+#[cfg(feature = "runtime")]
+pub mod session;
 #[cfg(feature = "runtime")]
 pub mod transport;
 #[cfg(feature = "runtime")]

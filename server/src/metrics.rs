@@ -244,7 +244,7 @@ impl Refusal {
 }
 
 /// The methods with their own series; everything else is `other`.
-pub const METHODS: [&str; 14] = [
+pub const METHODS: [&str; 18] = [
     "initialize",
     "ping",
     "tools/list",
@@ -254,6 +254,10 @@ pub const METHODS: [&str; 14] = [
     "resources/read",
     "prompts/list",
     "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
     "notification",
     "response",
     "invalid",
@@ -310,6 +314,8 @@ pub struct Metrics {
     pub streams: Gauge<i64, AtomicI64>,
     /// Open connections on the MCP port.
     pub connections: Gauge<i64, AtomicI64>,
+    /// Notifications to a client dropped because it read too slowly.
+    pub peer_dropped: Counter,
     refusals: Vec<Counter>,
 }
 
@@ -400,6 +406,12 @@ impl Metrics {
             "Open connections on the MCP port",
             connections.clone(),
         );
+        let peer_dropped = Counter::default();
+        root.register(
+            "peer_messages_dropped",
+            "Progress and log notifications dropped because the client read too slowly",
+            peer_dropped.clone(),
+        );
         let refusals_family = Family::<RefusalLabels, Counter>::default();
         root.register(
             "refusals",
@@ -448,6 +460,7 @@ impl Metrics {
             reload_duration,
             streams,
             connections,
+            peer_dropped,
             refusals,
         })
     }

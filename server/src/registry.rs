@@ -122,8 +122,10 @@ impl Snapshot {
                     "protocolVersion": v,
                     "capabilities": {
                         "tools": {"listChanged": true},
-                        "resources": {"listChanged": true},
+                        "resources": {"listChanged": true, "subscribe": true},
                         "prompts": {"listChanged": true},
+                        "logging": {},
+                        "completions": {},
                     },
                     "serverInfo": info,
                 });

@@ -457,6 +457,7 @@ fn check_message(
     let ctx = Ctx {
         session: "s",
         version: "2025-03-26",
+        stream: false,
     };
     let handled = rt.block_on(server.handle(body, ctx, batches));
     let Some(out) = handled.body else {

@@ -1,13 +1,14 @@
 //! Validation and compilation of a ToolSet: one pass that either reports every problem
 //! with its path or yields the compiled form the registry serves from.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
 use super::content::{self, Content};
-use super::{API_VERSION, ConfigError, Handler, KIND, Problem, Role, ToolSet, parse_duration};
+use super::{API_VERSION, ConfigError, Handler, KIND, LogLevel, Problem, Role, ToolSet, parse_duration};
 use crate::schema::{Schema, expand_shorthand};
 use crate::template::{JsonTemplate, Template, depth};
 
@@ -73,6 +74,8 @@ pub enum CompiledHandler {
     Pipeline(Vec<Step>),
     /// Content blocks rendered from the arguments.
     Content(Vec<Content>),
+    /// A tool error whose message is rendered from the arguments.
+    Error(Template),
 }
 
 /// A compiled HTTP handler.
@@ -130,6 +133,8 @@ pub struct Step {
     pub tool: usize,
     /// Argument template; `None` passes the pipeline's arguments.
     pub input: Option<JsonTemplate>,
+    /// A log message sent to the client as the step starts, and its level.
+    pub log: Option<(LogLevel, Template)>,
 }
 
 /// Built-in functions.
@@ -215,6 +220,8 @@ pub struct CompiledResource {
     pub mime_type: String,
     /// Fixed or templated.
     pub kind: ResourceKind,
+    /// Values `completion/complete` offers for a URI template's variables.
+    pub values: BTreeMap<String, Vec<String>>,
 }
 
 /// Whether a resource has a fixed URI or a URI template.
@@ -244,6 +251,7 @@ pub enum ResourceKind {
 #[derive(Debug, Clone)]
 pub struct UriPattern {
     parts: Vec<(bool, String)>,
+    source: String,
 }
 
 impl UriPattern {
@@ -270,10 +278,18 @@ impl UriPattern {
         if !rest.is_empty() {
             parts.push((false, rest.to_owned()));
         }
-        Ok(Self { parts })
+        Ok(Self {
+            parts,
+            source: src.to_owned(),
+        })
     }
 
-    /// The variable names.
+    /// The template as written.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The template's variable names, in order.
     pub fn variables(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter(|(v, _)| *v).map(|(_, n)| n.as_str())
     }
@@ -337,6 +353,8 @@ pub struct CompiledPrompt {
     pub messages: Vec<(Role, Content)>,
     /// Prompt description for `prompts/get`.
     pub description: Option<String>,
+    /// Values `completion/complete` offers, by argument name.
+    pub values: BTreeMap<String, Vec<String>>,
 }
 
 pub(super) struct Problems(Vec<Problem>);
@@ -660,6 +678,13 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 }
                 CompiledHandler::Template(tpl.unwrap_or_else(Template::empty))
             }
+            Handler::Error(src) => {
+                let tpl = template(src, &format!("{hat}.error"), &mut p);
+                if let Some(tpl) = &tpl {
+                    check_template(tpl, &names, &format!("{hat}.error"), &mut p);
+                }
+                CompiledHandler::Error(tpl.unwrap_or_else(Template::empty))
+            }
             Handler::Content(blocks) => {
                 if blocks.is_empty() {
                     p.push(format!("{hat}.content"), "must have at least one block");
@@ -816,7 +841,28 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         }
                         Some(jt)
                     });
-                    out.push(Step { tool: target, input });
+                    let log = s.log.as_ref().and_then(|src| {
+                        let at = format!("{sp}.log");
+                        let t = template(src, &at, &mut p)?;
+                        check_template(
+                            &t,
+                            &Names {
+                                props: names.props.clone(),
+                                steps: Some(j),
+                            },
+                            &at,
+                            &mut p,
+                        );
+                        Some((s.log_level.unwrap_or_default(), t))
+                    });
+                    if s.log.is_none() && s.log_level.is_some() {
+                        p.push(format!("{sp}.logLevel"), "is set but `log` is not");
+                    }
+                    out.push(Step {
+                        tool: target,
+                        input,
+                        log,
+                    });
                 }
                 CompiledHandler::Pipeline(out)
             }
@@ -1089,10 +1135,23 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
             d.insert("description".into(), Value::String(t.clone()));
         }
         d.insert("mimeType".into(), Value::String(mime_type.clone()));
+        for var in r.values.keys() {
+            let known = match &kind {
+                ResourceKind::Templated { pattern, .. } => pattern.variables().any(|v| v == var),
+                ResourceKind::Static { .. } => false,
+            };
+            if !known {
+                p.push(
+                    format!("{at}.values.{var}"),
+                    "names no variable of the resource's `uriTemplate`",
+                );
+            }
+        }
         out.push(CompiledResource {
             descriptor: Value::Object(d),
             mime_type,
             kind,
+            values: r.values.clone(),
         });
     }
     out
@@ -1139,6 +1198,12 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         let mut d = serde_json::to_value(pr).unwrap_or_default();
         if let Some(o) = d.as_object_mut() {
             o.remove("messages");
+            // Completion values are served by completion/complete, not listed.
+            if let Some(Value::Array(a)) = o.get_mut("arguments") {
+                for arg in a.iter_mut().filter_map(Value::as_object_mut) {
+                    arg.remove("values");
+                }
+            }
         }
         out.push(CompiledPrompt {
             name: pr.name.clone(),
@@ -1152,6 +1217,12 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
             arguments: args.iter().map(|s| (*s).to_owned()).collect(),
             messages,
             description: pr.description.clone(),
+            values: pr
+                .arguments
+                .iter()
+                .filter(|a| !a.values.is_empty())
+                .map(|a| (a.name.clone(), a.values.clone()))
+                .collect(),
         });
     }
     out

@@ -178,6 +178,9 @@ pub enum Handler {
     /// Content blocks (text, image, audio, embedded resource, resource link) whose strings are
     /// templates over the arguments: a result that is more than one text block.
     Content(Vec<ContentSpec>),
+    /// Always fails with this message (a template over the arguments), e.g. a retired tool
+    /// that tells the model what to use instead.
+    Error(String),
 }
 
 /// One block of MCP content. Every string in it is a template over the arguments (of the
@@ -317,6 +320,14 @@ pub struct PipelineStep {
     )]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub input: Option<Value>,
+    /// A log message sent to the client (`notifications/message`) as the step starts: a
+    /// template over the pipeline's arguments and earlier steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// Level of `log` (default `info`); clients choose the least severe level they receive
+    /// with `logging/setLevel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<LogLevel>,
 }
 
 /// A resource: a fixed `uri`, or a `uriTemplate` whose `{var}`s fill the text (or blob)
@@ -348,6 +359,9 @@ pub struct ResourceSpec {
     /// Binary contents as base64 (a template, like `text`). Exclusive with `text`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blob: Option<String>,
+    /// Values `completion/complete` suggests for the URI template's variables (not enforced).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub values: BTreeMap<String, Vec<String>>,
 }
 
 /// A prompt template.
@@ -381,6 +395,9 @@ pub struct PromptArgument {
     /// Whether `prompts/get` must supply it.
     #[serde(default)]
     pub required: bool,
+    /// Values `completion/complete` suggests for it (not enforced).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
 }
 
 /// Who speaks a prompt message.
@@ -391,6 +408,62 @@ pub enum Role {
     User,
     /// The assistant.
     Assistant,
+}
+
+/// RFC 5424 severities, as MCP `logging/setLevel` names them, least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// `debug`
+    Debug,
+    /// `info` (the default)
+    #[default]
+    Info,
+    /// `notice`
+    Notice,
+    /// `warning`
+    Warning,
+    /// `error`
+    Error,
+    /// `critical`
+    Critical,
+    /// `alert`
+    Alert,
+    /// `emergency`
+    Emergency,
+}
+
+impl LogLevel {
+    /// Every level, least severe first.
+    pub const ALL: [Self; 8] = [
+        Self::Debug,
+        Self::Info,
+        Self::Notice,
+        Self::Warning,
+        Self::Error,
+        Self::Critical,
+        Self::Alert,
+        Self::Emergency,
+    ];
+
+    /// The level named `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+
+    /// The protocol's name of the level.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Notice => "notice",
+            Self::Warning => "warning",
+            Self::Error => "error",
+            Self::Critical => "critical",
+            Self::Alert => "alert",
+            Self::Emergency => "emergency",
+        }
+    }
 }
 
 /// A prompt message.

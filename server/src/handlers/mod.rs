@@ -17,6 +17,7 @@ use serde_json::Value;
 pub use self::http::HttpClient;
 pub use self::process::start_reaper;
 use crate::config::{Builtin, CompiledHandler};
+use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 
 /// The result of a tool call (MCP `CallToolResult`): one text block (or rich content blocks),
@@ -108,13 +109,24 @@ impl Executor {
                 Err(e) => ToolOutput::error(e.to_string()),
             }),
             CompiledHandler::Content(blocks) => Some(content::run(blocks, args)),
+            CompiledHandler::Error(t) => Some(ToolOutput::error(match t.render(args) {
+                Ok(text) => text,
+                Err(e) => e.to_string(),
+            })),
             _ => None,
         }
     }
 
-    /// Runs a tool whose arguments have been validated.
-    pub fn run<'a>(&'a self, snap: &'a Snapshot, tool: usize, args: Value, depth: usize) -> OutputFuture<'a> {
-        self.run_within(snap, tool, args, depth, None)
+    /// Runs a tool whose arguments have been validated; `cx` reaches the caller's client.
+    pub fn run<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a> {
+        self.run_within(snap, tool, args, depth, None, cx)
     }
 
     /// Runs a tool as a step of a pipeline call, which shares one [`pipeline::Budget`]
@@ -126,6 +138,7 @@ impl Executor {
         args: Value,
         depth: usize,
         budget: Option<&'a pipeline::Budget>,
+        cx: &'a CallCtx<'a>,
     ) -> OutputFuture<'a> {
         Box::pin(async move {
             if let Some(out) = self.run_now(snap, tool, &args) {
@@ -144,11 +157,11 @@ impl Executor {
                             &fresh
                         }
                     };
-                    pipeline::run(self, snap, steps, args, depth, budget).await
+                    pipeline::run(self, snap, steps, args, depth, budget, cx).await
                 }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
-                CompiledHandler::Template(_) | CompiledHandler::Content(_) => {
-                    unreachable!("templates and content run synchronously")
+                CompiledHandler::Template(_) | CompiledHandler::Content(_) | CompiledHandler::Error(_) => {
+                    unreachable!("templates, content and errors run synchronously")
                 }
             }
         })

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{Executor, ToolOutput};
 use crate::config::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
+use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 use crate::template::{Scope, approx_size};
 
@@ -66,7 +67,11 @@ pub async fn run(
     args: Value,
     depth: usize,
     budget: &Budget,
+    cx: &CallCtx<'_>,
 ) -> ToolOutput {
+    // Progress counts this pipeline's own steps (a nested pipeline reports none of its own).
+    let total = steps.len() as u64;
+    let report = depth == 0;
     let mut done = Value::Array(Vec::with_capacity(steps.len()));
     let mut last = ToolOutput::text("");
     for (i, step) in steps.iter().enumerate() {
@@ -76,6 +81,18 @@ pub async fn run(
                 "step {i} ({}): the call ran {MAX_STEPS} steps, the most one call may run",
                 tool.def.name
             ));
+        }
+        if report {
+            cx.progress(i as u64, Some(total), Some(&tool.def.name));
+        }
+        if let Some((level, message)) = &step.log {
+            match message.render(&PipelineScope {
+                args: &args,
+                steps: &done,
+            }) {
+                Ok(text) => cx.log(*level, &snap.tools[step.tool].def.name, &text),
+                Err(e) => return ToolOutput::error(format!("step {i} ({}): log: {e}", tool.def.name)),
+            }
         }
         // Let other requests run, and let a cancelled or timed-out call stop here.
         tokio::task::yield_now().await;
@@ -99,7 +116,7 @@ pub async fn run(
             ));
         }
         let out = exec
-            .run_within(snap, step.tool, input, depth + 1, Some(budget))
+            .run_within(snap, step.tool, input, depth + 1, Some(budget), cx)
             .await;
         if out.is_error {
             return ToolOutput::error(format!("step {i} ({}) failed: {}", tool.def.name, out.text));
@@ -119,6 +136,9 @@ pub async fn run(
             a.push(Value::Object(record));
         }
         last = out;
+    }
+    if report {
+        cx.progress(total, Some(total), None);
     }
     last
 }

@@ -142,6 +142,7 @@ impl Reloader {
             self.server.notify("notifications/tools/list_changed");
             if resources_changed {
                 self.server.notify("notifications/resources/list_changed");
+                self.server.resources_updated(&prev, &next);
             }
             if prompts_changed {
                 self.server.notify("notifications/prompts/list_changed");

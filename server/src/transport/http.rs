@@ -1,5 +1,7 @@
-//! MCP Streamable HTTP at `/mcp`: POST answers with `application/json`, GET opens the
-//! server-to-client SSE stream (`notifications/*/list_changed`), DELETE ends a session.
+//! MCP Streamable HTTP at `/mcp`: POST answers with `application/json`, or with an SSE stream
+//! when a tool call sends the client something before its result (progress, log messages,
+//! sampling and elicitation requests); GET opens the server-to-client SSE stream
+//! (`notifications/*/list_changed`, `notifications/resources/updated`); DELETE ends a session.
 //!
 //! Stateless by default: a session id is issued on `initialize` (clients need one to open
 //! the GET stream) but no request depends on server-side session state, so any replica can
@@ -19,16 +21,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rustc_hash::FxHashMap;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::limits::Load;
 use super::sessions::EndedSessions;
-use crate::dispatch::{Ctx, Server};
+use crate::dispatch::{Ctx, Deferred, Server};
 use crate::metrics::Refusal;
+use crate::peer::Peer;
 use crate::protocol::{self, INVALID_REQUEST};
 
 /// Session id header.
@@ -415,8 +419,19 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         )
         .for_body(&body);
     };
-    let ctx = Ctx { session, version };
+    let ctx = Ctx {
+        session,
+        version,
+        stream: true,
+    };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
+    if let Some(d) = handled.deferred {
+        // The call holds its place in the in-flight gate until it ends, also when that is
+        // after this handler returned (a streamed answer).
+        std::mem::forget(_pass);
+        let held = HeldPass(state.load.clone());
+        return answer_call(state.server.clone(), session.to_owned(), d, held).await;
+    }
     let Some(out) = handled.body else {
         return StatusCode::ACCEPTED.into_response();
     };
@@ -431,16 +446,89 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         out,
     )
         .into_response();
-    if handled.initialized
-        && let Ok(v) = HeaderValue::from_str(&if session.is_empty() {
+    if handled.initialized {
+        let id = if session.is_empty() {
             new_session_id()
         } else {
             session.to_owned()
-        })
-    {
-        resp.headers_mut().insert(SESSION_HEADER, v);
+        };
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            state.server.sessions.open(&id, handled.client);
+            resp.headers_mut().insert(SESSION_HEADER, v);
+        }
     }
     resp
+}
+
+/// A place in the in-flight gate held by a call that may outlive its handler.
+struct HeldPass(Arc<Load>);
+
+impl Drop for HeldPass {
+    fn drop(&mut self) {
+        self.0.inflight.release();
+    }
+}
+
+/// Runs a slow tool call. Its answer is `application/json` unless the call sends the client
+/// something first; then it is an SSE stream of those messages ending with the response.
+/// Dropping the stream (the client went away) drops the call. A call the client cancelled
+/// gets no response: its stream just ends.
+async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: HeldPass) -> Response {
+    let (peer, mut rx) = Peer::channel();
+    let mut call = Box::pin(async move {
+        let _held = held;
+        server.run_deferred(d, &session, Some(&peer)).await
+    });
+    let first = tokio::select! {
+        biased;
+        Some(m) = rx.recv() => m,
+        out = &mut call => match rx.try_recv() {
+            Ok(m) => return sse_answer(stream::iter(std::iter::once(m)).chain(drain(rx, out))),
+            Err(_) => {
+                return match out {
+                    Some(body) => (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                        body,
+                    )
+                        .into_response(),
+                    None => sse_answer(stream::empty()),
+                };
+            }
+        },
+    };
+    let rest = stream::unfold(Some((call, rx)), |st| async move {
+        let (mut call, mut rx) = st?;
+        tokio::select! {
+            biased;
+            Some(m) = rx.recv() => Some((stream::iter(vec![m]).left_stream(), Some((call, rx)))),
+            out = &mut call => Some((drain(rx, out).right_stream(), None)),
+        }
+    })
+    .flatten();
+    sse_answer(stream::iter(std::iter::once(first)).chain(rest))
+}
+
+/// What is still queued, then the response (if any).
+fn drain(mut rx: mpsc::Receiver<Vec<u8>>, out: Option<Vec<u8>>) -> impl Stream<Item = Vec<u8>> {
+    let mut queued = Vec::new();
+    while let Ok(m) = rx.try_recv() {
+        queued.push(m);
+    }
+    stream::iter(queued.into_iter().chain(out))
+}
+
+fn sse_answer(messages: impl Stream<Item = Vec<u8>> + Send + 'static) -> Response {
+    let events = messages.map(|m| {
+        Ok::<_, Infallible>(
+            Event::default()
+                .event("message")
+                .data(String::from_utf8_lossy(&m)),
+        )
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
 }
 
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
@@ -525,7 +613,10 @@ fn event_stream(
                 tokio::select! {
                     () = token.cancelled() => return None,
                     msg = rx.recv() => match msg {
-                        Ok(m) => return Some((Ok(Event::default().event("message").data(&*m)), (rx, guard))),
+                        Ok(m) if m.is_for(&guard.session) => {
+                            return Some((Ok(Event::default().event("message").data(&*m.message)), (rx, guard)));
+                        }
+                        Ok(_) => {}
                         Err(RecvError::Lagged(_)) => {}
                         Err(RecvError::Closed) => return None,
                     },
@@ -564,6 +655,7 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
     for (_, t) in tokens {
         t.cancel();
     }
+    state.server.sessions.close(session);
     StatusCode::NO_CONTENT.into_response()
 }
 

@@ -11,6 +11,10 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{Ctx, Server};
+use crate::peer::Peer;
+
+/// The one session of a stdio server.
+const SESSION: &str = "stdio";
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};
 
@@ -74,11 +78,12 @@ where
     let forward = tokio::spawn(async move {
         loop {
             match events.recv().await {
-                Ok(m) => {
-                    if event_tx.send(m.as_bytes().to_vec()).await.is_err() {
+                Ok(m) if m.is_for(SESSION) => {
+                    if event_tx.send(m.message.as_bytes().to_vec()).await.is_err() {
                         break;
                     }
                 }
+                Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             }
@@ -129,11 +134,22 @@ where
         tasks.spawn(async move {
             let _slot = slot;
             let ctx = Ctx {
-                session: "stdio",
+                session: SESSION,
                 version: crate::protocol::LATEST_VERSION,
+                stream: true,
             };
             let handled = server.handle(&line, ctx, true).await;
-            if let Some(body) = handled.body {
+            if handled.initialized {
+                server.sessions.open(SESSION, handled.client);
+            }
+            if let Some(d) = handled.deferred {
+                // Progress, log messages and requests to the client go straight to stdout.
+                let peer = Peer::from_sender(tx.clone());
+                // A cancelled call gets no response (`None`).
+                if let Some(body) = server.run_deferred(d, SESSION, Some(&peer)).await {
+                    let _ = tx.send(body).await;
+                }
+            } else if let Some(body) = handled.body {
                 // A cancelled request gets no response on stdio (the client has moved on).
                 if !is_cancelled_error(&body) {
                     let _ = tx.send(body).await;
