@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): formatting, lints, unit and integration tests, the
-# official MCP SDK clients (Python and TypeScript) against the real server binary, the
+# official MCP SDK clients (Python and TypeScript) and the official conformance suite
+# against the real server binary, the
 # operator and chart on a real control plane, the e2e suite on a real kind cluster, and a
 # smoke run of the quick-start demo. Installs what it needs; caches under ~/.cache/quiver.
 set -euo pipefail
@@ -36,6 +37,9 @@ python_env
 log "TypeScript MCP SDK client tests"
 node_env
 (cd tests/sdk/typescript && npm test --silent)
+
+log "official MCP conformance suite (every server scenario) against the real binary"
+"$ROOT/scripts/conformance.sh"
 
 log "operator against a real control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
 cargo build -p quiver-operator --locked

@@ -2,7 +2,12 @@
 //!
 //! Supports the keywords tool schemas use in practice (types, properties, required,
 //! additionalProperties, items, enum, const, numeric and length bounds, pattern, anyOf,
-//! oneOf, allOf) and rejects any other keyword at load time instead of silently ignoring it.
+//! oneOf, allOf, and local `$ref`s into `$defs`/`definitions` or any `#/...` pointer) and
+//! rejects any other keyword at load time instead of silently ignoring it.
+//!
+//! A `$ref` is compiled by inlining its target, so validation never follows references at
+//! run time. Recursive references are refused, and one document may expand to at most
+//! [`MAX_NODES`] subschemas (shared definitions referenced many times multiply).
 
 use std::collections::BTreeMap;
 
@@ -33,7 +38,22 @@ const ANNOTATIONS: &[&str] = &[
     "writeOnly",
     "contentMediaType",
     "contentEncoding",
+    // Legacy titles of `enum` values (MCP elicitation forms).
+    "enumNames",
 ];
+
+/// Subschemas one document may compile to, `$ref` expansions included.
+pub const MAX_NODES: usize = 10_000;
+/// References that may be expanded inside one another (each also nests the compiled schema).
+pub const MAX_REF_DEPTH: usize = 16;
+
+/// The document being compiled, for resolving `$ref`s and bounding their expansion.
+struct Refs<'a> {
+    root: &'a Value,
+    /// References being expanded, outermost first (a repeat is a cycle).
+    stack: Vec<&'a str>,
+    nodes: usize,
+}
 
 /// Where a value sits in the arguments, as a chain of borrowed segments on the stack;
 /// rendered (`arguments.tags[1]`) only when reporting a violation.
@@ -93,7 +113,12 @@ impl Schema {
     /// Every unsupported keyword or malformed value, each with its JSON-pointer-like path.
     pub fn compile(v: &Value) -> Result<Self, Vec<String>> {
         let mut errs = Vec::new();
-        let s = compile_at(v, "", &mut errs);
+        let mut refs = Refs {
+            root: v,
+            stack: Vec::new(),
+            nodes: 0,
+        };
+        let s = compile_at(v, "", &mut errs, &mut refs);
         if errs.is_empty() { Ok(s) } else { Err(errs) }
     }
 
@@ -254,6 +279,55 @@ impl Schema {
     }
 }
 
+/// The target of a local `$ref` (`#`, `#/$defs/name`, any `#/json/pointer`).
+fn resolve<'a>(r: &'a Value, refs: &Refs<'a>) -> Result<(&'a Value, &'a str), String> {
+    let Some(reference) = r.as_str() else {
+        return Err("must be a string".to_owned());
+    };
+    let Some(pointer) = reference.strip_prefix('#') else {
+        return Err(format!(
+            "`{reference}`: only local references (`#/...`) are supported; inline the schema or put it under `$defs`"
+        ));
+    };
+    if refs.stack.len() >= MAX_REF_DEPTH {
+        return Err(format!(
+            "`{reference}`: references nest more than {MAX_REF_DEPTH} deep"
+        ));
+    }
+    if refs.stack.contains(&reference) {
+        return Err(format!(
+            "`{reference}` refers to itself (directly or through other references); recursive schemas are not supported"
+        ));
+    }
+    // JSON pointers escape `/` as `~1` and `~` as `~0`; URI fragments may percent-encode.
+    let decoded = percent_decode(pointer);
+    refs.root
+        .pointer(&decoded)
+        .map(|t| (t, reference))
+        .ok_or_else(|| format!("`{reference}` points at nothing in this schema"))
+}
+
+fn percent_decode(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_owned();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let Some(h) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(h);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn json_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
@@ -317,7 +391,7 @@ fn parse_type(name: &str) -> Option<u8> {
     })
 }
 
-fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
+fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut Refs<'a>) -> Schema {
     let here = |k: &str| {
         if path.is_empty() {
             k.to_owned()
@@ -325,6 +399,20 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
             format!("{path}.{k}")
         }
     };
+    refs.nodes += 1;
+    if refs.nodes == MAX_NODES + 1 {
+        errs.push(format!(
+            "{}: the schema expands to more than {MAX_NODES} subschemas ($ref expansions included)",
+            if path.is_empty() { "schema" } else { path }
+        ));
+    }
+    if refs.nodes > MAX_NODES {
+        return Schema {
+            types: T_ANY,
+            trivial: true,
+            ..Schema::default()
+        };
+    }
     let obj = match v {
         Value::Bool(true) => {
             return Schema {
@@ -385,7 +473,7 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
             "properties" => match x.as_object() {
                 Some(props) => {
                     for (name, sub) in props {
-                        let p = compile_at(sub, &here(&format!("properties.{name}")), errs);
+                        let p = compile_at(sub, &here(&format!("properties.{name}")), errs, refs);
                         s.properties.push((name.as_str().into(), p));
                     }
                 }
@@ -400,10 +488,29 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
             "additionalProperties" => {
                 s.additional = Some(match x {
                     Value::Bool(false) => Additional::Deny,
-                    other => Additional::Schema(Box::new(compile_at(other, &here(k), errs))),
+                    other => Additional::Schema(Box::new(compile_at(other, &here(k), errs, refs))),
                 });
             }
-            "items" => s.items = Some(Box::new(compile_at(x, &here(k), errs))),
+            "items" => s.items = Some(Box::new(compile_at(x, &here(k), errs, refs))),
+            "$defs" | "definitions" => match x.as_object() {
+                // Checked here even when unused; used ones are compiled again where referenced.
+                Some(defs) => {
+                    for (name, sub) in defs {
+                        compile_at(sub, &here(&format!("{k}.{name}")), errs, refs);
+                    }
+                }
+                None => errs.push(format!("{}: must be an object", here(k))),
+            },
+            "$ref" => match resolve(x, refs) {
+                Ok((target, reference)) => {
+                    refs.stack.push(reference);
+                    let inner = compile_at(target, &here(k), errs, refs);
+                    refs.stack.pop();
+                    // Keywords beside the `$ref` apply too (2020-12): both must hold.
+                    s.all_of.push(inner);
+                }
+                Err(e) => errs.push(format!("{}: {e}", here(k))),
+            },
             "enum" => match x.as_array() {
                 Some(a) => s.enumeration = Some(a.clone()),
                 None => errs.push(format!("{}: must be an array", here(k))),
@@ -427,12 +534,12 @@ fn compile_at(v: &Value, path: &str, errs: &mut Vec<String>) -> Schema {
                     let list = a
                         .iter()
                         .enumerate()
-                        .map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs))
+                        .map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs, refs))
                         .collect();
                     match k.as_str() {
                         "anyOf" => s.any_of = list,
                         "oneOf" => s.one_of = list,
-                        _ => s.all_of = list,
+                        _ => s.all_of.extend(list),
                     }
                 }
                 _ => errs.push(format!("{}: must be a non-empty array of schemas", here(k))),
@@ -572,6 +679,85 @@ mod tests {
             "{e:?}"
         );
         assert!(e.contains(&"minimum: must be a number".to_owned()), "{e:?}");
+    }
+
+    #[test]
+    fn local_refs_are_inlined_and_bounded() {
+        let schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "$defs": {
+                "address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                "a~b/c": {"type": "integer"},
+            },
+            "definitions": {"n": {"minimum": 0}},
+            "properties": {
+                "home": {"$ref": "#/$defs/address"},
+                "count": {"$ref": "#/$defs/a~0b~1c", "maximum": 9},
+                "legacy": {"$ref": "#/definitions/n"},
+                "spaced": {"$ref": "#/%24defs/address"},
+            },
+            "additionalProperties": false,
+        });
+        assert!(
+            errors(
+                schema.clone(),
+                json!({"home": {"city": "Oslo"}, "count": 3, "legacy": 1})
+            )
+            .is_empty()
+        );
+        let e = errors(
+            schema,
+            json!({"home": {}, "count": 12, "legacy": -1, "spaced": {"city": 1}}),
+        );
+        assert!(
+            e.contains(&"arguments.home: missing required property `city`".to_owned()),
+            "{e:?}"
+        );
+        assert!(e.contains(&"arguments.count: must be <= 9".to_owned()), "{e:?}");
+        assert!(e.contains(&"arguments.legacy: must be >= 0".to_owned()), "{e:?}");
+        assert!(
+            e.contains(&"arguments.spaced.city: expected string, got integer".to_owned()),
+            "{e:?}"
+        );
+
+        let refused = |schema: Value, needle: &str| {
+            let e = Schema::compile(&schema).unwrap_err();
+            assert!(e.iter().any(|m| m.contains(needle)), "{needle:?} not in {e:?}");
+        };
+        refused(
+            json!({"$ref": "https://example.com/s.json"}),
+            "only local references",
+        );
+        refused(json!({"$ref": "#/$defs/none"}), "points at nothing");
+        refused(json!({"$ref": 3}), "$ref: must be a string");
+        refused(json!({"$defs": {"a": {"$ref": "#/$defs/a"}}}), "refers to itself");
+        refused(
+            json!({"$defs": {"a": {"items": {"$ref": "#/$defs/b"}}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+            "refers to itself",
+        );
+        refused(json!({"$ref": "#"}), "refers to itself");
+        // Each definition references the previous one twice: 2^40 expansions if unbounded.
+        let mut defs = Map::new();
+        defs.insert("d0".into(), json!({"type": "string"}));
+        for i in 1..=40 {
+            let prev = format!("#/$defs/d{}", i - 1);
+            defs.insert(
+                format!("d{i}"),
+                json!({"anyOf": [{"$ref": prev}, {"items": {"$ref": prev}}]}),
+            );
+        }
+        refused(
+            json!({"$defs": defs, "$ref": "#/$defs/d40"}),
+            "more than 10000 subschemas",
+        );
+        // A chain of references deeper than the limit.
+        let mut defs = Map::new();
+        defs.insert("c0".into(), json!({"type": "string"}));
+        for i in 1..=40 {
+            defs.insert(format!("c{i}"), json!({"$ref": format!("#/$defs/c{}", i - 1)}));
+        }
+        refused(json!({"$defs": defs}), "nest more than 16 deep");
     }
 
     #[test]

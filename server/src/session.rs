@@ -306,7 +306,10 @@ mod tests {
         assert_eq!(refused, Some(SubscribeError::ServerFull));
         assert_eq!(s.subscriptions().len(), MAX_TOTAL_SUBSCRIPTIONS);
         s.close(&format!("s{}", MAX_SESSIONS + 9));
-        assert_eq!(s.subscriptions().len(), MAX_TOTAL_SUBSCRIPTIONS - MAX_SUBSCRIPTIONS);
+        assert_eq!(
+            s.subscriptions().len(),
+            MAX_TOTAL_SUBSCRIPTIONS - MAX_SUBSCRIPTIONS
+        );
         s.subscribe("s100", "x://again").unwrap();
     }
 }

@@ -76,7 +76,39 @@ pub enum CompiledHandler {
     Content(Vec<Content>),
     /// A tool error whose message is rendered from the arguments.
     Error(Template),
+    /// A `sampling/createMessage` request to the client.
+    Sample(SampleCall),
+    /// An `elicitation/create` request to the client.
+    Elicit(ElicitCall),
 }
+
+/// A compiled `sample` handler.
+#[derive(Debug)]
+pub struct SampleCall {
+    /// The user message.
+    pub prompt: Template,
+    /// The system prompt.
+    pub system_prompt: Option<Template>,
+    /// Token cap.
+    pub max_tokens: u64,
+}
+
+/// A compiled `elicit` handler.
+#[derive(Debug)]
+pub struct ElicitCall {
+    /// What the user is asked.
+    pub message: Template,
+    /// The requested schema, as sent.
+    pub schema: Value,
+    /// The same, compiled to check the answer.
+    pub check: Schema,
+}
+
+/// Most tokens a `sample` handler may ask for.
+pub const MAX_SAMPLE_TOKENS: u64 = 1_000_000;
+
+/// Property types an elicitation form may ask for.
+const FORM_TYPES: [&str; 5] = ["string", "number", "integer", "boolean", "array"];
 
 /// A compiled HTTP handler.
 #[derive(Debug)]
@@ -677,6 +709,69 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     check_template(tpl, &names, &format!("{hat}.template"), &mut p);
                 }
                 CompiledHandler::Template(tpl.unwrap_or_else(Template::empty))
+            }
+            Handler::Sample(spec) => {
+                let at = format!("{hat}.sample");
+                let checked = |src: &str, field: &str, p: &mut Problems| {
+                    let t = template(src, &format!("{at}.{field}"), p)?;
+                    check_template(&t, &names, &format!("{at}.{field}"), p);
+                    Some(t)
+                };
+                let prompt = checked(&spec.prompt, "prompt", &mut p);
+                let system_prompt = spec
+                    .system_prompt
+                    .as_deref()
+                    .and_then(|s| checked(s, "systemPrompt", &mut p));
+                if !(1..=MAX_SAMPLE_TOKENS).contains(&spec.max_tokens) {
+                    p.push(
+                        format!("{at}.maxTokens"),
+                        format!("must be 1 to {MAX_SAMPLE_TOKENS}"),
+                    );
+                }
+                CompiledHandler::Sample(SampleCall {
+                    prompt: prompt.unwrap_or_else(Template::empty),
+                    system_prompt,
+                    max_tokens: spec.max_tokens,
+                })
+            }
+            Handler::Elicit(spec) => {
+                let at = format!("{hat}.elicit");
+                let message = template(&spec.message, &format!("{at}.message"), &mut p).inspect(|t| {
+                    check_template(t, &names, &format!("{at}.message"), &mut p);
+                });
+                let shallow_ok = shallow(&spec.schema, &format!("{at}.schema"), &mut p);
+                if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
+                    p.push(
+                        format!("{at}.schema.type"),
+                        "a form schema must have `type: object`",
+                    );
+                }
+                match spec.schema.get("properties").and_then(Value::as_object) {
+                    Some(props) if !props.is_empty() => {
+                        for (k, v) in props {
+                            let ty = v.get("type").and_then(Value::as_str);
+                            if !ty.is_some_and(|t| FORM_TYPES.contains(&t)) {
+                                p.push(
+                                    format!("{at}.schema.properties.{k}.type"),
+                                    "must be string, number, integer, boolean or array (forms are flat)",
+                                );
+                            }
+                        }
+                    }
+                    _ => p.push(format!("{at}.schema.properties"), "must list at least one field"),
+                }
+                let check = if shallow_ok {
+                    Schema::compile(&spec.schema)
+                        .map_err(|errs| p.nested(&format!("{at}.schema"), errs))
+                        .unwrap_or_default()
+                } else {
+                    Schema::default()
+                };
+                CompiledHandler::Elicit(ElicitCall {
+                    message: message.unwrap_or_else(Template::empty),
+                    schema: spec.schema.clone(),
+                    check,
+                })
             }
             Handler::Error(src) => {
                 let tpl = template(src, &format!("{hat}.error"), &mut p);

@@ -158,6 +158,11 @@ pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Err
         .filter(|v| !v.is_null()))
 }
 
+/// `deserialize_with` of a required free-form value (depth-bounded like the others).
+pub fn required<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    Json::deserialize(d).map(|j| j.0)
+}
+
 /// `deserialize_with` of an optional map of free-form values.
 pub fn optional_map<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, Value>>, D::Error> {
     Ok(Option::<BTreeMap<String, Json>>::deserialize(d)?

@@ -11,9 +11,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use compile::{
-    Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ExecArg,
-    ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_VALUE_DEPTH, ResourceKind, Step,
-    UriPattern, compile,
+    Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ElicitCall,
+    ExecArg, ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_SAMPLE_TOKENS,
+    MAX_VALUE_DEPTH, ResourceKind, SampleCall, Step, UriPattern, compile,
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};

@@ -181,6 +181,38 @@ pub enum Handler {
     /// Always fails with this message (a template over the arguments), e.g. a retired tool
     /// that tells the model what to use instead.
     Error(String),
+    /// Asks the client's model for a completion (`sampling/createMessage`); the model's
+    /// answer is the result. Needs a client that declared `sampling`.
+    Sample(SampleSpec),
+    /// Asks the user for input through the client (`elicitation/create`); the answer is the
+    /// result's structured content. Needs a client that declared `elicitation`.
+    Elicit(ElicitSpec),
+}
+
+/// A `sampling/createMessage` request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SampleSpec {
+    /// The user message: a template over the arguments.
+    pub prompt: String,
+    /// System prompt (a template over the arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// Most tokens the model may produce (1 to 1,000,000).
+    pub max_tokens: u64,
+}
+
+/// An `elicitation/create` request (form mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ElicitSpec {
+    /// What the user is asked: a template over the arguments.
+    pub message: String,
+    /// The form: an object JSON Schema whose properties are strings (optionally enums),
+    /// numbers, integers, booleans or arrays of enum strings. The answer is checked against it.
+    #[serde(deserialize_with = "json_field::required")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub schema: Value,
 }
 
 /// One block of MCP content. Every string in it is a template over the arguments (of the

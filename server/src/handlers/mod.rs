@@ -1,6 +1,7 @@
 //! Tool execution: one module per handler kind, and the [`Executor`] that runs a compiled
 //! tool against validated arguments.
 
+mod ask;
 mod builtin;
 mod content;
 mod exec;
@@ -148,6 +149,8 @@ impl Executor {
                 CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
                 CompiledHandler::Http(h) => self.http.call(h, &args).await,
                 CompiledHandler::Exec(e) => exec::run(e, &args).await,
+                CompiledHandler::Sample(s) => ask::sample(s, &args, cx).await,
+                CompiledHandler::Elicit(e) => ask::elicit(e, &args, cx).await,
                 CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => {
                     let fresh;
                     let budget = match budget {
