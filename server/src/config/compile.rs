@@ -79,7 +79,7 @@ pub enum CompiledHandler {
     /// A `sampling/createMessage` request to the client.
     Sample(SampleCall),
     /// An `elicitation/create` request to the client.
-    Elicit(ElicitCall),
+    Elicit(Box<ElicitCall>),
 }
 
 /// A compiled `sample` handler.
@@ -767,11 +767,11 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 } else {
                     Schema::default()
                 };
-                CompiledHandler::Elicit(ElicitCall {
+                CompiledHandler::Elicit(Box::new(ElicitCall {
                     message: message.unwrap_or_else(Template::empty),
                     schema: spec.schema.clone(),
                     check,
-                })
+                }))
             }
             Handler::Error(src) => {
                 let tpl = template(src, &format!("{hat}.error"), &mut p);
