@@ -365,6 +365,9 @@ fn arb_message() -> impl Strategy<Value = Value> {
             "notifications/cancelled",
             "notifications/initialized",
             "logging/setLevel",
+            "completion/complete",
+            "resources/subscribe",
+            "resources/unsubscribe",
             "nope",
             "",
         ][..],
@@ -388,6 +391,13 @@ fn arb_message() -> impl Strategy<Value = Value> {
         arb_json().prop_map(|a| json!({"name": "p", "arguments": a})),
         Just(json!({"cursor": "garbage"})),
         Just(json!({"requestId": 1})),
+        (tokens(&["debug", "info", "x", "\u{0}"], 2), arb_json()).prop_map(|(l, j)| json!({"level": l, "_meta": j})),
+        (
+            prop::sample::select(&["ref/prompt", "ref/resource", "ref/x", ""][..]),
+            tokens(&["p", "greeting://{name}", "%", "é"], 3),
+            tokens(&["a", "R", "", "\u{10ffff}"], 4),
+        )
+            .prop_map(|(kind, name, value)| json!({"ref": {"type": kind, "name": name, "uri": name}, "argument": {"name": "name", "value": value}})),
     ];
     let any_message = (
         prop::option::weighted(0.9, prop::sample::select(&["2.0", "1.0"][..])),
@@ -457,10 +467,15 @@ fn check_message(
     let ctx = Ctx {
         session: "s",
         version: "2025-03-26",
-        stream: false,
+        stream: true,
     };
     let handled = rt.block_on(server.handle(body, ctx, batches));
-    let Some(out) = handled.body else {
+    // A slow call comes back to be run where it could stream; run it without a client.
+    let out = match handled.deferred {
+        Some(d) => rt.block_on(server.run_deferred(d, "s", None)),
+        None => handled.body,
+    };
+    let Some(out) = out else {
         return Ok(());
     };
     // Ids are echoed verbatim, so they are read raw: `1e999` is valid JSON though no f64.
