@@ -101,6 +101,20 @@ pub fn notification(method: &str) -> String {
     format!("{{\"jsonrpc\":\"2.0\",\"method\":\"{method}\"}}")
 }
 
+/// Whether `body` is a single message that asks for no answer: a notification or a response
+/// to a server request. Such messages free capacity (a cancel, the answer a waiting sampling
+/// call needs), so transports let them through when their request slots are full.
+pub fn is_answer_or_notification(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Shape<'a> {
+        #[serde(borrow, default)]
+        id: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        method: Option<&'a RawValue>,
+    }
+    serde_json::from_slice::<Shape<'_>>(body).is_ok_and(|m| m.id.is_none() || m.method.is_none())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -81,6 +81,32 @@ fn sigterm_lets_the_running_stdio_call_finish() {
     assert!(status.success(), "{status}");
 }
 
+/// A sampling request goes out on stdout and its answer comes back on stdin, also when the
+/// call waiting for it holds the only request slot (answers need no slot).
+#[test]
+fn sampling_over_stdio_with_every_slot_taken() {
+    let (mut p, mut stdin, rx) = start_stdio(&["--max-concurrency=1"]);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"sampling": {}},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    writeln!(stdin, "{init}").unwrap();
+    assert_eq!(next(&rx)["id"], 0);
+    let call = json!({"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "ask", "arguments": {}, "_meta": {"progressToken": 1}}});
+    writeln!(stdin, "{call}").unwrap();
+    let req = next(&rx);
+    assert_eq!(req["method"], "sampling/createMessage", "{req}");
+    // The call holds the one slot; a request now waits, the answer does not.
+    let answer = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"role": "assistant",
+        "content": {"type": "text", "text": "hello back"}, "model": "m"}});
+    writeln!(stdin, "{answer}").unwrap();
+    let out = next(&rx);
+    assert_eq!(out["id"], "c", "{out}");
+    assert_eq!(out["result"]["content"][0]["text"], "hello back");
+    drop(stdin);
+    let status = wait_exit(&mut p, PATIENCE).expect("exit when stdin closes");
+    assert!(status.success(), "{status}");
+}
+
 #[test]
 fn stdio_opens_no_port_unless_asked() {
     let (p, mut stdin, rx) = start_stdio(&["--admin-listen=off"]);

@@ -280,6 +280,32 @@ async fn sampling_round_trip_answers_only_from_the_same_session() {
 }
 
 #[tokio::test]
+async fn answers_get_in_when_every_request_slot_is_taken() {
+    let h = common::harness_with(
+        TOOLS,
+        quiver_server::transport::http::HttpOptions {
+            max_concurrency: 1,
+            ..Default::default()
+        },
+    );
+    let s = initialize(&h, json!({"sampling": {}})).await;
+    let (_, r) = h
+        .send(with_session(&call(3, "ask", json!({"q": "?"}), None), &s))
+        .await;
+    let mut events = Events::new(r);
+    let req = events.next().await.unwrap();
+    // The waiting call holds the only slot: a request is shed, the answer is not.
+    let ping = json!({"jsonrpc": "2.0", "id": 9, "method": "ping"}).to_string();
+    assert_eq!(h.send(with_session(&ping, &s)).await.0, 503);
+    let answer = json!({"jsonrpc": "2.0", "id": req["id"], "result": {
+        "role": "assistant", "content": {"type": "text", "text": "ok"}, "model": "m"}});
+    assert_eq!(h.send(with_session(&answer.to_string(), &s)).await.0, 202);
+    assert_eq!(events.next().await.unwrap()["result"]["content"][0]["text"], "ok");
+    assert!(events.next().await.is_none());
+    assert_eq!(h.send(with_session(&ping, &s)).await.0, 200);
+}
+
+#[tokio::test]
 async fn elicitation_checks_the_answer_against_the_form() {
     let h = harness(TOOLS);
     let s = initialize(&h, json!({"elicitation": {}})).await;

@@ -411,14 +411,18 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     if let Err(r) = check_not_ended(&state, session) {
         return r.for_body(&body);
     }
-    let Some(_pass) = state.load.inflight.try_enter() else {
+    let pass = state.load.inflight.try_enter();
+    // When every slot is taken, notifications and answers to server requests still get in:
+    // they need no slot of their own, and they free others (a cancel, the answer a waiting
+    // sampling call needs).
+    if pass.is_none() && !protocol::is_answer_or_notification(&body) {
         state.server.metrics.refused(Refusal::Inflight);
         return Reject(
             StatusCode::SERVICE_UNAVAILABLE,
             "server overloaded, retry later".to_owned(),
         )
         .for_body(&body);
-    };
+    }
     let ctx = Ctx {
         session,
         version,
@@ -428,7 +432,10 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     if let Some(d) = handled.deferred {
         // The call holds its place in the in-flight gate until it ends, also when that is
         // after this handler returned (a streamed answer).
-        std::mem::forget(_pass);
+        let Some(pass) = pass else {
+            unreachable!("only a request is deferred, and requests hold a pass")
+        };
+        std::mem::forget(pass);
         let held = HeldPass(state.load.clone());
         return answer_call(state.server.clone(), session.to_owned(), d, held).await;
     }

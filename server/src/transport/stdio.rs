@@ -121,13 +121,27 @@ where
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        // At `max_inflight` requests this waits, and stdin is not read meanwhile.
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => match s {
-                Ok(s) => s,
-                Err(_) => break,
+        // At `max_inflight` requests this waits, and stdin is not read meanwhile; except for
+        // notifications and answers to server requests, handled here at once (the answer a
+        // sampling call holding a slot waits for must not wait for that slot).
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => s,
+            Err(_) if protocol::is_answer_or_notification(&line) => {
+                let ctx = Ctx {
+                    session: SESSION,
+                    version: crate::protocol::LATEST_VERSION,
+                    stream: false,
+                };
+                server.handle(&line, ctx, false).await;
+                continue;
+            }
+            Err(_) => tokio::select! {
+                s = slots.clone().acquire_owned() => match s {
+                    Ok(s) => s,
+                    Err(_) => break,
+                },
+                () = stop.cancelled() => break,
             },
-            () = stop.cancelled() => break,
         };
         let server = server.clone();
         let tx = tx.clone();

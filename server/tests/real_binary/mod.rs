@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 /// Bound on any single wait ("it did finish"), never a pass/fail timing.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-pub const TOOLS: &str =
-    "tools:\n  - {name: add, handler: {builtin: add}}\n  - {name: sleep, handler: {builtin: sleep}}\n";
+pub const TOOLS: &str = "tools:\n  - {name: add, handler: {builtin: add}}\n  - {name: sleep, handler: {builtin: sleep}}\n  - {name: ask, handler: {sample: {prompt: hi, maxTokens: 5}}}\n";
 
 pub struct Proc {
     pub child: Child,
