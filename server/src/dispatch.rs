@@ -587,10 +587,8 @@ impl Server {
             );
             return None;
         };
-        let o = check_output(&d.snap, d.index, o);
         let mut out = Vec::with_capacity(256);
-        write_tool_result(&mut out, &d.id, &o);
-        observe(&d.snap.tools[d.index], &o, d.start);
+        conclude(&d.snap, d.index, &d.id, o, d.start, &mut out);
         self.finish("tools/call", &d.id, Ok(()), &mut out, d.start);
         Some(out)
     }
@@ -658,7 +656,7 @@ impl Server {
     ) -> Result<(), Failure> {
         let p: ReadParams<'_> = parse_params(params)?;
         if on {
-            if resource_contents(&self.registry.load(), &p.uri).is_none() {
+            if find_resource(&self.registry.load(), &p.uri).is_none() {
                 return fail(RESOURCE_NOT_FOUND, format!("Resource not found: {}", p.uri));
             }
             self.sessions
@@ -814,21 +812,16 @@ impl Server {
                 let result = self
                     .run_cancellable(&snap, index, args, ctx.session, id, deadline, &cx)
                     .await;
-                let tool = &snap.tools[index];
                 return match result {
                     Some(o) => {
-                        let o = check_output(&snap, index, o);
-                        write_tool_result(out, id, &o);
-                        observe(tool, &o, start);
+                        conclude(&snap, index, id, o, start, out);
                         Ok(None)
                     }
                     None => fail(protocol::REQUEST_CANCELLED, "Request cancelled"),
                 };
             }
         };
-        let output = check_output(&guard, index, output);
-        write_tool_result(out, id, &output);
-        observe(tool, &output, start);
+        conclude(&guard, index, id, output, start, out);
         Ok(None)
     }
 
@@ -952,20 +945,31 @@ const MAX_COMPLETIONS: usize = 100;
 /// A resource's contents: the text (base64 when the flag says blob, or why it could not be
 /// rendered) and its MIME type; `None` when no resource has the URI.
 fn resource_contents<'s>(snap: &'s Snapshot, uri: &str) -> Option<(Result<String, String>, bool, &'s str)> {
+    let (r, vars) = find_resource(snap, uri)?;
+    let mime = r.mime_type.as_str();
+    Some(match (&r.kind, vars) {
+        (ResourceKind::Static { text, blob, .. }, _) => (Ok(text.clone()), *blob, mime),
+        (ResourceKind::Templated { text, blob, .. }, vars) => (
+            text.render(&vars.unwrap_or(Value::Null))
+                .map_err(|e| e.to_string()),
+            *blob,
+            mime,
+        ),
+    })
+}
+
+/// The resource a URI names, with the URI template's variables when it matched one (nothing
+/// is rendered).
+fn find_resource<'s>(
+    snap: &'s Snapshot,
+    uri: &str,
+) -> Option<(&'s crate::config::CompiledResource, Option<Value>)> {
     let resources = &snap.config.resources;
-    if let Some(i) = snap.static_resource(uri)
-        && let ResourceKind::Static { text, blob, .. } = &resources[i].kind
-    {
-        return Some((Ok(text.clone()), *blob, &resources[i].mime_type));
+    if let Some(i) = snap.static_resource(uri) {
+        return Some((&resources[i], None));
     }
     resources.iter().find_map(|r| match &r.kind {
-        ResourceKind::Templated { pattern, text, blob } => pattern.matches(uri).map(|vars| {
-            (
-                text.render(&vars).map_err(|e| e.to_string()),
-                *blob,
-                r.mime_type.as_str(),
-            )
-        }),
+        ResourceKind::Templated { pattern, .. } => pattern.matches(uri).map(|vars| (r, Some(vars))),
         ResourceKind::Static { .. } => None,
     })
 }
@@ -1097,6 +1101,15 @@ fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
     out.extend_from_slice(b",\"result\":");
     o.write_json(out);
     out.push(b'}');
+}
+
+/// Checks a call's result against the tool's output schema, writes the response and records
+/// the call's duration by outcome.
+#[inline]
+fn conclude(snap: &Snapshot, index: usize, id: &RawValue, o: ToolOutput, start: Instant, out: &mut Vec<u8>) {
+    let o = check_output(snap, index, o);
+    write_tool_result(out, id, &o);
+    observe(&snap.tools[index], &o, start);
 }
 
 #[inline]

@@ -578,6 +578,18 @@ pub(super) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Templa
     Template::compile(src).map_err(|e| p.push(path, e)).ok()
 }
 
+/// Compiles a template and checks the names it uses; problems are reported under `path`.
+pub(super) fn checked_template(
+    src: &str,
+    path: &str,
+    names: &Names<'_>,
+    p: &mut Problems,
+) -> Option<Template> {
+    let t = template(src, path, p)?;
+    check_template(&t, names, path, p);
+    Some(t)
+}
+
 /// Validates and compiles a ToolSet.
 ///
 /// # Errors
@@ -703,25 +715,17 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         let hat = format!("{at}.handler");
         let handler = match &t.handler {
             Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
-            Handler::Template(src) => {
-                let tpl = template(src, &format!("{hat}.template"), &mut p);
-                if let Some(tpl) = &tpl {
-                    check_template(tpl, &names, &format!("{hat}.template"), &mut p);
-                }
-                CompiledHandler::Template(tpl.unwrap_or_else(Template::empty))
-            }
+            Handler::Template(src) => CompiledHandler::Template(
+                checked_template(src, &format!("{hat}.template"), &names, &mut p)
+                    .unwrap_or_else(Template::empty),
+            ),
             Handler::Sample(spec) => {
                 let at = format!("{hat}.sample");
-                let checked = |src: &str, field: &str, p: &mut Problems| {
-                    let t = template(src, &format!("{at}.{field}"), p)?;
-                    check_template(&t, &names, &format!("{at}.{field}"), p);
-                    Some(t)
-                };
-                let prompt = checked(&spec.prompt, "prompt", &mut p);
+                let prompt = checked_template(&spec.prompt, &format!("{at}.prompt"), &names, &mut p);
                 let system_prompt = spec
                     .system_prompt
                     .as_deref()
-                    .and_then(|s| checked(s, "systemPrompt", &mut p));
+                    .and_then(|s| checked_template(s, &format!("{at}.systemPrompt"), &names, &mut p));
                 if !(1..=MAX_SAMPLE_TOKENS).contains(&spec.max_tokens) {
                     p.push(
                         format!("{at}.maxTokens"),
@@ -736,9 +740,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             }
             Handler::Elicit(spec) => {
                 let at = format!("{hat}.elicit");
-                let message = template(&spec.message, &format!("{at}.message"), &mut p).inspect(|t| {
-                    check_template(t, &names, &format!("{at}.message"), &mut p);
-                });
+                let message = checked_template(&spec.message, &format!("{at}.message"), &names, &mut p);
                 let shallow_ok = shallow(&spec.schema, &format!("{at}.schema"), &mut p);
                 if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
                     p.push(
@@ -773,13 +775,10 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     check,
                 }))
             }
-            Handler::Error(src) => {
-                let tpl = template(src, &format!("{hat}.error"), &mut p);
-                if let Some(tpl) = &tpl {
-                    check_template(tpl, &names, &format!("{hat}.error"), &mut p);
-                }
-                CompiledHandler::Error(tpl.unwrap_or_else(Template::empty))
-            }
+            Handler::Error(src) => CompiledHandler::Error(
+                checked_template(src, &format!("{hat}.error"), &names, &mut p)
+                    .unwrap_or_else(Template::empty),
+            ),
             Handler::Content(blocks) => {
                 if blocks.is_empty() {
                     p.push(format!("{hat}.content"), "must have at least one block");
@@ -920,6 +919,11 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         );
                         continue;
                     };
+                    // A step's templates see the arguments and the steps before it.
+                    let step_names = Names {
+                        props: names.props.clone(),
+                        steps: Some(j),
+                    };
                     let input = s.input.as_ref().and_then(|v| {
                         if !shallow(v, &format!("{sp}.input"), &mut p) {
                             return None;
@@ -927,27 +931,13 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         let jt = JsonTemplate::compile(v)
                             .map_err(|e| p.push(format!("{sp}.input"), e))
                             .ok()?;
-                        let step_names = Names {
-                            props: names.props.clone(),
-                            steps: Some(j),
-                        };
                         for t in jt.templates() {
                             check_template(t, &step_names, &format!("{sp}.input"), &mut p);
                         }
                         Some(jt)
                     });
                     let log = s.log.as_ref().and_then(|src| {
-                        let at = format!("{sp}.log");
-                        let t = template(src, &at, &mut p)?;
-                        check_template(
-                            &t,
-                            &Names {
-                                props: names.props.clone(),
-                                steps: Some(j),
-                            },
-                            &at,
-                            &mut p,
-                        );
+                        let t = checked_template(src, &format!("{sp}.log"), &step_names, &mut p)?;
                         Some((s.log_level.unwrap_or_default(), t))
                     });
                     if s.log.is_none() && s.log_level.is_some() {
@@ -1179,7 +1169,7 @@ fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
                     );
                 }
                 if blob && !content::is_base64(body) {
-                    p.push(format!("{at}.blob"), "must be base64 (standard alphabet, padded)");
+                    p.push(format!("{at}.blob"), content::NOT_BASE64);
                 }
                 d.insert("uri".into(), Value::String(uri.clone()));
                 ResourceKind::Static {
@@ -1278,10 +1268,9 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         for (j, m) in pr.messages.iter().enumerate() {
             let mp = format!("{at}.messages[{j}]");
             let block = match (&m.text, &m.content) {
-                (Some(text), None) => template(text, &format!("{mp}.text"), p).map(|t| {
-                    check_template(&t, &names, &format!("{mp}.text"), p);
-                    Content::Text(t)
-                }),
+                (Some(text), None) => {
+                    checked_template(text, &format!("{mp}.text"), &names, p).map(Content::Text)
+                }
                 (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
                 _ => {
                     p.push(&mp, "set exactly one of `text` and `content`");

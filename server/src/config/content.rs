@@ -6,7 +6,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value};
 
-use super::compile::{Names, Problems, check_template, template};
+use super::compile::{Names, Problems, checked_template as checked};
 use super::model::{ContentSpec, EmbeddedResourceSpec};
 use crate::template::{Budget, Scope, Template};
 
@@ -68,6 +68,9 @@ impl From<crate::template::TooLarge> for RenderError {
     }
 }
 
+/// The problem reported for a literal that is not base64.
+pub(super) const NOT_BASE64: &str = "must be base64 (standard alphabet, padded)";
+
 /// Whether `s` is standard, padded base64.
 pub fn is_base64(s: &str) -> bool {
     s.len().is_multiple_of(4) && STANDARD.decode(s).is_ok()
@@ -81,14 +84,8 @@ pub fn to_base64(bytes: &[u8]) -> String {
 fn base64_template(src: &str, path: &str, names: &Names<'_>, p: &mut Problems) -> Option<Template> {
     let t = checked(src, path, names, p)?;
     if t.is_literal() && !is_base64(src) {
-        p.push(path, "must be base64 (standard alphabet, padded)");
+        p.push(path, NOT_BASE64);
     }
-    Some(t)
-}
-
-fn checked(src: &str, path: &str, names: &Names<'_>, p: &mut Problems) -> Option<Template> {
-    let t = template(src, path, p)?;
-    check_template(&t, names, path, p);
     Some(t)
 }
 

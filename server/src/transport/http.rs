@@ -157,13 +157,7 @@ fn http_error(status: StatusCode, message: &str) -> Response {
 }
 
 fn http_error_for(id: Option<&serde_json::value::RawValue>, status: StatusCode, message: &str) -> Response {
-    let body = protocol::error_response(id, INVALID_REQUEST, message);
-    (
-        status,
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        body,
-    )
-        .into_response()
+    json_response(status, protocol::error_response(id, INVALID_REQUEST, message))
 }
 
 /// An error after which the connection is closed (the rest of the body is not read).
@@ -447,12 +441,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     } else {
         StatusCode::OK
     };
-    let mut resp = (
-        status,
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        out,
-    )
-        .into_response();
+    let mut resp = json_response(status, out);
     if handled.initialized {
         let id = if session.is_empty() {
             new_session_id()
@@ -465,6 +454,16 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         }
     }
     resp
+}
+
+/// An `application/json` answer.
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
 }
 
 /// A place in the in-flight gate held by a call that may outlive its handler.
@@ -493,12 +492,7 @@ async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: He
             Ok(m) => return sse_answer(stream::iter(std::iter::once(m)).chain(drain(rx, out))),
             Err(_) => {
                 return match out {
-                    Some(body) => (
-                        StatusCode::OK,
-                        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-                        body,
-                    )
-                        .into_response(),
+                    Some(body) => json_response(StatusCode::OK, body),
                     None => sse_answer(stream::empty()),
                 };
             }

@@ -15,6 +15,13 @@ use crate::peer::Peer;
 
 /// The one session of a stdio server.
 const SESSION: &str = "stdio";
+
+/// Every stdio message's context: one session, the latest revision, streamed calls.
+const CTX: Ctx<'static> = Ctx {
+    session: SESSION,
+    version: crate::protocol::LATEST_VERSION,
+    stream: true,
+};
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};
 
@@ -127,12 +134,7 @@ where
         let slot = match slots.clone().try_acquire_owned() {
             Ok(s) => s,
             Err(_) if protocol::is_answer_or_notification(&line) => {
-                let ctx = Ctx {
-                    session: SESSION,
-                    version: crate::protocol::LATEST_VERSION,
-                    stream: false,
-                };
-                server.handle(&line, ctx, false).await;
+                server.handle(&line, CTX, false).await;
                 continue;
             }
             Err(_) => tokio::select! {
@@ -147,12 +149,7 @@ where
         let tx = tx.clone();
         tasks.spawn(async move {
             let _slot = slot;
-            let ctx = Ctx {
-                session: SESSION,
-                version: crate::protocol::LATEST_VERSION,
-                stream: true,
-            };
-            let handled = server.handle(&line, ctx, true).await;
+            let handled = server.handle(&line, CTX, true).await;
             if handled.initialized {
                 server.sessions.open(SESSION, handled.client);
             }
