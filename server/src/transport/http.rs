@@ -426,11 +426,12 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     if let Some(d) = handled.deferred {
         // The call holds its place in the in-flight gate until it ends, also when that is
         // after this handler returned (a streamed answer).
-        let Some(pass) = pass else {
-            unreachable!("only a request is deferred, and requests hold a pass")
-        };
-        std::mem::forget(pass);
-        let held = HeldPass(state.load.clone());
+        // (Only requests are deferred, and requests always hold a pass; should that ever not
+        // hold, the call runs without one rather than the process aborting.)
+        let held = pass.map(|p| {
+            std::mem::forget(p);
+            HeldPass(state.load.clone())
+        });
         return answer_call(state.server.clone(), session.to_owned(), d, held).await;
     }
     let Some(out) = handled.body else {
@@ -479,7 +480,7 @@ impl Drop for HeldPass {
 /// something first; then it is an SSE stream of those messages ending with the response.
 /// Dropping the stream (the client went away) drops the call. A call the client cancelled
 /// gets no response: its stream just ends.
-async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: HeldPass) -> Response {
+async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: Option<HeldPass>) -> Response {
     let (peer, mut rx) = Peer::channel();
     let mut call = Box::pin(async move {
         let _held = held;
