@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// Longest a message may run; a tool call still running then ends with a tool error.
     #[arg(long, env = "QUIVER_REQUEST_TIMEOUT", default_value = "5m", value_parser = duration)]
     request_timeout: Duration,
+    /// How long a 2026-07-28 client may reuse a list, read or discovery result without asking
+    /// again (`ttlMs`). 0: always ask (listening clients also hear of every reload at once).
+    #[arg(long, env = "QUIVER_CACHE_TTL", default_value = "0s", value_parser = duration)]
+    cache_ttl: Duration,
     /// On SIGTERM, keep serving (with /readyz failing) this long so endpoints update before the
     /// listener closes. In Kubernetes set it to a few seconds (e.g. 5s).
     #[arg(long, env = "QUIVER_SHUTDOWN_DELAY", default_value = "0s", value_parser = duration)]
@@ -239,6 +243,11 @@ fn init_logging(format: &str, stdio: bool) {
     }
 }
 
+/// Environment variable holding the secret that signs 2026-07-28 `requestState` (at least
+/// 16 bytes). Replicas of one server must share it, or a retry that reaches another replica
+/// is asked its questions again; unset, each process draws a random key.
+pub const STATE_KEY_ENV: &str = "QUIVER_STATE_KEY";
+
 async fn serve(
     args: ServeArgs,
     source: Source,
@@ -258,8 +267,14 @@ async fn serve(
         max_batch: args.max_batch,
         max_response_bytes: args.max_response_bytes,
         request_timeout: args.request_timeout,
+        cache_ttl_ms: u64::try_from(args.cache_ttl.as_millis()).unwrap_or(u64::MAX),
     };
-    let server = Server::with_limits(registry, metrics.clone(), limits);
+    let mut server = Server::with_limits(registry, metrics.clone(), limits);
+    if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
+        let key = crate::modern::StateKey::from_secret(secret.as_bytes())
+            .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
+        server = server.with_state_key(key);
+    }
     let reloader = Reloader::new(server.clone());
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();

@@ -79,21 +79,26 @@ struct CursorParams<'a> {
 struct InitializeParams<'a> {
     #[serde(borrow)]
     protocol_version: Cow<'a, str>,
+    #[serde(borrow, default)]
+    capabilities: Option<&'a RawValue>,
+}
+
+/// The 2026-07-28 additions to `tools/call` params: the answers of a retry and the state the
+/// server handed out with its questions.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RetryParams<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    input_responses: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    request_state: Option<Cow<'a, str>>,
+}
+
+/// `subscriptions/listen` params.
+#[derive(Deserialize)]
+struct ListenParams {
     #[serde(default)]
-    capabilities: Option<ClientCapsParams>,
-}
-
-/// The parts of a client's capabilities this server acts on (present means supported).
-#[derive(Deserialize, Default)]
-struct ClientCapsParams {
-    #[serde(default, deserialize_with = "present_any")]
-    sampling: bool,
-    #[serde(default, deserialize_with = "present_any")]
-    elicitation: bool,
-}
-
-fn present_any<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+    notifications: Option<ListenFilter>,
 }
 
 #[derive(Deserialize)]
@@ -163,6 +168,20 @@ pub struct Ctx<'a> {
     /// call runs (progress, log messages, sampling, elicitation). Otherwise it runs here,
     /// unable to reach the client.
     pub stream: bool,
+    /// Which protocol era the message is read in.
+    pub era: Era<'a>,
+}
+
+/// How a transport tells the handshake era from the stateless revision (2026-07-28).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era<'a> {
+    /// Handshake era (`initialize`, sessions): HTTP without a 2026-07-28 version header.
+    Legacy,
+    /// 2026-07-28: HTTP with this `MCP-Protocol-Version`, which `_meta` must repeat.
+    Modern(&'a str),
+    /// Per message (stdio): 2026-07-28 when the params' `_meta` names a protocol version
+    /// (and the method is not `initialize`), the handshake era otherwise.
+    Detect,
 }
 
 /// What dispatch produced.
@@ -179,6 +198,125 @@ pub struct Handled {
     /// The input could not be read as a request at all (parse error, invalid request without
     /// a usable id): HTTP answers 400 with the JSON-RPC error as body.
     pub malformed: bool,
+    /// The HTTP status of a 2026-07-28 answer (0: the transport decides).
+    pub status: u16,
+    /// A `subscriptions/listen` request the transport serves as a notification stream.
+    pub listen: Option<Listen>,
+}
+
+/// An accepted `subscriptions/listen`: the transport opens its stream with
+/// [`Listen::acknowledgement`], then sends the events [`Listen::wants`], each tagged by
+/// [`Listen::tag`].
+#[derive(Debug)]
+pub struct Listen {
+    /// The request's id: the subscription's id.
+    pub id: Box<RawValue>,
+    /// What it asked for (all of which this server honours).
+    pub filter: ListenFilter,
+    /// The registration of its resource URIs, removed when the listen ends.
+    pub registration: Option<ListenRegistration>,
+}
+
+/// The notification filter of a `subscriptions/listen`.
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenFilter {
+    /// `notifications/tools/list_changed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tools_list_changed: bool,
+    /// `notifications/prompts/list_changed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompts_list_changed: bool,
+    /// `notifications/resources/list_changed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resources_list_changed: bool,
+    /// `notifications/resources/updated` for these URIs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resource_subscriptions: Vec<String>,
+}
+
+/// Resource URIs watched by open listens, counted, so that a reload knows which resources to
+/// compare. Dropped with its listen.
+#[derive(Debug)]
+pub struct ListenRegistration {
+    watched: Arc<Mutex<FxHashMap<Box<str>, usize>>>,
+    uris: Vec<String>,
+}
+
+impl Drop for ListenRegistration {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.watched.lock() {
+            for u in &self.uris {
+                if let Some(n) = w.get_mut(u.as_str()) {
+                    *n -= 1;
+                    if *n == 0 {
+                        w.remove(u.as_str());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Most resource URIs one listen may watch.
+pub const MAX_LISTEN_URIS: usize = 1_024;
+
+impl Listen {
+    fn tagged(&self, method: &str, extra: Option<(&str, Value)>) -> Vec<u8> {
+        let mut params = Map::new();
+        params.insert(
+            "_meta".into(),
+            json!({"io.modelcontextprotocol/subscriptionId": serde_json::from_str::<Value>(self.id.get()).unwrap_or(Value::Null)}),
+        );
+        if let Some((k, v)) = extra {
+            params.insert(k.into(), v);
+        }
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": method, "params": params})).unwrap_or_default()
+    }
+
+    /// `notifications/subscriptions/acknowledged`, the stream's first message.
+    pub fn acknowledgement(&self) -> Vec<u8> {
+        self.tagged(
+            "notifications/subscriptions/acknowledged",
+            Some((
+                "notifications",
+                serde_json::to_value(&self.filter).unwrap_or_default(),
+            )),
+        )
+    }
+
+    /// The event as this subscription's notification, if it asked for it.
+    pub fn wants(&self, e: &Event) -> Option<Vec<u8>> {
+        let f = &self.filter;
+        match &e.kind {
+            EventKind::ToolsChanged if f.tools_list_changed => Some(self.tagged("notifications/tools/list_changed", None)),
+            EventKind::PromptsChanged if f.prompts_list_changed => {
+                Some(self.tagged("notifications/prompts/list_changed", None))
+            }
+            EventKind::ResourcesChanged if f.resources_list_changed => {
+                Some(self.tagged("notifications/resources/list_changed", None))
+            }
+            EventKind::ResourceUpdated(uri) if e.session.is_none() && f.resource_subscriptions.iter().any(|u| u == &**uri) => {
+                Some(self.tagged("notifications/resources/updated", Some(("uri", json!(&**uri)))))
+            }
+            _ => None,
+        }
+    }
+
+    /// The graceful end of the subscription (server shutdown): its response.
+    pub fn closing(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        protocol::write_result(
+            &mut out,
+            &self.id,
+            format!(
+                "{{\"resultType\":\"complete\",\"_meta\":{{\"io.modelcontextprotocol/subscriptionId\":{}}}}}",
+                self.id.get()
+            )
+            .as_bytes(),
+        );
+        out
+    }
 }
 
 type Failure = (i32, String);
@@ -198,6 +336,9 @@ pub struct Limits {
     /// Time one message may take; a slow tool call still running then ends with a tool
     /// error (`isError: true`). Tools' own timeouts are usually shorter.
     pub request_timeout: Duration,
+    /// `ttlMs` of cacheable 2026-07-28 results (lists, reads, discovery): how long a client
+    /// may reuse them without asking again. A reload also tells listening clients at once.
+    pub cache_ttl_ms: u64,
 }
 
 impl Default for Limits {
@@ -206,6 +347,7 @@ impl Default for Limits {
             max_batch: 64,
             max_response_bytes: 8 << 20,
             request_timeout: Duration::from_secs(300),
+            cache_ttl_ms: 0,
         }
     }
 }
@@ -241,6 +383,10 @@ pub struct Server {
     cancels: Mutex<CancelMap>,
     next_call: AtomicU64,
     limits: Limits,
+    /// Signs 2026-07-28 `requestState`.
+    state_key: crate::modern::StateKey,
+    /// Resource URIs watched by open `subscriptions/listen` streams.
+    watched: Arc<Mutex<FxHashMap<Box<str>, usize>>>,
 }
 
 impl Server {
@@ -262,7 +408,22 @@ impl Server {
             cancels: Mutex::new(FxHashMap::default()),
             next_call: AtomicU64::new(0),
             limits,
+            state_key: crate::modern::StateKey::random(),
+            watched: Arc::default(),
         })
+    }
+
+    /// Signs `requestState` with `key` instead of this process's random key: replicas that
+    /// share a key accept each other's state.
+    #[must_use]
+    pub fn with_state_key(self: Arc<Self>, key: crate::modern::StateKey) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut s) => {
+                s.state_key = key;
+                Arc::new(s)
+            }
+            Err(shared) => shared,
+        }
     }
 
     /// The limits in force.
@@ -282,9 +443,16 @@ impl Server {
 
     /// Sends a notification to every open stream.
     pub fn notify(&self, method: &str) {
+        let kind = match method {
+            "notifications/tools/list_changed" => EventKind::ToolsChanged,
+            "notifications/prompts/list_changed" => EventKind::PromptsChanged,
+            "notifications/resources/list_changed" => EventKind::ResourcesChanged,
+            _ => EventKind::Other,
+        };
         let _ = self.events.send(Arc::new(Event {
             session: None,
             message: protocol::notification(method).into(),
+            kind,
         }));
     }
 
@@ -475,6 +643,16 @@ impl Server {
                 "Invalid request: `id` must be a string or a number",
             );
         }
+        let header = match ctx.era {
+            Era::Legacy => None,
+            Era::Modern(h) => Some(Some(h)),
+            Era::Detect => (method != "initialize" && crate::modern::names_version(msg.params)).then_some(None),
+        };
+        if let Some(header) = header {
+            return self
+                .modern_message(method, msg.params, id, header, ctx, deadline, start)
+                .await;
+        }
         // Decremented on drop: a request future dropped mid-call (client gone) still counts down.
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
@@ -482,8 +660,9 @@ impl Server {
         let mut client = ClientCaps::default();
         let result = match method {
             "tools/call" => match self
-                .call_tool(msg.params, id, ctx, deadline, start, &mut out)
+                .call_tool(msg.params, id, ctx, deadline, start, None, &mut out)
                 .await
+                .map_err(|(c, m, _)| (c, m))
             {
                 Ok(Some(d)) => {
                     return Handled {
@@ -524,6 +703,198 @@ impl Server {
         }
     }
 
+    /// One request of the stateless revision (2026-07-28): `_meta` is checked, the method
+    /// routed, and the result stamped with `resultType`, the server's identity and (for lists,
+    /// reads and discovery) cache hints. Errors carry the HTTP status the revision assigns.
+    #[allow(clippy::too_many_arguments)]
+    async fn modern_message(
+        &self,
+        method: &str,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        header: Option<&str>,
+        ctx: Ctx<'_>,
+        deadline: Option<Instant>,
+        start: Instant,
+    ) -> Handled {
+        let inflight = InflightGuard::enter(&self.metrics.inflight);
+        let mut out = Vec::with_capacity(256);
+        let legacy = |r: Result<(), Failure>| {
+            r.map_err(|(c, m)| {
+                // 2026-07-28 reports an unknown resource as invalid params.
+                let c = if c == RESOURCE_NOT_FOUND { INVALID_PARAMS } else { c };
+                (c, m, None)
+            })
+        };
+        let meta = crate::modern::meta(params, header);
+        let mut stamp = Some(false);
+        let result: Result<(), crate::modern::Refusal> = match meta {
+            Err(r) => Err(r),
+            Ok(meta) => match method {
+                "server/discover" => {
+                    // Written whole, with its cache hints.
+                    stamp = None;
+                    let snap = self.registry.load();
+                    let mut result = snap.discover.to_vec();
+                    result.pop();
+                    result.extend_from_slice(&crate::modern::cache_fields(self.limits.cache_ttl_ms));
+                    result.push(b'}');
+                    protocol::write_result(&mut out, id, &result);
+                    Ok(())
+                }
+                "tools/call" => {
+                    stamp = None;
+                    let retry = params.map(|p| serde_json::from_str::<RetryParams<'_>>(p.get()));
+                    match retry {
+                        Some(Err(e)) => Err((INVALID_PARAMS, format!("Invalid params: {e}"), None)),
+                        retry => {
+                            let retry = retry.and_then(Result::ok);
+                            let m = ModernArgs {
+                                meta,
+                                answers: retry.as_ref().and_then(|r| r.input_responses),
+                                state: retry.as_ref().and_then(|r| r.request_state.as_deref()),
+                            };
+                            match self
+                                .call_tool(params, id, ctx, deadline, start, Some(m), &mut out)
+                                .await
+                            {
+                                Ok(Some(d)) => {
+                                    return Handled {
+                                        deferred: Some(d),
+                                        ..Handled::default()
+                                    };
+                                }
+                                Ok(None) => Ok(()),
+                                Err(e) => Err(e),
+                            }
+                        }
+                    }
+                }
+                "tools/list" | "resources/list" | "resources/templates/list" | "prompts/list" => {
+                    stamp = Some(true);
+                    let kind = match method {
+                        "tools/list" => ListKind::Tools,
+                        "resources/list" => ListKind::Resources,
+                        "resources/templates/list" => ListKind::ResourceTemplates,
+                        _ => ListKind::Prompts,
+                    };
+                    legacy(self.list(kind, params, id, &mut out))
+                }
+                "resources/read" => {
+                    stamp = Some(true);
+                    legacy(self.read_resource(params, id, &mut out))
+                }
+                "prompts/get" => legacy(self.get_prompt(params, id, &mut out)),
+                "completion/complete" => legacy(self.complete(params, id, &mut out)),
+                "subscriptions/listen" => match self.listen(params, id) {
+                    Ok(l) => {
+                        drop(inflight);
+                        self.metrics
+                            .record(method_index(method), 0, start.elapsed());
+                        return Handled {
+                            listen: Some(l),
+                            ..Handled::default()
+                        };
+                    }
+                    Err(e) => Err(e),
+                },
+                m if crate::modern::REMOVED_METHODS.contains(&m) => Err((
+                    METHOD_NOT_FOUND,
+                    format!("Method not found: {m} is not part of protocol {}", meta.version),
+                    None,
+                )),
+                other => Err((METHOD_NOT_FOUND, format!("Method not found: {other}"), None)),
+            },
+        };
+        drop(inflight);
+        let status = self.finish_modern(method, id, result, stamp, &mut out, start);
+        Handled {
+            body: Some(out),
+            status,
+            ..Handled::default()
+        }
+    }
+
+    /// [`Server::finish`] for 2026-07-28: stamps a result (`stamp`: with cache hints or not;
+    /// `None` when the answer is stamped already), writes a refusal with its `data`, and
+    /// returns the answer's HTTP status.
+    fn finish_modern(
+        &self,
+        method: &str,
+        id: &RawValue,
+        result: Result<(), crate::modern::Refusal>,
+        stamp: Option<bool>,
+        out: &mut Vec<u8>,
+        start: Instant,
+    ) -> u16 {
+        match result {
+            Ok(()) => {
+                if let Some(cacheable) = stamp {
+                    let snap = self.registry.load();
+                    if cacheable {
+                        let mut f = snap.result_stamp.to_vec();
+                        f.extend_from_slice(&crate::modern::cache_fields(self.limits.cache_ttl_ms));
+                        crate::modern::stamp(out, &f);
+                    } else {
+                        crate::modern::stamp(out, &snap.result_stamp);
+                    }
+                }
+                self.finish(method, id, Ok(()), out, start);
+                200
+            }
+            Err((code, message, data)) => {
+                out.clear();
+                protocol::write_error(out, Some(id), code, &message, data.as_ref());
+                self.metrics
+                    .record(method_index(method), outcome_index(code), start.elapsed());
+                protocol::modern_http_status(code)
+            }
+        }
+    }
+
+    fn listen(&self, params: Option<&RawValue>, id: &RawValue) -> Result<Listen, crate::modern::Refusal> {
+        let p: ListenParams = parse_params(params).map_err(|(c, m)| (c, m, None))?;
+        let filter = p.notifications.unwrap_or_default();
+        if filter.resource_subscriptions.len() > MAX_LISTEN_URIS {
+            return Err((
+                INVALID_PARAMS,
+                format!("Invalid params: a listen may watch at most {MAX_LISTEN_URIS} resources"),
+                None,
+            ));
+        }
+        if let Some(u) = filter
+            .resource_subscriptions
+            .iter()
+            .find(|u| u.len() > crate::session::MAX_URI_BYTES)
+        {
+            return Err((
+                INVALID_PARAMS,
+                format!(
+                    "Invalid params: a resource URI is longer than {} bytes ({}...)",
+                    crate::session::MAX_URI_BYTES,
+                    u.chars().take(32).collect::<String>()
+                ),
+                None,
+            ));
+        }
+        let registration = (!filter.resource_subscriptions.is_empty()).then(|| {
+            if let Ok(mut w) = self.watched.lock() {
+                for u in &filter.resource_subscriptions {
+                    *w.entry(u.as_str().into()).or_default() += 1;
+                }
+            }
+            ListenRegistration {
+                watched: self.watched.clone(),
+                uris: filter.resource_subscriptions.clone(),
+            }
+        });
+        Ok(Listen {
+            id: id.to_owned(),
+            filter,
+            registration,
+        })
+    }
+
     /// Bounds the answer's size, turns a failure into its JSON-RPC error, and records the
     /// message's metrics.
     fn finish(
@@ -562,16 +933,23 @@ impl Server {
     }
 
     /// Runs a slow tool call that [`Server::handle`] handed back (see [`Ctx::stream`]),
-    /// reaching the client through `peer`. Returns the response, or `None` when the client
-    /// cancelled the call (a cancelled request gets no response).
-    pub async fn run_deferred(&self, d: Deferred, session: &str, peer: Option<&Peer>) -> Option<Vec<u8>> {
+    /// reaching the client through `peer`. Returns the response and its HTTP status, or
+    /// `None` when the client cancelled the call (a cancelled request gets no response).
+    pub async fn run_deferred(&self, d: Deferred, session: &str, peer: Option<&Peer>) -> Option<(Vec<u8>, u16)> {
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let cx = CallCtx {
             session,
             peer,
             progress_token: d.progress.as_deref(),
-            level: self.sessions.level(session),
-            caps: self.sessions.caps(session),
+            level: match &d.modern {
+                Some(m) => m.level,
+                None => Some(self.sessions.level(session)),
+            },
+            caps: match &d.modern {
+                Some(m) => Some(m.inputs.caps),
+                None => self.sessions.caps(session),
+            },
+            inputs: d.modern.as_ref().map(|m| &m.inputs),
             pending: Some(&self.pending),
             dropped: Some(&self.metrics.peer_dropped),
         };
@@ -588,9 +966,14 @@ impl Server {
             return None;
         };
         let mut out = Vec::with_capacity(256);
-        conclude(&d.snap, d.index, &d.id, o, d.start, &mut out);
-        self.finish("tools/call", &d.id, Ok(()), &mut out, d.start);
-        Some(out)
+        let Some(m) = d.modern else {
+            conclude(&d.snap, d.index, &d.id, o, d.start, &mut out);
+            self.finish("tools/call", &d.id, Ok(()), &mut out, d.start);
+            return Some((out, 200));
+        };
+        let r = self.conclude_modern(&d.snap, d.index, &d.id, o, *m, d.start, &mut out);
+        let status = self.finish_modern("tools/call", &d.id, r, None, &mut out, d.start);
+        Some((out, status))
     }
 
     fn on_notification(&self, method: &str, params: Option<&RawValue>, ctx: Ctx<'_>) {
@@ -616,11 +999,7 @@ impl Server {
         let p: InitializeParams<'_> = parse_params(params)?;
         let version = protocol::supported(&p.protocol_version).unwrap_or(protocol::LATEST_VERSION);
         protocol::write_result(out, id, self.registry.load().initialize_result(version));
-        let caps = p.capabilities.unwrap_or_default();
-        Ok(ClientCaps {
-            sampling: caps.sampling,
-            elicitation: caps.elicitation,
-        })
+        Ok(crate::modern::client_caps(p.capabilities))
     }
 
     fn set_level(
@@ -685,6 +1064,21 @@ impl Server {
                 let _ = self.events.send(Arc::new(Event {
                     session: Some(session),
                     message: msg.into(),
+                    kind: EventKind::ResourceUpdated(uri.clone()),
+                }));
+            }
+        }
+        let watched: Vec<Box<str>> = self
+            .watched
+            .lock()
+            .map(|w| w.keys().cloned().collect())
+            .unwrap_or_default();
+        for uri in watched {
+            if resource_contents(old, &uri) != resource_contents(new, &uri) {
+                let _ = self.events.send(Arc::new(Event {
+                    session: None,
+                    message: Box::from(""),
+                    kind: EventKind::ResourceUpdated(uri),
                 }));
             }
         }
@@ -756,6 +1150,7 @@ impl Server {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn call_tool(
         &self,
         params: Option<&RawValue>,
@@ -763,17 +1158,24 @@ impl Server {
         ctx: Ctx<'_>,
         deadline: Option<Instant>,
         received: Instant,
+        modern: Option<ModernArgs<'_>>,
         out: &mut Vec<u8>,
-    ) -> Result<Option<Deferred>, Failure> {
-        let p: CallParams<'_> = parse_params(params)?;
+    ) -> Result<Option<Deferred>, crate::modern::Refusal> {
+        let p: CallParams<'_> = parse_params(params).map_err(|(c, m)| (c, m, None))?;
         let guard = self.registry.load();
         let Some(index) = guard.tool_index(&p.name) else {
-            return fail(INVALID_PARAMS, format!("Unknown tool: {}", p.name));
+            return Err((INVALID_PARAMS, format!("Unknown tool: {}", p.name), None));
         };
         let args = match p.arguments {
             None => Value::Object(Map::new()),
             Some(v @ Value::Object(_)) => v,
-            Some(_) => return fail(INVALID_PARAMS, "Invalid params: `arguments` must be an object"),
+            Some(_) => {
+                return Err((
+                    INVALID_PARAMS,
+                    "Invalid params: `arguments` must be an object".to_owned(),
+                    None,
+                ));
+            }
         };
         let start = Instant::now();
         let tool = &guard.tools[index];
@@ -787,8 +1189,19 @@ impl Server {
             );
             write_tool_result(out, id, &ToolOutput::error(text));
             tool.metrics.invalid_arguments.observe(start.elapsed());
+            if modern.is_some() {
+                crate::modern::stamp(out, &guard.result_stamp);
+            }
             return Ok(None);
         }
+        let modern = match modern {
+            None => None,
+            Some(m) => Some(Box::new(self.modern_call(&p.name, &args, m)?)),
+        };
+        let progress = match &modern {
+            Some(m) => m.progress.clone(),
+            None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
+        };
         let output = match self.exec.run_now(&guard, index, &args) {
             Some(o) => o,
             None => {
@@ -801,28 +1214,118 @@ impl Server {
                         index,
                         args,
                         id: id.to_owned(),
-                        progress: p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
+                        progress,
                         start: received,
+                        modern,
                     }));
                 }
                 let cx = CallCtx {
                     session: ctx.session,
+                    level: modern.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
+                    caps: modern.as_ref().map(|m| m.inputs.caps),
+                    inputs: modern.as_ref().map(|m| &m.inputs),
                     ..CallCtx::DETACHED
                 };
                 let result = self
                     .run_cancellable(&snap, index, args, ctx.session, id, deadline, &cx)
                     .await;
                 return match result {
-                    Some(o) => {
-                        conclude(&snap, index, id, o, start, out);
-                        Ok(None)
-                    }
-                    None => fail(protocol::REQUEST_CANCELLED, "Request cancelled"),
+                    Some(o) => match modern {
+                        Some(m) => self.conclude_modern(&snap, index, id, o, *m, start, out).map(|_| None),
+                        None => {
+                            conclude(&snap, index, id, o, start, out);
+                            Ok(None)
+                        }
+                    },
+                    None => Err((protocol::REQUEST_CANCELLED, "Request cancelled".to_owned(), None)),
                 };
             }
         };
         conclude(&guard, index, id, output, start, out);
+        if modern.is_some() {
+            crate::modern::stamp(out, &guard.result_stamp);
+        }
         Ok(None)
+    }
+
+    /// Opens a 2026-07-28 call's `requestState` and gathers the answers of its retry.
+    fn modern_call(&self, name: &str, args: &Value, m: ModernArgs<'_>) -> Result<ModernCall, crate::modern::Refusal> {
+        let call = crate::modern::CallId::new("tools/call", name, args);
+        let mut answers = match m.state {
+            Some(s) => self
+                .state_key
+                .open(s, &call)
+                .map_err(|e| (INVALID_PARAMS, format!("Invalid params: {e}"), None))?,
+            None => Map::new(),
+        };
+        if let Some(raw) = m.answers {
+            match serde_json::from_str::<Value>(raw.get()) {
+                Ok(Value::Object(fresh)) => answers.extend(fresh),
+                _ => {
+                    return Err((
+                        INVALID_PARAMS,
+                        "Invalid params: `inputResponses` must be an object mapping each input request's key to the client's result".to_owned(),
+                        None,
+                    ));
+                }
+            }
+        }
+        Ok(ModernCall {
+            inputs: crate::peer::Inputs::new(m.meta.caps, answers),
+            call,
+            level: m.meta.level,
+            progress: m.meta.progress.map(ToOwned::to_owned),
+        })
+    }
+
+    /// Ends a 2026-07-28 call: its result, or what its round gathered instead (an
+    /// `InputRequiredResult`, a refused answer, a missing capability).
+    #[allow(clippy::too_many_arguments)]
+    fn conclude_modern(
+        &self,
+        snap: &Snapshot,
+        index: usize,
+        id: &RawValue,
+        o: ToolOutput,
+        m: ModernCall,
+        start: Instant,
+        out: &mut Vec<u8>,
+    ) -> Result<(), crate::modern::Refusal> {
+        let round = m.inputs.finish();
+        if let Some(why) = round.invalid {
+            return Err((INVALID_PARAMS, why, None));
+        }
+        if !round.missing.is_empty() {
+            let required: Map<String, Value> = round
+                .missing
+                .iter()
+                .map(|n| (n.capability().to_owned(), json!({})))
+                .collect();
+            let names: Vec<&str> = round.missing.iter().map(|n| n.capability()).collect();
+            return Err((
+                protocol::MISSING_CAPABILITY,
+                format!(
+                    "Missing required client capability: {} (declare it in `io.modelcontextprotocol/clientCapabilities`)",
+                    names.join(", ")
+                ),
+                Some(json!({"requiredCapabilities": required})),
+            ));
+        }
+        if !round.asked.is_empty() {
+            let state = self.state_key.seal(&m.call, &round.used);
+            let mut result = json!({
+                "resultType": "input_required",
+                "inputRequests": round.asked,
+                "requestState": state,
+            });
+            result["_meta"] = json!({"io.modelcontextprotocol/serverInfo": snap.server_info});
+            protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
+            snap.tools[index].metrics.ok.observe(start.elapsed());
+            return Ok(());
+        }
+        conclude(snap, index, id, o, start, out);
+        crate::modern::stamp(out, &snap.result_stamp);
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -852,6 +1355,14 @@ impl Server {
                 )))
             }
         }
+    }
+
+    /// A token that `notifications/cancelled` naming `id` in `session` cancels (a stdio
+    /// `subscriptions/listen`), registered until the returned entry is dropped.
+    pub fn cancel_handle(&self, session: &str, id: &RawValue) -> (CancellationToken, impl Drop + '_) {
+        let token = CancellationToken::new();
+        let entry = self.register_cancel(session, id, &token);
+        (token, entry)
     }
 
     fn register_cancel(&self, session: &str, id: &RawValue, token: &CancellationToken) -> CancelEntry<'_> {
@@ -984,6 +1495,24 @@ pub struct Deferred {
     id: Box<RawValue>,
     progress: Option<Box<RawValue>>,
     start: Instant,
+    modern: Option<Box<ModernCall>>,
+}
+
+/// What `tools/call` gets from a 2026-07-28 request besides the call itself.
+struct ModernArgs<'a> {
+    meta: crate::modern::Meta<'a>,
+    answers: Option<&'a RawValue>,
+    state: Option<&'a str>,
+}
+
+/// A 2026-07-28 call in progress: the round's questions and answers, what its state is
+/// bound to, and the per-request log level and progress token.
+#[derive(Debug)]
+struct ModernCall {
+    inputs: crate::peer::Inputs,
+    call: crate::modern::CallId,
+    level: Option<LogLevel>,
+    progress: Option<Box<RawValue>>,
 }
 
 /// A server-to-client notification for the open streams.
@@ -991,14 +1520,35 @@ pub struct Deferred {
 pub struct Event {
     /// The session whose streams get it; `None`: every stream.
     pub session: Option<Box<str>>,
-    /// The serialized JSON-RPC notification.
+    /// The serialized JSON-RPC notification (as handshake-era streams carry it).
     pub message: Box<str>,
+    /// What happened (how `subscriptions/listen` streams filter and tag it).
+    pub kind: EventKind,
+}
+
+/// What an [`Event`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// The tool list changed.
+    ToolsChanged,
+    /// The prompt list changed.
+    PromptsChanged,
+    /// The resource list changed.
+    ResourcesChanged,
+    /// A resource's contents changed (or it is gone).
+    ResourceUpdated(Box<str>),
+    /// Anything else.
+    Other,
 }
 
 impl Event {
-    /// Whether a stream of `session` should carry this event.
+    /// Whether a handshake-era stream of `session` should carry this event. Resource updates
+    /// for 2026-07-28 listens (no session) go to listens only.
     pub fn is_for(&self, session: &str) -> bool {
-        self.session.as_deref().is_none_or(|s| s == session)
+        match &self.session {
+            Some(s) => &**s == session,
+            None => !matches!(self.kind, EventKind::ResourceUpdated(_)),
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub mod handlers;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]
+pub mod modern;
+#[cfg(feature = "runtime")]
 pub mod peer;
 #[cfg(feature = "runtime")]
 pub mod protocol;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::session::{ClientCaps, LogLevel};
@@ -124,10 +124,14 @@ pub struct CallCtx<'a> {
     pub peer: Option<&'a Peer>,
     /// `_meta.progressToken` of the call, raw JSON.
     pub progress_token: Option<&'a RawValue>,
-    /// The least severe level the session wants log messages of.
-    pub level: LogLevel,
+    /// The least severe level the client wants log messages of; `None`: none (a 2026-07-28
+    /// request that named no level).
+    pub level: Option<LogLevel>,
     /// What the client declared in `initialize`, when this server saw it.
     pub caps: Option<ClientCaps>,
+    /// 2026-07-28: questions to the client are gathered into an `InputRequiredResult` and
+    /// answered by a retry, instead of being sent as requests.
+    pub inputs: Option<&'a Inputs>,
     /// Requests to clients awaiting answers.
     pub pending: Option<&'a Pending>,
     /// Messages dropped because the client read too slowly.
@@ -140,8 +144,9 @@ impl CallCtx<'_> {
         session: "",
         peer: None,
         progress_token: None,
-        level: LogLevel::Info,
+        level: Some(LogLevel::Info),
         caps: None,
+        inputs: None,
         pending: None,
         dropped: None,
     };
@@ -172,7 +177,7 @@ impl CallCtx<'_> {
 
     /// Sends `notifications/message` when `level` is at least the session's level.
     pub fn log(&self, level: LogLevel, logger: &str, data: &str) {
-        if level < self.level || self.peer.is_none() {
+        if self.level.is_none_or(|min| level < min) || self.peer.is_none() {
             return;
         }
         let params = json!({"level": level.as_str(), "logger": logger, "data": data});
@@ -228,6 +233,215 @@ impl CallCtx<'_> {
     }
 }
 
+/// A capability a question to the client needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `sampling/createMessage`.
+    Sampling,
+    /// `elicitation/create`.
+    Elicitation,
+    /// `roots/list`.
+    Roots,
+}
+
+impl Need {
+    /// The JSON-RPC method that asks it.
+    pub fn method(self) -> &'static str {
+        match self {
+            Self::Sampling => "sampling/createMessage",
+            Self::Elicitation => "elicitation/create",
+            Self::Roots => "roots/list",
+        }
+    }
+
+    /// The capability's name in `ClientCapabilities`.
+    pub fn capability(self) -> &'static str {
+        match self {
+            Self::Sampling => "sampling",
+            Self::Elicitation => "elicitation",
+            Self::Roots => "roots",
+        }
+    }
+
+    fn declared(self, caps: ClientCaps) -> bool {
+        match self {
+            Self::Sampling => caps.sampling,
+            Self::Elicitation => caps.elicitation,
+            Self::Roots => caps.roots,
+        }
+    }
+
+    /// Why `answer` is not a well-formed result of this request, if it is not.
+    fn malformed(self, answer: &Value) -> Option<&'static str> {
+        let Some(o) = answer.as_object() else {
+            return Some("must be an object (the result of the request)");
+        };
+        match self {
+            Self::Elicitation => match o.get("action").and_then(Value::as_str) {
+                Some("accept" | "decline" | "cancel") => {
+                    (!o.get("content").is_none_or(Value::is_object)).then_some("`content` must be an object")
+                }
+                _ => Some("must carry `action`: accept, decline or cancel"),
+            },
+            Self::Sampling => (!o
+                .get("content")
+                .is_some_and(|c| c.is_object() || c.is_array()))
+            .then_some("must carry `content` (a block or an array of blocks)"),
+            Self::Roots => (!o.get("roots").and_then(Value::as_array).is_some_and(|r| {
+                r.iter()
+                    .all(|x| x.get("uri").is_some_and(Value::is_string))
+            }))
+            .then_some("must carry `roots`: an array of {uri, name?}"),
+        }
+    }
+}
+
+/// What asking the client gave.
+#[derive(Debug)]
+pub enum Asked {
+    /// The client's answer (its result object).
+    Answer(Value),
+    /// An optional question the client cannot answer (it did not declare the capability).
+    Skipped,
+    /// 2026-07-28: the call must stop here; the question was recorded for the
+    /// `InputRequiredResult` (or the answer was refused, which fails the request).
+    Stop,
+    /// Asking failed; the message explains why (a tool error).
+    Failed(String),
+}
+
+/// The questions and answers of one 2026-07-28 call round.
+#[derive(Debug)]
+pub struct Inputs {
+    /// What the client declared in the request's `_meta`.
+    pub caps: ClientCaps,
+    answers: Map<String, Value>,
+    round: Mutex<Round>,
+}
+
+/// What one round of a call gathered.
+#[derive(Debug, Default)]
+pub struct Round {
+    /// Questions still unanswered, by key: `{method, params}`.
+    pub asked: Map<String, Value>,
+    /// Answers the call used, by key (carried to the next round in `requestState`).
+    pub used: Map<String, Value>,
+    /// Capabilities required but not declared.
+    pub missing: Vec<Need>,
+    /// Why an answer was refused (the request then fails with -32602).
+    pub invalid: Option<String>,
+    auto: u32,
+}
+
+impl Round {
+    /// Whether the call must answer something other than its result.
+    pub fn interrupted(&self) -> bool {
+        !self.asked.is_empty() || !self.missing.is_empty() || self.invalid.is_some()
+    }
+}
+
+/// Longest key of a question.
+pub const MAX_KEY_LEN: usize = 64;
+
+impl Inputs {
+    /// A round with the answers known so far (from `requestState` and `inputResponses`).
+    pub fn new(caps: ClientCaps, answers: Map<String, Value>) -> Self {
+        Self {
+            caps,
+            answers,
+            round: Mutex::new(Round::default()),
+        }
+    }
+
+    /// What the round gathered.
+    pub fn finish(self) -> Round {
+        self.round.into_inner().unwrap_or_default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Round) -> T) -> Option<T> {
+        self.round.lock().ok().map(|mut r| f(&mut r))
+    }
+}
+
+impl CallCtx<'_> {
+    /// Asks the client a question: `need` names the request, `key` its name in an
+    /// `InputRequiredResult` (`None`: numbered in asking order), `params` builds the request's
+    /// params. Under 2026-07-28 the answer comes from the retry (or the question is recorded
+    /// and the call stops); before it, the request is sent and awaited.
+    pub async fn ask(
+        &self,
+        need: Need,
+        key: Option<&str>,
+        optional: bool,
+        params: impl FnOnce() -> Result<Value, String>,
+    ) -> Asked {
+        let Some(inputs) = self.inputs else {
+            if self.caps.is_some_and(|c| !need.declared(c)) {
+                if optional {
+                    return Asked::Skipped;
+                }
+                return Asked::Failed(format!(
+                    "this tool needs {} ({}), and the client did not declare the {} capability",
+                    match need {
+                        Need::Sampling => "the client's model",
+                        Need::Elicitation => "an answer from the user",
+                        Need::Roots => "the client's roots",
+                    },
+                    need.method(),
+                    need.capability()
+                ));
+            }
+            let params = match params() {
+                Ok(p) => p,
+                Err(e) => return Asked::Failed(e),
+            };
+            return match self.request(need.method(), params).await {
+                Ok(a) => Asked::Answer(a),
+                Err(e) => Asked::Failed(format!("{} failed: {e}", need.method())),
+            };
+        };
+        if !need.declared(inputs.caps) {
+            if optional {
+                return Asked::Skipped;
+            }
+            inputs.with(|r| {
+                if !r.missing.contains(&need) {
+                    r.missing.push(need);
+                }
+            });
+            return Asked::Stop;
+        }
+        let key = match key {
+            Some(k) => k.to_owned(),
+            None => inputs
+                .with(|r| {
+                    r.auto += 1;
+                    format!("{}-{}", need.capability(), r.auto)
+                })
+                .unwrap_or_default(),
+        };
+        if let Some(answer) = inputs.answers.get(&key) {
+            if let Some(why) = need.malformed(answer) {
+                inputs.with(|r| {
+                    r.invalid.get_or_insert_with(|| format!("Invalid params: inputResponses.{key} {why}"));
+                });
+                return Asked::Stop;
+            }
+            inputs.with(|r| r.used.insert(key, answer.clone()));
+            return Asked::Answer(answer.clone());
+        }
+        let params = match params() {
+            Ok(p) => p,
+            Err(e) => return Asked::Failed(e),
+        };
+        inputs.with(|r| {
+            r.asked
+                .insert(key, json!({"method": need.method(), "params": params}))
+        });
+        Asked::Stop
+    }
+}
+
 fn notification(method: &str, params: &Value) -> Vec<u8> {
     serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": method, "params": params})).unwrap_or_default()
 }
@@ -277,7 +491,7 @@ mod tests {
         let cx = CallCtx {
             peer: Some(&peer),
             progress_token: Some(&token),
-            level: LogLevel::Warning,
+            level: Some(LogLevel::Warning),
             ..CallCtx::DETACHED
         };
         cx.log(LogLevel::Info, "t", "hidden");

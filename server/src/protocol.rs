@@ -2,10 +2,17 @@
 
 use serde_json::value::RawValue;
 
-/// Protocol revisions this server speaks, newest first.
+/// Handshake-era ("legacy") revisions this server speaks, newest first: a client opens with
+/// `initialize` and (over HTTP) gets a session.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
-/// The newest revision; offered when a client asks for one we do not speak.
+/// The newest handshake-era revision; offered when `initialize` asks for one we do not speak.
 pub const LATEST_VERSION: &str = SUPPORTED_VERSIONS[0];
+/// Stateless ("modern") revisions: every request carries its version, client capabilities
+/// and log level in `_meta`; there is no handshake and no session (see [`crate::modern`]).
+pub const MODERN_VERSIONS: [&str; 1] = ["2026-07-28"];
+/// Every revision this server speaks, newest first (`server/discover`, and the `supported`
+/// list of an unsupported-version error).
+pub const ALL_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"];
 /// What a Streamable HTTP request without `MCP-Protocol-Version` is assumed to speak.
 pub const DEFAULT_HTTP_VERSION: &str = "2025-03-26";
 
@@ -21,6 +28,12 @@ pub const INVALID_PARAMS: i32 = -32602;
 pub const INTERNAL_ERROR: i32 = -32603;
 /// Resource not found (MCP).
 pub const RESOURCE_NOT_FOUND: i32 = -32002;
+/// HTTP headers disagree with the body, or a required header is missing (2026-07-28).
+pub const HEADER_MISMATCH: i32 = -32020;
+/// The request needs a client capability its `_meta` did not declare (2026-07-28).
+pub const MISSING_CAPABILITY: i32 = -32021;
+/// The request's protocol version is not one this server speaks (2026-07-28).
+pub const UNSUPPORTED_VERSION: i32 = -32022;
 /// The request was cancelled by the client.
 pub const REQUEST_CANCELLED: i32 = -32800;
 
@@ -36,6 +49,27 @@ pub fn valid_session_id(id: &[u8]) -> bool {
 /// The supported revision equal to `v`, if any.
 pub fn supported(v: &str) -> Option<&'static str> {
     SUPPORTED_VERSIONS.iter().copied().find(|s| *s == v)
+}
+
+/// The stateless revision equal to `v`, if any.
+pub fn modern(v: &str) -> Option<&'static str> {
+    MODERN_VERSIONS.iter().copied().find(|s| *s == v)
+}
+
+/// The `UnsupportedProtocolVersionError` data: every version spoken, and the one asked for.
+pub fn unsupported_version_data(requested: &str) -> serde_json::Value {
+    serde_json::json!({"supported": ALL_VERSIONS, "requested": requested})
+}
+
+/// The HTTP status of a 2026-07-28 error answer, by JSON-RPC code (200 for the rest: a tool
+/// or resource failure is an answer, not a transport refusal).
+pub fn modern_http_status(code: i32) -> u16 {
+    match code {
+        PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS | HEADER_MISMATCH | MISSING_CAPABILITY
+        | UNSUPPORTED_VERSION => 400,
+        METHOD_NOT_FOUND => 404,
+        _ => 200,
+    }
 }
 
 /// Whether an `id` is a string or a number, as JSON-RPC requires (MCP forbids null).

@@ -39,6 +39,12 @@ pub struct Snapshot {
     template_pages: Vec<Box<[u8]>>,
     prompt_pages: Vec<Box<[u8]>>,
     initialize: Vec<(&'static str, Box<[u8]>)>,
+    /// The `server/discover` result (2026-07-28), without cache hints.
+    pub discover: Box<[u8]>,
+    /// `"resultType":"complete","_meta":{serverInfo}`: what every 2026-07-28 result carries.
+    pub result_stamp: Box<[u8]>,
+    /// `{name, version, title?}` of the server.
+    pub server_info: Value,
     static_resources: FxHashMap<Box<str>, usize>,
     prompts_by_name: FxHashMap<Box<str>, usize>,
     /// The compiled config (resources and prompts are read from it).
@@ -135,6 +141,23 @@ impl Snapshot {
                 (*v, serde_json::to_vec(&r).unwrap_or_default().into_boxed_slice())
             })
             .collect();
+        let mut discover = json!({
+            "resultType": "complete",
+            "supportedVersions": crate::protocol::ALL_VERSIONS,
+            "capabilities": {
+                "tools": {"listChanged": true},
+                "resources": {"listChanged": true, "subscribe": true},
+                "prompts": {"listChanged": true},
+                "logging": {},
+                "completions": {},
+            },
+            "_meta": {"io.modelcontextprotocol/serverInfo": info},
+        });
+        if let Some(i) = &server.instructions {
+            discover["instructions"] = Value::String(i.clone());
+        }
+        let discover = serde_json::to_vec(&discover).unwrap_or_default().into_boxed_slice();
+        let result_stamp = crate::modern::result_fields(&info).into_boxed_slice();
         Self {
             generation,
             hash: cfg.hash.clone(),
@@ -145,6 +168,9 @@ impl Snapshot {
             template_pages,
             prompt_pages,
             initialize,
+            discover,
+            result_stamp,
+            server_info: info,
             static_resources,
             prompts_by_name,
             config: cfg,

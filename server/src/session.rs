@@ -29,6 +29,8 @@ pub struct ClientCaps {
     pub sampling: bool,
     /// `capabilities.elicitation` (form mode): it answers `elicitation/create`.
     pub elicitation: bool,
+    /// `capabilities.roots`: it answers `roots/list`.
+    pub roots: bool,
 }
 
 #[derive(Debug, Default)]

@@ -8,7 +8,10 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
 use super::content::{self, Content};
-use super::{API_VERSION, ConfigError, Handler, KIND, LogLevel, Problem, Role, ToolSet, parse_duration};
+use super::{
+    API_VERSION, ConfigError, ElicitSpec, Handler, KIND, LogLevel, Problem, QuestionSpec, Role, SampleSpec, ToolSet,
+    parse_duration,
+};
 use crate::schema::{Schema, expand_shorthand};
 use crate::template::{JsonTemplate, Template, depth};
 
@@ -20,6 +23,10 @@ const DEFAULT_PAGE_SIZE: u32 = 100;
 
 /// Pipelines may nest at most this deep (a pipeline whose step is a pipeline is 2 deep).
 pub const MAX_PIPELINE_NESTING: usize = 16;
+/// Most questions one `ask` handler asks.
+pub const MAX_QUESTIONS: usize = 16;
+/// Longest key of a question.
+pub const MAX_QUESTION_KEY: usize = 64;
 /// One call of a pipeline may run at most this many steps, nested pipelines' steps included.
 pub const MAX_PIPELINE_STEPS: usize = 10_000;
 /// JSON values in a ToolSet (schemas, `input`, bodies, step inputs) may nest at most this
@@ -80,6 +87,30 @@ pub enum CompiledHandler {
     Sample(SampleCall),
     /// An `elicitation/create` request to the client.
     Elicit(Box<ElicitCall>),
+    /// Several questions to the client, by key.
+    Ask(Vec<Question>),
+}
+
+/// A compiled question of an `ask` handler.
+#[derive(Debug)]
+pub struct Question {
+    /// Its name (the `InputRequiredResult` key, and the key of its answer in the result).
+    pub key: String,
+    /// What is asked.
+    pub kind: QuestionKind,
+    /// Skipped when the client cannot answer it.
+    pub optional: bool,
+}
+
+/// What a question asks.
+#[derive(Debug)]
+pub enum QuestionKind {
+    /// The client's model.
+    Sample(SampleCall),
+    /// The user.
+    Elicit(Box<ElicitCall>),
+    /// The client's roots.
+    Roots,
 }
 
 /// A compiled `sample` handler.
@@ -91,6 +122,8 @@ pub struct SampleCall {
     pub system_prompt: Option<Template>,
     /// Token cap.
     pub max_tokens: u64,
+    /// Name of the request under 2026-07-28 (`None`: numbered).
+    pub key: Option<String>,
 }
 
 /// A compiled `elicit` handler.
@@ -102,6 +135,8 @@ pub struct ElicitCall {
     pub schema: Value,
     /// The same, compiled to check the answer.
     pub check: Schema,
+    /// Name of the request under 2026-07-28 (`None`: numbered).
+    pub key: Option<String>,
 }
 
 /// Most tokens a `sample` handler may ask for.
@@ -579,6 +614,133 @@ pub(super) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Templa
 }
 
 /// Compiles a template and checks the names it uses; problems are reported under `path`.
+/// Whether `key` may name a question: 1 to 64 letters, digits, `_`, `-`, `.`.
+fn valid_key(key: &str) -> bool {
+    (1..=MAX_QUESTION_KEY).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn check_key(key: Option<&String>, path: &str, p: &mut Problems) -> Option<String> {
+    let k = key?;
+    if !valid_key(k) {
+        p.push(
+            path,
+            "must be 1 to 64 letters, digits, `_`, `-` or `.`",
+        );
+    }
+    Some(k.clone())
+}
+
+fn compile_sample(spec: &SampleSpec, at: &str, names: &Names<'_>, p: &mut Problems) -> SampleCall {
+    let prompt = checked_template(&spec.prompt, &format!("{at}.prompt"), names, p);
+    let system_prompt = spec
+        .system_prompt
+        .as_deref()
+        .and_then(|s| checked_template(s, &format!("{at}.systemPrompt"), names, p));
+    if !(1..=MAX_SAMPLE_TOKENS).contains(&spec.max_tokens) {
+        p.push(
+            format!("{at}.maxTokens"),
+            format!("must be 1 to {MAX_SAMPLE_TOKENS}"),
+        );
+    }
+    SampleCall {
+        prompt: prompt.unwrap_or_else(Template::empty),
+        system_prompt,
+        max_tokens: spec.max_tokens,
+        key: check_key(spec.key.as_ref(), &format!("{at}.key"), p),
+    }
+}
+
+fn compile_elicit(spec: &ElicitSpec, at: &str, names: &Names<'_>, p: &mut Problems) -> ElicitCall {
+    let message = checked_template(&spec.message, &format!("{at}.message"), names, p);
+    let shallow_ok = shallow(&spec.schema, &format!("{at}.schema"), p);
+    if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
+        p.push(
+            format!("{at}.schema.type"),
+            "a form schema must have `type: object`",
+        );
+    }
+    match spec.schema.get("properties").and_then(Value::as_object) {
+        Some(props) if !props.is_empty() => {
+            for (k, v) in props {
+                let ty = v.get("type").and_then(Value::as_str);
+                if !ty.is_some_and(|t| FORM_TYPES.contains(&t)) {
+                    p.push(
+                        format!("{at}.schema.properties.{k}.type"),
+                        "must be string, number, integer, boolean or array (forms are flat)",
+                    );
+                }
+            }
+        }
+        _ => p.push(format!("{at}.schema.properties"), "must list at least one field"),
+    }
+    let check = if shallow_ok {
+        Schema::compile(&spec.schema)
+            .map_err(|errs| p.nested(&format!("{at}.schema"), errs))
+            .unwrap_or_default()
+    } else {
+        Schema::default()
+    };
+    ElicitCall {
+        message: message.unwrap_or_else(Template::empty),
+        schema: spec.schema.clone(),
+        check,
+        key: check_key(spec.key.as_ref(), &format!("{at}.key"), p),
+    }
+}
+
+fn compile_questions(
+    questions: &BTreeMap<String, QuestionSpec>,
+    at: &str,
+    names: &Names<'_>,
+    p: &mut Problems,
+) -> Vec<Question> {
+    if questions.is_empty() {
+        p.push(at, "must ask at least one question");
+    }
+    if questions.len() > MAX_QUESTIONS {
+        p.push(
+            at,
+            format!("may ask at most {} questions", MAX_QUESTIONS),
+        );
+    }
+    let mut out = Vec::with_capacity(questions.len());
+    for (key, q) in questions.iter().take(MAX_QUESTIONS) {
+        let qat = format!("{at}.{key}");
+        if !valid_key(key) {
+            p.push(&qat, "a question's key must be 1 to 64 letters, digits, `_`, `-` or `.`");
+        }
+        let set = usize::from(q.sample.is_some()) + usize::from(q.elicit.is_some()) + usize::from(q.roots.is_some());
+        if set != 1 {
+            p.push(&qat, "must have exactly one of `sample`, `elicit`, `roots`");
+            continue;
+        }
+        let own_key = q
+            .sample
+            .as_ref()
+            .and_then(|s| s.key.as_ref())
+            .or_else(|| q.elicit.as_ref().and_then(|e| e.key.as_ref()));
+        if own_key.is_some() {
+            p.push(&qat, "a question of `ask` is named by its map key; drop its `key`");
+        }
+        let kind = if let Some(s) = &q.sample {
+            QuestionKind::Sample(compile_sample(s, &format!("{qat}.sample"), names, p))
+        } else if let Some(e) = &q.elicit {
+            QuestionKind::Elicit(Box::new(compile_elicit(e, &format!("{qat}.elicit"), names, p)))
+        } else {
+            QuestionKind::Roots
+        };
+        out.push(Question {
+            key: key.clone(),
+            kind,
+            optional: q.optional,
+        });
+    }
+    out
+}
+
 pub(super) fn checked_template(
     src: &str,
     path: &str,
@@ -719,61 +881,20 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 checked_template(src, &format!("{hat}.template"), &names, &mut p)
                     .unwrap_or_else(Template::empty),
             ),
-            Handler::Sample(spec) => {
-                let at = format!("{hat}.sample");
-                let prompt = checked_template(&spec.prompt, &format!("{at}.prompt"), &names, &mut p);
-                let system_prompt = spec
-                    .system_prompt
-                    .as_deref()
-                    .and_then(|s| checked_template(s, &format!("{at}.systemPrompt"), &names, &mut p));
-                if !(1..=MAX_SAMPLE_TOKENS).contains(&spec.max_tokens) {
-                    p.push(
-                        format!("{at}.maxTokens"),
-                        format!("must be 1 to {MAX_SAMPLE_TOKENS}"),
-                    );
-                }
-                CompiledHandler::Sample(SampleCall {
-                    prompt: prompt.unwrap_or_else(Template::empty),
-                    system_prompt,
-                    max_tokens: spec.max_tokens,
-                })
-            }
-            Handler::Elicit(spec) => {
-                let at = format!("{hat}.elicit");
-                let message = checked_template(&spec.message, &format!("{at}.message"), &names, &mut p);
-                let shallow_ok = shallow(&spec.schema, &format!("{at}.schema"), &mut p);
-                if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
-                    p.push(
-                        format!("{at}.schema.type"),
-                        "a form schema must have `type: object`",
-                    );
-                }
-                match spec.schema.get("properties").and_then(Value::as_object) {
-                    Some(props) if !props.is_empty() => {
-                        for (k, v) in props {
-                            let ty = v.get("type").and_then(Value::as_str);
-                            if !ty.is_some_and(|t| FORM_TYPES.contains(&t)) {
-                                p.push(
-                                    format!("{at}.schema.properties.{k}.type"),
-                                    "must be string, number, integer, boolean or array (forms are flat)",
-                                );
-                            }
-                        }
-                    }
-                    _ => p.push(format!("{at}.schema.properties"), "must list at least one field"),
-                }
-                let check = if shallow_ok {
-                    Schema::compile(&spec.schema)
-                        .map_err(|errs| p.nested(&format!("{at}.schema"), errs))
-                        .unwrap_or_default()
-                } else {
-                    Schema::default()
-                };
-                CompiledHandler::Elicit(Box::new(ElicitCall {
-                    message: message.unwrap_or_else(Template::empty),
-                    schema: spec.schema.clone(),
-                    check,
-                }))
+            Handler::Sample(spec) => CompiledHandler::Sample(compile_sample(
+                spec,
+                &format!("{hat}.sample"),
+                &names,
+                &mut p,
+            )),
+            Handler::Elicit(spec) => CompiledHandler::Elicit(Box::new(compile_elicit(
+                spec,
+                &format!("{hat}.elicit"),
+                &names,
+                &mut p,
+            ))),
+            Handler::Ask(questions) => {
+                CompiledHandler::Ask(compile_questions(questions, &format!("{hat}.ask"), &names, &mut p))
             }
             Handler::Error(src) => CompiledHandler::Error(
                 checked_template(src, &format!("{hat}.error"), &names, &mut p)

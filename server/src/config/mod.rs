@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 
 pub use compile::{
     Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ElicitCall,
-    ExecArg, ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_SAMPLE_TOKENS,
-    MAX_VALUE_DEPTH, ResourceKind, SampleCall, Step, UriPattern, compile,
+    ExecArg, ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_QUESTION_KEY, MAX_QUESTIONS,
+    MAX_SAMPLE_TOKENS, MAX_VALUE_DEPTH, Question, QuestionKind, ResourceKind, SampleCall, Step, UriPattern,
+    compile,
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};

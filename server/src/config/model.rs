@@ -187,7 +187,35 @@ pub enum Handler {
     /// Asks the user for input through the client (`elicitation/create`); the answer is the
     /// result's structured content. Needs a client that declared `elicitation`.
     Elicit(ElicitSpec),
+    /// Asks the client several questions at once (the model, the user, the client's roots),
+    /// each under its key; the result's structured content maps each key to its answer.
+    /// Under protocol 2026-07-28 they travel together in one `InputRequiredResult`.
+    Ask(BTreeMap<String, QuestionSpec>),
 }
+
+/// One question of an `ask` handler: exactly one of `sample`, `elicit`, `roots`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuestionSpec {
+    /// Ask the client's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<SampleSpec>,
+    /// Ask the user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elicit: Option<ElicitSpec>,
+    /// Ask for the client's roots (`roots/list`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roots: Option<RootsSpec>,
+    /// Skip the question (its answer is `null`) when the client did not declare the
+    /// capability, instead of failing the call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+/// A `roots/list` request (it has no parameters).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RootsSpec {}
 
 /// A `sampling/createMessage` request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -200,6 +228,10 @@ pub struct SampleSpec {
     pub system_prompt: Option<String>,
     /// Most tokens the model may produce (1 to 1,000,000).
     pub max_tokens: u64,
+    /// Name of the request in a 2026-07-28 `InputRequiredResult` (letters, digits, `_`, `-`,
+    /// `.`; at most 64). Default: numbered in asking order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// An `elicitation/create` request (form mode).
@@ -213,6 +245,10 @@ pub struct ElicitSpec {
     #[serde(deserialize_with = "json_field::required")]
     #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub schema: Value,
+    /// Name of the request in a 2026-07-28 `InputRequiredResult` (letters, digits, `_`, `-`,
+    /// `.`; at most 64). Default: numbered in asking order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// One block of MCP content. Every string in it is a template over the arguments (of the

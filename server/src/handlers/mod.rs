@@ -151,6 +151,7 @@ impl Executor {
                 CompiledHandler::Exec(e) => exec::run(e, &args).await,
                 CompiledHandler::Sample(s) => ask::sample(s, &args, cx).await,
                 CompiledHandler::Elicit(e) => ask::elicit(e, &args, cx).await,
+                CompiledHandler::Ask(q) => ask::ask(q, &args, cx).await,
                 CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => {
                     let fresh;
                     let budget = match budget {

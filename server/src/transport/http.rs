@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::Load;
 use super::sessions::EndedSessions;
-use crate::dispatch::{Ctx, Deferred, Server};
+use crate::dispatch::{Ctx, Deferred, Era, Listen, Server};
 use crate::metrics::Refusal;
 use crate::peer::Peer;
 use crate::protocol::{self, INVALID_REQUEST};
@@ -303,24 +303,126 @@ fn accepts(headers: &HeaderMap, wanted: &str) -> bool {
         .any(|t| t == wanted || t == "*/*" || t.strip_suffix("/*") == Some(family))
 }
 
-fn version(headers: &HeaderMap) -> Result<&'static str, Reject> {
-    match headers.get(VERSION_HEADER) {
-        None => Ok(protocol::DEFAULT_HTTP_VERSION),
-        Some(v) => v.to_str().ok().and_then(protocol::supported).ok_or_else(|| {
-            Reject(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "Unsupported MCP-Protocol-Version {:?}; supported: {}",
-                    v,
-                    protocol::SUPPORTED_VERSIONS.join(", ")
-                ),
-            )
-        }),
+/// The revision a request names in `MCP-Protocol-Version`, and whether it is the stateless
+/// one (2026-07-28). Absent: 2025-03-26 (clients before 2025-06-18 did not send it).
+fn version(headers: &HeaderMap) -> Result<(&'static str, bool), Reject> {
+    let Some(v) = headers.get(VERSION_HEADER) else {
+        return Ok((protocol::DEFAULT_HTTP_VERSION, false));
+    };
+    let text = v.to_str().unwrap_or("");
+    if let Some(m) = protocol::modern(text) {
+        return Ok((m, true));
+    }
+    protocol::supported(text).map(|l| (l, false)).ok_or_else(|| {
+        Reject(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "Unsupported MCP-Protocol-Version {v:?}; supported: {}",
+                protocol::ALL_VERSIONS.join(", ")
+            ),
+        )
+    })
+}
+
+/// The `UnsupportedProtocolVersionError` (-32022, with the supported list) for a request
+/// whose `MCP-Protocol-Version` this server does not speak.
+fn unsupported_version(headers: &HeaderMap, body: &[u8]) -> Response {
+    let requested = headers
+        .get(VERSION_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let (code, message, data) = crate::modern::unsupported(&requested);
+    let mut out = Vec::with_capacity(192);
+    protocol::write_error(&mut out, protocol::peek_id(body), code, &message, data.as_ref());
+    json_response(StatusCode::BAD_REQUEST, out)
+}
+
+/// The body fields 2026-07-28 mirrors into headers.
+#[derive(serde::Deserialize)]
+struct Mirrored<'a> {
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<MirroredParams<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct MirroredParams<'a> {
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    uri: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// A header value in the 2026-07-28 encoding: plain visible ASCII, or `=?base64?...?=` for
+/// anything else. `None` when it is neither.
+fn header_text(v: &HeaderValue) -> Option<String> {
+    let s = v.to_str().ok()?;
+    if let Some(b64) = s.strip_prefix("=?base64?").and_then(|r| r.strip_suffix("?=")) {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        return String::from_utf8(bytes).ok();
+    }
+    s.bytes().all(|b| b == b'\t' || (0x20..=0x7e).contains(&b)).then(|| s.to_owned())
+}
+
+/// 2026-07-28 request headers: `Mcp-Method` must repeat the body's method, and `Mcp-Name`
+/// the tool or prompt name or resource URI of `tools/call`, `prompts/get`, `resources/read`.
+/// A missing, malformed or different header is `-32020 HeaderMismatch` (HTTP 400), so that
+/// a proxy routing by header and this server reading the body cannot disagree.
+fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Response> {
+    let Ok(m) = serde_json::from_slice::<Mirrored<'_>>(body) else {
+        // Not a readable request: dispatch answers it.
+        return Ok(());
+    };
+    let Some(method) = m.method else {
+        return Ok(());
+    };
+    let mismatch = |message: String| {
+        let mut out = Vec::with_capacity(160);
+        protocol::write_error(&mut out, protocol::peek_id(body), protocol::HEADER_MISMATCH, &message, None);
+        json_response(StatusCode::BAD_REQUEST, out)
+    };
+    match headers.get("mcp-method").map(header_text) {
+        None => return Err(mismatch("Header mismatch: the Mcp-Method header is required".to_owned())),
+        Some(None) => return Err(mismatch("Header mismatch: Mcp-Method is not a valid header value".to_owned())),
+        Some(Some(h)) if h != method => {
+            return Err(mismatch(format!(
+                "Header mismatch: Mcp-Method is {:?} but the body's method is {:?}",
+                clip(&h),
+                clip(&method)
+            )));
+        }
+        Some(Some(_)) => {}
+    }
+    let named = match &*method {
+        "tools/call" | "prompts/get" => m.params.as_ref().and_then(|p| p.name.as_deref()),
+        "resources/read" => m.params.as_ref().and_then(|p| p.uri.as_deref()),
+        _ => return Ok(()),
+    };
+    let Some(named) = named else {
+        // Missing in the body: dispatch reports the invalid params.
+        return Ok(());
+    };
+    match headers.get("mcp-name").map(header_text) {
+        None => Err(mismatch("Header mismatch: the Mcp-Name header is required".to_owned())),
+        Some(None) => Err(mismatch("Header mismatch: Mcp-Name is not a valid header value".to_owned())),
+        Some(Some(h)) if h != named => Err(mismatch(format!(
+            "Header mismatch: Mcp-Name is {:?} but the body names {:?}",
+            clip(&h),
+            clip(named)
+        ))),
+        Some(Some(_)) => Ok(()),
     }
 }
 
+fn clip(s: &str) -> &str {
+    let end = s.char_indices().nth(64).map_or(s.len(), |(i, _)| i);
+    &s[..end]
+}
+
 /// The headers a POST must carry: JSON in, JSON accepted; the protocol version and session.
-fn post_headers(headers: &HeaderMap) -> Result<(&'static str, &str), Reject> {
+fn post_headers(headers: &HeaderMap) -> Result<((&'static str, bool), &str), Reject> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -398,11 +500,20 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
             return http_error_close(StatusCode::BAD_REQUEST, "the request body could not be read");
         }
     };
-    let (version, session) = match post_headers(headers) {
+    let ((version, modern), session) = match post_headers(headers) {
         Ok(v) => v,
+        Err(r) if headers.contains_key(VERSION_HEADER) && r.0 == StatusCode::BAD_REQUEST && version(headers).is_err() => {
+            return unsupported_version(headers, &body);
+        }
         Err(r) => return r.for_body(&body),
     };
-    if let Err(r) = check_not_ended(&state, session) {
+    // 2026-07-28 has no sessions: an `Mcp-Session-Id` is ignored.
+    let session = if modern { "" } else { session };
+    if modern {
+        if let Err(r) = check_mirrored(headers, &body) {
+            return r;
+        }
+    } else if let Err(r) = check_not_ended(&state, session) {
         return r.for_body(&body);
     }
     let pass = state.load.inflight.try_enter();
@@ -421,8 +532,13 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         session,
         version,
         stream: true,
+        era: if modern { Era::Modern(version) } else { Era::Legacy },
     };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
+    if let Some(listen) = handled.listen {
+        drop(pass);
+        return listen_stream(&state, listen);
+    }
     if let Some(d) = handled.deferred {
         // The call holds its place in the in-flight gate until it ends, also when that is
         // after this handler returned (a streamed answer).
@@ -437,7 +553,9 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     let Some(out) = handled.body else {
         return StatusCode::ACCEPTED.into_response();
     };
-    let status = if handled.malformed {
+    let status = if handled.status != 0 {
+        StatusCode::from_u16(handled.status).unwrap_or(StatusCode::OK)
+    } else if handled.malformed {
         StatusCode::BAD_REQUEST
     } else {
         StatusCode::OK
@@ -490,10 +608,10 @@ async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: Op
         biased;
         Some(m) = rx.recv() => m,
         out = &mut call => match rx.try_recv() {
-            Ok(m) => return sse_answer(stream::iter(std::iter::once(m)).chain(drain(rx, out))),
+            Ok(m) => return sse_answer(stream::iter(std::iter::once(m)).chain(drain(rx, out.map(|(b, _)| b)))),
             Err(_) => {
                 return match out {
-                    Some(body) => json_response(StatusCode::OK, body),
+                    Some((body, status)) => json_response(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body),
                     None => sse_answer(stream::empty()),
                 };
             }
@@ -504,7 +622,7 @@ async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: Op
         tokio::select! {
             biased;
             Some(m) = rx.recv() => Some((stream::iter(vec![m]).left_stream(), Some((call, rx)))),
-            out = &mut call => Some((drain(rx, out).right_stream(), None)),
+            out = &mut call => Some((drain(rx, out.map(|(b, _)| b)).right_stream(), None)),
         }
     })
     .flatten();
@@ -533,6 +651,69 @@ fn sse_answer(messages: impl Stream<Item = Vec<u8>> + Send + 'static) -> Respons
         .into_response()
 }
 
+/// 405 for the handshake era's GET stream and DELETE under 2026-07-28.
+fn not_in_modern(method: &str) -> Response {
+    let mut resp = http_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{method} /mcp is not part of protocol 2026-07-28 (use subscriptions/listen)"),
+    );
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    resp
+}
+
+/// A `subscriptions/listen` answer: an SSE stream that opens with the acknowledgement and
+/// carries the notifications the listen asked for, until the client closes it or the server
+/// shuts down (then the listen's response ends it). Counts against the stream cap.
+fn listen_stream(state: &Arc<HttpState>, listen: Listen) -> Response {
+    if !state.load.streams.try_enter_detached() {
+        state.server.metrics.refused(Refusal::Streams);
+        return http_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many open streams on this server, retry later",
+        );
+    }
+    state.server.metrics.streams.inc();
+    let rx = state.server.subscribe();
+    let ack = listen.acknowledgement();
+    let token = state.shutdown.child_token();
+    let guard = ListenGuard(state.clone());
+    let rest = stream::unfold(Some((rx, listen, token, guard)), |st| async move {
+        let (mut rx, listen, token, guard) = st?;
+        loop {
+            tokio::select! {
+                () = token.cancelled() => {
+                    let last = listen.closing();
+                    return Some((last, None));
+                }
+                msg = rx.recv() => match msg {
+                    Ok(e) => {
+                        if let Some(m) = listen.wants(&e) {
+                            return Some((m, Some((rx, listen, token, guard))));
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return None,
+                },
+            }
+        }
+    });
+    let mut resp = sse_answer(stream::iter(std::iter::once(ack)).chain(rest));
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// Releases a listen stream's place when it ends.
+struct ListenGuard(Arc<HttpState>);
+
+impl Drop for ListenGuard {
+    fn drop(&mut self) {
+        self.0.server.metrics.streams.dec();
+        self.0.load.streams.release();
+    }
+}
+
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     if let Err(r) = check_caller(&state, &headers) {
         return r.into_response();
@@ -547,8 +728,10 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
             "GET /mcp opens an SSE stream: Accept must include text/event-stream",
         );
     }
-    if let Err(r) = version(&headers) {
-        return r.into_response();
+    match version(&headers) {
+        Err(r) => return r.into_response(),
+        Ok((_, true)) => return not_in_modern("GET"),
+        Ok(_) => {}
     }
     let session = match session_id(&headers).and_then(|s| check_not_ended(&state, s).map(|()| s)) {
         Ok(s) => s.to_owned(),
@@ -631,6 +814,9 @@ fn event_stream(
 async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     if let Err(r) = check_caller(&state, &headers) {
         return r.into_response();
+    }
+    if matches!(version(&headers), Ok((_, true))) {
+        return not_in_modern("DELETE");
     }
     let session = match session_id(&headers) {
         Ok("") => {

@@ -10,17 +10,19 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWrite
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::{Ctx, Server};
+use crate::dispatch::{Ctx, Era, Server};
 use crate::peer::Peer;
 
 /// The one session of a stdio server.
 const SESSION: &str = "stdio";
 
-/// Every stdio message's context: one session, the latest revision, streamed calls.
+/// Every stdio message's context: one session, the latest revision, streamed calls; each
+/// message is read in the era it shows (a `_meta` protocol version means 2026-07-28).
 const CTX: Ctx<'static> = Ctx {
     session: SESSION,
     version: crate::protocol::LATEST_VERSION,
     stream: true,
+    era: Era::Detect,
 };
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};
@@ -82,10 +84,13 @@ where
     });
     let mut events = server.subscribe();
     let event_tx = tx.clone();
+    let server_for_events = server.clone();
     let forward = tokio::spawn(async move {
         loop {
             match events.recv().await {
-                Ok(m) if m.is_for(SESSION) => {
+                // Only a client that initialized (the handshake era) gets unsolicited
+                // notifications; a 2026-07-28 client asks with `subscriptions/listen`.
+                Ok(m) if m.is_for(SESSION) && server_for_events.sessions.caps(SESSION).is_some() => {
                     if event_tx.send(m.message.as_bytes().to_vec()).await.is_err() {
                         break;
                     }
@@ -147,6 +152,7 @@ where
         };
         let server = server.clone();
         let tx = tx.clone();
+        let stop_listen = stop.clone();
         tasks.spawn(async move {
             let _slot = slot;
             let handled = server.handle(&line, CTX, true).await;
@@ -157,8 +163,34 @@ where
                 // Progress, log messages and requests to the client go straight to stdout.
                 let peer = Peer::from_sender(tx.clone());
                 // A cancelled call gets no response (`None`).
-                if let Some(body) = server.run_deferred(d, SESSION, Some(&peer)).await {
+                if let Some((body, _)) = server.run_deferred(d, SESSION, Some(&peer)).await {
                     let _ = tx.send(body).await;
+                }
+            } else if let Some(listen) = handled.listen {
+                // Tagged notifications on the shared stdout until `notifications/cancelled`
+                // names the listen's id or the server stops; the listen's response ends it.
+                let (token, _entry) = server.cancel_handle(SESSION, &listen.id);
+                let mut events = server.subscribe();
+                if tx.send(listen.acknowledgement()).await.is_err() {
+                    return;
+                }
+                loop {
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        () = stop_listen.cancelled() => {
+                            let _ = tx.send(listen.closing()).await;
+                            return;
+                        }
+                        e = events.recv() => match e {
+                            Ok(e) => {
+                                if let Some(m) = listen.wants(&e) && tx.send(m).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        },
+                    }
                 }
             } else if let Some(body) = handled.body {
                 // A cancelled request gets no response on stdio (the client has moved on).
