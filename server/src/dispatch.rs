@@ -289,14 +289,18 @@ impl Listen {
     pub fn wants(&self, e: &Event) -> Option<Vec<u8>> {
         let f = &self.filter;
         match &e.kind {
-            EventKind::ToolsChanged if f.tools_list_changed => Some(self.tagged("notifications/tools/list_changed", None)),
+            EventKind::ToolsChanged if f.tools_list_changed => {
+                Some(self.tagged("notifications/tools/list_changed", None))
+            }
             EventKind::PromptsChanged if f.prompts_list_changed => {
                 Some(self.tagged("notifications/prompts/list_changed", None))
             }
             EventKind::ResourcesChanged if f.resources_list_changed => {
                 Some(self.tagged("notifications/resources/list_changed", None))
             }
-            EventKind::ResourceUpdated(uri) if e.session.is_none() && f.resource_subscriptions.iter().any(|u| u == &**uri) => {
+            EventKind::ResourceUpdated(uri)
+                if e.session.is_none() && f.resource_subscriptions.iter().any(|u| u == &**uri) =>
+            {
                 Some(self.tagged("notifications/resources/updated", Some(("uri", json!(&**uri)))))
             }
             _ => None,
@@ -646,7 +650,9 @@ impl Server {
         let header = match ctx.era {
             Era::Legacy => None,
             Era::Modern(h) => Some(Some(h)),
-            Era::Detect => (method != "initialize" && crate::modern::names_version(msg.params)).then_some(None),
+            Era::Detect => {
+                (method != "initialize" && crate::modern::names_version(msg.params)).then_some(None)
+            }
         };
         if let Some(header) = header {
             return self
@@ -722,7 +728,11 @@ impl Server {
         let legacy = |r: Result<(), Failure>| {
             r.map_err(|(c, m)| {
                 // 2026-07-28 reports an unknown resource as invalid params.
-                let c = if c == RESOURCE_NOT_FOUND { INVALID_PARAMS } else { c };
+                let c = if c == RESOURCE_NOT_FOUND {
+                    INVALID_PARAMS
+                } else {
+                    c
+                };
                 (c, m, None)
             })
         };
@@ -782,15 +792,35 @@ impl Server {
                 }
                 "resources/read" => {
                     stamp = Some(true);
-                    legacy(self.read_resource(params, id, &mut out))
+                    legacy(self.read_resource(params, id, &mut out)).map_err(|(c, m, _)| {
+                        // Name the URI that was not found.
+                        let uri = parse_params::<ReadParams<'_>>(params)
+                            .ok()
+                            .filter(|_| m.starts_with("Resource not found"))
+                            .map(|p| json!({"uri": p.uri}));
+                        (c, m, uri)
+                    })
                 }
-                "prompts/get" => legacy(self.get_prompt(params, id, &mut out)),
+                "prompts/get" => {
+                    stamp = None;
+                    match params.map(|p| serde_json::from_str::<RetryParams<'_>>(p.get())) {
+                        Some(Err(e)) => Err((INVALID_PARAMS, format!("Invalid params: {e}"), None)),
+                        retry => {
+                            let retry = retry.and_then(Result::ok);
+                            let m = ModernArgs {
+                                meta,
+                                answers: retry.as_ref().and_then(|r| r.input_responses),
+                                state: retry.as_ref().and_then(|r| r.request_state.as_deref()),
+                            };
+                            self.prompt(params, id, Some(m), &mut out)
+                        }
+                    }
+                }
                 "completion/complete" => legacy(self.complete(params, id, &mut out)),
                 "subscriptions/listen" => match self.listen(params, id) {
                     Ok(l) => {
                         drop(inflight);
-                        self.metrics
-                            .record(method_index(method), 0, start.elapsed());
+                        self.metrics.record(method_index(method), 0, start.elapsed());
                         return Handled {
                             listen: Some(l),
                             ..Handled::default()
@@ -935,7 +965,12 @@ impl Server {
     /// Runs a slow tool call that [`Server::handle`] handed back (see [`Ctx::stream`]),
     /// reaching the client through `peer`. Returns the response and its HTTP status, or
     /// `None` when the client cancelled the call (a cancelled request gets no response).
-    pub async fn run_deferred(&self, d: Deferred, session: &str, peer: Option<&Peer>) -> Option<(Vec<u8>, u16)> {
+    pub async fn run_deferred(
+        &self,
+        d: Deferred,
+        session: &str,
+        peer: Option<&Peer>,
+    ) -> Option<(Vec<u8>, u16)> {
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let cx = CallCtx {
             session,
@@ -1196,7 +1231,7 @@ impl Server {
         }
         let modern = match modern {
             None => None,
-            Some(m) => Some(Box::new(self.modern_call(&p.name, &args, m)?)),
+            Some(m) => Some(Box::new(self.modern_call("tools/call", &p.name, &args, m)?)),
         };
         let progress = match &modern {
             Some(m) => m.progress.clone(),
@@ -1231,7 +1266,9 @@ impl Server {
                     .await;
                 return match result {
                     Some(o) => match modern {
-                        Some(m) => self.conclude_modern(&snap, index, id, o, *m, start, out).map(|_| None),
+                        Some(m) => self
+                            .conclude_modern(&snap, index, id, o, *m, start, out)
+                            .map(|_| None),
                         None => {
                             conclude(&snap, index, id, o, start, out);
                             Ok(None)
@@ -1249,8 +1286,14 @@ impl Server {
     }
 
     /// Opens a 2026-07-28 call's `requestState` and gathers the answers of its retry.
-    fn modern_call(&self, name: &str, args: &Value, m: ModernArgs<'_>) -> Result<ModernCall, crate::modern::Refusal> {
-        let call = crate::modern::CallId::new("tools/call", name, args);
+    fn modern_call(
+        &self,
+        method: &str,
+        name: &str,
+        args: &Value,
+        m: ModernArgs<'_>,
+    ) -> Result<ModernCall, crate::modern::Refusal> {
+        let call = crate::modern::CallId::new(method, name, args);
         let mut answers = match m.state {
             Some(s) => self
                 .state_key
@@ -1292,34 +1335,7 @@ impl Server {
         out: &mut Vec<u8>,
     ) -> Result<(), crate::modern::Refusal> {
         let round = m.inputs.finish();
-        if let Some(why) = round.invalid {
-            return Err((INVALID_PARAMS, why, None));
-        }
-        if !round.missing.is_empty() {
-            let required: Map<String, Value> = round
-                .missing
-                .iter()
-                .map(|n| (n.capability().to_owned(), json!({})))
-                .collect();
-            let names: Vec<&str> = round.missing.iter().map(|n| n.capability()).collect();
-            return Err((
-                protocol::MISSING_CAPABILITY,
-                format!(
-                    "Missing required client capability: {} (declare it in `io.modelcontextprotocol/clientCapabilities`)",
-                    names.join(", ")
-                ),
-                Some(json!({"requiredCapabilities": required})),
-            ));
-        }
-        if !round.asked.is_empty() {
-            let state = self.state_key.seal(&m.call, &round.used);
-            let mut result = json!({
-                "resultType": "input_required",
-                "inputRequests": round.asked,
-                "requestState": state,
-            });
-            result["_meta"] = json!({"io.modelcontextprotocol/serverInfo": snap.server_info});
-            protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
+        if self.interrupted(round, &m.call, snap, id, out)? {
             snap.tools[index].metrics.ok.observe(start.elapsed());
             return Ok(());
         }
@@ -1406,13 +1422,27 @@ impl Server {
     }
 
     fn get_prompt(&self, params: Option<&RawValue>, id: &RawValue, out: &mut Vec<u8>) -> Result<(), Failure> {
-        let p: PromptParams<'_> = parse_params(params)?;
+        self.prompt(params, id, None, out).map_err(|(c, m, _)| (c, m))
+    }
+
+    /// `prompts/get`. A prompt that asks the client questions is served under 2026-07-28
+    /// only (`modern`): until every answer is in, the answer is an `InputRequiredResult`.
+    /// Stamps its own 2026-07-28 results.
+    fn prompt(
+        &self,
+        params: Option<&RawValue>,
+        id: &RawValue,
+        modern: Option<ModernArgs<'_>>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), crate::modern::Refusal> {
+        let p: PromptParams<'_> = parse_params(params).map_err(|(c, m)| (c, m, None))?;
         let snap = self.registry.load();
         let Some(i) = snap.prompt_index(&p.name) else {
-            return fail(INVALID_PARAMS, format!("Unknown prompt: {}", p.name));
+            return Err((INVALID_PARAMS, format!("Unknown prompt: {}", p.name), None));
         };
         let prompt = &snap.config.prompts[i];
-        let args = Value::Object(p.arguments.unwrap_or_default());
+        let stamped = modern.is_some();
+        let mut args = Value::Object(p.arguments.unwrap_or_default());
         let missing: Vec<&str> = prompt
             .required
             .iter()
@@ -1420,14 +1450,62 @@ impl Server {
             .map(String::as_str)
             .collect();
         if !missing.is_empty() {
-            return fail(
+            return Err((
                 INVALID_PARAMS,
                 format!(
                     "Missing required argument(s) for prompt {}: {}",
                     p.name,
                     missing.join(", ")
                 ),
-            );
+                None,
+            ));
+        }
+        if !prompt.ask.is_empty() {
+            let Some(m) = modern else {
+                return Err((
+                    INVALID_PARAMS,
+                    format!(
+                        "Prompt {} asks the client for input, which needs protocol 2026-07-28 (input-required results)",
+                        p.name
+                    ),
+                    None,
+                ));
+            };
+            let m = self.modern_call("prompts/get", &p.name, &args, m)?;
+            let cx = CallCtx {
+                level: None,
+                caps: Some(m.inputs.caps),
+                inputs: Some(&m.inputs),
+                ..CallCtx::DETACHED
+            };
+            // Under 2026-07-28 asking never waits: answers are in the request or the question
+            // is recorded.
+            let o = futures_util::FutureExt::now_or_never(crate::handlers::ask_questions(
+                &prompt.ask,
+                &args,
+                &cx,
+            ));
+            drop(cx);
+            let call = m.call;
+            let round = m.inputs.finish();
+            if self.interrupted(round, &call, &snap, id, out)? {
+                return Ok(());
+            }
+            match o {
+                Some(o) if !o.is_error => {
+                    if let Some(obj) = args.as_object_mut() {
+                        obj.insert("input".into(), o.structured.unwrap_or(Value::Null));
+                    }
+                }
+                Some(o) => return Err((INVALID_PARAMS, format!("Prompt {}: {}", p.name, o.text), None)),
+                None => {
+                    return Err((
+                        INTERNAL_ERROR,
+                        "the prompt's questions did not complete".to_owned(),
+                        None,
+                    ));
+                }
+            }
         }
         let mut budget = Budget::new();
         let mut messages = Vec::with_capacity(prompt.messages.len());
@@ -1438,7 +1516,7 @@ impl Server {
             };
             let content = t
                 .render(&args, &mut budget)
-                .or_else(|e| fail(INVALID_PARAMS, format!("Prompt {}: {e}", p.name)))?;
+                .map_err(|e| (INVALID_PARAMS, format!("Prompt {}: {e}", p.name), None))?;
             messages.push(json!({"role": role, "content": content}));
         }
         let mut result = json!({"messages": messages});
@@ -1446,7 +1524,53 @@ impl Server {
             result["description"] = Value::String(d.clone());
         }
         protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
+        if stamped {
+            crate::modern::stamp(out, &snap.result_stamp);
+        }
         Ok(())
+    }
+
+    /// What a 2026-07-28 round gathered instead of a result: a refused answer (`Err`), a
+    /// missing capability (`Err`), or questions (an `InputRequiredResult` is written: `true`).
+    fn interrupted(
+        &self,
+        round: crate::peer::Round,
+        call: &crate::modern::CallId,
+        snap: &Snapshot,
+        id: &RawValue,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, crate::modern::Refusal> {
+        if let Some(why) = round.invalid {
+            return Err((INVALID_PARAMS, why, None));
+        }
+        if !round.missing.is_empty() {
+            let required: Map<String, Value> = round
+                .missing
+                .iter()
+                .map(|n| (n.capability().to_owned(), json!({})))
+                .collect();
+            let names: Vec<&str> = round.missing.iter().map(|n| n.capability()).collect();
+            return Err((
+                protocol::MISSING_CAPABILITY,
+                format!(
+                    "Missing required client capability: {} (declare it in `io.modelcontextprotocol/clientCapabilities`)",
+                    names.join(", ")
+                ),
+                Some(json!({"requiredCapabilities": required})),
+            ));
+        }
+        if round.asked.is_empty() {
+            return Ok(false);
+        }
+        let state = self.state_key.seal(call, &round.used);
+        let result = json!({
+            "resultType": "input_required",
+            "inputRequests": round.asked,
+            "requestState": state,
+            "_meta": {"io.modelcontextprotocol/serverInfo": snap.server_info},
+        });
+        protocol::write_result(out, id, &serde_json::to_vec(&result).unwrap_or_default());
+        Ok(true)
     }
 }
 

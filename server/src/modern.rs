@@ -265,7 +265,11 @@ impl StateKey {
             opad[i] ^= b;
         }
         let inner = Sha256::new().chain_update(ipad).chain_update(data).finalize();
-        Sha256::new().chain_update(opad).chain_update(inner).finalize().into()
+        Sha256::new()
+            .chain_update(opad)
+            .chain_update(inner)
+            .finalize()
+            .into()
     }
 
     /// Seals the answers gathered so far for `call` (method, name, arguments).
@@ -289,7 +293,10 @@ impl StateKey {
         if state.len() > MAX_STATE_LEN {
             return Err(format!("requestState is longer than {MAX_STATE_LEN} characters"));
         }
-        let bad = || "requestState failed its integrity check (it was not issued by this server, or was altered)".to_owned();
+        let bad = || {
+            "requestState failed its integrity check (it was not issued by this server, or was altered)"
+                .to_owned()
+        };
         let (p, m) = state.split_once('.').ok_or_else(bad)?;
         let payload = URL_SAFE_NO_PAD.decode(p).map_err(|_| bad())?;
         let mac = URL_SAFE_NO_PAD.decode(m).map_err(|_| bad())?;
@@ -311,7 +318,9 @@ impl StateKey {
             return Err("requestState has expired; call again without it".to_owned());
         }
         if p.c != call.0 {
-            return Err("requestState belongs to another request (method, name or arguments differ)".to_owned());
+            return Err(
+                "requestState belongs to another request (method, name or arguments differ)".to_owned(),
+            );
         }
         Ok(p.a)
     }

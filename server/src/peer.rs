@@ -283,14 +283,12 @@ impl Need {
                 }
                 _ => Some("must carry `action`: accept, decline or cancel"),
             },
-            Self::Sampling => (!o
-                .get("content")
-                .is_some_and(|c| c.is_object() || c.is_array()))
-            .then_some("must carry `content` (a block or an array of blocks)"),
-            Self::Roots => (!o.get("roots").and_then(Value::as_array).is_some_and(|r| {
-                r.iter()
-                    .all(|x| x.get("uri").is_some_and(Value::is_string))
-            }))
+            Self::Sampling => (!o.get("content").is_some_and(|c| c.is_object() || c.is_array()))
+                .then_some("must carry `content` (a block or an array of blocks)"),
+            Self::Roots => (!o
+                .get("roots")
+                .and_then(Value::as_array)
+                .is_some_and(|r| r.iter().all(|x| x.get("uri").is_some_and(Value::is_string))))
             .then_some("must carry `roots`: an array of {uri, name?}"),
         }
     }
@@ -423,7 +421,8 @@ impl CallCtx<'_> {
         if let Some(answer) = inputs.answers.get(&key) {
             if let Some(why) = need.malformed(answer) {
                 inputs.with(|r| {
-                    r.invalid.get_or_insert_with(|| format!("Invalid params: inputResponses.{key} {why}"));
+                    r.invalid
+                        .get_or_insert_with(|| format!("Invalid params: inputResponses.{key} {why}"));
                 });
                 return Asked::Stop;
             }

@@ -156,7 +156,9 @@ impl Snapshot {
         if let Some(i) = &server.instructions {
             discover["instructions"] = Value::String(i.clone());
         }
-        let discover = serde_json::to_vec(&discover).unwrap_or_default().into_boxed_slice();
+        let discover = serde_json::to_vec(&discover)
+            .unwrap_or_default()
+            .into_boxed_slice();
         let result_stamp = crate::modern::result_fields(&info).into_boxed_slice();
         Self {
             generation,

@@ -265,6 +265,7 @@ mod tests {
             ClientCaps {
                 sampling: true,
                 elicitation: false,
+                roots: false,
             },
         );
         assert_eq!(s.caps("a").map(|c| c.sampling), Some(true));

@@ -374,7 +374,7 @@ use std::time::Duration;
 
 use axum::Router;
 use quiver_server::admin::{self, AdminState};
-use quiver_server::dispatch::{Ctx, Limits, Server};
+use quiver_server::dispatch::{Ctx, Era, Limits, Server};
 use quiver_server::metrics::Refusal;
 use quiver_server::transport::http::{HttpState, app};
 use quiver_server::transport::limits::Load;
@@ -453,6 +453,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
             session,
             version: "2025-11-25",
             stream: false,
+            era: Era::Legacy,
         };
         let mut call = Box::pin(server.handle(body, ctx, false));
         let registered = usize::from(!session.is_empty());
@@ -475,6 +476,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
                 session: "s2",
                 version: "2025-11-25",
                 stream: false,
+                era: Era::Legacy,
             },
             false,
         ),

@@ -269,16 +269,27 @@ async fn batches_over_the_cap_and_oversized_answers_are_refused() {
 async fn transport_refusals_name_the_request_when_its_id_is_readable() {
     let s = served(64, Duration::from_secs(5)).await;
     let ping = br#"{"jsonrpc":"2.0","id":"req-7","method":"ping"}"#;
+    // An unknown protocol version is the 2026-07-28 UnsupportedProtocolVersionError (-32022,
+    // naming every version spoken), which handshake-era clients read as a 400 too.
     let cases = [
-        ("Content-Type: text/plain\r\n", 415),
-        ("Content-Type: application/json\r\nAccept: text/html\r\n", 406),
+        ("Content-Type: text/plain\r\n", 415, -32600),
+        (
+            "Content-Type: application/json\r\nAccept: text/html\r\n",
+            406,
+            -32600,
+        ),
         (
             "Content-Type: application/json\r\nMCP-Protocol-Version: 1999-01-01\r\n",
             400,
+            -32022,
         ),
-        ("Content-Type: application/json\r\nMcp-Session-Id: a b\r\n", 400),
+        (
+            "Content-Type: application/json\r\nMcp-Session-Id: a b\r\n",
+            400,
+            -32600,
+        ),
     ];
-    for (headers, status) in cases {
+    for (headers, status, code) in cases {
         let head = format!(
             "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n",
             ping.len()
@@ -286,8 +297,12 @@ async fn transport_refusals_name_the_request_when_its_id_is_readable() {
         let mut req = head.into_bytes();
         req.extend_from_slice(ping);
         let r = exchange(s.mcp, &req).await;
-        assert_eq!(r.code(), (status, Some(-32600)), "{headers}");
+        assert_eq!(r.code(), (status, Some(code)), "{headers}");
         assert_eq!(r.json()["id"], "req-7", "{headers}");
+        if code == -32022 {
+            assert_eq!(r.json()["error"]["data"]["requested"], "1999-01-01");
+            assert!(r.json()["error"]["data"]["supported"].as_array().unwrap().len() > 1);
+        }
     }
     assert_still_serves(s.mcp).await;
 }

@@ -23,7 +23,7 @@ use proptest::test_runner::{Config, TestRunner};
 use quiver_server::config::{
     self, CompiledHandler, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_VALUE_DEPTH,
 };
-use quiver_server::dispatch::{Ctx, Server};
+use quiver_server::dispatch::{Ctx, Era, Server};
 use quiver_server::metrics::Metrics;
 use quiver_server::registry::Registry;
 use quiver_server::reload::Reloader;
@@ -468,11 +468,14 @@ fn check_message(
         session: "s",
         version: "2025-03-26",
         stream: true,
+        // Each message in the era it shows: those with a `_meta` protocol version take the
+        // 2026-07-28 path.
+        era: Era::Detect,
     };
     let handled = rt.block_on(server.handle(body, ctx, batches));
     // A slow call comes back to be run where it could stream; run it without a client.
     let out = match handled.deferred {
-        Some(d) => rt.block_on(server.run_deferred(d, "s", None)),
+        Some(d) => rt.block_on(server.run_deferred(d, "s", None)).map(|(b, _)| b),
         None => handled.body,
     };
     let Some(out) = out else {

@@ -9,8 +9,8 @@ use serde_json::{Map, Value, json};
 
 use super::content::{self, Content};
 use super::{
-    API_VERSION, ConfigError, ElicitSpec, Handler, KIND, LogLevel, Problem, QuestionSpec, Role, SampleSpec, ToolSet,
-    parse_duration,
+    API_VERSION, ConfigError, ElicitSpec, Handler, KIND, LogLevel, Problem, QuestionSpec, Role, SampleSpec,
+    ToolSet, parse_duration,
 };
 use crate::schema::{Schema, expand_shorthand};
 use crate::template::{JsonTemplate, Template, depth};
@@ -422,6 +422,8 @@ pub struct CompiledPrompt {
     pub description: Option<String>,
     /// Values `completion/complete` offers, by argument name.
     pub values: BTreeMap<String, Vec<String>>,
+    /// Questions answered before rendering (their answers are `input`).
+    pub ask: Vec<Question>,
 }
 
 pub(super) struct Problems(Vec<Problem>);
@@ -625,10 +627,7 @@ fn valid_key(key: &str) -> bool {
 fn check_key(key: Option<&String>, path: &str, p: &mut Problems) -> Option<String> {
     let k = key?;
     if !valid_key(k) {
-        p.push(
-            path,
-            "must be 1 to 64 letters, digits, `_`, `-` or `.`",
-        );
+        p.push(path, "must be 1 to 64 letters, digits, `_`, `-` or `.`");
     }
     Some(k.clone())
 }
@@ -701,18 +700,20 @@ fn compile_questions(
         p.push(at, "must ask at least one question");
     }
     if questions.len() > MAX_QUESTIONS {
-        p.push(
-            at,
-            format!("may ask at most {} questions", MAX_QUESTIONS),
-        );
+        p.push(at, format!("may ask at most {} questions", MAX_QUESTIONS));
     }
     let mut out = Vec::with_capacity(questions.len());
     for (key, q) in questions.iter().take(MAX_QUESTIONS) {
         let qat = format!("{at}.{key}");
         if !valid_key(key) {
-            p.push(&qat, "a question's key must be 1 to 64 letters, digits, `_`, `-` or `.`");
+            p.push(
+                &qat,
+                "a question's key must be 1 to 64 letters, digits, `_`, `-` or `.`",
+            );
         }
-        let set = usize::from(q.sample.is_some()) + usize::from(q.elicit.is_some()) + usize::from(q.roots.is_some());
+        let set = usize::from(q.sample.is_some())
+            + usize::from(q.elicit.is_some())
+            + usize::from(q.roots.is_some());
         if set != 1 {
             p.push(&qat, "must have exactly one of `sample`, `elicit`, `roots`");
             continue;
@@ -723,7 +724,10 @@ fn compile_questions(
             .and_then(|s| s.key.as_ref())
             .or_else(|| q.elicit.as_ref().and_then(|e| e.key.as_ref()));
         if own_key.is_some() {
-            p.push(&qat, "a question of `ask` is named by its map key; drop its `key`");
+            p.push(
+                &qat,
+                "a question of `ask` is named by its map key; drop its `key`",
+            );
         }
         let kind = if let Some(s) = &q.sample {
             QuestionKind::Sample(compile_sample(s, &format!("{qat}.sample"), names, p))
@@ -881,21 +885,21 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 checked_template(src, &format!("{hat}.template"), &names, &mut p)
                     .unwrap_or_else(Template::empty),
             ),
-            Handler::Sample(spec) => CompiledHandler::Sample(compile_sample(
-                spec,
-                &format!("{hat}.sample"),
-                &names,
-                &mut p,
-            )),
+            Handler::Sample(spec) => {
+                CompiledHandler::Sample(compile_sample(spec, &format!("{hat}.sample"), &names, &mut p))
+            }
             Handler::Elicit(spec) => CompiledHandler::Elicit(Box::new(compile_elicit(
                 spec,
                 &format!("{hat}.elicit"),
                 &names,
                 &mut p,
             ))),
-            Handler::Ask(questions) => {
-                CompiledHandler::Ask(compile_questions(questions, &format!("{hat}.ask"), &names, &mut p))
-            }
+            Handler::Ask(questions) => CompiledHandler::Ask(compile_questions(
+                questions,
+                &format!("{hat}.ask"),
+                &names,
+                &mut p,
+            )),
             Handler::Error(src) => CompiledHandler::Error(
                 checked_template(src, &format!("{hat}.error"), &names, &mut p)
                     .unwrap_or_else(Template::empty),
@@ -1382,8 +1386,27 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         }
         let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
         let mut messages = Vec::new();
-        let names = Names {
+        let arg_names = Names {
             props: Some(args.clone()),
+            steps: None,
+        };
+        let ask = if pr.ask.is_empty() {
+            Vec::new()
+        } else {
+            if args.contains(&"input") {
+                p.push(
+                    format!("{at}.arguments"),
+                    "an argument named `input` would hide the answers of `ask`",
+                );
+            }
+            compile_questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
+        };
+        let mut visible = args.clone();
+        if !ask.is_empty() {
+            visible.push("input");
+        }
+        let names = Names {
+            props: Some(visible),
             steps: None,
         };
         for (j, m) in pr.messages.iter().enumerate() {
@@ -1403,6 +1426,7 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         let mut d = serde_json::to_value(pr).unwrap_or_default();
         if let Some(o) = d.as_object_mut() {
             o.remove("messages");
+            o.remove("ask");
             // Completion values are served by completion/complete, not listed.
             if let Some(Value::Array(a)) = o.get_mut("arguments") {
                 for arg in a.iter_mut().filter_map(Value::as_object_mut) {
@@ -1428,6 +1452,7 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
                 .filter(|a| !a.values.is_empty())
                 .map(|a| (a.name.clone(), a.values.clone()))
                 .collect(),
+            ask,
         });
     }
     out

@@ -447,8 +447,14 @@ pub struct PromptSpec {
     /// Arguments the messages may use as `{{name}}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub arguments: Vec<PromptArgument>,
-    /// The messages `prompts/get` returns, rendered with the arguments.
+    /// The messages `prompts/get` returns, rendered with the arguments (and, with `ask`,
+    /// the answers as `{{input.KEY...}}`).
     pub messages: Vec<PromptMessage>,
+    /// Questions to the client (its model, the user, its roots) answered before the
+    /// messages are rendered. Served under protocol 2026-07-28, where `prompts/get` answers
+    /// with an `InputRequiredResult` until the client retries with the answers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ask: BTreeMap<String, QuestionSpec>,
 }
 
 /// A prompt argument.

@@ -103,7 +103,9 @@ fn elicited(spec: &ElicitCall, answer: &Value) -> Result<Value, (Option<Value>, 
 /// content is `{model, stopReason, role, text}`.
 pub async fn sample(spec: &SampleCall, args: &Value, cx: &CallCtx<'_>) -> ToolOutput {
     let answer = match cx
-        .ask(Need::Sampling, spec.key.as_deref(), false, || sample_params(spec, args))
+        .ask(Need::Sampling, spec.key.as_deref(), false, || {
+            sample_params(spec, args)
+        })
         .await
     {
         Asked::Answer(a) => a,
@@ -124,7 +126,9 @@ pub async fn sample(spec: &SampleCall, args: &Value, cx: &CallCtx<'_>) -> ToolOu
 /// pipeline stops there.
 pub async fn elicit(spec: &ElicitCall, args: &Value, cx: &CallCtx<'_>) -> ToolOutput {
     let answer = match cx
-        .ask(Need::Elicitation, spec.key.as_deref(), false, || elicit_params(spec, args))
+        .ask(Need::Elicitation, spec.key.as_deref(), false, || {
+            elicit_params(spec, args)
+        })
         .await
     {
         Asked::Answer(a) => a,

@@ -178,6 +178,16 @@ impl Default for Executor {
     }
 }
 
+/// Asks `questions` (an `ask` handler's, or a prompt's): the answers by key as structured
+/// content (see the `ask` handler).
+pub async fn ask_questions(
+    questions: &[crate::config::Question],
+    args: &Value,
+    cx: &CallCtx<'_>,
+) -> ToolOutput {
+    ask::ask(questions, args, cx).await
+}
+
 /// Checks a successful result against the tool's output schema.
 pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> ToolOutput {
     let Some(schema) = &snap.tools[tool].def.output else {

@@ -363,7 +363,9 @@ fn header_text(v: &HeaderValue) -> Option<String> {
         let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
         return String::from_utf8(bytes).ok();
     }
-    s.bytes().all(|b| b == b'\t' || (0x20..=0x7e).contains(&b)).then(|| s.to_owned())
+    s.bytes()
+        .all(|b| b == b'\t' || (0x20..=0x7e).contains(&b))
+        .then(|| s.to_owned())
 }
 
 /// 2026-07-28 request headers: `Mcp-Method` must repeat the body's method, and `Mcp-Name`
@@ -380,12 +382,26 @@ fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Response> {
     };
     let mismatch = |message: String| {
         let mut out = Vec::with_capacity(160);
-        protocol::write_error(&mut out, protocol::peek_id(body), protocol::HEADER_MISMATCH, &message, None);
+        protocol::write_error(
+            &mut out,
+            protocol::peek_id(body),
+            protocol::HEADER_MISMATCH,
+            &message,
+            None,
+        );
         json_response(StatusCode::BAD_REQUEST, out)
     };
     match headers.get("mcp-method").map(header_text) {
-        None => return Err(mismatch("Header mismatch: the Mcp-Method header is required".to_owned())),
-        Some(None) => return Err(mismatch("Header mismatch: Mcp-Method is not a valid header value".to_owned())),
+        None => {
+            return Err(mismatch(
+                "Header mismatch: the Mcp-Method header is required".to_owned(),
+            ));
+        }
+        Some(None) => {
+            return Err(mismatch(
+                "Header mismatch: Mcp-Method is not a valid header value".to_owned(),
+            ));
+        }
         Some(Some(h)) if h != method => {
             return Err(mismatch(format!(
                 "Header mismatch: Mcp-Method is {:?} but the body's method is {:?}",
@@ -405,8 +421,12 @@ fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Response> {
         return Ok(());
     };
     match headers.get("mcp-name").map(header_text) {
-        None => Err(mismatch("Header mismatch: the Mcp-Name header is required".to_owned())),
-        Some(None) => Err(mismatch("Header mismatch: Mcp-Name is not a valid header value".to_owned())),
+        None => Err(mismatch(
+            "Header mismatch: the Mcp-Name header is required".to_owned(),
+        )),
+        Some(None) => Err(mismatch(
+            "Header mismatch: Mcp-Name is not a valid header value".to_owned(),
+        )),
         Some(Some(h)) if h != named => Err(mismatch(format!(
             "Header mismatch: Mcp-Name is {:?} but the body names {:?}",
             clip(&h),
@@ -502,7 +522,11 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     };
     let ((version, modern), session) = match post_headers(headers) {
         Ok(v) => v,
-        Err(r) if headers.contains_key(VERSION_HEADER) && r.0 == StatusCode::BAD_REQUEST && version(headers).is_err() => {
+        Err(r)
+            if headers.contains_key(VERSION_HEADER)
+                && r.0 == StatusCode::BAD_REQUEST
+                && version(headers).is_err() =>
+        {
             return unsupported_version(headers, &body);
         }
         Err(r) => return r.for_body(&body),
