@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use quiver_server::config::{self, ToolSet};
-use quiver_server::dispatch::{Ctx, Server};
+use quiver_server::dispatch::{Ctx, Era, Server};
 use quiver_server::metrics::Metrics;
 use quiver_server::registry::Registry;
 use serde_json::json;
@@ -87,6 +87,7 @@ const CTX: Ctx<'static> = Ctx {
     session: "",
     version: "2025-11-25",
     stream: false,
+    era: Era::Legacy,
 };
 
 /// Polls a future that completes without waiting (builtins, templates, lists) exactly once,

@@ -1485,7 +1485,6 @@ impl Server {
                 &args,
                 &cx,
             ));
-            drop(cx);
             let call = m.call;
             let round = m.inputs.finish();
             if self.interrupted(round, &call, &snap, id, out)? {

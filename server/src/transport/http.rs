@@ -372,7 +372,7 @@ fn header_text(v: &HeaderValue) -> Option<String> {
 /// the tool or prompt name or resource URI of `tools/call`, `prompts/get`, `resources/read`.
 /// A missing, malformed or different header is `-32020 HeaderMismatch` (HTTP 400), so that
 /// a proxy routing by header and this server reading the body cannot disagree.
-fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Response> {
+fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Box<Response>> {
     let Ok(m) = serde_json::from_slice::<Mirrored<'_>>(body) else {
         // Not a readable request: dispatch answers it.
         return Ok(());
@@ -389,7 +389,7 @@ fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Response> {
             &message,
             None,
         );
-        json_response(StatusCode::BAD_REQUEST, out)
+        Box::new(json_response(StatusCode::BAD_REQUEST, out))
     };
     match headers.get("mcp-method").map(header_text) {
         None => {
@@ -535,7 +535,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     let session = if modern { "" } else { session };
     if modern {
         if let Err(r) = check_mirrored(headers, &body) {
-            return r;
+            return *r;
         }
     } else if let Err(r) = check_not_ended(&state, session) {
         return r.for_body(&body);
