@@ -38,6 +38,8 @@ pub struct AdminState {
     pub started: Instant,
     /// Capacity of the MCP port: `/readyz` fails while it is saturated or draining.
     pub load: Arc<Load>,
+    /// Client authentication on `/mcp` (`none` or `bearer`).
+    pub auth: &'static str,
 }
 
 /// The admin router.
@@ -86,6 +88,9 @@ async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
         "prompts": snap.config.prompts.len(),
         "loadedAtUnix": snap.loaded_at.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "lastReload": s.server.registry.last_reload(),
+        // Names and whether each was read; never a value.
+        "secrets": s.server.exec.secrets.status(),
+        "auth": s.auth,
         "uptimeSeconds": s.started.elapsed().as_secs(),
         "tuning": s.tuning,
         "load": {

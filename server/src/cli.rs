@@ -13,6 +13,7 @@ use crate::dispatch::{Limits, Server};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::reload::{self, Reloader, Source};
+use crate::secrets::SecretSource;
 use crate::transport::http::{self, HttpOptions, HttpState};
 use crate::transport::limits::{Connections, Load};
 use crate::transport::listen::{self, ConnOptions};
@@ -98,6 +99,15 @@ pub struct ServeArgs {
     /// Serve MCP over stdin/stdout instead of HTTP.
     #[arg(long)]
     stdio: bool,
+    /// Where `{{secret.NAME.KEY}}` values come from: `kube:NAMESPACE` (each referenced Secret
+    /// watched through the API), `dir:PATH` (`PATH/NAME/KEY` files, watched) or `env`
+    /// (`QUIVER_SECRET_<NAME>_<KEY>` variables).
+    #[arg(long, env = "QUIVER_SECRETS")]
+    secrets: Option<SecretSource>,
+    /// Require a bearer token on /mcp: the secret value `SECRET.KEY` (from `--secrets`) holds
+    /// the accepted tokens, one per line; a rotation applies to the next request.
+    #[arg(long, env = "QUIVER_AUTH_TOKENS_SECRET", value_parser = crate::secrets::parse_ref)]
+    auth_tokens_secret: Option<crate::config::SecretRef>,
     /// Pin each worker thread to one CPU of the process's affinity mask.
     #[arg(long, env = "QUIVER_PIN_WORKERS")]
     pin_workers: bool,
@@ -275,6 +285,44 @@ async fn serve(
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
         server = server.with_state_key(key);
     }
+    let secrets = server.exec.secrets.clone();
+    match args.secrets.clone() {
+        None => {}
+        Some(SecretSource::Env) => secrets.use_env(),
+        Some(SecretSource::Dir(path)) => {
+            secrets.set_has_source();
+            let s = secrets.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::secrets::watch_dir(path, s).await {
+                    tracing::error!(error = %e, "secret directory watch failed; secrets are not refreshed");
+                }
+            });
+        }
+        #[cfg(feature = "kube")]
+        Some(SecretSource::Kube(ns)) => {
+            secrets.set_has_source();
+            let s = secrets.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::secrets::watch_kube(ns, s).await {
+                    tracing::error!(error = %e, "Secret watch failed; secrets are not read");
+                }
+            });
+        }
+        #[cfg(not(feature = "kube"))]
+        Some(SecretSource::Kube(_)) => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
+    }
+    let auth = match args.auth_tokens_secret.clone() {
+        Some(r) if args.stdio => {
+            anyhow::bail!("--auth-tokens-secret {r}: stdio has no credentials to check; it is for HTTP")
+        }
+        Some(r) => {
+            if args.secrets.is_none() {
+                anyhow::bail!("--auth-tokens-secret needs --secrets to read the tokens from");
+            }
+            Some(Arc::new(crate::transport::auth::BearerAuth::new(r, secrets.clone())))
+        }
+        None => None,
+    };
     let reloader = Reloader::new(server.clone());
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();
@@ -321,6 +369,7 @@ async fn serve(
         max_streams: args.max_streams,
         max_connections,
         body_read_timeout: args.body_read_timeout,
+        auth: auth.clone(),
     };
     let state = HttpState::new(server.clone(), options, shutdown.clone());
     let load: Arc<Load> = state.load();
@@ -331,6 +380,7 @@ async fn serve(
         tuning: tuning.clone(),
         started: Instant::now(),
         load: load.clone(),
+        auth: if auth.is_some() { "bearer" } else { "none" },
     });
     let admin_stop = CancellationToken::new();
     let admin = match args.admin_listen.unwrap_or(admin_default(args.stdio)) {

@@ -32,6 +32,8 @@ pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod reload;
 #[cfg(feature = "runtime")]
+pub mod secrets;
+#[cfg(feature = "runtime")]
 pub mod session;
 #[cfg(feature = "runtime")]
 pub mod transport;

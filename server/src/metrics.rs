@@ -213,11 +213,13 @@ pub enum Refusal {
     ResponseBytes,
     /// A call ran past `--request-timeout`.
     RequestTimeout,
+    /// A request without a valid credential (HTTP 401).
+    Unauthenticated,
 }
 
 impl Refusal {
     /// Every refusal, in label order.
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::Connections,
         Refusal::Inflight,
         Refusal::Streams,
@@ -226,6 +228,7 @@ impl Refusal {
         Refusal::Batch,
         Refusal::ResponseBytes,
         Refusal::RequestTimeout,
+        Refusal::Unauthenticated,
     ];
 
     /// The `limit` label value.
@@ -239,6 +242,7 @@ impl Refusal {
             Refusal::Batch => "batch",
             Refusal::ResponseBytes => "response_bytes",
             Refusal::RequestTimeout => "request_timeout",
+            Refusal::Unauthenticated => "unauthenticated",
         }
     }
 }

@@ -201,6 +201,15 @@ impl Template {
         })
     }
 
+    /// Every variable path whose first segment is `root`, segment by segment (e.g. the
+    /// `secret.NAME.KEY` references of a template).
+    pub fn paths_under<'a>(&'a self, root: &'a str) -> impl Iterator<Item = Vec<&'a str>> + 'a {
+        self.parts.iter().filter_map(move |p| match p {
+            Part::Var { path, .. } if &*path[0].key == root => Some(path.iter().map(|s| &*s.key).collect()),
+            _ => None,
+        })
+    }
+
     /// True when the template starts with a substituted value rather than literal text.
     pub fn starts_with_variable(&self) -> bool {
         matches!(self.parts.first(), Some(Part::Var { .. }))

@@ -398,6 +398,7 @@ fn limited(options: HttpOptions, limits: Limits) -> Limited {
         tuning: quiver_server::tuning::plan(1, false),
         started: std::time::Instant::now(),
         load: load.clone(),
+        auth: "none",
     }));
     Limited {
         server,

@@ -34,6 +34,28 @@ pub const MAX_PIPELINE_STEPS: usize = 10_000;
 /// YAML the operator writes (whose nesting limit is 48, see `yaml_options`).
 pub const MAX_VALUE_DEPTH: usize = 32;
 
+/// First segment of a secret reference, `{{secret.NAME.KEY}}`.
+pub const SECRET_ROOT: &str = "secret";
+/// Most distinct Secrets one ToolSet may reference (each is one watch per pod).
+pub const MAX_SECRETS: usize = 64;
+/// Where secret references may appear (everywhere else they would reach the model).
+const SECRET_PLACES: &str = "an http tool's url, headers and body, and an exec tool's env";
+
+/// One value a tool reads from a Secret: `{{secret.NAME.KEY}}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SecretRef {
+    /// The Secret's name (or a directory of `--secrets dir:PATH`).
+    pub name: String,
+    /// The key within it.
+    pub key: String,
+}
+
+impl std::fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "secret `{}` key `{}`", self.name, self.key)
+    }
+}
+
 /// A validated, compiled ToolSet.
 #[derive(Debug)]
 pub struct CompiledToolSet {
@@ -49,6 +71,8 @@ pub struct CompiledToolSet {
     pub prompts: Vec<CompiledPrompt>,
     /// Items per list page.
     pub page_size: usize,
+    /// Names of the Secrets its tools reference (what a pod must be allowed to read).
+    pub secrets: std::collections::BTreeSet<String>,
 }
 
 /// A compiled tool.
@@ -89,6 +113,17 @@ pub enum CompiledHandler {
     Elicit(Box<ElicitCall>),
     /// Several questions to the client, by key.
     Ask(Vec<Question>),
+}
+
+impl CompiledHandler {
+    /// The Secret values this handler reads.
+    pub fn secrets(&self) -> &[SecretRef] {
+        match self {
+            Self::Http(h) => &h.secrets,
+            Self::Exec(e) => &e.secrets,
+            _ => &[],
+        }
+    }
 }
 
 /// A compiled question of an `ask` handler.
@@ -162,6 +197,8 @@ pub struct HttpCall {
     pub timeout: Duration,
     /// Response size cap.
     pub max_response_bytes: usize,
+    /// Secret values the request uses (redacted from what the call returns).
+    pub secrets: Vec<SecretRef>,
 }
 
 /// A compiled exec handler.
@@ -171,14 +208,16 @@ pub struct ExecCall {
     pub program: String,
     /// Arguments, one template each.
     pub args: Vec<ExecArg>,
-    /// Environment.
-    pub env: Vec<(String, String)>,
+    /// Environment: literal text and `{{secret.NAME.KEY}}` references.
+    pub env: Vec<(String, Template)>,
     /// Standard input template.
     pub stdin: Option<Template>,
     /// Time limit.
     pub timeout: Duration,
     /// Output cap per stream.
     pub max_output_bytes: usize,
+    /// Secret values the environment uses (redacted from what the call returns).
+    pub secrets: Vec<SecretRef>,
 }
 
 /// One argument of an exec handler.
@@ -461,7 +500,65 @@ pub(super) struct Names<'a> {
 }
 
 pub(super) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
+    check_roots(t, names, path, p, None);
+}
+
+/// Checks a template that may also read Secrets, adding the references it makes to `refs`.
+fn check_secret_template(
+    t: &Template,
+    names: &Names<'_>,
+    path: &str,
+    p: &mut Problems,
+    refs: &mut Vec<SecretRef>,
+) {
+    check_roots(t, names, path, p, Some(refs));
+}
+
+fn valid_secret_part(s: &str) -> bool {
+    (1..=253).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+}
+
+fn check_roots(
+    t: &Template,
+    names: &Names<'_>,
+    path: &str,
+    p: &mut Problems,
+    mut secrets: Option<&mut Vec<SecretRef>>,
+) {
+    let secret_is_argument = names.props.as_ref().is_some_and(|props| props.contains(&SECRET_ROOT));
+    if !secret_is_argument || secrets.is_some() {
+        for segments in t.paths_under(SECRET_ROOT) {
+            let Some(refs) = secrets.as_deref_mut() else {
+                p.push(
+                    path,
+                    format!("secrets (`{{{{secret.NAME.KEY}}}}`) may be used only in {SECRET_PLACES}"),
+                );
+                break;
+            };
+            match segments.as_slice() {
+                [_, name, key] if valid_secret_part(name) && valid_secret_part(key) => {
+                    let r = SecretRef {
+                        name: (*name).to_owned(),
+                        key: (*key).to_owned(),
+                    };
+                    if !refs.contains(&r) {
+                        refs.push(r);
+                    }
+                }
+                _ => p.push(
+                    path,
+                    format!(
+                        "`{}` is not a secret reference: use `secret.NAME.KEY` (letters, digits, `-`, `_`)",
+                        segments.join(".")
+                    ),
+                ),
+            }
+        }
+    }
     for (root, idx) in t.roots() {
+        if root == SECRET_ROOT && (secrets.is_some() || !secret_is_argument) {
+            continue;
+        }
         if root == "steps"
             && let Some(limit) = names.steps
         {
@@ -929,8 +1026,9 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 }
                 let url = template(&h.url, &format!("{hp}.url"), &mut p);
                 let mut origin = String::new();
+                let mut secrets = Vec::new();
                 if let Some(u) = &url {
-                    check_template(u, &names, &format!("{hp}.url"), &mut p);
+                    check_secret_template(u, &names, &format!("{hp}.url"), &mut p, &mut secrets);
                     match literal_origin(u) {
                         Ok(o) => origin = o,
                         Err(e) => p.push(format!("{hp}.url"), e),
@@ -951,7 +1049,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         p.push(format!("{hp}.headers.{k}"), "not a valid header name");
                     }
                     if let Some(t) = template(v, &format!("{hp}.headers.{k}"), &mut p) {
-                        check_template(&t, &names, &format!("{hp}.headers.{k}"), &mut p);
+                        check_secret_template(&t, &names, &format!("{hp}.headers.{k}"), &mut p, &mut secrets);
                         headers.push((k.clone(), t));
                     }
                 }
@@ -963,7 +1061,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                         .map_err(|e| p.push(format!("{hp}.body"), e))
                         .ok()?;
                     for t in jt.templates() {
-                        check_template(t, &names, &format!("{hp}.body"), &mut p);
+                        check_secret_template(t, &names, &format!("{hp}.body"), &mut p, &mut secrets);
                     }
                     Some(jt)
                 });
@@ -982,6 +1080,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     origin,
                     headers,
                     body,
+                    secrets,
                 })
             }
             Handler::Exec(e) => {
@@ -1020,10 +1119,25 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     check_template(&t, &names, &format!("{ep}.stdin"), &mut p);
                     Some(t)
                 });
+                let mut secrets = Vec::new();
+                let mut env = Vec::new();
+                for (k, v) in &e.env {
+                    let at = format!("{ep}.env.{k}");
+                    if k.is_empty() || k.contains('=') || k.contains('\0') {
+                        p.push(&at, "not a valid environment variable name");
+                    }
+                    let Some(t) = template(v, &at, &mut p) else { continue };
+                    if t.roots().any(|(root, _)| root != SECRET_ROOT) {
+                        p.push(&at, "env values are literal text and `{{secret.NAME.KEY}}` references only");
+                    }
+                    check_secret_template(&t, &Names { props: None, steps: None }, &at, &mut p, &mut secrets);
+                    env.push((k.clone(), t));
+                }
                 CompiledHandler::Exec(ExecCall {
                     program,
                     args,
-                    env: e.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    env,
+                    secrets,
                     stdin,
                     timeout: duration(e.timeout.as_ref(), &format!("{ep}.timeout"), &mut p),
                     max_output_bytes: byte_cap(e.max_output_bytes, &format!("{ep}.maxOutputBytes"), &mut p),
@@ -1104,11 +1218,23 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
+    let secrets: std::collections::BTreeSet<String> = tools
+        .iter()
+        .flat_map(|t| t.handler.secrets())
+        .map(|r| r.name.clone())
+        .collect();
+    if secrets.len() > MAX_SECRETS {
+        p.push(
+            "tools",
+            format!("the tools reference {} Secrets; at most {MAX_SECRETS}", secrets.len()),
+        );
+    }
 
     // Document order: tools[2] before tools[10].
     p.0.sort_by_key(|a| natural_key(&a.path));
     if p.0.is_empty() {
         Ok(CompiledToolSet {
+            secrets,
             hash: super::hash(ts),
             spec: ts.clone(),
             tools,
@@ -1507,6 +1633,99 @@ prompts:
         );
         assert!(matches!(&c.tools[4].handler, CompiledHandler::Pipeline(s) if s[1].tool == 1));
         assert_eq!(c.resources.len(), 2);
+    }
+
+    #[test]
+    fn secrets_are_read_where_they_reach_only_the_upstream_and_listed() {
+        let c = compile(
+            &parse(
+                "t",
+                r#"
+tools:
+  - name: api
+    input: {q: string}
+    handler:
+      http:
+        method: POST
+        url: "https://api.example/v1?key={{secret.api-keys.query}}&q={{q}}"
+        headers: {Authorization: "Bearer {{secret.api-keys.token}}"}
+        body: {auth: "{{secret.other.k}}", q: "{{q}}"}
+  - name: run
+    handler: {exec: {command: [/bin/true], env: {TOKEN: "{{secret.api-keys.token}}", MODE: fast}}}
+"#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c.secrets, std::collections::BTreeSet::from(["api-keys".to_owned(), "other".to_owned()]));
+        let names: Vec<String> = c.tools[0].handler.secrets().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "secret `api-keys` key `query`",
+                "secret `api-keys` key `token`",
+                "secret `other` key `k`"
+            ]
+        );
+        assert_eq!(c.tools[1].handler.secrets().len(), 1);
+    }
+
+    #[test]
+    fn secrets_anywhere_the_model_could_read_them_are_refused() {
+        let only = "may be used only in an http tool's url, headers and body, and an exec tool's env";
+        for (handler, at) in [
+            (r#"{template: "{{secret.a.b}}"}"#, "handler.template"),
+            (r#"{error: "{{secret.a.b}}"}"#, "handler.error"),
+            (r#"{exec: {command: [/bin/echo, "{{secret.a.b}}"]}}"#, "handler.exec.command[1]"),
+            (r#"{exec: {command: [/bin/cat], stdin: "{{secret.a.b}}"}}"#, "handler.exec.stdin"),
+            (r#"{content: [{text: "{{secret.a.b}}"}]}"#, "handler.content[0]"),
+            (r#"{sample: {prompt: "{{secret.a.b}}", maxTokens: 5}}"#, "handler.sample.prompt"),
+        ] {
+            let p = problems(&format!("tools:\n  - {{name: t, handler: {handler}}}\n"));
+            assert!(
+                p.iter().any(|x| x.contains(at) && x.contains(only)),
+                "{handler}: {p:?}"
+            );
+        }
+        // An open input does not make `secret` an argument either.
+        let p = problems(
+            "tools:\n  - {name: t, input: {type: object}, handler: {template: \"{{secret.a.b}}\"}}\n",
+        );
+        assert!(p.iter().any(|x| x.contains(only)), "{p:?}");
+        // A declared `secret` property is an ordinary argument outside secret places.
+        assert!(problems("tools:\n  - {name: t, input: {secret: string}, handler: {template: \"{{secret}}\"}}\n").is_empty());
+        assert!(problems("prompts:\n  - {name: p, messages: [{role: user, text: \"{{secret.a.b}}\"}]}\n")
+            .iter()
+            .any(|x| x.contains(only)));
+    }
+
+    #[test]
+    fn malformed_secret_references_and_env_arguments_are_refused() {
+        for (value, wanted) in [
+            ("{{secret.a}}", "is not a secret reference"),
+            ("{{secret.a.b.c}}", "is not a secret reference"),
+            ("{{secret}}", "is not a secret reference"),
+            ("{{q}}", "env values are literal text and `{{secret.NAME.KEY}}` references only"),
+        ] {
+            let p = problems(&format!(
+                "tools:\n  - {{name: t, input: {{q: string}}, handler: {{exec: {{command: [/bin/true], env: {{X: \"{value}\"}}}}}}}}\n"
+            ));
+            assert!(p.iter().any(|x| x.contains("handler.exec.env.X") && x.contains(wanted)), "{value}: {p:?}");
+        }
+        let p = problems("tools:\n  - {name: t, handler: {exec: {command: [/bin/true], env: {\"A=B\": x}}}}\n");
+        assert!(p.iter().any(|x| x.contains("not a valid environment variable name")), "{p:?}");
+        // The authority stays literal: a secret cannot pick the host.
+        let p = problems("tools:\n  - {name: t, handler: {http: {url: \"https://{{secret.a.host}}/x\"}}}\n");
+        assert!(!p.is_empty());
+    }
+
+    #[test]
+    fn a_toolset_may_reference_a_bounded_number_of_secrets() {
+        let tools: String = (0..=MAX_SECRETS)
+            .map(|i| format!("  - {{name: t{i}, handler: {{http: {{url: \"http://h/?k={{{{secret.s{i}.k}}}}\"}}}}}}\n"))
+            .collect();
+        let p = problems(&format!("tools:\n{tools}"));
+        assert!(p.iter().any(|x| x.contains("reference 65 Secrets; at most 64")), "{p:?}");
     }
 
     #[test]

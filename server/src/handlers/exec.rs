@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{ToolOutput, process};
+use super::{ToolOutput, WithSecrets, process};
 use crate::config::ExecCall;
 use crate::template::Budget;
 
@@ -57,16 +57,25 @@ fn render(spec: &ExecCall, args: &Value) -> Result<(Vec<String>, Option<String>)
 }
 
 /// Runs the process of an exec tool.
-pub async fn run(spec: &ExecCall, args: &Value) -> ToolOutput {
+pub async fn run(spec: &ExecCall, args: &Value, secrets: &Value) -> ToolOutput {
     let (argv, stdin_text) = match render(spec, args) {
         Ok(r) => r,
         Err(e) => return ToolOutput::error(format!("{}: {e}", spec.program)),
     };
+    // Env values are literal text and secret references only (checked when compiled).
+    let scope = WithSecrets { args: &Value::Null, secrets };
+    let mut env = Vec::with_capacity(spec.env.len());
+    for (k, t) in &spec.env {
+        match t.render(&scope) {
+            Ok(v) if !v.contains('\0') => env.push((k, v)),
+            _ => return ToolOutput::error(format!("{}: the value of {k} cannot be set", spec.program)),
+        }
+    }
     let mut cmd = Command::new(&spec.program);
     cmd.args(&argv)
         .env_clear()
         .env("PATH", PATH)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .envs(env)
         .stdin(if stdin_text.is_some() {
             Stdio::piped()
         } else {

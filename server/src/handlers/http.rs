@@ -10,7 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use super::ToolOutput;
+use super::{ToolOutput, WithSecrets};
 use crate::config::HttpCall;
 use crate::config::content::to_base64;
 use crate::config::{has_dot_segment, path_of};
@@ -41,8 +41,9 @@ impl HttpClient {
     }
 
     /// Performs the request of an http tool.
-    pub async fn call(&self, spec: &HttpCall, args: &Value) -> ToolOutput {
-        let uri = match target(spec, args) {
+    pub async fn call(&self, spec: &HttpCall, args: &Value, secrets: &Value) -> ToolOutput {
+        let scope = WithSecrets { args, secrets };
+        let uri = match target(spec, &scope) {
             Ok(u) => u,
             Err(e) => return ToolOutput::error(e),
         };
@@ -52,7 +53,7 @@ impl HttpClient {
             .method(Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET))
             .uri(uri);
         for (name, value) in &spec.headers {
-            let rendered = match value.render(args) {
+            let rendered = match value.render(&scope) {
                 Ok(r) => r,
                 Err(e) => return ToolOutput::error(format!("header `{name}`: {e}")),
             };
@@ -67,7 +68,7 @@ impl HttpClient {
         let body = match &spec.body {
             Some(t) => {
                 req = req.header(header::CONTENT_TYPE, "application/json");
-                match t.render(args) {
+                match t.render(&scope) {
                     Ok(v) => Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
                     Err(e) => return ToolOutput::error(format!("the request body: {e}")),
                 }
@@ -164,8 +165,8 @@ impl Default for HttpClient {
 /// Renders the URL of a call and checks that values changed only its path, query and
 /// fragment: the server called is the tool's literal `scheme://authority`, and no value made
 /// a `.` or `..` path segment (which would walk up the path the tool declares).
-fn target(spec: &HttpCall, args: &Value) -> Result<Uri, String> {
-    let url = spec.url.render_url(args).map_err(|e| format!("the URL: {e}"))?;
+fn target(spec: &HttpCall, scope: &WithSecrets<'_>) -> Result<Uri, String> {
+    let url = spec.url.render_url(scope).map_err(|e| format!("the URL: {e}"))?;
     let uri: Uri = url
         .parse()
         .map_err(|_| "the arguments make an invalid URL".to_owned())?;

@@ -12,6 +12,7 @@ mod process;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
 
 use serde_json::Value;
 
@@ -20,6 +21,27 @@ pub use self::process::start_reaper;
 use crate::config::{Builtin, CompiledHandler};
 use crate::peer::CallCtx;
 use crate::registry::Snapshot;
+use crate::secrets::Secrets;
+
+/// The secret scope of handlers that read none.
+static EMPTY: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Object(serde_json::Map::new())));
+
+/// What the templates of an http request or an exec environment see: the arguments, and
+/// the secret store under `secret` (which no argument can shadow).
+pub(crate) struct WithSecrets<'a> {
+    pub args: &'a Value,
+    pub secrets: &'a Value,
+}
+
+impl crate::template::Scope for WithSecrets<'_> {
+    fn get(&self, name: &str) -> Option<&Value> {
+        if name == crate::config::SECRET_ROOT {
+            Some(self.secrets)
+        } else {
+            self.args.get(name)
+        }
+    }
+}
 
 /// The result of a tool call (MCP `CallToolResult`): one text block (or rich content blocks),
 /// optional structured content, and whether the tool reported an error.
@@ -81,10 +103,12 @@ impl ToolOutput {
 /// A boxed future of a tool result (pipelines recurse, so the async path is boxed).
 pub type OutputFuture<'a> = Pin<Box<dyn Future<Output = ToolOutput> + Send + 'a>>;
 
-/// Runs tools. Holds what handlers share: the pooled HTTP client.
+/// Runs tools. Holds what handlers share: the pooled HTTP client and the secret values.
 #[derive(Debug, Clone)]
 pub struct Executor {
     http: HttpClient,
+    /// Values of `{{secret.NAME.KEY}}`.
+    pub secrets: Arc<Secrets>,
 }
 
 /// Pipelines may nest at most this deep. Cycles and deeper nesting are rejected when a
@@ -92,11 +116,30 @@ pub struct Executor {
 pub const MAX_DEPTH: usize = crate::config::MAX_PIPELINE_NESTING;
 
 impl Executor {
-    /// An executor with a fresh HTTP connection pool.
+    /// An executor with a fresh HTTP connection pool and an empty secret store.
     pub fn new() -> Self {
         Self {
             http: HttpClient::new(),
+            secrets: Secrets::new(),
         }
+    }
+
+    /// Runs a handler that reads secrets: fails naming the first one missing, and redacts
+    /// the values it used from what it returns.
+    async fn with_secrets<F: Future<Output = ToolOutput>>(
+        &self,
+        refs: &[crate::config::SecretRef],
+        run: impl FnOnce(Arc<Value>) -> F,
+    ) -> ToolOutput {
+        if refs.is_empty() {
+            return run(Arc::clone(&EMPTY)).await;
+        }
+        if let Some(why) = self.secrets.unavailable(refs) {
+            return ToolOutput::error(why);
+        }
+        let mut out = run(self.secrets.snapshot()).await;
+        self.secrets.redact(refs, &mut out);
+        out
     }
 
     /// Runs the tool synchronously when its handler never waits (most builtins, templates):
@@ -147,8 +190,14 @@ impl Executor {
             }
             match &snap.tools[tool].def.handler {
                 CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
-                CompiledHandler::Http(h) => self.http.call(h, &args).await,
-                CompiledHandler::Exec(e) => exec::run(e, &args).await,
+                CompiledHandler::Http(h) => {
+                    self.with_secrets(&h.secrets, |s| async move { self.http.call(h, &args, &s).await })
+                        .await
+                }
+                CompiledHandler::Exec(e) => {
+                    self.with_secrets(&e.secrets, |s| async move { exec::run(e, &args, &s).await })
+                        .await
+                }
                 CompiledHandler::Sample(s) => ask::sample(s, &args, cx).await,
                 CompiledHandler::Elicit(e) => ask::elicit(e, &args, cx).await,
                 CompiledHandler::Ask(q) => ask::ask(q, &args, cx).await,

@@ -135,7 +135,13 @@ impl Reloader {
         }
         let resources_changed = prev.config.spec.resources != compiled.spec.resources;
         let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
+        let refs: Vec<crate::config::SecretRef> = compiled
+            .tools
+            .iter()
+            .flat_map(|t| t.handler.secrets().iter().cloned())
+            .collect();
         let next = registry.swap(compiled, metrics);
+        self.server.exec.secrets.configure(&refs);
         metrics.reload_duration.observe(start.elapsed());
         self.record("success", Vec::new());
         if prev.generation > 0 {

@@ -60,6 +60,8 @@ pub struct HttpOptions {
     pub max_connections: usize,
     /// Time for a whole request body to arrive once the headers are in; then 408.
     pub body_read_timeout: Duration,
+    /// Client authentication; `None` serves every caller that passes the Origin and Host checks.
+    pub auth: Option<Arc<super::auth::BearerAuth>>,
 }
 
 impl Default for HttpOptions {
@@ -72,6 +74,7 @@ impl Default for HttpOptions {
             max_streams: 1024,
             max_connections: 10_000,
             body_read_timeout: Duration::from_secs(30),
+            auth: None,
         }
     }
 }
@@ -274,10 +277,20 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     }
 }
 
-/// Origin and Host: both are checked before anything else is read.
-fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
-    check_origin(state, headers)?;
-    check_host(state, headers)
+/// Origin, Host and credentials: checked before anything else is read.
+fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
+    check_origin(state, headers).map_err(IntoResponse::into_response)?;
+    check_host(state, headers).map_err(IntoResponse::into_response)?;
+    if let Some(auth) = &state.options.auth
+        && let Err(denied) = auth.check(headers)
+    {
+        state.server.metrics.refused(Refusal::Unauthenticated);
+        let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, denied.challenge());
+        return Err(resp);
+    }
+    Ok(())
 }
 
 /// 404 for a session this server ended (DELETE).

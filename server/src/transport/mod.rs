@@ -1,6 +1,7 @@
 //! Transports: Streamable HTTP (axum over our own hyper accept loop) and stdio, and the
 //! limits they enforce.
 
+pub mod auth;
 pub mod http;
 pub mod limits;
 pub mod listen;

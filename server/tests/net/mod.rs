@@ -73,6 +73,7 @@ pub async fn serve_app(yaml: &str, options: HttpOptions, conn: ConnOptions, limi
         tuning: quiver_server::tuning::plan(1, false),
         started: Instant::now(),
         load: load.clone(),
+        auth: "none",
     });
     tokio::spawn(serve(
         admin_listener,
