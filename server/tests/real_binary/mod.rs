@@ -46,18 +46,14 @@ fn command(dir: &tempfile::TempDir, tools: &str, args: &[&str]) -> Command {
     cmd
 }
 
-/// Starts the HTTP server and waits until `/readyz` answers 200.
-pub fn start_http(args: &[&str]) -> Proc {
-    start_http_with(TOOLS, args)
-}
-
-/// [`start_http`] serving `tools`.
-pub fn start_http_with(tools: &str, args: &[&str]) -> Proc {
+/// Starts the HTTP server with `envs` set and waits until `/readyz` answers 200.
+pub fn start_http_env(tools: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
     let dir = tempfile::tempdir().unwrap();
     let (mcp, admin) = (free_port(), free_port());
     let mut cmd = command(&dir, tools, args);
     cmd.arg(format!("--listen=127.0.0.1:{mcp}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))
+        .envs(envs.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     let p = Proc {
@@ -70,6 +66,16 @@ pub fn start_http_with(tools: &str, args: &[&str]) -> Proc {
         http(p.admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
     });
     p
+}
+
+/// Starts the HTTP server and waits until `/readyz` answers 200.
+pub fn start_http(args: &[&str]) -> Proc {
+    start_http_with(TOOLS, args)
+}
+
+/// [`start_http`] serving `tools`.
+pub fn start_http_with(tools: &str, args: &[&str]) -> Proc {
+    start_http_env(tools, args, &[])
 }
 
 /// Starts `--stdio` with piped stdin/stdout; stdout lines arrive on the receiver. The admin
@@ -107,11 +113,16 @@ pub fn start_stdio(args: &[&str]) -> (Proc, ChildStdin, mpsc::Receiver<String>) 
 
 /// One HTTP/1.1 exchange with `Connection: close`; the whole response as text.
 pub fn http(port: u16, method: &str, path: &str, body: &str) -> Option<String> {
+    http_with(port, method, path, "", body)
+}
+
+/// [`http`] with extra header lines (each ending in `\r\n`).
+pub fn http_with(port: u16, method: &str, path: &str, headers: &str, body: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(PATIENCE)).ok()?;
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+         Accept: application/json, text/event-stream\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).ok()?;
