@@ -69,10 +69,10 @@ op_pid=$!
 BG_PIDS+=($op_pid)
 wait_http "http://127.0.0.1:$op_admin/readyz"
 kubectl create namespace demo >/dev/null
-for s in calculator every-handler tuned autoscaled tools-from-configmap; do kubectl apply -n demo -f "deploy/samples/$s.yaml" >/dev/null; done
-wait_condition demo Ready True 120 calculator every-handler tuned
+for s in calculator every-handler tuned autoscaled tools-from-configmap authenticated-api; do kubectl apply -n demo -f "deploy/samples/$s.yaml" >/dev/null; done
+wait_condition demo Ready True 120 calculator every-handler tuned inventory assistant
 wait_condition demo ConfigValid True 60 autoscaled from-configmap
-kubectl get mcps -n demo
+kubectl get qmcp -n demo
 if grep -q "forbidden" "$STATE/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$STATE/operator.log" | head -5 >&2; exit 1; fi
 # An invalid McpServer, so the operator's invalid-spec series carry data.
 kubectl apply -n demo -f - >/dev/null <<'YAML'
@@ -181,6 +181,6 @@ if grep -q "forbidden" "$STATE"/replica-*.log; then echo "the chart's leader-ele
 log "helm uninstall (the CRD and the McpServers stay)"
 helm uninstall quiver -n quiver-system --wait
 kubectl get crd mcpservers.quiver.dev >/dev/null
-kubectl get mcps calculator -n demo >/dev/null
+kubectl get qmcp calculator -n demo >/dev/null
 ! kubectl get clusterrole quiver >/dev/null 2>&1
 echo "chart checks passed"

@@ -63,12 +63,12 @@ wait_condition() {
   local name got
   for name in "$@"; do
     for _ in $(seq 1 $((secs * 10))); do
-      got="$(kubectl get mcps "$name" -n "$ns" -o jsonpath="{.status.conditions[?(@.type==\"$cond\")].status}" 2>/dev/null || true)"
+      got="$(kubectl get qmcp "$name" -n "$ns" -o jsonpath="{.status.conditions[?(@.type==\"$cond\")].status}" 2>/dev/null || true)"
       [ "$got" = "$want" ] && break
       sleep 0.1
     done
-    [ "$got" = "$want" ] || { echo "mcps/$name: $cond is '${got}', not $want, after ${secs}s" >&2; kubectl get mcps "$name" -n "$ns" -o yaml >&2 || true; return 1; }
-    echo "mcps/$name $cond=$want"
+    [ "$got" = "$want" ] || { echo "qmcp/$name: $cond is '${got}', not $want, after ${secs}s" >&2; kubectl get qmcp "$name" -n "$ns" -o yaml >&2 || true; return 1; }
+    echo "qmcp/$name $cond=$want"
   done
 }
 

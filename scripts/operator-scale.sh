@@ -39,7 +39,7 @@ start=$(date +%s.%N)
 kubectl apply --server-side -f "$STATE/mcps.yaml" >/dev/null
 created=$(date +%s.%N)
 reconciled() {
-  kubectl get mcps -n scale -o json | python3 -c '
+  kubectl get qmcp -n scale -o json | python3 -c '
 import json,sys
 items = json.load(sys.stdin)["items"]
 ok = sum(1 for m in items if (m.get("status") or {}).get("observedGeneration") == m["metadata"]["generation"]
@@ -60,7 +60,7 @@ lat=()
 for i in $(seq 1 10); do
   name="s$(printf %05d $((i * 7)))"
   t0=$(date +%s%N)
-  kubectl patch mcps "$name" -n scale --type merge -p "{\"spec\":{\"tools\":[{\"name\":\"add\",\"handler\":{\"builtin\":\"add\"}},{\"name\":\"edit$i\",\"handler\":{\"builtin\":\"echo\"}}]}}" >/dev/null
+  kubectl patch qmcp "$name" -n scale --type merge -p "{\"spec\":{\"tools\":[{\"name\":\"add\",\"handler\":{\"builtin\":\"add\"}},{\"name\":\"edit$i\",\"handler\":{\"builtin\":\"echo\"}}]}}" >/dev/null
   for _ in $(seq 1 300); do
     kubectl get cm "$name-tools" -n scale -o jsonpath='{.data.tools\.yaml}' | grep -q "edit$i" && break
     sleep 0.02

@@ -65,7 +65,7 @@ log "sample McpServer deploy/samples/calculator.yaml in namespace quiver-demo"
 kubectl create namespace quiver-demo --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl apply -n quiver-demo -f deploy/samples/calculator.yaml
 wait_condition quiver-demo Ready True 300 calculator
-kubectl get mcps -n quiver-demo
+kubectl get qmcp -n quiver-demo
 
 log "calling a tool through kubectl port-forward"
 python_env
@@ -87,8 +87,8 @@ cat <<EOF
 
 Quiver is up on kind cluster '$QUIVER_CLUSTER'.
   export KUBECONFIG=$KUBECONFIG
-  kubectl get mcps -A
+  kubectl get qmcp -A
   kubectl -n quiver-demo port-forward svc/calculator 8080:8080   # then MCP at http://127.0.0.1:8080/mcp
-  kubectl -n quiver-demo edit mcps calculator                    # tool edits reach the pods without a restart
+  kubectl -n quiver-demo edit qmcp calculator                    # tool edits reach the pods without a restart
 Remove it with: make down
 EOF

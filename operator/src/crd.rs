@@ -6,7 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
@@ -27,7 +30,7 @@ pub const TOOLS_LABEL: (&str, &str) = ("quiver.dev/tools", "true");
     kind = "McpServer",
     namespaced,
     status = "McpServerStatus",
-    shortname = "mcps",
+    shortname = "qmcp",
     category = "quiver",
     doc = "An MCP server deployed by Quiver: a tuned Deployment of quiver-server serving YAML-declared tools",
     scale(
@@ -107,6 +110,36 @@ pub struct McpServerSpec {
     /// Prometheus integration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<Monitoring>,
+    /// Client authentication on the MCP endpoint (off when unset: anyone who reaches the
+    /// Service may call every tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Auth>,
+}
+
+/// Client authentication.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Auth {
+    /// Require `Authorization: Bearer TOKEN`, with the accepted tokens (one per line, `#`
+    /// comments allowed, at least 16 characters each) in this Secret key. Editing the Secret
+    /// takes effect on the next request, without a restart; list old and new tokens together
+    /// while clients move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret_ref: Option<SecretKey>,
+}
+
+/// A key of a Secret in the McpServer's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+pub struct SecretKey {
+    /// Secret name (lower-case letters, digits and `-`).
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Key within the Secret (letters, digits, `-` and `_`).
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[A-Za-z0-9_-]+$"))]
+    pub key: String,
 }
 
 /// A ConfigMap key holding a ToolSet document.
@@ -151,6 +184,40 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
     pub annotations: BTreeMap<String, String>,
+    /// Secrets for pulling the server image from a private registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Run the pods as this existing ServiceAccount (e.g. one bound to a cloud workload
+    /// identity) instead of the one Quiver creates; Quiver binds its config-reading Role to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+    /// Extra environment variables of the server container (e.g. for exec tools' programs;
+    /// exec tools themselves see only their own `env`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub env: Vec<EnvVar>,
+    /// Extra environment of the server container from ConfigMaps or Secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub env_from: Vec<EnvFromSource>,
+    /// Extra volumes of the pods (e.g. programs or data for exec tools).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub volumes: Vec<Volume>,
+    /// Where the server container mounts `volumes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// PriorityClass of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+    /// How the pods spread across zones or nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
 }
 
 /// A tuning profile: defaults for sysctls and worker sizing.

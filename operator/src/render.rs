@@ -21,6 +21,8 @@ pub struct Rendered {
     pub hash: String,
     /// Tools served.
     pub tool_count: usize,
+    /// Secrets the tools read (`{{secret.NAME.KEY}}`): the pods' Role grants exactly these.
+    pub secrets: std::collections::BTreeSet<String>,
 }
 
 /// Why a spec cannot be served.
@@ -131,6 +133,20 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
             .map(|p| locate(&p.to_string(), &origins))
             .collect(),
     })?;
+    let bad_names: Vec<String> = compiled
+        .secrets
+        .iter()
+        .filter(|n| !is_dns_label(n))
+        .map(|n| {
+            format!("`{{{{secret.{n}...}}}}`: `{n}` is not a Kubernetes Secret name (lower-case letters, digits and `-`)")
+        })
+        .collect();
+    if !bad_names.is_empty() {
+        return Err(Invalid {
+            reason: "InvalidToolConfig",
+            problems: bad_names,
+        });
+    }
     let yaml = serde_saphyr::to_string(&ts).map_err(|e| Invalid {
         reason: "RenderFailed",
         problems: vec![e.to_string()],
@@ -160,7 +176,17 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         yaml,
         hash: compiled.hash,
         tool_count: compiled.tools.len(),
+        secrets: compiled.secrets,
     })
+}
+
+/// A name the API server accepts for a Secret that a template can also spell (no `.`).
+pub fn is_dns_label(n: &str) -> bool {
+    (1..=253).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !n.starts_with('-')
+        && !n.ends_with('-')
 }
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.

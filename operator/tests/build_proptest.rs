@@ -361,6 +361,7 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
                 yaml: String::new(),
                 hash: "0".into(),
                 tool_count: 0,
+                secrets: Default::default(),
             };
             (r, Reached::Invalid)
         }
@@ -368,6 +369,14 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
     let c = build(&mcp, &rendered, &defaults).expect("an McpServer with name and uid is buildable");
     round_trips(&c.config_map);
     round_trips(&c.service_account);
+    // The pods' Role names what it grants: an empty resourceNames list would grant every
+    // object of its kind in the namespace.
+    for rule in c.role.rules.iter().flatten() {
+        assert!(
+            rule.resource_names.as_ref().is_some_and(|n| !n.is_empty()),
+            "{rule:?}"
+        );
+    }
     round_trips(&c.role);
     round_trips(&c.role_binding);
     round_trips(&c.deployment);

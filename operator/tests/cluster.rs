@@ -45,12 +45,57 @@ async fn sample_becomes_ready_with_all_children_and_printer_columns() {
             Some(format!("http://calculator.{}.svc:8080/mcp", ns.name).as_str())
         );
         assert_eq!(s.observed_generation, m.metadata.generation);
-        let table = kubectl(&["get", "mcps", "-n", &ns.name]);
+        let table = kubectl(&["get", "qmcp", "-n", &ns.name]);
         println!("{table}");
         let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
         assert_eq!(header, ["NAME", "READY", "REPLICAS", "TOOLS", "ENDPOINT", "AGE"]);
         let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
         assert_eq!(&row[..4], ["calculator", "True", "2/2", "4"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn the_pods_may_read_exactly_the_secrets_their_tools_and_auth_name() {
+    with_ns("q-secrets", |ns| async move {
+        ns.apply_yaml(&sample("authenticated-api.yaml")).await;
+        ns.wait_condition("assistant", "ConfigValid", "True", 60).await;
+        let secret_names = |role: Role| -> Option<Vec<String>> {
+            role.rules?
+                .into_iter()
+                .find(|r| r.resources.as_deref() == Some(&["secrets".to_owned()]))?
+                .resource_names
+        };
+        let role = ns.api::<Role>().get("assistant-config-reader").await.unwrap();
+        assert_eq!(
+            secret_names(role),
+            Some(vec!["assistant-clients".to_owned(), "inventory-credentials".to_owned()])
+        );
+        let cm = ns.api::<ConfigMap>().get("assistant-tools").await.unwrap();
+        let tools = &cm.data.unwrap()["tools.yaml"];
+        assert!(tools.contains("{{secret.inventory-credentials.token}}") && !tools.contains("inventory-example-token"));
+        let d = ns.api::<Deployment>().get("assistant").await.unwrap();
+        let args = d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+        assert!(args.contains(&"--auth-tokens-secret=assistant-clients.tokens".to_owned()), "{args:?}");
+
+        // A tool that names another Secret widens the Role; dropping auth and tools narrows it.
+        let patch = json!({"spec": {"auth": null, "tools": [{"name": "get", "handler": {"http": {"url": "http://x/", "headers": {"K": "{{secret.other.k}}"}}}}]}});
+        ns.api::<McpServer>().patch("assistant", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        eventually(30, "the Role names only `other`", || async {
+            let role = ns.api::<Role>().get("assistant-config-reader").await.ok()?;
+            (secret_names(role)? == ["other"]).then_some(())
+        })
+        .await;
+        let patch = json!({"spec": {"tools": [{"name": "add", "handler": {"builtin": "add"}}]}});
+        ns.api::<McpServer>().patch("assistant", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        eventually(30, "the Role grants no Secret", || async {
+            let role = ns.api::<Role>().get("assistant-config-reader").await.ok()?;
+            secret_names(role).is_none().then_some(())
+        })
+        .await;
+        let listed = kubectl(&["get", "quiver", "-n", &ns.name, "-o", "name"]);
+        assert!(listed.contains("mcpserver.quiver.dev/assistant") && listed.contains("mcpserver.quiver.dev/inventory"), "{listed}");
     })
     .await;
 }
@@ -221,7 +266,7 @@ async fn drift_is_repaired_scale_works_and_deletion_collects_children() {
         .await;
 
         // The scale subresource (kubectl scale) drives the Deployment.
-        kubectl(&["scale", "mcps/calculator", "-n", &ns.name, "--replicas=3"]);
+        kubectl(&["scale", "qmcp/calculator", "-n", &ns.name, "--replicas=3"]);
         eventually(30, "Deployment at 3", || async {
             let d = ns.api::<Deployment>().get("calculator").await.ok()?;
             (d.spec?.replicas == Some(3)).then_some(())

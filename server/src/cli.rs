@@ -319,7 +319,10 @@ async fn serve(
             if args.secrets.is_none() {
                 anyhow::bail!("--auth-tokens-secret needs --secrets to read the tokens from");
             }
-            Some(Arc::new(crate::transport::auth::BearerAuth::new(r, secrets.clone())))
+            Some(Arc::new(crate::transport::auth::BearerAuth::new(
+                r,
+                secrets.clone(),
+            )))
         }
         None => None,
     };

@@ -36,6 +36,9 @@ pub const MAX_KEYS: usize = 256;
 /// Most secrets a `dir:` source reads.
 pub const MAX_DIR_SECRETS: usize = 1024;
 
+/// A secret's keys and raw values.
+pub type Keys = Vec<(String, Vec<u8>)>;
+
 /// Where secret values come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SecretSource {
@@ -150,7 +153,7 @@ impl Secrets {
     }
 
     /// Replaces a secret's keys (`None`: it is gone).
-    pub fn set(&self, name: &str, data: Option<Vec<(String, Vec<u8>)>>, presence: Presence) {
+    pub fn set(&self, name: &str, data: Option<Keys>, presence: Presence) {
         let keys: Option<Map<String, Value>> = data.map(|d| {
             d.into_iter()
                 .take(MAX_KEYS)
@@ -171,7 +174,7 @@ impl Secrets {
     }
 
     /// Replaces every secret at once (the `dir:` and `env` sources).
-    pub fn replace_all(&self, all: Vec<(String, Vec<(String, Vec<u8>)>)>) {
+    pub fn replace_all(&self, all: Vec<(String, Keys)>) {
         let mut next = Map::new();
         let mut presence = std::collections::BTreeMap::new();
         for (name, data) in all {
@@ -237,9 +240,13 @@ impl Secrets {
     /// Why `refs` cannot all be resolved now, naming the first that is not (never a value).
     pub fn unavailable(&self, refs: &[SecretRef]) -> Option<String> {
         let values = self.values.load();
-        let r = refs.iter().find(|r| values.get(&r.name).and_then(|s| s.get(&r.key)).is_none())?;
+        let r = refs
+            .iter()
+            .find(|r| values.get(&r.name).and_then(|s| s.get(&r.key)).is_none())?;
         if !self.has_source.load(std::sync::atomic::Ordering::Relaxed) {
-            return Some(format!("{r} is not available: the server has no secret source (--secrets)"));
+            return Some(format!(
+                "{r} is not available: the server has no secret source (--secrets)"
+            ));
         }
         let presence = self
             .presence
@@ -335,7 +342,7 @@ pub fn env_var(r: &SecretRef) -> String {
 /// Fills the store from the environment for `refs`: the variable names need the keys, which
 /// only the ToolSet knows, so this runs after every reload.
 fn load_env(secrets: &Secrets, refs: &[SecretRef]) {
-    let mut by_name: std::collections::BTreeMap<String, Vec<(String, Vec<u8>)>> = Default::default();
+    let mut by_name: std::collections::BTreeMap<String, Keys> = Default::default();
     for r in refs {
         if let Some(v) = std::env::var_os(env_var(r)) {
             by_name
@@ -347,17 +354,25 @@ fn load_env(secrets: &Secrets, refs: &[SecretRef]) {
     secrets.replace_all(by_name.into_iter().collect());
 }
 
-fn read_dir_source(root: &Path) -> std::io::Result<Vec<(String, Vec<(String, Vec<u8>)>)>> {
+fn read_dir_source(root: &Path) -> std::io::Result<Vec<(String, Keys)>> {
     let visible = |e: &std::fs::DirEntry| !e.file_name().to_string_lossy().starts_with('.');
     let mut out = Vec::new();
-    for secret in std::fs::read_dir(root)?.filter_map(Result::ok).filter(visible).take(MAX_DIR_SECRETS) {
+    for secret in std::fs::read_dir(root)?
+        .filter_map(Result::ok)
+        .filter(visible)
+        .take(MAX_DIR_SECRETS)
+    {
         let path = secret.path();
         if !path.is_dir() {
             continue;
         }
         let name = secret.file_name().to_string_lossy().into_owned();
         let mut keys = Vec::new();
-        for key in std::fs::read_dir(&path)?.filter_map(Result::ok).filter(visible).take(MAX_KEYS) {
+        for key in std::fs::read_dir(&path)?
+            .filter_map(Result::ok)
+            .filter(visible)
+            .take(MAX_KEYS)
+        {
             let p = key.path();
             let Ok(meta) = std::fs::metadata(&p) else { continue };
             if !meta.is_file() || meta.len() > MAX_VALUE_BYTES as u64 {
@@ -390,9 +405,8 @@ pub async fn watch_dir(root: PathBuf, secrets: Arc<Secrets>) -> anyhow::Result<(
     tracing::info!(path = %root.display(), "watching secrets");
     while rx.recv().await.is_some() {
         // Coalesce the burst of events one rotation (a symlink swap) makes.
-        while let Ok(Some(())) =
-            tokio::time::timeout(std::time::Duration::from_millis(15), rx.recv()).await
-        {}
+        while let Ok(Some(())) = tokio::time::timeout(std::time::Duration::from_millis(15), rx.recv()).await {
+        }
         let (dir, store) = (root.clone(), Arc::clone(&secrets));
         let read = tokio::task::spawn_blocking(move || read_dir_source(&dir)).await;
         match read {
@@ -400,7 +414,9 @@ pub async fn watch_dir(root: PathBuf, secrets: Arc<Secrets>) -> anyhow::Result<(
                 store.replace_all(all);
                 tracing::info!(path = %root.display(), "secrets re-read");
             }
-            Ok(Err(e)) => tracing::warn!(path = %root.display(), error = %e, "cannot read secrets; keeping the previous values"),
+            Ok(Err(e)) => {
+                tracing::warn!(path = %root.display(), error = %e, "cannot read secrets; keeping the previous values")
+            }
             Err(e) => tracing::error!(error = %e, "secret read task failed"),
         }
         // A Secret volume mounted afresh replaces directories: watch what is there now.
@@ -492,9 +508,9 @@ mod kube_source {
                 keep
             });
             for name in now {
-                running.entry(name.clone()).or_insert_with(|| {
-                    tokio::spawn(watch_one(api.clone(), name, Arc::clone(&secrets)))
-                });
+                running
+                    .entry(name.clone())
+                    .or_insert_with(|| tokio::spawn(watch_one(api.clone(), name, Arc::clone(&secrets))));
             }
             if wanted.changed().await.is_err() {
                 return Ok(());
@@ -530,16 +546,32 @@ mod tests {
     #[test]
     fn set_get_and_reasons_name_no_value() {
         let s = Secrets::new();
-        assert!(s.unavailable(&[r("api", "token")]).unwrap().contains("no secret source"));
+        assert!(
+            s.unavailable(&[r("api", "token")])
+                .unwrap()
+                .contains("no secret source")
+        );
         s.set_has_source();
-        assert!(s.unavailable(&[r("api", "token")]).unwrap().ends_with("not available yet"));
-        s.set("api", Some(vec![("token".into(), b"s3cr3t-value".to_vec())]), Presence::Loaded);
+        assert!(
+            s.unavailable(&[r("api", "token")])
+                .unwrap()
+                .ends_with("not available yet")
+        );
+        s.set(
+            "api",
+            Some(vec![("token".into(), b"s3cr3t-value".to_vec())]),
+            Presence::Loaded,
+        );
         assert_eq!(s.get(&r("api", "token")).as_deref(), Some("s3cr3t-value"));
         assert_eq!(s.unavailable(&[r("api", "token")]), None);
         let why = s.unavailable(&[r("api", "token"), r("api", "other")]).unwrap();
         assert!(why.contains("no such key") && why.contains("`other`"), "{why}");
         s.set("api", None, Presence::Missing);
-        assert!(s.unavailable(&[r("api", "token")]).unwrap().contains("does not exist"));
+        assert!(
+            s.unavailable(&[r("api", "token")])
+                .unwrap()
+                .contains("does not exist")
+        );
         assert!(!s.status().to_string().contains("s3cr3t"));
     }
 
@@ -610,7 +642,10 @@ mod tests {
         std::fs::write(d.path().join("api/.hidden"), "x").unwrap();
         std::fs::write(d.path().join("loose-file"), "x").unwrap();
         let all = read_dir_source(d.path()).unwrap();
-        assert_eq!(all, vec![("api".to_owned(), vec![("token".to_owned(), b"abc".to_vec())])]);
+        assert_eq!(
+            all,
+            vec![("api".to_owned(), vec![("token".to_owned(), b"abc".to_vec())])]
+        );
     }
 
     #[test]

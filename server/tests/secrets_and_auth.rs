@@ -51,7 +51,8 @@ fn body_json(resp: &str) -> Value {
 }
 
 fn call(p: &Proc, tool: &str) -> Value {
-    let req = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": {}}});
+    let req =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": {}}});
     let resp = http(p.mcp, "POST", "/mcp", &req.to_string()).expect("an answer");
     body_json(&resp)["result"].clone()
 }
@@ -94,16 +95,30 @@ fn secret_values_reach_the_upstream_not_the_caller_and_rotate_without_restart() 
     let r = call(&p, "fetch");
     assert_eq!(r["isError"], false, "{r}");
     assert_eq!(seen.lock().unwrap().last().unwrap(), "Bearer first-secret-value");
-    assert_eq!(text(&r), "upstream saw: Bearer [redacted]", "the echoed value is redacted");
-    assert_eq!(text(&call(&p, "token-length")).trim(), "18", "the process got the value");
+    assert_eq!(
+        text(&r),
+        "upstream saw: Bearer [redacted]",
+        "the echoed value is redacted"
+    );
+    assert_eq!(
+        text(&call(&p, "token-length")).trim(),
+        "18",
+        "the process got the value"
+    );
     assert_eq!(text(&call(&p, "token-echo")).trim(), "[redacted]");
 
     let r = call(&p, "missing-key");
     assert_eq!(r["isError"], true);
-    assert_eq!(text(&r), "secret `api` key `nope` is not available: the secret has no such key");
+    assert_eq!(
+        text(&r),
+        "secret `api` key `nope` is not available: the secret has no such key"
+    );
     let r = call(&p, "missing-secret");
     assert_eq!(r["isError"], true);
-    assert!(text(&r).starts_with("secret `gone` key `k` is not available"), "{r}");
+    assert!(
+        text(&r).starts_with("secret `gone` key `k` is not available"),
+        "{r}"
+    );
 
     let status = body_json(&http(p.admin, "GET", "/status", "").unwrap());
     assert_eq!(status["secrets"]["api"], "loaded", "{status}");
@@ -123,7 +138,11 @@ fn secret_values_reach_the_upstream_not_the_caller_and_rotate_without_restart() 
 #[test]
 fn the_env_source_reads_quiver_secret_variables() {
     let tools = "tools:\n  - name: len\n    handler: {exec: {command: [/bin/sh, -c, 'printf %s \"$T\" | wc -c'], env: {T: \"{{secret.my-api.token}}\"}}}\n";
-    let p = start_http_env(tools, &["--secrets=env"], &[("QUIVER_SECRET_MY_API_TOKEN", "0123456789")]);
+    let p = start_http_env(
+        tools,
+        &["--secrets=env"],
+        &[("QUIVER_SECRET_MY_API_TOKEN", "0123456789")],
+    );
     assert_eq!(text(&call(&p, "len")).trim(), "10");
     let p = start_http_env(tools, &[], &[("QUIVER_SECRET_MY_API_TOKEN", "0123456789")]);
     let r = call(&p, "len");
@@ -134,7 +153,8 @@ fn the_env_source_reads_quiver_secret_variables() {
 }
 
 fn post(p: &Proc, headers: &str) -> String {
-    let ping = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":2}}}"#;
+    let ping =
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":2}}}"#;
     http_with(p.mcp, "POST", "/mcp", headers, ping).expect("an answer")
 }
 
@@ -167,7 +187,11 @@ fn bearer_tokens_guard_mcp_and_rotate_without_restart() {
     assert_eq!(body_json(&none)["error"]["code"], -32600);
     let wrong = post(&p, "Authorization: Bearer alpha-token-012345678\r\n");
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
-    assert!(header(&wrong, "www-authenticate").unwrap().contains("error=\"invalid_token\""));
+    assert!(
+        header(&wrong, "www-authenticate")
+            .unwrap()
+            .contains("error=\"invalid_token\"")
+    );
     for token in ["alpha-token-0123456789", "beta-token-0123456789"] {
         let ok = post(&p, &format!("Authorization: Bearer {token}\r\n"));
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
@@ -176,7 +200,11 @@ fn bearer_tokens_guard_mcp_and_rotate_without_restart() {
     // GET and DELETE are guarded too; the admin port is not an MCP port and stays open.
     let get = http_with(p.mcp, "GET", "/mcp", "", "").unwrap();
     assert!(get.starts_with("HTTP/1.1 401"), "{get}");
-    assert!(http(p.admin, "GET", "/readyz", "").unwrap().starts_with("HTTP/1.1 200"));
+    assert!(
+        http(p.admin, "GET", "/readyz", "")
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
 
     write_secret(secrets.path(), "clients", "tokens", "gamma-token-0123456789\n");
     wait_for("the rotated token is accepted", || {

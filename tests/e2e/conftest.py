@@ -69,10 +69,10 @@ class Namespace:
         self.k("apply", "-f", "-", stdin=text)
 
     def patch_mcps(self, name: str, patch: dict) -> None:
-        self.k("patch", "mcps", name, "--type=merge", "-p", json.dumps(patch))
+        self.k("patch", "mcpservers", name, "--type=merge", "-p", json.dumps(patch))
 
     def condition(self, name: str, ctype: str) -> dict | None:
-        obj = self.get("mcps", name)
+        obj = self.get("qmcp", name)
         for c in obj.get("status", {}).get("conditions", []):
             if c["type"] == ctype:
                 return c
@@ -83,7 +83,7 @@ class Namespace:
             c = self.condition(name, ctype)
             return c if c and c["status"] == status else None
 
-        return eventually(f"mcps/{name} {ctype}={status}", probe, timeout)
+        return eventually(f"qmcp/{name} {ctype}={status}", probe, timeout)
 
     def pods(self, name: str) -> list[dict]:
         return self.get("pods", "-l", f"app.kubernetes.io/instance={name}")["items"]
@@ -112,8 +112,8 @@ class Namespace:
     def dump(self) -> str:
         """What a person needs to see when a test fails: objects, events, pod logs."""
         out = [f"===== namespace {self.name} ====="]
-        out.append(kubectl("get", "mcps,deploy,rs,pods,svc,cm,hpa", "-n", self.name, "-o", "wide", check=False))
-        out.append(kubectl("get", "mcps", "-n", self.name, "-o", "yaml", check=False))
+        out.append(kubectl("get", "quiver,deploy,rs,pods,svc,cm,hpa", "-n", self.name, "-o", "wide", check=False))
+        out.append(kubectl("get", "quiver", "-n", self.name, "-o", "yaml", check=False))
         out.append(kubectl("get", "events", "-n", self.name, "--sort-by=.lastTimestamp", check=False))
         for pod in kget("pods", "-n", self.name).get("items", []):
             pname = pod["metadata"]["name"]

@@ -65,11 +65,11 @@ def ready_pods(ns: Namespace, name: str, want: int) -> list[str]:
 def test_ready_with_printer_columns_and_tools_served(ns: Namespace):
     ns.apply(CALCULATOR)
     ns.wait_condition("calc", "Ready", "True")
-    table = ns.k("get", "mcps", "calc").splitlines()
+    table = ns.k("get", "qmcp", "calc").splitlines()
     header, row = re.split(r"\s{2,}", table[0].strip()), re.split(r"\s{2,}", table[1].strip())
     assert header == ["NAME", "READY", "REPLICAS", "TOOLS", "ENDPOINT", "AGE"]
     assert row[:5] == ["calc", "True", "2/2", "2", f"http://calc.{ns.name}.svc:8080/mcp"]
-    status = ns.get("mcps", "calc")["status"]
+    status = ns.get("qmcp", "calc")["status"]
     assert status["configLoadedReplicas"] == 2, "both pods report the current config hash"
 
     async def run(port: int):
@@ -189,7 +189,7 @@ def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
         assert asyncio.run(other()) == sorted(t["name"] for t in tools)
     assert pod_identity(ns, "calc") == before, "pod UIDs and restart counts unchanged"
     assert ns.get("deploy", "calc")["metadata"]["generation"] == deploy_gen, "the Deployment did not roll"
-    eventually(f"status toolCount {len(tools)}", lambda: ns.get("mcps", "calc")["status"].get("toolCount") == len(tools), 30)
+    eventually(f"status toolCount {len(tools)}", lambda: ns.get("qmcp", "calc")["status"].get("toolCount") == len(tools), 30)
 
 
 def test_invalid_edit_is_reported_and_old_tools_keep_serving(ns: Namespace):
@@ -292,11 +292,11 @@ def test_tuning_pins_exclusive_cpus_sets_sysctls_and_allocator(ns: Namespace):
 def test_scale_subresource_and_autoscaling(ns: Namespace):
     ns.apply(CALCULATOR)
     ns.wait_condition("calc", "Ready", "True")
-    kubectl("scale", "mcps/calc", "-n", ns.name, "--replicas=3")
+    kubectl("scale", "qmcp/calc", "-n", ns.name, "--replicas=3")
     eventually("Deployment at 3 replicas", lambda: ns.get("deploy", "calc")["spec"]["replicas"] == 3, 60)
     eventually(
         "status 3/3 ready",
-        lambda: (lambda s: s.get("readyReplicas") == 3 and s.get("replicas") == 3)(ns.get("mcps", "calc").get("status", {})),
+        lambda: (lambda s: s.get("readyReplicas") == 3 and s.get("replicas") == 3)(ns.get("qmcp", "calc").get("status", {})),
         180,
     )
     ns.patch_mcps("calc", {"spec": {"replicas": None, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}})
@@ -312,7 +312,7 @@ def test_delete_collects_every_child(ns: Namespace):
     kinds = "deploy,svc,cm,sa,role,rolebinding"
     children = ns.k("get", kinds, "-l", "app.kubernetes.io/instance=calc", "-o", "name").split()
     assert len(children) >= 6, children
-    ns.k("delete", "mcps", "calc")
+    ns.k("delete", "qmcp", "calc")
     eventually(
         "children garbage-collected",
         lambda: ns.k("get", kinds + ",pods", "-l", "app.kubernetes.io/instance=calc", "-o", "name").strip() == "",

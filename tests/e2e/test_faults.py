@@ -150,7 +150,7 @@ def test_a_reload_every_100ms_for_30s_fails_no_request(served):
     figures = load.stop()
 
     def converged():
-        m = ns.get("mcps", "load")
+        m = ns.get("qmcp", "load")
         st = m.get("status", {})
         tools_yaml = ns.get("cm", "load-tools")["data"]["tools.yaml"]
         return (st.get("observedGeneration") == m["metadata"]["generation"]
@@ -203,7 +203,7 @@ def rss_bytes(ns: Namespace, pod: str) -> float:
 
 def test_2000_concurrent_keep_alive_connections_fail_nothing_and_memory_stays_bounded(served):
     ns, port = served
-    ns.k("scale", "mcps", "load", "--replicas=1")
+    ns.k("scale", "qmcp", "load", "--replicas=1")
     eventually("one pod left", lambda: len(ns.pods("load")) == 1 and ready_count(ns, "load") == 1, 180)
     pod = ns.pods("load")[0]["metadata"]["name"]
     idle = rss_bytes(ns, pod)

@@ -147,15 +147,24 @@ pub fn build(mcp: &McpServer, rendered: &Rendered, defaults: &Defaults) -> Resul
         automount_service_account_token: Some(true),
         ..ServiceAccount::default()
     };
+    let read = |resource: &str, names: Vec<String>| PolicyRule {
+        api_groups: strings(&[""]),
+        resources: strings(&[resource]),
+        resource_names: Some(names),
+        verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
+        non_resource_urls: None,
+    };
+    let mut rules = vec![read("configmaps", vec![cm_name.clone()])];
+    // Exactly the Secrets the tools and client auth read. An empty resourceNames list would
+    // grant every Secret of the namespace, so no rule is written when there are none.
+    let mut secrets = rendered.secrets.clone();
+    secrets.extend(pod::bearer_secret(mcp).map(|r| r.name.clone()));
+    if !secrets.is_empty() {
+        rules.push(read("secrets", secrets.into_iter().collect()));
+    }
     let role = Role {
         metadata: meta(mcp, reader.clone(), &owner),
-        rules: Some(vec![PolicyRule {
-            api_groups: strings(&[""]),
-            resources: strings(&["configmaps"]),
-            resource_names: Some(vec![cm_name.clone()]),
-            verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
-            non_resource_urls: None,
-        }]),
+        rules: Some(rules),
     };
     let role_binding = RoleBinding {
         metadata: meta(mcp, reader.clone(), &owner),
@@ -166,7 +175,7 @@ pub fn build(mcp: &McpServer, rendered: &Rendered, defaults: &Defaults) -> Resul
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".to_owned(),
-            name: name.clone(),
+            name: pod::service_account(mcp, &name).to_owned(),
             namespace: Some(ns.clone()),
             api_group: None,
         }]),

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::tuning::{pinned, resources, sysctls};
 use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
-use crate::crd::{Allocator, McpServer};
+use crate::crd::{Allocator, McpServer, SecretKey};
 
 /// How long a stopping server keeps serving with readiness off: endpoint removal reaches
 /// kube-proxy on every node within a second or two; 5 s leaves room for a loaded node.
@@ -81,11 +81,32 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
     if !mcp.spec.allowed_origins.is_empty() {
         args.push(format!("--allowed-origin={}", mcp.spec.allowed_origins.join(",")));
     }
+    // Secrets are fetched by name as the served ToolSet references them; the Role lists the names.
+    args.push(format!("--secrets=kube:{ns}"));
+    if let Some(r) = bearer_secret(mcp) {
+        args.push(format!("--auth-tokens-secret={}.{}", r.name, r.key));
+    }
     args
+}
+
+/// The Secret key holding client tokens, when bearer auth is on.
+pub(super) fn bearer_secret(mcp: &McpServer) -> Option<&SecretKey> {
+    mcp.spec.auth.as_ref()?.bearer_token_secret_ref.as_ref()
+}
+
+/// The ServiceAccount the pods run as: the spec's, or the one Quiver creates (named after
+/// the McpServer).
+pub(super) fn service_account<'a>(mcp: &'a McpServer, name: &'a str) -> &'a str {
+    mcp.spec
+        .pod_template
+        .as_ref()
+        .and_then(|o| o.service_account_name.as_deref())
+        .unwrap_or(name)
 }
 
 fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> Container {
     let spec = &mcp.spec;
+    let overrides = spec.pod_template.clone().unwrap_or_default();
     let (resources, cpus) = resources(mcp);
     // The server binary carries both allocators and picks one from this variable at start.
     let allocator = match spec.tuning.as_ref().map(|t| t.allocator).unwrap_or_default() {
@@ -107,14 +128,24 @@ fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> C
         command: Some(vec!["/usr/local/bin/quiver-server".to_owned()]),
         args: Some(args(mcp, ns, cm_name, cpus)),
         ports: Some(vec![port("mcp", MCP_PORT), port("admin", ADMIN_PORT)]),
-        env: Some(vec![
-            env("RUST_LOG", "info"),
-            env("QUIVER_ALLOCATOR", allocator),
-            // After SIGTERM: keep serving, with readiness off and every response asking its
-            // client to reconnect, until the pod has left the Service's endpoints.
-            env("QUIVER_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
-            env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
-        ]),
+        // The spec's variables first: where a name repeats, the last one (Quiver's) wins.
+        env: Some(
+            overrides
+                .env
+                .iter()
+                .cloned()
+                .chain([
+                    env("RUST_LOG", "info"),
+                    env("QUIVER_ALLOCATOR", allocator),
+                    // After SIGTERM: keep serving, with readiness off and every response asking its
+                    // client to reconnect, until the pod has left the Service's endpoints.
+                    env("QUIVER_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
+                    env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
+                ])
+                .collect(),
+        ),
+        env_from: some_unless_empty(overrides.env_from.clone()),
+        volume_mounts: some_unless_empty(overrides.volume_mounts.clone()),
         resources: Some(resources),
         readiness_probe: Some(probe("/readyz", 2, 3, Some(2))),
         liveness_probe: Some(probe("/healthz", 10, 3, Some(2))),
@@ -151,7 +182,7 @@ pub(super) fn deployment(
         .collect();
     let pod_spec = PodSpec {
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
-        service_account_name: Some(name.to_owned()),
+        service_account_name: Some(service_account(mcp, name).to_owned()),
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         security_context: Some(PodSecurityContext {
@@ -170,6 +201,10 @@ pub(super) fn deployment(
         node_selector: some_unless_empty(overrides.node_selector),
         tolerations: some_unless_empty(overrides.tolerations),
         affinity: overrides.affinity,
+        image_pull_secrets: some_unless_empty(overrides.image_pull_secrets),
+        priority_class_name: overrides.priority_class_name,
+        topology_spread_constraints: some_unless_empty(overrides.topology_spread_constraints),
+        volumes: some_unless_empty(overrides.volumes),
         ..PodSpec::default()
     };
     Deployment {

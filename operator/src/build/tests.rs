@@ -209,3 +209,106 @@ fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
     };
     assert_eq!(build(&m, &r, &defaults).unwrap_err(), Unowned);
 }
+
+#[test]
+fn the_role_grants_exactly_the_secrets_the_tools_and_auth_read() {
+    let c = children(BASIC);
+    let rules = serde_json::to_value(&c.role).unwrap()["rules"].clone();
+    assert_eq!(
+        rules.as_array().unwrap().len(),
+        1,
+        "no Secret rule without secrets: {rules}"
+    );
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  auth: {bearerTokenSecretRef: {name: clients, key: tokens}}
+  tools:
+    - name: get
+      handler: {http: {url: "https://api.example/x", headers: {Authorization: "Bearer {{secret.api-token.token}}"}}}
+    - name: run
+      handler: {exec: {command: [/bin/true], env: {K: "{{secret.api-token.other}}{{secret.db.password}}"}}}
+"#,
+    );
+    let rules = serde_json::to_value(&c.role).unwrap()["rules"].clone();
+    assert_eq!(
+        rules[1],
+        json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["api-token", "clients", "db"], "verbs": ["get", "list", "watch"]})
+    );
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    assert!(
+        args.as_array().unwrap().contains(&json!("--secrets=kube:ns")),
+        "{args}"
+    );
+    assert!(
+        args.as_array()
+            .unwrap()
+            .contains(&json!("--auth-tokens-secret=clients.tokens")),
+        "{args}"
+    );
+    // Never written into the tools ConfigMap: only the references are.
+    let yaml = &c.config_map.data.as_ref().unwrap()["tools.yaml"];
+    assert!(yaml.contains("{{secret.api-token.token}}"), "{yaml}");
+}
+
+#[test]
+fn secret_names_kubernetes_cannot_hold_are_invalid_specs() {
+    let m = mcp(r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  tools:
+    - {name: get, handler: {http: {url: "https://api.example/x", headers: {A: "{{secret.My_Token.k}}"}}}}
+"#);
+    let e = render(&m, &Vec::new()).unwrap_err();
+    assert_eq!(e.reason, "InvalidToolConfig");
+    assert!(
+        e.problems[0].contains("`My_Token` is not a Kubernetes Secret name"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn pod_fields_users_expect_reach_the_pod() {
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: calc}
+spec:
+  tools: [{name: add, handler: {builtin: add}}]
+  podTemplate:
+    imagePullSecrets: [{name: regcred}]
+    serviceAccountName: workload-identity
+    env: [{name: HTTPS_PROXY, value: "http://proxy:3128"}, {name: RUST_LOG, value: debug}]
+    envFrom: [{configMapRef: {name: settings}}]
+    volumes: [{name: programs, configMap: {name: scripts, defaultMode: 365}}]
+    volumeMounts: [{name: programs, mountPath: /opt/tools, readOnly: true}]
+    priorityClassName: high
+    topologySpreadConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]
+"#,
+    );
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert_eq!(pod["serviceAccountName"], "workload-identity");
+    assert_eq!(pod["priorityClassName"], "high");
+    assert_eq!(pod["topologySpreadConstraints"][0]["maxSkew"], 1);
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], "scripts");
+    let ctr = &pod["containers"][0];
+    assert_eq!(ctr["volumeMounts"][0]["mountPath"], "/opt/tools");
+    assert_eq!(ctr["envFrom"][0]["configMapRef"]["name"], "settings");
+    let env = ctr["env"].as_array().unwrap();
+    assert_eq!(env[0]["name"], "HTTPS_PROXY");
+    // Quiver's own variables come last, so they win over a repeated name.
+    let last_log = env.iter().rev().find(|e| e["name"] == "RUST_LOG").unwrap();
+    assert_eq!(last_log["value"], "info");
+    // The Role is bound to the pods' ServiceAccount.
+    let rb = serde_json::to_value(&c.role_binding).unwrap();
+    assert_eq!(rb["subjects"][0]["name"], "workload-identity");
+}

@@ -160,10 +160,12 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         }
     };
     let children = build::build(mcp, &rendered, &ctx.defaults)?;
-    apply::apply(client, &ns, &children.config_map).await?;
+    // The Role first: a ToolSet that names a new Secret reaches the pods only once they
+    // may read it.
     apply::apply(client, &ns, &children.service_account).await?;
     apply::apply(client, &ns, &children.role).await?;
     apply::apply(client, &ns, &children.role_binding).await?;
+    apply::apply(client, &ns, &children.config_map).await?;
     let deployment = apply::apply(client, &ns, &children.deployment).await?;
     apply::apply(client, &ns, &children.service).await?;
     match &children.hpa {

@@ -515,7 +515,9 @@ fn check_secret_template(
 }
 
 fn valid_secret_part(s: &str) -> bool {
-    (1..=253).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+    (1..=253).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
 }
 
 fn check_roots(
@@ -525,7 +527,10 @@ fn check_roots(
     p: &mut Problems,
     mut secrets: Option<&mut Vec<SecretRef>>,
 ) {
-    let secret_is_argument = names.props.as_ref().is_some_and(|props| props.contains(&SECRET_ROOT));
+    let secret_is_argument = names
+        .props
+        .as_ref()
+        .is_some_and(|props| props.contains(&SECRET_ROOT));
     if !secret_is_argument || secrets.is_some() {
         for segments in t.paths_under(SECRET_ROOT) {
             let Some(refs) = secrets.as_deref_mut() else {
@@ -1126,11 +1131,25 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     if k.is_empty() || k.contains('=') || k.contains('\0') {
                         p.push(&at, "not a valid environment variable name");
                     }
-                    let Some(t) = template(v, &at, &mut p) else { continue };
+                    let Some(t) = template(v, &at, &mut p) else {
+                        continue;
+                    };
                     if t.roots().any(|(root, _)| root != SECRET_ROOT) {
-                        p.push(&at, "env values are literal text and `{{secret.NAME.KEY}}` references only");
+                        p.push(
+                            &at,
+                            "env values are literal text and `{{secret.NAME.KEY}}` references only",
+                        );
                     }
-                    check_secret_template(&t, &Names { props: None, steps: None }, &at, &mut p, &mut secrets);
+                    check_secret_template(
+                        &t,
+                        &Names {
+                            props: None,
+                            steps: None,
+                        },
+                        &at,
+                        &mut p,
+                        &mut secrets,
+                    );
                     env.push((k.clone(), t));
                 }
                 CompiledHandler::Exec(ExecCall {
@@ -1226,7 +1245,10 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     if secrets.len() > MAX_SECRETS {
         p.push(
             "tools",
-            format!("the tools reference {} Secrets; at most {MAX_SECRETS}", secrets.len()),
+            format!(
+                "the tools reference {} Secrets; at most {MAX_SECRETS}",
+                secrets.len()
+            ),
         );
     }
 
@@ -1657,8 +1679,16 @@ tools:
             .unwrap(),
         )
         .unwrap();
-        assert_eq!(c.secrets, std::collections::BTreeSet::from(["api-keys".to_owned(), "other".to_owned()]));
-        let names: Vec<String> = c.tools[0].handler.secrets().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            c.secrets,
+            std::collections::BTreeSet::from(["api-keys".to_owned(), "other".to_owned()])
+        );
+        let names: Vec<String> = c.tools[0]
+            .handler
+            .secrets()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(
             names,
             [
@@ -1676,10 +1706,19 @@ tools:
         for (handler, at) in [
             (r#"{template: "{{secret.a.b}}"}"#, "handler.template"),
             (r#"{error: "{{secret.a.b}}"}"#, "handler.error"),
-            (r#"{exec: {command: [/bin/echo, "{{secret.a.b}}"]}}"#, "handler.exec.command[1]"),
-            (r#"{exec: {command: [/bin/cat], stdin: "{{secret.a.b}}"}}"#, "handler.exec.stdin"),
+            (
+                r#"{exec: {command: [/bin/echo, "{{secret.a.b}}"]}}"#,
+                "handler.exec.command[1]",
+            ),
+            (
+                r#"{exec: {command: [/bin/cat], stdin: "{{secret.a.b}}"}}"#,
+                "handler.exec.stdin",
+            ),
             (r#"{content: [{text: "{{secret.a.b}}"}]}"#, "handler.content[0]"),
-            (r#"{sample: {prompt: "{{secret.a.b}}", maxTokens: 5}}"#, "handler.sample.prompt"),
+            (
+                r#"{sample: {prompt: "{{secret.a.b}}", maxTokens: 5}}"#,
+                "handler.sample.prompt",
+            ),
         ] {
             let p = problems(&format!("tools:\n  - {{name: t, handler: {handler}}}\n"));
             assert!(
@@ -1693,10 +1732,15 @@ tools:
         );
         assert!(p.iter().any(|x| x.contains(only)), "{p:?}");
         // A declared `secret` property is an ordinary argument outside secret places.
-        assert!(problems("tools:\n  - {name: t, input: {secret: string}, handler: {template: \"{{secret}}\"}}\n").is_empty());
-        assert!(problems("prompts:\n  - {name: p, messages: [{role: user, text: \"{{secret.a.b}}\"}]}\n")
-            .iter()
-            .any(|x| x.contains(only)));
+        assert!(
+            problems("tools:\n  - {name: t, input: {secret: string}, handler: {template: \"{{secret}}\"}}\n")
+                .is_empty()
+        );
+        assert!(
+            problems("prompts:\n  - {name: p, messages: [{role: user, text: \"{{secret.a.b}}\"}]}\n")
+                .iter()
+                .any(|x| x.contains(only))
+        );
     }
 
     #[test]
@@ -1705,15 +1749,27 @@ tools:
             ("{{secret.a}}", "is not a secret reference"),
             ("{{secret.a.b.c}}", "is not a secret reference"),
             ("{{secret}}", "is not a secret reference"),
-            ("{{q}}", "env values are literal text and `{{secret.NAME.KEY}}` references only"),
+            (
+                "{{q}}",
+                "env values are literal text and `{{secret.NAME.KEY}}` references only",
+            ),
         ] {
             let p = problems(&format!(
                 "tools:\n  - {{name: t, input: {{q: string}}, handler: {{exec: {{command: [/bin/true], env: {{X: \"{value}\"}}}}}}}}\n"
             ));
-            assert!(p.iter().any(|x| x.contains("handler.exec.env.X") && x.contains(wanted)), "{value}: {p:?}");
+            assert!(
+                p.iter()
+                    .any(|x| x.contains("handler.exec.env.X") && x.contains(wanted)),
+                "{value}: {p:?}"
+            );
         }
-        let p = problems("tools:\n  - {name: t, handler: {exec: {command: [/bin/true], env: {\"A=B\": x}}}}\n");
-        assert!(p.iter().any(|x| x.contains("not a valid environment variable name")), "{p:?}");
+        let p =
+            problems("tools:\n  - {name: t, handler: {exec: {command: [/bin/true], env: {\"A=B\": x}}}}\n");
+        assert!(
+            p.iter()
+                .any(|x| x.contains("not a valid environment variable name")),
+            "{p:?}"
+        );
         // The authority stays literal: a secret cannot pick the host.
         let p = problems("tools:\n  - {name: t, handler: {http: {url: \"https://{{secret.a.host}}/x\"}}}\n");
         assert!(!p.is_empty());
@@ -1722,10 +1778,17 @@ tools:
     #[test]
     fn a_toolset_may_reference_a_bounded_number_of_secrets() {
         let tools: String = (0..=MAX_SECRETS)
-            .map(|i| format!("  - {{name: t{i}, handler: {{http: {{url: \"http://h/?k={{{{secret.s{i}.k}}}}\"}}}}}}\n"))
+            .map(|i| {
+                format!(
+                    "  - {{name: t{i}, handler: {{http: {{url: \"http://h/?k={{{{secret.s{i}.k}}}}\"}}}}}}\n"
+                )
+            })
             .collect();
         let p = problems(&format!("tools:\n{tools}"));
-        assert!(p.iter().any(|x| x.contains("reference 65 Secrets; at most 64")), "{p:?}");
+        assert!(
+            p.iter().any(|x| x.contains("reference 65 Secrets; at most 64")),
+            "{p:?}"
+        );
     }
 
     #[test]

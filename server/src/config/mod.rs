@@ -11,11 +11,10 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use compile::{
-    MAX_SECRETS, SECRET_ROOT, SecretRef,
     Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ElicitCall,
     ExecArg, ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_QUESTION_KEY, MAX_QUESTIONS,
-    MAX_SAMPLE_TOKENS, MAX_VALUE_DEPTH, Question, QuestionKind, ResourceKind, SampleCall, Step, UriPattern,
-    compile,
+    MAX_SAMPLE_TOKENS, MAX_SECRETS, MAX_VALUE_DEPTH, Question, QuestionKind, ResourceKind, SECRET_ROOT,
+    SampleCall, SecretRef, Step, UriPattern, compile,
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};

@@ -63,7 +63,10 @@ pub async fn run(spec: &ExecCall, args: &Value, secrets: &Value) -> ToolOutput {
         Err(e) => return ToolOutput::error(format!("{}: {e}", spec.program)),
     };
     // Env values are literal text and secret references only (checked when compiled).
-    let scope = WithSecrets { args: &Value::Null, secrets };
+    let scope = WithSecrets {
+        args: &Value::Null,
+        secrets,
+    };
     let mut env = Vec::with_capacity(spec.env.len());
     for (k, t) in &spec.env {
         match t.render(&scope) {

@@ -160,7 +160,11 @@ mod tests {
     fn auth(value: &str) -> (BearerAuth, Arc<Secrets>) {
         let secrets = Secrets::new();
         secrets.set_has_source();
-        secrets.set("clients", Some(vec![("tokens".into(), value.as_bytes().to_vec())]), Presence::Loaded);
+        secrets.set(
+            "clients",
+            Some(vec![("tokens".into(), value.as_bytes().to_vec())]),
+            Presence::Loaded,
+        );
         let r = SecretRef {
             name: "clients".into(),
             key: "tokens".into(),
@@ -184,12 +188,22 @@ mod tests {
         let (a, _) = auth("first-token-0123456789\nsecond-token-0123456789\nshort\n");
         assert_eq!(a.check(&with("Bearer first-token-0123456789")), Ok(()));
         assert_eq!(a.check(&with("bearer   second-token-0123456789  ")), Ok(()));
-        assert_eq!(a.check(&with("Bearer short")), Err(Denied::Invalid), "too short to count");
-        assert_eq!(a.check(&with("Bearer first-token-012345678")), Err(Denied::Invalid));
+        assert_eq!(
+            a.check(&with("Bearer short")),
+            Err(Denied::Invalid),
+            "too short to count"
+        );
+        assert_eq!(
+            a.check(&with("Bearer first-token-012345678")),
+            Err(Denied::Invalid)
+        );
         assert_eq!(a.check(&with("Bearer ")), Err(Denied::Invalid));
         assert_eq!(a.check(&with("Basic Zmlyc3Q=")), Err(Denied::Missing));
         assert_eq!(a.check(&HeaderMap::new()), Err(Denied::Missing));
-        assert_eq!(a.check(&with(&format!("Bearer {}", "x".repeat(9000)))), Err(Denied::Missing));
+        assert_eq!(
+            a.check(&with(&format!("Bearer {}", "x".repeat(9000)))),
+            Err(Denied::Missing)
+        );
     }
 
     #[test]
@@ -201,9 +215,15 @@ mod tests {
             Some(vec![("tokens".into(), b"new-token-0123456789".to_vec())]),
             Presence::Loaded,
         );
-        assert_eq!(a.check(&with("Bearer old-token-0123456789")), Err(Denied::Invalid));
+        assert_eq!(
+            a.check(&with("Bearer old-token-0123456789")),
+            Err(Denied::Invalid)
+        );
         assert_eq!(a.check(&with("Bearer new-token-0123456789")), Ok(()));
         secrets.set("clients", None, Presence::Missing);
-        assert_eq!(a.check(&with("Bearer new-token-0123456789")), Err(Denied::Unconfigured));
+        assert_eq!(
+            a.check(&with("Bearer new-token-0123456789")),
+            Err(Denied::Unconfigured)
+        );
     }
 }

@@ -278,9 +278,9 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
 }
 
 /// Origin, Host and credentials: checked before anything else is read.
-fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
-    check_origin(state, headers).map_err(IntoResponse::into_response)?;
-    check_host(state, headers).map_err(IntoResponse::into_response)?;
+fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    check_origin(state, headers).map_err(|r| Box::new(r.into_response()))?;
+    check_host(state, headers).map_err(|r| Box::new(r.into_response()))?;
     if let Some(auth) = &state.options.auth
         && let Err(denied) = auth.check(headers)
     {
@@ -288,7 +288,7 @@ fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> 
         let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
         resp.headers_mut()
             .insert(header::WWW_AUTHENTICATE, denied.challenge());
-        return Err(resp);
+        return Err(Box::new(resp));
     }
     Ok(())
 }
@@ -496,7 +496,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     let (parts, body) = req.into_parts();
     let headers = &parts.headers;
     if let Err(r) = check_caller(&state, headers) {
-        return r.into_response();
+        return *r;
     }
     let max = state.options.max_body_bytes;
     let too_large = || {
@@ -753,7 +753,7 @@ impl Drop for ListenGuard {
 
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     if let Err(r) = check_caller(&state, &headers) {
-        return r.into_response();
+        return *r;
     }
     if !headers
         .get(header::ACCEPT)
@@ -850,7 +850,7 @@ fn event_stream(
 
 async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     if let Err(r) = check_caller(&state, &headers) {
-        return r.into_response();
+        return *r;
     }
     if matches!(version(&headers), Ok((_, true))) {
         return not_in_modern("DELETE");
