@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
     TopologySpreadConstraint, Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
@@ -114,6 +115,32 @@ pub struct McpServerSpec {
     /// Service may call every tool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<Auth>,
+    /// A NetworkPolicy for the pods (none when unset). Set (even `{}`), the pods accept
+    /// connections only on the MCP and admin ports, from the peers listed, and connect only to
+    /// DNS, the API server and the `egress` destinations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicyOptions>,
+}
+
+/// The pods' NetworkPolicy. It takes effect where the cluster's network plugin enforces
+/// NetworkPolicies.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicyOptions {
+    /// Who may reach the MCP port (pods, namespaces, CIDRs). Empty: every source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub mcp_from: Vec<NetworkPolicyPeer>,
+    /// Who may reach the admin port (metrics, `/status`; the kubelet's probes come from the
+    /// node). Empty: every source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub admin_from: Vec<NetworkPolicyPeer>,
+    /// Where the pods may connect besides DNS (port 53) and the API server: the hosts (CIDRs)
+    /// and Services (pod selectors) that http tools call. Empty: nowhere else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub egress: Vec<NetworkPolicyEgressRule>,
 }
 
 /// Client authentication.

@@ -366,7 +366,13 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
             (r, Reached::Invalid)
         }
     };
-    let c = build(&mcp, &rendered, &defaults).expect("an McpServer with name and uid is buildable");
+    let c = build(
+        &mcp,
+        &rendered,
+        &defaults,
+        &quiver_operator::build::ApiServer::default(),
+    )
+    .expect("an McpServer with name and uid is buildable");
     round_trips(&c.config_map);
     round_trips(&c.service_account);
     // The pods' Role names what it grants: an empty resourceNames list would grant every

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
@@ -79,8 +80,17 @@ async fn the_pods_may_read_exactly_the_secrets_their_tools_and_auth_name() {
         let args = d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
         assert!(args.contains(&"--auth-tokens-secret=assistant-clients.tokens".to_owned()), "{args:?}");
 
+        // The real API server accepted both NetworkPolicies as built.
+        let np = ns.api::<NetworkPolicy>().get("inventory").await.unwrap();
+        let spec = serde_json::to_value(np.spec.unwrap()).unwrap();
+        assert_eq!(spec["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"], "assistant");
+        let np = ns.api::<NetworkPolicy>().get("assistant").await.unwrap();
+        let egress = serde_json::to_value(np.spec.unwrap().egress.unwrap()).unwrap();
+        assert_eq!(egress[2]["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"], "inventory");
+        assert!(egress[1]["to"][0]["ipBlock"]["cidr"].as_str().is_some_and(|c| c.ends_with("/32")), "the API server's address: {egress}");
+
         // A tool that names another Secret widens the Role; dropping auth and tools narrows it.
-        let patch = json!({"spec": {"auth": null, "tools": [{"name": "get", "handler": {"http": {"url": "http://x/", "headers": {"K": "{{secret.other.k}}"}}}}]}});
+        let patch = json!({"spec": {"auth": null, "networkPolicy": null, "tools": [{"name": "get", "handler": {"http": {"url": "http://x/", "headers": {"K": "{{secret.other.k}}"}}}}]}});
         ns.api::<McpServer>().patch("assistant", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
         eventually(30, "the Role names only `other`", || async {
             let role = ns.api::<Role>().get("assistant-config-reader").await.ok()?;
@@ -92,6 +102,10 @@ async fn the_pods_may_read_exactly_the_secrets_their_tools_and_auth_name() {
         eventually(30, "the Role grants no Secret", || async {
             let role = ns.api::<Role>().get("assistant-config-reader").await.ok()?;
             secret_names(role).is_none().then_some(())
+        })
+        .await;
+        eventually(30, "the NetworkPolicy removed with networkPolicy", || async {
+            ns.api::<NetworkPolicy>().get_opt("assistant").await.ok()?.is_none().then_some(())
         })
         .await;
         let listed = kubectl(&["get", "quiver", "-n", &ns.name, "-o", "name"]);

@@ -1,7 +1,8 @@
 """Credentials on a real kind cluster, both ways, with the sample deploy/samples/authenticated-api.yaml:
 an McpServer calls an authenticated HTTP API with a token from a Secret, requires a bearer token
 of its own clients (the official Python SDK client with and without it), and every rotation of
-either Secret reaches the running pods on the next request, with no restart."""
+either Secret reaches the running pods on the next request, with no restart. Both servers get
+a NetworkPolicy."""
 
 from __future__ import annotations
 
@@ -109,3 +110,12 @@ def test_credentials_both_ways_rotate_without_restart(ns: Namespace):
         assert not asyncio.run(check_stock(url, new_client)).is_error
 
     assert pods_and_restarts(ns, "inventory", "assistant") == before, "no pod was replaced or restarted"
+
+    # The NetworkPolicies were accepted by the cluster as built. (This cluster's kindnet does
+    # not enforce NetworkPolicies, so the traffic above says nothing about them.)
+    inventory = ns.get("networkpolicy", "inventory")["spec"]
+    assert inventory["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "assistant"}}}]
+    egress = ns.get("networkpolicy", "assistant")["spec"]["egress"]
+    assert egress[0]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert egress[1]["to"][0]["ipBlock"]["cidr"].endswith("/32"), egress
+    assert egress[2]["to"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "inventory"}}}]

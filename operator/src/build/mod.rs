@@ -3,6 +3,7 @@
 //! of the wrong type is a compile error). No API client here; this is where most unit tests live.
 
 mod monitor;
+mod netpol;
 mod pod;
 mod tuning;
 
@@ -25,6 +26,7 @@ use crate::crd::McpServer;
 use crate::render::Rendered;
 
 pub use monitor::service_monitor_resource;
+pub use netpol::ApiServer;
 pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};
 
 /// Key of the ToolSet in the tools ConfigMap.
@@ -68,6 +70,8 @@ pub struct Children {
     pub pdb: Option<PodDisruptionBudget>,
     /// When `monitoring.serviceMonitor` is set (applied only if its CRD exists).
     pub service_monitor: Option<DynamicObject>,
+    /// When `networkPolicy` is set.
+    pub network_policy: Option<k8s_openapi::api::networking::v1::NetworkPolicy>,
 }
 
 /// The McpServer has no name or uid, so its children cannot carry an owner reference (an
@@ -130,7 +134,12 @@ fn pod_selector(name: &str) -> LabelSelector {
 ///
 /// # Errors
 /// [`Unowned`] when the McpServer has no name or uid.
-pub fn build(mcp: &McpServer, rendered: &Rendered, defaults: &Defaults) -> Result<Children, Unowned> {
+pub fn build(
+    mcp: &McpServer,
+    rendered: &Rendered,
+    defaults: &Defaults,
+    api_server: &ApiServer,
+) -> Result<Children, Unowned> {
     let owner = mcp.controller_owner_ref(&()).ok_or(Unowned)?;
     let name = mcp.metadata.name.clone().ok_or(Unowned)?;
     let ns = mcp.metadata.namespace.clone().unwrap_or_default();
@@ -231,7 +240,9 @@ pub fn build(mcp: &McpServer, rendered: &Rendered, defaults: &Defaults) -> Resul
         .as_ref()
         .is_some_and(|m| m.service_monitor)
         .then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
+    let network_policy = netpol::network_policy(mcp, &name, api_server, meta(mcp, name.clone(), &owner));
     Ok(Children {
+        network_policy,
         config_map,
         service_account,
         role,

@@ -22,6 +22,9 @@ fn children(yaml: &str) -> Children {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),
         },
+        &ApiServer {
+            endpoints: vec![("172.18.0.2".into(), 6443)],
+        },
     )
     .unwrap()
 }
@@ -207,7 +210,10 @@ fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
         server_image: "s".into(),
         image_pull_policy: "Never".into(),
     };
-    assert_eq!(build(&m, &r, &defaults).unwrap_err(), Unowned);
+    assert_eq!(
+        build(&m, &r, &defaults, &ApiServer::default()).unwrap_err(),
+        Unowned
+    );
 }
 
 #[test]
@@ -311,4 +317,44 @@ spec:
     // The Role is bound to the pods' ServiceAccount.
     let rb = serde_json::to_value(&c.role_binding).unwrap();
     assert_eq!(rb["subjects"][0]["name"], "workload-identity");
+}
+
+#[test]
+fn a_network_policy_opens_the_two_ports_to_the_listed_peers_and_egress_to_dns_the_api_and_the_declared() {
+    assert!(children(BASIC).network_policy.is_none(), "none unless asked");
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  tools: [{name: add, handler: {builtin: add}}]
+  networkPolicy:
+    mcpFrom: [{namespaceSelector: {matchLabels: {team: agents}}}]
+    egress: [{to: [{ipBlock: {cidr: 10.1.0.0/16}}], ports: [{port: 443}]}]
+"#,
+    );
+    let p = serde_json::to_value(c.network_policy.unwrap()).unwrap();
+    assert_eq!(p["metadata"]["ownerReferences"][0]["kind"], "McpServer");
+    let spec = &p["spec"];
+    assert_eq!(
+        spec["podSelector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "api"
+    );
+    assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        spec["ingress"],
+        json!([
+            {"from": [{"namespaceSelector": {"matchLabels": {"team": "agents"}}}], "ports": [{"protocol": "TCP", "port": 8080}]},
+            {"ports": [{"protocol": "TCP", "port": 9090}]},
+        ])
+    );
+    assert_eq!(
+        spec["egress"],
+        json!([
+            {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            {"to": [{"ipBlock": {"cidr": "172.18.0.2/32"}}], "ports": [{"protocol": "TCP", "port": 6443}]},
+            {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 443}]},
+        ])
+    );
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -116,6 +118,30 @@ async fn fetch(client: &Client, ns: &str, mcp: &McpServer) -> Result<Dereference
     Ok(Dereferenced { fetched, unwatched })
 }
 
+/// Where the API server listens (the `default/kubernetes` EndpointSlice), for the pods'
+/// egress rule. Unreadable, the rule falls back to TCP 443 and 6443 to any address.
+async fn api_server(client: &Client) -> build::ApiServer {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    match api.get_opt("kubernetes").await {
+        Ok(Some(slice)) => {
+            let ports: Vec<i32> = slice.ports.iter().flatten().filter_map(|p| p.port).collect();
+            build::ApiServer {
+                endpoints: slice
+                    .endpoints
+                    .iter()
+                    .flat_map(|e| e.addresses.iter())
+                    .flat_map(|a| ports.iter().map(move |p| (a.clone(), *p)))
+                    .collect(),
+            }
+        }
+        Ok(None) => build::ApiServer::default(),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the API server's EndpointSlice; egress to it falls back to ports 443/6443");
+            build::ApiServer::default()
+        }
+    }
+}
+
 /// One reconcile.
 ///
 /// # Errors
@@ -159,7 +185,12 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
             return Ok((Outcome::InvalidSpec, action));
         }
     };
-    let children = build::build(mcp, &rendered, &ctx.defaults)?;
+    let api_server = if mcp.spec.network_policy.is_some() {
+        api_server(client).await
+    } else {
+        build::ApiServer::default()
+    };
+    let children = build::build(mcp, &rendered, &ctx.defaults, &api_server)?;
     // The Role first: a ToolSet that names a new Secret reaches the pods only once they
     // may read it.
     apply::apply(client, &ns, &children.service_account).await?;
@@ -182,6 +213,10 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     match &children.pdb {
         Some(p) => drop(apply::apply(client, &ns, p).await?),
         None => apply::delete_owned(&apply::dynamic::<PodDisruptionBudget>(client, &ns), &name, &uid).await?,
+    }
+    match &children.network_policy {
+        Some(p) => drop(apply::apply(client, &ns, p).await?),
+        None => apply::delete_owned(&apply::dynamic::<NetworkPolicy>(client, &ns), &name, &uid).await?,
     }
     let monitors: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns, &build::service_monitor_resource());
