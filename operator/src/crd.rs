@@ -153,6 +153,34 @@ pub struct Auth {
     /// while clients move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_secret_ref: Option<SecretKey>,
+    /// Accept OAuth 2.1 / OIDC access tokens (JWTs signed RS256 or ES256) of this issuer, as
+    /// the MCP authorization specification describes: the pods publish the protected-resource
+    /// metadata (`/.well-known/oauth-protected-resource`) and answer 401 with a
+    /// `WWW-Authenticate` pointing at it. With `bearerTokenSecretRef` too, either is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<OidcAuth>,
+}
+
+/// An OAuth 2.1 / OIDC issuer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OidcAuth {
+    /// The issuer URL (`iss` of accepted tokens); its `/.well-known/openid-configuration` or
+    /// `/.well-known/oauth-authorization-server` names the key set.
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
+    pub issuer: String,
+    /// The audience accepted tokens must name: the URL clients use for this server.
+    #[schemars(length(min = 1, max = 1024))]
+    pub audience: String,
+    /// The issuer's JWK set URL, to skip discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
+    pub jwks_uri: Option<String>,
+    /// The MCP endpoint's canonical URL in the protected-resource metadata (default: from
+    /// each request's Host header, `http://HOST/mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
+    pub resource: Option<String>,
 }
 
 /// A key of a Secret in the McpServer's namespace.

@@ -108,6 +108,23 @@ pub struct ServeArgs {
     /// the accepted tokens, one per line; a rotation applies to the next request.
     #[arg(long, env = "QUIVER_AUTH_TOKENS_SECRET", value_parser = crate::secrets::parse_ref)]
     auth_tokens_secret: Option<crate::config::SecretRef>,
+    /// Accept OAuth 2.1 / OIDC access tokens (JWT, RS256 or ES256) from this issuer on /mcp;
+    /// its keys come from its discovery document (or --auth-jwks-url). Needs --auth-audience.
+    #[arg(long, env = "QUIVER_AUTH_ISSUER")]
+    auth_issuer: Option<String>,
+    /// The audience accepted tokens must name: this server's canonical URL (RFC 8707).
+    #[arg(long, env = "QUIVER_AUTH_AUDIENCE")]
+    auth_audience: Option<String>,
+    /// The issuer's JWK set URL, instead of discovering it.
+    #[arg(long, env = "QUIVER_AUTH_JWKS_URL")]
+    auth_jwks_url: Option<String>,
+    /// The MCP endpoint's canonical URL in the protected-resource metadata (default:
+    /// `http://HOST/mcp` from each request's Host header).
+    #[arg(long, env = "QUIVER_AUTH_RESOURCE")]
+    auth_resource: Option<String>,
+    /// Clock difference tolerated in tokens' `exp` and `nbf`.
+    #[arg(long, env = "QUIVER_AUTH_CLOCK_SKEW", default_value = "60s", value_parser = duration)]
+    auth_clock_skew: Duration,
     /// Pin each worker thread to one CPU of the process's affinity mask.
     #[arg(long, env = "QUIVER_PIN_WORKERS")]
     pin_workers: bool,
@@ -258,6 +275,49 @@ fn init_logging(format: &str, stdio: bool) {
 /// is asked its questions again; unset, each process draws a random key.
 pub const STATE_KEY_ENV: &str = "QUIVER_STATE_KEY";
 
+/// Client authentication from the flags (`None`: every caller is served).
+fn client_auth(
+    args: &ServeArgs,
+    server: &Server,
+) -> anyhow::Result<Option<Arc<crate::transport::auth::Auth>>> {
+    use crate::transport::auth::{Auth, BearerAuth, Oidc, OidcConfig};
+    let wanted = args.auth_tokens_secret.is_some() || args.auth_issuer.is_some();
+    if wanted && args.stdio {
+        anyhow::bail!(
+            "--auth-tokens-secret and --auth-issuer are for HTTP: a stdio server has no credentials to check"
+        );
+    }
+    let bearer = match &args.auth_tokens_secret {
+        Some(_) if args.secrets.is_none() => {
+            anyhow::bail!("--auth-tokens-secret needs --secrets to read the tokens from")
+        }
+        Some(r) => Some(BearerAuth::new(r.clone(), server.exec.secrets.clone())),
+        None => None,
+    };
+    let oidc = match &args.auth_issuer {
+        Some(issuer) => {
+            let audience = args
+                .auth_audience
+                .clone()
+                .context("--auth-issuer needs --auth-audience (this server's canonical URL)")?;
+            let oidc = Oidc::new(
+                OidcConfig {
+                    issuer: issuer.clone(),
+                    audience,
+                    jwks_url: args.auth_jwks_url.clone(),
+                    resource: args.auth_resource.clone(),
+                    leeway: args.auth_clock_skew,
+                },
+                crate::handlers::HttpClient::new(),
+            );
+            oidc.start();
+            Some(oidc)
+        }
+        None => None,
+    };
+    Ok(wanted.then(|| Arc::new(Auth { bearer, oidc })))
+}
+
 async fn serve(
     args: ServeArgs,
     source: Source,
@@ -311,21 +371,7 @@ async fn serve(
         #[cfg(not(feature = "kube"))]
         Some(SecretSource::Kube(_)) => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
     }
-    let auth = match args.auth_tokens_secret.clone() {
-        Some(r) if args.stdio => {
-            anyhow::bail!("--auth-tokens-secret {r}: stdio has no credentials to check; it is for HTTP")
-        }
-        Some(r) => {
-            if args.secrets.is_none() {
-                anyhow::bail!("--auth-tokens-secret needs --secrets to read the tokens from");
-            }
-            Some(Arc::new(crate::transport::auth::BearerAuth::new(
-                r,
-                secrets.clone(),
-            )))
-        }
-        None => None,
-    };
+    let auth = client_auth(&args, &server)?;
     let reloader = Reloader::new(server.clone());
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();
@@ -383,7 +429,12 @@ async fn serve(
         tuning: tuning.clone(),
         started: Instant::now(),
         load: load.clone(),
-        auth: if auth.is_some() { "bearer" } else { "none" },
+        auth: match auth.as_deref() {
+            None => "none",
+            Some(a) if a.oidc.is_some() && a.bearer.is_some() => "bearer+oidc",
+            Some(a) if a.oidc.is_some() => "oidc",
+            Some(_) => "bearer",
+        },
     });
     let admin_stop = CancellationToken::new();
     let admin = match args.admin_listen.unwrap_or(admin_default(args.stdio)) {

@@ -86,6 +86,12 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
     if let Some(r) = bearer_secret(mcp) {
         args.push(format!("--auth-tokens-secret={}.{}", r.name, r.key));
     }
+    if let Some(o) = mcp.spec.auth.as_ref().and_then(|a| a.oidc.as_ref()) {
+        args.push(format!("--auth-issuer={}", o.issuer));
+        args.push(format!("--auth-audience={}", o.audience));
+        args.extend(o.jwks_uri.as_ref().map(|u| format!("--auth-jwks-url={u}")));
+        args.extend(o.resource.as_ref().map(|u| format!("--auth-resource={u}")));
+    }
     args
 }
 

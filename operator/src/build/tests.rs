@@ -256,6 +256,31 @@ spec:
             .contains(&json!("--auth-tokens-secret=clients.tokens")),
         "{args}"
     );
+    assert!(!args.to_string().contains("--auth-issuer"));
+    let o = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  auth:
+    oidc: {issuer: "https://login.example", audience: "https://mcp.example/mcp", jwksUri: "https://login.example/keys"}
+  tools: [{name: add, handler: {builtin: add}}]
+"#,
+    );
+    let d = serde_json::to_value(&o.deployment).unwrap();
+    let oidc_args = d["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    for a in [
+        "--auth-issuer=https://login.example",
+        "--auth-audience=https://mcp.example/mcp",
+        "--auth-jwks-url=https://login.example/keys",
+    ] {
+        assert!(
+            oidc_args.as_array().unwrap().contains(&json!(a)),
+            "{a}: {oidc_args}"
+        );
+    }
+    assert!(!oidc_args.to_string().contains("--auth-tokens-secret"));
     // Never written into the tools ConfigMap: only the references are.
     let yaml = &c.config_map.data.as_ref().unwrap()["tools.yaml"];
     assert!(yaml.contains("{{secret.api-token.token}}"), "{yaml}");

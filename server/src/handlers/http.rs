@@ -40,6 +40,49 @@ impl HttpClient {
         Self { client }
     }
 
+    /// GETs a JSON document (e.g. an issuer's metadata or key set), within `timeout` and
+    /// at most `max` bytes.
+    ///
+    /// # Errors
+    /// The request failed, answered other than 2xx, or the body is not JSON.
+    pub async fn get_json(
+        &self,
+        url: &str,
+        timeout: std::time::Duration,
+        max: usize,
+    ) -> Result<Value, String> {
+        let uri: Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
+        let shown = redacted(&uri);
+        let req = Request::builder()
+            .uri(uri)
+            .header(header::ACCEPT, "application/json")
+            .header(
+                header::USER_AGENT,
+                concat!("quiver-server/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| format!("{shown}: {e}"))?;
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| format!("GET {shown} failed: {}", error_chain(&e)))?;
+            if !resp.status().is_success() {
+                return Err(format!("GET {shown} answered {}", resp.status()));
+            }
+            let bytes = Limited::new(resp.into_body(), max)
+                .collect()
+                .await
+                .map_err(|e| format!("reading {shown}: {e}"))?
+                .to_bytes();
+            serde_json::from_slice(&bytes).map_err(|e| format!("{shown} is not JSON: {e}"))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| Err(format!("GET {shown} timed out after {timeout:?}")))
+    }
+
     /// Performs the request of an http tool.
     pub async fn call(&self, spec: &HttpCall, args: &Value, secrets: &Value) -> ToolOutput {
         let scope = WithSecrets { args, secrets };

@@ -1,5 +1,7 @@
-//! Client authentication on `/mcp`: static bearer tokens read from the secret store, so a
-//! rotated Secret takes effect on the next request without a restart.
+//! Client authentication on `/mcp`: static bearer tokens read from the secret store (a
+//! rotated Secret takes effect on the next request, without a restart), and OAuth 2.1 / OIDC
+//! access tokens (JWTs) checked against the issuer's published keys, as the MCP authorization
+//! specification describes, with the protected-resource metadata document (RFC 9728).
 //!
 //! The token secret's value holds one token per line (blank lines and `#` comments are
 //! skipped), so a rotation can keep the old and the new token valid for a while. Tokens are
@@ -7,13 +9,16 @@
 //! a guess first differs shows in the time a refusal takes.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use http::{HeaderMap, HeaderValue, header};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::jwt::{self, Jwk};
 use crate::config::SecretRef;
+use crate::handlers::HttpClient;
 use crate::secrets::Secrets;
 
 /// Tokens shorter than this are ignored (and logged): a guessable token is no protection.
@@ -44,14 +49,19 @@ impl Denied {
         }
     }
 
-    /// The `WWW-Authenticate` challenge (RFC 6750 section 3).
-    pub fn challenge(self) -> HeaderValue {
-        HeaderValue::from_static(match self {
-            Self::Missing => "Bearer realm=\"mcp\"",
-            Self::Invalid | Self::Unconfigured => {
-                "Bearer realm=\"mcp\", error=\"invalid_token\", error_description=\"the token is not valid\""
-            }
-        })
+    /// The `WWW-Authenticate` challenge (RFC 6750 section 3), pointing at the
+    /// protected-resource metadata when there is some (RFC 9728 section 5.1).
+    pub fn challenge(self, resource_metadata: Option<&str>) -> HeaderValue {
+        let mut v = String::from("Bearer realm=\"mcp\"");
+        if let Some(url) = resource_metadata {
+            v.push_str(", resource_metadata=\"");
+            v.push_str(url);
+            v.push('"');
+        }
+        if self != Self::Missing {
+            v.push_str(", error=\"invalid_token\", error_description=\"the token is not valid\"");
+        }
+        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("Bearer realm=\"mcp\""))
     }
 }
 
@@ -133,14 +143,14 @@ impl BearerAuth {
     /// # Errors
     /// Why the request may not proceed.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), Denied> {
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return Err(Denied::Missing);
-        };
-        let value = value.as_bytes();
-        if value.len() > MAX_HEADER_LEN || value.len() < 7 || !value[..7].eq_ignore_ascii_case(b"bearer ") {
-            return Err(Denied::Missing);
-        }
-        let presented = value[7..].trim_ascii();
+        self.accepts(bearer_token(headers).ok_or(Denied::Missing)?)
+    }
+
+    /// Whether `presented` is one of the tokens.
+    ///
+    /// # Errors
+    /// It is not, or there are no tokens to compare with.
+    pub fn accepts(&self, presented: &[u8]) -> Result<(), Denied> {
         let tokens = self.tokens();
         if tokens.digests.is_empty() {
             return Err(Denied::Unconfigured);
@@ -149,6 +159,240 @@ impl BearerAuth {
         // Every digest is compared, whichever matches.
         let ok = tokens.digests.iter().fold(false, |acc, t| acc | same(t, &d));
         if ok { Ok(()) } else { Err(Denied::Invalid) }
+    }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    if value.len() > MAX_HEADER_LEN || value.len() < 7 || !value[..7].eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    Some(value[7..].trim_ascii())
+}
+
+/// An OAuth 2.1 / OIDC issuer whose access tokens the server accepts.
+#[derive(Debug, Clone)]
+pub struct OidcConfig {
+    /// `iss` of accepted tokens; its `/.well-known/openid-configuration` (or
+    /// `oauth-authorization-server`) names the key set unless `jwks_url` does.
+    pub issuer: String,
+    /// A value that `aud` must contain (the MCP server's canonical URL, RFC 8707).
+    pub audience: String,
+    /// Where the key set is, when discovery should not be used.
+    pub jwks_url: Option<String>,
+    /// The MCP endpoint's canonical URL for the protected-resource metadata; `None` derives
+    /// it from each request's `Host` (`http://HOST/mcp`).
+    pub resource: Option<String>,
+    /// Tolerated clock difference.
+    pub leeway: Duration,
+}
+
+/// How often the key set is re-fetched, and the least time between fetches that an unknown
+/// `kid` may cause.
+const JWKS_REFRESH: Duration = Duration::from_secs(600);
+const JWKS_MIN_INTERVAL: Duration = Duration::from_secs(30);
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_DOCUMENT_BYTES: usize = 256 << 10;
+
+/// Verifies access tokens of one issuer, keeping its key set fresh.
+#[derive(Debug)]
+pub struct Oidc {
+    cfg: OidcConfig,
+    http: HttpClient,
+    keys: ArcSwap<Vec<Jwk>>,
+    /// When an unknown `kid` last caused a fetch (the lock also serialises fetches).
+    kid_fetched: tokio::sync::Mutex<Option<Instant>>,
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+impl Oidc {
+    /// A verifier; call [`Oidc::start`] to fetch the keys.
+    pub fn new(cfg: OidcConfig, http: HttpClient) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            http,
+            keys: ArcSwap::from_pointee(Vec::new()),
+            kid_fetched: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OidcConfig {
+        &self.cfg
+    }
+
+    /// Fetches the key set now and every 10 minutes, until the process ends.
+    pub fn start(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                this.refresh(false).await;
+                tokio::time::sleep(JWKS_REFRESH).await;
+            }
+        });
+    }
+
+    async fn jwks_url(&self) -> Result<String, String> {
+        if let Some(u) = &self.cfg.jwks_url {
+            return Ok(u.clone());
+        }
+        let base = self.cfg.issuer.trim_end_matches('/');
+        let mut last = String::new();
+        for doc in ["openid-configuration", "oauth-authorization-server"] {
+            let url = format!("{base}/.well-known/{doc}");
+            match self.http.get_json(&url, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES).await {
+                Ok(meta) => match meta.get("jwks_uri").and_then(Value::as_str) {
+                    Some(u) => return Ok(u.to_owned()),
+                    None => last = format!("{url} names no jwks_uri"),
+                },
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Re-fetches the key set; for an unknown `kid`, at most once per [`JWKS_MIN_INTERVAL`]
+    /// (tokens naming made-up keys must not make the server hammer the issuer).
+    async fn refresh(&self, for_unknown_kid: bool) {
+        let mut kid_fetched = self.kid_fetched.lock().await;
+        if for_unknown_kid {
+            if kid_fetched.is_some_and(|t| t.elapsed() < JWKS_MIN_INTERVAL) {
+                return;
+            }
+            *kid_fetched = Some(Instant::now());
+        }
+        let result = match self.jwks_url().await {
+            Ok(url) => self
+                .http
+                .get_json(&url, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES)
+                .await
+                .map(|doc| jwt::parse_jwks(&doc)),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(keys) if !keys.is_empty() => {
+                tracing::info!(issuer = %self.cfg.issuer, keys = keys.len(), "issuer keys loaded");
+                self.keys.store(Arc::new(keys));
+            }
+            Ok(_) => {
+                tracing::warn!(issuer = %self.cfg.issuer, "the issuer's key set has no usable signing key (RS256, ES256); keeping the previous keys")
+            }
+            Err(e) => {
+                tracing::warn!(issuer = %self.cfg.issuer, error = %e, "cannot fetch the issuer's keys; keeping the previous keys")
+            }
+        }
+    }
+
+    /// Verifies an access token; a token signed by a key not seen yet makes one refresh of
+    /// the key set (at most every 30 s).
+    ///
+    /// # Errors
+    /// [`Denied::Invalid`] when it does not verify.
+    pub async fn check(&self, token: &[u8]) -> Result<Value, Denied> {
+        let token = std::str::from_utf8(token).map_err(|_| Denied::Invalid)?;
+        let expect = jwt::Expect {
+            issuer: &self.cfg.issuer,
+            audience: &self.cfg.audience,
+            now: now_unix(),
+            leeway: i64::try_from(self.cfg.leeway.as_secs()).unwrap_or(60),
+        };
+        match jwt::verify(token, &self.keys.load(), &expect) {
+            Err(jwt::Invalid::UnknownKey) => {
+                self.refresh(true).await;
+                jwt::verify(token, &self.keys.load(), &expect)
+            }
+            other => other,
+        }
+        .map_err(|e| {
+            tracing::debug!(reason = %e, "access token refused");
+            Denied::Invalid
+        })
+    }
+}
+
+/// Every way a client may authenticate; a request passes with any one of them.
+#[derive(Debug)]
+pub struct Auth {
+    /// Static tokens from a Secret.
+    pub bearer: Option<BearerAuth>,
+    /// Access tokens of an issuer.
+    pub oidc: Option<Arc<Oidc>>,
+}
+
+/// The `Host` of a request if it is a plain host name or address (it goes into a URL and a
+/// header value).
+fn plain_host(headers: &HeaderMap) -> Option<&str> {
+    let h = headers.get(header::HOST)?.to_str().ok()?;
+    (!h.is_empty()
+        && h.len() <= 255
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')))
+    .then_some(h)
+}
+
+impl Auth {
+    /// Checks the request's credentials.
+    ///
+    /// # Errors
+    /// Why the request may not proceed.
+    pub async fn check(&self, headers: &HeaderMap) -> Result<(), Denied> {
+        let token = bearer_token(headers).ok_or(Denied::Missing)?;
+        let mut denied = Denied::Unconfigured;
+        if let Some(b) = &self.bearer {
+            match b.accepts(token) {
+                Ok(()) => return Ok(()),
+                Err(d) => denied = d,
+            }
+        }
+        // A JWT has three parts; anything else is not worth a signature check.
+        if let Some(o) = &self.oidc
+            && token.iter().filter(|b| **b == b'.').count() == 2
+        {
+            return o.check(token).await.map(drop);
+        }
+        Err(if self.oidc.is_some() {
+            Denied::Invalid
+        } else {
+            denied
+        })
+    }
+
+    /// The MCP endpoint's canonical URL (OIDC only).
+    pub fn resource(&self, headers: &HeaderMap) -> Option<String> {
+        let o = self.oidc.as_ref()?;
+        o.cfg
+            .resource
+            .clone()
+            .or_else(|| plain_host(headers).map(|h| format!("http://{h}/mcp")))
+    }
+
+    /// Where the protected-resource metadata is, for `WWW-Authenticate`.
+    pub fn metadata_url(&self, headers: &HeaderMap) -> Option<String> {
+        let resource = self.resource(headers)?;
+        let (scheme, rest) = resource.split_once("://")?;
+        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+        let mut url = format!("{scheme}://{authority}/.well-known/oauth-protected-resource");
+        if !path.is_empty() {
+            url.push('/');
+            url.push_str(path);
+        }
+        Some(url)
+    }
+
+    /// The protected-resource metadata document (RFC 9728), when an issuer is configured.
+    pub fn metadata(&self, headers: &HeaderMap) -> Option<Value> {
+        let o = self.oidc.as_ref()?;
+        Some(serde_json::json!({
+            "resource": self.resource(headers)?,
+            "authorization_servers": [o.cfg.issuer],
+            "bearer_methods_supported": ["header"],
+        }))
     }
 }
 

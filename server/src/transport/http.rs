@@ -20,7 +20,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use futures_util::stream::{self, Stream, StreamExt};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rustc_hash::FxHashMap;
@@ -61,7 +61,7 @@ pub struct HttpOptions {
     /// Time for a whole request body to arrive once the headers are in; then 408.
     pub body_read_timeout: Duration,
     /// Client authentication; `None` serves every caller that passes the Origin and Host checks.
-    pub auth: Option<Arc<super::auth::BearerAuth>>,
+    pub auth: Option<Arc<super::auth::Auth>>,
 }
 
 impl Default for HttpOptions {
@@ -120,6 +120,11 @@ impl HttpState {
 pub fn app(state: Arc<HttpState>) -> Router {
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
+        .route("/.well-known/oauth-protected-resource", get(protected_resource))
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(protected_resource),
+        )
         .layer(axum::middleware::map_response_with_state(
             state.clone(),
             close_when_draining,
@@ -278,19 +283,35 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
 }
 
 /// Origin, Host and credentials: checked before anything else is read.
-fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+async fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Box<Response>> {
     check_origin(state, headers).map_err(|r| Box::new(r.into_response()))?;
     check_host(state, headers).map_err(|r| Box::new(r.into_response()))?;
     if let Some(auth) = &state.options.auth
-        && let Err(denied) = auth.check(headers)
+        && let Err(denied) = auth.check(headers).await
     {
         state.server.metrics.refused(Refusal::Unauthenticated);
         let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
+        let metadata = auth.metadata_url(headers);
         resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, denied.challenge());
+            .insert(header::WWW_AUTHENTICATE, denied.challenge(metadata.as_deref()));
         return Err(Box::new(resp));
     }
     Ok(())
+}
+
+/// `/.well-known/oauth-protected-resource[/mcp]`: where clients learn which authorization
+/// server issues tokens for this endpoint (RFC 9728). 404 unless an issuer is configured.
+async fn protected_resource(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    match state.options.auth.as_ref().and_then(|a| a.metadata(&headers)) {
+        Some(doc) => {
+            let mut resp = axum::Json(doc).into_response();
+            // Browser-based clients read it from another origin.
+            resp.headers_mut()
+                .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+            resp
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// 404 for a session this server ended (DELETE).
@@ -495,7 +516,7 @@ fn new_session_id() -> String {
 async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let headers = &parts.headers;
-    if let Err(r) = check_caller(&state, headers) {
+    if let Err(r) = check_caller(&state, headers).await {
         return *r;
     }
     let max = state.options.max_body_bytes;
@@ -752,7 +773,7 @@ impl Drop for ListenGuard {
 }
 
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_caller(&state, &headers) {
+    if let Err(r) = check_caller(&state, &headers).await {
         return *r;
     }
     if !headers
@@ -849,7 +870,7 @@ fn event_stream(
 }
 
 async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_caller(&state, &headers) {
+    if let Err(r) = check_caller(&state, &headers).await {
         return *r;
     }
     if matches!(version(&headers), Ok((_, true))) {

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod http;
+pub mod jwt;
 pub mod limits;
 pub mod listen;
 pub mod sessions;

@@ -1,0 +1,177 @@
+"""OAuth 2.1 / OIDC access tokens on the real binary, with the official Python SDK client.
+
+A local issuer publishes its discovery document and RSA key set; tokens are minted with PyJWT
+(RS256). The server must accept a valid token and refuse, with 401 and a
+`WWW-Authenticate` that points at its protected-resource metadata, a missing, expired,
+wrongly addressed or foreign token. It must also follow a key rotation by refetching the key set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jwt
+import pytest
+from conftest import BIN, free_port, wait_until
+from cryptography.hazmat.primitives.asymmetric import rsa
+from mcp import Client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+
+class Issuer:
+    """An OIDC issuer on loopback: discovery document and JWK set, keys swappable."""
+
+    def __init__(self):
+        self.keys: dict[str, rsa.RSAPrivateKey] = {}
+        self.jwks_fetches = 0
+        issuer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server naming
+                if self.path == "/.well-known/openid-configuration":
+                    doc = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/jwks"}
+                elif self.path == "/jwks":
+                    issuer.jwks_fetches += 1
+                    doc = {"keys": [issuer.jwk(kid) for kid in list(issuer.keys)]}
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                body = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def add_key(self, kid: str) -> None:
+        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def jwk(self, kid: str) -> dict:
+        doc = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.keys[kid].public_key()))
+        return {**doc, "kid": kid, "use": "sig", "alg": "RS256"}
+
+    def token(self, kid: str, audience: str, **claims) -> str:
+        now = int(time.time())
+        body = {"iss": self.url, "aud": audience, "sub": "alice", "iat": now, "exp": now + 300, **claims}
+        return jwt.encode(body, self.keys[kid], algorithm="RS256", headers={"kid": kid})
+
+
+@pytest.fixture()
+def issuer():
+    i = Issuer()
+    i.add_key("k1")
+    yield i
+    i.srv.shutdown()
+
+
+@pytest.fixture()
+def guarded(issuer):
+    """quiver-server accepting the issuer's tokens for its own URL."""
+    assert BIN.exists(), f"build the server first: {BIN}"
+    tmp = Path(tempfile.mkdtemp(prefix="quiver-auth-"))
+    config = tmp / "tools.yaml"
+    config.write_text("tools:\n  - {name: add, handler: {builtin: add}}\n")
+    port, admin = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen(
+        [str(BIN), "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+         "--auth-issuer", issuer.url, "--auth-audience", url, "--auth-resource", url],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=2).status == 200)
+        wait_until(lambda: issuer.jwks_fetches > 0)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def raw_post(url: str, token: str | None):
+    req = urllib.request.Request(url, data=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Accept", "application/json, text/event-stream")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
+
+
+async def add(url: str, token: str):
+    transport = streamable_http_client(url, http_client=create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
+    async with Client(transport) as c:
+        return await c.call_tool("add", {"a": 40, "b": 2})
+
+
+def test_a_valid_access_token_calls_tools_through_the_sdk(issuer, guarded):
+    r = asyncio.run(add(guarded, issuer.token("k1", guarded)))
+    assert (r.is_error, r.content[0].text) == (False, "42")
+
+
+def test_refusals_point_at_the_protected_resource_metadata(issuer, guarded):
+    status, headers = raw_post(guarded, None)
+    assert status == 401
+    metadata_url = guarded.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    assert headers["WWW-Authenticate"] == f'Bearer realm="mcp", resource_metadata="{metadata_url}"'
+    with urllib.request.urlopen(metadata_url, timeout=5) as r:
+        doc = json.load(r)
+    assert doc == {"resource": guarded, "authorization_servers": [issuer.url], "bearer_methods_supported": ["header"]}
+
+    stranger = Issuer()
+    stranger.add_key("k1")  # same kid, other key: the signature must fail
+    now = int(time.time())
+    for what, token in [
+        ("expired", issuer.token("k1", guarded, exp=now - 600, iat=now - 900)),
+        ("not yet valid", issuer.token("k1", guarded, nbf=now + 600)),
+        ("another audience", issuer.token("k1", "http://elsewhere/mcp")),
+        ("another issuer", issuer.token("k1", guarded, iss="http://evil.example")),
+        ("a foreign key", stranger.token("k1", guarded)),
+        ("not a JWT", "just-some-opaque-token-value"),
+    ]:
+        status, headers = raw_post(guarded, token)
+        assert status == 401, what
+        assert 'error="invalid_token"' in headers["WWW-Authenticate"], what
+    stranger.srv.shutdown()
+    with pytest.raises(Exception):  # noqa: B017 - the SDK surfaces the 401 as its own error type
+        asyncio.run(add(guarded, issuer.token("k1", "http://elsewhere/mcp")))
+
+
+def test_a_rotated_signing_key_is_fetched_when_first_seen(issuer, guarded):
+    fetches = issuer.jwks_fetches
+    issuer.add_key("k2")
+    r = asyncio.run(add(guarded, issuer.token("k2", guarded)))
+    assert (r.is_error, r.content[0].text) == (False, "42")
+    assert issuer.jwks_fetches == fetches + 1
+    # An unknown kid does not make a fetch per request: at most one per 30 s.
+    for _ in range(3):
+        assert raw_post(guarded, issuer.token("k1", guarded))[0] == 200
+    forged = Issuer()
+    forged.add_key("k9")
+    for _ in range(3):
+        assert raw_post(guarded, forged.token("k9", guarded, iss=issuer.url))[0] == 401
+    assert issuer.jwks_fetches == fetches + 1
+    forged.srv.shutdown()
