@@ -365,6 +365,11 @@ pub struct ServiceOptions {
     #[schemars(extend("enum" = ["ClusterIP", "NodePort", "LoadBalancer"]))]
     #[serde(rename = "type")]
     pub type_: Option<String>,
+    /// Also expose the admin port (9090: metrics, `/status`, probes) through the Service. Off
+    /// by default: the admin port never serves MCP, and only Prometheus and the kubelet need
+    /// it (a ServiceMonitor turns it on, as it scrapes through the Service).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expose_admin: bool,
 }
 
 /// Prometheus integration.

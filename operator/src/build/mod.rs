@@ -257,6 +257,8 @@ pub fn build(
 
 fn service_spec(mcp: &McpServer, name: &str) -> ServiceSpec {
     let options = mcp.spec.service.clone().unwrap_or_default();
+    let expose_admin =
+        options.expose_admin || mcp.spec.monitoring.as_ref().is_some_and(|m| m.service_monitor);
     let port = |name: &str, port: i32, app_protocol: Option<&str>| ServicePort {
         name: Some(name.to_owned()),
         port,
@@ -268,10 +270,14 @@ fn service_spec(mcp: &McpServer, name: &str) -> ServiceSpec {
     ServiceSpec {
         type_: Some(options.type_.unwrap_or_else(|| "ClusterIP".to_owned())),
         selector: Some(selector(name)),
-        ports: Some(vec![
-            port("mcp", options.port.unwrap_or(MCP_PORT), Some("http")),
-            port("admin", ADMIN_PORT, None),
-        ]),
+        ports: Some(if expose_admin {
+            vec![
+                port("mcp", options.port.unwrap_or(MCP_PORT), Some("http")),
+                port("admin", ADMIN_PORT, None),
+            ]
+        } else {
+            vec![port("mcp", options.port.unwrap_or(MCP_PORT), Some("http"))]
+        }),
         ..ServiceSpec::default()
     }
 }

@@ -383,3 +383,15 @@ spec:
         ])
     );
 }
+
+#[test]
+fn the_service_exposes_the_admin_port_only_when_asked_or_scraped_through_it() {
+    let names = |c: &Children| -> Vec<String> {
+        c.service.spec.as_ref().unwrap().ports.as_ref().unwrap().iter().filter_map(|p| p.name.clone()).collect()
+    };
+    assert_eq!(names(&children(BASIC)), ["mcp"]);
+    let asked = BASIC.replace("spec:\n", "spec:\n  service: {exposeAdmin: true}\n");
+    assert_eq!(names(&children(&asked)), ["mcp", "admin"]);
+    let scraped = BASIC.replace("spec:\n", "spec:\n  monitoring: {serviceMonitor: true}\n");
+    assert_eq!(names(&children(&scraped)), ["mcp", "admin"]);
+}
