@@ -120,6 +120,66 @@ pub struct McpServerSpec {
     /// DNS, the API server and the `egress` destinations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicyOptions>,
+    /// Expose the MCP endpoint through an Ingress (paths `/mcp` and
+    /// `/.well-known/oauth-protected-resource`). Turn on `auth` first: an exposed server
+    /// without it serves anyone who reaches the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressOptions>,
+    /// Expose the MCP endpoint through a Gateway API HTTPRoute (same paths; applied only when
+    /// the gateway.networking.k8s.io CRDs are installed, otherwise a Warning event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_route: Option<HttpRouteOptions>,
+}
+
+/// An Ingress in front of the Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressOptions {
+    /// Host name clients use.
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+    /// IngressClass (default: the cluster's default class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub class_name: Option<String>,
+    /// TLS Secret for `host` (terminated by the ingress controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub tls_secret_name: Option<String>,
+    /// Annotations for the ingress controller.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A Gateway API HTTPRoute to the Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteOptions {
+    /// Gateways (and listeners) the route attaches to.
+    #[schemars(length(min = 1, max = 32))]
+    pub parent_refs: Vec<ParentRef>,
+    /// Host names the route answers for (empty: the listeners').
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 253)))]
+    pub hostnames: Vec<String>,
+}
+
+/// A Gateway reference.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    /// Gateway name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Gateway namespace (default: the McpServer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// Listener name on the Gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub section_name: Option<String>,
 }
 
 /// The pods' NetworkPolicy. It takes effect where the cluster's network plugin enforces

@@ -157,16 +157,16 @@ fn add() -> Value {
 const BASE: &str = "/api/v1/namespaces/ns";
 const HPA: &str = "/apis/autoscaling/v2/namespaces/ns/horizontalpodautoscalers/calc";
 const PDB: &str = "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/calc";
+const NP: &str = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/calc";
+const ING: &str = "/apis/networking.k8s.io/v1/namespaces/ns/ingresses/calc";
 const SM: &str = "/apis/monitoring.coreos.com/v1/namespaces/ns/servicemonitors/calc";
+const ROUTE: &str = "/apis/gateway.networking.k8s.io/v1/namespaces/ns/httproutes/calc";
 const STATUS: &str = "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
 /// The applies of a valid single-replica spec, up to and including the Service; returns the
 /// applied ConfigMap.
 async fn expect_applies(api: &mut ApiServerVerifier) -> Value {
-    let cm = api
-        .expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), echo)
-        .await;
     api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), echo)
         .await;
     api.expect(
@@ -181,6 +181,10 @@ async fn expect_applies(api: &mut ApiServerVerifier) -> Value {
         echo,
     )
     .await;
+    // After the Role: the pods may read what the new config names by the time they load it.
+    let cm = api
+        .expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), echo)
+        .await;
     let d = api
         .expect(
             Method::PATCH,
@@ -199,12 +203,26 @@ async fn expect_applies(api: &mut ApiServerVerifier) -> Value {
     cm
 }
 
-/// No HPA, PDB or ServiceMonitor is wanted and none exists; the ServiceMonitor CRD is absent,
-/// and its API group answers a plain-text 404.
+/// No HPA, PDB, NetworkPolicy, Ingress, ServiceMonitor or HTTPRoute is wanted and none
+/// exists; the ServiceMonitor and HTTPRoute CRDs are absent, and their API groups answer a
+/// plain-text 404.
 async fn expect_no_optional_children(api: &mut ApiServerVerifier) {
+    expect_no_builtin_optional_children(api).await;
+    api.expect_text(Method::GET, SM, StatusCode::NOT_FOUND, "404 page not found")
+        .await;
+    expect_no_route(api).await;
+}
+
+/// No HPA, PDB, NetworkPolicy or Ingress is wanted and none exists.
+async fn expect_no_builtin_optional_children(api: &mut ApiServerVerifier) {
     api.expect(Method::GET, HPA, |_| not_found()).await;
     api.expect(Method::GET, PDB, |_| not_found()).await;
-    api.expect_text(Method::GET, SM, StatusCode::NOT_FOUND, "404 page not found")
+    api.expect(Method::GET, NP, |_| not_found()).await;
+    api.expect(Method::GET, ING, |_| not_found()).await;
+}
+
+async fn expect_no_route(api: &mut ApiServerVerifier) {
+    api.expect_text(Method::GET, ROUTE, StatusCode::NOT_FOUND, "404 page not found")
         .await;
 }
 
@@ -393,11 +411,11 @@ async fn a_service_monitor_turned_off_is_deleted_if_the_mcpserver_owns_it() {
     let spec = json!({"tools": add(), "monitoring": {"serviceMonitor": false}});
     let server = tokio::spawn(async move {
         expect_applies(&mut api).await;
-        api.expect(Method::GET, HPA, |_| not_found()).await;
-        api.expect(Method::GET, PDB, |_| not_found()).await;
+        expect_no_builtin_optional_children(&mut api).await;
         api.expect(Method::GET, SM, |_| (StatusCode::OK, service_monitor("u-1")))
             .await;
         let delete = api.expect(Method::DELETE, SM, echo).await;
+        expect_no_route(&mut api).await;
         api.expect(Method::PATCH, STATUS, patched).await;
         delete
     });
@@ -412,12 +430,12 @@ async fn a_service_monitor_turned_off_is_deleted_if_the_mcpserver_owns_it() {
     let (ctx, mut api) = setup();
     let server = tokio::spawn(async move {
         expect_applies(&mut api).await;
-        api.expect(Method::GET, HPA, |_| not_found()).await;
-        api.expect(Method::GET, PDB, |_| not_found()).await;
+        expect_no_builtin_optional_children(&mut api).await;
         api.expect(Method::GET, SM, |_| {
             (StatusCode::OK, service_monitor("someone-else"))
         })
         .await;
+        expect_no_route(&mut api).await;
         api.expect(Method::PATCH, STATUS, patched).await;
         api.expect_no_more().await;
     });
@@ -431,10 +449,10 @@ async fn a_service_monitor_without_its_crd_is_a_warning_not_an_error() {
     let spec = json!({"tools": add(), "monitoring": {"serviceMonitor": true}});
     let server = tokio::spawn(async move {
         expect_applies(&mut api).await;
-        api.expect(Method::GET, HPA, |_| not_found()).await;
-        api.expect(Method::GET, PDB, |_| not_found()).await;
+        expect_no_builtin_optional_children(&mut api).await;
         let sm = api.expect(Method::PATCH, SM, |_| not_found()).await;
         let event = api.expect(Method::POST, EVENTS, echo).await;
+        expect_no_route(&mut api).await;
         api.expect(Method::PATCH, STATUS, patched).await;
         (sm, event)
     });
@@ -451,7 +469,7 @@ async fn failures_back_off_per_object_and_a_success_resets_the_schedule() {
     let m = mcp(add());
     let server = tokio::spawn(async move {
         for _ in 0..3 {
-            api.expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), |_| {
+            api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), |_| {
                 forbidden()
             })
             .await;
@@ -459,7 +477,7 @@ async fn failures_back_off_per_object_and_a_success_resets_the_schedule() {
         expect_applies(&mut api).await;
         expect_no_optional_children(&mut api).await;
         api.expect(Method::PATCH, STATUS, patched).await;
-        api.expect(Method::PATCH, &format!("{BASE}/configmaps/calc-tools"), |_| {
+        api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), |_| {
             forbidden()
         })
         .await;

@@ -49,6 +49,8 @@ def test_defaults_install_crd_operator_rbac_and_dashboards():
     assert "delete" not in verbs[("", "configmaps")], "the operator never deletes ConfigMaps"
     assert verbs[("", "secrets")] == {"get", "list", "watch"}, "read-only: only so it may grant pods their Secrets"
     assert verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch", "delete"}
+    assert verbs[("networking.k8s.io", "ingresses")] == {"get", "create", "patch", "delete"}
+    assert verbs[("gateway.networking.k8s.io", "httproutes")] == {"get", "create", "patch", "delete"}
     assert verbs[("discovery.k8s.io", "endpointslices")] == {"get"}
     assert not any("*" in v for v in verbs.values()), "no wildcard verbs"
     assert not find(docs, "Role"), "no leader-election Role with one replica"

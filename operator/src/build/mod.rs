@@ -2,6 +2,7 @@
 //! rendered ToolSet and the operator's defaults, written as typed k8s-openapi structs (a field
 //! of the wrong type is a compile error). No API client here; this is where most unit tests live.
 
+mod expose;
 mod monitor;
 mod netpol;
 mod pod;
@@ -25,6 +26,7 @@ use kube::api::DynamicObject;
 use crate::crd::McpServer;
 use crate::render::Rendered;
 
+pub use expose::http_route_resource;
 pub use monitor::service_monitor_resource;
 pub use netpol::ApiServer;
 pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};
@@ -72,6 +74,10 @@ pub struct Children {
     pub service_monitor: Option<DynamicObject>,
     /// When `networkPolicy` is set.
     pub network_policy: Option<k8s_openapi::api::networking::v1::NetworkPolicy>,
+    /// When `ingress` is set.
+    pub ingress: Option<k8s_openapi::api::networking::v1::Ingress>,
+    /// When `httpRoute` is set (applied only if its CRD exists).
+    pub http_route: Option<DynamicObject>,
 }
 
 /// The McpServer has no name or uid, so its children cannot carry an owner reference (an
@@ -241,7 +247,11 @@ pub fn build(
         .is_some_and(|m| m.service_monitor)
         .then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
     let network_policy = netpol::network_policy(mcp, &name, api_server, meta(mcp, name.clone(), &owner));
+    let ingress = expose::ingress(mcp, &name, meta(mcp, name.clone(), &owner));
+    let http_route = expose::http_route(mcp, &name, meta(mcp, name.clone(), &owner));
     Ok(Children {
+        ingress,
+        http_route,
         network_policy,
         config_map,
         service_account,

@@ -387,11 +387,77 @@ spec:
 #[test]
 fn the_service_exposes_the_admin_port_only_when_asked_or_scraped_through_it() {
     let names = |c: &Children| -> Vec<String> {
-        c.service.spec.as_ref().unwrap().ports.as_ref().unwrap().iter().filter_map(|p| p.name.clone()).collect()
+        c.service
+            .spec
+            .as_ref()
+            .unwrap()
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.name.clone())
+            .collect()
     };
     assert_eq!(names(&children(BASIC)), ["mcp"]);
     let asked = BASIC.replace("spec:\n", "spec:\n  service: {exposeAdmin: true}\n");
     assert_eq!(names(&children(&asked)), ["mcp", "admin"]);
     let scraped = BASIC.replace("spec:\n", "spec:\n  monitoring: {serviceMonitor: true}\n");
     assert_eq!(names(&children(&scraped)), ["mcp", "admin"]);
+}
+
+#[test]
+fn ingress_and_http_route_route_the_mcp_and_metadata_paths_to_the_service() {
+    let c = children(BASIC);
+    assert!(c.ingress.is_none() && c.http_route.is_none(), "none unless asked");
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: calc}
+spec:
+  tools: [{name: add, handler: {builtin: add}}]
+  service: {port: 80}
+  ingress: {host: mcp.example.com, className: nginx, tlsSecretName: mcp-tls, annotations: {a: b}}
+  httpRoute: {parentRefs: [{name: gw, namespace: infra, sectionName: https}], hostnames: [mcp.example.com]}
+"#,
+    );
+    let i = serde_json::to_value(c.ingress.unwrap()).unwrap();
+    assert_eq!(i["metadata"]["annotations"]["a"], "b");
+    assert_eq!(i["metadata"]["ownerReferences"][0]["kind"], "McpServer");
+    assert_eq!(i["spec"]["ingressClassName"], "nginx");
+    assert_eq!(
+        i["spec"]["tls"],
+        json!([{"hosts": ["mcp.example.com"], "secretName": "mcp-tls"}])
+    );
+    let rule = &i["spec"]["rules"][0];
+    assert_eq!(rule["host"], "mcp.example.com");
+    let paths: Vec<_> = rule["http"]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].clone())
+        .collect();
+    assert_eq!(
+        paths,
+        [json!("/mcp"), json!("/.well-known/oauth-protected-resource")]
+    );
+    assert_eq!(
+        rule["http"]["paths"][0]["backend"]["service"],
+        json!({"name": "calc", "port": {"number": 80}})
+    );
+    let r = serde_json::to_value(c.http_route.unwrap()).unwrap();
+    assert_eq!(r["apiVersion"], "gateway.networking.k8s.io/v1");
+    assert_eq!(r["kind"], "HTTPRoute");
+    assert_eq!(
+        r["spec"]["parentRefs"],
+        json!([{"name": "gw", "namespace": "infra", "sectionName": "https"}])
+    );
+    assert_eq!(
+        r["spec"]["rules"][0]["backendRefs"],
+        json!([{"name": "calc", "port": 80}])
+    );
+    assert_eq!(
+        r["spec"]["rules"][0]["matches"][0],
+        json!({"path": {"type": "PathPrefix", "value": "/mcp"}})
+    );
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -218,11 +218,30 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         Some(p) => drop(apply::apply(client, &ns, p).await?),
         None => apply::delete_owned(&apply::dynamic::<NetworkPolicy>(client, &ns), &name, &uid).await?,
     }
+    match &children.ingress {
+        Some(i) => drop(apply::apply(client, &ns, i).await?),
+        None => apply::delete_owned(&apply::dynamic::<Ingress>(client, &ns), &name, &uid).await?,
+    }
     let monitors: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns, &build::service_monitor_resource());
     match &children.service_monitor {
-        Some(sm) => apply_service_monitor(ctx, mcp, &monitors, sm).await?,
+        Some(sm) => apply_if_served(ctx, mcp, &monitors, sm, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed").await?,
         None => apply::delete_owned(&monitors, &name, &uid).await?,
+    }
+    let routes: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &build::http_route_resource());
+    match &children.http_route {
+        Some(r) => {
+            apply_if_served(
+                ctx,
+                mcp,
+                &routes,
+                r,
+                "HTTPRouteUnavailable",
+                "httpRoute is set but the gateway.networking.k8s.io/v1 HTTPRoute CRD is not installed",
+            )
+            .await?
+        }
+        None => apply::delete_owned(&routes, &name, &uid).await?,
     }
     let mut status = status_from(mcp, &rendered, &deployment, &ns, &name);
     if ctx.probe_pods {
@@ -245,24 +264,27 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     Ok((Outcome::Ok, action))
 }
 
-/// Applies the ServiceMonitor; a missing CRD is a Warning event, not an error.
-async fn apply_service_monitor(
+/// Applies a child whose CRD may be absent (ServiceMonitor, HTTPRoute); a missing CRD is a
+/// Warning event, not an error.
+async fn apply_if_served(
     ctx: &Context,
     mcp: &McpServer,
     api: &Api<DynamicObject>,
-    sm: &DynamicObject,
+    obj: &DynamicObject,
+    reason: &str,
+    note: &str,
 ) -> Result<(), Error> {
     match api
         .patch(
-            &sm.name_any(),
+            &obj.name_any(),
             &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(sm),
+            &Patch::Apply(obj),
         )
         .await
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            apply::publish(ctx, mcp, EventType::Warning, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed".into()).await;
+            apply::publish(ctx, mcp, EventType::Warning, reason, note.to_owned()).await;
             Ok(())
         }
         Err(e) => Err(e.into()),
