@@ -63,7 +63,10 @@ tools:
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(stat(orphan).is_some(), "the orphan lives on its own until released");
+    assert!(
+        stat(orphan).is_some(),
+        "the orphan lives on its own until released"
+    );
     std::fs::write(dir.path().join("pid.release"), "").unwrap();
     // When it exits the server waits for it: it does not stay a zombie.
     let deadline = Instant::now() + PATIENCE;
