@@ -178,6 +178,27 @@ for _ in $(seq 1 150); do [ "$(leader_gauge "${ports[$standby]}")" = 1 ] && brea
 echo "the standby took over after SIGTERM"
 if grep -q "forbidden" "$STATE"/replica-*.log; then echo "the chart's leader-election RBAC is missing a permission:" >&2; grep forbidden "$STATE"/replica-*.log | head -5 >&2; exit 1; fi
 
+log "namespace-scoped install: Roles in the watched namespace, nothing cluster-wide, the operator reconciles there"
+kill "${pids[$standby]}"; wait "${pids[$standby]}" 2>/dev/null || true
+kubectl create namespace scoped >/dev/null
+helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=1 --set 'operator.watchNamespaces={scoped}' --wait --timeout 3m
+! kubectl get clusterrole quiver >/dev/null 2>&1 || { echo "a namespace-scoped install left a ClusterRole" >&2; exit 1; }
+kubectl get role quiver -n scoped >/dev/null
+kubectl get deploy quiver -n quiver-system -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- --watch-namespaces=scoped
+token="$(kubectl create token quiver -n quiver-system --duration=1h)"
+sed -i "s|token: \".*\"|token: \"$token\"|" "$STATE/sa.kubeconfig"
+port="$(free_port)"
+KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system "$BIN/quiver-operator" \
+  --admin-listen "127.0.0.1:$port" --probe-pods=false --watch-namespaces=scoped > "$STATE/scoped.log" 2>&1 &
+scoped_pid=$!; BG_PIDS+=($scoped_pid)
+wait_http "http://127.0.0.1:$port/readyz"
+kubectl apply -n scoped -f deploy/samples/authenticated-api.yaml >/dev/null
+wait_condition scoped Ready True 120 inventory assistant
+kubectl get networkpolicy,role -n scoped >/dev/null
+if grep -q "forbidden" "$STATE/scoped.log"; then echo "the namespace-scoped Roles are missing a permission:" >&2; grep forbidden "$STATE/scoped.log" | head -5 >&2; exit 1; fi
+kill "$scoped_pid"; wait "$scoped_pid" 2>/dev/null || true
+echo "namespace-scoped operator reconciled with Roles only"
+
 log "helm uninstall (the CRD and the McpServers stay)"
 helm uninstall quiver -n quiver-system --wait
 kubectl get crd mcpservers.quiver.dev >/dev/null

@@ -29,8 +29,9 @@ pub struct Health {
     pub leading: AtomicBool,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// The controller's cache of McpServers, for per-condition counts at scrape time.
-    pub store: std::sync::OnceLock<Store<McpServer>>,
+    /// The controllers' caches of McpServers (one per watched namespace, or one for the
+    /// cluster), for per-condition counts at scrape time.
+    pub stores: std::sync::Mutex<Vec<Store<McpServer>>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -57,8 +58,9 @@ impl Health {
 }
 
 fn metrics_text(h: &Health) -> String {
-    if let Some(store) = h.store.get() {
-        let all = store.state();
+    let stores = h.stores.lock().map(|s| s.clone()).unwrap_or_default();
+    if !stores.is_empty() {
+        let all: Vec<_> = stores.iter().flat_map(Store::state).collect();
         h.metrics.set_conditions(all.iter().flat_map(|m| {
             m.status
                 .iter()

@@ -47,34 +47,28 @@ pub fn forget_deleted(backoff: &Backoff, err: &controller::Error<reconcile::Erro
     }
 }
 
-/// Runs the controller until SIGTERM/SIGINT.
+/// An `Api` over one namespace, or over the cluster.
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    namespace.map_or_else(
+        || Api::all(client.clone()),
+        |ns| Api::namespaced(client.clone(), ns),
+    )
+}
+
+/// Runs the controller until SIGTERM/SIGINT: over the whole cluster when `namespaces` is
+/// empty, else one controller per listed namespace (what a namespace-scoped install's Roles
+/// allow). They share one context, so backoff, metrics and events are the operator's.
 pub async fn run(
     client: Client,
     defaults: Defaults,
     concurrency: u16,
     probe_pods: bool,
     health: Arc<Health>,
+    namespaces: &[String],
 ) {
-    let mcps: Api<McpServer> = Api::all(client.clone());
-    let managed = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-    let tools = watcher::Config::default().labels(&format!("{}={}", TOOLS_LABEL.0, TOOLS_LABEL.1));
-    let controller = Controller::new(mcps, watcher::Config::default());
-    let store = controller.store();
-    let _ = health.store.set(store.clone());
-    // Ready once the McpServer watch has listed (also with zero McpServers). The store's
-    // readiness is a oneshot that wakes only one of several concurrent waiters (the controller
-    // waits on it too), so re-poll it instead of awaiting it once.
-    let (listed, flag) = (store.clone(), health.clone());
-    tokio::spawn(async move {
-        loop {
-            match tokio::time::timeout(std::time::Duration::from_millis(250), listed.wait_until_ready()).await
-            {
-                Ok(Ok(())) => break flag.listed.store(true, Ordering::Release),
-                Ok(Err(_)) => break,
-                Err(_) => {}
-            }
-        }
-    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         defaults,
@@ -89,15 +83,68 @@ pub async fn run(
         probe_pods,
         backoff: Backoff::default(),
     });
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(scopes.len()));
+    futures_util::future::join_all(scopes.into_iter().map(|ns| {
+        run_scope(
+            client.clone(),
+            ns,
+            ctx.clone(),
+            concurrency,
+            health.clone(),
+            remaining.clone(),
+        )
+    }))
+    .await;
+}
+
+async fn run_scope(
+    client: Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+    concurrency: u16,
+    health: Arc<Health>,
+    remaining: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let managed = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let tools = watcher::Config::default().labels(&format!("{}={}", TOOLS_LABEL.0, TOOLS_LABEL.1));
+    let controller = Controller::new(api::<McpServer>(&client, namespace), watcher::Config::default());
+    let store = controller.store();
+    if let Ok(mut stores) = health.stores.lock() {
+        stores.push(store.clone());
+    }
+    // Ready once every McpServer watch has listed (also with zero McpServers). The store's
+    // readiness is a oneshot that wakes only one of several concurrent waiters (the controller
+    // waits on it too), so re-poll it instead of awaiting it once.
+    let (listed, flag) = (store.clone(), health.clone());
+    tokio::spawn(async move {
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_millis(250), listed.wait_until_ready()).await
+            {
+                Ok(Ok(())) => {
+                    if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        flag.listed.store(true, Ordering::Release);
+                    }
+                    break;
+                }
+                Ok(Err(_)) => break,
+                Err(_) => {}
+            }
+        }
+    });
     let results_ctx = ctx.clone();
     controller
-        .owns(Api::<Deployment>::all(client.clone()), managed.clone())
-        .owns(Api::<Service>::all(client.clone()), managed.clone())
+        .owns(api::<Deployment>(&client, namespace), managed.clone())
+        .owns(api::<Service>(&client, namespace), managed.clone())
         // The rendered tools ConfigMaps (drift repair), selected by label.
-        .owns(Api::<ConfigMap>::all(client.clone()), managed)
+        .owns(api::<ConfigMap>(&client, namespace), managed)
         // toolsFrom sources that opted in with the label: their edits propagate at once.
         .watches(
-            Api::<ConfigMap>::all(client.clone()),
+            api::<ConfigMap>(&client, namespace),
             tools,
             move |cm: ConfigMap| referencing(&store.state(), &cm),
         )

@@ -45,6 +45,10 @@ struct Args {
     /// Namespace of the leader-election Lease (default: the pod's namespace, else "default").
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
+    /// Reconcile McpServers of these namespaces only (comma-separated), with namespaced
+    /// watches that Roles in each can allow; empty: the whole cluster.
+    #[arg(long, env = "QUIVER_WATCH_NAMESPACES", value_delimiter = ',')]
+    watch_namespaces: Vec<String>,
 }
 
 #[tokio::main]
@@ -71,12 +75,25 @@ async fn main() -> anyhow::Result<()> {
         server_image: args.server_image,
         image_pull_policy: args.image_pull_policy,
     };
+    let namespaces: Vec<String> = args
+        .watch_namespaces
+        .iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if !namespaces.is_empty() {
+        tracing::info!(
+            ?namespaces,
+            "namespace-scoped: reconciling McpServers of these namespaces only"
+        );
+    }
     let run = controller::run(
         client.clone(),
         defaults,
         args.concurrency,
         args.probe_pods,
         health.clone(),
+        &namespaces,
     );
     if args.leader_elect {
         let identity =

@@ -94,12 +94,29 @@ def test_optional_objects_and_overrides():
     assert "--probe-pods=false" in c["args"]
 
 
+def test_a_namespace_scoped_install_has_roles_in_the_watched_namespaces_and_nothing_cluster_wide():
+    cluster = render()
+    docs = render("operator.watchNamespaces={team-a,team-b}")
+    assert not find(docs, "ClusterRole") and not find(docs, "ClusterRoleBinding")
+    roles = {r["metadata"]["namespace"]: r for r in find(docs, "Role")}
+    assert sorted(roles) == ["team-a", "team-b"]
+    assert roles["team-a"]["rules"] == find(cluster, "ClusterRole")[0]["rules"], "the same rules, namespaced"
+    bindings = find(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["roleRef"]["kind"] == "Role"
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "quiver", "namespace": "quiver-system"}]
+    args = find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--watch-namespaces=team-a,team-b" in args
+    assert not any(a.startswith("--watch-namespaces") for a in find(cluster, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
 def test_crd_keep_can_be_turned_off():
     crd = find(render("crds.keep=false"), "CustomResourceDefinition")[0]
     assert "annotations" not in crd["metadata"] or "helm.sh/resource-policy" not in crd["metadata"]["annotations"]
 
 
-@pytest.mark.parametrize("bad", ["unknownKey=1", "image.colour=red", "replicaCount=-1", "image.pullPolicy=Sometimes"])
+@pytest.mark.parametrize("bad", ["unknownKey=1", "image.colour=red", "replicaCount=-1", "image.pullPolicy=Sometimes", "operator.watchNamespaces={Bad_NS}"])
 def test_schema_rejects_unknown_and_invalid_values(bad):
     r = subprocess.run(["helm", "template", "quiver", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad], capture_output=True, text=True)
     assert r.returncode != 0, f"{bad} was accepted"
