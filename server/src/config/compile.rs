@@ -199,6 +199,17 @@ pub struct HttpCall {
     pub max_response_bytes: usize,
     /// Secret values the request uses (redacted from what the call returns).
     pub secrets: Vec<SecretRef>,
+    /// TLS from Secrets, when the tool sets `tls`.
+    pub tls: Option<TlsRefs>,
+}
+
+/// Where an http tool's TLS material is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TlsRefs {
+    /// PEM CA certificates trusted instead of the public roots.
+    pub ca: Option<SecretRef>,
+    /// PEM certificate chain and private key presented to the server.
+    pub client: Option<(SecretRef, SecretRef)>,
 }
 
 /// A compiled exec handler.
@@ -1070,6 +1081,39 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     }
                     Some(jt)
                 });
+                let tls = h.tls.as_ref().map(|t| {
+                    let at = format!("{hp}.tls");
+                    if !origin.is_empty() && !origin.starts_with("https://") {
+                        p.push(&at, "needs an https url");
+                    }
+                    if t.ca_secret.is_none() && t.client_cert_secret.is_none() {
+                        p.push(&at, "set caSecret, clientCertSecret or both");
+                    }
+                    let mut named = |field: &str, name: &Option<String>, key: &str| {
+                        let n = name.as_ref()?;
+                        if !valid_secret_part(n) {
+                            p.push(
+                                format!("{at}.{field}"),
+                                "not a Secret name (letters, digits, `-`, `_`)",
+                            );
+                        }
+                        let r = SecretRef {
+                            name: n.clone(),
+                            key: key.to_owned(),
+                        };
+                        if !secrets.contains(&r) {
+                            secrets.push(r.clone());
+                        }
+                        Some(r)
+                    };
+                    let ca = named("caSecret", &t.ca_secret, "ca.crt");
+                    let cert = named("clientCertSecret", &t.client_cert_secret, "tls.crt");
+                    let key = named("clientCertSecret", &t.client_cert_secret, "tls.key");
+                    TlsRefs {
+                        ca,
+                        client: cert.zip(key),
+                    }
+                });
                 if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
                     p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
                 }
@@ -1086,6 +1130,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     headers,
                     body,
                     secrets,
+                    tls,
                 })
             }
             Handler::Exec(e) => {
@@ -1773,6 +1818,50 @@ tools:
         // The authority stays literal: a secret cannot pick the host.
         let p = problems("tools:\n  - {name: t, handler: {http: {url: \"https://{{secret.a.host}}/x\"}}}\n");
         assert!(!p.is_empty());
+    }
+
+    #[test]
+    fn tls_settings_name_secrets_the_pods_may_read_and_need_https() {
+        let c = compile(
+            &parse(
+                "t",
+                "tools:\n  - {name: t, handler: {http: {url: \"https://api.internal/x\", tls: {caSecret: corp-ca, clientCertSecret: client-tls}}}}\n",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.secrets,
+            std::collections::BTreeSet::from(["client-tls".to_owned(), "corp-ca".to_owned()])
+        );
+        let CompiledHandler::Http(h) = &c.tools[0].handler else {
+            panic!()
+        };
+        let tls = h.tls.as_ref().unwrap();
+        assert_eq!(tls.ca.as_ref().unwrap().key, "ca.crt");
+        let (cert, key) = tls.client.as_ref().unwrap();
+        assert_eq!((cert.key.as_str(), key.key.as_str()), ("tls.crt", "tls.key"));
+        for (tls, wanted) in [
+            ("{caSecret: a}", "needs an https url"),
+            ("{}", "set caSecret, clientCertSecret or both"),
+        ] {
+            let p = problems(&format!(
+                "tools:\n  - {{name: t, handler: {{http: {{url: \"http://x/\", tls: {tls}}}}}}}\n"
+            ));
+            assert!(
+                p.iter()
+                    .any(|x| x.contains("handler.http.tls") && x.contains(wanted)),
+                "{tls}: {p:?}"
+            );
+        }
+        let p = problems(
+            "tools:\n  - {name: t, handler: {http: {url: \"https://x/\", tls: {caSecret: \"a.b\"}}}}\n",
+        );
+        assert!(
+            p.iter()
+                .any(|x| x.contains("tls.caSecret") && x.contains("not a Secret name")),
+            "{p:?}"
+        );
     }
 
     #[test]

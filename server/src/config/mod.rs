@@ -14,7 +14,7 @@ pub use compile::{
     Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ElicitCall,
     ExecArg, ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_QUESTION_KEY, MAX_QUESTIONS,
     MAX_SAMPLE_TOKENS, MAX_SECRETS, MAX_VALUE_DEPTH, Question, QuestionKind, ResourceKind, SECRET_ROOT,
-    SampleCall, SecretRef, Step, UriPattern, compile,
+    SampleCall, SecretRef, Step, TlsRefs, UriPattern, compile,
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};

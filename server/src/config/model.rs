@@ -338,6 +338,25 @@ pub struct HttpHandler {
     /// Largest response body accepted, in bytes (default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_response_bytes: Option<u64>,
+    /// TLS towards a server of a private CA, optionally with a client certificate (mTLS).
+    /// Needs an `https` URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// TLS settings of an http tool, read from Secrets (like `{{secret...}}`: rotated values are
+/// used by the next call).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsSpec {
+    /// Secret whose `ca.crt` key holds the PEM certificates of the CAs to trust for this
+    /// tool's server, instead of the public roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<String>,
+    /// A `kubernetes.io/tls` Secret (keys `tls.crt`, `tls.key`, PEM) whose certificate the
+    /// tool presents to the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret: Option<String>,
 }
 
 fn default_method() -> String {

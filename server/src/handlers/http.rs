@@ -11,33 +11,128 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use super::{ToolOutput, WithSecrets};
-use crate::config::HttpCall;
 use crate::config::content::to_base64;
+use crate::config::{HttpCall, SecretRef, TlsRefs};
 use crate::config::{has_dot_segment, path_of};
 
-/// A pooled HTTP(S) client shared by every http tool.
+type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Clients of distinct TLS settings (`tls:` of http tools) kept at once; more empties the cache.
+const MAX_TLS_CLIENTS: usize = 32;
+
+/// A pooled HTTP(S) client shared by every http tool, and one per distinct `tls:` setting.
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Pool,
+    /// By a hash of the PEM material: a rotated Secret makes a new client.
+    tls: std::sync::Arc<std::sync::Mutex<rustc_hash::FxHashMap<u64, Pool>>>,
+}
+
+fn pool(connector: HttpsConnector<HttpConnector>) -> Pool {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(60))
+        .pool_max_idle_per_host(64)
+        .build(connector)
+}
+
+fn tcp() -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http
+}
+
+fn pem<'a>(secrets: &'a Value, r: &SecretRef) -> Result<&'a str, String> {
+    secrets
+        .get(&r.name)
+        .and_then(|s| s.get(&r.key))
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("{r} is not available"))
+}
+
+/// A rustls client config from PEM material (CA certificates, client chain and key).
+fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca {
+        Some(r) => {
+            for cert in CertificateDer::pem_slice_iter(pem(secrets, r)?.as_bytes()) {
+                let cert = cert.map_err(|_| format!("{r} is not PEM"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{r} holds a certificate rustls refuses: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("{r} holds no PEM certificate"));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let builder = builder.with_root_certificates(roots);
+    match &tls.client {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(pem(secrets, cert)?.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| format!("{cert} is not PEM"))?;
+            if chain.is_empty() {
+                return Err(format!("{cert} holds no PEM certificate"));
+            }
+            let private = PrivateKeyDer::from_pem_slice(pem(secrets, key)?.as_bytes())
+                .map_err(|_| format!("{key} holds no PEM private key"))?;
+            builder
+                .with_client_auth_cert(chain, private)
+                .map_err(|e| format!("{cert} and its key do not make a client certificate: {e}"))
+        }
+    }
 }
 
 impl HttpClient {
     /// A client trusting the webpki root certificates.
     pub fn new() -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
             .unwrap_or_else(|e| panic!("ring supports rustls' default protocol versions: {e}"))
             .https_or_http()
             .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
-            .pool_max_idle_per_host(64)
-            .build(connector);
-        Self { client }
+            .wrap_connector(tcp());
+        Self {
+            client: pool(connector),
+            tls: std::sync::Arc::default(),
+        }
+    }
+
+    /// The client of a `tls:` setting with the Secrets' current values (built on first use
+    /// of these values).
+    fn tls_client(&self, tls: &TlsRefs, secrets: &Value) -> Result<Pool, String> {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        tls.hash(&mut h);
+        for r in tls.ca.iter().chain(tls.client.iter().flat_map(|(c, k)| [c, k])) {
+            pem(secrets, r)?.hash(&mut h);
+        }
+        let key = h.finish();
+        if let Some(c) = self.tls.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(tls, secrets)?)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(tcp());
+        let client = pool(connector);
+        if let Ok(mut m) = self.tls.lock() {
+            if m.len() >= MAX_TLS_CLIENTS {
+                m.clear();
+            }
+            m.insert(key, client.clone());
+        }
+        Ok(client)
     }
 
     /// GETs a JSON document (e.g. an issuer's metadata or key set), within `timeout` and
@@ -128,9 +223,19 @@ impl HttpClient {
             Ok(r) => r,
             Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
         };
+        let custom;
+        let client = match &spec.tls {
+            None => &self.client,
+            Some(t) => match self.tls_client(t, secrets) {
+                Ok(c) => {
+                    custom = c;
+                    &custom
+                }
+                Err(e) => return ToolOutput::error(format!("TLS settings of {url}: {e}")),
+            },
+        };
         let exchange = async {
-            let resp = self
-                .client
+            let resp = client
                 .request(req)
                 .await
                 .map_err(|e| format!("request to {url} failed: {}", error_chain(&e)))?;
