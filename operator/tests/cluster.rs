@@ -87,7 +87,14 @@ async fn the_pods_may_read_exactly_the_secrets_their_tools_and_auth_name() {
         let np = ns.api::<NetworkPolicy>().get("assistant").await.unwrap();
         let egress = serde_json::to_value(np.spec.unwrap().egress.unwrap()).unwrap();
         assert_eq!(egress[2]["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"], "inventory");
-        assert!(egress[1]["to"][0]["ipBlock"]["cidr"].as_str().is_some_and(|c| c.ends_with("/32")), "the API server's address: {egress}");
+        // This control plane runs without an endpoint reconciler, so there is no
+        // `default/kubernetes` EndpointSlice: the API-server rule falls back to its ports
+        // (on kind, tests/e2e checks the address rule).
+        assert_eq!(
+            egress[1],
+            json!({"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}),
+            "{egress}"
+        );
 
         // A tool that names another Secret widens the Role; dropping auth and tools narrows it.
         let patch = json!({"spec": {"auth": null, "networkPolicy": null, "tools": [{"name": "get", "handler": {"http": {"url": "http://x/", "headers": {"K": "{{secret.other.k}}"}}}}]}});
