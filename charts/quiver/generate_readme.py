@@ -20,7 +20,7 @@ resources.
 ```sh
 helm install quiver charts/quiver -n quiver-system --create-namespace
 kubectl apply -f deploy/samples/calculator.yaml
-kubectl get mcps
+kubectl get qmcp
 ```
 
 The chart installs the McpServer CRD (kept on uninstall unless `crds.keep=false`, updated
