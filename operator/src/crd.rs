@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, SELinuxOptions, Toleration,
     TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
@@ -333,6 +333,40 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// Security settings that stay within the Pod Security "restricted" profile (the pods
+    /// always run as non-root, without privilege escalation, with every capability dropped
+    /// and a read-only root filesystem; these fields cannot change that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<PodSecurity>,
+}
+
+/// Security settings of the server pods within the restricted profile.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSecurity {
+    /// UID of the server process (default 65532); never 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub run_as_user: Option<i64>,
+    /// GID of the server process (default 65532); never 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub run_as_group: Option<i64>,
+    /// Group owning mounted volumes (default 65532).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub fs_group: Option<i64>,
+    /// Extra groups of the server process (e.g. to read a mounted volume).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(range(min = 1, max = 2147483647)))]
+    pub supplemental_groups: Vec<i64>,
+    /// A seccomp profile on the node (`Localhost`) instead of the runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub seccomp_localhost_profile: Option<String>,
+    /// SELinux context of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub se_linux_options: Option<SELinuxOptions>,
 }
 
 /// A tuning profile: defaults for sysctls and worker sizing.

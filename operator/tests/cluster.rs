@@ -243,6 +243,8 @@ async fn cel_rules_reject_bad_specs_at_admission() {
             (json!({"tuning": {"cpuPinning": true}}), "cpuPinning needs cpus"),
             (json!({"tuning": {"cpuPinning": true, "cpus": 0}}), "should be greater than or equal to 1"),
             (json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}), "minReplicas must not exceed maxReplicas"),
+            (json!({"podTemplate": {"security": {"runAsUser": 0}}}), "should be greater than or equal to 1"),
+            (json!({"auth": {"bearerTokenSecretRef": {"name": "Not_A_Secret", "key": "tokens"}}}), "should match"),
         ];
         for (i, (spec, expected)) in cases.into_iter().enumerate() {
             let obj: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": format!("bad-{i}")}, "spec": spec})).unwrap_or_else(|e| {

@@ -180,6 +180,7 @@ pub(super) fn deployment(
 ) -> Deployment {
     let spec = &mcp.spec;
     let overrides = spec.pod_template.clone().unwrap_or_default();
+    let security = overrides.security.clone().unwrap_or_default();
     let mut pod_labels = overrides.labels.clone();
     pod_labels.extend(labels(name));
     let sysctls: Vec<Sysctl> = sysctls(mcp)
@@ -193,13 +194,21 @@ pub(super) fn deployment(
         enable_service_links: Some(false),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: Some(NONROOT),
-            run_as_group: Some(NONROOT),
-            fs_group: Some(NONROOT),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                localhost_profile: None,
+            run_as_user: Some(security.run_as_user.unwrap_or(NONROOT)),
+            run_as_group: Some(security.run_as_group.unwrap_or(NONROOT)),
+            fs_group: Some(security.fs_group.unwrap_or(NONROOT)),
+            supplemental_groups: some_unless_empty(security.supplemental_groups.clone()),
+            seccomp_profile: Some(match &security.seccomp_localhost_profile {
+                Some(p) => SeccompProfile {
+                    type_: "Localhost".to_owned(),
+                    localhost_profile: Some(p.clone()),
+                },
+                None => SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    localhost_profile: None,
+                },
             }),
+            se_linux_options: security.se_linux_options.clone(),
             sysctls: some_unless_empty(sysctls),
             ..PodSecurityContext::default()
         }),

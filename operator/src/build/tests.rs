@@ -461,3 +461,47 @@ spec:
         json!({"path": {"type": "PathPrefix", "value": "/mcp"}})
     );
 }
+
+#[test]
+fn security_settings_stay_within_the_restricted_profile() {
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: calc}
+spec:
+  tools: [{name: add, handler: {builtin: add}}]
+  podTemplate:
+    security: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, supplementalGroups: [3000], seccompLocalhostProfile: profiles/quiver.json, seLinuxOptions: {level: "s0:c1,c2"}}
+"#,
+    );
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let sc = &d["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!(
+        (
+            sc["runAsUser"].clone(),
+            sc["runAsGroup"].clone(),
+            sc["fsGroup"].clone()
+        ),
+        (json!(1000), json!(1000), json!(2000))
+    );
+    assert_eq!(sc["supplementalGroups"], json!([3000]));
+    assert_eq!(
+        sc["seccompProfile"],
+        json!({"type": "Localhost", "localhostProfile": "profiles/quiver.json"})
+    );
+    assert_eq!(sc["seLinuxOptions"]["level"], "s0:c1,c2");
+    assert_eq!(sc["runAsNonRoot"], true, "cannot be turned off");
+    let ctr = &d["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(ctr["allowPrivilegeEscalation"], false);
+    assert_eq!(ctr["capabilities"]["drop"], json!(["ALL"]));
+    // Root is outside the schema's range (the API server refuses it before the operator sees it).
+    let crd = serde_json::to_value(<crate::crd::McpServer as kube::CustomResourceExt>::crd()).unwrap();
+    let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["podTemplate"]["properties"]["security"]["properties"];
+    assert_eq!(props["runAsUser"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(
+        props["supplementalGroups"]["items"]["minimum"].as_f64(),
+        Some(1.0)
+    );
+}
