@@ -15,6 +15,17 @@ use crate::config::{CompiledTool, CompiledToolSet, ResourceKind};
 use crate::metrics::{Metrics, ToolMetrics};
 use crate::protocol::SUPPORTED_VERSIONS;
 
+/// What the server offers, the same in `initialize` and `server/discover`.
+fn capabilities() -> Value {
+    json!({
+        "tools": {"listChanged": true},
+        "resources": {"listChanged": true, "subscribe": true},
+        "prompts": {"listChanged": true},
+        "logging": {},
+        "completions": {},
+    })
+}
+
 /// A served tool: its compiled form and its metric handles.
 #[derive(Debug)]
 pub struct Tool {
@@ -126,13 +137,7 @@ impl Snapshot {
             .map(|v| {
                 let mut r = json!({
                     "protocolVersion": v,
-                    "capabilities": {
-                        "tools": {"listChanged": true},
-                        "resources": {"listChanged": true, "subscribe": true},
-                        "prompts": {"listChanged": true},
-                        "logging": {},
-                        "completions": {},
-                    },
+                    "capabilities": capabilities(),
                     "serverInfo": info,
                 });
                 if let Some(i) = &server.instructions {
@@ -144,13 +149,7 @@ impl Snapshot {
         let mut discover = json!({
             "resultType": "complete",
             "supportedVersions": crate::protocol::ALL_VERSIONS,
-            "capabilities": {
-                "tools": {"listChanged": true},
-                "resources": {"listChanged": true, "subscribe": true},
-                "prompts": {"listChanged": true},
-                "logging": {},
-                "completions": {},
-            },
+            "capabilities": capabilities(),
             "_meta": {"io.modelcontextprotocol/serverInfo": info},
         });
         if let Some(i) = &server.instructions {

@@ -116,6 +116,14 @@ impl Default for Secrets {
     }
 }
 
+/// A secret's keys as the store keeps them: at most [`MAX_KEYS`], UTF-8 values only.
+fn keys_map(name: &str, data: Keys) -> Map<String, Value> {
+    data.into_iter()
+        .take(MAX_KEYS)
+        .filter_map(|(k, v)| utf8(name, &k, v).map(|v| (k, v)))
+        .collect()
+}
+
 fn utf8(name: &str, key: &str, bytes: Vec<u8>) -> Option<Value> {
     if bytes.len() > MAX_VALUE_BYTES {
         tracing::warn!(secret = name, key, "secret value over 1 MiB; ignored");
@@ -154,12 +162,7 @@ impl Secrets {
 
     /// Replaces a secret's keys (`None`: it is gone).
     pub fn set(&self, name: &str, data: Option<Keys>, presence: Presence) {
-        let keys: Option<Map<String, Value>> = data.map(|d| {
-            d.into_iter()
-                .take(MAX_KEYS)
-                .filter_map(|(k, v)| utf8(name, &k, v).map(|v| (k, v)))
-                .collect()
-        });
+        let keys = data.map(|d| keys_map(name, d));
         self.values.rcu(|cur| {
             let mut next = cur.as_object().cloned().unwrap_or_default();
             match &keys {
@@ -178,11 +181,7 @@ impl Secrets {
         let mut next = Map::new();
         let mut presence = std::collections::BTreeMap::new();
         for (name, data) in all {
-            let keys: Map<String, Value> = data
-                .into_iter()
-                .take(MAX_KEYS)
-                .filter_map(|(k, v)| utf8(&name, &k, v).map(|v| (k, v)))
-                .collect();
+            let keys = keys_map(&name, data);
             presence.insert(name.clone(), Presence::Loaded);
             next.insert(name, Value::Object(keys));
         }

@@ -15,6 +15,9 @@ use crate::config::content::to_base64;
 use crate::config::{HttpCall, SecretRef, TlsRefs};
 use crate::config::{has_dot_segment, path_of};
 
+/// The `User-Agent` of every outbound request.
+const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
+
 type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Clients of distinct TLS settings (`tls:` of http tools) kept at once; more empties the cache.
@@ -151,10 +154,7 @@ impl HttpClient {
         let req = Request::builder()
             .uri(uri)
             .header(header::ACCEPT, "application/json")
-            .header(
-                header::USER_AGENT,
-                concat!("quiver-server/", env!("CARGO_PKG_VERSION")),
-            )
+            .header(header::USER_AGENT, USER_AGENT)
             .body(Full::new(Bytes::new()))
             .map_err(|e| format!("{shown}: {e}"))?;
         let exchange = async {
@@ -213,13 +213,7 @@ impl HttpClient {
             }
             None => Bytes::new(),
         };
-        let req = match req
-            .header(
-                header::USER_AGENT,
-                concat!("quiver-server/", env!("CARGO_PKG_VERSION")),
-            )
-            .body(Full::new(body))
-        {
+        let req = match req.header(header::USER_AGENT, USER_AGENT).body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
         };

@@ -41,11 +41,11 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
     raise AssertionError(f"condition not met within {timeout}s (last error: {last_error})")
 
 
-class Upstream(BaseHTTPRequestHandler):
-    """A tiny JSON API for the http handler to call."""
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet request handler that answers JSON."""
 
-    def do_GET(self):  # noqa: N802 - http.server naming
-        body = json.dumps({"path": self.path, "tempC": 21}).encode()
+    def reply_json(self, doc) -> None:
+        body = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -54,6 +54,13 @@ class Upstream(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class Upstream(JsonHandler):
+    """A tiny JSON API for the http handler to call."""
+
+    def do_GET(self):  # noqa: N802 - http.server naming
+        self.reply_json({"path": self.path, "tempC": 21})
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import jwt
 import pytest
-from conftest import BIN, free_port, wait_until
+from conftest import BIN, JsonHandler, free_port, wait_until
 from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
@@ -35,7 +35,7 @@ class Issuer:
         self.jwks_fetches = 0
         issuer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_GET(self):  # noqa: N802 - http.server naming
                 if self.path == "/.well-known/openid-configuration":
                     doc = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/jwks"}
@@ -46,15 +46,7 @@ class Issuer:
                     self.send_response(404)
                     self.end_headers()
                     return
-                body = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
+                self.reply_json(doc)
 
         self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"

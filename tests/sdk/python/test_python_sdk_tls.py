@@ -19,11 +19,11 @@ import subprocess
 import tempfile
 import threading
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import BIN, free_port, wait_until
+from conftest import BIN, JsonHandler, free_port, wait_until
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -92,19 +92,11 @@ def write_secret(root: Path, name: str, files: dict[str, bytes]) -> None:
         tmp.replace(d / key)
 
 
-class Who(BaseHTTPRequestHandler):
+class Who(JsonHandler):
     def do_GET(self):  # noqa: N802 - http.server naming
         peer = self.connection.getpeercert()
         cn = dict(x[0] for x in peer["subject"])["commonName"] if peer else None
-        body = json.dumps({"client": cn}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply_json({"client": cn})
 
 
 @pytest.fixture()
