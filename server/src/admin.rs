@@ -90,6 +90,7 @@ async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
         "lastReload": s.server.registry.last_reload(),
         // Names and whether each was read; never a value.
         "secrets": s.server.exec.secrets.status(),
+        "upstreams": s.server.exec.upstreams.status(),
         "auth": s.auth,
         "uptimeSeconds": s.started.elapsed().as_secs(),
         "tuning": s.tuning,

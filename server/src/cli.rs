@@ -373,6 +373,7 @@ async fn serve(
     }
     let auth = client_auth(&args, &server)?;
     let reloader = Reloader::new(server.clone());
+    reloader.follow_upstreams();
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();
 

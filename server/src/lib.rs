@@ -39,3 +39,5 @@ pub mod session;
 pub mod transport;
 #[cfg(feature = "runtime")]
 pub mod tuning;
+#[cfg(feature = "runtime")]
+pub mod upstream;

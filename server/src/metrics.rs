@@ -187,6 +187,57 @@ pub struct ReloadLabels {
     pub result: &'static str,
 }
 
+/// Labels of the per-upstream instruments.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    /// The upstream's name.
+    pub upstream: String,
+}
+
+/// Labels of the upstream error counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamErrorLabels {
+    /// The upstream's name.
+    pub upstream: String,
+    /// `timeout`, `down`, `rpc_error`, `protocol` or `busy`.
+    pub kind: &'static str,
+}
+
+/// Error kinds of `quiver_upstream_errors_total`.
+pub const UPSTREAM_ERRORS: [&str; 5] = ["timeout", "down", "rpc_error", "protocol", "busy"];
+
+/// The instruments of one upstream.
+#[derive(Debug, Clone)]
+pub struct UpstreamMetrics {
+    /// Latency of tools/call forwarded to it.
+    pub requests: Histogram,
+    errors: Vec<Counter>,
+    /// 1 while connected (at least one process ready).
+    pub up: Gauge<i64, AtomicI64>,
+    /// Ready processes (stdio) or sessions (http).
+    pub connections: Gauge<i64, AtomicI64>,
+    /// Restarts of its processes, reconnections excluded.
+    pub restarts: Counter,
+}
+
+impl UpstreamMetrics {
+    /// Counts a failed forwarded call.
+    pub fn error(&self, kind: &str) {
+        if let Some(i) = UPSTREAM_ERRORS.iter().position(|k| *k == kind) {
+            self.errors[i].inc();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct UpstreamFamilies {
+    requests: Family<UpstreamLabels, Histogram>,
+    errors: Family<UpstreamErrorLabels, Counter>,
+    up: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
+    connections: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
+    restarts: Family<UpstreamLabels, Counter>,
+}
+
 /// Labels of the refusal counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabels {
@@ -321,6 +372,7 @@ pub struct Metrics {
     /// Notifications to a client dropped because it read too slowly.
     pub peer_dropped: Counter,
     refusals: Vec<Counter>,
+    upstreams: UpstreamFamilies,
 }
 
 impl Metrics {
@@ -430,6 +482,33 @@ impl Metrics {
                     .clone()
             })
             .collect();
+        let upstreams = UpstreamFamilies::default();
+        root.register_with_unit(
+            "upstream_request_duration",
+            "Time of tools/call forwarded to an upstream MCP server, by upstream",
+            Unit::Seconds,
+            upstreams.requests.clone(),
+        );
+        root.register(
+            "upstream_errors",
+            "Forwarded calls that failed, by upstream and kind (timeout, down, rpc_error, protocol, busy)",
+            upstreams.errors.clone(),
+        );
+        root.register(
+            "upstream_up",
+            "1 while an upstream MCP server is connected",
+            upstreams.up.clone(),
+        );
+        root.register(
+            "upstream_connections",
+            "Ready processes (stdio) or sessions (http) of an upstream",
+            upstreams.connections.clone(),
+        );
+        root.register(
+            "upstream_restarts",
+            "Restarts of an upstream's processes",
+            upstreams.restarts.clone(),
+        );
         // Process CPU and memory per pod, for the dashboards (read from /proc when scraped).
         root.register_with_unit(
             "process_cpu",
@@ -466,7 +545,51 @@ impl Metrics {
             connections,
             peer_dropped,
             refusals,
+            upstreams,
         })
+    }
+
+    /// The instruments of an upstream (created on first use, shared afterwards).
+    pub fn upstream(&self, name: &str) -> UpstreamMetrics {
+        let f = &self.upstreams;
+        let labels = UpstreamLabels {
+            upstream: name.to_owned(),
+        };
+        UpstreamMetrics {
+            requests: f.requests.get_or_create(&labels).clone(),
+            errors: UPSTREAM_ERRORS
+                .iter()
+                .map(|kind| {
+                    f.errors
+                        .get_or_create(&UpstreamErrorLabels {
+                            upstream: name.to_owned(),
+                            kind,
+                        })
+                        .clone()
+                })
+                .collect(),
+            up: f.up.get_or_create(&labels).clone(),
+            connections: f.connections.get_or_create(&labels).clone(),
+            restarts: f.restarts.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// Drops the series of an upstream that is no longer configured.
+    pub fn forget_upstream(&self, name: &str) {
+        let f = &self.upstreams;
+        let labels = UpstreamLabels {
+            upstream: name.to_owned(),
+        };
+        f.requests.remove(&labels);
+        f.up.remove(&labels);
+        f.connections.remove(&labels);
+        f.restarts.remove(&labels);
+        for kind in UPSTREAM_ERRORS {
+            f.errors.remove(&UpstreamErrorLabels {
+                upstream: name.to_owned(),
+                kind,
+            });
+        }
     }
 
     /// The dispatch histograms of one tool (created on first use, shared afterwards).

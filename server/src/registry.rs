@@ -62,6 +62,8 @@ pub struct Snapshot {
     pub config: CompiledToolSet,
     /// When this snapshot was built.
     pub loaded_at: SystemTime,
+    /// Links of `config.upstreams`, in the same order (what imported tools call).
+    pub upstreams: Vec<Arc<crate::upstream::Link>>,
 }
 
 /// Which list a page belongs to.
@@ -176,6 +178,7 @@ impl Snapshot {
             prompts_by_name,
             config: cfg,
             loaded_at: SystemTime::now(),
+            upstreams: Vec::new(),
         }
     }
 
@@ -312,8 +315,20 @@ impl Registry {
 
     /// Builds and publishes the next generation; returns it.
     pub fn swap(&self, config: CompiledToolSet, metrics: &Metrics) -> Arc<Snapshot> {
+        self.swap_linked(config, Vec::new(), metrics)
+    }
+
+    /// [`Registry::swap`] of a config with upstreams, and their links.
+    pub fn swap_linked(
+        &self,
+        config: CompiledToolSet,
+        links: Vec<Arc<crate::upstream::Link>>,
+        metrics: &Metrics,
+    ) -> Arc<Snapshot> {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let next = Arc::new(Snapshot::build(config, generation, metrics));
+        let mut snap = Snapshot::build(config, generation, metrics);
+        snap.upstreams = links;
+        let next = Arc::new(snap);
         let prev = self.current.swap(next.clone());
         for t in &prev.tools {
             if next.tool_index(&t.def.name).is_none() {

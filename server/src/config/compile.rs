@@ -8,9 +8,10 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
 use super::content::{self, Content};
+use super::upstream::{CompiledUpstream, UpstreamCall, compile_upstreams};
 use super::{
     API_VERSION, ConfigError, ElicitSpec, Handler, KIND, LogLevel, Problem, QuestionSpec, Role, SampleSpec,
-    ToolSet, parse_duration,
+    TlsSpec, ToolSet, parse_duration,
 };
 use crate::schema::{Schema, expand_shorthand};
 use crate::template::{JsonTemplate, Template, depth};
@@ -71,8 +72,12 @@ pub struct CompiledToolSet {
     pub prompts: Vec<CompiledPrompt>,
     /// Items per list page.
     pub page_size: usize,
-    /// Names of the Secrets its tools reference (what a pod must be allowed to read).
+    /// Names of the Secrets its tools and upstreams reference (what a pod must be allowed
+    /// to read).
     pub secrets: std::collections::BTreeSet<String>,
+    /// Upstream MCP servers whose tools are imported (see [`CompiledToolSet::tools`]: the
+    /// imported ones follow the declared ones once an upstream has listed them).
+    pub upstreams: Vec<CompiledUpstream>,
 }
 
 /// A compiled tool.
@@ -113,6 +118,8 @@ pub enum CompiledHandler {
     Elicit(Box<ElicitCall>),
     /// Several questions to the client, by key.
     Ask(Vec<Question>),
+    /// A tool of an upstream MCP server.
+    Upstream(UpstreamCall),
 }
 
 impl CompiledHandler {
@@ -476,9 +483,15 @@ pub struct CompiledPrompt {
     pub ask: Vec<Question>,
 }
 
+#[derive(Default)]
 pub(super) struct Problems(Vec<Problem>);
 
 impl Problems {
+    /// The first problem's message (for nested checks that report one reason).
+    pub(super) fn first_message(&self) -> String {
+        self.0.first().map_or_else(String::new, |p| p.message.clone())
+    }
+
     pub(super) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(Problem {
             path: path.into(),
@@ -497,7 +510,7 @@ impl Problems {
     }
 }
 
-fn valid_tool_name(n: &str) -> bool {
+pub(super) fn valid_tool_name(n: &str) -> bool {
     (1..=128).contains(&n.len())
         && n.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
@@ -510,12 +523,22 @@ pub(super) struct Names<'a> {
     steps: Option<usize>,
 }
 
+impl<'a> Names<'a> {
+    /// Exactly these argument names, no steps.
+    pub(super) fn arguments(props: Vec<&'a str>) -> Self {
+        Self {
+            props: Some(props),
+            steps: None,
+        }
+    }
+}
+
 pub(super) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
     check_roots(t, names, path, p, None);
 }
 
 /// Checks a template that may also read Secrets, adding the references it makes to `refs`.
-fn check_secret_template(
+pub(super) fn check_secret_template(
     t: &Template,
     names: &Names<'_>,
     path: &str,
@@ -523,6 +546,54 @@ fn check_secret_template(
     refs: &mut Vec<SecretRef>,
 ) {
     check_roots(t, names, path, p, Some(refs));
+}
+
+/// An HTTP header name (RFC 9110 token).
+pub(super) fn valid_header_name(k: &str) -> bool {
+    !k.is_empty()
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
+}
+
+/// Compiles `tls:` (of an http tool or upstream at `at`), adding its Secret values to
+/// `secrets`; `origin` is the literal `scheme://authority` of the URL (empty if unknown).
+pub(super) fn compile_tls(
+    t: &TlsSpec,
+    at: &str,
+    origin: &str,
+    p: &mut Problems,
+    secrets: &mut Vec<SecretRef>,
+) -> TlsRefs {
+    if !origin.is_empty() && !origin.starts_with("https://") {
+        p.push(at, "needs an https url");
+    }
+    if t.ca_secret.is_none() && t.client_cert_secret.is_none() {
+        p.push(at, "set caSecret, clientCertSecret or both");
+    }
+    let mut named = |field: &str, name: &Option<String>, key: &str| {
+        let n = name.as_ref()?;
+        if !valid_secret_part(n) {
+            p.push(
+                format!("{at}.{field}"),
+                "not a Secret name (letters, digits, `-`, `_`)",
+            );
+        }
+        let r = SecretRef {
+            name: n.clone(),
+            key: key.to_owned(),
+        };
+        if !secrets.contains(&r) {
+            secrets.push(r.clone());
+        }
+        Some(r)
+    };
+    let ca = named("caSecret", &t.ca_secret, "ca.crt");
+    let cert = named("clientCertSecret", &t.client_cert_secret, "tls.crt");
+    let key = named("clientCertSecret", &t.client_cert_secret, "tls.key");
+    TlsRefs {
+        ca,
+        client: cert.zip(key),
+    }
 }
 
 fn valid_secret_part(s: &str) -> bool {
@@ -636,7 +707,7 @@ fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
 }
 
 /// True when `v` nests at most [`MAX_VALUE_DEPTH`] deep; reports it otherwise.
-fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
+pub(super) fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
     let d =
         super::json_field::too_deep(v).map_or_else(|| depth(v), |d| usize::try_from(d).unwrap_or(usize::MAX));
     if d > MAX_VALUE_DEPTH {
@@ -652,7 +723,7 @@ fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
 /// The `scheme://authority` of an http tool's URL template, which must be literal and end
 /// where the template's literal text still goes on (with `/`, `?` or `#`): a value can then
 /// only change the path, query or fragment, never which server is called.
-fn literal_origin(url: &Template) -> Result<String, &'static str> {
+pub(super) fn literal_origin(url: &Template) -> Result<String, &'static str> {
     let prefix = url.literal_prefix();
     let Some((scheme, rest)) = prefix.split_once("://") else {
         return Err("must start with http:// or https://");
@@ -1057,11 +1128,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 }
                 let mut headers = Vec::new();
                 for (k, v) in &h.headers {
-                    if k.is_empty()
-                        || !k
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
-                    {
+                    if !valid_header_name(k) {
                         p.push(format!("{hp}.headers.{k}"), "not a valid header name");
                     }
                     if let Some(t) = template(v, &format!("{hp}.headers.{k}"), &mut p) {
@@ -1081,39 +1148,10 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                     }
                     Some(jt)
                 });
-                let tls = h.tls.as_ref().map(|t| {
-                    let at = format!("{hp}.tls");
-                    if !origin.is_empty() && !origin.starts_with("https://") {
-                        p.push(&at, "needs an https url");
-                    }
-                    if t.ca_secret.is_none() && t.client_cert_secret.is_none() {
-                        p.push(&at, "set caSecret, clientCertSecret or both");
-                    }
-                    let mut named = |field: &str, name: &Option<String>, key: &str| {
-                        let n = name.as_ref()?;
-                        if !valid_secret_part(n) {
-                            p.push(
-                                format!("{at}.{field}"),
-                                "not a Secret name (letters, digits, `-`, `_`)",
-                            );
-                        }
-                        let r = SecretRef {
-                            name: n.clone(),
-                            key: key.to_owned(),
-                        };
-                        if !secrets.contains(&r) {
-                            secrets.push(r.clone());
-                        }
-                        Some(r)
-                    };
-                    let ca = named("caSecret", &t.ca_secret, "ca.crt");
-                    let cert = named("clientCertSecret", &t.client_cert_secret, "tls.crt");
-                    let key = named("clientCertSecret", &t.client_cert_secret, "tls.key");
-                    TlsRefs {
-                        ca,
-                        client: cert.zip(key),
-                    }
-                });
+                let tls = h
+                    .tls
+                    .as_ref()
+                    .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, &mut p, &mut secrets));
                 if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
                     p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
                 }
@@ -1282,9 +1320,12 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
+    let local = index.keys().copied().collect();
+    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
     let secrets: std::collections::BTreeSet<String> = tools
         .iter()
         .flat_map(|t| t.handler.secrets())
+        .chain(upstreams.iter().flat_map(|u| &u.secrets))
         .map(|r| r.name.clone())
         .collect();
     if secrets.len() > MAX_SECRETS {
@@ -1308,6 +1349,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             resources,
             prompts,
             page_size,
+            upstreams,
         })
     } else {
         Err(ConfigError { problems: p.0 })

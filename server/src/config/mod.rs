@@ -4,6 +4,7 @@ mod compile;
 pub mod content;
 mod json_field;
 mod model;
+pub mod upstream;
 
 use std::fmt;
 use std::time::Duration;
@@ -146,6 +147,7 @@ pub fn load(sources: &[(String, String)]) -> Result<ToolSet, ConfigError> {
                     m.tools.extend(ts.tools);
                     m.resources.extend(ts.resources);
                     m.prompts.extend(ts.prompts);
+                    m.upstreams.extend(ts.upstreams);
                 }
             },
             Err(e) => problems.extend(e.problems),

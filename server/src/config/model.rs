@@ -42,6 +42,9 @@ pub struct ToolSet {
     /// Prompt templates with arguments (`prompts/list`, `prompts/get`).
     #[serde(default)]
     pub prompts: Vec<PromptSpec>,
+    /// MCP servers whose tools are served as this server's own (an aggregating gateway).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstreams: Vec<super::upstream::UpstreamSpec>,
 }
 
 impl Default for ToolSet {
@@ -53,6 +56,7 @@ impl Default for ToolSet {
             tools: Vec::new(),
             resources: Vec::new(),
             prompts: Vec::new(),
+            upstreams: Vec::new(),
         }
     }
 }

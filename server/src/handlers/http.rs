@@ -16,7 +16,7 @@ use crate::config::{HttpCall, SecretRef, TlsRefs};
 use crate::config::{has_dot_segment, path_of};
 
 /// The `User-Agent` of every outbound request.
-const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
+pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
 
 type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -138,6 +138,35 @@ impl HttpClient {
         Ok(client)
     }
 
+    /// The pool for a `tls:` setting (the shared one without).
+    fn client_for(&self, tls: Option<&TlsRefs>, secrets: &Value) -> Result<Pool, String> {
+        match tls {
+            None => Ok(self.client.clone()),
+            Some(t) => self.tls_client(t, secrets),
+        }
+    }
+
+    /// Sends `req` through the pool of `tls` and returns the response, its body unread
+    /// (the caller bounds what it reads). No time limit: the caller sets one.
+    ///
+    /// # Errors
+    /// The TLS settings are unusable, or the request failed.
+    pub async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+        tls: Option<&TlsRefs>,
+        secrets: &Value,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        let shown = redacted(req.uri());
+        let client = self
+            .client_for(tls, secrets)
+            .map_err(|e| format!("TLS settings of {shown}: {e}"))?;
+        client
+            .request(req)
+            .await
+            .map_err(|e| format!("request to {shown} failed: {}", error_chain(&e)))
+    }
+
     /// GETs a JSON document (e.g. an issuer's metadata or key set), within `timeout` and
     /// at most `max` bytes.
     ///
@@ -217,16 +246,9 @@ impl HttpClient {
             Ok(r) => r,
             Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
         };
-        let custom;
-        let client = match &spec.tls {
-            None => &self.client,
-            Some(t) => match self.tls_client(t, secrets) {
-                Ok(c) => {
-                    custom = c;
-                    &custom
-                }
-                Err(e) => return ToolOutput::error(format!("TLS settings of {url}: {e}")),
-            },
+        let client = match self.client_for(spec.tls.as_ref(), secrets) {
+            Ok(c) => c,
+            Err(e) => return ToolOutput::error(format!("TLS settings of {url}: {e}")),
         };
         let exchange = async {
             let resp = client

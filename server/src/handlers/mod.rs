@@ -8,7 +8,7 @@ mod exec;
 mod http;
 mod pipeline;
 #[allow(unsafe_code)] // kill(2), waitpid(2), prctl(2): every unsafe block states its contract
-mod process;
+pub(crate) mod process;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,6 +17,7 @@ use std::sync::{Arc, LazyLock};
 use serde_json::Value;
 
 pub use self::http::HttpClient;
+pub(crate) use self::http::USER_AGENT;
 pub use self::process::start_reaper;
 use crate::config::{Builtin, CompiledHandler};
 use crate::peer::CallCtx;
@@ -103,12 +104,15 @@ impl ToolOutput {
 /// A boxed future of a tool result (pipelines recurse, so the async path is boxed).
 pub type OutputFuture<'a> = Pin<Box<dyn Future<Output = ToolOutput> + Send + 'a>>;
 
-/// Runs tools. Holds what handlers share: the pooled HTTP client and the secret values.
+/// Runs tools. Holds what handlers share: the pooled HTTP client, the secret values and
+/// the upstream connections.
 #[derive(Debug, Clone)]
 pub struct Executor {
     http: HttpClient,
     /// Values of `{{secret.NAME.KEY}}`.
     pub secrets: Arc<Secrets>,
+    /// Connections to upstream MCP servers.
+    pub upstreams: Arc<crate::upstream::Hub>,
 }
 
 /// Pipelines may nest at most this deep. Cycles and deeper nesting are rejected when a
@@ -118,9 +122,12 @@ pub const MAX_DEPTH: usize = crate::config::MAX_PIPELINE_NESTING;
 impl Executor {
     /// An executor with a fresh HTTP connection pool and an empty secret store.
     pub fn new() -> Self {
+        let http = HttpClient::new();
+        let secrets = Secrets::new();
         Self {
-            http: HttpClient::new(),
-            secrets: Secrets::new(),
+            upstreams: crate::upstream::Hub::new(Arc::clone(&secrets), http.clone()),
+            http,
+            secrets,
         }
     }
 
@@ -213,6 +220,13 @@ impl Executor {
                     pipeline::run(self, snap, steps, args, depth, budget, cx).await
                 }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
+                CompiledHandler::Upstream(u) => match snap.upstreams.get(u.upstream) {
+                    Some(link) => {
+                        self.with_secrets(&link.secrets, |_| link.call_tool(&u.remote, args))
+                            .await
+                    }
+                    None => ToolOutput::error("this tool's upstream is not connected"),
+                },
                 CompiledHandler::Template(_) | CompiledHandler::Content(_) | CompiledHandler::Error(_) => {
                     unreachable!("templates, content and errors run synchronously")
                 }

@@ -80,11 +80,16 @@ pub enum Reloaded {
     Unchanged,
 }
 
+/// Config documents by name, as read from a source.
+type Sources = Vec<(String, String)>;
+
 /// Applies config text to a server's registry.
 #[derive(Debug)]
 pub struct Reloader {
     server: Arc<Server>,
     last_input: Mutex<Option<u64>>,
+    /// The sources serving now: an upstream whose tools change rebuilds from them.
+    serving: Mutex<Option<Arc<Sources>>>,
 }
 
 fn now_unix() -> u64 {
@@ -100,6 +105,7 @@ impl Reloader {
         Arc::new(Self {
             server,
             last_input: Mutex::new(None),
+            serving: Mutex::new(None),
         })
     }
 
@@ -118,16 +124,63 @@ impl Reloader {
             }
             *last = Some(input);
         }
+        let r = self.build(sources);
+        if r.is_ok()
+            && let Ok(mut s) = self.serving.lock()
+        {
+            *s = Some(Arc::new(sources.to_vec()));
+        }
+        r
+    }
+
+    /// Builds the registry again from the serving sources, with the tools the upstreams
+    /// list now (called when an upstream's tool list changed).
+    pub fn refresh(&self) -> Result<Reloaded, ConfigError> {
+        let sources = self.serving.lock().ok().and_then(|s| s.clone());
+        match sources {
+            Some(s) => self.build(&s),
+            None => Ok(Reloaded::Unchanged),
+        }
+    }
+
+    /// Refreshes (see [`Reloader::refresh`]) each time an upstream's tool list changes, for
+    /// as long as the server runs.
+    pub fn follow_upstreams(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                this.server.exec.upstreams.changed().notified().await;
+                let r = Arc::clone(&this);
+                match tokio::task::spawn_blocking(move || r.refresh()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "rebuilding with new upstream tools failed"),
+                    Err(e) => tracing::error!(error = %e, "rebuilding with new upstream tools failed"),
+                }
+            }
+        });
+    }
+
+    fn build(&self, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
         let start = Instant::now();
         let metrics = &self.server.metrics;
         let registry = &self.server.registry;
-        let compiled = match config::load(sources).and_then(|ts| config::compile(&ts)) {
+        let mut compiled = match config::load(sources).and_then(|ts| config::compile(&ts)) {
             Ok(c) => c,
             Err(e) => {
                 self.record("invalid", e.problems.iter().map(ToString::to_string).collect());
                 return Err(e);
             }
         };
+        // The Secrets first: upstream processes start with their values.
+        let refs: Vec<crate::config::SecretRef> = compiled
+            .tools
+            .iter()
+            .flat_map(|t| t.handler.secrets().iter().cloned())
+            .chain(compiled.upstreams.iter().flat_map(|u| u.secrets.iter().cloned()))
+            .collect();
+        self.server.exec.secrets.configure(&refs);
+        let links = self.server.exec.upstreams.configure(&compiled.upstreams, metrics);
+        crate::upstream::Hub::expand(&mut compiled, &links);
         let prev = registry.load_full();
         if registry.is_ready() && prev.hash == compiled.hash {
             self.record("unchanged", Vec::new());
@@ -135,13 +188,7 @@ impl Reloader {
         }
         let resources_changed = prev.config.spec.resources != compiled.spec.resources;
         let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
-        let refs: Vec<crate::config::SecretRef> = compiled
-            .tools
-            .iter()
-            .flat_map(|t| t.handler.secrets().iter().cloned())
-            .collect();
-        let next = registry.swap(compiled, metrics);
-        self.server.exec.secrets.configure(&refs);
+        let next = registry.swap_linked(compiled, links, metrics);
         metrics.reload_duration.observe(start.elapsed());
         self.record("success", Vec::new());
         if prev.generation > 0 {

@@ -1,0 +1,816 @@
+//! Upstream MCP servers: tools imported from another MCP server, reached over Streamable
+//! HTTP or run by quiver-server as a stdio program, then filtered, renamed and checked by
+//! Quiver before anything is forwarded.
+//!
+//! This module owns the declaration (`upstreams:` of a ToolSet), its validation, and the
+//! import step that turns an upstream's `tools/list` into compiled tools of the registry.
+//! The connections themselves are `crate::upstream` (runtime only).
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::compile::{
+    CompiledHandler, CompiledTool, Names, Problems, SecretRef, TlsRefs, check_secret_template, compile_tls,
+    literal_origin, shallow, valid_header_name, valid_tool_name,
+};
+use super::{TlsSpec, parse_duration};
+use crate::schema::Schema;
+use crate::template::Template;
+
+/// At most this many upstreams per ToolSet.
+pub const MAX_UPSTREAMS: usize = 64;
+/// At most this many tools are imported from one upstream (more are reported, not served).
+pub const MAX_UPSTREAM_TOOLS: usize = 10_000;
+/// At most this many stdio processes per upstream.
+pub const MAX_PROCESSES: u32 = 16;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+const MAX_PREFIX: usize = 64;
+
+/// An MCP server whose tools this server serves as its own: exactly one of `http`, `stdio`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpstreamSpec {
+    /// 1-63 characters of `a-z 0-9 -`, starting with a letter; names the upstream in
+    /// `/status`, metrics and errors.
+    pub name: String,
+    /// A remote MCP server over Streamable HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<RemoteSpec>,
+    /// An MCP server program run by quiver-server, speaking JSON-RPC over its stdin/stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdio: Option<StdioSpec>,
+    /// Time limit of each request to the upstream, the handshake included (default 30s,
+    /// at most 5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Largest message accepted from the upstream, in bytes (default 4 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_message_bytes: Option<u64>,
+    /// Which of its tools are served, and under which names. Changing only this never
+    /// restarts or reconnects the upstream.
+    #[serde(default, skip_serializing_if = "ImportSpec::is_empty")]
+    pub tools: ImportSpec,
+}
+
+/// A remote MCP server (Streamable HTTP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemoteSpec {
+    /// The MCP endpoint, `http://` or `https://` (literal).
+    pub url: String,
+    /// Headers of every request, e.g. `Authorization: "Bearer {{secret.github.token}}"`.
+    /// Values are literal text and Secret references, read again for every request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// TLS towards a server of a private CA, optionally with a client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// A stdio MCP server program.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StdioSpec {
+    /// Program and arguments, literal (never through a shell). A program without `/` is
+    /// looked up in `PATH`.
+    pub command: Vec<String>,
+    /// Environment: literal text and Secret references, read when a process starts. Only
+    /// `PATH` and `HOME` are inherited.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Processes kept running; calls are spread over them (default 1, at most 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
+}
+
+/// Which tools of an upstream are served, and how they are named and described.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImportSpec {
+    /// Upstream tool names to serve (`*` matches any run of characters); empty serves all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    /// Upstream tool names not to serve (`*` as in `include`); wins over `include`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Put before every served name that `rename` does not set, e.g. `github_`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Upstream name to served name (no prefix added).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rename: BTreeMap<String, String>,
+    /// Upstream name to the description served instead of the upstream's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub descriptions: BTreeMap<String, String>,
+}
+
+impl ImportSpec {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// How an upstream is reached.
+#[derive(Debug)]
+pub enum Transport {
+    /// Streamable HTTP.
+    Http {
+        /// The endpoint.
+        url: String,
+        /// Header name and value template (secret references only).
+        headers: Vec<(String, Template)>,
+        /// TLS from Secrets.
+        tls: Option<TlsRefs>,
+    },
+    /// A program on stdin/stdout.
+    Stdio {
+        /// Program (a path, or a name looked up in `PATH`).
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Environment: literal text and secret references.
+        env: Vec<(String, Template)>,
+        /// Working directory.
+        cwd: Option<String>,
+        /// Processes kept running.
+        processes: usize,
+    },
+}
+
+/// A `*` pattern over tool names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob(String);
+
+impl Glob {
+    /// Whether the pattern has no `*`.
+    pub fn is_literal(&self) -> bool {
+        !self.0.contains('*')
+    }
+
+    /// Whether `name` matches (`*` is any run of characters, possibly empty).
+    pub fn matches(&self, name: &str) -> bool {
+        let mut parts = self.0.split('*');
+        let first = parts.next().unwrap_or_default();
+        let Some(mut rest) = name.strip_prefix(first) else {
+            return false;
+        };
+        let parts: Vec<&str> = parts.collect();
+        let Some((last, middle)) = parts.split_last() else {
+            return rest.is_empty();
+        };
+        for part in middle {
+            match rest.find(part) {
+                Some(i) => rest = &rest[i + part.len()..],
+                None => return false,
+            }
+        }
+        rest.len() >= last.len() && rest.ends_with(last)
+    }
+}
+
+/// A compiled upstream.
+#[derive(Debug)]
+pub struct CompiledUpstream {
+    /// Its name.
+    pub name: String,
+    /// How it is reached.
+    pub transport: Transport,
+    /// Time limit per request.
+    pub timeout: Duration,
+    /// Largest message accepted.
+    pub max_message_bytes: usize,
+    /// Secret values its connection uses (headers, TLS, environment).
+    pub secrets: Vec<SecretRef>,
+    /// Identity of the connection: an upstream whose key is unchanged by a reload keeps its
+    /// connection or processes (only `tools` changed).
+    pub key: u64,
+    include: Vec<Glob>,
+    exclude: Vec<Glob>,
+    prefix: String,
+    rename: BTreeMap<String, String>,
+    descriptions: BTreeMap<String, String>,
+}
+
+/// The compiled handler of an imported tool.
+#[derive(Debug)]
+pub struct UpstreamCall {
+    /// Index of the upstream in [`super::CompiledToolSet::upstreams`].
+    pub upstream: usize,
+    /// The tool's name at the upstream.
+    pub remote: String,
+}
+
+/// What importing an upstream's tool list did: for `/status` and the logs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportReport {
+    /// Tools served.
+    pub imported: usize,
+    /// Tools listed but not served, each with why (a name taken, a schema Quiver cannot
+    /// check, ...). Filtered-out tools are not listed.
+    pub skipped: Vec<String>,
+}
+
+fn valid_upstream_name(n: &str) -> bool {
+    (1..=63).contains(&n.len())
+        && n.starts_with(|c: char| c.is_ascii_lowercase())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn valid_env_name(k: &str) -> bool {
+    !k.is_empty() && !k.contains(['=', '\0'])
+}
+
+/// Compiles `upstreams`; `local` are the ToolSet's own tool names.
+pub(super) fn compile_upstreams(
+    specs: &[UpstreamSpec],
+    local: &FxHashSet<&str>,
+    p: &mut Problems,
+) -> Vec<CompiledUpstream> {
+    if specs.len() > MAX_UPSTREAMS {
+        p.push(
+            "upstreams",
+            format!("{} upstreams; at most {MAX_UPSTREAMS}", specs.len()),
+        );
+    }
+    let none = Names::arguments(Vec::new());
+    let mut names: FxHashMap<&str, usize> = FxHashMap::default();
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, u) in specs.iter().enumerate() {
+        let at = format!("upstreams[{i}]");
+        if !valid_upstream_name(&u.name) {
+            p.push(
+                format!("{at}.name"),
+                format!(
+                    "`{}` is not an upstream name (1-63 of a-z 0-9 -, starting with a letter)",
+                    u.name
+                ),
+            );
+        } else if let Some(first) = names.insert(&u.name, i) {
+            p.push(
+                format!("{at}.name"),
+                format!("duplicate upstream name `{}` (also upstreams[{first}])", u.name),
+            );
+        }
+        let mut secrets = Vec::new();
+        let transport = match (&u.http, &u.stdio) {
+            (Some(h), None) => {
+                let hp = format!("{at}.http");
+                let url = Template::compile(&h.url).ok().filter(Template::is_literal);
+                let mut origin = String::new();
+                match &url {
+                    None => p.push(format!("{hp}.url"), "must be a literal URL"),
+                    Some(t) => match literal_origin(t) {
+                        Ok(o) => origin = o,
+                        Err(e) => p.push(format!("{hp}.url"), e),
+                    },
+                }
+                let mut headers = Vec::new();
+                for (k, v) in &h.headers {
+                    let path = format!("{hp}.headers.{k}");
+                    if !valid_header_name(k) {
+                        p.push(&path, "not a valid header name");
+                    }
+                    match Template::compile(v) {
+                        Ok(t) => {
+                            check_secret_template(&t, &none, &path, p, &mut secrets);
+                            headers.push((k.clone(), t));
+                        }
+                        Err(e) => p.push(&path, e),
+                    }
+                }
+                let tls = h
+                    .tls
+                    .as_ref()
+                    .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, &mut secrets));
+                Transport::Http {
+                    url: h.url.clone(),
+                    headers,
+                    tls,
+                }
+            }
+            (None, Some(s)) => {
+                let sp = format!("{at}.stdio");
+                let program = s.command.first().cloned().unwrap_or_default();
+                if program.is_empty() || program.contains('\0') {
+                    p.push(format!("{sp}.command"), "must name a program");
+                }
+                if s.command.iter().any(|a| a.contains('\0')) {
+                    p.push(format!("{sp}.command"), "arguments cannot hold NUL");
+                }
+                let mut env = Vec::new();
+                for (k, v) in &s.env {
+                    let path = format!("{sp}.env.{k}");
+                    if !valid_env_name(k) {
+                        p.push(&path, "not a valid environment variable name");
+                    }
+                    match Template::compile(v) {
+                        Ok(t) => {
+                            check_secret_template(&t, &none, &path, p, &mut secrets);
+                            env.push((k.clone(), t));
+                        }
+                        Err(e) => p.push(&path, e),
+                    }
+                }
+                let processes = match s.processes.unwrap_or(1) {
+                    n @ 1..=MAX_PROCESSES => n as usize,
+                    _ => {
+                        p.push(
+                            format!("{sp}.processes"),
+                            format!("must be between 1 and {MAX_PROCESSES}"),
+                        );
+                        1
+                    }
+                };
+                if s.cwd.as_ref().is_some_and(|c| c.is_empty() || c.contains('\0')) {
+                    p.push(format!("{sp}.cwd"), "must be a directory path");
+                }
+                Transport::Stdio {
+                    program,
+                    args: s.command.iter().skip(1).cloned().collect(),
+                    env,
+                    cwd: s.cwd.clone(),
+                    processes,
+                }
+            }
+            _ => {
+                p.push(&at, "set exactly one of `http` and `stdio`");
+                Transport::Stdio {
+                    program: String::new(),
+                    args: Vec::new(),
+                    env: Vec::new(),
+                    cwd: None,
+                    processes: 1,
+                }
+            }
+        };
+        let timeout = match u.timeout.as_deref().map(parse_duration) {
+            None => DEFAULT_TIMEOUT,
+            Some(Ok(d)) if !d.is_zero() && d <= MAX_TIMEOUT => d,
+            Some(Ok(_)) => {
+                p.push(format!("{at}.timeout"), "must be more than 0 and at most 5m");
+                DEFAULT_TIMEOUT
+            }
+            Some(Err(e)) => {
+                p.push(format!("{at}.timeout"), e);
+                DEFAULT_TIMEOUT
+            }
+        };
+        let max_message_bytes = match u.max_message_bytes {
+            None => DEFAULT_MAX_MESSAGE_BYTES,
+            Some(n) if n >= 1024 => usize::try_from(n).unwrap_or(usize::MAX),
+            Some(_) => {
+                p.push(format!("{at}.maxMessageBytes"), "must be at least 1024");
+                DEFAULT_MAX_MESSAGE_BYTES
+            }
+        };
+        let t = &u.tools;
+        let tp = format!("{at}.tools");
+        let prefix = t.prefix.clone().unwrap_or_default();
+        if t.prefix.is_some()
+            && (prefix.is_empty()
+                || prefix.len() > MAX_PREFIX
+                || !prefix
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
+        {
+            p.push(
+                format!("{tp}.prefix"),
+                format!("1-{MAX_PREFIX} characters of A-Z a-z 0-9 _ - ."),
+            );
+        }
+        let globs = |list: &[String], field: &str, p: &mut Problems| -> Vec<Glob> {
+            list.iter()
+                .enumerate()
+                .map(|(j, g)| {
+                    if !valid_tool_name(&g.replace('*', "x")) {
+                        p.push(format!("{tp}.{field}[{j}]"), "tool names and `*` only");
+                    }
+                    Glob(g.clone())
+                })
+                .collect()
+        };
+        let include = globs(&t.include, "include", p);
+        let exclude = globs(&t.exclude, "exclude", p);
+        let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
+        for (from, to) in &t.rename {
+            let path = format!("{tp}.rename.{from}");
+            if !valid_tool_name(to) {
+                p.push(&path, format!("`{to}` is not a valid tool name"));
+            } else if local.contains(to.as_str()) {
+                p.push(&path, format!("`{to}` is a tool of this ToolSet"));
+            } else if let Some(other) = targets.insert(to, from) {
+                p.push(&path, format!("`{other}` is renamed to `{to}` too"));
+            }
+        }
+        for (name, d) in &t.descriptions {
+            if d.trim().is_empty() {
+                p.push(format!("{tp}.descriptions.{name}"), "must not be empty");
+            }
+        }
+        for (j, g) in include.iter().enumerate() {
+            if g.is_literal()
+                && !t.rename.contains_key(&g.0)
+                && local.contains(format!("{prefix}{}", g.0).as_str())
+            {
+                p.push(
+                    format!("{tp}.include[{j}]"),
+                    format!("would be served as `{prefix}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`", g.0),
+                );
+            }
+        }
+        let mut h = FxHasher::default();
+        let connection = UpstreamSpec {
+            tools: ImportSpec::default(),
+            ..u.clone()
+        };
+        serde_json::to_string(&connection)
+            .unwrap_or_default()
+            .hash(&mut h);
+        out.push(CompiledUpstream {
+            name: u.name.clone(),
+            transport,
+            timeout,
+            max_message_bytes,
+            secrets,
+            key: h.finish(),
+            include,
+            exclude,
+            prefix,
+            rename: t.rename.clone(),
+            descriptions: t.descriptions.clone(),
+        });
+    }
+    check_overlaps(&out, p);
+    out
+}
+
+/// Two upstreams may import under the same prefix only when both list their tools (no `*`)
+/// and the names served do not meet; otherwise which of them serves a name would depend on
+/// what the upstreams happen to list.
+fn check_overlaps(ups: &[CompiledUpstream], p: &mut Problems) {
+    let known = |u: &CompiledUpstream| -> Option<FxHashSet<String>> {
+        if u.include.is_empty() || !u.include.iter().all(Glob::is_literal) {
+            return None;
+        }
+        Some(u.include.iter().map(|g| u.served_name(&g.0)).collect())
+    };
+    for (j, b) in ups.iter().enumerate() {
+        let renamed_b: FxHashSet<&str> = b.rename.values().map(String::as_str).collect();
+        for (i, a) in ups[..j].iter().enumerate() {
+            for to in a.rename.values() {
+                if renamed_b.contains(to.as_str()) {
+                    p.push(
+                        format!("upstreams[{j}].tools.rename"),
+                        format!("`{to}` is also a name upstreams[{i}] (`{}`) serves", a.name),
+                    );
+                }
+            }
+            if a.prefix != b.prefix {
+                continue;
+            }
+            let clash = match (known(a), known(b)) {
+                (Some(x), Some(y)) => x.intersection(&y).next().map(|n| format!("both serve `{n}`")),
+                _ => Some(format!(
+                    "imports under the same prefix (`{}`) as upstreams[{i}] (`{}`)",
+                    b.prefix, a.name
+                )),
+            };
+            if let Some(why) = clash {
+                p.push(
+                    format!("upstreams[{j}].tools"),
+                    format!("{why}: give one of them a distinct `tools.prefix`, or list their tools in `tools.include`"),
+                );
+            }
+        }
+    }
+}
+
+impl CompiledUpstream {
+    /// The name a tool of this upstream is served under.
+    pub fn served_name(&self, remote: &str) -> String {
+        self.rename
+            .get(remote)
+            .cloned()
+            .unwrap_or_else(|| format!("{}{remote}", self.prefix))
+    }
+
+    fn selected(&self, remote: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(remote)))
+            && !self.exclude.iter().any(|g| g.matches(remote))
+    }
+
+    /// Compiles the tools of `listed` (an upstream's `tools/list` entries) that this
+    /// upstream serves. Names in `taken` (local tools, earlier upstreams) are not served
+    /// again: local tools win, then upstreams in declaration order.
+    pub fn import(
+        &self,
+        index: usize,
+        listed: &[Value],
+        taken: &mut FxHashSet<String>,
+    ) -> (Vec<CompiledTool>, ImportReport) {
+        let mut tools = Vec::new();
+        let mut report = ImportReport::default();
+        let mut seen = FxHashSet::default();
+        for t in listed {
+            let Some(remote) = t.get("name").and_then(Value::as_str) else {
+                report.skipped.push("a tool without a name".to_owned());
+                continue;
+            };
+            if !valid_tool_name(remote) {
+                report.skipped.push(format!(
+                    "`{}`: not a valid tool name",
+                    remote.chars().take(64).collect::<String>()
+                ));
+                continue;
+            }
+            if !self.selected(remote) || !seen.insert(remote) {
+                continue;
+            }
+            if tools.len() >= MAX_UPSTREAM_TOOLS {
+                report
+                    .skipped
+                    .push(format!("`{remote}`: more than {MAX_UPSTREAM_TOOLS} tools"));
+                continue;
+            }
+            let name = self.served_name(remote);
+            if !valid_tool_name(&name) {
+                report
+                    .skipped
+                    .push(format!("`{remote}`: `{name}` is not a valid tool name"));
+                continue;
+            }
+            if taken.contains(&name) {
+                report.skipped.push(format!(
+                    "`{remote}`: `{name}` is already served (by a local tool or an earlier upstream)"
+                ));
+                continue;
+            }
+            match self.compile_tool(index, remote, &name, t) {
+                Ok(tool) => {
+                    taken.insert(name);
+                    tools.push(tool);
+                }
+                Err(why) => report.skipped.push(format!("`{remote}`: {why}")),
+            }
+        }
+        // (Before the upstream's first list, every name would be reported.)
+        for from in self.rename.keys().chain(self.descriptions.keys()) {
+            if !listed.is_empty() && !seen.contains(from.as_str()) {
+                report.skipped.push(format!(
+                    "`{from}` (named in `tools`): not listed by the upstream, or filtered out"
+                ));
+            }
+        }
+        report.imported = tools.len();
+        (tools, report)
+    }
+
+    fn compile_tool(
+        &self,
+        index: usize,
+        remote: &str,
+        name: &str,
+        t: &Value,
+    ) -> Result<CompiledTool, String> {
+        let mut p = Problems::default();
+        let schema = match t.get("inputSchema") {
+            None => json!({"type": "object"}),
+            Some(s) if shallow(s, "inputSchema", &mut p) => s.clone(),
+            Some(_) => return Err(p.first_message()),
+        };
+        let input = Schema::compile(&schema).map_err(|e| format!("inputSchema: {}", e.join("; ")))?;
+        let output = match t.get("outputSchema") {
+            Some(s) if shallow(s, "outputSchema", &mut p) => {
+                Some(Schema::compile(s).map_err(|e| format!("outputSchema: {}", e.join("; ")))?)
+            }
+            Some(_) => return Err(p.first_message()),
+            None => None,
+        };
+        let mut d = Map::new();
+        d.insert("name".into(), Value::String(name.to_owned()));
+        for field in ["title", "description", "annotations", "icons"] {
+            if let Some(v) = t.get(field)
+                && shallow(v, field, &mut p)
+            {
+                d.insert(field.into(), v.clone());
+            }
+        }
+        if let Some(text) = self.descriptions.get(remote) {
+            d.insert("description".into(), Value::String(text.clone()));
+        }
+        d.insert("inputSchema".into(), schema);
+        if let Some(o) = t.get("outputSchema") {
+            d.insert("outputSchema".into(), o.clone());
+        }
+        Ok(CompiledTool {
+            name: name.to_owned(),
+            descriptor: Value::Object(d),
+            input,
+            output,
+            handler: CompiledHandler::Upstream(UpstreamCall {
+                upstream: index,
+                remote: remote.to_owned(),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{compile, parse};
+
+    #[test]
+    fn globs_match_runs_of_characters() {
+        let g = |s: &str| Glob(s.to_owned());
+        assert!(g("get_*").matches("get_issue"));
+        assert!(g("get_*").matches("get_"));
+        assert!(!g("get_*").matches("list_issues"));
+        assert!(g("*_issue*").matches("get_issue_comments"));
+        assert!(g("a*b*c").matches("abc") && g("a*b*c").matches("axxbyyc"));
+        assert!(!g("a*b*c").matches("acb"));
+        assert!(!g("a*aa").matches("aa"));
+        assert!(g("*").matches("anything") && g("exact").matches("exact") && !g("exact").matches("exactly"));
+    }
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match compile(&parse("t.yaml", yaml).unwrap()) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn upstreams_are_validated_with_their_paths() {
+        let p = problems(
+            r#"
+tools: [{name: local, handler: {template: x}}]
+upstreams:
+  - {name: Bad_Name, stdio: {command: [srv]}}
+  - {name: both, stdio: {command: [srv]}, http: {url: "http://x/mcp"}}
+  - {name: neither}
+  - {name: url, http: {url: "http://{{host}}/mcp"}}
+  - {name: arg, http: {url: "http://x/mcp", headers: {Authorization: "Bearer {{token}}"}}}
+  - {name: procs, stdio: {command: [srv], processes: 0}, timeout: 10m}
+  - {name: clash, stdio: {command: [srv]}, tools: {prefix: "c_", rename: {a: local}, include: [local2]}}
+  - {name: clash, stdio: {command: []}, tools: {prefix: "d_"}}
+"#,
+        );
+        for wanted in [
+            "upstreams[0].name: `Bad_Name` is not an upstream name",
+            "upstreams[1]: set exactly one of `http` and `stdio`",
+            "upstreams[2]: set exactly one of `http` and `stdio`",
+            "upstreams[3].http.url: must be a literal URL",
+            "upstreams[4].http.headers.Authorization: template uses `token`",
+            "upstreams[5].stdio.processes: must be between 1 and 16",
+            "upstreams[5].timeout: must be more than 0 and at most 5m",
+            "upstreams[6].tools.rename.a: `local` is a tool of this ToolSet",
+            "upstreams[7].name: duplicate upstream name `clash`",
+            "upstreams[7].stdio.command: must name a program",
+        ] {
+            assert!(p.iter().any(|x| x.starts_with(wanted)), "{wanted} not in {p:#?}");
+        }
+    }
+
+    #[test]
+    fn upstreams_that_could_serve_the_same_name_are_refused() {
+        let p = problems(
+            "upstreams:\n  - {name: a, stdio: {command: [a]}}\n  - {name: b, stdio: {command: [b]}}\n",
+        );
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("upstreams[1].tools: imports under the same prefix")),
+            "{p:?}"
+        );
+        // Listed tools that do not meet may share a prefix; listed tools that meet may not.
+        let ok = "upstreams:\n  - {name: a, stdio: {command: [a]}, tools: {include: [x]}}\n  - {name: b, stdio: {command: [b]}, tools: {include: [y]}}\n";
+        assert_eq!(problems(ok), Vec::<String>::new());
+        let p = problems(&ok.replace("[y]", "[x]"));
+        assert!(p.iter().any(|x| x.contains("both serve `x`")), "{p:?}");
+        let p = problems(
+            "tools: [{name: gh_x, handler: {template: x}}]\nupstreams:\n  - {name: a, stdio: {command: [a]}, tools: {prefix: gh_, include: [x]}}\n",
+        );
+        assert!(p.iter().any(|x| x.contains("would be served as `gh_x`")), "{p:?}");
+        assert_eq!(
+            problems(
+                "upstreams:\n  - {name: a, stdio: {command: [a]}, tools: {prefix: a_}}\n  - {name: b, stdio: {command: [b]}, tools: {prefix: b_}}\n"
+            ),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn secrets_of_upstreams_are_granted_and_only_secrets_are_templates() {
+        let ts = parse(
+            "t",
+            "upstreams:\n  - {name: gh, http: {url: \"https://api.example/mcp\", headers: {Authorization: \"Bearer {{secret.github.token}}\"}, tls: {caSecret: corp-ca}}}\n  - {name: db, stdio: {command: [db-mcp], env: {DSN: \"{{secret.db.dsn}}\"}}, tools: {prefix: db_}}\n",
+        )
+        .unwrap();
+        let c = compile(&ts).unwrap();
+        assert_eq!(
+            c.secrets.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["corp-ca", "db", "github"]
+        );
+    }
+
+    #[test]
+    fn only_the_tools_list_leaves_the_connection_key_unchanged() {
+        let key = |yaml: &str| compile(&parse("t", yaml).unwrap()).unwrap().upstreams[0].key;
+        let base = key("upstreams: [{name: a, stdio: {command: [a]}}]");
+        assert_eq!(
+            base,
+            key("upstreams: [{name: a, stdio: {command: [a]}, tools: {include: [x], prefix: p_}}]")
+        );
+        assert_ne!(base, key("upstreams: [{name: a, stdio: {command: [a, --v]}}]"));
+        assert_ne!(
+            base,
+            key("upstreams: [{name: a, stdio: {command: [a]}, timeout: 5s}]")
+        );
+    }
+
+    fn upstream(yaml: &str) -> CompiledUpstream {
+        compile(&parse("t", yaml).unwrap())
+            .unwrap()
+            .upstreams
+            .into_iter()
+            .next()
+            .unwrap()
+    }
+
+    #[test]
+    fn import_filters_renames_describes_and_reports() {
+        let u = upstream(
+            "upstreams: [{name: gh, stdio: {command: [gh]}, tools: {prefix: gh_, include: [\"get_*\", search], exclude: [get_secret], rename: {search: find, gone: x}, descriptions: {get_issue: Read one issue.}}}]",
+        );
+        let listed = vec![
+            json!({"name": "get_issue", "description": "upstream's", "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}),
+            json!({"name": "get_secret", "inputSchema": {"type": "object"}}),
+            json!({"name": "search", "title": "Search", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}}),
+            json!({"name": "delete_repo", "inputSchema": {"type": "object"}}),
+            json!({"name": "get_taken", "inputSchema": {"type": "object"}}),
+            json!({"name": "get_bad", "inputSchema": {"type": "object", "properties": {"n": {"type": 7}}}}),
+            json!({"name": "bad name!", "inputSchema": {"type": "object"}}),
+        ];
+        let mut taken: FxHashSet<String> = ["gh_get_taken".to_owned()].into_iter().collect();
+        let (tools, report) = u.import(3, &listed, &mut taken);
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["gh_get_issue", "find"]);
+        assert_eq!(tools[0].descriptor["description"], "Read one issue.");
+        assert_eq!(tools[1].descriptor["annotations"]["readOnlyHint"], true);
+        assert!(tools[0].input.is_valid(&json!({"n": 1})) && !tools[0].input.is_valid(&json!({})));
+        let CompiledHandler::Upstream(call) = &tools[1].handler else {
+            panic!("not an upstream handler")
+        };
+        assert_eq!((call.upstream, call.remote.as_str()), (3, "search"));
+        assert_eq!(report.imported, 2);
+        let skipped = report.skipped.join("\n");
+        for wanted in [
+            "`get_taken`: `gh_get_taken` is already served",
+            "`get_bad`: inputSchema",
+            "not a valid tool name",
+            "`gone` (named in `tools`)",
+        ] {
+            assert!(skipped.contains(wanted), "{wanted} not in {skipped}");
+        }
+        assert!(taken.contains("find") && taken.contains("gh_get_issue"));
+    }
+
+    #[test]
+    fn hostile_tool_lists_are_bounded() {
+        let u = upstream("upstreams: [{name: a, stdio: {command: [a]}}]");
+        let mut deep = json!({"type": "object"});
+        for _ in 0..100 {
+            deep = json!({"type": "object", "properties": {"x": deep}});
+        }
+        let listed = vec![
+            json!({"name": "deep", "inputSchema": deep}),
+            json!({"name": 7}),
+            json!("not an object"),
+            json!({"name": "dup", "inputSchema": {"type": "object"}}),
+            json!({"name": "dup", "inputSchema": {"type": "object"}}),
+            json!({"name": "x".repeat(129)}),
+        ];
+        let (tools, report) = u.import(0, &listed, &mut FxHashSet::default());
+        assert_eq!(tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["dup"]);
+        assert_eq!(report.skipped.len(), 4, "{:?}", report.skipped);
+        let many: Vec<Value> = (0..MAX_UPSTREAM_TOOLS + 5)
+            .map(|i| json!({"name": format!("t{i}")}))
+            .collect();
+        let (tools, report) = u.import(0, &many, &mut FxHashSet::default());
+        assert_eq!(tools.len(), MAX_UPSTREAM_TOOLS);
+        assert_eq!(report.skipped.len(), 5);
+    }
+}

@@ -1,0 +1,695 @@
+//! Connections to upstream MCP servers (the `upstreams:` of a ToolSet): a [`Link`] per
+//! upstream, kept by the [`Hub`] across reloads for as long as its connection settings stay
+//! the same, so a change of `tools:` (filters, names) never restarts or reconnects it.
+//!
+//! A link keeps its upstream's tool list. When that list changes (the first connect, an
+//! upstream `notifications/tools/list_changed`, a restarted process that lists other tools)
+//! the hub signals the reloader, which builds the next registry generation from the same
+//! config and the new lists: the same snapshot swap as a config reload, and clients get
+//! `notifications/tools/list_changed`.
+//!
+//! Every byte from an upstream is untrusted: messages are bounded
+//! (`maxMessageBytes`), every request has a time limit, calls in flight per link are
+//! bounded, a process that breaks the protocol is restarted (with backoff), and an
+//! upstream's tool list is validated like a ToolSet's (see
+//! [`crate::config::upstream::CompiledUpstream::import`]).
+
+mod remote;
+mod sse;
+mod stdio;
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::upstream::{CompiledUpstream, ImportReport, Transport};
+use crate::config::{CompiledToolSet, SecretRef};
+use crate::handlers::{HttpClient, ToolOutput};
+use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::secrets::Secrets;
+
+/// Requests in flight per link (per process for stdio); more are refused at once.
+pub const MAX_IN_FLIGHT: usize = 1024;
+/// Pages of `tools/list` read from an upstream before its list is taken as complete.
+const MAX_LIST_PAGES: usize = 100;
+/// The protocol version asked for in `initialize`.
+const PROTOCOL_VERSION: &str = "2025-06-18";
+/// Versions an upstream may answer with.
+const UPSTREAM_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+/// First and longest wait before reconnecting or restarting.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));
+
+/// Why a request to an upstream failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// No answer within the upstream's `timeout`.
+    Timeout(Duration),
+    /// Not connected, or the connection or process went away.
+    Down(String),
+    /// The upstream answered with a JSON-RPC error.
+    Rpc(i64, String),
+    /// The upstream answered something that is not MCP.
+    Protocol(String),
+    /// Too many requests in flight.
+    Busy,
+}
+
+impl CallError {
+    /// The metric label of the error.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout(_) => "timeout",
+            Self::Down(_) => "down",
+            Self::Rpc(..) => "rpc_error",
+            Self::Protocol(_) => "protocol",
+            Self::Busy => "busy",
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout(d) => write!(f, "no answer within {d:?}"),
+            Self::Down(why) => write!(f, "not available: {why}"),
+            Self::Rpc(code, msg) => write!(f, "error {code}: {msg}"),
+            Self::Protocol(why) => write!(f, "broke the protocol: {why}"),
+            Self::Busy => write!(f, "{MAX_IN_FLIGHT} requests are already in flight"),
+        }
+    }
+}
+
+/// A JSON-RPC message from an upstream, sorted.
+#[derive(Debug)]
+enum Message {
+    /// The answer to one of our requests.
+    Response(u64, Result<Value, CallError>),
+    /// A request of the upstream's (answered with `ping`'s `{}` or method-not-found).
+    Request(Value, String),
+    /// A notification.
+    Notification(String, Value),
+}
+
+fn classify(mut v: Value) -> Result<Message, String> {
+    let Some(obj) = v.as_object_mut() else {
+        return Err("a message that is not a JSON object".into());
+    };
+    let method = obj.get("method").and_then(Value::as_str).map(str::to_owned);
+    match (method, obj.remove("id")) {
+        (Some(m), None) => Ok(Message::Notification(
+            m,
+            obj.remove("params").unwrap_or(Value::Null),
+        )),
+        (Some(m), Some(id)) => Ok(Message::Request(id, m)),
+        (None, Some(id)) => {
+            let id = id.as_u64().ok_or("a response to a request id we never sent")?;
+            if let Some(result) = obj.remove("result") {
+                return Ok(Message::Response(id, Ok(result)));
+            }
+            let err = obj.get("error").ok_or("a response without result or error")?;
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
+            let msg = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("no message")
+                .chars()
+                .take(1024)
+                .collect();
+            Ok(Message::Response(id, Err(CallError::Rpc(code, msg))))
+        }
+        (None, None) => Err("a message without method or id".into()),
+    }
+}
+
+/// The answer to a request of the upstream's: `ping` is answered, everything else (sampling,
+/// elicitation, roots) is not forwarded to clients.
+fn answer(id: Value, method: &str) -> Value {
+    if method == "ping" {
+        json!({"jsonrpc": "2.0", "id": id, "result": {}})
+    } else {
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": format!("quiver-server does not forward `{}` from upstream servers", method.chars().take(64).collect::<String>())}})
+    }
+}
+
+/// Requests waiting for their answers, by id.
+#[derive(Debug, Default)]
+struct Waiters(Mutex<FxHashMap<u64, oneshot::Sender<Result<Value, CallError>>>>);
+
+impl Waiters {
+    fn add(&self, id: u64) -> Result<oneshot::Receiver<Result<Value, CallError>>, CallError> {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if m.len() >= MAX_IN_FLIGHT {
+            return Err(CallError::Busy);
+        }
+        let (tx, rx) = oneshot::channel();
+        m.insert(id, tx);
+        Ok(rx)
+    }
+
+    /// Hands an answer to its waiter; false when nobody waits for that id.
+    fn answer(&self, id: u64, r: Result<Value, CallError>) -> bool {
+        let w = self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+        w.is_some_and(|tx| tx.send(r).is_ok())
+    }
+
+    fn forget(&self, id: u64) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+    }
+
+    /// Fails every waiting request (the connection or process is gone).
+    fn fail_all(&self, why: &str) {
+        let all: Vec<_> = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for (_, tx) in all {
+            let _ = tx.send(Err(CallError::Down(why.to_owned())));
+        }
+    }
+}
+
+/// The `initialize` request's params.
+fn initialize_params() -> Value {
+    json!({
+        "protocolVersion": PROTOCOL_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "quiver-server", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+/// Checks an `initialize` result: its protocol version and server info.
+fn check_initialized(r: &Value) -> Result<(String, Value), CallError> {
+    let v = r
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .ok_or_else(|| CallError::Protocol("an initialize result without protocolVersion".into()))?;
+    if !UPSTREAM_VERSIONS.contains(&v) {
+        return Err(CallError::Protocol(format!(
+            "protocol version `{}` is not one quiver-server speaks",
+            v.chars().take(32).collect::<String>()
+        )));
+    }
+    let info = r.get("serverInfo").cloned().unwrap_or(Value::Null);
+    let info = if crate::template::depth(&info) <= 4 && info.to_string().len() <= 4096 {
+        info
+    } else {
+        Value::Null
+    };
+    Ok((v.to_owned(), info))
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What `/status` shows of a link.
+#[derive(Debug, Clone)]
+struct Health {
+    state: &'static str,
+    error: Option<String>,
+    since_unix: u64,
+    restarts: u64,
+    connections: usize,
+    protocol_version: Option<String>,
+    server_info: Value,
+}
+
+/// What a link shares with its connection tasks.
+#[derive(Debug)]
+struct Shared {
+    name: String,
+    timeout: Duration,
+    max_bytes: usize,
+    health: Mutex<Health>,
+    /// Signalled when the tool list must be read again.
+    relist: Notify,
+    metrics: UpstreamMetrics,
+    secrets: Arc<Secrets>,
+    /// The Secret values the connection uses.
+    refs: Vec<SecretRef>,
+    stop: CancellationToken,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    /// Fails naming the first Secret value the connection needs that is not loaded (a
+    /// process is not started, a request not sent, without its credentials).
+    fn secrets_ready(&self) -> Result<(), CallError> {
+        match self.secrets.unavailable(&self.refs) {
+            None => Ok(()),
+            Some(why) => Err(CallError::Down(why)),
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn set_health(&self, f: impl FnOnce(&mut Health)) {
+        let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = h.state;
+        f(&mut h);
+        if h.state != before {
+            h.since_unix = now_unix();
+            match (h.state, &h.error) {
+                ("down", Some(e)) => tracing::warn!(upstream = %self.name, error = %e, "upstream down"),
+                (state, _) => tracing::info!(upstream = %self.name, state, "upstream state"),
+            }
+        }
+        self.metrics.up.set(i64::from(h.state == "ready"));
+        self.metrics.connections.set(h.connections as i64);
+    }
+
+    /// Reacts to an upstream notification.
+    fn notified(&self, method: &str, params: &Value) {
+        match method {
+            "notifications/tools/list_changed" => self.relist.notify_one(),
+            "notifications/message" => {
+                let text: String = params
+                    .get("data")
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+                    .chars()
+                    .take(2048)
+                    .collect();
+                tracing::info!(upstream = %self.name, message = %text, "upstream log");
+            }
+            _ => {}
+        }
+    }
+}
+
+enum Conn {
+    Stdio(Arc<stdio::Pool>),
+    Http(Arc<remote::Remote>),
+}
+
+/// A tool list as an upstream listed it, and its hash.
+#[derive(Debug, Default)]
+struct Listed {
+    tools: Vec<Value>,
+    hash: u64,
+}
+
+/// One upstream's connection (or processes), its tool list and its health.
+pub struct Link {
+    /// The upstream's name.
+    pub name: String,
+    /// [`CompiledUpstream::key`].
+    pub key: u64,
+    /// Secret values its connection uses (redacted from results).
+    pub secrets: Vec<SecretRef>,
+    shared: Arc<Shared>,
+    conn: Conn,
+    listed: ArcSwap<Listed>,
+    report: Mutex<ImportReport>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Link {
+    fn start(
+        u: &CompiledUpstream,
+        http: &HttpClient,
+        secrets: &Arc<Secrets>,
+        metrics: &Metrics,
+        changed: &Arc<Notify>,
+    ) -> Arc<Self> {
+        let shared = Arc::new(Shared {
+            name: u.name.clone(),
+            timeout: u.timeout,
+            max_bytes: u.max_message_bytes,
+            health: Mutex::new(Health {
+                state: "starting",
+                error: None,
+                since_unix: now_unix(),
+                restarts: 0,
+                connections: 0,
+                protocol_version: None,
+                server_info: Value::Null,
+            }),
+            relist: Notify::new(),
+            metrics: metrics.upstream(&u.name),
+            secrets: Arc::clone(secrets),
+            refs: u.secrets.clone(),
+            stop: CancellationToken::new(),
+            next_id: AtomicU64::new(1),
+        });
+        let conn = match &u.transport {
+            Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
+            Transport::Http { .. } => Conn::Http(remote::Remote::start(&shared, &u.transport, http.clone())),
+        };
+        let link = Arc::new(Self {
+            name: u.name.clone(),
+            key: u.key,
+            secrets: u.secrets.clone(),
+            shared,
+            conn,
+            listed: ArcSwap::default(),
+            report: Mutex::default(),
+        });
+        let (weak, changed) = (Arc::downgrade(&link), Arc::clone(changed));
+        let stop = link.shared.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let Some(relist) = weak.upgrade().map(|l| Arc::clone(&l.shared)) else {
+                    return;
+                };
+                tokio::select! {
+                    () = relist.relist.notified() => {}
+                    () = stop.cancelled() => return,
+                }
+                drop(relist);
+                let Some(link) = weak.upgrade() else { return };
+                if link.list_tools().await {
+                    changed.notify_one();
+                }
+            }
+        });
+        link
+    }
+
+    /// Sends a request and waits for its answer (within the upstream's timeout).
+    async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+        match &self.conn {
+            Conn::Stdio(p) => p.request(method, params).await,
+            Conn::Http(r) => r.request(method, params).await,
+        }
+    }
+
+    /// Reads the upstream's whole tool list; true when it differs from the last one.
+    async fn list_tools(&self) -> bool {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let page = match self.request("tools/list", params).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(upstream = %self.name, error = %e, "tools/list failed; keeping the last list");
+                    return false;
+                }
+            };
+            match page.get("tools").and_then(Value::as_array) {
+                Some(t) => tools.extend(t.iter().cloned()),
+                None => {
+                    tracing::warn!(upstream = %self.name, "tools/list answered without `tools`; keeping the last list");
+                    return false;
+                }
+            }
+            cursor = page
+                .get("nextCursor")
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty() && c.len() <= 4096)
+                .map(str::to_owned);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        let mut h = FxHasher::default();
+        serde_json::to_string(&tools).unwrap_or_default().hash(&mut h);
+        let hash = h.finish();
+        if self.listed.load().hash == hash && hash != 0 {
+            return false;
+        }
+        tracing::info!(upstream = %self.name, tools = tools.len(), "upstream tools listed");
+        self.listed.store(Arc::new(Listed { tools, hash }));
+        true
+    }
+
+    /// Calls a tool of the upstream; its result is the call's result.
+    pub async fn call_tool(&self, remote: &str, args: Value) -> ToolOutput {
+        let start = Instant::now();
+        let r = self
+            .request("tools/call", json!({"name": remote, "arguments": args}))
+            .await;
+        self.shared.metrics.requests.observe(start.elapsed());
+        match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {
+            Ok(out) => out,
+            Err(e) => {
+                self.shared.metrics.error(e.kind());
+                ToolOutput::error(format!("upstream `{}`: {e}", self.name))
+            }
+        }
+    }
+
+    /// The link's health, tool count and import report.
+    pub fn status(&self) -> Value {
+        let h = self
+            .shared
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let report = self.report.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        json!({
+            "name": self.name,
+            "transport": match self.conn { Conn::Stdio(_) => "stdio", Conn::Http(_) => "http" },
+            "state": h.state,
+            "error": h.error,
+            "sinceUnix": h.since_unix,
+            "restarts": h.restarts,
+            "connections": h.connections,
+            "protocolVersion": h.protocol_version,
+            "serverInfo": h.server_info,
+            "listed": self.listed.load().tools.len(),
+            "imported": report.imported,
+            "skipped": report.skipped,
+        })
+    }
+
+    /// Whether the upstream is connected.
+    pub fn is_ready(&self) -> bool {
+        self.shared
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .state
+            == "ready"
+    }
+
+    fn stop(&self) {
+        self.shared.stop.cancel();
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A `CallToolResult` from an upstream as this server's result.
+fn to_output(mut v: Value) -> Result<ToolOutput, String> {
+    let Some(obj) = v.as_object_mut() else {
+        return Err("a tools/call result that is not an object".into());
+    };
+    let Some(Value::Array(blocks)) = obj.remove("content") else {
+        return Err("a tools/call result without a content array".into());
+    };
+    if blocks
+        .iter()
+        .any(|b| !b.get("type").is_some_and(Value::is_string))
+    {
+        return Err("a content block without a type".into());
+    }
+    let text = blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok(ToolOutput {
+        text,
+        structured: obj.remove("structuredContent").filter(Value::is_object),
+        content: Some(blocks),
+        is_error: obj.get("isError").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+/// Every link of the serving config, and the signal that an upstream's tools changed.
+#[derive(Debug)]
+pub struct Hub {
+    links: Mutex<Vec<Arc<Link>>>,
+    changed: Arc<Notify>,
+    secrets: Arc<Secrets>,
+    http: HttpClient,
+}
+
+impl Hub {
+    /// A hub with no upstreams.
+    pub fn new(secrets: Arc<Secrets>, http: HttpClient) -> Arc<Self> {
+        Arc::new(Self {
+            links: Mutex::default(),
+            changed: Arc::new(Notify::new()),
+            secrets,
+            http,
+        })
+    }
+
+    /// Starts, keeps or stops links to match `ups` (a compiled config about to serve);
+    /// returns them in the order of `ups`. A link whose key is unchanged is kept as it is.
+    pub fn configure(&self, ups: &[CompiledUpstream], metrics: &Metrics) -> Vec<Arc<Link>> {
+        let mut current = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut by_key: FxHashMap<u64, Arc<Link>> = current.drain(..).map(|l| (l.key, l)).collect();
+        let next: Vec<Arc<Link>> = ups
+            .iter()
+            .map(|u| {
+                by_key
+                    .remove(&u.key)
+                    .unwrap_or_else(|| Link::start(u, &self.http, &self.secrets, metrics, &self.changed))
+            })
+            .collect();
+        let kept: FxHashSet<&str> = next.iter().map(|l| l.name.as_str()).collect();
+        for (_, old) in by_key {
+            old.stop();
+            if !kept.contains(old.name.as_str()) {
+                metrics.forget_upstream(&old.name);
+            }
+        }
+        current.clone_from(&next);
+        next
+    }
+
+    /// Appends the tools the links' upstreams currently list to `compiled` (after its own
+    /// tools, which win any name) and folds the lists into its hash.
+    pub fn expand(compiled: &mut CompiledToolSet, links: &[Arc<Link>]) {
+        if links.is_empty() {
+            return;
+        }
+        let mut taken: FxHashSet<String> = compiled.tools.iter().map(|t| t.name.clone()).collect();
+        let mut h = FxHasher::default();
+        for (i, (u, link)) in compiled.upstreams.iter().zip(links).enumerate() {
+            let listed = link.listed.load();
+            listed.hash.hash(&mut h);
+            let (tools, report) = u.import(i, &listed.tools, &mut taken);
+            if !report.skipped.is_empty() {
+                tracing::warn!(upstream = %u.name, skipped = ?report.skipped, "upstream tools not served");
+            }
+            *link.report.lock().unwrap_or_else(PoisonError::into_inner) = report;
+            compiled.tools.extend(tools);
+        }
+        compiled.hash = format!("{}+{:016x}", compiled.hash, h.finish());
+    }
+
+    /// Signalled when an upstream's tool list changed.
+    pub fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    /// Every link's status, for `/status`.
+    pub fn status(&self) -> Vec<Value> {
+        self.links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|l| l.status())
+            .collect()
+    }
+}
+
+/// Waits `backoff` (or until stopped), then doubles it up to the longest wait; false when
+/// stopped.
+async fn back_off(stop: &CancellationToken, backoff: &mut Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(*backoff) => {}
+        () = stop.cancelled() => return false,
+    }
+    *backoff = (*backoff * 2).min(BACKOFF.1);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_sorted_and_bad_ones_refused() {
+        assert!(matches!(
+            classify(json!({"jsonrpc": "2.0", "id": 7, "result": {"ok": 1}})),
+            Ok(Message::Response(7, Ok(_)))
+        ));
+        assert!(matches!(
+            classify(json!({"id": 8, "error": {"code": -32602, "message": "bad"}})),
+            Ok(Message::Response(8, Err(CallError::Rpc(-32602, _))))
+        ));
+        assert!(
+            matches!(classify(json!({"id": "x", "method": "ping"})), Ok(Message::Request(_, m)) if m == "ping")
+        );
+        assert!(matches!(
+            classify(json!({"method": "notifications/tools/list_changed"})),
+            Ok(Message::Notification(..))
+        ));
+        for bad in [
+            json!([1]),
+            json!({"id": "s", "result": 1}),
+            json!({"id": 1}),
+            json!({}),
+            json!(5),
+        ] {
+            assert!(classify(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn results_must_be_call_tool_results() {
+        let out = to_output(json!({"content": [{"type": "text", "text": "a"}, {"type": "image", "data": "", "mimeType": "image/png"}, {"type": "text", "text": "b"}], "structuredContent": {"n": 1}, "isError": true})).unwrap();
+        assert_eq!(out.text, "a\nb");
+        assert!(out.is_error && out.structured == Some(json!({"n": 1})) && out.content.unwrap().len() == 3);
+        for bad in [
+            json!([]),
+            json!({}),
+            json!({"content": "x"}),
+            json!({"content": [{"text": "no type"}]}),
+        ] {
+            assert!(to_output(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn waiters_are_bounded_and_failed_when_the_connection_goes() {
+        let w = Waiters::default();
+        let mut rxs: Vec<_> = (0..MAX_IN_FLIGHT as u64).map(|i| w.add(i).unwrap()).collect();
+        assert_eq!(w.add(99_999).unwrap_err(), CallError::Busy);
+        assert!(w.answer(3, Ok(json!(1))));
+        assert!(!w.answer(3, Ok(json!(1))), "answered twice");
+        w.fail_all("gone");
+        assert_eq!(rxs[3].try_recv().unwrap(), Ok(json!(1)));
+        assert_eq!(rxs[4].try_recv().unwrap(), Err(CallError::Down("gone".into())));
+        assert!(w.add(1).is_ok());
+    }
+
+    #[test]
+    fn initialize_results_are_checked() {
+        assert!(
+            check_initialized(&json!({"protocolVersion": "2025-06-18", "serverInfo": {"name": "x"}})).is_ok()
+        );
+        assert!(check_initialized(&json!({"protocolVersion": "1999-01-01"})).is_err());
+        assert!(check_initialized(&json!({})).is_err());
+        let (_, info) = check_initialized(
+            &json!({"protocolVersion": "2025-03-26", "serverInfo": {"name": "x".repeat(10_000)}}),
+        )
+        .unwrap();
+        assert_eq!(info, Value::Null, "oversized server info is dropped");
+    }
+}

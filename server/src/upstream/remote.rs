@@ -1,0 +1,356 @@
+//! Remote upstreams over Streamable HTTP: one MCP session on the pooled keep-alive HTTP
+//! client, re-established when the upstream forgets it (404), and a GET stream for the
+//! upstream's notifications where it offers one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::sse::Events;
+use super::{
+    BACKOFF, CallError, Message, Shared, answer, back_off, check_initialized, classify, initialize_params,
+};
+use crate::config::TlsRefs;
+use crate::config::upstream::Transport;
+use crate::handlers::{HttpClient, USER_AGENT, WithSecrets};
+use crate::template::Template;
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// An established MCP session.
+#[derive(Debug, Clone)]
+struct Session {
+    id: Option<HeaderValue>,
+    version: HeaderValue,
+}
+
+/// One remote upstream.
+#[derive(Debug)]
+pub(super) struct Remote {
+    shared: Arc<Shared>,
+    url: http::Uri,
+    headers: Vec<(String, Template)>,
+    tls: Option<TlsRefs>,
+    http: HttpClient,
+    session: Mutex<Option<Session>>,
+    /// Signalled when a request found the connection gone.
+    lost: tokio::sync::Notify,
+}
+
+/// How one POST went.
+enum Posted {
+    Answer(Result<Value, CallError>),
+    /// The upstream no longer knows the session.
+    SessionGone,
+}
+
+impl Remote {
+    pub(super) fn start(shared: &Arc<Shared>, t: &Transport, http: HttpClient) -> Arc<Self> {
+        let Transport::Http { url, headers, tls } = t else {
+            unreachable!("a remote connection of an http upstream")
+        };
+        let remote = Arc::new(Self {
+            shared: Arc::clone(shared),
+            // Checked when compiled (a literal http(s) URL); an unusable one fails every request.
+            url: url.parse().unwrap_or_default(),
+            headers: headers.clone(),
+            tls: tls.clone(),
+            http,
+            session: Mutex::new(None),
+            lost: tokio::sync::Notify::new(),
+        });
+        tokio::spawn(supervise(Arc::downgrade(&remote), shared.stop.clone()));
+        remote
+    }
+
+    /// A request with the upstream's headers (Secret values read now).
+    fn build(
+        &self,
+        method: Method,
+        session: Option<&Session>,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, CallError> {
+        self.shared.secrets_ready()?;
+        let secrets = self.shared.secrets.snapshot();
+        let scope = WithSecrets {
+            args: &Value::Null,
+            secrets: &secrets,
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(self.url.clone())
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header(header::USER_AGENT, USER_AGENT);
+        if !body.is_empty() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(s) = session {
+            if let Some(id) = &s.id {
+                req = req.header(SESSION_HEADER, id.clone());
+            }
+            req = req.header(VERSION_HEADER, s.version.clone());
+        }
+        for (name, t) in &self.headers {
+            let value = t
+                .render(&scope)
+                .map_err(|e| CallError::Down(format!("header `{name}`: {e}")))?;
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                (Ok(n), Ok(v)) => req = req.header(n, v),
+                _ => return Err(CallError::Down(format!("header `{name}` has an invalid value"))),
+            }
+        }
+        req.body(Full::new(body))
+            .map_err(|e| CallError::Down(format!("invalid request: {e}")))
+    }
+
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<http::Response<Incoming>, CallError> {
+        let secrets = self.shared.secrets.snapshot();
+        self.http
+            .send(req, self.tls.as_ref(), &secrets)
+            .await
+            .map_err(|e| {
+                self.lost.notify_one();
+                CallError::Down(e)
+            })
+    }
+
+    /// POSTs one message; with an id, reads the answer from a JSON or event-stream body.
+    async fn post(
+        &self,
+        session: Option<&Session>,
+        msg: &Value,
+        id: Option<u64>,
+    ) -> Result<(Posted, Option<HeaderValue>), CallError> {
+        let body = Bytes::from(serde_json::to_vec(msg).unwrap_or_default());
+        let resp = self.send(self.build(Method::POST, session, body)?).await?;
+        let status = resp.status();
+        let session_id = resp.headers().get(SESSION_HEADER).cloned();
+        if status == StatusCode::NOT_FOUND && session.is_some_and(|s| s.id.is_some()) {
+            return Ok((Posted::SessionGone, None));
+        }
+        if !status.is_success() {
+            let hint = match status {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => " (check the upstream's credentials)",
+                _ => "",
+            };
+            return Err(CallError::Down(format!("answered HTTP {status}{hint}")));
+        }
+        let Some(id) = id else {
+            return Ok((Posted::Answer(Ok(Value::Null)), session_id));
+        };
+        let is_stream = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        let answer = if is_stream {
+            self.read_stream(resp.into_body(), Some(id)).await
+        } else {
+            self.read_json(resp.into_body(), id).await
+        };
+        Ok((Posted::Answer(answer), session_id))
+    }
+
+    async fn read_json(&self, body: Incoming, id: u64) -> Result<Value, CallError> {
+        let bytes = http_body_util::Limited::new(body, self.shared.max_bytes)
+            .collect()
+            .await
+            .map_err(|e| CallError::Protocol(format!("reading the answer: {e}")))?
+            .to_bytes();
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|_| CallError::Protocol("an answer that is not JSON".into()))?;
+        match classify(v).map_err(CallError::Protocol)? {
+            Message::Response(got, r) if got == id => r,
+            _ => Err(CallError::Protocol(
+                "the answer is not the response to the request".into(),
+            )),
+        }
+    }
+
+    /// Reads an event stream; with `id`, until the response to it. Notifications on the
+    /// way are handled, requests answered.
+    async fn read_stream(&self, mut body: Incoming, id: Option<u64>) -> Result<Value, CallError> {
+        let mut events = Events::new(self.shared.max_bytes);
+        let mut out = Vec::new();
+        loop {
+            let Some(frame) = body.frame().await else {
+                return Err(CallError::Down("the stream ended before the answer".into()));
+            };
+            let frame = frame.map_err(|e| CallError::Down(format!("reading the stream: {e}")))?;
+            let Some(chunk) = frame.data_ref() else { continue };
+            events.feed(chunk, &mut out).map_err(CallError::Protocol)?;
+            for data in out.drain(..) {
+                let Ok(v) = serde_json::from_slice::<Value>(&data) else {
+                    continue;
+                };
+                match classify(v) {
+                    Ok(Message::Response(got, r)) if Some(got) == id => return r,
+                    Ok(Message::Notification(m, p)) => self.shared.notified(&m, &p),
+                    Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Answers a request of the upstream's in the background.
+    fn reply(&self, msg: Value) {
+        let Ok(req) = self.build(Method::POST, None, Bytes::from(msg.to_string())) else {
+            return;
+        };
+        let (http, tls, secrets) = (
+            self.http.clone(),
+            self.tls.clone(),
+            self.shared.secrets.snapshot(),
+        );
+        let timeout = self.shared.timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, http.send(req, tls.as_ref(), &secrets)).await;
+        });
+    }
+
+    /// The session, established first when there is none.
+    async fn session(&self) -> Result<Session, CallError> {
+        let mut s = self.session.lock().await;
+        if let Some(s) = &*s {
+            return Ok(s.clone());
+        }
+        let id = self.shared.id();
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": initialize_params()});
+        let (posted, session_id) = self.post(None, &msg, Some(id)).await?;
+        let Posted::Answer(r) = posted else {
+            return Err(CallError::Down("initialize answered 404".into()));
+        };
+        let (version, info) = check_initialized(&r?)?;
+        let session = Session {
+            id: session_id,
+            version: HeaderValue::from_str(&version)
+                .map_err(|_| CallError::Protocol("bad protocol version".into()))?,
+        };
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        self.post(Some(&session), &note, None).await?;
+        self.shared.set_health(|h| {
+            h.protocol_version = Some(version);
+            h.server_info = info;
+        });
+        *s = Some(session.clone());
+        Ok(session)
+    }
+
+    async fn forget_session(&self, old: &Session) {
+        let mut s = self.session.lock().await;
+        if s.as_ref().is_some_and(|cur| cur.id == old.id) {
+            *s = None;
+        }
+    }
+
+    async fn exchange(&self, method: &str, params: &Value) -> Result<Value, CallError> {
+        for _ in 0..2 {
+            let session = self.session().await?;
+            let id = self.shared.id();
+            let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            match self.post(Some(&session), &msg, Some(id)).await? {
+                (Posted::Answer(r), _) => return r,
+                (Posted::SessionGone, _) => self.forget_session(&session).await,
+            }
+        }
+        Err(CallError::Down(
+            "the upstream keeps forgetting its session".into(),
+        ))
+    }
+
+    pub(super) async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+        let t = self.shared.timeout;
+        tokio::time::timeout(t, self.exchange(method, &params))
+            .await
+            .unwrap_or(Err(CallError::Timeout(t)))
+    }
+
+    /// Follows the upstream's GET stream of notifications until it ends. Returns false when
+    /// the upstream offers none.
+    async fn listen(&self) -> bool {
+        let Ok(session) = self.session().await else {
+            return true;
+        };
+        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new()) else {
+            return false;
+        };
+        let Ok(Ok(resp)) = tokio::time::timeout(self.shared.timeout, self.send(req)).await else {
+            return true;
+        };
+        if resp.status() == StatusCode::NOT_FOUND {
+            self.forget_session(&session).await;
+            return true;
+        }
+        if !resp.status().is_success() {
+            return false;
+        }
+        let _ = self.read_stream(resp.into_body(), None).await;
+        true
+    }
+}
+
+/// Keeps the session up and the tool list fresh until the upstream is stopped.
+async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::CancellationToken) {
+    let mut backoff = BACKOFF.0;
+    loop {
+        let Some(r) = remote.upgrade() else { return };
+        let up = tokio::select! {
+            up = r.request("ping", json!({})) => up,
+            () = stop.cancelled() => return,
+        };
+        match up {
+            Ok(_) => {
+                backoff = BACKOFF.0;
+                let was_ready = r.shared.health.lock().is_ok_and(|h| h.state == "ready");
+                r.shared.set_health(|h| {
+                    h.state = "ready";
+                    h.error = None;
+                    h.connections = 1;
+                });
+                if !was_ready {
+                    r.shared.relist.notify_one();
+                }
+                // Notifications until the stream ends; without a stream, until a request
+                // finds the connection gone (or a minute passes: then ping again).
+                let streamed = tokio::select! {
+                    s = r.listen() => s,
+                    () = stop.cancelled() => return,
+                };
+                if !streamed {
+                    tokio::select! {
+                        () = r.lost.notified() => {}
+                        () = tokio::time::sleep(Duration::from_secs(60)) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
+                drop(r);
+                let mut pause = BACKOFF.0;
+                if !back_off(&stop, &mut pause).await {
+                    return;
+                }
+            }
+            Err(e) => {
+                r.shared.set_health(|h| {
+                    h.state = "down";
+                    h.error = Some(e.to_string());
+                    h.connections = 0;
+                });
+                drop(r);
+                if !back_off(&stop, &mut backoff).await {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! Stdio upstreams: a supervised pool of long-lived processes speaking newline-delimited
+//! JSON-RPC, requests multiplexed over each by id.
+//!
+//! Each slot of the pool runs one process at a time: start, `initialize`, serve, and on exit
+//! (or a broken message, or a hung handshake) kill its whole process group, fail what was
+//! in flight on it, and start again after a backoff that doubles up to 30 s and starts over
+//! once a process has lived a minute. Calls go round-robin to the processes that are ready.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    BACKOFF, CallError, Message, Shared, Waiters, answer, back_off, check_initialized, classify,
+    initialize_params,
+};
+use crate::config::upstream::Transport;
+use crate::handlers::{WithSecrets, process};
+
+/// Lines queued towards one process's stdin.
+const QUEUE: usize = 256;
+/// Longest stderr line logged (the rest is cut).
+const MAX_STDERR_LINE: usize = 2048;
+/// `PATH` of a process when the server has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// One running, initialized process.
+#[derive(Debug)]
+struct Proc {
+    tx: mpsc::Sender<Vec<u8>>,
+    waiters: Waiters,
+}
+
+impl Proc {
+    fn send(&self, msg: &Value) -> bool {
+        let mut line = serde_json::to_vec(msg).unwrap_or_default();
+        line.push(b'\n');
+        self.tx.try_send(line).is_ok()
+    }
+
+    async fn request(&self, shared: &Shared, method: &str, params: Value) -> Result<Value, CallError> {
+        let id = shared.id();
+        let rx = self.waiters.add(id)?;
+        // Forgets the request, and tells the process to stop working on it, unless answered.
+        struct Pending<'a> {
+            proc: &'a Proc,
+            id: u64,
+            answered: bool,
+        }
+        impl Drop for Pending<'_> {
+            fn drop(&mut self) {
+                if !self.answered {
+                    self.proc.waiters.forget(self.id);
+                    self.proc.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": self.id, "reason": "cancelled by quiver-server"}}));
+                }
+            }
+        }
+        let mut pending = Pending {
+            proc: self,
+            id,
+            answered: false,
+        };
+        let mut line =
+            serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+                .map_err(|e| CallError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        let exchange = async {
+            self.tx
+                .send(line)
+                .await
+                .map_err(|_| CallError::Down("the process exited".into()))?;
+            rx.await
+                .unwrap_or_else(|_| Err(CallError::Down("the process exited".into())))
+        };
+        let r = tokio::time::timeout(shared.timeout, exchange)
+            .await
+            .unwrap_or(Err(CallError::Timeout(shared.timeout)));
+        pending.answered = !matches!(r, Err(CallError::Timeout(_)));
+        r
+    }
+}
+
+/// The processes of one stdio upstream.
+#[derive(Debug)]
+pub(super) struct Pool {
+    shared: Arc<Shared>,
+    slots: Vec<ArcSwapOption<Proc>>,
+    ready: watch::Sender<usize>,
+    next: AtomicUsize,
+}
+
+/// What starts a process.
+#[derive(Debug, Clone)]
+struct Launch {
+    program: String,
+    args: Vec<String>,
+    env: Vec<(String, crate::template::Template)>,
+    cwd: Option<String>,
+}
+
+impl Pool {
+    pub(super) fn start(shared: &Arc<Shared>, t: &Transport) -> Arc<Self> {
+        let Transport::Stdio {
+            program,
+            args,
+            env,
+            cwd,
+            processes,
+        } = t
+        else {
+            unreachable!("a stdio pool of a stdio upstream")
+        };
+        let pool = Arc::new(Self {
+            shared: Arc::clone(shared),
+            slots: (0..*processes).map(|_| ArcSwapOption::empty()).collect(),
+            ready: watch::Sender::new(0),
+            next: AtomicUsize::new(0),
+        });
+        let launch = Launch {
+            program: program.clone(),
+            args: args.clone(),
+            env: env.clone(),
+            cwd: cwd.clone(),
+        };
+        for slot in 0..*processes {
+            tokio::spawn(supervise(Arc::clone(&pool), slot, launch.clone()));
+        }
+        pool
+    }
+
+    /// A ready process, round-robin; waits (within the timeout) while none is.
+    async fn pick(&self, deadline: Instant) -> Result<Arc<Proc>, CallError> {
+        let mut ready = self.ready.subscribe();
+        loop {
+            let n = self.slots.len();
+            let start = self.next.fetch_add(1, Ordering::Relaxed);
+            for i in 0..n {
+                if let Some(p) = self.slots[(start + i) % n].load_full() {
+                    return Ok(p);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let why = || {
+                let h = self.shared.health.lock().unwrap_or_else(PoisonError::into_inner);
+                CallError::Down(
+                    h.error
+                        .clone()
+                        .unwrap_or_else(|| "the process is starting".into()),
+                )
+            };
+            match tokio::time::timeout(left, ready.wait_for(|n| *n > 0)).await {
+                Ok(Ok(_)) => {}
+                _ => return Err(why()),
+            }
+        }
+    }
+
+    pub(super) async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+        let deadline = Instant::now() + self.shared.timeout;
+        let proc = self.pick(deadline).await?;
+        proc.request(&self.shared, method, params).await
+    }
+
+    fn publish(&self, slot: usize, p: Option<Arc<Proc>>) {
+        self.slots[slot].store(p);
+        let n = self.slots.iter().filter(|s| s.load().is_some()).count();
+        self.ready.send_replace(n);
+        self.shared.set_health(|h| {
+            h.connections = n;
+            if n > 0 {
+                h.state = "ready";
+                h.error = None;
+            } else if h.state == "ready" {
+                h.state = "down";
+            }
+        });
+    }
+}
+
+/// Runs slot `slot` of the pool until the upstream is stopped.
+async fn supervise(pool: Arc<Pool>, slot: usize, launch: Launch) {
+    let shared = Arc::clone(&pool.shared);
+    let mut backoff = BACKOFF.0;
+    loop {
+        let started = Instant::now();
+        let why = tokio::select! {
+            why = run_once(&pool, slot, &launch) => why,
+            () = shared.stop.cancelled() => String::new(),
+        };
+        pool.publish(slot, None);
+        if shared.stop.is_cancelled() {
+            return;
+        }
+        shared.metrics.restarts.inc();
+        shared.set_health(|h| {
+            h.restarts += 1;
+            if h.connections == 0 {
+                h.state = "down";
+            }
+            h.error = Some(why.clone());
+        });
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = BACKOFF.0;
+        }
+        if !back_off(&shared.stop, &mut backoff).await {
+            return;
+        }
+    }
+}
+
+/// Starts one process, initializes it and serves it until it ends; returns why it ended.
+async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
+    let shared = &pool.shared;
+    if let Err(e) = shared.secrets_ready() {
+        return e.to_string();
+    }
+    let secrets = shared.secrets.snapshot();
+    let scope = WithSecrets {
+        args: &Value::Null,
+        secrets: &secrets,
+    };
+    let mut env = Vec::with_capacity(launch.env.len());
+    for (k, t) in &launch.env {
+        match t.render(&scope) {
+            Ok(v) if !v.contains('\0') => env.push((k.clone(), v)),
+            Ok(_) => return format!("the value of {k} cannot be set"),
+            Err(e) => return format!("{k}: {e}"),
+        }
+    }
+    let mut cmd = Command::new(&launch.program);
+    cmd.args(&launch.args)
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
+        )
+        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(d) = &launch.cwd {
+        cmd.current_dir(d);
+    }
+    // `group` is declared after `child`: dropped first, it kills the whole process group
+    // before tokio reaps the leader.
+    let (mut child, group) = match process::spawn(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => return format!("could not start {}: {e}", launch.program),
+    };
+    let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return "the process has no stdio pipes".into();
+    };
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUE);
+    let proc = Arc::new(Proc {
+        tx,
+        waiters: Waiters::default(),
+    });
+    let writer = async move {
+        while let Some(line) = rx.recv().await {
+            if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+                return "its stdin closed".to_owned();
+            }
+        }
+        "stopped".to_owned()
+    };
+    let name = shared.name.clone();
+    let logger = async move {
+        let mut lines = BufReader::new(stderr);
+        let mut buf = Vec::new();
+        while let Ok(Some(())) = read_line(&mut lines, &mut buf, MAX_STDERR_LINE, true).await {
+            tracing::info!(upstream = %name, line = %String::from_utf8_lossy(&buf), "upstream stderr");
+        }
+    };
+    let reader = read_messages(shared, &proc, BufReader::new(stdout));
+    let handshake = async {
+        let r = proc.request(shared, "initialize", initialize_params()).await;
+        let (version, info) = r
+            .and_then(|r| check_initialized(&r))
+            .map_err(|e| format!("initialize: {e}"))?;
+        proc.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        shared.set_health(|h| {
+            h.protocol_version = Some(version);
+            h.server_info = info;
+        });
+        pool.publish(slot, Some(Arc::clone(&proc)));
+        shared.relist.notify_one();
+        std::future::pending::<Result<(), String>>().await
+    };
+    let why = tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) => format!("the process exited ({s})"),
+            Err(e) => format!("waiting for the process: {e}"),
+        },
+        why = reader => why,
+        why = writer => why,
+        Err(why) = handshake => why,
+        () = logger => "its stderr closed".to_owned(),
+    };
+    drop(group);
+    let _ = child.start_kill();
+    proc.waiters.fail_all(&why);
+    why
+}
+
+/// Reads the process's messages until it breaks the protocol or closes stdout.
+async fn read_messages(shared: &Shared, proc: &Proc, mut out: impl AsyncBufRead + Unpin) -> String {
+    let mut buf = Vec::new();
+    loop {
+        match read_line(&mut out, &mut buf, shared.max_bytes, false).await {
+            Ok(None) => return "its stdout closed".into(),
+            Err(e) => return e,
+            Ok(Some(())) => {}
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let msg = serde_json::from_slice::<Value>(&buf)
+            .map_err(|_| "a line that is not JSON".to_owned())
+            .and_then(classify);
+        match msg {
+            Ok(Message::Response(id, r)) => {
+                proc.waiters.answer(id, r);
+            }
+            Ok(Message::Request(id, method)) => {
+                proc.send(&answer(id, &method));
+            }
+            Ok(Message::Notification(method, params)) => shared.notified(&method, &params),
+            // Servers that print banners or logs to stdout are common: skipped, not fatal.
+            Err(why) => tracing::debug!(upstream = %shared.name, why, "stdout line ignored"),
+        }
+    }
+}
+
+/// Reads one line into `buf` (without the newline). A line over `max` bytes is an error,
+/// or with `cut` is cut to `max` and the rest skipped. `None` at the end of the stream.
+async fn read_line(
+    r: &mut (impl AsyncBufRead + Unpin),
+    buf: &mut Vec<u8>,
+    max: usize,
+    cut: bool,
+) -> Result<Option<()>, String> {
+    buf.clear();
+    let mut over = false;
+    loop {
+        let avail = r
+            .fill_buf()
+            .await
+            .map_err(|e| format!("reading its output: {e}"))?;
+        if avail.is_empty() {
+            return Ok((!buf.is_empty() || over).then_some(()));
+        }
+        let (chunk, used, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (&avail[..i], i + 1, true),
+            None => (avail, avail.len(), false),
+        };
+        let room = max.saturating_sub(buf.len());
+        if chunk.len() > room {
+            if !cut {
+                return Err(format!("a message over {max} bytes"));
+            }
+            over = true;
+        }
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        r.consume(used);
+        if done {
+            return Ok(Some(()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded() {
+        let mut buf = Vec::new();
+        let mut r = BufReader::with_capacity(4, &b"abc\nlonger line\n\nend"[..]);
+        assert_eq!(read_line(&mut r, &mut buf, 8, false).await, Ok(Some(())));
+        assert_eq!(buf, b"abc");
+        assert!(
+            read_line(&mut r, &mut buf, 8, false)
+                .await
+                .unwrap_err()
+                .contains("over 8 bytes")
+        );
+        let mut r = BufReader::with_capacity(4, &b"longer line\n\nend"[..]);
+        assert_eq!(read_line(&mut r, &mut buf, 8, true).await, Ok(Some(())));
+        assert_eq!(buf, b"longer l");
+        assert_eq!(read_line(&mut r, &mut buf, 8, true).await, Ok(Some(())));
+        assert!(buf.is_empty());
+        assert_eq!(read_line(&mut r, &mut buf, 8, true).await, Ok(Some(())));
+        assert_eq!(buf, b"end");
+        assert_eq!(read_line(&mut r, &mut buf, 8, true).await, Ok(None));
+    }
+}

@@ -1,0 +1,60 @@
+"""An MCP server written with the official Python SDK (`mcp` on PyPI), for quiver-server to
+front as an upstream: `py_upstream.py stdio` or `py_upstream.py http PORT`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("py-upstream", version="1.0.0", log_level="WARNING")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Returns the text."""
+    return text
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@server.tool()
+def whoami(ctx: Context) -> str:
+    """The process id and the credentials this call came with (HTTP header or environment)."""
+    headers = ctx.headers or {}
+    auth = headers.get("authorization") or os.environ.get("UPSTREAM_TOKEN", "")
+    return f"pid={os.getpid()} credential={auth}"
+
+
+@server.tool()
+def crash() -> str:
+    """Exits the process in the middle of the call."""
+    os._exit(3)
+
+
+@server.tool()
+async def hang(seconds: float) -> str:
+    """Answers after `seconds`."""
+    await asyncio.sleep(seconds)
+    return "woke up"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool `grown` and says so with notifications/tools/list_changed."""
+    server.add_tool(lambda: "I am new", name="grown", description="Added at run time.")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
