@@ -38,6 +38,24 @@ enum Command {
         #[arg(long)]
         config: Source,
     },
+    /// Serve a stdio MCP server program on a Unix socket, one process per connection (for
+    /// an upstream in a sidecar container; see docs/upstreams.md).
+    Bridge {
+        /// The socket to create.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// Processes running at once; more connections are refused.
+        #[arg(long, default_value_t = 16)]
+        max_processes: usize,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Copy this binary into a directory (an init container's way to share it).
+    Install {
+        /// The directory.
+        dir: std::path::PathBuf,
+    },
 }
 
 /// `--admin-listen`: an address, or `off`.
@@ -193,8 +211,29 @@ pub struct ServeArgs {
 /// Parses the command line and runs; returns the process exit code.
 pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     let cli = Cli::parse();
-    if let Some(Command::Check { config }) = cli.command {
-        return Ok(check(&config));
+    match cli.command {
+        Some(Command::Check { config }) => return Ok(check(&config)),
+        Some(Command::Install { dir }) => {
+            let to = crate::upstream::bridge::install(&dir)?;
+            println!("installed {}", to.display());
+            return Ok(0);
+        }
+        Some(Command::Bridge {
+            socket,
+            max_processes,
+            command,
+        }) => {
+            init_logging("text", true);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                crate::handlers::start_reaper();
+                crate::upstream::bridge::serve(&socket, &command, max_processes.max(1)).await
+            })?;
+            return Ok(0);
+        }
+        None => {}
     }
     let args = cli.serve;
     init_logging(&args.log_format, args.stdio);

@@ -42,6 +42,9 @@ pub struct Snapshot {
     pub generation: u64,
     /// Content hash of the config.
     pub hash: String,
+    /// What list cursors of this snapshot start with: from the config hash and the
+    /// upstreams' tool lists, so a cursor never pages across a change of either.
+    cursor_tag: String,
     /// Tools in declaration order (pipelines refer to them by index).
     pub tools: Vec<Tool>,
     by_name: FxHashMap<Box<str>, usize>,
@@ -97,7 +100,8 @@ impl Snapshot {
             .enumerate()
             .map(|(i, t)| (t.def.name.as_str().into(), i))
             .collect();
-        let tag = cursor_tag(&cfg.hash);
+        let tag = cursor_tag(&cfg.hash, cfg.upstream_digest);
+        let tag = tag.as_str();
         let page_size = cfg.page_size;
         let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
         let of_kind = |templated: bool| {
@@ -164,6 +168,7 @@ impl Snapshot {
         Self {
             generation,
             hash: cfg.hash.clone(),
+            cursor_tag: tag.to_owned(),
             tools,
             by_name,
             tool_pages,
@@ -219,7 +224,7 @@ impl Snapshot {
             None => 0,
             Some(c) => {
                 let (tag, n) = c.split_once('-')?;
-                if tag != cursor_tag(&self.hash) {
+                if tag != self.cursor_tag {
                     return None;
                 }
                 n.parse().ok()?
@@ -229,9 +234,16 @@ impl Snapshot {
     }
 }
 
-/// The config-hash prefix that ties a list cursor to the snapshot that issued it.
-fn cursor_tag(hash: &str) -> &str {
-    &hash[..8.min(hash.len())]
+/// The tag that ties a list cursor to the registry contents that issued it: the config
+/// hash's first 8 characters, or with upstream tools, 8 hex digits of both.
+fn cursor_tag(hash: &str, upstream_digest: u64) -> String {
+    if upstream_digest == 0 {
+        return hash[..8.min(hash.len())].to_owned();
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    (hash, upstream_digest).hash(&mut h);
+    format!("{:08x}", h.finish() as u32)
 }
 
 fn pages<'a>(

@@ -78,6 +78,9 @@ pub struct CompiledToolSet {
     /// Upstream MCP servers whose tools are imported (see [`CompiledToolSet::tools`]: the
     /// imported ones follow the declared ones once an upstream has listed them).
     pub upstreams: Vec<CompiledUpstream>,
+    /// A digest of the upstreams' tool lists the imported tools come from (0 when none):
+    /// the registry changes when it does, the config (`hash`) does not.
+    pub upstream_digest: u64,
 }
 
 /// A compiled tool.
@@ -1350,6 +1353,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             prompts,
             page_size,
             upstreams,
+            upstream_digest: 0,
         })
     } else {
         Err(ConfigError { problems: p.0 })

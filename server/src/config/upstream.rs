@@ -80,8 +80,14 @@ pub struct RemoteSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StdioSpec {
     /// Program and arguments, literal (never through a shell). A program without `/` is
-    /// looked up in `PATH`.
+    /// looked up in `PATH`. Exclusive with `socket`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Instead of starting a program: a Unix socket where every connection is one process
+    /// of the server, e.g. `quiver-server bridge` in a sidecar container (what the operator
+    /// sets up for an upstream with an `image`). Exclusive with `command`, `env`, `cwd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
     /// Environment: literal text and Secret references, read when a process starts. Only
     /// `PATH` and `HOME` are inherited.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -143,8 +149,10 @@ pub enum Transport {
         env: Vec<(String, Template)>,
         /// Working directory.
         cwd: Option<String>,
-        /// Processes kept running.
+        /// Processes kept running (connections to `socket`).
         processes: usize,
+        /// Connect here instead of starting `program`.
+        socket: Option<String>,
     },
 }
 
@@ -304,8 +312,22 @@ pub(super) fn compile_upstreams(
             (None, Some(s)) => {
                 let sp = format!("{at}.stdio");
                 let program = s.command.first().cloned().unwrap_or_default();
-                if program.is_empty() || program.contains('\0') {
-                    p.push(format!("{sp}.command"), "must name a program");
+                match &s.socket {
+                    None if program.is_empty() || program.contains('\0') => {
+                        p.push(format!("{sp}.command"), "must name a program");
+                    }
+                    None => {}
+                    Some(path) => {
+                        if !path.starts_with('/') || path.contains('\0') || path.len() > 100 {
+                            p.push(
+                                format!("{sp}.socket"),
+                                "must be an absolute path of at most 100 bytes",
+                            );
+                        }
+                        if !s.command.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                            p.push(&sp, "`socket` excludes `command`, `env` and `cwd` (they belong to whatever serves the socket)");
+                        }
+                    }
                 }
                 if s.command.iter().any(|a| a.contains('\0')) {
                     p.push(format!("{sp}.command"), "arguments cannot hold NUL");
@@ -343,6 +365,7 @@ pub(super) fn compile_upstreams(
                     env,
                     cwd: s.cwd.clone(),
                     processes,
+                    socket: s.socket.clone(),
                 }
             }
             _ => {
@@ -353,6 +376,7 @@ pub(super) fn compile_upstreams(
                     env: Vec::new(),
                     cwd: None,
                     processes: 1,
+                    socket: None,
                 }
             }
         };

@@ -182,7 +182,10 @@ impl Reloader {
         let links = self.server.exec.upstreams.configure(&compiled.upstreams, metrics);
         crate::upstream::Hub::expand(&mut compiled, &links);
         let prev = registry.load_full();
-        if registry.is_ready() && prev.hash == compiled.hash {
+        if registry.is_ready()
+            && prev.hash == compiled.hash
+            && prev.config.upstream_digest == compiled.upstream_digest
+        {
             self.record("unchanged", Vec::new());
             return Ok(Reloaded::Unchanged);
         }

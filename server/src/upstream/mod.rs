@@ -14,6 +14,7 @@
 //! upstream's tool list is validated like a ToolSet's (see
 //! [`crate::config::upstream::CompiledUpstream::import`]).
 
+pub mod bridge;
 mod remote;
 mod sse;
 mod stdio;
@@ -589,7 +590,7 @@ impl Hub {
             *link.report.lock().unwrap_or_else(PoisonError::into_inner) = report;
             compiled.tools.extend(tools);
         }
-        compiled.hash = format!("{}+{:016x}", compiled.hash, h.finish());
+        compiled.upstream_digest = h.finish();
     }
 
     /// Signalled when an upstream's tool list changed.

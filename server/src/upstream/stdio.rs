@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::{mpsc, watch};
 
 use super::{
@@ -103,6 +103,7 @@ struct Launch {
     args: Vec<String>,
     env: Vec<(String, crate::template::Template)>,
     cwd: Option<String>,
+    socket: Option<String>,
 }
 
 impl Pool {
@@ -113,6 +114,7 @@ impl Pool {
             env,
             cwd,
             processes,
+            socket,
         } = t
         else {
             unreachable!("a stdio pool of a stdio upstream")
@@ -128,6 +130,7 @@ impl Pool {
             args: args.clone(),
             env: env.clone(),
             cwd: cwd.clone(),
+            socket: socket.clone(),
         };
         for slot in 0..*processes {
             tokio::spawn(supervise(Arc::clone(&pool), slot, launch.clone()));
@@ -215,12 +218,30 @@ async fn supervise(pool: Arc<Pool>, slot: usize, launch: Launch) {
     }
 }
 
-/// Starts one process, initializes it and serves it until it ends; returns why it ended.
-async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
-    let shared = &pool.shared;
-    if let Err(e) = shared.secrets_ready() {
-        return e.to_string();
+/// A started process (or a connection to a socket serving one): its message streams.
+struct Io {
+    read: Box<dyn AsyncRead + Unpin + Send>,
+    write: Box<dyn AsyncWrite + Unpin + Send>,
+    stderr: Option<ChildStderr>,
+    /// The process and its group (killed when dropped), when started here.
+    child: Option<(Child, process::Group)>,
+}
+
+/// Starts the process (or connects to the socket).
+async fn open(shared: &Shared, launch: &Launch) -> Result<Io, String> {
+    if let Some(path) = &launch.socket {
+        let s = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(|e| format!("connecting to {path}: {e}"))?;
+        let (read, write) = s.into_split();
+        return Ok(Io {
+            read: Box::new(read),
+            write: Box::new(write),
+            stderr: None,
+            child: None,
+        });
     }
+    shared.secrets_ready().map_err(|e| e.to_string())?;
     let secrets = shared.secrets.snapshot();
     let scope = WithSecrets {
         args: &Value::Null,
@@ -230,8 +251,8 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     for (k, t) in &launch.env {
         match t.render(&scope) {
             Ok(v) if !v.contains('\0') => env.push((k.clone(), v)),
-            Ok(_) => return format!("the value of {k} cannot be set"),
-            Err(e) => return format!("{k}: {e}"),
+            Ok(_) => return Err(format!("the value of {k} cannot be set")),
+            Err(e) => return Err(format!("{k}: {e}")),
         }
     }
     let mut cmd = Command::new(&launch.program);
@@ -250,17 +271,34 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     if let Some(d) = &launch.cwd {
         cmd.current_dir(d);
     }
-    // `group` is declared after `child`: dropped first, it kills the whole process group
-    // before tokio reaps the leader.
-    let (mut child, group) = match process::spawn(&mut cmd) {
-        Ok(c) => c,
-        Err(e) => return format!("could not start {}: {e}", launch.program),
+    let (mut child, group) =
+        process::spawn(&mut cmd).map_err(|e| format!("could not start {}: {e}", launch.program))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("the process has no stdio pipes".into());
     };
-    let (Some(mut stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return "the process has no stdio pipes".into();
+    Ok(Io {
+        read: Box::new(stdout),
+        write: Box::new(stdin),
+        stderr: child.stderr.take(),
+        child: Some((child, group)),
+    })
+}
+
+/// Starts one process, initializes it and serves it until it ends; returns why it ended.
+async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
+    let shared = &pool.shared;
+    let Io {
+        read,
+        mut write,
+        stderr,
+        child,
+    } = match open(shared, launch).await {
+        Ok(io) => io,
+        Err(why) => return why,
     };
+    // Dropped at the end of this function: the process group is killed before tokio
+    // reaps the leader.
+    let (mut child, group) = child.unzip();
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUE);
     let proc = Arc::new(Proc {
         tx,
@@ -268,21 +306,35 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     });
     let writer = async move {
         while let Some(line) = rx.recv().await {
-            if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
-                return "its stdin closed".to_owned();
+            if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
+                return "its input closed".to_owned();
             }
         }
         "stopped".to_owned()
     };
     let name = shared.name.clone();
     let logger = async move {
+        let Some(stderr) = stderr else {
+            return std::future::pending().await;
+        };
         let mut lines = BufReader::new(stderr);
         let mut buf = Vec::new();
         while let Ok(Some(())) = read_line(&mut lines, &mut buf, MAX_STDERR_LINE, true).await {
             tracing::info!(upstream = %name, line = %String::from_utf8_lossy(&buf), "upstream stderr");
         }
+        // Its stderr closed: keep serving until stdout closes or the process exits.
+        std::future::pending::<()>().await;
     };
-    let reader = read_messages(shared, &proc, BufReader::new(stdout));
+    let exited = async {
+        match &mut child {
+            Some(c) => match c.wait().await {
+                Ok(s) => format!("the process exited ({s})"),
+                Err(e) => format!("waiting for the process: {e}"),
+            },
+            None => std::future::pending().await,
+        }
+    };
+    let reader = read_messages(shared, &proc, BufReader::new(read));
     let handshake = async {
         let r = proc.request(shared, "initialize", initialize_params()).await;
         let (version, info) = r
@@ -298,17 +350,16 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         std::future::pending::<Result<(), String>>().await
     };
     let why = tokio::select! {
-        status = child.wait() => match status {
-            Ok(s) => format!("the process exited ({s})"),
-            Err(e) => format!("waiting for the process: {e}"),
-        },
+        why = exited => why,
         why = reader => why,
         why = writer => why,
         Err(why) = handshake => why,
-        () = logger => "its stderr closed".to_owned(),
+        () = logger => "its stderr logger ended".to_owned(),
     };
     drop(group);
-    let _ = child.start_kill();
+    if let Some(c) = &mut child {
+        let _ = c.start_kill();
+    }
     proc.waiters.fail_all(&why);
     why
 }

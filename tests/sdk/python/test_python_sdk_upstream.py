@@ -218,3 +218,44 @@ def test_an_invalid_upstream_edit_keeps_the_serving_tools(gateway):
             assert (await c.call_tool("s_echo", {"text": "kept"})).content[0].text == "kept"
 
     asyncio.run(run())
+
+
+def test_a_stdio_server_behind_the_bridge_socket(tmp_path):
+    """What the operator sets up for an upstream image: `quiver-server bridge` serves the
+    program on a Unix socket (one process per connection), the gateway connects with
+    `socket:`; two processes, and a crashed one comes back."""
+    sock = tmp_path / "py.sock"
+    bridge = subprocess.Popen(
+        [str(BIN), "bridge", "--socket", str(sock), "--max-processes", "2", "--", sys.executable, str(UPSTREAM), "stdio"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "bridge.log", "w"),
+    )
+    path = tmp_path / "tools.yaml"
+    path.write_text(f"upstreams:\n  - {{name: sidecar, stdio: {{socket: {sock}, processes: 2}}, timeout: 5s}}\n")
+    port, admin = free_port(), free_port()
+    proc = subprocess.Popen(
+        [str(BIN), "--config", f"file:{path}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
+        stdout=open(tmp_path / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    sp = ServerProcess(path, port, admin, proc)
+
+    async def run():
+        async with Client(sp.url, mode="legacy") as c:
+            pids = set()
+            for _ in range(6):
+                pids.add((await c.call_tool("whoami", {})).content[0].text.split()[0])
+            assert len(pids) == 2, f"calls spread over both processes: {pids}"
+            r = await c.call_tool("crash", {})
+            assert r.is_error
+            await asyncio.to_thread(wait_until, lambda: (u := upstream(sp, "sidecar"))["restarts"] >= 1 and u["connections"] == 2, 30)
+            assert (await c.call_tool("echo", {"text": "again"})).content[0].text == "again"
+
+    try:
+        wait_until(lambda: upstream(sp, "sidecar")["connections"] == 2 and upstream(sp, "sidecar")["imported"] == 6, timeout=30)
+        asyncio.run(run())
+    finally:
+        for p in (proc, bridge):
+            p.terminate()
+            p.wait(timeout=10)
+    assert not sock.exists(), "the bridge removes its socket on SIGTERM"
