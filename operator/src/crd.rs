@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
+use quiver_server::config::upstream::UpstreamSpec;
 use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -88,6 +89,14 @@ pub struct McpServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub prompts: Vec<PromptSpec>,
+    /// MCP servers whose tools this server serves as its own (the ToolSet `upstreams`
+    /// format, see docs/upstreams.md): remote ones over Streamable HTTP, stdio programs in
+    /// the server's container, or with `stdio.image` in a sidecar container of that image.
+    /// Changing only an upstream's `tools` updates the ConfigMap: nothing restarts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub upstreams: Vec<UpstreamSpec>,
     /// Compute resources of the server container. With `tuning.cpuPinning`, CPU comes from
     /// `tuning.cpus` and requests are set equal to limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]

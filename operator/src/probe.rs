@@ -1,5 +1,6 @@
-//! Asks each ready server pod which config it has loaded (`GET :9090/status`, the
-//! `configHash` field), to report `status.configLoadedReplicas`. Plain HTTP/1.0 over a
+//! Asks each ready server pod which config it has loaded and which upstreams it reaches
+//! (`GET :9090/status`: `configHash`, `upstreams`), to report `status.configLoadedReplicas`
+//! and the `UpstreamsReady` condition. Plain HTTP/1.0 over a
 //! TCP stream with a short timeout: this runs inside the cluster network, next to the pods.
 
 use std::time::Duration;
@@ -11,9 +12,41 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::build;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
-const MAX_BODY: u64 = 64 * 1024;
+const MAX_BODY: u64 = 256 * 1024;
 
-async fn loaded_hash(ip: &str) -> Option<String> {
+/// What one pod's `/status` says.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct PodStatus {
+    hash: Option<String>,
+    /// Upstreams that are not connected: name and why.
+    down: Vec<(String, String)>,
+}
+
+fn parse_status(v: &serde_json::Value) -> PodStatus {
+    let down = v["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|u| u["state"].as_str() != Some("ready"))
+        .filter_map(|u| {
+            let name = u["name"].as_str()?.chars().take(63).collect();
+            let why = u["error"]
+                .as_str()
+                .or(u["state"].as_str())
+                .unwrap_or("unknown")
+                .chars()
+                .take(300)
+                .collect();
+            Some((name, why))
+        })
+        .collect();
+    PodStatus {
+        hash: v["configHash"].as_str().map(str::to_owned),
+        down,
+    }
+}
+
+async fn pod_status(ip: &str) -> Option<PodStatus> {
     let fetch = async {
         let mut s = tokio::net::TcpStream::connect((ip, build::ADMIN_PORT as u16))
             .await
@@ -25,7 +58,7 @@ async fn loaded_hash(ip: &str) -> Option<String> {
         s.take(MAX_BODY).read_to_end(&mut buf).await.ok()?;
         let split = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
         let v: serde_json::Value = serde_json::from_slice(&buf[split + 4..]).ok()?;
-        v["configHash"].as_str().map(str::to_owned)
+        Some(parse_status(&v))
     };
     tokio::time::timeout(TIMEOUT, fetch).await.ok().flatten()
 }
@@ -37,16 +70,44 @@ fn is_ready(p: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Ready pods of `name` that report `hash`.
+/// What the ready pods of an McpServer report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodsReport {
+    /// Ready pods that report the config hash asked about.
+    pub loaded: i32,
+    /// Ready pods that answered.
+    pub answered: i32,
+    /// Each upstream some pod reports down: its name, on how many pods, and one reason.
+    pub upstreams_down: Vec<(String, i32, String)>,
+}
+
+fn summarize(statuses: &[Option<PodStatus>], hash: &str) -> PodsReport {
+    let mut r = PodsReport::default();
+    let mut down: std::collections::BTreeMap<String, (i32, String)> = std::collections::BTreeMap::new();
+    for s in statuses.iter().flatten() {
+        r.answered += 1;
+        if s.hash.as_deref() == Some(hash) {
+            r.loaded += 1;
+        }
+        for (name, why) in &s.down {
+            let e = down.entry(name.clone()).or_insert_with(|| (0, why.clone()));
+            e.0 += 1;
+        }
+    }
+    r.upstreams_down = down.into_iter().map(|(n, (c, w))| (n, c, w)).collect();
+    r
+}
+
+/// Asks the ready pods of `name` which config they serve and which upstreams they reach.
 ///
 /// # Errors
 /// Listing the pods failed.
-pub async fn config_loaded(
+pub async fn probe(
     client: &kube::Client,
     ns: &str,
     name: &str,
     hash: &str,
-) -> Result<i32, kube::Error> {
+) -> Result<PodsReport, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&build::selector_string(name)))
@@ -57,7 +118,40 @@ pub async fn config_loaded(
         .filter(|p| is_ready(p))
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
         .collect();
-    let hashes = futures_util::future::join_all(ips.iter().map(|ip| loaded_hash(ip))).await;
-    let loaded = hashes.iter().filter(|h| h.as_deref() == Some(hash)).count();
-    Ok(i32::try_from(loaded).unwrap_or(i32::MAX))
+    let statuses = futures_util::future::join_all(ips.iter().map(|ip| pod_status(ip))).await;
+    Ok(summarize(&statuses, hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pods_reports_count_hashes_and_down_upstreams() {
+        let a = parse_status(&json!({"configHash": "h1", "upstreams": [
+            {"name": "github", "state": "down", "error": "not available: connection refused"},
+            {"name": "docs", "state": "ready", "error": null},
+        ]}));
+        let b = parse_status(
+            &json!({"configHash": "h1", "upstreams": [{"name": "github", "state": "starting"}]}),
+        );
+        let c = parse_status(&json!({"configHash": "h0"}));
+        let r = summarize(&[Some(a), Some(b), Some(c), None], "h1");
+        assert_eq!((r.loaded, r.answered), (2, 3));
+        assert_eq!(
+            r.upstreams_down,
+            vec![(
+                "github".to_owned(),
+                2,
+                "not available: connection refused".to_owned()
+            )]
+        );
+        let hostile = parse_status(
+            &json!({"configHash": 7, "upstreams": [{"name": "x".repeat(1000), "state": "down", "error": "e".repeat(100_000)}, 5, {"state": "down"}]}),
+        );
+        assert_eq!(hostile.hash, None);
+        assert_eq!(hostile.down.len(), 1);
+        assert_eq!((hostile.down[0].0.len(), hostile.down[0].1.len()), (63, 300));
+    }
 }

@@ -23,6 +23,8 @@ pub struct Rendered {
     pub tool_count: usize,
     /// Secrets the tools read (`{{secret.NAME.KEY}}`): the pods' Role grants exactly these.
     pub secrets: std::collections::BTreeSet<String>,
+    /// Upstream MCP servers the ToolSet imports tools from.
+    pub upstream_count: usize,
 }
 
 /// Why a spec cannot be served.
@@ -94,10 +96,21 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         tools: spec.tools.clone(),
         resources: spec.mcp_resources.clone(),
         prompts: spec.prompts.clone(),
+        upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
         ..ToolSet::default()
     };
+    let sidecar_problems = crate::build::check_sidecars(mcp);
+    if !sidecar_problems.is_empty() {
+        return Err(Invalid {
+            reason: "InvalidToolConfig",
+            problems: sidecar_problems,
+        });
+    }
     // Where each merged tool came from, to name it in problems.
     let mut origins: Vec<String> = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
+    let mut up_origins: Vec<String> = (0..ts.upstreams.len())
+        .map(|i| format!("spec.upstreams[{i}]"))
+        .collect();
     let mut parse_problems = Vec::new();
     for (i, (from, text)) in spec.tools_from.iter().zip(fetched).enumerate() {
         let r = &from.config_map_key_ref;
@@ -108,6 +121,8 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
                 ts.tools.extend(doc.tools);
                 ts.resources.extend(doc.resources);
                 ts.prompts.extend(doc.prompts);
+                up_origins.extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
+                ts.upstreams.extend(doc.upstreams);
             }
             Err(e) => parse_problems.extend(e.problems.iter().map(ToString::to_string)),
         }
@@ -130,7 +145,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         problems: e
             .problems
             .iter()
-            .map(|p| locate(&p.to_string(), &origins))
+            .map(|p| locate(&p.to_string(), &origins, &up_origins))
             .collect(),
     })?;
     let bad_names: Vec<String> = compiled
@@ -177,6 +192,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         hash: compiled.hash,
         tool_count: compiled.tools.len(),
         secrets: compiled.secrets,
+        upstream_count: compiled.upstreams.len(),
     })
 }
 
@@ -190,12 +206,14 @@ pub fn is_dns_label(n: &str) -> bool {
 }
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.
-fn locate(problem: &str, origins: &[String]) -> String {
-    if let Some(rest) = problem.strip_prefix("tools[")
-        && let Some((n, tail)) = rest.split_once(']')
-        && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))
-    {
-        return format!("{origin}{tail}");
+fn locate(problem: &str, origins: &[String], up_origins: &[String]) -> String {
+    for (prefix, origins) in [("tools[", origins), ("upstreams[", up_origins)] {
+        if let Some(rest) = problem.strip_prefix(prefix)
+            && let Some((n, tail)) = rest.split_once(']')
+            && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))
+        {
+            return format!("{origin}{tail}");
+        }
     }
     if let Some(rest) = problem.strip_prefix("resources[") {
         return format!("spec.mcpResources[{rest}");

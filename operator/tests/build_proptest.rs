@@ -241,6 +241,31 @@ fn pod_template() -> impl Strategy<Value = Value> {
     )
 }
 
+/// Upstreams: stdio (in the container, or from an image: a sidecar), http, or junk.
+fn upstreams() -> impl Strategy<Value = Value> {
+    let stdio = (prop::option::weighted(0.6, text()), prop::collection::vec(text(), 0..3), string_map(), prop::option::of(u32s()))
+        .prop_map(|(image, command, env, processes)| json!({"stdio": {"image": image, "command": command, "env": env, "processes": processes}}));
+    let http =
+        (text(), string_map()).prop_map(|(url, headers)| json!({"http": {"url": url, "headers": headers}}));
+    let import = (
+        prop::option::of(text()),
+        prop::collection::vec(text(), 0..3),
+        string_map(),
+    )
+        .prop_map(
+            |(prefix, include, rename)| json!({"prefix": prefix, "include": include, "rename": rename}),
+        );
+    let upstream = (name(), prop_oneof![stdio, http], import, prop::option::of(text())).prop_map(
+        |(name, mut kind, tools, timeout)| {
+            kind["name"] = json!(name);
+            kind["tools"] = tools;
+            kind["timeout"] = json!(timeout);
+            kind
+        },
+    );
+    prop::collection::vec(upstream, 0..4).prop_map(Value::Array)
+}
+
 /// Every field of the spec, each optional.
 fn spec() -> impl Strategy<Value = Value> {
     let names = prop::collection::vec((text(), text()), 0..4).prop_map(|refs| {
@@ -275,6 +300,7 @@ fn spec() -> impl Strategy<Value = Value> {
         prop::option::of(field(service)),
         prop::option::of(field(prop::collection::vec(text(), 0..3).prop_map(|v| json!(v)))),
         prop::option::of(field(any::<bool>().prop_map(|b| json!({"serviceMonitor": b})))),
+        prop::option::weighted(0.3, field(upstreams())),
     );
     (first, second).prop_map(|(a, b)| {
         let mut spec = Map::new();
@@ -300,6 +326,7 @@ fn spec() -> impl Strategy<Value = Value> {
         put("service", b.4);
         put("allowedOrigins", b.5);
         put("monitoring", b.6);
+        put("upstreams", b.7);
         Value::Object(spec)
     })
 }
@@ -362,6 +389,7 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
                 hash: "0".into(),
                 tool_count: 0,
                 secrets: Default::default(),
+                upstream_count: 0,
             };
             (r, Reached::Invalid)
         }

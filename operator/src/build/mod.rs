@@ -6,6 +6,7 @@ mod expose;
 mod monitor;
 mod netpol;
 mod pod;
+mod sidecar;
 mod tuning;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ use crate::render::Rendered;
 pub use expose::http_route_resource;
 pub use monitor::service_monitor_resource;
 pub use netpol::ApiServer;
+pub use sidecar::{check as check_sidecars, served as served_upstream};
 pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};
 
 /// Key of the ToolSet in the tools ConfigMap.

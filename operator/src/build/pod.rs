@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Sysctl,
+    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Sysctl, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -110,7 +110,26 @@ pub(super) fn service_account<'a>(mcp: &'a McpServer, name: &'a str) -> &'a str 
         .unwrap_or(name)
 }
 
-fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> Container {
+fn server_image(mcp: &McpServer, defaults: &Defaults) -> (String, String) {
+    (
+        mcp.spec
+            .image
+            .clone()
+            .unwrap_or_else(|| defaults.server_image.clone()),
+        mcp.spec
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| defaults.image_pull_policy.clone()),
+    )
+}
+
+fn container(
+    mcp: &McpServer,
+    ns: &str,
+    cm_name: &str,
+    defaults: &Defaults,
+    extra_mounts: Vec<VolumeMount>,
+) -> Container {
     let spec = &mcp.spec;
     let overrides = spec.pod_template.clone().unwrap_or_default();
     let (resources, cpus) = resources(mcp);
@@ -119,18 +138,11 @@ fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> C
         Allocator::Jemalloc => "jemalloc",
         Allocator::System => "system",
     };
+    let (image, pull_policy) = server_image(mcp, defaults);
     Container {
         name: "server".to_owned(),
-        image: Some(
-            spec.image
-                .clone()
-                .unwrap_or_else(|| defaults.server_image.clone()),
-        ),
-        image_pull_policy: Some(
-            spec.image_pull_policy
-                .clone()
-                .unwrap_or_else(|| defaults.image_pull_policy.clone()),
-        ),
+        image: Some(image),
+        image_pull_policy: Some(pull_policy),
         command: Some(vec!["/usr/local/bin/quiver-server".to_owned()]),
         args: Some(args(mcp, ns, cm_name, cpus)),
         ports: Some(vec![port("mcp", MCP_PORT), port("admin", ADMIN_PORT)]),
@@ -151,7 +163,14 @@ fn container(mcp: &McpServer, ns: &str, cm_name: &str, defaults: &Defaults) -> C
                 .collect(),
         ),
         env_from: some_unless_empty(overrides.env_from.clone()),
-        volume_mounts: some_unless_empty(overrides.volume_mounts.clone()),
+        volume_mounts: some_unless_empty(
+            overrides
+                .volume_mounts
+                .iter()
+                .cloned()
+                .chain(extra_mounts)
+                .collect::<Vec<_>>(),
+        ),
         resources: Some(resources),
         readiness_probe: Some(probe("/readyz", 2, 3, Some(2))),
         liveness_probe: Some(probe("/healthz", 10, 3, Some(2))),
@@ -183,6 +202,10 @@ pub(super) fn deployment(
     let security = overrides.security.clone().unwrap_or_default();
     let mut pod_labels = overrides.labels.clone();
     pod_labels.extend(labels(name));
+    let (image, pull_policy) = server_image(mcp, defaults);
+    let upstreams = super::sidecar::pod_parts(mcp, &image, &pull_policy);
+    let mut containers = vec![container(mcp, ns, cm_name, defaults, upstreams.server_mounts)];
+    containers.extend(upstreams.sidecars);
     let sysctls: Vec<Sysctl> = sysctls(mcp)
         .into_iter()
         .map(|(name, value)| Sysctl { name, value })
@@ -212,14 +235,21 @@ pub(super) fn deployment(
             sysctls: some_unless_empty(sysctls),
             ..PodSecurityContext::default()
         }),
-        containers: vec![container(mcp, ns, cm_name, defaults)],
+        init_containers: upstreams.init.map(|c| vec![c]),
+        containers,
         node_selector: some_unless_empty(overrides.node_selector),
         tolerations: some_unless_empty(overrides.tolerations),
         affinity: overrides.affinity,
         image_pull_secrets: some_unless_empty(overrides.image_pull_secrets),
         priority_class_name: overrides.priority_class_name,
         topology_spread_constraints: some_unless_empty(overrides.topology_spread_constraints),
-        volumes: some_unless_empty(overrides.volumes),
+        volumes: some_unless_empty(
+            overrides
+                .volumes
+                .into_iter()
+                .chain(upstreams.volumes)
+                .collect::<Vec<_>>(),
+        ),
         ..PodSpec::default()
     };
     Deployment {

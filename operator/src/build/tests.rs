@@ -505,3 +505,147 @@ spec:
         Some(1.0)
     );
 }
+
+const GATEWAY: &str = r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: gw}
+spec:
+  tools: [{name: add, handler: {builtin: add}}]
+  upstreams:
+    - name: github
+      stdio:
+        image: registry.example/github-mcp:1.2
+        command: [/usr/local/bin/github-mcp, stdio]
+        env: {GITHUB_TOKEN: "{{secret.github.token}}", LOG: warn}
+        processes: 2
+      tools: {prefix: gh_, include: ["get_*"]}
+    - name: docs
+      http: {url: "https://docs.example/mcp", headers: {Authorization: "Bearer {{secret.docs.token}}"}}
+      tools: {prefix: docs_}
+"#;
+
+#[test]
+fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
+    let m = mcp(GATEWAY);
+    let r = render(&m, &Vec::new()).unwrap();
+    // The served ToolSet connects to the sidecar's socket; the command and the Secret stay
+    // in the pod spec, the filter in the ConfigMap.
+    let ts = quiver_server::config::parse("cm", &r.yaml).unwrap();
+    let github = ts.upstreams[0].stdio.as_ref().unwrap();
+    assert_eq!(github.socket.as_deref(), Some("/quiver/run/github.sock"));
+    assert!(github.command.is_empty() && github.env.is_empty() && github.image.is_none());
+    assert_eq!(github.processes, Some(2));
+    assert_eq!(ts.upstreams[0].tools.prefix.as_deref(), Some("gh_"));
+    // Only the http upstream's header Secret is read by the server (the sidecar's comes
+    // from the kubelet).
+    assert_eq!(r.secrets.iter().map(String::as_str).collect::<Vec<_>>(), ["docs"]);
+
+    let c = children(GATEWAY);
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["image"], "quiver-server:test");
+    assert_eq!(init["args"], json!(["install", "/quiver/bin"]));
+    let server = &pod["containers"][0];
+    assert!(
+        server["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/quiver/run")
+    );
+    let side = &pod["containers"][1];
+    assert_eq!(side["name"], "upstream-github");
+    assert_eq!(side["image"], "registry.example/github-mcp:1.2");
+    assert_eq!(side["command"], json!(["/quiver/bin/quiver-server"]));
+    assert_eq!(
+        side["args"],
+        json!([
+            "bridge",
+            "--socket",
+            "/quiver/run/github.sock",
+            "--max-processes",
+            "2",
+            "--",
+            "/usr/local/bin/github-mcp",
+            "stdio"
+        ])
+    );
+    let env = side["env"].as_array().unwrap();
+    assert_eq!(env[0]["name"], "GITHUB_TOKEN");
+    assert_eq!(
+        env[0]["valueFrom"]["secretKeyRef"],
+        json!({"name": "github", "key": "token", "optional": false})
+    );
+    assert_eq!(env[1], json!({"name": "LOG", "value": "warn"}));
+    assert_eq!(side["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        pod["containers"].as_array().unwrap().len(),
+        2,
+        "one sidecar, for the image upstream only"
+    );
+    let volumes: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(volumes, ["quiver-bin", "quiver-run", "upstream-tmp"]);
+}
+
+#[test]
+fn a_filter_change_leaves_the_pod_template_alone() {
+    let before = children(GATEWAY);
+    let after = children(&GATEWAY.replace(
+        "include: [\"get_*\"]",
+        "include: [\"list_*\"], exclude: [list_secrets]",
+    ));
+    assert_eq!(
+        before.deployment.spec, after.deployment.spec,
+        "no restart for a tools change"
+    );
+    assert_ne!(before.config_map.data, after.config_map.data);
+}
+
+#[test]
+fn bad_upstream_images_are_refused_with_their_paths() {
+    for (change, wanted) in [
+        (
+            "command: [/usr/local/bin/github-mcp, stdio]",
+            "spec.upstreams[0].stdio.command",
+        ),
+        ("LOG: warn", "spec.upstreams[0].stdio.env.LOG: in a sidecar"),
+        ("name: github", "spec.upstreams[0].name: at most 54 characters"),
+    ] {
+        let replacement = match wanted {
+            w if w.ends_with(".command") => "command: []".to_owned(),
+            w if w.contains("env.LOG") => "LOG: \"level {{secret.a.b}}\"".to_owned(),
+            _ => format!("name: {}", "g".repeat(60)),
+        };
+        let m = mcp(&GATEWAY.replace(change, &replacement));
+        let e = render(&m, &Vec::new()).unwrap_err();
+        assert!(
+            e.problems.iter().any(|p| p.starts_with(wanted)),
+            "{wanted}: {e:?}"
+        );
+    }
+    // A plain ToolSet (toolsFrom) cannot add containers.
+    let m = mcp(&format!(
+        "{}\n  toolsFrom: [{{configMapKeyRef: {{name: more, key: t.yaml}}}}]\n",
+        BASIC.trim_end()
+    ));
+    let e = render(
+        &m,
+        &vec![Some(
+            "upstreams: [{name: x, stdio: {image: evil:1, command: [sh]}}]".into(),
+        )],
+    )
+    .unwrap_err();
+    assert!(
+        e.problems
+            .iter()
+            .any(|p| p.contains("upstreams[0].stdio.image: only an McpServer's spec.upstreams")),
+        "{e:?}"
+    );
+}

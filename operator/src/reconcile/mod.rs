@@ -34,6 +34,8 @@ pub const MANAGER: &str = "quiver-operator";
 pub const RESYNC: Duration = Duration::from_secs(300);
 /// How often an McpServer whose pods are still loading a new config is re-checked.
 const CONVERGE_POLL: Duration = Duration::from_secs(10);
+/// How often an McpServer with upstreams is looked at again (their health is polled).
+const UPSTREAM_POLL: Duration = Duration::from_secs(30);
 
 /// Reconcile errors. Invalid specs are not errors: they become a condition and an event.
 #[derive(Debug, thiserror::Error)]
@@ -244,11 +246,32 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         None => apply::delete_owned(&routes, &name, &uid).await?,
     }
     let mut status = status_from(mcp, &rendered, &deployment, &ns, &name);
+    let mut upstream_down = false;
     if ctx.probe_pods {
-        let loaded = crate::probe::config_loaded(client, &ns, &name, &rendered.hash).await?;
-        status.config_loaded_replicas = Some(loaded);
+        let report = crate::probe::probe(client, &ns, &name, &rendered.hash).await?;
+        status.config_loaded_replicas = Some(report.loaded);
+        upstream_down = status::upstreams(
+            &mut status,
+            rendered.upstream_count,
+            &report,
+            mcp.metadata.generation,
+        );
     }
-    let events = warnings(mcp, unwatched, &mut status);
+    let mut events = warnings(mcp, unwatched, &mut status);
+    let was_down = mcp.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "UpstreamsReady" && c.status == "False")
+    });
+    if upstream_down && !was_down {
+        let msg = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "UpstreamsReady")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        events.push(("UpstreamDown", msg));
+    }
     // Unchanged status: no write (transition times only move when a condition changes).
     if mcp.status.as_ref() != Some(&status) {
         apply::patch_status(client, &ns, &name, &status).await?;
@@ -260,7 +283,14 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     // object needs no fast polling (1,000 of them at 5 s flooded the API server in the scale
     // test). Pods loading a new config are not watched: poll those briefly.
     let converged = !ctx.probe_pods || status.config_loaded_replicas >= Some(status.ready_replicas);
-    let action = Action::requeue(if converged { RESYNC } else { CONVERGE_POLL });
+    // A down upstream is not watched either: look again until it is back.
+    let action = Action::requeue(match (converged, upstream_down) {
+        (false, _) => CONVERGE_POLL,
+        (true, true) => UPSTREAM_POLL,
+        // Upstream health is not watched: look again within UPSTREAM_POLL.
+        (true, false) if rendered.upstream_count > 0 => UPSTREAM_POLL,
+        (true, false) => RESYNC,
+    });
     Ok((Outcome::Ok, action))
 }
 

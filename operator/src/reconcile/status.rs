@@ -138,6 +138,43 @@ pub fn status_from(
     s
 }
 
+/// Sets `UpstreamsReady` from what the pods report; true when an upstream is down. Without
+/// upstreams the condition is removed; when no pod answered it is left as it was.
+pub fn upstreams(
+    s: &mut McpServerStatus,
+    count: usize,
+    report: &crate::probe::PodsReport,
+    generation: Option<i64>,
+) -> bool {
+    const TYPE: &str = "UpstreamsReady";
+    if count == 0 {
+        s.conditions.retain(|c| c.type_ != TYPE);
+        return false;
+    }
+    if report.answered == 0 {
+        return false;
+    }
+    if report.upstreams_down.is_empty() {
+        let msg = format!("{count} upstream(s) connected on {} pod(s)", report.answered);
+        set_condition(&mut s.conditions, TYPE, true, "Connected", &msg, generation);
+        return false;
+    }
+    let msg = report
+        .upstreams_down
+        .iter()
+        .take(5)
+        .map(|(name, pods, why)| {
+            format!(
+                "upstream `{name}` is down on {pods}/{} pod(s): {why}",
+                report.answered
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    set_condition(&mut s.conditions, TYPE, false, "UpstreamDown", &msg, generation);
+    true
+}
+
 /// Records the spec's warning lists in `status` and returns the Warning events (reason, note)
 /// of the lists that changed since the status the McpServer carried when the reconcile began,
 /// so a warning is emitted once per change, not on every reconcile.

@@ -88,6 +88,12 @@ pub struct StdioSpec {
     /// sets up for an upstream with an `image`). Exclusive with `command`, `env`, `cwd`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
+    /// McpServer only: run `command` in a sidecar container of this image instead of the
+    /// server's container (the operator adds the container and connects it by `socket`).
+    /// `env` values are literal or exactly one `{{secret.NAME.KEY}}` each, read when the
+    /// pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Environment: literal text and Secret references, read when a process starts. Only
     /// `PATH` and `HOME` are inherited.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -312,6 +318,12 @@ pub(super) fn compile_upstreams(
             (None, Some(s)) => {
                 let sp = format!("{at}.stdio");
                 let program = s.command.first().cloned().unwrap_or_default();
+                if s.image.is_some() {
+                    p.push(
+                        format!("{sp}.image"),
+                        "only an McpServer's spec.upstreams can run an image (the operator adds its container); quiver-server itself runs `command` or connects to `socket`",
+                    );
+                }
                 match &s.socket {
                     None if program.is_empty() || program.contains('\0') => {
                         p.push(format!("{sp}.command"), "must name a program");

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::upstream::{CompiledUpstream, ImportReport, Transport};
+use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
 use crate::config::{CompiledToolSet, SecretRef};
 use crate::handlers::{HttpClient, ToolOutput};
 use crate::metrics::{Metrics, UpstreamMetrics};
@@ -38,6 +38,8 @@ use crate::secrets::Secrets;
 
 /// Requests in flight per link (per process for stdio); more are refused at once.
 pub const MAX_IN_FLIGHT: usize = 1024;
+/// Reasons for tools not served shown per upstream on `/status`.
+const MAX_SKIPPED_SHOWN: usize = 20;
 /// Pages of `tools/list` read from an upstream before its list is taken as complete.
 const MAX_LIST_PAGES: usize = 100;
 /// The protocol version asked for in `initialize`.
@@ -412,6 +414,12 @@ impl Link {
                 }
             };
             match page.get("tools").and_then(Value::as_array) {
+                // Beyond what can be imported, more pages only cost memory.
+                Some(t) if tools.len() + t.len() > MAX_UPSTREAM_TOOLS + 1 => {
+                    let room = (MAX_UPSTREAM_TOOLS + 1).saturating_sub(tools.len());
+                    tools.extend(t.iter().take(room).cloned());
+                    break;
+                }
                 Some(t) => tools.extend(t.iter().cloned()),
                 None => {
                     tracing::warn!(upstream = %self.name, "tools/list answered without `tools`; keeping the last list");
@@ -475,7 +483,9 @@ impl Link {
             "serverInfo": h.server_info,
             "listed": self.listed.load().tools.len(),
             "imported": report.imported,
-            "skipped": report.skipped,
+            // The first few reasons; the count says how many there are.
+            "skipped": report.skipped.iter().take(MAX_SKIPPED_SHOWN).collect::<Vec<_>>(),
+            "skippedCount": report.skipped.len(),
         })
     }
 
