@@ -20,5 +20,8 @@ trap cleanup EXIT
 export PATH="$QUIVER_CACHE/k8s/v${K8S_VERSION:-1.33.13}/bin:$PATH"
 kind_env
 python_env
+log "upstream MCP server image for the suite (tests/e2e/upstream-go, official Go SDK)"
+go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
+kind load docker-image --name "$QUIVER_CLUSTER" "$go_image"
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
 "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"

@@ -1,0 +1,88 @@
+"""Upstream MCP servers on a real kind cluster, with the sample deploy/samples/upstream-gateway.yaml:
+one McpServer serves local YAML tools, the tools of a stdio MCP server image built here (go-mcp,
+on the official Go SDK) run as a sidecar, and the tools of a remote go-mcp over Streamable HTTP,
+through one endpoint, driven by the official Python SDK client. A tools filter change
+hot-reloads without a restart; a remote that goes away is reported on the McpServer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import yaml
+from conftest import Namespace, eventually
+from mcp import Client
+
+SAMPLE = (Path(__file__).parents[2] / "deploy" / "samples" / "upstream-gateway.yaml").read_text()
+
+
+async def tools_and_calls(url: str, calls: list[tuple[str, dict]]) -> tuple[dict[str, str], list]:
+    async with Client(url, mode="legacy") as c:
+        tools = {t.name: t.description or "" for t in (await c.list_tools(cache_mode="bypass")).tools}
+        results = [await c.call_tool(name, args) for name, args in calls]
+        return tools, results
+
+
+def text(r) -> str:
+    return r.content[0].text if r.content else ""
+
+
+def test_one_endpoint_fronts_a_sidecar_image_and_a_remote_server(ns: Namespace):
+    ns.apply(SAMPLE)
+    ns.wait_condition("gateway", "Ready", "True", 240)
+    ns.wait_condition("gateway", "UpstreamsReady", "True", 180)
+    pod = ns.pods("gateway")[0]
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["server", "upstream-go-stdio"]
+    with ns.port_forward("svc/gateway", 8080) as port:
+        url = f"http://127.0.0.1:{port}/mcp"
+        wanted = {"hello"} | {f"local_go_{t}" for t in ["echo", "add", "whoami", "slow"]} | {f"remote_{t}" for t in ["echo", "add", "whoami"]}
+
+        def served():
+            tools, results = asyncio.run(
+                tools_and_calls(url, [("hello", {"name": "k8s"}), ("local_go_add", {"a": 2, "b": 3}), ("local_go_whoami", {}), ("remote_whoami", {})])
+            )
+            return (tools, results) if set(tools) == wanted else None
+
+        tools, (hello, add, local_who, remote_who) = eventually("the gateway to list every upstream tool", served, 120, 1)
+        assert tools["remote_echo"] == "Echoes the text back (served by the remote go-mcp)."
+        assert text(hello) == "Hello k8s!"
+        assert (add.is_error, text(add)) == (False, "5")
+        # The stdio server runs in the gateway's own pod (a sidecar shares its hostname); the
+        # remote one in another pod.
+        assert "transport=stdio" in text(local_who) and f"host={pod['metadata']['name']}" in text(local_who), text(local_who)
+        assert "transport=http" in text(remote_who) and pod["metadata"]["name"] not in text(remote_who), text(remote_who)
+
+        # A filter change reaches the running pod through the ConfigMap: no restart, and
+        # the upstream's processes are the same (same pid).
+        generation = ns.get("deploy", "gateway")["metadata"]["generation"]
+        pid = text(local_who).split()[0]
+        mcps = yaml.safe_load_all(SAMPLE)
+        spec = next(d for d in mcps if d["kind"] == "McpServer")["spec"]
+        spec["upstreams"][0]["tools"] = {"prefix": "go_", "include": ["echo", "whoami"]}
+        ns.patch_mcps("gateway", {"spec": {"upstreams": spec["upstreams"]}})
+
+        def reloaded():
+            tools, results = asyncio.run(tools_and_calls(url, [("go_whoami", {})]))
+            return (tools, results) if "go_echo" in tools else None
+
+        tools, (who,) = eventually("the filter change to be served", reloaded, 60, 0.5)
+        assert set(tools) == {"hello", "go_echo", "go_whoami"} | {f"remote_{t}" for t in ["echo", "add", "whoami"]}
+        assert text(who).split()[0] == pid, "the upstream process was restarted"
+        after = ns.pods("gateway")
+        assert [p["metadata"]["uid"] for p in after] == [pod["metadata"]["uid"]], "the pod was replaced"
+        assert all(s["restartCount"] == 0 for s in after[0]["status"]["containerStatuses"])
+        assert ns.get("deploy", "gateway")["metadata"]["generation"] == generation
+
+        # The remote goes away: its calls fail with a clear error and the McpServer says which
+        # upstream is down; it comes back by itself.
+        ns.k("scale", "deploy/go-remote", "--replicas=0")
+        down = ns.wait_condition("gateway", "UpstreamsReady", "False", 150)
+        assert "upstream `go-remote` is down" in down["message"], down
+        _, (failed,) = asyncio.run(tools_and_calls(url, [("remote_echo", {"text": "x"})]))
+        assert failed.is_error and "upstream `go-remote`" in text(failed), text(failed)
+        events = ns.get("events", "--field-selector", "reason=UpstreamDown")["items"]
+        assert any("go-remote" in e["message"] for e in events), events
+        ns.k("scale", "deploy/go-remote", "--replicas=1")
+        ns.wait_condition("gateway", "UpstreamsReady", "True", 150)
+        _, (back,) = asyncio.run(tools_and_calls(url, [("remote_echo", {"text": "back"})]))
+        assert (back.is_error, text(back)) == (False, "back")
