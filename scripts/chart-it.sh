@@ -90,6 +90,13 @@ targets=()
 urls=()
 for i in 0 1 2; do
   cp tests/observability/tools.yaml "$STATE/servers/tools-$i.yaml"
+  # An upstream MCP server for the upstream panels: quiver-server itself over stdio.
+  cat >> "$STATE/servers/tools-$i.yaml" <<YAML
+upstreams:
+  - name: inner
+    stdio: {command: ["$BIN/quiver-server", --stdio, --admin-listen, "off", --config, "file:$ROOT/tests/observability/tools.yaml"]}
+    tools: {prefix: inner_, include: [add, greet]}
+YAML
   port="$(free_port)"; admin="$(free_port)"
   "$BIN/quiver-server" --config "file:$STATE/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$admin" > "$STATE/server-$i.log" 2>&1 &
@@ -97,6 +104,14 @@ for i in 0 1 2; do
   wait_http "http://127.0.0.1:$admin/readyz"
   urls+=("http://127.0.0.1:$port/mcp")
   targets+=("$admin")
+done
+# Each server's upstream connected and its tools imported before the traffic starts.
+for a in "${targets[@]}"; do
+  for _ in $(seq 1 150); do
+    curl -fsS "http://127.0.0.1:$a/status" | grep -q '"state":"ready"' && break
+    sleep 0.1
+  done
+  curl -fsS "http://127.0.0.1:$a/status" | grep -q '"state":"ready"' || { echo "upstream of admin port $a not ready" >&2; exit 1; }
 done
 prom_port="$(free_port)"
 cat > "$STATE/prometheus.yml" <<PROM

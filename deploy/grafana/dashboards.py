@@ -102,6 +102,7 @@ def q(p, metric, by, sel):
 
 def dispatch():
     h = "quiver_dispatch_duration_seconds"
+    u = "quiver_upstream_request_duration_seconds"
     p = [
         panel(1, "Dispatch latency (p50 / p90 / p99)", "timeseries", [
             target(q(0.5, h, "le", TOOL_SEL), "p50", "A"),
@@ -156,6 +157,22 @@ def dispatch():
         panel(13, "Allocator and version", "table", [
             target(f"max by (pod, allocator, version, profile) (quiver_build_info{{{SEL}}})", "", fmt="table"),
         ], 16, 40, w=8, unit="short"),
+        # Upstream MCP servers (ToolSet `upstreams`).
+        panel(14, "Upstream call latency (p50 / p99)", "timeseries", [
+            target(q(0.5, u, "le, upstream", SEL), "p50 {{upstream}}", "A"),
+            target(q(0.99, u, "le, upstream", SEL), "p99 {{upstream}}", "B"),
+        ], 0, 48, w=8, unit="s", thresholds=[(0.5, "orange"), (2, "red")],
+            description="tools/call forwarded to each upstream MCP server, from request to its answer."),
+        panel(15, "Upstream errors by kind", "timeseries", [
+            target(f"sum by (upstream, kind) (rate(quiver_upstream_errors_total{{{SEL}}}[{RI}]))", "{{upstream}} {{kind}}"),
+        ], 8, 48, w=8, unit="reqps",
+            description="Forwarded calls that failed: timeout, down (not connected, process gone), rpc_error, protocol, busy."),
+        panel(16, "Upstreams connected", "timeseries", [
+            target(f"min by (upstream) (quiver_upstream_up{{{SEL}}})", "up {{upstream}}", "A"),
+            target(f"sum by (upstream) (quiver_upstream_connections{{{SEL}}})", "connections {{upstream}}", "B"),
+            target(f"sum by (upstream) (increase(quiver_upstream_restarts_total{{{SEL}}}[{RI}]))", "restarts {{upstream}}", "C"),
+        ], 16, 48, w=8, unit="short",
+            description="up: 1 on every pod that reaches the upstream (min over pods); connections: ready processes or sessions; restarts of stdio processes."),
     ]
     return dashboard("quiver-dispatch", "Quiver / Dispatch", "Latency and traffic of Quiver MCP servers.", p, True)
 

@@ -48,8 +48,10 @@ def main():
             call(url, i, "add", {"a": rng.randint(0, 99), "b": rng.randint(0, 99)})
         elif r < 0.65:
             call(url, i, "greet", {"name": rng.choice(["Ada", "Grace", "Linus"])})
-        elif r < 0.80:
+        elif r < 0.75:
             call(url, i, "sleep", {"ms": rng.choice([1, 2, 5, 10, 20, 50])})
+        elif r < 0.80:
+            call(url, i, "inner_add", {"a": 1, "b": 2})         # forwarded to the upstream
         elif r < 0.86:
             call(url, i, "add", {"a": "not a number"})           # invalid arguments
         elif r < 0.90:
