@@ -175,6 +175,30 @@ impl CallCtx<'_> {
         self.push(notification("notifications/progress", &params));
     }
 
+    /// Whether the caller asked for progress and can be sent it.
+    pub fn wants_progress(&self) -> bool {
+        self.progress_token.is_some() && self.peer.is_some()
+    }
+
+    /// Passes on an upstream's `notifications/progress` params under the caller's token:
+    /// `progress` and `total` when numbers, `message` when a string (cut at 1,024 characters).
+    pub fn forward_progress(&self, upstream: &Value) {
+        let (Some(token), Some(_)) = (self.progress_token, self.peer) else {
+            return;
+        };
+        let Some(progress) = upstream.get("progress").filter(|p| p.is_number()) else {
+            return;
+        };
+        let mut params = json!({"progressToken": token, "progress": progress});
+        if let Some(t) = upstream.get("total").filter(|t| t.is_number()) {
+            params["total"] = t.clone();
+        }
+        if let Some(m) = upstream.get("message").and_then(Value::as_str) {
+            params["message"] = m.chars().take(1024).collect::<String>().into();
+        }
+        self.push(notification("notifications/progress", &params));
+    }
+
     /// Sends `notifications/message` when `level` is at least the session's level.
     pub fn log(&self, level: LogLevel, logger: &str, data: &str) {
         if self.level.is_none_or(|min| level < min) || self.peer.is_none() {

@@ -222,7 +222,7 @@ impl Executor {
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
                 CompiledHandler::Upstream(u) => match snap.upstreams.get(u.upstream) {
                     Some(link) => {
-                        self.with_secrets(&link.secrets, |_| link.call_tool(&u.remote, args))
+                        self.with_secrets(&link.secrets, |_| link.call_tool(&u.remote, args, cx))
                             .await
                     }
                     None => ToolOutput::error("this tool's upstream is not connected"),

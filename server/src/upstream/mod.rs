@@ -27,13 +27,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use serde_json::{Value, json};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
 use crate::config::{CompiledToolSet, SecretRef};
 use crate::handlers::{HttpClient, ToolOutput};
 use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::peer::CallCtx;
 use crate::secrets::Secrets;
 
 /// Requests in flight per link (per process for stdio); more are refused at once.
@@ -243,6 +244,8 @@ struct Shared {
     refs: Vec<SecretRef>,
     stop: CancellationToken,
     next_id: AtomicU64,
+    /// Calls waiting for progress, by the progress token sent upstream.
+    progress: Mutex<FxHashMap<u64, mpsc::Sender<Value>>>,
 }
 
 impl Shared {
@@ -278,6 +281,14 @@ impl Shared {
     fn notified(&self, method: &str, params: &Value) {
         match method {
             "notifications/tools/list_changed" => self.relist.notify_one(),
+            "notifications/progress" => {
+                let token = params.get("progressToken").and_then(Value::as_u64);
+                let progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(tx) = token.and_then(|t| progress.get(&t)) {
+                    // A slow client loses progress, never the call.
+                    let _ = tx.try_send(params.clone());
+                }
+            }
             "notifications/message" => {
                 let text: String = params
                     .get("data")
@@ -354,6 +365,7 @@ impl Link {
             refs: u.secrets.clone(),
             stop: CancellationToken::new(),
             next_id: AtomicU64::new(1),
+            progress: Mutex::default(),
         });
         let conn = match &u.transport {
             Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
@@ -446,12 +458,43 @@ impl Link {
         true
     }
 
-    /// Calls a tool of the upstream; its result is the call's result.
-    pub async fn call_tool(&self, remote: &str, args: Value) -> ToolOutput {
+    /// Calls a tool of the upstream; its result is the call's result. When the caller asked
+    /// for progress, the upstream is asked too and its progress is passed on.
+    pub async fn call_tool(&self, remote: &str, args: Value, cx: &CallCtx<'_>) -> ToolOutput {
         let start = Instant::now();
-        let r = self
-            .request("tools/call", json!({"name": remote, "arguments": args}))
-            .await;
+        let mut params = json!({"name": remote, "arguments": args});
+        let r = if cx.wants_progress() {
+            let token = self.shared.id();
+            params["_meta"] = json!({"progressToken": token});
+            let (tx, mut rx) = mpsc::channel(64);
+            // Unregisters the token however the call ends.
+            struct Registered<'a>(&'a Shared, u64);
+            impl Drop for Registered<'_> {
+                fn drop(&mut self) {
+                    self.0
+                        .progress
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&self.1);
+                }
+            }
+            self.shared
+                .progress
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(token, tx);
+            let _registered = Registered(&self.shared, token);
+            let call = self.request("tools/call", params);
+            tokio::pin!(call);
+            loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    Some(p) = rx.recv() => cx.forward_progress(&p),
+                }
+            }
+        } else {
+            self.request("tools/call", params).await
+        };
         self.shared.metrics.requests.observe(start.elapsed());
         match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {
             Ok(out) => out,

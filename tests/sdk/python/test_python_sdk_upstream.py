@@ -101,8 +101,8 @@ def test_one_endpoint_serves_local_stdio_and_http_tools(gateway):
             tools = {t.name: t for t in (await c.list_tools(cache_mode="bypass")).tools}
             assert set(tools) == {
                 "local",
-                *(f"s_{n}" for n in ["echo", "add", "whoami", "crash", "hang", "grow"]),
-                *(f"h_{n}" for n in ["echo", "add", "whoami"]),
+                *(f"s_{n}" for n in ["echo", "add", "whoami", "crash", "hang", "grow", "count"]),
+                *(f"h_{n}" for n in ["echo", "add", "whoami", "count"]),
             }
             assert tools["h_echo"].description == "Echo over HTTP."
             assert tools["s_add"].input_schema["required"] == ["a", "b"]
@@ -123,6 +123,22 @@ def test_one_endpoint_serves_local_stdio_and_http_tools(gateway):
         metrics = gateway.metrics()
         assert re.search(r'quiver_upstream_request_duration_seconds_count\{upstream="py-stdio"\} [1-9]', metrics), metrics
         assert 'quiver_upstream_up{upstream="py-http"} 1' in metrics
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("tool", ["s_count", "h_count"])
+def test_upstream_progress_reaches_the_client(gateway, tool):
+    async def run():
+        seen = []
+
+        async def on_progress(progress, total, message):
+            seen.append((progress, total, message))
+
+        async with Client(gateway.url, mode="legacy") as c:
+            r = await c.call_tool(tool, {"n": 3}, progress_callback=on_progress)
+            assert (r.is_error, r.content[0].text) == (False, "counted to 3")
+        assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")], seen
 
     asyncio.run(run())
 
@@ -252,7 +268,7 @@ def test_a_stdio_server_behind_the_bridge_socket(tmp_path):
             assert (await c.call_tool("echo", {"text": "again"})).content[0].text == "again"
 
     try:
-        wait_until(lambda: upstream(sp, "sidecar")["connections"] == 2 and upstream(sp, "sidecar")["imported"] == 6, timeout=30)
+        wait_until(lambda: upstream(sp, "sidecar")["connections"] == 2 and upstream(sp, "sidecar")["imported"] == 7, timeout=30)
         asyncio.run(run())
     finally:
         for p in (proc, bridge):

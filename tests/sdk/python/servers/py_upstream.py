@@ -46,6 +46,14 @@ async def hang(seconds: float) -> str:
 
 
 @server.tool()
+async def count(n: int, ctx: Context) -> str:
+    """Counts to n, reporting progress at each step."""
+    for i in range(1, n + 1):
+        await ctx.report_progress(i, n, f"step {i}")
+    return f"counted to {n}"
+
+
+@server.tool()
 async def grow(ctx: Context) -> str:
     """Adds the tool `grown` and says so with notifications/tools/list_changed."""
     server.add_tool(lambda: "I am new", name="grown", description="Added at run time.")
