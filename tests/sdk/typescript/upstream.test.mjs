@@ -1,0 +1,98 @@
+// quiver-server fronting MCP servers written with the official TypeScript SDK, over stdio
+// (a process quiver-server runs) and stateless Streamable HTTP, driven by the official
+// TypeScript client.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
+import { createServer } from "node:http";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+
+const ROOT = resolve(import.meta.dirname, "../../..");
+const BIN = process.env.QUIVER_SERVER_BIN ?? join(ROOT, "target/debug/quiver-server");
+const UPSTREAM = join(import.meta.dirname, "servers", "ts-upstream.mjs");
+
+async function freePort() {
+  return new Promise((ok) => {
+    const s = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => ok(port));
+    });
+  });
+}
+
+async function waitUntil(fn, timeoutMs = 20000) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < deadline) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      last = e;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`condition not met in ${timeoutMs} ms (last error: ${last})`);
+}
+
+let dir, quiver, upstream, url, admin;
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), "quiver-ts-upstream-"));
+  const upPort = await freePort();
+  upstream = spawn(process.execPath, [UPSTREAM, "http", String(upPort)], { stdio: "inherit" });
+  const config = join(dir, "tools.yaml");
+  writeFileSync(
+    config,
+    `tools: [{name: local, handler: {template: local}}]
+upstreams:
+  - {name: ts-stdio, stdio: {command: [${JSON.stringify(process.execPath)}, ${JSON.stringify(UPSTREAM)}, stdio]}, tools: {prefix: s_}}
+  - {name: ts-http, http: {url: "http://127.0.0.1:${upPort}/mcp"}, tools: {prefix: h_}}
+`,
+  );
+  const port = await freePort();
+  admin = await freePort();
+  quiver = spawn(BIN, ["--config", `file:${config}`, "--listen", `127.0.0.1:${port}`, "--admin-listen", `127.0.0.1:${admin}`], {
+    stdio: ["ignore", "ignore", "inherit"],
+    env: { ...process.env, RUST_LOG: "warn" },
+  });
+  url = new URL(`http://127.0.0.1:${port}/mcp`);
+  await waitUntil(async () => {
+    const s = await (await fetch(`http://127.0.0.1:${admin}/status`)).json();
+    return s.upstreams.length === 2 && s.upstreams.every((u) => u.state === "ready" && u.imported === 3);
+  });
+});
+
+after(() => {
+  quiver?.kill();
+  upstream?.kill();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+test("TypeScript SDK servers over stdio and HTTP serve beside a local tool", async () => {
+  const client = new Client({ name: "ts-upstream-test", version: "1.0.0" });
+  await client.connect(new StreamableHTTPClientTransport(url));
+  try {
+    const { tools } = await client.listTools();
+    assert.deepEqual(
+      tools.map((t) => t.name).sort(),
+      ["h_add", "h_echo", "h_whoami", "local", "s_add", "s_echo", "s_whoami"],
+    );
+    const add = await client.callTool({ name: "s_add", arguments: { a: 20, b: 22 } });
+    assert.equal(add.content[0].text, "42");
+    const who = await client.callTool({ name: "h_whoami", arguments: {} });
+    assert.match(who.content[0].text, /transport=http/);
+    const stdio = await client.callTool({ name: "s_whoami", arguments: {} });
+    assert.match(stdio.content[0].text, /transport=stdio/);
+    // Quiver checks the upstream's schema before forwarding (z.number().int()).
+    const bad = await client.callTool({ name: "h_add", arguments: { a: 1.5, b: 1 } });
+    assert.equal(bad.isError, true);
+    assert.match(bad.content[0].text, /arguments\.a/);
+  } finally {
+    await client.close();
+  }
+});
