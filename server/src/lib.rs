@@ -8,6 +8,7 @@
 #[allow(unsafe_code)] // a GlobalAlloc implementation; every unsafe block states its contract
 pub mod alloc;
 pub mod config;
+pub mod handlers;
 pub mod schema;
 pub mod template;
 
@@ -17,8 +18,6 @@ pub mod admin;
 pub mod cli;
 #[cfg(feature = "runtime")]
 pub mod dispatch;
-#[cfg(feature = "runtime")]
-pub mod handlers;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]

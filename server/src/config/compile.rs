@@ -7,14 +7,18 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
-use super::content::{self, Content};
 use super::upstream::{CompiledUpstream, UpstreamCall, compile_upstreams};
-use super::{
-    API_VERSION, ConfigError, ElicitSpec, Handler, KIND, LogLevel, Problem, QuestionSpec, Role, SampleSpec,
-    TlsSpec, ToolSet, parse_duration,
-};
+use super::{API_VERSION, ConfigError, Handler, KIND, Problem, Role, ToolSet, parse_duration};
+use crate::handlers::ask::Question;
+use crate::handlers::ask::{ElicitCall, SampleCall};
+pub(crate) use crate::handlers::builtin::Builtin;
+use crate::handlers::content::{self, Content};
+use crate::handlers::exec::ExecCall;
+use crate::handlers::http::HttpCall;
+use crate::handlers::pipeline::Step;
+use crate::handlers::{ask, exec, http, pipeline, template};
 use crate::schema::{Schema, expand_shorthand};
-use crate::template::{JsonTemplate, Template, depth};
+use crate::template::{Template, depth};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
@@ -22,14 +26,6 @@ const DEFAULT_MAX_BYTES: usize = 1 << 20;
 const MAX_PAGE_SIZE: u32 = 10_000;
 const DEFAULT_PAGE_SIZE: u32 = 100;
 
-/// Pipelines may nest at most this deep (a pipeline whose step is a pipeline is 2 deep).
-pub const MAX_PIPELINE_NESTING: usize = 16;
-/// Most questions one `ask` handler asks.
-pub const MAX_QUESTIONS: usize = 16;
-/// Longest key of a question.
-pub const MAX_QUESTION_KEY: usize = 64;
-/// One call of a pipeline may run at most this many steps, nested pipelines' steps included.
-pub const MAX_PIPELINE_STEPS: usize = 10_000;
 /// JSON values in a ToolSet (schemas, `input`, bodies, step inputs) may nest at most this
 /// deep. It keeps every walk over them shallow, and a value that fits re-parses from the
 /// YAML the operator writes (whose nesting limit is 48, see `yaml_options`).
@@ -40,7 +36,7 @@ pub const SECRET_ROOT: &str = "secret";
 /// Most distinct Secrets one ToolSet may reference (each is one watch per pod).
 pub const MAX_SECRETS: usize = 64;
 /// Where secret references may appear (everywhere else they would reach the model).
-const SECRET_PLACES: &str = "an http tool's url, headers and body, and an exec tool's env";
+pub(crate) const SECRET_PLACES: &str = "an http tool's url, headers and body, and an exec tool's env";
 
 /// One value a tool reads from a Secret: `{{secret.NAME.KEY}}`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,208 +128,6 @@ impl CompiledHandler {
             Self::Http(h) => &h.secrets,
             Self::Exec(e) => &e.secrets,
             _ => &[],
-        }
-    }
-}
-
-/// A compiled question of an `ask` handler.
-#[derive(Debug)]
-pub struct Question {
-    /// Its name (the `InputRequiredResult` key, and the key of its answer in the result).
-    pub key: String,
-    /// What is asked.
-    pub kind: QuestionKind,
-    /// Skipped when the client cannot answer it.
-    pub optional: bool,
-}
-
-/// What a question asks.
-#[derive(Debug)]
-pub enum QuestionKind {
-    /// The client's model.
-    Sample(SampleCall),
-    /// The user.
-    Elicit(Box<ElicitCall>),
-    /// The client's roots.
-    Roots,
-}
-
-/// A compiled `sample` handler.
-#[derive(Debug)]
-pub struct SampleCall {
-    /// The user message.
-    pub prompt: Template,
-    /// The system prompt.
-    pub system_prompt: Option<Template>,
-    /// Token cap.
-    pub max_tokens: u64,
-    /// Name of the request under 2026-07-28 (`None`: numbered).
-    pub key: Option<String>,
-}
-
-/// A compiled `elicit` handler.
-#[derive(Debug)]
-pub struct ElicitCall {
-    /// What the user is asked.
-    pub message: Template,
-    /// The requested schema, as sent.
-    pub schema: Value,
-    /// The same, compiled to check the answer.
-    pub check: Schema,
-    /// Name of the request under 2026-07-28 (`None`: numbered).
-    pub key: Option<String>,
-}
-
-/// Most tokens a `sample` handler may ask for.
-pub const MAX_SAMPLE_TOKENS: u64 = 1_000_000;
-
-/// Property types an elicitation form may ask for.
-const FORM_TYPES: [&str; 5] = ["string", "number", "integer", "boolean", "array"];
-
-/// A compiled HTTP handler.
-#[derive(Debug)]
-pub struct HttpCall {
-    /// Upper-case method.
-    pub method: String,
-    /// URL template (values percent-encoded unless filtered `raw`).
-    pub url: Template,
-    /// `scheme://authority` of every URL this tool requests: literal in the template.
-    pub origin: String,
-    /// Header name and value template.
-    pub headers: Vec<(String, Template)>,
-    /// JSON body template.
-    pub body: Option<JsonTemplate>,
-    /// Request timeout.
-    pub timeout: Duration,
-    /// Response size cap.
-    pub max_response_bytes: usize,
-    /// Secret values the request uses (redacted from what the call returns).
-    pub secrets: Vec<SecretRef>,
-    /// TLS from Secrets, when the tool sets `tls`.
-    pub tls: Option<TlsRefs>,
-}
-
-/// Where an http tool's TLS material is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TlsRefs {
-    /// PEM CA certificates trusted instead of the public roots.
-    pub ca: Option<SecretRef>,
-    /// PEM certificate chain and private key presented to the server.
-    pub client: Option<(SecretRef, SecretRef)>,
-}
-
-/// A compiled exec handler.
-#[derive(Debug)]
-pub struct ExecCall {
-    /// Program path.
-    pub program: String,
-    /// Arguments, one template each.
-    pub args: Vec<ExecArg>,
-    /// Environment: literal text and `{{secret.NAME.KEY}}` references.
-    pub env: Vec<(String, Template)>,
-    /// Standard input template.
-    pub stdin: Option<Template>,
-    /// Time limit.
-    pub timeout: Duration,
-    /// Output cap per stream.
-    pub max_output_bytes: usize,
-    /// Secret values the environment uses (redacted from what the call returns).
-    pub secrets: Vec<SecretRef>,
-}
-
-/// One argument of an exec handler.
-#[derive(Debug)]
-pub struct ExecArg {
-    /// Its template.
-    pub template: Template,
-    /// A value that starts with `-` is refused: the template starts with a substituted
-    /// value, no literal `--` comes before it, and the tool does not set
-    /// `allowOptionArguments` (so a caller cannot slip in an option such as
-    /// `--files0-from=/etc/passwd`).
-    pub refuse_option: bool,
-}
-
-/// A pipeline step.
-#[derive(Debug)]
-pub struct Step {
-    /// Index of the tool in [`CompiledToolSet::tools`].
-    pub tool: usize,
-    /// Argument template; `None` passes the pipeline's arguments.
-    pub input: Option<JsonTemplate>,
-    /// A log message sent to the client as the step starts, and its level.
-    pub log: Option<(LogLevel, Template)>,
-}
-
-/// Built-in functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Builtin {
-    /// Returns `text`.
-    Echo,
-    /// `a + b`.
-    Add,
-    /// `a * b`.
-    Multiply,
-    /// Upper-cases `text`.
-    Upper,
-    /// Lower-cases `text`.
-    Lower,
-    /// Character count of `text`.
-    Length,
-    /// Hex SHA-256 of `text`.
-    Sha256,
-    /// Current UTC time, RFC 3339.
-    Now,
-    /// Waits `ms` milliseconds (at most 60000).
-    Sleep,
-    /// Returns the arguments as structured content.
-    Json,
-}
-
-impl Builtin {
-    const ALL: [(&'static str, Builtin); 10] = [
-        ("echo", Self::Echo),
-        ("add", Self::Add),
-        ("multiply", Self::Multiply),
-        ("upper", Self::Upper),
-        ("lower", Self::Lower),
-        ("length", Self::Length),
-        ("sha256", Self::Sha256),
-        ("now", Self::Now),
-        ("sleep", Self::Sleep),
-        ("json", Self::Json),
-    ];
-
-    fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, b)| *b)
-    }
-
-    fn names() -> String {
-        Self::ALL.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-    }
-
-    /// The input schema a builtin implies when the tool declares none.
-    fn input_schema(self) -> Value {
-        let text = json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": false});
-        match self {
-            Self::Echo | Self::Upper | Self::Lower | Self::Length | Self::Sha256 => text,
-            Self::Add | Self::Multiply => {
-                json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"], "additionalProperties": false})
-            }
-            Self::Now => json!({"type": "object", "properties": {}, "additionalProperties": false}),
-            Self::Sleep => {
-                json!({"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 60000}}, "required": ["ms"], "additionalProperties": false})
-            }
-            Self::Json => json!({"type": "object"}),
-        }
-    }
-
-    /// The output schema of builtins with structured results.
-    fn output_schema(self) -> Option<Value> {
-        match self {
-            Self::Add | Self::Multiply | Self::Length => Some(
-                json!({"type": "object", "properties": {"result": {"type": "number"}}, "required": ["result"]}),
-            ),
-            _ => None,
         }
     }
 }
@@ -487,15 +281,15 @@ pub struct CompiledPrompt {
 }
 
 #[derive(Default)]
-pub(super) struct Problems(Vec<Problem>);
+pub(crate) struct Problems(Vec<Problem>);
 
 impl Problems {
     /// The first problem's message (for nested checks that report one reason).
-    pub(super) fn first_message(&self) -> String {
+    pub(crate) fn first_message(&self) -> String {
         self.0.first().map_or_else(String::new, |p| p.message.clone())
     }
 
-    pub(super) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(Problem {
             path: path.into(),
             message: message.into(),
@@ -503,7 +297,7 @@ impl Problems {
     }
 
     /// Adds problems reported by a nested compiler as `sub.path: message`, under `prefix`.
-    fn nested(&mut self, prefix: &str, errs: Vec<String>) {
+    pub(crate) fn nested(&mut self, prefix: &str, errs: Vec<String>) {
         for e in errs {
             match e.split_once(": ") {
                 Some((path, msg)) => self.push(format!("{prefix}.{path}"), msg),
@@ -513,7 +307,7 @@ impl Problems {
     }
 }
 
-pub(super) fn valid_tool_name(n: &str) -> bool {
+pub(crate) fn valid_tool_name(n: &str) -> bool {
     (1..=128).contains(&n.len())
         && n.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
@@ -521,14 +315,14 @@ pub(super) fn valid_tool_name(n: &str) -> bool {
 
 /// Names a template may refer to: the input's declared properties (unless the input is open),
 /// and `steps.N` for N below `steps`.
-pub(super) struct Names<'a> {
-    props: Option<Vec<&'a str>>,
-    steps: Option<usize>,
+pub(crate) struct Names<'a> {
+    pub(crate) props: Option<Vec<&'a str>>,
+    pub(crate) steps: Option<usize>,
 }
 
 impl<'a> Names<'a> {
     /// Exactly these argument names, no steps.
-    pub(super) fn arguments(props: Vec<&'a str>) -> Self {
+    pub(crate) fn arguments(props: Vec<&'a str>) -> Self {
         Self {
             props: Some(props),
             steps: None,
@@ -536,12 +330,37 @@ impl<'a> Names<'a> {
     }
 }
 
-pub(super) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
+/// What a kind's compile step works with: where its spec is (`tools[3].handler.http`), the
+/// names its templates may use, the problems found so far, and the ToolSet's tools by name.
+pub(crate) struct Cx<'a> {
+    /// Path of the spec being compiled.
+    pub at: String,
+    /// Names the templates may use.
+    pub names: &'a Names<'a>,
+    /// Problems found.
+    pub p: &'a mut Problems,
+    /// Index of every tool of the ToolSet by name.
+    pub index: &'a FxHashMap<&'a str, usize>,
+}
+
+impl Cx<'_> {
+    /// The context of the `kind` field under this one.
+    pub fn kind(&mut self, kind: &str) -> Cx<'_> {
+        Cx {
+            at: format!("{}.{kind}", self.at),
+            names: self.names,
+            p: &mut *self.p,
+            index: self.index,
+        }
+    }
+}
+
+pub(crate) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
     check_roots(t, names, path, p, None);
 }
 
 /// Checks a template that may also read Secrets, adding the references it makes to `refs`.
-pub(super) fn check_secret_template(
+pub(crate) fn check_secret_template(
     t: &Template,
     names: &Names<'_>,
     path: &str,
@@ -552,60 +371,19 @@ pub(super) fn check_secret_template(
 }
 
 /// An HTTP header name (RFC 9110 token).
-pub(super) fn valid_header_name(k: &str) -> bool {
+pub(crate) fn valid_header_name(k: &str) -> bool {
     !k.is_empty()
         && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
 }
 
-/// Compiles `tls:` (of an http tool or upstream at `at`), adding its Secret values to
-/// `secrets`; `origin` is the literal `scheme://authority` of the URL (empty if unknown).
-pub(super) fn compile_tls(
-    t: &TlsSpec,
-    at: &str,
-    origin: &str,
-    p: &mut Problems,
-    secrets: &mut Vec<SecretRef>,
-) -> TlsRefs {
-    if !origin.is_empty() && !origin.starts_with("https://") {
-        p.push(at, "needs an https url");
-    }
-    if t.ca_secret.is_none() && t.client_cert_secret.is_none() {
-        p.push(at, "set caSecret, clientCertSecret or both");
-    }
-    let mut named = |field: &str, name: &Option<String>, key: &str| {
-        let n = name.as_ref()?;
-        if !valid_secret_part(n) {
-            p.push(
-                format!("{at}.{field}"),
-                "not a Secret name (letters, digits, `-`, `_`)",
-            );
-        }
-        let r = SecretRef {
-            name: n.clone(),
-            key: key.to_owned(),
-        };
-        if !secrets.contains(&r) {
-            secrets.push(r.clone());
-        }
-        Some(r)
-    };
-    let ca = named("caSecret", &t.ca_secret, "ca.crt");
-    let cert = named("clientCertSecret", &t.client_cert_secret, "tls.crt");
-    let key = named("clientCertSecret", &t.client_cert_secret, "tls.key");
-    TlsRefs {
-        ca,
-        client: cert.zip(key),
-    }
-}
-
-fn valid_secret_part(s: &str) -> bool {
+pub(crate) fn valid_secret_part(s: &str) -> bool {
     (1..=253).contains(&s.len())
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
 }
 
-fn check_roots(
+pub(crate) fn check_roots(
     t: &Template,
     names: &Names<'_>,
     path: &str,
@@ -683,7 +461,7 @@ fn check_roots(
     }
 }
 
-fn duration(v: Option<&String>, path: &str, p: &mut Problems) -> Duration {
+pub(crate) fn duration(v: Option<&String>, path: &str, p: &mut Problems) -> Duration {
     match v.map(|s| parse_duration(s)) {
         None => DEFAULT_TIMEOUT,
         Some(Ok(d)) if d.is_zero() || d > MAX_TIMEOUT => {
@@ -698,7 +476,7 @@ fn duration(v: Option<&String>, path: &str, p: &mut Problems) -> Duration {
     }
 }
 
-fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
+pub(crate) fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
     match v {
         None => DEFAULT_MAX_BYTES,
         Some(0) => {
@@ -710,7 +488,7 @@ fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
 }
 
 /// True when `v` nests at most [`MAX_VALUE_DEPTH`] deep; reports it otherwise.
-pub(super) fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
+pub(crate) fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
     let d =
         super::json_field::too_deep(v).map_or_else(|| depth(v), |d| usize::try_from(d).unwrap_or(usize::MAX));
     if d > MAX_VALUE_DEPTH {
@@ -726,7 +504,7 @@ pub(super) fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
 /// The `scheme://authority` of an http tool's URL template, which must be literal and end
 /// where the template's literal text still goes on (with `/`, `?` or `#`): a value can then
 /// only change the path, query or fragment, never which server is called.
-pub(super) fn literal_origin(url: &Template) -> Result<String, &'static str> {
+pub(crate) fn literal_origin(url: &Template) -> Result<String, &'static str> {
     let prefix = url.literal_prefix();
     let Some((scheme, rest)) = prefix.split_once("://") else {
         return Err("must start with http:// or https://");
@@ -798,141 +576,11 @@ fn valid_host_port(s: &str) -> bool {
     host_ok && port_ok
 }
 
-pub(super) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
+pub(crate) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
     Template::compile(src).map_err(|e| p.push(path, e)).ok()
 }
 
-/// Compiles a template and checks the names it uses; problems are reported under `path`.
-/// Whether `key` may name a question: 1 to 64 letters, digits, `_`, `-`, `.`.
-fn valid_key(key: &str) -> bool {
-    (1..=MAX_QUESTION_KEY).contains(&key.len())
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
-
-fn check_key(key: Option<&String>, path: &str, p: &mut Problems) -> Option<String> {
-    let k = key?;
-    if !valid_key(k) {
-        p.push(path, "must be 1 to 64 letters, digits, `_`, `-` or `.`");
-    }
-    Some(k.clone())
-}
-
-fn compile_sample(spec: &SampleSpec, at: &str, names: &Names<'_>, p: &mut Problems) -> SampleCall {
-    let prompt = checked_template(&spec.prompt, &format!("{at}.prompt"), names, p);
-    let system_prompt = spec
-        .system_prompt
-        .as_deref()
-        .and_then(|s| checked_template(s, &format!("{at}.systemPrompt"), names, p));
-    if !(1..=MAX_SAMPLE_TOKENS).contains(&spec.max_tokens) {
-        p.push(
-            format!("{at}.maxTokens"),
-            format!("must be 1 to {MAX_SAMPLE_TOKENS}"),
-        );
-    }
-    SampleCall {
-        prompt: prompt.unwrap_or_else(Template::empty),
-        system_prompt,
-        max_tokens: spec.max_tokens,
-        key: check_key(spec.key.as_ref(), &format!("{at}.key"), p),
-    }
-}
-
-fn compile_elicit(spec: &ElicitSpec, at: &str, names: &Names<'_>, p: &mut Problems) -> ElicitCall {
-    let message = checked_template(&spec.message, &format!("{at}.message"), names, p);
-    let shallow_ok = shallow(&spec.schema, &format!("{at}.schema"), p);
-    if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
-        p.push(
-            format!("{at}.schema.type"),
-            "a form schema must have `type: object`",
-        );
-    }
-    match spec.schema.get("properties").and_then(Value::as_object) {
-        Some(props) if !props.is_empty() => {
-            for (k, v) in props {
-                let ty = v.get("type").and_then(Value::as_str);
-                if !ty.is_some_and(|t| FORM_TYPES.contains(&t)) {
-                    p.push(
-                        format!("{at}.schema.properties.{k}.type"),
-                        "must be string, number, integer, boolean or array (forms are flat)",
-                    );
-                }
-            }
-        }
-        _ => p.push(format!("{at}.schema.properties"), "must list at least one field"),
-    }
-    let check = if shallow_ok {
-        Schema::compile(&spec.schema)
-            .map_err(|errs| p.nested(&format!("{at}.schema"), errs))
-            .unwrap_or_default()
-    } else {
-        Schema::default()
-    };
-    ElicitCall {
-        message: message.unwrap_or_else(Template::empty),
-        schema: spec.schema.clone(),
-        check,
-        key: check_key(spec.key.as_ref(), &format!("{at}.key"), p),
-    }
-}
-
-fn compile_questions(
-    questions: &BTreeMap<String, QuestionSpec>,
-    at: &str,
-    names: &Names<'_>,
-    p: &mut Problems,
-) -> Vec<Question> {
-    if questions.is_empty() {
-        p.push(at, "must ask at least one question");
-    }
-    if questions.len() > MAX_QUESTIONS {
-        p.push(at, format!("may ask at most {} questions", MAX_QUESTIONS));
-    }
-    let mut out = Vec::with_capacity(questions.len());
-    for (key, q) in questions.iter().take(MAX_QUESTIONS) {
-        let qat = format!("{at}.{key}");
-        if !valid_key(key) {
-            p.push(
-                &qat,
-                "a question's key must be 1 to 64 letters, digits, `_`, `-` or `.`",
-            );
-        }
-        let set = usize::from(q.sample.is_some())
-            + usize::from(q.elicit.is_some())
-            + usize::from(q.roots.is_some());
-        if set != 1 {
-            p.push(&qat, "must have exactly one of `sample`, `elicit`, `roots`");
-            continue;
-        }
-        let own_key = q
-            .sample
-            .as_ref()
-            .and_then(|s| s.key.as_ref())
-            .or_else(|| q.elicit.as_ref().and_then(|e| e.key.as_ref()));
-        if own_key.is_some() {
-            p.push(
-                &qat,
-                "a question of `ask` is named by its map key; drop its `key`",
-            );
-        }
-        let kind = if let Some(s) = &q.sample {
-            QuestionKind::Sample(compile_sample(s, &format!("{qat}.sample"), names, p))
-        } else if let Some(e) = &q.elicit {
-            QuestionKind::Elicit(Box::new(compile_elicit(e, &format!("{qat}.elicit"), names, p)))
-        } else {
-            QuestionKind::Roots
-        };
-        out.push(Question {
-            key: key.clone(),
-            kind,
-            optional: q.optional,
-        });
-    }
-    out
-}
-
-pub(super) fn checked_template(
+pub(crate) fn checked_template(
     src: &str,
     path: &str,
     names: &Names<'_>,
@@ -1065,235 +713,33 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             props: (!input.allows_additional()).then(|| input.property_names().collect()),
             steps: None,
         };
-        let hat = format!("{at}.handler");
+        // One line per kind: each kind's module compiles its own spec.
+        let mut cx = Cx {
+            at: format!("{at}.handler"),
+            names: &names,
+            p: &mut p,
+            index: &index,
+        };
         let handler = match &t.handler {
             Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
-            Handler::Template(src) => CompiledHandler::Template(
-                checked_template(src, &format!("{hat}.template"), &names, &mut p)
-                    .unwrap_or_else(Template::empty),
-            ),
+            Handler::Template(src) => {
+                CompiledHandler::Template(template::compile(src, &mut cx.kind("template")))
+            }
+            Handler::Error(src) => CompiledHandler::Error(template::compile(src, &mut cx.kind("error"))),
             Handler::Sample(spec) => {
-                CompiledHandler::Sample(compile_sample(spec, &format!("{hat}.sample"), &names, &mut p))
+                CompiledHandler::Sample(ask::compile_sample(spec, &mut cx.kind("sample")))
             }
-            Handler::Elicit(spec) => CompiledHandler::Elicit(Box::new(compile_elicit(
-                spec,
-                &format!("{hat}.elicit"),
-                &names,
-                &mut p,
-            ))),
-            Handler::Ask(questions) => CompiledHandler::Ask(compile_questions(
-                questions,
-                &format!("{hat}.ask"),
-                &names,
-                &mut p,
-            )),
-            Handler::Error(src) => CompiledHandler::Error(
-                checked_template(src, &format!("{hat}.error"), &names, &mut p)
-                    .unwrap_or_else(Template::empty),
-            ),
+            Handler::Elicit(spec) => {
+                CompiledHandler::Elicit(Box::new(ask::compile_elicit(spec, &mut cx.kind("elicit"))))
+            }
+            Handler::Ask(questions) => CompiledHandler::Ask(ask::compile(questions, &mut cx.kind("ask"))),
             Handler::Content(blocks) => {
-                if blocks.is_empty() {
-                    p.push(format!("{hat}.content"), "must have at least one block");
-                }
-                CompiledHandler::Content(
-                    blocks
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(j, b)| {
-                            content::compile(b, &format!("{hat}.content[{j}]"), &names, &mut p)
-                        })
-                        .collect(),
-                )
+                CompiledHandler::Content(content::compile_blocks(blocks, &mut cx.kind("content")))
             }
-            Handler::Http(h) => {
-                let hp = format!("{hat}.http");
-                let method = h.method.to_ascii_uppercase();
-                if !["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&method.as_str()) {
-                    p.push(
-                        format!("{hp}.method"),
-                        format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method),
-                    );
-                }
-                let url = template(&h.url, &format!("{hp}.url"), &mut p);
-                let mut origin = String::new();
-                let mut secrets = Vec::new();
-                if let Some(u) = &url {
-                    check_secret_template(u, &names, &format!("{hp}.url"), &mut p, &mut secrets);
-                    match literal_origin(u) {
-                        Ok(o) => origin = o,
-                        Err(e) => p.push(format!("{hp}.url"), e),
-                    }
-                    if u.literal_prefix().len() > origin.len()
-                        && has_dot_segment(path_of(&u.literal_prefix()[origin.len()..]))
-                    {
-                        p.push(format!("{hp}.url"), "the path has a `.` or `..` segment");
-                    }
-                }
-                let mut headers = Vec::new();
-                for (k, v) in &h.headers {
-                    if !valid_header_name(k) {
-                        p.push(format!("{hp}.headers.{k}"), "not a valid header name");
-                    }
-                    if let Some(t) = template(v, &format!("{hp}.headers.{k}"), &mut p) {
-                        check_secret_template(&t, &names, &format!("{hp}.headers.{k}"), &mut p, &mut secrets);
-                        headers.push((k.clone(), t));
-                    }
-                }
-                let body = h.body.as_ref().and_then(|b| {
-                    if !shallow(b, &format!("{hp}.body"), &mut p) {
-                        return None;
-                    }
-                    let jt = JsonTemplate::compile(b)
-                        .map_err(|e| p.push(format!("{hp}.body"), e))
-                        .ok()?;
-                    for t in jt.templates() {
-                        check_secret_template(t, &names, &format!("{hp}.body"), &mut p, &mut secrets);
-                    }
-                    Some(jt)
-                });
-                let tls = h
-                    .tls
-                    .as_ref()
-                    .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, &mut p, &mut secrets));
-                if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
-                    p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
-                }
-                CompiledHandler::Http(HttpCall {
-                    timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), &mut p),
-                    max_response_bytes: byte_cap(
-                        h.max_response_bytes,
-                        &format!("{hp}.maxResponseBytes"),
-                        &mut p,
-                    ),
-                    method,
-                    url: url.unwrap_or_else(Template::empty),
-                    origin,
-                    headers,
-                    body,
-                    secrets,
-                    tls,
-                })
-            }
-            Handler::Exec(e) => {
-                let ep = format!("{hat}.exec");
-                let program = e.command.first().cloned().unwrap_or_default();
-                if program.is_empty() {
-                    p.push(format!("{ep}.command"), "must name a program");
-                } else if program.contains("{{") {
-                    p.push(
-                        format!("{ep}.command[0]"),
-                        "the program must be literal, not a template",
-                    );
-                } else if !program.starts_with('/') {
-                    p.push(
-                        format!("{ep}.command[0]"),
-                        "must be an absolute path (no PATH lookup, no shell)",
-                    );
-                }
-                let mut args = Vec::new();
-                let mut after_options = false;
-                for (j, a) in e.command.iter().enumerate().skip(1) {
-                    if let Some(t) = template(a, &format!("{ep}.command[{j}]"), &mut p) {
-                        check_template(&t, &names, &format!("{ep}.command[{j}]"), &mut p);
-                        args.push(ExecArg {
-                            refuse_option: t.starts_with_variable()
-                                && !after_options
-                                && !e.allow_option_arguments,
-                            template: t,
-                        });
-                    }
-                    // Programs read what follows `--` as operands, never as options.
-                    after_options |= a == "--";
-                }
-                let stdin = e.stdin.as_ref().and_then(|s| {
-                    let t = template(s, &format!("{ep}.stdin"), &mut p)?;
-                    check_template(&t, &names, &format!("{ep}.stdin"), &mut p);
-                    Some(t)
-                });
-                let mut secrets = Vec::new();
-                let mut env = Vec::new();
-                for (k, v) in &e.env {
-                    let at = format!("{ep}.env.{k}");
-                    if k.is_empty() || k.contains('=') || k.contains('\0') {
-                        p.push(&at, "not a valid environment variable name");
-                    }
-                    let Some(t) = template(v, &at, &mut p) else {
-                        continue;
-                    };
-                    if t.roots().any(|(root, _)| root != SECRET_ROOT) {
-                        p.push(
-                            &at,
-                            "env values are literal text and `{{secret.NAME.KEY}}` references only",
-                        );
-                    }
-                    check_secret_template(
-                        &t,
-                        &Names {
-                            props: None,
-                            steps: None,
-                        },
-                        &at,
-                        &mut p,
-                        &mut secrets,
-                    );
-                    env.push((k.clone(), t));
-                }
-                CompiledHandler::Exec(ExecCall {
-                    program,
-                    args,
-                    env,
-                    secrets,
-                    stdin,
-                    timeout: duration(e.timeout.as_ref(), &format!("{ep}.timeout"), &mut p),
-                    max_output_bytes: byte_cap(e.max_output_bytes, &format!("{ep}.maxOutputBytes"), &mut p),
-                })
-            }
+            Handler::Http(h) => CompiledHandler::Http(http::compile(h, &mut cx.kind("http"))),
+            Handler::Exec(e) => CompiledHandler::Exec(exec::compile(e, &mut cx.kind("exec"))),
             Handler::Pipeline(steps) => {
-                let pp = format!("{hat}.pipeline");
-                if steps.is_empty() {
-                    p.push(&pp, "must have at least one step");
-                }
-                let mut out = Vec::new();
-                for (j, s) in steps.iter().enumerate() {
-                    let sp = format!("{pp}[{j}]");
-                    let Some(&target) = index.get(s.tool.as_str()) else {
-                        p.push(
-                            format!("{sp}.tool"),
-                            format!("no tool named `{}` in this ToolSet", s.tool),
-                        );
-                        continue;
-                    };
-                    // A step's templates see the arguments and the steps before it.
-                    let step_names = Names {
-                        props: names.props.clone(),
-                        steps: Some(j),
-                    };
-                    let input = s.input.as_ref().and_then(|v| {
-                        if !shallow(v, &format!("{sp}.input"), &mut p) {
-                            return None;
-                        }
-                        let jt = JsonTemplate::compile(v)
-                            .map_err(|e| p.push(format!("{sp}.input"), e))
-                            .ok()?;
-                        for t in jt.templates() {
-                            check_template(t, &step_names, &format!("{sp}.input"), &mut p);
-                        }
-                        Some(jt)
-                    });
-                    let log = s.log.as_ref().and_then(|src| {
-                        let t = checked_template(src, &format!("{sp}.log"), &step_names, &mut p)?;
-                        Some((s.log_level.unwrap_or_default(), t))
-                    });
-                    if s.log.is_none() && s.log_level.is_some() {
-                        p.push(format!("{sp}.logLevel"), "is set but `log` is not");
-                    }
-                    out.push(Step {
-                        tool: target,
-                        input,
-                        log,
-                    });
-                }
-                CompiledHandler::Pipeline(out)
+                CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
             }
         };
         let mut descriptor = Map::new();
@@ -1319,7 +765,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             handler,
         });
     }
-    check_pipelines(&tools, &mut p);
+    pipeline::check(&tools, &mut p);
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
@@ -1391,105 +837,6 @@ pub(crate) fn path_of(url: &str) -> &str {
 pub(crate) fn has_dot_segment(path: &str) -> bool {
     let decoded = percent_decode(path);
     decoded.split(['/', '\\']).any(|seg| seg == "." || seg == "..")
-}
-
-/// Rejects pipeline cycles, nesting deeper than [`MAX_PIPELINE_NESTING`] and pipelines one
-/// call of which would run more than [`MAX_PIPELINE_STEPS`] steps. The walk is an explicit
-/// depth-first search (no recursion: a chain of thousands of pipelines is input too).
-fn check_pipelines(tools: &[CompiledTool], p: &mut Problems) {
-    const NEW: u8 = 0;
-    const ON_PATH: u8 = 1;
-    const DONE: u8 = 2;
-    let steps_of = |i: usize| match &tools[i].handler {
-        CompiledHandler::Pipeline(steps) => steps.as_slice(),
-        _ => &[],
-    };
-    let mut state = vec![NEW; tools.len()];
-    // Pipelines on the deepest chain starting at a tool (itself included), and the steps one
-    // call of it runs (nested ones included); both 0 for other handlers.
-    let mut nesting = vec![0usize; tools.len()];
-    let mut cost = vec![0usize; tools.len()];
-    for root in 0..tools.len() {
-        if state[root] != NEW {
-            continue;
-        }
-        state[root] = ON_PATH;
-        let mut path: Vec<(usize, usize)> = vec![(root, 0)];
-        while let Some((i, next)) = path.last_mut() {
-            let (i, steps) = (*i, steps_of(*i));
-            if let Some(step) = steps.get(*next) {
-                *next += 1;
-                match state[step.tool] {
-                    NEW => {
-                        state[step.tool] = ON_PATH;
-                        path.push((step.tool, 0));
-                    }
-                    ON_PATH => {
-                        let from = path.iter().position(|&(x, _)| x == step.tool).unwrap_or(0);
-                        let mut names: Vec<&str> = path[from..]
-                            .iter()
-                            .map(|&(x, _)| tools[x].name.as_str())
-                            .collect();
-                        names.push(&tools[step.tool].name);
-                        p.push(
-                            format!("tools[{}].handler.pipeline", step.tool),
-                            format!("pipeline cycle: {}", names.join(" -> ")),
-                        );
-                        return;
-                    }
-                    _ => {}
-                }
-                continue;
-            }
-            if !steps.is_empty() {
-                nesting[i] = 1 + steps.iter().map(|s| nesting[s.tool]).max().unwrap_or(0);
-                cost[i] = steps.iter().fold(0usize, |acc, s| {
-                    acc.saturating_add(1).saturating_add(cost[s.tool])
-                });
-            }
-            state[i] = DONE;
-            path.pop();
-        }
-    }
-    // A chain of thousands would name thousands of tools: name the first few.
-    const SHOWN: usize = 10;
-    let mut over = 0;
-    let mut first_unshown = 0;
-    for (i, t) in tools.iter().enumerate() {
-        let problem = if nesting[i] > MAX_PIPELINE_NESTING {
-            format!(
-                "pipelines nest {} deep from `{}`; at most {MAX_PIPELINE_NESTING} are accepted",
-                nesting[i], t.name
-            )
-        } else if cost[i] > MAX_PIPELINE_STEPS {
-            let shown = if cost[i] == usize::MAX {
-                "more than that".to_owned()
-            } else {
-                cost[i].to_string()
-            };
-            format!(
-                "one call of `{}` would run {shown} steps (nested pipelines multiply); at most {MAX_PIPELINE_STEPS} are accepted",
-                t.name
-            )
-        } else {
-            continue;
-        };
-        over += 1;
-        if over <= SHOWN {
-            p.push(format!("tools[{i}].handler.pipeline"), problem);
-        } else if over == SHOWN + 1 {
-            first_unshown = i;
-        }
-    }
-    if over > SHOWN {
-        p.push(
-            format!("tools[{first_unshown}].handler.pipeline"),
-            format!(
-                "and {} more pipelines from here on nest too deep or run too many steps",
-                over - SHOWN
-            ),
-        );
-    }
 }
 
 fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
@@ -1638,7 +985,7 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
                     "an argument named `input` would hide the answers of `ask`",
                 );
             }
-            compile_questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
+            ask::questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
         };
         let mut visible = args.clone();
         if !ask.is_empty() {
@@ -1700,6 +1047,7 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::MAX_PIPELINE_NESTING;
     use crate::config::parse;
 
     fn problems(yaml: &str) -> Vec<String> {

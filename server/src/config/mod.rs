@@ -1,21 +1,27 @@
 //! The ToolSet configuration: model, loading from YAML sources, validation and compilation.
 
-mod compile;
-pub mod content;
-mod json_field;
+pub(crate) mod compile;
+pub(crate) mod json_field;
 mod model;
 pub mod upstream;
+
+pub use crate::handlers::content;
 
 use std::fmt;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+pub use crate::handlers::ask::{
+    ElicitCall, MAX_QUESTION_KEY, MAX_QUESTIONS, MAX_SAMPLE_TOKENS, Question, QuestionKind, SampleCall,
+};
+pub use crate::handlers::builtin::Builtin;
+pub use crate::handlers::exec::{ExecArg, ExecCall};
+pub use crate::handlers::http::{HttpCall, TlsRefs};
+pub use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, Step};
 pub use compile::{
-    Builtin, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ElicitCall,
-    ExecArg, ExecCall, HttpCall, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_QUESTION_KEY, MAX_QUESTIONS,
-    MAX_SAMPLE_TOKENS, MAX_SECRETS, MAX_VALUE_DEPTH, Question, QuestionKind, ResourceKind, SECRET_ROOT,
-    SampleCall, SecretRef, Step, TlsRefs, UriPattern, compile,
+    CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, MAX_SECRETS,
+    MAX_VALUE_DEPTH, ResourceKind, SECRET_ROOT, SecretRef, UriPattern, compile,
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};

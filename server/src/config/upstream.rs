@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::compile::{
-    CompiledHandler, CompiledTool, Names, Problems, SecretRef, TlsRefs, check_secret_template, compile_tls,
-    literal_origin, shallow, valid_header_name, valid_tool_name,
+    CompiledHandler, CompiledTool, Names, Problems, SecretRef, check_secret_template, literal_origin,
+    shallow, valid_header_name, valid_tool_name,
 };
 use super::{TlsSpec, parse_duration};
+use crate::handlers::http::{TlsRefs, compile_tls};
 use crate::schema::Schema;
 use crate::template::Template;
 

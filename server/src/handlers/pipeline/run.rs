@@ -2,7 +2,7 @@
 //! input template sees the pipeline's arguments and `steps.N.text` / `steps.N.structured`.
 //!
 //! A call is bounded three ways. The compiler rejects cycles, nesting deeper than
-//! [`super::MAX_DEPTH`] and ToolSets where one call would run more than [`MAX_STEPS`] tools
+//! [`crate::handlers::MAX_DEPTH`] and ToolSets where one call would run more than [`MAX_STEPS`] tools
 //! (nested pipelines multiply). At run time a [`Budget`] shared by every nested step counts
 //! the steps and the bytes of the step results kept for later steps, and the pipeline yields
 //! to the scheduler between steps, so a long call shares its worker and stops as soon as it
@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Map, Value};
 
-use super::{Executor, ToolOutput};
 use crate::config::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
+use crate::handlers::{Executor, ToolOutput};
 use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 use crate::template::{Scope, approx_size};

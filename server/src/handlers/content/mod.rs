@@ -1,14 +1,82 @@
 //! Rich content blocks (MCP `ContentBlock`): compiled from [`ContentSpec`] and rendered into
 //! the JSON a tool result or a prompt message carries. Every string is a template; base64
-//! fields are checked when literal at compile time, and after rendering at run time.
+//! fields are checked when literal at compile time, and after rendering at run time. The
+//! `content` handler answers with such blocks.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value};
 
-use super::compile::{Names, Problems, checked_template as checked};
-use super::model::{ContentSpec, EmbeddedResourceSpec};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::compile::{Cx, Names, Problems, checked_template as checked};
 use crate::template::{Budget, Scope, Template};
+
+#[cfg(feature = "runtime")]
+mod run;
+#[cfg(feature = "runtime")]
+pub use run::run;
+
+/// One block of MCP content. Every string in it is a template over the arguments (of the
+/// tool, or of the prompt); `data` and `blob` are base64.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum ContentSpec {
+    /// A text block.
+    Text(String),
+    /// An image: base64 `data` and its `mimeType` (e.g. `image/png`).
+    Image(MediaSpec),
+    /// Audio: base64 `data` and its `mimeType` (e.g. `audio/wav`).
+    Audio(MediaSpec),
+    /// A resource embedded whole: `uri`, and `text` or base64 `blob`.
+    Resource(EmbeddedResourceSpec),
+    /// A link to a resource the client may read (`resource_link`).
+    ResourceLink(ResourceLinkSpec),
+}
+
+/// Image or audio content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MediaSpec {
+    /// Base64 data (standard alphabet, padded).
+    pub data: String,
+    /// MIME type, e.g. `image/png`, `audio/wav`.
+    pub mime_type: String,
+}
+
+/// An embedded resource.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EmbeddedResourceSpec {
+    /// The resource's URI.
+    pub uri: String,
+    /// MIME type of the contents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Text contents. Exclusive with `blob`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Base64 binary contents. Exclusive with `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob: Option<String>,
+}
+
+/// A resource link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceLinkSpec {
+    /// The resource's URI.
+    pub uri: String,
+    /// The resource's name.
+    pub name: String,
+    /// What the resource holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// MIME type of the resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+}
 
 /// A compiled content block.
 #[derive(Debug)]
@@ -69,7 +137,7 @@ impl From<crate::template::TooLarge> for RenderError {
 }
 
 /// The problem reported for a literal that is not base64.
-pub(super) const NOT_BASE64: &str = "must be base64 (standard alphabet, padded)";
+pub(crate) const NOT_BASE64: &str = "must be base64 (standard alphabet, padded)";
 
 /// Whether `s` is standard, padded base64.
 pub fn is_base64(s: &str) -> bool {
@@ -90,7 +158,7 @@ fn base64_template(src: &str, path: &str, names: &Names<'_>, p: &mut Problems) -
 }
 
 /// Compiles one block; problems are reported under `path`.
-pub(super) fn compile(
+pub(crate) fn compile(
     spec: &ContentSpec,
     path: &str,
     names: &Names<'_>,
@@ -214,6 +282,20 @@ impl Content {
         }
         Ok(Value::Object(o))
     }
+}
+
+/// Compiles the blocks of a `content` handler.
+pub(crate) fn compile_blocks(blocks: &[ContentSpec], cx: &mut Cx<'_>) -> Vec<Content> {
+    let at = cx.at.clone();
+    if blocks.is_empty() {
+        cx.p.push(&at, "must have at least one block");
+    }
+    let (names, p) = (cx.names, &mut *cx.p);
+    blocks
+        .iter()
+        .enumerate()
+        .filter_map(|(j, b)| compile(b, &format!("{at}[{j}]"), names, p))
+        .collect()
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{ToolOutput, WithSecrets, process};
 use crate::config::ExecCall;
+use crate::handlers::{ToolOutput, WithSecrets, process};
 use crate::template::Budget;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -1,0 +1,217 @@
+//! The `http` handler: an HTTP request whose URL, headers and JSON body are templates over
+//! the arguments (and Secrets), sent by a pooled HTTP/1.1 client (TLS via rustls) with a
+//! timeout and a response size cap.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::compile::{
+    Cx, Problems, SecretRef, byte_cap, check_secret_template, duration, has_dot_segment, literal_origin,
+    path_of, shallow, template, valid_header_name, valid_secret_part,
+};
+use crate::config::json_field;
+use crate::template::{JsonTemplate, Template};
+
+#[cfg(feature = "runtime")]
+mod run;
+#[cfg(feature = "runtime")]
+pub use run::HttpClient;
+#[cfg(feature = "runtime")]
+pub(crate) use run::USER_AGENT;
+
+/// An HTTP handler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpHandler {
+    /// HTTP method (GET, POST, PUT, PATCH, DELETE, HEAD). Default GET.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// URL template (`http` or `https`); substituted values are percent-encoded.
+    pub url: String,
+    /// Request headers; values are templates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// JSON body template: strings are templates; a string that is exactly `{{arg}}` keeps
+    /// the argument's JSON type. Sent as `application/json`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "json_field::optional"
+    )]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub body: Option<Value>,
+    /// Request timeout, e.g. `500ms`, `2s` (default 10s, at most 5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Largest response body accepted, in bytes (default 1 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<u64>,
+    /// TLS towards a server of a private CA, optionally with a client certificate (mTLS).
+    /// Needs an `https` URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// TLS settings of an http tool, read from Secrets (like `{{secret...}}`: rotated values are
+/// used by the next call).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsSpec {
+    /// Secret whose `ca.crt` key holds the PEM certificates of the CAs to trust for this
+    /// tool's server, instead of the public roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<String>,
+    /// A `kubernetes.io/tls` Secret (keys `tls.crt`, `tls.key`, PEM) whose certificate the
+    /// tool presents to the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret: Option<String>,
+}
+
+fn default_method() -> String {
+    "GET".to_owned()
+}
+
+/// A compiled HTTP handler.
+#[derive(Debug)]
+pub struct HttpCall {
+    /// Upper-case method.
+    pub method: String,
+    /// URL template (values percent-encoded unless filtered `raw`).
+    pub url: Template,
+    /// `scheme://authority` of every URL this tool requests: literal in the template.
+    pub origin: String,
+    /// Header name and value template.
+    pub headers: Vec<(String, Template)>,
+    /// JSON body template.
+    pub body: Option<JsonTemplate>,
+    /// Request timeout.
+    pub timeout: Duration,
+    /// Response size cap.
+    pub max_response_bytes: usize,
+    /// Secret values the request uses (redacted from what the call returns).
+    pub secrets: Vec<SecretRef>,
+    /// TLS from Secrets, when the tool sets `tls`.
+    pub tls: Option<TlsRefs>,
+}
+
+/// Where an http tool's TLS material is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TlsRefs {
+    /// PEM CA certificates trusted instead of the public roots.
+    pub ca: Option<SecretRef>,
+    /// PEM certificate chain and private key presented to the server.
+    pub client: Option<(SecretRef, SecretRef)>,
+}
+
+/// Compiles an `http` spec.
+pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
+    let hp = cx.at.clone();
+    let (names, p) = (cx.names, &mut *cx.p);
+    let method = h.method.to_ascii_uppercase();
+    if !["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&method.as_str()) {
+        p.push(
+            format!("{hp}.method"),
+            format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method),
+        );
+    }
+    let url = template(&h.url, &format!("{hp}.url"), p);
+    let mut origin = String::new();
+    let mut secrets = Vec::new();
+    if let Some(u) = &url {
+        check_secret_template(u, names, &format!("{hp}.url"), p, &mut secrets);
+        match literal_origin(u) {
+            Ok(o) => origin = o,
+            Err(e) => p.push(format!("{hp}.url"), e),
+        }
+        if u.literal_prefix().len() > origin.len()
+            && has_dot_segment(path_of(&u.literal_prefix()[origin.len()..]))
+        {
+            p.push(format!("{hp}.url"), "the path has a `.` or `..` segment");
+        }
+    }
+    let mut headers = Vec::new();
+    for (k, v) in &h.headers {
+        if !valid_header_name(k) {
+            p.push(format!("{hp}.headers.{k}"), "not a valid header name");
+        }
+        if let Some(t) = template(v, &format!("{hp}.headers.{k}"), p) {
+            check_secret_template(&t, names, &format!("{hp}.headers.{k}"), p, &mut secrets);
+            headers.push((k.clone(), t));
+        }
+    }
+    let body = h.body.as_ref().and_then(|b| {
+        if !shallow(b, &format!("{hp}.body"), p) {
+            return None;
+        }
+        let jt = JsonTemplate::compile(b)
+            .map_err(|e| p.push(format!("{hp}.body"), e))
+            .ok()?;
+        for t in jt.templates() {
+            check_secret_template(t, names, &format!("{hp}.body"), p, &mut secrets);
+        }
+        Some(jt)
+    });
+    let tls = h
+        .tls
+        .as_ref()
+        .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, &mut secrets));
+    if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
+        p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
+    }
+    HttpCall {
+        timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), p),
+        max_response_bytes: byte_cap(h.max_response_bytes, &format!("{hp}.maxResponseBytes"), p),
+        method,
+        url: url.unwrap_or_else(Template::empty),
+        origin,
+        headers,
+        body,
+        secrets,
+        tls,
+    }
+}
+
+/// Compiles `tls:` (of an http tool or upstream at `at`), adding its Secret values to
+/// `secrets`; `origin` is the literal `scheme://authority` of the URL (empty if unknown).
+pub(crate) fn compile_tls(
+    t: &TlsSpec,
+    at: &str,
+    origin: &str,
+    p: &mut Problems,
+    secrets: &mut Vec<SecretRef>,
+) -> TlsRefs {
+    if !origin.is_empty() && !origin.starts_with("https://") {
+        p.push(at, "needs an https url");
+    }
+    if t.ca_secret.is_none() && t.client_cert_secret.is_none() {
+        p.push(at, "set caSecret, clientCertSecret or both");
+    }
+    let mut named = |field: &str, name: &Option<String>, key: &str| {
+        let n = name.as_ref()?;
+        if !valid_secret_part(n) {
+            p.push(
+                format!("{at}.{field}"),
+                "not a Secret name (letters, digits, `-`, `_`)",
+            );
+        }
+        let r = SecretRef {
+            name: n.clone(),
+            key: key.to_owned(),
+        };
+        if !secrets.contains(&r) {
+            secrets.push(r.clone());
+        }
+        Some(r)
+    };
+    let ca = named("caSecret", &t.ca_secret, "ca.crt");
+    let cert = named("clientCertSecret", &t.client_cert_secret, "tls.crt");
+    let key = named("clientCertSecret", &t.client_cert_secret, "tls.key");
+    TlsRefs {
+        ca,
+        client: cert.zip(key),
+    }
+}
