@@ -55,7 +55,13 @@ def test_one_endpoint_fronts_a_sidecar_image_and_a_remote_server(ns: Namespace):
         # A filter change reaches the running pod through the ConfigMap: no restart, and
         # the upstream's processes are the same (same pid).
         generation = ns.get("deploy", "gateway")["metadata"]["generation"]
-        pid = text(local_who).split()[0]
+
+        def pids(tool: str) -> set[str]:
+            _, results = asyncio.run(tools_and_calls(url, [(tool, {})] * 6))
+            return {text(r).split()[0] for r in results}
+
+        before = pids("local_go_whoami")
+        assert len(before) == 2, f"calls spread over the two processes: {before}"
         mcps = yaml.safe_load_all(SAMPLE)
         spec = next(d for d in mcps if d["kind"] == "McpServer")["spec"]
         spec["upstreams"][0]["tools"] = {"prefix": "go_", "include": ["echo", "whoami"]}
@@ -67,7 +73,7 @@ def test_one_endpoint_fronts_a_sidecar_image_and_a_remote_server(ns: Namespace):
 
         tools, (who,) = eventually("the filter change to be served", reloaded, 60, 0.5)
         assert set(tools) == {"hello", "go_echo", "go_whoami"} | {f"remote_{t}" for t in ["echo", "add", "whoami"]}
-        assert text(who).split()[0] == pid, "the upstream process was restarted"
+        assert text(who).split()[0] in before and pids("go_whoami") == before, "the upstream processes were restarted"
         after = ns.pods("gateway")
         assert [p["metadata"]["uid"] for p in after] == [pod["metadata"]["uid"]], "the pod was replaced"
         assert all(s["restartCount"] == 0 for s in after[0]["status"]["containerStatuses"])
