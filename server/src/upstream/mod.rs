@@ -41,6 +41,8 @@ use crate::secrets::Secrets;
 pub const MAX_IN_FLIGHT: usize = 1024;
 /// Reasons for tools not served shown per upstream on `/status`.
 const MAX_SKIPPED_SHOWN: usize = 20;
+/// Entries of an upstream's tool list kept (valid or not): twice what can be imported.
+const MAX_LISTED: usize = 2 * MAX_UPSTREAM_TOOLS;
 /// Pages of `tools/list` read from an upstream before its list is taken as complete.
 const MAX_LIST_PAGES: usize = 100;
 /// The protocol version asked for in `initialize`.
@@ -314,6 +316,8 @@ enum Conn {
 struct Listed {
     tools: Vec<Value>,
     hash: u64,
+    /// The list was longer than is kept (entries or bytes).
+    cut: bool,
 }
 
 /// One upstream's connection (or processes), its tool list and its health.
@@ -412,6 +416,8 @@ impl Link {
     /// Reads the upstream's whole tool list; true when it differs from the last one.
     async fn list_tools(&self) -> bool {
         let mut tools = Vec::new();
+        let mut bytes = 0usize;
+        let mut cut = false;
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
             let params = match &cursor {
@@ -426,13 +432,22 @@ impl Link {
                 }
             };
             match page.get("tools").and_then(Value::as_array) {
-                // Beyond what can be imported, more pages only cost memory.
-                Some(t) if tools.len() + t.len() > MAX_UPSTREAM_TOOLS + 1 => {
-                    let room = (MAX_UPSTREAM_TOOLS + 1).saturating_sub(tools.len());
-                    tools.extend(t.iter().take(room).cloned());
-                    break;
+                Some(t) => {
+                    // Bounded in entries (invalid ones included) and in bytes, whatever the
+                    // pages: beyond this the list is cut, and the import says so.
+                    for entry in t {
+                        bytes += crate::template::approx_size(entry);
+                        if tools.len() >= MAX_LISTED || bytes > self.shared.max_bytes.saturating_mul(4) {
+                            cut = true;
+                            break;
+                        }
+                        tools.push(entry.clone());
+                    }
+                    if cut {
+                        tracing::warn!(upstream = %self.name, entries = tools.len(), bytes, "the upstream lists more than is kept; the rest is not read");
+                        break;
+                    }
                 }
-                Some(t) => tools.extend(t.iter().cloned()),
                 None => {
                     tracing::warn!(upstream = %self.name, "tools/list answered without `tools`; keeping the last list");
                     return false;
@@ -454,7 +469,7 @@ impl Link {
             return false;
         }
         tracing::info!(upstream = %self.name, tools = tools.len(), "upstream tools listed");
-        self.listed.store(Arc::new(Listed { tools, hash }));
+        self.listed.store(Arc::new(Listed { tools, hash, cut }));
         true
     }
 
@@ -636,7 +651,13 @@ impl Hub {
         for (i, (u, link)) in compiled.upstreams.iter().zip(links).enumerate() {
             let listed = link.listed.load();
             listed.hash.hash(&mut h);
-            let (tools, report) = u.import(i, &listed.tools, &mut taken);
+            let (tools, mut report) = u.import(i, &listed.tools, &mut taken);
+            if listed.cut {
+                report.skipped.push(format!(
+                    "the list was cut after {} entries (at most {MAX_LISTED} entries and 4 × maxMessageBytes are read)",
+                    listed.tools.len()
+                ));
+            }
             if !report.skipped.is_empty() {
                 tracing::warn!(upstream = %u.name, skipped = ?report.skipped, "upstream tools not served");
             }

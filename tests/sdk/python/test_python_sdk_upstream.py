@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import mcp_types as types
@@ -275,3 +276,59 @@ def test_a_stdio_server_behind_the_bridge_socket(tmp_path):
             p.terminate()
             p.wait(timeout=10)
     assert not sock.exists(), "the bridge removes its socket on SIGTERM"
+
+
+HOSTILE = Path(__file__).resolve().parent / "servers" / "hostile_upstream.py"
+
+
+def test_hostile_upstreams_cannot_take_the_server_down(tmp_path):
+    """One upstream per way of breaking the protocol, beside a local tool: the server keeps
+    serving, each upstream is reported as it deserves, and what can be served is."""
+    modes = ["garbage", "huge", "silent", "evil", "flood", "liar"]
+    path = tmp_path / "tools.yaml"
+    path.write_text(
+        "tools: [{name: local, handler: {template: fine}}]\nupstreams:\n"
+        + "".join(
+            f"  - {{name: {m}, stdio: {{command: [{sys.executable}, {HOSTILE}, {m}]}}, timeout: 2s, maxMessageBytes: 1048576, tools: {{prefix: {m}_}}}}\n"
+            for m in modes
+        )
+    )
+    port, admin = free_port(), free_port()
+    proc = subprocess.Popen(
+        [str(BIN), "--config", f"file:{path}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
+        stdout=open(tmp_path / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    sp = ServerProcess(path, port, admin, proc)
+    try:
+        wait_until(lambda: sp.status()["ready"])
+        # The well-behaved parts come up; the broken ones are down with a reason, restarted
+        # with backoff.
+        wait_until(lambda: all(upstream(sp, m)["imported"] >= 1 for m in ["garbage", "evil", "flood", "liar"]), timeout=30)
+        silent = wait_until(lambda: (u := upstream(sp, "silent"))["restarts"] >= 1 and u, timeout=30)
+        assert silent["state"] != "ready" and "initialize: no answer within 2s" in silent["error"], silent
+        huge = wait_until(lambda: (u := upstream(sp, "huge"))["restarts"] >= 1 and u, timeout=30)
+        assert "over 1048576 bytes" in (huge["error"] or ""), huge
+        evil = upstream(sp, "evil")
+        assert evil["imported"] == 10_000, evil["imported"]  # `ok` and t0.. up to the cap
+        assert evil["skippedCount"] >= 5 and len(evil["skipped"]) <= 20, evil
+        # A flood of list_changed is coalesced, not one rebuild each.
+        generation = sp.status()["generation"]
+        assert generation < 100, generation
+
+        async def run():
+            async with Client(sp.url, mode="legacy") as c:
+                assert (await c.call_tool("local", {})).content[0].text == "fine"
+                assert (await c.call_tool("garbage_ok", {"x": "y"})).content[0].text == "ok y"
+                r = await c.call_tool("liar_ok", {})
+                assert r.is_error and "broke the protocol" in r.content[0].text, r.content[0].text
+                r = await c.call_tool("flood_ok", {"x": "z"})
+                assert r.content[0].text == "ok z"
+
+        asyncio.run(run())
+        assert proc.poll() is None, "the server died"
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=2) as r:
+            assert r.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
