@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::build;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
-const MAX_BODY: u64 = 256 * 1024;
+const MAX_BODY: u64 = 1024 * 1024;
 
 /// What one pod's `/status` says.
 #[derive(Debug, Clone, Default, PartialEq)]

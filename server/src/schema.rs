@@ -11,7 +11,18 @@
 
 use std::collections::BTreeMap;
 
-use regex::Regex;
+use regex::{Regex, RegexBuilder};
+
+/// Compiled size a `pattern` may take (NFA and lazy-DFA cache each): `\\w{200}` would
+/// otherwise take ~11 MB, and a ToolSet or an upstream may declare thousands.
+const MAX_REGEX_BYTES: usize = 64 * 1024;
+
+fn bounded_regex(p: &str) -> Result<Regex, regex::Error> {
+    RegexBuilder::new(p)
+        .size_limit(MAX_REGEX_BYTES)
+        .dfa_size_limit(MAX_REGEX_BYTES)
+        .build()
+}
 use serde_json::{Map, Value, json};
 
 const T_NULL: u8 = 1;
@@ -524,7 +535,7 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
             "maxLength" => s.max_length = count(k, errs),
             "minItems" => s.min_items = count(k, errs),
             "maxItems" => s.max_items = count(k, errs),
-            "pattern" => match x.as_str().map(Regex::new) {
+            "pattern" => match x.as_str().map(bounded_regex) {
                 Some(Ok(re)) => s.pattern = Some(re),
                 Some(Err(e)) => errs.push(format!("{}: invalid regular expression: {e}", here(k))),
                 None => errs.push(format!("{}: must be a string", here(k))),

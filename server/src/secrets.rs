@@ -282,16 +282,10 @@ impl Secrets {
     /// Replaces the values of `refs` found in `out` with [`REDACTED`].
     pub fn redact(&self, refs: &[SecretRef], out: &mut ToolOutput) {
         let values = self.values.load();
-        let mut secrets: Vec<&str> = refs
-            .iter()
-            .filter_map(|r| values.get(&r.name)?.get(&r.key)?.as_str())
-            .filter(|v| v.len() >= MIN_REDACTED_LEN)
-            .collect();
+        let secrets = redacted_values(&values, refs);
         if secrets.is_empty() {
             return;
         }
-        // Longest first, so a value that contains another is replaced whole.
-        secrets.sort_by_key(|v| std::cmp::Reverse(v.len()));
         redact_str(&mut out.text, &secrets);
         if let Some(s) = &mut out.structured {
             redact_value(s, &secrets);
@@ -300,6 +294,25 @@ impl Secrets {
             blocks.iter_mut().for_each(|b| redact_value(b, &secrets));
         }
     }
+
+    /// Replaces the values of `refs` found in `text` with [`REDACTED`] (e.g. an upstream's
+    /// progress message).
+    pub fn redact_text(&self, refs: &[SecretRef], text: &mut String) {
+        let values = self.values.load();
+        redact_str(text, &redacted_values(&values, refs));
+    }
+}
+
+/// The values of `refs` long enough to redact, longest first (so a value that contains
+/// another is replaced whole).
+fn redacted_values<'a>(values: &'a Value, refs: &[SecretRef]) -> Vec<&'a str> {
+    let mut secrets: Vec<&str> = refs
+        .iter()
+        .filter_map(|r| values.get(&r.name)?.get(&r.key)?.as_str())
+        .filter(|v| v.len() >= MIN_REDACTED_LEN)
+        .collect();
+    secrets.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    secrets
 }
 
 fn redact_str(s: &mut String, secrets: &[&str]) {

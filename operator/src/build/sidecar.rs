@@ -61,12 +61,26 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
         if s.command.is_empty() {
             problems.push(format!("{at}.command: the program to run in the image"));
         }
+        if s.command.iter().any(|a| a.contains('\0')) {
+            problems.push(format!("{at}.command: arguments cannot hold NUL"));
+        }
+        if s.cwd
+            .as_ref()
+            .is_some_and(|c| !c.starts_with('/') || c.contains('\0'))
+        {
+            problems.push(format!("{at}.cwd: an absolute directory path"));
+        }
         if s.socket.is_some() {
             problems.push(format!(
                 "{at}.socket: set by the operator for an upstream with an image"
             ));
         }
         for (k, v) in &s.env {
+            if !valid_env_name(k) {
+                problems.push(format!(
+                    "{at}.env.{k}: not an environment variable name Kubernetes accepts (letters, digits, `_`, `-`, `.`; not starting with a digit)"
+                ));
+            }
             if env_value(v).is_err() {
                 problems.push(format!(
                     "{at}.env.{k}: in a sidecar a value is literal text or exactly one `{{{{secret.NAME.KEY}}}}`"
@@ -74,14 +88,45 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
             }
         }
     }
+    // The pod template's own volumes and mounts must leave Quiver's alone.
+    let overrides = mcp.spec.pod_template.as_ref();
+    if imaged(mcp).next().is_some() {
+        for v in overrides.iter().flat_map(|o| &o.volumes) {
+            if [BIN_VOLUME, RUN_VOLUME, TMP_VOLUME].contains(&v.name.as_str()) {
+                problems.push(format!(
+                    "spec.podTemplate.volumes: `{}` is the name of a volume Quiver adds for upstream images",
+                    v.name
+                ));
+            }
+        }
+        for m in overrides.iter().flat_map(|o| &o.volume_mounts) {
+            if m.mount_path.trim_end_matches('/') == RUN_DIR {
+                problems.push(format!(
+                    "spec.podTemplate.volumeMounts: {RUN_DIR} is where Quiver mounts the upstream sockets"
+                ));
+            }
+        }
+    }
     problems
+}
+
+fn valid_env_name(k: &str) -> bool {
+    !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Kubernetes expands `$(VAR)` in a container's args and env values: `$$` keeps a `$`.
+fn literal(s: &str) -> String {
+    s.replace('$', "$$")
 }
 
 /// An env value of a sidecar: literal text, or one Secret key (`Err` for anything else).
 fn env_value(v: &str) -> Result<EnvVar, ()> {
     let mut var = EnvVar::default();
     if !v.contains("{{") {
-        var.value = Some(v.to_owned());
+        var.value = Some(literal(v));
         return Ok(var);
     }
     let inner = v
@@ -92,13 +137,19 @@ fn env_value(v: &str) -> Result<EnvVar, ()> {
         .trim();
     match inner.split('.').collect::<Vec<_>>().as_slice() {
         ["secret", name, key]
-            if crate::render::is_dns_label(name) && !key.is_empty() && !key.contains(['{', '}', ' ']) =>
+            if crate::render::is_dns_label(name)
+                && !key.is_empty()
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) =>
         {
             var.value_from = Some(EnvVarSource {
                 secret_key_ref: Some(SecretKeySelector {
                     name: (*name).to_owned(),
                     key: (*key).to_owned(),
-                    optional: Some(false),
+                    // A missing key leaves the variable unset: the upstream reports what it
+                    // lacks, and the rest of the pod (the server) still starts.
+                    optional: Some(true),
                 }),
                 ..EnvVarSource::default()
             });
@@ -215,7 +266,7 @@ pub fn pod_parts(mcp: &McpServer, server_image: &str, pull_policy: &str) -> PodP
                 s.processes.unwrap_or(1).max(1).to_string(),
                 "--".to_owned(),
             ];
-            args.extend(s.command.iter().cloned());
+            args.extend(s.command.iter().map(|a| literal(a)));
             let env: Vec<EnvVar> = s
                 .env
                 .iter()
@@ -275,6 +326,12 @@ mod tests {
     #[test]
     fn sidecar_env_is_literal_or_one_secret_key() {
         assert_eq!(env_value("plain").unwrap().value.as_deref(), Some("plain"));
+        assert_eq!(
+            env_value("cost $(HOME)").unwrap().value.as_deref(),
+            Some("cost $$(HOME)")
+        );
+        assert!(env_value("{{secret.a.b/c}}").is_err());
+        assert!(valid_env_name("GITHUB_TOKEN") && !valid_env_name("9LIVES") && !valid_env_name("A=B"));
         let s = env_value("{{ secret.db-creds.dsn }}").unwrap();
         let r = s.value_from.unwrap().secret_key_ref.unwrap();
         assert_eq!((r.name.as_str(), r.key.as_str()), ("db-creds", "dsn"));

@@ -576,7 +576,7 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
     assert_eq!(env[0]["name"], "GITHUB_TOKEN");
     assert_eq!(
         env[0]["valueFrom"]["secretKeyRef"],
-        json!({"name": "github", "key": "token", "optional": false})
+        json!({"name": "github", "key": "token", "optional": true})
     );
     assert_eq!(env[1], json!({"name": "LOG", "value": "warn"}));
     assert_eq!(side["securityContext"]["allowPrivilegeEscalation"], false);

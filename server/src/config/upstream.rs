@@ -33,6 +33,13 @@ pub const MAX_PROCESSES: u32 = 16;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Largest `maxMessageBytes`.
+const MAX_MESSAGE_BYTES: u64 = 64 << 20;
+/// Largest descriptor of an imported tool (name, description, schemas, annotations), so a
+/// page of `tools/list` always fits the server's response limit.
+pub const MAX_DESCRIPTOR_BYTES: usize = 64 * 1024;
+/// `pattern`s compiled per upstream import (each bounded in size by the schema compiler).
+pub const MAX_UPSTREAM_PATTERNS: usize = 1000;
 const MAX_PREFIX: usize = 64;
 
 /// An MCP server whose tools this server serves as its own: exactly one of `http`, `stdio`.
@@ -240,6 +247,7 @@ pub struct ImportReport {
 fn valid_upstream_name(n: &str) -> bool {
     (1..=63).contains(&n.len())
         && n.starts_with(|c: char| c.is_ascii_lowercase())
+        && !n.ends_with('-')
         && n.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
@@ -255,10 +263,13 @@ pub(super) fn compile_upstreams(
     p: &mut Problems,
 ) -> Vec<CompiledUpstream> {
     if specs.len() > MAX_UPSTREAMS {
+        // Nothing more is looked at: checking pairs of thousands would take the time and
+        // memory of whoever validates (the operator included).
         p.push(
             "upstreams",
             format!("{} upstreams; at most {MAX_UPSTREAMS}", specs.len()),
         );
+        return Vec::new();
     }
     let none = Names::arguments(Vec::new());
     let mut names: FxHashMap<&str, usize> = FxHashMap::default();
@@ -269,7 +280,7 @@ pub(super) fn compile_upstreams(
             p.push(
                 format!("{at}.name"),
                 format!(
-                    "`{}` is not an upstream name (1-63 of a-z 0-9 -, starting with a letter)",
+                    "`{}` is not an upstream name (1-63 of a-z 0-9 -, starting with a letter, not ending with -)",
                     u.name
                 ),
             );
@@ -407,9 +418,12 @@ pub(super) fn compile_upstreams(
         };
         let max_message_bytes = match u.max_message_bytes {
             None => DEFAULT_MAX_MESSAGE_BYTES,
-            Some(n) if n >= 1024 => usize::try_from(n).unwrap_or(usize::MAX),
+            Some(n @ 1024..=MAX_MESSAGE_BYTES) => usize::try_from(n).unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
             Some(_) => {
-                p.push(format!("{at}.maxMessageBytes"), "must be at least 1024");
+                p.push(
+                    format!("{at}.maxMessageBytes"),
+                    format!("must be between 1024 and {MAX_MESSAGE_BYTES}"),
+                );
                 DEFAULT_MAX_MESSAGE_BYTES
             }
         };
@@ -498,12 +512,15 @@ pub(super) fn compile_upstreams(
 /// and the names served do not meet; otherwise which of them serves a name would depend on
 /// what the upstreams happen to list.
 fn check_overlaps(ups: &[CompiledUpstream], p: &mut Problems) {
-    let known = |u: &CompiledUpstream| -> Option<FxHashSet<String>> {
-        if u.include.is_empty() || !u.include.iter().all(Glob::is_literal) {
-            return None;
-        }
-        Some(u.include.iter().map(|g| u.served_name(&g.0)).collect())
-    };
+    let known: Vec<Option<FxHashSet<String>>> = ups
+        .iter()
+        .map(|u| {
+            if u.include.is_empty() || !u.include.iter().all(Glob::is_literal) {
+                return None;
+            }
+            Some(u.include.iter().map(|g| u.served_name(&g.0)).collect())
+        })
+        .collect();
     for (j, b) in ups.iter().enumerate() {
         let renamed_b: FxHashSet<&str> = b.rename.values().map(String::as_str).collect();
         for (i, a) in ups[..j].iter().enumerate() {
@@ -518,8 +535,8 @@ fn check_overlaps(ups: &[CompiledUpstream], p: &mut Problems) {
             if a.prefix != b.prefix {
                 continue;
             }
-            let clash = match (known(a), known(b)) {
-                (Some(x), Some(y)) => x.intersection(&y).next().map(|n| format!("both serve `{n}`")),
+            let clash = match (&known[i], &known[j]) {
+                (Some(x), Some(y)) => x.intersection(y).next().map(|n| format!("both serve `{n}`")),
                 _ => Some(format!(
                     "imports under the same prefix (`{}`) as upstreams[{i}] (`{}`)",
                     b.prefix, a.name
@@ -561,6 +578,7 @@ impl CompiledUpstream {
         let mut tools = Vec::new();
         let mut report = ImportReport::default();
         let mut seen = FxHashSet::default();
+        let mut patterns = 0;
         for t in listed {
             let Some(remote) = t.get("name").and_then(Value::as_str) else {
                 report.skipped.push("a tool without a name".to_owned());
@@ -595,8 +613,16 @@ impl CompiledUpstream {
                 ));
                 continue;
             }
+            let n = count_patterns(t);
+            if patterns + n > MAX_UPSTREAM_PATTERNS {
+                report.skipped.push(format!(
+                    "`{remote}`: its schemas bring the upstream over {MAX_UPSTREAM_PATTERNS} `pattern`s"
+                ));
+                continue;
+            }
             match self.compile_tool(index, remote, &name, t) {
                 Ok(tool) => {
+                    patterns += n;
                     taken.insert(name);
                     tools.push(tool);
                 }
@@ -652,9 +678,16 @@ impl CompiledUpstream {
         if let Some(o) = t.get("outputSchema") {
             d.insert("outputSchema".into(), o.clone());
         }
+        let descriptor = Value::Object(d);
+        let size = crate::template::approx_size(&descriptor);
+        if size > MAX_DESCRIPTOR_BYTES {
+            return Err(format!(
+                "its descriptor is about {size} bytes; at most {MAX_DESCRIPTOR_BYTES}"
+            ));
+        }
         Ok(CompiledTool {
             name: name.to_owned(),
-            descriptor: Value::Object(d),
+            descriptor,
             input,
             output,
             handler: CompiledHandler::Upstream(UpstreamCall {
@@ -663,6 +696,30 @@ impl CompiledUpstream {
             }),
         })
     }
+}
+
+/// Regular expressions a tool's schemas would compile (`pattern`, `patternProperties`).
+fn count_patterns(t: &Value) -> usize {
+    let mut n = 0;
+    let mut stack: Vec<&Value> = ["inputSchema", "outputSchema"]
+        .iter()
+        .filter_map(|k| t.get(k))
+        .collect();
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(o) => {
+                n += usize::from(o.get("pattern").is_some_and(Value::is_string));
+                n += o
+                    .get("patternProperties")
+                    .and_then(Value::as_object)
+                    .map_or(0, Map::len);
+                stack.extend(o.values());
+            }
+            Value::Array(a) => stack.extend(a),
+            _ => {}
+        }
+    }
+    n
 }
 
 #[cfg(test)]
@@ -823,6 +880,46 @@ upstreams:
             assert!(skipped.contains(wanted), "{wanted} not in {skipped}");
         }
         assert!(taken.contains("find") && taken.contains("gh_get_issue"));
+    }
+
+    #[test]
+    fn costly_descriptors_and_patterns_are_not_imported() {
+        let u = upstream("upstreams: [{name: a, stdio: {command: [a]}}]");
+        let big = json!({"name": "big", "description": "x".repeat(MAX_DESCRIPTOR_BYTES)});
+        // `\\w{200}` compiles to ~11 MB without a size limit; refused within the bound.
+        let costly = json!({"name": "costly", "inputSchema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "\\w{200}"}}}});
+        let cheap = |i: usize| json!({"name": format!("p{i}"), "inputSchema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$"}}}});
+        let mut listed = vec![big, costly];
+        listed.extend((0..=MAX_UPSTREAM_PATTERNS).map(cheap));
+        let (tools, report) = u.import(0, &listed, &mut FxHashSet::default());
+        assert_eq!(tools.len(), MAX_UPSTREAM_PATTERNS, "one pattern per tool");
+        let skipped = report.skipped.join("\n");
+        assert!(skipped.contains("`big`: its descriptor is about"), "{skipped}");
+        assert!(
+            skipped.contains("`costly`: inputSchema") && skipped.contains("size limit"),
+            "{skipped}"
+        );
+        assert!(
+            skipped.contains(&format!("over {MAX_UPSTREAM_PATTERNS} `pattern`s")),
+            "{skipped}"
+        );
+    }
+
+    #[test]
+    fn thousands_of_upstreams_are_refused_without_looking_further() {
+        let many: String = (0..5000)
+            .map(|i| format!("  - {{name: u{i}, stdio: {{command: [x]}}}}\n"))
+            .collect();
+        let p = problems(&format!("upstreams:\n{many}"));
+        assert_eq!(
+            p,
+            vec![format!("upstreams: 5000 upstreams; at most {MAX_UPSTREAMS}")]
+        );
+        assert!(problems("upstreams: [{name: ab-, stdio: {command: [x]}}]")[0].contains("not ending with -"));
+        assert!(
+            problems("upstreams: [{name: a, stdio: {command: [x]}, maxMessageBytes: 1000000000000}]")[0]
+                .contains("maxMessageBytes")
+        );
     }
 
     #[test]

@@ -90,7 +90,12 @@ pub struct Reloader {
     last_input: Mutex<Option<u64>>,
     /// The sources serving now: an upstream whose tools change rebuilds from them.
     serving: Mutex<Option<Arc<Sources>>>,
+    /// Held for the whole of a build (config reload or upstream refresh).
+    building: Mutex<()>,
 }
+
+/// Upstream tool changes rebuild the registry at most once per this interval.
+const UPSTREAM_REBUILD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn now_unix() -> u64 {
     SystemTime::now()
@@ -106,6 +111,7 @@ impl Reloader {
             server,
             last_input: Mutex::new(None),
             serving: Mutex::new(None),
+            building: Mutex::new(()),
         })
     }
 
@@ -124,6 +130,12 @@ impl Reloader {
             }
             *last = Some(input);
         }
+        // One build at a time, and the sources it served recorded before the next starts:
+        // a refresh for an upstream's new tools never swaps back a config replaced meanwhile.
+        let _one = self
+            .building
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = self.build(sources);
         if r.is_ok()
             && let Ok(mut s) = self.serving.lock()
@@ -136,6 +148,10 @@ impl Reloader {
     /// Builds the registry again from the serving sources, with the tools the upstreams
     /// list now (called when an upstream's tool list changed).
     pub fn refresh(&self) -> Result<Reloaded, ConfigError> {
+        let _one = self
+            .building
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let sources = self.serving.lock().ok().and_then(|s| s.clone());
         match sources {
             Some(s) => self.build(&s),
@@ -156,6 +172,9 @@ impl Reloader {
                     Ok(Err(e)) => tracing::warn!(error = %e, "rebuilding with new upstream tools failed"),
                     Err(e) => tracing::error!(error = %e, "rebuilding with new upstream tools failed"),
                 }
+                // Upstreams that keep changing rebuild the registry at most this often (what
+                // changed meanwhile is picked up by the next rebuild).
+                tokio::time::sleep(UPSTREAM_REBUILD_INTERVAL).await;
             }
         });
     }

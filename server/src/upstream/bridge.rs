@@ -6,6 +6,7 @@
 //! server's supervision (restart with backoff, a pool of N) works the same as for programs
 //! it starts itself.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -25,11 +26,15 @@ pub async fn serve(socket: &Path, command: &[String], max: usize) -> anyhow::Res
     let (program, args) = command
         .split_first()
         .context("bridge needs a program after `--`")?;
-    // A socket left by an earlier run of this container (the volume outlives it).
-    match std::fs::remove_file(socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing the stale {}", socket.display())),
+    // A socket left by an earlier run of this container (the volume outlives it); anything
+    // else at that path is not ours to delete.
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(socket)
+                .with_context(|| format!("removing the stale {}", socket.display()))?;
+        }
+        Ok(_) => anyhow::bail!("{} exists and is not a socket", socket.display()),
+        Err(_) => {}
     }
     let listener = UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), program, "bridge listening");
@@ -41,7 +46,11 @@ pub async fn serve(socket: &Path, command: &[String], max: usize) -> anyhow::Res
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         };
-        let Ok((conn, _)) = conn else { continue };
+        let Ok((conn, _)) = conn else {
+            // E.g. out of file descriptors: do not spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             tracing::warn!(max, "bridge: connection refused, every process slot is taken");
             continue;

@@ -39,6 +39,12 @@ use crate::secrets::Secrets;
 
 /// Requests in flight per link (per process for stdio); more are refused at once.
 pub const MAX_IN_FLIGHT: usize = 1024;
+/// An upstream's tools are listed at most this often, however many `list_changed` it sends.
+const RELIST_INTERVAL: Duration = Duration::from_millis(250);
+/// Longest error text shown per upstream on `/status` (and passed to the operator).
+const MAX_STATUS_ERROR: usize = 512;
+/// Longest reason shown per skipped tool on `/status`.
+const MAX_STATUS_REASON: usize = 256;
 /// Reasons for tools not served shown per upstream on `/status`.
 const MAX_SKIPPED_SHOWN: usize = 20;
 /// Entries of an upstream's tool list kept (valid or not): twice what can be imported.
@@ -248,6 +254,41 @@ struct Shared {
     next_id: AtomicU64,
     /// Calls waiting for progress, by the progress token sent upstream.
     progress: Mutex<FxHashMap<u64, mpsc::Sender<Value>>>,
+    /// Lines of the upstream's stderr and log notifications this server logs per second.
+    log_budget: LogBudget,
+}
+
+/// At most [`LOG_LINES_PER_SECOND`] log lines per second per upstream; the rest are
+/// dropped (and counted in one line when the next second starts).
+#[derive(Debug, Default)]
+struct LogBudget(Mutex<(u64, u32, u64)>);
+
+/// Log lines per second and upstream.
+const LOG_LINES_PER_SECOND: u32 = 50;
+
+impl LogBudget {
+    fn take(&self) -> bool {
+        let now = now_unix();
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (second, used, dropped) = &mut *g;
+        if *second != now {
+            if *dropped > 0 {
+                tracing::warn!(
+                    dropped = *dropped,
+                    "upstream log lines dropped (over {LOG_LINES_PER_SECOND}/s)"
+                );
+            }
+            *second = now;
+            *used = 0;
+            *dropped = 0;
+        }
+        if *used >= LOG_LINES_PER_SECOND {
+            *dropped += 1;
+            return false;
+        }
+        *used += 1;
+        true
+    }
 }
 
 impl Shared {
@@ -291,7 +332,7 @@ impl Shared {
                     let _ = tx.try_send(params.clone());
                 }
             }
-            "notifications/message" => {
+            "notifications/message" if self.log_budget.take() => {
                 let text: String = params
                     .get("data")
                     .map(ToString::to_string)
@@ -370,6 +411,7 @@ impl Link {
             stop: CancellationToken::new(),
             next_id: AtomicU64::new(1),
             progress: Mutex::default(),
+            log_budget: LogBudget::default(),
         });
         let conn = match &u.transport {
             Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
@@ -397,8 +439,24 @@ impl Link {
                 }
                 drop(relist);
                 let Some(link) = weak.upgrade() else { return };
-                if link.list_tools().await {
+                // The whole list within a few request timeouts, and never after the link
+                // was removed.
+                let deadline = link.shared.timeout.saturating_mul(4);
+                let listed = tokio::select! {
+                    l = tokio::time::timeout(deadline, link.list_tools()) => l.unwrap_or_else(|_| {
+                        tracing::warn!(upstream = %link.name, "tools/list took over {deadline:?}; keeping the last list");
+                        false
+                    }),
+                    () = stop.cancelled() => return,
+                };
+                drop(link);
+                if listed {
                     changed.notify_one();
+                }
+                // An upstream that keeps announcing changes is listed at most this often.
+                tokio::select! {
+                    () = tokio::time::sleep(RELIST_INTERVAL) => {}
+                    () = stop.cancelled() => return,
                 }
             }
         });
@@ -504,7 +562,12 @@ impl Link {
             loop {
                 tokio::select! {
                     r = &mut call => break r,
-                    Some(p) = rx.recv() => cx.forward_progress(&p),
+                    Some(mut p) = rx.recv() => {
+                        if let Some(Value::String(m)) = p.get_mut("message") {
+                            self.shared.secrets.redact_text(&self.secrets, m);
+                        }
+                        cx.forward_progress(&p);
+                    }
                 }
             }
         } else {
@@ -533,7 +596,7 @@ impl Link {
             "name": self.name,
             "transport": match self.conn { Conn::Stdio(_) => "stdio", Conn::Http(_) => "http" },
             "state": h.state,
-            "error": h.error,
+            "error": h.error.map(|e| e.chars().take(MAX_STATUS_ERROR).collect::<String>()),
             "sinceUnix": h.since_unix,
             "restarts": h.restarts,
             "connections": h.connections,
@@ -542,7 +605,12 @@ impl Link {
             "listed": self.listed.load().tools.len(),
             "imported": report.imported,
             // The first few reasons; the count says how many there are.
-            "skipped": report.skipped.iter().take(MAX_SKIPPED_SHOWN).collect::<Vec<_>>(),
+            "skipped": report
+                .skipped
+                .iter()
+                .take(MAX_SKIPPED_SHOWN)
+                .map(|r| r.chars().take(MAX_STATUS_REASON).collect::<String>())
+                .collect::<Vec<_>>(),
             "skippedCount": report.skipped.len(),
         })
     }
@@ -659,7 +727,8 @@ impl Hub {
                 ));
             }
             if !report.skipped.is_empty() {
-                tracing::warn!(upstream = %u.name, skipped = ?report.skipped, "upstream tools not served");
+                let first: Vec<&String> = report.skipped.iter().take(3).collect();
+                tracing::warn!(upstream = %u.name, count = report.skipped.len(), first = ?first, "upstream tools not served (all on /status)");
             }
             *link.report.lock().unwrap_or_else(PoisonError::into_inner) = report;
             compiled.tools.extend(tools);

@@ -42,7 +42,14 @@ pub(super) struct Remote {
     session: Mutex<Option<Session>>,
     /// Signalled when a request found the connection gone.
     lost: tokio::sync::Notify,
+    /// Requests in flight (more are refused as `busy`).
+    inflight: Arc<tokio::sync::Semaphore>,
+    /// Answers to the upstream's own requests being sent (more are not answered).
+    replies: Arc<tokio::sync::Semaphore>,
 }
+
+/// Answers to an upstream's requests in flight at once.
+const MAX_REPLIES: usize = 8;
 
 /// How one POST went.
 enum Posted {
@@ -65,6 +72,8 @@ impl Remote {
             http,
             session: Mutex::new(None),
             lost: tokio::sync::Notify::new(),
+            inflight: Arc::new(tokio::sync::Semaphore::new(super::MAX_IN_FLIGHT)),
+            replies: Arc::new(tokio::sync::Semaphore::new(MAX_REPLIES)),
         });
         tokio::spawn(supervise(Arc::downgrade(&remote), shared.stop.clone()));
         remote
@@ -196,16 +205,22 @@ impl Remote {
                 match classify(v) {
                     Ok(Message::Response(got, r)) if Some(got) == id => return r,
                     Ok(Message::Notification(m, p)) => self.shared.notified(&m, &p),
-                    Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)),
+                    Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)).await,
                     _ => {}
                 }
             }
         }
     }
 
-    /// Answers a request of the upstream's in the background.
-    fn reply(&self, msg: Value) {
-        let Ok(req) = self.build(Method::POST, None, Bytes::from(msg.to_string())) else {
+    /// Answers a request of the upstream's in the background (at most [`MAX_REPLIES`] at a
+    /// time: the rest are left unanswered), within its session.
+    async fn reply(&self, msg: Value) {
+        let Ok(permit) = Arc::clone(&self.replies).try_acquire_owned() else {
+            return;
+        };
+        // Not waiting for the lock: an `initialize` in progress holds it.
+        let session = self.session.try_lock().ok().and_then(|s| s.clone());
+        let Ok(req) = self.build(Method::POST, session.as_ref(), Bytes::from(msg.to_string())) else {
             return;
         };
         let (http, tls, secrets) = (
@@ -216,6 +231,7 @@ impl Remote {
         let timeout = self.shared.timeout;
         tokio::spawn(async move {
             let _ = tokio::time::timeout(timeout, http.send(req, tls.as_ref(), &secrets)).await;
+            drop(permit);
         });
     }
 
@@ -270,6 +286,9 @@ impl Remote {
     }
 
     pub(super) async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+        let Ok(_permit) = self.inflight.try_acquire() else {
+            return Err(CallError::Busy);
+        };
         let t = self.shared.timeout;
         tokio::time::timeout(t, self.exchange(method, &params))
             .await
@@ -279,7 +298,7 @@ impl Remote {
     /// Follows the upstream's GET stream of notifications until it ends. Returns false when
     /// the upstream offers none.
     async fn listen(&self) -> bool {
-        let Ok(session) = self.session().await else {
+        let Ok(Ok(session)) = tokio::time::timeout(self.shared.timeout, self.session()).await else {
             return true;
         };
         let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new()) else {
@@ -303,6 +322,7 @@ impl Remote {
 /// Keeps the session up and the tool list fresh until the upstream is stopped.
 async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::CancellationToken) {
     let mut backoff = BACKOFF.0;
+    let mut short_streams = 0u32;
     loop {
         let Some(r) = remote.upgrade() else { return };
         let up = tokio::select! {
@@ -321,10 +341,13 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
                 if !was_ready {
                     r.shared.relist.notify_one();
                 }
-                // Notifications until the stream ends; without a stream, until a request
-                // finds the connection gone (or a minute passes: then ping again).
+                // Notifications until the stream ends or a request finds the connection
+                // gone; without a stream, until such a request (or a minute passes: then
+                // ping again). A stream that keeps ending at once is retried with backoff.
+                let opened = std::time::Instant::now();
                 let streamed = tokio::select! {
                     s = r.listen() => s,
+                    () = r.lost.notified() => true,
                     () = stop.cancelled() => return,
                 };
                 if !streamed {
@@ -334,8 +357,13 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
                         () = stop.cancelled() => return,
                     }
                 }
+                if opened.elapsed() < Duration::from_secs(1) {
+                    short_streams += 1;
+                } else {
+                    short_streams = 0;
+                }
                 drop(r);
-                let mut pause = BACKOFF.0;
+                let mut pause = BACKOFF.0.saturating_mul(1 << short_streams.min(7));
                 if !back_off(&stop, &mut pause).await {
                     return;
                 }

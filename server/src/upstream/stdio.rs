@@ -197,10 +197,14 @@ async fn supervise(pool: Arc<Pool>, slot: usize, launch: Launch) {
             why = run_once(&pool, slot, &launch) => why,
             () = shared.stop.cancelled() => String::new(),
         };
-        pool.publish(slot, None);
         if shared.stop.is_cancelled() {
+            // Removed by a reload: what was in flight on this process fails now.
+            if let Some(p) = pool.slots[slot].swap(None) {
+                p.waiters.fail_all("the upstream was removed from the config");
+            }
             return;
         }
+        pool.publish(slot, None);
         shared.metrics.restarts.inc();
         shared.set_health(|h| {
             h.restarts += 1;
@@ -313,6 +317,7 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         "stopped".to_owned()
     };
     let name = shared.name.clone();
+    let budget = Arc::clone(shared);
     let logger = async move {
         let Some(stderr) = stderr else {
             return std::future::pending().await;
@@ -320,7 +325,9 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         let mut lines = BufReader::new(stderr);
         let mut buf = Vec::new();
         while let Ok(Some(())) = read_line(&mut lines, &mut buf, MAX_STDERR_LINE, true).await {
-            tracing::info!(upstream = %name, line = %String::from_utf8_lossy(&buf), "upstream stderr");
+            if budget.log_budget.take() {
+                tracing::info!(upstream = %name, line = %String::from_utf8_lossy(&buf), "upstream stderr");
+            }
         }
         // Its stderr closed: keep serving until stdout closes or the process exits.
         std::future::pending::<()>().await;
