@@ -23,6 +23,21 @@ const TERMINATION_GRACE_SECONDS: i64 = 30;
 /// UID and GID of the server process (the distroless "nonroot" user).
 const NONROOT: i64 = 65532;
 
+/// A container of the restricted Pod Security profile: non-root, no privilege escalation,
+/// no capabilities, a read-only root filesystem.
+pub(super) fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
 fn some_unless_empty<T: Default + PartialEq>(v: T) -> Option<T> {
     (v != T::default()).then_some(v)
 }
@@ -175,16 +190,7 @@ fn container(
         readiness_probe: Some(probe("/readyz", 2, 3, Some(2))),
         liveness_probe: Some(probe("/healthz", 10, 3, Some(2))),
         startup_probe: Some(probe("/healthz", 1, 30, None)),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                add: None,
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(restricted()),
         ..Container::default()
     }
 }

@@ -6,12 +6,13 @@
 //! connection is a fresh process of the program.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ResourceRequirements,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ResourceRequirements, SecretKeySelector, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use quiver_server::config::upstream::{StdioSpec, UpstreamSpec};
 
+use super::pod::restricted;
 use crate::crd::McpServer;
 
 /// Where the copy of quiver-server goes (mounted read-only in the sidecars).
@@ -195,19 +196,6 @@ fn empty_dir(name: &str) -> Volume {
             size_limit: Some(Quantity("64Mi".to_owned())),
         }),
         ..Volume::default()
-    }
-}
-
-fn restricted() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_owned()]),
-            add: None,
-        }),
-        ..SecurityContext::default()
     }
 }
 

@@ -107,30 +107,42 @@ class ServerProcess:
             return r.read().decode()
 
 
+def start_server(config: Path, log: Path, *flags: str, env: dict | None = None) -> ServerProcess:
+    """Starts the server binary on free loopback ports serving `config`, output to `log`."""
+    port, admin = free_port(), free_port()
+    proc = subprocess.Popen(
+        [str(BIN), "--config", f"file:{config}", *flags, "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
+        stdout=open(log, "w"),  # noqa: SIM115 - the child keeps it open
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    return ServerProcess(config, port, admin, proc)
+
+
+def stop(*procs: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s."""
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
 @pytest.fixture()
 def server(upstream):
     assert BIN.exists(), f"build the server first: {BIN} (cargo build -p quiver-server)"
     tmp = Path(tempfile.mkdtemp(prefix="quiver-sdk-"))
     config = tmp / "tools.yaml"
     config.write_text(toolset(upstream))
-    port, admin = free_port(), free_port()
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen(
-        [str(BIN), "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    sp = ServerProcess(config, port, admin, proc)
+    sp = start_server(config, tmp / "server.log")
+    proc = sp.proc
     try:
         wait_until(lambda: sp.status()["ready"])
         yield sp
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(proc)
         if proc.returncode not in (0, -15):
             print((tmp / "server.log").read_text())
         shutil.rmtree(tmp, ignore_errors=True)

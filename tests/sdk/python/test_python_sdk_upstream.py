@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mcp_types as types
 import pytest
-from conftest import BIN, ServerProcess, free_port, wait_until
+from conftest import BIN, ServerProcess, free_port, start_server, stop, wait_until
 from mcp import Client
 
 UPSTREAM = Path(__file__).resolve().parent / "servers" / "py_upstream.py"
@@ -53,29 +53,14 @@ def gateway():
     path = tmp / "tools.yaml"
     http_url = f"http://127.0.0.1:{up_port}/mcp"
     path.write_text(config(http_url))
-    port, admin = free_port(), free_port()
-    log = open(tmp / "server.log", "w")
-    env = {**os.environ, "QUIVER_SECRET_UP_TOKEN": TOKEN}
-    proc = subprocess.Popen(
-        [str(BIN), "--config", f"file:{path}", "--secrets", "env", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    sp = ServerProcess(path, port, admin, proc)
+    sp = start_server(path, tmp / "server.log", "--secrets", "env", env={**os.environ, "QUIVER_SECRET_UP_TOKEN": TOKEN})
     sp.http_url = http_url
     try:
         # Both upstreams connected and their tools in the registry.
         wait_until(lambda: all(u["state"] == "ready" and u["imported"] > 0 for u in sp.status()["upstreams"]), timeout=30)
         yield sp
     finally:
-        for p in (proc, upstream):
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        log.close()
+        stop(sp.proc, upstream)
         up_log.close()
         print((tmp / "server.log").read_text()[-4000:])
         shutil.rmtree(tmp, ignore_errors=True)
@@ -249,13 +234,7 @@ def test_a_stdio_server_behind_the_bridge_socket(tmp_path):
     )
     path = tmp_path / "tools.yaml"
     path.write_text(f"upstreams:\n  - {{name: sidecar, stdio: {{socket: {sock}, processes: 2}}, timeout: 5s}}\n")
-    port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [str(BIN), "--config", f"file:{path}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
-        stdout=open(tmp_path / "server.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    sp = ServerProcess(path, port, admin, proc)
+    sp = start_server(path, tmp_path / "server.log")
 
     async def run():
         async with Client(sp.url, mode="legacy") as c:
@@ -272,9 +251,7 @@ def test_a_stdio_server_behind_the_bridge_socket(tmp_path):
         wait_until(lambda: upstream(sp, "sidecar")["connections"] == 2 and upstream(sp, "sidecar")["imported"] == 7, timeout=30)
         asyncio.run(run())
     finally:
-        for p in (proc, bridge):
-            p.terminate()
-            p.wait(timeout=10)
+        stop(sp.proc, bridge)
     assert not sock.exists(), "the bridge removes its socket on SIGTERM"
 
 
@@ -293,13 +270,8 @@ def test_hostile_upstreams_cannot_take_the_server_down(tmp_path):
             for m in modes
         )
     )
-    port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [str(BIN), "--config", f"file:{path}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
-        stdout=open(tmp_path / "server.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    sp = ServerProcess(path, port, admin, proc)
+    sp = start_server(path, tmp_path / "server.log")
+    proc = sp.proc
     try:
         wait_until(lambda: sp.status()["ready"])
         # The well-behaved parts come up; the broken ones are down with a reason, restarted
@@ -327,8 +299,7 @@ def test_hostile_upstreams_cannot_take_the_server_down(tmp_path):
 
         asyncio.run(run())
         assert proc.poll() is None, "the server died"
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{sp.admin}/healthz", timeout=2) as r:
             assert r.status == 200
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)

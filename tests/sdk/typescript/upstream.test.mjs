@@ -5,39 +5,13 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
-import { createServer } from "node:http";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { BIN, freePort, waitUntil } from "./helpers.mjs";
 
-const ROOT = resolve(import.meta.dirname, "../../..");
-const BIN = process.env.QUIVER_SERVER_BIN ?? join(ROOT, "target/debug/quiver-server");
 const UPSTREAM = join(import.meta.dirname, "servers", "ts-upstream.mjs");
-
-async function freePort() {
-  return new Promise((ok) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => ok(port));
-    });
-  });
-}
-
-async function waitUntil(fn, timeoutMs = 20000) {
-  const deadline = Date.now() + timeoutMs;
-  let last;
-  while (Date.now() < deadline) {
-    try {
-      const v = await fn();
-      if (v) return v;
-    } catch (e) {
-      last = e;
-    }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`condition not met in ${timeoutMs} ms (last error: ${last})`);
-}
 
 let dir, quiver, upstream, url, admin;
 
