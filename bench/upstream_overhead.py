@@ -40,9 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 def wait_until(pred, timeout=20.0):
@@ -113,7 +114,8 @@ def run(port: int, tool: str, calls: int, conns: int, pids: list[int]) -> dict:
     done = per * conns
     lat.sort()
     return {
-        "cpu_us": [(a - b) / done * 1e6 for a, b in zip(after, before)],
+        "cpu_us": [(a[0] + a[1] - b[0] - b[1]) / done * 1e6 for a, b in zip(after, before)],
+        "sys_us": [(a[1] - b[1]) / done * 1e6 for a, b in zip(after, before)],
         "rps": done / wall,
         "p50_us": lat[len(lat) // 2] * 1e6,
         "p99_us": lat[int(len(lat) * 0.99)] * 1e6,
@@ -162,17 +164,19 @@ def main():
                     results.setdefault((name, conns), []).append(run(port, tool, a.calls, conns, pids))
         med = lambda rs, f: statistics.median(f(r) for r in rs)  # noqa: E731
         print(f"\n{a.calls} calls per run, median of {a.repetitions} runs; CPU is server utime+stime per call\n")
-        print("| connections | path | quiver CPU/call | go-mcp CPU/call | req/s | p50 | p99 |")
+        print("| connections | path | quiver CPU/call (of it kernel) | go-mcp CPU/call | req/s | p50 | p99 |")
         print("|---|---|---|---|---|---|---|")
         for conns in a.connections:
             for name in scenarios:
                 rs = results[(name, conns)]
-                qcpu = "" if name == "direct" else f"{med(rs, lambda r: r['cpu_us'][0]):.1f} µs"
-                gcpu = "" if name == "local" else f"{med(rs, lambda r: r['cpu_us'][-1]):.1f} µs"
+                qcpu = "" if name == "direct" else f"{med(rs, lambda r: r['cpu_us'][0]):.0f} µs ({med(rs, lambda r: r['sys_us'][0]):.0f} µs)"
+                gcpu = "" if name == "local" else f"{med(rs, lambda r: r['cpu_us'][-1]):.0f} µs"
                 print(f"| {conns} | {name} | {qcpu} | {gcpu} | {med(rs, lambda r: r['rps']):,.0f} | {med(rs, lambda r: r['p50_us']):.0f} µs | {med(rs, lambda r: r['p99_us']):.0f} µs |")
             fwd = med(results[("forwarded", conns)], lambda r: r["cpu_us"][0])
             loc = med(results[("local", conns)], lambda r: r["cpu_us"][0])
-            print(f"| {conns} | **forwarding adds** | **{fwd - loc:.1f} µs** | | | | |")
+            fsys = med(results[("forwarded", conns)], lambda r: r["sys_us"][0])
+            lsys = med(results[("local", conns)], lambda r: r["sys_us"][0])
+            print(f"| {conns} | **forwarding adds** | **{fwd - loc:.0f} µs ({fsys - lsys:.0f} µs)** | | | | |")
     finally:
         for p in procs:
             p.terminate()
