@@ -133,6 +133,11 @@ pub struct ImportSpec {
     /// Upstream name to the description served instead of the upstream's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub descriptions: BTreeMap<String, String>,
+    /// Upstream name to the annotations served instead of the upstream's (hints clients may
+    /// act on, e.g. auto-approving a `readOnlyHint` tool: an upstream's word is not taken
+    /// where you know better).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, super::ToolAnnotations>,
 }
 
 impl ImportSpec {
@@ -222,6 +227,7 @@ pub struct CompiledUpstream {
     prefix: String,
     rename: BTreeMap<String, String>,
     descriptions: BTreeMap<String, String>,
+    annotations: BTreeMap<String, Value>,
 }
 
 /// The compiled handler of an imported tool.
@@ -502,6 +508,11 @@ pub(super) fn compile_upstreams(
             prefix,
             rename: t.rename.clone(),
             descriptions: t.descriptions.clone(),
+            annotations: t
+                .annotations
+                .iter()
+                .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
+                .collect(),
         });
     }
     check_overlaps(&out, p);
@@ -630,7 +641,12 @@ impl CompiledUpstream {
             }
         }
         // (Before the upstream's first list, every name would be reported.)
-        for from in self.rename.keys().chain(self.descriptions.keys()) {
+        for from in self
+            .rename
+            .keys()
+            .chain(self.descriptions.keys())
+            .chain(self.annotations.keys())
+        {
             if !listed.is_empty() && !seen.contains(from.as_str()) {
                 report.skipped.push(format!(
                     "`{from}` (named in `tools`): not listed by the upstream, or filtered out"
@@ -673,6 +689,9 @@ impl CompiledUpstream {
         }
         if let Some(text) = self.descriptions.get(remote) {
             d.insert("description".into(), Value::String(text.clone()));
+        }
+        if let Some(a) = self.annotations.get(remote) {
+            d.insert("annotations".into(), a.clone());
         }
         d.insert("inputSchema".into(), schema);
         if let Some(o) = t.get("outputSchema") {
@@ -847,7 +866,7 @@ upstreams:
     #[test]
     fn import_filters_renames_describes_and_reports() {
         let u = upstream(
-            "upstreams: [{name: gh, stdio: {command: [gh]}, tools: {prefix: gh_, include: [\"get_*\", search], exclude: [get_secret], rename: {search: find, gone: x}, descriptions: {get_issue: Read one issue.}}}]",
+            "upstreams: [{name: gh, stdio: {command: [gh]}, tools: {prefix: gh_, include: [\"get_*\", search], exclude: [get_secret], rename: {search: find, gone: x}, descriptions: {get_issue: Read one issue.}, annotations: {get_issue: {readOnlyHint: true, openWorldHint: true}}}}]",
         );
         let listed = vec![
             json!({"name": "get_issue", "description": "upstream's", "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}),
@@ -863,6 +882,10 @@ upstreams:
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["gh_get_issue", "find"]);
         assert_eq!(tools[0].descriptor["description"], "Read one issue.");
+        assert_eq!(
+            tools[0].descriptor["annotations"],
+            json!({"readOnlyHint": true, "openWorldHint": true})
+        );
         assert_eq!(tools[1].descriptor["annotations"]["readOnlyHint"], true);
         assert!(tools[0].input.is_valid(&json!({"n": 1})) && !tools[0].input.is_valid(&json!({})));
         let CompiledHandler::Upstream(call) = &tools[1].handler else {

@@ -150,6 +150,33 @@ fn answer(id: Value, method: &str) -> Value {
     }
 }
 
+tokio::task_local! {
+    /// Where log notifications that arrive on a call's own answer stream go (set by
+    /// [`Link::call_tool`] around the request).
+    static CALL_LOG: mpsc::Sender<Value>;
+}
+
+/// Unregisters a progress token however the call ends.
+struct Registered<'a>(&'a Shared, u64);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.1);
+    }
+}
+
+/// Hands a log notification to the call whose answer stream carried it; false outside a
+/// call (or when its client reads too slowly: then it is logged here).
+fn relay_log(params: &Value) -> bool {
+    CALL_LOG
+        .try_with(|tx| tx.try_send(params.clone()).is_ok())
+        .unwrap_or(false)
+}
+
 /// Requests waiting for their answers, by id.
 #[derive(Debug, Default)]
 struct Waiters(Mutex<FxHashMap<u64, oneshot::Sender<Result<Value, CallError>>>>);
@@ -536,42 +563,34 @@ impl Link {
     pub async fn call_tool(&self, remote: &str, args: Value, cx: &CallCtx<'_>) -> ToolOutput {
         let start = Instant::now();
         let mut params = json!({"name": remote, "arguments": args});
-        let r = if cx.wants_progress() {
+        // Progress comes back by token (any transport); log messages on the call's own
+        // HTTP answer stream come back through CALL_LOG (stdio cannot tie a log line to one
+        // of the calls multiplexed on a process: those are logged here).
+        let (progress_tx, mut progress) = mpsc::channel(64);
+        let _registered = cx.wants_progress().then(|| {
             let token = self.shared.id();
             params["_meta"] = json!({"progressToken": token});
-            let (tx, mut rx) = mpsc::channel(64);
-            // Unregisters the token however the call ends.
-            struct Registered<'a>(&'a Shared, u64);
-            impl Drop for Registered<'_> {
-                fn drop(&mut self) {
-                    self.0
-                        .progress
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&self.1);
-                }
-            }
             self.shared
                 .progress
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .insert(token, tx);
-            let _registered = Registered(&self.shared, token);
-            let call = self.request("tools/call", params);
-            tokio::pin!(call);
-            loop {
-                tokio::select! {
-                    r = &mut call => break r,
-                    Some(mut p) = rx.recv() => {
-                        if let Some(Value::String(m)) = p.get_mut("message") {
-                            self.shared.secrets.redact_text(&self.secrets, m);
-                        }
-                        cx.forward_progress(&p);
+                .insert(token, progress_tx);
+            Registered(&self.shared, token)
+        });
+        let (log_tx, mut logs) = mpsc::channel::<Value>(64);
+        let call = CALL_LOG.scope(log_tx, self.request("tools/call", params));
+        tokio::pin!(call);
+        let r = loop {
+            tokio::select! {
+                r = &mut call => break r,
+                Some(mut p) = progress.recv() => {
+                    if let Some(Value::String(m)) = p.get_mut("message") {
+                        self.shared.secrets.redact_text(&self.secrets, m);
                     }
+                    cx.forward_progress(&p);
                 }
+                Some(l) = logs.recv() => self.forward_log(&l, cx),
             }
-        } else {
-            self.request("tools/call", params).await
         };
         self.shared.metrics.requests.observe(start.elapsed());
         match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {
@@ -581,6 +600,23 @@ impl Link {
                 ToolOutput::error(format!("upstream `{}`: {e}", self.name))
             }
         }
+    }
+
+    /// Passes an upstream's `notifications/message` of a call on to its client, at the
+    /// level the client asked for, Secret values redacted.
+    fn forward_log(&self, params: &Value, cx: &CallCtx<'_>) {
+        let level = params
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(crate::config::LogLevel::parse)
+            .unwrap_or_default();
+        let mut data = match params.get("data") {
+            Some(Value::String(t)) => t.chars().take(4096).collect(),
+            Some(v) => v.to_string().chars().take(4096).collect(),
+            None => String::new(),
+        };
+        self.shared.secrets.redact_text(&self.secrets, &mut data);
+        cx.log(level, &self.name, &data);
     }
 
     /// The link's health, tool count and import report.

@@ -204,6 +204,9 @@ impl Remote {
                 };
                 match classify(v) {
                     Ok(Message::Response(got, r)) if Some(got) == id => return r,
+                    // A log message of this call goes to its client, if it is listening.
+                    Ok(Message::Notification(m, p))
+                        if m == "notifications/message" && super::relay_log(&p) => {}
                     Ok(Message::Notification(m, p)) => self.shared.notified(&m, &p),
                     Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)).await,
                     _ => {}

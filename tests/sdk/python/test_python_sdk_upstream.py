@@ -87,8 +87,8 @@ def test_one_endpoint_serves_local_stdio_and_http_tools(gateway):
             tools = {t.name: t for t in (await c.list_tools(cache_mode="bypass")).tools}
             assert set(tools) == {
                 "local",
-                *(f"s_{n}" for n in ["echo", "add", "whoami", "crash", "hang", "grow", "count"]),
-                *(f"h_{n}" for n in ["echo", "add", "whoami", "count"]),
+                *(f"s_{n}" for n in ["echo", "add", "whoami", "crash", "hang", "grow", "count", "chatty"]),
+                *(f"h_{n}" for n in ["echo", "add", "whoami", "count", "chatty"]),
             }
             assert tools["h_echo"].description == "Echo over HTTP."
             assert tools["s_add"].input_schema["required"] == ["a", "b"]
@@ -125,6 +125,27 @@ def test_upstream_progress_reaches_the_client(gateway, tool):
             r = await c.call_tool(tool, {"n": 3}, progress_callback=on_progress)
             assert (r.is_error, r.content[0].text) == (False, "counted to 3")
         assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")], seen
+
+    asyncio.run(run())
+
+
+def test_upstream_log_messages_of_a_call_reach_its_client(gateway):
+    """Over HTTP, an upstream's log messages travel on the call's own answer stream: they
+    reach the calling client, the credential in one of them redacted. (Over stdio a log line
+    cannot be tied to one of the calls multiplexed on a process: it is logged by the server.)"""
+
+    async def run():
+        seen = []
+
+        async def on_log(params):
+            seen.append((params.level, params.logger, params.data))
+
+        async with Client(gateway.url, mode="legacy", logging_callback=on_log) as c:
+            r = await c.call_tool("h_chatty", {})
+            assert r.content[0].text == "done"
+            await asyncio.to_thread(wait_until, lambda: len(seen) >= 2)
+        assert seen[0] == ("info", "py-http", "working on it"), seen
+        assert seen[1][0] == "warning" and "[redacted]" in seen[1][2] and TOKEN not in seen[1][2], seen
 
     asyncio.run(run())
 
@@ -248,7 +269,7 @@ def test_a_stdio_server_behind_the_bridge_socket(tmp_path):
             assert (await c.call_tool("echo", {"text": "again"})).content[0].text == "again"
 
     try:
-        wait_until(lambda: upstream(sp, "sidecar")["connections"] == 2 and upstream(sp, "sidecar")["imported"] == 7, timeout=30)
+        wait_until(lambda: upstream(sp, "sidecar")["connections"] == 2 and upstream(sp, "sidecar")["imported"] == 8, timeout=30)
         asyncio.run(run())
     finally:
         stop(sp.proc, bridge)

@@ -54,6 +54,14 @@ async def count(n: int, ctx: Context) -> str:
 
 
 @server.tool()
+async def chatty(ctx: Context) -> str:
+    """Logs two messages during the call (one carrying its credential), then answers."""
+    await ctx.info("working on it")
+    await ctx.warning(f"credential in use: {os.environ.get('UPSTREAM_TOKEN') or (ctx.headers or {}).get('authorization', '')}")
+    return "done"
+
+
+@server.tool()
 async def grow(ctx: Context) -> str:
     """Adds the tool `grown` and says so with notifications/tools/list_changed."""
     server.add_tool(lambda: "I am new", name="grown", description="Added at run time.")
