@@ -462,18 +462,28 @@ pub(crate) fn check_roots(
 }
 
 pub(crate) fn duration(v: Option<&String>, path: &str, p: &mut Problems) -> Duration {
+    duration_or(v, DEFAULT_TIMEOUT, path, p)
+}
+
+/// A time limit of at most 5 minutes, `default` when unset or invalid (which is reported).
+pub(crate) fn duration_or(v: Option<&String>, default: Duration, path: &str, p: &mut Problems) -> Duration {
     match v.map(|s| parse_duration(s)) {
-        None => DEFAULT_TIMEOUT,
+        None => default,
         Some(Ok(d)) if d.is_zero() || d > MAX_TIMEOUT => {
             p.push(path, "must be more than 0 and at most 5m");
-            DEFAULT_TIMEOUT
+            default
         }
         Some(Ok(d)) => d,
         Some(Err(e)) => {
             p.push(path, e);
-            DEFAULT_TIMEOUT
+            default
         }
     }
+}
+
+/// An environment variable name a process can be given.
+pub(crate) fn valid_env_name(k: &str) -> bool {
+    !k.is_empty() && !k.contains(['=', '\0'])
 }
 
 pub(crate) fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {

@@ -15,11 +15,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use super::TlsSpec;
 use super::compile::{
-    CompiledHandler, CompiledTool, Names, Problems, SecretRef, check_secret_template, literal_origin,
-    shallow, valid_header_name, valid_tool_name,
+    CompiledHandler, CompiledTool, Names, Problems, SecretRef, check_secret_template, duration_or,
+    literal_origin, shallow, valid_env_name, valid_header_name, valid_tool_name,
 };
-use super::{TlsSpec, parse_duration};
 use crate::handlers::http::{TlsRefs, compile_tls};
 use crate::schema::Schema;
 use crate::template::Template;
@@ -31,7 +31,6 @@ pub const MAX_UPSTREAM_TOOLS: usize = 10_000;
 /// At most this many stdio processes per upstream.
 pub const MAX_PROCESSES: u32 = 16;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// Largest `maxMessageBytes`.
 const MAX_MESSAGE_BYTES: u64 = 64 << 20;
@@ -258,10 +257,6 @@ fn valid_upstream_name(n: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-fn valid_env_name(k: &str) -> bool {
-    !k.is_empty() && !k.contains(['=', '\0'])
-}
-
 /// Compiles `upstreams`; `local` are the ToolSet's own tool names.
 pub(super) fn compile_upstreams(
     specs: &[UpstreamSpec],
@@ -410,18 +405,7 @@ pub(super) fn compile_upstreams(
                 }
             }
         };
-        let timeout = match u.timeout.as_deref().map(parse_duration) {
-            None => DEFAULT_TIMEOUT,
-            Some(Ok(d)) if !d.is_zero() && d <= MAX_TIMEOUT => d,
-            Some(Ok(_)) => {
-                p.push(format!("{at}.timeout"), "must be more than 0 and at most 5m");
-                DEFAULT_TIMEOUT
-            }
-            Some(Err(e)) => {
-                p.push(format!("{at}.timeout"), e);
-                DEFAULT_TIMEOUT
-            }
-        };
+        let timeout = duration_or(u.timeout.as_ref(), DEFAULT_TIMEOUT, &format!("{at}.timeout"), p);
         let max_message_bytes = match u.max_message_bytes {
             None => DEFAULT_MAX_MESSAGE_BYTES,
             Some(n @ 1024..=MAX_MESSAGE_BYTES) => usize::try_from(n).unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),

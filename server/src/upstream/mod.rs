@@ -216,6 +216,24 @@ impl Waiters {
     }
 }
 
+/// A JSON-RPC request, serialized without copying its params.
+fn envelope(id: u64, method: &str, params: &Value) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Request<'a> {
+        jsonrpc: &'static str,
+        id: u64,
+        method: &'a str,
+        params: &'a Value,
+    }
+    serde_json::to_vec(&Request {
+        jsonrpc: "2.0",
+        id,
+        method,
+        params,
+    })
+    .unwrap_or_default()
+}
+
 /// The `initialize` request's params.
 fn initialize_params() -> Value {
     json!({
@@ -627,7 +645,17 @@ impl Link {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let report = self.report.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        // The first few reasons (not a copy of them all); the count says how many there are.
+        let (imported, skipped, skipped_count) = {
+            let r = self.report.lock().unwrap_or_else(PoisonError::into_inner);
+            let shown: Vec<String> = r
+                .skipped
+                .iter()
+                .take(MAX_SKIPPED_SHOWN)
+                .map(|x| x.chars().take(MAX_STATUS_REASON).collect())
+                .collect();
+            (r.imported, shown, r.skipped.len())
+        };
         json!({
             "name": self.name,
             "transport": match self.conn { Conn::Stdio(_) => "stdio", Conn::Http(_) => "http" },
@@ -639,26 +667,10 @@ impl Link {
             "protocolVersion": h.protocol_version,
             "serverInfo": h.server_info,
             "listed": self.listed.load().tools.len(),
-            "imported": report.imported,
-            // The first few reasons; the count says how many there are.
-            "skipped": report
-                .skipped
-                .iter()
-                .take(MAX_SKIPPED_SHOWN)
-                .map(|r| r.chars().take(MAX_STATUS_REASON).collect::<String>())
-                .collect::<Vec<_>>(),
-            "skippedCount": report.skipped.len(),
+            "imported": imported,
+            "skipped": skipped,
+            "skippedCount": skipped_count,
         })
-    }
-
-    /// Whether the upstream is connected.
-    pub fn is_ready(&self) -> bool {
-        self.shared
-            .health
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .state
-            == "ready"
     }
 
     fn stop(&self) {

@@ -14,7 +14,8 @@ use tokio::sync::Mutex;
 
 use super::sse::Events;
 use super::{
-    BACKOFF, CallError, Message, Shared, answer, back_off, check_initialized, classify, initialize_params,
+    BACKOFF, CallError, Message, Shared, answer, back_off, check_initialized, classify, envelope,
+    initialize_params,
 };
 use crate::config::TlsRefs;
 use crate::config::upstream::Transport;
@@ -85,12 +86,12 @@ impl Remote {
         method: Method,
         session: Option<&Session>,
         body: Bytes,
+        secrets: &Value,
     ) -> Result<Request<Full<Bytes>>, CallError> {
         self.shared.secrets_ready()?;
-        let secrets = self.shared.secrets.snapshot();
         let scope = WithSecrets {
             args: &Value::Null,
-            secrets: &secrets,
+            secrets,
         };
         let mut req = Request::builder()
             .method(method)
@@ -122,10 +123,14 @@ impl Remote {
             .map_err(|e| CallError::Down(format!("invalid request: {e}")))
     }
 
-    async fn send(&self, req: Request<Full<Bytes>>) -> Result<http::Response<Incoming>, CallError> {
-        let secrets = self.shared.secrets.snapshot();
+    /// Sends a request built with `secrets` (the same values: headers and TLS agree).
+    async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+        secrets: &Value,
+    ) -> Result<http::Response<Incoming>, CallError> {
         self.http
-            .send(req, self.tls.as_ref(), &secrets)
+            .send(req, self.tls.as_ref(), secrets)
             .await
             .map_err(|e| {
                 self.lost.notify_one();
@@ -137,11 +142,12 @@ impl Remote {
     async fn post(
         &self,
         session: Option<&Session>,
-        msg: &Value,
+        body: Vec<u8>,
         id: Option<u64>,
     ) -> Result<(Posted, Option<HeaderValue>), CallError> {
-        let body = Bytes::from(serde_json::to_vec(msg).unwrap_or_default());
-        let resp = self.send(self.build(Method::POST, session, body)?).await?;
+        let secrets = self.shared.secrets.snapshot();
+        let req = self.build(Method::POST, session, Bytes::from(body), &secrets)?;
+        let resp = self.send(req, &secrets).await?;
         let status = resp.status();
         let session_id = resp.headers().get(SESSION_HEADER).cloned();
         if status == StatusCode::NOT_FOUND && session.is_some_and(|s| s.id.is_some()) {
@@ -223,14 +229,16 @@ impl Remote {
         };
         // Not waiting for the lock: an `initialize` in progress holds it.
         let session = self.session.try_lock().ok().and_then(|s| s.clone());
-        let Ok(req) = self.build(Method::POST, session.as_ref(), Bytes::from(msg.to_string())) else {
+        let secrets = self.shared.secrets.snapshot();
+        let Ok(req) = self.build(
+            Method::POST,
+            session.as_ref(),
+            Bytes::from(msg.to_string()),
+            &secrets,
+        ) else {
             return;
         };
-        let (http, tls, secrets) = (
-            self.http.clone(),
-            self.tls.clone(),
-            self.shared.secrets.snapshot(),
-        );
+        let (http, tls) = (self.http.clone(), self.tls.clone());
         let timeout = self.shared.timeout;
         tokio::spawn(async move {
             let _ = tokio::time::timeout(timeout, http.send(req, tls.as_ref(), &secrets)).await;
@@ -245,8 +253,8 @@ impl Remote {
             return Ok(s.clone());
         }
         let id = self.shared.id();
-        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": initialize_params()});
-        let (posted, session_id) = self.post(None, &msg, Some(id)).await?;
+        let msg = envelope(id, "initialize", &initialize_params());
+        let (posted, session_id) = self.post(None, msg, Some(id)).await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
         };
@@ -256,8 +264,8 @@ impl Remote {
             version: HeaderValue::from_str(&version)
                 .map_err(|_| CallError::Protocol("bad protocol version".into()))?,
         };
-        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        self.post(Some(&session), &note, None).await?;
+        let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec();
+        self.post(Some(&session), note, None).await?;
         self.shared.set_health(|h| {
             h.protocol_version = Some(version);
             h.server_info = info;
@@ -277,8 +285,10 @@ impl Remote {
         for _ in 0..2 {
             let session = self.session().await?;
             let id = self.shared.id();
-            let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-            match self.post(Some(&session), &msg, Some(id)).await? {
+            match self
+                .post(Some(&session), envelope(id, method, params), Some(id))
+                .await?
+            {
                 (Posted::Answer(r), _) => return r,
                 (Posted::SessionGone, _) => self.forget_session(&session).await,
             }
@@ -304,10 +314,11 @@ impl Remote {
         let Ok(Ok(session)) = tokio::time::timeout(self.shared.timeout, self.session()).await else {
             return true;
         };
-        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new()) else {
+        let secrets = self.shared.secrets.snapshot();
+        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new(), &secrets) else {
             return false;
         };
-        let Ok(Ok(resp)) = tokio::time::timeout(self.shared.timeout, self.send(req)).await else {
+        let Ok(Ok(resp)) = tokio::time::timeout(self.shared.timeout, self.send(req, &secrets)).await else {
             return true;
         };
         if resp.status() == StatusCode::NOT_FOUND {

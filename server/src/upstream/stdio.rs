@@ -18,7 +18,7 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    BACKOFF, CallError, Message, Shared, Waiters, answer, back_off, check_initialized, classify,
+    BACKOFF, CallError, Message, Shared, Waiters, answer, back_off, check_initialized, classify, envelope,
     initialize_params,
 };
 use crate::config::upstream::Transport;
@@ -67,9 +67,7 @@ impl Proc {
             id,
             answered: false,
         };
-        let mut line =
-            serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-                .map_err(|e| CallError::Protocol(e.to_string()))?;
+        let mut line = envelope(id, method, &params);
         line.push(b'\n');
         let exchange = async {
             self.tx

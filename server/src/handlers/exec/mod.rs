@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::compile::{
     Cx, Names, SECRET_ROOT, SecretRef, byte_cap, check_secret_template, check_template, duration, template,
+    valid_env_name,
 };
 use crate::template::Template;
 
@@ -118,7 +119,7 @@ pub(crate) fn compile(e: &ExecHandler, cx: &mut Cx<'_>) -> ExecCall {
     let mut env = Vec::new();
     for (k, v) in &e.env {
         let at = format!("{ep}.env.{k}");
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
+        if !valid_env_name(k) {
             p.push(&at, "not a valid environment variable name");
         }
         let Some(t) = template(v, &at, p) else {

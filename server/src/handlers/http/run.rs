@@ -157,14 +157,15 @@ impl HttpClient {
         tls: Option<&TlsRefs>,
         secrets: &Value,
     ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        let shown = redacted(req.uri());
+        // The URL as errors show it is only written when there is an error.
+        let uri = req.uri().clone();
         let client = self
             .client_for(tls, secrets)
-            .map_err(|e| format!("TLS settings of {shown}: {e}"))?;
+            .map_err(|e| format!("TLS settings of {}: {e}", redacted(&uri)))?;
         client
             .request(req)
             .await
-            .map_err(|e| format!("request to {shown} failed: {}", error_chain(&e)))
+            .map_err(|e| format!("request to {} failed: {}", redacted(&uri), error_chain(&e)))
     }
 
     /// GETs a JSON document (e.g. an issuer's metadata or key set), within `timeout` and
