@@ -180,6 +180,42 @@ async fn file_source_reloads_on_edit_and_on_kubelet_symlink_swap() {
     assert_eq!(h.call("swapped", json!({})).await["content"][0]["text"], "yes");
 }
 
+/// An in-place edit (truncate, write, close) is read once closed: the truncated, empty file
+/// in between is a valid empty ToolSet and must never be served, however slow the writer.
+#[tokio::test]
+async fn a_slow_in_place_write_is_read_only_once_the_file_is_closed() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tools.yaml");
+    std::fs::write(&path, BASE).unwrap();
+    let h = harness(BASE);
+    let mut events = h.server.subscribe();
+    tokio::spawn(watch_path(path.clone(), h.reloader.clone()));
+    tokio::time::sleep(Duration::from_millis(100)).await; // let the watch start
+    let writer = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut f = std::fs::File::create(&path).unwrap(); // truncates
+            std::thread::sleep(Duration::from_millis(300)); // far beyond the 15 ms coalescing
+            f.write_all(b"tools: [{name: edited, ").unwrap();
+            f.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            f.write_all(b"handler: {template: done}}]\n").unwrap();
+        })
+    };
+    let msg = tokio::time::timeout(Duration::from_secs(5), events.recv())
+        .await
+        .expect("list_changed after the edit")
+        .unwrap();
+    assert!(msg.message.contains("tools/list_changed"));
+    writer.await.unwrap();
+    assert_eq!(
+        h.call("edited", json!({})).await["content"][0]["text"],
+        "done",
+        "the first reload after the edit served the finished file"
+    );
+}
+
 async fn spawn_upstream() -> std::net::SocketAddr {
     let app = axum::Router::new()
         .route(

@@ -35,6 +35,20 @@ pub fn read_path(path: &Path) -> std::io::Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Whether an event can end a change worth reading. A write in place (truncate, then write,
+/// then close, as most editors and `echo > file` do) is read once it is closed: reading on
+/// the data events in between could load a half-written file, and an empty file is a valid,
+/// empty ToolSet. Opens and reads (our own included) are not changes at all.
+fn completes_a_change(kind: &notify::EventKind) -> bool {
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Data(_)) => false,
+        _ => true,
+    }
+}
+
 /// Watches `path` and reloads on every change, until the process ends.
 ///
 /// # Errors
@@ -42,7 +56,7 @@ pub fn read_path(path: &Path) -> std::io::Result<Vec<(String, String)>> {
 pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok() {
+        if ev.is_ok_and(|ev| completes_a_change(&ev.kind)) {
             let _ = tx.send(());
         }
     })?;
