@@ -250,6 +250,11 @@ pub struct OidcAuth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
     pub resource: Option<String>,
+    /// The access-token claim listing the caller's groups, for tools with `access.groups`
+    /// (default `groups`): a claim name, or a dotted path such as `realm_access.roles`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^\s=]+$"))]
+    pub groups_claim: Option<String>,
 }
 
 /// A key of a Secret in the McpServer's namespace.

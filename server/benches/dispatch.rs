@@ -88,6 +88,7 @@ const CTX: Ctx<'static> = Ctx {
     version: "2025-11-25",
     stream: false,
     era: Era::Legacy,
+    caller: None,
 };
 
 /// Polls a future that completes without waiting (builtins, templates, lists) exactly once,

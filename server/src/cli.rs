@@ -143,6 +143,10 @@ pub struct ServeArgs {
     /// Clock difference tolerated in tokens' `exp` and `nbf`.
     #[arg(long, env = "QUIVER_AUTH_CLOCK_SKEW", default_value = "60s", value_parser = duration)]
     auth_clock_skew: Duration,
+    /// The access-token claim listing the caller's groups, for tools with `access.groups`:
+    /// a claim name, or a dotted path such as `realm_access.roles`.
+    #[arg(long, env = "QUIVER_AUTH_GROUPS_CLAIM", default_value = "groups")]
+    auth_groups_claim: String,
     /// Pin each worker thread to one CPU of the process's affinity mask.
     #[arg(long, env = "QUIVER_PIN_WORKERS")]
     pin_workers: bool,
@@ -346,6 +350,7 @@ fn client_auth(
                     jwks_url: args.auth_jwks_url.clone(),
                     resource: args.auth_resource.clone(),
                     leeway: args.auth_clock_skew,
+                    groups_claim: args.auth_groups_claim.clone(),
                 },
                 crate::handlers::HttpClient::new(),
             );

@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::access::Principal;
 use crate::config::{LogLevel, ResourceKind, Role};
 use crate::handlers::{Executor, ToolOutput, check_output};
 use crate::metrics::{Metrics, Refusal, method_index};
@@ -170,6 +171,9 @@ pub struct Ctx<'a> {
     pub stream: bool,
     /// Which protocol era the message is read in.
     pub era: Era<'a>,
+    /// What the caller's credentials grant, for tools with `access`; `None` when it presented
+    /// none (client authentication off, stdio).
+    pub caller: Option<&'a Principal>,
 }
 
 /// How a transport tells the handshake era from the stateless revision (2026-07-28).
@@ -202,6 +206,9 @@ pub struct Handled {
     pub status: u16,
     /// A `subscriptions/listen` request the transport serves as a notification stream.
     pub listen: Option<Listen>,
+    /// A `tools/call` the caller may not make (HTTP 403): the scopes it lacks, space
+    /// separated, for a `WWW-Authenticate` challenge (empty when only groups are missing).
+    pub forbidden: Option<String>,
 }
 
 /// An accepted `subscriptions/listen`: the transport opens its stream with
@@ -358,6 +365,16 @@ impl Default for Limits {
 
 fn fail<T>(code: i32, msg: impl Into<String>) -> Result<T, Failure> {
     Err((code, msg.into()))
+}
+
+/// The `WWW-Authenticate` scopes of a refused call (see [`Handled::forbidden`]).
+fn scope_challenge(code: i32, data: Option<&Value>) -> Option<String> {
+    (code == protocol::FORBIDDEN).then(|| {
+        data.and_then(|d| d.get("missingScopes"))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    })
 }
 
 fn outcome_index(code: i32) -> usize {
@@ -668,7 +685,6 @@ impl Server {
             "tools/call" => match self
                 .call_tool(msg.params, id, ctx, deadline, start, None, &mut out)
                 .await
-                .map_err(|(c, m, _)| (c, m))
             {
                 Ok(Some(d)) => {
                     return Handled {
@@ -677,7 +693,22 @@ impl Server {
                     };
                 }
                 Ok(None) => Ok(()),
-                Err(e) => Err(e),
+                Err((c, m, data)) => {
+                    if let Some(scopes) = scope_challenge(c, data.as_ref()) {
+                        // Written here: the refusal's `data` says what is missing.
+                        drop(inflight);
+                        protocol::write_error(&mut out, Some(id), c, &m, data.as_ref());
+                        self.metrics
+                            .record(method_index(method), outcome_index(c), start.elapsed());
+                        return Handled {
+                            body: Some(out),
+                            status: 403,
+                            forbidden: Some(scopes),
+                            ..Handled::default()
+                        };
+                    }
+                    Err((c, m))
+                }
             },
             "tools/list" => self.list(ListKind::Tools, msg.params, id, &mut out),
             "initialize" => self.initialize(msg.params, id, &mut out).map(|caps| {
@@ -738,6 +769,7 @@ impl Server {
         };
         let meta = crate::modern::meta(params, header);
         let mut stamp = Some(false);
+        let mut forbidden = None;
         let result: Result<(), crate::modern::Refusal> = match meta {
             Err(r) => Err(r),
             Ok(meta) => match method {
@@ -775,7 +807,10 @@ impl Server {
                                     };
                                 }
                                 Ok(None) => Ok(()),
-                                Err(e) => Err(e),
+                                Err(e) => {
+                                    forbidden = scope_challenge(e.0, e.2.as_ref());
+                                    Err(e)
+                                }
                             }
                         }
                     }
@@ -841,6 +876,7 @@ impl Server {
         Handled {
             body: Some(out),
             status,
+            forbidden,
             ..Handled::default()
         }
     }
@@ -1212,8 +1248,24 @@ impl Server {
                 ));
             }
         };
-        let start = Instant::now();
         let tool = &guard.tools[index];
+        // Before the arguments are looked at: a caller that may not call the tool learns
+        // nothing from it.
+        if let Some(need) = &tool.def.access
+            && let Err(denied) = need.check(ctx.caller)
+        {
+            self.metrics.refused(Refusal::Forbidden);
+            return Err((
+                protocol::FORBIDDEN,
+                denied.message(&tool.def.name),
+                Some(json!({
+                    "tool": tool.def.name,
+                    "missingScopes": denied.missing_scopes,
+                    "allowedGroups": denied.not_in_groups,
+                })),
+            ));
+        }
+        let start = Instant::now();
         let mut problems = Vec::new();
         tool.def.input.validate(&args, &mut problems);
         if !problems.is_empty() {

@@ -266,11 +266,13 @@ pub enum Refusal {
     RequestTimeout,
     /// A request without a valid credential (HTTP 401).
     Unauthenticated,
+    /// A `tools/call` the caller's scopes or groups do not allow (HTTP 403).
+    Forbidden,
 }
 
 impl Refusal {
     /// Every refusal, in label order.
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::Connections,
         Refusal::Inflight,
         Refusal::Streams,
@@ -280,6 +282,7 @@ impl Refusal {
         Refusal::ResponseBytes,
         Refusal::RequestTimeout,
         Refusal::Unauthenticated,
+        Refusal::Forbidden,
     ];
 
     /// The `limit` label value.
@@ -294,6 +297,7 @@ impl Refusal {
             Refusal::ResponseBytes => "response_bytes",
             Refusal::RequestTimeout => "request_timeout",
             Refusal::Unauthenticated => "unauthenticated",
+            Refusal::Forbidden => "forbidden",
         }
     }
 }

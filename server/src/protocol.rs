@@ -36,6 +36,9 @@ pub const MISSING_CAPABILITY: i32 = -32021;
 pub const UNSUPPORTED_VERSION: i32 = -32022;
 /// The request was cancelled by the client.
 pub const REQUEST_CANCELLED: i32 = -32800;
+/// The caller's credentials do not allow this call (a tool's `access`); over HTTP the answer
+/// is a 403. Quiver's own code, in the range JSON-RPC leaves to servers.
+pub const FORBIDDEN: i32 = -32003;
 
 /// Longest `Mcp-Session-Id` accepted (ids this server issues are 32 characters).
 pub const MAX_SESSION_ID_LEN: usize = 128;
@@ -68,6 +71,7 @@ pub fn modern_http_status(code: i32) -> u16 {
         PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS | HEADER_MISMATCH | MISSING_CAPABILITY
         | UNSUPPORTED_VERSION => 400,
         METHOD_NOT_FOUND => 404,
+        FORBIDDEN => 403,
         _ => 200,
     }
 }

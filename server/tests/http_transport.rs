@@ -455,6 +455,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
             version: "2025-11-25",
             stream: false,
             era: Era::Legacy,
+            caller: None,
         };
         let mut call = Box::pin(server.handle(body, ctx, false));
         let registered = usize::from(!session.is_empty());
@@ -478,6 +479,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
                 version: "2025-11-25",
                 stream: false,
                 era: Era::Legacy,
+                caller: None,
             },
             false,
         ),

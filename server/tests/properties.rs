@@ -471,6 +471,7 @@ fn check_message(
         // Each message in the era it shows: those with a `_meta` protocol version take the
         // 2026-07-28 path.
         era: Era::Detect,
+        caller: None,
     };
     let handled = rt.block_on(server.handle(body, ctx, batches));
     // A slow call comes back to be run where it could stream; run it without a client.

@@ -238,3 +238,103 @@ fn auth_without_a_secret_source_refuses_to_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--auth-tokens-secret needs --secrets"), "{err}");
 }
+
+fn call_as(p: &Proc, token: &str, tool: &str, args: &str) -> String {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+    );
+    let auth = if token.is_empty() {
+        String::new()
+    } else {
+        format!("Authorization: Bearer {token}\r\n")
+    };
+    http_with(p.mcp, "POST", "/mcp", &auth, &body).expect("an answer")
+}
+
+/// Per-tool `access`: the scopes and groups a static token grants decide which tools it may
+/// call; a refusal is a 403 whose challenge names the missing scopes, checked before the
+/// arguments; a pipeline needs what its steps need; a tool without `access` stays open.
+#[test]
+fn tool_access_follows_the_callers_scopes_and_groups() {
+    let secrets = tempfile::tempdir().unwrap();
+    write_secret(
+        secrets.path(),
+        "clients",
+        "tokens",
+        "reader-token-0123456789 scope=read\n\
+         deployer-token-0123456789 scope=read scope=deploy:write group=sre\n\
+         dev-token-0123456789 scope=read scope=deploy:write group=dev\n",
+    );
+    let source = format!("--secrets=dir:{}", secrets.path().display());
+    let p = start_http_env(
+        "tools:
+  - {name: open, handler: {template: hi}}
+  - name: deploy
+    input: {service: string}
+    access: {scopes: [deploy:write], groups: [sre, platform]}
+    handler: {template: 'deployed {{service}}'}
+  - name: release
+    input: {service: string}
+    handler: {pipeline: [{tool: deploy}]}
+",
+        &[&source, "--auth-tokens-secret=clients.tokens"],
+        &[],
+    );
+    let open = call_as(&p, "reader-token-0123456789", "open", "{}");
+    assert!(open.starts_with("HTTP/1.1 200"), "{open}");
+
+    // Missing scope: 403, the challenge names it, and the arguments were never looked at.
+    let r = call_as(&p, "reader-token-0123456789", "deploy", r#"{"wrong": 1}"#);
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    assert_eq!(
+        header(&r, "www-authenticate"),
+        Some("Bearer realm=\"mcp\", error=\"insufficient_scope\", scope=\"deploy:write\"")
+    );
+    let err = &body_json(&r)["error"];
+    assert_eq!(err["code"], -32003);
+    assert_eq!(err["data"]["missingScopes"], json!(["deploy:write"]));
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("requires the scopes `deploy:write`"),
+        "{err}"
+    );
+    // Right scopes, wrong group: 403 without a scope challenge (asking for scopes cannot help).
+    let r = call_as(&p, "dev-token-0123456789", "deploy", r#"{"service": "api"}"#);
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    assert_eq!(header(&r, "www-authenticate"), None);
+    assert_eq!(
+        body_json(&r)["error"]["data"]["allowedGroups"],
+        json!(["sre", "platform"])
+    );
+    // The pipeline that runs `deploy` is no way around it.
+    let r = call_as(&p, "dev-token-0123456789", "release", r#"{"service": "api"}"#);
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    for tool in ["deploy", "release"] {
+        let r = call_as(&p, "deployer-token-0123456789", tool, r#"{"service": "api"}"#);
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        assert_eq!(text(&body_json(&r)["result"]), "deployed api");
+    }
+    let metrics = http(p.admin, "GET", "/metrics", "").unwrap();
+    let refused = metrics
+        .lines()
+        .find(|l| l.starts_with("quiver_refusals_total") && l.contains("forbidden"))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(refused.ends_with(" 3"), "{refused}");
+}
+
+/// With client authentication off nobody has credentials: a tool with `access` cannot be
+/// called, and the error says why.
+#[test]
+fn without_client_auth_a_tool_with_access_refuses_every_caller() {
+    let p = start_http_env(
+        "tools:\n  - {name: guarded, access: {groups: [sre]}, handler: {template: x}}\n",
+        &[],
+        &[],
+    );
+    let r = call_as(&p, "", "guarded", "{}");
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    let message = body_json(&r)["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("does not authenticate its clients"), "{message}");
+}

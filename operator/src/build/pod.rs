@@ -106,6 +106,11 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
         args.push(format!("--auth-audience={}", o.audience));
         args.extend(o.jwks_uri.as_ref().map(|u| format!("--auth-jwks-url={u}")));
         args.extend(o.resource.as_ref().map(|u| format!("--auth-resource={u}")));
+        args.extend(
+            o.groups_claim
+                .as_ref()
+                .map(|c| format!("--auth-groups-claim={c}")),
+        );
     }
     args
 }

@@ -264,7 +264,7 @@ kind: McpServer
 metadata: {name: api}
 spec:
   auth:
-    oidc: {issuer: "https://login.example", audience: "https://mcp.example/mcp", jwksUri: "https://login.example/keys"}
+    oidc: {issuer: "https://login.example", audience: "https://mcp.example/mcp", jwksUri: "https://login.example/keys", groupsClaim: realm_access.roles}
   tools: [{name: add, handler: {builtin: add}}]
 "#,
     );
@@ -274,6 +274,7 @@ spec:
         "--auth-issuer=https://login.example",
         "--auth-audience=https://mcp.example/mcp",
         "--auth-jwks-url=https://login.example/keys",
+        "--auth-groups-claim=realm_access.roles",
     ] {
         assert!(
             oidc_args.as_array().unwrap().contains(&json!(a)),

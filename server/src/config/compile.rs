@@ -92,6 +92,8 @@ pub struct CompiledTool {
     pub output: Option<Schema>,
     /// What runs a call.
     pub handler: CompiledHandler,
+    /// Who may call it (a pipeline's includes its steps'); `None`: every caller let in.
+    pub access: Option<Box<super::access::Access>>,
 }
 
 /// A compiled handler.
@@ -281,7 +283,7 @@ pub struct CompiledPrompt {
 }
 
 #[derive(Default)]
-pub(crate) struct Problems(Vec<Problem>);
+pub(crate) struct Problems(pub(crate) Vec<Problem>);
 
 impl Problems {
     /// The first problem's message (for nested checks that report one reason).
@@ -767,15 +769,21 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         if let Some(a) = &t.annotations {
             descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
         }
+        let access = t
+            .access
+            .as_ref()
+            .and_then(|a| a.compile(&format!("{at}.access"), &mut p))
+            .map(Box::new);
         tools.push(CompiledTool {
             name: t.name.clone(),
             descriptor: Value::Object(descriptor),
             input,
             output,
             handler,
+            access,
         });
     }
-    pipeline::check(&tools, &mut p);
+    pipeline::check(&mut tools, &mut p);
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);

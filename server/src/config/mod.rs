@@ -1,5 +1,6 @@
 //! The ToolSet configuration: model, loading from YAML sources, validation and compilation.
 
+pub mod access;
 pub(crate) mod compile;
 pub(crate) mod json_field;
 mod model;

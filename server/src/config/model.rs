@@ -148,6 +148,10 @@ pub struct ToolSpec {
     /// MCP tool annotations (hints for clients).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<ToolAnnotations>,
+    /// Who may call it: scopes and groups from the caller's credentials. Omitted: every
+    /// caller the server lets in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<super::access::AccessSpec>,
     /// What executes a call of this tool.
     pub handler: Handler,
 }

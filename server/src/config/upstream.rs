@@ -137,6 +137,10 @@ pub struct ImportSpec {
     /// where you know better).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, super::ToolAnnotations>,
+    /// Who may call the tools served from it (every one of them): scopes and groups from
+    /// the caller's credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<super::access::AccessSpec>,
 }
 
 impl ImportSpec {
@@ -227,6 +231,7 @@ pub struct CompiledUpstream {
     rename: BTreeMap<String, String>,
     descriptions: BTreeMap<String, String>,
     annotations: BTreeMap<String, Value>,
+    access: Option<Box<super::access::Access>>,
 }
 
 /// The compiled handler of an imported tool.
@@ -444,6 +449,11 @@ pub(super) fn compile_upstreams(
                 .collect()
         };
         let include = globs(&t.include, "include", p);
+        let access = t
+            .access
+            .as_ref()
+            .and_then(|a| a.compile(&format!("{tp}.access"), p))
+            .map(Box::new);
         let exclude = globs(&t.exclude, "exclude", p);
         let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
         for (from, to) in &t.rename {
@@ -497,6 +507,7 @@ pub(super) fn compile_upstreams(
                 .iter()
                 .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
                 .collect(),
+            access,
         });
     }
     check_overlaps(&out, p);
@@ -697,6 +708,7 @@ impl CompiledUpstream {
                 upstream: index,
                 remote: remote.to_owned(),
             }),
+            access: self.access.clone(),
         })
     }
 }
@@ -887,6 +899,29 @@ upstreams:
             assert!(skipped.contains(wanted), "{wanted} not in {skipped}");
         }
         assert!(taken.contains("find") && taken.contains("gh_get_issue"));
+    }
+
+    #[test]
+    fn access_applies_to_every_imported_tool_and_leaves_the_connection_alone() {
+        let yaml = "upstreams: [{name: gh, stdio: {command: [gh]}, tools: {access: {scopes: [repo]}}}]";
+        let u = upstream(yaml);
+        let listed = vec![json!({"name": "a"}), json!({"name": "b"})];
+        let (tools, _) = u.import(0, &listed, &mut FxHashSet::default());
+        let caller = crate::config::access::Principal::new(["repo"], []);
+        for t in &tools {
+            let need = t.access.as_deref().expect("access on every imported tool");
+            assert!(need.check(None).is_err() && need.check(Some(&caller)).is_ok());
+        }
+        let open = "upstreams: [{name: gh, stdio: {command: [gh]}}]";
+        assert_eq!(u.key, upstream(open).key, "an access change does not reconnect");
+        let bad = compile(
+            &parse(
+                "t",
+                "upstreams: [{name: gh, stdio: {command: [gh]}, tools: {access: {}}}]",
+            )
+            .unwrap(),
+        );
+        assert!(bad.unwrap_err().to_string().contains("upstreams[0].tools.access"));
     }
 
     #[test]

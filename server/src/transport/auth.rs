@@ -4,9 +4,13 @@
 //! specification describes, with the protected-resource metadata document (RFC 9728).
 //!
 //! The token secret's value holds one token per line (blank lines and `#` comments are
-//! skipped), so a rotation can keep the old and the new token valid for a while. Tokens are
-//! compared as SHA-256 digests in constant time: neither a token's length nor the place where
-//! a guess first differs shows in the time a refusal takes.
+//! skipped), so a rotation can keep the old and the new token valid for a while. A token may
+//! be followed by what it grants, for tools with `access`: `TOKEN scope=deploy:write
+//! group=sre`. Tokens are compared as SHA-256 digests in constant time: neither a token's
+//! length nor the place where a guess first differs shows in the time a refusal takes.
+//!
+//! What a caller was granted (a [`Principal`]) comes from those words, or from an access
+//! token's `scope`/`scp` claims and its groups claim.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::jwt::{self, Jwk};
 use crate::config::SecretRef;
+use crate::config::access::Principal;
 use crate::handlers::HttpClient;
 use crate::secrets::Secrets;
 
@@ -65,12 +70,12 @@ impl Denied {
     }
 }
 
-/// Digests of the tokens of one secret snapshot.
+/// Digests of the tokens of one secret snapshot, with what each grants.
 #[derive(Debug)]
 struct Tokens {
     /// The snapshot they were read from (compared by pointer: a rotation swaps it).
     from: Arc<Value>,
-    digests: Vec<[u8; 32]>,
+    digests: Vec<([u8; 32], Arc<Principal>)>,
 }
 
 /// Bearer-token authentication.
@@ -91,13 +96,36 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The tokens of a secret value: one per line, `#` comments and blanks skipped.
+/// The token lines of a secret value: one per line, `#` comments and blanks skipped.
 pub fn parse_tokens(text: &str) -> Vec<&str> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .take(MAX_TOKENS)
         .collect()
+}
+
+/// A token line: the token, then what it grants (`scope=NAME`, `group=NAME`, any number).
+///
+/// # Errors
+/// A word after the token that is neither (the line is then not used at all: a typo must
+/// not turn into a token with fewer grants than meant, nor into one with a space in it).
+pub fn parse_token_line(line: &str) -> Result<(&str, Principal), String> {
+    let mut words = line.split_ascii_whitespace();
+    let token = words.next().unwrap_or("");
+    let (mut scopes, mut groups) = (Vec::new(), Vec::new());
+    for w in words {
+        match w.split_once('=') {
+            Some(("scope", s)) if !s.is_empty() => scopes.push(s),
+            Some(("group", g)) if !g.is_empty() => groups.push(g),
+            _ => {
+                return Err(
+                    "after the token, only `scope=NAME` and `group=NAME` words are understood".to_owned(),
+                );
+            }
+        }
+    }
+    Ok((token, Principal::new(scopes, groups)))
 }
 
 impl BearerAuth {
@@ -123,16 +151,21 @@ impl BearerAuth {
             .and_then(|s| s.get(&self.secret.key))
             .and_then(Value::as_str)
             .unwrap_or("");
-        let tokens = parse_tokens(text);
-        let short = tokens.iter().filter(|t| t.len() < MIN_TOKEN_LEN).count();
+        let mut digests = Vec::new();
+        let mut short = 0;
+        for (n, line) in parse_tokens(text).into_iter().enumerate() {
+            match parse_token_line(line) {
+                Ok((t, _)) if t.len() < MIN_TOKEN_LEN => short += 1,
+                Ok((t, grants)) => digests.push((digest(t.as_bytes()), Arc::new(grants))),
+                Err(e) => {
+                    // The line number only: the line holds a token.
+                    tracing::warn!(secret = %self.secret, token = n + 1, "client token ignored: {e}");
+                }
+            }
+        }
         if short > 0 {
             tracing::warn!(secret = %self.secret, ignored = short, "client tokens shorter than {MIN_TOKEN_LEN} characters are ignored");
         }
-        let digests = tokens
-            .into_iter()
-            .filter(|t| t.len() >= MIN_TOKEN_LEN)
-            .map(|t| digest(t.as_bytes()))
-            .collect();
         let fresh = Arc::new(Tokens { from: now, digests });
         self.cache.store(Some(Arc::clone(&fresh)));
         fresh
@@ -142,23 +175,28 @@ impl BearerAuth {
     ///
     /// # Errors
     /// Why the request may not proceed.
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), Denied> {
+    pub fn check(&self, headers: &HeaderMap) -> Result<Arc<Principal>, Denied> {
         self.accepts(bearer_token(headers).ok_or(Denied::Missing)?)
     }
 
-    /// Whether `presented` is one of the tokens.
+    /// Whether `presented` is one of the tokens; what it grants if so.
     ///
     /// # Errors
     /// It is not, or there are no tokens to compare with.
-    pub fn accepts(&self, presented: &[u8]) -> Result<(), Denied> {
+    pub fn accepts(&self, presented: &[u8]) -> Result<Arc<Principal>, Denied> {
         let tokens = self.tokens();
         if tokens.digests.is_empty() {
             return Err(Denied::Unconfigured);
         }
         let d = digest(presented);
         // Every digest is compared, whichever matches.
-        let ok = tokens.digests.iter().fold(false, |acc, t| acc | same(t, &d));
-        if ok { Ok(()) } else { Err(Denied::Invalid) }
+        let mut found = None;
+        for (t, grants) in &tokens.digests {
+            if same(t, &d) {
+                found = Some(grants);
+            }
+        }
+        found.map(Arc::clone).ok_or(Denied::Invalid)
     }
 }
 
@@ -186,6 +224,9 @@ pub struct OidcConfig {
     pub resource: Option<String>,
     /// Tolerated clock difference.
     pub leeway: Duration,
+    /// The claim listing the caller's groups (a name, or a dotted path into nested
+    /// objects such as `realm_access.roles`), for tools with `access.groups`.
+    pub groups_claim: String,
 }
 
 /// How often the key set is re-fetched, and the least time between fetches that an unknown
@@ -294,7 +335,7 @@ impl Oidc {
     ///
     /// # Errors
     /// [`Denied::Invalid`] when it does not verify.
-    pub async fn check(&self, token: &[u8]) -> Result<Value, Denied> {
+    pub async fn check(&self, token: &[u8]) -> Result<Principal, Denied> {
         let token = std::str::from_utf8(token).map_err(|_| Denied::Invalid)?;
         let expect = jwt::Expect {
             issuer: &self.cfg.issuer,
@@ -309,11 +350,31 @@ impl Oidc {
             }
             other => other,
         }
+        .map(|claims| principal(&claims, &self.cfg.groups_claim))
         .map_err(|e| {
             tracing::debug!(reason = %e, "access token refused");
             Denied::Invalid
         })
     }
+}
+
+/// Names from a claim that is a space-separated string or an array of strings.
+fn names(v: Option<&Value>) -> Vec<&str> {
+    match v {
+        Some(Value::String(s)) => s.split_ascii_whitespace().collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What an access token grants: scopes from `scope` (RFC 9068) or `scp`, groups from
+/// `groups_claim` (tried as a name first, then as a dotted path).
+pub fn principal(claims: &Value, groups_claim: &str) -> Principal {
+    let scopes = names(claims.get("scope").or_else(|| claims.get("scp")));
+    let groups = claims
+        .get(groups_claim)
+        .or_else(|| groups_claim.split('.').try_fold(claims, |v, part| v.get(part)));
+    Principal::new(scopes, names(groups))
 }
 
 /// Every way a client may authenticate; a request passes with any one of them.
@@ -341,12 +402,12 @@ impl Auth {
     ///
     /// # Errors
     /// Why the request may not proceed.
-    pub async fn check(&self, headers: &HeaderMap) -> Result<(), Denied> {
+    pub async fn check(&self, headers: &HeaderMap) -> Result<Arc<Principal>, Denied> {
         let token = bearer_token(headers).ok_or(Denied::Missing)?;
         let mut denied = Denied::Unconfigured;
         if let Some(b) = &self.bearer {
             match b.accepts(token) {
-                Ok(()) => return Ok(()),
+                Ok(p) => return Ok(p),
                 Err(d) => denied = d,
             }
         }
@@ -354,7 +415,7 @@ impl Auth {
         if let Some(o) = &self.oidc
             && token.iter().filter(|b| **b == b'.').count() == 2
         {
-            return o.check(token).await.map(drop);
+            return o.check(token).await.map(Arc::new);
         }
         Err(if self.oidc.is_some() {
             Denied::Invalid
@@ -385,14 +446,33 @@ impl Auth {
         Some(url)
     }
 
-    /// The protected-resource metadata document (RFC 9728), when an issuer is configured.
-    pub fn metadata(&self, headers: &HeaderMap) -> Option<Value> {
+    /// The protected-resource metadata document (RFC 9728), when an issuer is configured;
+    /// `scopes` are those the served tools require (`scopes_supported`, left out when none).
+    pub fn metadata(&self, headers: &HeaderMap, scopes: &[&str]) -> Option<Value> {
         let o = self.oidc.as_ref()?;
-        Some(serde_json::json!({
+        let mut doc = serde_json::json!({
             "resource": self.resource(headers)?,
             "authorization_servers": [o.cfg.issuer],
             "bearer_methods_supported": ["header"],
-        }))
+        });
+        if !scopes.is_empty() {
+            doc["scopes_supported"] = scopes.into();
+        }
+        Some(doc)
+    }
+
+    /// The challenge of a call refused for lack of scopes (RFC 6750 section 3.1), naming
+    /// them so that a client can ask for them (the MCP step-up flow).
+    pub fn scope_challenge(&self, headers: &HeaderMap, scopes: &str) -> HeaderValue {
+        let mut v = format!("Bearer realm=\"mcp\", error=\"insufficient_scope\", scope=\"{scopes}\"");
+        if let Some(url) = self.metadata_url(headers) {
+            v.push_str(", resource_metadata=\"");
+            v.push_str(&url);
+            v.push('"');
+        }
+        HeaderValue::from_str(&v).unwrap_or_else(|_| {
+            HeaderValue::from_static("Bearer realm=\"mcp\", error=\"insufficient_scope\"")
+        })
     }
 }
 
@@ -430,20 +510,23 @@ mod tests {
     #[test]
     fn accepts_each_listed_token_and_refuses_the_rest() {
         let (a, _) = auth("first-token-0123456789\nsecond-token-0123456789\nshort\n");
-        assert_eq!(a.check(&with("Bearer first-token-0123456789")), Ok(()));
-        assert_eq!(a.check(&with("bearer   second-token-0123456789  ")), Ok(()));
+        assert_eq!(a.check(&with("Bearer first-token-0123456789")).map(drop), Ok(()));
         assert_eq!(
-            a.check(&with("Bearer short")),
+            a.check(&with("bearer   second-token-0123456789  ")).map(drop),
+            Ok(())
+        );
+        assert_eq!(
+            a.check(&with("Bearer short")).map(drop),
             Err(Denied::Invalid),
             "too short to count"
         );
         assert_eq!(
-            a.check(&with("Bearer first-token-012345678")),
+            a.check(&with("Bearer first-token-012345678")).map(drop),
             Err(Denied::Invalid)
         );
-        assert_eq!(a.check(&with("Bearer ")), Err(Denied::Invalid));
-        assert_eq!(a.check(&with("Basic Zmlyc3Q=")), Err(Denied::Missing));
-        assert_eq!(a.check(&HeaderMap::new()), Err(Denied::Missing));
+        assert_eq!(a.check(&with("Bearer ")).map(drop), Err(Denied::Invalid));
+        assert_eq!(a.check(&with("Basic Zmlyc3Q=")).map(drop), Err(Denied::Missing));
+        assert_eq!(a.check(&HeaderMap::new()).map(drop), Err(Denied::Missing));
         assert_eq!(
             a.check(&with(&format!("Bearer {}", "x".repeat(9000)))),
             Err(Denied::Missing)
@@ -451,22 +534,70 @@ mod tests {
     }
 
     #[test]
+    fn a_token_line_may_grant_scopes_and_groups() {
+        let (a, _) = auth(
+            "grants-token-0123456789 scope=deploy:write group=sre scope=read\n\
+             typo-token-0123456789 scopes=read\n",
+        );
+        let p = a.check(&with("Bearer grants-token-0123456789")).unwrap();
+        assert_eq!(*p, Principal::new(["deploy:write", "read"], ["sre"]));
+        // A line that cannot be read whole is not used at all.
+        assert_eq!(
+            a.check(&with("Bearer typo-token-0123456789")).map(drop),
+            Err(Denied::Invalid)
+        );
+        assert_eq!(
+            a.check(&with("Bearer typo-token-0123456789 scopes=read"))
+                .map(drop),
+            Err(Denied::Invalid)
+        );
+    }
+
+    #[test]
+    fn an_access_token_grants_its_scope_and_groups_claims() {
+        let claims = serde_json::json!({
+            "scope": "read  deploy:write",
+            "groups": ["sre", 7, "dev"],
+            "realm_access": {"roles": "admin ops"},
+            "https://example.com/groups": ["namespaced"],
+        });
+        assert_eq!(
+            principal(&claims, "groups"),
+            Principal::new(["read", "deploy:write"], ["sre", "dev"])
+        );
+        assert_eq!(
+            principal(&claims, "realm_access.roles").groups,
+            Principal::new([], ["admin", "ops"]).groups
+        );
+        assert_eq!(
+            principal(&claims, "https://example.com/groups").groups,
+            vec![Box::from("namespaced")]
+        );
+        let scp = serde_json::json!({"scp": ["a", "b"]});
+        assert_eq!(principal(&scp, "groups"), Principal::new(["a", "b"], []));
+        assert_eq!(
+            principal(&serde_json::json!({"scope": 5}), "nope.deeper"),
+            Principal::default()
+        );
+    }
+
+    #[test]
     fn a_rotation_applies_to_the_next_request() {
         let (a, secrets) = auth("old-token-0123456789");
-        assert_eq!(a.check(&with("Bearer old-token-0123456789")), Ok(()));
+        assert_eq!(a.check(&with("Bearer old-token-0123456789")).map(drop), Ok(()));
         secrets.set(
             "clients",
             Some(vec![("tokens".into(), b"new-token-0123456789".to_vec())]),
             Presence::Loaded,
         );
         assert_eq!(
-            a.check(&with("Bearer old-token-0123456789")),
+            a.check(&with("Bearer old-token-0123456789")).map(drop),
             Err(Denied::Invalid)
         );
-        assert_eq!(a.check(&with("Bearer new-token-0123456789")), Ok(()));
+        assert_eq!(a.check(&with("Bearer new-token-0123456789")).map(drop), Ok(()));
         secrets.set("clients", None, Presence::Missing);
         assert_eq!(
-            a.check(&with("Bearer new-token-0123456789")),
+            a.check(&with("Bearer new-token-0123456789")).map(drop),
             Err(Denied::Unconfigured)
         );
     }

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::Load;
 use super::sessions::EndedSessions;
+use crate::config::access::{Access, Principal};
 use crate::dispatch::{Ctx, Deferred, Era, Listen, Server};
 use crate::metrics::Refusal;
 use crate::peer::Peer;
@@ -282,27 +283,48 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     }
 }
 
-/// Origin, Host and credentials: checked before anything else is read.
-async fn check_caller(state: &HttpState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+/// Origin, Host and credentials: checked before anything else is read. What the caller's
+/// credentials grant, or `None` when the server does not authenticate clients.
+async fn check_caller(
+    state: &HttpState,
+    headers: &HeaderMap,
+) -> Result<Option<Arc<Principal>>, Box<Response>> {
     check_origin(state, headers).map_err(|r| Box::new(r.into_response()))?;
     check_host(state, headers).map_err(|r| Box::new(r.into_response()))?;
-    if let Some(auth) = &state.options.auth
-        && let Err(denied) = auth.check(headers).await
-    {
-        state.server.metrics.refused(Refusal::Unauthenticated);
-        let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
-        let metadata = auth.metadata_url(headers);
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, denied.challenge(metadata.as_deref()));
-        return Err(Box::new(resp));
+    let Some(auth) = &state.options.auth else {
+        return Ok(None);
+    };
+    match auth.check(headers).await {
+        Ok(p) => Ok(Some(p)),
+        Err(denied) => {
+            state.server.metrics.refused(Refusal::Unauthenticated);
+            let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
+            let metadata = auth.metadata_url(headers);
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, denied.challenge(metadata.as_deref()));
+            Err(Box::new(resp))
+        }
     }
-    Ok(())
 }
 
 /// `/.well-known/oauth-protected-resource[/mcp]`: where clients learn which authorization
 /// server issues tokens for this endpoint (RFC 9728). 404 unless an issuer is configured.
 async fn protected_resource(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    match state.options.auth.as_ref().and_then(|a| a.metadata(&headers)) {
+    let snap = state.server.registry.load();
+    let mut scopes: Vec<&str> = snap
+        .tools
+        .iter()
+        .filter_map(|t| t.def.access.as_deref())
+        .flat_map(Access::scopes)
+        .collect();
+    scopes.sort_unstable();
+    scopes.dedup();
+    match state
+        .options
+        .auth
+        .as_ref()
+        .and_then(|a| a.metadata(&headers, &scopes))
+    {
         Some(doc) => {
             let mut resp = axum::Json(doc).into_response();
             // Browser-based clients read it from another origin.
@@ -516,9 +538,10 @@ fn new_session_id() -> String {
 async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let headers = &parts.headers;
-    if let Err(r) = check_caller(&state, headers).await {
-        return *r;
-    }
+    let caller = match check_caller(&state, headers).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     let max = state.options.max_body_bytes;
     let too_large = || {
         state.server.metrics.refused(Refusal::BodyBytes);
@@ -591,6 +614,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         version,
         stream: true,
         era: if modern { Era::Modern(version) } else { Era::Legacy },
+        caller: caller.as_deref(),
     };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
     if let Some(listen) = handled.listen {
@@ -619,6 +643,12 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         StatusCode::OK
     };
     let mut resp = json_response(status, out);
+    if let Some(scopes) = handled.forbidden.filter(|s| !s.is_empty())
+        && let Some(auth) = &state.options.auth
+    {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, auth.scope_challenge(headers, &scopes));
+    }
     if handled.initialized {
         let id = if session.is_empty() {
             new_session_id()

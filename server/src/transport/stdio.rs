@@ -23,6 +23,7 @@ const CTX: Ctx<'static> = Ctx {
     version: crate::protocol::LATEST_VERSION,
     stream: true,
     era: Era::Detect,
+    caller: None,
 };
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};

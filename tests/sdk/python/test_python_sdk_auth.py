@@ -25,6 +25,7 @@ from conftest import BIN, JsonHandler, free_port, wait_until
 from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 
 class Issuer:
@@ -79,7 +80,10 @@ def guarded(issuer):
     assert BIN.exists(), f"build the server first: {BIN}"
     tmp = Path(tempfile.mkdtemp(prefix="quiver-auth-"))
     config = tmp / "tools.yaml"
-    config.write_text("tools:\n  - {name: add, handler: {builtin: add}}\n")
+    config.write_text(
+        "tools:\n  - {name: add, handler: {builtin: add}}\n"
+        "  - {name: deploy, access: {scopes: [deploy:write], groups: [sre]}, handler: {template: deployed}}\n"
+    )
     port, admin = free_port(), free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     log = open(tmp / "server.log", "w")
@@ -119,6 +123,51 @@ async def add(url: str, token: str):
         return await c.call_tool("add", {"a": 40, "b": 2})
 
 
+async def deploy(url: str, token: str):
+    transport = streamable_http_client(url, http_client=create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
+    async with Client(transport) as c:
+        try:
+            return await c.call_tool("deploy", {})
+        except MCPError as e:  # a refusal, as the client reports it
+            return e
+
+
+def test_a_tool_with_access_needs_the_tokens_scopes_and_groups(issuer, guarded):
+    """Per-tool authorization from the token's claims, seen by the official client."""
+    good = issuer.token("k1", guarded, scope="openid deploy:write", groups=["dev", "sre"])
+    r = asyncio.run(deploy(guarded, good))
+    assert (r.is_error, r.content[0].text) == (False, "deployed")
+    for claims, missing in [
+        ({"scope": "openid", "groups": ["sre"]}, ["deploy:write"]),
+        ({"scp": ["deploy:write"], "groups": ["dev"]}, []),
+        ({}, ["deploy:write"]),
+    ]:
+        refused = asyncio.run(deploy(guarded, issuer.token("k1", guarded, **claims)))
+        assert isinstance(refused, MCPError), refused
+        assert refused.code == -32003
+        assert refused.data["missingScopes"] == missing
+        assert "tool deploy requires" in refused.message
+    # On the wire: 403, and a challenge that names the scope to ask for (the step-up flow).
+    weak = issuer.token("k1", guarded, scope="openid", groups=["sre"])
+    req = urllib.request.Request(
+        guarded,
+        data=b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"deploy","arguments":{}}}',
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "Authorization": f"Bearer {weak}",
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    metadata_url = guarded.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    assert e.value.code == 403
+    assert e.value.headers["WWW-Authenticate"] == (
+        f'Bearer realm="mcp", error="insufficient_scope", scope="deploy:write", resource_metadata="{metadata_url}"'
+    )
+
+
 def test_a_valid_access_token_calls_tools_through_the_sdk(issuer, guarded):
     r = asyncio.run(add(guarded, issuer.token("k1", guarded)))
     assert (r.is_error, r.content[0].text) == (False, "42")
@@ -131,7 +180,12 @@ def test_refusals_point_at_the_protected_resource_metadata(issuer, guarded):
     assert headers["WWW-Authenticate"] == f'Bearer realm="mcp", resource_metadata="{metadata_url}"'
     with urllib.request.urlopen(metadata_url, timeout=5) as r:
         doc = json.load(r)
-    assert doc == {"resource": guarded, "authorization_servers": [issuer.url], "bearer_methods_supported": ["header"]}
+    assert doc == {
+        "resource": guarded,
+        "authorization_servers": [issuer.url],
+        "bearer_methods_supported": ["header"],
+        "scopes_supported": ["deploy:write"],
+    }
 
     stranger = Issuer()
     stranger.add_key("k1")  # same kid, other key: the signature must fail

@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::config::access::Access;
 use crate::config::compile::{
     CompiledHandler, CompiledTool, Cx, Names, Problems, check_template, checked_template, shallow,
 };
@@ -111,7 +112,7 @@ pub(crate) fn compile(steps: &[PipelineStep], cx: &mut Cx<'_>) -> Vec<Step> {
 /// Rejects pipeline cycles, nesting deeper than [`MAX_PIPELINE_NESTING`] and pipelines one
 /// call of which would run more than [`MAX_PIPELINE_STEPS`] steps. The walk is an explicit
 /// depth-first search (no recursion: a chain of thousands of pipelines is input too).
-pub(crate) fn check(tools: &[CompiledTool], p: &mut Problems) {
+pub(crate) fn check(tools: &mut [CompiledTool], p: &mut Problems) {
     const NEW: u8 = 0;
     const ON_PATH: u8 = 1;
     const DONE: u8 = 2;
@@ -124,6 +125,9 @@ pub(crate) fn check(tools: &[CompiledTool], p: &mut Problems) {
     // call of it runs (nested ones included); both 0 for other handlers.
     let mut nesting = vec![0usize; tools.len()];
     let mut cost = vec![0usize; tools.len()];
+    // Who may call each tool, a pipeline's steps' needs added to its own.
+    let mut access: Vec<Option<Box<Access>>> = tools.iter().map(|t| t.access.clone()).collect();
+    let mut widened = Vec::new();
     for root in 0..tools.len() {
         if state[root] != NEW {
             continue;
@@ -161,10 +165,34 @@ pub(crate) fn check(tools: &[CompiledTool], p: &mut Problems) {
                 cost[i] = steps.iter().fold(0usize, |acc, s| {
                     acc.saturating_add(1).saturating_add(cost[s.tool])
                 });
+                // Its steps are done: it needs what each of them needs too.
+                let mut need = access[i].take();
+                for s in steps {
+                    if let Some(a) = access[s.tool].as_deref() {
+                        let n = need.get_or_insert_with(Box::default);
+                        if let Err(e) = n.include(a) {
+                            widened.push((i, e));
+                            break;
+                        }
+                    }
+                }
+                access[i] = need;
             }
             state[i] = DONE;
             path.pop();
         }
+    }
+    for (i, e) in widened {
+        p.push(
+            format!("tools[{i}].access"),
+            format!(
+                "`{}` runs tools that need other scopes or groups, and {e}",
+                tools[i].name
+            ),
+        );
+    }
+    for (t, a) in tools.iter_mut().zip(access) {
+        t.access = a;
     }
     // A chain of thousands would name thousands of tools: name the first few.
     const SHOWN: usize = 10;
