@@ -27,9 +27,8 @@ def secret(name: str, key: str, value: str) -> dict:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {key: value}}
 
 
-def raw_post(url: str, authorization: str | None) -> tuple[int, Message, str]:
+def raw_post(url: str, authorization: str | None, body: bytes = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}') -> tuple[int, Message, str]:
     """One JSON-RPC POST without any SDK, to see the status and headers as they are."""
-    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
     req = urllib.request.Request(url, data=body, method="POST")
     req.add_header("Content-Type", "application/json")
     req.add_header("Accept", "application/json, text/event-stream")
@@ -107,6 +106,14 @@ def test_credentials_both_ways_rotate_without_restart(ns: Namespace):
             raise AssertionError(f"{e}; last call: {outcome()}") from None
         assert "42 units of widget in stock" in text(result), text(result)
         assert UPSTREAM_TOKEN not in text(result) and CLIENT_TOKEN not in text(result)
+
+        # Per-tool access: `restock` needs the scope only the ops token grants.
+        restock = b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"restock","arguments":{"item":"nut"}}}'
+        status, headers, body = raw_post(url, f"Bearer {CLIENT_TOKEN}", restock)
+        assert status == 403, body
+        assert headers.get("WWW-Authenticate") == 'Bearer realm="mcp", error="insufficient_scope", scope="inventory:write"'
+        status, _, body = raw_post(url, "Bearer ops-example-token-0123456789", restock)
+        assert status == 200 and "ordered more nut" in body, body
 
         # Rotate the upstream credential to a token the upstream does not accept yet: the very
         # next calls send it (and fail upstream), then the upstream learns it and they pass.
