@@ -151,7 +151,8 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     let bad_names: Vec<String> = compiled
         .secrets
         .iter()
-        .filter(|n| !is_dns_label(n))
+        // ConfigMaps (CA bundles) were checked as such by compile.
+        .filter(|n| !n.starts_with(config::CONFIG_MAP_PREFIX) && !is_dns_label(n))
         .map(|n| {
             format!("`{{{{secret.{n}...}}}}`: `{n}` is not a Kubernetes Secret name (lower-case letters, digits and `-`)")
         })

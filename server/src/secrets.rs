@@ -25,6 +25,8 @@ use tokio::sync::watch;
 use crate::config::SecretRef;
 use crate::handlers::ToolOutput;
 
+pub use crate::config::{CONFIG_MAP_PREFIX, valid_config_map_name};
+
 /// What replaces a secret value found in a tool's output.
 pub const REDACTED: &str = "[redacted]";
 /// Values shorter than this are not searched for in outputs (every `a` would go).
@@ -347,7 +349,7 @@ fn redact_value(v: &mut Value, secrets: &[&str]) {
 
 /// The variable of `QUIVER_SECRET_<NAME>_<KEY>`'s scheme for one reference.
 pub fn env_var(r: &SecretRef) -> String {
-    let up = |s: &str| s.to_ascii_uppercase().replace('-', "_");
+    let up = |s: &str| s.to_ascii_uppercase().replace(['-', ':'], "_");
     format!("QUIVER_SECRET_{}_{}", up(&r.name), up(&r.key))
 }
 
@@ -409,7 +411,8 @@ pub async fn watch_dir(root: PathBuf, secrets: Arc<Secrets>) -> anyhow::Result<(
     secrets.replace_all(read_dir_source(&root)?);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok() {
+        // A value written in place is read once closed, never half-written.
+        if ev.is_ok_and(|ev| crate::reload::file::completes_a_change(&ev.kind)) {
             let _ = tx.send(());
         }
     })?;
@@ -447,34 +450,61 @@ mod kube_source {
     use std::sync::Arc;
 
     use futures_util::StreamExt;
-    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     use kube::Api;
     use kube::runtime::WatchStreamExt;
     use kube::runtime::watcher::{self, Event};
 
-    use super::{Presence, Secrets};
+    use super::{CONFIG_MAP_PREFIX, Presence, Secrets};
 
-    fn data(s: &Secret) -> Vec<(String, Vec<u8>)> {
-        let mut out: Vec<(String, Vec<u8>)> = s
-            .data
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.0.clone()))
-            .collect();
-        // stringData is write-only: the API server folds it into data.
-        out.sort();
-        out
+    /// The keys and values of a watched object.
+    trait Keyed: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static {
+        fn keys(&self) -> Vec<(String, Vec<u8>)>;
     }
 
-    async fn watch_one(api: Api<Secret>, name: String, secrets: Arc<Secrets>) {
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    impl Keyed for Secret {
+        fn keys(&self) -> Vec<(String, Vec<u8>)> {
+            // stringData is write-only: the API server folds it into data.
+            let mut out: Vec<(String, Vec<u8>)> = self
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect();
+            out.sort();
+            out
+        }
+    }
+
+    impl Keyed for ConfigMap {
+        fn keys(&self) -> Vec<(String, Vec<u8>)> {
+            let text = self
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone().into_bytes()));
+            let binary = self
+                .binary_data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.0.clone()));
+            let mut out: Vec<(String, Vec<u8>)> = text.chain(binary).collect();
+            out.sort();
+            out
+        }
+    }
+
+    /// Keeps the store's entry `name` (the object's name, prefixed for a ConfigMap) equal to
+    /// the object `object` of `api`.
+    async fn watch_one<K: Keyed>(api: Api<K>, name: String, object: String, secrets: Arc<Secrets>) {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={object}"));
         let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
         let mut seen = false;
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(Event::Apply(s) | Event::InitApply(s)) => {
                     seen = true;
-                    secrets.set(&name, Some(data(&s)), Presence::Loaded);
+                    secrets.set(&name, Some(s.keys()), Presence::Loaded);
                     tracing::info!(secret = %name, "secret loaded");
                 }
                 Ok(Event::Delete(_)) => {
@@ -506,7 +536,8 @@ mod kube_source {
     pub async fn watch_kube(namespace: String, secrets: Arc<Secrets>) -> anyhow::Result<()> {
         secrets.set_has_source();
         let client = kube::Client::try_default().await?;
-        let api: Api<Secret> = Api::namespaced(client, &namespace);
+        let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+        let maps: Api<ConfigMap> = Api::namespaced(client, &namespace);
         let mut wanted = secrets.wanted();
         let mut running: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
         loop {
@@ -520,9 +551,15 @@ mod kube_source {
                 keep
             });
             for name in now {
-                running
-                    .entry(name.clone())
-                    .or_insert_with(|| tokio::spawn(watch_one(api.clone(), name, Arc::clone(&secrets))));
+                running.entry(name.clone()).or_insert_with(|| {
+                    let store = Arc::clone(&secrets);
+                    match name.strip_prefix(CONFIG_MAP_PREFIX) {
+                        Some(map) => {
+                            tokio::spawn(watch_one(maps.clone(), name.clone(), map.to_owned(), store))
+                        }
+                        None => tokio::spawn(watch_one(api.clone(), name.clone(), name, store)),
+                    }
+                });
             }
             if wanted.changed().await.is_err() {
                 return Ok(());

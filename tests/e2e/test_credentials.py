@@ -115,6 +115,12 @@ def test_credentials_both_ways_rotate_without_restart(ns: Namespace):
         status, _, body = raw_post(url, "Bearer ops-example-token-0123456789", restock)
         assert status == 200 and "ordered more nut" in body, body
 
+        # A CA bundle from a ConfigMap: the API server's certificate verifies with the
+        # cluster CA of `kube-root-ca.crt` (anonymous /version is public on kind).
+        version = b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"cluster-version","arguments":{}}}'
+        status, _, body = raw_post(url, f"Bearer {CLIENT_TOKEN}", version)
+        assert status == 200 and "gitVersion" in body and '"isError":true' not in body, body
+
         # Rotate the upstream credential to a token the upstream does not accept yet: the very
         # next calls send it (and fail upstream), then the upstream learns it and they pass.
         rotated = "rotated-inventory-token-0123456789"

@@ -9,7 +9,7 @@ mod pod;
 mod sidecar;
 mod tuning;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::{
@@ -171,10 +171,22 @@ pub fn build(
         verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
         non_resource_urls: None,
     };
-    let mut rules = vec![read("configmaps", vec![cm_name.clone()])];
+    // The tools ConfigMap, and the ConfigMaps of CA bundles (`tls.caConfigMap`).
+    let (maps, mut secrets): (BTreeSet<String>, BTreeSet<String>) = rendered
+        .secrets
+        .iter()
+        .cloned()
+        .partition(|n| n.starts_with(quiver_server::config::CONFIG_MAP_PREFIX));
+    let mut config_maps = vec![cm_name.clone()];
+    config_maps.extend(
+        maps.iter()
+            .filter_map(|n| n.strip_prefix(quiver_server::config::CONFIG_MAP_PREFIX))
+            .filter(|n| **n != *cm_name)
+            .map(str::to_owned),
+    );
+    let mut rules = vec![read("configmaps", config_maps)];
     // Exactly the Secrets the tools and client auth read. An empty resourceNames list would
     // grant every Secret of the namespace, so no rule is written when there are none.
-    let mut secrets = rendered.secrets.clone();
     secrets.extend(pod::bearer_secret(mcp).map(|r| r.name.clone()));
     if !secrets.is_empty() {
         rules.push(read("secrets", secrets.into_iter().collect()));

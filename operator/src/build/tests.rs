@@ -217,6 +217,46 @@ fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn a_ca_bundle_configmap_is_granted_as_a_configmap_not_a_secret() {
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  tools:
+    - name: version
+      handler: {http: {url: "https://kubernetes.default.svc/version", tls: {caConfigMap: kube-root-ca.crt}}}
+    - name: mtls
+      handler: {http: {url: "https://api.example/x", tls: {caConfigMap: corp-bundle, clientCertSecret: client-tls}}}
+"#,
+    );
+    let rules = serde_json::to_value(&c.role).unwrap()["rules"].clone();
+    assert_eq!(
+        rules,
+        json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["api-tools", "corp-bundle", "kube-root-ca.crt"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["client-tls"], "verbs": ["get", "list", "watch"]},
+        ])
+    );
+    let m = mcp(r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  tools:
+    - name: v
+      handler: {http: {url: "https://k/version", tls: {caConfigMap: Not_A_Name, caSecret: also}}}
+"#);
+    let problems = render(&m, &vec![]).unwrap_err().problems.join("\n");
+    assert!(
+        problems.contains("tls.caConfigMap: not a ConfigMap name"),
+        "{problems}"
+    );
+    assert!(problems.contains("set one"), "{problems}");
+}
+
+#[test]
 fn the_role_grants_exactly_the_secrets_the_tools_and_auth_read() {
     let c = children(BASIC);
     let rules = serde_json::to_value(&c.role).unwrap()["rules"].clone();

@@ -379,6 +379,21 @@ pub(crate) fn valid_header_name(k: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
 }
 
+/// The store holds ConfigMaps too (CA bundles: `tls.caConfigMap`), under this prefix, which
+/// no Secret name can start with (Kubernetes names have no `:`). A `dir:` source reads them
+/// from `PATH/configmap:NAME/KEY`.
+pub const CONFIG_MAP_PREFIX: &str = "configmap:";
+
+/// A Kubernetes object name (DNS subdomain): 1-253 lower-case letters, digits, `-` and `.`,
+/// starting and ending with a letter or digit.
+pub fn valid_config_map_name(n: &str) -> bool {
+    (1..=253).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+        && n.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && n.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
 pub(crate) fn valid_secret_part(s: &str) -> bool {
     (1..=253).contains(&s.len())
         && s.bytes()
@@ -1255,7 +1270,9 @@ tools:
         assert_eq!((cert.key.as_str(), key.key.as_str()), ("tls.crt", "tls.key"));
         for (tls, wanted) in [
             ("{caSecret: a}", "needs an https url"),
-            ("{}", "set caSecret, clientCertSecret or both"),
+            ("{}", "set caSecret or caConfigMap, clientCertSecret, or both"),
+            ("{caSecret: a, caConfigMap: b}", "set one"),
+            ("{caConfigMap: UPPER}", "not a ConfigMap name"),
         ] {
             let p = problems(&format!(
                 "tools:\n  - {{name: t, handler: {{http: {{url: \"http://x/\", tls: {tls}}}}}}}\n"

@@ -21,8 +21,9 @@ pub use crate::handlers::exec::{ExecArg, ExecCall};
 pub use crate::handlers::http::{HttpCall, TlsRefs};
 pub use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, Step};
 pub use compile::{
-    CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, MAX_SECRETS,
-    MAX_VALUE_DEPTH, ResourceKind, SECRET_ROOT, SecretRef, UriPattern, compile,
+    CONFIG_MAP_PREFIX, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet,
+    MAX_SECRETS, MAX_VALUE_DEPTH, ResourceKind, SECRET_ROOT, SecretRef, UriPattern, compile,
+    valid_config_map_name,
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};

@@ -39,7 +39,7 @@ pub fn read_path(path: &Path) -> std::io::Result<Vec<(String, String)>> {
 /// then close, as most editors and `echo > file` do) is read once it is closed: reading on
 /// the data events in between could load a half-written file, and an empty file is a valid,
 /// empty ToolSet. Opens and reads (our own included) are not changes at all.
-fn completes_a_change(kind: &notify::EventKind) -> bool {
+pub(crate) fn completes_a_change(kind: &notify::EventKind) -> bool {
     use notify::EventKind;
     use notify::event::{AccessKind, AccessMode, ModifyKind};
     match kind {

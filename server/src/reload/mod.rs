@@ -4,7 +4,7 @@
 
 #[cfg(feature = "kube")]
 mod configmap;
-mod file;
+pub(crate) mod file;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};

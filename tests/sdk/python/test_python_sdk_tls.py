@@ -122,6 +122,8 @@ def quiver(pki):
     tmp = Path(tempfile.mkdtemp(prefix="quiver-tls-"))
     secrets = tmp / "secrets"
     write_secret(secrets, "corp-ca", {"ca.crt": pem_cert(pki["server_ca"][0])})
+    # A ConfigMap CA bundle, as the dir: source reads one (the kube: source watches the ConfigMap).
+    write_secret(secrets, "configmap:corp-bundle", {"ca.crt": pem_cert(pki["server_ca"][0])})
     c, k = issue(pki["client_ca"], "client-1", server=False)
     write_secret(secrets, "client-tls", {"tls.crt": pem_cert(c), "tls.key": pem_key(k)})
     url = f"https://127.0.0.1:{pki['port']}/who"
@@ -131,6 +133,7 @@ tools:
   - {{name: mtls, handler: {{http: {{url: "{url}", tls: {{caSecret: corp-ca, clientCertSecret: client-tls}}}}}}}}
   - {{name: ca-only, handler: {{http: {{url: "{url}", tls: {{caSecret: corp-ca}}}}}}}}
   - {{name: public-roots, handler: {{http: {{url: "{url}"}}}}}}
+  - {{name: bundle-mtls, handler: {{http: {{url: "{url}", tls: {{caConfigMap: corp-bundle, clientCertSecret: client-tls}}}}}}}}
 """)
     port, admin = free_port(), free_port()
     log = open(tmp / "server.log", "w")
@@ -164,6 +167,11 @@ def test_private_ca_and_client_certificates_from_secrets(pki, quiver):
     assert "request to https://127.0.0.1" in r.content[0].text
     r = asyncio.run(call(quiver["url"], "public-roots"))
     assert r.is_error and "certificate" in r.content[0].text.lower(), r.content[0].text
+    # The same CA from a ConfigMap bundle; a bundle of another CA is refused.
+    r = asyncio.run(call(quiver["url"], "bundle-mtls"))
+    assert (r.is_error, json.loads(r.content[0].text)) == (False, {"client": "client-1"})
+    write_secret(quiver["secrets"], "configmap:corp-bundle", {"ca.crt": pem_cert(make_ca("another CA")[0])})
+    wait_until(lambda: asyncio.run(call(quiver["url"], "bundle-mtls")).is_error)
 
     # Rotation: the next call presents the new certificate.
     c, k = issue(pki["client_ca"], "client-2", server=False)

@@ -65,6 +65,13 @@ pub struct TlsSpec {
     /// tool's server, instead of the public roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret: Option<String>,
+    /// ConfigMap whose `ca.crt` key holds the PEM certificates of the CAs to trust instead
+    /// of the public roots: a CA bundle is not a secret (e.g. `kube-root-ca.crt`, which
+    /// every namespace has, for services signed by the cluster CA, or a trust-manager
+    /// Bundle's target). Exclusive with `caSecret`; read like it, so an edit applies to the
+    /// next call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_config_map: Option<String>,
     /// A `kubernetes.io/tls` Secret (keys `tls.crt`, `tls.key`, PEM) whose certificate the
     /// tool presents to the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,8 +194,19 @@ pub(crate) fn compile_tls(
     if !origin.is_empty() && !origin.starts_with("https://") {
         p.push(at, "needs an https url");
     }
-    if t.ca_secret.is_none() && t.client_cert_secret.is_none() {
-        p.push(at, "set caSecret, clientCertSecret or both");
+    if t.ca_secret.is_none() && t.ca_config_map.is_none() && t.client_cert_secret.is_none() {
+        p.push(at, "set caSecret or caConfigMap, clientCertSecret, or both");
+    }
+    if t.ca_secret.is_some() && t.ca_config_map.is_some() {
+        p.push(at, "caSecret and caConfigMap both name the CAs to trust: set one");
+    }
+    if let Some(n) = &t.ca_config_map
+        && !crate::config::valid_config_map_name(n)
+    {
+        p.push(
+            format!("{at}.caConfigMap"),
+            "not a ConfigMap name (1-253 lower-case letters, digits, `-` and `.`)",
+        );
     }
     let mut named = |field: &str, name: &Option<String>, key: &str| {
         let n = name.as_ref()?;
@@ -210,6 +228,21 @@ pub(crate) fn compile_tls(
     let ca = named("caSecret", &t.ca_secret, "ca.crt");
     let cert = named("clientCertSecret", &t.client_cert_secret, "tls.crt");
     let key = named("clientCertSecret", &t.client_cert_secret, "tls.key");
+    // A ConfigMap's CAs go through the same store, under a name no Secret can have.
+    let ca = ca.or_else(|| {
+        let r = SecretRef {
+            name: format!(
+                "{}{}",
+                crate::config::CONFIG_MAP_PREFIX,
+                t.ca_config_map.as_ref()?
+            ),
+            key: "ca.crt".to_owned(),
+        };
+        if !secrets.contains(&r) {
+            secrets.push(r.clone());
+        }
+        Some(r)
+    });
     TlsRefs {
         ca,
         client: cert.zip(key),
