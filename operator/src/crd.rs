@@ -255,6 +255,15 @@ pub struct OidcAuth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^\s=]+$"))]
     pub groups_claim: Option<String>,
+    /// A ConfigMap of this namespace whose `ca.crt` holds the CAs to trust for the issuer's
+    /// HTTPS instead of the public roots (an issuer with a private CA); watched, so an edit
+    /// applies to the next fetch of its keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub ca_config_map: Option<String>,
 }
 
 /// A key of a Secret in the McpServer's namespace.

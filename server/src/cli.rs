@@ -147,6 +147,10 @@ pub struct ServeArgs {
     /// a claim name, or a dotted path such as `realm_access.roles`.
     #[arg(long, env = "QUIVER_AUTH_GROUPS_CLAIM", default_value = "groups")]
     auth_groups_claim: String,
+    /// A ConfigMap whose `ca.crt` holds the CAs trusted for the issuer's HTTPS (an issuer
+    /// with a private CA), read from --secrets like `tls.caConfigMap`.
+    #[arg(long, env = "QUIVER_AUTH_ISSUER_CA_CONFIGMAP")]
+    auth_issuer_ca_configmap: Option<String>,
     /// Pin each worker thread to one CPU of the process's affinity mask.
     #[arg(long, env = "QUIVER_PIN_WORKERS")]
     pin_workers: bool,
@@ -343,6 +347,23 @@ fn client_auth(
                 .auth_audience
                 .clone()
                 .context("--auth-issuer needs --auth-audience (this server's canonical URL)")?;
+            let ca = match &args.auth_issuer_ca_configmap {
+                None => None,
+                Some(_) if args.secrets.is_none() => {
+                    anyhow::bail!("--auth-issuer-ca-configmap needs --secrets to read the ConfigMap from")
+                }
+                Some(n) if !crate::config::valid_config_map_name(n) => {
+                    anyhow::bail!("--auth-issuer-ca-configmap: `{n}` is not a ConfigMap name")
+                }
+                Some(n) => {
+                    let r = crate::config::SecretRef {
+                        name: format!("{}{n}", crate::config::CONFIG_MAP_PREFIX),
+                        key: "ca.crt".to_owned(),
+                    };
+                    server.exec.secrets.pin(r.clone());
+                    Some((r, server.exec.secrets.clone()))
+                }
+            };
             let oidc = Oidc::new(
                 OidcConfig {
                     issuer: issuer.clone(),
@@ -351,6 +372,7 @@ fn client_auth(
                     resource: args.auth_resource.clone(),
                     leeway: args.auth_clock_skew,
                     groups_claim: args.auth_groups_claim.clone(),
+                    ca,
                 },
                 crate::handlers::HttpClient::new(),
             );

@@ -181,9 +181,12 @@ pub fn build(
     config_maps.extend(
         maps.iter()
             .filter_map(|n| n.strip_prefix(quiver_server::config::CONFIG_MAP_PREFIX))
+            .chain(pod::issuer_ca(mcp))
             .filter(|n| **n != *cm_name)
             .map(str::to_owned),
     );
+    config_maps.sort();
+    config_maps.dedup();
     let mut rules = vec![read("configmaps", config_maps)];
     // Exactly the Secrets the tools and client auth read. An empty resourceNames list would
     // grant every Secret of the namespace, so no rule is written when there are none.

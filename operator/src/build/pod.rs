@@ -111,8 +111,18 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
                 .as_ref()
                 .map(|c| format!("--auth-groups-claim={c}")),
         );
+        args.extend(
+            o.ca_config_map
+                .as_ref()
+                .map(|c| format!("--auth-issuer-ca-configmap={c}")),
+        );
     }
     args
+}
+
+/// The ConfigMap of the issuer's CAs, when OIDC auth names one.
+pub(super) fn issuer_ca(mcp: &McpServer) -> Option<&str> {
+    mcp.spec.auth.as_ref()?.oidc.as_ref()?.ca_config_map.as_deref()
 }
 
 /// The Secret key holding client tokens, when bearer auth is on.

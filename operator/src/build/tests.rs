@@ -304,7 +304,7 @@ kind: McpServer
 metadata: {name: api}
 spec:
   auth:
-    oidc: {issuer: "https://login.example", audience: "https://mcp.example/mcp", jwksUri: "https://login.example/keys", groupsClaim: realm_access.roles}
+    oidc: {issuer: "https://login.example", audience: "https://mcp.example/mcp", jwksUri: "https://login.example/keys", groupsClaim: realm_access.roles, caConfigMap: corp-ca.crt}
   tools: [{name: add, handler: {builtin: add}}]
 "#,
     );
@@ -315,6 +315,7 @@ spec:
         "--auth-audience=https://mcp.example/mcp",
         "--auth-jwks-url=https://login.example/keys",
         "--auth-groups-claim=realm_access.roles",
+        "--auth-issuer-ca-configmap=corp-ca.crt",
     ] {
         assert!(
             oidc_args.as_array().unwrap().contains(&json!(a)),
@@ -322,6 +323,12 @@ spec:
         );
     }
     assert!(!oidc_args.to_string().contains("--auth-tokens-secret"));
+    let rules = serde_json::to_value(&o.role).unwrap()["rules"].clone();
+    assert_eq!(
+        rules[0]["resourceNames"],
+        json!(["api-tools", "corp-ca.crt"]),
+        "the issuer's CA bundle may be read"
+    );
     // Never written into the tools ConfigMap: only the references are.
     let yaml = &c.config_map.data.as_ref().unwrap()["tools.yaml"];
     assert!(yaml.contains("{{secret.api-token.token}}"), "{yaml}");

@@ -227,12 +227,17 @@ pub struct OidcConfig {
     /// The claim listing the caller's groups (a name, or a dotted path into nested
     /// objects such as `realm_access.roles`), for tools with `access.groups`.
     pub groups_claim: String,
+    /// The CAs trusted for the issuer's documents instead of the public roots (an issuer
+    /// inside the organisation), read from the secret store like an http tool's `tls`.
+    pub ca: Option<(SecretRef, Arc<Secrets>)>,
 }
 
 /// How often the key set is re-fetched, and the least time between fetches that an unknown
 /// `kid` may cause.
 const JWKS_REFRESH: Duration = Duration::from_secs(600);
 const JWKS_MIN_INTERVAL: Duration = Duration::from_secs(30);
+/// The first wait after a failed fetch (doubling up to [`JWKS_REFRESH`]).
+const JWKS_RETRY: Duration = Duration::from_secs(1);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_DOCUMENT_BYTES: usize = 256 << 10;
 
@@ -269,14 +274,45 @@ impl Oidc {
     }
 
     /// Fetches the key set now and every 10 minutes, until the process ends.
+    ///
+    /// A failed fetch is tried again after 1 s, doubling up to the 10 minutes: an issuer (or
+    /// its CA bundle, read from the API) not reachable yet at start must not leave the server
+    /// without keys for long.
     pub fn start(self: &Arc<Self>) {
         let this = Arc::clone(self);
         tokio::spawn(async move {
+            let mut retry = JWKS_RETRY;
             loop {
-                this.refresh(false).await;
-                tokio::time::sleep(JWKS_REFRESH).await;
+                if this.refresh(false).await {
+                    retry = JWKS_RETRY;
+                    tokio::time::sleep(JWKS_REFRESH).await;
+                } else {
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(JWKS_REFRESH);
+                }
             }
         });
+    }
+
+    /// One of the issuer's documents, through its CAs when it has some.
+    async fn get_json(&self, url: &str) -> Result<Value, String> {
+        match &self.cfg.ca {
+            None => {
+                self.http
+                    .get_json(url, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES, None)
+                    .await
+            }
+            Some((ca, secrets)) => {
+                let tls = crate::config::TlsRefs {
+                    ca: Some(ca.clone()),
+                    client: None,
+                };
+                let now = secrets.snapshot();
+                self.http
+                    .get_json(url, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES, Some((&tls, &now)))
+                    .await
+            }
+        }
     }
 
     async fn jwks_url(&self) -> Result<String, String> {
@@ -287,7 +323,7 @@ impl Oidc {
         let mut last = String::new();
         for doc in ["openid-configuration", "oauth-authorization-server"] {
             let url = format!("{base}/.well-known/{doc}");
-            match self.http.get_json(&url, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES).await {
+            match self.get_json(&url).await {
                 Ok(meta) => match meta.get("jwks_uri").and_then(Value::as_str) {
                     Some(u) => return Ok(u.to_owned()),
                     None => last = format!("{url} names no jwks_uri"),
@@ -299,33 +335,33 @@ impl Oidc {
     }
 
     /// Re-fetches the key set; for an unknown `kid`, at most once per [`JWKS_MIN_INTERVAL`]
-    /// (tokens naming made-up keys must not make the server hammer the issuer).
-    async fn refresh(&self, for_unknown_kid: bool) {
+    /// (tokens naming made-up keys must not make the server hammer the issuer). Whether
+    /// keys were loaded.
+    async fn refresh(&self, for_unknown_kid: bool) -> bool {
         let mut kid_fetched = self.kid_fetched.lock().await;
         if for_unknown_kid {
             if kid_fetched.is_some_and(|t| t.elapsed() < JWKS_MIN_INTERVAL) {
-                return;
+                return false;
             }
             *kid_fetched = Some(Instant::now());
         }
         let result = match self.jwks_url().await {
-            Ok(url) => self
-                .http
-                .get_json(&url, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES)
-                .await
-                .map(|doc| jwt::parse_jwks(&doc)),
+            Ok(url) => self.get_json(&url).await.map(|doc| jwt::parse_jwks(&doc)),
             Err(e) => Err(e),
         };
         match result {
             Ok(keys) if !keys.is_empty() => {
                 tracing::info!(issuer = %self.cfg.issuer, keys = keys.len(), "issuer keys loaded");
                 self.keys.store(Arc::new(keys));
+                true
             }
             Ok(_) => {
-                tracing::warn!(issuer = %self.cfg.issuer, "the issuer's key set has no usable signing key (RS256, ES256); keeping the previous keys")
+                tracing::warn!(issuer = %self.cfg.issuer, "the issuer's key set has no usable signing key (RS256, ES256); keeping the previous keys");
+                false
             }
             Err(e) => {
-                tracing::warn!(issuer = %self.cfg.issuer, error = %e, "cannot fetch the issuer's keys; keeping the previous keys")
+                tracing::warn!(issuer = %self.cfg.issuer, error = %e, "cannot fetch the issuer's keys; keeping the previous keys");
+                false
             }
         }
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -221,3 +222,56 @@ def test_a_rotated_signing_key_is_fetched_when_first_seen(issuer, guarded):
         assert raw_post(guarded, forged.token("k9", guarded, iss=issuer.url))[0] == 401
     assert issuer.jwks_fetches == fetches + 1
     forged.srv.shutdown()
+
+
+def test_an_issuer_with_a_private_ca_is_trusted_through_its_ca_bundle(tmp_path):
+    """An issuer inside the organisation, on HTTPS signed by a private CA: its keys are fetched
+    only when the server is given that CA (`--auth-issuer-ca-configmap`, here from a dir:
+    source, as the kube: source watches the ConfigMap)."""
+    from test_python_sdk_tls import issue, make_ca, pem_cert, pem_key, write_secret
+
+    ca = make_ca("issuer CA")
+    cert, key = issue(ca, "127.0.0.1", server=True)
+    (tmp_path / "issuer.crt").write_bytes(pem_cert(cert))
+    (tmp_path / "issuer.key").write_bytes(pem_key(key))
+    issuer = Issuer()
+    issuer.add_key("k1")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "issuer.crt", tmp_path / "issuer.key")
+    issuer.srv.socket = ctx.wrap_socket(issuer.srv.socket, server_side=True)
+    issuer.url = issuer.url.replace("http://", "https://")
+    secrets = tmp_path / "secrets"
+    write_secret(secrets, "configmap:issuer-ca", {"ca.crt": pem_cert(ca[0])})
+    config = tmp_path / "tools.yaml"
+    config.write_text("tools:\n  - {name: add, handler: {builtin: add}}\n")
+    procs = []
+
+    def start(*extra: str) -> str:
+        port, admin = free_port(), free_port()
+        url = f"http://127.0.0.1:{port}/mcp"
+        log = open(tmp_path / f"server-{port}.log", "w")
+        procs.append((subprocess.Popen(
+            [str(BIN), "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+             "--auth-issuer", issuer.url, "--auth-audience", url, "--secrets", f"dir:{secrets}", *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        ), log))
+        wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=2).status == 200)
+        return url
+
+    try:
+        trusting = start("--auth-issuer-ca-configmap", "issuer-ca")
+        wait_until(lambda: issuer.jwks_fetches > 0)
+        r = asyncio.run(add(trusting, issuer.token("k1", trusting)))
+        assert (r.is_error, r.content[0].text) == (False, "42")
+        # Without the CA the issuer's certificate does not verify: no keys, every token refused.
+        fetches = issuer.jwks_fetches
+        public_roots = start()
+        assert raw_post(public_roots, issuer.token("k1", public_roots))[0] == 401
+        assert issuer.jwks_fetches == fetches, "the key set was never served to it"
+    finally:
+        for p, log in procs:
+            p.terminate()
+            p.wait(timeout=5)
+            log.close()
+        issuer.srv.shutdown()

@@ -178,7 +178,12 @@ impl HttpClient {
         url: &str,
         timeout: std::time::Duration,
         max: usize,
+        tls: Option<(&TlsRefs, &Value)>,
     ) -> Result<Value, String> {
+        let client = match tls {
+            None => self.client.clone(),
+            Some((t, secrets)) => self.tls_client(t, secrets)?,
+        };
         let uri: Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
         let shown = redacted(&uri);
         let req = Request::builder()
@@ -188,8 +193,7 @@ impl HttpClient {
             .body(Full::new(Bytes::new()))
             .map_err(|e| format!("{shown}: {e}"))?;
         let exchange = async {
-            let resp = self
-                .client
+            let resp = client
                 .request(req)
                 .await
                 .map_err(|e| format!("GET {shown} failed: {}", error_chain(&e)))?;
