@@ -370,10 +370,18 @@ fn fail<T>(code: i32, msg: impl Into<String>) -> Result<T, Failure> {
 /// The `WWW-Authenticate` scopes of a refused call (see [`Handled::forbidden`]).
 fn scope_challenge(code: i32, data: Option<&Value>) -> Option<String> {
     (code == protocol::FORBIDDEN).then(|| {
-        data.and_then(|d| d.get("missingScopes"))
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default()
+        // Every required scope when some are missing; none when only groups are.
+        let names = |field: &str| -> Vec<&str> {
+            data.and_then(|d| d.get(field))
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default()
+        };
+        if names("missingScopes").is_empty() {
+            String::new()
+        } else {
+            names("requiredScopes").join(" ")
+        }
     })
 }
 
@@ -1261,6 +1269,7 @@ impl Server {
                 Some(json!({
                     "tool": tool.def.name,
                     "missingScopes": denied.missing_scopes,
+                    "requiredScopes": denied.required_scopes,
                     "allowedGroups": denied.not_in_groups,
                 })),
             ));

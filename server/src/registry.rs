@@ -67,6 +67,9 @@ pub struct Snapshot {
     pub loaded_at: SystemTime,
     /// Links of `config.upstreams`, in the same order (what imported tools call).
     pub upstreams: Vec<Arc<crate::upstream::Link>>,
+    /// Every scope a tool's `access` requires, sorted (`scopes_supported` of the
+    /// protected-resource metadata).
+    pub scopes: Box<[Box<str>]>,
 }
 
 /// Which list a page belongs to.
@@ -127,6 +130,15 @@ impl Snapshot {
                 ResourceKind::Templated { .. } => None,
             })
             .collect();
+        // Imported tools share their upstream's `access`: each distinct one is read once.
+        let mut seen = rustc_hash::FxHashSet::default();
+        let scopes: std::collections::BTreeSet<&str> = tools
+            .iter()
+            .filter_map(|t| t.def.access.as_ref())
+            .filter(|a| seen.insert(Arc::as_ptr(a)))
+            .flat_map(|a| a.scopes())
+            .collect();
+        let scopes = scopes.into_iter().map(Box::from).collect();
         let prompts_by_name = cfg
             .prompts
             .iter()
@@ -181,6 +193,7 @@ impl Snapshot {
             server_info: info,
             static_resources,
             prompts_by_name,
+            scopes,
             config: cfg,
             loaded_at: SystemTime::now(),
             upstreams: Vec::new(),

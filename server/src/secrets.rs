@@ -412,15 +412,16 @@ pub async fn watch_dir(root: PathBuf, secrets: Arc<Secrets>) -> anyhow::Result<(
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         // A value written in place is read once closed, never half-written.
-        if ev.is_ok_and(|ev| crate::reload::file::completes_a_change(&ev.kind)) {
-            let _ = tx.send(());
+        if let Some(signal) = ev.ok().and_then(|ev| crate::reload::file::classify(&ev.kind)) {
+            let _ = tx.send(signal);
         }
     })?;
     watcher.watch(&root, RecursiveMode::Recursive)?;
     tracing::info!(path = %root.display(), "watching secrets");
-    while rx.recv().await.is_some() {
-        // Coalesce the burst of events one rotation (a symlink swap) makes.
-        while let Ok(Some(())) = tokio::time::timeout(std::time::Duration::from_millis(15), rx.recv()).await {
+    while let Some(first) = rx.recv().await {
+        // The burst of events one rotation (a symlink swap) or write makes is one change.
+        if !crate::reload::file::settle(first, &mut rx).await {
+            break;
         }
         let (dir, store) = (root.clone(), Arc::clone(&secrets));
         let read = tokio::task::spawn_blocking(move || read_dir_source(&dir)).await;

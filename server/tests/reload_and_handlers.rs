@@ -216,6 +216,34 @@ async fn a_slow_in_place_write_is_read_only_once_the_file_is_closed() {
     );
 }
 
+/// A file created and then written slowly (`rm tools.yaml; slow > tools.yaml`) is read once
+/// its writer closes it, not empty at creation (an empty file is a valid, empty ToolSet).
+#[tokio::test]
+async fn a_slowly_written_new_file_is_read_only_once_closed() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tools.yaml");
+    std::fs::write(&path, BASE).unwrap();
+    let h = harness(BASE);
+    let mut events = h.server.subscribe();
+    tokio::spawn(watch_path(path.clone(), h.reloader.clone()));
+    tokio::time::sleep(Duration::from_millis(100)).await; // let the watch start
+    let writer = tokio::task::spawn_blocking(move || {
+        std::fs::remove_file(&path).unwrap();
+        let mut f = std::fs::File::create(&path).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        f.write_all(b"tools: [{name: added, handler: {template: whole}}]\n")
+            .unwrap();
+    });
+    let msg = tokio::time::timeout(Duration::from_secs(5), events.recv())
+        .await
+        .expect("list_changed after the new file")
+        .unwrap();
+    assert!(msg.message.contains("tools/list_changed"));
+    writer.await.unwrap();
+    assert_eq!(h.call("added", json!({})).await["content"][0]["text"], "whole");
+}
+
 async fn spawn_upstream() -> std::net::SocketAddr {
     let app = axum::Router::new()
         .route(

@@ -33,10 +33,12 @@ pub struct AccessSpec {
     /// scopes written after a static token). A caller that lacks some gets HTTP 403 with
     /// `WWW-Authenticate: Bearer error="insufficient_scope"` naming them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
     pub scopes: Vec<String>,
     /// Groups allowed to call the tool: the caller must be in at least one (the token's
     /// groups claim, `groups` unless the server is told another).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
     pub groups: Vec<String>,
 }
 
@@ -82,6 +84,9 @@ impl Principal {
 pub struct Denial {
     /// The required scopes it lacks (empty when only the groups are wrong).
     pub missing_scopes: Vec<Box<str>>,
+    /// Every scope the tool requires (what a client asks for when it steps up: asking for
+    /// the missing ones alone could lose the others).
+    pub required_scopes: Vec<Box<str>>,
     /// It is in none of the allowed groups of one requirement.
     pub not_in_groups: Option<Vec<Box<str>>>,
     /// It presented no credentials at all.
@@ -107,7 +112,7 @@ impl Denial {
 
     /// The scopes to ask for in a `WWW-Authenticate` challenge (RFC 6750 `scope`).
     pub fn scope_challenge(&self) -> Option<String> {
-        (!self.missing_scopes.is_empty()).then(|| self.missing_scopes.join(" "))
+        (!self.missing_scopes.is_empty()).then(|| self.required_scopes.join(" "))
     }
 }
 
@@ -146,6 +151,8 @@ impl AccessSpec {
                     format!("{at}.{field}"),
                     format!("at most {MAX_ACCESS_ENTRIES} entries"),
                 );
+                // Not looked at further: the checks below are quadratic.
+                return Vec::new();
             }
             let mut out: Vec<Box<str>> = Vec::new();
             for (i, n) in names.iter().enumerate() {
@@ -235,6 +242,7 @@ impl Access {
         }
         Err(Denial {
             missing_scopes,
+            required_scopes: self.scopes.clone(),
             not_in_groups,
             anonymous: caller.is_none(),
         })
@@ -268,7 +276,7 @@ mod tests {
             .check(Some(&Principal::new(["read"], ["platform"])))
             .unwrap_err();
         assert_eq!(d.missing_scopes, vec![Box::from("deploy:write")]);
-        assert_eq!(d.scope_challenge().as_deref(), Some("deploy:write"));
+        assert_eq!(d.scope_challenge().as_deref(), Some("deploy:write read"));
         let d = a
             .check(Some(&Principal::new(["read", "deploy:write"], ["dev"])))
             .unwrap_err();

@@ -93,7 +93,7 @@ pub struct CompiledTool {
     /// What runs a call.
     pub handler: CompiledHandler,
     /// Who may call it (a pipeline's includes its steps'); `None`: every caller let in.
-    pub access: Option<Box<super::access::Access>>,
+    pub access: Option<std::sync::Arc<super::access::Access>>,
 }
 
 /// A compiled handler.
@@ -788,7 +788,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             .access
             .as_ref()
             .and_then(|a| a.compile(&format!("{at}.access"), &mut p))
-            .map(Box::new);
+            .map(std::sync::Arc::new);
         tools.push(CompiledTool {
             name: t.name.clone(),
             descriptor: Value::Object(descriptor),

@@ -231,7 +231,7 @@ pub struct CompiledUpstream {
     rename: BTreeMap<String, String>,
     descriptions: BTreeMap<String, String>,
     annotations: BTreeMap<String, Value>,
-    access: Option<Box<super::access::Access>>,
+    access: Option<std::sync::Arc<super::access::Access>>,
 }
 
 /// The compiled handler of an imported tool.
@@ -453,7 +453,7 @@ pub(super) fn compile_upstreams(
             .access
             .as_ref()
             .and_then(|a| a.compile(&format!("{tp}.access"), p))
-            .map(Box::new);
+            .map(std::sync::Arc::new);
         let exclude = globs(&t.exclude, "exclude", p);
         let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
         for (from, to) in &t.rename {

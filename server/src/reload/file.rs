@@ -35,17 +35,54 @@ pub fn read_path(path: &Path) -> std::io::Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// Whether an event can end a change worth reading. A write in place (truncate, then write,
-/// then close, as most editors and `echo > file` do) is read once it is closed: reading on
-/// the data events in between could load a half-written file, and an empty file is a valid,
-/// empty ToolSet. Opens and reads (our own included) are not changes at all.
-pub(crate) fn completes_a_change(kind: &notify::EventKind) -> bool {
+/// What a file-system event says about the watched files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// A change is complete: a writer closed a file, or a name was renamed, removed or
+    /// changed its metadata (a kubelet symlink swap is a rename).
+    Done,
+    /// A file was created: it is read once a writer closes it (or after [`CREATE_GRACE`],
+    /// for what no writer closes, such as a new symlink).
+    Created,
+}
+
+/// How long a created file may stay open before it is read anyway.
+const CREATE_GRACE: Duration = Duration::from_secs(2);
+/// Events closer together than this are one change (one save, one symlink swap).
+const COALESCE: Duration = Duration::from_millis(15);
+
+/// What an event means for a reload; `None` for events that change nothing or are only part
+/// of a change. A write in place (truncate, write, close, as most editors and `echo > file`
+/// do) is read once closed: reading on the data events in between could load a half-written
+/// file, and an empty file is a valid, empty ToolSet. Opens and reads (our own included)
+/// are not changes at all.
+pub(crate) fn classify(kind: &notify::EventKind) -> Option<Signal> {
     use notify::EventKind;
-    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
     match kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) | EventKind::Modify(ModifyKind::Data(_)) => false,
-        _ => true,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => Some(Signal::Done),
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Data(_)) => None,
+        EventKind::Create(CreateKind::File) => Some(Signal::Created),
+        _ => Some(Signal::Done),
+    }
+}
+
+/// Waits, after `first`, until the change it started is complete and the burst of events
+/// is over. `false` when the watcher is gone.
+pub(crate) async fn settle(first: Signal, rx: &mut mpsc::UnboundedReceiver<Signal>) -> bool {
+    let mut created = (first == Signal::Created).then(|| tokio::time::Instant::now() + CREATE_GRACE);
+    loop {
+        let wait = created.map_or(COALESCE, |until| {
+            until.saturating_duration_since(tokio::time::Instant::now())
+        });
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(None) => return false,
+            Ok(Some(Signal::Done)) => created = None,
+            Ok(Some(Signal::Created)) => {
+                created.get_or_insert_with(|| tokio::time::Instant::now() + CREATE_GRACE);
+            }
+            Err(_) => return true,
+        }
     }
 }
 
@@ -56,8 +93,8 @@ pub(crate) fn completes_a_change(kind: &notify::EventKind) -> bool {
 pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok_and(|ev| completes_a_change(&ev.kind)) {
-            let _ = tx.send(());
+        if let Some(signal) = ev.ok().and_then(|ev| classify(&ev.kind)) {
+            let _ = tx.send(signal);
         }
     })?;
     let dir = if path.is_dir() {
@@ -73,9 +110,10 @@ pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Resul
     };
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     tracing::info!(path = %path.display(), watching = %dir.display(), "watching config");
-    while rx.recv().await.is_some() {
-        // Coalesce the burst of events one save or symlink swap produces.
-        while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(15), rx.recv()).await {}
+    while let Some(first) = rx.recv().await {
+        if !settle(first, &mut rx).await {
+            break;
+        }
         // Reading and compiling take CPU and I/O: off the request workers.
         let (file, r) = (path.clone(), Arc::clone(&reloader));
         let done = tokio::task::spawn_blocking(move || match read_path(&file) {

@@ -151,12 +151,22 @@ impl BearerAuth {
             .and_then(|s| s.get(&self.secret.key))
             .and_then(Value::as_str)
             .unwrap_or("");
-        let mut digests = Vec::new();
+        let mut digests: Vec<([u8; 32], Arc<Principal>)> = Vec::new();
+        let mut repeated: Vec<[u8; 32]> = Vec::new();
         let mut short = 0;
         for (n, line) in parse_tokens(text).into_iter().enumerate() {
             match parse_token_line(line) {
                 Ok((t, _)) if t.len() < MIN_TOKEN_LEN => short += 1,
-                Ok((t, grants)) => digests.push((digest(t.as_bytes()), Arc::new(grants))),
+                Ok((t, grants)) => {
+                    let d = digest(t.as_bytes());
+                    if digests.iter().any(|(x, _)| *x == d) {
+                        // Which line's grants were meant? Neither is used.
+                        tracing::warn!(secret = %self.secret, token = n + 1, "client token listed twice; not accepted until it is listed once");
+                        repeated.push(d);
+                    } else {
+                        digests.push((d, Arc::new(grants)));
+                    }
+                }
                 Err(e) => {
                     // The line number only: the line holds a token.
                     tracing::warn!(secret = %self.secret, token = n + 1, "client token ignored: {e}");
@@ -166,6 +176,7 @@ impl BearerAuth {
         if short > 0 {
             tracing::warn!(secret = %self.secret, ignored = short, "client tokens shorter than {MIN_TOKEN_LEN} characters are ignored");
         }
+        digests.retain(|(d, _)| !repeated.contains(d));
         let fresh = Arc::new(Tokens { from: now, digests });
         self.cache.store(Some(Arc::clone(&fresh)));
         fresh
@@ -394,10 +405,13 @@ impl Oidc {
     }
 }
 
-/// Names from a claim that is a space-separated string or an array of strings.
-fn names(v: Option<&Value>) -> Vec<&str> {
+/// Names from a claim that is an array of strings, or a string: split on spaces when
+/// `split` (a `scope` claim is space-separated, RFC 9068), one name otherwise (a group such as
+/// `Domain Admins` is not the groups `Domain` and `Admins`).
+fn names(v: Option<&Value>, split: bool) -> Vec<&str> {
     match v {
-        Some(Value::String(s)) => s.split_ascii_whitespace().collect(),
+        Some(Value::String(s)) if split => s.split_ascii_whitespace().collect(),
+        Some(Value::String(s)) => vec![s.as_str()],
         Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
         _ => Vec::new(),
     }
@@ -406,11 +420,11 @@ fn names(v: Option<&Value>) -> Vec<&str> {
 /// What an access token grants: scopes from `scope` (RFC 9068) or `scp`, groups from
 /// `groups_claim` (tried as a name first, then as a dotted path).
 pub fn principal(claims: &Value, groups_claim: &str) -> Principal {
-    let scopes = names(claims.get("scope").or_else(|| claims.get("scp")));
+    let scopes = names(claims.get("scope").or_else(|| claims.get("scp")), true);
     let groups = claims
         .get(groups_claim)
         .or_else(|| groups_claim.split('.').try_fold(claims, |v, part| v.get(part)));
-    Principal::new(scopes, names(groups))
+    Principal::new(scopes, names(groups, false))
 }
 
 /// Every way a client may authenticate; a request passes with any one of them.
@@ -577,6 +591,14 @@ mod tests {
         );
         let p = a.check(&with("Bearer grants-token-0123456789")).unwrap();
         assert_eq!(*p, Principal::new(["deploy:write", "read"], ["sre"]));
+        // A token listed twice is not used at all, whichever line was meant.
+        let (twice, _) =
+            auth("dup-token-0123456789 scope=admin\nother-token-0123456789\ndup-token-0123456789\n");
+        assert_eq!(
+            twice.check(&with("Bearer dup-token-0123456789")).map(drop),
+            Err(Denied::Invalid)
+        );
+        assert!(twice.check(&with("Bearer other-token-0123456789")).is_ok());
         // A line that cannot be read whole is not used at all.
         assert_eq!(
             a.check(&with("Bearer typo-token-0123456789")).map(drop),
@@ -594,7 +616,7 @@ mod tests {
         let claims = serde_json::json!({
             "scope": "read  deploy:write",
             "groups": ["sre", 7, "dev"],
-            "realm_access": {"roles": "admin ops"},
+            "realm_access": {"roles": "Domain Admins"},
             "https://example.com/groups": ["namespaced"],
         });
         assert_eq!(
@@ -603,7 +625,8 @@ mod tests {
         );
         assert_eq!(
             principal(&claims, "realm_access.roles").groups,
-            Principal::new([], ["admin", "ops"]).groups
+            vec![Box::from("Domain Admins")],
+            "one group, not two"
         );
         assert_eq!(
             principal(&claims, "https://example.com/groups").groups,

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::Load;
 use super::sessions::EndedSessions;
-use crate::config::access::{Access, Principal};
+use crate::config::access::Principal;
 use crate::dispatch::{Ctx, Deferred, Era, Listen, Server};
 use crate::metrics::Refusal;
 use crate::peer::Peer;
@@ -311,14 +311,7 @@ async fn check_caller(
 /// server issues tokens for this endpoint (RFC 9728). 404 unless an issuer is configured.
 async fn protected_resource(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     let snap = state.server.registry.load();
-    let mut scopes: Vec<&str> = snap
-        .tools
-        .iter()
-        .filter_map(|t| t.def.access.as_deref())
-        .flat_map(Access::scopes)
-        .collect();
-    scopes.sort_unstable();
-    scopes.dedup();
+    let scopes: Vec<&str> = snap.scopes.iter().map(AsRef::as_ref).collect();
     match state
         .options
         .auth

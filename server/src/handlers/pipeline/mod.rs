@@ -5,6 +5,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use std::sync::Arc;
+
 use crate::config::access::Access;
 use crate::config::compile::{
     CompiledHandler, CompiledTool, Cx, Names, Problems, check_template, checked_template, shallow,
@@ -126,7 +128,7 @@ pub(crate) fn check(tools: &mut [CompiledTool], p: &mut Problems) {
     let mut nesting = vec![0usize; tools.len()];
     let mut cost = vec![0usize; tools.len()];
     // Who may call each tool, a pipeline's steps' needs added to its own.
-    let mut access: Vec<Option<Box<Access>>> = tools.iter().map(|t| t.access.clone()).collect();
+    let mut access: Vec<Option<Arc<Access>>> = tools.iter().map(|t| t.access.clone()).collect();
     let mut widened = Vec::new();
     for root in 0..tools.len() {
         if state[root] != NEW {
@@ -166,17 +168,17 @@ pub(crate) fn check(tools: &mut [CompiledTool], p: &mut Problems) {
                     acc.saturating_add(1).saturating_add(cost[s.tool])
                 });
                 // Its steps are done: it needs what each of them needs too.
-                let mut need = access[i].take();
+                let mut need: Option<Access> = access[i].as_deref().cloned();
                 for s in steps {
                     if let Some(a) = access[s.tool].as_deref() {
-                        let n = need.get_or_insert_with(Box::default);
+                        let n = need.get_or_insert_with(Access::default);
                         if let Err(e) = n.include(a) {
                             widened.push((i, e));
                             break;
                         }
                     }
                 }
-                access[i] = need;
+                access[i] = need.map(Arc::new);
             }
             state[i] = DONE;
             path.pop();
