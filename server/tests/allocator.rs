@@ -2,8 +2,10 @@
 //! `QUIVER_ALLOCATOR=system`, each serving real requests over a socket.
 #![cfg(feature = "jemalloc")]
 
+mod real_binary;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,14 +31,6 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start(allocator: Option<&str>) -> Server {
     let dir = std::env::temp_dir().join(format!(
         "quiver-alloc-{}-{}",
@@ -46,7 +40,7 @@ fn start(allocator: Option<&str>) -> Server {
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("tools.yaml");
     std::fs::write(&config, "tools:\n  - {name: add, handler: {builtin: add}}\n").unwrap();
-    let (mcp, admin) = (free_port(), free_port());
+    let (mcp, admin) = (real_binary::free_port(), real_binary::free_port());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver-server"));
     cmd.arg(format!("--config=file:{}", config.display()))
         .arg(format!("--listen=127.0.0.1:{mcp}"))

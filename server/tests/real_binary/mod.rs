@@ -28,12 +28,26 @@ impl Drop for Proc {
     }
 }
 
+/// A loopback port nobody listens on, never one handed out before in this test binary:
+/// a port picked for a server that has not bound it yet is still free, and a test running
+/// beside it must not be given it too.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !handed.contains(&port) {
+            handed.push(port);
+            return port;
+        }
+    }
+    panic!("no loopback port left that was not handed out already")
 }
 
 fn command(dir: &tempfile::TempDir, tools: &str, args: &[&str]) -> Command {

@@ -20,10 +20,22 @@ ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(os.environ.get("QUIVER_SERVER_BIN", ROOT / "target" / "debug" / "quiver-server"))
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, never one handed out before in this session: a port
+    picked for a process that has not bound it yet is still free, and the next pick must not
+    get it (a server once took its upstream's port as its admin port, and the upstream then
+    answered 404)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port left that was not handed out already")
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
