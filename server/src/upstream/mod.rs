@@ -598,18 +598,28 @@ impl Link {
         let (log_tx, mut logs) = mpsc::channel::<Value>(64);
         let call = CALL_LOG.scope(log_tx, self.request("tools/call", params));
         tokio::pin!(call);
+        let forward_progress = |mut p: Value| {
+            if let Some(Value::String(m)) = p.get_mut("message") {
+                self.shared.secrets.redact_text(&self.secrets, m);
+            }
+            cx.forward_progress(&p);
+        };
         let r = loop {
             tokio::select! {
-                r = &mut call => break r,
-                Some(mut p) = progress.recv() => {
-                    if let Some(Value::String(m)) = p.get_mut("message") {
-                        self.shared.secrets.redact_text(&self.secrets, m);
-                    }
-                    cx.forward_progress(&p);
-                }
+                // What arrived before the answer goes out before it.
+                biased;
+                Some(p) = progress.recv() => forward_progress(p),
                 Some(l) = logs.recv() => self.forward_log(&l, cx),
+                r = &mut call => break r,
             }
         };
+        // The answer's stream may have carried messages that were queued when it ended.
+        while let Ok(p) = progress.try_recv() {
+            forward_progress(p);
+        }
+        while let Ok(l) = logs.try_recv() {
+            self.forward_log(&l, cx);
+        }
         self.shared.metrics.requests.observe(start.elapsed());
         match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {
             Ok(out) => out,
