@@ -1,5 +1,5 @@
 # Quiver: the two quick-start commands and the pieces behind them.
-.PHONY: demo up down test e2e images bench fmt
+.PHONY: demo up down test e2e images bench bench-wire pgo fmt
 
 demo: ## Build the server, serve examples/tools.yaml, call a tool with the official MCP client
 	./scripts/demo.sh
@@ -21,6 +21,12 @@ test: ## The full test command (what CI runs)
 
 bench: ## Criterion benchmarks of the dispatch path (results: docs/performance.md)
 	cargo bench -p quiver-server --bench dispatch
+
+bench-wire: ## Over the wire: quiver-server vs rmcp, the TS/Python/Go SDKs and two axum ceilings (writes docs/performance.md)
+	./scripts/bench-wire.sh
+
+pgo: ## Regenerate the PGO profile the server image is built with (deploy/images/pgo/)
+	./scripts/pgo.sh
 
 fmt:
 	cargo fmt --all

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the Quiver images without pulling anything: static release binaries (fat LTO,
-# glibc crt-static) in FROM-scratch images laid out by deploy/images/layout.sh, the same
+# glibc crt-static; the server with PGO, see scripts/pgo.sh) in FROM-scratch images laid out by deploy/images/layout.sh, the same
 # layout deploy/images/Dockerfile produces where a registry is reachable.
 #   quiver-server:$TAG    /usr/local/bin/quiver-server (jemalloc; QUIVER_ALLOCATOR=system for the system allocator)
 #   quiver-operator:$TAG  /usr/local/bin/quiver-operator
-# Cargo output is cached in ~/.cache/quiver/target-images so a warm run only relinks what
+# Cargo output is cached in ~/.cache/quiver/target-images* so a warm run only relinks what
 # changed. Prints the two image names.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -12,17 +12,39 @@ cd "$ROOT"
 
 TAG="${QUIVER_IMAGE_TAG:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}"
 DOCKER="${DOCKER:-docker}"
-triple=x86_64-unknown-linux-gnu
-export CARGO_TARGET_DIR="$QUIVER_CACHE/target-images"
-export RUSTFLAGS="-C target-feature=+crt-static"
-rel="$CARGO_TARGET_DIR/$triple/release"
+triple="$IMAGE_TRIPLE"
 bins="$QUIVER_CACHE/images/bin"
 mkdir -p "$bins"
 
-log "release builds (fat LTO, static) for the images"
-cargo build --release --locked --target "$triple" -p quiver-server -p quiver-operator \
-  --bin quiver-server --bin quiver-operator
-cp "$rel/quiver-server" "$rel/quiver-operator" "$bins/"
+# release_build TARGET_DIR RUSTFLAGS PACKAGE: a static release build of one binary,
+# copied to $bins. Each flag set has its own target directory: sharing one would rebuild
+# every dependency whenever the other binary is built.
+release_build() {
+  local dir="$1" flags="$2" pkg="$3"
+  CARGO_TARGET_DIR="$dir" RUSTFLAGS="$flags" cargo build --release --locked --target "$triple" -p "$pkg" --bin "$pkg"
+  cp "$dir/$triple/release/$pkg" "$bins/"
+}
+
+# quiver-server with PGO (scripts/pgo.sh makes the profile; QUIVER_PGO=0 builds without).
+# Functions changed since the profile was made are built without profile data, silently
+# (-pgo-warn-mismatch=false); a profile this rustc cannot read at all is reported and the
+# build is done again without it, so a stale profile never fails the image.
+server_flags="$IMAGE_RUSTFLAGS"
+if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ]; then
+  server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$PGO_PROFILE -Cllvm-args=-pgo-warn-mismatch=false"
+fi
+log "quiver-server release build (fat LTO, static${server_flags/*profile-use*/, PGO})"
+server_log="$QUIVER_CACHE/images/server-build.log"
+if ! release_build "$QUIVER_CACHE/target-images-server" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
+  if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qi 'profile' "$server_log"; then
+    log "the PGO profile could not be used (see above): building quiver-server without it"
+    release_build "$QUIVER_CACHE/target-images-server-nopgo" "$IMAGE_RUSTFLAGS" quiver-server
+  else
+    exit 1
+  fi
+fi
+log "quiver-operator release build (fat LTO, static)"
+release_build "$QUIVER_CACHE/target-images" "$IMAGE_RUSTFLAGS" quiver-operator
 for b in quiver-server quiver-operator; do
   strip --strip-debug "$bins/$b"   # keep the symbol table (backtraces), drop the line tables
   if readelf -d "$bins/$b" | grep -q NEEDED; then echo "$b links shared libraries: not fit for a scratch image" >&2; exit 1; fi

@@ -11,6 +11,12 @@ target_dir() {
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
 }
 
+# How the images' binaries are built (scripts/images.sh, scripts/pgo.sh): static glibc for
+# FROM-scratch images, and the PGO profile the server image is built with.
+IMAGE_TRIPLE=x86_64-unknown-linux-gnu
+IMAGE_RUSTFLAGS="-C target-feature=+crt-static"
+PGO_PROFILE="$ROOT/deploy/images/pgo/quiver-server.profdata"
+
 log() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # A Python virtualenv in the cache with the SDK-test requirements installed.

@@ -16,7 +16,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use quiver_server::config::{self, ToolSet};
@@ -28,19 +28,24 @@ use tikv_jemallocator::Jemalloc;
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+/// Bytes allocated and not yet freed (requested sizes).
+static LIVE: AtomicI64 = AtomicI64::new(0);
 
 // SAFETY: every method forwards to jemalloc unchanged; the counter is a relaxed atomic
 // increment with no other effect.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(l.size() as i64, Ordering::Relaxed);
         unsafe { Jemalloc.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as i64, Ordering::Relaxed);
         unsafe { Jemalloc.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(n as i64 - l.size() as i64, Ordering::Relaxed);
         unsafe { Jemalloc.realloc(p, l, n) }
     }
 }
@@ -193,12 +198,207 @@ fn bench_message(c: &mut Criterion) {
     g.finish();
 }
 
+/// A tools/call (or other) request as raw HTTP/1.1 bytes, keep-alive.
+fn http_post(body: &str) -> Vec<u8> {
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Sends `req` and reads one whole response into `buf` without allocating (the client's
+/// side adds nothing to the count); returns the status line's code and the body.
+fn exchange<'b>(c: &mut std::net::TcpStream, req: &[u8], buf: &'b mut [u8]) -> (u16, &'b [u8]) {
+    use std::io::{Read, Write};
+    c.write_all(req).unwrap_or_else(|e| panic!("{e}"));
+    let mut got = 0;
+    loop {
+        let n = c.read(&mut buf[got..]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 0, "the server closed the connection");
+        got += n;
+        let Some(end) = buf[..got].windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = std::str::from_utf8(&buf[..end]).unwrap_or("");
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no content-length in {head}"));
+        if got >= end + 4 + len {
+            let code = head[9..12].parse().unwrap_or(0);
+            return (code, &buf[end + 4..end + 4 + len]);
+        }
+    }
+}
+
+/// Allocations per request from socket read to socket write: the real accept loop, hyper,
+/// the axum app and dispatch, for every handler kind, counted over 200 requests on one
+/// keep-alive connection (the client reads into a fixed buffer and allocates nothing).
+fn audit_wire() {
+    use quiver_server::admin::{self, AdminState};
+    use quiver_server::reload::Reloader;
+    use quiver_server::transport::http::{HttpOptions, HttpState, app};
+    use quiver_server::transport::limits::Connections;
+    use quiver_server::transport::listen::{ConnOptions, serve};
+
+    let mcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let adm = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let (mcp_addr, adm_addr) = (mcp.local_addr().unwrap_or_else(|e| panic!("{e}")), adm.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    let yaml = format!(
+        r#"
+tools:
+  - {{name: add, handler: {{builtin: add}}}}
+  - {{name: greet, input: {{name: string}}, handler: {{template: "Hello {{{{name}}}}!"}}}}
+  - name: add-then-greet
+    input: {{a: number, b: number}}
+    handler:
+      pipeline:
+        - {{tool: add, input: {{a: "{{{{a}}}}", b: "{{{{b}}}}"}}}}
+        - {{tool: greet, input: {{name: "{{{{steps.0.text}}}}"}}}}
+  - {{name: status, handler: {{http: {{method: GET, url: "http://{adm_addr}/healthz", timeout: 2s}}}}}}
+  - {{name: word-count, input: {{text: string}}, handler: {{exec: {{command: [/usr/bin/wc, -w], stdin: "{{{{text}}}}", timeout: 2s}}}}}}
+resources:
+  - {{uri: "quiver://readme", name: readme, text: "A resource."}}
+prompts:
+  - {{name: hello, arguments: [{{name: who, required: true}}], messages: [{{role: user, text: "Say hello to {{{{who}}}}."}}]}}
+"#
+    );
+    let metrics = Metrics::new("bench", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    Reloader::new(server.clone())
+        .apply(&[("bench.yaml".into(), yaml)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let state = HttpState::new(server.clone(), HttpOptions::default(), stop.clone());
+    let load = state.load();
+    let admin_state = Arc::new(AdminState {
+        server: server.clone(),
+        source: "bench".into(),
+        tuning: quiver_server::tuning::plan(1, false),
+        started: std::time::Instant::now(),
+        load: load.clone(),
+        auth: "none",
+    });
+    let serving = stop.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"));
+        rt.block_on(async move {
+            let (mcp, adm) = (tokio::net::TcpListener::from_std(mcp), tokio::net::TcpListener::from_std(adm));
+            let (mcp, adm) = (mcp.unwrap_or_else(|e| panic!("{e}")), adm.unwrap_or_else(|e| panic!("{e}")));
+            tokio::spawn(serve(adm, admin::app(admin_state), Connections::new(admin::MAX_CONNECTIONS), admin::CONN_OPTIONS, serving.clone(), None));
+            serve(mcp, app(state), load.connections.clone(), ConnOptions::default(), serving, None).await;
+        });
+    });
+    mcp.set_nonblocking(false).ok();
+    let mut c = std::net::TcpStream::connect(mcp_addr).unwrap_or_else(|e| panic!("{e}"));
+    c.set_nodelay(true).ok();
+    let mut buf = vec![0u8; 1 << 16];
+    let call = |tool: &str, args: &str| http_post(&format!(r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#));
+    let rpc = |method: &str, params: &str| http_post(&format!(r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{params}}}"#));
+    let cases = [
+        ("tools/call add (builtin)", call("add", r#"{"a":20,"b":22}"#), "42"),
+        ("tools/call greet (template)", call("greet", r#"{"name":"Ada"}"#), "Hello Ada!"),
+        ("tools/call add-then-greet (pipeline)", call("add-then-greet", r#"{"a":1,"b":2}"#), "Hello 3!"),
+        ("tools/call status (http)", call("status", "{}"), "ok"),
+        ("tools/call word-count (exec)", call("word-count", r#"{"text":"a b c"}"#), "3"),
+        ("tools/list", rpc("tools/list", "{}"), "add-then-greet"),
+        ("resources/read", rpc("resources/read", r#"{"uri":"quiver://readme"}"#), "A resource."),
+        ("prompts/get", rpc("prompts/get", r#"{"name":"hello","arguments":{"who":"Ada"}}"#), "Say hello to Ada."),
+        ("ping", rpc("ping", "{}"), "{}"),
+    ];
+    println!("allocation audit over the socket (allocations per request, HTTP/1.1 keep-alive, socket read to socket write):");
+    for (what, req, expect) in &cases {
+        for _ in 0..10 {
+            let (code, body) = exchange(&mut c, req, &mut buf);
+            let text = String::from_utf8_lossy(body);
+            assert!(code == 200 && text.contains(expect) && !text.contains("\"isError\":true"), "{what}: {code} {text}");
+        }
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for _ in 0..200 {
+            black_box(exchange(&mut c, req, &mut buf));
+        }
+        println!("  {what:<38} {}", (ALLOCS.load(Ordering::Relaxed) - before) / 200);
+    }
+    stop.cancel();
+}
+
+/// Heap bytes kept per tool, by stage, from the growth between 1,000 and 10,000 tools
+/// (so fixed costs cancel out): the parsed ToolSet, the compiled tools, the registry
+/// snapshot, and the whole server after a real reload (snapshot, metrics series, the
+/// sources kept for upstream refreshes).
+fn audit_memory() {
+    use quiver_server::reload::Reloader;
+    fn kept<T>(f: impl FnOnce() -> T) -> (T, i64) {
+        let before = LIVE.load(Ordering::Relaxed);
+        let v = f();
+        (v, LIVE.load(Ordering::Relaxed) - before)
+    }
+    let sources = |n: usize| -> Vec<(String, String)> {
+        (0..n)
+            .step_by(1000)
+            .map(|f| {
+                let mut y = String::from("tools:\n");
+                for i in f..(f + 1000).min(n) {
+                    y.push_str(&format!("  - {{name: tool-{i}, description: Tool number {i}, input: {{x: string}}, handler: {{template: \"{i}:{{{{x}}}}\"}}}}\n"));
+                }
+                (format!("part-{f}.yaml"), y)
+            })
+            .collect()
+    };
+    let metrics = Metrics::new("bench", "system");
+    let mut rows = Vec::new();
+    for n in [1000, 10_000] {
+        let src = sources(n);
+        let (sets, parsed) = kept(|| {
+            src.iter()
+                .map(|(name, y)| config::parse(name, y).unwrap_or_else(|e| panic!("{e}")))
+                .collect::<Vec<ToolSet>>()
+        });
+        let (compiled, compiled_bytes) = kept(|| sets.iter().map(|t| config::compile(t).unwrap_or_else(|e| panic!("{e}"))).collect::<Vec<_>>());
+        drop(sets);
+        let (snaps, snapshot) = kept(|| {
+            compiled
+                .into_iter()
+                .map(|c| quiver_server::registry::Snapshot::build(c, 1, &metrics))
+                .collect::<Vec<_>>()
+        });
+        drop(snaps);
+        let (server, whole) = kept(|| {
+            let metrics = Metrics::new("bench", "system");
+            let server = Server::new(Registry::new(&metrics), metrics);
+            Reloader::new(server.clone())
+                .apply(&src)
+                .unwrap_or_else(|e| panic!("{e}"));
+            server
+        });
+        drop(server);
+        rows.push((parsed, compiled_bytes, snapshot, whole));
+    }
+    let per = |f: fn(&(i64, i64, i64, i64)) -> i64| (f(&rows[1]) - f(&rows[0])) / 9000;
+    println!("heap bytes kept per tool (growth from 1,000 to 10,000 tools, per tool):");
+    println!("  parsed ToolSet           {}", per(|r| r.0));
+    println!("  compiled tools           {}", per(|r| r.1));
+    println!("  registry snapshot        {} (the compiled tools moved in, plus its index and pages)", per(|r| r.2));
+    println!("  server after a reload    {} (snapshot, metric series, kept sources)", per(|r| r.3));
+}
+
 fn bench_compile(c: &mut Criterion) {
     let yaml = toolset_yaml(1000);
     let metrics = Metrics::new("bench", "system");
     let mut g = c.benchmark_group("compile");
     g.sample_size(20);
     g.bench_function("1000", |b| {
+        b.iter(|| {
+            let ts: ToolSet = config::parse("bench", black_box(&yaml)).unwrap_or_else(|e| panic!("{e}"));
+            let compiled = config::compile(&ts).unwrap_or_else(|e| panic!("{e}"));
+            quiver_server::registry::Snapshot::build(compiled, 1, &metrics)
+        })
+    });
+    let yaml = toolset_yaml(10_000);
+    g.sample_size(10);
+    g.bench_function("10000", |b| {
         b.iter(|| {
             let ts: ToolSet = config::parse("bench", black_box(&yaml)).unwrap_or_else(|e| panic!("{e}"));
             let compiled = config::compile(&ts).unwrap_or_else(|e| panic!("{e}"));
@@ -242,6 +442,8 @@ criterion_group! {
 
 fn main() {
     audit();
+    audit_memory();
+    audit_wire();
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

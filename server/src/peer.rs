@@ -180,6 +180,12 @@ impl CallCtx<'_> {
         self.progress_token.is_some() && self.peer.is_some()
     }
 
+    /// Whether [`CallCtx::log`] can reach the client: it asked for log messages and can
+    /// receive them during this call.
+    pub fn wants_logs(&self) -> bool {
+        self.level.is_some() && self.peer.is_some()
+    }
+
     /// Passes on an upstream's `notifications/progress` params under the caller's token:
     /// `progress` and `total` when numbers, `message` when a string (cut at 1,024 characters).
     pub fn forward_progress(&self, upstream: &Value) {

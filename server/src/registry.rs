@@ -90,8 +90,11 @@ impl Snapshot {
     /// changes on reload.
     pub fn build(config: CompiledToolSet, generation: u64, metrics: &Metrics) -> Self {
         let mut cfg = config;
+        // The tools' source specs are compiled and never read again: at ~1-2 KiB of parsed
+        // values per tool they would dominate a large registry's memory.
+        drop(std::mem::take(&mut cfg.spec.tools));
         let defs = std::mem::take(&mut cfg.tools);
-        let tools: Vec<Tool> = defs
+        let mut tools: Vec<Tool> = defs
             .into_iter()
             .map(|def| Tool {
                 metrics: metrics.tool(&def.name),
@@ -107,6 +110,11 @@ impl Snapshot {
         let tag = tag.as_str();
         let page_size = cfg.page_size;
         let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
+        // Served from the pages from now on; as a `Value` tree a descriptor costs several
+        // times its serialized size (a map node per object).
+        for t in &mut tools {
+            t.def.descriptor = Value::Null;
+        }
         let of_kind = |templated: bool| {
             cfg.resources
                 .iter()

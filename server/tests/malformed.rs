@@ -484,3 +484,85 @@ async fn idle_connections_up_to_the_cap_fail_readiness_not_the_admin_port() {
     assert_eq!(get(s.admin, "/readyz").await.status, 200);
     assert_still_serves(s.mcp).await;
 }
+
+/// HTTP/2 with prior knowledge (h2c): concurrent streams on one connection are served like
+/// HTTP/1.1 requests, with the same limits; a client that opens with a partial preface and
+/// goes silent is cut off like a slow HTTP/1.1 head.
+#[tokio::test]
+async fn h2c_multiplexes_requests_under_the_same_limits() {
+    use http_body_util::{BodyExt, Full};
+    use hyper::client::conn::http2;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let s = served(64, Duration::from_millis(300)).await;
+    let stream = TcpStream::connect(s.mcp).await.unwrap();
+    let (sender, conn) = http2::handshake::<_, _, Full<bytes::Bytes>>(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .expect("h2c handshake");
+    tokio::spawn(conn);
+    let request = |body: String| {
+        http::Request::post(format!("http://{}/mcp", s.mcp))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .body(Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    // 32 calls in flight at once on the one connection, each answered with its own sum.
+    let calls = (0..32).map(|i| {
+        let mut sender = sender.clone();
+        let req = request(format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"add","arguments":{{"a":{i},"b":1000}}}}}}"#
+        ));
+        async move {
+            let r = sender.send_request(req).await.expect("h2 response");
+            assert_eq!(r.version(), http::Version::HTTP_2);
+            let status = r.status().as_u16();
+            let body = r.into_body().collect().await.unwrap().to_bytes();
+            (i, status, serde_json::from_slice::<serde_json::Value>(&body).unwrap())
+        }
+    });
+    for (i, status, reply) in futures_util::future::join_all(calls).await {
+        assert_eq!(status, 200, "{reply}");
+        assert_eq!(reply["id"], i);
+        assert_eq!(reply["result"]["structuredContent"]["result"], i + 1000, "{reply}");
+    }
+    // The body limit holds on HTTP/2 too: 413 with a JSON-RPC error.
+    let mut sender2 = sender.clone();
+    let big = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#, "x".repeat(MAX_BODY));
+    let r = sender2.send_request(request(big)).await.expect("h2 response");
+    assert_eq!(r.status().as_u16(), 413);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"]["code"], -32600);
+    // A call that outlasts the header timeout is not cut off: the connection is busy.
+    let mut slow = sender.clone();
+    let r = slow
+        .send_request(request(
+            r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":1000}}}"#.into(),
+        ))
+        .await
+        .expect("a long call on HTTP/2 is answered");
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"], 9);
+    // A partial preface, then silence: closed once the header timeout passes. ("P" could
+    // still be either protocol: nothing is sent. After "PRI" the server has spoken HTTP/2,
+    // its SETTINGS frame and a GOAWAY, but never HTTP/1.)
+    let mut c = TcpStream::connect(s.mcp).await.unwrap();
+    c.write_all(b"P").await.unwrap();
+    assert!(closed_by_server(&mut c).await.is_empty());
+    let mut c = TcpStream::connect(s.mcp).await.unwrap();
+    c.write_all(b"PRI * HT").await.unwrap();
+    assert!(!closed_by_server(&mut c).await.starts_with(b"HTTP/"));
+    // An HTTP/2 connection left idle after its requests is closed.
+    let stream = TcpStream::connect(s.mcp).await.unwrap();
+    let (mut idle, conn) = http2::handshake::<_, _, Full<bytes::Bytes>>(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .expect("h2c handshake");
+    let conn = tokio::spawn(conn);
+    let r = idle.send_request(request(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.into())).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    drop(r);
+    tokio::time::timeout(PATIENCE, conn).await.expect("the idle connection is closed").unwrap().ok();
+    assert_still_serves(s.mcp).await;
+}

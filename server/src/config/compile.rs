@@ -84,7 +84,8 @@ pub struct CompiledToolSet {
 pub struct CompiledTool {
     /// Tool name.
     pub name: String,
-    /// The `tools/list` entry (name, title, description, inputSchema, ...).
+    /// The `tools/list` entry (name, title, description, inputSchema, ...); `Null` once the
+    /// tool is in a registry snapshot, which serves it from its pre-serialized pages.
     pub descriptor: Value,
     /// Validator of the arguments.
     pub input: Schema,

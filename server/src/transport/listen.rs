@@ -1,15 +1,21 @@
-//! The accept loop shared by the MCP and admin listeners: HTTP/1.1 over hyper with a
-//! connection cap, a header-read timeout (which also closes idle keep-alive connections),
-//! and graceful shutdown.
+//! The accept loop shared by the MCP and admin listeners: HTTP/1.1, and HTTP/2 over
+//! cleartext with prior knowledge (h2c, what proxies and multiplexing clients speak to a
+//! backend), over hyper, with a connection cap, a header-read timeout (which also closes
+//! idle keep-alive connections), and graceful shutdown.
 //!
 //! `axum::serve` cannot set hyper's timer or header timeout, hence this loop.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use axum::body::{Body, HttpBody};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +46,209 @@ const MAX_HEAD_BYTES: usize = 64 << 10;
 /// How long the loop pauses after an accept error such as EMFILE, rather than spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// Concurrent requests on one HTTP/2 connection (hyper's default is 200); each is a request
+/// like any other, under the same body, response and time limits.
+const MAX_H2_STREAMS: u32 = 128;
+
+/// How an HTTP/2 connection starts (RFC 9113, 3.4). No HTTP/1 method begins with "PRI".
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// The connection builders of one listener.
+struct Builders {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    sniff_timeout: Duration,
+}
+
+impl Builders {
+    fn new(options: ConnOptions) -> Self {
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new())
+            .header_read_timeout(options.header_read_timeout)
+            .keep_alive(true)
+            .max_header_size(MAX_HEAD_BYTES)
+            .max_buf_size(MAX_HEAD_BYTES);
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2.timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_H2_STREAMS)
+            .max_header_list_size(MAX_HEAD_BYTES as u32);
+        Self {
+            h1,
+            h2,
+            sniff_timeout: options.header_read_timeout,
+        }
+    }
+
+    /// Serves one accepted connection until it ends or `stop` (then gracefully).
+    async fn serve(&self, stream: tokio::net::TcpStream, router: Router, stop: CancellationToken) {
+        let h2 = tokio::select! {
+            r = tokio::time::timeout(self.sniff_timeout, speaks_h2(&stream)) => match r {
+                Ok(Ok(h2)) => h2,
+                _ => return, // silent, closed, or broken before its first bytes
+            },
+            () = stop.cancelled() => return,
+        };
+        let io = TokioIo::new(stream);
+        if h2 {
+            // hyper closes idle HTTP/1.1 connections (the header timeout) but has no such
+            // limit for HTTP/2, not even for a client stuck in the preface: count the
+            // requests in flight and close the connection once it has had none for as long.
+            let activity = Arc::new(Activity::new());
+            let tracked = activity.clone();
+            let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let guard = tracked.begin();
+                let answer = tower::Service::call(&mut router.clone(), req);
+                async move {
+                    let r = answer.await?;
+                    Ok::<_, std::convert::Infallible>(r.map(|body| Body::new(Tracked { body, _guard: guard })))
+                }
+            });
+            let conn = self.h2.serve_connection(io, service);
+            let idle = activity.idle_for(self.sniff_timeout);
+            drive(conn, stop, idle, self.sniff_timeout, |c| c.graceful_shutdown()).await;
+        } else {
+            let conn = self.h1.serve_connection(io, TowerToHyperService::new(router));
+            let idle = std::future::pending();
+            drive(conn, stop, idle, self.sniff_timeout, |c| c.graceful_shutdown()).await;
+        }
+    }
+}
+
+/// Requests in progress on one HTTP/2 connection (from when the request's head arrives
+/// until its response body is sent or the stream reset; a stream open for server-sent
+/// events counts), and since when there have been none.
+struct Activity {
+    start: Instant,
+    in_flight: AtomicUsize,
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Resolves once the connection has had no request in progress for `limit`.
+    async fn idle_for(self: Arc<Self>, limit: Duration) {
+        let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let wait = if self.in_flight.load(Ordering::Acquire) > 0 {
+                limit_ms
+            } else {
+                let idle = self.now_ms().saturating_sub(self.idle_since_ms.load(Ordering::Acquire));
+                if idle >= limit_ms {
+                    return;
+                }
+                limit_ms - idle
+            };
+            tokio::time::sleep(Duration::from_millis(wait.max(1))).await;
+        }
+    }
+}
+
+/// One request in progress; the connection's idle clock restarts when the last ends.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.idle_since_ms.store(self.0.now_ms(), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that holds its [`InFlight`] until hyper drops it.
+struct Tracked {
+    body: Body,
+    _guard: InFlight,
+}
+
+impl HttpBody for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Whether the client opens with the HTTP/2 preface, from its first bytes (peeked, so
+/// nothing is consumed). Waits while what arrived is too short to tell.
+async fn speaks_h2(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
+    let mut buf = [0u8; 3];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if n == buf.len() || buf[..n] != H2_PREFACE[..n] {
+            return Ok(buf[..n] == H2_PREFACE[..buf.len()]);
+        }
+        // "P" or "PR" so far: peek would return at once again, so wait for more.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Runs a connection. When `stop` fires first, asks it to finish its in-flight requests
+/// and waits for that (bounded from outside, see [`serve`]); when `idle` resolves first,
+/// closes it the same way but waits at most `linger` before dropping it.
+async fn drive<C>(
+    conn: C,
+    stop: CancellationToken,
+    idle: impl Future<Output = ()>,
+    linger: Duration,
+    graceful_shutdown: impl FnOnce(Pin<&mut C>),
+) where
+    C: Future<Output = hyper::Result<()>>,
+{
+    tokio::pin!(conn);
+    let stopping = tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            return;
+        }
+        () = stop.cancelled() => true,
+        () = idle => false,
+    };
+    graceful_shutdown(conn.as_mut());
+    let r = if stopping {
+        conn.await
+    } else {
+        match tokio::time::timeout(linger, conn).await {
+            Ok(r) => r,
+            Err(_) => return, // the peer does not read its GOAWAY: drop the connection
+        }
+    };
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "connection ended with an error while draining");
+    }
+}
+
 /// Serves `router` on `listener` until `stop` is cancelled, then stops accepting, lets every
 /// connection finish its in-flight request (idle ones close at once), and returns when all
 /// are closed. Bound the wait from outside (a timeout around this future): connection tasks
@@ -54,13 +263,7 @@ pub async fn serve(
     stop: CancellationToken,
     metrics: Option<Arc<Metrics>>,
 ) {
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
-        .keep_alive(true)
-        .max_header_size(MAX_HEAD_BYTES)
-        .max_buf_size(MAX_HEAD_BYTES);
+    let builders = Arc::new(Builders::new(options));
     loop {
         let slot = match conns.try_take() {
             Some(s) => s,
@@ -91,27 +294,13 @@ pub async fn serve(
             () = stop.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
         let slot = conns.opened(slot);
-        let stop = stop.clone();
+        let (builders, router, stop) = (builders.clone(), router.clone(), stop.clone());
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let _open = metrics.as_ref().map(OpenConnection::new);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    return;
-                }
-                () = stop.cancelled() => {}
-            }
-            conn.as_mut().graceful_shutdown();
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error while draining");
-            }
+            builders.serve(stream, router, stop).await;
         });
     }
     drop(listener);

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
+use futures_util::future::Either;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -169,8 +170,17 @@ impl Drop for Registered<'_> {
     }
 }
 
+/// The next message of an optional channel; never, without one.
+async fn next(rx: &mut Option<mpsc::Receiver<Value>>) -> Option<Value> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Hands a log notification to the call whose answer stream carried it; false outside a
-/// call (or when its client reads too slowly: then it is logged here).
+/// call (or when its client reads too slowly or does not take log messages: then it is
+/// logged here).
 fn relay_log(params: &Value) -> bool {
     CALL_LOG
         .try_with(|tx| tx.try_send(params.clone()).is_ok())
@@ -584,19 +594,30 @@ impl Link {
         // Progress comes back by token (any transport); log messages on the call's own
         // HTTP answer stream come back through CALL_LOG (stdio cannot tie a log line to one
         // of the calls multiplexed on a process: those are logged here).
-        let (progress_tx, mut progress) = mpsc::channel(64);
+        // The channels exist only when the client can receive what they carry: a plain
+        // JSON call pays for neither.
+        let mut progress = None;
         let _registered = cx.wants_progress().then(|| {
             let token = self.shared.id();
             params["_meta"] = json!({"progressToken": token});
+            let (tx, rx) = mpsc::channel(64);
+            progress = Some(rx);
             self.shared
                 .progress
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .insert(token, progress_tx);
+                .insert(token, tx);
             Registered(&self.shared, token)
         });
-        let (log_tx, mut logs) = mpsc::channel::<Value>(64);
-        let call = CALL_LOG.scope(log_tx, self.request("tools/call", params));
+        let request = self.request("tools/call", params);
+        let mut logs = None;
+        let call = if cx.wants_logs() {
+            let (tx, rx) = mpsc::channel::<Value>(64);
+            logs = Some(rx);
+            Either::Left(CALL_LOG.scope(tx, request))
+        } else {
+            Either::Right(request)
+        };
         tokio::pin!(call);
         let forward_progress = |mut p: Value| {
             if let Some(Value::String(m)) = p.get_mut("message") {
@@ -608,16 +629,16 @@ impl Link {
             tokio::select! {
                 // What arrived before the answer goes out before it.
                 biased;
-                Some(p) = progress.recv() => forward_progress(p),
-                Some(l) = logs.recv() => self.forward_log(&l, cx),
+                Some(p) = next(&mut progress) => forward_progress(p),
+                Some(l) = next(&mut logs) => self.forward_log(&l, cx),
                 r = &mut call => break r,
             }
         };
         // The answer's stream may have carried messages that were queued when it ended.
-        while let Ok(p) = progress.try_recv() {
+        while let Some(p) = progress.as_mut().and_then(|rx| rx.try_recv().ok()) {
             forward_progress(p);
         }
-        while let Ok(l) = logs.try_recv() {
+        while let Some(l) = logs.as_mut().and_then(|rx| rx.try_recv().ok()) {
             self.forward_log(&l, cx);
         }
         self.shared.metrics.requests.observe(start.elapsed());

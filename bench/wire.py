@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""The over-the-wire comparison: the same `echo` tool in quiver-server and in the servers a
+user would pick instead, each pinned to one core, driven by oha from the other core.
+
+Run through `make bench-wire` (scripts/bench-wire.sh builds and installs everything, then
+calls this with the paths). Every server gets the same request on keep-alive connections:
+
+    POST /mcp  {"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}
+
+The headline figure is **server CPU time per request**: the server's utime + stime over
+the window (from /proc, children included) divided by the 2xx replies. The load generator
+saturates its own core before a fast server does, so req/s measures oha as much as the
+server; CPU per request does not. Also reported: req/s, p50/p99 latency (oha), RSS.
+
+Checks, so a fast wrong answer cannot win: before the run each server's reply is parsed
+(JSON-RPC result, content[0].text == "hello", no error); during the run oha must see only
+HTTP 200 and exactly (replies x that reply's size) bytes, so every reply of the window had
+the verified reply's length. Scenarios run in alternating order (forward, then reversed)
+in every repetition; the table gives medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+BODY = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}'
+HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": "2025-06-18",
+}
+SERVER_CPU, LOAD_CPU = "1", "0"
+H2_STREAMS = 8  # concurrent streams per HTTP/2 connection
+BEGIN, END = "<!-- bench-wire:begin -->", "<!-- bench-wire:end -->"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_tree(pid: int) -> list[int]:
+    """The process and its descendants (a Node or uvicorn runner may fork)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def cpu(pids: list[int]) -> tuple[float, float]:
+    """utime and stime, in seconds, of these processes and their descendants."""
+    user = system = 0.0
+    for root in pids:
+        for p in proc_tree(root):
+            try:
+                f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            user += int(f[11]) / TICK
+            system += int(f[12]) / TICK
+    return user, system
+
+
+def rss_mib(pids: list[int]) -> float:
+    total = 0
+    for root in pids:
+        for p in proc_tree(root):
+            try:
+                total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE
+            except OSError:
+                pass
+    return total / 2**20
+
+
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    note: str
+    port: int = field(default_factory=free_port)
+    env: dict = field(default_factory=dict)
+    needs: list[str] = field(default_factory=list)  # names of servers this one calls
+    admin: int | None = None  # quiver's admin port
+    config: Path | None = None  # quiver's ToolSet file (rewritten by the reload row)
+    h2c: bool = False  # serves HTTP/2 with prior knowledge
+    reload_every: float | None = None  # rewrite the ToolSet this often during the window
+    proc: subprocess.Popen | None = None
+    reply_size: int = 0
+    idle_rss: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+
+def post_once(url: str) -> tuple[int, bytes, str]:
+    req = urllib.request.Request(url, data=BODY, headers=HEADERS, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.status, r.read(), r.headers.get("Content-Type", "")
+
+
+def verify(s: Server, timeout: float = 30.0) -> None:
+    """Waits until the server answers, then checks its reply and records the reply's size."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if s.proc and s.proc.poll() is not None:
+            raise SystemExit(f"{s.name} exited with {s.proc.returncode} before answering")
+        try:
+            status, body, ctype = post_once(s.url)
+            break
+        except OSError as e:
+            last = e
+            time.sleep(0.05)
+    else:
+        raise SystemExit(f"{s.name} did not answer within {timeout:.0f} s: {last}")
+    if status != 200 or not ctype.startswith("application/json"):
+        raise SystemExit(f"{s.name}: HTTP {status} {ctype!r}: {body[:300]!r}")
+    msg = json.loads(body)
+    result = msg.get("result") or {}
+    content = result.get("content") or [{}]
+    if msg.get("id") != 1 or result.get("isError") or content[0].get("text") != "hello" or len(content) != 1:
+        raise SystemExit(f"{s.name} gave a wrong reply: {body[:300]!r}")
+    s.reply_size = len(body)
+
+
+def oha(oha_bin: str, url: str, conns: int, seconds: float | None = None, requests: int | None = None, http2: bool = False) -> dict:
+    cmd = ["taskset", "-c", LOAD_CPU, oha_bin, "--no-tui", "--output-format", "json", "-m", "POST", "-d", BODY.decode(), "-c", str(conns)]
+    for k, v in HEADERS.items():
+        cmd += ["-H", f"{k}: {v}"]
+    if http2:
+        cmd += ["--http2", "-p", str(H2_STREAMS)]
+    cmd += ["-z", f"{seconds}s"] if seconds else ["-n", str(requests)]
+    out = subprocess.run(cmd + [url], check=True, capture_output=True, text=True, timeout=(seconds or 60) + 60)
+    return json.loads(out.stdout)
+
+
+def reloads(s: Server) -> float:
+    """Successful reloads so far, from quiver's own counter."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{s.admin}/metrics", timeout=5).read().decode()
+    m = re.search(r'^quiver_config_reloads_total\{[^}]*result="success"[^}]*\} (\S+)', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+class Rewriter(threading.Thread):
+    """Rewrites a ToolSet every `every` seconds (two versions, so each write is a change)."""
+
+    def __init__(self, path: Path, every: float):
+        super().__init__(daemon=True)
+        self.path, self.every, self.stop = path, every, threading.Event()
+        self.base = path.read_text()
+
+    def run(self):
+        n = 0
+        while not self.stop.wait(self.every):
+            n += 1
+            tmp = self.path.with_suffix(".new")
+            tmp.write_text(self.base.replace("Returns the text it is given.", f"Returns the text it is given ({n})."))
+            tmp.rename(self.path)
+
+
+def window(oha_bin: str, s: Server, servers: dict[str, Server], conns: int, seconds: float, http2: bool = False) -> dict:
+    pids = [s.proc.pid] + [servers[n].proc.pid for n in s.needs]
+    rewriter = Rewriter(s.config, s.reload_every) if s.reload_every else None
+    reloaded = reloads(s) if rewriter else 0.0
+    before = [cpu([p]) for p in pids]
+    if rewriter:
+        rewriter.start()
+    try:
+        r = oha(oha_bin, s.url, conns, seconds=seconds, http2=http2)
+    finally:
+        if rewriter:
+            rewriter.stop.set()
+            rewriter.join()
+    after = [cpu([p]) for p in pids]
+    reloaded = reloads(s) - reloaded if rewriter else None
+    codes = {str(k): v for k, v in (r.get("statusCodeDistribution") or {}).items()}
+    ok = codes.get("200", 0)
+    errors = r.get("errorDistribution") or {}
+    bad = {k: v for k, v in codes.items() if k != "200"}
+    if bad or not ok:
+        raise SystemExit(f"{s.name} at {conns} connections: status codes {codes}, errors {errors}")
+    data = r["summary"].get("totalData")
+    if data is not None and data != ok * s.reply_size:
+        raise SystemExit(f"{s.name} at {conns} connections: {data} bytes for {ok} replies of {s.reply_size} bytes")
+    lat = r.get("latencyPercentiles") or {}
+    spent = [(a[0] + a[1] - b[0] - b[1]) / ok * 1e6 for a, b in zip(after, before)]
+    return {
+        "ok": ok,
+        # Requests cut off at the window's end are not failures of the server.
+        "errors": sum(v for k, v in errors.items() if k != "aborted due to deadline"),
+        "cpu_us": spent[0],
+        "sys_us": (after[0][1] - before[0][1]) / ok * 1e6,
+        "upstream_cpu_us": spent[1] if len(spent) > 1 else None,
+        "rps": r["summary"]["requestsPerSec"],
+        "p50_us": lat.get("p50", 0) * 1e6,
+        "p99_us": lat.get("p99", 0) * 1e6,
+        "rss": rss_mib(pids[:1]),
+        "reloads": reloaded,
+    }
+
+
+def versions(args) -> dict[str, str]:
+    v: dict[str, str] = {}
+    lock = (ROOT / "bench/peers/rust/Cargo.lock").read_text()
+    for crate in ("rmcp", "axum", "hyper", "tokio"):
+        m = re.search(rf'name = "{crate}"\nversion = "([^"]+)"', lock)
+        v[crate] = m.group(1) if m else "?"
+    gomod = (ROOT / "tests/e2e/upstream-go/go.mod").read_text()
+    m = re.search(r"github.com/modelcontextprotocol/go-sdk (v\S+)", gomod)
+    v["go-sdk"] = m.group(1) if m else "?"
+    for d in ("typescript-v1", "typescript-v2"):
+        pl = ROOT / f"bench/peers/{d}/package-lock.json"
+        if pl.exists():
+            pkgs = json.loads(pl.read_text())["packages"]
+            for name, meta in pkgs.items():
+                if name.startswith("node_modules/@modelcontextprotocol/") and name.count("/") == 2:
+                    v[name.removeprefix("node_modules/")] = meta["version"]
+    v["node"] = subprocess.run([args.node, "--version"], capture_output=True, text=True).stdout.strip()
+    v["python mcp"] = subprocess.run([args.python, "-c", "import importlib.metadata as m; print(m.version('mcp'))"], capture_output=True, text=True).stdout.strip()
+    v["python"] = subprocess.run([args.python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True).stdout.strip()
+    v["go"] = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    v["oha"] = subprocess.run([args.oha, "--version"], capture_output=True, text=True).stdout.strip().removeprefix("oha ")
+    v["quiver"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return v
+
+
+def build_servers(args, tmp: Path) -> dict[str, Server]:
+    echo = tmp / "echo.yaml"
+    echo.write_text("tools:\n  - name: echo\n    description: Returns the text it is given.\n    input: {text: string}\n    handler: {template: '{{text}}'}\n")
+
+    def server(name: str, argv, note: str, **kw) -> Server:
+        """argv: a function of the port the server is to listen on."""
+        s = Server(name, [], note, **kw)
+        s.argv = argv(s.port)
+        return s
+
+    def quiver(name: str, binary: str, config: Path, note: str, needs: list[str] | None = None, **kw) -> Server:
+        admin = free_port()
+        return server(name, lambda port: [binary, "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}",
+                                          "--admin-listen", f"127.0.0.1:{admin}", "--pin-workers"],
+                      note, env={"RUST_LOG": "warn"}, needs=needs or [], admin=admin, config=config, **{"h2c": True, **kw})
+
+    def peer(name: str, cmd: list[str], note: str, **kw) -> Server:
+        return server(name, lambda port: [*cmd, "--port", str(port)], note, **kw)
+
+    servers: list[Server] = [quiver("quiver", args.quiver, echo, "quiver-server, `template` tool, fat LTO")]
+    if args.quiver_pgo:
+        servers.append(quiver("quiver-pgo", args.quiver_pgo, echo, "the same, built with PGO"))
+    servers += [
+        peer("axum-fixed", [f"{args.peers}/axum-fixed"], "ceiling: fixed bytes, body not read", h2c=True),
+        peer("axum-serde", [f"{args.peers}/axum-serde"], "ceiling: serde into typed structs", h2c=True),
+        peer("rmcp", [f"{args.peers}/rmcp-echo"], "official Rust SDK, stateless + JSON", h2c=True),
+        server("go-sdk", lambda port: [args.go_mcp, "-stateless", "-json", "-http", f"127.0.0.1:{port}"],
+               "official Go SDK, stateless + JSON"),
+    ]
+    for d, label in (("typescript-v1", "ts-sdk-v1"), ("typescript-v2", "ts-sdk-v2")):
+        script = ROOT / f"bench/peers/{d}/server.mjs"
+        if script.exists() and (ROOT / f"bench/peers/{d}/node_modules").exists():
+            servers.append(peer(label, [args.node, str(script)], f"official TypeScript SDK ({d[-2:]}), stateless + JSON"))
+    servers.append(peer("python-sdk", [args.python, str(ROOT / "bench/peers/python/server.py")], "official Python SDK, stateless + JSON"))
+    if args.reload_every:
+        # quiver while its ToolSet is rewritten every 100 ms (a new registry each time).
+        cfg = tmp / "reloaded.yaml"
+        cfg.write_text(echo.read_text())
+        servers.append(quiver("quiver+reload", args.quiver, cfg, f"quiver, ToolSet rewritten every {args.reload_every * 1000:.0f} ms during the window",
+                              reload_every=args.reload_every, h2c=False))
+    if args.forwarding:
+        # The issue-12 figure: quiver fronting rmcp as an `upstreams:` entry.
+        rmcp = next(s for s in servers if s.name == "rmcp")
+        fwd = tmp / "forward.yaml"
+        fwd.write_text(f"upstreams:\n  - name: rmcp\n    http: {{url: '{rmcp.url}'}}\n")
+        servers.append(quiver("quiver→rmcp", args.quiver, fwd, "quiver forwarding to the rmcp peer (`upstreams:`)", needs=["rmcp"], h2c=False))
+    only = set(args.only or [])
+    keep = only | {n for s in servers if s.name in only for n in s.needs}
+    return {s.name: s for s in servers if not only or s.name in keep}
+
+
+def table(results, servers, loads, args, v) -> str:
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    lines = [
+        f"Command: `make bench-wire` (`scripts/bench-wire.sh --seconds {args.seconds:g} --repetitions {args.repetitions}`); "
+        f"{time.strftime('%Y-%m-%d')}, commit {v['quiver']}, {os.cpu_count()} vCPUs, Linux {os.uname().release}. "
+        f"Each server pinned to CPU {SERVER_CPU}, oha {v['oha']} on CPU {LOAD_CPU}; {args.seconds:g} s windows after a warm-up, "
+        f"{args.repetitions} repetitions in alternating order, medians. CPU is the server's utime+stime per 2xx reply "
+        "(for quiver→rmcp, quiver's own; the upstream's is added in brackets).",
+        "",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "quiver") + ".",
+        "",
+    ]
+    for label in loads:
+        title = f"HTTP/2 with prior knowledge, {label.split()[1].replace('x', ' connections x ')} streams" if label.startswith("h2c") \
+            else f"{label} connection{'s' if label != '1' else ''}, HTTP/1.1"
+        lines += [f"**{title}**", "",
+                  "| server | CPU/request | vs axum-fixed | vs quiver | req/s | p50 | p99 | RSS after |",
+                  "|---|---|---|---|---|---|---|---|"]
+        q = med(results[("quiver", label)], "cpu_us") if ("quiver", label) in results else None
+        b = med(results[("axum-fixed", label)], "cpu_us") if ("axum-fixed", label) in results else None
+        for name, s in servers.items():
+            rs = results.get((name, label))
+            if not rs:
+                continue
+            c = med(rs, "cpu_us")
+            extra = f" (+ {med(rs, 'upstream_cpu_us'):.1f} µs upstream)" if s.needs else ""
+            if s.reload_every:
+                extra = f" ({med(rs, 'reloads'):.0f} reloads per window; non-200 replies: 0, connection errors: {max(r['errors'] for r in rs)})"
+            ratio = lambda base: f"{c / base:.2f}x" if base else ""  # noqa: E731
+            lines.append(f"| {name} | {c:.1f} µs{extra} | {ratio(b)} | {ratio(q)} | {med(rs, 'rps'):,.0f} | "
+                         f"{med(rs, 'p50_us'):.0f} µs | {med(rs, 'p99_us'):.0f} µs | {med(rs, 'rss'):.1f} MiB |")
+        lines.append("")
+    lines += ["| server | what it is | idle RSS | reply bytes |", "|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.note} | {s.idle_rss:.1f} MiB | {s.reply_size} |" for s in servers.values()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quiver", required=True, help="the quiver-server binary (release build)")
+    ap.add_argument("--quiver-pgo", help="a PGO-built quiver-server, measured as its own row")
+    ap.add_argument("--peers", required=True, help="directory of the Rust peers (axum-fixed, axum-serde, rmcp-echo)")
+    ap.add_argument("--go-mcp", required=True, help="the go-mcp binary (tests/e2e/upstream-go)")
+    ap.add_argument("--node", default="node")
+    ap.add_argument("--python", required=True, help="a Python with the mcp package (the peer)")
+    ap.add_argument("--oha", required=True)
+    ap.add_argument("--connections", type=int, nargs="+", default=[1, 16, 128])
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="measure only these servers (and what they call)")
+    ap.add_argument("--h2c", type=int, default=2, help=f"HTTP/2 connections of the h2c row ({H2_STREAMS} streams each; 0: no h2c row)")
+    ap.add_argument("--reload-every", type=float, default=0.1, help="the quiver+reload row rewrites its ToolSet this often, in seconds (0: no such row)")
+    ap.add_argument("--no-forwarding", dest="forwarding", action="store_false", help="skip the quiver→rmcp row")
+    ap.add_argument("--write", help="replace the block between the bench-wire markers in this Markdown file")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="quiver-bench-wire-"))
+    servers = build_servers(args, tmp)
+    try:
+        for s in servers.values():
+            s.proc = subprocess.Popen(["taskset", "-c", SERVER_CPU, *s.argv], stdout=subprocess.DEVNULL,
+                                      stderr=open(tmp / f"{s.name}.log", "wb"), env={**os.environ, **s.env})
+        for s in servers.values():
+            verify(s)
+        time.sleep(1.0)  # let start-up work (JIT, imports, GC) settle before idle RSS is read
+        for s in servers.values():
+            s.idle_rss = rss_mib([s.proc.pid])
+            oha(args.oha, s.url, 16, requests=2000)  # warm-up: JITs, pools, caches
+            print(f"{s.name}: ready, reply {s.reply_size} bytes, idle RSS {s.idle_rss:.1f} MiB", file=sys.stderr)
+        loads = [(f"{c}", c, False) for c in args.connections]
+        if args.h2c:
+            loads.append((f"h2c {args.h2c}x{H2_STREAMS}", args.h2c, True))
+        results: dict[tuple[str, str], list[dict]] = {}
+        names = list(servers)
+        for rep in range(args.repetitions):
+            for label, conns, h2 in loads:
+                order = names if rep % 2 == 0 else names[::-1]
+                for name in order:
+                    if h2 and not servers[name].h2c:
+                        continue
+                    r = window(args.oha, servers[name], servers, conns, args.seconds, http2=h2)
+                    results.setdefault((name, label), []).append(r)
+                    print(f"rep {rep + 1} {label:<9} {name:<14} {r['cpu_us']:8.1f} µs/req {r['rps']:10,.0f} req/s p99 {r['p99_us']:8.0f} µs", file=sys.stderr)
+        for s in servers.values():
+            if s.proc.poll() is not None:
+                raise SystemExit(f"{s.name} exited during the run (log: {tmp / (s.name + '.log')})")
+        out = table(results, servers, [label for label, _, _ in loads], args, versions(args))
+        print(out)
+        if args.write:
+            doc = Path(args.write)
+            text = doc.read_text()
+            if BEGIN not in text or END not in text:
+                raise SystemExit(f"{doc} has no {BEGIN} ... {END} block")
+            head, rest = text.split(BEGIN, 1)
+            doc.write_text(head + BEGIN + "\n" + out + END + rest.split(END, 1)[1])
+            print(f"written into {doc}", file=sys.stderr)
+    finally:
+        for s in servers.values():
+            if s.proc and s.proc.poll() is None:
+                s.proc.terminate()
+        for s in servers.values():
+            if s.proc:
+                try:
+                    s.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    s.proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
