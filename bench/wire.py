@@ -22,6 +22,7 @@ in every repetition; the table gives medians.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -166,7 +167,10 @@ def reloads(s: Server) -> float:
 
 
 class Rewriter(threading.Thread):
-    """Rewrites a ToolSet every `every` seconds (two versions, so each write is a change)."""
+    """Rewrites a ToolSet every `every` seconds, each time with another tool description,
+    so every write is a change (a new registry generation and `list_changed`)."""
+
+    writes = itertools.count(1)  # across windows: a window never starts with the same text
 
     def __init__(self, path: Path, every: float):
         super().__init__(daemon=True)
@@ -174,11 +178,10 @@ class Rewriter(threading.Thread):
         self.base = path.read_text()
 
     def run(self):
-        n = 0
         while not self.stop.wait(self.every):
-            n += 1
+            n = next(self.writes)
             tmp = self.path.with_suffix(".new")
-            tmp.write_text(self.base.replace("Returns the text it is given.", f"Returns the text it is given ({n})."))
+            tmp.write_text(re.sub(r"description: .*", f"description: Returns the text it is given ({n}).", self.base, count=1))
             tmp.rename(self.path)
 
 

@@ -27,16 +27,16 @@ release_build() {
 
 # quiver-server with PGO (scripts/pgo.sh makes the profile; QUIVER_PGO=0 builds without).
 # Functions changed since the profile was made are built without profile data, silently
-# (-pgo-warn-mismatch=false); a profile this rustc cannot read at all is reported and the
+# (-no-pgo-warn-mismatch); a profile this rustc cannot read at all is reported and the
 # build is done again without it, so a stale profile never fails the image.
 server_flags="$IMAGE_RUSTFLAGS"
 if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ]; then
-  server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$PGO_PROFILE -Cllvm-args=-pgo-warn-mismatch=false"
+  server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$PGO_PROFILE -Cllvm-args=-no-pgo-warn-mismatch"
 fi
 log "quiver-server release build (fat LTO, static${server_flags/*profile-use*/, PGO})"
 server_log="$QUIVER_CACHE/images/server-build.log"
 if ! release_build "$QUIVER_CACHE/target-images-server" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
-  if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qi 'profile' "$server_log"; then
+  if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qiE 'profile|pgo' "$server_log"; then
     log "the PGO profile could not be used (see above): building quiver-server without it"
     release_build "$QUIVER_CACHE/target-images-server-nopgo" "$IMAGE_RUSTFLAGS" quiver-server
   else

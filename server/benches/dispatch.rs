@@ -285,13 +285,14 @@ prompts:
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"));
         rt.block_on(async move {
+            mcp.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
+            adm.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
             let (mcp, adm) = (tokio::net::TcpListener::from_std(mcp), tokio::net::TcpListener::from_std(adm));
             let (mcp, adm) = (mcp.unwrap_or_else(|e| panic!("{e}")), adm.unwrap_or_else(|e| panic!("{e}")));
             tokio::spawn(serve(adm, admin::app(admin_state), Connections::new(admin::MAX_CONNECTIONS), admin::CONN_OPTIONS, serving.clone(), None));
             serve(mcp, app(state), load.connections.clone(), ConnOptions::default(), serving, None).await;
         });
     });
-    mcp.set_nonblocking(false).ok();
     let mut c = std::net::TcpStream::connect(mcp_addr).unwrap_or_else(|e| panic!("{e}"));
     c.set_nodelay(true).ok();
     let mut buf = vec![0u8; 1 << 16];
