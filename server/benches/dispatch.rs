@@ -245,7 +245,10 @@ fn audit_wire() {
 
     let mcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
     let adm = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let (mcp_addr, adm_addr) = (mcp.local_addr().unwrap_or_else(|e| panic!("{e}")), adm.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    let (mcp_addr, adm_addr) = (
+        mcp.local_addr().unwrap_or_else(|e| panic!("{e}")),
+        adm.local_addr().unwrap_or_else(|e| panic!("{e}")),
+    );
     let yaml = format!(
         r#"
 tools:
@@ -283,38 +286,99 @@ prompts:
     });
     let serving = stop.clone();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
         rt.block_on(async move {
             mcp.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
             adm.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
-            let (mcp, adm) = (tokio::net::TcpListener::from_std(mcp), tokio::net::TcpListener::from_std(adm));
-            let (mcp, adm) = (mcp.unwrap_or_else(|e| panic!("{e}")), adm.unwrap_or_else(|e| panic!("{e}")));
-            tokio::spawn(serve(adm, admin::app(admin_state), Connections::new(admin::MAX_CONNECTIONS), admin::CONN_OPTIONS, serving.clone(), None));
-            serve(mcp, app(state), load.connections.clone(), ConnOptions::default(), serving, None).await;
+            let (mcp, adm) = (
+                tokio::net::TcpListener::from_std(mcp),
+                tokio::net::TcpListener::from_std(adm),
+            );
+            let (mcp, adm) = (
+                mcp.unwrap_or_else(|e| panic!("{e}")),
+                adm.unwrap_or_else(|e| panic!("{e}")),
+            );
+            tokio::spawn(serve(
+                adm,
+                admin::app(admin_state),
+                Connections::new(admin::MAX_CONNECTIONS),
+                admin::CONN_OPTIONS,
+                serving.clone(),
+                None,
+            ));
+            serve(
+                mcp,
+                app(state),
+                load.connections.clone(),
+                ConnOptions::default(),
+                serving,
+                None,
+            )
+            .await;
         });
     });
     let mut c = std::net::TcpStream::connect(mcp_addr).unwrap_or_else(|e| panic!("{e}"));
     c.set_nodelay(true).ok();
     let mut buf = vec![0u8; 1 << 16];
-    let call = |tool: &str, args: &str| http_post(&format!(r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#));
-    let rpc = |method: &str, params: &str| http_post(&format!(r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{params}}}"#));
+    let call = |tool: &str, args: &str| {
+        http_post(&format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+        ))
+    };
+    let rpc = |method: &str, params: &str| {
+        http_post(&format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{params}}}"#
+        ))
+    };
     let cases = [
-        ("tools/call add (builtin)", call("add", r#"{"a":20,"b":22}"#), "42"),
-        ("tools/call greet (template)", call("greet", r#"{"name":"Ada"}"#), "Hello Ada!"),
-        ("tools/call add-then-greet (pipeline)", call("add-then-greet", r#"{"a":1,"b":2}"#), "Hello 3!"),
+        (
+            "tools/call add (builtin)",
+            call("add", r#"{"a":20,"b":22}"#),
+            "42",
+        ),
+        (
+            "tools/call greet (template)",
+            call("greet", r#"{"name":"Ada"}"#),
+            "Hello Ada!",
+        ),
+        (
+            "tools/call add-then-greet (pipeline)",
+            call("add-then-greet", r#"{"a":1,"b":2}"#),
+            "Hello 3!",
+        ),
         ("tools/call status (http)", call("status", "{}"), "ok"),
-        ("tools/call word-count (exec)", call("word-count", r#"{"text":"a b c"}"#), "3"),
+        (
+            "tools/call word-count (exec)",
+            call("word-count", r#"{"text":"a b c"}"#),
+            "3",
+        ),
         ("tools/list", rpc("tools/list", "{}"), "add-then-greet"),
-        ("resources/read", rpc("resources/read", r#"{"uri":"quiver://readme"}"#), "A resource."),
-        ("prompts/get", rpc("prompts/get", r#"{"name":"hello","arguments":{"who":"Ada"}}"#), "Say hello to Ada."),
+        (
+            "resources/read",
+            rpc("resources/read", r#"{"uri":"quiver://readme"}"#),
+            "A resource.",
+        ),
+        (
+            "prompts/get",
+            rpc("prompts/get", r#"{"name":"hello","arguments":{"who":"Ada"}}"#),
+            "Say hello to Ada.",
+        ),
         ("ping", rpc("ping", "{}"), "{}"),
     ];
-    println!("allocation audit over the socket (allocations per request, HTTP/1.1 keep-alive, socket read to socket write):");
+    println!(
+        "allocation audit over the socket (allocations per request, HTTP/1.1 keep-alive, socket read to socket write):"
+    );
     for (what, req, expect) in &cases {
         for _ in 0..10 {
             let (code, body) = exchange(&mut c, req, &mut buf);
             let text = String::from_utf8_lossy(body);
-            assert!(code == 200 && text.contains(expect) && !text.contains("\"isError\":true"), "{what}: {code} {text}");
+            assert!(
+                code == 200 && text.contains(expect) && !text.contains("\"isError\":true"),
+                "{what}: {code} {text}"
+            );
         }
         let before = ALLOCS.load(Ordering::Relaxed);
         for _ in 0..200 {
@@ -357,7 +421,11 @@ fn audit_memory() {
                 .map(|(name, y)| config::parse(name, y).unwrap_or_else(|e| panic!("{e}")))
                 .collect::<Vec<ToolSet>>()
         });
-        let (compiled, compiled_bytes) = kept(|| sets.iter().map(|t| config::compile(t).unwrap_or_else(|e| panic!("{e}"))).collect::<Vec<_>>());
+        let (compiled, compiled_bytes) = kept(|| {
+            sets.iter()
+                .map(|t| config::compile(t).unwrap_or_else(|e| panic!("{e}")))
+                .collect::<Vec<_>>()
+        });
         drop(sets);
         let (snaps, snapshot) = kept(|| {
             compiled
@@ -381,8 +449,14 @@ fn audit_memory() {
     println!("heap bytes kept per tool (growth from 1,000 to 10,000 tools, per tool):");
     println!("  parsed ToolSet           {}", per(|r| r.0));
     println!("  compiled tools           {}", per(|r| r.1));
-    println!("  registry snapshot        {} (the compiled tools moved in, plus its index and pages)", per(|r| r.2));
-    println!("  server after a reload    {} (snapshot, metric series, kept sources)", per(|r| r.3));
+    println!(
+        "  registry snapshot        {} (the compiled tools moved in, plus its index and pages)",
+        per(|r| r.2)
+    );
+    println!(
+        "  server after a reload    {} (snapshot, metric series, kept sources)",
+        per(|r| r.3)
+    );
 }
 
 fn bench_compile(c: &mut Criterion) {

@@ -496,9 +496,10 @@ async fn h2c_multiplexes_requests_under_the_same_limits() {
 
     let s = served(64, Duration::from_millis(300)).await;
     let stream = TcpStream::connect(s.mcp).await.unwrap();
-    let (sender, conn) = http2::handshake::<_, _, Full<bytes::Bytes>>(TokioExecutor::new(), TokioIo::new(stream))
-        .await
-        .expect("h2c handshake");
+    let (sender, conn) =
+        http2::handshake::<_, _, Full<bytes::Bytes>>(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
     tokio::spawn(conn);
     let request = |body: String| {
         http::Request::post(format!("http://{}/mcp", s.mcp))
@@ -525,15 +526,25 @@ async fn h2c_multiplexes_requests_under_the_same_limits() {
     for (i, status, reply) in futures_util::future::join_all(calls).await {
         assert_eq!(status, 200, "{reply}");
         assert_eq!(reply["id"], i);
-        assert_eq!(reply["result"]["structuredContent"]["result"], i + 1000, "{reply}");
+        assert_eq!(
+            reply["result"]["structuredContent"]["result"],
+            i + 1000,
+            "{reply}"
+        );
     }
     // The body limit holds on HTTP/2 too: 413 with a JSON-RPC error.
     let mut sender2 = sender.clone();
-    let big = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#, "x".repeat(MAX_BODY));
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(MAX_BODY)
+    );
     let r = sender2.send_request(request(big)).await.expect("h2 response");
     assert_eq!(r.status().as_u16(), 413);
     let body = r.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"]["code"], -32600);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"]["code"],
+        -32600
+    );
     // A call that outlasts the header timeout is not cut off: the connection is busy.
     let mut slow = sender.clone();
     let r = slow
@@ -544,7 +555,10 @@ async fn h2c_multiplexes_requests_under_the_same_limits() {
         .expect("a long call on HTTP/2 is answered");
     assert_eq!(r.status().as_u16(), 200);
     let body = r.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"], 9);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"],
+        9
+    );
     // A partial preface, then silence: closed once the header timeout passes. ("P" could
     // still be either protocol: nothing is sent. After "PRI" the server has spoken HTTP/2,
     // its SETTINGS frame and a GOAWAY, but never HTTP/1.)
@@ -556,13 +570,21 @@ async fn h2c_multiplexes_requests_under_the_same_limits() {
     assert!(!closed_by_server(&mut c).await.starts_with(b"HTTP/"));
     // An HTTP/2 connection left idle after its requests is closed.
     let stream = TcpStream::connect(s.mcp).await.unwrap();
-    let (mut idle, conn) = http2::handshake::<_, _, Full<bytes::Bytes>>(TokioExecutor::new(), TokioIo::new(stream))
-        .await
-        .expect("h2c handshake");
+    let (mut idle, conn) =
+        http2::handshake::<_, _, Full<bytes::Bytes>>(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
     let conn = tokio::spawn(conn);
-    let r = idle.send_request(request(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.into())).await.unwrap();
+    let r = idle
+        .send_request(request(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.into()))
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     drop(r);
-    tokio::time::timeout(PATIENCE, conn).await.expect("the idle connection is closed").unwrap().ok();
+    tokio::time::timeout(PATIENCE, conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap()
+        .ok();
     assert_still_serves(s.mcp).await;
 }

@@ -89,8 +89,9 @@ pub struct CompiledTool {
     pub descriptor: Value,
     /// Validator of the arguments.
     pub input: Schema,
-    /// Validator of structured results, when an output schema is declared.
-    pub output: Option<Schema>,
+    /// Validator of structured results, when an output schema is declared (boxed: most
+    /// tools have none, and a `Schema` is ~370 bytes kept per tool).
+    pub output: Option<Box<Schema>>,
     /// What runs a call.
     pub handler: CompiledHandler,
     /// Who may call it (a pipeline's includes its steps'); `None`: every caller let in.
@@ -102,10 +103,10 @@ pub struct CompiledTool {
 pub enum CompiledHandler {
     /// A built-in function.
     Builtin(Builtin),
-    /// An HTTP request.
-    Http(HttpCall),
+    /// An HTTP request. (The larger kinds are boxed, so a tool pays for its own kind only.)
+    Http(Box<HttpCall>),
     /// A process.
-    Exec(ExecCall),
+    Exec(Box<ExecCall>),
     /// A text template.
     Template(Template),
     /// Steps referring to other tools by index.
@@ -115,7 +116,7 @@ pub enum CompiledHandler {
     /// A tool error whose message is rendered from the arguments.
     Error(Template),
     /// A `sampling/createMessage` request to the client.
-    Sample(SampleCall),
+    Sample(Box<SampleCall>),
     /// An `elicitation/create` request to the client.
     Elicit(Box<ElicitCall>),
     /// Several questions to the client, by key.
@@ -733,6 +734,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
                 );
             }
             Schema::compile(o)
+                .map(Box::new)
                 .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
                 .ok()
         });
@@ -755,7 +757,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             }
             Handler::Error(src) => CompiledHandler::Error(template::compile(src, &mut cx.kind("error"))),
             Handler::Sample(spec) => {
-                CompiledHandler::Sample(ask::compile_sample(spec, &mut cx.kind("sample")))
+                CompiledHandler::Sample(Box::new(ask::compile_sample(spec, &mut cx.kind("sample"))))
             }
             Handler::Elicit(spec) => {
                 CompiledHandler::Elicit(Box::new(ask::compile_elicit(spec, &mut cx.kind("elicit"))))
@@ -764,8 +766,8 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             Handler::Content(blocks) => {
                 CompiledHandler::Content(content::compile_blocks(blocks, &mut cx.kind("content")))
             }
-            Handler::Http(h) => CompiledHandler::Http(http::compile(h, &mut cx.kind("http"))),
-            Handler::Exec(e) => CompiledHandler::Exec(exec::compile(e, &mut cx.kind("exec"))),
+            Handler::Http(h) => CompiledHandler::Http(Box::new(http::compile(h, &mut cx.kind("http")))),
+            Handler::Exec(e) => CompiledHandler::Exec(Box::new(exec::compile(e, &mut cx.kind("exec")))),
             Handler::Pipeline(steps) => {
                 CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
             }

@@ -667,9 +667,9 @@ impl CompiledUpstream {
         };
         let input = Schema::compile(&schema).map_err(|e| format!("inputSchema: {}", e.join("; ")))?;
         let output = match t.get("outputSchema") {
-            Some(s) if shallow(s, "outputSchema", &mut p) => {
-                Some(Schema::compile(s).map_err(|e| format!("outputSchema: {}", e.join("; ")))?)
-            }
+            Some(s) if shallow(s, "outputSchema", &mut p) => Some(Box::new(
+                Schema::compile(s).map_err(|e| format!("outputSchema: {}", e.join("; ")))?,
+            )),
             Some(_) => return Err(p.first_message()),
             None => None,
         };

@@ -267,9 +267,12 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     let Some(host) = headers.get(header::HOST) else {
         return Ok(());
     };
-    let host = host.to_str().unwrap_or("").to_ascii_lowercase();
-    let name = host_name(&host);
-    let ok = matches!(name, "localhost" | "127.0.0.1" | "[::1]")
+    // Compared without case, in place (no lowercase copy per request).
+    let host = host.to_str().unwrap_or("");
+    let name = host_name(host);
+    let ok = ["localhost", "127.0.0.1", "[::1]"]
+        .iter()
+        .any(|l| name.eq_ignore_ascii_case(l))
         || allowed
             .iter()
             .any(|a| a == "*" || a.eq_ignore_ascii_case(&host) || a.eq_ignore_ascii_case(name));

@@ -100,7 +100,9 @@ impl Builders {
                 let answer = tower::Service::call(&mut router.clone(), req);
                 async move {
                     let r = answer.await?;
-                    Ok::<_, std::convert::Infallible>(r.map(|body| Body::new(Tracked { body, _guard: guard })))
+                    Ok::<_, std::convert::Infallible>(
+                        r.map(|body| Body::new(Tracked { body, _guard: guard })),
+                    )
                 }
             });
             let conn = self.h2.serve_connection(io, service);
@@ -148,7 +150,9 @@ impl Activity {
             let wait = if self.in_flight.load(Ordering::Acquire) > 0 {
                 limit_ms
             } else {
-                let idle = self.now_ms().saturating_sub(self.idle_since_ms.load(Ordering::Acquire));
+                let idle = self
+                    .now_ms()
+                    .saturating_sub(self.idle_since_ms.load(Ordering::Acquire));
                 if idle >= limit_ms {
                     return;
                 }
