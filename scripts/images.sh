@@ -29,9 +29,13 @@ release_build() {
 # Functions changed since the profile was made are built without profile data, silently
 # (-no-pgo-warn-mismatch); a profile this rustc cannot read at all is reported and the
 # build is done again without it, so a stale profile never fails the image.
+# The profile is used from a copy named by its content: the flags (and so Cargo's cache)
+# change exactly when the profile does, wherever the clone is.
 server_flags="$IMAGE_RUSTFLAGS"
 if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ]; then
-  server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$PGO_PROFILE -Cllvm-args=-no-pgo-warn-mismatch"
+  profile="$QUIVER_CACHE/pgo/quiver-server-$(sha256sum "$PGO_PROFILE" | cut -c1-16).profdata"
+  [ -f "$profile" ] || { mkdir -p "$(dirname "$profile")" && cp "$PGO_PROFILE" "$profile"; }
+  server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$profile -Cllvm-args=-no-pgo-warn-mismatch"
 fi
 log "quiver-server release build (fat LTO, static${server_flags/*profile-use*/, PGO})"
 server_log="$QUIVER_CACHE/images/server-build.log"
