@@ -366,6 +366,29 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
             "{host}"
         );
     }
+    // Over HTTP/2 the name comes in `:authority` (no Host header): the same check applies.
+    {
+        use http_body_util::Full;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let stream = TcpStream::connect(strict.mcp).await.unwrap();
+        let (mut h2, conn) = hyper::client::conn::http2::handshake::<_, _, Full<bytes::Bytes>>(
+            TokioExecutor::new(),
+            TokioIo::new(stream),
+        )
+        .await
+        .expect("h2c handshake");
+        tokio::spawn(conn);
+        for (authority, status) in [("mcp.example", 200), ("localhost:9", 200), ("evil.example", 403)] {
+            let req = http::Request::post(format!("http://{authority}/mcp"))
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(Full::new(bytes::Bytes::from_static(ping)))
+                .unwrap();
+            assert!(!req.headers().contains_key("host"));
+            let r = h2.send_request(req).await.expect("h2 response");
+            assert_eq!(r.status().as_u16(), status, "{authority}");
+        }
+    }
     // Without an allow-list (a cluster listener), any Host is served.
     let req = format!(
         "POST /mcp HTTP/1.1\r\nHost: load.ns.svc:8080\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",

@@ -275,7 +275,7 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
         .any(|l| name.eq_ignore_ascii_case(l))
         || allowed
             .iter()
-            .any(|a| a == "*" || a.eq_ignore_ascii_case(&host) || a.eq_ignore_ascii_case(name));
+            .any(|a| a == "*" || a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name));
     if ok {
         Ok(())
     } else {

@@ -95,8 +95,9 @@ impl Builders {
             // requests in flight and close the connection once it has had none for as long.
             let activity = Arc::new(Activity::new());
             let tracked = activity.clone();
-            let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 let guard = tracked.begin();
+                authority_as_host(&mut req);
                 let answer = tower::Service::call(&mut router.clone(), req);
                 async move {
                     let r = answer.await?;
@@ -196,6 +197,22 @@ impl HttpBody for Tracked {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// An HTTP/2 request names its server in `:authority` and may leave out `Host`; what
+/// reads `Host` (the DNS-rebinding check, the protected-resource URL) must see it either
+/// way, so the authority is copied there, as HTTP/1.1 requires it.
+fn authority_as_host<B>(req: &mut http::Request<B>) {
+    if req.headers().contains_key(http::header::HOST) {
+        return;
+    }
+    let host = req
+        .uri()
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    if let Some(host) = host {
+        req.headers_mut().insert(http::header::HOST, host);
     }
 }
 
