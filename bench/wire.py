@@ -264,7 +264,7 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
     def quiver(name: str, binary: str, config: Path, note: str, needs: list[str] | None = None, **kw) -> Server:
         admin = free_port()
         return server(name, lambda port: [binary, "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}",
-                                          "--admin-listen", f"127.0.0.1:{admin}", "--pin-workers"],
+                                          "--admin-listen", f"127.0.0.1:{admin}", "--pin-workers", "--http2"],
                       note, env={"RUST_LOG": "warn"}, needs=needs or [], admin=admin, config=config, **{"h2c": True, **kw})
 
     def peer(name: str, cmd: list[str], note: str, **kw) -> Server:

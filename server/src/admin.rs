@@ -23,6 +23,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Header-read (and keep-alive idle) timeout of the admin listener.
 pub const CONN_OPTIONS: ConnOptions = ConnOptions {
     header_read_timeout: std::time::Duration::from_secs(5),
+    // Probes and scrapers speak HTTP/1.1; HTTP/2's stalled-reader hold on connections must
+    // never reach the port the kubelet's probes need.
+    http2: false,
 };
 
 /// State of the admin router.

@@ -193,6 +193,10 @@ pub struct ServeArgs {
     /// request, so also the keep-alive idle timeout (e.g. 10s, 500ms, 1m).
     #[arg(long, env = "QUIVER_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
     header_read_timeout: Duration,
+    /// Also serve HTTP/2 with prior knowledge (h2c) on the MCP port. Experimental: a client
+    /// that stops reading can hold its HTTP/2 connection; see docs/protocol.md.
+    #[arg(long, env = "QUIVER_HTTP2")]
+    http2: bool,
     /// Time for a whole request body to arrive after its headers; then 408.
     #[arg(long, env = "QUIVER_BODY_READ_TIMEOUT", default_value = "30s", value_parser = duration)]
     body_read_timeout: Duration,
@@ -551,6 +555,7 @@ async fn serve(
         tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
         let conn_options = ConnOptions {
             header_read_timeout: args.header_read_timeout,
+            http2: args.http2,
         };
         let mcp = tokio::spawn(listen::serve(
             listener,

@@ -38,6 +38,7 @@ async fn served(max_connections: usize, header_timeout: Duration) -> Served {
         },
         ConnOptions {
             header_read_timeout: header_timeout,
+            http2: true,
         },
         Limits {
             max_batch: 4,
@@ -341,7 +342,10 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
             allowed_hosts: Some(vec!["mcp.example".into()]),
             ..HttpOptions::default()
         },
-        ConnOptions::default(),
+        ConnOptions {
+            http2: true,
+            ..ConnOptions::default()
+        },
         Limits::default(),
     )
     .await;
@@ -609,5 +613,42 @@ async fn h2c_multiplexes_requests_under_the_same_limits() {
         .expect("the idle connection is closed")
         .unwrap()
         .ok();
+    assert_still_serves(s.mcp).await;
+}
+
+/// HTTP/2 is opt-in (`--http2`): without it an HTTP/2 client gets no HTTP/2 service, and
+/// HTTP/1.1 on the same port is unaffected.
+#[tokio::test]
+async fn h2c_is_off_unless_asked_for() {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let s = serve_app(
+        TOOLS,
+        HttpOptions::default(),
+        ConnOptions::default(),
+        Limits::default(),
+    )
+    .await;
+    let stream = TcpStream::connect(s.mcp).await.unwrap();
+    let served = async {
+        let (mut h2, conn) = hyper::client::conn::http2::handshake::<_, _, Full<bytes::Bytes>>(
+            TokioExecutor::new(),
+            TokioIo::new(stream),
+        )
+        .await
+        .ok()?;
+        tokio::spawn(conn);
+        let req = http::Request::post(format!("http://{}/mcp", s.mcp))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            )))
+            .unwrap();
+        h2.send_request(req).await.ok()
+    };
+    let got = tokio::time::timeout(net::PATIENCE, served)
+        .await
+        .expect("the server answers or closes");
+    assert!(got.is_none(), "HTTP/2 was served without --http2: {got:?}");
     assert_still_serves(s.mcp).await;
 }

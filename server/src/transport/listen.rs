@@ -1,6 +1,6 @@
-//! The accept loop shared by the MCP and admin listeners: HTTP/1.1, and HTTP/2 over
-//! cleartext with prior knowledge (h2c, what proxies and multiplexing clients speak to a
-//! backend), over hyper, with a connection cap, a header-read timeout (which also closes
+//! The accept loop shared by the MCP and admin listeners: HTTP/1.1, and on request (MCP
+//! port, `--http2`) HTTP/2 over cleartext with prior knowledge (h2c, what proxies and
+//! multiplexing clients speak to a backend), over hyper, with a connection cap, a header-read timeout (which also closes
 //! idle keep-alive connections), and graceful shutdown.
 //!
 //! `axum::serve` cannot set hyper's timer or header timeout, hence this loop.
@@ -29,12 +29,17 @@ pub struct ConnOptions {
     /// Time a client has to send a request's headers, counted from when the connection is
     /// ready for a request: a keep-alive connection idle this long is closed too.
     pub header_read_timeout: Duration,
+    /// Also serve HTTP/2 with prior knowledge (h2c). Off by default: a client that stops
+    /// reading (a flow-control window of 0) can hold an HTTP/2 connection's streams, and
+    /// the request slots behind them, for as long as it likes; see docs/protocol.md.
+    pub http2: bool,
 }
 
 impl Default for ConnOptions {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            http2: false,
         }
     }
 }
@@ -56,7 +61,8 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 /// The connection builders of one listener.
 struct Builders {
     h1: http1::Builder,
-    h2: http2::Builder<TokioExecutor>,
+    /// `None` when HTTP/2 is off: connections go straight to HTTP/1.1, nothing peeked.
+    h2: Option<http2::Builder<TokioExecutor>>,
     sniff_timeout: Duration,
 }
 
@@ -74,22 +80,25 @@ impl Builders {
             .max_header_list_size(MAX_HEAD_BYTES as u32);
         Self {
             h1,
-            h2,
+            h2: options.http2.then_some(h2),
             sniff_timeout: options.header_read_timeout,
         }
     }
 
     /// Serves one accepted connection until it ends or `stop` (then gracefully).
     async fn serve(&self, stream: tokio::net::TcpStream, router: Router, stop: CancellationToken) {
-        let h2 = tokio::select! {
-            r = tokio::time::timeout(self.sniff_timeout, speaks_h2(&stream)) => match r {
-                Ok(Ok(h2)) => h2,
-                _ => return, // silent, closed, or broken before its first bytes
+        let h2 = match &self.h2 {
+            None => None,
+            Some(builder) => tokio::select! {
+                r = tokio::time::timeout(self.sniff_timeout, speaks_h2(&stream)) => match r {
+                    Ok(Ok(h2)) => h2.then_some(builder),
+                    _ => return, // silent, closed, or broken before its first bytes
+                },
+                () = stop.cancelled() => return,
             },
-            () = stop.cancelled() => return,
         };
         let io = TokioIo::new(stream);
-        if h2 {
+        if let Some(h2) = h2 {
             // hyper closes idle HTTP/1.1 connections (the header timeout) but has no such
             // limit for HTTP/2, not even for a client stuck in the preface: count the
             // requests in flight and close the connection once it has had none for as long.
@@ -106,7 +115,7 @@ impl Builders {
                     )
                 }
             });
-            let conn = self.h2.serve_connection(io, service);
+            let conn = h2.serve_connection(io, service);
             let idle = activity.idle_for(self.sniff_timeout);
             drive(conn, stop, idle, self.sniff_timeout, |c| c.graceful_shutdown()).await;
         } else {
