@@ -285,6 +285,9 @@ fn now_unix() -> u64 {
 struct Health {
     state: &'static str,
     error: Option<String>,
+    /// The most recent failure, kept after a recovery: an upstream that flaps (ready, then
+    /// broken again) shows why even while it is momentarily up.
+    last_error: Option<(String, u64)>,
     since_unix: u64,
     restarts: u64,
     connections: usize,
@@ -364,6 +367,11 @@ impl Shared {
         let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         let before = h.state;
         f(&mut h);
+        if let Some(e) = &h.error {
+            if h.last_error.as_ref().is_none_or(|(last, _)| last != e) {
+                h.last_error = Some((e.clone(), now_unix()));
+            }
+        }
         if h.state != before {
             h.since_unix = now_unix();
             match (h.state, &h.error) {
@@ -453,6 +461,7 @@ impl Link {
             health: Mutex::new(Health {
                 state: "starting",
                 error: None,
+                last_error: None,
                 since_unix: now_unix(),
                 restarts: 0,
                 connections: 0,
@@ -692,6 +701,8 @@ impl Link {
             "transport": match self.conn { Conn::Stdio(_) => "stdio", Conn::Http(_) => "http" },
             "state": h.state,
             "error": h.error.map(|e| e.chars().take(MAX_STATUS_ERROR).collect::<String>()),
+            "lastError": h.last_error.as_ref().map(|(e, _)| e.chars().take(MAX_STATUS_ERROR).collect::<String>()),
+            "lastErrorUnix": h.last_error.as_ref().map(|(_, t)| *t),
             "sinceUnix": h.since_unix,
             "restarts": h.restarts,
             "connections": h.connections,
