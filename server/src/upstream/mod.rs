@@ -367,10 +367,10 @@ impl Shared {
         let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         let before = h.state;
         f(&mut h);
-        if let Some(e) = &h.error {
-            if h.last_error.as_ref().is_none_or(|(last, _)| last != e) {
-                h.last_error = Some((e.clone(), now_unix()));
-            }
+        if let Some(e) = &h.error
+            && h.last_error.as_ref().is_none_or(|(last, _)| last != e)
+        {
+            h.last_error = Some((e.clone(), now_unix()));
         }
         if h.state != before {
             h.since_unix = now_unix();
