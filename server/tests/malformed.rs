@@ -358,6 +358,10 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
         ("evil.example", 403),
         ("localhost.evil.example", 403),
         ("mcp.example.evil.example", 403),
+        // Not `host[:port]`: refused, not guessed at (userinfo once read as `localhost`).
+        ("localhost:1@evil.example", 400),
+        ("localhost/evil.example", 400),
+        ("[::1", 400),
     ] {
         let req = format!(
             "POST /mcp HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
@@ -382,7 +386,12 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
         .await
         .expect("h2c handshake");
         tokio::spawn(conn);
-        for (authority, status) in [("mcp.example", 200), ("localhost:9", 200), ("evil.example", 403)] {
+        for (authority, status) in [
+            ("mcp.example", 200),
+            ("localhost:9", 200),
+            ("evil.example", 403),
+            ("localhost:1@evil.example", 400),
+        ] {
             let req = http::Request::post(format!("http://{authority}/mcp"))
                 .header("content-type", "application/json")
                 .header("accept", "application/json, text/event-stream")
@@ -393,6 +402,18 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
             assert_eq!(r.status().as_u16(), status, "{authority}");
         }
     }
+    // No Host at all (HTTP/1.0 allows that, hyper serves it): with an allow-list in force
+    // there is no name to allow, so it is refused; without one it is served.
+    let no_host = format!(
+        "POST /mcp HTTP/1.0\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{}",
+        ping.len(),
+        std::str::from_utf8(ping).unwrap()
+    );
+    let r = exchange(strict.mcp, no_host.as_bytes()).await;
+    let body = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status, 400, "{body}");
+    assert!(body.contains("Host header is required"), "{body}");
+    assert_eq!(exchange(s.mcp, no_host.as_bytes()).await.status, 200);
     // Without an allow-list (a cluster listener), any Host is served.
     let req = format!(
         "POST /mcp HTTP/1.1\r\nHost: load.ns.svc:8080\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",

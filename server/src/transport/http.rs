@@ -250,26 +250,60 @@ fn check_origin(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
 }
 
 /// The host part of a `Host` value (`[::1]` keeps its brackets), without the port.
-fn host_name(host: &str) -> &str {
-    if host.starts_with('[') {
-        host.find(']').map_or(host, |i| &host[..=i])
+/// The name part of a Host value, `uri-host [":" port]` (RFC 9110 section 7.2), or `None`
+/// when the value is not one: userinfo (`localhost:1@evil.example`), a path, a space, a
+/// port that is not digits. A reg-name keeps its case; callers compare without case.
+fn host_name(host: &str) -> Option<&str> {
+    let (name, port) = if let Some(inside) = host.strip_prefix('[') {
+        let end = inside.find(']')?;
+        let literal = &inside[..end];
+        if literal.is_empty()
+            || !literal
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return None;
+        }
+        host.split_at(end + 2)
     } else {
-        host.split(':').next().unwrap_or("")
-    }
+        host.split_at(host.find(':').unwrap_or(host.len()))
+    };
+    let port_ok = port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    let name_ok = name.starts_with('[')
+        || (!name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(&b)));
+    (port_ok && name_ok).then_some(name)
 }
 
 fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     let Some(allowed) = &state.options.allowed_hosts else {
         return Ok(());
     };
-    // HTTP/1.1 requires Host (hyper refuses a request without one); HTTP/2 may carry the
-    // authority in the URI instead, which a browser's rebinding request would also name.
+    // Over HTTP/2 the listener copies `:authority` into Host when the header is absent, so
+    // one check covers both versions. hyper serves an HTTP/1.x request without Host; with an
+    // allow-list in force such a request names no host that could be allowed.
     let Some(host) = headers.get(header::HOST) else {
-        return Ok(());
+        return Err(Reject(
+            StatusCode::BAD_REQUEST,
+            "a Host header is required (this listener checks it, see --allowed-host)".into(),
+        ));
+    };
+    let host = host.to_str().unwrap_or("");
+    let Some(name) = host_name(host) else {
+        return Err(Reject(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "malformed Host header {:?}: expected host[:port]",
+                host.chars().take(64).collect::<String>()
+            ),
+        ));
     };
     // Compared without case, in place (no lowercase copy per request).
-    let host = host.to_str().unwrap_or("");
-    let name = host_name(host);
     let ok = ["localhost", "127.0.0.1", "[::1]"]
         .iter()
         .any(|l| name.eq_ignore_ascii_case(l))
@@ -946,9 +980,36 @@ mod tests {
 
     #[test]
     fn host_names() {
-        assert_eq!(host_name("localhost:8080"), "localhost");
-        assert_eq!(host_name("[::1]:8080"), "[::1]");
-        assert_eq!(host_name("[::1]"), "[::1]");
-        assert_eq!(host_name("mcp.example"), "mcp.example");
+        for (host, name) in [
+            ("localhost:8080", "localhost"),
+            ("[::1]:8080", "[::1]"),
+            ("[::1]", "[::1]"),
+            ("mcp.example", "mcp.example"),
+            ("MCP.Example:", "MCP.Example"),
+            ("[::ffff:127.0.0.1]:1", "[::ffff:127.0.0.1]"),
+        ] {
+            assert_eq!(host_name(host), Some(name), "{host}");
+        }
+        // Everything that is not `host[:port]` is refused rather than guessed at: userinfo
+        // (which once read as `localhost`), paths, spaces, odd ports, broken literals.
+        for bad in [
+            "",
+            ":80",
+            "localhost:1@evil.example",
+            "user@localhost",
+            "localhost/evil",
+            "localhost evil",
+            "localhost:80:80",
+            "localhost:x",
+            "localhost:123456",
+            "[::1",
+            "[]",
+            "[::1]x",
+            "[::1]:8o",
+            "[evil.example]",
+            "local\\host",
+        ] {
+            assert_eq!(host_name(bad), None, "{bad:?}");
+        }
     }
 }
