@@ -52,14 +52,21 @@ def memory(pid: int) -> tuple[float, float]:
     return float(fields["VmRSS"].split()[0]), float(fields["RssAnon"].split()[0])
 
 
-def tools_dir(root: Path, n: int) -> Path:
-    d = root / f"tools-{n}"
+def tools_dir(root: Path, n: int, as_json: bool = False) -> Path:
+    """n tools in files of 1,000: YAML as a person writes it, or JSON as the operator does."""
+    d = root / f"tools-{n}{'-json' if as_json else ''}"
     d.mkdir()
     for f in range(0, n, 1000):
-        lines = ["tools:"]
-        for i in range(f, min(n, f + 1000)):
-            lines.append(f"  - {{name: tool-{i}, description: Tool number {i}, input: {{x: string}}, handler: {{template: \"{i}:{{{{x}}}}\"}}}}")
-        (d / f"part-{f // 1000:03}.yaml").write_text("\n".join(lines) + "\n")
+        if as_json:
+            tools = [{"name": f"tool-{i}", "description": f"Tool number {i}", "input": {"x": "string"},
+                      "handler": {"template": f"{i}:{{{{x}}}}"}} for i in range(f, min(n, f + 1000))]
+            text = '{"tools": [\n  ' + ",\n  ".join(json.dumps(t, separators=(",", ":")) for t in tools) + "\n]}\n"
+        else:
+            lines = ["tools:"]
+            for i in range(f, min(n, f + 1000)):
+                lines.append(f"  - {{name: tool-{i}, description: Tool number {i}, input: {{x: string}}, handler: {{template: \"{i}:{{{{x}}}}\"}}}}")
+            text = "\n".join(lines) + "\n"
+        (d / f"part-{f // 1000:03}.yaml").write_text(text)
     return d
 
 
@@ -110,7 +117,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="quiver-startup-"))
     example = tmp / "example.yaml"
     example.write_text((ROOT / "examples/tools.yaml").read_text())
-    configs = {"example ToolSet (8 tools)": example, "1,000 tools": tools_dir(tmp, 1000), "10,000 tools": tools_dir(tmp, 10000)}
+    configs = {"example ToolSet (8 tools)": example, "1,000 tools": tools_dir(tmp, 1000), "10,000 tools": tools_dir(tmp, 10000),
+               "1,000 tools, JSON as the operator writes it": tools_dir(tmp, 1000, as_json=True),
+               "10,000 tools, JSON": tools_dir(tmp, 10000, as_json=True)}
     rows = {}
     for name, cfg in configs.items():
         runs = [start(a.quiver, cfg) for _ in range(a.runs)]

@@ -225,7 +225,10 @@ async fn invalid_tools_are_refused_naming_the_field_and_the_last_good_config_sta
             .unwrap();
         eventually(30, "rendered ConfigMap follows toolsFrom", || async {
             let cm = ns.api::<ConfigMap>().get("from-configmap-tools").await.ok()?;
-            cm.data?.get("tools.yaml")?.contains("name: only").then_some(())
+            cm.data?
+                .get("tools.yaml")?
+                .contains(r#""name":"only""#)
+                .then_some(())
         })
         .await;
     })
@@ -488,7 +491,7 @@ async fn unlabelled_tools_from_config_maps_work_with_a_warning_and_labelled_ones
                 let cm = ns.api::<ConfigMap>().get("from-configmap-tools").await.ok()?;
                 cm.data?
                     .get("tools.yaml")?
-                    .contains("name: labelled")
+                    .contains(r#""name":"labelled""#)
                     .then_some(())
             },
         )

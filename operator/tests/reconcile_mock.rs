@@ -258,7 +258,7 @@ async fn a_valid_spec_applies_every_child_then_the_status() {
             cm["data"]["tools.yaml"]
                 .as_str()
                 .unwrap()
-                .contains("builtin: add")
+                .contains(r#""builtin":"add""#)
         );
         assert_eq!(
             cm["metadata"]["labels"]["app.kubernetes.io/managed-by"], "quiver-operator",

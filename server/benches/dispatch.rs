@@ -3,7 +3,9 @@
 //! - `lookup/N`: registry snapshot load + name lookup, at 10, 1,000 and 100,000 tools.
 //! - `dispatch/N`: lookup + argument validation + running a builtin (`add`), no JSON framing.
 //! - `message/*`: a whole JSON-RPC message, request bytes in, response bytes out, no socket.
-//! - `compile/1000`: parse + validate + compile a 1,000-tool ToolSet and build its snapshot.
+//! - `compile/1000`: parse + validate + compile a 1,000-tool ToolSet and build its snapshot;
+//!   `/operator-json` the same from the JSON document the operator writes; `/parse`,
+//!   `/compile`, `/snapshot` the stages.
 //! - `allocator/*`: alloc + free through jemalloc directly, through the binary's selectable
 //!   allocator (jemalloc chosen), and through the system allocator.
 //!
@@ -471,11 +473,48 @@ fn bench_compile(c: &mut Criterion) {
             quiver_server::registry::Snapshot::build(compiled, 1, &metrics)
         })
     });
+    // The same ToolSet as the operator writes it (JSON, which the server reads faster).
+    let json_doc = config::write_document(&config::parse("bench", &yaml).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    g.bench_function("1000/operator-json", |b| {
+        b.iter(|| {
+            let ts: ToolSet = config::parse("bench", black_box(&json_doc)).unwrap_or_else(|e| panic!("{e}"));
+            let compiled = config::compile(&ts).unwrap_or_else(|e| panic!("{e}"));
+            quiver_server::registry::Snapshot::build(compiled, 1, &metrics)
+        })
+    });
+    g.bench_function("1000/parse-json", |b| {
+        b.iter(|| config::parse("bench", black_box(&json_doc)).unwrap_or_else(|e| panic!("{e}")))
+    });
+    // The same work by stage, so a regression or a target names its stage.
+    g.bench_function("1000/parse", |b| {
+        b.iter(|| config::parse("bench", black_box(&yaml)).unwrap_or_else(|e| panic!("{e}")))
+    });
+    let ts: ToolSet = config::parse("bench", &yaml).unwrap_or_else(|e| panic!("{e}"));
+    g.bench_function("1000/compile", |b| {
+        b.iter(|| config::compile(black_box(&ts)).unwrap_or_else(|e| panic!("{e}")))
+    });
+    g.bench_function("1000/snapshot", |b| {
+        b.iter_batched(
+            || config::compile(&ts).unwrap_or_else(|e| panic!("{e}")),
+            |compiled| quiver_server::registry::Snapshot::build(compiled, 1, &metrics),
+            criterion::BatchSize::LargeInput,
+        )
+    });
     let yaml = toolset_yaml(10_000);
     g.sample_size(10);
     g.bench_function("10000", |b| {
         b.iter(|| {
             let ts: ToolSet = config::parse("bench", black_box(&yaml)).unwrap_or_else(|e| panic!("{e}"));
+            let compiled = config::compile(&ts).unwrap_or_else(|e| panic!("{e}"));
+            quiver_server::registry::Snapshot::build(compiled, 1, &metrics)
+        })
+    });
+    let json_doc = config::write_document(&config::parse("bench", &yaml).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    g.bench_function("10000/operator-json", |b| {
+        b.iter(|| {
+            let ts: ToolSet = config::parse("bench", black_box(&json_doc)).unwrap_or_else(|e| panic!("{e}"));
             let compiled = config::compile(&ts).unwrap_or_else(|e| panic!("{e}"));
             quiver_server::registry::Snapshot::build(compiled, 1, &metrics)
         })

@@ -1309,7 +1309,9 @@ impl Server {
                 problems.join("; ")
             );
             write_tool_result(out, id, &ToolOutput::error(text));
-            tool.metrics.invalid_arguments.observe(start.elapsed());
+            tool.metrics
+                .invalid_arguments(&tool.def.name)
+                .observe(start.elapsed());
             if modern.is_some() {
                 crate::modern::stamp(out, &guard.result_stamp);
             }
@@ -1874,7 +1876,7 @@ fn conclude(snap: &Snapshot, index: usize, id: &RawValue, o: ToolOutput, start: 
 #[inline]
 fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
     let h = if o.is_error {
-        &tool.metrics.tool_error
+        tool.metrics.tool_error(&tool.def.name)
     } else {
         &tool.metrics.ok
     };

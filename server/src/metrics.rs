@@ -2,8 +2,8 @@
 //! once (per tool, when a registry snapshot is built; per method, at start-up), so recording
 //! a request does no label hashing and takes no lock.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -342,15 +342,40 @@ pub fn method_index(method: &str) -> usize {
         .unwrap_or(METHODS.len() - 1)
 }
 
-/// Handles of a tool's dispatch histogram, by outcome.
-#[derive(Debug, Clone)]
+/// Handles of a tool's dispatch histogram, by outcome. The `ok` series exists from the start;
+/// the error outcomes' series are created by the first such call. Most tools never fail, and
+/// with thousands of tools, three series each would triple both the memory per tool and
+/// every scrape.
+#[derive(Debug)]
 pub struct ToolMetrics {
     /// Successful calls.
     pub ok: Histogram,
-    /// Calls whose result had `isError: true`.
-    pub tool_error: Histogram,
-    /// Calls rejected by input validation.
-    pub invalid_arguments: Histogram,
+    tool_error: OnceLock<Histogram>,
+    invalid_arguments: OnceLock<Histogram>,
+    family: Family<ToolLabels, Histogram>,
+}
+
+impl ToolMetrics {
+    /// Calls whose result had `isError: true`; `name` is the tool's.
+    pub fn tool_error(&self, name: &str) -> &Histogram {
+        self.tool_error
+            .get_or_init(|| series(&self.family, name, "tool_error"))
+    }
+
+    /// Calls rejected by input validation; `name` is the tool's.
+    pub fn invalid_arguments(&self, name: &str) -> &Histogram {
+        self.invalid_arguments
+            .get_or_init(|| series(&self.family, name, "invalid_arguments"))
+    }
+}
+
+fn series(family: &Family<ToolLabels, Histogram>, tool: &str, outcome: &'static str) -> Histogram {
+    family
+        .get_or_create(&ToolLabels {
+            tool: tool.to_owned(),
+            outcome,
+        })
+        .clone()
 }
 
 /// Every metric of the server.
@@ -596,20 +621,14 @@ impl Metrics {
         }
     }
 
-    /// The dispatch histograms of one tool (created on first use, shared afterwards).
+    /// The dispatch histograms of one tool (shared with any earlier snapshot serving it; the
+    /// error outcomes are created by their first call).
     pub fn tool(&self, name: &str) -> ToolMetrics {
-        let h = |outcome| {
-            self.dispatch
-                .get_or_create(&ToolLabels {
-                    tool: name.to_owned(),
-                    outcome,
-                })
-                .clone()
-        };
         ToolMetrics {
-            ok: h("ok"),
-            tool_error: h("tool_error"),
-            invalid_arguments: h("invalid_arguments"),
+            ok: series(&self.dispatch, name, "ok"),
+            tool_error: OnceLock::new(),
+            invalid_arguments: OnceLock::new(),
+            family: self.dispatch.clone(),
         }
     }
 
@@ -689,6 +708,19 @@ mod tests {
             text.contains(r#"quiver_dispatch_duration_seconds_bucket{le="+Inf",tool="add",outcome="ok"} 2"#),
             "{text}"
         );
+        // Error outcomes have a series once a call ends that way, shared by later snapshots.
+        assert!(
+            !text.contains("outcome=\"tool_error\"") && !text.contains("outcome=\"invalid_arguments\""),
+            "{text}"
+        );
+        t.tool_error("add").observe(Duration::from_micros(9));
+        m.tool("add").tool_error("add").observe(Duration::from_micros(9));
+        let text = m.encode();
+        assert!(
+            text.contains(r#"quiver_dispatch_duration_seconds_count{tool="add",outcome="tool_error"} 2"#),
+            "{text}"
+        );
+        assert!(!text.contains("outcome=\"invalid_arguments\""), "{text}");
         m.forget_tool("add");
         assert!(!m.encode().contains("tool=\"add\""));
     }

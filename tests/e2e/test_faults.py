@@ -152,9 +152,11 @@ def test_a_reload_every_100ms_for_30s_fails_no_request(served):
     def converged():
         m = ns.get("qmcp", "load")
         st = m.get("status", {})
-        tools_yaml = ns.get("cm", "load-tools")["data"]["tools.yaml"]
+        # The operator writes the ToolSet as JSON (one tool per line).
+        rendered = json.loads(ns.get("cm", "load-tools")["data"]["tools.yaml"])
+        notes = [t["handler"]["template"] for t in rendered["tools"] if t["name"] == "note"]
         return (st.get("observedGeneration") == m["metadata"]["generation"]
-                and st.get("configLoadedReplicas") == 3 and f"v{edits}\n" in tools_yaml)
+                and st.get("configLoadedReplicas") == 3 and notes == [f"v{edits}"])
 
     eventually("every pod serves the last edit", converged, 120)
     report("reload every 100 ms for 30 s, 3 replicas",

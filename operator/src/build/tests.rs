@@ -76,8 +76,18 @@ fn basic_children_are_owned_and_restricted() {
     assert_eq!(role["rules"][0]["resourceNames"], json!(["calc-tools"]));
     assert_eq!(role["rules"][0]["verbs"], json!(["get", "list", "watch"]));
     assert!(c.hpa.is_none() && c.pdb.is_none());
+    // The ConfigMap holds the ToolSet as JSON, one tool per line, which the server reads
+    // back to the same tools.
     let tools = &c.config_map.data.as_ref().unwrap()[TOOLS_KEY];
-    assert!(tools.contains("builtin: add"), "{tools}");
+    assert!(
+        tools.contains(r#"{"handler":{"builtin":"add"},"name":"add"}"#),
+        "{tools}"
+    );
+    let ts = quiver_server::config::parse("cm", tools).unwrap();
+    assert_eq!(
+        ts.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["add"]
+    );
 }
 
 #[test]

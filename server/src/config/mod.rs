@@ -2,6 +2,7 @@
 
 pub mod access;
 pub(crate) mod compile;
+mod json_doc;
 pub(crate) mod json_field;
 mod model;
 pub mod upstream;
@@ -27,6 +28,7 @@ pub use compile::{
 };
 #[cfg(feature = "runtime")]
 pub(crate) use compile::{has_dot_segment, path_of};
+pub use json_doc::write as write_document;
 pub use model::*;
 
 /// One problem found in a ToolSet, located by a path such as `tools[3].handler.http.url`.
@@ -120,7 +122,8 @@ fn redact(message: &str) -> String {
     out.replace('\n', " ")
 }
 
-/// Parses one YAML document into a ToolSet.
+/// Parses one YAML document into a ToolSet. A document that is plain JSON (as the operator
+/// writes it) takes a faster parser to the same ToolSet (see `json_doc`).
 ///
 /// # Errors
 /// A YAML syntax error, a document over the size or nesting limits, or a field that does not
@@ -134,6 +137,9 @@ pub fn parse(source: &str, text: &str) -> Result<ToolSet, ConfigError> {
                 text.len()
             ),
         ));
+    }
+    if let Some(ts) = json_doc::parse(text) {
+        return Ok(ts);
     }
     serde_saphyr::from_str_with_options::<ToolSet>(text, yaml_options())
         .map_err(|e| ConfigError::one(source, redact(&e.to_string())))
