@@ -85,14 +85,27 @@ impl std::fmt::Display for Path<'_> {
     }
 }
 
-/// A compiled schema.
+/// A compiled schema. What most schemas use (type, properties, required, items) is inline;
+/// the other keywords live in one box only schemas that use them pay for: a tool's schema
+/// and each property's are kept per tool, so this keeps the common case at ~90 bytes.
 #[derive(Debug, Clone, Default)]
 pub struct Schema {
     types: u8,
+    /// True when the schema accepts every value: validation is skipped entirely.
+    trivial: bool,
     properties: Vec<(Box<str>, Schema)>,
     required: Vec<Box<str>>,
     additional: Option<Additional>,
     items: Option<Box<Schema>>,
+    rare: Option<Box<Rare>>,
+}
+
+// Kept per tool and per property: a field added inline should be a deliberate choice.
+const _: () = assert!(std::mem::size_of::<Schema>() <= 96);
+
+/// The keywords a schema seldom uses.
+#[derive(Debug, Clone, Default)]
+struct Rare {
     enumeration: Option<Vec<Value>>,
     constant: Option<Value>,
     minimum: Option<f64>,
@@ -107,9 +120,25 @@ pub struct Schema {
     any_of: Vec<Schema>,
     one_of: Vec<Schema>,
     all_of: Vec<Schema>,
-    /// True when the schema accepts every value: validation is skipped entirely.
-    trivial: bool,
 }
+
+/// What a schema without a [`Rare`] box checks of them: nothing.
+static NO_RARE: Rare = Rare {
+    enumeration: None,
+    constant: None,
+    minimum: None,
+    maximum: None,
+    exclusive_minimum: None,
+    exclusive_maximum: None,
+    min_length: None,
+    max_length: None,
+    pattern: None,
+    min_items: None,
+    max_items: None,
+    any_of: Vec::new(),
+    one_of: Vec::new(),
+    all_of: Vec::new(),
+};
 
 #[derive(Debug, Clone)]
 enum Additional {
@@ -118,6 +147,10 @@ enum Additional {
 }
 
 impl Schema {
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
     /// Compiles a JSON Schema document.
     ///
     /// # Errors
@@ -164,6 +197,7 @@ impl Schema {
         // The path is only rendered when there is something to report: valid input
         // allocates nothing here.
         let at = |path: &Path<'_>| path.to_string();
+        let r = self.rare.as_deref().unwrap_or(&NO_RARE);
         let t = type_bit(v);
         if self.types & t == 0 && !(t == T_INT && self.types & T_NUM != 0) {
             errors.push(format!(
@@ -174,12 +208,12 @@ impl Schema {
             ));
             return;
         }
-        if let Some(c) = &self.constant
+        if let Some(c) = &r.constant
             && !json_eq(c, v)
         {
             errors.push(format!("{}: must equal {c}", at(path)));
         }
-        if let Some(e) = &self.enumeration
+        if let Some(e) = &r.enumeration
             && !e.iter().any(|x| json_eq(x, v))
         {
             let list: Vec<String> = e.iter().map(Value::to_string).collect();
@@ -193,56 +227,56 @@ impl Schema {
                         errors.push(format!("{}: {what}", at(path)));
                     }
                 };
-                if let Some(m) = self.minimum {
+                if let Some(m) = r.minimum {
                     bad(x < m, format!("must be >= {m}"), errors);
                 }
-                if let Some(m) = self.maximum {
+                if let Some(m) = r.maximum {
                     bad(x > m, format!("must be <= {m}"), errors);
                 }
-                if let Some(m) = self.exclusive_minimum {
+                if let Some(m) = r.exclusive_minimum {
                     bad(x <= m, format!("must be > {m}"), errors);
                 }
-                if let Some(m) = self.exclusive_maximum {
+                if let Some(m) = r.exclusive_maximum {
                     bad(x >= m, format!("must be < {m}"), errors);
                 }
             }
             Value::String(s) => {
-                if self.min_length.is_some() || self.max_length.is_some() {
+                if r.min_length.is_some() || r.max_length.is_some() {
                     let n = s.chars().count();
-                    if self.min_length.is_some_and(|m| n < m) {
+                    if r.min_length.is_some_and(|m| n < m) {
                         errors.push(format!(
                             "{}: shorter than {} characters",
                             at(path),
-                            self.min_length.unwrap_or(0)
+                            r.min_length.unwrap_or(0)
                         ));
                     }
-                    if self.max_length.is_some_and(|m| n > m) {
+                    if r.max_length.is_some_and(|m| n > m) {
                         errors.push(format!(
                             "{}: longer than {} characters",
                             at(path),
-                            self.max_length.unwrap_or(0)
+                            r.max_length.unwrap_or(0)
                         ));
                     }
                 }
-                if let Some(re) = &self.pattern
+                if let Some(re) = &r.pattern
                     && !re.is_match(s)
                 {
                     errors.push(format!("{}: does not match pattern {}", at(path), re.as_str()));
                 }
             }
             Value::Array(a) => {
-                if self.min_items.is_some_and(|m| a.len() < m) {
+                if r.min_items.is_some_and(|m| a.len() < m) {
                     errors.push(format!(
                         "{}: fewer than {} items",
                         at(path),
-                        self.min_items.unwrap_or(0)
+                        r.min_items.unwrap_or(0)
                     ));
                 }
-                if self.max_items.is_some_and(|m| a.len() > m) {
+                if r.max_items.is_some_and(|m| a.len() > m) {
                     errors.push(format!(
                         "{}: more than {} items",
                         at(path),
-                        self.max_items.unwrap_or(0)
+                        r.max_items.unwrap_or(0)
                     ));
                 }
                 if let Some(items) = &self.items {
@@ -272,14 +306,14 @@ impl Schema {
             }
             _ => {}
         }
-        for s in &self.all_of {
+        for s in &r.all_of {
             s.check(v, path, errors);
         }
-        if !self.any_of.is_empty() && !self.any_of.iter().any(|s| s.is_valid(v)) {
+        if !r.any_of.is_empty() && !r.any_of.iter().any(|s| s.is_valid(v)) {
             errors.push(format!("{}: matches none of the anyOf alternatives", at(path)));
         }
-        if !self.one_of.is_empty() {
-            let n = self.one_of.iter().filter(|s| s.is_valid(v)).count();
+        if !r.one_of.is_empty() {
+            let n = r.one_of.iter().filter(|s| s.is_valid(v)).count();
             if n != 1 {
                 errors.push(format!(
                     "{}: must match exactly one oneOf alternative, matches {n}",
@@ -518,25 +552,25 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
                     let inner = compile_at(target, &here(k), errs, refs);
                     refs.stack.pop();
                     // Keywords beside the `$ref` apply too (2020-12): both must hold.
-                    s.all_of.push(inner);
+                    s.rare().all_of.push(inner);
                 }
                 Err(e) => errs.push(format!("{}: {e}", here(k))),
             },
             "enum" => match x.as_array() {
-                Some(a) => s.enumeration = Some(a.clone()),
+                Some(a) => s.rare().enumeration = Some(a.clone()),
                 None => errs.push(format!("{}: must be an array", here(k))),
             },
-            "const" => s.constant = Some(x.clone()),
-            "minimum" => s.minimum = num(k, errs),
-            "maximum" => s.maximum = num(k, errs),
-            "exclusiveMinimum" => s.exclusive_minimum = num(k, errs),
-            "exclusiveMaximum" => s.exclusive_maximum = num(k, errs),
-            "minLength" => s.min_length = count(k, errs),
-            "maxLength" => s.max_length = count(k, errs),
-            "minItems" => s.min_items = count(k, errs),
-            "maxItems" => s.max_items = count(k, errs),
+            "const" => s.rare().constant = Some(x.clone()),
+            "minimum" => s.rare().minimum = num(k, errs),
+            "maximum" => s.rare().maximum = num(k, errs),
+            "exclusiveMinimum" => s.rare().exclusive_minimum = num(k, errs),
+            "exclusiveMaximum" => s.rare().exclusive_maximum = num(k, errs),
+            "minLength" => s.rare().min_length = count(k, errs),
+            "maxLength" => s.rare().max_length = count(k, errs),
+            "minItems" => s.rare().min_items = count(k, errs),
+            "maxItems" => s.rare().max_items = count(k, errs),
             "pattern" => match x.as_str().map(bounded_regex) {
-                Some(Ok(re)) => s.pattern = Some(re),
+                Some(Ok(re)) => s.rare().pattern = Some(re),
                 Some(Err(e)) => errs.push(format!("{}: invalid regular expression: {e}", here(k))),
                 None => errs.push(format!("{}: must be a string", here(k))),
             },
@@ -548,9 +582,9 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
                         .map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs, refs))
                         .collect();
                     match k.as_str() {
-                        "anyOf" => s.any_of = list,
-                        "oneOf" => s.one_of = list,
-                        _ => s.all_of.extend(list),
+                        "anyOf" => s.rare().any_of = list,
+                        "oneOf" => s.rare().one_of = list,
+                        _ => s.rare().all_of.extend(list),
                     }
                 }
                 _ => errs.push(format!("{}: must be a non-empty array of schemas", here(k))),

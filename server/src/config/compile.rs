@@ -90,7 +90,7 @@ pub struct CompiledTool {
     /// Validator of the arguments.
     pub input: Schema,
     /// Validator of structured results, when an output schema is declared (boxed: most
-    /// tools have none, and a `Schema` is ~370 bytes kept per tool).
+    /// tools have none).
     pub output: Option<Box<Schema>>,
     /// What runs a call.
     pub handler: CompiledHandler,
