@@ -1424,7 +1424,8 @@ impl Server {
     ) -> Result<(), crate::modern::Refusal> {
         let round = m.inputs.finish();
         if self.interrupted(round, &m.call, snap, id, out)? {
-            snap.tools[index].metrics.ok.observe(start.elapsed());
+            let tool = &snap.tools[index];
+            tool.metrics.ok(&tool.def.name).observe(start.elapsed());
             return Ok(());
         }
         conclude(snap, index, id, o, start, out);
@@ -1878,7 +1879,7 @@ fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
     let h = if o.is_error {
         tool.metrics.tool_error(&tool.def.name)
     } else {
-        &tool.metrics.ok
+        tool.metrics.ok(&tool.def.name)
     };
     h.observe(start.elapsed());
 }

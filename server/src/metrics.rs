@@ -342,27 +342,32 @@ pub fn method_index(method: &str) -> usize {
         .unwrap_or(METHODS.len() - 1)
 }
 
-/// Handles of a tool's dispatch histogram, by outcome. The `ok` series exists from the start;
-/// the error outcomes' series are created by the first such call. Most tools never fail, and
-/// with thousands of tools, three series each would triple both the memory per tool and
-/// every scrape.
+/// Handles of a tool's dispatch histogram, by outcome, each created by the first call that
+/// ends that way (and shared with the snapshots before and after). A tool nobody calls, or
+/// that never fails, costs no series: with thousands of tools, a histogram of 23 buckets for
+/// each tool and outcome up front would be most of the memory per tool and of every scrape.
 #[derive(Debug)]
 pub struct ToolMetrics {
-    /// Successful calls.
-    pub ok: Histogram,
+    ok: OnceLock<Histogram>,
     tool_error: OnceLock<Histogram>,
     invalid_arguments: OnceLock<Histogram>,
     family: Family<ToolLabels, Histogram>,
 }
 
 impl ToolMetrics {
-    /// Calls whose result had `isError: true`; `name` is the tool's.
+    /// Successful calls; `name` is the tool's.
+    #[inline]
+    pub fn ok(&self, name: &str) -> &Histogram {
+        self.ok.get_or_init(|| series(&self.family, name, "ok"))
+    }
+
+    /// Calls whose result had `isError: true`.
     pub fn tool_error(&self, name: &str) -> &Histogram {
         self.tool_error
             .get_or_init(|| series(&self.family, name, "tool_error"))
     }
 
-    /// Calls rejected by input validation; `name` is the tool's.
+    /// Calls rejected by input validation.
     pub fn invalid_arguments(&self, name: &str) -> &Histogram {
         self.invalid_arguments
             .get_or_init(|| series(&self.family, name, "invalid_arguments"))
@@ -621,11 +626,11 @@ impl Metrics {
         }
     }
 
-    /// The dispatch histograms of one tool (shared with any earlier snapshot serving it; the
-    /// error outcomes are created by their first call).
-    pub fn tool(&self, name: &str) -> ToolMetrics {
+    /// Handles of one tool's dispatch histograms, each series created by its first call
+    /// (or shared with an earlier snapshot's, when that one made it already).
+    pub fn tool(&self) -> ToolMetrics {
         ToolMetrics {
-            ok: series(&self.dispatch, name, "ok"),
+            ok: OnceLock::new(),
             tool_error: OnceLock::new(),
             invalid_arguments: OnceLock::new(),
             family: self.dispatch.clone(),
@@ -682,9 +687,10 @@ mod tests {
     #[test]
     fn histogram_buckets_and_exposition() {
         let m = Metrics::new("test", "system");
-        let t = m.tool("add");
-        t.ok.observe(Duration::from_micros(3));
-        t.ok.observe(Duration::from_millis(2));
+        let t = m.tool();
+        assert!(!m.encode().contains("tool=\"add\""), "no series before a call");
+        t.ok("add").observe(Duration::from_micros(3));
+        t.ok("add").observe(Duration::from_millis(2));
         m.record(method_index("tools/call"), 0, Duration::from_micros(40));
         let text = m.encode();
         assert!(
@@ -714,7 +720,7 @@ mod tests {
             "{text}"
         );
         t.tool_error("add").observe(Duration::from_micros(9));
-        m.tool("add").tool_error("add").observe(Duration::from_micros(9));
+        m.tool().tool_error("add").observe(Duration::from_micros(9));
         let text = m.encode();
         assert!(
             text.contains(r#"quiver_dispatch_duration_seconds_count{tool="add",outcome="tool_error"} 2"#),

@@ -97,7 +97,7 @@ impl Snapshot {
         let mut tools: Vec<Tool> = defs
             .into_iter()
             .map(|def| Tool {
-                metrics: metrics.tool(&def.name),
+                metrics: metrics.tool(),
                 def,
             })
             .collect();
