@@ -8,7 +8,7 @@
 //! the predictor always gets right.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 
 use tikv_jemallocator::Jemalloc;
 
@@ -41,6 +41,39 @@ fn decide() -> bool {
     };
     CHOICE.store(if wants_system { SYSTEM } else { JEMALLOC }, Relaxed);
     wants_system
+}
+
+/// Hands the memory freed so far back to the kernel: after a config load, whose parse and
+/// compile garbage (several times the size of what is kept) would otherwise stay resident
+/// until jemalloc's decay returns it seconds later. At most once a second (a reload storm
+/// leaves the rest to the decay); nothing unless this allocator is the process's.
+pub fn release_free_memory() {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Relaxed) == now {
+        return;
+    }
+    match CHOICE.load(Relaxed) {
+        // SAFETY: a mallctl with no old or new value: it only purges every arena
+        // (MALLCTL_ARENAS_ALL is 4096).
+        JEMALLOC => unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"arena.4096.purge".as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            );
+        },
+        // SAFETY: glibc's malloc_trim only releases free memory.
+        #[cfg(target_env = "gnu")]
+        SYSTEM => unsafe {
+            libc::malloc_trim(0);
+        },
+        _ => {}
+    }
 }
 
 /// The allocator in use, for the `quiver_build_info` metric.

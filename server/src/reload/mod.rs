@@ -224,6 +224,11 @@ impl Reloader {
             }
         }
         tracing::info!(generation = next.generation, hash = %next.hash, tools = next.tools.len(), elapsed_us = start.elapsed().as_micros() as u64, "config loaded");
+        // The previous snapshot (unless a request still holds it) and the compile's garbage
+        // are free now: give their pages back.
+        drop(prev);
+        #[cfg(feature = "jemalloc")]
+        crate::alloc::release_free_memory();
         Ok(Reloaded::Swapped(next.generation))
     }
 
