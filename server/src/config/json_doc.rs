@@ -10,9 +10,9 @@
 //! parser, whose answer and error messages are then the ones given.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 
-use rustc_hash::FxHashSet;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::ToolSet;
@@ -108,7 +108,9 @@ impl<'de> Visitor<'de> for Plain<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-        let mut seen = FxHashSet::default();
+        // SipHash with a random key, not FxHash: the keys are the document author's, and
+        // crafted colliding keys must not turn this check quadratic.
+        let mut seen = HashSet::new();
         while let Some(Key(k)) = map.next_key()? {
             if !seen.insert(k) {
                 return Err(de::Error::custom("a repeated key"));
