@@ -132,10 +132,17 @@ def verify(s: Server, timeout: float = 30.0) -> None:
             raise SystemExit(f"{s.name} exited with {s.proc.returncode} before answering")
         try:
             status, body, ctype = post_once(s.url)
-            break
         except OSError as e:
             last = e
             time.sleep(0.05)
+            continue
+        # A server that fronts another serves its tools once it has listed them: until
+        # then the call is refused as an unknown tool.
+        if s.needs and status == 200 and b'"error"' in body:
+            last = body[:200]
+            time.sleep(0.05)
+            continue
+        break
     else:
         raise SystemExit(f"{s.name} did not answer within {timeout:.0f} s: {last}")
     if status != 200 or not ctype.startswith("application/json"):
@@ -273,6 +280,8 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
     servers: list[Server] = [quiver("quiver", args.quiver, echo, "quiver-server, `template` tool, fat LTO")]
     if args.quiver_pgo:
         servers.append(quiver("quiver-pgo", args.quiver_pgo, echo, "the same, built with PGO"))
+    if args.baseline:
+        servers.append(quiver("baseline", args.baseline, echo, "another quiver-server build (`--baseline`), for a side-by-side comparison"))
     servers += [
         peer("axum-fixed", [f"{args.peers}/axum-fixed"], "ceiling: fixed bytes, body not read", h2c=True),
         peer("axum-serde", [f"{args.peers}/axum-serde"], "ceiling: serde into typed structs", h2c=True),
@@ -297,6 +306,8 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         fwd = tmp / "forward.yaml"
         fwd.write_text(f"upstreams:\n  - name: rmcp\n    http: {{url: '{rmcp.url}'}}\n")
         servers.append(quiver("quiver→rmcp", args.quiver, fwd, "quiver forwarding to the rmcp peer (`upstreams:`)", needs=["rmcp"], h2c=False))
+        if args.baseline:
+            servers.append(quiver("baseline→rmcp", args.baseline, fwd, "the `--baseline` build forwarding to the rmcp peer", needs=["rmcp"], h2c=False))
     only = set(args.only or [])
     keep = only | {n for s in servers if s.name in only for n in s.needs}
     return {s.name: s for s in servers if not only or s.name in keep}
@@ -343,6 +354,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quiver", required=True, help="the quiver-server binary (release build)")
     ap.add_argument("--quiver-pgo", help="a PGO-built quiver-server, measured as its own row")
+    ap.add_argument("--baseline", help="another quiver-server build (e.g. the previous commit's), measured as rows of its own")
     ap.add_argument("--peers", required=True, help="directory of the Rust peers (axum-fixed, axum-serde, rmcp-echo)")
     ap.add_argument("--go-mcp", required=True, help="the go-mcp binary (tests/e2e/upstream-go)")
     ap.add_argument("--node", default="node")

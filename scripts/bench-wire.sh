@@ -6,6 +6,8 @@
 # QUIVER_BIN / QUIVER_PGO_BIN: measure these binaries instead of building target/release
 # (QUIVER_PGO_BIN adds a "quiver-pgo" row; scripts/images.sh leaves its PGO build in
 # ~/.cache/quiver/images/bin/quiver-server). QUIVER_BENCH_WRITE=0: print only.
+# `--baseline PATH` measures another build (say the previous commit's) side by side, as
+# rows "baseline" and "baseline→rmcp".
 # Everything installed goes under ~/.cache/quiver; nothing is written into the clone but
 # the table.
 set -euo pipefail

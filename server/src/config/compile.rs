@@ -381,6 +381,33 @@ pub(crate) fn valid_header_name(k: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
 }
 
+/// Headers that frame the message or manage the connection: the client sets them, and a
+/// configured one would contradict it (a second `Content-Length`, or `Transfer-Encoding`
+/// beside it, is how requests are smuggled past a proxy).
+const FRAMING_HEADERS: [&str; 8] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-connection",
+];
+
+/// What is wrong with a configured header name; `more` lists names reserved besides the
+/// framing ones.
+pub(crate) fn header_name_problem(k: &str, more: &[&str]) -> Option<String> {
+    if !valid_header_name(k) {
+        return Some("not a valid header name".into());
+    }
+    FRAMING_HEADERS
+        .iter()
+        .chain(more)
+        .any(|r| r.eq_ignore_ascii_case(k))
+        .then(|| format!("`{k}` is set by quiver-server and cannot be configured"))
+}
+
 /// The store holds ConfigMaps too (CA bundles: `tls.caConfigMap`), under this prefix, which
 /// no Secret name can start with (Kubernetes names have no `:`). A `dir:` source reads them
 /// from `PATH/configmap:NAME/KEY`.
@@ -1319,7 +1346,7 @@ tools:
 tools:
   - {name: "bad name", handler: {builtin: nope}}
   - {name: t, input: {x: strnig}, handler: {template: "{{y}}"}}
-  - {name: t, handler: {http: {url: "ftp://x", timeout: 9h}}}
+  - {name: t, handler: {http: {url: "ftp://x", timeout: 9h, headers: {Content-Length: "0", Content-Type: text/plain}}}}
   - {name: e, handler: {exec: {command: [wc]}}}
   - {name: p, handler: {pipeline: [{tool: missing}]}}
 "#,
@@ -1331,12 +1358,15 @@ tools:
             "tools[2].name: duplicate tool name `t` (also tools[1])",
             "tools[2].handler.http.url: must start with http:// or https://",
             "tools[2].handler.http.timeout: `9h`: unknown unit",
+            "tools[2].handler.http.headers.Content-Length: `Content-Length` is set by quiver-server",
             "tools[3].handler.exec.command[0]: must be an absolute path",
             "tools[4].handler.pipeline[0].tool: no tool named `missing`",
         ];
         for e in expect {
             assert!(p.iter().any(|x| x.starts_with(e)), "missing {e:?} in {p:#?}");
         }
+        // An http tool may set its body's type.
+        assert!(!p.iter().any(|x| x.contains("Content-Type")), "{p:#?}");
     }
 
     #[test]

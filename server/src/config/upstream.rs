@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use super::TlsSpec;
 use super::compile::{
     CompiledHandler, CompiledTool, Names, Problems, SecretRef, check_secret_template, duration_or,
-    literal_origin, shallow, valid_env_name, valid_header_name, valid_tool_name,
+    header_name_problem, literal_origin, shallow, valid_env_name, valid_tool_name,
 };
 use crate::handlers::http::{TlsRefs, compile_tls};
 use crate::schema::Schema;
@@ -28,6 +28,15 @@ use crate::template::Template;
 pub const MAX_UPSTREAMS: usize = 64;
 /// At most this many tools are imported from one upstream (more are reported, not served).
 pub const MAX_UPSTREAM_TOOLS: usize = 10_000;
+/// Headers of a remote upstream's requests that quiver-server sets itself (besides the
+/// framing ones): the URL's host, the JSON-RPC body's type, and the MCP session.
+const UPSTREAM_HEADERS: [&str; 5] = [
+    "host",
+    "content-type",
+    "accept",
+    "mcp-session-id",
+    "mcp-protocol-version",
+];
 /// At most this many stdio processes per upstream.
 pub const MAX_PROCESSES: u32 = 16;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -312,8 +321,8 @@ pub(super) fn compile_upstreams(
                 let mut headers = Vec::new();
                 for (k, v) in &h.headers {
                     let path = format!("{hp}.headers.{k}");
-                    if !valid_header_name(k) {
-                        p.push(&path, "not a valid header name");
+                    if let Some(why) = header_name_problem(k, &UPSTREAM_HEADERS) {
+                        p.push(&path, why);
                     }
                     match Template::compile(v) {
                         Ok(t) => {
@@ -776,6 +785,7 @@ upstreams:
   - {name: procs, stdio: {command: [srv], processes: 0}, timeout: 10m}
   - {name: clash, stdio: {command: [srv]}, tools: {prefix: "c_", rename: {a: local}, include: [local2]}}
   - {name: clash, stdio: {command: []}, tools: {prefix: "d_"}}
+  - {name: hdr, http: {url: "http://x/mcp", headers: {Transfer-Encoding: chunked, Host: y, "Bad Name": z, Mcp-Session-Id: s}}}
 "#,
         );
         for wanted in [
@@ -789,6 +799,10 @@ upstreams:
             "upstreams[6].tools.rename.a: `local` is a tool of this ToolSet",
             "upstreams[7].name: duplicate upstream name `clash`",
             "upstreams[7].stdio.command: must name a program",
+            "upstreams[8].http.headers.Transfer-Encoding: `Transfer-Encoding` is set by quiver-server",
+            "upstreams[8].http.headers.Host: `Host` is set by quiver-server",
+            "upstreams[8].http.headers.Mcp-Session-Id: `Mcp-Session-Id` is set by quiver-server",
+            "upstreams[8].http.headers.Bad Name: not a valid header name",
         ] {
             assert!(p.iter().any(|x| x.starts_with(wanted)), "{wanted} not in {p:#?}");
         }

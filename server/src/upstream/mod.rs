@@ -15,6 +15,9 @@
 //! [`crate::config::upstream::CompiledUpstream::import`]).
 
 pub mod bridge;
+#[allow(unsafe_code)]
+// recv(2) with MSG_PEEK to probe an idle connection: the unsafe block states its contract
+mod h1;
 mod remote;
 mod sse;
 mod stdio;

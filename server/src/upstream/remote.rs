@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+use super::h1;
 use super::sse::Events;
 use super::{
     BACKOFF, CallError, Message, Shared, answer, back_off, check_initialized, classify, envelope,
@@ -40,6 +41,8 @@ pub(super) struct Remote {
     headers: Vec<(String, Template)>,
     tls: Option<TlsRefs>,
     http: HttpClient,
+    /// The lean client's pool (plain `http://` only), which sends every POST.
+    lean: Option<h1::Pool>,
     session: Mutex<Option<Session>>,
     /// Signalled when a request found the connection gone.
     lost: tokio::sync::Notify,
@@ -51,6 +54,40 @@ pub(super) struct Remote {
 
 /// Answers to an upstream's requests in flight at once.
 const MAX_REPLIES: usize = 8;
+
+/// An answer's body, from either client.
+enum Body<'a> {
+    Hyper { body: Incoming, last: Bytes },
+    Lean(h1::Response<'a>),
+}
+
+impl Body<'_> {
+    /// The next piece of the body; `None` once it is complete.
+    async fn next(&mut self) -> Result<Option<&[u8]>, String> {
+        match self {
+            Body::Hyper { body, last } => loop {
+                match body.frame().await {
+                    None => return Ok(None),
+                    Some(Err(e)) => return Err(e.to_string()),
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            *last = data;
+                            return Ok(Some(last));
+                        }
+                    }
+                }
+            },
+            Body::Lean(r) => r.chunk().await,
+        }
+    }
+
+    /// Reads the rest of the body if it is already here, so the connection can be reused.
+    fn finish_now(&mut self) {
+        if let Body::Lean(r) = self {
+            r.finish_now();
+        }
+    }
+}
 
 /// How one POST went.
 enum Posted {
@@ -64,10 +101,15 @@ impl Remote {
         let Transport::Http { url, headers, tls } = t else {
             unreachable!("a remote connection of an http upstream")
         };
+        // Checked when compiled (a literal http(s) URL); an unusable one fails every request.
+        let url: http::Uri = url.parse().unwrap_or_default();
         let remote = Arc::new(Self {
             shared: Arc::clone(shared),
-            // Checked when compiled (a literal http(s) URL); an unusable one fails every request.
-            url: url.parse().unwrap_or_default(),
+            lean: tls
+                .is_none()
+                .then(|| h1::Pool::for_url(&url, USER_AGENT))
+                .flatten(),
+            url,
             headers: headers.clone(),
             tls: tls.clone(),
             http,
@@ -80,33 +122,25 @@ impl Remote {
         remote
     }
 
-    /// A request with the upstream's headers (Secret values read now).
-    fn build(
+    /// The session's and the upstream's own headers (Secret values read now), each checked
+    /// (no value can carry a line break into the request).
+    fn headers(
         &self,
-        method: Method,
         session: Option<&Session>,
-        body: Bytes,
         secrets: &Value,
-    ) -> Result<Request<Full<Bytes>>, CallError> {
+        mut add: impl FnMut(&str, &HeaderValue),
+    ) -> Result<(), CallError> {
         self.shared.secrets_ready()?;
+        if let Some(s) = session {
+            if let Some(id) = &s.id {
+                add(SESSION_HEADER, id);
+            }
+            add(VERSION_HEADER, &s.version);
+        }
         let scope = WithSecrets {
             args: &Value::Null,
             secrets,
         };
-        let mut req = Request::builder()
-            .method(method)
-            .uri(self.url.clone())
-            .header(header::ACCEPT, "application/json, text/event-stream")
-            .header(header::USER_AGENT, USER_AGENT);
-        if !body.is_empty() {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-        }
-        if let Some(s) = session {
-            if let Some(id) = &s.id {
-                req = req.header(SESSION_HEADER, id.clone());
-            }
-            req = req.header(VERSION_HEADER, s.version.clone());
-        }
         for (name, t) in &self.headers {
             let value = t
                 .render(&scope)
@@ -115,10 +149,32 @@ impl Remote {
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_str(&value),
             ) {
-                (Ok(n), Ok(v)) => req = req.header(n, v),
+                (Ok(n), Ok(v)) => add(n.as_str(), &v),
                 _ => return Err(CallError::Down(format!("header `{name}` has an invalid value"))),
             }
         }
+        Ok(())
+    }
+
+    /// A request for the hyper client with the upstream's headers.
+    fn build(
+        &self,
+        method: Method,
+        session: Option<&Session>,
+        body: Bytes,
+        secrets: &Value,
+    ) -> Result<Request<Full<Bytes>>, CallError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(self.url.clone())
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header(header::USER_AGENT, USER_AGENT);
+        if !body.is_empty() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        self.headers(session, secrets, |n, v| {
+            req = std::mem::take(&mut req).header(n, v.clone());
+        })?;
         req.body(Full::new(body))
             .map_err(|e| CallError::Down(format!("invalid request: {e}")))
     }
@@ -146,10 +202,44 @@ impl Remote {
         id: Option<u64>,
     ) -> Result<(Posted, Option<HeaderValue>), CallError> {
         let secrets = self.shared.secrets.snapshot();
-        let req = self.build(Method::POST, session, Bytes::from(body), &secrets)?;
-        let resp = self.send(req, &secrets).await?;
-        let status = resp.status();
-        let session_id = resp.headers().get(SESSION_HEADER).cloned();
+        let (status, session_id, is_stream, body) = match &self.lean {
+            Some(pool) => {
+                let mut headers = Vec::new();
+                self.headers(session, &secrets, |n, v| {
+                    for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
+                        headers.extend_from_slice(part);
+                    }
+                })?;
+                let mut resp = pool
+                    .post(&headers, &body, self.shared.max_bytes)
+                    .await
+                    .map_err(|e| {
+                        self.lost.notify_one();
+                        CallError::Down(e)
+                    })?;
+                if resp.is_stream {
+                    resp.unlimited();
+                }
+                let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                (status, resp.session.take(), resp.is_stream, Body::Lean(resp))
+            }
+            None => {
+                let req = self.build(Method::POST, session, Bytes::from(body), &secrets)?;
+                let resp = self.send(req, &secrets).await?;
+                let is_stream = resp
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+                let session_id = resp.headers().get(SESSION_HEADER).cloned();
+                let status = resp.status();
+                let body = Body::Hyper {
+                    body: resp.into_body(),
+                    last: Bytes::new(),
+                };
+                (status, session_id, is_stream, body)
+            }
+        };
         if status == StatusCode::NOT_FOUND && session.is_some_and(|s| s.id.is_some()) {
             return Ok((Posted::SessionGone, None));
         }
@@ -163,26 +253,34 @@ impl Remote {
         let Some(id) = id else {
             return Ok((Posted::Answer(Ok(Value::Null)), session_id));
         };
-        let is_stream = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
         let answer = if is_stream {
-            self.read_stream(resp.into_body(), Some(id)).await
+            self.read_stream(body, Some(id)).await
         } else {
-            self.read_json(resp.into_body(), id).await
+            self.read_json(body, id).await
         };
         Ok((Posted::Answer(answer), session_id))
     }
 
-    async fn read_json(&self, body: Incoming, id: u64) -> Result<Value, CallError> {
-        let bytes = http_body_util::Limited::new(body, self.shared.max_bytes)
-            .collect()
-            .await
-            .map_err(|e| CallError::Protocol(format!("reading the answer: {e}")))?
-            .to_bytes();
-        let v: Value = serde_json::from_slice(&bytes)
+    async fn read_json(&self, body: Body<'_>, id: u64) -> Result<Value, CallError> {
+        let collected;
+        let mut lean;
+        let bytes: &[u8] = match body {
+            Body::Hyper { body, .. } => {
+                collected = http_body_util::Limited::new(body, self.shared.max_bytes)
+                    .collect()
+                    .await
+                    .map_err(|e| CallError::Protocol(format!("reading the answer: {e}")))?
+                    .to_bytes();
+                &collected
+            }
+            Body::Lean(r) => {
+                lean = r;
+                lean.whole()
+                    .await
+                    .map_err(|e| CallError::Protocol(format!("reading the answer: {e}")))?
+            }
+        };
+        let v: Value = serde_json::from_slice(bytes)
             .map_err(|_| CallError::Protocol("an answer that is not JSON".into()))?;
         match classify(v).map_err(CallError::Protocol)? {
             Message::Response(got, r) if got == id => r,
@@ -194,22 +292,27 @@ impl Remote {
 
     /// Reads an event stream; with `id`, until the response to it. Notifications on the
     /// way are handled, requests answered.
-    async fn read_stream(&self, mut body: Incoming, id: Option<u64>) -> Result<Value, CallError> {
+    async fn read_stream(&self, mut body: Body<'_>, id: Option<u64>) -> Result<Value, CallError> {
         let mut events = Events::new(self.shared.max_bytes);
         let mut out = Vec::new();
         loop {
-            let Some(frame) = body.frame().await else {
+            let chunk = body
+                .next()
+                .await
+                .map_err(|e| CallError::Down(format!("reading the stream: {e}")))?;
+            let Some(chunk) = chunk else {
                 return Err(CallError::Down("the stream ended before the answer".into()));
             };
-            let frame = frame.map_err(|e| CallError::Down(format!("reading the stream: {e}")))?;
-            let Some(chunk) = frame.data_ref() else { continue };
             events.feed(chunk, &mut out).map_err(CallError::Protocol)?;
             for data in out.drain(..) {
                 let Ok(v) = serde_json::from_slice::<Value>(&data) else {
                     continue;
                 };
                 match classify(v) {
-                    Ok(Message::Response(got, r)) if Some(got) == id => return r,
+                    Ok(Message::Response(got, r)) if Some(got) == id => {
+                        body.finish_now();
+                        return r;
+                    }
                     // A log message of this call goes to its client, if it is listening.
                     Ok(Message::Notification(m, p))
                         if m == "notifications/message" && super::relay_log(&p) => {}
@@ -328,7 +431,11 @@ impl Remote {
         if !resp.status().is_success() {
             return false;
         }
-        let _ = self.read_stream(resp.into_body(), None).await;
+        let body = Body::Hyper {
+            body: resp.into_body(),
+            last: Bytes::new(),
+        };
+        let _ = self.read_stream(body, None).await;
         true
     }
 }

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::compile::{
-    Cx, Problems, SecretRef, byte_cap, check_secret_template, duration, has_dot_segment, literal_origin,
-    path_of, shallow, template, valid_header_name, valid_secret_part,
+    Cx, Problems, SecretRef, byte_cap, check_secret_template, duration, has_dot_segment, header_name_problem,
+    literal_origin, path_of, shallow, template, valid_secret_part,
 };
 use crate::config::json_field;
 use crate::template::{JsonTemplate, Template};
@@ -142,8 +142,8 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
     }
     let mut headers = Vec::new();
     for (k, v) in &h.headers {
-        if !valid_header_name(k) {
-            p.push(format!("{hp}.headers.{k}"), "not a valid header name");
+        if let Some(why) = header_name_problem(k, &[]) {
+            p.push(format!("{hp}.headers.{k}"), why);
         }
         if let Some(t) = template(v, &format!("{hp}.headers.{k}"), p) {
             check_secret_template(&t, names, &format!("{hp}.headers.{k}"), p, &mut secrets);
