@@ -476,32 +476,39 @@ impl Response<'_> {
         Ok(())
     }
 
+    /// Consumes up to `max` of the buffered body bytes, counted against the limit; their
+    /// place in the buffer.
+    fn take(&mut self, max: u64) -> Result<std::ops::Range<usize>, Failed> {
+        let conn = self.conn();
+        let n = conn
+            .buffered()
+            .len()
+            .min(usize::try_from(max).unwrap_or(usize::MAX));
+        let start = conn.pos;
+        conn.pos += n;
+        self.count(n)?;
+        Ok(start..start + n)
+    }
+
     /// The next piece of the body; `None` once it is complete.
     pub(super) async fn chunk(&mut self) -> Result<Option<&[u8]>, Failed> {
-        loop {
+        let range = loop {
             match self.framing {
                 Framing::Done => return Ok(None),
-                Framing::Length(remaining) => {
+                Framing::Length(remaining) | Framing::Chunked(remaining @ 1..) => {
                     if self.conn().buffered().is_empty() {
                         self.fill_body().await?;
                         continue;
                     }
-                    let conn = self.conn.as_mut().expect("connection");
-                    let n = conn
-                        .buffered()
-                        .len()
-                        .min(usize::try_from(remaining).unwrap_or(usize::MAX));
-                    let start = conn.pos;
-                    conn.pos += n;
-                    let left = remaining - n as u64;
-                    self.framing = if left == 0 {
-                        Framing::Done
-                    } else {
-                        Framing::Length(left)
+                    let range = self.take(remaining)?;
+                    let left = remaining - range.len() as u64;
+                    self.framing = match (self.framing, left) {
+                        (Framing::Length(_), 0) => Framing::Done,
+                        (Framing::Length(_), left) => Framing::Length(left),
+                        (_, 0) => Framing::ChunkEnd,
+                        (_, left) => Framing::Chunked(left),
                     };
-                    self.count(n)?;
-                    let conn = self.conn.as_ref().expect("connection");
-                    return Ok(Some(&conn.buf[start..start + n]));
+                    break range;
                 }
                 Framing::Close => {
                     if self.conn().buffered().is_empty() {
@@ -514,18 +521,13 @@ impl Response<'_> {
                             Err(e) => return Err(failed(format!("reading the answer: {e}"))),
                         }
                     }
-                    let conn = self.conn.as_mut().expect("connection");
-                    let (start, n) = (conn.pos, conn.buffered().len());
-                    conn.pos += n;
-                    self.count(n)?;
-                    let conn = self.conn.as_ref().expect("connection");
-                    return Ok(Some(&conn.buf[start..start + n]));
+                    break self.take(u64::MAX)?;
                 }
                 Framing::ChunkEnd => {
                     self.expect_crlf().await?;
                     self.framing = Framing::Chunked(0);
                 }
-                Framing::Chunked(0) => {
+                Framing::Chunked(_) => {
                     let Some(size) = self.chunk_size().await? else {
                         self.trailers().await?;
                         self.framing = Framing::Done;
@@ -537,30 +539,9 @@ impl Response<'_> {
                     }
                     self.framing = Framing::Chunked(size);
                 }
-                Framing::Chunked(remaining) => {
-                    if self.conn().buffered().is_empty() {
-                        self.fill_body().await?;
-                        continue;
-                    }
-                    let conn = self.conn.as_mut().expect("connection");
-                    let n = conn
-                        .buffered()
-                        .len()
-                        .min(usize::try_from(remaining).unwrap_or(usize::MAX));
-                    let start = conn.pos;
-                    conn.pos += n;
-                    let left = remaining - n as u64;
-                    self.framing = if left == 0 {
-                        Framing::ChunkEnd
-                    } else {
-                        Framing::Chunked(left)
-                    };
-                    self.count(n)?;
-                    let conn = self.conn.as_ref().expect("connection");
-                    return Ok(Some(&conn.buf[start..start + n]));
-                }
             }
-        }
+        };
+        Ok(Some(&self.conn.as_ref().expect("connection").buf[range]))
     }
 
     /// Lifts the limit on the body's total size: an event stream is bounded per event by
