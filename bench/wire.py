@@ -308,6 +308,10 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         servers.append(quiver("quiver→rmcp", args.quiver, fwd, "quiver forwarding to the rmcp peer (`upstreams:`)", needs=["rmcp"], h2c=False))
         if args.baseline:
             servers.append(quiver("baseline→rmcp", args.baseline, fwd, "the `--baseline` build forwarding to the rmcp peer", needs=["rmcp"], h2c=False))
+        # The floor of any hop: a relay that copies bytes between each client connection and
+        # its own upstream connection, parsing nothing.
+        servers.append(server("relay→rmcp", lambda port: [f"{args.peers}/tcp-relay", "--port", str(port), "--to", f"127.0.0.1:{rmcp.port}"],
+                              "floor of a hop: TCP byte relay in front of the rmcp peer", needs=["rmcp"]))
     only = set(args.only or [])
     keep = only | {n for s in servers if s.name in only for n in s.needs}
     return {s.name: s for s in servers if not only or s.name in keep}
@@ -320,7 +324,7 @@ def table(results, servers, loads, args, v) -> str:
         f"{time.strftime('%Y-%m-%d')}, commit {v['quiver']}, {os.cpu_count()} vCPUs, Linux {os.uname().release}. "
         f"Each server pinned to CPU {SERVER_CPU}, oha {v['oha']} on CPU {LOAD_CPU}; {args.seconds:g} s windows after a warm-up, "
         f"{args.repetitions} repetitions in alternating order, medians. CPU is the server's utime+stime per 2xx reply "
-        "(for quiver→rmcp, quiver's own; the upstream's is added in brackets).",
+        "(for a row in front of rmcp, that server's own; the upstream's is added in brackets).",
         "",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "quiver") + ".",
         "",

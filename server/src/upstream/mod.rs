@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use futures_util::future::Either;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -154,11 +153,10 @@ fn answer(id: Value, method: &str) -> Value {
     }
 }
 
-tokio::task_local! {
-    /// Where log notifications that arrive on a call's own answer stream go (set by
-    /// [`Link::call_tool`] around the request).
-    static CALL_LOG: mpsc::Sender<Value>;
-}
+/// Where the log notifications that arrive on a call's own HTTP answer stream go: straight
+/// to the call's client, in order with the rest of the stream (`None`: not wanted; they are
+/// logged here).
+pub(crate) type LogSink<'a> = Option<&'a (dyn Fn(&Value) + Sync)>;
 
 /// Unregisters a progress token however the call ends.
 struct Registered<'a>(&'a Shared, u64);
@@ -171,23 +169,6 @@ impl Drop for Registered<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.1);
     }
-}
-
-/// The next message of an optional channel; never, without one.
-async fn next(rx: &mut Option<mpsc::Receiver<Value>>) -> Option<Value> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Hands a log notification to the call whose answer stream carried it; false outside a
-/// call (or when its client reads too slowly or does not take log messages: then it is
-/// logged here).
-fn relay_log(params: &Value) -> bool {
-    CALL_LOG
-        .try_with(|tx| tx.try_send(params.clone()).is_ok())
-        .unwrap_or(false)
 }
 
 /// Requests waiting for their answers, by id.
@@ -230,13 +211,13 @@ impl Waiters {
 }
 
 /// A JSON-RPC request, serialized without copying its params.
-fn envelope(id: u64, method: &str, params: &Value) -> Vec<u8> {
+fn envelope<P: serde::Serialize + ?Sized>(id: u64, method: &str, params: &P) -> Vec<u8> {
     #[derive(serde::Serialize)]
-    struct Request<'a> {
+    struct Request<'a, P: ?Sized> {
         jsonrpc: &'static str,
         id: u64,
         method: &'a str,
-        params: &'a Value,
+        params: &'a P,
     }
     serde_json::to_vec(&Request {
         jsonrpc: "2.0",
@@ -531,10 +512,15 @@ impl Link {
     }
 
     /// Sends a request and waits for its answer (within the upstream's timeout).
-    async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+    async fn request<P: serde::Serialize + Sync + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        log: LogSink<'_>,
+    ) -> Result<Value, CallError> {
         match &self.conn {
             Conn::Stdio(p) => p.request(method, params).await,
-            Conn::Http(r) => r.request(method, params).await,
+            Conn::Http(r) => r.request(method, params, log).await,
         }
     }
 
@@ -549,7 +535,7 @@ impl Link {
                 Some(c) => json!({"cursor": c}),
                 None => json!({}),
             };
-            let page = match self.request("tools/list", params).await {
+            let page = match self.request("tools/list", &params, None).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(upstream = %self.name, error = %e, "tools/list failed; keeping the last list");
@@ -601,58 +587,66 @@ impl Link {
     /// Calls a tool of the upstream; its result is the call's result. When the caller asked
     /// for progress, the upstream is asked too and its progress is passed on.
     pub async fn call_tool(&self, remote: &str, args: Value, cx: &CallCtx<'_>) -> ToolOutput {
+        #[derive(serde::Serialize)]
+        struct Params<'a> {
+            name: &'a str,
+            arguments: &'a Value,
+            #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+            meta: Option<Meta>,
+        }
+        #[derive(serde::Serialize)]
+        struct Meta {
+            #[serde(rename = "progressToken")]
+            progress_token: u64,
+        }
         let start = Instant::now();
-        let mut params = json!({"name": remote, "arguments": args});
-        // Progress comes back by token (any transport); log messages on the call's own
-        // HTTP answer stream come back through CALL_LOG (stdio cannot tie a log line to one
-        // of the calls multiplexed on a process: those are logged here).
-        // The channels exist only when the client can receive what they carry: a plain
-        // JSON call pays for neither.
-        let mut progress = None;
-        let _registered = cx.wants_progress().then(|| {
+        // Log messages on the call's own HTTP answer stream go to the client as they are
+        // read (stdio cannot tie a log line to one of the calls multiplexed on a process:
+        // those are logged here). Progress comes back by token on any of the upstream's
+        // streams, so through a channel, which exists only when the client asked for it.
+        let forward_log = |params: &Value| self.forward_log(params, cx);
+        let log: LogSink<'_> = cx.wants_logs().then_some(&forward_log);
+        let mut params = Params {
+            name: remote,
+            arguments: &args,
+            meta: None,
+        };
+        let r = if cx.wants_progress() {
             let token = self.shared.id();
-            params["_meta"] = json!({"progressToken": token});
-            let (tx, rx) = mpsc::channel(64);
-            progress = Some(rx);
+            params.meta = Some(Meta {
+                progress_token: token,
+            });
+            let (tx, mut progress) = mpsc::channel(64);
             self.shared
                 .progress
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(token, tx);
-            Registered(&self.shared, token)
-        });
-        let request = self.request("tools/call", params);
-        let mut logs = None;
-        let call = if cx.wants_logs() {
-            let (tx, rx) = mpsc::channel::<Value>(64);
-            logs = Some(rx);
-            Either::Left(CALL_LOG.scope(tx, request))
+            let _registered = Registered(&self.shared, token);
+            let forward_progress = |mut p: Value| {
+                if let Some(Value::String(m)) = p.get_mut("message") {
+                    self.shared.secrets.redact_text(&self.secrets, m);
+                }
+                cx.forward_progress(&p);
+            };
+            let call = self.request("tools/call", &params, log);
+            tokio::pin!(call);
+            let r = loop {
+                tokio::select! {
+                    // What arrived before the answer goes out before it.
+                    biased;
+                    Some(p) = progress.recv() => forward_progress(p),
+                    r = &mut call => break r,
+                }
+            };
+            // Progress that was queued when the answer came.
+            while let Ok(p) = progress.try_recv() {
+                forward_progress(p);
+            }
+            r
         } else {
-            Either::Right(request)
+            self.request("tools/call", &params, log).await
         };
-        tokio::pin!(call);
-        let forward_progress = |mut p: Value| {
-            if let Some(Value::String(m)) = p.get_mut("message") {
-                self.shared.secrets.redact_text(&self.secrets, m);
-            }
-            cx.forward_progress(&p);
-        };
-        let r = loop {
-            tokio::select! {
-                // What arrived before the answer goes out before it.
-                biased;
-                Some(p) = next(&mut progress) => forward_progress(p),
-                Some(l) = next(&mut logs) => self.forward_log(&l, cx),
-                r = &mut call => break r,
-            }
-        };
-        // The answer's stream may have carried messages that were queued when it ended.
-        while let Some(p) = progress.as_mut().and_then(|rx| rx.try_recv().ok()) {
-            forward_progress(p);
-        }
-        while let Some(l) = logs.as_mut().and_then(|rx| rx.try_recv().ok()) {
-            self.forward_log(&l, cx);
-        }
         self.shared.metrics.requests.observe(start.elapsed());
         match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {
             Ok(out) => out,

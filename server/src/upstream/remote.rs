@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use super::h1;
 use super::sse::Events;
 use super::{
-    BACKOFF, CallError, Message, Shared, answer, back_off, check_initialized, classify, envelope,
+    BACKOFF, CallError, LogSink, Message, Shared, answer, back_off, check_initialized, classify, envelope,
     initialize_params,
 };
 use crate::config::TlsRefs;
@@ -194,12 +194,14 @@ impl Remote {
             })
     }
 
-    /// POSTs one message; with an id, reads the answer from a JSON or event-stream body.
+    /// POSTs one message; with an id, reads the answer from a JSON or event-stream body
+    /// (log messages on an event stream go to `log`).
     async fn post(
         &self,
         session: Option<&Session>,
         body: Vec<u8>,
         id: Option<u64>,
+        log: LogSink<'_>,
     ) -> Result<(Posted, Option<HeaderValue>), CallError> {
         let secrets = self.shared.secrets.snapshot();
         let (status, session_id, is_stream, body) = match &self.lean {
@@ -254,7 +256,7 @@ impl Remote {
             return Ok((Posted::Answer(Ok(Value::Null)), session_id));
         };
         let answer = if is_stream {
-            self.read_stream(body, Some(id)).await
+            self.read_stream(body, Some(id), log).await
         } else {
             self.read_json(body, id).await
         };
@@ -291,8 +293,13 @@ impl Remote {
     }
 
     /// Reads an event stream; with `id`, until the response to it. Notifications on the
-    /// way are handled, requests answered.
-    async fn read_stream(&self, mut body: Body<'_>, id: Option<u64>) -> Result<Value, CallError> {
+    /// way are handled (log messages passed to `log` when there is one), requests answered.
+    async fn read_stream(
+        &self,
+        mut body: Body<'_>,
+        id: Option<u64>,
+        log: LogSink<'_>,
+    ) -> Result<Value, CallError> {
         let mut events = Events::new(self.shared.max_bytes);
         let mut out = Vec::new();
         loop {
@@ -314,8 +321,11 @@ impl Remote {
                         return r;
                     }
                     // A log message of this call goes to its client, if it is listening.
-                    Ok(Message::Notification(m, p))
-                        if m == "notifications/message" && super::relay_log(&p) => {}
+                    Ok(Message::Notification(m, p)) if m == "notifications/message" && log.is_some() => {
+                        if let Some(f) = log {
+                            f(&p);
+                        }
+                    }
                     Ok(Message::Notification(m, p)) => self.shared.notified(&m, &p),
                     Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)).await,
                     _ => {}
@@ -357,7 +367,7 @@ impl Remote {
         }
         let id = self.shared.id();
         let msg = envelope(id, "initialize", &initialize_params());
-        let (posted, session_id) = self.post(None, msg, Some(id)).await?;
+        let (posted, session_id) = self.post(None, msg, Some(id), None).await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
         };
@@ -368,7 +378,7 @@ impl Remote {
                 .map_err(|_| CallError::Protocol("bad protocol version".into()))?,
         };
         let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec();
-        self.post(Some(&session), note, None).await?;
+        self.post(Some(&session), note, None, None).await?;
         self.shared.set_health(|h| {
             h.protocol_version = Some(version);
             h.server_info = info;
@@ -384,12 +394,17 @@ impl Remote {
         }
     }
 
-    async fn exchange(&self, method: &str, params: &Value) -> Result<Value, CallError> {
+    async fn exchange<P: serde::Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        log: LogSink<'_>,
+    ) -> Result<Value, CallError> {
         for _ in 0..2 {
             let session = self.session().await?;
             let id = self.shared.id();
             match self
-                .post(Some(&session), envelope(id, method, params), Some(id))
+                .post(Some(&session), envelope(id, method, params), Some(id), log)
                 .await?
             {
                 (Posted::Answer(r), _) => return r,
@@ -401,12 +416,17 @@ impl Remote {
         ))
     }
 
-    pub(super) async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+    pub(super) async fn request<P: serde::Serialize + Sync + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        log: LogSink<'_>,
+    ) -> Result<Value, CallError> {
         let Ok(_permit) = self.inflight.try_acquire() else {
             return Err(CallError::Busy);
         };
         let t = self.shared.timeout;
-        tokio::time::timeout(t, self.exchange(method, &params))
+        tokio::time::timeout(t, self.exchange(method, params, log))
             .await
             .unwrap_or(Err(CallError::Timeout(t)))
     }
@@ -435,7 +455,7 @@ impl Remote {
             body: resp.into_body(),
             last: Bytes::new(),
         };
-        let _ = self.read_stream(body, None).await;
+        let _ = self.read_stream(body, None, None).await;
         true
     }
 }
@@ -446,8 +466,9 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
     let mut short_streams = 0u32;
     loop {
         let Some(r) = remote.upgrade() else { return };
+        let no_params = json!({});
         let up = tokio::select! {
-            up = r.request("ping", json!({})) => up,
+            up = r.request("ping", &no_params, None) => up,
             () = stop.cancelled() => return,
         };
         match up {

@@ -45,7 +45,12 @@ impl Proc {
         self.tx.try_send(line).is_ok()
     }
 
-    async fn request(&self, shared: &Shared, method: &str, params: Value) -> Result<Value, CallError> {
+    async fn request<P: serde::Serialize + ?Sized>(
+        &self,
+        shared: &Shared,
+        method: &str,
+        params: &P,
+    ) -> Result<Value, CallError> {
         let id = shared.id();
         let rx = self.waiters.add(id)?;
         // Forgets the request, and tells the process to stop working on it, unless answered.
@@ -67,7 +72,7 @@ impl Proc {
             id,
             answered: false,
         };
-        let mut line = envelope(id, method, &params);
+        let mut line = envelope(id, method, params);
         line.push(b'\n');
         let exchange = async {
             self.tx
@@ -163,7 +168,11 @@ impl Pool {
         }
     }
 
-    pub(super) async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+    pub(super) async fn request<P: serde::Serialize + Sync + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<Value, CallError> {
         let deadline = Instant::now() + self.shared.timeout;
         let proc = self.pick(deadline).await?;
         proc.request(&self.shared, method, params).await
@@ -341,7 +350,7 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     };
     let reader = read_messages(shared, &proc, BufReader::new(read));
     let handshake = async {
-        let r = proc.request(shared, "initialize", initialize_params()).await;
+        let r = proc.request(shared, "initialize", &initialize_params()).await;
         let (version, info) = r
             .and_then(|r| check_initialized(&r))
             .map_err(|e| format!("initialize: {e}"))?;
