@@ -1444,14 +1444,22 @@ impl Server {
         deadline: Option<Instant>,
         cx: &CallCtx<'_>,
     ) -> Option<ToolOutput> {
-        let token = CancellationToken::new();
+        // Only a call in a session can be cancelled (`notifications/cancelled` names a
+        // request of its own session); a sessionless one needs no token.
+        let token = (!session.is_empty()).then(CancellationToken::new);
         // Unregistered on drop, also when the request future is dropped (client gone).
-        let _entry = (!session.is_empty()).then(|| self.register_cancel(session, id, &token));
+        let _entry = token.as_ref().map(|t| self.register_cancel(session, id, t));
+        let cancelled = async {
+            match &token {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
         let limit = self.limits.request_timeout;
         let deadline = deadline.unwrap_or_else(|| Instant::now() + limit);
         tokio::select! {
             o = self.exec.run(snap, index, args, 0, cx) => Some(o),
-            () = token.cancelled() => None,
+            () = cancelled => None,
             () = tokio::time::sleep_until(deadline.into()) => {
                 self.metrics.refused(Refusal::RequestTimeout);
                 Some(ToolOutput::error(format!(

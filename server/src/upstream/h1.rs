@@ -15,7 +15,7 @@
 //! caller's: dropping a [`Response`] (or the future reading it) closes its connection.
 //! `https://` upstreams and the long-lived GET stream use the hyper client.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write as _};
 use std::os::fd::AsRawFd;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -264,8 +264,7 @@ impl Pool {
         request.extend_from_slice(&self.prefix);
         request.extend_from_slice(headers);
         request.extend_from_slice(b"content-length: ");
-        request.extend_from_slice(body.len().to_string().as_bytes());
-        request.extend_from_slice(b"\r\n\r\n");
+        let _ = write!(request, "{}\r\n\r\n", body.len());
         request.extend_from_slice(body);
         let mut conn = match self.take_idle() {
             Some(mut c) => match c.stream.write_all(&request).await {

@@ -206,7 +206,7 @@ impl Remote {
         let secrets = self.shared.secrets.snapshot();
         let (status, session_id, is_stream, body) = match &self.lean {
             Some(pool) => {
-                let mut headers = Vec::new();
+                let mut headers = Vec::with_capacity(128);
                 self.headers(session, &secrets, |n, v| {
                     for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
                         headers.extend_from_slice(part);
