@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where a forwarded tools/call's CPU goes (issue 12): quiver-server's user and sys time per
-# call for a local `template` echo and for the same call forwarded to the rmcp peer, both
-# servers and rmcp pinned to CPU 1, oha on CPU 0. With PERF=1 it also records a
+# call for a local `template` echo and for the same call forwarded to the rmcp peer, and the
+# same split for the floor of any hop (the tcp-relay peer in front of rmcp, which copies
+# bytes and parses nothing); every server pinned to CPU 1, oha on CPU 0. With PERF=1 it also records a
 # `perf record -F 4000 -e cpu-clock -g` profile of the forwarding server (perf.data in the
 # working directory; read it with `perf report --no-children -g none --sort dso,symbol`).
 #   bench/forwarding-split.sh [QUIVER_BINARY] [CONNECTIONS]
@@ -12,7 +13,8 @@ bin="${1:-$(target_dir)/release/quiver-server}"
 conns="${2:-16}"
 oha_bin="$QUIVER_CACHE/tools/bin/oha"
 rmcp="$QUIVER_CACHE/target-bench/release/rmcp-echo"
-for f in "$bin" "$oha_bin" "$rmcp"; do
+relay="$QUIVER_CACHE/target-bench/release/tcp-relay"
+for f in "$bin" "$oha_bin" "$rmcp" "$relay"; do
   [ -x "$f" ] || { echo "missing $f (run make bench-wire once, and cargo build --release)" >&2; exit 1; }
 done
 tmp="$(mktemp -d)"
@@ -20,7 +22,7 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-rport=$(port) fport=$(port) lport=$(port)
+rport=$(port) fport=$(port) lport=$(port) xport=$(port)
 printf "upstreams:\n  - name: rmcp\n    http: {url: 'http://127.0.0.1:%s/mcp'}\n" "$rport" > "$tmp/fwd.yaml"
 printf "tools:\n  - name: echo\n    description: e\n    input: {text: string}\n    handler: {template: '{{text}}'}\n" > "$tmp/echo.yaml"
 taskset -c 1 "$rmcp" --port "$rport" > "$tmp/rmcp.log" 2>&1 & pids+=($!)
@@ -31,9 +33,12 @@ serve() { # config port; the server's pid in $pid
 }
 serve "$tmp/fwd.yaml" "$fport"; fwd_pid=$pid
 serve "$tmp/echo.yaml" "$lport"; local_pid=$pid
+taskset -c 1 "$relay" --port "$xport" --to "127.0.0.1:$rport" > "$tmp/relay.log" 2>&1 &
+relay_pid=$!
+pids+=("$relay_pid")
 
 body='{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}'
-for p in "$fport" "$lport"; do   # until each answers the call (the forwarder: once it imported echo)
+for p in "$fport" "$lport" "$xport"; do   # until each answers the call (the forwarder: once it imported echo)
   for i in $(seq 1 200); do
     out=$(curl -s -X POST -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' -d "$body" "http://127.0.0.1:$p/mcp" || true)
     case "$out" in *'"text":"hello"'*) break ;; esac
@@ -58,10 +63,11 @@ assert n > 0 and bad == 0, d["statusCodeDistribution"]
 print(f"{label:10} user {(u1 - u0) / tick / n * 1e6:5.1f} µs  sys {(s1 - s0) / tick / n * 1e6:5.1f} µs per call  ({n} calls)")
 PY
 }
-echo "quiver-server CPU per tools/call, $conns connections ($bin)"
+echo "CPU per tools/call of the server in front, $conns connections ($bin; relay: the tcp-relay peer)"
 for round in 1 2; do
   measure local "$local_pid" "$lport"
   measure forwarded "$fwd_pid" "$fport"
+  measure relay "$relay_pid" "$xport"
 done
 if [ "${PERF:-0}" = 1 ]; then
   oha -n 3000 "http://127.0.0.1:$fport/mcp" > /dev/null
