@@ -359,7 +359,7 @@ def main() -> int:
     ap.add_argument("--quiver", required=True, help="the quiver-server binary (release build)")
     ap.add_argument("--quiver-pgo", help="a PGO-built quiver-server, measured as its own row")
     ap.add_argument("--baseline", help="another quiver-server build (e.g. the previous commit's), measured as rows of its own")
-    ap.add_argument("--peers", required=True, help="directory of the Rust peers (axum-fixed, axum-serde, rmcp-echo)")
+    ap.add_argument("--peers", required=True, help="directory of the Rust peers (axum-fixed, axum-serde, rmcp-echo, tcp-relay)")
     ap.add_argument("--go-mcp", required=True, help="the go-mcp binary (tests/e2e/upstream-go)")
     ap.add_argument("--node", default="node")
     ap.add_argument("--python", required=True, help="a Python with the mcp package (the peer)")

@@ -30,7 +30,7 @@ if [ -z "$quiver" ]; then
   quiver="$(target_dir)/release/quiver-server"
 fi
 
-log "Rust peers: rmcp and the axum ceilings (bench/peers/rust, release, fat LTO)"
+log "Rust peers: rmcp, the axum ceilings and the TCP relay (bench/peers/rust, release, fat LTO)"
 peers_target="$QUIVER_CACHE/target-bench"
 CARGO_TARGET_DIR="$peers_target" cargo build --release --locked --quiet --manifest-path bench/peers/rust/Cargo.toml
 

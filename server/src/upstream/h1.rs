@@ -1012,4 +1012,73 @@ mod tests {
         }
         assert_eq!(closing.load(Ordering::Relaxed), 3);
     }
+
+    #[tokio::test]
+    async fn bytes_arriving_on_a_fresh_idle_connection_disqualify_it() {
+        // A connection put back moments ago is judged by the reactor's view (no syscall):
+        // a server that writes to it after its answer (here: a second, unasked answer) must
+        // not have it reused, or the next request would read the stale bytes as its answer.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let go = Arc::new(tokio::sync::Notify::new());
+        let send_unasked = Arc::clone(&go);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let first = count.fetch_add(1, Ordering::Relaxed) == 0;
+                let send_unasked = Arc::clone(&send_unasked);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                    if first {
+                        // Once the answer has been read and the connection pooled.
+                        send_unasked.notified().await;
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbad")
+                            .await;
+                    }
+                    while s.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            .await;
+                    }
+                });
+            }
+        });
+        let p = pool(&url);
+        assert_eq!(body(&p, 10).await.unwrap().1, b"ok");
+        assert_eq!(p.idle.lock().unwrap().len(), 1);
+        go.notify_one();
+        // Until the reactor has seen the unasked bytes (bounded). Usually well within
+        // FRESH, so this is the reactor's path; on a slow machine the peek's, same verdict.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            {
+                let idle = p.idle.lock().unwrap();
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if idle[0].stream.poll_read_ready(&mut cx).is_ready() {
+                    assert!(
+                        !idle[0].reusable(),
+                        "a connection with unread bytes was taken as reusable"
+                    );
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "the unasked answer never arrived");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(body(&p, 10).await.unwrap().1, b"ok");
+        assert_eq!(
+            accepted.load(Ordering::Relaxed),
+            2,
+            "the stale connection was not replaced"
+        );
+    }
 }
