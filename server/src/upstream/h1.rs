@@ -93,6 +93,13 @@ impl Conn {
         self.stream.read_buf(&mut self.buf).await
     }
 
+    /// Whether the reactor has seen the socket readable (data, or the end of the stream)
+    /// since the last read that cleared it. Asks no syscall.
+    fn reactor_saw_something(&self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        self.stream.poll_read_ready(&mut cx).is_ready()
+    }
+
     fn buffered(&self) -> &[u8] {
         &self.buf[self.pos..]
     }
@@ -111,8 +118,7 @@ impl Conn {
         if idle > self.max_idle {
             return false;
         }
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if idle < FRESH && self.stream.poll_read_ready(&mut cx).is_pending() {
+        if idle < FRESH && !self.reactor_saw_something() {
             return true;
         }
         let mut probe = 0u8;
@@ -1062,8 +1068,7 @@ mod tests {
         loop {
             {
                 let idle = p.idle.lock().unwrap();
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                if idle[0].stream.poll_read_ready(&mut cx).is_ready() {
+                if idle[0].reactor_saw_something() {
                     assert!(
                         !idle[0].reusable(),
                         "a connection with unread bytes was taken as reusable"

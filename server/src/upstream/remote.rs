@@ -321,12 +321,10 @@ impl Remote {
                         return r;
                     }
                     // A log message of this call goes to its client, if it is listening.
-                    Ok(Message::Notification(m, p)) if m == "notifications/message" && log.is_some() => {
-                        if let Some(f) = log {
-                            f(&p);
-                        }
-                    }
-                    Ok(Message::Notification(m, p)) => self.shared.notified(&m, &p),
+                    Ok(Message::Notification(m, p)) => match log {
+                        Some(f) if m == "notifications/message" => f(&p),
+                        _ => self.shared.notified(&m, &p),
+                    },
                     Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)).await,
                     _ => {}
                 }
