@@ -9,10 +9,16 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use quiver_server::redact::untrusted;
+
 use crate::build;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 const MAX_BODY: u64 = 1024 * 1024;
+/// Longest upstream name copied from a pod's `/status`, in characters.
+const MAX_NAME_CHARS: usize = 63;
+/// Longest reason copied from a pod's `/status`, in characters.
+const MAX_REASON_CHARS: usize = 300;
 
 /// What one pod's `/status` says.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,14 +35,15 @@ fn parse_status(v: &serde_json::Value) -> PodStatus {
         .flatten()
         .filter(|u| u["state"].as_str() != Some("ready"))
         .filter_map(|u| {
-            let name = u["name"].as_str()?.chars().take(63).collect();
-            let why = u["error"]
-                .as_str()
-                .or(u["state"].as_str())
-                .unwrap_or("unknown")
-                .chars()
-                .take(300)
-                .collect();
+            // Copied into a condition and an event that anyone who may read McpServers or
+            // events sees: whatever the pod (or an upstream through it) says is redacted,
+            // bounded and kept to one line.
+            let name = untrusted(u["name"].as_str()?, &[], MAX_NAME_CHARS);
+            let why = untrusted(
+                u["error"].as_str().or(u["state"].as_str()).unwrap_or("unknown"),
+                &[],
+                MAX_REASON_CHARS,
+            );
             Some((name, why))
         })
         .collect();
@@ -152,6 +159,22 @@ mod tests {
         );
         assert_eq!(hostile.hash, None);
         assert_eq!(hostile.down.len(), 1);
-        assert_eq!((hostile.down[0].0.len(), hostile.down[0].1.len()), (63, 300));
+        assert_eq!(
+            (hostile.down[0].0.chars().count(), hostile.down[0].1.chars().count()),
+            (MAX_NAME_CHARS + 1, MAX_REASON_CHARS + 1)
+        );
+    }
+
+    #[test]
+    fn reasons_are_redacted_and_one_line() {
+        let forged = parse_status(&json!({"upstreams": [{
+            "name": "gh\nforged",
+            "state": "down",
+            "error": "initialize: error -32001: invalid credentials: Bearer ghp_0123456789abcdefABCDEF\nUpstreamsReady=True \u{202e}x",
+        }]}));
+        let (name, why) = &forged.down[0];
+        assert_eq!(name, "gh forged");
+        assert!(!why.contains("ghp_") && why.contains("Bearer [redacted]"), "{why}");
+        assert!(!why.contains('\n') && !why.contains('\u{202e}'), "{why}");
     }
 }

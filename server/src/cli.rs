@@ -218,10 +218,22 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "QUIVER_LOG_FORMAT", default_value = "text")]
     log_format: String,
+    /// Stdio upstreams and exec tools run confined (Landlock) from the server's secrets: its
+    /// environment and memory, the pod's credentials under /run/secrets, the `dir:` secrets
+    /// tree, --hide-from-children paths. Where the kernel has no Landlock, `strict` refuses to
+    /// start them and `best-effort` starts them unconfined (see docs/security.md).
+    #[arg(long, env = "QUIVER_CHILD_ISOLATION", default_value = "strict")]
+    child_isolation: crate::sandbox::Mode,
+    /// Another path (file or directory) that stdio upstreams and exec tools may not read
+    /// (repeatable), e.g. a mounted key the server alone uses.
+    #[arg(long, env = "QUIVER_HIDE_FROM_CHILDREN", value_delimiter = ',')]
+    hide_from_children: Vec<std::path::PathBuf>,
 }
 
 /// Parses the command line and runs; returns the process exit code.
 pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
+    // Before any secret is read: no process of this uid may read this one's memory.
+    crate::sandbox::deny_dumping();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check { config }) => return Ok(check(&config)),
@@ -236,6 +248,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
             command,
         }) => {
             init_logging("text", true);
+            crate::sandbox::init(crate::sandbox::Policy::new(crate::sandbox::Mode::Strict, &[]));
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -249,6 +262,11 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     }
     let args = cli.serve;
     init_logging(&args.log_format, args.stdio);
+    let mut hidden = args.hide_from_children.clone();
+    if let Some(SecretSource::Dir(root)) = &args.secrets {
+        hidden.push(root.clone());
+    }
+    crate::sandbox::init(crate::sandbox::Policy::new(args.child_isolation, &hidden));
     let source = args
         .config
         .clone()

@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod config;
 pub mod handlers;
+pub mod redact;
 pub mod schema;
 pub mod template;
 
@@ -30,6 +31,9 @@ pub mod protocol;
 pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod reload;
+#[cfg(feature = "runtime")]
+#[allow(unsafe_code)] // prctl(2) and the Landlock syscalls: every unsafe block states its contract
+pub mod sandbox;
 #[cfg(feature = "runtime")]
 pub mod secrets;
 #[cfg(feature = "runtime")]

@@ -28,9 +28,9 @@ use crate::handlers::ToolOutput;
 pub use crate::config::{CONFIG_MAP_PREFIX, valid_config_map_name};
 
 /// What replaces a secret value found in a tool's output.
-pub const REDACTED: &str = "[redacted]";
+pub use crate::redact::REDACTED;
 /// Values shorter than this are not searched for in outputs (every `a` would go).
-pub const MIN_REDACTED_LEN: usize = 4;
+pub use crate::redact::MIN_KNOWN_LEN as MIN_REDACTED_LEN;
 /// Largest value kept per key (a Kubernetes Secret holds at most 1 MiB in all).
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
 /// Most keys kept per secret.
@@ -103,6 +103,8 @@ pub struct Secrets {
     has_source: std::sync::atomic::AtomicBool,
     /// The `env` source: values are looked up per reference when the references change.
     from_env: std::sync::atomic::AtomicBool,
+    /// Every value (and line of a value) to redact from untrusted text, longest first.
+    known: ArcSwap<Vec<String>>,
 }
 
 impl Default for Secrets {
@@ -114,6 +116,7 @@ impl Default for Secrets {
             pinned: Mutex::default(),
             has_source: false.into(),
             from_env: false.into(),
+            known: ArcSwap::from_pointee(Vec::new()),
         }
     }
 }
@@ -176,6 +179,30 @@ impl Secrets {
         if let Ok(mut p) = self.presence.lock() {
             p.insert(name.to_owned(), presence);
         }
+        self.refresh_known();
+    }
+
+    /// Recomputes [`Self::known`] from the values.
+    fn refresh_known(&self) {
+        let values = self.values.load();
+        let all = values
+            .as_object()
+            .into_iter()
+            .flat_map(|o| o.iter())
+            // ConfigMaps (CA bundles) are not secret.
+            .filter(|(name, _)| !name.starts_with(CONFIG_MAP_PREFIX))
+            .filter_map(|(_, keys)| keys.as_object())
+            .flat_map(|keys| keys.values())
+            .filter_map(Value::as_str);
+        self.known.store(Arc::new(crate::redact::known_values(all)));
+    }
+
+    /// Text from outside the server (an upstream's stderr, log message, error, server info)
+    /// made fit to log, store and show: every secret value this server holds (client tokens
+    /// included) and anything shaped like a credential redacted, control characters removed,
+    /// at most `max_chars` characters (see [`crate::redact`]).
+    pub fn scrub(&self, text: &str, max_chars: usize) -> String {
+        crate::redact::untrusted(text, &self.known.load(), max_chars)
     }
 
     /// Replaces every secret at once (the `dir:` and `env` sources).
@@ -191,6 +218,7 @@ impl Secrets {
         if let Ok(mut p) = self.presence.lock() {
             *p = presence;
         }
+        self.refresh_known();
     }
 
     /// Marks that a source fills this store.
@@ -296,13 +324,6 @@ impl Secrets {
             blocks.iter_mut().for_each(|b| redact_value(b, &secrets));
         }
     }
-
-    /// Replaces the values of `refs` found in `text` with [`REDACTED`] (e.g. an upstream's
-    /// progress message).
-    pub fn redact_text(&self, refs: &[SecretRef], text: &mut String) {
-        let values = self.values.load();
-        redact_str(text, &redacted_values(&values, refs));
-    }
 }
 
 /// The values of `refs` long enough to redact, longest first (so a value that contains
@@ -318,11 +339,7 @@ fn redacted_values<'a>(values: &'a Value, refs: &[SecretRef]) -> Vec<&'a str> {
 }
 
 fn redact_str(s: &mut String, secrets: &[&str]) {
-    for v in secrets {
-        if s.contains(v) {
-            *s = s.replace(v, REDACTED);
-        }
-    }
+    crate::redact::replace_known(s, secrets);
 }
 
 /// Redacts every string (and object key) of a JSON value, without recursion.

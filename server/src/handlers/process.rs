@@ -70,9 +70,11 @@ impl Drop for Group {
 /// Spawns `cmd` as the leader of a new process group and registers it as tokio's to reap.
 ///
 /// # Errors
-/// The program could not be started.
+/// The program could not be started, or may not be (see [`crate::sandbox`]).
 pub fn spawn(cmd: &mut Command) -> io::Result<(Child, Group)> {
     cmd.process_group(0);
+    // Every child of the server starts here, confined from the server's secrets.
+    let _ruleset = crate::sandbox::confine(cmd)?;
     let mut owned = owned();
     let child = cmd.spawn()?;
     let pgid = child.id();

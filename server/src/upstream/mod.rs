@@ -46,6 +46,10 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 const RELIST_INTERVAL: Duration = Duration::from_millis(250);
 /// Longest error text shown per upstream on `/status` (and passed to the operator).
 const MAX_STATUS_ERROR: usize = 512;
+/// Longest line of an upstream's stderr or log message logged, in characters.
+const MAX_LOG_CHARS: usize = 2048;
+/// Longest string of an upstream's `serverInfo` kept.
+const MAX_INFO_CHARS: usize = 256;
 /// Longest reason shown per skipped tool on `/status`.
 const MAX_STATUS_REASON: usize = 256;
 /// Reasons for tools not served shown per upstream on `/status`.
@@ -258,6 +262,19 @@ fn check_initialized(r: &Value) -> Result<(String, Value), CallError> {
     Ok((v.to_owned(), info))
 }
 
+/// Scrubs every string of an upstream's JSON value in place (see [`Secrets::scrub`]).
+fn scrub_strings(secrets: &Secrets, v: &mut Value) {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => *s = secrets.scrub(s, MAX_INFO_CHARS),
+            Value::Array(a) => stack.extend(a.iter_mut()),
+            Value::Object(o) => stack.extend(o.values_mut()),
+            _ => {}
+        }
+    }
+}
+
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -351,6 +368,11 @@ impl Shared {
         let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         let before = h.state;
         f(&mut h);
+        // What the upstream said is kept, logged and shown only redacted and bounded.
+        if let Some(e) = h.error.take() {
+            h.error = Some(self.secrets.scrub(&e, MAX_STATUS_ERROR));
+        }
+        scrub_strings(&self.secrets, &mut h.server_info);
         if let Some(e) = &h.error
             && h.last_error.as_ref().is_none_or(|(last, _)| last != e)
         {
@@ -380,13 +402,11 @@ impl Shared {
                 }
             }
             "notifications/message" if self.log_budget.take() => {
-                let text: String = params
-                    .get("data")
-                    .map(ToString::to_string)
-                    .unwrap_or_default()
-                    .chars()
-                    .take(2048)
-                    .collect();
+                let text = match params.get("data") {
+                    Some(Value::String(t)) => self.secrets.scrub(t, MAX_LOG_CHARS),
+                    Some(v) => self.secrets.scrub(&v.to_string(), MAX_LOG_CHARS),
+                    None => String::new(),
+                };
                 tracing::info!(upstream = %self.name, message = %text, "upstream log");
             }
             _ => {}
@@ -538,7 +558,8 @@ impl Link {
             let page = match self.request("tools/list", &params, None).await {
                 Ok(p) => p,
                 Err(e) => {
-                    tracing::warn!(upstream = %self.name, error = %e, "tools/list failed; keeping the last list");
+                    let error = self.shared.secrets.scrub(&e.to_string(), MAX_STATUS_ERROR);
+                    tracing::warn!(upstream = %self.name, error, "tools/list failed; keeping the last list");
                     return false;
                 }
             };
@@ -625,7 +646,7 @@ impl Link {
             let _registered = Registered(&self.shared, token);
             let forward_progress = |mut p: Value| {
                 if let Some(Value::String(m)) = p.get_mut("message") {
-                    self.shared.secrets.redact_text(&self.secrets, m);
+                    *m = self.shared.secrets.scrub(m, MAX_LOG_CHARS);
                 }
                 cx.forward_progress(&p);
             };
@@ -665,12 +686,11 @@ impl Link {
             .and_then(Value::as_str)
             .and_then(crate::config::LogLevel::parse)
             .unwrap_or_default();
-        let mut data = match params.get("data") {
-            Some(Value::String(t)) => t.chars().take(4096).collect(),
-            Some(v) => v.to_string().chars().take(4096).collect(),
+        let data = match params.get("data") {
+            Some(Value::String(t)) => self.shared.secrets.scrub(t, 4096),
+            Some(v) => self.shared.secrets.scrub(&v.to_string(), 4096),
             None => String::new(),
         };
-        self.shared.secrets.redact_text(&self.secrets, &mut data);
         cx.log(level, &self.name, &data);
     }
 
@@ -689,7 +709,7 @@ impl Link {
                 .skipped
                 .iter()
                 .take(MAX_SKIPPED_SHOWN)
-                .map(|x| x.chars().take(MAX_STATUS_REASON).collect())
+                .cloned()
                 .collect();
             (r.imported, shown, r.skipped.len())
         };
@@ -812,6 +832,10 @@ impl Hub {
                     "the list was cut after {} entries (at most {MAX_LISTED} entries and 4 × maxMessageBytes are read)",
                     listed.tools.len()
                 ));
+            }
+            // The reasons quote the upstream's tool names.
+            for why in &mut report.skipped {
+                *why = link.shared.secrets.scrub(why, MAX_STATUS_REASON);
             }
             if !report.skipped.is_empty() {
                 let first: Vec<&String> = report.skipped.iter().take(3).collect();

@@ -1,0 +1,428 @@
+//! What the processes this server starts (stdio upstreams, exec tools, bridged programs) can
+//! reach of the server: nothing of its secrets.
+//!
+//! Pods run under the "restricted" Pod Security profile: same uid for server and children,
+//! no capabilities, `no_new_privs`, so no separate user and no namespaces. What works
+//! unprivileged, and is used here:
+//!
+//! - [`deny_dumping`]: `PR_SET_DUMPABLE` 0 on the server at start. Other processes of its uid
+//!   can no longer open its `/proc/PID/environ`, `mem`, `maps`, `fd/`, nor ptrace it (the
+//!   server itself still reads its own `/proc/self`). This keeps `QUIVER_SECRET_*` variables
+//!   and every value the server holds in memory from a non-root child.
+//! - Landlock, applied in each child between fork and exec ([`confine`]): each child gets a
+//!   domain of its own, so it cannot ptrace (or read `/proc/PID/environ`/`mem` of) the server
+//!   or another child, whatever its capabilities, nor signal them (Landlock ABI 6+); and it may
+//!   read every file except the hidden paths: the pod's credentials under `/run/secrets`
+//!   (the ServiceAccount token, projected tokens), the `dir:` secrets tree (which holds the
+//!   client token list), and any `--hide-from-children` path. Landlock grants access to path
+//!   hierarchies, so hiding a path means granting full access to every entry next to each
+//!   directory on the way to it, and only listing (`READ_DIR`) on those directories.
+//!   Consequences: a child cannot create files directly in a directory on the way to a hidden
+//!   path (e.g. `/`, `/run`), it may list names in the hidden tree but not read a file there.
+//! - Children start with a cleared environment holding only their own configured values
+//!   (done where the command is built: stdio.rs, exec/run.rs, bridge.rs).
+//!
+//! Without Landlock (an old kernel, or one booted without it) and with something to hide,
+//! children are refused unless the operator of the server chose `--child-isolation=best-effort`;
+//! `/status` shows which it is.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
+/// Where a pod's credentials are mounted (the ServiceAccount token, projected tokens, cloud
+/// workload identity tokens); `/var/run` is a link to `/run`.
+pub const POD_CREDENTIALS: &str = "/run/secrets";
+
+/// Where processes' directories are.
+const PROC: &str = "/proc";
+
+/// `--child-isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Refuse to start a child that cannot be confined while there is something to hide.
+    #[default]
+    Strict,
+    /// Start it anyway (with a warning at start and on `/status`).
+    BestEffort,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "strict" => Ok(Self::Strict),
+            "best-effort" => Ok(Self::BestEffort),
+            _ => Err(format!("`{s}`: expected strict or best-effort")),
+        }
+    }
+}
+
+/// What children are confined from, decided once at start.
+#[derive(Debug)]
+pub struct Policy {
+    mode: Mode,
+    /// Canonical, existing paths children may not read.
+    hidden: Vec<PathBuf>,
+    /// The Landlock ABI version, or why there is none.
+    landlock: Result<i32, String>,
+}
+
+static POLICY: OnceLock<Policy> = OnceLock::new();
+
+// Landlock's uapi (linux/landlock.h).
+const CREATE_RULESET_VERSION: libc::c_uint = 1;
+const RULE_PATH_BENEATH: libc::c_int = 1;
+const FS_EXECUTE: u64 = 1 << 0;
+const FS_WRITE_FILE: u64 = 1 << 1;
+const FS_READ_FILE: u64 = 1 << 2;
+const FS_READ_DIR: u64 = 1 << 3;
+const FS_TRUNCATE: u64 = 1 << 14;
+const FS_IOCTL_DEV: u64 = 1 << 15;
+const SCOPE_SIGNAL: u64 = 1 << 1;
+
+#[repr(C)]
+struct RulesetAttr {
+    handled_access_fs: u64,
+    handled_access_net: u64,
+    scoped: u64,
+}
+
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// The filesystem rights an ABI version knows (all of them are handled).
+fn fs_rights(abi: i32) -> u64 {
+    match abi {
+        ..=0 => 0,
+        1 => (1 << 13) - 1,
+        2 => (1 << 14) - 1,
+        3 | 4 => (1 << 15) - 1,
+        _ => (1 << 16) - 1,
+    }
+}
+
+/// Rights that apply to a file that is not a directory.
+const FILE_RIGHTS: u64 = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV;
+
+/// The Landlock ABI version of the running kernel, or why it has none.
+fn landlock_abi() -> Result<i32, String> {
+    // SAFETY: with a null attribute, size 0 and the VERSION flag the call reads no memory
+    // and only returns a number.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<RulesetAttr>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    if r >= 1 {
+        return Ok(i32::try_from(r).unwrap_or(i32::MAX));
+    }
+    let e = io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::ENOSYS) => "this kernel has no Landlock (Linux 5.13 or later has it)".to_owned(),
+        Some(libc::EOPNOTSUPP) => "Landlock is disabled on this kernel (boot option lsm=)".to_owned(),
+        Some(libc::EPERM) => "the seccomp profile forbids Landlock".to_owned(),
+        _ => format!("Landlock is not usable: {e}"),
+    })
+}
+
+/// Makes this process undumpable: other processes of its uid can no longer read its
+/// environment or memory through `/proc`, nor ptrace it. Call first thing in `main`.
+pub fn deny_dumping() {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and changes only this process.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if r != 0 {
+        eprintln!("warning: cannot make the server undumpable: {}", io::Error::last_os_error());
+    }
+}
+
+/// Whether this process is dumpable (for `/status`).
+fn dumpable() -> bool {
+    // SAFETY: PR_GET_DUMPABLE reads one flag of this process.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) != 0 }
+}
+
+impl Policy {
+    /// The policy for `mode`, hiding the pod's credentials and `extra` (each that exists).
+    pub fn new(mode: Mode, extra: &[PathBuf]) -> Self {
+        let all: BTreeSet<PathBuf> = std::iter::once(Path::new(POD_CREDENTIALS))
+            .chain(extra.iter().map(PathBuf::as_path))
+            .filter_map(|p| p.canonicalize().ok())
+            .collect();
+        // A path inside another hidden one is hidden with it (and must not be treated as a
+        // way through it).
+        let hidden = all
+            .iter()
+            .filter(|p| !p.ancestors().skip(1).any(|a| all.contains(a)))
+            .cloned()
+            .collect();
+        Self {
+            mode,
+            hidden,
+            landlock: landlock_abi(),
+        }
+    }
+
+    /// Why a child may not start, if it may not.
+    fn refusal(&self) -> Option<String> {
+        match (&self.landlock, self.mode) {
+            (Ok(_), _) | (Err(_), Mode::BestEffort) => None,
+            (Err(_), Mode::Strict) if self.hidden.is_empty() => None,
+            (Err(why), Mode::Strict) => Some(format!(
+                "not started: {why}, and without it the program could read the server's secrets ({}); \
+                 run it in a container of its own (an upstream's `stdio.image` on Kubernetes), or start \
+                 the server with --child-isolation=best-effort to accept that",
+                self.hidden.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+
+    /// The ruleset a child restricts itself with (`None`: no Landlock, allowed unconfined).
+    ///
+    /// # Errors
+    /// The child may not start (see [`Mode`]), or the ruleset could not be built.
+    fn ruleset(&self) -> io::Result<Option<OwnedFd>> {
+        if let Some(why) = self.refusal() {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+        }
+        match self.landlock {
+            Ok(abi) => build_ruleset(abi, &self.hidden).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// What `/status` shows.
+    pub fn status(&self) -> Value {
+        let children = match (&self.landlock, self.refusal()) {
+            (Ok(_), _) => "confined",
+            (Err(_), Some(_)) => "refused",
+            (Err(_), None) => "unconfined",
+        };
+        json!({
+            "mode": match self.mode { Mode::Strict => "strict", Mode::BestEffort => "best-effort" },
+            "children": children,
+            "landlockAbi": self.landlock.as_ref().ok(),
+            "landlockError": self.landlock.as_ref().err(),
+            "hidden": self.hidden,
+            "serverDumpable": dumpable(),
+        })
+    }
+}
+
+/// Sets the policy of this process (once; later calls change nothing) and logs what it means.
+pub fn init(policy: Policy) {
+    match (&policy.landlock, policy.refusal()) {
+        (Ok(abi), _) => tracing::info!(landlock_abi = abi, hidden = ?policy.hidden, "child processes are confined"),
+        (Err(why), Some(_)) => tracing::warn!(why, hidden = ?policy.hidden, "stdio upstreams and exec tools will not start (see --child-isolation)"),
+        (Err(why), None) => tracing::warn!(why, hidden = ?policy.hidden, "child processes are not confined"),
+    }
+    let _ = POLICY.set(policy);
+}
+
+/// The policy of this process ([`init`]'s, or the default: strict, the pod's credentials).
+pub fn policy() -> &'static Policy {
+    POLICY.get_or_init(|| Policy::new(Mode::Strict, &[]))
+}
+
+/// Makes `cmd` confine its process before it runs the program. Keep the returned ruleset
+/// until the process is spawned.
+///
+/// # Errors
+/// The process may not start (no Landlock, something to hide, strict mode; the message says
+/// why and what to do), or its ruleset could not be built.
+pub fn confine(cmd: &mut tokio::process::Command) -> io::Result<Option<OwnedFd>> {
+    let Some(ruleset) = policy().ruleset()? else {
+        return Ok(None);
+    };
+    let fd = ruleset.as_raw_fd();
+    let own_rights = policy().landlock.as_ref().map_or(0, |abi| fs_rights(*abi));
+    // SAFETY: the closure runs in the forked child before exec and makes only raw system
+    // calls (open, landlock_add_rule, close, prctl, landlock_restrict_self), which are
+    // async-signal-safe; it allocates nothing (the path is a static C string, `attr` lives on
+    // the stack, `last_os_error` holds the errno). `fd` stays open in the child: the parent
+    // keeps `ruleset` until the spawn returns, and builds a new one for every spawn, so the
+    // rule added here (on the shared ruleset) concerns this child alone.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Its own /proc/PID, where /proc/self leads (other processes' stay hidden).
+            let own = libc::open(c"/proc/self".as_ptr(), libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+            if own >= 0 {
+                let attr = PathBeneathAttr {
+                    allowed_access: own_rights,
+                    parent_fd: own,
+                };
+                libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    fd,
+                    RULE_PATH_BENEATH,
+                    std::ptr::from_ref(&attr),
+                    0 as libc::c_uint,
+                );
+                libc::close(own);
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) != 0
+                || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0 as libc::c_uint) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(Some(ruleset))
+}
+
+fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let attr = PathBeneathAttr {
+        allowed_access: rights,
+        parent_fd: file.as_raw_fd(),
+    };
+    // SAFETY: `attr` is a live landlock_path_beneath_attr for the duration of the call, and
+    // both descriptors are open.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            RULE_PATH_BENEATH,
+            std::ptr::from_ref(&attr),
+            0 as libc::c_uint,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `path` is a process's directory in `/proc` (`/proc/PID`).
+fn is_process_dir(path: &Path) -> bool {
+    path.parent() == Some(Path::new(PROC))
+        && path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A ruleset handling every filesystem right of `abi` that grants all of them except under
+/// `hidden` and other processes' `/proc/PID` (their environment holds their secrets), where
+/// only listing names remains. The child's own `/proc/PID` is granted when it starts.
+fn build_ruleset(abi: i32, hidden: &[PathBuf]) -> io::Result<OwnedFd> {
+    let all = fs_rights(abi);
+    let attr = RulesetAttr {
+        handled_access_fs: all,
+        handled_access_net: 0,
+        scoped: if abi >= 6 { SCOPE_SIGNAL } else { 0 },
+    };
+    // SAFETY: `attr` is a live landlock_ruleset_attr of the size passed; fields the kernel
+    // does not know are zero (`scoped` only from ABI 6).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::from_ref(&attr),
+            std::mem::size_of::<RulesetAttr>(),
+            0 as libc::c_uint,
+        )
+    };
+    let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::other("a ruleset descriptor out of range"))?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
+    let ruleset = unsafe { OwnedFd::from_raw_fd(fd) };
+    add_rule(&ruleset, Path::new("/"), FS_READ_DIR)?;
+    let proc = Path::new(PROC);
+    let ancestors: BTreeSet<&Path> = hidden
+        .iter()
+        .flat_map(|h| h.ancestors().skip(1))
+        .chain(proc.is_dir().then_some(proc).into_iter().flat_map(Path::ancestors))
+        .collect();
+    for dir in &ancestors {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if hidden.contains(&path) || ancestors.contains(path.as_path()) || is_process_dir(&path) {
+                continue;
+            }
+            // A link is followed when used, and the rights of its target apply.
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            let rights = if meta.is_dir() {
+                all
+            } else if meta.file_type().is_symlink() {
+                continue;
+            } else {
+                all & FILE_RIGHTS
+            };
+            // An entry that vanished or cannot take a rule stays unreadable: the safe side.
+            let _ = add_rule(&ruleset, &path, rights);
+        }
+    }
+    Ok(ruleset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(mode: Mode, hidden: &[&str], landlock: Result<i32, String>) -> Policy {
+        Policy {
+            mode,
+            hidden: hidden.iter().map(PathBuf::from).collect(),
+            landlock,
+        }
+    }
+
+    #[test]
+    fn without_landlock_children_are_refused_only_when_strict_and_something_is_hidden() {
+        let none = || Err::<i32, _>("this kernel has no Landlock".to_owned());
+        let why = policy(Mode::Strict, &["/run/secrets"], none()).refusal().unwrap();
+        assert!(
+            why.contains("no Landlock") && why.contains("/run/secrets") && why.contains("stdio.image")
+                && why.contains("--child-isolation=best-effort"),
+            "{why}"
+        );
+        assert_eq!(policy(Mode::BestEffort, &["/run/secrets"], none()).refusal(), None);
+        assert_eq!(policy(Mode::Strict, &[], none()).refusal(), None);
+        assert_eq!(policy(Mode::Strict, &["/run/secrets"], Ok(1)).refusal(), None);
+        assert_eq!(policy(Mode::Strict, &["/x"], none()).status()["children"], "refused");
+        assert_eq!(policy(Mode::BestEffort, &["/x"], none()).status()["children"], "unconfined");
+        assert_eq!(policy(Mode::Strict, &["/x"], Ok(3)).status()["children"], "confined");
+    }
+
+    #[test]
+    fn only_process_directories_of_proc_are_hidden() {
+        assert!(is_process_dir(Path::new("/proc/1")));
+        assert!(is_process_dir(Path::new("/proc/40213")));
+        for other in ["/proc/self", "/proc/sys", "/proc/cpuinfo", "/proc", "/x/12", "/proc/1/task"] {
+            assert!(!is_process_dir(Path::new(other)), "{other}");
+        }
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("strict".parse(), Ok(Mode::Strict));
+        assert_eq!("best-effort".parse(), Ok(Mode::BestEffort));
+        assert!("off".parse::<Mode>().is_err());
+    }
+
+    #[test]
+    fn rights_grow_with_the_abi() {
+        assert_eq!(fs_rights(0), 0);
+        assert_eq!(fs_rights(1) & FS_READ_FILE, FS_READ_FILE);
+        assert!(fs_rights(1) < fs_rights(2) && fs_rights(2) < fs_rights(3) && fs_rights(3) < fs_rights(5));
+        assert_eq!(fs_rights(7), fs_rights(5));
+    }
+}
