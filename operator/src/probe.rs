@@ -160,7 +160,10 @@ mod tests {
         assert_eq!(hostile.hash, None);
         assert_eq!(hostile.down.len(), 1);
         assert_eq!(
-            (hostile.down[0].0.chars().count(), hostile.down[0].1.chars().count()),
+            (
+                hostile.down[0].0.chars().count(),
+                hostile.down[0].1.chars().count()
+            ),
             (MAX_NAME_CHARS + 1, MAX_REASON_CHARS + 1)
         );
     }
@@ -174,7 +177,10 @@ mod tests {
         }]}));
         let (name, why) = &forged.down[0];
         assert_eq!(name, "gh forged");
-        assert!(!why.contains("ghp_") && why.contains("Bearer [redacted]"), "{why}");
+        assert!(
+            !why.contains("ghp_") && why.contains("Bearer [redacted]"),
+            "{why}"
+        );
         assert!(!why.contains('\n') && !why.contains('\u{202e}'), "{why}");
     }
 }

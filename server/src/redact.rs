@@ -40,9 +40,7 @@ struct Shape {
 }
 
 static SHAPES: LazyLock<Vec<Shape>> = LazyLock::new(|| {
-    let shape = |re: &str, with: &'static str| {
-        Regex::new(re).map(|re| Shape { re, with }).ok()
-    };
+    let shape = |re: &str, with: &'static str| Regex::new(re).map(|re| Shape { re, with }).ok();
     [
         shape(r"(?i)\b((?:proxy-)?authorization[\x22']?\s*[:=]\s*[\x22']?)[^\r\n\x22']+", "${1}[redacted]"),
         shape(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+", "${1}${2}[redacted]"),
@@ -65,7 +63,8 @@ static SHAPES: LazyLock<Vec<Shape>> = LazyLock::new(|| {
 /// Characters that do not print but change how text reads: control characters, bidi
 /// controls, zero-width characters.
 fn invisible(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+    c.is_control()
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
 }
 
 /// The values to look for in untrusted text, from secret values: each value and each line
@@ -131,9 +130,18 @@ mod tests {
 
     #[test]
     fn known_values_go_whole_and_line_by_line() {
-        let known = known_values(["tok-123456", "tok-123456-extended", "ab", "client-one\nclient-two\n"]);
+        let known = known_values([
+            "tok-123456",
+            "tok-123456-extended",
+            "ab",
+            "client-one\nclient-two\n",
+        ]);
         assert_eq!(
-            untrusted("a tok-123456-extended b tok-123456 c ab d client-two", &known, 1000),
+            untrusted(
+                "a tok-123456-extended b tok-123456 c ab d client-two",
+                &known,
+                1000
+            ),
             "a [redacted] b [redacted] c ab d [redacted]"
         );
         assert!(!known.iter().any(|v| v == "ab"));
@@ -155,7 +163,10 @@ mod tests {
             ("aws AKIAIOSFODNN7EXAMPLE denied", "IOSFODNN"),
             ("glpat-abcdefghij1234567890 expired", "abcdefghij"),
             ("github_pat_11ABCDEFG0123456789_abcdef revoked", "11ABCDEFG"),
-            ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl rejected", "c2lnbmF0dXJl"),
+            (
+                "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl rejected",
+                "c2lnbmF0dXJl",
+            ),
             ("fetching https://user:p4ssw0rd@example.com/x failed", "p4ssw0rd"),
             ("clone https://ghtoken123456@github.com/o/r", "ghtoken123456"),
             ("Set-Cookie: session=abcdef0123456789", "abcdef0123"),

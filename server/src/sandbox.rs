@@ -142,16 +142,35 @@ fn landlock_abi() -> Result<i32, String> {
 /// environment or memory through `/proc`, nor ptrace it. Call first thing in `main`.
 pub fn deny_dumping() {
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and changes only this process.
-    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
     if r != 0 {
-        eprintln!("warning: cannot make the server undumpable: {}", io::Error::last_os_error());
+        eprintln!(
+            "warning: cannot make the server undumpable: {}",
+            io::Error::last_os_error()
+        );
     }
 }
 
 /// Whether this process is dumpable (for `/status`).
 fn dumpable() -> bool {
     // SAFETY: PR_GET_DUMPABLE reads one flag of this process.
-    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) != 0 }
+    unsafe {
+        libc::prctl(
+            libc::PR_GET_DUMPABLE,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        ) != 0
+    }
 }
 
 impl Policy {
@@ -184,7 +203,11 @@ impl Policy {
                 "not started: {why}, and without it the program could read the server's secrets ({}); \
                  run it in a container of its own (an upstream's `stdio.image` on Kubernetes), or start \
                  the server with --child-isolation=best-effort to accept that",
-                self.hidden.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                self.hidden
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
         }
     }
@@ -224,8 +247,12 @@ impl Policy {
 /// Sets the policy of this process (once; later calls change nothing) and logs what it means.
 pub fn init(policy: Policy) {
     match (&policy.landlock, policy.refusal()) {
-        (Ok(abi), _) => tracing::info!(landlock_abi = abi, hidden = ?policy.hidden, "child processes are confined"),
-        (Err(why), Some(_)) => tracing::warn!(why, hidden = ?policy.hidden, "stdio upstreams and exec tools will not start (see --child-isolation)"),
+        (Ok(abi), _) => {
+            tracing::info!(landlock_abi = abi, hidden = ?policy.hidden, "child processes are confined")
+        }
+        (Err(why), Some(_)) => {
+            tracing::warn!(why, hidden = ?policy.hidden, "stdio upstreams and exec tools will not start (see --child-isolation)")
+        }
         (Err(why), None) => tracing::warn!(why, hidden = ?policy.hidden, "child processes are not confined"),
     }
     let _ = POLICY.set(policy);
@@ -257,7 +284,10 @@ pub fn confine(cmd: &mut tokio::process::Command) -> io::Result<Option<OwnedFd>>
     unsafe {
         cmd.pre_exec(move || {
             // Its own /proc/PID, where /proc/self leads (other processes' stay hidden).
-            let own = libc::open(c"/proc/self".as_ptr(), libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+            let own = libc::open(
+                c"/proc/self".as_ptr(),
+                libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+            );
             if own >= 0 {
                 let attr = PathBeneathAttr {
                     allowed_access: own_rights,
@@ -272,7 +302,13 @@ pub fn confine(cmd: &mut tokio::process::Command) -> io::Result<Option<OwnedFd>>
                 );
                 libc::close(own);
             }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) != 0
+            if libc::prctl(
+                libc::PR_SET_NO_NEW_PRIVS,
+                1 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            ) != 0
                 || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0 as libc::c_uint) != 0
             {
                 return Err(io::Error::last_os_error());
@@ -349,7 +385,12 @@ fn build_ruleset(abi: i32, hidden: &[PathBuf]) -> io::Result<OwnedFd> {
     let ancestors: BTreeSet<&Path> = hidden
         .iter()
         .flat_map(|h| h.ancestors().skip(1))
-        .chain(proc.is_dir().then_some(proc).into_iter().flat_map(Path::ancestors))
+        .chain(
+            proc.is_dir()
+                .then_some(proc)
+                .into_iter()
+                .flat_map(Path::ancestors),
+        )
         .collect();
     for dir in &ancestors {
         for entry in std::fs::read_dir(dir)? {
@@ -358,7 +399,9 @@ fn build_ruleset(abi: i32, hidden: &[PathBuf]) -> io::Result<OwnedFd> {
                 continue;
             }
             // A link is followed when used, and the rights of its target apply.
-            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
             let rights = if meta.is_dir() {
                 all
             } else if meta.file_type().is_symlink() {
@@ -390,23 +433,44 @@ mod tests {
         let none = || Err::<i32, _>("this kernel has no Landlock".to_owned());
         let why = policy(Mode::Strict, &["/run/secrets"], none()).refusal().unwrap();
         assert!(
-            why.contains("no Landlock") && why.contains("/run/secrets") && why.contains("stdio.image")
+            why.contains("no Landlock")
+                && why.contains("/run/secrets")
+                && why.contains("stdio.image")
                 && why.contains("--child-isolation=best-effort"),
             "{why}"
         );
-        assert_eq!(policy(Mode::BestEffort, &["/run/secrets"], none()).refusal(), None);
+        assert_eq!(
+            policy(Mode::BestEffort, &["/run/secrets"], none()).refusal(),
+            None
+        );
         assert_eq!(policy(Mode::Strict, &[], none()).refusal(), None);
         assert_eq!(policy(Mode::Strict, &["/run/secrets"], Ok(1)).refusal(), None);
-        assert_eq!(policy(Mode::Strict, &["/x"], none()).status()["children"], "refused");
-        assert_eq!(policy(Mode::BestEffort, &["/x"], none()).status()["children"], "unconfined");
-        assert_eq!(policy(Mode::Strict, &["/x"], Ok(3)).status()["children"], "confined");
+        assert_eq!(
+            policy(Mode::Strict, &["/x"], none()).status()["children"],
+            "refused"
+        );
+        assert_eq!(
+            policy(Mode::BestEffort, &["/x"], none()).status()["children"],
+            "unconfined"
+        );
+        assert_eq!(
+            policy(Mode::Strict, &["/x"], Ok(3)).status()["children"],
+            "confined"
+        );
     }
 
     #[test]
     fn only_process_directories_of_proc_are_hidden() {
         assert!(is_process_dir(Path::new("/proc/1")));
         assert!(is_process_dir(Path::new("/proc/40213")));
-        for other in ["/proc/self", "/proc/sys", "/proc/cpuinfo", "/proc", "/x/12", "/proc/1/task"] {
+        for other in [
+            "/proc/self",
+            "/proc/sys",
+            "/proc/cpuinfo",
+            "/proc",
+            "/x/12",
+            "/proc/1/task",
+        ] {
             assert!(!is_process_dir(Path::new(other)), "{other}");
         }
     }

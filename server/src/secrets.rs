@@ -27,10 +27,10 @@ use crate::handlers::ToolOutput;
 
 pub use crate::config::{CONFIG_MAP_PREFIX, valid_config_map_name};
 
-/// What replaces a secret value found in a tool's output.
-pub use crate::redact::REDACTED;
 /// Values shorter than this are not searched for in outputs (every `a` would go).
 pub use crate::redact::MIN_KNOWN_LEN as MIN_REDACTED_LEN;
+/// What replaces a secret value found in a tool's output.
+pub use crate::redact::REDACTED;
 /// Largest value kept per key (a Kubernetes Secret holds at most 1 MiB in all).
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
 /// Most keys kept per secret.

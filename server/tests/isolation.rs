@@ -96,7 +96,9 @@ fn start(secrets: tempfile::TempDir, args: &[String], envs: &[(&str, &str)]) -> 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let root = secrets.path().display().to_string();
-    let steal = STEAL.replace("SECRETS", &root).replace("HIDDEN", &format!("{d}/hidden.key"));
+    let steal = STEAL
+        .replace("SECRETS", &root)
+        .replace("HIDDEN", &format!("{d}/hidden.key"));
     write(&dir.path().join("hidden.key"), "zq-hidden-file-value-7301");
     write(&dir.path().join("mcp.sh"), &format!("{steal}{HOSTILE_MCP}"));
     write(&dir.path().join("exec.sh"), &format!("{steal}{HOSTILE_EXEC}"));
@@ -158,7 +160,9 @@ upstreams:
 }
 
 fn tools_call(p: &Proc, tool: &str) -> String {
-    let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
+    );
     let auth = "Authorization: Bearer zq-client-token-two-5522\r\n";
     let resp = http_with(p.mcp, "POST", "/mcp", auth, &body).expect("an answer");
     let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
@@ -186,13 +190,27 @@ const TOKENS: &str = "zq-client-token-one-9147\nzq-client-token-two-5522\n";
 /// Asserts that what the hostile tool and upstream returned holds their own value and none
 /// of `stolen`, and that they did read something (the test reads what it means to).
 fn assert_nothing_stolen(s: &Setup, stolen: &[&str]) {
-    for (tool, own) in [("hostile_up_steal", "ZQ-UPSTREAM-OWN-VALUE"), ("exec_steal", "ZQ-EXEC-OWN-VALUE")] {
+    for (tool, own) in [
+        ("hostile_up_steal", "ZQ-UPSTREAM-OWN-VALUE"),
+        ("exec_steal", "ZQ-EXEC-OWN-VALUE"),
+    ] {
         let out = tools_call(&s.proc, tool);
-        assert!(out.contains(&format!("own={own}")), "{tool}: own value missing: {}", &out[..out.len().min(300)]);
-        assert!(out.contains("ENVIRON") && out.contains("CMDLINE"), "{tool}: the script did not run");
+        assert!(
+            out.contains(&format!("own={own}")),
+            "{tool}: own value missing: {}",
+            &out[..out.len().min(300)]
+        );
+        assert!(
+            out.contains("ENVIRON") && out.contains("CMDLINE"),
+            "{tool}: the script did not run"
+        );
         for v in stolen {
             let at = out.find(v).unwrap_or(0);
-            assert!(!out.contains(v), "{tool} read {v}: {}", &out[at.saturating_sub(300)..(at + 100).min(out.len())]);
+            assert!(
+                !out.contains(v),
+                "{tool} read {v}: {}",
+                &out[at.saturating_sub(300)..(at + 100).min(out.len())]
+            );
         }
     }
     let st = status(&s.proc);
@@ -213,7 +231,10 @@ fn children_read_none_of_the_servers_secrets_with_a_dir_source() {
     let root = secrets.path().display().to_string();
     let s = start(
         secrets,
-        &[format!("--secrets=dir:{root}"), "--auth-tokens-secret=clients.tokens".into()],
+        &[
+            format!("--secrets=dir:{root}"),
+            "--auth-tokens-secret=clients.tokens".into(),
+        ],
         &[("QUIVER_STATE_KEY", "zq-state-key-signing-secret-0099")],
     );
     assert_nothing_stolen(
@@ -236,7 +257,10 @@ fn children_read_none_of_the_servers_secrets_with_a_dir_source() {
 fn children_read_none_of_the_servers_secrets_with_the_env_source() {
     let s = start(
         secrets_dir(&[]),
-        &["--secrets=env".into(), "--auth-tokens-secret=clients.tokens".into()],
+        &[
+            "--secrets=env".into(),
+            "--auth-tokens-secret=clients.tokens".into(),
+        ],
         &[
             ("QUIVER_SECRET_MINE_KEY", "zq-exec-own-value"),
             ("QUIVER_SECRET_UP_KEY", "zq-upstream-own-value"),
@@ -269,7 +293,10 @@ fn upstream_text_is_redacted_in_logs_and_status() {
     let root = secrets.path().display().to_string();
     let s = start(
         secrets,
-        &[format!("--secrets=dir:{root}"), "--auth-tokens-secret=clients.tokens".into()],
+        &[
+            format!("--secrets=dir:{root}"),
+            "--auth-tokens-secret=clients.tokens".into(),
+        ],
         &[],
     );
     let echoer = |st: &Value| {
@@ -290,11 +317,18 @@ fn upstream_text_is_redacted_in_logs_and_status() {
     });
     let shown = echoer(&status(&s.proc)).to_string();
     let log = std::fs::read_to_string(&s.log).unwrap();
-    for v in ["zq-upstream-own-value", "zq-client-token-two-5522", "ghp_0123456789"] {
+    for v in [
+        "zq-upstream-own-value",
+        "zq-client-token-two-5522",
+        "ghp_0123456789",
+    ] {
         assert!(!shown.contains(v), "/status shows {v}: {shown}");
         assert!(!log.contains(v), "the log holds {v}");
     }
-    assert!(shown.contains("[redacted] and [redacted] and Bearer [redacted]"), "{shown}");
+    assert!(
+        shown.contains("[redacted] and [redacted] and Bearer [redacted]"),
+        "{shown}"
+    );
     // The upstream's second stderr line is its own log line, never glued as if it were ours.
     assert!(
         log.lines().all(|l| !l.starts_with("FORGED")),

@@ -705,12 +705,7 @@ impl Link {
         // The first few reasons (not a copy of them all); the count says how many there are.
         let (imported, skipped, skipped_count) = {
             let r = self.report.lock().unwrap_or_else(PoisonError::into_inner);
-            let shown: Vec<String> = r
-                .skipped
-                .iter()
-                .take(MAX_SKIPPED_SHOWN)
-                .cloned()
-                .collect();
+            let shown: Vec<String> = r.skipped.iter().take(MAX_SKIPPED_SHOWN).cloned().collect();
             (r.imported, shown, r.skipped.len())
         };
         json!({

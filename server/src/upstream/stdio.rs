@@ -333,7 +333,9 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         let mut buf = Vec::new();
         while let Ok(Some(())) = read_line(&mut lines, &mut buf, MAX_STDERR_LINE, true).await {
             if budget.log_budget.take() {
-                let line = budget.secrets.scrub(&String::from_utf8_lossy(&buf), MAX_STDERR_LINE);
+                let line = budget
+                    .secrets
+                    .scrub(&String::from_utf8_lossy(&buf), MAX_STDERR_LINE);
                 tracing::info!(upstream = %name, line, "upstream stderr");
             }
         }
