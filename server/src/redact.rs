@@ -17,6 +17,7 @@
 //!      `glpat-`, `xoxb-`-style Slack tokens, `sk-`, `sk_live_`, `rk_live_`, `AKIA`/`ASIA`,
 //!      `AIza`) followed by at least 8 token characters, and JWTs (`eyJ…`);
 //!    - the user part of a URL (`https://user:pass@host` → `https://[redacted]@host`).
+//!
 //!    This may hide a harmless word (`tokens: 5`): the safe side.
 //! 3. Control characters (newlines included) and invisible format characters (bidi
 //!    overrides, zero-width spaces) become a space: one upstream line stays one log line and
