@@ -11,8 +11,8 @@
 //!    - everything after `Authorization:` / `Proxy-Authorization:` (or `=`) up to the end
 //!      of the line or a quote;
 //!    - the value after a key naming a credential (a key containing `token`, `secret`,
-//!      `password`, `passwd`, `api_key`/`api-key`/`apikey`, `cookie`, `credential` or
-//!      `private_key`, any case) and `:` or `=`, up to a space, quote, `,`, `;` or `&`;
+//!      `password`, `passwd`, `api_key`/`api-key`/`apikey`, `cookie` or `private_key`, any
+//!      case) and `:` or `=`, up to a space, quote, `,`, `;` or `&`;
 //!    - tokens with a well-known prefix (`ghp_` and the other GitHub kinds, `github_pat_`,
 //!      `glpat-`, `xoxb-`-style Slack tokens, `sk-`, `sk_live_`, `rk_live_`, `AKIA`/`ASIA`,
 //!      `AIza`) followed by at least 8 token characters, and JWTs (`eyJ…`);
@@ -46,7 +46,7 @@ static SHAPES: LazyLock<Vec<Shape>> = LazyLock::new(|| {
         shape(r"(?i)\b((?:proxy-)?authorization[\x22']?\s*[:=]\s*[\x22']?)[^\r\n\x22']+", "${1}[redacted]"),
         shape(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+", "${1}${2}[redacted]"),
         shape(
-            r"(?i)\b([A-Za-z0-9_.-]*(?:token|secret|password|passwd|api[_-]?key|cookie|credential|private[_-]?key)[A-Za-z0-9_.-]*[\x22']?\s*[:=]\s*[\x22']?)[^\s\x22',;&]+",
+            r"(?i)\b([A-Za-z0-9_.-]*(?:token|secret|password|passwd|api[_-]?key|cookie|private[_-]?key)[A-Za-z0-9_.-]*[\x22']?\s*[:=]\s*[\x22']?)[^\s\x22',;&]+",
             "${1}[redacted]",
         ),
         shape(
