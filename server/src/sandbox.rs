@@ -10,15 +10,19 @@
 //!   server itself still reads its own `/proc/self`). This keeps `QUIVER_SECRET_*` variables
 //!   and every value the server holds in memory from a non-root child.
 //! - Landlock, applied in each child between fork and exec ([`confine`]): each child gets a
-//!   domain of its own, so it cannot ptrace (or read `/proc/PID/environ`/`mem` of) the server
-//!   or another child, whatever its capabilities, nor signal them (Landlock ABI 6+); and it may
-//!   read every file except the hidden paths: the pod's credentials under `/run/secrets`
-//!   (the ServiceAccount token, projected tokens), the `dir:` secrets tree (which holds the
-//!   client token list), and any `--hide-from-children` path. Landlock grants access to path
-//!   hierarchies, so hiding a path means granting full access to every entry next to each
-//!   directory on the way to it, and only listing (`READ_DIR`) on those directories.
-//!   Consequences: a child cannot create files directly in a directory on the way to a hidden
-//!   path (e.g. `/`, `/run`), it may list names in the hidden tree but not read a file there.
+//!   domain of its own, so it cannot ptrace or open the memory of the server or another
+//!   child, whatever its capabilities, nor signal them (Landlock ABI 6+); and it may read
+//!   every file except the hidden paths: the pod's credentials under `/run/secrets` (the
+//!   ServiceAccount token, projected tokens), the `dir:` secrets tree (which holds the client
+//!   token list), any `--hide-from-children` path, and every other process's `/proc/PID`
+//!   (another child's environment holds that child's secrets, and Landlock's ptrace rule
+//!   does not cover reading `/proc/PID/environ`); the child's own `/proc/PID` is granted in
+//!   the child before exec. Landlock grants access to path hierarchies, so hiding a path
+//!   means granting full access to every entry next to each directory on the way to it, and
+//!   only listing (`READ_DIR`) on those directories. Consequences: a child cannot create
+//!   files directly in a directory on the way to a hidden path (e.g. `/`, `/run`); it may
+//!   list names in the hidden tree but not read a file there; a process the child starts
+//!   cannot read its own `/proc/PID` files (only the child can).
 //! - Children start with a cleared environment holding only their own configured values
 //!   (done where the command is built: stdio.rs, exec/run.rs, bridge.rs).
 //!
