@@ -204,9 +204,9 @@ impl Policy {
             (Ok(_), _) | (Err(_), Mode::BestEffort) => None,
             (Err(_), Mode::Strict) if self.hidden.is_empty() => None,
             (Err(why), Mode::Strict) => Some(format!(
-                "not started: {why}, and without it the program could read the server's secrets ({}); \
-                 run it in a container of its own (an upstream's `stdio.image` on Kubernetes), or start \
-                 the server with --child-isolation=best-effort to accept that",
+                "{why}, and without it the program could read the server's secrets ({}): run it in a \
+                 container of its own (an upstream's `stdio.image` on Kubernetes), or start the server \
+                 with --child-isolation=best-effort to accept that",
                 self.hidden
                     .iter()
                     .map(|p| p.display().to_string())
