@@ -216,6 +216,14 @@ fn assert_nothing_stolen(s: &Setup, stolen: &[&str]) {
     let st = status(&s.proc);
     assert_eq!(st["childIsolation"]["children"], "confined", "{st}");
     assert_eq!(st["childIsolation"]["serverDumpable"], false, "{st}");
+    // Undumpable, the server still reads its own /proc/self (memory and CPU metrics).
+    let metrics = http(s.proc.admin, "GET", "/metrics", "").expect("an answer");
+    let rss: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("quiver_process_resident_memory_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(rss > 0.0, "no resident memory read from /proc/self/statm");
 }
 
 /// `dir:` source: the tree (client tokens included), the server's environment and memory,
