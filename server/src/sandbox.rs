@@ -40,8 +40,10 @@ use std::sync::OnceLock;
 use serde_json::{Value, json};
 
 /// Where a pod's credentials are mounted (the ServiceAccount token, projected tokens, cloud
-/// workload identity tokens); `/var/run` is a link to `/run`.
-pub const POD_CREDENTIALS: &str = "/run/secrets";
+/// workload identity tokens). Both spellings: `/var/run` is a link to `/run` in most images,
+/// but in an image without it (Quiver's own, `FROM scratch`) the kubelet's mount at
+/// `/var/run/secrets/...` makes a real `/var/run` directory.
+pub const POD_CREDENTIALS: [&str; 2] = ["/run/secrets", "/var/run/secrets"];
 
 /// Where processes' directories are.
 const PROC: &str = "/proc";
@@ -180,7 +182,9 @@ fn dumpable() -> bool {
 impl Policy {
     /// The policy for `mode`, hiding the pod's credentials and `extra` (each that exists).
     pub fn new(mode: Mode, extra: &[PathBuf]) -> Self {
-        let all: BTreeSet<PathBuf> = std::iter::once(Path::new(POD_CREDENTIALS))
+        let all: BTreeSet<PathBuf> = POD_CREDENTIALS
+            .iter()
+            .map(Path::new)
             .chain(extra.iter().map(PathBuf::as_path))
             .filter_map(|p| p.canonicalize().ok())
             .collect();
