@@ -1113,7 +1113,7 @@ upstreams:
     fn secrets_of_upstreams_are_granted_and_only_secrets_are_templates() {
         let ts = parse(
             "t",
-            "upstreams:\n  - {name: gh, http: {url: \"https://api.example/mcp\", headers: {Authorization: \"Bearer {{secret.github.token}}\"}, tls: {caSecret: corp-ca}}}\n  - {name: db, stdio: {command: [db-mcp], env: {DSN: \"{{secret.db.dsn}}\"}}, tools: {prefix: db_}}\n",
+            "upstreams:\n  - {name: gh, http: {url: \"https://api.example/mcp\", headers: {Authorization: \"Bearer {{secret.github.token}}\"}, tls: {caSecret: corp-ca}}, tools: {prefix: gh_}}\n  - {name: db, stdio: {command: [db-mcp], env: {DSN: \"{{secret.db.dsn}}\"}}, tools: {prefix: db_}}\n",
         )
         .unwrap();
         let c = compile(&ts).unwrap();
