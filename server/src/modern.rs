@@ -321,9 +321,7 @@ impl StateKey {
             return Err("requestState has expired; call again without it".to_owned());
         }
         if p.u != call.caller {
-            return Err(
-                "requestState was issued to another caller; call again without it".to_owned(),
-            );
+            return Err("requestState was issued to another caller; call again without it".to_owned());
         }
         if p.c != call.call {
             return Err(
@@ -483,7 +481,10 @@ mod tests {
         let args = json!({"x": 1});
         let alice = CallId::new("tools/call", "t", &args, "alice-digest");
         let mut answers = Map::new();
-        answers.insert("k".into(), json!({"action": "accept", "content": {"secret": "A's"}}));
+        answers.insert(
+            "k".into(),
+            json!({"action": "accept", "content": {"secret": "A's"}}),
+        );
         let s = key.seal(&alice, &answers);
         assert_eq!(key.open(&s, &alice).unwrap(), answers);
         for other in ["bob-digest", ""] {

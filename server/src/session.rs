@@ -431,7 +431,10 @@ mod tests {
         for n in 0..MAX_SESSIONS + 10 {
             s.open(&id('b', n), ClientCaps::default());
         }
-        assert!(s.caps(&id('a', 0)).is_some(), "Alice's session is still remembered");
+        assert!(
+            s.caps(&id('a', 0)).is_some(),
+            "Alice's session is still remembered"
+        );
         assert_eq!(s.len(), MAX_SESSIONS_PER_CALLER + 1);
         // Mallory's own oldest went first; her newest are kept.
         assert!(s.caps(&id('b', 0)).is_none());
@@ -453,7 +456,13 @@ mod tests {
         let anon = mint("");
         assert!(owned_by(&anon, "") && !owned_by(&anon, "alice"));
         assert!(a.len() <= crate::protocol::MAX_SESSION_ID_LEN);
-        for bad in ["", "x", "stdio", "abc.def", &format!("{}.{}", "g".repeat(32), a.split_once('.').unwrap().1)] {
+        for bad in [
+            "",
+            "x",
+            "stdio",
+            "abc.def",
+            &format!("{}.{}", "g".repeat(32), a.split_once('.').unwrap().1),
+        ] {
             assert!(!owned_by(bad, "alice"), "{bad}");
         }
     }

@@ -110,12 +110,18 @@ async fn a_session_is_its_callers_alone() {
     let (status, v) = h.raw(as_caller(rpc("ping"), BOB, Some(&alice))).await;
     assert_eq!((status, v["error"]["code"].as_i64()), (404, Some(-32600)), "{v}");
     assert_eq!(v["id"], 1);
-    let set = post(&json!({"jsonrpc": "2.0", "id": 2, "method": "logging/setLevel", "params": {"level": "emergency"}}).to_string());
+    let set = post(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "logging/setLevel", "params": {"level": "emergency"}})
+            .to_string(),
+    );
     assert_eq!(h.send(as_caller(set, BOB, Some(&alice))).await.0, 404);
     assert_eq!(h.send(get_stream(BOB, &alice)).await.0, 404);
     assert_eq!(h.send(delete(BOB, &alice)).await.0, 404);
     // ... so Alice's session is untouched: still hers, not ended, level unchanged.
-    assert_eq!(h.server.sessions.level(&alice), quiver_server::session::LogLevel::Info);
+    assert_eq!(
+        h.server.sessions.level(&alice),
+        quiver_server::session::LogLevel::Info
+    );
     assert!(h.server.sessions.caps(&alice).is_some());
     assert_eq!(h.send(as_caller(rpc("ping"), ALICE, Some(&alice))).await.0, 200);
     assert_eq!(h.send(delete(ALICE, &alice)).await.0, 204);
@@ -137,13 +143,24 @@ async fn session_ids_are_the_servers_and_bound_to_the_caller() {
     assert!(!first.contains("alice") && first.len() <= 128);
     // Ids a client makes up are unknown sessions, also when shaped like the server's.
     let made_up = format!("{}.{}", "0".repeat(32), owner(&first).replace('a', "b"));
-    for id in ["my-own-session", "0123456789abcdef0123456789abcdef", made_up.as_str()] {
-        assert_eq!(h.send(as_caller(rpc("ping"), ALICE, Some(id))).await.0, 404, "{id}");
+    for id in [
+        "my-own-session",
+        "0123456789abcdef0123456789abcdef",
+        made_up.as_str(),
+    ] {
+        assert_eq!(
+            h.send(as_caller(rpc("ping"), ALICE, Some(id))).await.0,
+            404,
+            "{id}"
+        );
     }
     // Stateless: an id the server issued to Alice that this replica never saw still serves her
     // (another replica initialized it).
     let elsewhere = format!("{}.{}", "f".repeat(32), owner(&first));
-    assert_eq!(h.send(as_caller(rpc("ping"), ALICE, Some(&elsewhere))).await.0, 200);
+    assert_eq!(
+        h.send(as_caller(rpc("ping"), ALICE, Some(&elsewhere))).await.0,
+        200
+    );
     assert_eq!(h.send(as_caller(rpc("ping"), BOB, Some(&elsewhere))).await.0, 404);
 }
 
@@ -171,25 +188,41 @@ fn modern_call(tool: &str, extra: Value) -> Request<Body> {
 #[tokio::test]
 async fn request_state_is_refused_to_another_caller() {
     let h = with_tokens();
-    let (status, asked) = h.raw(as_caller(modern_call("form", json!({})), ALICE, None)).await;
+    let (status, asked) = h
+        .raw(as_caller(modern_call("form", json!({})), ALICE, None))
+        .await;
     assert_eq!(status, 200, "{asked}");
     let r = &asked["result"];
     assert_eq!(r["resultType"], "input_required", "{asked}");
     let state = r["requestState"].as_str().unwrap().to_owned();
-    let key = r["inputRequests"].as_object().unwrap().keys().next().unwrap().clone();
-    let answer = |name: &str| {
-        json!({"requestState": state, "inputResponses": {key.clone(): {"action": "accept", "content": {"name": name}}}})
-    };
+    let key = r["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let answer = |name: &str| json!({"requestState": state, "inputResponses": {key.clone(): {"action": "accept", "content": {"name": name}}}});
     // Bob retries Alice's call with her state: a JSON-RPC error saying why.
-    let (_, v) = h.raw(as_caller(modern_call("form", answer("bob")), BOB, None)).await;
+    let (_, v) = h
+        .raw(as_caller(modern_call("form", answer("bob")), BOB, None))
+        .await;
     assert_eq!(v["error"]["code"], -32602, "{v}");
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("issued to another caller"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("issued to another caller"),
         "{v}"
     );
     // Alice's own retry completes.
-    let (_, v) = h.raw(as_caller(modern_call("form", answer("alice")), ALICE, None)).await;
-    assert_eq!(v["result"]["structuredContent"]["content"]["name"], "alice", "{v}");
+    let (_, v) = h
+        .raw(as_caller(modern_call("form", answer("alice")), ALICE, None))
+        .await;
+    assert_eq!(
+        v["result"]["structuredContent"]["content"]["name"], "alice",
+        "{v}"
+    );
 }
 
 fn with_issuer(audience: &str, allowed_hosts: Option<Vec<String>>) -> Harness {
@@ -254,7 +287,9 @@ async fn protected_resource_metadata_names_the_configured_resource_only() {
     let h = with_issuer("https://mcp.example/mcp", Some(vec!["mcp.example".into()]));
     assert_eq!(h.send(metadata("attacker.example", None)).await.0, 403);
     assert_eq!(
-        h.send(metadata("mcp.example", Some("https://attacker.example"))).await.0,
+        h.send(metadata("mcp.example", Some("https://attacker.example")))
+            .await
+            .0,
         403
     );
     assert_eq!(h.send(metadata("mcp.example", None)).await.0, 200);

@@ -430,7 +430,8 @@ fn sleep_call(id: &str, ms: u64, session: Option<&str>) -> Request<Body> {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": ms}}});
     let mut req = post(&body.to_string());
     if let Some(s) = session {
-        req.headers_mut().insert("mcp-session-id", common::sid(s).parse().unwrap());
+        req.headers_mut()
+            .insert("mcp-session-id", common::sid(s).parse().unwrap());
     }
     req
 }
@@ -439,7 +440,8 @@ fn cancel(id: &str, session: Option<&str>) -> Request<Body> {
     let body = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}});
     let mut req = post(&body.to_string());
     if let Some(s) = session {
-        req.headers_mut().insert("mcp-session-id", common::sid(s).parse().unwrap());
+        req.headers_mut()
+            .insert("mcp-session-id", common::sid(s).parse().unwrap());
     }
     req
 }

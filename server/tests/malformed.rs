@@ -327,11 +327,19 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
         404,
         "a second DELETE"
     );
-    let get = format!("GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAccept: text/event-stream\r\nMcp-Session-Id: {id}\r\n\r\n");
+    let get = format!(
+        "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAccept: text/event-stream\r\nMcp-Session-Id: {id}\r\n\r\n"
+    );
     assert_eq!(exchange(s.mcp, get.as_bytes()).await.status, 404);
     // Other sessions, and requests without one, are not affected.
     assert_eq!(
-        post_with(s.mcp, ping, &format!("Mcp-Session-Id: {}\r\n", net::sid("s-other"))).await.status,
+        post_with(
+            s.mcp,
+            ping,
+            &format!("Mcp-Session-Id: {}\r\n", net::sid("s-other"))
+        )
+        .await
+        .status,
         200
     );
     assert_still_serves(s.mcp).await;

@@ -485,7 +485,10 @@ pub(super) fn compile_upstreams(
             } else if let Some(r) = names.prefixed_source(to) {
                 p.push(
                     &path,
-                    format!("`{to}` is also the name `{r}` of this upstream is served under (prefix `{}`)", names.prefix),
+                    format!(
+                        "`{to}` is also the name `{r}` of this upstream is served under (prefix `{}`)",
+                        names.prefix
+                    ),
                 );
             }
         }
@@ -633,7 +636,10 @@ impl Namespace {
         for (a, b) in [(self, other), (other, self)] {
             for (from, to) in &a.rename {
                 if a.selected(from) && b.could_serve(to) {
-                    return Some(format!("both could serve `{to}` (upstream `{}` renames `{from}` to it)", a.upstream));
+                    return Some(format!(
+                        "both could serve `{to}` (upstream `{}` renames `{from}` to it)",
+                        a.upstream
+                    ));
                 }
             }
         }
@@ -643,7 +649,11 @@ impl Namespace {
             for gb in other.patterns() {
                 let literal = |g: &str| !g.contains('*');
                 if literal(ga) || literal(gb) {
-                    let (ns, g, rival) = if literal(ga) { (self, ga, other) } else { (other, gb, self) };
+                    let (ns, g, rival) = if literal(ga) {
+                        (self, ga, other)
+                    } else {
+                        (other, gb, self)
+                    };
                     if ns.selected(g) && !ns.rename.contains_key(g) {
                         let n = format!("{}{g}", ns.prefix);
                         if rival.could_serve(&n) {
@@ -663,7 +673,10 @@ impl Namespace {
                 }
                 let shown = |ns: &Self| {
                     if ns.prefix.is_empty() {
-                        format!("upstream `{}` has no prefix, so it can serve any name", ns.upstream)
+                        format!(
+                            "upstream `{}` has no prefix, so it can serve any name",
+                            ns.upstream
+                        )
                     } else {
                         format!("upstream `{}` serves `{}*`", ns.upstream, ns.prefix)
                     }
@@ -671,7 +684,11 @@ impl Namespace {
                 return Some(if self.prefix == other.prefix {
                     format!("both import under the same prefix (`{}`)", self.prefix)
                 } else {
-                    format!("their names can meet at `{longer}…` ({}; {})", shown(self), shown(other))
+                    format!(
+                        "their names can meet at `{longer}…` ({}; {})",
+                        shown(self),
+                        shown(other)
+                    )
                 });
             }
         }
@@ -702,7 +719,10 @@ fn check_names(ups: &[CompiledUpstream], local: &FxHashSet<&str>, p: &mut Proble
             .filter(|l| {
                 ns.could_serve(l)
                     && !ns.rename.values().any(|v| v == l)
-                    && !ns.include.iter().any(|g| g.is_literal() && ns.served_name(&g.0) == *l)
+                    && !ns
+                        .include
+                        .iter()
+                        .any(|g| g.is_literal() && ns.served_name(&g.0) == *l)
             })
             .collect();
         if !clash.is_empty() {
@@ -734,7 +754,6 @@ impl CompiledUpstream {
             .find(|(k, ns)| *k != self.at && ns.could_serve(name))
             .map(|(_, ns)| ns)
     }
-
 
     /// Compiles the tools of `listed` (an upstream's `tools/list` entries) that this
     /// upstream serves. Names in `taken` (local tools, earlier upstreams) are not served
@@ -979,7 +998,9 @@ upstreams:
             "upstreams:\n  - {name: a, stdio: {command: [a]}}\n  - {name: b, stdio: {command: [b]}}\n",
         );
         assert!(
-            p.iter().any(|x| x.starts_with("upstreams[1].tools: upstreams[0] (`a`) and this one: both import under the same prefix")),
+            p.iter().any(|x| x.starts_with(
+                "upstreams[1].tools: upstreams[0] (`a`) and this one: both import under the same prefix"
+            )),
             "{p:?}"
         );
         // Listed tools that do not meet may share a prefix; listed tools that meet may not.
@@ -1008,7 +1029,8 @@ upstreams:
 
     fn refused_as(p: &[String], wanted: &str) {
         assert!(
-            p.iter().any(|x| x.starts_with("upstreams[1].tools: upstreams[0] (`other`)") && x.contains(wanted)),
+            p.iter()
+                .any(|x| x.starts_with("upstreams[1].tools: upstreams[0] (`other`)") && x.contains(wanted)),
             "`{wanted}` not in {p:#?}"
         );
     }
@@ -1016,16 +1038,28 @@ upstreams:
     #[test]
     fn no_upstream_can_serve_a_name_of_another_upstreams_prefix() {
         // The impostor without a prefix that lists gh's name.
-        refused_as(&beside_gh("{include: [gh_create_issue]}", "{prefix: gh_}"), "both could serve `gh_create_issue`");
+        refused_as(
+            &beside_gh("{include: [gh_create_issue]}", "{prefix: gh_}"),
+            "both could serve `gh_create_issue`",
+        );
         // No prefix and no list: any name it is sent, gh's included.
         refused_as(
             &beside_gh("{}", "{prefix: gh_}"),
             "upstream `other` has no prefix, so it can serve any name",
         );
-        refused_as(&beside_gh("{include: [\"gh_*\"]}", "{prefix: gh_}"), "can meet at `gh_…`");
-        refused_as(&beside_gh("{include: [\"*\"]}", "{prefix: gh_, include: [\"create_*\"]}"), "can meet at `gh_create_…`");
+        refused_as(
+            &beside_gh("{include: [\"gh_*\"]}", "{prefix: gh_}"),
+            "can meet at `gh_…`",
+        );
+        refused_as(
+            &beside_gh("{include: [\"*\"]}", "{prefix: gh_, include: [\"create_*\"]}"),
+            "can meet at `gh_create_…`",
+        );
         // One prefix the start of the other: `gh_x_y` is gh's `x_y` and other's `y`.
-        refused_as(&beside_gh("{prefix: gh_x_}", "{prefix: gh_}"), "can meet at `gh_x_…`");
+        refused_as(
+            &beside_gh("{prefix: gh_x_}", "{prefix: gh_}"),
+            "can meet at `gh_x_…`",
+        );
         refused_as(&beside_gh("{prefix: g}", "{prefix: gh_}"), "can meet at `gh_…`");
         // Renamed into gh's names, or onto a name gh renames to.
         refused_as(
@@ -1033,11 +1067,17 @@ upstreams:
             "both could serve `gh_create_issue` (upstream `other` renames `make` to it)",
         );
         refused_as(
-            &beside_gh("{prefix: o_, rename: {make: create}}", "{prefix: gh_, rename: {create_issue: create}}"),
+            &beside_gh(
+                "{prefix: o_, rename: {make: create}}",
+                "{prefix: gh_, rename: {create_issue: create}}",
+            ),
             "both could serve `create`",
         );
         // gh's listed name inside other's open names.
-        refused_as(&beside_gh("{prefix: gh}", "{prefix: gh_, include: [list]}"), "both could serve `gh_list`");
+        refused_as(
+            &beside_gh("{prefix: gh}", "{prefix: gh_, include: [list]}"),
+            "both could serve `gh_list`",
+        );
     }
 
     #[test]
@@ -1053,9 +1093,15 @@ upstreams:
             // No prefix, listed names outside gh's.
             ("{include: [search, \"get_*\"]}", "{prefix: gh_}"),
             // A listed name of gh excluded from the other (exact, not a pattern).
-            ("{include: [\"*\"], exclude: [gh_list]}", "{prefix: gh_, include: [list]}"),
+            (
+                "{include: [\"*\"], exclude: [gh_list]}",
+                "{prefix: gh_, include: [list]}",
+            ),
             // A rename onto a name gh never serves (its `create` is renamed away).
-            ("{prefix: o_, rename: {make: gh_create}}", "{prefix: gh_, rename: {create: issue}, include: [create]}"),
+            (
+                "{prefix: o_, rename: {make: gh_create}}",
+                "{prefix: gh_, rename: {create: issue}, include: [create]}",
+            ),
         ] {
             assert_eq!(beside_gh(first, gh), Vec::<String>::new(), "{first} / {gh}");
         }
@@ -1070,19 +1116,34 @@ upstreams:
         };
         let p = with_local("{}");
         assert!(
-            p.iter().any(|x| x.starts_with("upstreams[0].tools: could serve `deploy`, `gh_x`, tool names of this ToolSet")),
+            p.iter().any(|x| x
+                .starts_with("upstreams[0].tools: could serve `deploy`, `gh_x`, tool names of this ToolSet")),
             "{p:#?}"
         );
         let p = with_local("{prefix: gh_}");
         assert!(p.iter().any(|x| x.contains("could serve `gh_x`")), "{p:#?}");
         let p = with_local("{prefix: o_, rename: {x: deploy}}");
-        assert!(p.iter().any(|x| x.contains("rename.x: `deploy` is a tool of this ToolSet")), "{p:#?}");
-        for fine in ["{prefix: o_}", "{exclude: [deploy, \"gh_*\"]}", "{include: [search]}", "{prefix: gh_, exclude: [x]}"] {
+        assert!(
+            p.iter()
+                .any(|x| x.contains("rename.x: `deploy` is a tool of this ToolSet")),
+            "{p:#?}"
+        );
+        for fine in [
+            "{prefix: o_}",
+            "{exclude: [deploy, \"gh_*\"]}",
+            "{include: [search]}",
+            "{prefix: gh_, exclude: [x]}",
+        ] {
             assert_eq!(with_local(fine), Vec::<String>::new(), "{fine}");
         }
         // A rename onto a name its own prefix gives another of its tools.
-        let p = problems("upstreams: [{name: a, stdio: {command: [a]}, tools: {prefix: a_, rename: {x: a_y}}}]");
-        assert!(p.iter().any(|x| x.contains("rename.x: `a_y` is also the name `y`")), "{p:#?}");
+        let p =
+            problems("upstreams: [{name: a, stdio: {command: [a]}, tools: {prefix: a_, rename: {x: a_y}}}]");
+        assert!(
+            p.iter()
+                .any(|x| x.contains("rename.x: `a_y` is also the name `y`")),
+            "{p:#?}"
+        );
     }
 
     #[test]
@@ -1098,15 +1159,24 @@ upstreams:
         let listed = vec![json!({"name": "gh_create_issue"}), json!({"name": "search"})];
         let mut taken = FxHashSet::default();
         let (tools, report) = other.import(1, &listed, &mut taken);
-        assert_eq!(tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["search"]);
+        assert_eq!(
+            tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["search"]
+        );
         assert!(
-            report.skipped.iter().any(|s| s.contains("`gh_create_issue` is a name upstream `gh` can serve")),
+            report
+                .skipped
+                .iter()
+                .any(|s| s.contains("`gh_create_issue` is a name upstream `gh` can serve")),
             "{report:?}"
         );
         // ... and gh does not get it first either: `other` can serve any name.
         let (tools, report) = gh.import(0, &[json!({"name": "create_issue"})], &mut taken);
         assert!(tools.is_empty(), "{report:?}");
-        assert!(report.skipped[0].contains("upstream `other` can serve"), "{report:?}");
+        assert!(
+            report.skipped[0].contains("upstream `other` can serve"),
+            "{report:?}"
+        );
     }
 
     #[test]

@@ -98,7 +98,11 @@ fn subject(kind: &str, identity: &[u8]) -> Box<str> {
         .chain_update([0])
         .chain_update(identity)
         .finalize();
-    d[..16].iter().map(|b| format!("{b:02x}")).collect::<String>().into()
+    d[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()
+        .into()
 }
 
 /// Equal without an early exit.
@@ -623,7 +627,10 @@ mod tests {
         let p = a.check(&with("Bearer grants-token-0123456789")).unwrap();
         assert_eq!(
             (&p.scopes, &p.groups),
-            (&Principal::new(["deploy:write", "read"], ["sre"]).scopes, &vec![Box::from("sre")])
+            (
+                &Principal::new(["deploy:write", "read"], ["sre"]).scopes,
+                &vec![Box::from("sre")]
+            )
         );
         // Each token is its own caller, and its subject does not show the token.
         let other = auth("other-token-0123456789\ngrants-token-0123456789\n").0;

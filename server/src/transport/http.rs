@@ -680,11 +680,10 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     if let Some(scopes) = handled.forbidden.filter(|s| !s.is_empty())
         && let Some(auth) = &state.options.auth
     {
-        resp.headers_mut()
-            .insert(
-                header::WWW_AUTHENTICATE,
-                auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
-            );
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
+        );
     }
     if handled.initialized {
         // Always a new id of the server's, bound to this caller (a client's own id is not taken).
@@ -856,10 +855,11 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
         Ok((_, true)) => return not_in_modern("GET"),
         Ok(_) => {}
     }
-    let session = match session_id(&headers).and_then(|s| check_session(&state, s, caller.as_deref()).map(|()| s)) {
-        Ok(s) => s.to_owned(),
-        Err(r) => return r.into_response(),
-    };
+    let session =
+        match session_id(&headers).and_then(|s| check_session(&state, s, caller.as_deref()).map(|()| s)) {
+            Ok(s) => s.to_owned(),
+            Err(r) => return r.into_response(),
+        };
     if !state.load.streams.try_enter_detached() {
         state.server.metrics.refused(Refusal::Streams);
         return http_error(
