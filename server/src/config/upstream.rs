@@ -486,7 +486,7 @@ pub(super) fn compile_upstreams(
                 p.push(
                     &path,
                     format!(
-                        "`{to}` is also the name `{r}` of this upstream is served under (prefix `{}`)",
+                        "`{to}` is also the name its own `{r}` is served as (prefix `{}`)",
                         names.prefix
                     ),
                 );
@@ -1141,7 +1141,7 @@ upstreams:
             problems("upstreams: [{name: a, stdio: {command: [a]}, tools: {prefix: a_, rename: {x: a_y}}}]");
         assert!(
             p.iter()
-                .any(|x| x.contains("rename.x: `a_y` is also the name `y`")),
+                .any(|x| x.contains("rename.x: `a_y` is also the name its own `y` is served as")),
             "{p:#?}"
         );
     }
