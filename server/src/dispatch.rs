@@ -826,6 +826,7 @@ impl Server {
                             let retry = retry.and_then(Result::ok);
                             let m = ModernArgs {
                                 meta,
+                                caller: ctx.caller.map_or("", |c| &c.subject),
                                 answers: retry.as_ref().and_then(|r| r.input_responses),
                                 state: retry.as_ref().and_then(|r| r.request_state.as_deref()),
                             };
@@ -877,6 +878,7 @@ impl Server {
                             let retry = retry.and_then(Result::ok);
                             let m = ModernArgs {
                                 meta,
+                                caller: ctx.caller.map_or("", |c| &c.subject),
                                 answers: retry.as_ref().and_then(|r| r.input_responses),
                                 state: retry.as_ref().and_then(|r| r.request_state.as_deref()),
                             };
@@ -1381,7 +1383,7 @@ impl Server {
         args: &Value,
         m: ModernArgs<'_>,
     ) -> Result<ModernCall, crate::modern::Refusal> {
-        let call = crate::modern::CallId::new(method, name, args);
+        let call = crate::modern::CallId::new(method, name, args, m.caller);
         let mut answers = match m.state {
             Some(s) => self
                 .state_key
@@ -1721,6 +1723,8 @@ pub struct Deferred {
 /// What `tools/call` gets from a 2026-07-28 request besides the call itself.
 struct ModernArgs<'a> {
     meta: crate::modern::Meta<'a>,
+    /// The caller's [`Principal::subject`] (empty: not known), which `requestState` is bound to.
+    caller: &'a str,
     answers: Option<&'a RawValue>,
     state: Option<&'a str>,
 }

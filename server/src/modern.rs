@@ -272,10 +272,10 @@ impl StateKey {
             .into()
     }
 
-    /// Seals the answers gathered so far for `call` (method, name, arguments).
+    /// Seals the answers gathered so far for `call` (method, name, arguments, caller).
     pub fn seal(&self, call: &CallId, answers: &Map<String, Value>) -> String {
         let expires = now_secs() + STATE_TTL.as_secs();
-        let payload = json!({"v": 1, "c": call.0, "x": expires, "a": answers});
+        let payload = json!({"v": 1, "c": call.call, "u": call.caller, "x": expires, "a": answers});
         let payload = serde_json::to_vec(&payload).unwrap_or_default();
         let mac = self.mac(&payload);
         format!(
@@ -285,7 +285,8 @@ impl StateKey {
         )
     }
 
-    /// Opens a `requestState`, checking its signature, its age and that it belongs to `call`.
+    /// Opens a `requestState`, checking its signature, its age and that it belongs to `call`
+    /// (and so to the caller it was issued to).
     ///
     /// # Errors
     /// A message saying why the state is refused.
@@ -307,6 +308,8 @@ impl StateKey {
         struct Payload {
             v: u32,
             c: String,
+            #[serde(default)]
+            u: String,
             x: u64,
             a: Map<String, Value>,
         }
@@ -317,7 +320,10 @@ impl StateKey {
         if p.x < now_secs() {
             return Err("requestState has expired; call again without it".to_owned());
         }
-        if p.c != call.0 {
+        if p.u != call.caller {
+            return Err("requestState was issued to another caller; call again without it".to_owned());
+        }
+        if p.c != call.call {
             return Err(
                 "requestState belongs to another request (method, name or arguments differ)".to_owned(),
             );
@@ -327,13 +333,19 @@ impl StateKey {
 }
 
 /// What a `requestState` is bound to: a digest of the method, the tool/prompt name and the
-/// arguments, so that state from one call cannot be presented on another.
+/// arguments, so that state from one call cannot be presented on another, and a digest of
+/// the caller's identity, so that one caller's state (its answers) cannot be presented by
+/// another.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallId(String);
+pub struct CallId {
+    call: String,
+    caller: String,
+}
 
 impl CallId {
-    /// The identity of `method` on `name` with `args`.
-    pub fn new(method: &str, name: &str, args: &Value) -> Self {
+    /// The identity of `method` on `name` with `args`, called by `caller` (a
+    /// [`crate::config::access::Principal::subject`]; empty when the caller is not known).
+    pub fn new(method: &str, name: &str, args: &Value, caller: &str) -> Self {
         let mut h = Sha256::new();
         h.update(method.as_bytes());
         h.update([0]);
@@ -341,7 +353,19 @@ impl CallId {
         h.update([0]);
         h.update(serde_json::to_vec(args).unwrap_or_default());
         let d = h.finalize();
-        Self(URL_SAFE_NO_PAD.encode(&d[..18]))
+        let caller = if caller.is_empty() {
+            String::new()
+        } else {
+            let who = Sha256::new()
+                .chain_update(b"quiver requestState caller\0")
+                .chain_update(caller.as_bytes())
+                .finalize();
+            URL_SAFE_NO_PAD.encode(&who[..12])
+        };
+        Self {
+            call: URL_SAFE_NO_PAD.encode(&d[..18]),
+            caller,
+        }
     }
 }
 
@@ -428,13 +452,13 @@ mod tests {
     #[test]
     fn request_state_is_bound_signed_and_tamper_evident() {
         let key = StateKey::random();
-        let call = CallId::new("tools/call", "t", &json!({"x": 1}));
+        let call = CallId::new("tools/call", "t", &json!({"x": 1}), "");
         let mut answers = Map::new();
         answers.insert("k".into(), json!({"action": "accept"}));
         let s = key.seal(&call, &answers);
         assert_eq!(key.open(&s, &call).unwrap(), answers);
         // Another call, another key, any altered byte, garbage: refused.
-        let other = CallId::new("tools/call", "t", &json!({"x": 2}));
+        let other = CallId::new("tools/call", "t", &json!({"x": 2}), "");
         assert!(key.open(&s, &other).is_err());
         assert!(StateKey::random().open(&s, &call).is_err());
         assert!(key.open(&format!("{s}-TAMPERED"), &call).is_err());
@@ -449,5 +473,28 @@ mod tests {
         let b = StateKey::from_secret(b"0123456789abcdef-shared").unwrap();
         assert_eq!(b.open(&a.seal(&call, &answers), &call).unwrap(), answers);
         assert!(StateKey::from_secret(b"short").is_err());
+    }
+
+    #[test]
+    fn request_state_is_bound_to_its_caller() {
+        let key = StateKey::random();
+        let args = json!({"x": 1});
+        let alice = CallId::new("tools/call", "t", &args, "alice-digest");
+        let mut answers = Map::new();
+        answers.insert(
+            "k".into(),
+            json!({"action": "accept", "content": {"secret": "A's"}}),
+        );
+        let s = key.seal(&alice, &answers);
+        assert_eq!(key.open(&s, &alice).unwrap(), answers);
+        for other in ["bob-digest", ""] {
+            let err = key
+                .open(&s, &CallId::new("tools/call", "t", &args, other))
+                .unwrap_err();
+            assert!(err.contains("issued to another caller"), "{err}");
+        }
+        // Nor does a caller take state sealed for nobody in particular.
+        let anonymous = key.seal(&CallId::new("tools/call", "t", &args, ""), &answers);
+        assert!(key.open(&anonymous, &alice).is_err());
     }
 }

@@ -1,18 +1,29 @@
 //! What the server remembers about a session: what its client can do (sampling,
 //! elicitation), the logging level it asked for, and the resources it subscribed to.
 //!
-//! Everything here is bounded: at most [`MAX_SESSIONS`] sessions are remembered (opening one
-//! more forgets the oldest) and a session holds at most [`MAX_SUBSCRIPTIONS`] subscriptions.
-//! A session this server never saw initialize (another replica did, or the server restarted)
-//! gets default state on first use: nothing known about its client, level `info`.
+//! A session id is the server's: [`mint`] draws it at `initialize` and binds it to the caller
+//! (`NONCE.OWNER`, 128 random bits and a digest of the caller's identity), so any replica can
+//! tell, without shared state, whether a request's caller is the one the id was issued to
+//! ([`owned_by`]); the transport answers any other id as an unknown session.
+//!
+//! Everything here is bounded: at most [`MAX_SESSIONS`] sessions are remembered, at most
+//! [`MAX_SESSIONS_PER_CALLER`] of one authenticated caller (its own oldest is forgotten
+//! first, so one caller cannot push out everyone else's), and a session holds at most
+//! [`MAX_SUBSCRIPTIONS`] subscriptions. A session this server never saw initialize (another
+//! replica did, or the server restarted) gets default state on first use: nothing known
+//! about its client, level `info`.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use rustc_hash::{FxHashMap, FxHashSet};
+use sha2::{Digest, Sha256};
 
 /// Sessions remembered at once.
 pub const MAX_SESSIONS: usize = 65_536;
+/// Sessions of one authenticated caller remembered at once (callers without credentials
+/// cannot be told apart: together they may hold all [`MAX_SESSIONS`]).
+pub const MAX_SESSIONS_PER_CALLER: usize = 4_096;
 /// Resource subscriptions one session may hold.
 pub const MAX_SUBSCRIPTIONS: usize = 1_024;
 /// Resource subscriptions of all sessions together (a reload compares each one's contents).
@@ -43,12 +54,81 @@ struct State {
     subscriptions: FxHashSet<Box<str>>,
 }
 
+/// The digest of an owner in session ids (32 hex digits).
+fn owner_tag(subject: &str) -> String {
+    let d = Sha256::new()
+        .chain_update(b"quiver session owner\0")
+        .chain_update(subject.as_bytes())
+        .finalize();
+    hex(&d[..16])
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The owner part of callers without an identity (no client authentication).
+static ANONYMOUS: LazyLock<String> = LazyLock::new(|| owner_tag(""));
+
+/// A new session id for the caller whose [`crate::config::access::Principal::subject`] is
+/// `subject` (empty: not authenticated).
+pub fn mint(subject: &str) -> String {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_err() {
+        // Unreachable on Linux; a time-derived nonce still differs per call.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b = t.to_le_bytes();
+    }
+    format!("{}.{}", hex(&b), owner_tag(subject))
+}
+
+/// Whether `id` is a session id [`mint`] issued to the caller `subject`: any other id
+/// (another caller's, or one a client made up) is an unknown session.
+pub fn owned_by(id: &str, subject: &str) -> bool {
+    let Some((nonce, owner)) = id.split_once('.') else {
+        return false;
+    };
+    nonce.len() == 32
+        && nonce.bytes().all(|b| b.is_ascii_hexdigit())
+        && (if subject.is_empty() {
+            owner == ANONYMOUS.as_str()
+        } else {
+            owner == owner_tag(subject)
+        })
+}
+
+/// The owner part of a session id (empty for an id that has none: stdio's).
+fn owner_of(id: &str) -> &str {
+    id.split_once('.').map_or("", |(_, o)| o)
+}
+
+/// How many sessions the owner `owner` may hold.
+fn cap_of(owner: &str) -> usize {
+    if owner.is_empty() || owner == ANONYMOUS.as_str() {
+        MAX_SESSIONS
+    } else {
+        MAX_SESSIONS_PER_CALLER
+    }
+}
+
+/// One owner's sessions, oldest first (with stale entries, as in [`Table::order`]).
+#[derive(Debug, Default)]
+struct Owned {
+    live: usize,
+    order: VecDeque<(Box<str>, u64)>,
+}
+
 #[derive(Debug, Default)]
 struct Table {
     map: FxHashMap<Box<str>, State>,
     /// Session ids in the order they were first remembered, with their `seq` (an entry
     /// whose seq no longer matches was forgotten, and maybe remembered again later).
     order: VecDeque<(Box<str>, u64)>,
+    /// The same per owner.
+    owners: FxHashMap<Box<str>, Owned>,
     next: u64,
     /// Subscriptions of all sessions.
     subscriptions: usize,
@@ -58,11 +138,29 @@ impl Table {
     fn remove(&mut self, id: &str) {
         if let Some(s) = self.map.remove(id) {
             self.subscriptions -= s.subscriptions.len();
+            let owner = owner_of(id);
+            if let Some(o) = self.owners.get_mut(owner) {
+                o.live -= 1;
+                if o.live == 0 {
+                    self.owners.remove(owner);
+                }
+            }
         }
     }
 
     fn entry(&mut self, id: &str) -> &mut State {
         if !self.map.contains_key(id) {
+            let owner = owner_of(id);
+            let cap = cap_of(owner);
+            // The caller's own oldest session goes first.
+            while self.owners.get(owner).is_some_and(|o| o.live >= cap) {
+                let Some((old, seq)) = self.owners.get_mut(owner).and_then(|o| o.order.pop_front()) else {
+                    break;
+                };
+                if self.map.get(&old).is_some_and(|s| s.seq == seq) {
+                    self.remove(&old);
+                }
+            }
             while self.map.len() >= MAX_SESSIONS {
                 let Some((old, seq)) = self.order.pop_front() else {
                     break;
@@ -80,6 +178,14 @@ impl Table {
             let seq = self.next;
             self.next += 1;
             self.order.push_back((id.into(), seq));
+            let o = self.owners.entry(owner.into()).or_default();
+            o.live += 1;
+            o.order.push_back((id.into(), seq));
+            if o.order.len() > 2 * o.live + 64 {
+                let map = &self.map;
+                o.order
+                    .retain(|(k, seq)| map.get(k).is_some_and(|s| s.seq == *seq) || &**k == id);
+            }
             self.map.insert(
                 id.into(),
                 State {
@@ -314,5 +420,50 @@ mod tests {
             MAX_TOTAL_SUBSCRIPTIONS - MAX_SUBSCRIPTIONS
         );
         s.subscribe("s100", "x://again").unwrap();
+    }
+
+    #[test]
+    fn one_caller_cannot_push_out_anothers_sessions() {
+        let s = Sessions::default();
+        let id = |owner: char, n: usize| format!("{n:032x}.{}", owner.to_string().repeat(32));
+        s.open(&id('a', 0), ClientCaps::default());
+        // Mallory opens more sessions than the server remembers in all.
+        for n in 0..MAX_SESSIONS + 10 {
+            s.open(&id('b', n), ClientCaps::default());
+        }
+        assert!(
+            s.caps(&id('a', 0)).is_some(),
+            "Alice's session is still remembered"
+        );
+        assert_eq!(s.len(), MAX_SESSIONS_PER_CALLER + 1);
+        // Mallory's own oldest went first; her newest are kept.
+        assert!(s.caps(&id('b', 0)).is_none());
+        assert!(s.caps(&id('b', MAX_SESSIONS + 9)).is_some());
+        // Sessions first used without initialize (logging level, subscriptions) count too.
+        for n in 0..MAX_SESSIONS_PER_CALLER + 5 {
+            s.set_level(&id('c', n), LogLevel::Error);
+        }
+        assert!(s.caps(&id('a', 0)).is_some());
+        assert_eq!(s.len(), 2 * MAX_SESSIONS_PER_CALLER + 1);
+    }
+
+    #[test]
+    fn ids_are_minted_per_caller() {
+        let a = mint("alice");
+        assert!(owned_by(&a, "alice"));
+        assert!(!owned_by(&a, "bob") && !owned_by(&a, ""));
+        assert_ne!(mint("alice"), a, "a fresh nonce each time");
+        let anon = mint("");
+        assert!(owned_by(&anon, "") && !owned_by(&anon, "alice"));
+        assert!(a.len() <= crate::protocol::MAX_SESSION_ID_LEN);
+        for bad in [
+            "",
+            "x",
+            "stdio",
+            "abc.def",
+            &format!("{}.{}", "g".repeat(32), a.split_once('.').unwrap().1),
+        ] {
+            assert!(!owned_by(bad, "alice"), "{bad}");
+        }
     }
 }

@@ -35,8 +35,9 @@ async fn initialize_negotiates_versions_and_opens_a_session() {
         let session = resp
             .headers()
             .get("mcp-session-id")
-            .map(|v| v.to_str().unwrap().len());
-        assert_eq!(session, Some(32), "a session id is issued");
+            .map(|v| v.to_str().unwrap().to_owned())
+            .expect("a session id is issued");
+        assert!(quiver_server::session::owned_by(&session, ""), "{session}");
         let (_, v) = h.raw(init(asked)).await;
         assert_eq!(v["result"]["protocolVersion"], got);
         assert_eq!(v["result"]["capabilities"]["tools"]["listChanged"], true);
@@ -199,7 +200,7 @@ async fn transport_rules_give_http_errors() {
     let del = Request::delete("/mcp").body(Body::empty()).unwrap();
     assert_eq!(h.raw(del).await.0, 400);
     let del = Request::delete("/mcp")
-        .header("mcp-session-id", "abc")
+        .header("mcp-session-id", common::sid("abc"))
         .body(Body::empty())
         .unwrap();
     assert_eq!(h.raw(del).await.0, 204);
@@ -429,7 +430,8 @@ fn sleep_call(id: &str, ms: u64, session: Option<&str>) -> Request<Body> {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": ms}}});
     let mut req = post(&body.to_string());
     if let Some(s) = session {
-        req.headers_mut().insert("mcp-session-id", s.parse().unwrap());
+        req.headers_mut()
+            .insert("mcp-session-id", common::sid(s).parse().unwrap());
     }
     req
 }
@@ -438,7 +440,8 @@ fn cancel(id: &str, session: Option<&str>) -> Request<Body> {
     let body = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}});
     let mut req = post(&body.to_string());
     if let Some(s) = session {
-        req.headers_mut().insert("mcp-session-id", s.parse().unwrap());
+        req.headers_mut()
+            .insert("mcp-session-id", common::sid(s).parse().unwrap());
     }
     req
 }
@@ -655,7 +658,7 @@ async fn delete_needs_a_valid_session_id() {
     );
     let mut body = open.into_body().into_data_stream();
     let del = Request::delete("/mcp")
-        .header("mcp-session-id", "someone-else")
+        .header("mcp-session-id", common::sid("someone-else"))
         .body(Body::empty())
         .unwrap();
     assert_eq!(status_of(&l.router, del).await, 204);

@@ -312,10 +312,12 @@ async fn transport_refusals_name_the_request_when_its_id_is_readable() {
 async fn ended_sessions_get_404_and_hosts_are_checked() {
     let s = served(64, Duration::from_secs(5)).await;
     let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
-    let session = "Mcp-Session-Id: s-to-end\r\n";
+    let id = net::sid("s-to-end");
+    let session = &format!("Mcp-Session-Id: {id}\r\n");
     assert_eq!(post_with(s.mcp, ping, session).await.status, 200);
-    let del =
-        "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nMcp-Session-Id: s-to-end\r\n\r\n";
+    let del = &format!(
+        "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nMcp-Session-Id: {id}\r\n\r\n"
+    );
     assert_eq!(exchange(s.mcp, del.as_bytes()).await.status, 204);
     let r = post_with(s.mcp, ping, session).await;
     assert_eq!(r.code(), (404, Some(-32600)));
@@ -325,11 +327,19 @@ async fn ended_sessions_get_404_and_hosts_are_checked() {
         404,
         "a second DELETE"
     );
-    let get = "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAccept: text/event-stream\r\nMcp-Session-Id: s-to-end\r\n\r\n";
+    let get = format!(
+        "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAccept: text/event-stream\r\nMcp-Session-Id: {id}\r\n\r\n"
+    );
     assert_eq!(exchange(s.mcp, get.as_bytes()).await.status, 404);
     // Other sessions, and requests without one, are not affected.
     assert_eq!(
-        post_with(s.mcp, ping, "Mcp-Session-Id: s-other\r\n").await.status,
+        post_with(
+            s.mcp,
+            ping,
+            &format!("Mcp-Session-Id: {}\r\n", net::sid("s-other"))
+        )
+        .await
+        .status,
         200
     );
     assert_still_serves(s.mcp).await;
@@ -435,7 +445,10 @@ async fn invalid_session_ids_are_rejected() {
         );
         assert_eq!(exchange(s.mcp, del.as_bytes()).await.status, 400, "{bad:?}");
     }
+    // Well-formed but not issued by the server (to this caller): an unknown session.
     let r = post_with(s.mcp, ping, "Mcp-Session-Id: ok-session_1.~\r\n").await;
+    assert_eq!(r.code(), (404, Some(-32600)));
+    let r = post_with(s.mcp, ping, &format!("Mcp-Session-Id: {}\r\n", net::sid("ok"))).await;
     assert_eq!(r.status, 200);
     assert_still_serves(s.mcp).await;
 }

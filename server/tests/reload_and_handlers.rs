@@ -112,7 +112,8 @@ async fn cancelled_notification_stops_a_running_call() {
     let call = tokio::spawn(async move {
         let body = json!({"jsonrpc": "2.0", "id": "c1", "method": "tools/call", "params": {"name": "sleep", "arguments": {"ms": 30000}}}).to_string();
         let mut req = common::post(&body);
-        req.headers_mut().insert("mcp-session-id", "s1".parse().unwrap());
+        req.headers_mut()
+            .insert("mcp-session-id", common::sid("s1").parse().unwrap());
         let resp = tower::ServiceExt::oneshot(router, req).await.unwrap();
         let ct = resp.headers()[http::header::CONTENT_TYPE].clone();
         let bytes = http_body_util::BodyExt::collect(resp.into_body())
@@ -132,7 +133,7 @@ async fn cancelled_notification_stops_a_running_call() {
     );
     cancel
         .headers_mut()
-        .insert("mcp-session-id", "s1".parse().unwrap());
+        .insert("mcp-session-id", common::sid("s1").parse().unwrap());
     assert_eq!(h.send(cancel).await.0, 202);
     let out = tokio::time::timeout(Duration::from_secs(5), call)
         .await

@@ -40,8 +40,14 @@ prompts:
     messages: [{role: user, text: "Plan {{to}}"}]
 "#;
 
+/// A POST in `session`: an id the server issued, or a label for one (`common::sid`).
 fn with_session(body: &str, session: &str) -> http::Request<Body> {
     let mut req = post(body);
+    let session = if quiver_server::session::owned_by(session, "") {
+        session.to_owned()
+    } else {
+        common::sid(session)
+    };
     req.headers_mut()
         .insert("mcp-session-id", session.parse().unwrap());
     req
@@ -395,8 +401,8 @@ async fn subscriptions_get_updates_on_reload_for_their_session_only() {
     assert_eq!(
         updated,
         [
-            ("s1".to_owned(), "city://Oslo".to_owned()),
-            ("s1".to_owned(), "doc://a".to_owned())
+            (common::sid("s1"), "city://Oslo".to_owned()),
+            (common::sid("s1"), "doc://a".to_owned())
         ]
     );
 }

@@ -57,6 +57,10 @@ pub struct Principal {
     pub scopes: Vec<Box<str>>,
     /// Groups the caller is in.
     pub groups: Vec<Box<str>>,
+    /// Who the caller is, as a digest of its identity (never a credential): the same for
+    /// every request with the same static token, or the same issuer and `sub`. Sessions and
+    /// `requestState` are bound to it. Empty: not known.
+    pub subject: Box<str>,
 }
 
 impl Principal {
@@ -75,6 +79,7 @@ impl Principal {
         Self {
             scopes: keep(&mut scopes.into_iter()),
             groups: keep(&mut groups.into_iter()),
+            subject: Box::default(),
         }
     }
 }

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
@@ -234,13 +235,14 @@ pub struct CompiledUpstream {
     /// Identity of the connection: an upstream whose key is unchanged by a reload keeps its
     /// connection or processes (only `tools` changed).
     pub key: u64,
-    include: Vec<Glob>,
-    exclude: Vec<Glob>,
-    prefix: String,
-    rename: BTreeMap<String, String>,
+    names: Namespace,
+    /// Every upstream's names (this one's at `at`): a listed name another upstream could
+    /// serve is served by neither.
+    rivals: Arc<[Namespace]>,
+    at: usize,
     descriptions: BTreeMap<String, String>,
     annotations: BTreeMap<String, Value>,
-    access: Option<std::sync::Arc<super::access::Access>>,
+    access: Option<Arc<super::access::Access>>,
 }
 
 /// The compiled handler of an imported tool.
@@ -464,6 +466,13 @@ pub(super) fn compile_upstreams(
             .and_then(|a| a.compile(&format!("{tp}.access"), p))
             .map(std::sync::Arc::new);
         let exclude = globs(&t.exclude, "exclude", p);
+        let names = Namespace {
+            upstream: u.name.clone(),
+            include,
+            exclude,
+            prefix,
+            rename: t.rename.clone(),
+        };
         let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
         for (from, to) in &t.rename {
             let path = format!("{tp}.rename.{from}");
@@ -473,6 +482,14 @@ pub(super) fn compile_upstreams(
                 p.push(&path, format!("`{to}` is a tool of this ToolSet"));
             } else if let Some(other) = targets.insert(to, from) {
                 p.push(&path, format!("`{other}` is renamed to `{to}` too"));
+            } else if let Some(r) = names.prefixed_source(to) {
+                p.push(
+                    &path,
+                    format!(
+                        "`{to}` is also the name its own `{r}` is served as (prefix `{}`)",
+                        names.prefix
+                    ),
+                );
             }
         }
         for (name, d) in &t.descriptions {
@@ -480,14 +497,14 @@ pub(super) fn compile_upstreams(
                 p.push(format!("{tp}.descriptions.{name}"), "must not be empty");
             }
         }
-        for (j, g) in include.iter().enumerate() {
+        for (j, g) in names.include.iter().enumerate() {
             if g.is_literal()
                 && !t.rename.contains_key(&g.0)
-                && local.contains(format!("{prefix}{}", g.0).as_str())
+                && local.contains(format!("{}{}", names.prefix, g.0).as_str())
             {
                 p.push(
                     format!("{tp}.include[{j}]"),
-                    format!("would be served as `{prefix}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`", g.0),
+                    format!("would be served as `{}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`", names.prefix, g.0),
                 );
             }
         }
@@ -506,10 +523,9 @@ pub(super) fn compile_upstreams(
             max_message_bytes,
             secrets,
             key: h.finish(),
-            include,
-            exclude,
-            prefix,
-            rename: t.rename.clone(),
+            names,
+            rivals: Arc::from(Vec::new()),
+            at: i,
             descriptions: t.descriptions.clone(),
             annotations: t
                 .annotations
@@ -519,50 +535,207 @@ pub(super) fn compile_upstreams(
             access,
         });
     }
-    check_overlaps(&out, p);
+    check_names(&out, local, p);
+    let rivals: Arc<[Namespace]> = out.iter().map(|u| u.names.clone()).collect();
+    for u in &mut out {
+        u.rivals = Arc::clone(&rivals);
+    }
     out
 }
 
-/// Two upstreams may import under the same prefix only when both list their tools (no `*`)
-/// and the names served do not meet; otherwise which of them serves a name would depend on
-/// what the upstreams happen to list.
-fn check_overlaps(ups: &[CompiledUpstream], p: &mut Problems) {
-    let known: Vec<Option<FxHashSet<String>>> = ups
-        .iter()
-        .map(|u| {
-            if u.include.is_empty() || !u.include.iter().all(Glob::is_literal) {
-                return None;
+/// The names one upstream can serve: what its filter lets through, renamed or prefixed.
+/// Names are compared exactly (byte for byte, case included), as calls look them up.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    upstream: String,
+    include: Vec<Glob>,
+    exclude: Vec<Glob>,
+    prefix: String,
+    rename: BTreeMap<String, String>,
+}
+
+impl Namespace {
+    fn selected(&self, remote: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(remote)))
+            && !self.exclude.iter().any(|g| g.matches(remote))
+    }
+
+    fn served_name(&self, remote: &str) -> String {
+        self.rename
+            .get(remote)
+            .cloned()
+            .unwrap_or_else(|| format!("{}{remote}", self.prefix))
+    }
+
+    /// The upstream tool that `name` would be the prefixed name of, if any.
+    fn prefixed_source<'n>(&self, name: &'n str) -> Option<&'n str> {
+        name.strip_prefix(self.prefix.as_str())
+            .filter(|r| valid_tool_name(r) && !self.rename.contains_key(*r) && self.selected(r))
+    }
+
+    /// Whether some tool the upstream might list would be served as `name`.
+    pub fn could_serve(&self, name: &str) -> bool {
+        self.rename
+            .iter()
+            .any(|(from, to)| to == name && self.selected(from))
+            || self.prefixed_source(name).is_some()
+    }
+
+    /// Every name it can serve, when `include` lists tool names (no `*`): a finite set.
+    fn listed(&self) -> Option<Vec<String>> {
+        if self.include.is_empty() || !self.include.iter().all(Glob::is_literal) {
+            return None;
+        }
+        Some(
+            self.include
+                .iter()
+                .filter(|g| self.selected(&g.0))
+                .map(|g| self.served_name(&g.0))
+                .collect(),
+        )
+    }
+
+    /// The patterns of its prefixed names: `include`, or `*` when it lists none.
+    fn patterns(&self) -> Vec<&str> {
+        if self.include.is_empty() {
+            vec!["*"]
+        } else {
+            self.include.iter().map(|g| g.0.as_str()).collect()
+        }
+    }
+
+    /// Whether every prefixed name starting with `head` is excluded (`exclude: [gh_*]` keeps
+    /// an upstream without a prefix off the names of an upstream with `prefix: gh_`).
+    fn fenced(&self, head: &str) -> bool {
+        let rest = if self.prefix.starts_with(head) {
+            ""
+        } else {
+            match head.strip_prefix(self.prefix.as_str()) {
+                Some(r) => r,
+                None => return true,
             }
-            Some(u.include.iter().map(|g| u.served_name(&g.0)).collect())
+        };
+        self.exclude.iter().any(|e| {
+            e.0.strip_suffix('*')
+                .is_some_and(|lead| !lead.contains('*') && rest.starts_with(lead))
         })
-        .collect();
-    for (j, b) in ups.iter().enumerate() {
-        let renamed_b: FxHashSet<&str> = b.rename.values().map(String::as_str).collect();
-        for (i, a) in ups[..j].iter().enumerate() {
-            for to in a.rename.values() {
-                if renamed_b.contains(to.as_str()) {
-                    p.push(
-                        format!("upstreams[{j}].tools.rename"),
-                        format!("`{to}` is also a name upstreams[{i}] (`{}`) serves", a.name),
-                    );
+    }
+
+    /// A name this and `other` could both serve, or why they might: `None` when they never
+    /// meet, whatever the upstreams list.
+    fn meets(&self, other: &Self) -> Option<String> {
+        // A finite list is compared name by name: exact.
+        for (a, b) in [(self, other), (other, self)] {
+            if let Some(names) = a.listed() {
+                return names
+                    .into_iter()
+                    .find(|n| b.could_serve(n))
+                    .map(|n| format!("both could serve `{n}`"));
+            }
+        }
+        for (a, b) in [(self, other), (other, self)] {
+            for (from, to) in &a.rename {
+                if a.selected(from) && b.could_serve(to) {
+                    return Some(format!(
+                        "both could serve `{to}` (upstream `{}` renames `{from}` to it)",
+                        a.upstream
+                    ));
                 }
             }
-            if a.prefix != b.prefix {
-                continue;
+        }
+        // Open lists: two patterns can meet when the fixed text before their first `*`
+        // (prefix included) of one starts the other's, unless an `exclude` fences it off.
+        for ga in self.patterns() {
+            for gb in other.patterns() {
+                let literal = |g: &str| !g.contains('*');
+                if literal(ga) || literal(gb) {
+                    let (ns, g, rival) = if literal(ga) {
+                        (self, ga, other)
+                    } else {
+                        (other, gb, self)
+                    };
+                    if ns.selected(g) && !ns.rename.contains_key(g) {
+                        let n = format!("{}{g}", ns.prefix);
+                        if rival.could_serve(&n) {
+                            return Some(format!("both could serve `{n}`"));
+                        }
+                    }
+                    continue;
+                }
+                let head = |ns: &Self, g: &str| format!("{}{}", ns.prefix, g.split('*').next().unwrap_or(""));
+                let (ha, hb) = (head(self, ga), head(other, gb));
+                let longer = if ha.len() >= hb.len() { &ha } else { &hb };
+                if !(ha.starts_with(hb.as_str()) || hb.starts_with(ha.as_str()))
+                    || self.fenced(longer)
+                    || other.fenced(longer)
+                {
+                    continue;
+                }
+                let shown = |ns: &Self| {
+                    if ns.prefix.is_empty() {
+                        format!(
+                            "upstream `{}` has no prefix, so it can serve any name",
+                            ns.upstream
+                        )
+                    } else {
+                        format!("upstream `{}` serves `{}*`", ns.upstream, ns.prefix)
+                    }
+                };
+                return Some(if self.prefix == other.prefix {
+                    format!("both import under the same prefix (`{}`)", self.prefix)
+                } else {
+                    format!(
+                        "their names can meet at `{longer}…` ({}; {})",
+                        shown(self),
+                        shown(other)
+                    )
+                });
             }
-            let clash = match (&known[i], &known[j]) {
-                (Some(x), Some(y)) => x.intersection(y).next().map(|n| format!("both serve `{n}`")),
-                _ => Some(format!(
-                    "imports under the same prefix (`{}`) as upstreams[{i}] (`{}`)",
-                    b.prefix, a.name
-                )),
-            };
-            if let Some(why) = clash {
+        }
+        None
+    }
+}
+
+/// Refuses configs where two sources could serve one name: two upstreams, or an upstream and
+/// a tool of the ToolSet. Which of them served it would otherwise depend on what the
+/// upstreams happen to list, and in which order they answer: a call (its arguments, and the
+/// `access` it is checked against) could go to the wrong one.
+fn check_names(ups: &[CompiledUpstream], local: &FxHashSet<&str>, p: &mut Problems) {
+    const FIX: &str = "give each upstream its own `tools.prefix` (neither a prefix of the other), list the tools in `tools.include`, or `exclude` the other's names";
+    for (j, b) in ups.iter().enumerate() {
+        for (i, a) in ups[..j].iter().enumerate() {
+            if let Some(why) = a.names.meets(&b.names) {
                 p.push(
                     format!("upstreams[{j}].tools"),
-                    format!("{why}: give one of them a distinct `tools.prefix`, or list their tools in `tools.include`"),
+                    format!("upstreams[{i}] (`{}`) and this one: {why}; {FIX}", a.name),
                 );
             }
+        }
+        // Names already reported with their own path (a rename, a listed name) are skipped.
+        let ns = &b.names;
+        let mut clash: Vec<&str> = local
+            .iter()
+            .copied()
+            .filter(|l| {
+                ns.could_serve(l)
+                    && !ns.rename.values().any(|v| v == l)
+                    && !ns
+                        .include
+                        .iter()
+                        .any(|g| g.is_literal() && ns.served_name(&g.0) == *l)
+            })
+            .collect();
+        if !clash.is_empty() {
+            clash.sort_unstable();
+            let shown: Vec<String> = clash.iter().take(3).map(|n| format!("`{n}`")).collect();
+            p.push(
+                format!("upstreams[{j}].tools"),
+                format!(
+                    "could serve {}{}, tool names of this ToolSet; set `tools.prefix`, list its tools in `tools.include`, or `exclude` them",
+                    shown.join(", "),
+                    if clash.len() > 3 { format!(" and {} more", clash.len() - 3) } else { String::new() }
+                ),
+            );
         }
     }
 }
@@ -570,20 +743,22 @@ fn check_overlaps(ups: &[CompiledUpstream], p: &mut Problems) {
 impl CompiledUpstream {
     /// The name a tool of this upstream is served under.
     pub fn served_name(&self, remote: &str) -> String {
-        self.rename
-            .get(remote)
-            .cloned()
-            .unwrap_or_else(|| format!("{}{remote}", self.prefix))
+        self.names.served_name(remote)
     }
 
-    fn selected(&self, remote: &str) -> bool {
-        (self.include.is_empty() || self.include.iter().any(|g| g.matches(remote)))
-            && !self.exclude.iter().any(|g| g.matches(remote))
+    /// The upstream other than this one whose names include `name`, if any.
+    fn rival_of(&self, name: &str) -> Option<&Namespace> {
+        self.rivals
+            .iter()
+            .enumerate()
+            .find(|(k, ns)| *k != self.at && ns.could_serve(name))
+            .map(|(_, ns)| ns)
     }
 
     /// Compiles the tools of `listed` (an upstream's `tools/list` entries) that this
     /// upstream serves. Names in `taken` (local tools, earlier upstreams) are not served
-    /// again: local tools win, then upstreams in declaration order.
+    /// again, nor names another upstream of the config could serve (the compile step refuses
+    /// configs where names can meet; this holds whatever an upstream lists).
     pub fn import(
         &self,
         index: usize,
@@ -606,7 +781,7 @@ impl CompiledUpstream {
                 ));
                 continue;
             }
-            if !self.selected(remote) || !seen.insert(remote) {
+            if !self.names.selected(remote) || !seen.insert(remote) {
                 continue;
             }
             if tools.len() >= MAX_UPSTREAM_TOOLS {
@@ -628,6 +803,14 @@ impl CompiledUpstream {
                 ));
                 continue;
             }
+            // Never first come, first served: whether the other upstream listed it yet or not.
+            if let Some(rival) = self.rival_of(&name) {
+                report.skipped.push(format!(
+                    "`{remote}`: `{name}` is a name upstream `{}` can serve; served by neither",
+                    rival.upstream
+                ));
+                continue;
+            }
             let n = count_patterns(t);
             if patterns + n > MAX_UPSTREAM_PATTERNS {
                 report.skipped.push(format!(
@@ -646,6 +829,7 @@ impl CompiledUpstream {
         }
         // (Before the upstream's first list, every name would be reported.)
         for from in self
+            .names
             .rename
             .keys()
             .chain(self.descriptions.keys())
@@ -814,15 +998,16 @@ upstreams:
             "upstreams:\n  - {name: a, stdio: {command: [a]}}\n  - {name: b, stdio: {command: [b]}}\n",
         );
         assert!(
-            p.iter()
-                .any(|x| x.starts_with("upstreams[1].tools: imports under the same prefix")),
+            p.iter().any(|x| x.starts_with(
+                "upstreams[1].tools: upstreams[0] (`a`) and this one: both import under the same prefix"
+            )),
             "{p:?}"
         );
         // Listed tools that do not meet may share a prefix; listed tools that meet may not.
         let ok = "upstreams:\n  - {name: a, stdio: {command: [a]}, tools: {include: [x]}}\n  - {name: b, stdio: {command: [b]}, tools: {include: [y]}}\n";
         assert_eq!(problems(ok), Vec::<String>::new());
         let p = problems(&ok.replace("[y]", "[x]"));
-        assert!(p.iter().any(|x| x.contains("both serve `x`")), "{p:?}");
+        assert!(p.iter().any(|x| x.contains("both could serve `x`")), "{p:?}");
         let p = problems(
             "tools: [{name: gh_x, handler: {template: x}}]\nupstreams:\n  - {name: a, stdio: {command: [a]}, tools: {prefix: gh_, include: [x]}}\n",
         );
@@ -835,11 +1020,170 @@ upstreams:
         );
     }
 
+    /// `upstreams:` of two upstreams, `gh` second, for the name-clash cases.
+    fn beside_gh(first: &str, gh_tools: &str) -> Vec<String> {
+        problems(&format!(
+            "upstreams:\n  - {{name: other, stdio: {{command: [o]}}, tools: {first}}}\n  - {{name: gh, stdio: {{command: [gh]}}, tools: {gh_tools}}}\n"
+        ))
+    }
+
+    fn refused_as(p: &[String], wanted: &str) {
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("upstreams[1].tools: upstreams[0] (`other`)") && x.contains(wanted)),
+            "`{wanted}` not in {p:#?}"
+        );
+    }
+
+    #[test]
+    fn no_upstream_can_serve_a_name_of_another_upstreams_prefix() {
+        // The impostor without a prefix that lists gh's name.
+        refused_as(
+            &beside_gh("{include: [gh_create_issue]}", "{prefix: gh_}"),
+            "both could serve `gh_create_issue`",
+        );
+        // No prefix and no list: any name it is sent, gh's included.
+        refused_as(
+            &beside_gh("{}", "{prefix: gh_}"),
+            "upstream `other` has no prefix, so it can serve any name",
+        );
+        refused_as(
+            &beside_gh("{include: [\"gh_*\"]}", "{prefix: gh_}"),
+            "can meet at `gh_…`",
+        );
+        refused_as(
+            &beside_gh("{include: [\"*\"]}", "{prefix: gh_, include: [\"create_*\"]}"),
+            "can meet at `gh_create_…`",
+        );
+        // One prefix the start of the other: `gh_x_y` is gh's `x_y` and other's `y`.
+        refused_as(
+            &beside_gh("{prefix: gh_x_}", "{prefix: gh_}"),
+            "can meet at `gh_x_…`",
+        );
+        refused_as(&beside_gh("{prefix: g}", "{prefix: gh_}"), "can meet at `gh_…`");
+        // Renamed into gh's names, or onto a name gh renames to.
+        refused_as(
+            &beside_gh("{prefix: o_, rename: {make: gh_create_issue}}", "{prefix: gh_}"),
+            "both could serve `gh_create_issue` (upstream `other` renames `make` to it)",
+        );
+        refused_as(
+            &beside_gh(
+                "{prefix: o_, rename: {make: create}}",
+                "{prefix: gh_, rename: {create_issue: create}}",
+            ),
+            "both could serve `create`",
+        );
+        // gh's listed name inside other's open names.
+        refused_as(
+            &beside_gh("{prefix: gh}", "{prefix: gh_, include: [list]}"),
+            "both could serve `gh_list`",
+        );
+    }
+
+    #[test]
+    fn names_that_never_meet_are_accepted() {
+        for (first, gh) in [
+            // Disjoint prefixes, whatever is listed; case counts (names are looked up exactly).
+            ("{prefix: o_}", "{prefix: gh_}"),
+            ("{prefix: GH_}", "{prefix: gh_}"),
+            ("{prefix: gh-}", "{prefix: gh_}"),
+            // No prefix, but gh's names excluded.
+            ("{exclude: [\"gh_*\"]}", "{prefix: gh_}"),
+            ("{exclude: [\"g*\"]}", "{prefix: gh_}"),
+            // No prefix, listed names outside gh's.
+            ("{include: [search, \"get_*\"]}", "{prefix: gh_}"),
+            // A listed name of gh excluded from the other (exact, not a pattern).
+            (
+                "{include: [\"*\"], exclude: [gh_list]}",
+                "{prefix: gh_, include: [list]}",
+            ),
+            // A rename onto a name gh never serves (its `create` is renamed away).
+            (
+                "{prefix: o_, rename: {make: gh_create}}",
+                "{prefix: gh_, rename: {create: issue}, include: [create]}",
+            ),
+        ] {
+            assert_eq!(beside_gh(first, gh), Vec::<String>::new(), "{first} / {gh}");
+        }
+    }
+
+    #[test]
+    fn no_upstream_can_serve_a_name_of_the_toolsets_own_tools() {
+        let with_local = |tools: &str| {
+            problems(&format!(
+                "tools: [{{name: deploy, handler: {{template: x}}}}, {{name: gh_x, handler: {{template: x}}}}]\nupstreams:\n  - {{name: a, stdio: {{command: [a]}}, tools: {tools}}}\n"
+            ))
+        };
+        let p = with_local("{}");
+        assert!(
+            p.iter().any(|x| x
+                .starts_with("upstreams[0].tools: could serve `deploy`, `gh_x`, tool names of this ToolSet")),
+            "{p:#?}"
+        );
+        let p = with_local("{prefix: gh_}");
+        assert!(p.iter().any(|x| x.contains("could serve `gh_x`")), "{p:#?}");
+        let p = with_local("{prefix: o_, rename: {x: deploy}}");
+        assert!(
+            p.iter()
+                .any(|x| x.contains("rename.x: `deploy` is a tool of this ToolSet")),
+            "{p:#?}"
+        );
+        for fine in [
+            "{prefix: o_}",
+            "{exclude: [deploy, \"gh_*\"]}",
+            "{include: [search]}",
+            "{prefix: gh_, exclude: [x]}",
+        ] {
+            assert_eq!(with_local(fine), Vec::<String>::new(), "{fine}");
+        }
+        // A rename onto a name its own prefix gives another of its tools.
+        let p =
+            problems("upstreams: [{name: a, stdio: {command: [a]}, tools: {prefix: a_, rename: {x: a_y}}}]");
+        assert!(
+            p.iter()
+                .any(|x| x.contains("rename.x: `a_y` is also the name its own `y` is served as")),
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn a_listed_name_of_another_upstream_is_served_by_neither() {
+        // Whatever a config lets through, an upstream never serves a name another upstream
+        // can serve, listed yet or not (here: the two are compiled apart, as no valid config
+        // holds both).
+        let mut gh = upstream("upstreams: [{name: gh, stdio: {command: [gh]}, tools: {prefix: gh_}}]");
+        let mut other = upstream("upstreams: [{name: other, stdio: {command: [o]}}]");
+        let rivals: Arc<[Namespace]> = vec![gh.names.clone(), other.names.clone()].into();
+        (gh.rivals, gh.at) = (Arc::clone(&rivals), 0);
+        (other.rivals, other.at) = (rivals, 1);
+        let listed = vec![json!({"name": "gh_create_issue"}), json!({"name": "search"})];
+        let mut taken = FxHashSet::default();
+        let (tools, report) = other.import(1, &listed, &mut taken);
+        assert_eq!(
+            tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["search"]
+        );
+        assert!(
+            report
+                .skipped
+                .iter()
+                .any(|s| s.contains("`gh_create_issue` is a name upstream `gh` can serve")),
+            "{report:?}"
+        );
+        // ... and gh does not get it first either: `other` can serve any name.
+        let (tools, report) = gh.import(0, &[json!({"name": "create_issue"})], &mut taken);
+        assert!(tools.is_empty(), "{report:?}");
+        assert!(
+            report.skipped[0].contains("upstream `other` can serve"),
+            "{report:?}"
+        );
+    }
+
     #[test]
     fn secrets_of_upstreams_are_granted_and_only_secrets_are_templates() {
         let ts = parse(
             "t",
-            "upstreams:\n  - {name: gh, http: {url: \"https://api.example/mcp\", headers: {Authorization: \"Bearer {{secret.github.token}}\"}, tls: {caSecret: corp-ca}}}\n  - {name: db, stdio: {command: [db-mcp], env: {DSN: \"{{secret.db.dsn}}\"}}, tools: {prefix: db_}}\n",
+            "upstreams:\n  - {name: gh, http: {url: \"https://api.example/mcp\", headers: {Authorization: \"Bearer {{secret.github.token}}\"}, tls: {caSecret: corp-ca}}, tools: {prefix: gh_}}\n  - {name: db, stdio: {command: [db-mcp], env: {DSN: \"{{secret.db.dsn}}\"}}, tools: {prefix: db_}}\n",
         )
         .unwrap();
         let c = compile(&ts).unwrap();

@@ -90,6 +90,21 @@ fn digest(b: &[u8]) -> [u8; 32] {
     Sha256::digest(b).into()
 }
 
+/// A caller's [`Principal::subject`]: 128 bits of a digest of what identifies it (`kind`
+/// keeps a token from ever meaning the same as an issuer's `sub`).
+fn subject(kind: &str, identity: &[u8]) -> Box<str> {
+    let d = Sha256::new()
+        .chain_update(kind.as_bytes())
+        .chain_update([0])
+        .chain_update(identity)
+        .finalize();
+    d[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()
+        .into()
+}
+
 /// Equal without an early exit.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
@@ -157,8 +172,9 @@ impl BearerAuth {
         for (n, line) in parse_tokens(text).into_iter().enumerate() {
             match parse_token_line(line) {
                 Ok((t, _)) if t.len() < MIN_TOKEN_LEN => short += 1,
-                Ok((t, grants)) => {
+                Ok((t, mut grants)) => {
                     let d = digest(t.as_bytes());
+                    grants.subject = subject("token", t.as_bytes());
                     if digests.iter().any(|(x, _)| *x == d) {
                         // Which line's grants were meant? Neither is used.
                         tracing::warn!(secret = %self.secret, token = n + 1, "client token listed twice; not accepted until it is listed once");
@@ -397,7 +413,15 @@ impl Oidc {
             }
             other => other,
         }
-        .map(|claims| principal(&claims, &self.cfg.groups_claim))
+        .map(|claims| {
+            let mut p = principal(&claims, &self.cfg.groups_claim);
+            // The same person across token refreshes; a token without `sub` is its own caller.
+            p.subject = match claims.get("sub").and_then(Value::as_str) {
+                Some(sub) => subject("sub", format!("{}\0{sub}", self.cfg.issuer).as_bytes()),
+                None => subject("jwt", token.as_bytes()),
+            };
+            p
+        })
         .map_err(|e| {
             tracing::debug!(reason = %e, "access token refused");
             Denied::Invalid
@@ -436,15 +460,12 @@ pub struct Auth {
     pub oidc: Option<Arc<Oidc>>,
 }
 
-/// The `Host` of a request if it is a plain host name or address (it goes into a URL and a
-/// header value).
-fn plain_host(headers: &HeaderMap) -> Option<&str> {
-    let h = headers.get(header::HOST)?.to_str().ok()?;
-    (!h.is_empty()
-        && h.len() <= 255
-        && h.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')))
-    .then_some(h)
+/// Whether `s` can stand as a URL in a header value and a JSON document: `http(s)://` and
+/// visible ASCII without quotes, at most 2 KiB.
+fn plain_url(s: &str) -> bool {
+    (s.starts_with("https://") || s.starts_with("http://"))
+        && s.len() <= 2048
+        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
 }
 
 impl Auth {
@@ -474,18 +495,32 @@ impl Auth {
         })
     }
 
-    /// The MCP endpoint's canonical URL (OIDC only).
-    pub fn resource(&self, headers: &HeaderMap) -> Option<String> {
+    /// The MCP endpoint's canonical URL (OIDC only), from configuration alone, never from a
+    /// request: `--auth-resource`, else the audience when it is a URL (what tokens must be
+    /// issued for), else `http://HOST/mcp` for the first host of the Host allow-list
+    /// (`allowed_hosts`). `None` when none is configured.
+    pub fn resource(&self, allowed_hosts: Option<&[String]>) -> Option<String> {
         let o = self.oidc.as_ref()?;
-        o.cfg
-            .resource
-            .clone()
-            .or_else(|| plain_host(headers).map(|h| format!("http://{h}/mcp")))
+        if let Some(r) = &o.cfg.resource {
+            return Some(r.clone());
+        }
+        if plain_url(&o.cfg.audience) {
+            return Some(o.cfg.audience.clone());
+        }
+        allowed_hosts?
+            .iter()
+            .find(|h| {
+                *h != "*"
+                    && h.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+            })
+            .map(|h| format!("http://{h}/mcp"))
+            .filter(|u| plain_url(u))
     }
 
     /// Where the protected-resource metadata is, for `WWW-Authenticate`.
-    pub fn metadata_url(&self, headers: &HeaderMap) -> Option<String> {
-        let resource = self.resource(headers)?;
+    pub fn metadata_url(&self, allowed_hosts: Option<&[String]>) -> Option<String> {
+        let resource = self.resource(allowed_hosts)?;
         let (scheme, rest) = resource.split_once("://")?;
         let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
         let mut url = format!("{scheme}://{authority}/.well-known/oauth-protected-resource");
@@ -498,10 +533,10 @@ impl Auth {
 
     /// The protected-resource metadata document (RFC 9728), when an issuer is configured;
     /// `scopes` are those the served tools require (`scopes_supported`, left out when none).
-    pub fn metadata(&self, headers: &HeaderMap, scopes: &[&str]) -> Option<Value> {
+    pub fn metadata(&self, allowed_hosts: Option<&[String]>, scopes: &[&str]) -> Option<Value> {
         let o = self.oidc.as_ref()?;
         let mut doc = serde_json::json!({
-            "resource": self.resource(headers)?,
+            "resource": self.resource(allowed_hosts)?,
             "authorization_servers": [o.cfg.issuer],
             "bearer_methods_supported": ["header"],
         });
@@ -513,9 +548,9 @@ impl Auth {
 
     /// The challenge of a call refused for lack of scopes (RFC 6750 section 3.1), naming
     /// them so that a client can ask for them (the MCP step-up flow).
-    pub fn scope_challenge(&self, headers: &HeaderMap, scopes: &str) -> HeaderValue {
+    pub fn scope_challenge(&self, allowed_hosts: Option<&[String]>, scopes: &str) -> HeaderValue {
         let mut v = format!("Bearer realm=\"mcp\", error=\"insufficient_scope\", scope=\"{scopes}\"");
-        if let Some(url) = self.metadata_url(headers) {
+        if let Some(url) = self.metadata_url(allowed_hosts) {
             v.push_str(", resource_metadata=\"");
             v.push_str(&url);
             v.push('"');
@@ -590,7 +625,21 @@ mod tests {
              typo-token-0123456789 scopes=read\n",
         );
         let p = a.check(&with("Bearer grants-token-0123456789")).unwrap();
-        assert_eq!(*p, Principal::new(["deploy:write", "read"], ["sre"]));
+        assert_eq!(
+            (&p.scopes, &p.groups),
+            (
+                &Principal::new(["deploy:write", "read"], ["sre"]).scopes,
+                &vec![Box::from("sre")]
+            )
+        );
+        // Each token is its own caller, and its subject does not show the token.
+        let other = auth("other-token-0123456789\ngrants-token-0123456789\n").0;
+        let again = other.check(&with("Bearer grants-token-0123456789")).unwrap();
+        let third = other.check(&with("Bearer other-token-0123456789")).unwrap();
+        assert_eq!(p.subject, again.subject);
+        assert_ne!(p.subject, third.subject);
+        assert_eq!(p.subject.len(), 32);
+        assert!(!p.subject.contains("grants"));
         // A token listed twice is not used at all, whichever line was meant.
         let (twice, _) =
             auth("dup-token-0123456789 scope=admin\nother-token-0123456789\ndup-token-0123456789\n");

@@ -5,8 +5,10 @@
 //!
 //! Stateless by default: a session id is issued on `initialize` (clients need one to open
 //! the GET stream) but no request depends on server-side session state, so any replica can
-//! answer any request and unknown session ids are accepted (a malformed one, empty or not
-//! visible ASCII, is a 400). Request bodies are read against a size cap and a deadline; the
+//! answer any request. A session id is the server's and bound to the caller it was issued to
+//! ([`crate::session::mint`]): one this replica never saw is accepted from that caller, any
+//! other (another caller's, or made up) is a 404 like an unknown session; a malformed one,
+//! empty or not visible ASCII, is a 400. Request bodies are read against a size cap and a deadline; the
 //! accept loop in [`super::listen`] bounds connections and header time.
 
 use std::convert::Infallible;
@@ -336,7 +338,7 @@ async fn check_caller(
         Err(denied) => {
             state.server.metrics.refused(Refusal::Unauthenticated);
             let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
-            let metadata = auth.metadata_url(headers);
+            let metadata = auth.metadata_url(state.options.allowed_hosts.as_deref());
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, denied.challenge(metadata.as_deref()));
             Err(Box::new(resp))
@@ -346,14 +348,19 @@ async fn check_caller(
 
 /// `/.well-known/oauth-protected-resource[/mcp]`: where clients learn which authorization
 /// server issues tokens for this endpoint (RFC 9728). 404 unless an issuer is configured.
+/// The Origin and Host checks of `/mcp` apply (it is the first thing a client reads), and the
+/// document names the resource from configuration, never from the request's Host.
 async fn protected_resource(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    if let Err(r) = check_origin(&state, &headers).and_then(|()| check_host(&state, &headers)) {
+        return r.into_response();
+    }
     let snap = state.server.registry.load();
     let scopes: Vec<&str> = snap.scopes.iter().map(AsRef::as_ref).collect();
     match state
         .options
         .auth
         .as_ref()
-        .and_then(|a| a.metadata(&headers, &scopes))
+        .and_then(|a| a.metadata(state.options.allowed_hosts.as_deref(), &scopes))
     {
         Some(doc) => {
             let mut resp = axum::Json(doc).into_response();
@@ -366,8 +373,18 @@ async fn protected_resource(State(state): State<Arc<HttpState>>, headers: Header
     }
 }
 
-/// 404 for a session this server ended (DELETE).
-fn check_not_ended(state: &HttpState, session: &str) -> Result<(), Reject> {
+/// 404 for a session that is not the caller's (another caller's, or an id no server issued)
+/// and for one this server ended (DELETE): to a caller, both are unknown sessions.
+fn check_session(state: &HttpState, session: &str, caller: Option<&Principal>) -> Result<(), Reject> {
+    if session.is_empty() {
+        return Ok(());
+    }
+    if !crate::session::owned_by(session, caller.map_or("", |c| &c.subject)) {
+        return Err(Reject(
+            StatusCode::NOT_FOUND,
+            "Session not found; initialize a new one".to_owned(),
+        ));
+    }
     if state.ended.ended(session) {
         Err(Reject(
             StatusCode::NOT_FOUND,
@@ -552,19 +569,6 @@ fn post_headers(headers: &HeaderMap) -> Result<((&'static str, bool), &str), Rej
     Ok((version(headers)?, session_id(headers)?))
 }
 
-fn new_session_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::getrandom(&mut b).is_err() {
-        // Unreachable on Linux; fall back to a time-derived id rather than failing initialize.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        b = t.to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let headers = &parts.headers;
@@ -624,7 +628,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         if let Err(r) = check_mirrored(headers, &body) {
             return *r;
         }
-    } else if let Err(r) = check_not_ended(&state, session) {
+    } else if let Err(r) = check_session(&state, session, caller.as_deref()) {
         return r.for_body(&body);
     }
     let pass = state.load.inflight.try_enter();
@@ -676,15 +680,14 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
     if let Some(scopes) = handled.forbidden.filter(|s| !s.is_empty())
         && let Some(auth) = &state.options.auth
     {
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, auth.scope_challenge(headers, &scopes));
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
+        );
     }
     if handled.initialized {
-        let id = if session.is_empty() {
-            new_session_id()
-        } else {
-            session.to_owned()
-        };
+        // Always a new id of the server's, bound to this caller (a client's own id is not taken).
+        let id = crate::session::mint(caller.as_deref().map_or("", |c| &c.subject));
         if let Ok(v) = HeaderValue::from_str(&id) {
             state.server.sessions.open(&id, handled.client);
             resp.headers_mut().insert(SESSION_HEADER, v);
@@ -833,9 +836,10 @@ impl Drop for ListenGuard {
 }
 
 async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_caller(&state, &headers).await {
-        return *r;
-    }
+    let caller = match check_caller(&state, &headers).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     if !headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -851,10 +855,11 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
         Ok((_, true)) => return not_in_modern("GET"),
         Ok(_) => {}
     }
-    let session = match session_id(&headers).and_then(|s| check_not_ended(&state, s).map(|()| s)) {
-        Ok(s) => s.to_owned(),
-        Err(r) => return r.into_response(),
-    };
+    let session =
+        match session_id(&headers).and_then(|s| check_session(&state, s, caller.as_deref()).map(|()| s)) {
+            Ok(s) => s.to_owned(),
+            Err(r) => return r.into_response(),
+        };
     if !state.load.streams.try_enter_detached() {
         state.server.metrics.refused(Refusal::Streams);
         return http_error(
@@ -930,9 +935,10 @@ fn event_stream(
 }
 
 async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_caller(&state, &headers).await {
-        return *r;
-    }
+    let caller = match check_caller(&state, &headers).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     if matches!(version(&headers), Ok((_, true))) {
         return not_in_modern("DELETE");
     }
@@ -946,11 +952,12 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
+    // Another caller's session is unknown to this one: it can neither end nor touch it.
+    if let Err(r) = check_session(&state, session, caller.as_deref()) {
+        return r.into_response();
+    }
     if !state.ended.end(session) {
-        return check_not_ended(&state, session).err().map_or_else(
-            || StatusCode::NO_CONTENT.into_response(),
-            IntoResponse::into_response,
-        );
+        return StatusCode::NO_CONTENT.into_response();
     }
     let tokens = state
         .streams

@@ -209,3 +209,12 @@ pub async fn closed_by_server(s: &mut TcpStream) -> Vec<u8> {
         }
     }
 }
+
+/// A session id as the server issues them to callers without credentials, the same for the
+/// same `label` (tests name their sessions).
+pub fn sid(label: &str) -> String {
+    let minted = quiver_server::session::mint("");
+    let owner = minted.split_once('.').map(|(_, o)| o).unwrap_or_default();
+    let nonce: String = label.bytes().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("{nonce:0>32}.{owner}")
+}
