@@ -382,7 +382,7 @@ pub struct PodOverrides {
     /// `/var/run/secrets/kubernetes.io`, nor under `/quiver`; mount propagation `None` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
-    #[schemars(inner(extend("x-kubernetes-validations" = [{"rule": "!has(self.mountPropagation) || self.mountPropagation == 'None'", "message": "mountPropagation other than None needs a privileged container"}])))]
+    #[x_kube(validation = Rule::new("self.all(m, !has(m.mountPropagation) || m.mountPropagation == 'None')").message("mountPropagation other than None needs a privileged container"))]
     pub volume_mounts: Vec<VolumeMount>,
     /// PriorityClass of the pods (not one of the `system-` classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -451,7 +451,10 @@ pub struct SeLinux {
 #[x_kube(validation = Rule::new("[has(self.configMap), has(self.secret), has(self.emptyDir), has(self.projected), has(self.downwardAPI), has(self.persistentVolumeClaim), has(self.ephemeral), has(self.csi)].filter(x, x).size() == 1").message("a volume sets exactly one of configMap, secret, emptyDir, projected, downwardAPI, persistentVolumeClaim, ephemeral, csi (the kinds the restricted Pod Security profile allows)"))]
 pub struct PodVolume {
     /// Volume name (a DNS label), referred to by `volumeMounts`.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// A ConfigMap's keys as files.
     #[serde(default, skip_serializing_if = "Option::is_none")]

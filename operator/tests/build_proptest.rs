@@ -250,14 +250,19 @@ fn pod_template() -> impl Strategy<Value = Value> {
         json!({"gitRepo": {"repository": "r"}}),
     ]);
     let volume_name = prop::sample::select(vec!["a", "b", "quiver-api-access", "quiver-run"]);
-    let volume = (volume_name.clone(), kind.clone(), prop::option::weighted(0.1, kind)).prop_map(|(name, k, extra)| {
-        let mut v = k;
-        if let Some(Value::Object(e)) = extra {
-            v.as_object_mut().unwrap().extend(e);
-        }
-        v["name"] = json!(name);
-        v
-    });
+    let volume = (
+        volume_name.clone(),
+        kind.clone(),
+        prop::option::weighted(0.1, kind),
+    )
+        .prop_map(|(name, k, extra)| {
+            let mut v = k;
+            if let Some(Value::Object(e)) = extra {
+                v.as_object_mut().unwrap().extend(e);
+            }
+            v["name"] = json!(name);
+            v
+        });
     let path = prop::sample::select(vec![
         "/data",
         "/var/run/secrets/kubernetes.io/serviceaccount",
@@ -268,18 +273,32 @@ fn pod_template() -> impl Strategy<Value = Value> {
         "relative",
         "/",
     ]);
-    let propagation = prop::option::weighted(0.2, prop::sample::select(vec!["None", "HostToContainer", "Bidirectional"]));
+    let propagation = prop::option::weighted(
+        0.2,
+        prop::sample::select(vec!["None", "HostToContainer", "Bidirectional"]),
+    );
     let mount = (volume_name, path, propagation)
         .prop_map(|(name, path, p)| json!({"name": name, "mountPath": path, "mountPropagation": p}));
     let selinux = prop::option::weighted(
         0.3,
         (
-            prop::sample::select(vec!["container_t", "container_kvm_t", "spc_t", "unconfined_t", ""]),
+            prop::sample::select(vec![
+                "container_t",
+                "container_kvm_t",
+                "spc_t",
+                "unconfined_t",
+                "",
+            ]),
             prop::option::of(Just("system_u")),
         ),
     )
-    .prop_map(|s| s.map(|(t, user)| json!({"type": t, "user": user, "role": user.map(|_| "system_r"), "level": "s0"})));
-    let apparmor = prop::option::weighted(0.2, prop::sample::select(vec!["runtime/default", "unconfined", "localhost/p"]));
+    .prop_map(|s| {
+        s.map(|(t, user)| json!({"type": t, "user": user, "role": user.map(|_| "system_r"), "level": "s0"}))
+    });
+    let apparmor = prop::option::weighted(
+        0.2,
+        prop::sample::select(vec!["runtime/default", "unconfined", "localhost/p"]),
+    );
     let sa = prop::option::weighted(0.2, prop::sample::select(vec!["default", "privileged"]));
     (
         (string_map(), prop::collection::vec(toleration, 0..3), string_map(), string_map()),
@@ -293,12 +312,13 @@ fn pod_template() -> impl Strategy<Value = Value> {
     )
         .prop_map(
             |((node_selector, tolerations, labels, mut annotations), (volumes, mounts, selinux, apparmor, sa))| {
+                let mounts = if volumes.is_some() { json!(mounts) } else { json!([]) };
                 if let (Some(profile), Value::Object(a)) = (apparmor, &mut annotations) {
                     a.insert("container.apparmor.security.beta.kubernetes.io/server".into(), json!(profile));
                 }
                 json!({"nodeSelector": node_selector, "tolerations": tolerations, "labels": labels, "annotations": annotations,
                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
-                   "volumes": volumes.unwrap_or_default(), "volumeMounts": if volumes.is_some() { json!(mounts) } else { json!([]) },
+                   "volumes": volumes.unwrap_or_default(), "volumeMounts": mounts,
                    "security": {"seLinuxOptions": selinux}, "serviceAccountName": sa})
             },
         )
@@ -309,7 +329,14 @@ fn pod_template() -> impl Strategy<Value = Value> {
 /// profile, and a ServiceAccount token in the server container alone.
 fn assert_confined(d: &Deployment) {
     const KINDS: [&str; 8] = [
-        "configMap", "secret", "emptyDir", "projected", "downwardAPI", "persistentVolumeClaim", "ephemeral", "csi",
+        "configMap",
+        "secret",
+        "emptyDir",
+        "projected",
+        "downwardAPI",
+        "persistentVolumeClaim",
+        "ephemeral",
+        "csi",
     ];
     let d = serde_json::to_value(d).unwrap();
     let template = &d["spec"]["template"];
@@ -322,21 +349,45 @@ fn assert_confined(d: &Deployment) {
     if let Some(se) = pod["securityContext"].get("seLinuxOptions") {
         assert!(se.get("user").is_none() && se.get("role").is_none(), "{se}");
         if let Some(t) = se.get("type") {
-            assert!(quiver_operator::crd::SELINUX_TYPES.contains(&t.as_str().unwrap()), "{se}");
+            assert!(
+                quiver_operator::crd::SELINUX_TYPES.contains(&t.as_str().unwrap()),
+                "{se}"
+            );
         }
     }
-    for (k, v) in template["metadata"]["annotations"].as_object().into_iter().flatten() {
+    for (k, v) in template["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
         if k.starts_with("container.apparmor") {
-            assert!(v == "runtime/default" || v.as_str().unwrap().starts_with("localhost/"), "{k}: {v}");
+            assert!(
+                v == "runtime/default" || v.as_str().unwrap().starts_with("localhost/"),
+                "{k}: {v}"
+            );
         }
     }
-    let all = pod["containers"].as_array().unwrap().iter().chain(pod["initContainers"].as_array().into_iter().flatten());
+    let all = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(pod["initContainers"].as_array().into_iter().flatten());
     for (i, c) in all.enumerate() {
         for m in c["volumeMounts"].as_array().into_iter().flatten() {
             let path = m["mountPath"].as_str().unwrap();
             let token = m["name"] == "quiver-api-access";
-            assert_eq!(token, i == 0 && path == "/var/run/secrets/kubernetes.io/serviceaccount", "{c}");
-            assert!(token || !(path.contains("/secrets/kubernetes.io") || "/var/run/secrets".starts_with(path) || path.contains("..")), "{m}");
+            assert_eq!(
+                token,
+                i == 0 && path == "/var/run/secrets/kubernetes.io/serviceaccount",
+                "{c}"
+            );
+            assert!(
+                token
+                    || !(path.contains("/secrets/kubernetes.io")
+                        || "/var/run/secrets".starts_with(path)
+                        || path.contains("..")),
+                "{m}"
+            );
             assert!(m.get("mountPropagation").is_none_or(|p| p == "None"), "{m}");
         }
     }

@@ -178,11 +178,7 @@ fn everything(name: &str, sa: &str, priority: &str) -> Value {
 }
 
 fn mcp_api(ns: &TempNs) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        ns.client.clone(),
-        &ns.name,
-        &ApiResource::erase::<McpServer>(&()),
-    )
+    Api::namespaced_with(ns.client.clone(), &ns.name, &ApiResource::erase::<McpServer>(&()))
 }
 
 async fn create(ns: &TempNs, obj: &Value) -> Result<(), String> {
@@ -201,7 +197,8 @@ async fn every_pod_template_field_stays_within_the_restricted_profile() {
         enforce(&ns.client, &ns.name, "restricted").await;
         let priority = format!("{}-high", ns.name);
         let classes: Api<PriorityClass> = Api::all(ns.client.clone());
-        let pc: PriorityClass = serde_json::from_value(json!({"metadata": {"name": priority}, "value": 1000})).unwrap();
+        let pc: PriorityClass =
+            serde_json::from_value(json!({"metadata": {"name": priority}, "value": 1000})).unwrap();
         let _ = classes.create(&PostParams::default(), &pc).await;
         // The ServiceAccount's owner lets this McpServer run as it.
         let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "identity",
@@ -211,11 +208,17 @@ async fn every_pod_template_field_stays_within_the_restricted_profile() {
             .create(&PostParams::default(), &sa)
             .await
             .unwrap();
-        create(&ns, &everything("everything", "identity", &priority)).await.unwrap();
+        create(&ns, &everything("everything", "identity", &priority))
+            .await
+            .unwrap();
         let d = deployment(&ns, "everything").await;
         let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("identity"));
-        assert_eq!(pod.volumes.as_ref().unwrap().len(), 8 + 3 + 1, "the spec's, the sidecar's and the token");
+        assert_eq!(
+            pod.volumes.as_ref().unwrap().len(),
+            8 + 3 + 1,
+            "the spec's, the sidecar's and the token"
+        );
         assert_eq!(pod.containers.len(), 2, "server and sidecar");
         let admitted = admit(&ns.client, &ns.name, &d).await;
         let _ = classes.delete(&priority, &DeleteParams::default()).await;
@@ -236,7 +239,10 @@ async fn every_pod_template_field_stays_within_the_restricted_profile() {
         create(&ns, &unsafe_).await.unwrap();
         let d = deployment(&ns, "tuned").await;
         let refused = admit(&ns.client, &ns.name, &d).await.unwrap_err();
-        assert!(refused.contains("forbidden sysctls") && refused.contains("net.core.somaxconn"), "{refused}");
+        assert!(
+            refused.contains("forbidden sysctls") && refused.contains("net.core.somaxconn"),
+            "{refused}"
+        );
         enforce(&ns.client, &ns.name, "baseline").await;
         let refused = admit(&ns.client, &ns.name, &d).await.unwrap_err();
         assert!(refused.contains("baseline"), "{refused}");

@@ -5,7 +5,8 @@
 
 use k8s_openapi::api::core::v1::{
     ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector,
-    ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 
 use crate::crd::{ALLOWED_MCPSERVERS, McpServer, PROFILE_ANNOTATIONS, PodVolume, SELINUX_TYPES};
@@ -20,7 +21,11 @@ pub const TOKEN_VOLUME: &str = "quiver-api-access";
 pub const TOKEN_SECONDS: i64 = 3600;
 /// Directories no author mount may cover (the token, and `/var/run` as `/run` in images
 /// where one links to the other; Quiver's upstream binaries and sockets).
-const RESERVED_DIRS: [&str; 3] = ["/var/run/secrets/kubernetes.io", "/run/secrets/kubernetes.io", "/quiver"];
+const RESERVED_DIRS: [&str; 3] = [
+    "/var/run/secrets/kubernetes.io",
+    "/run/secrets/kubernetes.io",
+    "/quiver",
+];
 /// Volume names Quiver adds itself.
 const RESERVED_VOLUMES: [&str; 4] = [TOKEN_VOLUME, "quiver-bin", "quiver-run", "upstream-tmp"];
 
@@ -132,7 +137,10 @@ fn normalized(path: &str) -> Option<String> {
 
 fn covers(mount: &str, dir: &str) -> bool {
     // A mount at a parent of `dir` hides it too.
-    mount == dir || mount.starts_with(&format!("{dir}/")) || dir.starts_with(&format!("{mount}/")) || mount == "/"
+    mount == dir
+        || mount.starts_with(&format!("{dir}/"))
+        || dir.starts_with(&format!("{mount}/"))
+        || mount == "/"
 }
 
 /// Problems of what the spec puts into the pod beyond the restricted profile or over Quiver's
@@ -157,9 +165,7 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
         for (i, m) in o.volume_mounts.iter().enumerate() {
             let at = format!("spec.podTemplate.volumeMounts[{i}]");
             match normalized(&m.mount_path) {
-                None => problems.push(format!(
-                    "{at}.mountPath: an absolute path without `..`"
-                )),
+                None => problems.push(format!("{at}.mountPath: an absolute path without `..`")),
                 Some(p) => {
                     if let Some(dir) = RESERVED_DIRS.iter().find(|d| covers(&p, d)) {
                         problems.push(format!(
@@ -190,9 +196,13 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
                 ));
             }
         }
-        if o.priority_class_name.as_deref().is_some_and(|p| p.starts_with("system-")) {
+        if o.priority_class_name
+            .as_deref()
+            .is_some_and(|p| p.starts_with("system-"))
+        {
             problems.push(
-                "spec.podTemplate.priorityClassName: the system- PriorityClasses are for cluster components".to_owned(),
+                "spec.podTemplate.priorityClassName: the system- PriorityClasses are for cluster components"
+                    .to_owned(),
             );
         }
         if let Some(t) = o
@@ -224,11 +234,7 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
 
 /// The ServiceAccount the spec names, if any (read in the dereference step).
 pub fn named_service_account(mcp: &McpServer) -> Option<&str> {
-    mcp.spec
-        .pod_template
-        .as_ref()?
-        .service_account_name
-        .as_deref()
+    mcp.spec.pod_template.as_ref()?.service_account_name.as_deref()
 }
 
 /// Whether the ServiceAccount `sa` (as read, `None` when it does not exist) lets `mcp` run as

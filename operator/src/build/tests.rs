@@ -669,7 +669,10 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(volumes, ["quiver-bin", "quiver-run", "upstream-tmp", "quiver-api-access"]);
+    assert_eq!(
+        volumes,
+        ["quiver-bin", "quiver-run", "upstream-tmp", "quiver-api-access"]
+    );
 }
 
 #[test]
@@ -812,20 +815,50 @@ fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
     // Each line: a podTemplate and a part of the problem it must produce.
     let cases = [
         // Kinds the schema does not know are dropped on reading, leaving no source.
-        ("{volumes: [{name: host, hostPath: {path: /proc}}]}", "spec.podTemplate.volumes[0]: set exactly one of"),
-        ("{volumes: [{name: n, nfs: {server: a, path: /}}]}", "spec.podTemplate.volumes[0]: set exactly one of"),
-        ("{volumes: [{name: two, emptyDir: {}, secret: {secretName: s}}]}", "spec.podTemplate.volumes[0]: set exactly one of"),
-        ("{volumes: [{name: quiver-api-access, emptyDir: {}}]}", "`quiver-api-access` is a volume Quiver adds"),
-        ("{volumes: [{name: a, emptyDir: {}}, {name: a, emptyDir: {}}]}", "`a` is used twice"),
-        ("{security: {seLinuxOptions: {type: spc_t}}}", "seLinuxOptions.type: `spc_t` is outside"),
-        ("{security: {seLinuxOptions: {type: unconfined_t, user: system_u}}}", "`unconfined_t` is outside"),
-        ("{annotations: {container.apparmor.security.beta.kubernetes.io/server: unconfined}}", "annotations.container.apparmor.security.beta.kubernetes.io/server"),
-        ("{annotations: {seccomp.security.alpha.kubernetes.io/pod: unconfined}}", "annotations.seccomp.security.alpha.kubernetes.io/pod"),
+        (
+            "{volumes: [{name: host, hostPath: {path: /proc}}]}",
+            "spec.podTemplate.volumes[0]: set exactly one of",
+        ),
+        (
+            "{volumes: [{name: n, nfs: {server: a, path: /}}]}",
+            "spec.podTemplate.volumes[0]: set exactly one of",
+        ),
+        (
+            "{volumes: [{name: two, emptyDir: {}, secret: {secretName: s}}]}",
+            "spec.podTemplate.volumes[0]: set exactly one of",
+        ),
+        (
+            "{volumes: [{name: quiver-api-access, emptyDir: {}}]}",
+            "`quiver-api-access` is a volume Quiver adds",
+        ),
+        (
+            "{volumes: [{name: a, emptyDir: {}}, {name: a, emptyDir: {}}]}",
+            "`a` is used twice",
+        ),
+        (
+            "{security: {seLinuxOptions: {type: spc_t}}}",
+            "seLinuxOptions.type: `spc_t` is outside",
+        ),
+        (
+            "{security: {seLinuxOptions: {type: unconfined_t, user: system_u}}}",
+            "`unconfined_t` is outside",
+        ),
+        (
+            "{annotations: {container.apparmor.security.beta.kubernetes.io/server: unconfined}}",
+            "annotations.container.apparmor.security.beta.kubernetes.io/server",
+        ),
+        (
+            "{annotations: {seccomp.security.alpha.kubernetes.io/pod: unconfined}}",
+            "annotations.seccomp.security.alpha.kubernetes.io/pod",
+        ),
         ("{priorityClassName: system-node-critical}", "priorityClassName"),
     ];
     for (template, want) in cases {
         let problems = pod_problems(&with_pod_template(template));
-        assert!(problems.iter().any(|p| p.contains(want)), "{template}: {problems:?}");
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{template}: {problems:?}"
+        );
     }
     // Mounts over the token (directly, above it, through /run or with dots) or with propagation.
     for path in [
@@ -840,12 +873,18 @@ fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
         let problems = pod_problems(&with_pod_template(&format!(
             "{{volumes: [{{name: v, emptyDir: {{}}}}], volumeMounts: [{{name: v, mountPath: \"{path}\"}}]}}"
         )));
-        assert!(problems.iter().any(|p| p.contains("would cover")), "{path}: {problems:?}");
+        assert!(
+            problems.iter().any(|p| p.contains("would cover")),
+            "{path}: {problems:?}"
+        );
     }
     for (mount, want) in [
         ("{name: v, mountPath: /data/../var/run/secrets}", "without `..`"),
         ("{name: v, mountPath: data}", "an absolute path"),
-        ("{name: v, mountPath: /data, mountPropagation: Bidirectional}", "mountPropagation"),
+        (
+            "{name: v, mountPath: /data, mountPropagation: Bidirectional}",
+            "mountPropagation",
+        ),
         ("{name: other, mountPath: /data}", "no volume `other`"),
     ] {
         let problems = pod_problems(&with_pod_template(&format!(
@@ -867,7 +906,11 @@ fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
     assert_eq!(pod_problems(&fine), Vec::<String>::new());
     let d = serde_json::to_value(&children(&fine).deployment).unwrap();
     let pod = &d["spec"]["template"]["spec"];
-    assert_eq!(pod["volumes"].as_array().unwrap().len(), 9, "8 of the spec and the token");
+    assert_eq!(
+        pod["volumes"].as_array().unwrap().len(),
+        9,
+        "8 of the spec and the token"
+    );
     assert_eq!(
         pod["securityContext"]["seLinuxOptions"],
         json!({"type": "container_t", "level": "s0:c1"}),
@@ -889,27 +932,45 @@ fn the_schema_refuses_what_the_restricted_profile_refuses() {
         .collect();
     assert_eq!(
         kinds,
-        ["configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "name", "persistentVolumeClaim", "projected", "secret"]
+        [
+            "configMap",
+            "csi",
+            "downwardAPI",
+            "emptyDir",
+            "ephemeral",
+            "name",
+            "persistentVolumeClaim",
+            "projected",
+            "secret"
+        ]
     );
-    assert!(volume["x-kubernetes-validations"][0]["rule"]
-        .as_str()
-        .unwrap()
-        .contains("size() == 1"));
+    assert!(
+        volume["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("size() == 1")
+    );
     let se = &tpl["security"]["properties"]["seLinuxOptions"]["properties"];
     assert_eq!(se["type"]["enum"], json!(crate::crd::SELINUX_TYPES));
     assert!(se.get("user").is_none() && se.get("role").is_none());
-    assert!(tpl["annotations"]["x-kubernetes-validations"][0]["rule"]
-        .as_str()
-        .unwrap()
-        .contains("apparmor"));
-    assert!(tpl["volumeMounts"]["items"]["x-kubernetes-validations"][0]["rule"]
-        .as_str()
-        .unwrap()
-        .contains("mountPropagation"));
-    assert!(spec["ingress"]["properties"]["annotations"]["x-kubernetes-validations"][0]["rule"]
-        .as_str()
-        .unwrap()
-        .contains("-snippet"));
+    assert!(
+        tpl["annotations"]["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("apparmor")
+    );
+    assert!(
+        tpl["volumeMounts"]["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("mountPropagation")
+    );
+    assert!(
+        spec["ingress"]["properties"]["annotations"]["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("-snippet")
+    );
 }
 
 #[test]
@@ -925,8 +986,17 @@ fn a_named_service_account_needs_its_owners_consent() {
     let refused = |s: Option<&ServiceAccount>| crate::render::service_account(&m, s).unwrap_err();
     let e = refused(None);
     assert_eq!(e.reason, "ServiceAccountNotAllowed");
-    assert!(e.problems[0].contains("ServiceAccount shared does not exist"), "{e:?}");
-    for denied in [None, Some(""), Some("other"), Some("calc-2, calcx"), Some("other,*x")] {
+    assert!(
+        e.problems[0].contains("ServiceAccount shared does not exist"),
+        "{e:?}"
+    );
+    for denied in [
+        None,
+        Some(""),
+        Some("other"),
+        Some("calc-2, calcx"),
+        Some("other,*x"),
+    ] {
         let e = refused(Some(&sa(denied)));
         assert!(
             e.problems[0].contains("quiver.dev/allowed-mcpservers"),
@@ -943,5 +1013,8 @@ fn a_named_service_account_needs_its_owners_consent() {
     assert!(crate::render::service_account(&mcp(BASIC), None).is_ok());
     // The Role is bound to the operator's own ServiceAccount unless one is named.
     let rb = serde_json::to_value(&children(BASIC).role_binding).unwrap();
-    assert_eq!(rb["subjects"], json!([{"kind": "ServiceAccount", "name": "calc", "namespace": "ns"}]));
+    assert_eq!(
+        rb["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "calc", "namespace": "ns"}])
+    );
 }

@@ -122,9 +122,15 @@ async fn fetch(client: &Client, ns: &str, mcp: &McpServer) -> Result<Dereference
 
 /// The ServiceAccount `podTemplate.serviceAccountName` names, read for its owner's consent
 /// (`None` when the spec names none or it does not exist).
-async fn named_service_account(client: &Client, ns: &str, mcp: &McpServer) -> Result<Option<ServiceAccount>, Error> {
+async fn named_service_account(
+    client: &Client,
+    ns: &str,
+    mcp: &McpServer,
+) -> Result<Option<ServiceAccount>, Error> {
     match build::named_service_account(mcp) {
-        Some(name) => Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns).get_opt(name).await?),
+        Some(name) => Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?),
         None => Ok(None),
     }
 }
