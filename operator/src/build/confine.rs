@@ -174,6 +174,16 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
                     }
                 }
             }
+            for (field, sub) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
+                if sub
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with('/') || p.split('/').any(|c| c == ".."))
+                {
+                    problems.push(format!(
+                        "{at}.{field}: a relative path inside the volume, without `..`"
+                    ));
+                }
+            }
             if m.mount_propagation.as_deref().is_some_and(|p| p != "None") {
                 problems.push(format!(
                     "{at}.mountPropagation: only None (other modes need a privileged container)"

@@ -886,6 +886,18 @@ fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
             "mountPropagation",
         ),
         ("{name: other, mountPath: /data}", "no volume `other`"),
+        (
+            "{name: v, mountPath: /data, subPath: ../../etc}",
+            "subPath: a relative path",
+        ),
+        (
+            "{name: v, mountPath: /data, subPathExpr: \"$(POD)/../..\"}",
+            "subPathExpr: a relative path",
+        ),
+        (
+            "{name: v, mountPath: /data, subPath: /etc}",
+            "subPath: a relative path",
+        ),
     ] {
         let problems = pod_problems(&with_pod_template(&format!(
             "{{volumes: [{{name: v, emptyDir: {{}}}}], volumeMounts: [{mount}]}}"
