@@ -30,6 +30,16 @@ async fn enforce(client: &Client, ns: &str, level: &str) {
         .unwrap();
 }
 
+/// Waits for the namespace's `default` ServiceAccount (made by the controller-manager after
+/// the namespace): pods that name no account are refused until it exists.
+async fn default_service_account(ns: &TempNs) {
+    let api = ns.api::<ServiceAccount>();
+    eventually(60, "the default ServiceAccount", || async {
+        api.get_opt("default").await.ok().flatten()
+    })
+    .await;
+}
+
 /// The Deployment the operator applied for `name`, once it exists.
 async fn deployment(ns: &TempNs, name: &str) -> Deployment {
     let api = ns.api::<Deployment>();
@@ -75,6 +85,7 @@ fn names(yaml: &str, kind: &str) -> Vec<String> {
 async fn every_sample_makes_pods_the_restricted_profile_admits() {
     with_ns("q-restricted-samples", |ns| async move {
         enforce(&ns.client, &ns.name, "restricted").await;
+        default_service_account(&ns).await;
         let dir = format!("{}/../deploy/samples", env!("CARGO_MANIFEST_DIR"));
         let mut files: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
