@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, SELinuxOptions, Toleration,
-    TopologySpreadConstraint, Volume, VolumeMount,
+    Affinity, CSIVolumeSource, ConfigMapVolumeSource, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    EnvFromSource, EnvVar, EphemeralVolumeSource, LocalObjectReference, PersistentVolumeClaimVolumeSource,
+    ProjectedVolumeSource, ResourceRequirements, SecretVolumeSource, Toleration, TopologySpreadConstraint,
+    VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -22,6 +24,19 @@ use serde::{Deserialize, Serialize};
 pub const MAX_TOOLS: usize = 256;
 /// Label a `toolsFrom` ConfigMap carries to be watched: its edits then propagate at once.
 pub const TOOLS_LABEL: (&str, &str) = ("quiver.dev/tools", "true");
+/// Annotation by which the owner of a ServiceAccount lets McpServers run as it
+/// (`podTemplate.serviceAccountName`): their names, comma-separated, or `*` for every
+/// McpServer of the namespace.
+pub const ALLOWED_MCPSERVERS: &str = "quiver.dev/allowed-mcpservers";
+/// SELinux types the restricted Pod Security profile allows (or none: the runtime's default).
+pub const SELINUX_TYPES: [&str; 3] = ["container_t", "container_init_t", "container_kvm_t"];
+/// Annotation prefixes that choose an AppArmor or seccomp profile (the restricted profile
+/// allows only the runtime's default or a profile on the node).
+pub const PROFILE_ANNOTATIONS: [&str; 3] = [
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+];
 
 /// An MCP server deployed by Quiver: a Deployment of quiver-server serving the tools below,
 /// hot-reloaded from a ConfigMap the operator keeps in sync.
@@ -155,9 +170,12 @@ pub struct IngressOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub tls_secret_name: Option<String>,
-    /// Annotations for the ingress controller.
+    /// Annotations for the ingress controller. Keys ending in `-snippet` (ingress-nginx's
+    /// `configuration-snippet`, `server-snippet`, `auth-snippet`, ...) are refused: they put
+    /// raw configuration into a controller that every tenant shares.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
+    #[x_kube(validation = Rule::new("self.all(k, !k.endsWith('-snippet'))").message("annotations ending in -snippet inject raw configuration into the shared ingress controller and are refused"))]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -210,6 +228,12 @@ pub struct NetworkPolicyOptions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub egress: Vec<NetworkPolicyEgressRule>,
+    /// The DNS servers the pods may query (port 53). Empty: the cluster DNS, pods labelled
+    /// `k8s-app: kube-dns` in namespace `kube-system`. Set it where DNS runs elsewhere, e.g. a
+    /// node-local cache (`ipBlock: {cidr: 169.254.20.10/32}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub dns_peers: Vec<NetworkPolicyPeer>,
 }
 
 /// Client authentication.
@@ -318,18 +342,26 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 63}))]
     pub labels: BTreeMap<String, String>,
-    /// Extra annotations on the pods.
+    /// Extra annotations on the pods. AppArmor and seccomp annotations may only name the
+    /// runtime's default (`runtime/default`) or a profile on the node (`localhost/...`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
+    #[x_kube(validation = Rule::new("self.all(k, !(k.startsWith('container.apparmor.security.beta.kubernetes.io/') || k.startsWith('seccomp.security.alpha.kubernetes.io/') || k.startsWith('container.seccomp.security.alpha.kubernetes.io/')) || self[k] == 'runtime/default' || self[k].startsWith('localhost/'))").message("AppArmor and seccomp annotations may only name runtime/default or a localhost/ profile"))]
     pub annotations: BTreeMap<String, String>,
     /// Secrets for pulling the server image from a private registry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Run the pods as this existing ServiceAccount (e.g. one bound to a cloud workload
-    /// identity) instead of the one Quiver creates; Quiver binds its config-reading Role to it.
+    /// identity) instead of the one Quiver creates. Its owner must consent: the
+    /// ServiceAccount carries the annotation `quiver.dev/allowed-mcpservers` listing this
+    /// McpServer's name (comma-separated names, or `*`); otherwise the spec is invalid and the
+    /// pods stay as they are. Quiver binds its config-reading Role to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub service_account_name: Option<String>,
     /// Extra environment variables of the server container (e.g. for exec tools' programs;
     /// exec tools themselves see only their own `env`).
@@ -340,17 +372,22 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub env_from: Vec<EnvFromSource>,
-    /// Extra volumes of the pods (e.g. programs or data for exec tools).
+    /// Extra volumes of the pods (e.g. programs or data for exec tools), of the kinds the
+    /// restricted Pod Security profile allows: configMap, secret, emptyDir, projected,
+    /// downwardAPI, persistentVolumeClaim, ephemeral, csi.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
-    pub volumes: Vec<Volume>,
-    /// Where the server container mounts `volumes`.
+    pub volumes: Vec<PodVolume>,
+    /// Where the server container mounts `volumes` (not over the ServiceAccount token at
+    /// `/var/run/secrets/kubernetes.io`, nor under `/quiver`; mount propagation `None` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(m, !has(m.mountPropagation) || m.mountPropagation == 'None')").message("mountPropagation other than None needs a privileged container"))]
     pub volume_mounts: Vec<VolumeMount>,
-    /// PriorityClass of the pods.
+    /// PriorityClass of the pods (not one of the `system-` classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("!self.startsWith('system-')").message("the system- PriorityClasses are for cluster components"))]
     pub priority_class_name: Option<String>,
     /// How the pods spread across zones or nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -387,9 +424,62 @@ pub struct PodSecurity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub seccomp_localhost_profile: Option<String>,
-    /// SELinux context of the pods.
+    /// SELinux context of the pods, within the restricted profile: a `type` of
+    /// container_t, container_init_t or container_kvm_t, and a `level`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub se_linux_options: Option<SELinuxOptions>,
+    pub se_linux_options: Option<SeLinux>,
+}
+
+/// An SELinux context the restricted Pod Security profile allows (no user or role).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SeLinux {
+    /// SELinux type (default: the runtime's).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["container_t", "container_init_t", "container_kvm_t"]))]
+    pub type_: Option<String>,
+    /// SELinux level (MCS label, e.g. `s0:c123,c456`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub level: Option<String>,
+}
+
+/// A volume of the server pods: its name and exactly one source, of the kinds the restricted
+/// Pod Security profile allows.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.configMap), has(self.secret), has(self.emptyDir), has(self.projected), has(self.downwardAPI), has(self.persistentVolumeClaim), has(self.ephemeral), has(self.csi)].filter(x, x).size() == 1").message("a volume sets exactly one of configMap, secret, emptyDir, projected, downwardAPI, persistentVolumeClaim, ephemeral, csi (the kinds the restricted Pod Security profile allows)"))]
+pub struct PodVolume {
+    /// Volume name (a DNS label), referred to by `volumeMounts`.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// A ConfigMap's keys as files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapVolumeSource>,
+    /// A Secret's keys as files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretVolumeSource>,
+    /// A directory that lives as long as the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDirVolumeSource>,
+    /// Several sources in one directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projected: Option<ProjectedVolumeSource>,
+    /// Pod fields as files.
+    #[serde(default, rename = "downwardAPI", skip_serializing_if = "Option::is_none")]
+    pub downward_api: Option<DownwardAPIVolumeSource>,
+    /// A PersistentVolumeClaim of the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<PersistentVolumeClaimVolumeSource>,
+    /// A volume claimed for the pod's lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<EphemeralVolumeSource>,
+    /// An inline CSI volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi: Option<CSIVolumeSource>,
 }
 
 /// A tuning profile: defaults for sysctls and worker sizing.

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::ServiceAccount;
 use quiver_server::config::{self, ServerInfo, ToolSet};
 
 use crate::crd::{McpServer, TOOLS_LABEL};
@@ -99,6 +100,13 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
         ..ToolSet::default()
     };
+    let pod_problems = crate::build::check_pod(mcp);
+    if !pod_problems.is_empty() {
+        return Err(Invalid {
+            reason: "InvalidPodTemplate",
+            problems: pod_problems,
+        });
+    }
     let sidecar_problems = crate::build::check_sidecars(mcp);
     if !sidecar_problems.is_empty() {
         return Err(Invalid {
@@ -195,6 +203,18 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         tool_count: compiled.tools.len(),
         secrets: compiled.secrets,
         upstream_count: compiled.upstreams.len(),
+    })
+}
+
+/// Checks that the ServiceAccount the spec names (`sa`, as read; `None` when absent) lets
+/// this McpServer run as it.
+///
+/// # Errors
+/// `ServiceAccountNotAllowed` when it does not exist or its owner has not consented.
+pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(), Invalid> {
+    crate::build::service_account_consent(mcp, sa).map_err(|problem| Invalid {
+        reason: "ServiceAccountNotAllowed",
+        problems: vec![problem],
     })
 }
 

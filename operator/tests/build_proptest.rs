@@ -233,12 +233,164 @@ fn pod_template() -> impl Strategy<Value = Value> {
     let toleration = (text(), text(), any::<i64>()).prop_map(|(key, effect, secs)| {
         json!({"key": key, "operator": "Exists", "effect": effect, "tolerationSeconds": secs})
     });
-    (string_map(), prop::collection::vec(toleration, 0..3), string_map(), string_map()).prop_map(
-        |(node_selector, tolerations, labels, annotations)| {
-            json!({"nodeSelector": node_selector, "tolerations": tolerations, "labels": labels, "annotations": annotations,
-                   "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}})
-        },
+    // Volumes of every kind the API knows (most of them outside the restricted profile),
+    // sometimes two sources in one, mounted at paths around Quiver's own.
+    let kind = prop::sample::select(vec![
+        json!({"configMap": {"name": "c"}}),
+        json!({"secret": {"secretName": "s"}}),
+        json!({"emptyDir": {}}),
+        json!({"projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}),
+        json!({"downwardAPI": {"items": []}}),
+        json!({"persistentVolumeClaim": {"claimName": "p"}}),
+        json!({"ephemeral": {}}),
+        json!({"csi": {"driver": "d"}}),
+        json!({"hostPath": {"path": "/proc"}}),
+        json!({"nfs": {"server": "n", "path": "/"}}),
+        json!({"iscsi": {"targetPortal": "t", "iqn": "i", "lun": 0}}),
+        json!({"gitRepo": {"repository": "r"}}),
+    ]);
+    let volume_name = prop::sample::select(vec!["a", "b", "quiver-api-access", "quiver-run"]);
+    let volume = (
+        volume_name.clone(),
+        kind.clone(),
+        prop::option::weighted(0.1, kind),
     )
+        .prop_map(|(name, k, extra)| {
+            let mut v = k;
+            if let Some(Value::Object(e)) = extra {
+                v.as_object_mut().unwrap().extend(e);
+            }
+            v["name"] = json!(name);
+            v
+        });
+    let path = prop::sample::select(vec![
+        "/data",
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "/var/run/secrets",
+        "/run/secrets/kubernetes.io/serviceaccount/token",
+        "/quiver/run",
+        "/a/../var/run/secrets/kubernetes.io",
+        "relative",
+        "/",
+    ]);
+    let propagation = prop::option::weighted(
+        0.2,
+        prop::sample::select(vec!["None", "HostToContainer", "Bidirectional"]),
+    );
+    let mount = (volume_name, path, propagation)
+        .prop_map(|(name, path, p)| json!({"name": name, "mountPath": path, "mountPropagation": p}));
+    let selinux = prop::option::weighted(
+        0.3,
+        (
+            prop::sample::select(vec![
+                "container_t",
+                "container_kvm_t",
+                "spc_t",
+                "unconfined_t",
+                "",
+            ]),
+            prop::option::of(Just("system_u")),
+        ),
+    )
+    .prop_map(|s| {
+        s.map(|(t, user)| json!({"type": t, "user": user, "role": user.map(|_| "system_r"), "level": "s0"}))
+    });
+    let apparmor = prop::option::weighted(
+        0.2,
+        prop::sample::select(vec!["runtime/default", "unconfined", "localhost/p"]),
+    );
+    let sa = prop::option::weighted(0.2, prop::sample::select(vec!["default", "privileged"]));
+    (
+        (string_map(), prop::collection::vec(toleration, 0..3), string_map(), string_map()),
+        (
+            prop::option::weighted(0.5, prop::collection::vec(volume, 0..4)),
+            prop::collection::vec(mount, 0..3),
+            selinux,
+            apparmor,
+            sa,
+        ),
+    )
+        .prop_map(
+            |((node_selector, tolerations, labels, mut annotations), (volumes, mounts, selinux, apparmor, sa))| {
+                let mounts = if volumes.is_some() { json!(mounts) } else { json!([]) };
+                if let (Some(profile), Value::Object(a)) = (apparmor, &mut annotations) {
+                    a.insert("container.apparmor.security.beta.kubernetes.io/server".into(), json!(profile));
+                }
+                json!({"nodeSelector": node_selector, "tolerations": tolerations, "labels": labels, "annotations": annotations,
+                   "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+                   "volumes": volumes.unwrap_or_default(), "volumeMounts": mounts,
+                   "security": {"seLinuxOptions": selinux}, "serviceAccountName": sa})
+            },
+        )
+}
+
+/// What a rendered spec's pods must hold whatever the spec says: the restricted Pod Security
+/// profile's volume kinds and SELinux options, AppArmor at most the default or a node
+/// profile, and a ServiceAccount token in the server container alone.
+fn assert_confined(d: &Deployment) {
+    const KINDS: [&str; 8] = [
+        "configMap",
+        "secret",
+        "emptyDir",
+        "projected",
+        "downwardAPI",
+        "persistentVolumeClaim",
+        "ephemeral",
+        "csi",
+    ];
+    let d = serde_json::to_value(d).unwrap();
+    let template = &d["spec"]["template"];
+    let pod = &template["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    for v in pod["volumes"].as_array().unwrap() {
+        let keys: Vec<&String> = v.as_object().unwrap().keys().filter(|k| *k != "name").collect();
+        assert!(keys.len() == 1 && KINDS.contains(&keys[0].as_str()), "{v}");
+    }
+    if let Some(se) = pod["securityContext"].get("seLinuxOptions") {
+        assert!(se.get("user").is_none() && se.get("role").is_none(), "{se}");
+        if let Some(t) = se.get("type") {
+            assert!(
+                quiver_operator::crd::SELINUX_TYPES.contains(&t.as_str().unwrap()),
+                "{se}"
+            );
+        }
+    }
+    for (k, v) in template["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        if k.starts_with("container.apparmor") {
+            assert!(
+                v == "runtime/default" || v.as_str().unwrap().starts_with("localhost/"),
+                "{k}: {v}"
+            );
+        }
+    }
+    let all = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(pod["initContainers"].as_array().into_iter().flatten());
+    for (i, c) in all.enumerate() {
+        for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let path = m["mountPath"].as_str().unwrap();
+            let token = m["name"] == "quiver-api-access";
+            assert_eq!(
+                token,
+                i == 0 && path == "/var/run/secrets/kubernetes.io/serviceaccount",
+                "{c}"
+            );
+            assert!(
+                token
+                    || !(path.contains("/secrets/kubernetes.io")
+                        || "/var/run/secrets".starts_with(path)
+                        || path.contains("..")),
+                "{m}"
+            );
+            assert!(m.get("mountPropagation").is_none_or(|p| p == "None"), "{m}");
+        }
+    }
 }
 
 /// Upstreams: stdio (in the container, or from an image: a sidecar), http, or junk.
@@ -414,6 +566,9 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
     round_trips(&c.role);
     round_trips(&c.role_binding);
     round_trips(&c.deployment);
+    if reached == Reached::Rendered {
+        assert_confined(&c.deployment);
+    }
     round_trips(&c.service);
     if let Some(h) = &c.hpa {
         round_trips(h);

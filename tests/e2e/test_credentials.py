@@ -157,6 +157,14 @@ def test_credentials_both_ways_rotate_without_restart(ns: Namespace):
     inventory = ns.get("networkpolicy", "inventory")["spec"]
     assert inventory["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "assistant"}}}]
     egress = ns.get("networkpolicy", "assistant")["spec"]["egress"]
-    assert egress[0]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert egress[0] == {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }, egress
     assert egress[1]["to"][0]["ipBlock"]["cidr"].endswith("/32"), egress
     assert egress[2]["to"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "inventory"}}}]

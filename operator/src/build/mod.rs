@@ -2,6 +2,7 @@
 //! rendered ToolSet and the operator's defaults, written as typed k8s-openapi structs (a field
 //! of the wrong type is a compile error). No API client here; this is where most unit tests live.
 
+mod confine;
 mod expose;
 mod monitor;
 mod netpol;
@@ -27,6 +28,7 @@ use kube::api::DynamicObject;
 use crate::crd::McpServer;
 use crate::render::Rendered;
 
+pub use confine::{check as check_pod, consent as service_account_consent, named_service_account};
 pub use expose::http_route_resource;
 pub use monitor::service_monitor_resource;
 pub use netpol::ApiServer;
@@ -161,7 +163,8 @@ pub fn build(
     };
     let service_account = ServiceAccount {
         metadata: meta(mcp, name.clone(), &owner),
-        automount_service_account_token: Some(true),
+        // The server container mounts a projected token itself; other containers get none.
+        automount_service_account_token: Some(false),
         ..ServiceAccount::default()
     };
     let read = |resource: &str, names: Vec<String>| PolicyRule {

@@ -1,12 +1,14 @@
 //! The NetworkPolicy of an McpServer (when `spec.networkPolicy` is set): who may reach the MCP
-//! and admin ports, and where the pods may connect: DNS, the API server (their ConfigMap and
+//! and admin ports, and where the pods may connect: the cluster DNS, the API server (their ConfigMap and
 //! Secret watches) and the destinations the spec declares.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{ADMIN_PORT, MCP_PORT, pod_selector};
@@ -40,6 +42,20 @@ fn host(ip: &str) -> String {
     }
 }
 
+/// The cluster DNS: pods labelled `k8s-app: kube-dns` in namespace `kube-system` (CoreDNS
+/// and kube-dns in kubeadm, kind, EKS, GKE and AKS clusters).
+fn cluster_dns() -> NetworkPolicyPeer {
+    let labels = |k: &str, v: &str| LabelSelector {
+        match_labels: Some(BTreeMap::from([(k.to_owned(), v.to_owned())])),
+        match_expressions: None,
+    };
+    NetworkPolicyPeer {
+        namespace_selector: Some(labels("kubernetes.io/metadata.name", "kube-system")),
+        pod_selector: Some(labels("k8s-app", "kube-dns")),
+        ip_block: None,
+    }
+}
+
 /// The NetworkPolicy, if the spec asks for one.
 pub(super) fn network_policy(
     mcp: &McpServer,
@@ -60,9 +76,15 @@ pub(super) fn network_policy(
             ports: Some(vec![port("TCP", ADMIN_PORT)]),
         },
     ];
-    // DNS to any resolver (cluster DNS, or a node-local cache at a link-local address).
+    // DNS to the cluster DNS only, unless the spec names its resolvers: port 53 to any
+    // address would be a way out for anything that speaks over it.
+    let dns = if spec.dns_peers.is_empty() {
+        vec![cluster_dns()]
+    } else {
+        spec.dns_peers.clone()
+    };
     let mut egress = vec![NetworkPolicyEgressRule {
-        to: None,
+        to: Some(dns),
         ports: Some(vec![port("UDP", 53), port("TCP", 53)]),
     }];
     egress.push(if api.endpoints.is_empty() {

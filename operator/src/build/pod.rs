@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Sysctl, VolumeMount,
+    PodTemplateSpec, Probe, SELinuxOptions, SeccompProfile, SecurityContext, Sysctl, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -199,6 +199,8 @@ fn container(
                 .iter()
                 .cloned()
                 .chain(extra_mounts)
+                // The ServiceAccount token: in this container only, not in sidecars.
+                .chain([super::confine::token_mount()])
                 .collect::<Vec<_>>(),
         ),
         resources: Some(resources),
@@ -234,7 +236,8 @@ pub(super) fn deployment(
     let pod_spec = PodSpec {
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         service_account_name: Some(service_account(mcp, name).to_owned()),
-        automount_service_account_token: Some(true),
+        // No token in every container: the server container mounts its own (confine::token_volume).
+        automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
@@ -252,7 +255,12 @@ pub(super) fn deployment(
                     localhost_profile: None,
                 },
             }),
-            se_linux_options: security.se_linux_options.clone(),
+            se_linux_options: security.se_linux_options.as_ref().map(|s| SELinuxOptions {
+                type_: s.type_.clone(),
+                level: s.level.clone(),
+                role: None,
+                user: None,
+            }),
             sysctls: some_unless_empty(sysctls),
             ..PodSecurityContext::default()
         }),
@@ -267,8 +275,10 @@ pub(super) fn deployment(
         volumes: some_unless_empty(
             overrides
                 .volumes
-                .into_iter()
+                .iter()
+                .map(super::confine::volume)
                 .chain(upstreams.volumes)
+                .chain([super::confine::token_volume()])
                 .collect::<Vec<_>>(),
         ),
         ..PodSpec::default()

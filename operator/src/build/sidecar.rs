@@ -89,25 +89,7 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
             }
         }
     }
-    // The pod template's own volumes and mounts must leave Quiver's alone.
-    let overrides = mcp.spec.pod_template.as_ref();
-    if imaged(mcp).next().is_some() {
-        for v in overrides.iter().flat_map(|o| &o.volumes) {
-            if [BIN_VOLUME, RUN_VOLUME, TMP_VOLUME].contains(&v.name.as_str()) {
-                problems.push(format!(
-                    "spec.podTemplate.volumes: `{}` is the name of a volume Quiver adds for upstream images",
-                    v.name
-                ));
-            }
-        }
-        for m in overrides.iter().flat_map(|o| &o.volume_mounts) {
-            if m.mount_path.trim_end_matches('/') == RUN_DIR {
-                problems.push(format!(
-                    "spec.podTemplate.volumeMounts: {RUN_DIR} is where Quiver mounts the upstream sockets"
-                ));
-            }
-        }
-    }
+    // The pod template's own volumes and mounts are kept off Quiver's by confine::check.
     problems
 }
 

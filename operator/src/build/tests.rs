@@ -435,10 +435,30 @@ spec:
     assert_eq!(
         spec["egress"],
         json!([
-            {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
             {"to": [{"ipBlock": {"cidr": "172.18.0.2/32"}}], "ports": [{"protocol": "TCP", "port": 6443}]},
             {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 443}]},
         ])
+    );
+    // Where DNS runs elsewhere (a node-local cache), the spec names it instead.
+    let local = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  tools: [{name: add, handler: {builtin: add}}]
+  networkPolicy:
+    dnsPeers: [{ipBlock: {cidr: 169.254.20.10/32}}]
+"#,
+    );
+    let p = serde_json::to_value(local.network_policy.unwrap()).unwrap();
+    assert_eq!(
+        p["spec"]["egress"][0],
+        json!({"to": [{"ipBlock": {"cidr": "169.254.20.10/32"}}],
+               "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
     );
 }
 
@@ -649,7 +669,10 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(volumes, ["quiver-bin", "quiver-run", "upstream-tmp"]);
+    assert_eq!(
+        volumes,
+        ["quiver-bin", "quiver-run", "upstream-tmp", "quiver-api-access"]
+    );
 }
 
 #[test]
@@ -705,5 +728,305 @@ fn bad_upstream_images_are_refused_with_their_paths() {
             .iter()
             .any(|p| p.contains("upstreams[0].stdio.image: only an McpServer's spec.upstreams")),
         "{e:?}"
+    );
+}
+
+/// The problems `render` reports for `yaml`, or none.
+fn pod_problems(yaml: &str) -> Vec<String> {
+    let m = mcp(yaml);
+    match render(&m, &vec![None; m.spec.tools_from.len()]) {
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            assert_eq!(e.reason, "InvalidPodTemplate", "{:?}", e.problems);
+            e.problems
+        }
+    }
+}
+
+fn with_pod_template(template: &str) -> String {
+    format!(
+        "apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: calc}}\nspec:\n  tools: [{{name: add, handler: {{builtin: add}}}}]\n  podTemplate: {template}\n"
+    )
+}
+
+#[test]
+fn only_the_server_container_gets_a_bounded_service_account_token() {
+    let c = children(GATEWAY);
+    let sa = serde_json::to_value(&c.service_account).unwrap();
+    assert_eq!(sa["automountServiceAccountToken"], false);
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let token: Vec<&serde_json::Value> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["name"] == "quiver-api-access")
+        .collect();
+    assert_eq!(token.len(), 1);
+    let sources = token[0]["projected"]["sources"].as_array().unwrap();
+    let expiry = sources[0]["serviceAccountToken"]["expirationSeconds"]
+        .as_i64()
+        .unwrap();
+    assert!((600..=3600).contains(&expiry), "a bounded token: {expiry}");
+    assert_eq!(sources[0]["serviceAccountToken"]["path"], "token");
+    assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+    assert_eq!(sources[1]["configMap"]["items"][0]["path"], "ca.crt");
+    assert_eq!(
+        sources[2]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    let mounts_token = |c: &serde_json::Value| {
+        c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["name"] == "quiver-api-access")
+    };
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers[0]["name"], "server");
+    let server_mount = containers[0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "quiver-api-access")
+        .unwrap();
+    assert_eq!(
+        server_mount["mountPath"],
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
+    assert_eq!(server_mount["readOnly"], true);
+    assert!(containers.len() > 1, "the gateway has a sidecar");
+    for c in containers[1..]
+        .iter()
+        .chain(pod["initContainers"].as_array().unwrap())
+    {
+        assert!(!mounts_token(c), "{} gets no token", c["name"]);
+    }
+    // The same for a server without sidecars.
+    let basic = serde_json::to_value(&children(BASIC).deployment).unwrap();
+    let pod = &basic["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert!(mounts_token(&pod["containers"][0]));
+}
+
+#[test]
+fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
+    // Each line: a podTemplate and a part of the problem it must produce.
+    let cases = [
+        // Kinds the schema does not know are dropped on reading, leaving no source.
+        (
+            "{volumes: [{name: host, hostPath: {path: /proc}}]}",
+            "spec.podTemplate.volumes[0]: set exactly one of",
+        ),
+        (
+            "{volumes: [{name: n, nfs: {server: a, path: /}}]}",
+            "spec.podTemplate.volumes[0]: set exactly one of",
+        ),
+        (
+            "{volumes: [{name: two, emptyDir: {}, secret: {secretName: s}}]}",
+            "spec.podTemplate.volumes[0]: set exactly one of",
+        ),
+        (
+            "{volumes: [{name: quiver-api-access, emptyDir: {}}]}",
+            "`quiver-api-access` is a volume Quiver adds",
+        ),
+        (
+            "{volumes: [{name: a, emptyDir: {}}, {name: a, emptyDir: {}}]}",
+            "`a` is used twice",
+        ),
+        (
+            "{security: {seLinuxOptions: {type: spc_t}}}",
+            "seLinuxOptions.type: `spc_t` is outside",
+        ),
+        (
+            "{security: {seLinuxOptions: {type: unconfined_t, user: system_u}}}",
+            "`unconfined_t` is outside",
+        ),
+        (
+            "{annotations: {container.apparmor.security.beta.kubernetes.io/server: unconfined}}",
+            "annotations.container.apparmor.security.beta.kubernetes.io/server",
+        ),
+        (
+            "{annotations: {seccomp.security.alpha.kubernetes.io/pod: unconfined}}",
+            "annotations.seccomp.security.alpha.kubernetes.io/pod",
+        ),
+        ("{priorityClassName: system-node-critical}", "priorityClassName"),
+    ];
+    for (template, want) in cases {
+        let problems = pod_problems(&with_pod_template(template));
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{template}: {problems:?}"
+        );
+    }
+    // Mounts over the token (directly, above it, through /run or with dots) or with propagation.
+    for path in [
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "/var/run/secrets",
+        "/run/secrets/kubernetes.io/serviceaccount",
+        "//var/./run/secrets/kubernetes.io/serviceaccount/",
+        "/quiver/run",
+        "/",
+    ] {
+        let problems = pod_problems(&with_pod_template(&format!(
+            "{{volumes: [{{name: v, emptyDir: {{}}}}], volumeMounts: [{{name: v, mountPath: \"{path}\"}}]}}"
+        )));
+        assert!(
+            problems.iter().any(|p| p.contains("would cover")),
+            "{path}: {problems:?}"
+        );
+    }
+    for (mount, want) in [
+        ("{name: v, mountPath: /data/../var/run/secrets}", "without `..`"),
+        ("{name: v, mountPath: data}", "an absolute path"),
+        (
+            "{name: v, mountPath: /data, mountPropagation: Bidirectional}",
+            "mountPropagation",
+        ),
+        ("{name: other, mountPath: /data}", "no volume `other`"),
+        (
+            "{name: v, mountPath: /data, subPath: ../../etc}",
+            "subPath: a relative path",
+        ),
+        (
+            "{name: v, mountPath: /data, subPathExpr: \"$(POD)/../..\"}",
+            "subPathExpr: a relative path",
+        ),
+        (
+            "{name: v, mountPath: /data, subPath: /etc}",
+            "subPath: a relative path",
+        ),
+    ] {
+        let problems = pod_problems(&with_pod_template(&format!(
+            "{{volumes: [{{name: v, emptyDir: {{}}}}], volumeMounts: [{mount}]}}"
+        )));
+        assert!(problems.iter().any(|p| p.contains(want)), "{mount}: {problems:?}");
+    }
+    // Snippet annotations of the Ingress.
+    let snippet = format!(
+        "{BASIC}  ingress: {{host: h.example, annotations: {{nginx.ingress.kubernetes.io/configuration-snippet: \"more_set_headers x\", nginx.ingress.kubernetes.io/rewrite-target: /}}}}\n"
+    );
+    let problems = pod_problems(&snippet);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("configuration-snippet"), "{problems:?}");
+    // What the profile allows stays valid, and only those fields reach the pod.
+    let fine = with_pod_template(
+        "{volumes: [{name: a, configMap: {name: c}}, {name: b, secret: {secretName: s}}, {name: c, emptyDir: {}}, {name: d, projected: {sources: [{configMap: {name: c}}]}}, {name: e, downwardAPI: {items: [{path: l, fieldRef: {fieldPath: metadata.labels}}]}}, {name: f, persistentVolumeClaim: {claimName: p}}, {name: g, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}}}}, {name: h, csi: {driver: d.example}}], volumeMounts: [{name: a, mountPath: /var/run/app}, {name: b, mountPath: /run/secrets/app, mountPropagation: None}], annotations: {container.apparmor.security.beta.kubernetes.io/server: runtime/default}, priorityClassName: high, security: {seLinuxOptions: {type: container_t, level: \"s0:c1\", user: system_u, role: system_r}}}",
+    );
+    assert_eq!(pod_problems(&fine), Vec::<String>::new());
+    let d = serde_json::to_value(&children(&fine).deployment).unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"].as_array().unwrap().len(),
+        9,
+        "8 of the spec and the token"
+    );
+    assert_eq!(
+        pod["securityContext"]["seLinuxOptions"],
+        json!({"type": "container_t", "level": "s0:c1"}),
+        "no user or role"
+    );
+}
+
+#[test]
+fn the_schema_refuses_what_the_restricted_profile_refuses() {
+    let crd = serde_json::to_value(<crate::crd::McpServer as kube::CustomResourceExt>::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let tpl = &spec["podTemplate"]["properties"];
+    let volume = &tpl["volumes"]["items"];
+    let kinds: Vec<&str> = volume["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "configMap",
+            "csi",
+            "downwardAPI",
+            "emptyDir",
+            "ephemeral",
+            "name",
+            "persistentVolumeClaim",
+            "projected",
+            "secret"
+        ]
+    );
+    assert!(
+        volume["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("size() == 1")
+    );
+    let se = &tpl["security"]["properties"]["seLinuxOptions"]["properties"];
+    assert_eq!(se["type"]["enum"], json!(crate::crd::SELINUX_TYPES));
+    assert!(se.get("user").is_none() && se.get("role").is_none());
+    assert!(
+        tpl["annotations"]["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("apparmor")
+    );
+    assert!(
+        tpl["volumeMounts"]["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("mountPropagation")
+    );
+    assert!(
+        spec["ingress"]["properties"]["annotations"]["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("-snippet")
+    );
+}
+
+#[test]
+fn a_named_service_account_needs_its_owners_consent() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let m = mcp(&with_pod_template("{serviceAccountName: shared}"));
+    let sa = |annotation: Option<&str>| -> ServiceAccount {
+        serde_json::from_value(json!({
+            "metadata": {"name": "shared", "annotations": annotation.map(|a| json!({"quiver.dev/allowed-mcpservers": a}))}
+        }))
+        .unwrap()
+    };
+    let refused = |s: Option<&ServiceAccount>| crate::render::service_account(&m, s).unwrap_err();
+    let e = refused(None);
+    assert_eq!(e.reason, "ServiceAccountNotAllowed");
+    assert!(
+        e.problems[0].contains("ServiceAccount shared does not exist"),
+        "{e:?}"
+    );
+    for denied in [
+        None,
+        Some(""),
+        Some("other"),
+        Some("calc-2, calcx"),
+        Some("other,*x"),
+    ] {
+        let e = refused(Some(&sa(denied)));
+        assert!(
+            e.problems[0].contains("quiver.dev/allowed-mcpservers"),
+            "{denied:?}: {e:?}"
+        );
+    }
+    for allowed in ["calc", "other, calc", "*"] {
+        assert!(
+            crate::render::service_account(&m, Some(&sa(Some(allowed)))).is_ok(),
+            "{allowed}"
+        );
+    }
+    // Without a named ServiceAccount there is nothing to consent to.
+    assert!(crate::render::service_account(&mcp(BASIC), None).is_ok());
+    // The Role is bound to the operator's own ServiceAccount unless one is named.
+    let rb = serde_json::to_value(&children(BASIC).role_binding).unwrap();
+    assert_eq!(
+        rb["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "calc", "namespace": "ns"}])
     );
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -120,6 +120,21 @@ async fn fetch(client: &Client, ns: &str, mcp: &McpServer) -> Result<Dereference
     Ok(Dereferenced { fetched, unwatched })
 }
 
+/// The ServiceAccount `podTemplate.serviceAccountName` names, read for its owner's consent
+/// (`None` when the spec names none or it does not exist).
+async fn named_service_account(
+    client: &Client,
+    ns: &str,
+    mcp: &McpServer,
+) -> Result<Option<ServiceAccount>, Error> {
+    match build::named_service_account(mcp) {
+        Some(name) => Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?),
+        None => Ok(None),
+    }
+}
+
 /// Where the API server listens (the `default/kubernetes` EndpointSlice), for the pods'
 /// egress rule. Unreadable, the rule falls back to TCP 443 and 6443 to any address.
 async fn api_server(client: &Client) -> build::ApiServer {
@@ -173,13 +188,17 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     };
     let client = &ctx.client;
     let Dereferenced { fetched, unwatched } = fetch(client, &ns, mcp).await?;
-    let rendered = match render::render(mcp, &fetched) {
+    let named_sa = named_service_account(client, &ns, mcp).await?;
+    let valid = render::render(mcp, &fetched)
+        .and_then(|r| render::service_account(mcp, named_sa.as_ref()).map(|()| r));
+    let rendered = match valid {
         Ok(r) => r,
         Err(invalid) => {
             report_invalid(mcp, ctx, &ns, &name, &invalid, unwatched).await?;
             // Nothing to retry until the spec or a watched ConfigMap changes; specs reading
-            // ConfigMaps are re-read anyway, as those may be unlabelled (unwatched) or not exist yet.
-            let action = if mcp.spec.tools_from.is_empty() {
+            // ConfigMaps are re-read anyway, as those may be unlabelled (unwatched) or not exist yet;
+            // so is a named ServiceAccount (not watched), whose owner may consent later.
+            let action = if mcp.spec.tools_from.is_empty() && build::named_service_account(mcp).is_none() {
                 Action::await_change()
             } else {
                 Action::requeue(RESYNC)

@@ -1,0 +1,278 @@
+//! Confinement of the server pods: what an McpServer author may put into them stays within the
+//! Pod Security "restricted" profile and away from Quiver's own mounts, and the pods run as a
+//! ServiceAccount other than their own only with its owner's consent. The CRD schema refuses
+//! the same things at admission; these checks hold for objects stored before it did.
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector,
+    ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
+};
+
+use crate::crd::{ALLOWED_MCPSERVERS, McpServer, PROFILE_ANNOTATIONS, PodVolume, SELINUX_TYPES};
+
+/// Where the server container finds its ServiceAccount token, CA and namespace (where
+/// in-cluster clients read them).
+pub const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The projected volume holding them.
+pub const TOKEN_VOLUME: &str = "quiver-api-access";
+/// Lifetime of the projected token; the kubelet renews it at 80% of that, and the server's
+/// client re-reads the file every minute.
+pub const TOKEN_SECONDS: i64 = 3600;
+/// Directories no author mount may cover (the token, and `/var/run` as `/run` in images
+/// where one links to the other; Quiver's upstream binaries and sockets).
+const RESERVED_DIRS: [&str; 3] = [
+    "/var/run/secrets/kubernetes.io",
+    "/run/secrets/kubernetes.io",
+    "/quiver",
+];
+/// Volume names Quiver adds itself.
+const RESERVED_VOLUMES: [&str; 4] = [TOKEN_VOLUME, "quiver-bin", "quiver-run", "upstream-tmp"];
+
+/// The projected volume of the server container's API access: a bounded token of the pod's
+/// ServiceAccount, the cluster's CA bundle and the namespace.
+pub fn token_volume() -> Volume {
+    Volume {
+        name: TOKEN_VOLUME.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o444),
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".to_owned(),
+                        expiration_seconds: Some(TOKEN_SECONDS),
+                        audience: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".to_owned(),
+                        items: Some(vec![KeyToPath {
+                            key: "ca.crt".to_owned(),
+                            path: "ca.crt".to_owned(),
+                            mode: None,
+                        }]),
+                        optional: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".to_owned(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: Some("v1".to_owned()),
+                                field_path: "metadata.namespace".to_owned(),
+                            }),
+                            ..DownwardAPIVolumeFile::default()
+                        }]),
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+        }),
+        ..Volume::default()
+    }
+}
+
+/// The mount of [`token_volume`], in the server container only.
+pub fn token_mount() -> VolumeMount {
+    VolumeMount {
+        name: TOKEN_VOLUME.to_owned(),
+        mount_path: TOKEN_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The pod volume of a spec volume: only the kinds [`PodVolume`] can hold are copied.
+pub fn volume(v: &PodVolume) -> Volume {
+    Volume {
+        name: v.name.clone(),
+        config_map: v.config_map.clone(),
+        secret: v.secret.clone(),
+        empty_dir: v.empty_dir.clone(),
+        projected: v.projected.clone(),
+        downward_api: v.downward_api.clone(),
+        persistent_volume_claim: v.persistent_volume_claim.clone(),
+        ephemeral: v.ephemeral.clone(),
+        csi: v.csi.clone(),
+        ..Volume::default()
+    }
+}
+
+fn sources(v: &PodVolume) -> usize {
+    [
+        v.config_map.is_some(),
+        v.secret.is_some(),
+        v.empty_dir.is_some(),
+        v.projected.is_some(),
+        v.downward_api.is_some(),
+        v.persistent_volume_claim.is_some(),
+        v.ephemeral.is_some(),
+        v.csi.is_some(),
+    ]
+    .into_iter()
+    .filter(|s| *s)
+    .count()
+}
+
+/// `path` without `.` components, repeated or trailing `/`; `None` when it is not absolute or
+/// climbs with `..`.
+fn normalized(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return None,
+            p => parts.push(p),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+fn covers(mount: &str, dir: &str) -> bool {
+    // A mount at a parent of `dir` hides it too.
+    mount == dir
+        || mount.starts_with(&format!("{dir}/"))
+        || dir.starts_with(&format!("{mount}/"))
+        || mount == "/"
+}
+
+/// Problems of what the spec puts into the pod beyond the restricted profile or over Quiver's
+/// own mounts, each located at its field.
+pub fn check(mcp: &McpServer) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(o) = &mcp.spec.pod_template {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, v) in o.volumes.iter().enumerate() {
+            let at = format!("spec.podTemplate.volumes[{i}]");
+            if sources(v) != 1 {
+                problems.push(format!(
+                    "{at}: set exactly one of configMap, secret, emptyDir, projected, downwardAPI, persistentVolumeClaim, ephemeral, csi (the kinds the restricted Pod Security profile allows)"
+                ));
+            }
+            if RESERVED_VOLUMES.contains(&v.name.as_str()) {
+                problems.push(format!("{at}.name: `{}` is a volume Quiver adds", v.name));
+            } else if !names.insert(v.name.as_str()) {
+                problems.push(format!("{at}.name: `{}` is used twice", v.name));
+            }
+        }
+        for (i, m) in o.volume_mounts.iter().enumerate() {
+            let at = format!("spec.podTemplate.volumeMounts[{i}]");
+            match normalized(&m.mount_path) {
+                None => problems.push(format!("{at}.mountPath: an absolute path without `..`")),
+                Some(p) => {
+                    if let Some(dir) = RESERVED_DIRS.iter().find(|d| covers(&p, d)) {
+                        problems.push(format!(
+                            "{at}.mountPath: {p} would cover {dir}, where Quiver mounts the server's own files"
+                        ));
+                    }
+                }
+            }
+            for (field, sub) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
+                if sub
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with('/') || p.split('/').any(|c| c == ".."))
+                {
+                    problems.push(format!(
+                        "{at}.{field}: a relative path inside the volume, without `..`"
+                    ));
+                }
+            }
+            if m.mount_propagation.as_deref().is_some_and(|p| p != "None") {
+                problems.push(format!(
+                    "{at}.mountPropagation: only None (other modes need a privileged container)"
+                ));
+            }
+            if !names.contains(m.name.as_str()) {
+                problems.push(format!(
+                    "{at}.name: no volume `{}` in spec.podTemplate.volumes",
+                    m.name
+                ));
+            }
+        }
+        for (k, v) in &o.annotations {
+            if PROFILE_ANNOTATIONS.iter().any(|p| k.starts_with(p))
+                && v != "runtime/default"
+                && !v.starts_with("localhost/")
+            {
+                problems.push(format!(
+                    "spec.podTemplate.annotations.{k}: only runtime/default or a localhost/ profile (the restricted Pod Security profile)"
+                ));
+            }
+        }
+        if o.priority_class_name
+            .as_deref()
+            .is_some_and(|p| p.starts_with("system-"))
+        {
+            problems.push(
+                "spec.podTemplate.priorityClassName: the system- PriorityClasses are for cluster components"
+                    .to_owned(),
+            );
+        }
+        if let Some(t) = o
+            .security
+            .as_ref()
+            .and_then(|s| s.se_linux_options.as_ref())
+            .and_then(|s| s.type_.as_deref())
+            .filter(|t| !SELINUX_TYPES.contains(t))
+        {
+            problems.push(format!(
+                "spec.podTemplate.security.seLinuxOptions.type: `{t}` is outside the restricted Pod Security profile (one of {})",
+                SELINUX_TYPES.join(", ")
+            ));
+        }
+    }
+    for k in mcp
+        .spec
+        .ingress
+        .iter()
+        .flat_map(|i| i.annotations.keys())
+        .filter(|k| k.ends_with("-snippet"))
+    {
+        problems.push(format!(
+            "spec.ingress.annotations.{k}: snippet annotations inject raw configuration into the shared ingress controller and are refused"
+        ));
+    }
+    problems
+}
+
+/// The ServiceAccount the spec names, if any (read in the dereference step).
+pub fn named_service_account(mcp: &McpServer) -> Option<&str> {
+    mcp.spec.pod_template.as_ref()?.service_account_name.as_deref()
+}
+
+/// Whether the ServiceAccount `sa` (as read, `None` when it does not exist) lets `mcp` run as
+/// it: `Err` names what is missing.
+///
+/// # Errors
+/// The problem to report when the spec names a ServiceAccount without its owner's consent.
+pub fn consent(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(), String> {
+    let Some(wanted) = named_service_account(mcp) else {
+        return Ok(());
+    };
+    let name = mcp.metadata.name.as_deref().unwrap_or_default();
+    let Some(sa) = sa else {
+        return Err(format!(
+            "spec.podTemplate.serviceAccountName: ServiceAccount {wanted} does not exist"
+        ));
+    };
+    let allowed = sa
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ALLOWED_MCPSERVERS))
+        .is_some_and(|list| list.split(',').map(str::trim).any(|n| n == "*" || n == name));
+    if allowed {
+        Ok(())
+    } else {
+        Err(format!(
+            "spec.podTemplate.serviceAccountName: ServiceAccount {wanted} does not let this McpServer run as it (its owner annotates it {ALLOWED_MCPSERVERS}: \"{name}\" or \"*\")"
+        ))
+    }
+}
