@@ -269,8 +269,9 @@ pub struct OidcAuth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
     pub jwks_uri: Option<String>,
-    /// The MCP endpoint's canonical URL in the protected-resource metadata (default: from
-    /// each request's Host header, `http://HOST/mcp`).
+    /// The MCP endpoint's canonical URL in the protected-resource metadata (default: the
+    /// audience when it is a URL, else `http://HOST/mcp` for the first allowed host; never
+    /// taken from a request's Host header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
     pub resource: Option<String>,

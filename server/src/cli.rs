@@ -136,8 +136,9 @@ pub struct ServeArgs {
     /// The issuer's JWK set URL, instead of discovering it.
     #[arg(long, env = "QUIVER_AUTH_JWKS_URL")]
     auth_jwks_url: Option<String>,
-    /// The MCP endpoint's canonical URL in the protected-resource metadata (default:
-    /// `http://HOST/mcp` from each request's Host header).
+    /// The MCP endpoint's canonical URL in the protected-resource metadata (default: the
+    /// audience when it is a URL, else `http://HOST/mcp` for the first --allowed-host; never
+    /// taken from a request's Host header).
     #[arg(long, env = "QUIVER_AUTH_RESOURCE")]
     auth_resource: Option<String>,
     /// Clock difference tolerated in tokens' `exp` and `nbf`.
