@@ -2,6 +2,7 @@
 //! field manager) → status computed from what was applied.
 
 mod apply;
+mod children;
 mod owned;
 mod status;
 
@@ -9,16 +10,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::{Client, ResourceExt};
 
 use crate::backoff::Backoff;
 use crate::build::{self, Defaults};
@@ -26,6 +24,9 @@ use crate::crd::{McpServer, TOOLS_LABEL};
 use crate::metrics::{Metrics, Outcome};
 use crate::render::{self, Fetched, Invalid};
 
+use children::Applied;
+
+pub use children::Conflict;
 pub use owned::{Holder, MetaStore, MetaWriter, Owned, Stores, Writers, controlled_by, stores};
 pub use status::{CHILD_CONFLICT, set_condition, status_from, warnings};
 
@@ -36,9 +37,6 @@ pub const MANAGER: &str = "quiver-operator";
 pub const RESYNC: Duration = Duration::from_secs(300);
 /// How often an McpServer whose pods are still loading a new config is re-checked.
 const CONVERGE_POLL: Duration = Duration::from_secs(10);
-/// Kinds of the children without typed structs.
-const SERVICE_MONITOR: &str = "ServiceMonitor";
-const HTTP_ROUTE: &str = "HTTPRoute";
 /// How often an McpServer with upstreams is looked at again (their health is polled).
 const UPSTREAM_POLL: Duration = Duration::from_secs(30);
 
@@ -116,83 +114,6 @@ pub struct Context {
     pub backoff: Backoff,
     /// The watch stores of owned children, checked before a child is applied.
     pub owned: Owned,
-}
-
-/// A child the McpServer would apply whose name an object it does not control holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Conflict {
-    /// Kind of the object.
-    pub kind: &'static str,
-    /// Its name.
-    pub name: String,
-}
-
-/// Whether `obj`'s name is free for this McpServer ([`Holder::free`]); a taken one is
-/// recorded in `conflicts`.
-async fn check<K>(
-    client: &Client,
-    store: Option<&MetaStore<K>>,
-    ns: &str,
-    obj: &K,
-    uid: &str,
-    conflicts: &mut Vec<Conflict>,
-) -> Result<bool, Error>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + k8s_openapi::Resource
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + 'static,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let free = owned::holder(client, store, ns, &name, uid).await?.free();
-    if !free {
-        conflicts.push(Conflict {
-            kind: <K as k8s_openapi::Resource>::KIND,
-            name,
-        });
-    }
-    Ok(free)
-}
-
-/// An optional child of kind `K` named like the McpServer: applied when wanted, `allowed` and
-/// its name is free; deleted when not wanted, if the McpServer controls it.
-async fn optional<K>(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    uid: &str,
-    wanted: Option<&K>,
-    allowed: bool,
-    conflicts: &mut Vec<Conflict>,
-) -> Result<(), Error>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + k8s_openapi::Resource
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug
-        + 'static,
-{
-    match wanted {
-        Some(obj) => {
-            if allowed && check(client, None, ns, obj, uid, conflicts).await? {
-                apply::apply(client, ns, obj).await?;
-            }
-            Ok(())
-        }
-        None => {
-            apply::delete_owned(
-                &apply::dynamic::<K>(client, ns),
-                <K as k8s_openapi::Resource>::KIND,
-                name,
-                uid,
-            )
-            .await
-        }
-    }
 }
 
 /// The `toolsFrom` sources of an McpServer, read from the API.
@@ -304,176 +225,10 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         build::ApiServer::default()
     };
     let children = build::build(mcp, &rendered, &ctx.defaults, &api_server)?;
-    // No child is applied or deleted over an object this McpServer does not control (one
-    // named like it, made by someone else): that object is reported, never changed. Children
-    // that depend on a taken one are held back too, where applying them would hand this
-    // McpServer's pods, rights or traffic to the other object or the other object's to it.
-    let scope = ctx.owned.scope(&ns);
-    let mut conflicts = Vec::new();
-    let sa_free = check(
-        client,
-        scope.map(|s| &s.service_accounts),
-        &ns,
-        &children.service_account,
-        &uid,
-        &mut conflicts,
-    )
-    .await?;
-    let role_free = check(
-        client,
-        scope.map(|s| &s.roles),
-        &ns,
-        &children.role,
-        &uid,
-        &mut conflicts,
-    )
-    .await?;
-    let binding_free = check(
-        client,
-        scope.map(|s| &s.role_bindings),
-        &ns,
-        &children.role_binding,
-        &uid,
-        &mut conflicts,
-    )
-    .await?;
-    let cm_free = check(
-        client,
-        scope.map(|s| &s.config_maps),
-        &ns,
-        &children.config_map,
-        &uid,
-        &mut conflicts,
-    )
-    .await?;
-    let deployment_free = check(
-        client,
-        scope.map(|s| &s.deployments),
-        &ns,
-        &children.deployment,
-        &uid,
-        &mut conflicts,
-    )
-    .await?;
-    let service_free = check(
-        client,
-        scope.map(|s| &s.services),
-        &ns,
-        &children.service,
-        &uid,
-        &mut conflicts,
-    )
-    .await?;
-    if sa_free {
-        apply::apply(client, &ns, &children.service_account).await?;
-    }
-    // The Role first: a ToolSet that names a new Secret reaches the pods only once they
-    // may read it. It grants reading the tools ConfigMap: not while that name is another's.
-    let role_applied = role_free && cm_free;
-    if role_applied {
-        apply::apply(client, &ns, &children.role).await?;
-    }
-    // Bound to another's ServiceAccount, the Role would grant it this McpServer's Secrets;
-    // another's Role bound to this ServiceAccount would give the pods its rights.
-    if binding_free && sa_free && role_applied {
-        apply::apply(client, &ns, &children.role_binding).await?;
-    }
-    if cm_free {
-        apply::apply(client, &ns, &children.config_map).await?;
-    }
-    // The pods neither run as another's ServiceAccount nor serve another's ConfigMap.
-    let deployment = if deployment_free && sa_free && cm_free {
-        Some(apply::apply(client, &ns, &children.deployment).await?)
-    } else {
-        None
-    };
-    if service_free {
-        apply::apply(client, &ns, &children.service).await?;
-    }
-    // The HPA scales the Deployment of its name: only this McpServer's.
-    optional(
-        client,
-        &ns,
-        &name,
-        &uid,
-        children.hpa.as_ref(),
-        deployment.is_some(),
-        &mut conflicts,
-    )
-    .await?;
-    optional(
-        client,
-        &ns,
-        &name,
-        &uid,
-        children.pdb.as_ref(),
-        true,
-        &mut conflicts,
-    )
-    .await?;
-    optional(
-        client,
-        &ns,
-        &name,
-        &uid,
-        children.network_policy.as_ref(),
-        true,
-        &mut conflicts,
-    )
-    .await?;
-    // Routes lead to the Service of their name: only this McpServer's.
-    optional(
-        client,
-        &ns,
-        &name,
-        &uid,
-        children.ingress.as_ref(),
-        service_free,
-        &mut conflicts,
-    )
-    .await?;
-    let monitors: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &build::service_monitor_resource());
-    match &children.service_monitor {
-        Some(sm) => {
-            if owned::holder_dyn(&monitors, SERVICE_MONITOR, &name, &uid)
-                .await?
-                .free()
-            {
-                apply_if_served(ctx, mcp, &monitors, SERVICE_MONITOR, sm, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed").await?;
-            } else {
-                conflicts.push(Conflict {
-                    kind: SERVICE_MONITOR,
-                    name: name.clone(),
-                });
-            }
-        }
-        None => apply::delete_owned(&monitors, SERVICE_MONITOR, &name, &uid).await?,
-    }
-    let routes: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &build::http_route_resource());
-    match &children.http_route {
-        Some(_) if !service_free => {}
-        Some(r) => {
-            if owned::holder_dyn(&routes, HTTP_ROUTE, &name, &uid).await?.free() {
-                apply_if_served(
-                    ctx,
-                    mcp,
-                    &routes,
-                    HTTP_ROUTE,
-                    r,
-                    "HTTPRouteUnavailable",
-                    "httpRoute is set but the gateway.networking.k8s.io/v1 HTTPRoute CRD is not installed",
-                )
-                .await?;
-            } else {
-                conflicts.push(Conflict {
-                    kind: HTTP_ROUTE,
-                    name: name.clone(),
-                });
-            }
-        }
-        None => apply::delete_owned(&routes, HTTP_ROUTE, &name, &uid).await?,
-    }
+    let Applied {
+        deployment,
+        conflicts,
+    } = children::apply_all(ctx, mcp, &ns, &name, &uid, &children).await?;
     let mut status = match &deployment {
         Some(d) => status_from(mcp, &rendered, d, &ns, &name),
         None => {
@@ -538,39 +293,6 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         (true, false) => RESYNC,
     });
     Ok((Outcome::Ok, action))
-}
-
-/// Applies a child whose CRD may be absent (ServiceMonitor, HTTPRoute); a missing CRD is a
-/// Warning event, not an error.
-async fn apply_if_served(
-    ctx: &Context,
-    mcp: &McpServer,
-    api: &Api<DynamicObject>,
-    kind: &'static str,
-    obj: &DynamicObject,
-    reason: &str,
-    note: &str,
-) -> Result<(), Error> {
-    match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(obj),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            apply::publish(ctx, mcp, EventType::Warning, reason, note.to_owned()).await;
-            Ok(())
-        }
-        Err(source) => Err(Error::Child {
-            verb: "apply",
-            kind,
-            name: obj.name_any(),
-            source,
-        }),
-    }
 }
 
 async fn report_invalid(
