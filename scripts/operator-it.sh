@@ -26,3 +26,4 @@ BG_PIDS+=($!)
 export QUIVER_SERVER_BIN="$BIN/quiver-server"
 cargo test -p quiver-operator --locked --test cluster -- --ignored --test-threads=3 --nocapture
 cargo test -p quiver-operator --locked --test cluster_restricted -- --ignored --test-threads=2 --nocapture
+cargo test -p quiver-operator --locked --test cluster_ownership -- --ignored --nocapture

@@ -1,25 +1,27 @@
 //! The controller: watches McpServers, the children they own (selected by the
-//! `app.kubernetes.io/managed-by=quiver-operator` label) and the `toolsFrom` ConfigMaps that
-//! carry `quiver.dev/tools=true`, and runs reconciles with bounded concurrency. No watch
-//! covers every ConfigMap of the cluster.
+//! `app.kubernetes.io/managed-by=quiver-operator` label, metadata only, kept in stores that
+//! answer the reconciler's ownership checks) and the `toolsFrom` ConfigMaps that carry
+//! `quiver.dev/tools=true`, and runs reconciles with bounded concurrency. No watch covers
+//! every ConfigMap of the cluster.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures_util::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use crate::admin::Health;
 use crate::backoff::Backoff;
 use crate::build::{Defaults, MANAGED_BY};
 use crate::crd::{McpServer, TOOLS_LABEL};
-use crate::reconcile::{self, Context, error_policy, reconcile};
+use crate::reconcile::{self, Context, MetaWriter, Owned, Writers, error_policy, reconcile};
 
 /// The McpServers in the ConfigMap's namespace that read it through `toolsFrom`.
 pub fn referencing(mcps: &[Arc<McpServer>], cm: &ConfigMap) -> Vec<ObjectRef<McpServer>> {
@@ -58,6 +60,38 @@ where
     )
 }
 
+/// Drops what the ownership checks and owner triggers do not read (managed fields, labels
+/// and annotations), so the stores hold little more than names, uids and owner references.
+pub fn slim<K>(o: &mut PartialObjectMeta<K>) {
+    o.metadata.managed_fields = None;
+    o.metadata.annotations = None;
+    o.metadata.labels = None;
+}
+
+/// The metadata-only watch of one owned kind, filling `writer`'s store; its items trigger
+/// the owners' reconciles.
+fn owned_stream<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    wc: watcher::Config,
+    writer: MetaWriter<K>,
+) -> impl Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api::<PartialObjectMeta<K>>(client, namespace), wc)
+        .default_backoff()
+        .modify(slim)
+        .reflect(writer)
+        .touched_objects()
+}
+
 /// Runs the controller until SIGTERM/SIGINT: over the whole cluster when `namespaces` is
 /// empty, else one controller per listed namespace (what a namespace-scoped install's Roles
 /// allow). They share one context, so backoff, metrics and events are the operator's.
@@ -69,6 +103,15 @@ pub async fn run(
     health: Arc<Health>,
     namespaces: &[String],
 ) {
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let (stores, writers): (Vec<_>, Vec<_>) = scopes
+        .iter()
+        .map(|ns| reconcile::stores(ns.map(str::to_owned)))
+        .unzip();
     let ctx = Arc::new(Context {
         client: client.clone(),
         defaults,
@@ -82,17 +125,14 @@ pub async fn run(
         metrics: health.metrics.clone(),
         probe_pods,
         backoff: Backoff::default(),
+        owned: Owned::new(stores),
     });
-    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().map(|n| Some(n.as_str())).collect()
-    };
     let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(scopes.len()));
-    futures_util::future::join_all(scopes.into_iter().map(|ns| {
+    futures_util::future::join_all(scopes.into_iter().zip(writers).map(|(ns, writers)| {
         run_scope(
             client.clone(),
             ns,
+            writers,
             ctx.clone(),
             concurrency,
             health.clone(),
@@ -105,6 +145,7 @@ pub async fn run(
 async fn run_scope(
     client: Client,
     namespace: Option<&str>,
+    writers: Writers,
     ctx: Arc<Context>,
     concurrency: u16,
     health: Arc<Health>,
@@ -137,11 +178,27 @@ async fn run_scope(
         }
     });
     let results_ctx = ctx.clone();
+    let Writers {
+        service_accounts,
+        roles,
+        role_bindings,
+        config_maps,
+        deployments,
+        services,
+    } = writers;
     controller
-        .owns(api::<Deployment>(&client, namespace), managed.clone())
-        .owns(api::<Service>(&client, namespace), managed.clone())
+        .owns_stream(owned_stream(&client, namespace, managed.clone(), deployments))
+        .owns_stream(owned_stream(&client, namespace, managed.clone(), services))
         // The rendered tools ConfigMaps (drift repair), selected by label.
-        .owns(api::<ConfigMap>(&client, namespace), managed)
+        .owns_stream(owned_stream(&client, namespace, managed.clone(), config_maps))
+        .owns_stream(owned_stream(
+            &client,
+            namespace,
+            managed.clone(),
+            service_accounts,
+        ))
+        .owns_stream(owned_stream(&client, namespace, managed.clone(), roles))
+        .owns_stream(owned_stream(&client, namespace, managed.clone(), role_bindings))
         // toolsFrom sources that opted in with the label: their edits propagate at once.
         .watches(
             api::<ConfigMap>(&client, namespace),

@@ -21,7 +21,15 @@ struct ConditionLabels {
 }
 
 /// Error categories, pre-created at zero so dashboards and alerts always have series.
-pub const ERROR_CATEGORIES: [&str; 6] = ["api", "conflict", "forbidden", "rejected", "transport", "unnamed"];
+pub const ERROR_CATEGORIES: [&str; 7] = [
+    "api",
+    "conflict",
+    "forbidden",
+    "not_owned",
+    "rejected",
+    "transport",
+    "unnamed",
+];
 /// Conditions counted by `quiver_operator_mcpservers`.
 pub const CONDITIONS: [&str; 4] = ["Ready", "ConfigValid", "Degraded", "Progressing"];
 

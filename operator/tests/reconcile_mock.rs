@@ -1,7 +1,8 @@
 //! Reconcile against a mocked API server (tower-test): the exact requests one reconcile
 //! makes, in order, for a valid spec and for an invalid one; warnings emitted once per
-//! change; ServiceMonitors removed when turned off; one metric outcome per reconcile; and the
-//! per-object retry backoff.
+//! change; ServiceMonitors removed when turned off; objects of other owners neither patched
+//! nor deleted, but reported; one metric outcome per reconcile; and the per-object retry
+//! backoff.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use quiver_operator::backoff::Backoff;
 use quiver_operator::build::Defaults;
 use quiver_operator::crd::McpServer;
 use quiver_operator::metrics::Metrics;
-use quiver_operator::reconcile::{Context, error_policy, reconcile};
+use quiver_operator::reconcile::{Context, Owned, error_policy, reconcile};
 use serde_json::{Value, json};
 use tower_test::mock::{self, Handle};
 
@@ -128,6 +129,7 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
         metrics: Arc::new(Metrics::default()),
         probe_pods: false,
         backoff: Backoff::default(),
+        owned: Owned::default(),
     };
     (Arc::new(ctx), ApiServerVerifier(handle))
 }
@@ -164,9 +166,38 @@ const ROUTE: &str = "/apis/gateway.networking.k8s.io/v1/namespaces/ns/httproutes
 const STATUS: &str = "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
-/// The applies of a valid single-replica spec, up to and including the Service; returns the
-/// applied ConfigMap.
+const SA: &str = "/api/v1/namespaces/ns/serviceaccounts/calc";
+const ROLE: &str = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles/calc-config-reader";
+const BINDING: &str = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings/calc-config-reader";
+const CM: &str = "/api/v1/namespaces/ns/configmaps/calc-tools";
+const DEPLOY: &str = "/apis/apps/v1/namespaces/ns/deployments/calc";
+const SVC: &str = "/api/v1/namespaces/ns/services/calc";
+
+/// Without watch stores, the ownership check of each always-present child is one GET, in
+/// apply order; `answer` says what exists at each path (`None`: nothing).
+async fn expect_checks(api: &mut ApiServerVerifier, answer: impl Fn(&str) -> Option<Value>) {
+    for path in [SA, ROLE, BINDING, CM, DEPLOY, SVC] {
+        api.expect(Method::GET, path, |_| {
+            answer(path).map_or_else(not_found, |o| (StatusCode::OK, o))
+        })
+        .await;
+    }
+}
+
+/// Nothing of those names exists yet.
+async fn expect_free(api: &mut ApiServerVerifier) {
+    expect_checks(api, |_| None).await;
+}
+
+/// The applies of a valid single-replica spec, up to and including the Service, after the
+/// checks that find every name free; returns the applied ConfigMap.
 async fn expect_applies(api: &mut ApiServerVerifier) -> Value {
+    expect_free(api).await;
+    expect_patches(api).await
+}
+
+/// The applies alone.
+async fn expect_patches(api: &mut ApiServerVerifier) -> Value {
     api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), echo)
         .await;
     api.expect(
@@ -396,10 +427,14 @@ async fn the_unsafe_sysctls_warning_is_emitted_once_per_change_of_the_set() {
 }
 
 fn service_monitor(owner_uid: &str) -> Value {
+    service_monitor_ref(owner_uid, Some(true))
+}
+
+fn service_monitor_ref(owner_uid: &str, controller: Option<bool>) -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
         "metadata": {"name": "calc", "namespace": "ns", "uid": "sm-1", "ownerReferences": [
-            {"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": owner_uid, "controller": true}
+            {"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": owner_uid, "controller": controller}
         ]},
         "spec": {},
     })
@@ -439,8 +474,26 @@ async fn a_service_monitor_turned_off_is_deleted_if_the_mcpserver_owns_it() {
         api.expect(Method::PATCH, STATUS, patched).await;
         api.expect_no_more().await;
     });
-    reconcile(mcp_with(spec, None), ctx).await.unwrap();
+    reconcile(mcp_with(spec.clone(), None), ctx).await.unwrap();
     server.await.unwrap();
+
+    // Nor one that only lists the McpServer as an owner without naming it the controller.
+    for controller in [None, Some(false)] {
+        let (ctx, mut api) = setup();
+        let server = tokio::spawn(async move {
+            expect_applies(&mut api).await;
+            expect_no_builtin_optional_children(&mut api).await;
+            api.expect(Method::GET, SM, |_| {
+                (StatusCode::OK, service_monitor_ref("u-1", controller))
+            })
+            .await;
+            expect_no_route(&mut api).await;
+            api.expect(Method::PATCH, STATUS, patched).await;
+            api.expect_no_more().await;
+        });
+        reconcile(mcp_with(spec.clone(), None), ctx).await.unwrap();
+        server.await.unwrap();
+    }
 }
 
 #[tokio::test]
@@ -450,6 +503,8 @@ async fn a_service_monitor_without_its_crd_is_a_warning_not_an_error() {
     let server = tokio::spawn(async move {
         expect_applies(&mut api).await;
         expect_no_builtin_optional_children(&mut api).await;
+        api.expect_text(Method::GET, SM, StatusCode::NOT_FOUND, "404 page not found")
+            .await;
         let sm = api.expect(Method::PATCH, SM, |_| not_found()).await;
         let event = api.expect(Method::POST, EVENTS, echo).await;
         expect_no_route(&mut api).await;
@@ -469,6 +524,7 @@ async fn failures_back_off_per_object_and_a_success_resets_the_schedule() {
     let m = mcp(add());
     let server = tokio::spawn(async move {
         for _ in 0..3 {
+            expect_free(&mut api).await;
             api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), |_| {
                 forbidden()
             })
@@ -477,6 +533,7 @@ async fn failures_back_off_per_object_and_a_success_resets_the_schedule() {
         expect_applies(&mut api).await;
         expect_no_optional_children(&mut api).await;
         api.expect(Method::PATCH, STATUS, patched).await;
+        expect_free(&mut api).await;
         api.expect(Method::PATCH, &format!("{BASE}/serviceaccounts/calc"), |_| {
             forbidden()
         })
@@ -511,4 +568,335 @@ async fn failures_back_off_per_object_and_a_success_resets_the_schedule() {
         (4, 1),
         "each reconcile is counted once"
     );
+}
+
+/// An object of `kind` named `name` that someone else made: no owner references, or another
+/// controller.
+fn foreign(api_version: &str, kind: &str, name: &str, controller_uid: Option<&str>) -> Value {
+    let refs: Vec<Value> = controller_uid
+        .map(|u| json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "uid": u, "controller": true}))
+        .into_iter()
+        .collect();
+    json!({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": name, "namespace": "ns", "uid": "theirs", "ownerReferences": refs},
+    })
+}
+
+const CONFLICT_NOTE: &str = "exists and is not owned by this McpServer; refusing to modify it";
+
+type Seen = Vec<(Method, String, Value)>;
+
+/// Answers every request the reconcile makes until the client is dropped: writes echo their
+/// body, GETs answer what `existing` says is at the path (`None`: 404).
+async fn record_all(api: &mut ApiServerVerifier, existing: impl Fn(&str) -> Option<Value>) -> Seen {
+    let mut seen = Vec::new();
+    while let Some((req, send)) = api.0.next_request().await {
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let (status, out) = match method {
+            Method::GET => existing(&path).map_or_else(not_found, |o| (StatusCode::OK, o)),
+            _ if path == STATUS => patched(body.clone()),
+            Method::PATCH if path == DEPLOY => {
+                let mut d = body.clone();
+                d["metadata"]["generation"] = json!(1);
+                d["status"] =
+                    json!({"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1});
+                (StatusCode::OK, d)
+            }
+            _ => echo(body.clone()),
+        };
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                .unwrap(),
+        );
+        seen.push((method, path, body));
+    }
+    seen
+}
+
+/// Runs one reconcile of `m` against an API server on which `existing` answers the GETs;
+/// returns its result, every request it made, and the context (for metrics).
+async fn reconcile_with(
+    m: Arc<McpServer>,
+    existing: impl Fn(&str) -> Option<Value> + Send + 'static,
+) -> (Result<Action, quiver_operator::reconcile::Error>, Seen, String) {
+    let (ctx, mut api) = setup();
+    let server = tokio::spawn(async move { record_all(&mut api, existing).await });
+    let result = reconcile(m, ctx.clone()).await;
+    let metrics = ctx.metrics.encode();
+    // Every client clone (the recorder holds one) must go for the server task to end.
+    drop(ctx);
+    (result, server.await.unwrap(), metrics)
+}
+
+fn writes(seen: &Seen) -> Vec<String> {
+    seen.iter()
+        .filter(|(m, _, _)| *m != Method::GET)
+        .map(|(m, p, _)| format!("{m} {p}"))
+        .collect()
+}
+
+fn status_of(seen: &Seen) -> Value {
+    seen.iter()
+        .find(|(m, p, _)| *m == Method::PATCH && p == STATUS)
+        .map(|(_, _, b)| b["status"].clone())
+        .expect("a status patch")
+}
+
+fn events(seen: &Seen) -> Vec<Value> {
+    seen.iter()
+        .filter(|(m, p, _)| *m == Method::POST && p == EVENTS)
+        .map(|(_, _, b)| b.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_foreign_service_is_neither_patched_nor_adopted_and_is_reported() {
+    // Their Service is unowned, or controlled by something else; the McpServer also wants an
+    // Ingress and an HTTPRoute, which would lead to that Service.
+    for controller in [None, Some("their-deployment")] {
+        let spec = json!({"tools": add(), "ingress": {"host": "calc.example.com"}, "httpRoute": {"parentRefs": [{"name": "gw"}]}});
+        let (result, seen, metrics) = reconcile_with(mcp_with(spec, None), move |path| {
+            (path == SVC).then(|| foreign("v1", "Service", "calc", controller))
+        })
+        .await;
+        let w = writes(&seen);
+        assert!(
+            !w.iter().any(|r| r.ends_with(SVC)),
+            "the Service is not touched: {w:?}"
+        );
+        assert!(
+            !seen.iter().any(|(_, p, _)| p == ING || p == ROUTE),
+            "no route to their Service, not even looked up: {w:?}"
+        );
+        // Children that do not depend on the Service are applied.
+        for path in [SA, ROLE, BINDING, CM, DEPLOY] {
+            assert!(w.contains(&format!("PATCH {path}")), "{path} applied: {w:?}");
+        }
+        let status = status_of(&seen);
+        for type_ in ["Ready", "Degraded"] {
+            let c = condition(&status, type_);
+            assert_eq!(c["reason"], "ChildConflict", "{type_}");
+            let message = c["message"].as_str().unwrap();
+            assert!(
+                message.contains(&format!("Service ns/calc {CONFLICT_NOTE}")),
+                "{c}"
+            );
+        }
+        assert_eq!(condition(&status, "Ready")["status"], "False");
+        assert_eq!(condition(&status, "Degraded")["status"], "True");
+        let ev = events(&seen);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev[0]["type"], "Warning");
+        assert_eq!(ev[0]["reason"], "ChildConflict");
+        assert_eq!(ev[0]["note"], format!("Service ns/calc {CONFLICT_NOTE}"));
+        let err = result.unwrap_err();
+        assert_eq!(
+            err.category(),
+            "not_owned",
+            "retried with backoff, counted by a bounded label"
+        );
+        assert_eq!(err.to_string(), format!("Service ns/calc {CONFLICT_NOTE}"));
+        assert!(
+            metrics.contains("quiver_operator_reconcile_errors_total{category=\"not_owned\"} 1"),
+            "{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_foreign_service_account_holds_back_the_binding_and_the_pods() {
+    // An McpServer named like a ServiceAccount (e.g. `default`): binding its Secret-reading
+    // Role to that account, or running its pods as it, would be the takeover.
+    let spec = json!({"tools": add(), "autoscaling": {"minReplicas": 1, "maxReplicas": 3}});
+    let (result, seen, _) = reconcile_with(mcp_with(spec, None), |path| {
+        (path == SA).then(|| foreign("v1", "ServiceAccount", "calc", None))
+    })
+    .await;
+    let w = writes(&seen);
+    for held in [SA, BINDING, DEPLOY, HPA] {
+        assert!(!w.iter().any(|r| r.ends_with(held)), "{held} not written: {w:?}");
+    }
+    for applied in [ROLE, CM, SVC, PDB] {
+        assert!(
+            w.contains(&format!("PATCH {applied}")),
+            "{applied} applied: {w:?}"
+        );
+    }
+    assert!(
+        matches!(
+            result,
+            Err(quiver_operator::reconcile::Error::NotOwned {
+                kind: "ServiceAccount",
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(
+        events(&seen)[0]["note"],
+        format!("ServiceAccount ns/calc {CONFLICT_NOTE}")
+    );
+    let status = status_of(&seen);
+    assert_eq!(condition(&status, "Ready")["reason"], "ChildConflict");
+    assert_eq!(status["observedGeneration"], 3);
+}
+
+#[tokio::test]
+async fn a_foreign_tools_config_map_is_neither_written_nor_granted_to_the_pods() {
+    let (result, seen, _) = reconcile_with(mcp(add()), |path| {
+        (path == CM).then(|| foreign("v1", "ConfigMap", "calc-tools", None))
+    })
+    .await;
+    let w = writes(&seen);
+    // The Role would grant reading it, the pods would serve it.
+    for held in [CM, ROLE, BINDING, DEPLOY] {
+        assert!(!w.iter().any(|r| r.ends_with(held)), "{held} not written: {w:?}");
+    }
+    for applied in [SA, SVC] {
+        assert!(
+            w.contains(&format!("PATCH {applied}")),
+            "{applied} applied: {w:?}"
+        );
+    }
+    assert!(result.is_err());
+    assert_eq!(
+        events(&seen)[0]["note"],
+        format!("ConfigMap ns/calc-tools {CONFLICT_NOTE}")
+    );
+}
+
+#[tokio::test]
+async fn every_foreign_child_is_named_and_the_same_conflicts_again_write_nothing() {
+    let spec =
+        json!({"tools": add(), "autoscaling": {"minReplicas": 1, "maxReplicas": 3}, "networkPolicy": {}});
+    let taken = |path: &str| match path {
+        SVC => Some(foreign("v1", "Service", "calc", None)),
+        NP => Some(foreign("networking.k8s.io/v1", "NetworkPolicy", "calc", None)),
+        PDB => Some(foreign("policy/v1", "PodDisruptionBudget", "calc", Some("x"))),
+        _ => None,
+    };
+    let (_, seen, _) = reconcile_with(mcp_with(spec.clone(), None), taken).await;
+    let w = writes(&seen);
+    for held in [SVC, NP, PDB] {
+        assert!(!w.iter().any(|r| r.ends_with(held)), "{held} not written: {w:?}");
+    }
+    assert!(
+        w.contains(&format!("PATCH {HPA}")),
+        "the HPA of this Deployment is applied: {w:?}"
+    );
+    let notes: Vec<String> = events(&seen)
+        .iter()
+        .map(|e| e["note"].as_str().unwrap().to_owned())
+        .collect();
+    // One event naming them all (the recorder would fold several of one reason into one).
+    assert_eq!(
+        notes,
+        [format!(
+            "Service ns/calc {CONFLICT_NOTE}; PodDisruptionBudget ns/calc {CONFLICT_NOTE}; NetworkPolicy ns/calc {CONFLICT_NOTE}"
+        )]
+    );
+    // The next look (after the backoff) finds the same: no status write, no event, retried.
+    let status = status_of(&seen);
+    let (result, seen, _) = reconcile_with(mcp_with(spec, Some(status)), taken).await;
+    assert!(result.is_err());
+    assert!(
+        !seen.iter().any(|(m, p, _)| *m == Method::PATCH && p == STATUS),
+        "status unchanged"
+    );
+    assert!(events(&seen).is_empty(), "no repeated events");
+}
+
+#[tokio::test]
+async fn once_the_foreign_object_is_gone_the_mcpserver_recovers() {
+    let (_, seen, _) = reconcile_with(mcp(add()), |path| {
+        (path == SVC).then(|| foreign("v1", "Service", "calc", None))
+    })
+    .await;
+    let conflicted = status_of(&seen);
+    let (result, seen, _) =
+        reconcile_with(mcp_with(json!({"tools": add()}), Some(conflicted)), |_| None).await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(300)));
+    assert!(writes(&seen).contains(&format!("PATCH {SVC}")));
+    let status = status_of(&seen);
+    assert_eq!(condition(&status, "Degraded")["reason"], "AsExpected");
+    assert_eq!(condition(&status, "Ready")["reason"], "PodsReady");
+}
+
+/// The watch stores of namespace `ns` holding, for each always-present child, the metadata
+/// `meta(kind, name)` returns.
+fn filled_stores(meta: impl Fn(&str, &str) -> Value) -> Owned {
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+    fn put<K>(w: &mut Writer<PartialObjectMeta<K>>, v: Value)
+    where
+        K: kube::Resource<DynamicType = ()> + Clone,
+    {
+        w.apply_watcher_event(&Event::Apply(serde_json::from_value(v).unwrap()));
+    }
+    let (stores, mut w) = quiver_operator::reconcile::stores(Some("ns".into()));
+    put(&mut w.service_accounts, meta("ServiceAccount", "calc"));
+    put(&mut w.roles, meta("Role", "calc-config-reader"));
+    put(&mut w.role_bindings, meta("RoleBinding", "calc-config-reader"));
+    put(&mut w.config_maps, meta("ConfigMap", "calc-tools"));
+    put(&mut w.deployments, meta("Deployment", "calc"));
+    put(&mut w.services, meta("Service", "calc"));
+    Owned::new(vec![stores])
+}
+
+fn ours(kind: &str, name: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("{kind}-1"), "ownerReferences": [
+        {"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": "u-1", "controller": true}
+    ]}})
+}
+
+fn with_stores(owned: Owned) -> (Arc<Context>, ApiServerVerifier) {
+    let (ctx, api) = setup();
+    let mut ctx = Arc::into_inner(ctx).unwrap();
+    ctx.owned = owned;
+    (Arc::new(ctx), api)
+}
+
+#[tokio::test]
+async fn children_the_watch_stores_show_as_ours_cost_no_get() {
+    let (ctx, mut api) = with_stores(filled_stores(ours));
+    let server = tokio::spawn(async move {
+        // Straight to the applies: no ownership GET.
+        expect_patches(&mut api).await;
+        expect_no_optional_children(&mut api).await;
+        api.expect(Method::PATCH, STATUS, patched).await;
+    });
+    reconcile(mcp(add()), ctx).await.unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_labelled_object_of_another_owner_in_the_stores_is_a_conflict_without_a_get() {
+    let (ctx, mut api) = with_stores(filled_stores(|kind, name| {
+        if kind == "Service" {
+            foreign("v1", "Service", name, Some("another-mcpserver"))
+        } else {
+            ours(kind, name)
+        }
+    }));
+    let server =
+        tokio::spawn(async move {
+            let seen = record_all(&mut api, |_| None).await;
+            assert!(
+                !seen.iter().any(|(m, p, _)| *m == Method::GET
+                    && [SA, ROLE, BINDING, CM, DEPLOY, SVC].contains(&p.as_str())),
+                "answered from the stores"
+            );
+            seen
+        });
+    let err = reconcile(mcp(add()), ctx).await.unwrap_err();
+    let seen = server.await.unwrap();
+    assert_eq!(err.category(), "not_owned");
+    assert!(!writes(&seen).iter().any(|r| r.ends_with(SVC)));
+    assert_eq!(events(&seen)[0]["reason"], "ChildConflict");
 }

@@ -44,7 +44,7 @@ def test_defaults_install_crd_operator_rbac_and_dashboards():
     rules = find(docs, "ClusterRole")[0]["rules"]
     verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert verbs[("quiver.dev", "mcpservers/status")] == {"patch"}
-    assert verbs[("apps", "deployments")] == {"list", "watch", "create", "patch"}
+    assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}, "get: the owner check of a child missing from the watch"
     assert verbs[("monitoring.coreos.com", "servicemonitors")] == {"get", "create", "patch", "delete"}
     assert "delete" not in verbs[("", "configmaps")], "the operator never deletes ConfigMaps"
     assert verbs[("", "secrets")] == {"get", "list", "watch"}, "read-only: only so it may grant pods their Secrets"

@@ -4,43 +4,76 @@
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::owned::controlled_by;
 use super::{Context, Error, MANAGER};
 use crate::crd::{McpServer, McpServerStatus};
 
-/// Server-side applies `obj`, forced, as [`MANAGER`].
+/// Server-side applies `obj`, forced, as [`MANAGER`]. Only for a child whose name is free
+/// ([`super::owned::Holder::free`]): forcing takes every field it sets from other managers.
+///
+/// # Errors
+/// [`Error::Child`] naming the object when the patch fails.
 pub async fn apply<K>(client: &Client, ns: &str, obj: &K) -> Result<K, Error>
 where
-    K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    K: Resource<Scope = NamespaceResourceScope>
+        + k8s_openapi::Resource
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
     K::DynamicType: Default,
 {
     let api: Api<K> = Api::namespaced(client.clone(), ns);
     let name = obj.meta().name.clone().unwrap_or_default();
-    Ok(api
+    match api
         .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj))
-        .await?)
+        .await
+    {
+        Ok(applied) => Ok(applied),
+        Err(source) => Err(Error::Child {
+            verb: "apply",
+            kind: <K as k8s_openapi::Resource>::KIND,
+            name,
+            source,
+        }),
+    }
 }
 
-/// Deletes `name` if it exists and is owned by the McpServer with `owner_uid`; an object of
-/// that name the McpServer does not own is left alone. A missing object, or a missing API
-/// (an absent CRD answers 404 too), is not an error.
-pub async fn delete_owned(api: &Api<DynamicObject>, name: &str, owner_uid: &str) -> Result<(), Error> {
-    // By code, not reason: a missing API group may answer a plain-text 404.
-    let obj = match api.get(name).await {
-        Ok(obj) => obj,
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(e.into()),
+/// Deletes `name` if it exists and this McpServer (`owner_uid`) is its controller; an object
+/// of that name the McpServer does not control is left alone. A missing object, or a missing
+/// API (an absent CRD answers 404 too), is not an error.
+///
+/// # Errors
+/// [`Error::Child`] naming the object when the GET or the DELETE fails.
+pub async fn delete_owned(
+    api: &Api<DynamicObject>,
+    kind: &'static str,
+    name: &str,
+    owner_uid: &str,
+) -> Result<(), Error> {
+    let failed = |verb, source| Error::Child {
+        verb,
+        kind,
+        name: name.to_owned(),
+        source,
     };
-    if !obj.owner_references().iter().any(|o| o.uid == owner_uid) {
+    // By code, not reason: a missing API group may answer a plain-text 404.
+    let meta = match api.get_metadata(name).await {
+        Ok(meta) => meta,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(failed("get", e)),
+    };
+    if !controlled_by(&meta.metadata, owner_uid) {
         return Ok(());
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: obj.uid(),
+            uid: meta.metadata.uid.clone(),
             resource_version: None,
         }),
         ..DeleteParams::default()
@@ -49,7 +82,7 @@ pub async fn delete_owned(api: &Api<DynamicObject>, name: &str, owner_uid: &str)
         Ok(_) => Ok(()),
         // Gone meanwhile, or replaced by another object of the same name (precondition).
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(failed("delete", e)),
     }
 }
 

@@ -2,18 +2,17 @@
 //! field manager) → status computed from what was applied.
 
 mod apply;
+mod children;
+mod owned;
 mod status;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
@@ -25,7 +24,11 @@ use crate::crd::{McpServer, TOOLS_LABEL};
 use crate::metrics::{Metrics, Outcome};
 use crate::render::{self, Fetched, Invalid};
 
-pub use status::{set_condition, status_from, warnings};
+use children::Applied;
+
+pub use children::Conflict;
+pub use owned::{Holder, MetaStore, MetaWriter, Owned, Stores, Writers, controlled_by, stores};
+pub use status::{CHILD_CONFLICT, set_condition, status_from, warnings};
 
 /// Field manager of every server-side apply.
 pub const MANAGER: &str = "quiver-operator";
@@ -43,6 +46,30 @@ pub enum Error {
     /// A Kubernetes API call failed (transient: retried with backoff).
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// A call about one child failed (transient: retried with backoff).
+    #[error("{verb} {kind} {name}: {source}")]
+    Child {
+        /// `get`, `apply` or `delete`.
+        verb: &'static str,
+        /// Kind of the child.
+        kind: &'static str,
+        /// Name of the child.
+        name: String,
+        /// What the API answered.
+        source: kube::Error,
+    },
+    /// An object of a child's kind and name exists and this McpServer is not its controller:
+    /// it is left untouched, the McpServer reports it (condition and event) and is looked at
+    /// again with backoff.
+    #[error("{kind} {namespace}/{name} exists and is not owned by this McpServer; refusing to modify it")]
+    NotOwned {
+        /// Kind of the object.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
     /// The object has no namespace, name or uid.
     #[error("McpServer without namespace, name or uid")]
     Unnamed,
@@ -58,11 +85,14 @@ impl Error {
     /// Bounded label value for metrics.
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
-            Self::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
-            Self::Kube(kube::Error::Api(s)) if s.code == 422 => "rejected",
-            Self::Kube(kube::Error::Api(_)) => "api",
-            Self::Kube(_) => "transport",
+            Self::Kube(e) | Self::Child { source: e, .. } => match e {
+                kube::Error::Api(s) if s.code == 409 => "conflict",
+                kube::Error::Api(s) if s.code == 403 => "forbidden",
+                kube::Error::Api(s) if s.code == 422 => "rejected",
+                kube::Error::Api(_) => "api",
+                _ => "transport",
+            },
+            Self::NotOwned { .. } => "not_owned",
             Self::Unnamed => "unnamed",
         }
     }
@@ -82,6 +112,8 @@ pub struct Context {
     pub probe_pods: bool,
     /// Retry delays of failing McpServers.
     pub backoff: Backoff,
+    /// The watch stores of owned children, checked before a child is applied.
+    pub owned: Owned,
 }
 
 /// The `toolsFrom` sources of an McpServer, read from the API.
@@ -212,61 +244,20 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         build::ApiServer::default()
     };
     let children = build::build(mcp, &rendered, &ctx.defaults, &api_server)?;
-    // The Role first: a ToolSet that names a new Secret reaches the pods only once they
-    // may read it.
-    apply::apply(client, &ns, &children.service_account).await?;
-    apply::apply(client, &ns, &children.role).await?;
-    apply::apply(client, &ns, &children.role_binding).await?;
-    apply::apply(client, &ns, &children.config_map).await?;
-    let deployment = apply::apply(client, &ns, &children.deployment).await?;
-    apply::apply(client, &ns, &children.service).await?;
-    match &children.hpa {
-        Some(h) => drop(apply::apply(client, &ns, h).await?),
+    let Applied {
+        deployment,
+        conflicts,
+    } = children::apply_all(ctx, mcp, &ns, &name, &uid, &children).await?;
+    let mut status = match &deployment {
+        Some(d) => status_from(mcp, &rendered, d, &ns, &name),
         None => {
-            apply::delete_owned(
-                &apply::dynamic::<HorizontalPodAutoscaler>(client, &ns),
-                &name,
-                &uid,
-            )
-            .await?
+            let mut s = mcp.status.clone().unwrap_or_default();
+            s.observed_generation = mcp.metadata.generation;
+            s
         }
-    }
-    match &children.pdb {
-        Some(p) => drop(apply::apply(client, &ns, p).await?),
-        None => apply::delete_owned(&apply::dynamic::<PodDisruptionBudget>(client, &ns), &name, &uid).await?,
-    }
-    match &children.network_policy {
-        Some(p) => drop(apply::apply(client, &ns, p).await?),
-        None => apply::delete_owned(&apply::dynamic::<NetworkPolicy>(client, &ns), &name, &uid).await?,
-    }
-    match &children.ingress {
-        Some(i) => drop(apply::apply(client, &ns, i).await?),
-        None => apply::delete_owned(&apply::dynamic::<Ingress>(client, &ns), &name, &uid).await?,
-    }
-    let monitors: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &build::service_monitor_resource());
-    match &children.service_monitor {
-        Some(sm) => apply_if_served(ctx, mcp, &monitors, sm, "ServiceMonitorUnavailable", "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed").await?,
-        None => apply::delete_owned(&monitors, &name, &uid).await?,
-    }
-    let routes: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &build::http_route_resource());
-    match &children.http_route {
-        Some(r) => {
-            apply_if_served(
-                ctx,
-                mcp,
-                &routes,
-                r,
-                "HTTPRouteUnavailable",
-                "httpRoute is set but the gateway.networking.k8s.io/v1 HTTPRoute CRD is not installed",
-            )
-            .await?
-        }
-        None => apply::delete_owned(&routes, &name, &uid).await?,
-    }
-    let mut status = status_from(mcp, &rendered, &deployment, &ns, &name);
+    };
     let mut upstream_down = false;
-    if ctx.probe_pods {
+    if ctx.probe_pods && deployment.is_some() {
         let report = crate::probe::probe(client, &ns, &name, &rendered.hash).await?;
         status.config_loaded_replicas = Some(report.loaded);
         upstream_down = status::upstreams(
@@ -277,6 +268,7 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         );
     }
     let mut events = warnings(mcp, unwatched, &mut status);
+    events.extend(status::child_conflicts(mcp, &ns, &conflicts, &mut status));
     let was_down = mcp.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
@@ -298,6 +290,15 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     for (reason, note) in events {
         apply::publish(ctx, mcp, EventType::Warning, reason, note).await;
     }
+    // Nothing changes the other object's ownership in a way the watches would see (it may not
+    // carry the label they select): look again with the per-object backoff.
+    if let Some(c) = conflicts.into_iter().next() {
+        return Err(Error::NotOwned {
+            kind: c.kind,
+            namespace: ns,
+            name: c.name,
+        });
+    }
     // Deployment status changes arrive through the owned-Deployment watch, so an unready
     // object needs no fast polling (1,000 of them at 5 s flooded the API server in the scale
     // test). Pods loading a new config are not watched: poll those briefly.
@@ -311,33 +312,6 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         (true, false) => RESYNC,
     });
     Ok((Outcome::Ok, action))
-}
-
-/// Applies a child whose CRD may be absent (ServiceMonitor, HTTPRoute); a missing CRD is a
-/// Warning event, not an error.
-async fn apply_if_served(
-    ctx: &Context,
-    mcp: &McpServer,
-    api: &Api<DynamicObject>,
-    obj: &DynamicObject,
-    reason: &str,
-    note: &str,
-) -> Result<(), Error> {
-    match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(obj),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            apply::publish(ctx, mcp, EventType::Warning, reason, note.to_owned()).await;
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn report_invalid(

@@ -8,6 +8,10 @@ use crate::build;
 use crate::crd::{McpServer, McpServerStatus, TOOLS_LABEL};
 use crate::render;
 
+/// Reason of the `Ready` and `Degraded` conditions, and of the Warning event, when an object
+/// this McpServer does not control holds the name of one of its children.
+pub const CHILD_CONFLICT: &str = "ChildConflict";
+
 /// Sets a condition, keeping its transition time when its status did not change.
 pub fn set_condition(
     conds: &mut Vec<Condition>,
@@ -209,4 +213,65 @@ pub fn warnings(
     status.unsafe_sysctls = sysctls;
     status.unwatched_config_maps = unwatched;
     events
+}
+
+/// Records the children whose names objects of other owners hold (`Ready=False` and
+/// `Degraded=True`, reason [`CHILD_CONFLICT`], naming each object) and returns a Warning
+/// event naming them all when the set changed since the status the McpServer carried when
+/// the reconcile began (one event: the recorder folds events of one reason about one object
+/// into a series that keeps the first note). Without conflicts the status is left as computed.
+pub fn child_conflicts(
+    mcp: &McpServer,
+    ns: &str,
+    conflicts: &[super::Conflict],
+    status: &mut McpServerStatus,
+) -> Vec<(&'static str, String)> {
+    if conflicts.is_empty() {
+        return Vec::new();
+    }
+    let notes: Vec<String> = conflicts
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {ns}/{} exists and is not owned by this McpServer; refusing to modify it",
+                c.kind, c.name
+            )
+        })
+        .collect();
+    let message = format!(
+        "{}. Delete or rename that object, or give this McpServer another name",
+        notes.join("; ")
+    );
+    let unchanged = mcp.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.reason == CHILD_CONFLICT && c.message == message)
+    });
+    let generation = mcp.metadata.generation;
+    for (type_, value) in [("Ready", false), ("Degraded", true)] {
+        set_condition(
+            &mut status.conditions,
+            type_,
+            value,
+            CHILD_CONFLICT,
+            &message,
+            generation,
+        );
+        // `status` was computed as if nothing were held back: the transition time is the one
+        // the McpServer carried if the condition had this value already.
+        let carried = mcp
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .find(|c| c.type_ == type_);
+        if let (Some(old), Some(new)) = (carried, status.conditions.iter_mut().find(|c| c.type_ == type_))
+            && old.status == new.status
+        {
+            new.last_transition_time = old.last_transition_time.clone();
+        }
+    }
+    if unchanged {
+        return Vec::new();
+    }
+    vec![(CHILD_CONFLICT, notes.join("; "))]
 }
