@@ -43,6 +43,9 @@ if ! kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER"; then
   rm -f "$config"
 fi
 kubectl wait --for=condition=Ready nodes --all --timeout=300s >/dev/null
+# kube-proxy on every node before anything relies on Service IPs (a connection to a Service
+# IP it has no rule for yet is refused by the network daemon: deploy/kind/images/kindnet).
+kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s >/dev/null
 
 log "Quiver images"
 # Each image is also tagged with its content ID, and the chart is installed with those tags:
