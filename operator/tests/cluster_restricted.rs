@@ -28,6 +28,27 @@ async fn enforce(client: &Client, ns: &str, level: &str) {
     api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
+    // PodSecurity admission reads namespaces from a cache: wait until it applies `level`, or a
+    // pod admitted a moment later would say nothing. A pod on the host network is what the
+    // baseline and restricted levels refuse and the privileged level admits.
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "pod-security-probe"},
+        "spec": {"hostNetwork": true, "containers": [{"name": "probe", "image": "probe"}]},
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let refusal = format!("PodSecurity \"{level}:latest\"");
+    eventually(30, &format!("admission enforcing {level}"), || async {
+        match pods.create(&params, &probe).await {
+            Ok(_) => (level == "privileged").then_some(()),
+            Err(e) => (level != "privileged" && e.to_string().contains(&refusal)).then_some(()),
+        }
+    })
+    .await;
 }
 
 /// Waits for the namespace's `default` ServiceAccount (made by the controller-manager after
