@@ -6,15 +6,13 @@
 
 use std::fmt::Debug;
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
-use super::owned::{self, Holder, MetaStore, Stores};
+use super::owned::{self, ChildKind, Holder, MetaStore, Stores};
 use super::{Context, Error, MANAGER, apply};
 use crate::build::{self, Children};
 use crate::crd::McpServer;
@@ -55,12 +53,7 @@ impl Names<'_> {
     /// a taken name is recorded as a conflict.
     async fn free<K>(&mut self, store: Option<fn(&Stores) -> &MetaStore<K>>, obj: &K) -> Result<bool, Error>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + k8s_openapi::Resource
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + 'static,
+        K: ChildKind,
     {
         let name = obj.meta().name.clone().unwrap_or_default();
         let store = self.scope.zip(store).map(|(s, pick)| pick(s));
@@ -81,13 +74,7 @@ impl Names<'_> {
     /// and its name is free; deleted when not wanted, if the McpServer controls it.
     async fn optional<K>(&mut self, name: &str, wanted: Option<&K>, allowed: bool) -> Result<(), Error>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + k8s_openapi::Resource
-            + Clone
-            + DeserializeOwned
-            + Serialize
-            + Debug
-            + 'static,
+        K: ChildKind + Serialize,
     {
         match wanted {
             Some(obj) => {

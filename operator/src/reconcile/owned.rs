@@ -149,6 +149,28 @@ impl Owned {
     }
 }
 
+/// A namespaced child kind whose holder can be checked and which can be applied: what
+/// [`holder`] and the child applies of `children.rs` need of a kind.
+pub trait ChildKind:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + k8s_openapi::Resource
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + 'static
+{
+}
+
+impl<K> ChildKind for K where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + k8s_openapi::Resource
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + 'static
+{
+}
+
 /// Who holds `ns/name` of kind `K`: the store's copy when it has one (no API call), else one
 /// metadata GET.
 ///
@@ -162,12 +184,7 @@ pub async fn holder<K>(
     owner_uid: &str,
 ) -> Result<Holder, Error>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + k8s_openapi::Resource
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + 'static,
+    K: ChildKind,
 {
     if let Some(meta) = store.and_then(|s| s.get(&ObjectRef::new(name).within(ns))) {
         return Ok(holder_of(&meta.metadata, owner_uid));
