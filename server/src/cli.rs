@@ -408,7 +408,7 @@ fn client_auth(
 }
 
 async fn serve(
-    args: ServeArgs,
+    mut args: ServeArgs,
     source: Source,
     tuning: Tuning,
     allocator: &'static str,
@@ -434,8 +434,133 @@ async fn serve(
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
         server = server.with_state_key(key);
     }
+    start_secrets(args.secrets.clone(), &server)?;
+    let auth = client_auth(&args, &server)?;
+    let reloader = Reloader::new(server.clone());
+    reloader.follow_upstreams();
+    // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
+    let shutdown = CancellationToken::new();
+
+    follow_source(&source, &reloader)?;
+
+    let fd_limit = listen::fd_limit();
+    let (max_connections, lowered) = listen::connection_cap(args.max_connections, fd_limit);
+    if lowered {
+        tracing::warn!(
+            wanted = args.max_connections,
+            used = max_connections,
+            fd_limit = ?fd_limit,
+            "--max-connections lowered to leave file descriptors for the admin port and tool calls"
+        );
+    }
+    let options = HttpOptions {
+        max_body_bytes: args.max_body_bytes,
+        allowed_origins: std::mem::take(&mut args.allowed_origins),
+        allowed_hosts: host_policy(args.listen, std::mem::take(&mut args.allowed_hosts)),
+        max_concurrency: args.max_concurrency,
+        max_streams: args.max_streams,
+        max_connections,
+        body_read_timeout: args.body_read_timeout,
+        auth: auth.clone(),
+    };
+    let state = HttpState::new(server.clone(), options, shutdown.clone());
+    let load: Arc<Load> = state.load();
+
+    let admin_state = Arc::new(AdminState {
+        server: server.clone(),
+        source: source.to_string(),
+        tuning: tuning.clone(),
+        started: Instant::now(),
+        load: load.clone(),
+        auth: match auth.as_deref() {
+            None => "none",
+            Some(a) if a.oidc.is_some() && a.bearer.is_some() => "bearer+oidc",
+            Some(a) if a.oidc.is_some() => "oidc",
+            Some(_) => "bearer",
+        },
+    });
+    let admin_stop = CancellationToken::new();
+    let admin = start_admin(
+        args.admin_listen.unwrap_or(admin_default(args.stdio)),
+        admin_state,
+        &admin_stop,
+    )
+    .await?;
+
+    tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
+    if args.stdio {
+        serve_stdio(server, &args, &load, &shutdown).await?;
+    } else {
+        serve_http(state, &args, max_connections, &shutdown, metrics).await?;
+    }
+    admin_stop.cancel();
+    if let Some(admin) = admin {
+        let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
+    }
+    Ok(())
+}
+
+/// Serves MCP over stdin/stdout until the input ends or a signal drains it.
+async fn serve_stdio(
+    server: Arc<Server>,
+    args: &ServeArgs,
+    load: &Load,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let grace = args.shutdown_grace;
+    let options = StdioOptions {
+        max_line_bytes: args.max_body_bytes,
+        max_inflight: args.max_concurrency,
+    };
+    let mut stdio = tokio::spawn(stdio::serve(server, options, shutdown.clone()));
+    tokio::select! {
+        r = &mut stdio => r.context("stdio transport")?.context("stdio transport")?,
+        () = signal() => {
+            let deadline = tokio::time::Instant::now() + grace;
+            load.start_draining();
+            shutdown.cancel();
+            if tokio::time::timeout_at(deadline, stdio).await.is_err() {
+                tracing::warn!(grace = ?grace, "shutdown grace expired with stdio requests in flight");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Serves MCP Streamable HTTP until a signal, then drains.
+async fn serve_http(
+    state: Arc<HttpState>,
+    args: &ServeArgs,
+    max_connections: usize,
+    shutdown: &CancellationToken,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<()> {
+    let load = state.load();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
+    let conn_options = ConnOptions {
+        header_read_timeout: args.header_read_timeout,
+        http2: args.http2,
+    };
+    let mcp = tokio::spawn(listen::serve(
+        listener,
+        http::app(state),
+        load.connections.clone(),
+        conn_options,
+        shutdown.clone(),
+        Some(metrics),
+    ));
+    signal().await;
+    drain(&load, shutdown, mcp, args.shutdown_delay, args.shutdown_grace).await;
+    Ok(())
+}
+
+/// Starts following the secret source, if one is configured.
+fn start_secrets(source: Option<SecretSource>, server: &Server) -> anyhow::Result<()> {
     let secrets = server.exec.secrets.clone();
-    match args.secrets.clone() {
+    match source {
         None => {}
         Some(SecretSource::Env) => secrets.use_env(),
         Some(SecretSource::Dir(path)) => {
@@ -460,13 +585,13 @@ async fn serve(
         #[cfg(not(feature = "kube"))]
         Some(SecretSource::Kube(_)) => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
     }
-    let auth = client_auth(&args, &server)?;
-    let reloader = Reloader::new(server.clone());
-    reloader.follow_upstreams();
-    // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
-    let shutdown = CancellationToken::new();
+    Ok(())
+}
 
-    match &source {
+/// Loads the tool configuration once (a file must load; a ConfigMap is awaited by its watch)
+/// and keeps following it.
+fn follow_source(source: &Source, reloader: &Arc<Reloader>) -> anyhow::Result<()> {
+    match source {
         Source::File(path) => {
             let sources = reload::read_path(path).with_context(|| format!("reading {}", path.display()))?;
             reloader.apply(&sources).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -490,44 +615,16 @@ async fn serve(
         Source::ConfigMap { .. } => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
     }
 
-    let fd_limit = listen::fd_limit();
-    let (max_connections, lowered) = listen::connection_cap(args.max_connections, fd_limit);
-    if lowered {
-        tracing::warn!(
-            wanted = args.max_connections,
-            used = max_connections,
-            fd_limit = ?fd_limit,
-            "--max-connections lowered to leave file descriptors for the admin port and tool calls"
-        );
-    }
-    let options = HttpOptions {
-        max_body_bytes: args.max_body_bytes,
-        allowed_origins: args.allowed_origins,
-        allowed_hosts: host_policy(args.listen, args.allowed_hosts),
-        max_concurrency: args.max_concurrency,
-        max_streams: args.max_streams,
-        max_connections,
-        body_read_timeout: args.body_read_timeout,
-        auth: auth.clone(),
-    };
-    let state = HttpState::new(server.clone(), options, shutdown.clone());
-    let load: Arc<Load> = state.load();
+    Ok(())
+}
 
-    let admin_state = Arc::new(AdminState {
-        server: server.clone(),
-        source: source.to_string(),
-        tuning: tuning.clone(),
-        started: Instant::now(),
-        load: load.clone(),
-        auth: match auth.as_deref() {
-            None => "none",
-            Some(a) if a.oidc.is_some() && a.bearer.is_some() => "bearer+oidc",
-            Some(a) if a.oidc.is_some() => "oidc",
-            Some(_) => "bearer",
-        },
-    });
-    let admin_stop = CancellationToken::new();
-    let admin = match args.admin_listen.unwrap_or(admin_default(args.stdio)) {
+/// Binds and serves the admin listener unless it is off.
+async fn start_admin(
+    at: AdminListen,
+    admin_state: Arc<AdminState>,
+    admin_stop: &CancellationToken,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    Ok(match at {
         AdminListen::Off => {
             tracing::info!("admin listener off");
             None
@@ -546,52 +643,7 @@ async fn serve(
                 None,
             )))
         }
-    };
-
-    tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
-    let grace = args.shutdown_grace;
-    if args.stdio {
-        let options = StdioOptions {
-            max_line_bytes: args.max_body_bytes,
-            max_inflight: args.max_concurrency,
-        };
-        let mut stdio = tokio::spawn(stdio::serve(server, options, shutdown.clone()));
-        tokio::select! {
-            r = &mut stdio => r.context("stdio transport")?.context("stdio transport")?,
-            () = signal() => {
-                let deadline = tokio::time::Instant::now() + grace;
-                load.start_draining();
-                shutdown.cancel();
-                if tokio::time::timeout_at(deadline, stdio).await.is_err() {
-                    tracing::warn!(grace = ?grace, "shutdown grace expired with stdio requests in flight");
-                }
-            }
-        }
-    } else {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
-        let conn_options = ConnOptions {
-            header_read_timeout: args.header_read_timeout,
-            http2: args.http2,
-        };
-        let mcp = tokio::spawn(listen::serve(
-            listener,
-            http::app(state),
-            load.connections.clone(),
-            conn_options,
-            shutdown.clone(),
-            Some(metrics),
-        ));
-        signal().await;
-        drain(&load, &shutdown, mcp, args.shutdown_delay, grace).await;
-    }
-    admin_stop.cancel();
-    if let Some(admin) = admin {
-        let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
-    }
-    Ok(())
+    })
 }
 
 /// The shutdown sequence after SIGTERM: readiness off, keep serving for `delay` so the pod
