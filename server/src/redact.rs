@@ -19,10 +19,19 @@
 //!    - the user part of a URL (`https://user:pass@host` → `https://[redacted]@host`).
 //!
 //!    This may hide a harmless word (`tokens: 5`): the safe side.
-//! 3. Control characters (newlines included) and invisible format characters (bidi
-//!    overrides, zero-width spaces) become a space: one upstream line stays one log line and
-//!    cannot forge another.
+//! 3. Control characters (newlines included), line and paragraph separators (U+2028,
+//!    U+2029) and invisible format characters (bidi overrides and marks, zero-width spaces)
+//!    become a space: one upstream line stays one log line and cannot forge another.
 //! 4. The text is cut to a number of characters, marked with `…`.
+//!
+//! The work is bounded by the output, not the input: text far longer than the output is cut
+//! before it is searched (at four bytes per output character, plus the longest known value
+//! and a margin), and what a secret cut there could leave behind (the end of the searched
+//! text, as long as the longest known value) is dropped after the search.
+//!
+//! A JSON value (an upstream's structured log data) is redacted string by string before it
+//! is serialized ([`untrusted_json`]): escaping first would hide a known value that has a
+//! quote, backslash or control character in it.
 //!
 //! Text that encodes a secret (base64 of it, split by other characters) is not recognized.
 
@@ -65,7 +74,17 @@ static SHAPES: LazyLock<Vec<Shape>> = LazyLock::new(|| {
 /// controls, zero-width characters.
 fn invisible(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
 }
 
 /// The values to look for in untrusted text, from secret values: each value and each line
@@ -95,25 +114,85 @@ pub fn replace_known<S: AsRef<str>>(s: &mut String, known: &[S]) {
     }
 }
 
+/// Searched bytes beyond `max_chars * 4` and the longest known value, for the shapes: a
+/// credential cut there is still matched by its prefix.
+const SEARCH_MARGIN: usize = 256;
+
 /// `text` with every value of `known` (see [`known_values`]) and every credential-shaped
 /// word redacted, invisible characters turned into spaces, at most `max_chars` characters.
 pub fn untrusted(text: &str, known: &[String], max_chars: usize) -> String {
-    let mut s = text.to_owned();
+    let longest = known.iter().map(String::len).max().unwrap_or(0);
+    let budget = max_chars
+        .saturating_mul(4)
+        .saturating_add(longest)
+        .saturating_add(SEARCH_MARGIN);
+    let cut = text.len() > budget;
+    let mut s = if cut {
+        text[..floor_boundary(text, budget)].to_owned()
+    } else {
+        text.to_owned()
+    };
     replace_known(&mut s, known);
     for shape in SHAPES.iter() {
         if let std::borrow::Cow::Owned(r) = shape.re.replace_all(&s, shape.with) {
             s = r;
         }
     }
+    if cut {
+        // A known value that began before the cut and went on past it was not found: its
+        // beginning is in the last `longest` bytes. Those go (a marker shows the cut).
+        s.truncate(floor_boundary(&s, s.len().saturating_sub(longest)));
+    }
     let mut out = String::with_capacity(s.len().min(max_chars * 4));
     for (i, c) in s.chars().enumerate() {
         if i == max_chars {
             out.push('…');
-            break;
+            return out;
         }
         out.push(if invisible(c) { ' ' } else { c });
     }
+    if cut {
+        out.push('…');
+    }
     out
+}
+
+/// The largest char boundary of `s` at or below `at` (`str::floor_char_boundary` is newer
+/// than this crate's minimum Rust).
+fn floor_boundary(s: &str, at: usize) -> usize {
+    let mut at = at.min(s.len());
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// A JSON value as untrusted text: each string (and object key) redacted on its own first,
+/// then the JSON text it serializes to, as [`untrusted`].
+pub fn untrusted_json(value: &serde_json::Value, known: &[String], max_chars: usize) -> String {
+    fn each(v: &serde_json::Value, known: &[String], max_chars: usize) -> serde_json::Value {
+        use serde_json::Value;
+        match v {
+            Value::String(s) => Value::String(untrusted(s, known, max_chars)),
+            Value::Array(a) => Value::Array(
+                a.iter()
+                    .take(max_chars)
+                    .map(|v| each(v, known, max_chars))
+                    .collect(),
+            ),
+            Value::Object(o) => Value::Object(
+                o.iter()
+                    .take(max_chars)
+                    .map(|(k, v)| (untrusted(k, known, max_chars), each(v, known, max_chars)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    match value {
+        serde_json::Value::String(s) => untrusted(s, known, max_chars),
+        v => untrusted(&each(v, known, max_chars).to_string(), known, max_chars),
+    }
 }
 
 #[cfg(test)]
@@ -208,5 +287,61 @@ mod tests {
         assert!(!out.contains("0123"));
         let long = "x".repeat(100_000);
         assert_eq!(untrusted(&long, &[], 10).chars().count(), 11);
+    }
+
+    #[test]
+    fn separators_and_format_marks_are_blanked() {
+        for c in [
+            '\u{2028}', '\u{2029}', '\u{061C}', '\u{00AD}', '\u{FFF9}', '\u{0085}', '\u{2066}',
+        ] {
+            let out = clean(&format!("a{c}b"));
+            assert_eq!(out, "a b", "U+{:04X}", c as u32);
+        }
+    }
+
+    #[test]
+    fn work_is_bounded_by_the_output_and_a_secret_at_the_cut_leaves_nothing() {
+        // A long secret, so that redacting copies of it before the cut pulls the cut's
+        // neighbourhood into the output window.
+        let secret: String = (0..200).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let known = known_values([secret.as_str()]);
+        let max = 64;
+        for copies in 0..=4 {
+            for filler in 0..800 {
+                let text = format!(
+                    "{}{}{secret}{}",
+                    secret.repeat(copies),
+                    "é".repeat(filler / 2) + &"x".repeat(filler % 2),
+                    "z".repeat(1000)
+                );
+                let out = untrusted(&text, &known, max);
+                assert!(
+                    !out.contains(&secret[..8]),
+                    "{copies} copies, {filler} filler: {out}"
+                );
+                assert!(out.chars().count() <= max + 1);
+            }
+        }
+        // A megabyte is not searched whole.
+        let out = untrusted(&"y".repeat(1 << 20), &known, max);
+        assert_eq!(out.chars().count(), max + 1);
+    }
+
+    #[test]
+    fn json_strings_are_redacted_before_they_are_escaped() {
+        // A known value with a quote and a newline: its JSON escape is not the value.
+        let secret = "pa\"ss\nword-1234";
+        let known = known_values([secret]);
+        let data =
+            serde_json::json!({"msg": format!("login with {secret}"), "list": [secret], secret: 1, "n": 3});
+        let out = untrusted_json(&data, &known, 4096);
+        assert!(!out.contains("ss"), "{out}");
+        assert_eq!(out.matches(REDACTED).count(), 3, "{out}");
+        assert!(out.contains("\"n\":3"), "{out}");
+        // Strings stay strings.
+        assert_eq!(
+            untrusted_json(&serde_json::json!("x token=abc"), &known, 100),
+            "x token=[redacted]"
+        );
     }
 }
