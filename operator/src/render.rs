@@ -6,27 +6,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use quiver_server::config::{self, ServerInfo, ToolSet};
 
+pub use crate::build::{Rendered, is_dns_label};
 use crate::crd::{McpServer, TOOLS_LABEL};
 use crate::guard;
 
 /// The most bytes of rendered YAML a ConfigMap can take (Kubernetes caps a ConfigMap's
 /// data at 1 MiB; the rest is left for its metadata).
 pub const MAX_CONFIGMAP_BYTES: usize = 1_000_000;
-
-/// The rendered, validated ToolSet.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rendered {
-    /// The document written to the ConfigMap (key `tools.yaml`): JSON, one tool per line.
-    pub yaml: String,
-    /// Content hash, as the server reports it on `/status`.
-    pub hash: String,
-    /// Tools served.
-    pub tool_count: usize,
-    /// Secrets the tools read (`{{secret.NAME.KEY}}`): the pods' Role grants exactly these.
-    pub secrets: std::collections::BTreeSet<String>,
-    /// Upstream MCP servers the ToolSet imports tools from.
-    pub upstream_count: usize,
-}
 
 /// Why a spec cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,15 +202,6 @@ pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(
         reason: "ServiceAccountNotAllowed",
         problems: vec![problem],
     })
-}
-
-/// A name the API server accepts for a Secret that a template can also spell (no `.`).
-pub fn is_dns_label(n: &str) -> bool {
-    (1..=253).contains(&n.len())
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !n.starts_with('-')
-        && !n.ends_with('-')
 }
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.

@@ -26,7 +26,6 @@ use kube::Resource;
 use kube::api::DynamicObject;
 
 use crate::crd::McpServer;
-use crate::render::Rendered;
 
 pub use confine::{check as check_pod, consent as service_account_consent, named_service_account};
 pub use expose::http_route_resource;
@@ -53,6 +52,22 @@ pub struct Defaults {
     pub server_image: String,
     /// Pull policy when the spec names none.
     pub image_pull_policy: String,
+}
+
+/// The rendered, validated ToolSet (made by `crate::render::render`): what the children
+/// are built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// The document written to the ConfigMap (key `tools.yaml`): JSON, one tool per line.
+    pub yaml: String,
+    /// Content hash, as the server reports it on `/status`.
+    pub hash: String,
+    /// Tools served.
+    pub tool_count: usize,
+    /// Secrets the tools read (`{{secret.NAME.KEY}}`): the pods' Role grants exactly these.
+    pub secrets: BTreeSet<String>,
+    /// Upstream MCP servers the ToolSet imports tools from.
+    pub upstream_count: usize,
 }
 
 /// Every child object of one McpServer.
@@ -89,6 +104,15 @@ pub struct Children {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("McpServer without a name or uid")]
 pub struct Unowned;
+
+/// A name the API server accepts for a Secret that a template can also spell (no `.`).
+pub fn is_dns_label(n: &str) -> bool {
+    (1..=253).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !n.starts_with('-')
+        && !n.ends_with('-')
+}
 
 /// Names of the children.
 pub fn tools_config_map_name(server: &str) -> String {
