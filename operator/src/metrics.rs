@@ -146,9 +146,15 @@ impl Metrics {
         let result = match outcome {
             Outcome::Ok => "ok",
             Outcome::InvalidSpec => "invalid_spec",
-            Outcome::Error { category, stage, kind } => {
+            Outcome::Error {
+                category,
+                stage,
+                kind,
+            } => {
                 self.errors.get_or_create(&ErrorLabels { category }).inc();
-                self.stage_errors.get_or_create(&StageLabels { stage, kind }).inc();
+                self.stage_errors
+                    .get_or_create(&StageLabels { stage, kind })
+                    .inc();
                 "error"
             }
         };

@@ -98,11 +98,19 @@ pub struct Applied {
 /// A built-in kind, applied as its typed struct.
 trait Typed: Sync {
     /// Applies it; the applied object when it is the Deployment (the status reads it).
-    fn apply<'a>(&'a self, client: &'a Client, ns: &'a str) -> BoxFuture<'a, Result<Option<Deployment>, Error>>;
+    fn apply<'a>(
+        &'a self,
+        client: &'a Client,
+        ns: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Deployment>, Error>>;
 }
 
 impl<K: ChildKind + Serialize> Typed for K {
-    fn apply<'a>(&'a self, client: &'a Client, ns: &'a str) -> BoxFuture<'a, Result<Option<Deployment>, Error>> {
+    fn apply<'a>(
+        &'a self,
+        client: &'a Client,
+        ns: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Deployment>, Error>> {
         Box::pin(async move {
             let applied = apply::apply(client, ns, self).await?;
             Ok((Box::new(applied) as Box<dyn Any>)
@@ -160,11 +168,17 @@ impl<'a> Child<'a> {
     }
 
     /// A child of a built-in kind the spec turns on or off.
-    fn optional<K: ChildKind + Serialize>(obj: Option<&'a K>, name: &str, needs: &'static [&'static str]) -> Self {
+    fn optional<K: ChildKind + Serialize>(
+        obj: Option<&'a K>,
+        name: &str,
+        needs: &'static [&'static str],
+    ) -> Self {
         Self {
             kind: <K as k8s_openapi::Resource>::KIND,
             resource: ApiResource::erase::<K>(&()),
-            name: obj.and_then(|o| o.meta().name.clone()).unwrap_or_else(|| name.to_owned()),
+            name: obj
+                .and_then(|o| o.meta().name.clone())
+                .unwrap_or_else(|| name.to_owned()),
             write: obj.map(|o| Write::Typed(o as &dyn Typed)),
             lookup: None,
             needs,
@@ -182,7 +196,9 @@ impl<'a> Child<'a> {
         Self {
             kind,
             resource,
-            name: obj.and_then(|o| o.metadata.name.clone()).unwrap_or_else(|| name.to_owned()),
+            name: obj
+                .and_then(|o| o.metadata.name.clone())
+                .unwrap_or_else(|| name.to_owned()),
             write: obj.map(|o| Write::Served(o, unavailable)),
             lookup: None,
             needs,

@@ -202,25 +202,42 @@ mod tests {
     fn every_error_names_its_stage_and_kind_with_bounded_labels() {
         let cases = [
             (
-                Error::Fetch { kind: "ConfigMap", name: "a".into(), source: api(403) },
+                Error::Fetch {
+                    kind: "ConfigMap",
+                    name: "a".into(),
+                    source: api(403),
+                },
                 "fetch",
                 "ConfigMap",
                 "forbidden",
             ),
             (
-                Error::Owner { kind: "Role", name: "r".into(), source: api(500) },
+                Error::Owner {
+                    kind: "Role",
+                    name: "r".into(),
+                    source: api(500),
+                },
                 "owner",
                 "Role",
                 "api",
             ),
             (
-                Error::Apply { kind: "Deployment", name: "d".into(), source: api(422) },
+                Error::Apply {
+                    kind: "Deployment",
+                    name: "d".into(),
+                    source: api(422),
+                },
                 "apply",
                 "Deployment",
                 "rejected",
             ),
             (
-                Error::Delete { verb: "delete", kind: "Ingress", name: "i".into(), source: api(409) },
+                Error::Delete {
+                    verb: "delete",
+                    kind: "Ingress",
+                    name: "i".into(),
+                    source: api(409),
+                },
                 "delete",
                 "Ingress",
                 "conflict",
@@ -228,7 +245,11 @@ mod tests {
             (Error::Status(api(404)), "status", "McpServer", "api"),
             (Error::Probe(api(403)), "probe", "Pod", "forbidden"),
             (
-                Error::NotOwned { kind: "Service", namespace: "n".into(), name: "s".into() },
+                Error::NotOwned {
+                    kind: "Service",
+                    namespace: "n".into(),
+                    name: "s".into(),
+                },
                 "apply",
                 "Service",
                 "not_owned",
@@ -236,10 +257,19 @@ mod tests {
             (Error::Unnamed, "render", "McpServer", "unnamed"),
         ];
         for (err, stage, kind, category) in cases {
-            assert_eq!((err.stage().as_str(), err.kind(), err.category()), (stage, kind, category), "{err}");
+            assert_eq!(
+                (err.stage().as_str(), err.kind(), err.category()),
+                (stage, kind, category),
+                "{err}"
+            );
             assert!(Stage::ALL.contains(&err.stage()));
         }
-        let e = Error::Delete { verb: "get", kind: "HTTPRoute", name: "x".into(), source: api(500) };
+        let e = Error::Delete {
+            verb: "get",
+            kind: "HTTPRoute",
+            name: "x".into(),
+            source: api(500),
+        };
         assert!(e.to_string().starts_with("get HTTPRoute x: "), "{e}");
     }
 }

@@ -108,7 +108,8 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     .instrument(info_span!("fetch"))
     .await?;
     let valid = info_span!("render").in_scope(|| {
-        render::render(mcp, &fetched).and_then(|r| render::service_account(mcp, named_sa.as_ref()).map(|()| r))
+        render::render(mcp, &fetched)
+            .and_then(|r| render::service_account(mcp, named_sa.as_ref()).map(|()| r))
     });
     let rendered = match valid {
         Ok(r) => r,
@@ -293,4 +294,181 @@ pub fn error_policy(mcp: Arc<McpServer>, err: &Error, ctx: Arc<Context>) -> Acti
         "reconcile failed"
     );
     Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Method, Request, Response, StatusCode};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use serde_json::{Value, json};
+
+    fn answer(status: StatusCode, v: &Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(v).unwrap()))
+            .unwrap()
+    }
+
+    /// One reconcile against a mocked API server on which nothing exists but what `existing`
+    /// names, writes succeed, and the request `fail` answers 403; returns the error and the
+    /// metrics.
+    async fn failing_at(
+        spec: Value,
+        probe_pods: bool,
+        fail: (Method, &'static str),
+        existing: fn(&str) -> Option<Value>,
+    ) -> (Error, String) {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+                send.send_response(if (method.clone(), path.as_str()) == (fail.0.clone(), fail.1) {
+                    answer(
+                        StatusCode::FORBIDDEN,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
+                    )
+                } else if method == Method::GET {
+                    existing(&path).map_or_else(
+                        || answer(StatusCode::NOT_FOUND, &not_found),
+                        |o| answer(StatusCode::OK, &o),
+                    )
+                } else if path.ends_with("/status") {
+                    answer(StatusCode::OK, &json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "calc"}, "spec": {}}))
+                } else {
+                    answer(StatusCode::OK, &body)
+                });
+            }
+        });
+        let client = Client::new(svc, "ns");
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            defaults: Defaults {
+                server_image: "quiver-server:test".into(),
+                image_pull_policy: "IfNotPresent".into(),
+            },
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "quiver-operator".into(),
+                    instance: None,
+                },
+            ),
+            metrics: Arc::new(Metrics::default()),
+            probe_pods,
+            backoff: Backoff::default(),
+            owned: Owned::default(),
+        });
+        let mcp: McpServer = serde_json::from_value(json!({
+            "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",
+            "metadata": {"name": "calc", "namespace": "ns", "uid": "u-1", "generation": 3},
+            "spec": spec,
+        }))
+        .unwrap();
+        let err = reconcile(Arc::new(mcp), ctx.clone()).await.unwrap_err();
+        let metrics = ctx.metrics.encode();
+        drop(ctx);
+        server.await.unwrap();
+        (err, metrics)
+    }
+
+    fn ours(path: &str) -> Option<Value> {
+        path.ends_with("/horizontalpodautoscalers/calc").then(|| {
+            json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "calc", "namespace": "ns", "uid": "h",
+                "ownerReferences": [{"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": "u-1", "controller": true}]}})
+        })
+    }
+
+    /// A spec, whether pods are probed, the request that fails, what exists, and the stage and
+    /// kind the error names.
+    type Case = (
+        Value,
+        bool,
+        (Method, &'static str),
+        fn(&str) -> Option<Value>,
+        Stage,
+        &'static str,
+    );
+
+    #[tokio::test]
+    async fn a_failed_call_names_its_stage_and_kind_in_the_error_and_the_metrics() {
+        let tools = json!([{"name": "add", "handler": {"builtin": "add"}}]);
+        let from =
+            json!({"tools": tools, "toolsFrom": [{"configMapKeyRef": {"name": "src", "key": "t.yaml"}}]});
+        let deployment = "/apis/apps/v1/namespaces/ns/deployments/calc";
+        let cases: [Case; 6] = [
+            (
+                from,
+                false,
+                (Method::GET, "/api/v1/namespaces/ns/configmaps/src"),
+                |_| None,
+                Stage::Fetch,
+                "ConfigMap",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (Method::GET, "/api/v1/namespaces/ns/serviceaccounts/calc"),
+                |_| None,
+                Stage::Owner,
+                "ServiceAccount",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (Method::PATCH, deployment),
+                |_| None,
+                Stage::Apply,
+                "Deployment",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (
+                    Method::DELETE,
+                    "/apis/autoscaling/v2/namespaces/ns/horizontalpodautoscalers/calc",
+                ),
+                ours,
+                Stage::Delete,
+                "HorizontalPodAutoscaler",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (
+                    Method::PATCH,
+                    "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status",
+                ),
+                |_| None,
+                Stage::Status,
+                "McpServer",
+            ),
+            (
+                json!({"tools": tools}),
+                true,
+                (Method::GET, "/api/v1/namespaces/ns/pods"),
+                |_| None,
+                Stage::Probe,
+                "Pod",
+            ),
+        ];
+        for (spec, probe, fail, existing, stage, kind) in cases {
+            let (err, metrics) = failing_at(spec, probe, fail.clone(), existing).await;
+            assert_eq!(
+                (err.stage(), err.kind(), err.category()),
+                (stage, kind, "forbidden"),
+                "{fail:?}: {err}"
+            );
+            let series = format!(
+                "quiver_operator_reconcile_stage_errors_total{{stage=\"{stage}\",kind=\"{kind}\"}} 1"
+            );
+            assert!(metrics.contains(&series), "{series} in {metrics}");
+            assert!(metrics.contains("quiver_operator_reconcile_errors_total{category=\"forbidden\"} 1"));
+        }
+    }
 }
