@@ -321,6 +321,18 @@ mod tests {
         fail: (Method, &'static str),
         existing: fn(&str) -> Option<Value>,
     ) -> (Error, String) {
+        let (result, metrics) = run(spec, probe_pods, fail, existing).await;
+        (result.unwrap_err(), metrics)
+    }
+
+    /// One reconcile against a mocked API server (see [`failing_at`]); its result and the
+    /// metrics.
+    async fn run(
+        spec: Value,
+        probe_pods: bool,
+        fail: (Method, &'static str),
+        existing: fn(&str) -> Option<Value>,
+    ) -> (Result<Action, Error>, String) {
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let server = tokio::spawn(async move {
             while let Some((req, send)) = handle.next_request().await {
@@ -370,11 +382,79 @@ mod tests {
             "spec": spec,
         }))
         .unwrap();
-        let err = reconcile(Arc::new(mcp), ctx.clone()).await.unwrap_err();
+        let result = reconcile(Arc::new(mcp), ctx.clone()).await;
         let metrics = ctx.metrics.encode();
         drop(ctx);
         server.await.unwrap();
-        (err, metrics)
+        (result, metrics)
+    }
+
+    /// Records every span opened: its name, its fields and its parent's name.
+    #[derive(Clone, Default)]
+    struct Spans(Arc<std::sync::Mutex<Vec<(String, String, Option<String>)>>>);
+
+    impl<S> tracing_subscriber::Layer<S> for Spans
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            id: &tracing::span::Id,
+            ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut fields = Vec::new();
+            attrs.record(&mut |f: &tracing::field::Field, v: &dyn std::fmt::Debug| {
+                fields.push(format!("{}={v:?}", f.name()));
+            });
+            let parent = ctx.span(id).and_then(|s| s.parent()).map(|p| p.name().to_owned());
+            self.0
+                .lock()
+                .unwrap()
+                .push((attrs.metadata().name().to_owned(), fields.join(" "), parent));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_runs_in_a_span_naming_the_object_with_a_child_span_per_stage() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let spans = Spans::default();
+        let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+        let spec = json!({"tools": [{"name": "add", "handler": {"builtin": "add"}}]});
+        let (result, _) = run(spec, false, (Method::PATCH, "/none"), |_| None).await;
+        result.unwrap();
+        let seen = spans.0.lock().unwrap().clone();
+        let (root, children) = seen.split_first().expect("spans");
+        assert_eq!(
+            root,
+            &(
+                "reconcile".to_owned(),
+                "namespace=\"ns\" name=\"calc\" generation=3".to_owned(),
+                None
+            )
+        );
+        assert!(
+            children
+                .iter()
+                .all(|(_, _, parent)| parent.as_deref() == Some("reconcile")),
+            "{seen:?}"
+        );
+        for (name, fields) in [
+            ("fetch", ""),
+            ("render", ""),
+            ("owner", "kind=\"ServiceAccount\""),
+            ("owner", "kind=\"Service\""),
+            ("apply", "kind=\"Role\""),
+            ("apply", "kind=\"Deployment\""),
+            ("delete", "kind=\"HorizontalPodAutoscaler\""),
+            ("delete", "kind=\"HTTPRoute\""),
+            ("status", ""),
+        ] {
+            assert!(
+                children.iter().any(|(n, f, _)| n == name && f == fields),
+                "{name} {fields} in {seen:?}"
+            );
+        }
     }
 
     fn ours(path: &str) -> Option<Value> {
