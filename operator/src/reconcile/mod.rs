@@ -389,9 +389,12 @@ mod tests {
         (result, metrics)
     }
 
-    /// Records every span opened: its name, its fields and its parent's name.
+    /// A span opened: its name, its fields and its parent's name.
+    type Opened = (String, String, Option<String>);
+
+    /// Records every span opened.
     #[derive(Clone, Default)]
-    struct Spans(Arc<std::sync::Mutex<Vec<(String, String, Option<String>)>>>);
+    struct Spans(Arc<std::sync::Mutex<Vec<Opened>>>);
 
     impl<S> tracing_subscriber::Layer<S> for Spans
     where
