@@ -15,6 +15,12 @@ struct ErrorLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabels {
+    stage: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConditionLabels {
     condition: &'static str,
     status: &'static str,
@@ -45,8 +51,16 @@ pub enum Outcome {
     Ok,
     /// The spec cannot be served: a condition and an event say why.
     InvalidSpec,
-    /// An API call failed (the error category).
-    Error(&'static str),
+    /// The reconcile failed.
+    Error {
+        /// What the API answered (one of [`ERROR_CATEGORIES`]).
+        category: &'static str,
+        /// The step that failed (`fetch`, `render`, `owner`, `apply`, `delete`, `status`,
+        /// `probe`).
+        stage: &'static str,
+        /// The kind of the object whose call failed.
+        kind: &'static str,
+    },
 }
 
 /// The operator's metrics.
@@ -56,6 +70,7 @@ pub struct Metrics {
     duration: Histogram,
     reconciles: Family<ResultLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
+    stage_errors: Family<StageLabels, Counter>,
     inflight: prometheus_client::metrics::gauge::Gauge,
     by_condition: Family<ConditionLabels, prometheus_client::metrics::gauge::Gauge>,
     leader: prometheus_client::metrics::gauge::Gauge,
@@ -85,6 +100,12 @@ impl Default for Metrics {
             "Failed reconciles by error category",
             errors.clone(),
         );
+        let stage_errors = Family::<StageLabels, Counter>::default();
+        registry.register(
+            "reconcile_stage_errors",
+            "Failed reconciles by the step that failed and the kind of the object it was about",
+            stage_errors.clone(),
+        );
         for category in ERROR_CATEGORIES {
             let _ = errors.get_or_create(&ErrorLabels { category });
         }
@@ -111,6 +132,7 @@ impl Default for Metrics {
             duration,
             reconciles,
             errors,
+            stage_errors,
             inflight,
             by_condition,
         }
@@ -124,8 +146,15 @@ impl Metrics {
         let result = match outcome {
             Outcome::Ok => "ok",
             Outcome::InvalidSpec => "invalid_spec",
-            Outcome::Error(category) => {
+            Outcome::Error {
+                category,
+                stage,
+                kind,
+            } => {
                 self.errors.get_or_create(&ErrorLabels { category }).inc();
+                self.stage_errors
+                    .get_or_create(&StageLabels { stage, kind })
+                    .inc();
                 "error"
             }
         };

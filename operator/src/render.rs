@@ -1,32 +1,18 @@
 //! Dereference and validate: the ToolSet an McpServer serves, assembled from its inline
 //! tools and its `toolsFrom` ConfigMap keys, checked by the server's own compiler.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use quiver_server::config::{self, ServerInfo, ToolSet};
 
+pub use crate::build::{Rendered, is_dns_label};
 use crate::crd::{McpServer, TOOLS_LABEL};
 use crate::guard;
 
 /// The most bytes of rendered YAML a ConfigMap can take (Kubernetes caps a ConfigMap's
 /// data at 1 MiB; the rest is left for its metadata).
 pub const MAX_CONFIGMAP_BYTES: usize = 1_000_000;
-
-/// The rendered, validated ToolSet.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rendered {
-    /// The document written to the ConfigMap (key `tools.yaml`): JSON, one tool per line.
-    pub yaml: String,
-    /// Content hash, as the server reports it on `/status`.
-    pub hash: String,
-    /// Tools served.
-    pub tool_count: usize,
-    /// Secrets the tools read (`{{secret.NAME.KEY}}`): the pods' Role grants exactly these.
-    pub secrets: std::collections::BTreeSet<String>,
-    /// Upstream MCP servers the ToolSet imports tools from.
-    pub upstream_count: usize,
-}
 
 /// Why a spec cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,15 +48,45 @@ pub type Fetched = Vec<Option<String>>;
 /// # Errors
 /// A missing `toolsFrom` source or any problem the server's compiler reports.
 pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
-    let spec = &mcp.spec;
     let name = mcp.metadata.name.clone().unwrap_or_default();
-    if let Some(problem) = guard::name(&name) {
-        return Err(Invalid {
-            reason: "InvalidName",
-            problems: vec![problem],
-        });
+    refuse("InvalidName", guard::name(&name).into_iter().collect())?;
+    refuse("ToolsFromMissing", missing(mcp, fetched))?;
+    let mut merged = Merged::inline(mcp, &name);
+    refuse("InvalidPodTemplate", crate::build::check_pod(mcp))?;
+    refuse("InvalidToolConfig", crate::build::check_sidecars(mcp))?;
+    refuse("InvalidToolConfig", merged.read(mcp, fetched))?;
+    refuse("InvalidToolConfig", guard::timeouts(&merged.ts, &merged.origins))?;
+    let compiled = config::compile(&merged.ts).map_err(|e| Invalid {
+        reason: "InvalidToolConfig",
+        problems: e
+            .problems
+            .iter()
+            .map(|p| locate(&p.to_string(), &merged.origins, &merged.up_origins))
+            .collect(),
+    })?;
+    refuse("InvalidToolConfig", bad_secret_names(&compiled.secrets))?;
+    let yaml = write(&merged.ts, &compiled.hash)?;
+    Ok(Rendered {
+        yaml,
+        hash: compiled.hash,
+        tool_count: compiled.tools.len(),
+        secrets: compiled.secrets,
+        upstream_count: compiled.upstreams.len(),
+    })
+}
+
+/// `Err` with `reason` when there are `problems`.
+fn refuse(reason: &'static str, problems: Vec<String>) -> Result<(), Invalid> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Invalid { reason, problems })
     }
-    let missing: Vec<String> = spec
+}
+
+/// The `toolsFrom` entries whose ConfigMap or key is missing.
+fn missing(mcp: &McpServer, fetched: &Fetched) -> Vec<String> {
+    mcp.spec
         .tools_from
         .iter()
         .zip(fetched)
@@ -82,97 +98,84 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
                 t.config_map_key_ref.name, t.config_map_key_ref.key, TOOLS_LABEL.0, TOOLS_LABEL.1
             )
         })
-        .collect();
-    if !missing.is_empty() {
-        return Err(Invalid {
-            reason: "ToolsFromMissing",
-            problems: missing,
-        });
-    }
-    let mut ts = ToolSet {
-        server: spec.server.clone().unwrap_or_else(|| ServerInfo {
-            name: name.clone(),
-            ..ServerInfo::default()
-        }),
-        tools: spec.tools.clone(),
-        resources: spec.mcp_resources.clone(),
-        prompts: spec.prompts.clone(),
-        upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
-        ..ToolSet::default()
-    };
-    let pod_problems = crate::build::check_pod(mcp);
-    if !pod_problems.is_empty() {
-        return Err(Invalid {
-            reason: "InvalidPodTemplate",
-            problems: pod_problems,
-        });
-    }
-    let sidecar_problems = crate::build::check_sidecars(mcp);
-    if !sidecar_problems.is_empty() {
-        return Err(Invalid {
-            reason: "InvalidToolConfig",
-            problems: sidecar_problems,
-        });
-    }
-    // Where each merged tool came from, to name it in problems.
-    let mut origins: Vec<String> = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
-    let mut up_origins: Vec<String> = (0..ts.upstreams.len())
-        .map(|i| format!("spec.upstreams[{i}]"))
-        .collect();
-    let mut parse_problems = Vec::new();
-    for (i, (from, text)) in spec.tools_from.iter().zip(fetched).enumerate() {
-        let r = &from.config_map_key_ref;
-        let label = format!("spec.toolsFrom[{i}] (ConfigMap {}, key {})", r.name, r.key);
-        match config::parse(&label, text.as_deref().unwrap_or_default()) {
-            Ok(doc) => {
-                origins.extend((0..doc.tools.len()).map(|j| format!("{label} tools[{j}]")));
-                ts.tools.extend(doc.tools);
-                ts.resources.extend(doc.resources);
-                ts.prompts.extend(doc.prompts);
-                up_origins.extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
-                ts.upstreams.extend(doc.upstreams);
-            }
-            Err(e) => parse_problems.extend(e.problems.iter().map(ToString::to_string)),
+        .collect()
+}
+
+/// The ToolSet merged from the spec and its `toolsFrom` documents, with where each tool and
+/// upstream came from (to name it in problems).
+struct Merged {
+    ts: ToolSet,
+    origins: Vec<String>,
+    up_origins: Vec<String>,
+}
+
+impl Merged {
+    /// The spec's own tools, resources, prompts and upstreams.
+    fn inline(mcp: &McpServer, name: &str) -> Self {
+        let spec = &mcp.spec;
+        let ts = ToolSet {
+            server: spec.server.clone().unwrap_or_else(|| ServerInfo {
+                name: name.to_owned(),
+                ..ServerInfo::default()
+            }),
+            tools: spec.tools.clone(),
+            resources: spec.mcp_resources.clone(),
+            prompts: spec.prompts.clone(),
+            upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
+            ..ToolSet::default()
+        };
+        let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
+        let up_origins = (0..ts.upstreams.len())
+            .map(|i| format!("spec.upstreams[{i}]"))
+            .collect();
+        Self {
+            ts,
+            origins,
+            up_origins,
         }
     }
-    if !parse_problems.is_empty() {
-        return Err(Invalid {
-            reason: "InvalidToolConfig",
-            problems: parse_problems,
-        });
+
+    /// Adds the `toolsFrom` documents; returns their parse problems.
+    fn read(&mut self, mcp: &McpServer, fetched: &Fetched) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (i, (from, text)) in mcp.spec.tools_from.iter().zip(fetched).enumerate() {
+            let r = &from.config_map_key_ref;
+            let label = format!("spec.toolsFrom[{i}] (ConfigMap {}, key {})", r.name, r.key);
+            match config::parse(&label, text.as_deref().unwrap_or_default()) {
+                Ok(doc) => {
+                    let ts = &mut self.ts;
+                    self.origins
+                        .extend((0..doc.tools.len()).map(|j| format!("{label} tools[{j}]")));
+                    ts.tools.extend(doc.tools);
+                    ts.resources.extend(doc.resources);
+                    ts.prompts.extend(doc.prompts);
+                    self.up_origins
+                        .extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
+                    ts.upstreams.extend(doc.upstreams);
+                }
+                Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
+            }
+        }
+        problems
     }
-    let unsafe_timeouts = guard::timeouts(&ts, &origins);
-    if !unsafe_timeouts.is_empty() {
-        return Err(Invalid {
-            reason: "InvalidToolConfig",
-            problems: unsafe_timeouts,
-        });
-    }
-    let compiled = config::compile(&ts).map_err(|e| Invalid {
-        reason: "InvalidToolConfig",
-        problems: e
-            .problems
-            .iter()
-            .map(|p| locate(&p.to_string(), &origins, &up_origins))
-            .collect(),
-    })?;
-    let bad_names: Vec<String> = compiled
-        .secrets
+}
+
+/// The Secrets the tools read whose names no Secret can have.
+fn bad_secret_names(secrets: &BTreeSet<String>) -> Vec<String> {
+    secrets
         .iter()
         // ConfigMaps (CA bundles) were checked as such by compile.
         .filter(|n| !n.starts_with(config::CONFIG_MAP_PREFIX) && !is_dns_label(n))
         .map(|n| {
             format!("`{{{{secret.{n}...}}}}`: `{n}` is not a Kubernetes Secret name (lower-case letters, digits and `-`)")
         })
-        .collect();
-    if !bad_names.is_empty() {
-        return Err(Invalid {
-            reason: "InvalidToolConfig",
-            problems: bad_names,
-        });
-    }
+        .collect()
+}
+
+/// The document of `ts` for the ConfigMap, checked to fit and to read back to `hash`.
+fn write(ts: &ToolSet, hash: &str) -> Result<String, Invalid> {
     // JSON (which is YAML): the pods read it several times faster than YAML text.
-    let yaml = config::write_document(&ts).map_err(|e| Invalid {
+    let yaml = config::write_document(ts).map_err(|e| Invalid {
         reason: "RenderFailed",
         problems: vec![e.to_string()],
     })?;
@@ -188,7 +191,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     // The pods read this document back with the server's own parser: check here that it
     // reads back to the same ToolSet, so what the operator accepts is what the pods serve.
     let served = config::parse("ConfigMap", &yaml).and_then(|ts| config::compile(&ts));
-    if served.as_ref().map(|c| &c.hash) != Ok(&compiled.hash) {
+    if served.as_ref().map(|c| c.hash.as_str()) != Ok(hash) {
         return Err(Invalid {
             reason: "RenderFailed",
             problems: vec![match served {
@@ -197,13 +200,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
             }],
         });
     }
-    Ok(Rendered {
-        yaml,
-        hash: compiled.hash,
-        tool_count: compiled.tools.len(),
-        secrets: compiled.secrets,
-        upstream_count: compiled.upstreams.len(),
-    })
+    Ok(yaml)
 }
 
 /// Checks that the ServiceAccount the spec names (`sa`, as read; `None` when absent) lets
@@ -216,15 +213,6 @@ pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(
         reason: "ServiceAccountNotAllowed",
         problems: vec![problem],
     })
-}
-
-/// A name the API server accepts for a Secret that a template can also spell (no `.`).
-pub fn is_dns_label(n: &str) -> bool {
-    (1..=253).contains(&n.len())
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !n.starts_with('-')
-        && !n.ends_with('-')
 }
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.

@@ -26,7 +26,6 @@ use kube::Resource;
 use kube::api::DynamicObject;
 
 use crate::crd::McpServer;
-use crate::render::Rendered;
 
 pub use confine::{check as check_pod, consent as service_account_consent, named_service_account};
 pub use expose::http_route_resource;
@@ -53,6 +52,22 @@ pub struct Defaults {
     pub server_image: String,
     /// Pull policy when the spec names none.
     pub image_pull_policy: String,
+}
+
+/// The rendered, validated ToolSet (made by `crate::render::render`): what the children
+/// are built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// The document written to the ConfigMap (key `tools.yaml`): JSON, one tool per line.
+    pub yaml: String,
+    /// Content hash, as the server reports it on `/status`.
+    pub hash: String,
+    /// Tools served.
+    pub tool_count: usize,
+    /// Secrets the tools read (`{{secret.NAME.KEY}}`): the pods' Role grants exactly these.
+    pub secrets: BTreeSet<String>,
+    /// Upstream MCP servers the ToolSet imports tools from.
+    pub upstream_count: usize,
 }
 
 /// Every child object of one McpServer.
@@ -89,6 +104,15 @@ pub struct Children {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("McpServer without a name or uid")]
 pub struct Unowned;
+
+/// A name the API server accepts for a Secret that a template can also spell (no `.`).
+pub fn is_dns_label(n: &str) -> bool {
+    (1..=253).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !n.starts_with('-')
+        && !n.ends_with('-')
+}
 
 /// Names of the children.
 pub fn tools_config_map_name(server: &str) -> String {
@@ -167,39 +191,9 @@ pub fn build(
         automount_service_account_token: Some(false),
         ..ServiceAccount::default()
     };
-    let read = |resource: &str, names: Vec<String>| PolicyRule {
-        api_groups: strings(&[""]),
-        resources: strings(&[resource]),
-        resource_names: Some(names),
-        verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
-        non_resource_urls: None,
-    };
-    // The tools ConfigMap, and the ConfigMaps of CA bundles (`tls.caConfigMap`).
-    let (maps, mut secrets): (BTreeSet<String>, BTreeSet<String>) = rendered
-        .secrets
-        .iter()
-        .cloned()
-        .partition(|n| n.starts_with(quiver_server::config::CONFIG_MAP_PREFIX));
-    let mut config_maps = vec![cm_name.clone()];
-    config_maps.extend(
-        maps.iter()
-            .filter_map(|n| n.strip_prefix(quiver_server::config::CONFIG_MAP_PREFIX))
-            .chain(pod::issuer_ca(mcp))
-            .filter(|n| **n != *cm_name)
-            .map(str::to_owned),
-    );
-    config_maps.sort();
-    config_maps.dedup();
-    let mut rules = vec![read("configmaps", config_maps)];
-    // Exactly the Secrets the tools and client auth read. An empty resourceNames list would
-    // grant every Secret of the namespace, so no rule is written when there are none.
-    secrets.extend(pod::bearer_secret(mcp).map(|r| r.name.clone()));
-    if !secrets.is_empty() {
-        rules.push(read("secrets", secrets.into_iter().collect()));
-    }
     let role = Role {
         metadata: meta(mcp, reader.clone(), &owner),
-        rules: Some(rules),
+        rules: Some(reader_rules(mcp, rendered, &cm_name)),
     };
     let role_binding = RoleBinding {
         metadata: meta(mcp, reader.clone(), &owner),
@@ -222,44 +216,8 @@ pub fn build(
         spec: Some(service_spec(mcp, &name)),
         status: None,
     };
-    let hpa = mcp.spec.autoscaling.as_ref().map(|a| HorizontalPodAutoscaler {
-        metadata: meta(mcp, name.clone(), &owner),
-        spec: Some(HorizontalPodAutoscalerSpec {
-            scale_target_ref: CrossVersionObjectReference {
-                api_version: Some("apps/v1".to_owned()),
-                kind: "Deployment".to_owned(),
-                name: name.clone(),
-            },
-            min_replicas: Some(a.min_replicas),
-            max_replicas: a.max_replicas,
-            metrics: Some(vec![MetricSpec {
-                type_: "Resource".to_owned(),
-                resource: Some(ResourceMetricSource {
-                    name: "cpu".to_owned(),
-                    target: MetricTarget {
-                        type_: "Utilization".to_owned(),
-                        average_utilization: Some(
-                            a.target_cpu_utilization.unwrap_or(DEFAULT_CPU_UTILIZATION),
-                        ),
-                        ..MetricTarget::default()
-                    },
-                }),
-                ..MetricSpec::default()
-            }]),
-            behavior: None,
-        }),
-        status: None,
-    });
-    let may_have_many = mcp.spec.autoscaling.is_some() || mcp.spec.replicas.unwrap_or(1) > 1;
-    let pdb = may_have_many.then(|| PodDisruptionBudget {
-        metadata: meta(mcp, name.clone(), &owner),
-        spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(pod_selector(&name)),
-            ..PodDisruptionBudgetSpec::default()
-        }),
-        status: None,
-    });
+    let hpa = hpa(mcp, &name, meta(mcp, name.clone(), &owner));
+    let pdb = pdb(mcp, &name, meta(mcp, name.clone(), &owner));
     let service_monitor = mcp
         .spec
         .monitoring
@@ -282,6 +240,88 @@ pub fn build(
         hpa,
         pdb,
         service_monitor,
+    })
+}
+
+/// The rules of the pods' Role: reading the tools ConfigMap and the ConfigMaps of CA bundles
+/// (`tls.caConfigMap`), and exactly the Secrets the tools and client auth read.
+fn reader_rules(mcp: &McpServer, rendered: &Rendered, cm_name: &str) -> Vec<PolicyRule> {
+    let read = |resource: &str, names: Vec<String>| PolicyRule {
+        api_groups: strings(&[""]),
+        resources: strings(&[resource]),
+        resource_names: Some(names),
+        verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
+        non_resource_urls: None,
+    };
+    let (maps, mut secrets): (BTreeSet<String>, BTreeSet<String>) = rendered
+        .secrets
+        .iter()
+        .cloned()
+        .partition(|n| n.starts_with(quiver_server::config::CONFIG_MAP_PREFIX));
+    let mut config_maps = vec![cm_name.to_owned()];
+    config_maps.extend(
+        maps.iter()
+            .filter_map(|n| n.strip_prefix(quiver_server::config::CONFIG_MAP_PREFIX))
+            .chain(pod::issuer_ca(mcp))
+            .filter(|n| *n != cm_name)
+            .map(str::to_owned),
+    );
+    config_maps.sort();
+    config_maps.dedup();
+    let mut rules = vec![read("configmaps", config_maps)];
+    // An empty resourceNames list would grant every Secret of the namespace, so no rule is
+    // written when there are none.
+    secrets.extend(pod::bearer_secret(mcp).map(|r| r.name.clone()));
+    if !secrets.is_empty() {
+        rules.push(read("secrets", secrets.into_iter().collect()));
+    }
+    rules
+}
+
+/// The HorizontalPodAutoscaler, when autoscaling is set.
+fn hpa(mcp: &McpServer, name: &str, metadata: ObjectMeta) -> Option<HorizontalPodAutoscaler> {
+    let a = mcp.spec.autoscaling.as_ref()?;
+    Some(HorizontalPodAutoscaler {
+        metadata,
+        spec: Some(HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".to_owned()),
+                kind: "Deployment".to_owned(),
+                name: name.to_owned(),
+            },
+            min_replicas: Some(a.min_replicas),
+            max_replicas: a.max_replicas,
+            metrics: Some(vec![MetricSpec {
+                type_: "Resource".to_owned(),
+                resource: Some(ResourceMetricSource {
+                    name: "cpu".to_owned(),
+                    target: MetricTarget {
+                        type_: "Utilization".to_owned(),
+                        average_utilization: Some(
+                            a.target_cpu_utilization.unwrap_or(DEFAULT_CPU_UTILIZATION),
+                        ),
+                        ..MetricTarget::default()
+                    },
+                }),
+                ..MetricSpec::default()
+            }]),
+            behavior: None,
+        }),
+        status: None,
+    })
+}
+
+/// The PodDisruptionBudget, when more than one replica may run.
+fn pdb(mcp: &McpServer, name: &str, metadata: ObjectMeta) -> Option<PodDisruptionBudget> {
+    let may_have_many = mcp.spec.autoscaling.is_some() || mcp.spec.replicas.unwrap_or(1) > 1;
+    may_have_many.then(|| PodDisruptionBudget {
+        metadata,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(pod_selector(name)),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
     })
 }
 

@@ -120,7 +120,7 @@ fn env_value(v: &str) -> Result<EnvVar, ()> {
         .trim();
     match inner.split('.').collect::<Vec<_>>().as_slice() {
         ["secret", name, key]
-            if crate::render::is_dns_label(name)
+            if super::is_dns_label(name)
                 && !key.is_empty()
                 && key
                     .bytes()

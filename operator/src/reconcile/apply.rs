@@ -1,15 +1,13 @@
 //! Writes to the API server: server-side apply of children (one field manager), removal of
 //! children that are no longer wanted, status patches and events.
 
-use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::owned::controlled_by;
+use super::owned::{ChildKind, controlled_by};
 use super::{Context, Error, MANAGER};
 use crate::crd::{McpServer, McpServerStatus};
 
@@ -17,16 +15,10 @@ use crate::crd::{McpServer, McpServerStatus};
 /// ([`super::owned::Holder::free`]): forcing takes every field it sets from other managers.
 ///
 /// # Errors
-/// [`Error::Child`] naming the object when the patch fails.
+/// [`Error::Apply`] naming the object when the patch fails.
 pub async fn apply<K>(client: &Client, ns: &str, obj: &K) -> Result<K, Error>
 where
-    K: Resource<Scope = NamespaceResourceScope>
-        + k8s_openapi::Resource
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: ChildKind + Serialize,
 {
     let api: Api<K> = Api::namespaced(client.clone(), ns);
     let name = obj.meta().name.clone().unwrap_or_default();
@@ -35,8 +27,7 @@ where
         .await
     {
         Ok(applied) => Ok(applied),
-        Err(source) => Err(Error::Child {
-            verb: "apply",
+        Err(source) => Err(Error::Apply {
             kind: <K as k8s_openapi::Resource>::KIND,
             name,
             source,
@@ -49,14 +40,14 @@ where
 /// API (an absent CRD answers 404 too), is not an error.
 ///
 /// # Errors
-/// [`Error::Child`] naming the object when the GET or the DELETE fails.
+/// [`Error::Delete`] naming the object when the GET or the DELETE fails.
 pub async fn delete_owned(
     api: &Api<DynamicObject>,
     kind: &'static str,
     name: &str,
     owner_uid: &str,
 ) -> Result<(), Error> {
-    let failed = |verb, source| Error::Child {
+    let failed = |verb, source| Error::Delete {
         verb,
         kind,
         name: name.to_owned(),
@@ -86,12 +77,38 @@ pub async fn delete_owned(
     }
 }
 
-/// A namespaced `Api` of the resource `K` as dynamic objects (for [`delete_owned`]).
-pub fn dynamic<K>(client: &Client, ns: &str) -> Api<DynamicObject>
-where
-    K: Resource<DynamicType = ()>,
-{
-    Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()))
+/// Applies a child whose CRD may be absent (ServiceMonitor, HTTPRoute); a missing CRD is a
+/// Warning event (`reason`, `note`), not an error.
+///
+/// # Errors
+/// [`Error::Apply`] naming the object when the patch fails otherwise.
+pub async fn apply_served(
+    ctx: &Context,
+    mcp: &McpServer,
+    api: &Api<DynamicObject>,
+    kind: &'static str,
+    obj: &DynamicObject,
+    (reason, note): (&str, &str),
+) -> Result<(), Error> {
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(obj),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            publish(ctx, mcp, EventType::Warning, reason, note.to_owned()).await;
+            Ok(())
+        }
+        Err(source) => Err(Error::Apply {
+            kind,
+            name: obj.name_any(),
+            source,
+        }),
+    }
 }
 
 /// Merge-patches the status subresource.
@@ -107,7 +124,8 @@ pub async fn patch_status(
         &PatchParams::default(),
         &Patch::Merge(json!({"status": status})),
     )
-    .await?;
+    .await
+    .map_err(Error::Status)?;
     Ok(())
 }
 

@@ -3,23 +3,80 @@
 //! never patched, adopted or deleted. Children that depend on a taken one are held back too,
 //! where applying them would hand this McpServer's pods, rights or traffic to the other
 //! object, or the other object's to it (see docs/operator.md, "Name conflicts").
+//!
+//! The children are one list ([`list`]), in apply order, each with the kinds it needs to be
+//! this McpServer's; [`apply_all`] walks it once. A new child kind is a build function (a
+//! field of [`Children`]) and one line in [`list`].
 
-use std::fmt::Debug;
+use std::any::Any;
 
+use futures_util::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::EventType;
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::Role;
+use kube::Client;
+use kube::api::{ApiResource, DynamicObject};
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::owned::{self, ChildKind, Holder, MetaStore, Stores};
-use super::{Context, Error, MANAGER, apply};
+use super::{Context, Error, apply};
 use crate::build::{self, Children};
 use crate::crd::McpServer;
 
-/// Kinds of the children without typed structs.
+/// Kinds the list refers to in its dependencies, and the children without typed structs.
+const SERVICE_ACCOUNT: &str = <ServiceAccount as k8s_openapi::Resource>::KIND;
+const ROLE: &str = <Role as k8s_openapi::Resource>::KIND;
+const CONFIG_MAP: &str = <ConfigMap as k8s_openapi::Resource>::KIND;
+const DEPLOYMENT: &str = <Deployment as k8s_openapi::Resource>::KIND;
+const SERVICE: &str = <Service as k8s_openapi::Resource>::KIND;
 const SERVICE_MONITOR: &str = "ServiceMonitor";
 const HTTP_ROUTE: &str = "HTTPRoute";
+
+/// The children of `c` in apply order; `name` is the McpServer's (the name of the optional
+/// children, deleted when turned off).
+fn list<'a>(c: &'a Children, name: &str) -> Vec<Child<'a>> {
+    vec![
+        Child::stored(&c.service_account, |s| &s.service_accounts, &[]),
+        // The Role first: a ToolSet that names a new Secret reaches the pods only once they
+        // may read it. It grants reading the tools ConfigMap: not while that name is another's.
+        Child::stored(&c.role, |s| &s.roles, &[CONFIG_MAP]),
+        // Bound to another's ServiceAccount, the Role would grant it this McpServer's Secrets;
+        // another's Role bound to this ServiceAccount would give the pods its rights.
+        Child::stored(&c.role_binding, |s| &s.role_bindings, &[SERVICE_ACCOUNT, ROLE]),
+        Child::stored(&c.config_map, |s| &s.config_maps, &[]),
+        // The pods neither run as another's ServiceAccount nor serve another's ConfigMap.
+        Child::stored(&c.deployment, |s| &s.deployments, &[SERVICE_ACCOUNT, CONFIG_MAP]),
+        Child::stored(&c.service, |s| &s.services, &[]),
+        // The HPA scales the Deployment of its name: only this McpServer's.
+        Child::optional::<HorizontalPodAutoscaler>(c.hpa.as_ref(), name, &[DEPLOYMENT]),
+        Child::optional(c.pdb.as_ref(), name, &[]),
+        Child::optional(c.network_policy.as_ref(), name, &[]),
+        // Routes lead to the Service of their name: only this McpServer's.
+        Child::optional(c.ingress.as_ref(), name, &[SERVICE]),
+        Child::served(
+            (SERVICE_MONITOR, build::service_monitor_resource()),
+            c.service_monitor.as_ref(),
+            name,
+            (
+                "ServiceMonitorUnavailable",
+                "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed",
+            ),
+            &[],
+        ),
+        Child::served(
+            (HTTP_ROUTE, build::http_route_resource()),
+            c.http_route.as_ref(),
+            name,
+            (
+                "HTTPRouteUnavailable",
+                "httpRoute is set but the gateway.networking.k8s.io/v1 HTTPRoute CRD is not installed",
+            ),
+            &[SERVICE],
+        ),
+    ]
+}
 
 /// A child the McpServer would apply whose name an object it does not control holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,65 +95,229 @@ pub struct Applied {
     pub conflicts: Vec<Conflict>,
 }
 
-/// The ownership checks of one reconcile.
-struct Names<'a> {
-    client: &'a Client,
-    scope: Option<&'a Stores>,
-    ns: &'a str,
-    uid: &'a str,
-    conflicts: Vec<Conflict>,
+/// A built-in kind, applied as its typed struct.
+trait Typed: Sync {
+    /// Applies it; the applied object when it is the Deployment (the status reads it).
+    fn apply<'a>(
+        &'a self,
+        client: &'a Client,
+        ns: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Deployment>, Error>>;
 }
 
-impl Names<'_> {
-    /// Whether `obj`'s name is free for this McpServer, answered by the watch store `store`
-    /// picks from this scope's (a GET when the store lacks the object, or without stores);
-    /// a taken name is recorded as a conflict.
-    async fn free<K>(&mut self, store: Option<fn(&Stores) -> &MetaStore<K>>, obj: &K) -> Result<bool, Error>
-    where
-        K: ChildKind,
-    {
-        let name = obj.meta().name.clone().unwrap_or_default();
-        let store = self.scope.zip(store).map(|(s, pick)| pick(s));
-        let free = owned::holder(self.client, store, self.ns, &name, self.uid)
-            .await?
-            .free();
-        if !free {
-            self.taken(<K as k8s_openapi::Resource>::KIND, name);
+impl<K: ChildKind + Serialize> Typed for K {
+    fn apply<'a>(
+        &'a self,
+        client: &'a Client,
+        ns: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Deployment>, Error>> {
+        Box::pin(async move {
+            let applied = apply::apply(client, ns, self).await?;
+            Ok((Box::new(applied) as Box<dyn Any>)
+                .downcast::<Deployment>()
+                .ok()
+                .map(|d| *d))
+        })
+    }
+}
+
+/// How a wanted child is written.
+enum Write<'a> {
+    /// A built-in kind.
+    Typed(&'a dyn Typed),
+    /// A kind whose CRD may not be installed: then a Warning event (reason, note), not an error.
+    Served(&'a DynamicObject, (&'static str, &'static str)),
+}
+
+/// Who holds a child's name, as the controller's watch store has it (`None`: not in it).
+type Lookup = Box<dyn Fn(&Stores, &str, &str, &str) -> Option<Holder> + Send + Sync>;
+
+/// One entry of the list.
+struct Child<'a> {
+    kind: &'static str,
+    resource: ApiResource,
+    /// The object's name (the McpServer's when it is not wanted).
+    name: String,
+    /// The child, when wanted; `None`: removed if this McpServer controls it.
+    write: Option<Write<'a>>,
+    /// For the kinds the controller watches: their names are checked before any child is
+    /// applied (a child may need a later one's). The others are checked just before their apply.
+    lookup: Option<Lookup>,
+    /// Kinds whose objects must be this McpServer's for this child to be applied: applied
+    /// (an earlier child) or free (a later one).
+    needs: &'static [&'static str],
+}
+
+impl<'a> Child<'a> {
+    /// A child every McpServer has, of a kind the controller watches.
+    fn stored<K: ChildKind + Serialize>(
+        obj: &'a K,
+        store: fn(&Stores) -> &MetaStore<K>,
+        needs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            resource: ApiResource::erase::<K>(&()),
+            name: obj.meta().name.clone().unwrap_or_default(),
+            write: Some(Write::Typed(obj)),
+            lookup: Some(Box::new(move |s: &Stores, ns: &str, name: &str, uid: &str| {
+                owned::in_store(store(s), ns, name, uid)
+            })),
+            needs,
         }
-        Ok(free)
     }
 
-    fn taken(&mut self, kind: &'static str, name: String) {
-        self.conflicts.push(Conflict { kind, name });
+    /// A child of a built-in kind the spec turns on or off.
+    fn optional<K: ChildKind + Serialize>(
+        obj: Option<&'a K>,
+        name: &str,
+        needs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            resource: ApiResource::erase::<K>(&()),
+            name: obj
+                .and_then(|o| o.meta().name.clone())
+                .unwrap_or_else(|| name.to_owned()),
+            write: obj.map(|o| Write::Typed(o as &dyn Typed)),
+            lookup: None,
+            needs,
+        }
     }
 
-    /// An optional child of kind `K` named like the McpServer: applied when wanted, `allowed`
-    /// and its name is free; deleted when not wanted, if the McpServer controls it.
-    async fn optional<K>(&mut self, name: &str, wanted: Option<&K>, allowed: bool) -> Result<(), Error>
-    where
-        K: ChildKind + Serialize,
-    {
-        match wanted {
-            Some(obj) => {
-                if allowed && self.free(None, obj).await? {
-                    apply::apply(self.client, self.ns, obj).await?;
-                }
-                Ok(())
-            }
+    /// A child the spec turns on or off, of a kind whose CRD may not be installed.
+    fn served(
+        (kind, resource): (&'static str, ApiResource),
+        obj: Option<&'a DynamicObject>,
+        name: &str,
+        unavailable: (&'static str, &'static str),
+        needs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            kind,
+            resource,
+            name: obj
+                .and_then(|o| o.metadata.name.clone())
+                .unwrap_or_else(|| name.to_owned()),
+            write: obj.map(|o| Write::Served(o, unavailable)),
+            lookup: None,
+            needs,
+        }
+    }
+}
+
+/// Where a child stands during [`apply_all`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not looked at yet (its name is checked just before its apply).
+    Unchecked,
+    /// Its name is free; not applied yet.
+    Free,
+    /// An object of another owner holds its name.
+    Taken,
+    /// Held back: a kind it needs is not this McpServer's.
+    HeldBack,
+    /// Applied.
+    Applied,
+    /// Not wanted: removed if it was this McpServer's.
+    Removed,
+}
+
+/// One reconcile's walk over the list.
+struct Walk<'a> {
+    ctx: &'a Context,
+    mcp: &'a McpServer,
+    ns: &'a str,
+    uid: &'a str,
+    states: Vec<State>,
+    conflicts: Vec<Conflict>,
+    deployment: Option<Deployment>,
+}
+
+impl Walk<'_> {
+    /// Who holds `child`'s name: the watch store's copy when it has one, else one GET. A
+    /// taken name is recorded as a conflict.
+    async fn check(&mut self, child: &Child<'_>) -> Result<State, Error> {
+        let scope = self.ctx.owned.scope(self.ns);
+        let known = scope
+            .zip(child.lookup.as_ref())
+            .and_then(|(s, lookup)| lookup(s, self.ns, &child.name, self.uid));
+        let holder = match known {
+            Some(h) => h,
             None => {
-                let api = apply::dynamic::<K>(self.client, self.ns);
-                apply::delete_owned(&api, <K as k8s_openapi::Resource>::KIND, name, self.uid).await
+                let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
+                owned::holder_dyn(&api, child.kind, &child.name, self.uid).await?
+            }
+        };
+        if holder.free() {
+            return Ok(State::Free);
+        }
+        self.conflicts.push(Conflict {
+            kind: child.kind,
+            name: child.name.clone(),
+        });
+        Ok(State::Taken)
+    }
+
+    /// Whether every kind `child` needs is (or will be) this McpServer's.
+    fn needs_met(&self, list: &[Child<'_>], child: &Child<'_>) -> bool {
+        child.needs.iter().all(|kind| {
+            list.iter()
+                .position(|c| c.kind == *kind)
+                .is_some_and(|i| matches!(self.states[i], State::Free | State::Applied))
+        })
+    }
+
+    /// Applies or removes `list[i]`.
+    async fn step(&mut self, list: &[Child<'_>], i: usize) -> Result<State, Error> {
+        let child = &list[i];
+        let Some(write) = &child.write else {
+            let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
+            apply::delete_owned(&api, child.kind, &child.name, self.uid)
+                .instrument(tracing::info_span!("delete", kind = child.kind))
+                .await?;
+            return Ok(State::Removed);
+        };
+        if self.states[i] == State::Taken {
+            return Ok(State::Taken);
+        }
+        if !self.needs_met(list, child) {
+            return Ok(State::HeldBack);
+        }
+        if self.states[i] == State::Unchecked {
+            let checked = self
+                .check(child)
+                .instrument(tracing::info_span!("owner", kind = child.kind))
+                .await?;
+            if checked == State::Taken {
+                return Ok(State::Taken);
             }
         }
+        let span = tracing::info_span!("apply", kind = child.kind);
+        match write {
+            Write::Typed(obj) => {
+                if let Some(d) = obj.apply(&self.ctx.client, self.ns).instrument(span).await? {
+                    self.deployment = Some(d);
+                }
+            }
+            Write::Served(obj, unavailable) => {
+                let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
+                apply::apply_served(self.ctx, self.mcp, &api, child.kind, obj, *unavailable)
+                    .instrument(span)
+                    .await?;
+            }
+        }
+        Ok(State::Applied)
     }
 }
 
 /// Applies (or, for optional children turned off, deletes) every child whose name is free
-/// and whose dependencies are this McpServer's.
+/// and whose dependencies are this McpServer's: first the names of the watched kinds are
+/// checked, then the list is walked in order.
 ///
 /// # Errors
-/// An API call failed ([`Error::Child`] names it). Taken names are not errors here: they are
-/// returned in [`Applied::conflicts`].
+/// An API call failed (the error names the stage, kind and object). Taken names are not
+/// errors here: they are returned in [`Applied::conflicts`].
 pub async fn apply_all(
     ctx: &Context,
     mcp: &McpServer,
@@ -105,141 +326,29 @@ pub async fn apply_all(
     uid: &str,
     children: &Children,
 ) -> Result<Applied, Error> {
-    let client = &ctx.client;
-    let mut names = Names {
-        client,
-        scope: ctx.owned.scope(ns),
+    let list = list(children, name);
+    let mut walk = Walk {
+        ctx,
+        mcp,
         ns,
         uid,
+        states: vec![State::Unchecked; list.len()],
         conflicts: Vec::new(),
+        deployment: None,
     };
-    let sa_free = names
-        .free(Some(|s| &s.service_accounts), &children.service_account)
-        .await?;
-    let role_free = names.free(Some(|s| &s.roles), &children.role).await?;
-    let binding_free = names
-        .free(Some(|s| &s.role_bindings), &children.role_binding)
-        .await?;
-    let cm_free = names.free(Some(|s| &s.config_maps), &children.config_map).await?;
-    let deployment_free = names.free(Some(|s| &s.deployments), &children.deployment).await?;
-    let service_free = names.free(Some(|s| &s.services), &children.service).await?;
-
-    if sa_free {
-        apply::apply(client, ns, &children.service_account).await?;
-    }
-    // The Role first: a ToolSet that names a new Secret reaches the pods only once they
-    // may read it. It grants reading the tools ConfigMap: not while that name is another's.
-    let role_applied = role_free && cm_free;
-    if role_applied {
-        apply::apply(client, ns, &children.role).await?;
-    }
-    // Bound to another's ServiceAccount, the Role would grant it this McpServer's Secrets;
-    // another's Role bound to this ServiceAccount would give the pods its rights.
-    if binding_free && sa_free && role_applied {
-        apply::apply(client, ns, &children.role_binding).await?;
-    }
-    if cm_free {
-        apply::apply(client, ns, &children.config_map).await?;
-    }
-    // The pods neither run as another's ServiceAccount nor serve another's ConfigMap.
-    let deployment = if deployment_free && sa_free && cm_free {
-        Some(apply::apply(client, ns, &children.deployment).await?)
-    } else {
-        None
-    };
-    if service_free {
-        apply::apply(client, ns, &children.service).await?;
-    }
-    // The HPA scales the Deployment of its name: only this McpServer's.
-    names
-        .optional(name, children.hpa.as_ref(), deployment.is_some())
-        .await?;
-    names.optional(name, children.pdb.as_ref(), true).await?;
-    names
-        .optional(name, children.network_policy.as_ref(), true)
-        .await?;
-    // Routes lead to the Service of their name: only this McpServer's.
-    names
-        .optional(name, children.ingress.as_ref(), service_free)
-        .await?;
-
-    let monitors: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &build::service_monitor_resource());
-    match &children.service_monitor {
-        Some(sm) => {
-            if owned::holder_dyn(&monitors, SERVICE_MONITOR, name, uid).await? == Holder::Foreign {
-                names.taken(SERVICE_MONITOR, name.to_owned());
-            } else {
-                apply_if_served(
-                    ctx,
-                    mcp,
-                    &monitors,
-                    SERVICE_MONITOR,
-                    sm,
-                    "ServiceMonitorUnavailable",
-                    "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed",
-                )
+    for (i, child) in list.iter().enumerate() {
+        if child.lookup.is_some() {
+            walk.states[i] = walk
+                .check(child)
+                .instrument(tracing::info_span!("owner", kind = child.kind))
                 .await?;
-            }
         }
-        None => apply::delete_owned(&monitors, SERVICE_MONITOR, name, uid).await?,
     }
-    let routes: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &build::http_route_resource());
-    match &children.http_route {
-        Some(_) if !service_free => {}
-        Some(r) => {
-            if owned::holder_dyn(&routes, HTTP_ROUTE, name, uid).await? == Holder::Foreign {
-                names.taken(HTTP_ROUTE, name.to_owned());
-            } else {
-                apply_if_served(
-                    ctx,
-                    mcp,
-                    &routes,
-                    HTTP_ROUTE,
-                    r,
-                    "HTTPRouteUnavailable",
-                    "httpRoute is set but the gateway.networking.k8s.io/v1 HTTPRoute CRD is not installed",
-                )
-                .await?;
-            }
-        }
-        None => apply::delete_owned(&routes, HTTP_ROUTE, name, uid).await?,
+    for i in 0..list.len() {
+        walk.states[i] = walk.step(&list, i).await?;
     }
     Ok(Applied {
-        deployment,
-        conflicts: names.conflicts,
+        deployment: walk.deployment,
+        conflicts: walk.conflicts,
     })
-}
-
-/// Applies a child whose CRD may be absent (ServiceMonitor, HTTPRoute); a missing CRD is a
-/// Warning event, not an error.
-async fn apply_if_served(
-    ctx: &Context,
-    mcp: &McpServer,
-    api: &Api<DynamicObject>,
-    kind: &'static str,
-    obj: &DynamicObject,
-    reason: &str,
-    note: &str,
-) -> Result<(), Error> {
-    match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(obj),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            apply::publish(ctx, mcp, EventType::Warning, reason, note.to_owned()).await;
-            Ok(())
-        }
-        Err(source) => Err(Error::Child {
-            verb: "apply",
-            kind,
-            name: obj.name_any(),
-            source,
-        }),
-    }
 }

@@ -3,30 +3,32 @@
 
 mod apply;
 mod children;
+mod error;
+mod fetch;
 mod owned;
 mod status;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
+use tracing::{Instrument, info_span};
 
 use crate::backoff::Backoff;
 use crate::build::{self, Defaults};
-use crate::crd::{McpServer, TOOLS_LABEL};
+use crate::crd::{McpServer, McpServerStatus};
 use crate::metrics::{Metrics, Outcome};
-use crate::render::{self, Fetched, Invalid};
+use crate::render::{self, Invalid, Rendered};
 
 use children::Applied;
+use fetch::Dereferenced;
 
 pub use children::Conflict;
+pub use error::{Error, Stage};
 pub use owned::{Holder, MetaStore, MetaWriter, Owned, Stores, Writers, controlled_by, stores};
 pub use status::{CHILD_CONFLICT, set_condition, status_from, warnings};
 
@@ -39,64 +41,6 @@ pub const RESYNC: Duration = Duration::from_secs(300);
 const CONVERGE_POLL: Duration = Duration::from_secs(10);
 /// How often an McpServer with upstreams is looked at again (their health is polled).
 const UPSTREAM_POLL: Duration = Duration::from_secs(30);
-
-/// Reconcile errors. Invalid specs are not errors: they become a condition and an event.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A Kubernetes API call failed (transient: retried with backoff).
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// A call about one child failed (transient: retried with backoff).
-    #[error("{verb} {kind} {name}: {source}")]
-    Child {
-        /// `get`, `apply` or `delete`.
-        verb: &'static str,
-        /// Kind of the child.
-        kind: &'static str,
-        /// Name of the child.
-        name: String,
-        /// What the API answered.
-        source: kube::Error,
-    },
-    /// An object of a child's kind and name exists and this McpServer is not its controller:
-    /// it is left untouched, the McpServer reports it (condition and event) and is looked at
-    /// again with backoff.
-    #[error("{kind} {namespace}/{name} exists and is not owned by this McpServer; refusing to modify it")]
-    NotOwned {
-        /// Kind of the object.
-        kind: &'static str,
-        /// Its namespace.
-        namespace: String,
-        /// Its name.
-        name: String,
-    },
-    /// The object has no namespace, name or uid.
-    #[error("McpServer without namespace, name or uid")]
-    Unnamed,
-}
-
-impl From<build::Unowned> for Error {
-    fn from(_: build::Unowned) -> Self {
-        Self::Unnamed
-    }
-}
-
-impl Error {
-    /// Bounded label value for metrics.
-    pub fn category(&self) -> &'static str {
-        match self {
-            Self::Kube(e) | Self::Child { source: e, .. } => match e {
-                kube::Error::Api(s) if s.code == 409 => "conflict",
-                kube::Error::Api(s) if s.code == 403 => "forbidden",
-                kube::Error::Api(s) if s.code == 422 => "rejected",
-                kube::Error::Api(_) => "api",
-                _ => "transport",
-            },
-            Self::NotOwned { .. } => "not_owned",
-            Self::Unnamed => "unnamed",
-        }
-    }
-}
 
 /// What the controller shares across reconciles.
 pub struct Context {
@@ -116,92 +60,29 @@ pub struct Context {
     pub owned: Owned,
 }
 
-/// The `toolsFrom` sources of an McpServer, read from the API.
-struct Dereferenced {
-    fetched: Fetched,
-    /// Referenced ConfigMaps without [`TOOLS_LABEL`] (sorted, unique).
-    unwatched: Vec<String>,
-}
-
-async fn fetch(client: &Client, ns: &str, mcp: &McpServer) -> Result<Dereferenced, Error> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let mut read: BTreeMap<&str, Option<ConfigMap>> = BTreeMap::new();
-    for t in &mcp.spec.tools_from {
-        let name = t.config_map_key_ref.name.as_str();
-        if !read.contains_key(name) {
-            read.insert(name, api.get_opt(name).await?);
-        }
-    }
-    let fetched = mcp
-        .spec
-        .tools_from
-        .iter()
-        .map(|t| {
-            let cm = read
-                .get(t.config_map_key_ref.name.as_str())
-                .and_then(Option::as_ref);
-            cm.and_then(|c| render::key_of(c.data.as_ref(), &t.config_map_key_ref.key))
-        })
-        .collect();
-    let unwatched = read
-        .iter()
-        .filter_map(|(name, cm)| cm.as_ref().map(|c| (name, c)))
-        .filter(|(_, c)| c.labels().get(TOOLS_LABEL.0).map(String::as_str) != Some(TOOLS_LABEL.1))
-        .map(|(name, _)| (*name).to_owned())
-        .collect();
-    Ok(Dereferenced { fetched, unwatched })
-}
-
-/// The ServiceAccount `podTemplate.serviceAccountName` names, read for its owner's consent
-/// (`None` when the spec names none or it does not exist).
-async fn named_service_account(
-    client: &Client,
-    ns: &str,
-    mcp: &McpServer,
-) -> Result<Option<ServiceAccount>, Error> {
-    match build::named_service_account(mcp) {
-        Some(name) => Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?),
-        None => Ok(None),
-    }
-}
-
-/// Where the API server listens (the `default/kubernetes` EndpointSlice), for the pods'
-/// egress rule. Unreadable, the rule falls back to TCP 443 and 6443 to any address.
-async fn api_server(client: &Client) -> build::ApiServer {
-    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
-    match api.get_opt("kubernetes").await {
-        Ok(Some(slice)) => {
-            let ports: Vec<i32> = slice.ports.iter().flatten().filter_map(|p| p.port).collect();
-            build::ApiServer {
-                endpoints: slice
-                    .endpoints
-                    .iter()
-                    .flat_map(|e| e.addresses.iter())
-                    .flat_map(|a| ports.iter().map(move |p| (a.clone(), *p)))
-                    .collect(),
-            }
-        }
-        Ok(None) => build::ApiServer::default(),
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the API server's EndpointSlice; egress to it falls back to ports 443/6443");
-            build::ApiServer::default()
-        }
-    }
-}
-
-/// One reconcile.
+/// One reconcile, in a span `reconcile` carrying the object's namespace, name and generation
+/// (with child spans per stage: `fetch`, `render`, `owner`/`apply`/`delete` with the child's
+/// kind, `probe`, `status`).
 ///
 /// # Errors
 /// Transient API failures; [`error_policy`] retries them with per-object backoff.
 pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let start = Instant::now();
     let _running = ctx.metrics.start();
-    let result = reconcile_inner(&mcp, &ctx).await;
+    let span = info_span!(
+        "reconcile",
+        namespace = mcp.metadata.namespace.as_deref(),
+        name = mcp.metadata.name.as_deref(),
+        generation = mcp.metadata.generation,
+    );
+    let result = reconcile_inner(&mcp, &ctx).instrument(span).await;
     let outcome = match &result {
         Ok((outcome, _)) => *outcome,
-        Err(e) => Outcome::Error(e.category()),
+        Err(e) => Outcome::Error {
+            category: e.category(),
+            stage: e.stage().as_str(),
+            kind: e.kind(),
+        },
     };
     ctx.metrics.observe(start.elapsed(), outcome);
     if result.is_ok() {
@@ -210,6 +91,7 @@ pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action,
     result.map(|(_, action)| action)
 }
 
+/// dereference -> validate (render) -> build -> apply -> status.
 async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Action), Error> {
     let (Some(ns), Some(name), Some(uid)) = (
         mcp.metadata.namespace.clone(),
@@ -219,77 +101,36 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
         return Err(Error::Unnamed);
     };
     let client = &ctx.client;
-    let Dereferenced { fetched, unwatched } = fetch(client, &ns, mcp).await?;
-    let named_sa = named_service_account(client, &ns, mcp).await?;
-    let valid = render::render(mcp, &fetched)
-        .and_then(|r| render::service_account(mcp, named_sa.as_ref()).map(|()| r));
+    let (Dereferenced { fetched, unwatched }, named_sa) = async {
+        let sources = fetch::tools_from(client, &ns, mcp).await?;
+        Ok::<_, Error>((sources, fetch::named_service_account(client, &ns, mcp).await?))
+    }
+    .instrument(info_span!("fetch"))
+    .await?;
+    let valid = info_span!("render").in_scope(|| {
+        render::render(mcp, &fetched)
+            .and_then(|r| render::service_account(mcp, named_sa.as_ref()).map(|()| r))
+    });
     let rendered = match valid {
         Ok(r) => r,
-        Err(invalid) => {
-            report_invalid(mcp, ctx, &ns, &name, &invalid, unwatched).await?;
-            // Nothing to retry until the spec or a watched ConfigMap changes; specs reading
-            // ConfigMaps are re-read anyway, as those may be unlabelled (unwatched) or not exist yet;
-            // so is a named ServiceAccount (not watched), whose owner may consent later.
-            let action = if mcp.spec.tools_from.is_empty() && build::named_service_account(mcp).is_none() {
-                Action::await_change()
-            } else {
-                Action::requeue(RESYNC)
-            };
-            return Ok((Outcome::InvalidSpec, action));
-        }
+        Err(invalid) => return invalid_spec(mcp, ctx, &ns, &name, &invalid, unwatched).await,
     };
     let api_server = if mcp.spec.network_policy.is_some() {
-        api_server(client).await
+        fetch::api_server(client)
+            .instrument(info_span!("fetch", kind = "EndpointSlice"))
+            .await
     } else {
         build::ApiServer::default()
     };
-    let children = build::build(mcp, &rendered, &ctx.defaults, &api_server)?;
+    let children =
+        info_span!("render").in_scope(|| build::build(mcp, &rendered, &ctx.defaults, &api_server))?;
     let Applied {
         deployment,
         conflicts,
     } = children::apply_all(ctx, mcp, &ns, &name, &uid, &children).await?;
-    let mut status = match &deployment {
-        Some(d) => status_from(mcp, &rendered, d, &ns, &name),
-        None => {
-            let mut s = mcp.status.clone().unwrap_or_default();
-            s.observed_generation = mcp.metadata.generation;
-            s
-        }
-    };
-    let mut upstream_down = false;
-    if ctx.probe_pods && deployment.is_some() {
-        let report = crate::probe::probe(client, &ns, &name, &rendered.hash).await?;
-        status.config_loaded_replicas = Some(report.loaded);
-        upstream_down = status::upstreams(
-            &mut status,
-            rendered.upstream_count,
-            &report,
-            mcp.metadata.generation,
-        );
-    }
-    let mut events = warnings(mcp, unwatched, &mut status);
-    events.extend(status::child_conflicts(mcp, &ns, &conflicts, &mut status));
-    let was_down = mcp.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == "UpstreamsReady" && c.status == "False")
-    });
-    if upstream_down && !was_down {
-        let msg = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "UpstreamsReady")
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
-        events.push(("UpstreamDown", msg));
-    }
-    // Unchanged status: no write (transition times only move when a condition changes).
-    if mcp.status.as_ref() != Some(&status) {
-        apply::patch_status(client, &ns, &name, &status).await?;
-    }
-    for (reason, note) in events {
-        apply::publish(ctx, mcp, EventType::Warning, reason, note).await;
-    }
+    let (mut status, upstream_down) = observe(mcp, ctx, &ns, &name, &rendered, deployment.as_ref()).await?;
+    let events = status::events(mcp, &ns, unwatched, &conflicts, upstream_down, &mut status);
+    write_status(mcp, ctx, &ns, &name, &status, events).await?;
     // Nothing changes the other object's ownership in a way the watches would see (it may not
     // carry the label they select): look again with the per-object backoff.
     if let Some(c) = conflicts.into_iter().next() {
@@ -299,19 +140,101 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
             name: c.name,
         });
     }
+    Ok((Outcome::Ok, next_look(ctx, &status, upstream_down, &rendered)))
+}
+
+/// The spec cannot be served: the condition and events say why; looked at again only when
+/// something it reads may have changed unseen.
+async fn invalid_spec(
+    mcp: &McpServer,
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    invalid: &Invalid,
+    unwatched: Vec<String>,
+) -> Result<(Outcome, Action), Error> {
+    report_invalid(mcp, ctx, ns, name, invalid, unwatched).await?;
+    // Nothing to retry until the spec or a watched ConfigMap changes; specs reading
+    // ConfigMaps are re-read anyway, as those may be unlabelled (unwatched) or not exist yet;
+    // so is a named ServiceAccount (not watched), whose owner may consent later.
+    let action = if mcp.spec.tools_from.is_empty() && build::named_service_account(mcp).is_none() {
+        Action::await_change()
+    } else {
+        Action::requeue(RESYNC)
+    };
+    Ok((Outcome::InvalidSpec, action))
+}
+
+/// The status computed from the applied Deployment and, when pods are probed, from what they
+/// report; true when an upstream is down.
+async fn observe(
+    mcp: &McpServer,
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    rendered: &Rendered,
+    deployment: Option<&Deployment>,
+) -> Result<(McpServerStatus, bool), Error> {
+    let mut status = match deployment {
+        Some(d) => status_from(mcp, rendered, d, ns, name),
+        None => {
+            let mut s = mcp.status.clone().unwrap_or_default();
+            s.observed_generation = mcp.metadata.generation;
+            s
+        }
+    };
+    let mut upstream_down = false;
+    if ctx.probe_pods && deployment.is_some() {
+        let report = crate::probe::probe(&ctx.client, ns, name, &rendered.hash)
+            .instrument(info_span!("probe"))
+            .await
+            .map_err(Error::Probe)?;
+        status.config_loaded_replicas = Some(report.loaded);
+        upstream_down = status::upstreams(
+            &mut status,
+            rendered.upstream_count,
+            &report,
+            mcp.metadata.generation,
+        );
+    }
+    Ok((status, upstream_down))
+}
+
+/// Writes `status` when it changed (transition times only move when a condition changes),
+/// then publishes `events` as Warnings.
+async fn write_status(
+    mcp: &McpServer,
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    status: &McpServerStatus,
+    events: Vec<(&'static str, String)>,
+) -> Result<(), Error> {
+    if mcp.status.as_ref() != Some(status) {
+        apply::patch_status(&ctx.client, ns, name, status)
+            .instrument(info_span!("status"))
+            .await?;
+    }
+    for (reason, note) in events {
+        apply::publish(ctx, mcp, EventType::Warning, reason, note).await;
+    }
+    Ok(())
+}
+
+/// When a reconciled McpServer is looked at again.
+fn next_look(ctx: &Context, status: &McpServerStatus, upstream_down: bool, rendered: &Rendered) -> Action {
     // Deployment status changes arrive through the owned-Deployment watch, so an unready
     // object needs no fast polling (1,000 of them at 5 s flooded the API server in the scale
     // test). Pods loading a new config are not watched: poll those briefly.
     let converged = !ctx.probe_pods || status.config_loaded_replicas >= Some(status.ready_replicas);
     // A down upstream is not watched either: look again until it is back.
-    let action = Action::requeue(match (converged, upstream_down) {
+    Action::requeue(match (converged, upstream_down) {
         (false, _) => CONVERGE_POLL,
         (true, true) => UPSTREAM_POLL,
         // Upstream health is not watched: look again within UPSTREAM_POLL.
         (true, false) if rendered.upstream_count > 0 => UPSTREAM_POLL,
         (true, false) => RESYNC,
-    });
-    Ok((Outcome::Ok, action))
+    })
 }
 
 async fn report_invalid(
@@ -346,7 +269,9 @@ async fn report_invalid(
     if mcp.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    apply::patch_status(&ctx.client, ns, name, &status).await?;
+    apply::patch_status(&ctx.client, ns, name, &status)
+        .instrument(info_span!("status"))
+        .await?;
     apply::publish(ctx, mcp, EventType::Warning, invalid.reason, message).await;
     for (reason, note) in events {
         apply::publish(ctx, mcp, EventType::Warning, reason, note).await;
@@ -358,6 +283,275 @@ async fn report_invalid(
 /// success resets it), so persistent failures of many objects do not flood the API server.
 pub fn error_policy(mcp: Arc<McpServer>, err: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.backoff.fail(ObjectRef::from_obj(&*mcp));
-    tracing::warn!(mcpserver = %mcp.name_any(), error = %err, category = err.category(), retry_in = ?delay, "reconcile failed");
+    tracing::warn!(
+        namespace = mcp.metadata.namespace.as_deref(),
+        mcpserver = %mcp.name_any(),
+        stage = %err.stage(),
+        kind = err.kind(),
+        category = err.category(),
+        error = %err,
+        retry_in = ?delay,
+        "reconcile failed"
+    );
     Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Method, Request, Response, StatusCode};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use serde_json::{Value, json};
+
+    fn answer(status: StatusCode, v: &Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(v).unwrap()))
+            .unwrap()
+    }
+
+    /// One reconcile against a mocked API server on which nothing exists but what `existing`
+    /// names, writes succeed, and the request `fail` answers 403; returns the error and the
+    /// metrics.
+    async fn failing_at(
+        spec: Value,
+        probe_pods: bool,
+        fail: (Method, &'static str),
+        existing: fn(&str) -> Option<Value>,
+    ) -> (Error, String) {
+        let (result, metrics) = run(spec, probe_pods, fail, existing).await;
+        (result.unwrap_err(), metrics)
+    }
+
+    /// One reconcile against a mocked API server (see [`failing_at`]); its result and the
+    /// metrics.
+    async fn run(
+        spec: Value,
+        probe_pods: bool,
+        fail: (Method, &'static str),
+        existing: fn(&str) -> Option<Value>,
+    ) -> (Result<Action, Error>, String) {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+                send.send_response(if (method.clone(), path.as_str()) == (fail.0.clone(), fail.1) {
+                    answer(
+                        StatusCode::FORBIDDEN,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
+                    )
+                } else if method == Method::GET {
+                    existing(&path).map_or_else(
+                        || answer(StatusCode::NOT_FOUND, &not_found),
+                        |o| answer(StatusCode::OK, &o),
+                    )
+                } else if path.ends_with("/status") {
+                    answer(StatusCode::OK, &json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "calc"}, "spec": {}}))
+                } else {
+                    answer(StatusCode::OK, &body)
+                });
+            }
+        });
+        let client = Client::new(svc, "ns");
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            defaults: Defaults {
+                server_image: "quiver-server:test".into(),
+                image_pull_policy: "IfNotPresent".into(),
+            },
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "quiver-operator".into(),
+                    instance: None,
+                },
+            ),
+            metrics: Arc::new(Metrics::default()),
+            probe_pods,
+            backoff: Backoff::default(),
+            owned: Owned::default(),
+        });
+        let mcp: McpServer = serde_json::from_value(json!({
+            "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",
+            "metadata": {"name": "calc", "namespace": "ns", "uid": "u-1", "generation": 3},
+            "spec": spec,
+        }))
+        .unwrap();
+        let result = reconcile(Arc::new(mcp), ctx.clone()).await;
+        let metrics = ctx.metrics.encode();
+        drop(ctx);
+        server.await.unwrap();
+        (result, metrics)
+    }
+
+    /// A span opened: its name, its fields and its parent's name.
+    type Opened = (String, String, Option<String>);
+
+    /// Records every span opened.
+    #[derive(Clone, Default)]
+    struct Spans(Arc<std::sync::Mutex<Vec<Opened>>>);
+
+    impl<S> tracing_subscriber::Layer<S> for Spans
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            id: &tracing::span::Id,
+            ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut fields = Vec::new();
+            attrs.record(&mut |f: &tracing::field::Field, v: &dyn std::fmt::Debug| {
+                fields.push(format!("{}={v:?}", f.name()));
+            });
+            let parent = ctx.span(id).and_then(|s| s.parent()).map(|p| p.name().to_owned());
+            self.0
+                .lock()
+                .unwrap()
+                .push((attrs.metadata().name().to_owned(), fields.join(" "), parent));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_runs_in_a_span_naming_the_object_with_a_child_span_per_stage() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let spans = Spans::default();
+        let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+        let spec = json!({"tools": [{"name": "add", "handler": {"builtin": "add"}}]});
+        let (result, _) = run(spec, false, (Method::PATCH, "/none"), |_| None).await;
+        result.unwrap();
+        let seen = spans.0.lock().unwrap().clone();
+        let (root, children) = seen.split_first().expect("spans");
+        assert_eq!(
+            root,
+            &(
+                "reconcile".to_owned(),
+                "namespace=\"ns\" name=\"calc\" generation=3".to_owned(),
+                None
+            )
+        );
+        assert!(
+            children
+                .iter()
+                .all(|(_, _, parent)| parent.as_deref() == Some("reconcile")),
+            "{seen:?}"
+        );
+        for (name, fields) in [
+            ("fetch", ""),
+            ("render", ""),
+            ("owner", "kind=\"ServiceAccount\""),
+            ("owner", "kind=\"Service\""),
+            ("apply", "kind=\"Role\""),
+            ("apply", "kind=\"Deployment\""),
+            ("delete", "kind=\"HorizontalPodAutoscaler\""),
+            ("delete", "kind=\"HTTPRoute\""),
+            ("status", ""),
+        ] {
+            assert!(
+                children.iter().any(|(n, f, _)| n == name && f == fields),
+                "{name} {fields} in {seen:?}"
+            );
+        }
+    }
+
+    fn ours(path: &str) -> Option<Value> {
+        path.ends_with("/horizontalpodautoscalers/calc").then(|| {
+            json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "calc", "namespace": "ns", "uid": "h",
+                "ownerReferences": [{"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": "u-1", "controller": true}]}})
+        })
+    }
+
+    /// A spec, whether pods are probed, the request that fails, what exists, and the stage and
+    /// kind the error names.
+    type Case = (
+        Value,
+        bool,
+        (Method, &'static str),
+        fn(&str) -> Option<Value>,
+        Stage,
+        &'static str,
+    );
+
+    #[tokio::test]
+    async fn a_failed_call_names_its_stage_and_kind_in_the_error_and_the_metrics() {
+        let tools = json!([{"name": "add", "handler": {"builtin": "add"}}]);
+        let from =
+            json!({"tools": tools, "toolsFrom": [{"configMapKeyRef": {"name": "src", "key": "t.yaml"}}]});
+        let deployment = "/apis/apps/v1/namespaces/ns/deployments/calc";
+        let cases: [Case; 6] = [
+            (
+                from,
+                false,
+                (Method::GET, "/api/v1/namespaces/ns/configmaps/src"),
+                |_| None,
+                Stage::Fetch,
+                "ConfigMap",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (Method::GET, "/api/v1/namespaces/ns/serviceaccounts/calc"),
+                |_| None,
+                Stage::Owner,
+                "ServiceAccount",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (Method::PATCH, deployment),
+                |_| None,
+                Stage::Apply,
+                "Deployment",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (
+                    Method::DELETE,
+                    "/apis/autoscaling/v2/namespaces/ns/horizontalpodautoscalers/calc",
+                ),
+                ours,
+                Stage::Delete,
+                "HorizontalPodAutoscaler",
+            ),
+            (
+                json!({"tools": tools}),
+                false,
+                (
+                    Method::PATCH,
+                    "/apis/quiver.dev/v1alpha1/namespaces/ns/mcpservers/calc/status",
+                ),
+                |_| None,
+                Stage::Status,
+                "McpServer",
+            ),
+            (
+                json!({"tools": tools}),
+                true,
+                (Method::GET, "/api/v1/namespaces/ns/pods"),
+                |_| None,
+                Stage::Probe,
+                "Pod",
+            ),
+        ];
+        for (spec, probe, fail, existing, stage, kind) in cases {
+            let (err, metrics) = failing_at(spec, probe, fail.clone(), existing).await;
+            assert_eq!(
+                (err.stage(), err.kind(), err.category()),
+                (stage, kind, "forbidden"),
+                "{fail:?}: {err}"
+            );
+            let series = format!(
+                "quiver_operator_reconcile_stage_errors_total{{stage=\"{stage}\",kind=\"{kind}\"}} 1"
+            );
+            assert!(metrics.contains(&series), "{series} in {metrics}");
+            assert!(metrics.contains("quiver_operator_reconcile_errors_total{category=\"forbidden\"} 1"));
+        }
+    }
 }

@@ -15,14 +15,13 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
 use super::Error;
-use super::apply::dynamic;
 
 /// Who holds the name of a child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,13 +149,15 @@ impl Owned {
 }
 
 /// A namespaced child kind whose holder can be checked and which can be applied: what
-/// [`holder`] and the child applies of `children.rs` need of a kind.
+/// [`in_store`] and the child list of `children.rs` need of a kind.
 pub trait ChildKind:
     Resource<Scope = NamespaceResourceScope, DynamicType = ()>
     + k8s_openapi::Resource
     + Clone
     + DeserializeOwned
     + Debug
+    + Send
+    + Sync
     + 'static
 {
 }
@@ -167,35 +168,27 @@ impl<K> ChildKind for K where
         + Clone
         + DeserializeOwned
         + Debug
+        + Send
+        + Sync
         + 'static
 {
 }
 
-/// Who holds `ns/name` of kind `K`: the store's copy when it has one (no API call), else one
-/// metadata GET.
-///
-/// # Errors
-/// The GET failed (other than 404).
-pub async fn holder<K>(
-    client: &Client,
-    store: Option<&MetaStore<K>>,
-    ns: &str,
-    name: &str,
-    owner_uid: &str,
-) -> Result<Holder, Error>
+/// Who holds `ns/name` of kind `K`, as the watch store has it; `None` when the store lacks
+/// the object (ask the API server: [`holder_dyn`]).
+pub fn in_store<K>(store: &MetaStore<K>, ns: &str, name: &str, owner_uid: &str) -> Option<Holder>
 where
     K: ChildKind,
 {
-    if let Some(meta) = store.and_then(|s| s.get(&ObjectRef::new(name).within(ns))) {
-        return Ok(holder_of(&meta.metadata, owner_uid));
-    }
-    holder_dyn(
-        &dynamic::<K>(client, ns),
-        <K as k8s_openapi::Resource>::KIND,
-        name,
-        owner_uid,
-    )
-    .await
+    store
+        .get(&ObjectRef::new(name).within(ns))
+        .map(|meta| holder_of(&meta.metadata, owner_uid))
+}
+
+/// A namespaced `Api` of the resource `resource` as dynamic objects (ownership checks and
+/// deletes of every child kind).
+pub fn dynamic(client: &Client, ns: &str, resource: &ApiResource) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, resource)
 }
 
 /// Who holds `name` in `api` (one metadata GET). A missing object, or a missing API (an
@@ -213,8 +206,7 @@ pub async fn holder_dyn(
         Ok(meta) => Ok(holder_of(&meta.metadata, owner_uid)),
         // By code, not reason: a missing API group may answer a plain-text 404.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Holder::Absent),
-        Err(source) => Err(Error::Child {
-            verb: "get",
+        Err(source) => Err(Error::Owner {
             kind,
             name: name.to_owned(),
             source,

@@ -215,6 +215,36 @@ pub fn warnings(
     events
 }
 
+/// The Warning events (reason, note) of one reconcile that applied its children, recording
+/// their warnings and conflicts in `status`: the spec's warning lists and the taken names
+/// when they changed, and `UpstreamDown` when an upstream went down since the last status.
+pub fn events(
+    mcp: &McpServer,
+    ns: &str,
+    unwatched: Vec<String>,
+    conflicts: &[super::Conflict],
+    upstream_down: bool,
+    status: &mut McpServerStatus,
+) -> Vec<(&'static str, String)> {
+    let mut events = warnings(mcp, unwatched, status);
+    events.extend(child_conflicts(mcp, ns, conflicts, status));
+    let was_down = mcp.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "UpstreamsReady" && c.status == "False")
+    });
+    if upstream_down && !was_down {
+        let msg = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "UpstreamsReady")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        events.push(("UpstreamDown", msg));
+    }
+    events
+}
+
 /// Records the children whose names objects of other owners hold (`Ready=False` and
 /// `Degraded=True`, reason [`CHILD_CONFLICT`], naming each object) and returns a Warning
 /// event naming them all when the set changed since the status the McpServer carried when
