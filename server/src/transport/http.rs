@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use super::limits::Load;
 use super::sessions::EndedSessions;
 use crate::config::access::Principal;
-use crate::dispatch::{Ctx, Deferred, Era, Listen, Server};
+use crate::dispatch::{Ctx, Deferred, Era, Listen, Opens, Outcome, Reply, Server};
 use crate::metrics::Refusal;
 use crate::peer::Peer;
 use crate::protocol::{self, INVALID_REQUEST};
@@ -434,9 +434,8 @@ fn unsupported_version(headers: &HeaderMap, body: &[u8]) -> Response {
         .get(VERSION_HEADER)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default();
-    let (code, message, data) = crate::modern::unsupported(&requested);
     let mut out = Vec::with_capacity(192);
-    protocol::write_error(&mut out, protocol::peek_id(body), code, &message, data.as_ref());
+    crate::modern::unsupported(&requested).write(&mut out, protocol::peek_id(body));
     json_response(StatusCode::BAD_REQUEST, out)
 }
 
@@ -649,35 +648,35 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         stream: true,
         era: if modern { Era::Modern(version) } else { Era::Legacy },
         caller: caller.as_deref(),
+        opens: Opens::Minted,
     };
-    let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
-    if let Some(listen) = handled.listen {
-        drop(pass);
-        return listen_stream(&state, listen);
+    match state.server.handle(&body, ctx, version == "2025-03-26").await {
+        Outcome::Listen(listen) => {
+            drop(pass);
+            listen_stream(&state, listen)
+        }
+        Outcome::Deferred(d) => {
+            // The call holds its place in the in-flight gate until it ends, also when that is
+            // after this handler returned (a streamed answer).
+            // (Only requests are deferred, and requests always hold a pass; should that ever not
+            // hold, the call runs without one rather than the process aborting.)
+            let held = pass.map(|p| {
+                std::mem::forget(p);
+                HeldPass(state.load.clone())
+            });
+            answer_call(d, held).await
+        }
+        Outcome::Accepted => StatusCode::ACCEPTED.into_response(),
+        Outcome::Reply(r) => reply_response(&state, r),
     }
-    if let Some(d) = handled.deferred {
-        // The call holds its place in the in-flight gate until it ends, also when that is
-        // after this handler returned (a streamed answer).
-        // (Only requests are deferred, and requests always hold a pass; should that ever not
-        // hold, the call runs without one rather than the process aborting.)
-        let held = pass.map(|p| {
-            std::mem::forget(p);
-            HeldPass(state.load.clone())
-        });
-        return answer_call(state.server.clone(), session.to_owned(), d, held).await;
-    }
-    let Some(out) = handled.body else {
-        return StatusCode::ACCEPTED.into_response();
-    };
-    let status = if handled.status != 0 {
-        StatusCode::from_u16(handled.status).unwrap_or(StatusCode::OK)
-    } else if handled.malformed {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::OK
-    };
-    let mut resp = json_response(status, out);
-    if let Some(scopes) = handled.forbidden.filter(|s| !s.is_empty())
+}
+
+/// An answer as an HTTP response: its status, the scope challenge of a refused call, the id
+/// of the session it opened.
+fn reply_response(state: &HttpState, r: Reply) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::OK);
+    let mut resp = json_response(status, r.body);
+    if let Some(scopes) = r.challenge.filter(|s| !s.is_empty())
         && let Some(auth) = &state.options.auth
     {
         resp.headers_mut().insert(
@@ -685,13 +684,10 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
             auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
         );
     }
-    if handled.initialized {
-        // Always a new id of the server's, bound to this caller (a client's own id is not taken).
-        let id = crate::session::mint(caller.as_deref().map_or("", |c| &c.subject));
-        if let Ok(v) = HeaderValue::from_str(&id) {
-            state.server.sessions.open(&id, handled.client);
-            resp.headers_mut().insert(SESSION_HEADER, v);
-        }
+    if let Some(id) = r.session
+        && let Ok(v) = HeaderValue::from_str(&id)
+    {
+        resp.headers_mut().insert(SESSION_HEADER, v);
     }
     resp
 }
@@ -719,11 +715,11 @@ impl Drop for HeldPass {
 /// something first; then it is an SSE stream of those messages ending with the response.
 /// Dropping the stream (the client went away) drops the call. A call the client cancelled
 /// gets no response: its stream just ends.
-async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: Option<HeldPass>) -> Response {
+async fn answer_call(d: Deferred, held: Option<HeldPass>) -> Response {
     let (peer, mut rx) = Peer::channel();
     let mut call = Box::pin(async move {
         let _held = held;
-        server.run_deferred(d, &session, Some(&peer)).await
+        d.run(Some(&peer)).await.map(|r| (r.body, r.status))
     });
     let first = tokio::select! {
         biased;
