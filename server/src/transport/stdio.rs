@@ -84,25 +84,7 @@ where
         }
         Ok::<_, std::io::Error>(())
     });
-    let mut events = server.subscribe();
-    let event_tx = tx.clone();
-    let server_for_events = server.clone();
-    let forward = tokio::spawn(async move {
-        loop {
-            match events.recv().await {
-                // Only a client that initialized (the handshake era) gets unsolicited
-                // notifications; a 2026-07-28 client asks with `subscriptions/listen`.
-                Ok(m) if m.is_for(SESSION) && server_for_events.sessions.caps(SESSION).is_some() => {
-                    if event_tx.send(m.message.as_bytes().to_vec()).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-            }
-        }
-    });
+    let forward = tokio::spawn(forward_events(server.clone(), tx.clone()));
     let slots = Arc::new(Semaphore::new(options.max_inflight.max(1)));
     let mut reader = BufReader::new(input);
     let mut tasks = tokio::task::JoinSet::new();
@@ -157,24 +139,7 @@ where
         let stop_listen = stop.clone();
         tasks.spawn(async move {
             let _slot = slot;
-            match server.handle(&line, CTX, true).await {
-                Outcome::Deferred(d) => {
-                    // Progress, log messages and requests to the client go straight to stdout.
-                    let peer = Peer::from_sender(tx.clone());
-                    // A cancelled call gets no response (`None`).
-                    if let Some(r) = d.run(Some(&peer)).await {
-                        let _ = tx.send(r.body).await;
-                    }
-                }
-                Outcome::Listen(listen) => serve_listen(&tx, listen, &server, &stop_listen).await,
-                Outcome::Reply(r) => {
-                    // A cancelled request gets no response on stdio (the client has moved on).
-                    if !is_cancelled_error(&r.body) {
-                        let _ = tx.send(r.body).await;
-                    }
-                }
-                Outcome::Accepted => {}
-            }
+            carry_out(&server, &line, &tx, &stop_listen).await;
         });
         while tasks.try_join_next().is_some() {}
     }
@@ -183,6 +148,47 @@ where
     drop(tx);
     writer.await.map_err(std::io::Error::other)??;
     read_error.map_or(Ok(()), Err)
+}
+
+/// Unsolicited notifications (`list_changed`, resource updates) onto stdout. Only a client
+/// that initialized (the handshake era) gets them; a 2026-07-28 client asks with
+/// `subscriptions/listen`.
+async fn forward_events(server: Arc<Server>, tx: mpsc::Sender<Vec<u8>>) {
+    let mut events = server.subscribe();
+    loop {
+        match events.recv().await {
+            Ok(m) if m.is_for(SESSION) && server.sessions.caps(SESSION).is_some() => {
+                if tx.send(m.message.as_bytes().to_vec()).await.is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+        }
+    }
+}
+
+/// Handles one line and carries out what dispatch decided.
+async fn carry_out(server: &Arc<Server>, line: &[u8], tx: &mpsc::Sender<Vec<u8>>, stop: &CancellationToken) {
+    match server.handle(line, CTX, true).await {
+        Outcome::Deferred(d) => {
+            // Progress, log messages and requests to the client go straight to stdout.
+            let peer = Peer::from_sender(tx.clone());
+            // A cancelled call gets no response (`None`).
+            if let Some(r) = d.run(Some(&peer)).await {
+                let _ = tx.send(r.body).await;
+            }
+        }
+        Outcome::Listen(listen) => serve_listen(tx, listen, server, stop).await,
+        Outcome::Reply(r) => {
+            // A cancelled request gets no response on stdio (the client has moved on).
+            if !is_cancelled_error(&r.body) {
+                let _ = tx.send(r.body).await;
+            }
+        }
+        Outcome::Accepted => {}
+    }
 }
 
 /// Tagged notifications on the shared stdout until `notifications/cancelled` names the
