@@ -1008,7 +1008,57 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, caller: Caller, headers
 
 #[cfg(test)]
 mod tests {
+    use tower::ServiceExt;
+
     use super::*;
+
+    #[tokio::test]
+    async fn every_mcp_route_checks_origin_and_host_before_anything_else() {
+        let metrics = crate::metrics::Metrics::new("test", "system");
+        let server = Server::new(crate::registry::Registry::new(&metrics), metrics);
+        let options = HttpOptions {
+            allowed_hosts: Some(vec!["mcp.example".into()]),
+            ..HttpOptions::default()
+        };
+        let app = app(HttpState::new(server, options, CancellationToken::new()));
+        let routes = [
+            ("POST", "/mcp"),
+            ("GET", "/mcp"),
+            ("DELETE", "/mcp"),
+            ("GET", "/.well-known/oauth-protected-resource"),
+        ];
+        for (method, path) in routes {
+            let req = |host: &str, origin: Option<&str>| {
+                let mut b = axum::http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header(header::HOST, host);
+                if let Some(o) = origin {
+                    b = b.header(header::ORIGIN, o);
+                }
+                // Nothing else about the request is right: the checks answer first.
+                b.body(Body::from("not json")).unwrap()
+            };
+            for (host, origin, want) in [
+                ("evil.example", None, StatusCode::FORBIDDEN),
+                ("localhost:1@evil.example", None, StatusCode::BAD_REQUEST),
+                ("mcp.example", Some("http://evil.example"), StatusCode::FORBIDDEN),
+            ] {
+                let resp = app.clone().oneshot(req(host, origin)).await.unwrap();
+                assert_eq!(
+                    resp.status(),
+                    want,
+                    "{method} {path} host {host} origin {origin:?}"
+                );
+            }
+            let allowed = app
+                .clone()
+                .oneshot(req("mcp.example", Some("http://localhost:3000")))
+                .await
+                .unwrap();
+            assert_ne!(allowed.status(), StatusCode::FORBIDDEN, "{method} {path}");
+        }
+    }
 
     #[test]
     fn loopback_origins() {
