@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use quiver_server::config::{self, ToolSet};
-use quiver_server::dispatch::{Ctx, Era, Server};
+use quiver_server::dispatch::{Ctx, Era, Opens, Server};
 use quiver_server::metrics::Metrics;
 use quiver_server::registry::Registry;
 use serde_json::json;
@@ -96,6 +96,7 @@ const CTX: Ctx<'static> = Ctx {
     stream: false,
     era: Era::Legacy,
     caller: None,
+    opens: Opens::Minted,
 };
 
 /// Polls a future that completes without waiting (builtins, templates, lists) exactly once,
@@ -145,15 +146,15 @@ fn audit() {
     );
     println!(
         "  message add       {}",
-        count(|| ready(s.handle_one(CALL_ADD, CTX)).body)
+        count(|| ready(s.handle_one(CALL_ADD, CTX)).into_body())
     );
     println!(
         "  message greet     {}",
-        count(|| ready(s.handle_one(CALL_GREET, CTX)).body)
+        count(|| ready(s.handle_one(CALL_GREET, CTX)).into_body())
     );
     println!(
         "  message tools/list {}",
-        count(|| ready(s.handle_one(LIST, CTX)).body)
+        count(|| ready(s.handle_one(LIST, CTX)).into_body())
     );
 }
 
@@ -187,15 +188,15 @@ fn bench_message(c: &mut Criterion) {
     for n in [10, 100_000] {
         let s = server(n);
         g.bench_function(BenchmarkId::new("call-add", n), |b| {
-            b.iter(|| ready(s.handle_one(black_box(CALL_ADD), CTX)).body)
+            b.iter(|| ready(s.handle_one(black_box(CALL_ADD), CTX)).into_body())
         });
     }
     let s = server(1000);
     g.bench_function("call-greet-template", |b| {
-        b.iter(|| ready(s.handle_one(black_box(CALL_GREET), CTX)).body)
+        b.iter(|| ready(s.handle_one(black_box(CALL_GREET), CTX)).into_body())
     });
     g.bench_function("tools-list-page", |b| {
-        b.iter(|| ready(s.handle_one(black_box(LIST), CTX)).body)
+        b.iter(|| ready(s.handle_one(black_box(LIST), CTX)).into_body())
     });
     g.finish();
 }

@@ -324,22 +324,66 @@ pub const METHODS: [&str; 18] = [
     "other",
 ];
 
-/// Outcomes of a request.
-pub const OUTCOMES: [&str; 6] = [
+/// Outcomes of a request (the `outcome` label of `requests_total`), by JSON-RPC error code
+/// ([`outcome_index`]).
+pub const OUTCOMES: [&str; 11] = [
     "ok",
     "parse_error",
     "invalid_request",
     "method_not_found",
     "invalid_params",
     "internal_error",
+    "forbidden",
+    "cancelled",
+    "missing_capability",
+    "header_mismatch",
+    "unsupported_version",
 ];
 
-/// Index of a method in [`METHODS`].
-pub fn method_index(method: &str) -> usize {
-    METHODS
-        .iter()
-        .position(|m| *m == method)
-        .unwrap_or(METHODS.len() - 1)
+/// Index in [`OUTCOMES`] of an answer with this JSON-RPC error code (an unknown resource
+/// counts as invalid params; codes without their own outcome as `internal_error`).
+pub const fn outcome_index(code: i32) -> usize {
+    use crate::protocol as p;
+    match code {
+        p::PARSE_ERROR => 1,
+        p::INVALID_REQUEST => 2,
+        p::METHOD_NOT_FOUND => 3,
+        p::INVALID_PARAMS | p::RESOURCE_NOT_FOUND => 4,
+        p::FORBIDDEN => 6,
+        p::REQUEST_CANCELLED => 7,
+        p::MISSING_CAPABILITY => 8,
+        p::HEADER_MISMATCH => 9,
+        p::UNSUPPORTED_VERSION => 10,
+        _ => 5,
+    }
+}
+
+/// Index of a method in [`METHODS`] (`other` for the rest). A `const fn`, so that the
+/// method table holds each method's index.
+pub const fn method_index(method: &str) -> usize {
+    let mut i = 0;
+    while i < METHODS.len() {
+        if str_eq(METHODS[i], method) {
+            return i;
+        }
+        i += 1;
+    }
+    METHODS.len() - 1
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// Handles of a tool's dispatch histogram, by outcome, each created by the first call that
@@ -683,6 +727,32 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_code_has_its_outcome_label() {
+        use crate::protocol as p;
+        for (code, label) in [
+            (p::PARSE_ERROR, "parse_error"),
+            (p::INVALID_REQUEST, "invalid_request"),
+            (p::METHOD_NOT_FOUND, "method_not_found"),
+            (p::INVALID_PARAMS, "invalid_params"),
+            (p::RESOURCE_NOT_FOUND, "invalid_params"),
+            (p::INTERNAL_ERROR, "internal_error"),
+            (p::FORBIDDEN, "forbidden"),
+            (p::REQUEST_CANCELLED, "cancelled"),
+            (p::MISSING_CAPABILITY, "missing_capability"),
+            (p::HEADER_MISMATCH, "header_mismatch"),
+            (p::UNSUPPORTED_VERSION, "unsupported_version"),
+            (-1, "internal_error"),
+        ] {
+            assert_eq!(OUTCOMES[outcome_index(code)], label, "{code}");
+        }
+        assert_eq!(OUTCOMES[0], "ok");
+        for (i, m) in METHODS.iter().enumerate() {
+            assert_eq!(method_index(m), i);
+        }
+        assert_eq!(METHODS[method_index("server/discover")], "other");
+    }
 
     #[test]
     fn histogram_buckets_and_exposition() {

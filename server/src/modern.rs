@@ -23,7 +23,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::protocol::{self, HEADER_MISMATCH, INVALID_PARAMS, UNSUPPORTED_VERSION};
+use crate::dispatch::error::RpcError;
+use crate::protocol::{self, HEADER_MISMATCH, UNSUPPORTED_VERSION};
 use crate::session::{ClientCaps, LogLevel};
 
 /// `_meta` key of the request's protocol version.
@@ -40,9 +41,6 @@ pub const REMOVED_METHODS: [&str; 5] = [
     "resources/subscribe",
     "resources/unsubscribe",
 ];
-
-/// A refusal: JSON-RPC code, message and optional `data`.
-pub type Refusal = (i32, String, Option<Value>);
 
 #[derive(Deserialize)]
 struct Envelope<'a> {
@@ -119,8 +117,8 @@ pub fn names_version(params: Option<&RawValue>) -> bool {
 /// `-32602` when `_meta`, its protocol version or its client capabilities are missing or
 /// malformed, `-32020` when the body's version differs from the header's, `-32022` when
 /// the version is not one this server speaks.
-pub fn meta<'a>(params: Option<&'a RawValue>, header: Option<&str>) -> Result<Meta<'a>, Refusal> {
-    let invalid = |m: &str| (INVALID_PARAMS, format!("Invalid params: {m}"), None);
+pub fn meta<'a>(params: Option<&'a RawValue>, header: Option<&str>) -> Result<Meta<'a>, RpcError> {
+    let invalid = |m: &str| RpcError::invalid_params(format!("Invalid params: {m}"));
     let env: Envelope<'a> = match params {
         None => Envelope { meta: None },
         Some(p) => serde_json::from_str(p.get()).map_err(|e| invalid(&format!("`_meta`: {e}")))?,
@@ -141,13 +139,12 @@ pub fn meta<'a>(params: Option<&'a RawValue>, header: Option<&str>) -> Result<Me
     if let Some(h) = header
         && h != version
     {
-        return Err((
+        return Err(RpcError::new(
             HEADER_MISMATCH,
             format!(
                 "Header mismatch: MCP-Protocol-Version is {h:?} but the body's `{VERSION_KEY}` is {:?}",
                 clip(&version)
             ),
-            None,
         ));
     }
     let Some(v) = protocol::modern(&version) else {
@@ -171,16 +168,16 @@ pub fn meta<'a>(params: Option<&'a RawValue>, header: Option<&str>) -> Result<Me
 }
 
 /// The `UnsupportedProtocolVersionError` for `requested`.
-pub fn unsupported(requested: &str) -> Refusal {
-    (
+pub fn unsupported(requested: &str) -> RpcError {
+    RpcError::new(
         UNSUPPORTED_VERSION,
         format!(
             "Unsupported protocol version {:?}; supported: {}",
             clip(requested),
             protocol::ALL_VERSIONS.join(", ")
         ),
-        Some(protocol::unsupported_version_data(clip(requested))),
     )
+    .with_data(protocol::unsupported_version_data(clip(requested)))
 }
 
 fn clip(s: &str) -> &str {
@@ -383,6 +380,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::INVALID_PARAMS;
 
     fn raw(s: &str) -> Box<RawValue> {
         RawValue::from_string(s.to_owned()).unwrap()
@@ -396,8 +394,8 @@ mod tests {
         let m = meta(Some(&ok), Some("2026-07-28")).unwrap();
         assert!(m.caps.sampling && !m.caps.elicitation);
         assert_eq!(m.level, Some(LogLevel::Warning));
-        let code = |p: &str, h: Option<&str>| meta(Some(&raw(p)), h).unwrap_err().0;
-        assert_eq!(meta(None, None).unwrap_err().0, INVALID_PARAMS);
+        let code = |p: &str, h: Option<&str>| meta(Some(&raw(p)), h).unwrap_err().code;
+        assert_eq!(meta(None, None).unwrap_err().code, INVALID_PARAMS);
         assert_eq!(code("{}", None), INVALID_PARAMS);
         assert_eq!(code(r#"{"_meta":5}"#, None), INVALID_PARAMS);
         assert_eq!(
@@ -423,7 +421,7 @@ mod tests {
         );
         let v999 = r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"v999","io.modelcontextprotocol/clientCapabilities":{}}}"#;
         assert_eq!(code(v999, Some("2026-07-28")), HEADER_MISMATCH);
-        let (c, _, data) = meta(Some(&raw(v999)), None).unwrap_err();
+        let RpcError { code: c, data, .. } = meta(Some(&raw(v999)), None).unwrap_err();
         assert_eq!(c, UNSUPPORTED_VERSION);
         assert_eq!(data.unwrap()["requested"], "v999");
         assert_eq!(

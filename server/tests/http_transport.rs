@@ -375,7 +375,7 @@ use std::time::Duration;
 
 use axum::Router;
 use quiver_server::admin::{self, AdminState};
-use quiver_server::dispatch::{Ctx, Era, Limits, Server};
+use quiver_server::dispatch::{Ctx, Era, Limits, Opens, Server};
 use quiver_server::metrics::Refusal;
 use quiver_server::transport::http::{HttpState, app};
 use quiver_server::transport::limits::Load;
@@ -459,6 +459,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
             stream: false,
             era: Era::Legacy,
             caller: None,
+            opens: Opens::Minted,
         };
         let mut call = Box::pin(server.handle(body, ctx, false));
         let registered = usize::from(!session.is_empty());
@@ -483,6 +484,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
                 stream: false,
                 era: Era::Legacy,
                 caller: None,
+                opens: Opens::Minted,
             },
             false,
         ),

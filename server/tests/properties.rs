@@ -23,7 +23,7 @@ use proptest::test_runner::{Config, TestRunner};
 use quiver_server::config::{
     self, CompiledHandler, MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, MAX_VALUE_DEPTH,
 };
-use quiver_server::dispatch::{Ctx, Era, Server};
+use quiver_server::dispatch::{Ctx, Era, Opens, Outcome, Server};
 use quiver_server::metrics::Metrics;
 use quiver_server::registry::Registry;
 use quiver_server::reload::Reloader;
@@ -460,7 +460,7 @@ fn server() -> Arc<Server> {
 /// exactly one of `result` or `error`.
 fn check_message(
     rt: &tokio::runtime::Runtime,
-    server: &Server,
+    server: &Arc<Server>,
     body: &[u8],
     batches: bool,
 ) -> Result<(), TestCaseError> {
@@ -472,12 +472,13 @@ fn check_message(
         // 2026-07-28 path.
         era: Era::Detect,
         caller: None,
+        opens: Opens::Given,
     };
     let handled = rt.block_on(server.handle(body, ctx, batches));
     // A slow call comes back to be run where it could stream; run it without a client.
-    let out = match handled.deferred {
-        Some(d) => rt.block_on(server.run_deferred(d, "s", None)).map(|(b, _)| b),
-        None => handled.body,
+    let out = match handled {
+        Outcome::Deferred(d) => rt.block_on(d.run(None)).map(|r| r.body),
+        other => other.into_body(),
     };
     let Some(out) = out else {
         return Ok(());

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -33,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::limits::Load;
 use super::sessions::EndedSessions;
 use crate::config::access::Principal;
-use crate::dispatch::{Ctx, Deferred, Era, Listen, Server};
+use crate::dispatch::{Ctx, Deferred, Era, Listen, Opens, Outcome, Reply, Server};
 use crate::metrics::Refusal;
 use crate::peer::Peer;
 use crate::protocol::{self, INVALID_REQUEST};
@@ -148,6 +149,7 @@ async fn close_when_draining(State(state): State<Arc<HttpState>>, mut resp: Resp
 }
 
 /// A request refused before dispatch: an HTTP status and a JSON-RPC error body.
+#[derive(Clone)]
 struct Reject(StatusCode, String);
 
 impl IntoResponse for Reject {
@@ -322,27 +324,63 @@ fn check_host(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
     }
 }
 
-/// Origin, Host and credentials: checked before anything else is read. What the caller's
-/// credentials grant, or `None` when the server does not authenticate clients.
-async fn check_caller(
-    state: &HttpState,
-    headers: &HeaderMap,
-) -> Result<Option<Arc<Principal>>, Box<Response>> {
-    check_origin(state, headers).map_err(|r| Box::new(r.into_response()))?;
-    check_host(state, headers).map_err(|r| Box::new(r.into_response()))?;
-    let Some(auth) = &state.options.auth else {
-        return Ok(None);
-    };
-    match auth.check(headers).await {
-        Ok(p) => Ok(Some(p)),
-        Err(denied) => {
-            state.server.metrics.refused(Refusal::Unauthenticated);
-            let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
-            let metadata = auth.metadata_url(state.options.allowed_hosts.as_deref());
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, denied.challenge(metadata.as_deref()));
-            Err(Box::new(resp))
-        }
+/// A request whose Origin and Host this listener allows (a page on another site, a
+/// rebinding DNS name: refused before anything else is read).
+struct Allowed;
+
+impl FromRequestParts<Arc<HttpState>> for Allowed {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
+        check_origin(state, &parts.headers)
+            .and_then(|()| check_host(state, &parts.headers))
+            .map(|()| Allowed)
+            .map_err(IntoResponse::into_response)
+    }
+}
+
+/// The caller of an `/mcp` request, checked before anything else is read: its Origin and
+/// Host are allowed ([`Allowed`]) and its credentials accepted. Carries who it is and what
+/// its credentials grant, and the protocol revision its `MCP-Protocol-Version` names (each
+/// route answers a version it does not speak in its own way and order).
+pub(crate) struct Caller {
+    /// What the caller's credentials grant; `None` when the server does not authenticate
+    /// clients.
+    principal: Option<Arc<Principal>>,
+    /// The revision the request names, and whether it is the stateless one (2026-07-28).
+    version: Result<(&'static str, bool), Reject>,
+}
+
+impl Caller {
+    fn principal(&self) -> Option<&Principal> {
+        self.principal.as_deref()
+    }
+}
+
+impl FromRequestParts<Arc<HttpState>> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
+        Allowed::from_request_parts(parts, state).await?;
+        let headers = &parts.headers;
+        let principal = match &state.options.auth {
+            None => None,
+            Some(auth) => match auth.check(headers).await {
+                Ok(p) => Some(p),
+                Err(denied) => {
+                    state.server.metrics.refused(Refusal::Unauthenticated);
+                    let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
+                    let metadata = auth.metadata_url(state.options.allowed_hosts.as_deref());
+                    resp.headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, denied.challenge(metadata.as_deref()));
+                    return Err(resp);
+                }
+            },
+        };
+        Ok(Self {
+            principal,
+            version: version(headers),
+        })
     }
 }
 
@@ -350,10 +388,7 @@ async fn check_caller(
 /// server issues tokens for this endpoint (RFC 9728). 404 unless an issuer is configured.
 /// The Origin and Host checks of `/mcp` apply (it is the first thing a client reads), and the
 /// document names the resource from configuration, never from the request's Host.
-async fn protected_resource(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_origin(&state, &headers).and_then(|()| check_host(&state, &headers)) {
-        return r.into_response();
-    }
+async fn protected_resource(State(state): State<Arc<HttpState>>, _: Allowed) -> Response {
     let snap = state.server.registry.load();
     let scopes: Vec<&str> = snap.scopes.iter().map(AsRef::as_ref).collect();
     match state
@@ -434,9 +469,8 @@ fn unsupported_version(headers: &HeaderMap, body: &[u8]) -> Response {
         .get(VERSION_HEADER)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default();
-    let (code, message, data) = crate::modern::unsupported(&requested);
     let mut out = Vec::with_capacity(192);
-    protocol::write_error(&mut out, protocol::peek_id(body), code, &message, data.as_ref());
+    crate::modern::unsupported(&requested).write(&mut out, protocol::peek_id(body));
     json_response(StatusCode::BAD_REQUEST, out)
 }
 
@@ -544,8 +578,8 @@ fn clip(s: &str) -> &str {
     &s[..end]
 }
 
-/// The headers a POST must carry: JSON in, JSON accepted; the protocol version and session.
-fn post_headers(headers: &HeaderMap) -> Result<((&'static str, bool), &str), Reject> {
+/// The headers a POST must carry: JSON in, JSON accepted.
+fn post_content(headers: &HeaderMap) -> Result<(), Reject> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -566,71 +600,20 @@ fn post_headers(headers: &HeaderMap) -> Result<((&'static str, bool), &str), Rej
             "Accept must allow application/json".to_owned(),
         ));
     }
-    Ok((version(headers)?, session_id(headers)?))
+    Ok(())
 }
 
-async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response {
+async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let headers = &parts.headers;
-    let caller = match check_caller(&state, headers).await {
-        Ok(c) => c,
+    let body = match post_body(&state, headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (version, modern, session) = match post_target(&state, &caller, headers, &body) {
+        Ok(t) => t,
         Err(r) => return *r,
     };
-    let max = state.options.max_body_bytes;
-    let too_large = || {
-        state.server.metrics.refused(Refusal::BodyBytes);
-        http_error_close(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("request body exceeds {max} bytes"),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return too_large();
-    }
-    // No in-flight place is held while the body arrives: a slow body costs a connection slot
-    // for at most the body timeout, never dispatch capacity. It is read before the header
-    // checks below so that their errors can name the request's id.
-    let body = match read_body(body, max, state.options.body_read_timeout).await {
-        Ok(b) => b,
-        Err(BodyError::TooLarge) => return too_large(),
-        Err(BodyError::Timeout) => {
-            state.server.metrics.refused(Refusal::BodyTimeout);
-            return http_error_close(
-                StatusCode::REQUEST_TIMEOUT,
-                &format!(
-                    "the request body did not arrive within {} s",
-                    state.options.body_read_timeout.as_secs_f64()
-                ),
-            );
-        }
-        Err(BodyError::Broken) => {
-            return http_error_close(StatusCode::BAD_REQUEST, "the request body could not be read");
-        }
-    };
-    let ((version, modern), session) = match post_headers(headers) {
-        Ok(v) => v,
-        Err(r)
-            if headers.contains_key(VERSION_HEADER)
-                && r.0 == StatusCode::BAD_REQUEST
-                && version(headers).is_err() =>
-        {
-            return unsupported_version(headers, &body);
-        }
-        Err(r) => return r.for_body(&body),
-    };
-    // 2026-07-28 has no sessions: an `Mcp-Session-Id` is ignored.
-    let session = if modern { "" } else { session };
-    if modern {
-        if let Err(r) = check_mirrored(headers, &body) {
-            return *r;
-        }
-    } else if let Err(r) = check_session(&state, session, caller.as_deref()) {
-        return r.for_body(&body);
-    }
     let pass = state.load.inflight.try_enter();
     // When every slot is taken, notifications and answers to server requests still get in:
     // they need no slot of their own, and they free others (a cancel, the answer a waiting
@@ -648,36 +631,98 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
         version,
         stream: true,
         era: if modern { Era::Modern(version) } else { Era::Legacy },
-        caller: caller.as_deref(),
+        caller: caller.principal(),
+        opens: Opens::Minted,
     };
-    let handled = state.server.handle(&body, ctx, version == "2025-03-26").await;
-    if let Some(listen) = handled.listen {
-        drop(pass);
-        return listen_stream(&state, listen);
+    match state.server.handle(&body, ctx, version == "2025-03-26").await {
+        Outcome::Listen(listen) => {
+            drop(pass);
+            listen_stream(&state, listen)
+        }
+        Outcome::Deferred(d) => {
+            // The call holds its place in the in-flight gate until it ends, also when that is
+            // after this handler returned (a streamed answer).
+            // (Only requests are deferred, and requests always hold a pass; should that ever not
+            // hold, the call runs without one rather than the process aborting.)
+            let held = pass.map(|p| {
+                std::mem::forget(p);
+                HeldPass(state.load.clone())
+            });
+            answer_call(d, held).await
+        }
+        Outcome::Accepted => StatusCode::ACCEPTED.into_response(),
+        Outcome::Reply(r) => reply_response(&state, r),
     }
-    if let Some(d) = handled.deferred {
-        // The call holds its place in the in-flight gate until it ends, also when that is
-        // after this handler returned (a streamed answer).
-        // (Only requests are deferred, and requests always hold a pass; should that ever not
-        // hold, the call runs without one rather than the process aborting.)
-        let held = pass.map(|p| {
-            std::mem::forget(p);
-            HeldPass(state.load.clone())
-        });
-        return answer_call(state.server.clone(), session.to_owned(), d, held).await;
+}
+
+/// A POST's body, read whole against the size cap and the body deadline. No in-flight place
+/// is held while it arrives: a slow body costs a connection slot for at most the body
+/// timeout, never dispatch capacity. It is read before the header checks so that their
+/// errors can name the request's id.
+async fn post_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let max = state.options.max_body_bytes;
+    let too_large = || {
+        state.server.metrics.refused(Refusal::BodyBytes);
+        http_error_close(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body exceeds {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
     }
-    let Some(out) = handled.body else {
-        return StatusCode::ACCEPTED.into_response();
+    match read_body(body, max, state.options.body_read_timeout).await {
+        Ok(b) => Ok(b),
+        Err(BodyError::TooLarge) => Err(too_large()),
+        Err(BodyError::Timeout) => {
+            state.server.metrics.refused(Refusal::BodyTimeout);
+            Err(http_error_close(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the request body did not arrive within {} s",
+                    state.options.body_read_timeout.as_secs_f64()
+                ),
+            ))
+        }
+        Err(BodyError::Broken) => Err(http_error_close(
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read",
+        )),
+    }
+}
+
+/// What a POST is addressed to: its content headers checked, the revision it speaks
+/// (whether stateless) and its session, which must be the caller's (2026-07-28 has none:
+/// its `Mcp-Session-Id` is ignored, and its mirrored headers must match the body).
+fn post_target<'h>(
+    state: &HttpState,
+    caller: &Caller,
+    headers: &'h HeaderMap,
+    body: &[u8],
+) -> Result<(&'static str, bool, &'h str), Box<Response>> {
+    post_content(headers).map_err(|r| Box::new(r.for_body(body)))?;
+    let Ok((version, modern)) = caller.version else {
+        return Err(Box::new(unsupported_version(headers, body)));
     };
-    let status = if handled.status != 0 {
-        StatusCode::from_u16(handled.status).unwrap_or(StatusCode::OK)
-    } else if handled.malformed {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::OK
-    };
-    let mut resp = json_response(status, out);
-    if let Some(scopes) = handled.forbidden.filter(|s| !s.is_empty())
+    let session = session_id(headers).map_err(|r| Box::new(r.for_body(body)))?;
+    if modern {
+        check_mirrored(headers, body)?;
+        return Ok((version, modern, ""));
+    }
+    check_session(state, session, caller.principal()).map_err(|r| Box::new(r.for_body(body)))?;
+    Ok((version, modern, session))
+}
+
+/// An answer as an HTTP response: its status, the scope challenge of a refused call, the id
+/// of the session it opened.
+fn reply_response(state: &HttpState, r: Reply) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::OK);
+    let mut resp = json_response(status, r.body);
+    if let Some(scopes) = r.challenge.filter(|s| !s.is_empty())
         && let Some(auth) = &state.options.auth
     {
         resp.headers_mut().insert(
@@ -685,13 +730,10 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, req: Request) -> Response
             auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
         );
     }
-    if handled.initialized {
-        // Always a new id of the server's, bound to this caller (a client's own id is not taken).
-        let id = crate::session::mint(caller.as_deref().map_or("", |c| &c.subject));
-        if let Ok(v) = HeaderValue::from_str(&id) {
-            state.server.sessions.open(&id, handled.client);
-            resp.headers_mut().insert(SESSION_HEADER, v);
-        }
+    if let Some(id) = r.session
+        && let Ok(v) = HeaderValue::from_str(&id)
+    {
+        resp.headers_mut().insert(SESSION_HEADER, v);
     }
     resp
 }
@@ -719,11 +761,11 @@ impl Drop for HeldPass {
 /// something first; then it is an SSE stream of those messages ending with the response.
 /// Dropping the stream (the client went away) drops the call. A call the client cancelled
 /// gets no response: its stream just ends.
-async fn answer_call(server: Arc<Server>, session: String, d: Deferred, held: Option<HeldPass>) -> Response {
+async fn answer_call(d: Deferred, held: Option<HeldPass>) -> Response {
     let (peer, mut rx) = Peer::channel();
     let mut call = Box::pin(async move {
         let _held = held;
-        server.run_deferred(d, &session, Some(&peer)).await
+        d.run(Some(&peer)).await.map(|r| (r.body, r.status))
     });
     let first = tokio::select! {
         biased;
@@ -835,11 +877,7 @@ impl Drop for ListenGuard {
     }
 }
 
-async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    let caller = match check_caller(&state, &headers).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+async fn get_mcp(State(state): State<Arc<HttpState>>, caller: Caller, headers: HeaderMap) -> Response {
     if !headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -850,13 +888,13 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
             "GET /mcp opens an SSE stream: Accept must include text/event-stream",
         );
     }
-    match version(&headers) {
-        Err(r) => return r.into_response(),
+    match &caller.version {
+        Err(r) => return r.clone().into_response(),
         Ok((_, true)) => return not_in_modern("GET"),
         Ok(_) => {}
     }
     let session =
-        match session_id(&headers).and_then(|s| check_session(&state, s, caller.as_deref()).map(|()| s)) {
+        match session_id(&headers).and_then(|s| check_session(&state, s, caller.principal()).map(|()| s)) {
             Ok(s) => s.to_owned(),
             Err(r) => return r.into_response(),
         };
@@ -934,12 +972,8 @@ fn event_stream(
     })
 }
 
-async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
-    let caller = match check_caller(&state, &headers).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    if matches!(version(&headers), Ok((_, true))) {
+async fn delete_mcp(State(state): State<Arc<HttpState>>, caller: Caller, headers: HeaderMap) -> Response {
+    if matches!(caller.version, Ok((_, true))) {
         return not_in_modern("DELETE");
     }
     let session = match session_id(&headers) {
@@ -953,7 +987,7 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
         Err(r) => return r.into_response(),
     };
     // Another caller's session is unknown to this one: it can neither end nor touch it.
-    if let Err(r) = check_session(&state, session, caller.as_deref()) {
+    if let Err(r) = check_session(&state, session, caller.principal()) {
         return r.into_response();
     }
     if !state.ended.end(session) {
@@ -974,7 +1008,57 @@ async fn delete_mcp(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
 
 #[cfg(test)]
 mod tests {
+    use tower::ServiceExt;
+
     use super::*;
+
+    #[tokio::test]
+    async fn every_mcp_route_checks_origin_and_host_before_anything_else() {
+        let metrics = crate::metrics::Metrics::new("test", "system");
+        let server = Server::new(crate::registry::Registry::new(&metrics), metrics);
+        let options = HttpOptions {
+            allowed_hosts: Some(vec!["mcp.example".into()]),
+            ..HttpOptions::default()
+        };
+        let app = app(HttpState::new(server, options, CancellationToken::new()));
+        let routes = [
+            ("POST", "/mcp"),
+            ("GET", "/mcp"),
+            ("DELETE", "/mcp"),
+            ("GET", "/.well-known/oauth-protected-resource"),
+        ];
+        for (method, path) in routes {
+            let req = |host: &str, origin: Option<&str>| {
+                let mut b = axum::http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header(header::HOST, host);
+                if let Some(o) = origin {
+                    b = b.header(header::ORIGIN, o);
+                }
+                // Nothing else about the request is right: the checks answer first.
+                b.body(Body::from("not json")).unwrap()
+            };
+            for (host, origin, want) in [
+                ("evil.example", None, StatusCode::FORBIDDEN),
+                ("localhost:1@evil.example", None, StatusCode::BAD_REQUEST),
+                ("mcp.example", Some("http://evil.example"), StatusCode::FORBIDDEN),
+            ] {
+                let resp = app.clone().oneshot(req(host, origin)).await.unwrap();
+                assert_eq!(
+                    resp.status(),
+                    want,
+                    "{method} {path} host {host} origin {origin:?}"
+                );
+            }
+            let allowed = app
+                .clone()
+                .oneshot(req("mcp.example", Some("http://localhost:3000")))
+                .await
+                .unwrap();
+            assert_ne!(allowed.status(), StatusCode::FORBIDDEN, "{method} {path}");
+        }
+    }
 
     #[test]
     fn loopback_origins() {

@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWrite
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::{Ctx, Era, Server};
+use crate::dispatch::{Ctx, Era, Opens, Outcome, Server};
 use crate::peer::Peer;
 
 /// The one session of a stdio server.
@@ -24,6 +24,7 @@ const CTX: Ctx<'static> = Ctx {
     stream: true,
     era: Era::Detect,
     caller: None,
+    opens: Opens::Given,
 };
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};
@@ -83,25 +84,7 @@ where
         }
         Ok::<_, std::io::Error>(())
     });
-    let mut events = server.subscribe();
-    let event_tx = tx.clone();
-    let server_for_events = server.clone();
-    let forward = tokio::spawn(async move {
-        loop {
-            match events.recv().await {
-                // Only a client that initialized (the handshake era) gets unsolicited
-                // notifications; a 2026-07-28 client asks with `subscriptions/listen`.
-                Ok(m) if m.is_for(SESSION) && server_for_events.sessions.caps(SESSION).is_some() => {
-                    if event_tx.send(m.message.as_bytes().to_vec()).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-            }
-        }
-    });
+    let forward = tokio::spawn(forward_events(server.clone(), tx.clone()));
     let slots = Arc::new(Semaphore::new(options.max_inflight.max(1)));
     let mut reader = BufReader::new(input);
     let mut tasks = tokio::task::JoinSet::new();
@@ -156,49 +139,7 @@ where
         let stop_listen = stop.clone();
         tasks.spawn(async move {
             let _slot = slot;
-            let handled = server.handle(&line, CTX, true).await;
-            if handled.initialized {
-                server.sessions.open(SESSION, handled.client);
-            }
-            if let Some(d) = handled.deferred {
-                // Progress, log messages and requests to the client go straight to stdout.
-                let peer = Peer::from_sender(tx.clone());
-                // A cancelled call gets no response (`None`).
-                if let Some((body, _)) = server.run_deferred(d, SESSION, Some(&peer)).await {
-                    let _ = tx.send(body).await;
-                }
-            } else if let Some(listen) = handled.listen {
-                // Tagged notifications on the shared stdout until `notifications/cancelled`
-                // names the listen's id or the server stops; the listen's response ends it.
-                let (token, _entry) = server.cancel_handle(SESSION, &listen.id);
-                let mut events = server.subscribe();
-                if tx.send(listen.acknowledgement()).await.is_err() {
-                    return;
-                }
-                loop {
-                    tokio::select! {
-                        () = token.cancelled() => return,
-                        () = stop_listen.cancelled() => {
-                            let _ = tx.send(listen.closing()).await;
-                            return;
-                        }
-                        e = events.recv() => match e {
-                            Ok(e) => {
-                                if let Some(m) = listen.wants(&e) && tx.send(m).await.is_err() {
-                                    return;
-                                }
-                            }
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                        },
-                    }
-                }
-            } else if let Some(body) = handled.body {
-                // A cancelled request gets no response on stdio (the client has moved on).
-                if !is_cancelled_error(&body) {
-                    let _ = tx.send(body).await;
-                }
-            }
+            carry_out(&server, &line, &tx, &stop_listen).await;
         });
         while tasks.try_join_next().is_some() {}
     }
@@ -207,6 +148,80 @@ where
     drop(tx);
     writer.await.map_err(std::io::Error::other)??;
     read_error.map_or(Ok(()), Err)
+}
+
+/// Unsolicited notifications (`list_changed`, resource updates) onto stdout. Only a client
+/// that initialized (the handshake era) gets them; a 2026-07-28 client asks with
+/// `subscriptions/listen`.
+async fn forward_events(server: Arc<Server>, tx: mpsc::Sender<Vec<u8>>) {
+    let mut events = server.subscribe();
+    loop {
+        match events.recv().await {
+            Ok(m) if m.is_for(SESSION) && server.sessions.caps(SESSION).is_some() => {
+                if tx.send(m.message.as_bytes().to_vec()).await.is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+        }
+    }
+}
+
+/// Handles one line and carries out what dispatch decided.
+async fn carry_out(server: &Arc<Server>, line: &[u8], tx: &mpsc::Sender<Vec<u8>>, stop: &CancellationToken) {
+    match server.handle(line, CTX, true).await {
+        Outcome::Deferred(d) => {
+            // Progress, log messages and requests to the client go straight to stdout.
+            let peer = Peer::from_sender(tx.clone());
+            // A cancelled call gets no response (`None`).
+            if let Some(r) = d.run(Some(&peer)).await {
+                let _ = tx.send(r.body).await;
+            }
+        }
+        Outcome::Listen(listen) => serve_listen(tx, listen, server, stop).await,
+        Outcome::Reply(r) => {
+            // A cancelled request gets no response on stdio (the client has moved on).
+            if !is_cancelled_error(&r.body) {
+                let _ = tx.send(r.body).await;
+            }
+        }
+        Outcome::Accepted => {}
+    }
+}
+
+/// Tagged notifications on the shared stdout until `notifications/cancelled` names the
+/// listen's id or the server stops; the listen's response ends it.
+async fn serve_listen(
+    tx: &mpsc::Sender<Vec<u8>>,
+    listen: crate::dispatch::Listen,
+    server: &Server,
+    stop: &CancellationToken,
+) {
+    let token = listen.cancellation();
+    let mut events = server.subscribe();
+    if tx.send(listen.acknowledgement()).await.is_err() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = stop.cancelled() => {
+                let _ = tx.send(listen.closing()).await;
+                return;
+            }
+            e = events.recv() => match e {
+                Ok(e) => {
+                    if let Some(m) = listen.wants(&e) && tx.send(m).await.is_err() {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
 }
 
 /// What [`read_line`] found.

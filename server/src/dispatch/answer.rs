@@ -1,0 +1,71 @@
+//! Ends a request: stamps its result for its era, bounds the answer's size, writes an error
+//! as its era reports it, and records the message's metrics.
+
+use std::time::Instant;
+
+use serde_json::value::RawValue;
+
+use super::error::RpcError;
+use super::reply::Reply;
+use super::revision::{Revision, Stamp};
+use super::server::Server;
+use crate::metrics::{Refusal, outcome_index};
+use crate::protocol::INTERNAL_ERROR;
+
+/// How a request is answered: in which era, counted as which method, stamped how.
+#[derive(Clone, Copy)]
+pub(super) struct Answering<'a> {
+    pub rev: &'static Revision,
+    /// The method's slot in [`crate::metrics::METHODS`].
+    pub metric: usize,
+    pub stamp: Stamp,
+    pub id: &'a RawValue,
+    pub start: Instant,
+}
+
+impl Server {
+    /// The answer to a request whose handler wrote its result into `out` (`Ok`) or failed.
+    pub(super) fn reply(&self, a: &Answering<'_>, result: Result<(), RpcError>, mut out: Vec<u8>) -> Reply {
+        let result = result.and_then(|()| {
+            if a.rev.stateless && a.stamp != Stamp::Own {
+                let snap = self.registry.load();
+                if a.stamp == Stamp::Cached {
+                    let mut f = snap.result_stamp.to_vec();
+                    f.extend_from_slice(&crate::modern::cache_fields(self.limits.cache_ttl_ms));
+                    crate::modern::stamp(&mut out, &f);
+                } else {
+                    crate::modern::stamp(&mut out, &snap.result_stamp);
+                }
+            }
+            if out.len() > self.limits.max_response_bytes {
+                self.metrics.refused(Refusal::ResponseBytes);
+                return Err(RpcError::new(
+                    INTERNAL_ERROR,
+                    format!(
+                        "the response ({} bytes) exceeds the server's limit of {} bytes",
+                        out.len(),
+                        self.limits.max_response_bytes
+                    ),
+                ));
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => {
+                self.metrics.record(a.metric, 0, a.start.elapsed());
+                Reply::new(out, 200)
+            }
+            Err(e) => {
+                let e = a.rev.refine(e);
+                out.clear();
+                out.shrink_to(256);
+                e.write(&mut out, Some(a.id));
+                self.metrics
+                    .record(a.metric, outcome_index(e.code), a.start.elapsed());
+                let mut r = Reply::new(out, a.rev.status(e.code));
+                r.challenge = e.scope_challenge();
+                r
+            }
+        }
+    }
+}

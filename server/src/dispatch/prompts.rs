@@ -1,0 +1,119 @@
+//! The prompts family: `prompts/list` and `prompts/get` (whose questions to the client are
+//! asked as a 2026-07-28 input round).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::envelope::parse_params;
+use super::error::RpcError;
+use super::request::{Done, Request};
+use super::rounds::modern_args;
+use super::server::Server;
+use super::tools::page;
+use crate::config::Role;
+use crate::peer::CallCtx;
+use crate::protocol::{self, INTERNAL_ERROR};
+use crate::registry::ListKind;
+use crate::template::Budget;
+
+#[derive(Deserialize)]
+struct PromptParams<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(default)]
+    arguments: Option<Map<String, Value>>,
+}
+
+/// `prompts/list`.
+pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    page(s, ListKind::Prompts, req, out)
+}
+
+/// `prompts/get`. A prompt that asks the client questions is served under 2026-07-28
+/// only: until every answer is in, the answer is an `InputRequiredResult`. Stamps its own
+/// 2026-07-28 results.
+pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    let modern = modern_args(req)?;
+    let p: PromptParams<'_> = parse_params(req.params)?;
+    let snap = s.registry.load();
+    let Some(i) = snap.prompt_index(&p.name) else {
+        return Err(RpcError::invalid_params(format!("Unknown prompt: {}", p.name)));
+    };
+    let prompt = &snap.config.prompts[i];
+    let stamped = modern.is_some();
+    let mut args = Value::Object(p.arguments.unwrap_or_default());
+    let missing: Vec<&str> = prompt
+        .required
+        .iter()
+        .filter(|r| args.get(r.as_str()).is_none_or(Value::is_null))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(RpcError::invalid_params(format!(
+            "Missing required argument(s) for prompt {}: {}",
+            p.name,
+            missing.join(", ")
+        )));
+    }
+    if !prompt.ask.is_empty() {
+        let Some(m) = modern else {
+            return Err(RpcError::invalid_params(format!(
+                "Prompt {} asks the client for input, which needs protocol 2026-07-28 (input-required results)",
+                p.name
+            )));
+        };
+        let m = s.modern_call("prompts/get", &p.name, &args, m)?;
+        let cx = CallCtx {
+            level: None,
+            caps: Some(m.inputs.caps),
+            inputs: Some(&m.inputs),
+            ..CallCtx::DETACHED
+        };
+        // Under 2026-07-28 asking never waits: answers are in the request or the question
+        // is recorded.
+        let o =
+            futures_util::FutureExt::now_or_never(crate::handlers::ask_questions(&prompt.ask, &args, &cx));
+        let call = m.call;
+        let round = m.inputs.finish();
+        if s.interrupted(round, &call, &snap, req.id, out)? {
+            return Ok(Done::Written);
+        }
+        match o {
+            Some(o) if !o.is_error => {
+                if let Some(obj) = args.as_object_mut() {
+                    obj.insert("input".into(), o.structured.unwrap_or(Value::Null));
+                }
+            }
+            Some(o) => return Err(RpcError::invalid_params(format!("Prompt {}: {}", p.name, o.text))),
+            None => {
+                return Err(RpcError::new(
+                    INTERNAL_ERROR,
+                    "the prompt's questions did not complete",
+                ));
+            }
+        }
+    }
+    let mut budget = Budget::new();
+    let mut messages = Vec::with_capacity(prompt.messages.len());
+    for (role, t) in &prompt.messages {
+        let role = match role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        let content = t
+            .render(&args, &mut budget)
+            .map_err(|e| RpcError::invalid_params(format!("Prompt {}: {e}", p.name)))?;
+        messages.push(json!({"role": role, "content": content}));
+    }
+    let mut result = json!({"messages": messages});
+    if let Some(d) = &prompt.description {
+        result["description"] = Value::String(d.clone());
+    }
+    protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
+    if stamped {
+        crate::modern::stamp(out, &snap.result_stamp);
+    }
+    Ok(Done::Written)
+}

@@ -1,0 +1,41 @@
+//! What a method handler is given ([`Request`]) and what it hands back ([`Done`]).
+
+use std::time::Instant;
+
+use serde_json::value::RawValue;
+
+use super::error::RpcError;
+use super::listen::Listen;
+use super::server::{Ctx, Server};
+use crate::modern::Meta;
+use crate::session::ClientCaps;
+
+/// One request, read and checked, as its handler sees it.
+#[derive(Clone, Copy)]
+pub(super) struct Request<'a> {
+    /// The request's id (a string or a number).
+    pub id: &'a RawValue,
+    /// Its params, raw.
+    pub params: Option<&'a RawValue>,
+    /// What the transport knows of it.
+    pub ctx: Ctx<'a>,
+    /// The checked `_meta` of a 2026-07-28 request; `None` in the handshake era.
+    pub meta: Option<Meta<'a>>,
+    /// The batch's deadline, or `None` to start the request timeout when a slow call starts.
+    pub deadline: Option<Instant>,
+    /// When the message arrived.
+    pub start: Instant,
+}
+
+/// What a handler did, besides writing into the answer buffer.
+pub(super) enum Done {
+    /// The result is in the buffer.
+    Written,
+    /// A successful `initialize` (its result is in the buffer): the session to open.
+    Initialized(ClientCaps),
+    /// A `subscriptions/listen` to serve as a stream (nothing is written).
+    Listen(Listen),
+}
+
+/// A method that answers at once: writes its result into the buffer.
+pub(super) type Answer = fn(&Server, &Request<'_>, &mut Vec<u8>) -> Result<Done, RpcError>;

@@ -1,0 +1,237 @@
+//! The server core every method handler works on: registry, executor, sessions, pending
+//! client requests, running cancellable calls and the notification fan-out; and the
+//! per-request facts a transport supplies ([`Ctx`]).
+
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use rustc_hash::FxHashMap;
+use tokio::sync::broadcast;
+
+use super::cancel::Cancels;
+use crate::config::access::Principal;
+use crate::handlers::Executor;
+use crate::metrics::Metrics;
+use crate::peer::Pending;
+use crate::protocol;
+use crate::registry::Registry;
+use crate::session::Sessions;
+
+/// Per-request facts supplied by the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// Session (HTTP `Mcp-Session-Id`, `stdio`, or empty): scopes request ids for cancellation.
+    /// Calls without a session cannot be cancelled by `notifications/cancelled` (only by
+    /// dropping the request, i.e. disconnecting): nothing ties a sessionless cancel to its call.
+    pub session: &'a str,
+    /// Protocol revision in force for this message.
+    pub version: &'a str,
+    /// The transport can stream the answer: a slow tool call is handed back as
+    /// [`super::Outcome::Deferred`], which can reach the client while the call runs
+    /// (progress, log messages, sampling, elicitation). Otherwise it runs here, unable to
+    /// reach the client.
+    pub stream: bool,
+    /// Which protocol era the message is read in.
+    pub era: Era<'a>,
+    /// What the caller's credentials grant, for tools with `access`; `None` when it presented
+    /// none (client authentication off, stdio).
+    pub caller: Option<&'a Principal>,
+    /// Which session a successful `initialize` opens.
+    pub opens: Opens,
+}
+
+/// How a transport tells the handshake era from the stateless revision (2026-07-28).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era<'a> {
+    /// Handshake era (`initialize`, sessions): HTTP without a 2026-07-28 version header.
+    Legacy,
+    /// 2026-07-28: HTTP with this `MCP-Protocol-Version`, which `_meta` must repeat.
+    Modern(&'a str),
+    /// Per message (stdio): 2026-07-28 when the params' `_meta` names a protocol version
+    /// (and the method is not `initialize`), the handshake era otherwise.
+    Detect,
+}
+
+/// Which session a successful `initialize` opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opens {
+    /// A new id minted for the caller ([`crate::session::mint`]), which the answer carries
+    /// ([`super::Reply::session`]; HTTP sends it as `Mcp-Session-Id`). A client's own id is
+    /// never taken.
+    Minted,
+    /// The transport's one session, [`Ctx::session`] (stdio).
+    Given,
+}
+
+/// Limits dispatch applies to every message, whatever the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Messages in one JSON-RPC batch; a longer batch is refused whole with one `-32600`.
+    pub max_batch: usize,
+    /// Bytes of the response to one transport message (a batch counts as one); a larger
+    /// answer is replaced by a `-32603` error instead of being sent.
+    pub max_response_bytes: usize,
+    /// Time one message may take; a slow tool call still running then ends with a tool
+    /// error (`isError: true`). Tools' own timeouts are usually shorter.
+    pub request_timeout: Duration,
+    /// `ttlMs` of cacheable 2026-07-28 results (lists, reads, discovery): how long a client
+    /// may reuse them without asking again. A reload also tells listening clients at once.
+    pub cache_ttl_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_batch: 64,
+            max_response_bytes: 8 << 20,
+            request_timeout: Duration::from_secs(300),
+            cache_ttl_ms: 0,
+        }
+    }
+}
+
+/// The MCP server core: registry, executor, notification fan-out, cancellation.
+#[derive(Debug)]
+pub struct Server {
+    /// The tool registry.
+    pub registry: Arc<Registry>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Runs tools.
+    pub exec: Executor,
+    pub(super) events: broadcast::Sender<Arc<Event>>,
+    /// What the server remembers per session.
+    pub sessions: Sessions,
+    /// Requests sent to clients, waiting for answers.
+    pub pending: Pending,
+    pub(super) cancels: Cancels,
+    pub(super) limits: Limits,
+    /// Signs 2026-07-28 `requestState`.
+    pub(super) state_key: crate::modern::StateKey,
+    /// Resource URIs watched by open `subscriptions/listen` streams.
+    pub(super) watched: Arc<Mutex<FxHashMap<Box<str>, usize>>>,
+}
+
+impl Server {
+    /// A server over a registry, with the default [`Limits`].
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_limits(registry, metrics, Limits::default())
+    }
+
+    /// A server over a registry with the given limits.
+    pub fn with_limits(registry: Arc<Registry>, metrics: Arc<Metrics>, limits: Limits) -> Arc<Self> {
+        let (events, _) = broadcast::channel(64);
+        Arc::new(Self {
+            registry,
+            metrics,
+            exec: Executor::new(),
+            events,
+            sessions: Sessions::default(),
+            pending: Pending::default(),
+            cancels: Cancels::default(),
+            limits,
+            state_key: crate::modern::StateKey::random(),
+            watched: Arc::default(),
+        })
+    }
+
+    /// Signs `requestState` with `key` instead of this process's random key: replicas that
+    /// share a key accept each other's state.
+    #[must_use]
+    pub fn with_state_key(self: Arc<Self>, key: crate::modern::StateKey) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut s) => {
+                s.state_key = key;
+                Arc::new(s)
+            }
+            Err(shared) => shared,
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Calls registered for cancellation right now (running slow calls that have a session).
+    pub fn cancellable_calls(&self) -> usize {
+        self.cancels.len()
+    }
+
+    /// Subscribes to server-to-client notifications (serialized JSON-RPC messages).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.events.subscribe()
+    }
+
+    /// Sends a notification to every open stream.
+    pub fn notify(&self, method: &str) {
+        let kind = match method {
+            "notifications/tools/list_changed" => EventKind::ToolsChanged,
+            "notifications/prompts/list_changed" => EventKind::PromptsChanged,
+            "notifications/resources/list_changed" => EventKind::ResourcesChanged,
+            _ => EventKind::Other,
+        };
+        let _ = self.events.send(Arc::new(Event {
+            session: None,
+            message: protocol::notification(method).into(),
+            kind,
+        }));
+    }
+}
+
+/// A server-to-client notification for the open streams.
+#[derive(Debug)]
+pub struct Event {
+    /// The session whose streams get it; `None`: every stream.
+    pub session: Option<Box<str>>,
+    /// The serialized JSON-RPC notification (as handshake-era streams carry it).
+    pub message: Box<str>,
+    /// What happened (how `subscriptions/listen` streams filter and tag it).
+    pub kind: EventKind,
+}
+
+/// What an [`Event`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// The tool list changed.
+    ToolsChanged,
+    /// The prompt list changed.
+    PromptsChanged,
+    /// The resource list changed.
+    ResourcesChanged,
+    /// A resource's contents changed (or it is gone).
+    ResourceUpdated(Box<str>),
+    /// Anything else.
+    Other,
+}
+
+impl Event {
+    /// Whether a handshake-era stream of `session` should carry this event. Resource updates
+    /// for 2026-07-28 listens (no session) go to listens only.
+    pub fn is_for(&self, session: &str) -> bool {
+        match &self.session {
+            Some(s) => &**s == session,
+            None => !matches!(self.kind, EventKind::ResourceUpdated(_)),
+        }
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+pub(super) struct InflightGuard<'a>(&'a Gauge<i64, AtomicI64>);
+
+impl<'a> InflightGuard<'a> {
+    #[inline]
+    pub(super) fn enter(g: &'a Gauge<i64, AtomicI64>) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for InflightGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

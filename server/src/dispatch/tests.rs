@@ -1,0 +1,442 @@
+//! The router, end to end over a real registry: envelope refusals, unknown methods in each
+//! era, and each family's answers and refusals.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::config::access::Principal;
+use crate::metrics::Metrics;
+use crate::protocol::{FORBIDDEN, INVALID_PARAMS, MISSING_CAPABILITY, RESOURCE_NOT_FOUND};
+use crate::registry::Registry;
+use crate::reload::Reloader;
+
+const CONFIG: &str = r#"
+tools:
+  - {name: add, handler: {builtin: add}}
+  - {name: sleep, handler: {builtin: sleep}}
+  - name: deploy
+    input: {service: string}
+    access: {scopes: [deploy:write]}
+    handler: {template: 'deployed {{service}}'}
+  - name: ask
+    input: {q: string}
+    handler: {sample: {prompt: "Answer: {{q}}", maxTokens: 50}}
+resources:
+  - {uri: "doc://a", name: a, text: "first"}
+  - {uriTemplate: "city://{name}", name: city, text: "{{name}}", values: {name: [Oslo, Osaka, Paris]}}
+prompts:
+  - name: trip
+    arguments: [{name: to, required: true, values: [Rome, Rotterdam, Lima]}]
+    messages: [{role: user, text: "Plan {{to}}"}]
+"#;
+
+fn server() -> Arc<Server> {
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    Reloader::new(server.clone())
+        .apply(&[("t.yaml".into(), CONFIG.into())])
+        .unwrap_or_else(|e| panic!("{e}"));
+    server
+}
+
+const LEGACY: Ctx<'static> = Ctx {
+    session: "",
+    version: "2025-11-25",
+    stream: false,
+    era: Era::Legacy,
+    caller: None,
+    opens: Opens::Minted,
+};
+
+const MODERN: Ctx<'static> = Ctx {
+    era: Era::Modern("2026-07-28"),
+    version: "2026-07-28",
+    ..LEGACY
+};
+
+fn run(s: &Arc<Server>, body: &str, ctx: Ctx<'_>) -> Outcome {
+    futures_util::FutureExt::now_or_never(s.handle(body.as_bytes(), ctx, false))
+        .unwrap_or_else(|| panic!("did not answer at once: {body}"))
+}
+
+fn reply(s: &Arc<Server>, body: &str, ctx: Ctx<'_>) -> (u16, Value, Reply) {
+    match run(s, body, ctx) {
+        Outcome::Reply(r) => (
+            r.status,
+            serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{e}: {body}")),
+            r,
+        ),
+        other => panic!("{body}: {other:?}"),
+    }
+}
+
+fn request(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
+}
+
+/// A 2026-07-28 request: `params` with the `_meta` that revision requires.
+fn modern(method: &str, mut params: Value, caps: Value) -> String {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps,
+    });
+    request(method, params)
+}
+
+/// Polls `cond` until it holds (at most 10 s).
+async fn wait_for(cond: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < end, "condition not reached in 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+fn code(v: &Value) -> i64 {
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("not an error: {v}"))
+}
+
+fn counted(s: &Server, method: &str, outcome: &str) -> bool {
+    s.metrics.encode().lines().any(|l| {
+        l.starts_with(&format!(
+            "quiver_requests_total{{method=\"{method}\",outcome=\"{outcome}\"}} 1"
+        ))
+    })
+}
+
+#[test]
+fn envelope_refusals_name_the_id_when_they_can() {
+    let s = server();
+    let (status, v, _) = reply(&s, "{nope", LEGACY);
+    assert_eq!((status, code(&v)), (400, -32700));
+    assert!(v["id"].is_null());
+    let (status, v, _) = reply(&s, r#"{"jsonrpc":"1.0","id":9,"method":"ping"}"#, LEGACY);
+    assert_eq!((status, code(&v), v["id"].clone()), (200, -32600, json!(9)));
+    let (status, v, _) = reply(&s, r#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#, LEGACY);
+    assert_eq!((status, code(&v)), (400, -32600));
+    assert!(counted(&s, "invalid", "parse_error"));
+    // Notifications and answers are accepted, not answered.
+    assert!(matches!(
+        run(
+            &s,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            LEGACY
+        ),
+        Outcome::Accepted
+    ));
+    assert!(matches!(
+        run(&s, r#"{"jsonrpc":"2.0","id":"x","result":{}}"#, LEGACY),
+        Outcome::Accepted
+    ));
+}
+
+#[test]
+fn unknown_methods_per_era() {
+    let s = server();
+    let (status, v, _) = reply(&s, &request("nope", json!({})), LEGACY);
+    assert_eq!((status, code(&v)), (200, -32601));
+    assert_eq!(v["error"]["message"], "Method not found: nope");
+    // A 2026-07-28 method is unknown to the handshake era, and the other way round.
+    let (_, v, _) = reply(&s, &request("server/discover", json!({})), LEGACY);
+    assert_eq!(v["error"]["message"], "Method not found: server/discover");
+    let (status, v, _) = reply(&s, &modern("ping", json!({}), json!({})), MODERN);
+    assert_eq!((status, code(&v)), (404, -32601));
+    assert_eq!(
+        v["error"]["message"],
+        "Method not found: ping is not part of protocol 2026-07-28"
+    );
+    let (status, v, _) = reply(&s, &modern("nope", json!({}), json!({})), MODERN);
+    assert_eq!(
+        (status, v["error"]["message"].clone()),
+        (404, json!("Method not found: nope"))
+    );
+    // `_meta` is checked before the method is looked up.
+    let (status, v, _) = reply(&s, &request("nope", json!({})), MODERN);
+    assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
+}
+
+#[test]
+fn tools_answer_and_refuse() {
+    let s = server();
+    let call = |name: &str, args: Value| json!({"name": name, "arguments": args});
+    let (status, v, _) = reply(
+        &s,
+        &request("tools/call", call("add", json!({"a": 1, "b": 2}))),
+        LEGACY,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(v["result"]["content"][0]["text"], "3");
+    assert!(v["result"].get("resultType").is_none());
+    let (_, v, _) = reply(
+        &s,
+        &modern("tools/call", call("add", json!({"a": 1, "b": 2})), json!({})),
+        MODERN,
+    );
+    assert_eq!(v["result"]["resultType"], "complete");
+    let (_, v, _) = reply(&s, &request("tools/list", json!({})), LEGACY);
+    assert!(v["result"]["tools"].as_array().is_some_and(|t| t.len() == 4));
+    let (_, v, _) = reply(&s, &modern("tools/list", json!({}), json!({})), MODERN);
+    assert!(v["result"]["ttlMs"].is_number(), "cache hints: {v}");
+    let (_, v, _) = reply(&s, &request("tools/call", call("none", json!({}))), LEGACY);
+    assert_eq!(code(&v), i64::from(INVALID_PARAMS));
+    let (_, v, _) = reply(&s, &request("tools/list", json!({"cursor": "forged"})), LEGACY);
+    assert_eq!(code(&v), i64::from(INVALID_PARAMS));
+}
+
+#[test]
+fn a_call_the_caller_may_not_make_is_forbidden_in_both_eras() {
+    let s = server();
+    let reader = Principal::new(["read"], []);
+    let args = json!({"name": "deploy", "arguments": {"service": "x"}});
+    for (ctx, body) in [
+        (LEGACY, request("tools/call", args.clone())),
+        (MODERN, modern("tools/call", args.clone(), json!({}))),
+    ] {
+        let ctx = Ctx {
+            caller: Some(&reader),
+            ..ctx
+        };
+        let (status, v, r) = reply(&s, &body, ctx);
+        assert_eq!((status, code(&v)), (403, i64::from(FORBIDDEN)));
+        assert_eq!(v["error"]["data"]["missingScopes"], json!(["deploy:write"]));
+        assert_eq!(r.challenge.as_deref(), Some("deploy:write"));
+    }
+    assert!(!counted(&s, "tools/call", "internal_error"));
+    assert!(
+        s.metrics
+            .encode()
+            .contains(r#"quiver_requests_total{method="tools/call",outcome="forbidden"} 2"#)
+    );
+}
+
+#[tokio::test]
+async fn a_missing_client_capability_is_its_own_outcome() {
+    let s = server();
+    let body = modern(
+        "tools/call",
+        json!({"name": "ask", "arguments": {"q": "?"}}),
+        json!({}),
+    );
+    let out = s.handle(body.as_bytes(), MODERN, false).await;
+    let Outcome::Reply(r) = out else { panic!("{out:?}") };
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!((r.status, code(&v)), (400, i64::from(MISSING_CAPABILITY)));
+    assert!(
+        counted(&s, "tools/call", "missing_capability"),
+        "{}",
+        s.metrics.encode()
+    );
+}
+
+#[tokio::test]
+async fn a_slow_call_is_deferred_when_the_transport_streams_and_cancellable_in_its_session() {
+    let s = server();
+    let body = request("tools/call", json!({"name": "sleep", "arguments": {"ms": 30000}}));
+    let ctx = Ctx {
+        session: "s1",
+        stream: true,
+        ..LEGACY
+    };
+    let Outcome::Deferred(d) = s.handle(body.as_bytes(), ctx, false).await else {
+        panic!("not deferred")
+    };
+    let call = tokio::spawn(d.run(None));
+    wait_for(|| s.cancellable_calls() == 1).await;
+    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#;
+    assert!(matches!(
+        s.handle(cancel.as_bytes(), ctx, false).await,
+        Outcome::Accepted
+    ));
+    assert!(call.await.unwrap().is_none(), "a cancelled call gets no answer");
+    assert!(counted(&s, "tools/call", "cancelled"));
+}
+
+#[test]
+fn resources_answer_and_refuse_per_era() {
+    let s = server();
+    let (_, v, _) = reply(&s, &request("resources/read", json!({"uri": "doc://a"})), LEGACY);
+    assert_eq!(v["result"]["contents"][0]["text"], "first");
+    let (_, v, _) = reply(
+        &s,
+        &request("resources/read", json!({"uri": "city://Oslo"})),
+        LEGACY,
+    );
+    assert_eq!(v["result"]["contents"][0]["text"], "Oslo");
+    let (status, v, _) = reply(&s, &request("resources/read", json!({"uri": "doc://z"})), LEGACY);
+    assert_eq!((status, code(&v)), (200, i64::from(RESOURCE_NOT_FOUND)));
+    assert!(v["error"].get("data").is_none());
+    let (status, v, _) = reply(
+        &s,
+        &modern("resources/read", json!({"uri": "doc://z"}), json!({})),
+        MODERN,
+    );
+    assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
+    assert_eq!(v["error"]["data"], json!({"uri": "doc://z"}));
+    let (_, v, _) = reply(&s, &request("resources/templates/list", json!({})), LEGACY);
+    assert_eq!(
+        v["result"]["resourceTemplates"][0]["uriTemplate"],
+        "city://{name}"
+    );
+    let session = Ctx {
+        session: "s1",
+        ..LEGACY
+    };
+    let (_, v, _) = reply(
+        &s,
+        &request("resources/subscribe", json!({"uri": "doc://a"})),
+        session,
+    );
+    assert_eq!(v["result"], json!({}));
+    assert_eq!(s.sessions.subscriptions().len(), 1);
+    let (_, v, _) = reply(
+        &s,
+        &request("resources/subscribe", json!({"uri": "doc://z"})),
+        session,
+    );
+    assert_eq!(code(&v), i64::from(RESOURCE_NOT_FOUND));
+    reply(
+        &s,
+        &request("resources/unsubscribe", json!({"uri": "doc://a"})),
+        session,
+    );
+    assert!(s.sessions.subscriptions().is_empty());
+}
+
+#[test]
+fn prompts_answer_and_refuse() {
+    let s = server();
+    let (_, v, _) = reply(
+        &s,
+        &request(
+            "prompts/get",
+            json!({"name": "trip", "arguments": {"to": "Rome"}}),
+        ),
+        LEGACY,
+    );
+    assert_eq!(v["result"]["messages"][0]["content"]["text"], "Plan Rome");
+    let (_, v, _) = reply(&s, &request("prompts/get", json!({"name": "trip"})), LEGACY);
+    assert_eq!(code(&v), i64::from(INVALID_PARAMS));
+    let (_, v, _) = reply(
+        &s,
+        &modern(
+            "prompts/get",
+            json!({"name": "trip", "arguments": {"to": "Lima"}}),
+            json!({}),
+        ),
+        MODERN,
+    );
+    assert_eq!(v["result"]["resultType"], "complete");
+    let (_, v, _) = reply(&s, &request("prompts/list", json!({})), LEGACY);
+    assert_eq!(v["result"]["prompts"][0]["name"], "trip");
+}
+
+#[test]
+fn completion_and_logging_answer_and_refuse() {
+    let s = server();
+    let complete =
+        json!({"ref": {"type": "ref/prompt", "name": "trip"}, "argument": {"name": "to", "value": "ro"}});
+    let (_, v, _) = reply(&s, &request("completion/complete", complete.clone()), LEGACY);
+    assert_eq!(v["result"]["completion"]["values"], json!(["Rome", "Rotterdam"]));
+    let (_, v, _) = reply(&s, &modern("completion/complete", complete, json!({})), MODERN);
+    assert_eq!(v["result"]["resultType"], "complete");
+    let unknown =
+        json!({"ref": {"type": "ref/resource", "uri": "nope://"}, "argument": {"name": "x", "value": ""}});
+    let (_, v, _) = reply(&s, &modern("completion/complete", unknown, json!({})), MODERN);
+    assert_eq!(code(&v), i64::from(INVALID_PARAMS));
+    assert!(v["error"].get("data").is_none());
+    let session = Ctx {
+        session: "s1",
+        ..LEGACY
+    };
+    let (_, v, _) = reply(
+        &s,
+        &request("logging/setLevel", json!({"level": "warning"})),
+        session,
+    );
+    assert_eq!(v["result"], json!({}));
+    let (_, v, _) = reply(
+        &s,
+        &request("logging/setLevel", json!({"level": "loud"})),
+        session,
+    );
+    assert_eq!(code(&v), i64::from(INVALID_PARAMS));
+}
+
+#[test]
+fn initialize_opens_its_session_in_dispatch() {
+    let s = server();
+    let init = request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}}),
+    );
+    let (_, v, r) = reply(&s, &init, LEGACY);
+    assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
+    let id = r.session.expect("a minted session id");
+    assert!(crate::session::owned_by(&id, ""));
+    assert!(s.sessions.caps(&id).is_some_and(|c| c.sampling));
+    let given = Ctx {
+        session: "stdio",
+        opens: Opens::Given,
+        ..LEGACY
+    };
+    let (_, _, r) = reply(&s, &init, given);
+    assert!(r.session.is_none());
+    assert!(s.sessions.caps("stdio").is_some_and(|c| c.sampling));
+    // A failed initialize opens nothing; a batch's does.
+    let before = s.sessions.len();
+    let (_, v, r) = reply(&s, &request("initialize", json!({})), LEGACY);
+    assert_eq!(
+        (code(&v), r.session, s.sessions.len()),
+        (i64::from(INVALID_PARAMS), None, before)
+    );
+    let batch = format!("[{init}]");
+    let Outcome::Reply(r) =
+        futures_util::FutureExt::now_or_never(s.handle(batch.as_bytes(), LEGACY, true)).unwrap()
+    else {
+        panic!()
+    };
+    assert!(r.session.is_some_and(|id| s.sessions.caps(&id).is_some()));
+}
+
+#[test]
+fn ping_discover_and_listen() {
+    let s = server();
+    let (_, v, _) = reply(&s, &request("ping", json!({})), LEGACY);
+    assert_eq!(v["result"], json!({}));
+    let (_, v, _) = reply(&s, &modern("server/discover", json!({}), json!({})), MODERN);
+    assert!(v["result"]["ttlMs"].is_number(), "{v}");
+    let listen = modern(
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+        json!({}),
+    );
+    let in_session = Ctx {
+        session: "stdio",
+        era: Era::Detect,
+        opens: Opens::Given,
+        ..LEGACY
+    };
+    let Outcome::Listen(l) = run(&s, &listen, in_session) else {
+        panic!("not a listen")
+    };
+    assert!(l.filter.tools_list_changed);
+    let token = l.cancellation();
+    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#;
+    run(&s, cancel, in_session);
+    assert!(token.is_cancelled());
+    let too_many: Vec<String> = (0..=MAX_LISTEN_URIS).map(|i| format!("doc://{i}")).collect();
+    let (status, v, _) = reply(
+        &s,
+        &modern(
+            "subscriptions/listen",
+            json!({"notifications": {"resourceSubscriptions": too_many}}),
+            json!({}),
+        ),
+        MODERN,
+    );
+    assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
+}

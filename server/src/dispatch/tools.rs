@@ -1,0 +1,372 @@
+//! The tools family: `tools/list` and `tools/call`, including the slow call handed back to
+//! the transport ([`Deferred`]) and the call that runs here, cancellable and timed out.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::answer::Answering;
+use super::envelope::parse_params;
+use super::error::RpcError;
+use super::reply::Reply;
+use super::request::{Done, Request};
+use super::revision::{HANDSHAKE, STATELESS, Stamp};
+use super::rounds::{ModernCall, modern_args};
+use super::server::{InflightGuard, Server};
+use crate::handlers::{ToolOutput, check_output};
+use crate::metrics::{Refusal, outcome_index};
+use crate::peer::{CallCtx, Peer};
+use crate::protocol;
+use crate::registry::{ListKind, Snapshot};
+use crate::session::LogLevel;
+
+/// The `tools/call` slot in [`crate::metrics::METHODS`].
+const TOOLS_CALL: usize = crate::metrics::method_index("tools/call");
+
+#[derive(Deserialize)]
+struct CallParams<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(default)]
+    arguments: Option<Value>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<CallMeta<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CallMeta<'a> {
+    #[serde(borrow, default)]
+    progress_token: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct CursorParams<'a> {
+    #[serde(borrow, default)]
+    cursor: Option<Cow<'a, str>>,
+}
+
+/// `tools/list`.
+pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    page(s, ListKind::Tools, req, out)
+}
+
+/// A page of a list (tools, resources, resource templates, prompts).
+pub(super) fn page(
+    s: &Server,
+    kind: ListKind,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<Done, RpcError> {
+    let cursor = match req.params {
+        Some(_) => parse_params::<CursorParams<'_>>(req.params)?.cursor,
+        None => None,
+    };
+    let snap = s.registry.load();
+    match snap.page(kind, cursor.as_deref()) {
+        Some(page) => {
+            protocol::write_result(out, req.id, page);
+            Ok(Done::Written)
+        }
+        None => Err(RpcError::invalid_params(
+            "Invalid cursor: not issued by the current list (it may have changed; list again without a cursor)",
+        )),
+    }
+}
+
+/// `tools/call`: answered here (a fast handler, or a slow one where the transport cannot
+/// stream), or handed back as a [`Deferred`] for the transport to run.
+pub(super) async fn call(
+    server: &Arc<Server>,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<Option<Deferred>, RpcError> {
+    let modern = modern_args(req)?;
+    let p: CallParams<'_> = parse_params(req.params)?;
+    let guard = server.registry.load();
+    let Some(index) = guard.tool_index(&p.name) else {
+        return Err(RpcError::invalid_params(format!("Unknown tool: {}", p.name)));
+    };
+    let args = match p.arguments {
+        None => Value::Object(Map::new()),
+        Some(v @ Value::Object(_)) => v,
+        Some(_) => {
+            return Err(RpcError::invalid_params(
+                "Invalid params: `arguments` must be an object",
+            ));
+        }
+    };
+    let tool = &guard.tools[index];
+    // Before the arguments are looked at: a caller that may not call the tool learns
+    // nothing from it.
+    allowed(server, tool, req)?;
+    let start = Instant::now();
+    let mut problems = Vec::new();
+    tool.def.input.validate(&args, &mut problems);
+    if !problems.is_empty() {
+        let text = format!(
+            "Invalid arguments for tool {}: {}",
+            tool.def.name,
+            problems.join("; ")
+        );
+        write_tool_result(out, req.id, &ToolOutput::error(text));
+        tool.metrics
+            .invalid_arguments(&tool.def.name)
+            .observe(start.elapsed());
+        if modern.is_some() {
+            crate::modern::stamp(out, &guard.result_stamp);
+        }
+        return Ok(None);
+    }
+    let modern = match modern {
+        None => None,
+        Some(m) => Some(Box::new(server.modern_call("tools/call", &p.name, &args, m)?)),
+    };
+    let progress = match &modern {
+        Some(m) => m.progress.clone(),
+        None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
+    };
+    if let Some(output) = server.exec.run_now(&guard, index, &args) {
+        conclude(&guard, index, req.id, output, start, out);
+        if modern.is_some() {
+            crate::modern::stamp(out, &guard.result_stamp);
+        }
+        return Ok(None);
+    }
+    // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and make the
+    // call cancellable by `notifications/cancelled`.
+    let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
+    if req.ctx.stream {
+        return Ok(Some(Deferred {
+            server: server.clone(),
+            session: req.ctx.session.into(),
+            snap,
+            index,
+            args,
+            id: req.id.to_owned(),
+            progress,
+            start: req.start,
+            modern,
+        }));
+    }
+    let cx = CallCtx {
+        session: req.ctx.session,
+        level: modern.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
+        caps: modern.as_ref().map(|m| m.inputs.caps),
+        inputs: modern.as_ref().map(|m| &m.inputs),
+        ..CallCtx::DETACHED
+    };
+    let result = server
+        .run_cancellable(&snap, index, args, req.ctx.session, req.id, req.deadline, &cx)
+        .await;
+    match (result, modern) {
+        (Some(o), Some(m)) => server.conclude_modern(&snap, index, req.id, o, *m, start, out),
+        (Some(o), None) => {
+            conclude(&snap, index, req.id, o, start, out);
+            Ok(())
+        }
+        (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
+    }
+    .map(|()| None)
+}
+
+/// Refuses a call the caller's credentials do not allow (the tool's `access`).
+fn allowed(server: &Server, tool: &crate::registry::Tool, req: &Request<'_>) -> Result<(), RpcError> {
+    let Some(need) = &tool.def.access else {
+        return Ok(());
+    };
+    need.check(req.ctx.caller).map_err(|denied| {
+        server.metrics.refused(Refusal::Forbidden);
+        RpcError::new(protocol::FORBIDDEN, denied.message(&tool.def.name)).with_data(json!({
+            "tool": tool.def.name,
+            "missingScopes": denied.missing_scopes,
+            "requiredScopes": denied.required_scopes,
+            "allowedGroups": denied.not_in_groups,
+        }))
+    })
+}
+
+/// A slow tool call handed back to the transport (see [`super::Ctx::stream`]): everything it
+/// needs, owned, so the transport can run it where it streams the answer.
+#[derive(Debug)]
+pub struct Deferred {
+    server: Arc<Server>,
+    session: Box<str>,
+    snap: Arc<Snapshot>,
+    index: usize,
+    args: Value,
+    id: Box<RawValue>,
+    progress: Option<Box<RawValue>>,
+    start: Instant,
+    modern: Option<Box<ModernCall>>,
+}
+
+impl Deferred {
+    /// Runs the call, reaching the client through `peer`. Returns the answer, or `None` when
+    /// the client cancelled the call (a cancelled request gets no response).
+    pub async fn run(self, peer: Option<&Peer>) -> Option<Reply> {
+        let d = self;
+        let server = &*d.server;
+        let session = &*d.session;
+        let inflight = InflightGuard::enter(&server.metrics.inflight);
+        let cx = CallCtx {
+            session,
+            peer,
+            progress_token: d.progress.as_deref(),
+            level: match &d.modern {
+                Some(m) => m.level,
+                None => Some(server.sessions.level(session)),
+            },
+            caps: match &d.modern {
+                Some(m) => Some(m.inputs.caps),
+                None => server.sessions.caps(session),
+            },
+            inputs: d.modern.as_ref().map(|m| &m.inputs),
+            pending: Some(&server.pending),
+            dropped: Some(&server.metrics.peer_dropped),
+        };
+        let result = server
+            .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
+            .await;
+        drop(inflight);
+        let metric = TOOLS_CALL;
+        let Some(o) = result else {
+            server.metrics.record(
+                metric,
+                outcome_index(protocol::REQUEST_CANCELLED),
+                d.start.elapsed(),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(256);
+        let (rev, r) = match d.modern {
+            None => {
+                conclude(&d.snap, d.index, &d.id, o, d.start, &mut out);
+                (&HANDSHAKE, Ok(()))
+            }
+            Some(m) => (
+                &STATELESS,
+                server.conclude_modern(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
+            ),
+        };
+        let a = Answering {
+            rev,
+            metric,
+            stamp: Stamp::Own,
+            id: &d.id,
+            start: d.start,
+        };
+        Some(server.reply(&a, r, out))
+    }
+}
+
+impl Server {
+    /// Ends a 2026-07-28 call: its result, or what its round gathered instead (an
+    /// `InputRequiredResult`, a refused answer, a missing capability).
+    #[allow(clippy::too_many_arguments)] // the call's parts, borrowed from its two callers
+    fn conclude_modern(
+        &self,
+        snap: &Snapshot,
+        index: usize,
+        id: &RawValue,
+        o: ToolOutput,
+        m: ModernCall,
+        start: Instant,
+        out: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
+        let round = m.inputs.finish();
+        if self.interrupted(round, &m.call, snap, id, out)? {
+            let tool = &snap.tools[index];
+            tool.metrics.ok(&tool.def.name).observe(start.elapsed());
+            return Ok(());
+        }
+        conclude(snap, index, id, o, start, out);
+        crate::modern::stamp(out, &snap.result_stamp);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // the call's parts, borrowed from its two callers
+    async fn run_cancellable(
+        &self,
+        snap: &Snapshot,
+        index: usize,
+        args: Value,
+        session: &str,
+        id: &RawValue,
+        deadline: Option<Instant>,
+        cx: &CallCtx<'_>,
+    ) -> Option<ToolOutput> {
+        // Only a call in a session can be cancelled (`notifications/cancelled` names a
+        // request of its own session); a sessionless one needs no token.
+        let token = (!session.is_empty()).then(CancellationToken::new);
+        // Unregistered on drop, also when the request future is dropped (client gone).
+        let _entry = token.as_ref().map(|t| self.cancels.register(session, id, t));
+        let cancelled = async {
+            match &token {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let limit = self.limits.request_timeout;
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + limit);
+        tokio::select! {
+            o = self.exec.run(snap, index, args, 0, cx) => Some(o),
+            () = cancelled => None,
+            () = tokio::time::sleep_until(deadline.into()) => {
+                self.metrics.refused(Refusal::RequestTimeout);
+                Some(ToolOutput::error(format!(
+                    "the call did not finish within the server's request timeout ({})",
+                    DisplayDuration(limit)
+                )))
+            }
+        }
+    }
+}
+
+/// `300s`, `1.5s`, `250ms`.
+struct DisplayDuration(Duration);
+
+impl fmt::Display for DisplayDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.subsec_millis() == 0 {
+            write!(f, "{}s", self.0.as_secs())
+        } else if self.0 < Duration::from_secs(1) {
+            write!(f, "{}ms", self.0.as_millis())
+        } else {
+            write!(f, "{}s", self.0.as_secs_f64())
+        }
+    }
+}
+
+fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.get().as_bytes());
+    out.extend_from_slice(b",\"result\":");
+    o.write_json(out);
+    out.push(b'}');
+}
+
+/// Checks a call's result against the tool's output schema, writes the response and records
+/// the call's duration by outcome.
+#[inline]
+fn conclude(snap: &Snapshot, index: usize, id: &RawValue, o: ToolOutput, start: Instant, out: &mut Vec<u8>) {
+    let o = check_output(snap, index, o);
+    write_tool_result(out, id, &o);
+    observe(&snap.tools[index], &o, start);
+}
+
+#[inline]
+fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
+    let h = if o.is_error {
+        tool.metrics.tool_error(&tool.def.name)
+    } else {
+        tool.metrics.ok(&tool.def.name)
+    };
+    h.observe(start.elapsed());
+}
