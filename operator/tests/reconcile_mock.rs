@@ -433,7 +433,7 @@ fn service_monitor(owner_uid: &str) -> Value {
 fn service_monitor_ref(owner_uid: &str, controller: Option<bool>) -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-        "metadata": {"name": "calc", "namespace": "ns", "uid": "sm-1", "ownerReferences": [
+        "metadata": {"name": "calc", "namespace": "ns", "uid": "sm-1", "resourceVersion": "41", "ownerReferences": [
             {"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": owner_uid, "controller": controller}
         ]},
         "spec": {},
@@ -459,6 +459,10 @@ async fn a_service_monitor_turned_off_is_deleted_if_the_mcpserver_owns_it() {
     assert_eq!(
         delete["preconditions"]["uid"], "sm-1",
         "deletes exactly the object it read"
+    );
+    assert_eq!(
+        delete["preconditions"]["resourceVersion"], "41",
+        "and only as it read it: an owner reference removed meanwhile keeps the object"
     );
 
     // One of the same name that another owner made is left alone.

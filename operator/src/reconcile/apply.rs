@@ -64,8 +64,10 @@ pub async fn delete_owned(
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
+            // The object as it was read: if its owner references changed since (a user took
+            // it over), the DELETE fails its precondition and the next reconcile looks again.
             uid: meta.metadata.uid.clone(),
-            resource_version: None,
+            resource_version: meta.metadata.resource_version.clone(),
         }),
         ..DeleteParams::default()
     };
