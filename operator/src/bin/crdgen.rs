@@ -299,7 +299,7 @@ mod tests {
         for l in r.lines().filter(|l| l.starts_with("| `")) {
             let field = l[3..].split('`').next().unwrap_or("");
             let key = field.rsplit(['.', ']']).next().unwrap_or("");
-            let desc = l.rsplitn(2, " | ").next().unwrap_or("");
+            let desc = l.rsplit(" | ").next().unwrap_or("");
             assert!(
                 !desc.starts_with(&format!("{key} ")) || key.is_empty(),
                 "a Kubernetes description leaked: {l}"
