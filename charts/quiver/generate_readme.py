@@ -18,10 +18,17 @@ The Quiver operator: deploys tuned MCP (Model Context Protocol) servers from `Mc
 resources.
 
 ```sh
-helm install quiver charts/quiver -n quiver-system --create-namespace
+helm install quiver charts/quiver -n quiver-system --create-namespace \
+  --set imageRegistry=registry.example.com/quiver
 kubectl apply -f deploy/samples/calculator.yaml
 kubectl get qmcp
 ```
+
+The chart does not carry the images: build `quiver-server` and `quiver-operator`
+(`scripts/images.sh`), push them to a registry your nodes can pull from, and name it in
+`imageRegistry` (with `imagePullSecrets` if it is private). Both images are tagged with the
+chart's `appVersion` unless `image.tag` / `server.image.tag` say otherwise. Installing,
+upgrading and uninstalling step by step: [docs/install.md](../../docs/install.md).
 
 The chart installs the McpServer CRD (kept on uninstall unless `crds.keep=false`, updated
 on `helm upgrade`), the operator Deployment with least-privilege RBAC, leader election when

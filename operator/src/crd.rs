@@ -365,7 +365,9 @@ pub struct PodOverrides {
     )]
     pub service_account_name: Option<String>,
     /// Extra environment variables of the server container (e.g. for exec tools' programs;
-    /// exec tools themselves see only their own `env`).
+    /// exec tools themselves see only their own `env`). The operator sets `RUST_LOG` (info),
+    /// `QUIVER_ALLOCATOR`, `QUIVER_SHUTDOWN_DELAY` and `QUIVER_SHUTDOWN_GRACE` after these,
+    /// so its values win for those names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 128))]
     pub env: Vec<EnvVar>,
@@ -596,7 +598,12 @@ pub struct McpServerStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, Progressing, ConfigValid, Degraded.
+    /// `Ready` (every desired pod ready and up to date), `Progressing` (a rollout under
+    /// way), `ConfigValid` (the spec renders to a valid config; when False its message lists
+    /// the problems and the pods keep serving the last valid one), `Degraded` (the spec is
+    /// invalid, pods cannot be created, the rollout stalled, or a child object belongs to
+    /// someone else), and with `upstreams` `UpstreamsReady` (every upstream connected on the
+    /// pods that answered).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Pods of the Deployment.

@@ -37,7 +37,13 @@ pub const ERROR_CATEGORIES: [&str; 7] = [
     "unnamed",
 ];
 /// Conditions counted by `quiver_operator_mcpservers`.
-pub const CONDITIONS: [&str; 4] = ["Ready", "ConfigValid", "Degraded", "Progressing"];
+pub const CONDITIONS: [&str; 5] = [
+    "Ready",
+    "ConfigValid",
+    "Degraded",
+    "Progressing",
+    "UpstreamsReady",
+];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -117,7 +123,7 @@ impl Default for Metrics {
         let by_condition = Family::<ConditionLabels, prometheus_client::metrics::gauge::Gauge>::default();
         registry.register(
             "mcpservers",
-            "McpServers by condition and status (as of the last scrape)",
+            "McpServers by condition (Ready, ConfigValid, Degraded, Progressing, UpstreamsReady) and status, as of the last scrape",
             by_condition.clone(),
         );
         let leader = prometheus_client::metrics::gauge::Gauge::default();

@@ -121,3 +121,18 @@ def test_schema_rejects_unknown_and_invalid_values(bad):
     r = subprocess.run(["helm", "template", "quiver", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad], capture_output=True, text=True)
     assert r.returncode != 0, f"{bad} was accepted"
     assert "values don't meet the specifications of the schema" in r.stderr, r.stderr
+
+
+def test_image_registry_names_where_both_images_come_from():
+    c = find(render("imageRegistry=registry.example.com:5000/team/"), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "registry.example.com:5000/team/quiver-operator:0.1.0"
+    assert "--server-image=registry.example.com:5000/team/quiver-server:0.1.0" in c["args"]
+    c = find(render("imageRegistry=127.0.0.1:5001", "image.tag=2.0.0", "server.image.tag=2.0.1"), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "127.0.0.1:5001/quiver-operator:2.0.0"
+    assert "--server-image=127.0.0.1:5001/quiver-server:2.0.1" in c["args"]
+
+
+@pytest.mark.parametrize("bad", ["imageRegistry=https://registry.example.com", "imageRegistry=reg istry", "imageRegistry=registry.example.com/Team"])
+def test_schema_rejects_a_registry_that_is_not_a_host_and_path(bad):
+    r = subprocess.run(["helm", "template", "quiver", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad], capture_output=True, text=True)
+    assert r.returncode != 0, f"{bad} was accepted"

@@ -1,5 +1,6 @@
 """Credentials on a real kind cluster, both ways, with the sample deploy/samples/authenticated-api.yaml:
-an McpServer calls an authenticated HTTP API with a token from a Secret, requires a bearer token
+an McpServer serves a tool of another, token-protected McpServer (an upstream import) with a
+token from a Secret, requires a bearer token
 of its own clients (the official Python SDK client with and without it), and every rotation of
 either Secret reaches the running pods on the next request, with no restart. Both servers get
 a NetworkPolicy."""
@@ -130,7 +131,7 @@ def test_credentials_both_ways_rotate_without_restart(ns: Namespace):
             lambda: (r := call_or_none(CLIENT_TOKEN, url)) is not None and r.is_error and r,
             30,
         )
-        assert "answered 401" in text(failed) and rotated not in text(failed), text(failed)
+        assert "answered HTTP 401" in text(failed) and rotated not in text(failed), text(failed)
         ns.apply(secret("inventory-clients", "tokens", f"{UPSTREAM_TOKEN}\n{rotated}\n"))
         passed = eventually(
             "the upstream accepts the rotated token",

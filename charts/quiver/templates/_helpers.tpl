@@ -33,3 +33,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "quiver.leaderElection" -}}
 {{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) -}}true{{- end -}}
 {{- end -}}
+
+{{/* An image reference: (list $ .Values.image) -> [imageRegistry/]repository:tag (tag: appVersion). */}}
+{{- define "quiver.image" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- with $root.Values.imageRegistry }}{{ trimSuffix "/" . }}/{{ end -}}
+{{- $image.repository }}:{{ $image.tag | default $root.Chart.AppVersion }}
+{{- end -}}

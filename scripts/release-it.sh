@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The chart's release path through a real OCI registry: the CNCF distribution registry
+# (built from its Go module, cached in ~/.cache/quiver/registry) on 127.0.0.1, two releases
+# pushed by scripts/release-chart.sh, and each installed the way docs/install.md says
+# (`helm show chart` / `helm template` of oci://…, with the registry stamped as the chart's
+# imageRegistry). Needs go and helm (scripts/k8s-binaries.sh builds helm).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CACHE="${QUIVER_CACHE:-$HOME/.cache/quiver}"
+REGISTRY_VERSION=v3.0.0
+HELM="${HELM:-$(command -v helm || ls "$CACHE"/k8s/*/bin/helm 2>/dev/null | head -1)}"
+[ -x "$HELM" ] || { echo "no helm: run scripts/k8s-binaries.sh" >&2; exit 1; }
+export HELM
+
+bin="$CACHE/registry/$REGISTRY_VERSION/registry"
+if [ ! -x "$bin" ]; then
+  echo "building the distribution registry $REGISTRY_VERSION from its Go module" >&2
+  GOBIN="$(dirname "$bin")" CGO_ENABLED=0 GOFLAGS=-trimpath \
+    go install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+fi
+
+work="$(mktemp -d)"
+pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+cat > "$work/config.yml" <<YAML
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $work/data}, delete: {enabled: true}}
+http: {addr: "127.0.0.1:$port"}
+YAML
+"$bin" serve "$work/config.yml" > "$work/registry.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/v2/" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -fsS "http://127.0.0.1:$port/v2/" >/dev/null || { cat "$work/registry.log" >&2; exit 1; }
+registry="127.0.0.1:$port/quiver"
+export HELM_REGISTRY_CONFIG="$work/helm-registry.json" HELM_CACHE_HOME="$work/helm-cache"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A bad version or registry is refused before anything is pushed.
+QUIVER_PLAIN_HTTP=1 "$ROOT/scripts/release-chart.sh" v1 "$registry" 2>/dev/null && fail "version v1 accepted"
+QUIVER_PLAIN_HTTP=1 "$ROOT/scripts/release-chart.sh" 1.0.0 "https://$registry" 2>/dev/null && fail "a URL accepted as registry"
+
+for version in 0.1.0-rc.1 0.1.0-rc.2; do
+  ref="$(QUIVER_PLAIN_HTTP=1 "$ROOT/scripts/release-chart.sh" "$version" "$registry")"
+  [ "$ref" = "oci://$registry/charts/quiver:$version" ] || fail "release printed '$ref'"
+  chart="$("$HELM" show chart "oci://$registry/charts/quiver" --version "$version" --plain-http)"
+  grep -qx "version: $version" <<<"$chart" || fail "pulled chart is not $version: $chart"
+  grep -qx "appVersion: $version" <<<"$chart" || fail "pulled chart's appVersion is not $version"
+  rendered="$("$HELM" template quiver "oci://$registry/charts/quiver" --version "$version" --plain-http \
+    -n quiver-system --kube-version 1.33.13)"
+  grep -q "image: \"$registry/quiver-operator:$version\"" <<<"$rendered" || fail "operator image of $version"
+  grep -q -- "--server-image=$registry/quiver-server:$version" <<<"$rendered" || fail "server image of $version"
+  echo "ok: $ref installs the images $registry/quiver-{operator,server}:$version"
+done
+# Both versions stay pullable (what `helm upgrade --version` and a rollback need).
+tags="$(curl -fsS "http://127.0.0.1:$port/v2/quiver/charts/quiver/tags/list")"
+for v in 0.1.0-rc.1 0.1.0-rc.2; do grep -q "\"$v\"" <<<"$tags" || fail "tag $v missing: $tags"; done
+echo "release path through a real OCI registry: ok"
