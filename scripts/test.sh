@@ -14,6 +14,9 @@ cargo fmt --all -- --check
 log "cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+log "layering: no import cycle between modules, no long function without a reason"
+"$ROOT/scripts/check-layout.sh"
+
 log "server library without default features (what the operator links)"
 cargo check -p quiver-server --no-default-features --locked
 
@@ -47,6 +50,9 @@ cargo build -p quiver-operator --locked
 
 log "Helm chart, dashboards and alerts against a real API server and a real Prometheus"
 "$ROOT/scripts/chart-it.sh"
+
+log "chart release through a real OCI registry (distribution, built from its Go module)"
+"$ROOT/scripts/release-it.sh"
 
 log "end to end on a real kind cluster (node image, images, helm install, tests/e2e)"
 "$ROOT/scripts/e2e.sh"

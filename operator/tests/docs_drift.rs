@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use quiver_operator::metrics::Metrics;
+use quiver_operator::metrics::{Metrics, Outcome};
 
 fn doc(path: &str) -> String {
     std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
@@ -63,6 +63,15 @@ fn observability_md_lists_every_operator_metric() {
     let m = Metrics::default();
     // Families without a series are not printed: give the per-condition gauge its series.
     m.set_conditions(std::iter::empty());
+    // The per-stage error counter has its series from the first failure.
+    m.observe(
+        std::time::Duration::ZERO,
+        Outcome::Error {
+            category: "conflict",
+            stage: "apply",
+            kind: "Deployment",
+        },
+    );
     let text = m.encode();
     let names: BTreeSet<String> = text
         .lines()
