@@ -4,7 +4,8 @@
 
 #[cfg(feature = "kube")]
 mod configmap;
-pub(crate) mod file;
+pub(crate) mod events;
+mod file;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};

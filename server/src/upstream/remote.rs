@@ -20,7 +20,8 @@ use super::{
 };
 use crate::config::TlsRefs;
 use crate::config::upstream::Transport;
-use crate::handlers::{HttpClient, USER_AGENT, WithSecrets};
+use crate::handlers::http::{HttpClient, USER_AGENT};
+use crate::handlers::output::WithSecrets;
 use crate::template::Template;
 
 const SESSION_HEADER: &str = "mcp-session-id";

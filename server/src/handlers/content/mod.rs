@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::compile::{Cx, Names, Problems, checked_template as checked};
+use crate::config::context::{Cx, Names, Problems, checked_template as checked};
 use crate::template::{Budget, Scope, Template};
 
 #[cfg(feature = "runtime")]

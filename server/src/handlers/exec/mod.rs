@@ -8,9 +8,9 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::compile::{
-    Cx, Names, SECRET_ROOT, SecretRef, byte_cap, check_secret_template, check_template, duration, template,
-    valid_env_name,
+use crate::config::checks::{byte_cap, duration, valid_env_name};
+use crate::config::context::{
+    Cx, Names, SECRET_ROOT, SecretRef, check_secret_template, check_template, template,
 };
 use crate::template::Template;
 

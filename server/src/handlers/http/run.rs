@@ -10,10 +10,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::config::content::to_base64;
-use crate::config::{HttpCall, SecretRef, TlsRefs};
-use crate::config::{has_dot_segment, path_of};
-use crate::handlers::{ToolOutput, WithSecrets};
+use super::{HttpCall, TlsRefs};
+use crate::config::checks::{has_dot_segment, path_of};
+use crate::config::context::SecretRef;
+use crate::handlers::content::to_base64;
+use crate::handlers::output::{ToolOutput, WithSecrets};
 
 /// The `User-Agent` of every outbound request.
 pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));

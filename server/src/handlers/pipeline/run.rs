@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Map, Value};
 
-use crate::config::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
-use crate::handlers::{Executor, ToolOutput};
+use super::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
+use crate::handlers::executor::Executor;
+use crate::handlers::output::ToolOutput;
 use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 use crate::template::{Scope, approx_size};
