@@ -1,6 +1,8 @@
 //! Validation and compilation of a ToolSet: one pass that either reports every problem
 //! with its path or yields the compiled form the registry serves from.
 
+use std::collections::BTreeSet;
+
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
@@ -13,8 +15,8 @@ use super::context::{
     ConfigError, Cx, MAX_SECRETS, Names, Problems, check_template, checked_template, template,
     valid_tool_name,
 };
-use super::model::{API_VERSION, Handler, KIND, ToolSet, hash};
-use super::upstream::compile_upstreams;
+use super::model::{API_VERSION, Handler, KIND, PromptSpec, ResourceSpec, ToolSet, ToolSpec, hash};
+use super::upstream::{CompiledUpstream, compile_upstreams};
 use crate::handlers::ask;
 use crate::handlers::builtin::Builtin;
 use crate::handlers::content::{self, Content};
@@ -34,6 +36,43 @@ const DEFAULT_PAGE_SIZE: u32 = 100;
 /// Every problem found, each with its path.
 pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let mut p = Problems(Vec::new());
+    let page_size = check_header(ts, &mut p);
+    let index = index_tools(ts, &mut p);
+    let mut tools: Vec<CompiledTool> = ts
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| compile_tool(t, i, &index, &mut p))
+        .collect();
+    pipeline::check(&mut tools, &mut p);
+
+    let resources = compile_resources(ts, &mut p);
+    let prompts = compile_prompts(ts, &mut p);
+    let local = index.keys().copied().collect();
+    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
+    let secrets = referenced_secrets(&tools, &upstreams, &mut p);
+
+    // Document order: tools[2] before tools[10].
+    p.0.sort_by_key(|a| natural_key(&a.path));
+    if p.0.is_empty() {
+        Ok(CompiledToolSet {
+            secrets,
+            hash: hash(ts),
+            spec: ts.clone(),
+            tools,
+            resources,
+            prompts,
+            page_size,
+            upstreams,
+            upstream_digest: 0,
+        })
+    } else {
+        Err(ConfigError { problems: p.0 })
+    }
+}
+
+/// Checks `apiVersion`, `kind` and `server`; returns the page size.
+fn check_header(ts: &ToolSet, p: &mut Problems) -> usize {
     if ts.api_version != API_VERSION {
         p.push(
             "apiVersion",
@@ -46,7 +85,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     if ts.server.name.trim().is_empty() {
         p.push("server.name", "must not be empty");
     }
-    let page_size = match ts.server.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
+    match ts.server.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
         n @ 1..=MAX_PAGE_SIZE => n as usize,
         _ => {
             p.push(
@@ -55,8 +94,12 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             );
             DEFAULT_PAGE_SIZE as usize
         }
-    };
+    }
+}
 
+/// The index of every tool by name (the first of duplicates), reporting invalid and
+/// duplicate names.
+fn index_tools<'a>(ts: &'a ToolSet, p: &mut Problems) -> FxHashMap<&'a str, usize> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
     for (i, t) in ts.tools.iter().enumerate() {
         if !valid_tool_name(&t.name) {
@@ -76,146 +119,174 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             index.insert(&t.name, first);
         }
     }
+    index
+}
 
-    let mut tools = Vec::with_capacity(ts.tools.len());
-    for (i, t) in ts.tools.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let builtin = match &t.handler {
-            Handler::Builtin(name) => {
-                let b = Builtin::from_name(name);
-                if b.is_none() {
-                    p.push(
-                        format!("{at}.handler.builtin"),
-                        format!("unknown builtin `{name}` (one of: {})", Builtin::names()),
-                    );
-                }
-                b
-            }
-            _ => None,
-        };
-        let input_shallow = t
-            .input
-            .iter()
-            .flatten()
-            .all(|(k, v)| shallow(v, &format!("{at}.input.{k}"), &mut p));
-        let schema_shallow = t
-            .input_schema
-            .as_ref()
-            .is_none_or(|v| shallow(v, &format!("{at}.inputSchema"), &mut p));
-        let schema_json = match (&t.input, &t.input_schema) {
-            _ if !(input_shallow && schema_shallow) => json!({"type": "object"}),
-            (Some(_), Some(_)) => {
-                p.push(&at, "set `input` or `inputSchema`, not both");
-                json!({"type": "object"})
-            }
-            (Some(short), None) => expand_shorthand(short).unwrap_or_else(|errs| {
-                p.nested(&format!("{at}.input"), errs);
-                json!({"type": "object"})
-            }),
-            (None, Some(s)) => s.clone(),
-            (None, None) => builtin.map_or_else(
-                || json!({"type": "object", "properties": {}}),
-                Builtin::input_schema,
-            ),
-        };
-        if schema_json.get("type").and_then(Value::as_str) != Some("object") {
-            p.push(
-                format!("{at}.inputSchema.type"),
-                "an input schema must have `type: object`",
-            );
-        }
-        let input = Schema::compile(&schema_json).unwrap_or_else(|errs| {
-            let base = if t.input.is_some() { "input" } else { "inputSchema" };
-            p.nested(&format!("{at}.{base}"), errs);
-            Schema::default()
-        });
-        let output_json = t
-            .output_schema
-            .clone()
-            .filter(|o| shallow(o, &format!("{at}.outputSchema"), &mut p))
-            .or_else(|| builtin.and_then(Builtin::output_schema));
-        let output = output_json.as_ref().and_then(|o| {
-            if o.get("type").and_then(Value::as_str) != Some("object") {
+/// Compiles `tools[i]`: its schemas, its handler (by its kind's module), its `tools/list`
+/// entry and its access.
+fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut Problems) -> CompiledTool {
+    let at = format!("tools[{i}]");
+    let builtin = match &t.handler {
+        Handler::Builtin(name) => {
+            let b = Builtin::from_name(name);
+            if b.is_none() {
                 p.push(
-                    format!("{at}.outputSchema.type"),
-                    "an output schema must have `type: object`",
+                    format!("{at}.handler.builtin"),
+                    format!("unknown builtin `{name}` (one of: {})", Builtin::names()),
                 );
             }
-            Schema::compile(o)
-                .map(Box::new)
-                .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
-                .ok()
-        });
-        // Templates may only name declared properties when the input is closed.
-        let names = Names {
-            props: (!input.allows_additional()).then(|| input.property_names().collect()),
-            steps: None,
-        };
-        // One line per kind: each kind's module compiles its own spec.
-        let mut cx = Cx {
-            at: format!("{at}.handler"),
-            names: &names,
-            p: &mut p,
-            index: &index,
-        };
-        let handler = match &t.handler {
-            Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
-            Handler::Template(src) => {
-                CompiledHandler::Template(template::compile(src, &mut cx.kind("template")))
-            }
-            Handler::Error(src) => CompiledHandler::Error(template::compile(src, &mut cx.kind("error"))),
-            Handler::Sample(spec) => {
-                CompiledHandler::Sample(Box::new(ask::compile_sample(spec, &mut cx.kind("sample"))))
-            }
-            Handler::Elicit(spec) => {
-                CompiledHandler::Elicit(Box::new(ask::compile_elicit(spec, &mut cx.kind("elicit"))))
-            }
-            Handler::Ask(questions) => CompiledHandler::Ask(ask::compile(questions, &mut cx.kind("ask"))),
-            Handler::Content(blocks) => {
-                CompiledHandler::Content(content::compile_blocks(blocks, &mut cx.kind("content")))
-            }
-            Handler::Http(h) => CompiledHandler::Http(Box::new(http::compile(h, &mut cx.kind("http")))),
-            Handler::Exec(e) => CompiledHandler::Exec(Box::new(exec::compile(e, &mut cx.kind("exec")))),
-            Handler::Pipeline(steps) => {
-                CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
-            }
-        };
-        let mut descriptor = Map::new();
-        descriptor.insert("name".into(), Value::String(t.name.clone()));
-        if let Some(title) = &t.title {
-            descriptor.insert("title".into(), Value::String(title.clone()));
+            b
         }
-        if let Some(d) = &t.description {
-            descriptor.insert("description".into(), Value::String(d.clone()));
-        }
-        descriptor.insert("inputSchema".into(), schema_json);
-        if let Some(o) = output_json {
-            descriptor.insert("outputSchema".into(), o);
-        }
-        if let Some(a) = &t.annotations {
-            descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
-        }
-        let access = t
-            .access
-            .as_ref()
-            .and_then(|a| a.compile(&format!("{at}.access"), &mut p))
-            .map(std::sync::Arc::new);
-        tools.push(CompiledTool {
-            name: t.name.clone(),
-            descriptor: Value::Object(descriptor),
-            input,
-            output,
-            handler,
-            access,
-        });
+        _ => None,
+    };
+    let (schema_json, input) = input_schema(t, &at, builtin, p);
+    let (output_json, output) = output_schema(t, &at, builtin, p);
+    // Templates may only name declared properties when the input is closed.
+    let names = Names {
+        props: (!input.allows_additional()).then(|| input.property_names().collect()),
+        steps: None,
+    };
+    let mut cx = Cx {
+        at: format!("{at}.handler"),
+        names: &names,
+        p: &mut *p,
+        index,
+    };
+    let handler = compile_handler(&t.handler, builtin, &mut cx);
+    let access = t
+        .access
+        .as_ref()
+        .and_then(|a| a.compile(&format!("{at}.access"), p))
+        .map(std::sync::Arc::new);
+    CompiledTool {
+        name: t.name.clone(),
+        descriptor: tool_descriptor(t, schema_json, output_json),
+        input,
+        output,
+        handler,
+        access,
     }
-    pipeline::check(&mut tools, &mut p);
+}
 
-    let resources = compile_resources(ts, &mut p);
-    let prompts = compile_prompts(ts, &mut p);
-    let local = index.keys().copied().collect();
-    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
-    let secrets: std::collections::BTreeSet<String> = tools
+/// A tool's input schema (from `input`, `inputSchema` or its builtin) and its validator.
+fn input_schema(t: &ToolSpec, at: &str, builtin: Option<Builtin>, p: &mut Problems) -> (Value, Schema) {
+    let input_shallow = t
+        .input
+        .iter()
+        .flatten()
+        .all(|(k, v)| shallow(v, &format!("{at}.input.{k}"), p));
+    let schema_shallow = t
+        .input_schema
+        .as_ref()
+        .is_none_or(|v| shallow(v, &format!("{at}.inputSchema"), p));
+    let schema_json = match (&t.input, &t.input_schema) {
+        _ if !(input_shallow && schema_shallow) => json!({"type": "object"}),
+        (Some(_), Some(_)) => {
+            p.push(at, "set `input` or `inputSchema`, not both");
+            json!({"type": "object"})
+        }
+        (Some(short), None) => expand_shorthand(short).unwrap_or_else(|errs| {
+            p.nested(&format!("{at}.input"), errs);
+            json!({"type": "object"})
+        }),
+        (None, Some(s)) => s.clone(),
+        (None, None) => builtin.map_or_else(
+            || json!({"type": "object", "properties": {}}),
+            Builtin::input_schema,
+        ),
+    };
+    if schema_json.get("type").and_then(Value::as_str) != Some("object") {
+        p.push(
+            format!("{at}.inputSchema.type"),
+            "an input schema must have `type: object`",
+        );
+    }
+    let input = Schema::compile(&schema_json).unwrap_or_else(|errs| {
+        let base = if t.input.is_some() { "input" } else { "inputSchema" };
+        p.nested(&format!("{at}.{base}"), errs);
+        Schema::default()
+    });
+    (schema_json, input)
+}
+
+/// A tool's output schema (declared, or its builtin's), if any, and its validator.
+fn output_schema(
+    t: &ToolSpec,
+    at: &str,
+    builtin: Option<Builtin>,
+    p: &mut Problems,
+) -> (Option<Value>, Option<Box<Schema>>) {
+    let output_json = t
+        .output_schema
+        .clone()
+        .filter(|o| shallow(o, &format!("{at}.outputSchema"), p))
+        .or_else(|| builtin.and_then(Builtin::output_schema));
+    let output = output_json.as_ref().and_then(|o| {
+        if o.get("type").and_then(Value::as_str) != Some("object") {
+            p.push(
+                format!("{at}.outputSchema.type"),
+                "an output schema must have `type: object`",
+            );
+        }
+        Schema::compile(o)
+            .map(Box::new)
+            .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
+            .ok()
+    });
+    (output_json, output)
+}
+
+/// Compiles a tool's handler: one line per kind, each kind's module compiles its own spec.
+fn compile_handler(handler: &Handler, builtin: Option<Builtin>, cx: &mut Cx<'_>) -> CompiledHandler {
+    match handler {
+        Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
+        Handler::Template(src) => CompiledHandler::Template(template::compile(src, &mut cx.kind("template"))),
+        Handler::Error(src) => CompiledHandler::Error(template::compile(src, &mut cx.kind("error"))),
+        Handler::Sample(spec) => {
+            CompiledHandler::Sample(Box::new(ask::compile_sample(spec, &mut cx.kind("sample"))))
+        }
+        Handler::Elicit(spec) => {
+            CompiledHandler::Elicit(Box::new(ask::compile_elicit(spec, &mut cx.kind("elicit"))))
+        }
+        Handler::Ask(questions) => CompiledHandler::Ask(ask::compile(questions, &mut cx.kind("ask"))),
+        Handler::Content(blocks) => {
+            CompiledHandler::Content(content::compile_blocks(blocks, &mut cx.kind("content")))
+        }
+        Handler::Http(h) => CompiledHandler::Http(Box::new(http::compile(h, &mut cx.kind("http")))),
+        Handler::Exec(e) => CompiledHandler::Exec(Box::new(exec::compile(e, &mut cx.kind("exec")))),
+        Handler::Pipeline(steps) => {
+            CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
+        }
+    }
+}
+
+/// A tool's `tools/list` entry.
+fn tool_descriptor(t: &ToolSpec, input_schema: Value, output_schema: Option<Value>) -> Value {
+    let mut descriptor = Map::new();
+    descriptor.insert("name".into(), Value::String(t.name.clone()));
+    if let Some(title) = &t.title {
+        descriptor.insert("title".into(), Value::String(title.clone()));
+    }
+    if let Some(d) = &t.description {
+        descriptor.insert("description".into(), Value::String(d.clone()));
+    }
+    descriptor.insert("inputSchema".into(), input_schema);
+    if let Some(o) = output_schema {
+        descriptor.insert("outputSchema".into(), o);
+    }
+    if let Some(a) = &t.annotations {
+        descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
+    }
+    Value::Object(descriptor)
+}
+
+/// The names of the Secrets the tools and upstreams reference, at most [`MAX_SECRETS`].
+fn referenced_secrets(
+    tools: &[CompiledTool],
+    upstreams: &[CompiledUpstream],
+    p: &mut Problems,
+) -> BTreeSet<String> {
+    let secrets: BTreeSet<String> = tools
         .iter()
         .flat_map(|t| t.handler.secrets())
         .chain(upstreams.iter().flat_map(|u| &u.secrets))
@@ -230,24 +301,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             ),
         );
     }
-
-    // Document order: tools[2] before tools[10].
-    p.0.sort_by_key(|a| natural_key(&a.path));
-    if p.0.is_empty() {
-        Ok(CompiledToolSet {
-            secrets,
-            hash: hash(ts),
-            spec: ts.clone(),
-            tools,
-            resources,
-            prompts,
-            page_size,
-            upstreams,
-            upstream_digest: 0,
-        })
-    } else {
-        Err(ConfigError { problems: p.0 })
-    }
+    secrets
 }
 
 /// Orders paths with their numbers compared as numbers.
@@ -272,122 +326,150 @@ fn natural_key(path: &str) -> Vec<(String, u64)> {
 }
 
 fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
-    let mut out = Vec::new();
     let mut seen: FxHashMap<&str, usize> = FxHashMap::default();
-    for (i, r) in ts.resources.iter().enumerate() {
-        let at = format!("resources[{i}]");
-        if r.name.trim().is_empty() {
-            p.push(format!("{at}.name"), "must not be empty");
+    ts.resources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| compile_resource(r, i, &mut seen, p))
+        .collect()
+}
+
+/// Compiles `resources[i]`; `None` when its contents or URI are not set as they must be.
+/// `seen` holds the fixed URIs of the resources before it.
+fn compile_resource<'a>(
+    r: &'a ResourceSpec,
+    i: usize,
+    seen: &mut FxHashMap<&'a str, usize>,
+    p: &mut Problems,
+) -> Option<CompiledResource> {
+    let at = format!("resources[{i}]");
+    if r.name.trim().is_empty() {
+        p.push(format!("{at}.name"), "must not be empty");
+    }
+    let (body, blob, field) = match (&r.text, &r.blob) {
+        (Some(t), None) => (t.as_str(), false, "text"),
+        (None, Some(b)) => (b.as_str(), true, "blob"),
+        _ => {
+            p.push(&at, "set exactly one of `text` and `blob`");
+            return None;
         }
-        let (body, blob, field) = match (&r.text, &r.blob) {
-            (Some(t), None) => (t.as_str(), false, "text"),
-            (None, Some(b)) => (b.as_str(), true, "blob"),
-            _ => {
-                p.push(&at, "set exactly one of `text` and `blob`");
-                continue;
+    };
+    let default_mime = if blob {
+        "application/octet-stream"
+    } else {
+        "text/plain"
+    };
+    let mime_type = r.mime_type.clone().unwrap_or_else(|| default_mime.to_owned());
+    let mut d = Map::new();
+    let kind = match (&r.uri, &r.uri_template) {
+        (Some(uri), None) => {
+            if !uri.contains(':') {
+                p.push(format!("{at}.uri"), "must be an absolute URI (scheme:...)");
             }
-        };
-        let default_mime = if blob {
-            "application/octet-stream"
-        } else {
-            "text/plain"
-        };
-        let mime_type = r.mime_type.clone().unwrap_or_else(|| default_mime.to_owned());
-        let mut d = Map::new();
-        let kind = match (&r.uri, &r.uri_template) {
-            (Some(uri), None) => {
-                if !uri.contains(':') {
-                    p.push(format!("{at}.uri"), "must be an absolute URI (scheme:...)");
-                }
-                if let Some(j) = seen.insert(uri, i) {
-                    p.push(
-                        format!("{at}.uri"),
-                        format!("duplicate URI (also resources[{j}])"),
-                    );
-                }
-                if Template::compile(body).is_ok_and(|t| !t.is_literal()) {
-                    p.push(
-                        format!("{at}.{field}"),
-                        "a resource with a fixed `uri` has fixed contents; use `uriTemplate` for variables",
-                    );
-                }
-                if blob && !content::is_base64(body) {
-                    p.push(format!("{at}.blob"), content::NOT_BASE64);
-                }
-                d.insert("uri".into(), Value::String(uri.clone()));
-                ResourceKind::Static {
-                    uri: uri.clone(),
-                    text: body.to_owned(),
-                    blob,
-                }
-            }
-            (None, Some(tpl)) => {
-                d.insert("uriTemplate".into(), Value::String(tpl.clone()));
-                match UriPattern::compile(tpl) {
-                    Ok(pattern) => {
-                        let vars: Vec<&str> = pattern.variables().collect();
-                        let text = template(body, &format!("{at}.{field}"), p);
-                        if let Some(t) = &text {
-                            check_template(
-                                t,
-                                &Names {
-                                    props: Some(vars),
-                                    steps: None,
-                                },
-                                &format!("{at}.{field}"),
-                                p,
-                            );
-                        }
-                        ResourceKind::Templated {
-                            text: text.unwrap_or_else(Template::empty),
-                            pattern,
-                            blob,
-                        }
-                    }
-                    Err(e) => {
-                        p.push(format!("{at}.uriTemplate"), e);
-                        continue;
-                    }
-                }
-            }
-            _ => {
-                p.push(&at, "set exactly one of `uri` and `uriTemplate`");
-                continue;
-            }
-        };
-        d.insert("name".into(), Value::String(r.name.clone()));
-        if let Some(t) = &r.title {
-            d.insert("title".into(), Value::String(t.clone()));
-        }
-        if let Some(t) = &r.description {
-            d.insert("description".into(), Value::String(t.clone()));
-        }
-        d.insert("mimeType".into(), Value::String(mime_type.clone()));
-        for var in r.values.keys() {
-            let known = match &kind {
-                ResourceKind::Templated { pattern, .. } => pattern.variables().any(|v| v == var),
-                ResourceKind::Static { .. } => false,
-            };
-            if !known {
+            if let Some(j) = seen.insert(uri, i) {
                 p.push(
-                    format!("{at}.values.{var}"),
-                    "names no variable of the resource's `uriTemplate`",
+                    format!("{at}.uri"),
+                    format!("duplicate URI (also resources[{j}])"),
                 );
             }
+            if Template::compile(body).is_ok_and(|t| !t.is_literal()) {
+                p.push(
+                    format!("{at}.{field}"),
+                    "a resource with a fixed `uri` has fixed contents; use `uriTemplate` for variables",
+                );
+            }
+            if blob && !content::is_base64(body) {
+                p.push(format!("{at}.blob"), content::NOT_BASE64);
+            }
+            d.insert("uri".into(), Value::String(uri.clone()));
+            ResourceKind::Static {
+                uri: uri.clone(),
+                text: body.to_owned(),
+                blob,
+            }
         }
-        out.push(CompiledResource {
-            descriptor: Value::Object(d),
-            mime_type,
-            kind,
-            values: r.values.clone(),
-        });
+        (None, Some(tpl)) => {
+            d.insert("uriTemplate".into(), Value::String(tpl.clone()));
+            templated_resource(tpl, body, blob, &at, field, p)?
+        }
+        _ => {
+            p.push(&at, "set exactly one of `uri` and `uriTemplate`");
+            return None;
+        }
+    };
+    d.insert("name".into(), Value::String(r.name.clone()));
+    if let Some(t) = &r.title {
+        d.insert("title".into(), Value::String(t.clone()));
     }
-    out
+    if let Some(t) = &r.description {
+        d.insert("description".into(), Value::String(t.clone()));
+    }
+    d.insert("mimeType".into(), Value::String(mime_type.clone()));
+    check_values(r, &kind, &at, p);
+    Some(CompiledResource {
+        descriptor: Value::Object(d),
+        mime_type,
+        kind,
+        values: r.values.clone(),
+    })
+}
+
+/// A resource with a URI template: its contents are a template over the URI's variables.
+fn templated_resource(
+    tpl: &str,
+    body: &str,
+    blob: bool,
+    at: &str,
+    field: &str,
+    p: &mut Problems,
+) -> Option<ResourceKind> {
+    match UriPattern::compile(tpl) {
+        Ok(pattern) => {
+            let vars: Vec<&str> = pattern.variables().collect();
+            let text = template(body, &format!("{at}.{field}"), p);
+            if let Some(t) = &text {
+                check_template(
+                    t,
+                    &Names {
+                        props: Some(vars),
+                        steps: None,
+                    },
+                    &format!("{at}.{field}"),
+                    p,
+                );
+            }
+            Some(ResourceKind::Templated {
+                text: text.unwrap_or_else(Template::empty),
+                pattern,
+                blob,
+            })
+        }
+        Err(e) => {
+            p.push(format!("{at}.uriTemplate"), e);
+            None
+        }
+    }
+}
+
+/// Completion `values` may be given only for the variables of a resource's URI template.
+fn check_values(r: &ResourceSpec, kind: &ResourceKind, at: &str, p: &mut Problems) {
+    for var in r.values.keys() {
+        let known = match kind {
+            ResourceKind::Templated { pattern, .. } => pattern.variables().any(|v| v == var),
+            ResourceKind::Static { .. } => false,
+        };
+        if !known {
+            p.push(
+                format!("{at}.values.{var}"),
+                "names no variable of the resource's `uriTemplate`",
+            );
+        }
+    }
 }
 
 fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
-    let mut out = Vec::new();
     let mut seen: FxHashMap<&str, usize> = FxHashMap::default();
+    let mut out = Vec::new();
     for (i, pr) in ts.prompts.iter().enumerate() {
         let at = format!("prompts[{i}]");
         if pr.name.trim().is_empty() {
@@ -402,78 +484,86 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         if pr.messages.is_empty() {
             p.push(format!("{at}.messages"), "must have at least one message");
         }
-        let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
-        let mut messages = Vec::new();
-        let arg_names = Names {
-            props: Some(args.clone()),
-            steps: None,
-        };
-        let ask = if pr.ask.is_empty() {
-            Vec::new()
-        } else {
-            if args.contains(&"input") {
-                p.push(
-                    format!("{at}.arguments"),
-                    "an argument named `input` would hide the answers of `ask`",
-                );
-            }
-            ask::questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
-        };
-        let mut visible = args.clone();
-        if !ask.is_empty() {
-            visible.push("input");
-        }
-        let names = Names {
-            props: Some(visible),
-            steps: None,
-        };
-        for (j, m) in pr.messages.iter().enumerate() {
-            let mp = format!("{at}.messages[{j}]");
-            let block = match (&m.text, &m.content) {
-                (Some(text), None) => {
-                    checked_template(text, &format!("{mp}.text"), &names, p).map(Content::Text)
-                }
-                (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
-                _ => {
-                    p.push(&mp, "set exactly one of `text` and `content`");
-                    None
-                }
-            };
-            messages.extend(block.map(|b| (m.role, b)));
-        }
-        let mut d = serde_json::to_value(pr).unwrap_or_default();
-        if let Some(o) = d.as_object_mut() {
-            o.remove("messages");
-            o.remove("ask");
-            // Completion values are served by completion/complete, not listed.
-            if let Some(Value::Array(a)) = o.get_mut("arguments") {
-                for arg in a.iter_mut().filter_map(Value::as_object_mut) {
-                    arg.remove("values");
-                }
-            }
-        }
-        out.push(CompiledPrompt {
-            name: pr.name.clone(),
-            descriptor: d,
-            required: pr
-                .arguments
-                .iter()
-                .filter(|a| a.required)
-                .map(|a| a.name.clone())
-                .collect(),
-            arguments: args.iter().map(|s| (*s).to_owned()).collect(),
-            messages,
-            description: pr.description.clone(),
-            values: pr
-                .arguments
-                .iter()
-                .filter(|a| !a.values.is_empty())
-                .map(|a| (a.name.clone(), a.values.clone()))
-                .collect(),
-            ask,
-        });
+        out.push(compile_prompt(pr, &at, p));
     }
     out
+}
+
+/// Compiles one prompt (at `at`): its questions, its messages and its `prompts/list` entry.
+fn compile_prompt(pr: &PromptSpec, at: &str, p: &mut Problems) -> CompiledPrompt {
+    let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
+    let arg_names = Names {
+        props: Some(args.clone()),
+        steps: None,
+    };
+    let ask = if pr.ask.is_empty() {
+        Vec::new()
+    } else {
+        if args.contains(&"input") {
+            p.push(
+                format!("{at}.arguments"),
+                "an argument named `input` would hide the answers of `ask`",
+            );
+        }
+        ask::questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
+    };
+    let mut visible = args.clone();
+    if !ask.is_empty() {
+        visible.push("input");
+    }
+    let names = Names {
+        props: Some(visible),
+        steps: None,
+    };
+    let mut messages = Vec::new();
+    for (j, m) in pr.messages.iter().enumerate() {
+        let mp = format!("{at}.messages[{j}]");
+        let block = match (&m.text, &m.content) {
+            (Some(text), None) => checked_template(text, &format!("{mp}.text"), &names, p).map(Content::Text),
+            (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
+            _ => {
+                p.push(&mp, "set exactly one of `text` and `content`");
+                None
+            }
+        };
+        messages.extend(block.map(|b| (m.role, b)));
+    }
+    CompiledPrompt {
+        name: pr.name.clone(),
+        descriptor: prompt_descriptor(pr),
+        required: pr
+            .arguments
+            .iter()
+            .filter(|a| a.required)
+            .map(|a| a.name.clone())
+            .collect(),
+        arguments: args.iter().map(|s| (*s).to_owned()).collect(),
+        messages,
+        description: pr.description.clone(),
+        values: pr
+            .arguments
+            .iter()
+            .filter(|a| !a.values.is_empty())
+            .map(|a| (a.name.clone(), a.values.clone()))
+            .collect(),
+        ask,
+    }
+}
+
+/// A prompt's `prompts/list` entry: the spec without its messages, questions and
+/// completion values (those are served by completion/complete, not listed).
+fn prompt_descriptor(pr: &PromptSpec) -> Value {
+    let mut d = serde_json::to_value(pr).unwrap_or_default();
+    if let Some(o) = d.as_object_mut() {
+        o.remove("messages");
+        o.remove("ask");
+        if let Some(Value::Array(a)) = o.get_mut("arguments") {
+            for arg in a.iter_mut().filter_map(Value::as_object_mut) {
+                arg.remove("values");
+            }
+        }
+    }
+    d
 }
 
 #[cfg(test)]

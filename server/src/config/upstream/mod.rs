@@ -287,7 +287,6 @@ pub(super) fn compile_upstreams(
         );
         return Vec::new();
     }
-    let none = Names::arguments(Vec::new());
     let mut names: FxHashMap<&str, usize> = FxHashMap::default();
     let mut out = Vec::with_capacity(specs.len());
     for (i, u) in specs.iter().enumerate() {
@@ -306,233 +305,7 @@ pub(super) fn compile_upstreams(
                 format!("duplicate upstream name `{}` (also upstreams[{first}])", u.name),
             );
         }
-        let mut secrets = Vec::new();
-        let transport = match (&u.http, &u.stdio) {
-            (Some(h), None) => {
-                let hp = format!("{at}.http");
-                let url = Template::compile(&h.url).ok().filter(Template::is_literal);
-                let mut origin = String::new();
-                match &url {
-                    None => p.push(format!("{hp}.url"), "must be a literal URL"),
-                    Some(t) => match literal_origin(t) {
-                        Ok(o) => origin = o,
-                        Err(e) => p.push(format!("{hp}.url"), e),
-                    },
-                }
-                let mut headers = Vec::new();
-                for (k, v) in &h.headers {
-                    let path = format!("{hp}.headers.{k}");
-                    if let Some(why) = header_name_problem(k, &UPSTREAM_HEADERS) {
-                        p.push(&path, why);
-                    }
-                    match Template::compile(v) {
-                        Ok(t) => {
-                            check_secret_template(&t, &none, &path, p, &mut secrets);
-                            headers.push((k.clone(), t));
-                        }
-                        Err(e) => p.push(&path, e),
-                    }
-                }
-                let tls = h
-                    .tls
-                    .as_ref()
-                    .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, &mut secrets));
-                Transport::Http {
-                    url: h.url.clone(),
-                    headers,
-                    tls,
-                }
-            }
-            (None, Some(s)) => {
-                let sp = format!("{at}.stdio");
-                let program = s.command.first().cloned().unwrap_or_default();
-                if s.image.is_some() {
-                    p.push(
-                        format!("{sp}.image"),
-                        "only an McpServer's spec.upstreams can run an image (the operator adds its container); quiver-server itself runs `command` or connects to `socket`",
-                    );
-                }
-                match &s.socket {
-                    None if program.is_empty() || program.contains('\0') => {
-                        p.push(format!("{sp}.command"), "must name a program");
-                    }
-                    None => {}
-                    Some(path) => {
-                        if !path.starts_with('/') || path.contains('\0') || path.len() > 100 {
-                            p.push(
-                                format!("{sp}.socket"),
-                                "must be an absolute path of at most 100 bytes",
-                            );
-                        }
-                        if !s.command.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
-                            p.push(&sp, "`socket` excludes `command`, `env` and `cwd` (they belong to whatever serves the socket)");
-                        }
-                    }
-                }
-                if s.command.iter().any(|a| a.contains('\0')) {
-                    p.push(format!("{sp}.command"), "arguments cannot hold NUL");
-                }
-                let mut env = Vec::new();
-                for (k, v) in &s.env {
-                    let path = format!("{sp}.env.{k}");
-                    if !valid_env_name(k) {
-                        p.push(&path, "not a valid environment variable name");
-                    }
-                    match Template::compile(v) {
-                        Ok(t) => {
-                            check_secret_template(&t, &none, &path, p, &mut secrets);
-                            env.push((k.clone(), t));
-                        }
-                        Err(e) => p.push(&path, e),
-                    }
-                }
-                let processes = match s.processes.unwrap_or(1) {
-                    n @ 1..=MAX_PROCESSES => n as usize,
-                    _ => {
-                        p.push(
-                            format!("{sp}.processes"),
-                            format!("must be between 1 and {MAX_PROCESSES}"),
-                        );
-                        1
-                    }
-                };
-                if s.cwd.as_ref().is_some_and(|c| c.is_empty() || c.contains('\0')) {
-                    p.push(format!("{sp}.cwd"), "must be a directory path");
-                }
-                Transport::Stdio {
-                    program,
-                    args: s.command.iter().skip(1).cloned().collect(),
-                    env,
-                    cwd: s.cwd.clone(),
-                    processes,
-                    socket: s.socket.clone(),
-                }
-            }
-            _ => {
-                p.push(&at, "set exactly one of `http` and `stdio`");
-                Transport::Stdio {
-                    program: String::new(),
-                    args: Vec::new(),
-                    env: Vec::new(),
-                    cwd: None,
-                    processes: 1,
-                    socket: None,
-                }
-            }
-        };
-        let timeout = duration_or(u.timeout.as_ref(), DEFAULT_TIMEOUT, &format!("{at}.timeout"), p);
-        let max_message_bytes = match u.max_message_bytes {
-            None => DEFAULT_MAX_MESSAGE_BYTES,
-            Some(n @ 1024..=MAX_MESSAGE_BYTES) => usize::try_from(n).unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
-            Some(_) => {
-                p.push(
-                    format!("{at}.maxMessageBytes"),
-                    format!("must be between 1024 and {MAX_MESSAGE_BYTES}"),
-                );
-                DEFAULT_MAX_MESSAGE_BYTES
-            }
-        };
-        let t = &u.tools;
-        let tp = format!("{at}.tools");
-        let prefix = t.prefix.clone().unwrap_or_default();
-        if t.prefix.is_some()
-            && (prefix.is_empty()
-                || prefix.len() > MAX_PREFIX
-                || !prefix
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
-        {
-            p.push(
-                format!("{tp}.prefix"),
-                format!("1-{MAX_PREFIX} characters of A-Z a-z 0-9 _ - ."),
-            );
-        }
-        let globs = |list: &[String], field: &str, p: &mut Problems| -> Vec<Glob> {
-            list.iter()
-                .enumerate()
-                .map(|(j, g)| {
-                    if !valid_tool_name(&g.replace('*', "x")) {
-                        p.push(format!("{tp}.{field}[{j}]"), "tool names and `*` only");
-                    }
-                    Glob(g.clone())
-                })
-                .collect()
-        };
-        let include = globs(&t.include, "include", p);
-        let access = t
-            .access
-            .as_ref()
-            .and_then(|a| a.compile(&format!("{tp}.access"), p))
-            .map(std::sync::Arc::new);
-        let exclude = globs(&t.exclude, "exclude", p);
-        let names = Namespace {
-            upstream: u.name.clone(),
-            include,
-            exclude,
-            prefix,
-            rename: t.rename.clone(),
-        };
-        let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
-        for (from, to) in &t.rename {
-            let path = format!("{tp}.rename.{from}");
-            if !valid_tool_name(to) {
-                p.push(&path, format!("`{to}` is not a valid tool name"));
-            } else if local.contains(to.as_str()) {
-                p.push(&path, format!("`{to}` is a tool of this ToolSet"));
-            } else if let Some(other) = targets.insert(to, from) {
-                p.push(&path, format!("`{other}` is renamed to `{to}` too"));
-            } else if let Some(r) = names.prefixed_source(to) {
-                p.push(
-                    &path,
-                    format!(
-                        "`{to}` is also the name its own `{r}` is served as (prefix `{}`)",
-                        names.prefix
-                    ),
-                );
-            }
-        }
-        for (name, d) in &t.descriptions {
-            if d.trim().is_empty() {
-                p.push(format!("{tp}.descriptions.{name}"), "must not be empty");
-            }
-        }
-        for (j, g) in names.include.iter().enumerate() {
-            if g.is_literal()
-                && !t.rename.contains_key(&g.0)
-                && local.contains(format!("{}{}", names.prefix, g.0).as_str())
-            {
-                p.push(
-                    format!("{tp}.include[{j}]"),
-                    format!("would be served as `{}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`", names.prefix, g.0),
-                );
-            }
-        }
-        let mut h = FxHasher::default();
-        let connection = UpstreamSpec {
-            tools: ImportSpec::default(),
-            ..u.clone()
-        };
-        serde_json::to_string(&connection)
-            .unwrap_or_default()
-            .hash(&mut h);
-        out.push(CompiledUpstream {
-            name: u.name.clone(),
-            transport,
-            timeout,
-            max_message_bytes,
-            secrets,
-            key: h.finish(),
-            names,
-            rivals: Arc::from(Vec::new()),
-            at: i,
-            descriptions: t.descriptions.clone(),
-            annotations: t
-                .annotations
-                .iter()
-                .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
-                .collect(),
-            access,
-        });
+        out.push(compile_upstream(u, i, &at, local, p));
     }
     check_names(&out, local, p);
     let rivals: Arc<[Namespace]> = out.iter().map(|u| u.names.clone()).collect();
@@ -540,6 +313,277 @@ pub(super) fn compile_upstreams(
         u.rivals = Arc::clone(&rivals);
     }
     out
+}
+
+/// Compiles `upstreams[i]` (at `at`) but for the names it shares with the others.
+fn compile_upstream(
+    u: &UpstreamSpec,
+    i: usize,
+    at: &str,
+    local: &FxHashSet<&str>,
+    p: &mut Problems,
+) -> CompiledUpstream {
+    let mut secrets = Vec::new();
+    let transport = match (&u.http, &u.stdio) {
+        (Some(h), None) => compile_remote(h, &format!("{at}.http"), p, &mut secrets),
+        (None, Some(s)) => compile_stdio(s, &format!("{at}.stdio"), p, &mut secrets),
+        _ => {
+            p.push(at, "set exactly one of `http` and `stdio`");
+            Transport::Stdio {
+                program: String::new(),
+                args: Vec::new(),
+                env: Vec::new(),
+                cwd: None,
+                processes: 1,
+                socket: None,
+            }
+        }
+    };
+    let timeout = duration_or(u.timeout.as_ref(), DEFAULT_TIMEOUT, &format!("{at}.timeout"), p);
+    let max_message_bytes = match u.max_message_bytes {
+        None => DEFAULT_MAX_MESSAGE_BYTES,
+        Some(n @ 1024..=MAX_MESSAGE_BYTES) => usize::try_from(n).unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+        Some(_) => {
+            p.push(
+                format!("{at}.maxMessageBytes"),
+                format!("must be between 1024 and {MAX_MESSAGE_BYTES}"),
+            );
+            DEFAULT_MAX_MESSAGE_BYTES
+        }
+    };
+    let t = &u.tools;
+    let (names, access) = compile_namespace(u, &format!("{at}.tools"), local, p);
+    CompiledUpstream {
+        name: u.name.clone(),
+        transport,
+        timeout,
+        max_message_bytes,
+        secrets,
+        key: connection_key(u),
+        names,
+        rivals: Arc::from(Vec::new()),
+        at: i,
+        descriptions: t.descriptions.clone(),
+        annotations: t
+            .annotations
+            .iter()
+            .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
+            .collect(),
+        access,
+    }
+}
+
+/// The identity of an upstream's connection: its spec without `tools`.
+fn connection_key(u: &UpstreamSpec) -> u64 {
+    let mut h = FxHasher::default();
+    let connection = UpstreamSpec {
+        tools: ImportSpec::default(),
+        ..u.clone()
+    };
+    serde_json::to_string(&connection)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// The transport of an `http` upstream (at `hp`): a literal URL, and headers that may read
+/// Secrets (added to `secrets`).
+fn compile_remote(h: &RemoteSpec, hp: &str, p: &mut Problems, secrets: &mut Vec<SecretRef>) -> Transport {
+    let none = Names::arguments(Vec::new());
+    let url = Template::compile(&h.url).ok().filter(Template::is_literal);
+    let mut origin = String::new();
+    match &url {
+        None => p.push(format!("{hp}.url"), "must be a literal URL"),
+        Some(t) => match literal_origin(t) {
+            Ok(o) => origin = o,
+            Err(e) => p.push(format!("{hp}.url"), e),
+        },
+    }
+    let mut headers = Vec::new();
+    for (k, v) in &h.headers {
+        let path = format!("{hp}.headers.{k}");
+        if let Some(why) = header_name_problem(k, &UPSTREAM_HEADERS) {
+            p.push(&path, why);
+        }
+        match Template::compile(v) {
+            Ok(t) => {
+                check_secret_template(&t, &none, &path, p, secrets);
+                headers.push((k.clone(), t));
+            }
+            Err(e) => p.push(&path, e),
+        }
+    }
+    let tls = h
+        .tls
+        .as_ref()
+        .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, secrets));
+    Transport::Http {
+        url: h.url.clone(),
+        headers,
+        tls,
+    }
+}
+
+/// The transport of a `stdio` upstream (at `sp`): a program run with an environment that
+/// may read Secrets (added to `secrets`), or a socket.
+fn compile_stdio(s: &StdioSpec, sp: &str, p: &mut Problems, secrets: &mut Vec<SecretRef>) -> Transport {
+    let program = s.command.first().cloned().unwrap_or_default();
+    if s.image.is_some() {
+        p.push(
+            format!("{sp}.image"),
+            "only an McpServer's spec.upstreams can run an image (the operator adds its container); quiver-server itself runs `command` or connects to `socket`",
+        );
+    }
+    match &s.socket {
+        None if program.is_empty() || program.contains('\0') => {
+            p.push(format!("{sp}.command"), "must name a program");
+        }
+        None => {}
+        Some(path) => {
+            if !path.starts_with('/') || path.contains('\0') || path.len() > 100 {
+                p.push(
+                    format!("{sp}.socket"),
+                    "must be an absolute path of at most 100 bytes",
+                );
+            }
+            if !s.command.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                p.push(sp, "`socket` excludes `command`, `env` and `cwd` (they belong to whatever serves the socket)");
+            }
+        }
+    }
+    if s.command.iter().any(|a| a.contains('\0')) {
+        p.push(format!("{sp}.command"), "arguments cannot hold NUL");
+    }
+    let none = Names::arguments(Vec::new());
+    let mut env = Vec::new();
+    for (k, v) in &s.env {
+        let path = format!("{sp}.env.{k}");
+        if !valid_env_name(k) {
+            p.push(&path, "not a valid environment variable name");
+        }
+        match Template::compile(v) {
+            Ok(t) => {
+                check_secret_template(&t, &none, &path, p, secrets);
+                env.push((k.clone(), t));
+            }
+            Err(e) => p.push(&path, e),
+        }
+    }
+    let processes = match s.processes.unwrap_or(1) {
+        n @ 1..=MAX_PROCESSES => n as usize,
+        _ => {
+            p.push(
+                format!("{sp}.processes"),
+                format!("must be between 1 and {MAX_PROCESSES}"),
+            );
+            1
+        }
+    };
+    if s.cwd.as_ref().is_some_and(|c| c.is_empty() || c.contains('\0')) {
+        p.push(format!("{sp}.cwd"), "must be a directory path");
+    }
+    Transport::Stdio {
+        program,
+        args: s.command.iter().skip(1).cloned().collect(),
+        env,
+        cwd: s.cwd.clone(),
+        processes,
+        socket: s.socket.clone(),
+    }
+}
+
+/// The names an upstream (its `tools`, at `tp`) serves, and who may call them; reports
+/// names that would be those of the ToolSet's own tools (`local`).
+fn compile_namespace(
+    u: &UpstreamSpec,
+    tp: &str,
+    local: &FxHashSet<&str>,
+    p: &mut Problems,
+) -> (Namespace, Option<Arc<super::access::Access>>) {
+    let t = &u.tools;
+    let prefix = t.prefix.clone().unwrap_or_default();
+    if t.prefix.is_some()
+        && (prefix.is_empty()
+            || prefix.len() > MAX_PREFIX
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
+    {
+        p.push(
+            format!("{tp}.prefix"),
+            format!("1-{MAX_PREFIX} characters of A-Z a-z 0-9 _ - ."),
+        );
+    }
+    let globs = |list: &[String], field: &str, p: &mut Problems| -> Vec<Glob> {
+        list.iter()
+            .enumerate()
+            .map(|(j, g)| {
+                if !valid_tool_name(&g.replace('*', "x")) {
+                    p.push(format!("{tp}.{field}[{j}]"), "tool names and `*` only");
+                }
+                Glob(g.clone())
+            })
+            .collect()
+    };
+    let include = globs(&t.include, "include", p);
+    let access = t
+        .access
+        .as_ref()
+        .and_then(|a| a.compile(&format!("{tp}.access"), p))
+        .map(std::sync::Arc::new);
+    let exclude = globs(&t.exclude, "exclude", p);
+    let names = Namespace {
+        upstream: u.name.clone(),
+        include,
+        exclude,
+        prefix,
+        rename: t.rename.clone(),
+    };
+    check_renames(t, &names, tp, local, p);
+    for (name, d) in &t.descriptions {
+        if d.trim().is_empty() {
+            p.push(format!("{tp}.descriptions.{name}"), "must not be empty");
+        }
+    }
+    for (j, g) in names.include.iter().enumerate() {
+        if g.is_literal()
+            && !t.rename.contains_key(&g.0)
+            && local.contains(format!("{}{}", names.prefix, g.0).as_str())
+        {
+            p.push(
+                format!("{tp}.include[{j}]"),
+                format!(
+                    "would be served as `{}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`",
+                    names.prefix, g.0
+                ),
+            );
+        }
+    }
+    (names, access)
+}
+
+/// Each `rename` target must be a valid name no other tool of the ToolSet or of this
+/// upstream has.
+fn check_renames(t: &ImportSpec, names: &Namespace, tp: &str, local: &FxHashSet<&str>, p: &mut Problems) {
+    let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
+    for (from, to) in &t.rename {
+        let path = format!("{tp}.rename.{from}");
+        if !valid_tool_name(to) {
+            p.push(&path, format!("`{to}` is not a valid tool name"));
+        } else if local.contains(to.as_str()) {
+            p.push(&path, format!("`{to}` is a tool of this ToolSet"));
+        } else if let Some(other) = targets.insert(to, from) {
+            p.push(&path, format!("`{other}` is renamed to `{to}` too"));
+        } else if let Some(r) = names.prefixed_source(to) {
+            p.push(
+                &path,
+                format!(
+                    "`{to}` is also the name its own `{r}` is served as (prefix `{}`)",
+                    names.prefix
+                ),
+            );
+        }
+    }
 }
 
 /// The names one upstream can serve: what its filter lets through, renamed or prefixed.
