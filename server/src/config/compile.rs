@@ -44,7 +44,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .enumerate()
         .map(|(i, t)| compile_tool(t, i, &index, &mut p))
         .collect();
-    pipeline::check(&mut tools, &mut p);
+    pipeline::check::check(&mut tools, &mut p);
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);

@@ -11,7 +11,7 @@ use super::builtin;
 use super::builtin::Builtin;
 use super::content;
 use super::exec;
-use super::http::HttpClient;
+use super::http::run::HttpClient;
 use super::output::{OutputFuture, ToolOutput};
 use super::pipeline;
 use super::template;
@@ -74,9 +74,9 @@ impl Executor {
     #[inline]
     pub fn run_now(&self, snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
         match &snap.tools[tool].def.handler {
-            CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run(*b, args)),
+            CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run::run(*b, args)),
             CompiledHandler::Template(t) => Some(template::run(t, args)),
-            CompiledHandler::Content(blocks) => Some(content::run(blocks, args)),
+            CompiledHandler::Content(blocks) => Some(content::run::run(blocks, args)),
             CompiledHandler::Error(t) => Some(template::fail(t, args)),
             _ => None,
         }
@@ -110,13 +110,13 @@ impl Executor {
                 return out;
             }
             match &snap.tools[tool].def.handler {
-                CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
+                CompiledHandler::Builtin(_) => builtin::run::sleep(&args).await,
                 CompiledHandler::Http(h) => {
                     self.with_secrets(&h.secrets, |s| async move { self.http.call(h, &args, &s).await })
                         .await
                 }
                 CompiledHandler::Exec(e) => {
-                    self.with_secrets(&e.secrets, |s| async move { exec::run(e, &args, &s).await })
+                    self.with_secrets(&e.secrets, |s| async move { exec::run::run(e, &args, &s).await })
                         .await
                 }
                 CompiledHandler::Sample(s) => ask::run::sample(s, &args, cx).await,
@@ -146,6 +146,21 @@ impl Executor {
                 }
             }
         })
+    }
+}
+
+impl pipeline::run::RunStep for Executor {
+    #[inline]
+    fn run_step<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: &'a pipeline::run::Budget,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a> {
+        self.run_within(snap, tool, args, depth, Some(budget), cx)
     }
 }
 

@@ -22,7 +22,7 @@ pub(crate) mod process;
 #[cfg(feature = "runtime")]
 pub use self::executor::*;
 #[cfg(feature = "runtime")]
-pub use self::http::HttpClient;
+pub use self::http::run::HttpClient;
 #[cfg(feature = "runtime")]
 pub(crate) use self::output::WithSecrets;
 #[cfg(feature = "runtime")]

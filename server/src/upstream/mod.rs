@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
 use crate::config::{CompiledToolSet, SecretRef};
-use crate::handlers::http::HttpClient;
+use crate::handlers::http::run::HttpClient;
 use crate::handlers::output::ToolOutput;
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::peer::CallCtx;

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::config::TlsRefs;
 use crate::config::upstream::Transport;
-use crate::handlers::http::{HttpClient, USER_AGENT};
+use crate::handlers::http::run::{HttpClient, USER_AGENT};
 use crate::handlers::output::WithSecrets;
 use crate::template::Template;
 

@@ -14,9 +14,7 @@ use crate::config::context::{Cx, Names, Problems, checked_template as checked};
 use crate::template::{Budget, Scope, Template};
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::run;
+pub(crate) mod run;
 
 /// One block of MCP content. Every string in it is a template over the arguments (of the
 /// tool, or of the prompt); `data` and `blob` are base64.

@@ -15,9 +15,7 @@ use crate::config::context::{
 use crate::template::Template;
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::run;
+pub(crate) mod run;
 
 /// An exec handler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -20,11 +20,7 @@ use crate::config::json_field;
 use crate::template::{JsonTemplate, Template};
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::HttpClient;
-#[cfg(feature = "runtime")]
-pub(crate) use run::USER_AGENT;
+pub(crate) mod run;
 
 /// An HTTP handler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -11,10 +11,9 @@ use crate::config::json_field;
 use crate::config::shared::LogLevel;
 use crate::template::{JsonTemplate, Template};
 
-mod check;
+pub(crate) mod check;
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
-pub(crate) use check::check;
 
 /// Pipelines may nest at most this deep (a pipeline whose step is a pipeline is 2 deep).
 pub const MAX_PIPELINE_NESTING: usize = 16;
