@@ -63,27 +63,13 @@ impl CompiledUpstream {
                     .push(format!("`{remote}`: more than {MAX_UPSTREAM_TOOLS} tools"));
                 continue;
             }
-            let name = self.served_name(remote);
-            if !valid_tool_name(&name) {
-                report
-                    .skipped
-                    .push(format!("`{remote}`: `{name}` is not a valid tool name"));
-                continue;
-            }
-            if taken.contains(&name) {
-                report.skipped.push(format!(
-                    "`{remote}`: `{name}` is already served (by a local tool or an earlier upstream)"
-                ));
-                continue;
-            }
-            // Never first come, first served: whether the other upstream listed it yet or not.
-            if let Some(rival) = self.rival_of(&name) {
-                report.skipped.push(format!(
-                    "`{remote}`: `{name}` is a name upstream `{}` can serve; served by neither",
-                    rival.upstream
-                ));
-                continue;
-            }
+            let name = match self.served_as(remote, taken) {
+                Ok(name) => name,
+                Err(why) => {
+                    report.skipped.push(why);
+                    continue;
+                }
+            };
             let n = count_patterns(t);
             if patterns + n > MAX_UPSTREAM_PATTERNS {
                 report.skipped.push(format!(
@@ -101,6 +87,38 @@ impl CompiledUpstream {
             }
         }
         // (Before the upstream's first list, every name would be reported.)
+        if !listed.is_empty() {
+            self.report_unlisted(&seen, &mut report);
+        }
+        report.imported = tools.len();
+        (tools, report)
+    }
+
+    /// The name `remote` is served as, or why it is not served: not a valid name, a name
+    /// already `taken`, or one another upstream could serve.
+    fn served_as(&self, remote: &str, taken: &FxHashSet<String>) -> Result<String, String> {
+        let name = self.served_name(remote);
+        if !valid_tool_name(&name) {
+            return Err(format!("`{remote}`: `{name}` is not a valid tool name"));
+        }
+        if taken.contains(&name) {
+            return Err(format!(
+                "`{remote}`: `{name}` is already served (by a local tool or an earlier upstream)"
+            ));
+        }
+        // Never first come, first served: whether the other upstream listed it yet or not.
+        if let Some(rival) = self.rival_of(&name) {
+            return Err(format!(
+                "`{remote}`: `{name}` is a name upstream `{}` can serve; served by neither",
+                rival.upstream
+            ));
+        }
+        Ok(name)
+    }
+
+    /// Reports the names `tools` renames, describes or annotates that the upstream did not
+    /// list (or the filter left out).
+    fn report_unlisted(&self, seen: &FxHashSet<&str>, report: &mut ImportReport) {
         for from in self
             .names
             .rename
@@ -108,14 +126,12 @@ impl CompiledUpstream {
             .chain(self.descriptions.keys())
             .chain(self.annotations.keys())
         {
-            if !listed.is_empty() && !seen.contains(from.as_str()) {
+            if !seen.contains(from.as_str()) {
                 report.skipped.push(format!(
                     "`{from}` (named in `tools`): not listed by the upstream, or filtered out"
                 ));
             }
         }
-        report.imported = tools.len();
-        (tools, report)
     }
 
     fn compile_tool(
