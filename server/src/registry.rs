@@ -11,7 +11,7 @@ use arc_swap::{ArcSwap, Guard};
 use rustc_hash::FxHashMap;
 use serde_json::{Value, json};
 
-use crate::config::{CompiledTool, CompiledToolSet, ResourceKind};
+use crate::config::{CompiledTool, CompiledToolSet, ResourceKind, ServerInfo};
 use crate::metrics::{Metrics, ToolMetrics};
 use crate::protocol::SUPPORTED_VERSIONS;
 
@@ -70,6 +70,72 @@ pub struct Snapshot {
     /// Every scope a tool's `access` requires, sorted (`scopes_supported` of the
     /// protected-resource metadata).
     pub scopes: Box<[Box<str>]>,
+}
+
+/// Every scope a tool's `access` requires, sorted.
+fn access_scopes(tools: &[Tool]) -> Box<[Box<str>]> {
+    // Imported tools share their upstream's `access`: each distinct one is read once.
+    let mut seen = rustc_hash::FxHashSet::default();
+    let scopes: std::collections::BTreeSet<&str> = tools
+        .iter()
+        .filter_map(|t| t.def.access.as_ref())
+        .filter(|a| seen.insert(Arc::as_ptr(a)))
+        .flat_map(|a| a.scopes())
+        .collect();
+    scopes.into_iter().map(Box::from).collect()
+}
+
+/// What a snapshot answers about the server itself, serialized once.
+struct Handshake {
+    /// `{name, version, title?}`.
+    info: Value,
+    /// The `initialize` result per supported version.
+    initialize: Vec<(&'static str, Box<[u8]>)>,
+    /// The `server/discover` result.
+    discover: Box<[u8]>,
+    /// What every 2026-07-28 result carries.
+    result_stamp: Box<[u8]>,
+}
+
+/// The server's `{name, version, title?}` and its handshake answers, serialized.
+fn handshake(server: &ServerInfo) -> Handshake {
+    let mut info = json!({"name": server.name, "version": server.version});
+    if let Some(t) = &server.title {
+        info["title"] = Value::String(t.clone());
+    }
+    let initialize = SUPPORTED_VERSIONS
+        .iter()
+        .map(|v| {
+            let mut r = json!({
+                "protocolVersion": v,
+                "capabilities": capabilities(),
+                "serverInfo": info,
+            });
+            if let Some(i) = &server.instructions {
+                r["instructions"] = Value::String(i.clone());
+            }
+            (*v, serde_json::to_vec(&r).unwrap_or_default().into_boxed_slice())
+        })
+        .collect();
+    let mut discover = json!({
+        "resultType": "complete",
+        "supportedVersions": crate::protocol::ALL_VERSIONS,
+        "capabilities": capabilities(),
+        "_meta": {"io.modelcontextprotocol/serverInfo": info},
+    });
+    if let Some(i) = &server.instructions {
+        discover["instructions"] = Value::String(i.clone());
+    }
+    let discover = serde_json::to_vec(&discover)
+        .unwrap_or_default()
+        .into_boxed_slice();
+    let result_stamp = crate::modern::result_fields(&info).into_boxed_slice();
+    Handshake {
+        info,
+        initialize,
+        discover,
+        result_stamp,
+    }
 }
 
 /// Which list a page belongs to.
@@ -138,53 +204,19 @@ impl Snapshot {
                 ResourceKind::Templated { .. } => None,
             })
             .collect();
-        // Imported tools share their upstream's `access`: each distinct one is read once.
-        let mut seen = rustc_hash::FxHashSet::default();
-        let scopes: std::collections::BTreeSet<&str> = tools
-            .iter()
-            .filter_map(|t| t.def.access.as_ref())
-            .filter(|a| seen.insert(Arc::as_ptr(a)))
-            .flat_map(|a| a.scopes())
-            .collect();
-        let scopes = scopes.into_iter().map(Box::from).collect();
+        let scopes = access_scopes(&tools);
         let prompts_by_name = cfg
             .prompts
             .iter()
             .enumerate()
             .map(|(i, p)| (p.name.as_str().into(), i))
             .collect();
-        let server = &cfg.spec.server;
-        let mut info = json!({"name": server.name, "version": server.version});
-        if let Some(t) = &server.title {
-            info["title"] = Value::String(t.clone());
-        }
-        let initialize = SUPPORTED_VERSIONS
-            .iter()
-            .map(|v| {
-                let mut r = json!({
-                    "protocolVersion": v,
-                    "capabilities": capabilities(),
-                    "serverInfo": info,
-                });
-                if let Some(i) = &server.instructions {
-                    r["instructions"] = Value::String(i.clone());
-                }
-                (*v, serde_json::to_vec(&r).unwrap_or_default().into_boxed_slice())
-            })
-            .collect();
-        let mut discover = json!({
-            "resultType": "complete",
-            "supportedVersions": crate::protocol::ALL_VERSIONS,
-            "capabilities": capabilities(),
-            "_meta": {"io.modelcontextprotocol/serverInfo": info},
-        });
-        if let Some(i) = &server.instructions {
-            discover["instructions"] = Value::String(i.clone());
-        }
-        let discover = serde_json::to_vec(&discover)
-            .unwrap_or_default()
-            .into_boxed_slice();
-        let result_stamp = crate::modern::result_fields(&info).into_boxed_slice();
+        let Handshake {
+            info,
+            initialize,
+            discover,
+            result_stamp,
+        } = handshake(&cfg.spec.server);
         Self {
             generation,
             hash: cfg.hash.clone(),

@@ -196,13 +196,11 @@ impl Schema {
         }
         // The path is only rendered when there is something to report: valid input
         // allocates nothing here.
-        let at = |path: &Path<'_>| path.to_string();
         let r = self.rare.as_deref().unwrap_or(&NO_RARE);
         let t = type_bit(v);
         if self.types & t == 0 && !(t == T_INT && self.types & T_NUM != 0) {
             errors.push(format!(
-                "{}: expected {}, got {}",
-                at(path),
+                "{path}: expected {}, got {}",
                 type_names(self.types),
                 type_name(v)
             ));
@@ -211,116 +209,121 @@ impl Schema {
         if let Some(c) = &r.constant
             && !json_eq(c, v)
         {
-            errors.push(format!("{}: must equal {c}", at(path)));
+            errors.push(format!("{path}: must equal {c}"));
         }
         if let Some(e) = &r.enumeration
             && !e.iter().any(|x| json_eq(x, v))
         {
             let list: Vec<String> = e.iter().map(Value::to_string).collect();
-            errors.push(format!("{}: must be one of {}", at(path), list.join(", ")));
+            errors.push(format!("{path}: must be one of {}", list.join(", ")));
         }
         match v {
-            Value::Number(n) => {
-                let x = n.as_f64().unwrap_or(f64::NAN);
-                let bad = |cond: bool, what: String, errors: &mut Vec<String>| {
-                    if cond {
-                        errors.push(format!("{}: {what}", at(path)));
-                    }
-                };
-                if let Some(m) = r.minimum {
-                    bad(x < m, format!("must be >= {m}"), errors);
-                }
-                if let Some(m) = r.maximum {
-                    bad(x > m, format!("must be <= {m}"), errors);
-                }
-                if let Some(m) = r.exclusive_minimum {
-                    bad(x <= m, format!("must be > {m}"), errors);
-                }
-                if let Some(m) = r.exclusive_maximum {
-                    bad(x >= m, format!("must be < {m}"), errors);
-                }
-            }
-            Value::String(s) => {
-                if r.min_length.is_some() || r.max_length.is_some() {
-                    let n = s.chars().count();
-                    if r.min_length.is_some_and(|m| n < m) {
-                        errors.push(format!(
-                            "{}: shorter than {} characters",
-                            at(path),
-                            r.min_length.unwrap_or(0)
-                        ));
-                    }
-                    if r.max_length.is_some_and(|m| n > m) {
-                        errors.push(format!(
-                            "{}: longer than {} characters",
-                            at(path),
-                            r.max_length.unwrap_or(0)
-                        ));
-                    }
-                }
-                if let Some(re) = &r.pattern
-                    && !re.is_match(s)
-                {
-                    errors.push(format!("{}: does not match pattern {}", at(path), re.as_str()));
-                }
-            }
-            Value::Array(a) => {
-                if r.min_items.is_some_and(|m| a.len() < m) {
-                    errors.push(format!(
-                        "{}: fewer than {} items",
-                        at(path),
-                        r.min_items.unwrap_or(0)
-                    ));
-                }
-                if r.max_items.is_some_and(|m| a.len() > m) {
-                    errors.push(format!(
-                        "{}: more than {} items",
-                        at(path),
-                        r.max_items.unwrap_or(0)
-                    ));
-                }
-                if let Some(items) = &self.items {
-                    for (i, x) in a.iter().enumerate() {
-                        items.check(x, &Path::Index(path, i), errors);
-                    }
-                }
-            }
-            Value::Object(o) => {
-                for r in &self.required {
-                    if !o.contains_key(&**r) {
-                        errors.push(format!("{}: missing required property `{r}`", at(path)));
-                    }
-                }
-                for (k, x) in o {
-                    let path = &Path::Key(path, k);
-                    if let Some((_, s)) = self.properties.iter().find(|(name, _)| **name == **k) {
-                        s.check(x, path, errors);
-                    } else {
-                        match &self.additional {
-                            Some(Additional::Deny) => errors.push(format!("{}: unknown property", at(path))),
-                            Some(Additional::Schema(s)) => s.check(x, path, errors),
-                            None => {}
-                        }
-                    }
-                }
-            }
+            Value::Number(n) => check_number(r, n, path, errors),
+            Value::String(s) => check_string(r, s, path, errors),
+            Value::Array(a) => self.check_array(r, a, path, errors),
+            Value::Object(o) => self.check_object(o, path, errors),
             _ => {}
         }
         for s in &r.all_of {
             s.check(v, path, errors);
         }
         if !r.any_of.is_empty() && !r.any_of.iter().any(|s| s.is_valid(v)) {
-            errors.push(format!("{}: matches none of the anyOf alternatives", at(path)));
+            errors.push(format!("{path}: matches none of the anyOf alternatives"));
         }
         if !r.one_of.is_empty() {
             let n = r.one_of.iter().filter(|s| s.is_valid(v)).count();
             if n != 1 {
                 errors.push(format!(
-                    "{}: must match exactly one oneOf alternative, matches {n}",
-                    at(path)
+                    "{path}: must match exactly one oneOf alternative, matches {n}"
                 ));
             }
         }
+    }
+
+    /// The array keywords: item counts, and each item against `items`.
+    #[inline]
+    fn check_array(&self, r: &Rare, a: &[Value], path: &Path<'_>, errors: &mut Vec<String>) {
+        if r.min_items.is_some_and(|m| a.len() < m) {
+            errors.push(format!("{path}: fewer than {} items", r.min_items.unwrap_or(0)));
+        }
+        if r.max_items.is_some_and(|m| a.len() > m) {
+            errors.push(format!("{path}: more than {} items", r.max_items.unwrap_or(0)));
+        }
+        if let Some(items) = &self.items {
+            for (i, x) in a.iter().enumerate() {
+                items.check(x, &Path::Index(path, i), errors);
+            }
+        }
+    }
+
+    /// The object keywords: required properties, and each property against its schema.
+    #[inline]
+    fn check_object(&self, o: &Map<String, Value>, path: &Path<'_>, errors: &mut Vec<String>) {
+        for r in &self.required {
+            if !o.contains_key(&**r) {
+                errors.push(format!("{path}: missing required property `{r}`"));
+            }
+        }
+        for (k, x) in o {
+            let path = &Path::Key(path, k);
+            if let Some((_, s)) = self.properties.iter().find(|(name, _)| **name == **k) {
+                s.check(x, path, errors);
+            } else {
+                match &self.additional {
+                    Some(Additional::Deny) => errors.push(format!("{path}: unknown property")),
+                    Some(Additional::Schema(s)) => s.check(x, path, errors),
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+/// The number keywords: bounds.
+#[inline]
+fn check_number(r: &Rare, n: &serde_json::Number, path: &Path<'_>, errors: &mut Vec<String>) {
+    let x = n.as_f64().unwrap_or(f64::NAN);
+    let bad = |cond: bool, what: String, errors: &mut Vec<String>| {
+        if cond {
+            errors.push(format!("{path}: {what}"));
+        }
+    };
+    if let Some(m) = r.minimum {
+        bad(x < m, format!("must be >= {m}"), errors);
+    }
+    if let Some(m) = r.maximum {
+        bad(x > m, format!("must be <= {m}"), errors);
+    }
+    if let Some(m) = r.exclusive_minimum {
+        bad(x <= m, format!("must be > {m}"), errors);
+    }
+    if let Some(m) = r.exclusive_maximum {
+        bad(x >= m, format!("must be < {m}"), errors);
+    }
+}
+
+/// The string keywords: lengths in characters, and the pattern.
+#[inline]
+fn check_string(r: &Rare, s: &str, path: &Path<'_>, errors: &mut Vec<String>) {
+    if r.min_length.is_some() || r.max_length.is_some() {
+        let n = s.chars().count();
+        if r.min_length.is_some_and(|m| n < m) {
+            errors.push(format!(
+                "{path}: shorter than {} characters",
+                r.min_length.unwrap_or(0)
+            ));
+        }
+        if r.max_length.is_some_and(|m| n > m) {
+            errors.push(format!(
+                "{path}: longer than {} characters",
+                r.max_length.unwrap_or(0)
+            ));
+        }
+    }
+    if let Some(re) = &r.pattern
+        && !re.is_match(s)
+    {
+        errors.push(format!("{path}: does not match pattern {}", re.as_str()));
     }
 }
 
@@ -436,14 +439,16 @@ fn parse_type(name: &str) -> Option<u8> {
     })
 }
 
+/// `path.k`, or `k` at the root.
+fn here(path: &str, k: &str) -> String {
+    if path.is_empty() {
+        k.to_owned()
+    } else {
+        format!("{path}.{k}")
+    }
+}
+
 fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut Refs<'a>) -> Schema {
-    let here = |k: &str| {
-        if path.is_empty() {
-            k.to_owned()
-        } else {
-            format!("{path}.{k}")
-        }
-    };
     refs.nodes += 1;
     if refs.nodes == MAX_NODES + 1 {
         errs.push(format!(
@@ -485,112 +490,12 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
         types: T_ANY,
         ..Schema::default()
     };
-    let num = |k: &str, errs: &mut Vec<String>| -> Option<f64> {
-        let x = obj.get(k)?;
-        x.as_f64().or_else(|| {
-            errs.push(format!("{}: must be a number", here(k)));
-            None
-        })
-    };
-    let count = |k: &str, errs: &mut Vec<String>| -> Option<usize> {
-        let x = obj.get(k)?;
-        x.as_u64().map(|n| n as usize).or_else(|| {
-            errs.push(format!("{}: must be a non-negative integer", here(k)));
-            None
-        })
-    };
     for (k, x) in obj {
-        match k.as_str() {
-            "type" => {
-                let names: Vec<&Value> = match x {
-                    Value::Array(a) => a.iter().collect(),
-                    one => vec![one],
-                };
-                let mut bits = 0;
-                for n in names {
-                    match n.as_str().and_then(parse_type) {
-                        Some(b) => bits |= b,
-                        None => errs.push(format!("{}: unknown type {n}", here("type"))),
-                    }
-                }
-                s.types = bits;
-            }
-            "properties" => match x.as_object() {
-                Some(props) => {
-                    for (name, sub) in props {
-                        let p = compile_at(sub, &here(&format!("properties.{name}")), errs, refs);
-                        s.properties.push((name.as_str().into(), p));
-                    }
-                }
-                None => errs.push(format!("{}: must be an object", here(k))),
-            },
-            "required" => match x.as_array() {
-                Some(a) if a.iter().all(Value::is_string) => {
-                    s.required = a.iter().filter_map(Value::as_str).map(Into::into).collect();
-                }
-                _ => errs.push(format!("{}: must be an array of strings", here(k))),
-            },
-            "additionalProperties" => {
-                s.additional = Some(match x {
-                    Value::Bool(false) => Additional::Deny,
-                    other => Additional::Schema(Box::new(compile_at(other, &here(k), errs, refs))),
-                });
-            }
-            "items" => s.items = Some(Box::new(compile_at(x, &here(k), errs, refs))),
-            "$defs" | "definitions" => match x.as_object() {
-                // Checked here even when unused; used ones are compiled again where referenced.
-                Some(defs) => {
-                    for (name, sub) in defs {
-                        compile_at(sub, &here(&format!("{k}.{name}")), errs, refs);
-                    }
-                }
-                None => errs.push(format!("{}: must be an object", here(k))),
-            },
-            "$ref" => match resolve(x, refs) {
-                Ok((target, reference)) => {
-                    refs.stack.push(reference);
-                    let inner = compile_at(target, &here(k), errs, refs);
-                    refs.stack.pop();
-                    // Keywords beside the `$ref` apply too (2020-12): both must hold.
-                    s.rare().all_of.push(inner);
-                }
-                Err(e) => errs.push(format!("{}: {e}", here(k))),
-            },
-            "enum" => match x.as_array() {
-                Some(a) => s.rare().enumeration = Some(a.clone()),
-                None => errs.push(format!("{}: must be an array", here(k))),
-            },
-            "const" => s.rare().constant = Some(x.clone()),
-            "minimum" => s.rare().minimum = num(k, errs),
-            "maximum" => s.rare().maximum = num(k, errs),
-            "exclusiveMinimum" => s.rare().exclusive_minimum = num(k, errs),
-            "exclusiveMaximum" => s.rare().exclusive_maximum = num(k, errs),
-            "minLength" => s.rare().min_length = count(k, errs),
-            "maxLength" => s.rare().max_length = count(k, errs),
-            "minItems" => s.rare().min_items = count(k, errs),
-            "maxItems" => s.rare().max_items = count(k, errs),
-            "pattern" => match x.as_str().map(bounded_regex) {
-                Some(Ok(re)) => s.rare().pattern = Some(re),
-                Some(Err(e)) => errs.push(format!("{}: invalid regular expression: {e}", here(k))),
-                None => errs.push(format!("{}: must be a string", here(k))),
-            },
-            "anyOf" | "oneOf" | "allOf" => match x.as_array() {
-                Some(a) if !a.is_empty() => {
-                    let list = a
-                        .iter()
-                        .enumerate()
-                        .map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(k)), errs, refs))
-                        .collect();
-                    match k.as_str() {
-                        "anyOf" => s.rare().any_of = list,
-                        "oneOf" => s.rare().one_of = list,
-                        _ => s.rare().all_of.extend(list),
-                    }
-                }
-                _ => errs.push(format!("{}: must be a non-empty array of schemas", here(k))),
-            },
-            other if ANNOTATIONS.contains(&other) => {}
-            other => errs.push(format!("{}: unsupported JSON Schema keyword", here(other))),
+        if !structure_keyword(&mut s, k, x, path, errs, refs)
+            && !constraint_keyword(&mut s, k, x, path, errs)
+            && !ANNOTATIONS.contains(&k.as_str())
+        {
+            errs.push(format!("{}: unsupported JSON Schema keyword", here(path, k)));
         }
     }
     for r in &s.required {
@@ -600,12 +505,140 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
         {
             errs.push(format!(
                 "{}: `{r}` is required but not a property and additionalProperties is false",
-                here("required")
+                here(path, "required")
             ));
         }
     }
     s.trivial = obj.keys().all(|k| ANNOTATIONS.contains(&k.as_str()));
     s
+}
+
+/// Compiles keyword `k` (value `x`) of the schema at `path` into `s` when it shapes the
+/// schema (types, properties, items, references, combinators); false for other keywords.
+fn structure_keyword<'a>(
+    s: &mut Schema,
+    k: &str,
+    x: &'a Value,
+    path: &str,
+    errs: &mut Vec<String>,
+    refs: &mut Refs<'a>,
+) -> bool {
+    match k {
+        "type" => s.types = parse_types(x, path, errs),
+        "properties" => match x.as_object() {
+            Some(props) => {
+                for (name, sub) in props {
+                    let p = compile_at(sub, &here(path, &format!("properties.{name}")), errs, refs);
+                    s.properties.push((name.as_str().into(), p));
+                }
+            }
+            None => errs.push(format!("{}: must be an object", here(path, k))),
+        },
+        "required" => match x.as_array() {
+            Some(a) if a.iter().all(Value::is_string) => {
+                s.required = a.iter().filter_map(Value::as_str).map(Into::into).collect();
+            }
+            _ => errs.push(format!("{}: must be an array of strings", here(path, k))),
+        },
+        "additionalProperties" => {
+            s.additional = Some(match x {
+                Value::Bool(false) => Additional::Deny,
+                other => Additional::Schema(Box::new(compile_at(other, &here(path, k), errs, refs))),
+            });
+        }
+        "items" => s.items = Some(Box::new(compile_at(x, &here(path, k), errs, refs))),
+        "$defs" | "definitions" => match x.as_object() {
+            // Checked here even when unused; used ones are compiled again where referenced.
+            Some(defs) => {
+                for (name, sub) in defs {
+                    compile_at(sub, &here(path, &format!("{k}.{name}")), errs, refs);
+                }
+            }
+            None => errs.push(format!("{}: must be an object", here(path, k))),
+        },
+        "$ref" => match resolve(x, refs) {
+            Ok((target, reference)) => {
+                refs.stack.push(reference);
+                let inner = compile_at(target, &here(path, k), errs, refs);
+                refs.stack.pop();
+                // Keywords beside the `$ref` apply too (2020-12): both must hold.
+                s.rare().all_of.push(inner);
+            }
+            Err(e) => errs.push(format!("{}: {e}", here(path, k))),
+        },
+        "anyOf" | "oneOf" | "allOf" => match x.as_array() {
+            Some(a) if !a.is_empty() => {
+                let list = a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, sub)| compile_at(sub, &format!("{}[{i}]", here(path, k)), errs, refs))
+                    .collect();
+                match k {
+                    "anyOf" => s.rare().any_of = list,
+                    "oneOf" => s.rare().one_of = list,
+                    _ => s.rare().all_of.extend(list),
+                }
+            }
+            _ => errs.push(format!("{}: must be a non-empty array of schemas", here(path, k))),
+        },
+        _ => return false,
+    }
+    true
+}
+
+/// The type bits of a `type` keyword (one name or an array of names).
+fn parse_types(x: &Value, path: &str, errs: &mut Vec<String>) -> u8 {
+    let names: Vec<&Value> = match x {
+        Value::Array(a) => a.iter().collect(),
+        one => vec![one],
+    };
+    let mut bits = 0;
+    for n in names {
+        match n.as_str().and_then(parse_type) {
+            Some(b) => bits |= b,
+            None => errs.push(format!("{}: unknown type {n}", here(path, "type"))),
+        }
+    }
+    bits
+}
+
+/// Compiles keyword `k` (value `x`) of the schema at `path` into `s` when it constrains
+/// values (enum, const, bounds, lengths, pattern); false for other keywords.
+fn constraint_keyword(s: &mut Schema, k: &str, x: &Value, path: &str, errs: &mut Vec<String>) -> bool {
+    let num = |errs: &mut Vec<String>| -> Option<f64> {
+        x.as_f64().or_else(|| {
+            errs.push(format!("{}: must be a number", here(path, k)));
+            None
+        })
+    };
+    let count = |errs: &mut Vec<String>| -> Option<usize> {
+        x.as_u64().map(|n| n as usize).or_else(|| {
+            errs.push(format!("{}: must be a non-negative integer", here(path, k)));
+            None
+        })
+    };
+    match k {
+        "enum" => match x.as_array() {
+            Some(a) => s.rare().enumeration = Some(a.clone()),
+            None => errs.push(format!("{}: must be an array", here(path, k))),
+        },
+        "const" => s.rare().constant = Some(x.clone()),
+        "minimum" => s.rare().minimum = num(errs),
+        "maximum" => s.rare().maximum = num(errs),
+        "exclusiveMinimum" => s.rare().exclusive_minimum = num(errs),
+        "exclusiveMaximum" => s.rare().exclusive_maximum = num(errs),
+        "minLength" => s.rare().min_length = count(errs),
+        "maxLength" => s.rare().max_length = count(errs),
+        "minItems" => s.rare().min_items = count(errs),
+        "maxItems" => s.rare().max_items = count(errs),
+        "pattern" => match x.as_str().map(bounded_regex) {
+            Some(Ok(re)) => s.rare().pattern = Some(re),
+            Some(Err(e)) => errs.push(format!("{}: invalid regular expression: {e}", here(path, k))),
+            None => errs.push(format!("{}: must be a string", here(path, k))),
+        },
+        _ => return false,
+    }
+    true
 }
 
 /// Expands the `input:` shorthand into an object JSON Schema.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::compile::Problems;
+use super::context::Problems;
 
 /// Most scopes or groups one `access` may list.
 pub const MAX_ACCESS_ENTRIES: usize = 32;

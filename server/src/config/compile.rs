@@ -1,651 +1,34 @@
 //! Validation and compilation of a ToolSet: one pass that either reports every problem
 //! with its path or yields the compiled form the registry serves from.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
-use super::upstream::{CompiledUpstream, UpstreamCall, compile_upstreams};
-use super::{API_VERSION, ConfigError, Handler, KIND, Problem, Role, ToolSet, parse_duration};
-use crate::handlers::ask::Question;
-use crate::handlers::ask::{ElicitCall, SampleCall};
-pub(crate) use crate::handlers::builtin::Builtin;
+use super::checks::shallow;
+use super::compiled::{
+    CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ResourceKind,
+    UriPattern,
+};
+use super::context::{
+    ConfigError, Cx, MAX_SECRETS, Names, Problems, check_template, checked_template, template,
+    valid_tool_name,
+};
+use super::model::{API_VERSION, Handler, KIND, PromptSpec, ResourceSpec, ToolSet, ToolSpec, hash};
+use super::upstream::{CompiledUpstream, compile_upstreams};
+use crate::handlers::ask;
+use crate::handlers::builtin::Builtin;
 use crate::handlers::content::{self, Content};
-use crate::handlers::exec::ExecCall;
-use crate::handlers::http::HttpCall;
-use crate::handlers::pipeline::Step;
-use crate::handlers::{ask, exec, http, pipeline, template};
+use crate::handlers::exec;
+use crate::handlers::http;
+use crate::handlers::pipeline;
+use crate::handlers::template;
 use crate::schema::{Schema, expand_shorthand};
-use crate::template::{Template, depth};
+use crate::template::Template;
 
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_TIMEOUT: Duration = Duration::from_secs(300);
-const DEFAULT_MAX_BYTES: usize = 1 << 20;
 const MAX_PAGE_SIZE: u32 = 10_000;
 const DEFAULT_PAGE_SIZE: u32 = 100;
-
-/// JSON values in a ToolSet (schemas, `input`, bodies, step inputs) may nest at most this
-/// deep. It keeps every walk over them shallow, and a value that fits re-parses from the
-/// YAML the operator writes (whose nesting limit is 48, see `yaml_options`).
-pub const MAX_VALUE_DEPTH: usize = 32;
-
-/// First segment of a secret reference, `{{secret.NAME.KEY}}`.
-pub const SECRET_ROOT: &str = "secret";
-/// Most distinct Secrets one ToolSet may reference (each is one watch per pod).
-pub const MAX_SECRETS: usize = 64;
-/// Where secret references may appear (everywhere else they would reach the model).
-pub(crate) const SECRET_PLACES: &str = "an http tool's url, headers and body, and an exec tool's env";
-
-/// One value a tool reads from a Secret: `{{secret.NAME.KEY}}`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SecretRef {
-    /// The Secret's name (or a directory of `--secrets dir:PATH`).
-    pub name: String,
-    /// The key within it.
-    pub key: String,
-}
-
-impl std::fmt::Display for SecretRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "secret `{}` key `{}`", self.name, self.key)
-    }
-}
-
-/// A validated, compiled ToolSet.
-#[derive(Debug)]
-pub struct CompiledToolSet {
-    /// The (merged) source document.
-    pub spec: ToolSet,
-    /// Content hash of `spec` (see [`super::hash`]).
-    pub hash: String,
-    /// Tools in declaration order.
-    pub tools: Vec<CompiledTool>,
-    /// Resources in declaration order.
-    pub resources: Vec<CompiledResource>,
-    /// Prompts in declaration order.
-    pub prompts: Vec<CompiledPrompt>,
-    /// Items per list page.
-    pub page_size: usize,
-    /// Names of the Secrets its tools and upstreams reference (what a pod must be allowed
-    /// to read).
-    pub secrets: std::collections::BTreeSet<String>,
-    /// Upstream MCP servers whose tools are imported (see [`CompiledToolSet::tools`]: the
-    /// imported ones follow the declared ones once an upstream has listed them).
-    pub upstreams: Vec<CompiledUpstream>,
-    /// A digest of the upstreams' tool lists the imported tools come from (0 when none):
-    /// the registry changes when it does, the config (`hash`) does not.
-    pub upstream_digest: u64,
-}
-
-/// A compiled tool.
-#[derive(Debug)]
-pub struct CompiledTool {
-    /// Tool name.
-    pub name: String,
-    /// The `tools/list` entry (name, title, description, inputSchema, ...); `Null` once the
-    /// tool is in a registry snapshot, which serves it from its pre-serialized pages.
-    pub descriptor: Value,
-    /// Validator of the arguments.
-    pub input: Schema,
-    /// Validator of structured results, when an output schema is declared (boxed: most
-    /// tools have none).
-    pub output: Option<Box<Schema>>,
-    /// What runs a call.
-    pub handler: CompiledHandler,
-    /// Who may call it (a pipeline's includes its steps'); `None`: every caller let in.
-    pub access: Option<std::sync::Arc<super::access::Access>>,
-}
-
-/// A compiled handler.
-#[derive(Debug)]
-pub enum CompiledHandler {
-    /// A built-in function.
-    Builtin(Builtin),
-    /// An HTTP request. (The larger kinds are boxed, so a tool pays for its own kind only.)
-    Http(Box<HttpCall>),
-    /// A process.
-    Exec(Box<ExecCall>),
-    /// A text template.
-    Template(Template),
-    /// Steps referring to other tools by index.
-    Pipeline(Vec<Step>),
-    /// Content blocks rendered from the arguments.
-    Content(Vec<Content>),
-    /// A tool error whose message is rendered from the arguments.
-    Error(Template),
-    /// A `sampling/createMessage` request to the client.
-    Sample(Box<SampleCall>),
-    /// An `elicitation/create` request to the client.
-    Elicit(Box<ElicitCall>),
-    /// Several questions to the client, by key.
-    Ask(Vec<Question>),
-    /// A tool of an upstream MCP server.
-    Upstream(UpstreamCall),
-}
-
-impl CompiledHandler {
-    /// The Secret values this handler reads.
-    pub fn secrets(&self) -> &[SecretRef] {
-        match self {
-            Self::Http(h) => &h.secrets,
-            Self::Exec(e) => &e.secrets,
-            _ => &[],
-        }
-    }
-}
-
-/// A compiled resource.
-#[derive(Debug)]
-pub struct CompiledResource {
-    /// The `resources/list` (or `resources/templates/list`) entry.
-    pub descriptor: Value,
-    /// MIME type of the text.
-    pub mime_type: String,
-    /// Fixed or templated.
-    pub kind: ResourceKind,
-    /// Values `completion/complete` offers for a URI template's variables.
-    pub values: BTreeMap<String, Vec<String>>,
-}
-
-/// Whether a resource has a fixed URI or a URI template.
-#[derive(Debug)]
-pub enum ResourceKind {
-    /// A fixed URI and its contents.
-    Static {
-        /// The URI.
-        uri: String,
-        /// The text, or base64 when `blob`.
-        text: String,
-        /// Whether `text` is a base64 blob.
-        blob: bool,
-    },
-    /// A URI template and the contents' template over its variables.
-    Templated {
-        /// The URI pattern.
-        pattern: UriPattern,
-        /// The text template (base64 when `blob`).
-        text: Template,
-        /// Whether the rendered text is a base64 blob.
-        blob: bool,
-    },
-}
-
-/// An RFC 6570 level-1 URI template (`scheme://{a}/x/{b}`), used for matching.
-#[derive(Debug, Clone)]
-pub struct UriPattern {
-    parts: Vec<(bool, String)>,
-    source: String,
-}
-
-impl UriPattern {
-    fn compile(src: &str) -> Result<Self, String> {
-        let mut parts = Vec::new();
-        let mut rest = src;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push((false, rest[..open].to_owned()));
-            }
-            let close = rest[open..].find('}').ok_or("unclosed `{`")? + open;
-            let name = &rest[open + 1..close];
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!(
-                    "`{{{name}}}` is not a simple variable (RFC 6570 level 1)"
-                ));
-            }
-            if parts.last().is_some_and(|(var, _)| *var) {
-                return Err("two variables must be separated by literal text".into());
-            }
-            parts.push((true, name.to_owned()));
-            rest = &rest[close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push((false, rest.to_owned()));
-        }
-        Ok(Self {
-            parts,
-            source: src.to_owned(),
-        })
-    }
-
-    /// The template as written.
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-
-    /// The template's variable names, in order.
-    pub fn variables(&self) -> impl Iterator<Item = &str> {
-        self.parts.iter().filter(|(v, _)| *v).map(|(_, n)| n.as_str())
-    }
-
-    /// Matches `uri`, returning the variables as a JSON object.
-    pub fn matches(&self, uri: &str) -> Option<Value> {
-        let mut vars = Map::new();
-        let mut rest = uri;
-        let mut i = 0;
-        while i < self.parts.len() {
-            let (is_var, text) = &self.parts[i];
-            if *is_var {
-                let end = match self.parts.get(i + 1) {
-                    Some((_, lit)) => rest.find(lit.as_str())?,
-                    None => rest.len(),
-                };
-                if end == 0 {
-                    return None;
-                }
-                vars.insert(text.clone(), Value::String(percent_decode(&rest[..end])));
-                rest = &rest[end..];
-            } else {
-                rest = rest.strip_prefix(text.as_str())?;
-            }
-            i += 1;
-        }
-        rest.is_empty().then_some(Value::Object(vars))
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && let Some(v) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(v);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A compiled prompt.
-#[derive(Debug)]
-pub struct CompiledPrompt {
-    /// Prompt name.
-    pub name: String,
-    /// The `prompts/list` entry.
-    pub descriptor: Value,
-    /// Names of required arguments.
-    pub required: Vec<String>,
-    /// Names of all arguments.
-    pub arguments: Vec<String>,
-    /// Messages: role and content block.
-    pub messages: Vec<(Role, Content)>,
-    /// Prompt description for `prompts/get`.
-    pub description: Option<String>,
-    /// Values `completion/complete` offers, by argument name.
-    pub values: BTreeMap<String, Vec<String>>,
-    /// Questions answered before rendering (their answers are `input`).
-    pub ask: Vec<Question>,
-}
-
-#[derive(Default)]
-pub(crate) struct Problems(pub(crate) Vec<Problem>);
-
-impl Problems {
-    /// The first problem's message (for nested checks that report one reason).
-    pub(crate) fn first_message(&self) -> String {
-        self.0.first().map_or_else(String::new, |p| p.message.clone())
-    }
-
-    pub(crate) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-
-    /// Adds problems reported by a nested compiler as `sub.path: message`, under `prefix`.
-    pub(crate) fn nested(&mut self, prefix: &str, errs: Vec<String>) {
-        for e in errs {
-            match e.split_once(": ") {
-                Some((path, msg)) => self.push(format!("{prefix}.{path}"), msg),
-                None => self.push(prefix, e),
-            }
-        }
-    }
-}
-
-pub(crate) fn valid_tool_name(n: &str) -> bool {
-    (1..=128).contains(&n.len())
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
-
-/// Names a template may refer to: the input's declared properties (unless the input is open),
-/// and `steps.N` for N below `steps`.
-pub(crate) struct Names<'a> {
-    pub(crate) props: Option<Vec<&'a str>>,
-    pub(crate) steps: Option<usize>,
-}
-
-impl<'a> Names<'a> {
-    /// Exactly these argument names, no steps.
-    pub(crate) fn arguments(props: Vec<&'a str>) -> Self {
-        Self {
-            props: Some(props),
-            steps: None,
-        }
-    }
-}
-
-/// What a kind's compile step works with: where its spec is (`tools[3].handler.http`), the
-/// names its templates may use, the problems found so far, and the ToolSet's tools by name.
-pub(crate) struct Cx<'a> {
-    /// Path of the spec being compiled.
-    pub at: String,
-    /// Names the templates may use.
-    pub names: &'a Names<'a>,
-    /// Problems found.
-    pub p: &'a mut Problems,
-    /// Index of every tool of the ToolSet by name.
-    pub index: &'a FxHashMap<&'a str, usize>,
-}
-
-impl Cx<'_> {
-    /// The context of the `kind` field under this one.
-    pub fn kind(&mut self, kind: &str) -> Cx<'_> {
-        Cx {
-            at: format!("{}.{kind}", self.at),
-            names: self.names,
-            p: &mut *self.p,
-            index: self.index,
-        }
-    }
-}
-
-pub(crate) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
-    check_roots(t, names, path, p, None);
-}
-
-/// Checks a template that may also read Secrets, adding the references it makes to `refs`.
-pub(crate) fn check_secret_template(
-    t: &Template,
-    names: &Names<'_>,
-    path: &str,
-    p: &mut Problems,
-    refs: &mut Vec<SecretRef>,
-) {
-    check_roots(t, names, path, p, Some(refs));
-}
-
-/// An HTTP header name (RFC 9110 token).
-pub(crate) fn valid_header_name(k: &str) -> bool {
-    !k.is_empty()
-        && k.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
-}
-
-/// Headers that frame the message or manage the connection: the client sets them, and a
-/// configured one would contradict it (a second `Content-Length`, or `Transfer-Encoding`
-/// beside it, is how requests are smuggled past a proxy).
-const FRAMING_HEADERS: [&str; 8] = [
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "upgrade",
-    "proxy-connection",
-];
-
-/// What is wrong with a configured header name; `more` lists names reserved besides the
-/// framing ones.
-pub(crate) fn header_name_problem(k: &str, more: &[&str]) -> Option<String> {
-    if !valid_header_name(k) {
-        return Some("not a valid header name".into());
-    }
-    FRAMING_HEADERS
-        .iter()
-        .chain(more)
-        .any(|r| r.eq_ignore_ascii_case(k))
-        .then(|| format!("`{k}` is set by quiver-server and cannot be configured"))
-}
-
-/// The store holds ConfigMaps too (CA bundles: `tls.caConfigMap`), under this prefix, which
-/// no Secret name can start with (Kubernetes names have no `:`). A `dir:` source reads them
-/// from `PATH/configmap:NAME/KEY`.
-pub const CONFIG_MAP_PREFIX: &str = "configmap:";
-
-/// A Kubernetes object name (DNS subdomain): 1-253 lower-case letters, digits, `-` and `.`,
-/// starting and ending with a letter or digit.
-pub fn valid_config_map_name(n: &str) -> bool {
-    (1..=253).contains(&n.len())
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
-        && n.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && n.ends_with(|c: char| c.is_ascii_alphanumeric())
-}
-
-pub(crate) fn valid_secret_part(s: &str) -> bool {
-    (1..=253).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
-}
-
-pub(crate) fn check_roots(
-    t: &Template,
-    names: &Names<'_>,
-    path: &str,
-    p: &mut Problems,
-    mut secrets: Option<&mut Vec<SecretRef>>,
-) {
-    let secret_is_argument = names
-        .props
-        .as_ref()
-        .is_some_and(|props| props.contains(&SECRET_ROOT));
-    if !secret_is_argument || secrets.is_some() {
-        for segments in t.paths_under(SECRET_ROOT) {
-            let Some(refs) = secrets.as_deref_mut() else {
-                p.push(
-                    path,
-                    format!("secrets (`{{{{secret.NAME.KEY}}}}`) may be used only in {SECRET_PLACES}"),
-                );
-                break;
-            };
-            match segments.as_slice() {
-                [_, name, key] if valid_secret_part(name) && valid_secret_part(key) => {
-                    let r = SecretRef {
-                        name: (*name).to_owned(),
-                        key: (*key).to_owned(),
-                    };
-                    if !refs.contains(&r) {
-                        refs.push(r);
-                    }
-                }
-                _ => p.push(
-                    path,
-                    format!(
-                        "`{}` is not a secret reference: use `secret.NAME.KEY` (letters, digits, `-`, `_`)",
-                        segments.join(".")
-                    ),
-                ),
-            }
-        }
-    }
-    for (root, idx) in t.roots() {
-        if root == SECRET_ROOT && (secrets.is_some() || !secret_is_argument) {
-            continue;
-        }
-        if root == "steps"
-            && let Some(limit) = names.steps
-        {
-            match idx {
-                Some(i) if i < limit => {}
-                Some(i) => p.push(
-                    path,
-                    format!("`steps.{i}` refers to a step that has not run yet (this is step {limit})"),
-                ),
-                None => p.push(
-                    path,
-                    "use `steps.N.text` or `steps.N.structured` with a step number",
-                ),
-            }
-            continue;
-        }
-        if let Some(props) = &names.props
-            && !props.contains(&root)
-        {
-            p.push(
-                path,
-                format!(
-                    "template uses `{root}`, which is not an input property ({})",
-                    if props.is_empty() {
-                        "none declared".to_owned()
-                    } else {
-                        props.join(", ")
-                    }
-                ),
-            );
-        }
-    }
-}
-
-pub(crate) fn duration(v: Option<&String>, path: &str, p: &mut Problems) -> Duration {
-    duration_or(v, DEFAULT_TIMEOUT, path, p)
-}
-
-/// A time limit of at most 5 minutes, `default` when unset or invalid (which is reported).
-pub(crate) fn duration_or(v: Option<&String>, default: Duration, path: &str, p: &mut Problems) -> Duration {
-    match v.map(|s| parse_duration(s)) {
-        None => default,
-        Some(Ok(d)) if d.is_zero() || d > MAX_TIMEOUT => {
-            p.push(path, "must be more than 0 and at most 5m");
-            default
-        }
-        Some(Ok(d)) => d,
-        Some(Err(e)) => {
-            p.push(path, e);
-            default
-        }
-    }
-}
-
-/// An environment variable name a process can be given.
-pub(crate) fn valid_env_name(k: &str) -> bool {
-    !k.is_empty() && !k.contains(['=', '\0'])
-}
-
-pub(crate) fn byte_cap(v: Option<u64>, path: &str, p: &mut Problems) -> usize {
-    match v {
-        None => DEFAULT_MAX_BYTES,
-        Some(0) => {
-            p.push(path, "must be more than 0");
-            DEFAULT_MAX_BYTES
-        }
-        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-    }
-}
-
-/// True when `v` nests at most [`MAX_VALUE_DEPTH`] deep; reports it otherwise.
-pub(crate) fn shallow(v: &Value, path: &str, p: &mut Problems) -> bool {
-    let d =
-        super::json_field::too_deep(v).map_or_else(|| depth(v), |d| usize::try_from(d).unwrap_or(usize::MAX));
-    if d > MAX_VALUE_DEPTH {
-        p.push(
-            path,
-            format!("nests {d} deep; at most {MAX_VALUE_DEPTH} levels are accepted"),
-        );
-        return false;
-    }
-    true
-}
-
-/// The `scheme://authority` of an http tool's URL template, which must be literal and end
-/// where the template's literal text still goes on (with `/`, `?` or `#`): a value can then
-/// only change the path, query or fragment, never which server is called.
-pub(crate) fn literal_origin(url: &Template) -> Result<String, &'static str> {
-    let prefix = url.literal_prefix();
-    let Some((scheme, rest)) = prefix.split_once("://") else {
-        return Err("must start with http:// or https://");
-    };
-    if !matches!(scheme, "http" | "https") {
-        return Err("must start with http:// or https://");
-    }
-    let end = match rest.find(['/', '?', '#']) {
-        Some(end) => end,
-        None if url.is_literal() => rest.len(),
-        None => {
-            return Err(
-                "the scheme, host and port must be literal and followed by a literal `/`, `?` or `#` \
-                 before the first `{{`: a value that could change the server called lets callers reach any server",
-            );
-        }
-    };
-    let authority = &rest[..end];
-    let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
-    if host.is_empty() || host.starts_with(':') {
-        return Err("names no host");
-    }
-    if !userinfo
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:".contains(&b))
-    {
-        return Err("the user information before `@` has a character URLs do not allow there");
-    }
-    if !valid_host_port(host) {
-        return Err("the host part is not a valid host[:port]");
-    }
-    Ok(format!("{scheme}://{authority}"))
-}
-
-/// `host[:port]` of RFC 3986: a registered name or IPv4 address, or an IPv6 address in
-/// brackets, and a port of at most 65535.
-fn valid_host_port(s: &str) -> bool {
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let Some((v6, after)) = rest.split_once(']') else {
-            return false;
-        };
-        if v6.is_empty()
-            || !v6
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-        {
-            return false;
-        }
-        match after {
-            "" => return true,
-            _ => match after.strip_prefix(':') {
-                Some(port) => ("x", Some(port)),
-                None => return false,
-            },
-        }
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, port)) => (h, Some(port)),
-            None => (s, None),
-        }
-    };
-    let host_ok = !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(&b));
-    let port_ok = port.is_none_or(|p| {
-        p.is_empty() || (p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok())
-    });
-    host_ok && port_ok
-}
-
-pub(crate) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
-    Template::compile(src).map_err(|e| p.push(path, e)).ok()
-}
-
-pub(crate) fn checked_template(
-    src: &str,
-    path: &str,
-    names: &Names<'_>,
-    p: &mut Problems,
-) -> Option<Template> {
-    let t = template(src, path, p)?;
-    check_template(&t, names, path, p);
-    Some(t)
-}
 
 /// Validates and compiles a ToolSet.
 ///
@@ -653,6 +36,43 @@ pub(crate) fn checked_template(
 /// Every problem found, each with its path.
 pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let mut p = Problems(Vec::new());
+    let page_size = check_header(ts, &mut p);
+    let index = index_tools(ts, &mut p);
+    let mut tools: Vec<CompiledTool> = ts
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| compile_tool(t, i, &index, &mut p))
+        .collect();
+    pipeline::check::check(&mut tools, &mut p);
+
+    let resources = compile_resources(ts, &mut p);
+    let prompts = compile_prompts(ts, &mut p);
+    let local = index.keys().copied().collect();
+    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
+    let secrets = referenced_secrets(&tools, &upstreams, &mut p);
+
+    // Document order: tools[2] before tools[10].
+    p.0.sort_by_key(|a| natural_key(&a.path));
+    if p.0.is_empty() {
+        Ok(CompiledToolSet {
+            secrets,
+            hash: hash(ts),
+            spec: ts.clone(),
+            tools,
+            resources,
+            prompts,
+            page_size,
+            upstreams,
+            upstream_digest: 0,
+        })
+    } else {
+        Err(ConfigError { problems: p.0 })
+    }
+}
+
+/// Checks `apiVersion`, `kind` and `server`; returns the page size.
+fn check_header(ts: &ToolSet, p: &mut Problems) -> usize {
     if ts.api_version != API_VERSION {
         p.push(
             "apiVersion",
@@ -665,7 +85,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     if ts.server.name.trim().is_empty() {
         p.push("server.name", "must not be empty");
     }
-    let page_size = match ts.server.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
+    match ts.server.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
         n @ 1..=MAX_PAGE_SIZE => n as usize,
         _ => {
             p.push(
@@ -674,8 +94,12 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             );
             DEFAULT_PAGE_SIZE as usize
         }
-    };
+    }
+}
 
+/// The index of every tool by name (the first of duplicates), reporting invalid and
+/// duplicate names.
+fn index_tools<'a>(ts: &'a ToolSet, p: &mut Problems) -> FxHashMap<&'a str, usize> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
     for (i, t) in ts.tools.iter().enumerate() {
         if !valid_tool_name(&t.name) {
@@ -695,146 +119,174 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             index.insert(&t.name, first);
         }
     }
+    index
+}
 
-    let mut tools = Vec::with_capacity(ts.tools.len());
-    for (i, t) in ts.tools.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let builtin = match &t.handler {
-            Handler::Builtin(name) => {
-                let b = Builtin::from_name(name);
-                if b.is_none() {
-                    p.push(
-                        format!("{at}.handler.builtin"),
-                        format!("unknown builtin `{name}` (one of: {})", Builtin::names()),
-                    );
-                }
-                b
-            }
-            _ => None,
-        };
-        let input_shallow = t
-            .input
-            .iter()
-            .flatten()
-            .all(|(k, v)| shallow(v, &format!("{at}.input.{k}"), &mut p));
-        let schema_shallow = t
-            .input_schema
-            .as_ref()
-            .is_none_or(|v| shallow(v, &format!("{at}.inputSchema"), &mut p));
-        let schema_json = match (&t.input, &t.input_schema) {
-            _ if !(input_shallow && schema_shallow) => json!({"type": "object"}),
-            (Some(_), Some(_)) => {
-                p.push(&at, "set `input` or `inputSchema`, not both");
-                json!({"type": "object"})
-            }
-            (Some(short), None) => expand_shorthand(short).unwrap_or_else(|errs| {
-                p.nested(&format!("{at}.input"), errs);
-                json!({"type": "object"})
-            }),
-            (None, Some(s)) => s.clone(),
-            (None, None) => builtin.map_or_else(
-                || json!({"type": "object", "properties": {}}),
-                Builtin::input_schema,
-            ),
-        };
-        if schema_json.get("type").and_then(Value::as_str) != Some("object") {
-            p.push(
-                format!("{at}.inputSchema.type"),
-                "an input schema must have `type: object`",
-            );
-        }
-        let input = Schema::compile(&schema_json).unwrap_or_else(|errs| {
-            let base = if t.input.is_some() { "input" } else { "inputSchema" };
-            p.nested(&format!("{at}.{base}"), errs);
-            Schema::default()
-        });
-        let output_json = t
-            .output_schema
-            .clone()
-            .filter(|o| shallow(o, &format!("{at}.outputSchema"), &mut p))
-            .or_else(|| builtin.and_then(Builtin::output_schema));
-        let output = output_json.as_ref().and_then(|o| {
-            if o.get("type").and_then(Value::as_str) != Some("object") {
+/// Compiles `tools[i]`: its schemas, its handler (by its kind's module), its `tools/list`
+/// entry and its access.
+fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut Problems) -> CompiledTool {
+    let at = format!("tools[{i}]");
+    let builtin = match &t.handler {
+        Handler::Builtin(name) => {
+            let b = Builtin::from_name(name);
+            if b.is_none() {
                 p.push(
-                    format!("{at}.outputSchema.type"),
-                    "an output schema must have `type: object`",
+                    format!("{at}.handler.builtin"),
+                    format!("unknown builtin `{name}` (one of: {})", Builtin::names()),
                 );
             }
-            Schema::compile(o)
-                .map(Box::new)
-                .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
-                .ok()
-        });
-        // Templates may only name declared properties when the input is closed.
-        let names = Names {
-            props: (!input.allows_additional()).then(|| input.property_names().collect()),
-            steps: None,
-        };
-        // One line per kind: each kind's module compiles its own spec.
-        let mut cx = Cx {
-            at: format!("{at}.handler"),
-            names: &names,
-            p: &mut p,
-            index: &index,
-        };
-        let handler = match &t.handler {
-            Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
-            Handler::Template(src) => {
-                CompiledHandler::Template(template::compile(src, &mut cx.kind("template")))
-            }
-            Handler::Error(src) => CompiledHandler::Error(template::compile(src, &mut cx.kind("error"))),
-            Handler::Sample(spec) => {
-                CompiledHandler::Sample(Box::new(ask::compile_sample(spec, &mut cx.kind("sample"))))
-            }
-            Handler::Elicit(spec) => {
-                CompiledHandler::Elicit(Box::new(ask::compile_elicit(spec, &mut cx.kind("elicit"))))
-            }
-            Handler::Ask(questions) => CompiledHandler::Ask(ask::compile(questions, &mut cx.kind("ask"))),
-            Handler::Content(blocks) => {
-                CompiledHandler::Content(content::compile_blocks(blocks, &mut cx.kind("content")))
-            }
-            Handler::Http(h) => CompiledHandler::Http(Box::new(http::compile(h, &mut cx.kind("http")))),
-            Handler::Exec(e) => CompiledHandler::Exec(Box::new(exec::compile(e, &mut cx.kind("exec")))),
-            Handler::Pipeline(steps) => {
-                CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
-            }
-        };
-        let mut descriptor = Map::new();
-        descriptor.insert("name".into(), Value::String(t.name.clone()));
-        if let Some(title) = &t.title {
-            descriptor.insert("title".into(), Value::String(title.clone()));
+            b
         }
-        if let Some(d) = &t.description {
-            descriptor.insert("description".into(), Value::String(d.clone()));
-        }
-        descriptor.insert("inputSchema".into(), schema_json);
-        if let Some(o) = output_json {
-            descriptor.insert("outputSchema".into(), o);
-        }
-        if let Some(a) = &t.annotations {
-            descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
-        }
-        let access = t
-            .access
-            .as_ref()
-            .and_then(|a| a.compile(&format!("{at}.access"), &mut p))
-            .map(std::sync::Arc::new);
-        tools.push(CompiledTool {
-            name: t.name.clone(),
-            descriptor: Value::Object(descriptor),
-            input,
-            output,
-            handler,
-            access,
-        });
+        _ => None,
+    };
+    let (schema_json, input) = input_schema(t, &at, builtin, p);
+    let (output_json, output) = output_schema(t, &at, builtin, p);
+    // Templates may only name declared properties when the input is closed.
+    let names = Names {
+        props: (!input.allows_additional()).then(|| input.property_names().collect()),
+        steps: None,
+    };
+    let mut cx = Cx {
+        at: format!("{at}.handler"),
+        names: &names,
+        p: &mut *p,
+        index,
+    };
+    let handler = compile_handler(&t.handler, builtin, &mut cx);
+    let access = t
+        .access
+        .as_ref()
+        .and_then(|a| a.compile(&format!("{at}.access"), p))
+        .map(std::sync::Arc::new);
+    CompiledTool {
+        name: t.name.clone(),
+        descriptor: tool_descriptor(t, schema_json, output_json),
+        input,
+        output,
+        handler,
+        access,
     }
-    pipeline::check(&mut tools, &mut p);
+}
 
-    let resources = compile_resources(ts, &mut p);
-    let prompts = compile_prompts(ts, &mut p);
-    let local = index.keys().copied().collect();
-    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
-    let secrets: std::collections::BTreeSet<String> = tools
+/// A tool's input schema (from `input`, `inputSchema` or its builtin) and its validator.
+fn input_schema(t: &ToolSpec, at: &str, builtin: Option<Builtin>, p: &mut Problems) -> (Value, Schema) {
+    let input_shallow = t
+        .input
+        .iter()
+        .flatten()
+        .all(|(k, v)| shallow(v, &format!("{at}.input.{k}"), p));
+    let schema_shallow = t
+        .input_schema
+        .as_ref()
+        .is_none_or(|v| shallow(v, &format!("{at}.inputSchema"), p));
+    let schema_json = match (&t.input, &t.input_schema) {
+        _ if !(input_shallow && schema_shallow) => json!({"type": "object"}),
+        (Some(_), Some(_)) => {
+            p.push(at, "set `input` or `inputSchema`, not both");
+            json!({"type": "object"})
+        }
+        (Some(short), None) => expand_shorthand(short).unwrap_or_else(|errs| {
+            p.nested(&format!("{at}.input"), errs);
+            json!({"type": "object"})
+        }),
+        (None, Some(s)) => s.clone(),
+        (None, None) => builtin.map_or_else(
+            || json!({"type": "object", "properties": {}}),
+            Builtin::input_schema,
+        ),
+    };
+    if schema_json.get("type").and_then(Value::as_str) != Some("object") {
+        p.push(
+            format!("{at}.inputSchema.type"),
+            "an input schema must have `type: object`",
+        );
+    }
+    let input = Schema::compile(&schema_json).unwrap_or_else(|errs| {
+        let base = if t.input.is_some() { "input" } else { "inputSchema" };
+        p.nested(&format!("{at}.{base}"), errs);
+        Schema::default()
+    });
+    (schema_json, input)
+}
+
+/// A tool's output schema (declared, or its builtin's), if any, and its validator.
+fn output_schema(
+    t: &ToolSpec,
+    at: &str,
+    builtin: Option<Builtin>,
+    p: &mut Problems,
+) -> (Option<Value>, Option<Box<Schema>>) {
+    let output_json = t
+        .output_schema
+        .clone()
+        .filter(|o| shallow(o, &format!("{at}.outputSchema"), p))
+        .or_else(|| builtin.and_then(Builtin::output_schema));
+    let output = output_json.as_ref().and_then(|o| {
+        if o.get("type").and_then(Value::as_str) != Some("object") {
+            p.push(
+                format!("{at}.outputSchema.type"),
+                "an output schema must have `type: object`",
+            );
+        }
+        Schema::compile(o)
+            .map(Box::new)
+            .map_err(|errs| p.nested(&format!("{at}.outputSchema"), errs))
+            .ok()
+    });
+    (output_json, output)
+}
+
+/// Compiles a tool's handler: one line per kind, each kind's module compiles its own spec.
+fn compile_handler(handler: &Handler, builtin: Option<Builtin>, cx: &mut Cx<'_>) -> CompiledHandler {
+    match handler {
+        Handler::Builtin(_) => CompiledHandler::Builtin(builtin.unwrap_or(Builtin::Echo)),
+        Handler::Template(src) => CompiledHandler::Template(template::compile(src, &mut cx.kind("template"))),
+        Handler::Error(src) => CompiledHandler::Error(template::compile(src, &mut cx.kind("error"))),
+        Handler::Sample(spec) => {
+            CompiledHandler::Sample(Box::new(ask::compile_sample(spec, &mut cx.kind("sample"))))
+        }
+        Handler::Elicit(spec) => {
+            CompiledHandler::Elicit(Box::new(ask::compile_elicit(spec, &mut cx.kind("elicit"))))
+        }
+        Handler::Ask(questions) => CompiledHandler::Ask(ask::compile(questions, &mut cx.kind("ask"))),
+        Handler::Content(blocks) => {
+            CompiledHandler::Content(content::compile_blocks(blocks, &mut cx.kind("content")))
+        }
+        Handler::Http(h) => CompiledHandler::Http(Box::new(http::compile(h, &mut cx.kind("http")))),
+        Handler::Exec(e) => CompiledHandler::Exec(Box::new(exec::compile(e, &mut cx.kind("exec")))),
+        Handler::Pipeline(steps) => {
+            CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
+        }
+    }
+}
+
+/// A tool's `tools/list` entry.
+fn tool_descriptor(t: &ToolSpec, input_schema: Value, output_schema: Option<Value>) -> Value {
+    let mut descriptor = Map::new();
+    descriptor.insert("name".into(), Value::String(t.name.clone()));
+    if let Some(title) = &t.title {
+        descriptor.insert("title".into(), Value::String(title.clone()));
+    }
+    if let Some(d) = &t.description {
+        descriptor.insert("description".into(), Value::String(d.clone()));
+    }
+    descriptor.insert("inputSchema".into(), input_schema);
+    if let Some(o) = output_schema {
+        descriptor.insert("outputSchema".into(), o);
+    }
+    if let Some(a) = &t.annotations {
+        descriptor.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
+    }
+    Value::Object(descriptor)
+}
+
+/// The names of the Secrets the tools and upstreams reference, at most [`MAX_SECRETS`].
+fn referenced_secrets(
+    tools: &[CompiledTool],
+    upstreams: &[CompiledUpstream],
+    p: &mut Problems,
+) -> BTreeSet<String> {
+    let secrets: BTreeSet<String> = tools
         .iter()
         .flat_map(|t| t.handler.secrets())
         .chain(upstreams.iter().flat_map(|u| &u.secrets))
@@ -849,24 +301,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             ),
         );
     }
-
-    // Document order: tools[2] before tools[10].
-    p.0.sort_by_key(|a| natural_key(&a.path));
-    if p.0.is_empty() {
-        Ok(CompiledToolSet {
-            secrets,
-            hash: super::hash(ts),
-            spec: ts.clone(),
-            tools,
-            resources,
-            prompts,
-            page_size,
-            upstreams,
-            upstream_digest: 0,
-        })
-    } else {
-        Err(ConfigError { problems: p.0 })
-    }
+    secrets
 }
 
 /// Orders paths with their numbers compared as numbers.
@@ -890,135 +325,151 @@ fn natural_key(path: &str) -> Vec<(String, u64)> {
     out
 }
 
-/// The path of a URL or URL tail: what comes before its query or fragment.
-pub(crate) fn path_of(url: &str) -> &str {
-    url.split(['?', '#']).next().unwrap_or_default()
-}
-
-/// True when a URL path, once percent-decoded, has a `.` or `..` segment (with `/` or `\`
-/// as separators, as servers that decode before normalising see it).
-pub(crate) fn has_dot_segment(path: &str) -> bool {
-    let decoded = percent_decode(path);
-    decoded.split(['/', '\\']).any(|seg| seg == "." || seg == "..")
-}
-
 fn compile_resources(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledResource> {
-    let mut out = Vec::new();
     let mut seen: FxHashMap<&str, usize> = FxHashMap::default();
-    for (i, r) in ts.resources.iter().enumerate() {
-        let at = format!("resources[{i}]");
-        if r.name.trim().is_empty() {
-            p.push(format!("{at}.name"), "must not be empty");
+    ts.resources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| compile_resource(r, i, &mut seen, p))
+        .collect()
+}
+
+/// Compiles `resources[i]`; `None` when its contents or URI are not set as they must be.
+/// `seen` holds the fixed URIs of the resources before it.
+fn compile_resource<'a>(
+    r: &'a ResourceSpec,
+    i: usize,
+    seen: &mut FxHashMap<&'a str, usize>,
+    p: &mut Problems,
+) -> Option<CompiledResource> {
+    let at = format!("resources[{i}]");
+    if r.name.trim().is_empty() {
+        p.push(format!("{at}.name"), "must not be empty");
+    }
+    let (body, blob, field) = match (&r.text, &r.blob) {
+        (Some(t), None) => (t.as_str(), false, "text"),
+        (None, Some(b)) => (b.as_str(), true, "blob"),
+        _ => {
+            p.push(&at, "set exactly one of `text` and `blob`");
+            return None;
         }
-        let (body, blob, field) = match (&r.text, &r.blob) {
-            (Some(t), None) => (t.as_str(), false, "text"),
-            (None, Some(b)) => (b.as_str(), true, "blob"),
-            _ => {
-                p.push(&at, "set exactly one of `text` and `blob`");
-                continue;
+    };
+    let default_mime = if blob {
+        "application/octet-stream"
+    } else {
+        "text/plain"
+    };
+    let mime_type = r.mime_type.clone().unwrap_or_else(|| default_mime.to_owned());
+    let mut d = Map::new();
+    let kind = match (&r.uri, &r.uri_template) {
+        (Some(uri), None) => {
+            if !uri.contains(':') {
+                p.push(format!("{at}.uri"), "must be an absolute URI (scheme:...)");
             }
-        };
-        let default_mime = if blob {
-            "application/octet-stream"
-        } else {
-            "text/plain"
-        };
-        let mime_type = r.mime_type.clone().unwrap_or_else(|| default_mime.to_owned());
-        let mut d = Map::new();
-        let kind = match (&r.uri, &r.uri_template) {
-            (Some(uri), None) => {
-                if !uri.contains(':') {
-                    p.push(format!("{at}.uri"), "must be an absolute URI (scheme:...)");
-                }
-                if let Some(j) = seen.insert(uri, i) {
-                    p.push(
-                        format!("{at}.uri"),
-                        format!("duplicate URI (also resources[{j}])"),
-                    );
-                }
-                if Template::compile(body).is_ok_and(|t| !t.is_literal()) {
-                    p.push(
-                        format!("{at}.{field}"),
-                        "a resource with a fixed `uri` has fixed contents; use `uriTemplate` for variables",
-                    );
-                }
-                if blob && !content::is_base64(body) {
-                    p.push(format!("{at}.blob"), content::NOT_BASE64);
-                }
-                d.insert("uri".into(), Value::String(uri.clone()));
-                ResourceKind::Static {
-                    uri: uri.clone(),
-                    text: body.to_owned(),
-                    blob,
-                }
-            }
-            (None, Some(tpl)) => {
-                d.insert("uriTemplate".into(), Value::String(tpl.clone()));
-                match UriPattern::compile(tpl) {
-                    Ok(pattern) => {
-                        let vars: Vec<&str> = pattern.variables().collect();
-                        let text = template(body, &format!("{at}.{field}"), p);
-                        if let Some(t) = &text {
-                            check_template(
-                                t,
-                                &Names {
-                                    props: Some(vars),
-                                    steps: None,
-                                },
-                                &format!("{at}.{field}"),
-                                p,
-                            );
-                        }
-                        ResourceKind::Templated {
-                            text: text.unwrap_or_else(Template::empty),
-                            pattern,
-                            blob,
-                        }
-                    }
-                    Err(e) => {
-                        p.push(format!("{at}.uriTemplate"), e);
-                        continue;
-                    }
-                }
-            }
-            _ => {
-                p.push(&at, "set exactly one of `uri` and `uriTemplate`");
-                continue;
-            }
-        };
-        d.insert("name".into(), Value::String(r.name.clone()));
-        if let Some(t) = &r.title {
-            d.insert("title".into(), Value::String(t.clone()));
-        }
-        if let Some(t) = &r.description {
-            d.insert("description".into(), Value::String(t.clone()));
-        }
-        d.insert("mimeType".into(), Value::String(mime_type.clone()));
-        for var in r.values.keys() {
-            let known = match &kind {
-                ResourceKind::Templated { pattern, .. } => pattern.variables().any(|v| v == var),
-                ResourceKind::Static { .. } => false,
-            };
-            if !known {
+            if let Some(j) = seen.insert(uri, i) {
                 p.push(
-                    format!("{at}.values.{var}"),
-                    "names no variable of the resource's `uriTemplate`",
+                    format!("{at}.uri"),
+                    format!("duplicate URI (also resources[{j}])"),
                 );
             }
+            if Template::compile(body).is_ok_and(|t| !t.is_literal()) {
+                p.push(
+                    format!("{at}.{field}"),
+                    "a resource with a fixed `uri` has fixed contents; use `uriTemplate` for variables",
+                );
+            }
+            if blob && !content::is_base64(body) {
+                p.push(format!("{at}.blob"), content::NOT_BASE64);
+            }
+            d.insert("uri".into(), Value::String(uri.clone()));
+            ResourceKind::Static {
+                uri: uri.clone(),
+                text: body.to_owned(),
+                blob,
+            }
         }
-        out.push(CompiledResource {
-            descriptor: Value::Object(d),
-            mime_type,
-            kind,
-            values: r.values.clone(),
-        });
+        (None, Some(tpl)) => {
+            d.insert("uriTemplate".into(), Value::String(tpl.clone()));
+            templated_resource(tpl, body, blob, &at, field, p)?
+        }
+        _ => {
+            p.push(&at, "set exactly one of `uri` and `uriTemplate`");
+            return None;
+        }
+    };
+    d.insert("name".into(), Value::String(r.name.clone()));
+    if let Some(t) = &r.title {
+        d.insert("title".into(), Value::String(t.clone()));
     }
-    out
+    if let Some(t) = &r.description {
+        d.insert("description".into(), Value::String(t.clone()));
+    }
+    d.insert("mimeType".into(), Value::String(mime_type.clone()));
+    check_values(r, &kind, &at, p);
+    Some(CompiledResource {
+        descriptor: Value::Object(d),
+        mime_type,
+        kind,
+        values: r.values.clone(),
+    })
+}
+
+/// A resource with a URI template: its contents are a template over the URI's variables.
+fn templated_resource(
+    tpl: &str,
+    body: &str,
+    blob: bool,
+    at: &str,
+    field: &str,
+    p: &mut Problems,
+) -> Option<ResourceKind> {
+    match UriPattern::compile(tpl) {
+        Ok(pattern) => {
+            let vars: Vec<&str> = pattern.variables().collect();
+            let text = template(body, &format!("{at}.{field}"), p);
+            if let Some(t) = &text {
+                check_template(
+                    t,
+                    &Names {
+                        props: Some(vars),
+                        steps: None,
+                    },
+                    &format!("{at}.{field}"),
+                    p,
+                );
+            }
+            Some(ResourceKind::Templated {
+                text: text.unwrap_or_else(Template::empty),
+                pattern,
+                blob,
+            })
+        }
+        Err(e) => {
+            p.push(format!("{at}.uriTemplate"), e);
+            None
+        }
+    }
+}
+
+/// Completion `values` may be given only for the variables of a resource's URI template.
+fn check_values(r: &ResourceSpec, kind: &ResourceKind, at: &str, p: &mut Problems) {
+    for var in r.values.keys() {
+        let known = match kind {
+            ResourceKind::Templated { pattern, .. } => pattern.variables().any(|v| v == var),
+            ResourceKind::Static { .. } => false,
+        };
+        if !known {
+            p.push(
+                format!("{at}.values.{var}"),
+                "names no variable of the resource's `uriTemplate`",
+            );
+        }
+    }
 }
 
 fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
-    let mut out = Vec::new();
     let mut seen: FxHashMap<&str, usize> = FxHashMap::default();
+    let mut out = Vec::new();
     for (i, pr) in ts.prompts.iter().enumerate() {
         let at = format!("prompts[{i}]");
         if pr.name.trim().is_empty() {
@@ -1033,78 +484,86 @@ fn compile_prompts(ts: &ToolSet, p: &mut Problems) -> Vec<CompiledPrompt> {
         if pr.messages.is_empty() {
             p.push(format!("{at}.messages"), "must have at least one message");
         }
-        let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
-        let mut messages = Vec::new();
-        let arg_names = Names {
-            props: Some(args.clone()),
-            steps: None,
-        };
-        let ask = if pr.ask.is_empty() {
-            Vec::new()
-        } else {
-            if args.contains(&"input") {
-                p.push(
-                    format!("{at}.arguments"),
-                    "an argument named `input` would hide the answers of `ask`",
-                );
-            }
-            ask::questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
-        };
-        let mut visible = args.clone();
-        if !ask.is_empty() {
-            visible.push("input");
-        }
-        let names = Names {
-            props: Some(visible),
-            steps: None,
-        };
-        for (j, m) in pr.messages.iter().enumerate() {
-            let mp = format!("{at}.messages[{j}]");
-            let block = match (&m.text, &m.content) {
-                (Some(text), None) => {
-                    checked_template(text, &format!("{mp}.text"), &names, p).map(Content::Text)
-                }
-                (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
-                _ => {
-                    p.push(&mp, "set exactly one of `text` and `content`");
-                    None
-                }
-            };
-            messages.extend(block.map(|b| (m.role, b)));
-        }
-        let mut d = serde_json::to_value(pr).unwrap_or_default();
-        if let Some(o) = d.as_object_mut() {
-            o.remove("messages");
-            o.remove("ask");
-            // Completion values are served by completion/complete, not listed.
-            if let Some(Value::Array(a)) = o.get_mut("arguments") {
-                for arg in a.iter_mut().filter_map(Value::as_object_mut) {
-                    arg.remove("values");
-                }
-            }
-        }
-        out.push(CompiledPrompt {
-            name: pr.name.clone(),
-            descriptor: d,
-            required: pr
-                .arguments
-                .iter()
-                .filter(|a| a.required)
-                .map(|a| a.name.clone())
-                .collect(),
-            arguments: args.iter().map(|s| (*s).to_owned()).collect(),
-            messages,
-            description: pr.description.clone(),
-            values: pr
-                .arguments
-                .iter()
-                .filter(|a| !a.values.is_empty())
-                .map(|a| (a.name.clone(), a.values.clone()))
-                .collect(),
-            ask,
-        });
+        out.push(compile_prompt(pr, &at, p));
     }
     out
+}
+
+/// Compiles one prompt (at `at`): its questions, its messages and its `prompts/list` entry.
+fn compile_prompt(pr: &PromptSpec, at: &str, p: &mut Problems) -> CompiledPrompt {
+    let args: Vec<&str> = pr.arguments.iter().map(|a| a.name.as_str()).collect();
+    let arg_names = Names {
+        props: Some(args.clone()),
+        steps: None,
+    };
+    let ask = if pr.ask.is_empty() {
+        Vec::new()
+    } else {
+        if args.contains(&"input") {
+            p.push(
+                format!("{at}.arguments"),
+                "an argument named `input` would hide the answers of `ask`",
+            );
+        }
+        ask::questions(&pr.ask, &format!("{at}.ask"), &arg_names, p)
+    };
+    let mut visible = args.clone();
+    if !ask.is_empty() {
+        visible.push("input");
+    }
+    let names = Names {
+        props: Some(visible),
+        steps: None,
+    };
+    let mut messages = Vec::new();
+    for (j, m) in pr.messages.iter().enumerate() {
+        let mp = format!("{at}.messages[{j}]");
+        let block = match (&m.text, &m.content) {
+            (Some(text), None) => checked_template(text, &format!("{mp}.text"), &names, p).map(Content::Text),
+            (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
+            _ => {
+                p.push(&mp, "set exactly one of `text` and `content`");
+                None
+            }
+        };
+        messages.extend(block.map(|b| (m.role, b)));
+    }
+    CompiledPrompt {
+        name: pr.name.clone(),
+        descriptor: prompt_descriptor(pr),
+        required: pr
+            .arguments
+            .iter()
+            .filter(|a| a.required)
+            .map(|a| a.name.clone())
+            .collect(),
+        arguments: args.iter().map(|s| (*s).to_owned()).collect(),
+        messages,
+        description: pr.description.clone(),
+        values: pr
+            .arguments
+            .iter()
+            .filter(|a| !a.values.is_empty())
+            .map(|a| (a.name.clone(), a.values.clone()))
+            .collect(),
+        ask,
+    }
+}
+
+/// A prompt's `prompts/list` entry: the spec without its messages, questions and
+/// completion values (those are served by completion/complete, not listed).
+fn prompt_descriptor(pr: &PromptSpec) -> Value {
+    let mut d = serde_json::to_value(pr).unwrap_or_default();
+    if let Some(o) = d.as_object_mut() {
+        o.remove("messages");
+        o.remove("ask");
+        if let Some(Value::Array(a)) = o.get_mut("arguments") {
+            for arg in a.iter_mut().filter_map(Value::as_object_mut) {
+                arg.remove("values");
+            }
+        }
+    }
+    d
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::ToolSet;
+use super::model::ToolSet;
 
 /// Deepest nesting taken here; the YAML parser's own limit is [`super::MAX_YAML_DEPTH`].
 const MAX_DEPTH: usize = 40;

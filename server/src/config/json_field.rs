@@ -17,7 +17,10 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-use super::MAX_VALUE_DEPTH;
+/// JSON values in a ToolSet (schemas, `input`, bodies, step inputs) may nest at most this
+/// deep. It keeps every walk over them shallow, and a value that fits re-parses from the
+/// YAML the operator writes (whose nesting limit is 48, see `yaml_options`).
+pub const MAX_VALUE_DEPTH: usize = 32;
 
 /// The name serde_json gives its raw-value protocol (`serde_json::value::RawValue`).
 const RAW_TOKEN: &str = "$serde_json::private::RawValue";

@@ -1,18 +1,22 @@
 //! The ToolSet configuration: model, loading from YAML sources, validation and compilation.
+//!
+//! This module is the facade the runtime above it (registry, dispatch, transports, reload)
+//! and the operator use: it re-exports the model, the compiled form and each handler kind's
+//! types. Nothing below it imports it: the compile steps share [`context`] and `checks`, and
+//! each handler kind and the upstreams import those and their own types directly.
 
 pub mod access;
+pub(crate) mod checks;
 pub(crate) mod compile;
+pub(crate) mod compiled;
+pub(crate) mod context;
 mod json_doc;
 pub(crate) mod json_field;
-mod model;
+pub(crate) mod model;
+pub(crate) mod shared;
 pub mod upstream;
 
 pub use crate::handlers::content;
-
-use std::fmt;
-use std::time::Duration;
-
-use sha2::{Digest, Sha256};
 
 pub use crate::handlers::ask::{
     ElicitCall, MAX_QUESTION_KEY, MAX_QUESTIONS, MAX_SAMPLE_TOKENS, Question, QuestionKind, SampleCall,
@@ -21,59 +25,19 @@ pub use crate::handlers::builtin::Builtin;
 pub use crate::handlers::exec::{ExecArg, ExecCall};
 pub use crate::handlers::http::{HttpCall, TlsRefs};
 pub use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, Step};
-pub use compile::{
-    CONFIG_MAP_PREFIX, CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet,
-    MAX_SECRETS, MAX_VALUE_DEPTH, ResourceKind, SECRET_ROOT, SecretRef, UriPattern, compile,
-    valid_config_map_name,
+pub use checks::parse_duration;
+pub use compile::compile;
+pub use compiled::{
+    CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ResourceKind,
+    UriPattern,
 };
-#[cfg(feature = "runtime")]
-pub(crate) use compile::{has_dot_segment, path_of};
+pub use context::{
+    CONFIG_MAP_PREFIX, ConfigError, MAX_SECRETS, Problem, SECRET_ROOT, SecretRef, valid_config_map_name,
+};
 pub use json_doc::write as write_document;
+pub use json_field::MAX_VALUE_DEPTH;
 pub use model::*;
-
-/// One problem found in a ToolSet, located by a path such as `tools[3].handler.http.url`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// Where the problem is.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
-
-/// Every problem that stops a ToolSet from loading.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigError {
-    /// All problems, in document order.
-    pub problems: Vec<Problem>,
-}
-
-impl ConfigError {
-    pub(crate) fn one(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            problems: vec![Problem {
-                path: path.into(),
-                message: message.into(),
-            }],
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.problems.len();
-        write!(f, "{n} problem{} in tool config", if n == 1 { "" } else { "s" })?;
-        for p in &self.problems {
-            write!(f, "\n  {p}")?;
-        }
-        Ok(())
-    }
-}
+pub use shared::{LogLevel, Role, ToolAnnotations};
 
 /// Largest ToolSet document accepted, in bytes (a ConfigMap holds at most 1 MiB; files may be
 /// larger, up to this).
@@ -173,71 +137,9 @@ pub fn load(sources: &[(String, String)]) -> Result<ToolSet, ConfigError> {
     merged.ok_or_else(|| ConfigError::one("config", "no ToolSet document found (expected *.yaml or *.yml)"))
 }
 
-/// Content hash of a ToolSet: the same for the same tools however the YAML is formatted.
-/// The operator writes it into status and the server reports it on `/status`.
-pub fn hash(ts: &ToolSet) -> String {
-    let bytes = serde_json::to_vec(ts).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
-    let mut out = String::with_capacity(16);
-    for b in &digest[..8] {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
-/// Parses a duration such as `250ms`, `2s`, `1.5s`, `1m`. Never panics: values too large for a
-/// [`Duration`] are errors (callers then apply their own upper bound).
-///
-/// # Errors
-/// Anything else, including more than 32 characters.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s.len() > 32 {
-        return Err("a duration has at most 32 characters (e.g. `250ms`, `2s`, `1m`)".to_owned());
-    }
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => s.split_at(i),
-        None => return Err(format!("`{s}` has no unit (use ms, s or m)")),
-    };
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s or m)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("5h").is_err());
-        // Out of range or malformed: errors, never a panic.
-        for bad in [
-            "99999999999999999999s",
-            "99999999999999999999m",
-            "1e400s",
-            "..s",
-            ".s",
-            "1.2.3s",
-            "-1s",
-            "ms",
-            "",
-            &"9".repeat(400),
-            &format!("{}s", "9".repeat(400)),
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
-        }
-        assert_eq!(parse_duration(".5s").unwrap(), Duration::from_millis(500));
-    }
 
     #[test]
     fn parse_errors_do_not_quote_the_document() {

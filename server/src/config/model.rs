@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 pub use crate::handlers::ask::{ElicitSpec, QuestionSpec, RootsSpec, SampleSpec};
 pub use crate::handlers::content::{ContentSpec, EmbeddedResourceSpec, MediaSpec, ResourceLinkSpec};
@@ -13,6 +14,7 @@ pub use crate::handlers::http::{HttpHandler, TlsSpec};
 pub use crate::handlers::pipeline::PipelineStep;
 
 use super::json_field;
+use super::shared::{Role, ToolAnnotations};
 
 /// The only `apiVersion` a ToolSet document may carry.
 pub const API_VERSION: &str = "quiver.dev/v1alpha1";
@@ -156,24 +158,6 @@ pub struct ToolSpec {
     pub handler: Handler,
 }
 
-/// MCP tool annotations: hints, never guarantees.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ToolAnnotations {
-    /// The tool does not modify its environment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_only_hint: Option<bool>,
-    /// The tool may perform destructive updates.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destructive_hint: Option<bool>,
-    /// Repeated calls with the same arguments have no additional effect.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotent_hint: Option<bool>,
-    /// The tool talks to an open world of external entities.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub open_world_hint: Option<bool>,
-}
-
 /// The handler of a tool: exactly one kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -283,72 +267,6 @@ pub struct PromptArgument {
     pub values: Vec<String>,
 }
 
-/// Who speaks a prompt message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// The user.
-    User,
-    /// The assistant.
-    Assistant,
-}
-
-/// RFC 5424 severities, as MCP `logging/setLevel` names them, least severe first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    /// `debug`
-    Debug,
-    /// `info` (the default)
-    #[default]
-    Info,
-    /// `notice`
-    Notice,
-    /// `warning`
-    Warning,
-    /// `error`
-    Error,
-    /// `critical`
-    Critical,
-    /// `alert`
-    Alert,
-    /// `emergency`
-    Emergency,
-}
-
-impl LogLevel {
-    /// Every level, least severe first.
-    pub const ALL: [Self; 8] = [
-        Self::Debug,
-        Self::Info,
-        Self::Notice,
-        Self::Warning,
-        Self::Error,
-        Self::Critical,
-        Self::Alert,
-        Self::Emergency,
-    ];
-
-    /// The level named `s`.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|l| l.as_str() == s)
-    }
-
-    /// The protocol's name of the level.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Debug => "debug",
-            Self::Info => "info",
-            Self::Notice => "notice",
-            Self::Warning => "warning",
-            Self::Error => "error",
-            Self::Critical => "critical",
-            Self::Alert => "alert",
-            Self::Emergency => "emergency",
-        }
-    }
-}
-
 /// A prompt message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -362,4 +280,16 @@ pub struct PromptMessage {
     /// over the prompt's arguments. Exclusive with `text`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<ContentSpec>,
+}
+
+/// Content hash of a ToolSet: the same for the same tools however the YAML is formatted.
+/// The operator writes it into status and the server reports it on `/status`.
+pub fn hash(ts: &ToolSet) -> String {
+    let bytes = serde_json::to_vec(ts).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    let mut out = String::with_capacity(16);
+    for b in &digest[..8] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
 }

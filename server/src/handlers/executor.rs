@@ -2,97 +2,27 @@
 //! type every kind returns.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 
 use serde_json::Value;
 
-use super::HttpClient;
-use super::{ask, builtin, content, exec, pipeline, template};
-use crate::config::{Builtin, CompiledHandler};
+use super::ask;
+use super::builtin;
+use super::builtin::Builtin;
+use super::content;
+use super::exec;
+use super::http::run::HttpClient;
+use super::output::{OutputFuture, ToolOutput};
+use super::pipeline;
+use super::template;
+use crate::config::compiled::CompiledHandler;
+use crate::config::context::SecretRef;
 use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 use crate::secrets::Secrets;
 
 /// The secret scope of handlers that read none.
 static EMPTY: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Object(serde_json::Map::new())));
-
-/// What the templates of an http request or an exec environment see: the arguments, and
-/// the secret store under `secret` (which no argument can shadow).
-pub(crate) struct WithSecrets<'a> {
-    pub args: &'a Value,
-    pub secrets: &'a Value,
-}
-
-impl crate::template::Scope for WithSecrets<'_> {
-    fn get(&self, name: &str) -> Option<&Value> {
-        if name == crate::config::SECRET_ROOT {
-            Some(self.secrets)
-        } else {
-            self.args.get(name)
-        }
-    }
-}
-
-/// The result of a tool call (MCP `CallToolResult`): one text block (or rich content blocks),
-/// optional structured content, and whether the tool reported an error.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolOutput {
-    /// The text content (with `content`: the text of its text blocks, for pipelines).
-    pub text: String,
-    /// `structuredContent`.
-    pub structured: Option<Value>,
-    /// Content blocks sent instead of the one text block.
-    pub content: Option<Vec<Value>>,
-    /// `isError`.
-    pub is_error: bool,
-}
-
-impl ToolOutput {
-    /// A successful text result.
-    pub fn text(text: impl Into<String>) -> Self {
-        Self {
-            text: text.into(),
-            structured: None,
-            content: None,
-            is_error: false,
-        }
-    }
-
-    /// A tool execution error the client's model can read and act on.
-    pub fn error(text: impl Into<String>) -> Self {
-        Self {
-            text: text.into(),
-            structured: None,
-            content: None,
-            is_error: true,
-        }
-    }
-
-    /// Appends the serialized `CallToolResult` object.
-    pub fn write_json(&self, out: &mut Vec<u8>) {
-        if let Some(blocks) = &self.content {
-            out.extend_from_slice(b"{\"content\":");
-            let _ = serde_json::to_writer(&mut *out, blocks);
-        } else {
-            out.extend_from_slice(b"{\"content\":[{\"type\":\"text\",\"text\":");
-            let _ = serde_json::to_writer(&mut *out, &self.text);
-            out.extend_from_slice(b"}]");
-        }
-        if let Some(s) = &self.structured {
-            out.extend_from_slice(b",\"structuredContent\":");
-            let _ = serde_json::to_writer(&mut *out, s);
-        }
-        out.extend_from_slice(if self.is_error {
-            b",\"isError\":true}"
-        } else {
-            b",\"isError\":false}"
-        });
-    }
-}
-
-/// A boxed future of a tool result (pipelines recurse, so the async path is boxed).
-pub type OutputFuture<'a> = Pin<Box<dyn Future<Output = ToolOutput> + Send + 'a>>;
 
 /// Runs tools. Holds what handlers share: the pooled HTTP client, the secret values and
 /// the upstream connections.
@@ -107,7 +37,7 @@ pub struct Executor {
 
 /// Pipelines may nest at most this deep. Cycles and deeper nesting are rejected when a
 /// ToolSet is compiled; this bounds the rest.
-pub const MAX_DEPTH: usize = crate::config::MAX_PIPELINE_NESTING;
+pub const MAX_DEPTH: usize = pipeline::MAX_PIPELINE_NESTING;
 
 impl Executor {
     /// An executor with a fresh HTTP connection pool and an empty secret store.
@@ -125,7 +55,7 @@ impl Executor {
     /// the values it used from what it returns.
     async fn with_secrets<F: Future<Output = ToolOutput>>(
         &self,
-        refs: &[crate::config::SecretRef],
+        refs: &[SecretRef],
         run: impl FnOnce(Arc<Value>) -> F,
     ) -> ToolOutput {
         if refs.is_empty() {
@@ -144,9 +74,9 @@ impl Executor {
     #[inline]
     pub fn run_now(&self, snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
         match &snap.tools[tool].def.handler {
-            CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run(*b, args)),
+            CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run::run(*b, args)),
             CompiledHandler::Template(t) => Some(template::run(t, args)),
-            CompiledHandler::Content(blocks) => Some(content::run(blocks, args)),
+            CompiledHandler::Content(blocks) => Some(content::run::run(blocks, args)),
             CompiledHandler::Error(t) => Some(template::fail(t, args)),
             _ => None,
         }
@@ -172,7 +102,7 @@ impl Executor {
         tool: usize,
         args: Value,
         depth: usize,
-        budget: Option<&'a pipeline::Budget>,
+        budget: Option<&'a pipeline::run::Budget>,
         cx: &'a CallCtx<'a>,
     ) -> OutputFuture<'a> {
         Box::pin(async move {
@@ -180,28 +110,28 @@ impl Executor {
                 return out;
             }
             match &snap.tools[tool].def.handler {
-                CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
+                CompiledHandler::Builtin(_) => builtin::run::sleep(&args).await,
                 CompiledHandler::Http(h) => {
                     self.with_secrets(&h.secrets, |s| async move { self.http.call(h, &args, &s).await })
                         .await
                 }
                 CompiledHandler::Exec(e) => {
-                    self.with_secrets(&e.secrets, |s| async move { exec::run(e, &args, &s).await })
+                    self.with_secrets(&e.secrets, |s| async move { exec::run::run(e, &args, &s).await })
                         .await
                 }
-                CompiledHandler::Sample(s) => ask::sample(s, &args, cx).await,
-                CompiledHandler::Elicit(e) => ask::elicit(e, &args, cx).await,
-                CompiledHandler::Ask(q) => ask::ask(q, &args, cx).await,
+                CompiledHandler::Sample(s) => ask::run::sample(s, &args, cx).await,
+                CompiledHandler::Elicit(e) => ask::run::elicit(e, &args, cx).await,
+                CompiledHandler::Ask(q) => ask::run::ask(q, &args, cx).await,
                 CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => {
                     let fresh;
                     let budget = match budget {
                         Some(b) => b,
                         None => {
-                            fresh = pipeline::Budget::new();
+                            fresh = pipeline::run::Budget::new();
                             &fresh
                         }
                     };
-                    pipeline::run(self, snap, steps, args, depth, budget, cx).await
+                    pipeline::run::run(self, snap, steps, args, depth, budget, cx).await
                 }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
                 CompiledHandler::Upstream(u) => match snap.upstreams.get(u.upstream) {
@@ -219,6 +149,21 @@ impl Executor {
     }
 }
 
+impl pipeline::run::RunStep for Executor {
+    #[inline]
+    fn run_step<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: &'a pipeline::run::Budget,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a> {
+        self.run_within(snap, tool, args, depth, Some(budget), cx)
+    }
+}
+
 impl Default for Executor {
     fn default() -> Self {
         Self::new()
@@ -227,12 +172,8 @@ impl Default for Executor {
 
 /// Asks `questions` (an `ask` handler's, or a prompt's): the answers by key as structured
 /// content (see the `ask` handler).
-pub async fn ask_questions(
-    questions: &[crate::config::Question],
-    args: &Value,
-    cx: &CallCtx<'_>,
-) -> ToolOutput {
-    ask::ask(questions, args, cx).await
+pub async fn ask_questions(questions: &[ask::Question], args: &Value, cx: &CallCtx<'_>) -> ToolOutput {
+    ask::run::ask(questions, args, cx).await
 }
 
 /// Checks a successful result against the tool's output schema.

@@ -14,14 +14,18 @@ pub mod template;
 #[cfg(feature = "runtime")]
 mod executor;
 #[cfg(feature = "runtime")]
+pub(crate) mod output;
+#[cfg(feature = "runtime")]
 #[allow(unsafe_code)] // kill(2), waitpid(2), prctl(2): every unsafe block states its contract
 pub(crate) mod process;
 
 #[cfg(feature = "runtime")]
 pub use self::executor::*;
 #[cfg(feature = "runtime")]
-pub use self::http::HttpClient;
+pub use self::http::run::HttpClient;
 #[cfg(feature = "runtime")]
-pub(crate) use self::http::USER_AGENT;
+pub(crate) use self::output::WithSecrets;
+#[cfg(feature = "runtime")]
+pub use self::output::{OutputFuture, ToolOutput};
 #[cfg(feature = "runtime")]
 pub use self::process::start_reaper;

@@ -2,7 +2,9 @@
 //! `error` handler (a template over the arguments is the error message of a failed call,
 //! e.g. a retired tool that tells the model what to use instead). Both run synchronously.
 
-use crate::config::compile::{Cx, checked_template};
+use crate::config::context::{Cx, checked_template};
+#[cfg(feature = "runtime")]
+use crate::handlers::output::ToolOutput;
 use crate::template::Template;
 
 /// Compiles the template of a `template` or `error` handler.
@@ -12,8 +14,7 @@ pub(crate) fn compile(src: &str, cx: &mut Cx<'_>) -> Template {
 
 /// The result of a `template` handler.
 #[cfg(feature = "runtime")]
-pub fn run(t: &Template, args: &serde_json::Value) -> crate::handlers::ToolOutput {
-    use crate::handlers::ToolOutput;
+pub fn run(t: &Template, args: &serde_json::Value) -> ToolOutput {
     match t.render(args) {
         Ok(text) => ToolOutput::text(text),
         Err(e) => ToolOutput::error(e.to_string()),
@@ -22,8 +23,8 @@ pub fn run(t: &Template, args: &serde_json::Value) -> crate::handlers::ToolOutpu
 
 /// The result of an `error` handler.
 #[cfg(feature = "runtime")]
-pub fn fail(t: &Template, args: &serde_json::Value) -> crate::handlers::ToolOutput {
-    crate::handlers::ToolOutput::error(match t.render(args) {
+pub fn fail(t: &Template, args: &serde_json::Value) -> ToolOutput {
+    ToolOutput::error(match t.render(args) {
         Ok(text) => text,
         Err(e) => e.to_string(),
     })

@@ -10,7 +10,7 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use super::Reloader;
+use super::reloader::Reloader;
 
 fn sources(cm: &ConfigMap) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = cm

@@ -4,24 +4,18 @@
 
 #[cfg(feature = "kube")]
 mod configmap;
-pub(crate) mod file;
+pub(crate) mod events;
+mod file;
+mod reloader;
 
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-use rustc_hash::FxHasher;
 
 #[cfg(feature = "kube")]
 pub use configmap::watch_configmap;
 pub use file::{read_path, watch_path};
-
-use crate::config::{self, ConfigError};
-use crate::dispatch::Server;
-use crate::registry::ReloadStatus;
+pub use reloader::{Reloaded, Reloader};
 
 /// Where the tool config comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,194 +61,6 @@ impl fmt::Display for Source {
         match self {
             Self::File(p) => write!(f, "file:{}", p.display()),
             Self::ConfigMap { namespace, name } => write!(f, "configmap:{namespace}/{name}"),
-        }
-    }
-}
-
-/// What a reload did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reloaded {
-    /// A new generation is serving.
-    Swapped(u64),
-    /// The content is the same as what is serving.
-    Unchanged,
-}
-
-/// Config documents by name, as read from a source.
-type Sources = Vec<(String, String)>;
-
-/// Applies config text to a server's registry.
-#[derive(Debug)]
-pub struct Reloader {
-    server: Arc<Server>,
-    last_input: Mutex<Option<u64>>,
-    /// The sources serving now: an upstream whose tools change rebuilds from them.
-    serving: Mutex<Option<Arc<Sources>>>,
-    /// Held for the whole of a build (config reload or upstream refresh).
-    building: Mutex<()>,
-}
-
-/// Upstream tool changes rebuild the registry at most once per this interval.
-const UPSTREAM_REBUILD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-impl Reloader {
-    /// A reloader for `server`.
-    pub fn new(server: Arc<Server>) -> Arc<Self> {
-        Arc::new(Self {
-            server,
-            last_input: Mutex::new(None),
-            serving: Mutex::new(None),
-            building: Mutex::new(()),
-        })
-    }
-
-    /// Parses, validates and compiles `sources` and swaps the result in.
-    ///
-    /// # Errors
-    /// The config is invalid; the serving registry is untouched.
-    pub fn apply(&self, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
-        let mut h = FxHasher::default();
-        sources.hash(&mut h);
-        let input = h.finish();
-        // Remembered whatever the outcome: the same text is not compiled again.
-        if let Ok(mut last) = self.last_input.lock() {
-            if *last == Some(input) {
-                return Ok(Reloaded::Unchanged);
-            }
-            *last = Some(input);
-        }
-        // One build at a time, and the sources it served recorded before the next starts:
-        // a refresh for an upstream's new tools never swaps back a config replaced meanwhile.
-        let _one = self
-            .building
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let r = self.build(sources);
-        if r.is_ok()
-            && let Ok(mut s) = self.serving.lock()
-        {
-            *s = Some(Arc::new(sources.to_vec()));
-        }
-        r
-    }
-
-    /// Builds the registry again from the serving sources, with the tools the upstreams
-    /// list now (called when an upstream's tool list changed).
-    pub fn refresh(&self) -> Result<Reloaded, ConfigError> {
-        let _one = self
-            .building
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let sources = self.serving.lock().ok().and_then(|s| s.clone());
-        match sources {
-            Some(s) => self.build(&s),
-            None => Ok(Reloaded::Unchanged),
-        }
-    }
-
-    /// Refreshes (see [`Reloader::refresh`]) each time an upstream's tool list changes, for
-    /// as long as the server runs.
-    pub fn follow_upstreams(self: &Arc<Self>) {
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            loop {
-                this.server.exec.upstreams.changed().notified().await;
-                let r = Arc::clone(&this);
-                match tokio::task::spawn_blocking(move || r.refresh()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "rebuilding with new upstream tools failed"),
-                    Err(e) => tracing::error!(error = %e, "rebuilding with new upstream tools failed"),
-                }
-                // Upstreams that keep changing rebuild the registry at most this often (what
-                // changed meanwhile is picked up by the next rebuild).
-                tokio::time::sleep(UPSTREAM_REBUILD_INTERVAL).await;
-            }
-        });
-    }
-
-    fn build(&self, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
-        let start = Instant::now();
-        let metrics = &self.server.metrics;
-        let registry = &self.server.registry;
-        let mut compiled = match config::load(sources).and_then(|ts| config::compile(&ts)) {
-            Ok(c) => c,
-            Err(e) => {
-                self.record("invalid", e.problems.iter().map(ToString::to_string).collect());
-                return Err(e);
-            }
-        };
-        // The Secrets first: upstream processes start with their values.
-        let refs: Vec<crate::config::SecretRef> = compiled
-            .tools
-            .iter()
-            .flat_map(|t| t.handler.secrets().iter().cloned())
-            .chain(compiled.upstreams.iter().flat_map(|u| u.secrets.iter().cloned()))
-            .collect();
-        self.server.exec.secrets.configure(&refs);
-        let links = self.server.exec.upstreams.configure(&compiled.upstreams, metrics);
-        crate::upstream::Hub::expand(&mut compiled, &links);
-        let prev = registry.load_full();
-        if registry.is_ready()
-            && prev.hash == compiled.hash
-            && prev.config.upstream_digest == compiled.upstream_digest
-        {
-            self.record("unchanged", Vec::new());
-            return Ok(Reloaded::Unchanged);
-        }
-        let resources_changed = prev.config.spec.resources != compiled.spec.resources;
-        let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
-        let next = registry.swap_linked(compiled, links, metrics);
-        metrics.reload_duration.observe(start.elapsed());
-        self.record("success", Vec::new());
-        if prev.generation > 0 {
-            self.server.notify("notifications/tools/list_changed");
-            if resources_changed {
-                self.server.notify("notifications/resources/list_changed");
-                self.server.resources_updated(&prev, &next);
-            }
-            if prompts_changed {
-                self.server.notify("notifications/prompts/list_changed");
-            }
-        }
-        tracing::info!(generation = next.generation, hash = %next.hash, tools = next.tools.len(), elapsed_us = start.elapsed().as_micros() as u64, "config loaded");
-        // The previous snapshot (unless a request still holds it) and the compile's garbage
-        // are free now: give their pages back.
-        drop(prev);
-        #[cfg(feature = "jemalloc")]
-        crate::alloc::release_free_memory();
-        Ok(Reloaded::Swapped(next.generation))
-    }
-
-    /// Counts a reload outcome and keeps it for `/status`.
-    fn record(&self, result: &'static str, problems: Vec<String>) {
-        self.server.metrics.reload(result);
-        self.server.registry.set_last_reload(ReloadStatus {
-            result: result.into(),
-            at_unix: now_unix(),
-            problems,
-        });
-    }
-
-    /// Applies and logs, for watchers.
-    pub fn apply_logged(&self, origin: &str, sources: &[(String, String)]) {
-        if let Err(e) = self.apply(sources) {
-            tracing::warn!(source = origin, error = %e, "config rejected; still serving the previous tools");
-        }
-    }
-
-    /// [`Reloader::apply_logged`] on a blocking thread: parsing and compiling a large ToolSet
-    /// takes milliseconds of CPU that must not be taken from the request workers.
-    pub async fn apply_off_workers(self: &Arc<Self>, origin: String, sources: Vec<(String, String)>) {
-        let this = Arc::clone(self);
-        if let Err(e) = tokio::task::spawn_blocking(move || this.apply_logged(&origin, &sources)).await {
-            tracing::error!(error = %e, "config reload task failed; still serving the previous tools");
         }
     }
 }

@@ -33,9 +33,12 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::compiled::CompiledToolSet;
+use crate::config::context::SecretRef;
+use crate::config::shared::LogLevel;
 use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
-use crate::config::{CompiledToolSet, SecretRef};
-use crate::handlers::{HttpClient, ToolOutput};
+use crate::handlers::http::run::HttpClient;
+use crate::handlers::output::ToolOutput;
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::peer::CallCtx;
 use crate::secrets::Secrets;
@@ -684,7 +687,7 @@ impl Link {
         let level = params
             .get("level")
             .and_then(Value::as_str)
-            .and_then(crate::config::LogLevel::parse)
+            .and_then(LogLevel::parse)
             .unwrap_or_default();
         let data = match params.get("data") {
             Some(Value::String(t)) => self.shared.secrets.scrub(t, 4096),

@@ -18,9 +18,10 @@ use super::{
     BACKOFF, CallError, LogSink, Message, Shared, answer, back_off, check_initialized, classify, envelope,
     initialize_params,
 };
-use crate::config::TlsRefs;
 use crate::config::upstream::Transport;
-use crate::handlers::{HttpClient, USER_AGENT, WithSecrets};
+use crate::handlers::http::TlsRefs;
+use crate::handlers::http::run::{HttpClient, USER_AGENT};
+use crate::handlers::output::WithSecrets;
 use crate::template::Template;
 
 const SESSION_HEADER: &str = "mcp-session-id";

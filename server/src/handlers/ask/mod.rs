@@ -9,15 +9,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::compile::{Cx, Names, Problems, checked_template, shallow};
+use crate::config::checks::shallow;
+use crate::config::context::{Cx, Names, Problems, checked_template};
 use crate::config::json_field;
 use crate::schema::Schema;
 use crate::template::Template;
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::{ask, elicit, sample};
+pub(crate) mod run;
 
 /// One question of an `ask` handler: exactly one of `sample`, `elicit`, `roots`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

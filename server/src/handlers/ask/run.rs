@@ -6,8 +6,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::config::{ElicitCall, Question, QuestionKind, SampleCall};
-use crate::handlers::ToolOutput;
+use super::{ElicitCall, Question, QuestionKind, SampleCall};
+use crate::handlers::output::ToolOutput;
 use crate::peer::{Asked, CallCtx, Need};
 
 /// The output of a call stopped for input (2026-07-28). Dispatch answers with the

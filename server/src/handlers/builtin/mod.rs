@@ -5,9 +5,7 @@
 use serde_json::{Value, json};
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::{run, sleep};
+pub(crate) mod run;
 
 /// Built-in functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

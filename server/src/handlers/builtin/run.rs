@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Number, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::config::Builtin;
-use crate::handlers::ToolOutput;
+use super::Builtin;
+use crate::handlers::output::ToolOutput;
 
 fn text_arg(args: &Value) -> Result<&str, ToolOutput> {
     args.get("text")

@@ -10,13 +10,11 @@ use serde_json::{Map, Value};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::compile::{Cx, Names, Problems, checked_template as checked};
+use crate::config::context::{Cx, Names, Problems, checked_template as checked};
 use crate::template::{Budget, Scope, Template};
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::run;
+pub(crate) mod run;
 
 /// One block of MCP content. Every string in it is a template over the arguments (of the
 /// tool, or of the prompt); `data` and `blob` are base64.

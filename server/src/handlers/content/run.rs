@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use crate::config::content::Content;
-use crate::handlers::ToolOutput;
+use super::Content;
+use crate::handlers::output::ToolOutput;
 use crate::template::Budget;
 
 /// Renders the blocks; the result's `text` (what a later pipeline step sees as

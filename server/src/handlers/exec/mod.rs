@@ -8,16 +8,14 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::compile::{
-    Cx, Names, SECRET_ROOT, SecretRef, byte_cap, check_secret_template, check_template, duration, template,
-    valid_env_name,
+use crate::config::checks::{byte_cap, duration, valid_env_name};
+use crate::config::context::{
+    Cx, Names, SECRET_ROOT, SecretRef, check_secret_template, check_template, template,
 };
 use crate::template::Template;
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::run;
+pub(crate) mod run;
 
 /// An exec handler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

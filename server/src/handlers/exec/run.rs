@@ -8,8 +8,9 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use crate::config::ExecCall;
-use crate::handlers::{ToolOutput, WithSecrets, process};
+use super::ExecCall;
+use crate::handlers::output::{ToolOutput, WithSecrets};
+use crate::handlers::process;
 use crate::template::Budget;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

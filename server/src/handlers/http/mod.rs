@@ -9,19 +9,18 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::compile::{
-    Cx, Problems, SecretRef, byte_cap, check_secret_template, duration, has_dot_segment, header_name_problem,
-    literal_origin, path_of, shallow, template, valid_secret_part,
+use crate::config::checks::{
+    byte_cap, duration, has_dot_segment, header_name_problem, literal_origin, path_of, shallow,
+};
+use crate::config::context::{
+    CONFIG_MAP_PREFIX, Cx, Problems, SecretRef, check_secret_template, template, valid_config_map_name,
+    valid_secret_part,
 };
 use crate::config::json_field;
 use crate::template::{JsonTemplate, Template};
 
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub use run::HttpClient;
-#[cfg(feature = "runtime")]
-pub(crate) use run::USER_AGENT;
+pub(crate) mod run;
 
 /// An HTTP handler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -201,7 +200,7 @@ pub(crate) fn compile_tls(
         p.push(at, "caSecret and caConfigMap both name the CAs to trust: set one");
     }
     if let Some(n) = &t.ca_config_map
-        && !crate::config::valid_config_map_name(n)
+        && !valid_config_map_name(n)
     {
         p.push(
             format!("{at}.caConfigMap"),
@@ -231,11 +230,7 @@ pub(crate) fn compile_tls(
     // A ConfigMap's CAs go through the same store, under a name no Secret can have.
     let ca = ca.or_else(|| {
         let r = SecretRef {
-            name: format!(
-                "{}{}",
-                crate::config::CONFIG_MAP_PREFIX,
-                t.ca_config_map.as_ref()?
-            ),
+            name: format!("{}{}", CONFIG_MAP_PREFIX, t.ca_config_map.as_ref()?),
             key: "ca.crt".to_owned(),
         };
         if !secrets.contains(&r) {

@@ -10,10 +10,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::config::content::to_base64;
-use crate::config::{HttpCall, SecretRef, TlsRefs};
-use crate::config::{has_dot_segment, path_of};
-use crate::handlers::{ToolOutput, WithSecrets};
+use super::{HttpCall, TlsRefs};
+use crate::config::checks::{has_dot_segment, path_of};
+use crate::config::context::SecretRef;
+use crate::handlers::content::to_base64;
+use crate::handlers::output::{ToolOutput, WithSecrets};
 
 /// The `User-Agent` of every outbound request.
 pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
@@ -282,52 +283,57 @@ impl HttpClient {
             let text = String::from_utf8_lossy(&bytes);
             return ToolOutput::error(format!("{} {url} answered {}: {text}", spec.method, parts.status));
         }
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let mime = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        // An image or audio answer becomes an image or audio block (base64), with the text
-        // a pipeline step sees describing it.
-        if let Some(kind) = ["image", "audio"]
-            .into_iter()
-            .find(|k| mime.strip_prefix(k).is_some_and(|r| r.starts_with('/')))
-        {
-            let block = serde_json::json!({"type": kind, "data": to_base64(&bytes), "mimeType": mime});
-            return ToolOutput {
-                text: format!("[{kind} {mime}, {} bytes]", bytes.len()),
-                structured: None,
-                content: Some(vec![block]),
-                is_error: false,
-            };
-        }
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let is_json = mime == "application/json" || mime.ends_with("+json");
-        let structured = if is_json {
-            serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .filter(Value::is_object)
-        } else {
-            None
-        };
-        ToolOutput {
-            text,
-            structured,
-            content: None,
-            is_error: false,
-        }
+        answer(&parts.headers, &bytes)
     }
 }
 
 impl Default for HttpClient {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The tool result of a successful answer: an image or audio block for media, structured
+/// content for a JSON object, and the text.
+fn answer(headers: &http::HeaderMap, bytes: &Bytes) -> ToolOutput {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    // An image or audio answer becomes an image or audio block (base64), with the text
+    // a pipeline step sees describing it.
+    if let Some(kind) = ["image", "audio"]
+        .into_iter()
+        .find(|k| mime.strip_prefix(k).is_some_and(|r| r.starts_with('/')))
+    {
+        let block = serde_json::json!({"type": kind, "data": to_base64(bytes), "mimeType": mime});
+        return ToolOutput {
+            text: format!("[{kind} {mime}, {} bytes]", bytes.len()),
+            structured: None,
+            content: Some(vec![block]),
+            is_error: false,
+        };
+    }
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    let is_json = mime == "application/json" || mime.ends_with("+json");
+    let structured = if is_json {
+        serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .filter(Value::is_object)
+    } else {
+        None
+    };
+    ToolOutput {
+        text,
+        structured,
+        content: None,
+        is_error: false,
     }
 }
 

@@ -5,19 +5,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use std::sync::Arc;
-
-use crate::config::access::Access;
-use crate::config::compile::{
-    CompiledHandler, CompiledTool, Cx, Names, Problems, check_template, checked_template, shallow,
-};
-use crate::config::{LogLevel, json_field};
+use crate::config::checks::shallow;
+use crate::config::context::{Cx, Names, check_template, checked_template};
+use crate::config::json_field;
+use crate::config::shared::LogLevel;
 use crate::template::{JsonTemplate, Template};
 
+pub(crate) mod check;
 #[cfg(feature = "runtime")]
-mod run;
-#[cfg(feature = "runtime")]
-pub(crate) use run::*;
+pub(crate) mod run;
 
 /// Pipelines may nest at most this deep (a pipeline whose step is a pipeline is 2 deep).
 pub const MAX_PIPELINE_NESTING: usize = 16;
@@ -109,130 +105,4 @@ pub(crate) fn compile(steps: &[PipelineStep], cx: &mut Cx<'_>) -> Vec<Step> {
         });
     }
     out
-}
-
-/// Rejects pipeline cycles, nesting deeper than [`MAX_PIPELINE_NESTING`] and pipelines one
-/// call of which would run more than [`MAX_PIPELINE_STEPS`] steps. The walk is an explicit
-/// depth-first search (no recursion: a chain of thousands of pipelines is input too).
-pub(crate) fn check(tools: &mut [CompiledTool], p: &mut Problems) {
-    const NEW: u8 = 0;
-    const ON_PATH: u8 = 1;
-    const DONE: u8 = 2;
-    let steps_of = |i: usize| match &tools[i].handler {
-        CompiledHandler::Pipeline(steps) => steps.as_slice(),
-        _ => &[],
-    };
-    let mut state = vec![NEW; tools.len()];
-    // Pipelines on the deepest chain starting at a tool (itself included), and the steps one
-    // call of it runs (nested ones included); both 0 for other handlers.
-    let mut nesting = vec![0usize; tools.len()];
-    let mut cost = vec![0usize; tools.len()];
-    // Who may call each tool, a pipeline's steps' needs added to its own.
-    let mut access: Vec<Option<Arc<Access>>> = tools.iter().map(|t| t.access.clone()).collect();
-    let mut widened = Vec::new();
-    for root in 0..tools.len() {
-        if state[root] != NEW {
-            continue;
-        }
-        state[root] = ON_PATH;
-        let mut path: Vec<(usize, usize)> = vec![(root, 0)];
-        while let Some((i, next)) = path.last_mut() {
-            let (i, steps) = (*i, steps_of(*i));
-            if let Some(step) = steps.get(*next) {
-                *next += 1;
-                match state[step.tool] {
-                    NEW => {
-                        state[step.tool] = ON_PATH;
-                        path.push((step.tool, 0));
-                    }
-                    ON_PATH => {
-                        let from = path.iter().position(|&(x, _)| x == step.tool).unwrap_or(0);
-                        let mut names: Vec<&str> = path[from..]
-                            .iter()
-                            .map(|&(x, _)| tools[x].name.as_str())
-                            .collect();
-                        names.push(&tools[step.tool].name);
-                        p.push(
-                            format!("tools[{}].handler.pipeline", step.tool),
-                            format!("pipeline cycle: {}", names.join(" -> ")),
-                        );
-                        return;
-                    }
-                    _ => {}
-                }
-                continue;
-            }
-            if !steps.is_empty() {
-                nesting[i] = 1 + steps.iter().map(|s| nesting[s.tool]).max().unwrap_or(0);
-                cost[i] = steps.iter().fold(0usize, |acc, s| {
-                    acc.saturating_add(1).saturating_add(cost[s.tool])
-                });
-                // Its steps are done: it needs what each of them needs too.
-                let mut need: Option<Access> = access[i].as_deref().cloned();
-                for s in steps {
-                    if let Some(a) = access[s.tool].as_deref() {
-                        let n = need.get_or_insert_with(Access::default);
-                        if let Err(e) = n.include(a) {
-                            widened.push((i, e));
-                            break;
-                        }
-                    }
-                }
-                access[i] = need.map(Arc::new);
-            }
-            state[i] = DONE;
-            path.pop();
-        }
-    }
-    for (i, e) in widened {
-        p.push(
-            format!("tools[{i}].access"),
-            format!(
-                "`{}` runs tools that need other scopes or groups, and {e}",
-                tools[i].name
-            ),
-        );
-    }
-    for (t, a) in tools.iter_mut().zip(access) {
-        t.access = a;
-    }
-    // A chain of thousands would name thousands of tools: name the first few.
-    const SHOWN: usize = 10;
-    let mut over = 0;
-    let mut first_unshown = 0;
-    for (i, t) in tools.iter().enumerate() {
-        let problem = if nesting[i] > MAX_PIPELINE_NESTING {
-            format!(
-                "pipelines nest {} deep from `{}`; at most {MAX_PIPELINE_NESTING} are accepted",
-                nesting[i], t.name
-            )
-        } else if cost[i] > MAX_PIPELINE_STEPS {
-            let shown = if cost[i] == usize::MAX {
-                "more than that".to_owned()
-            } else {
-                cost[i].to_string()
-            };
-            format!(
-                "one call of `{}` would run {shown} steps (nested pipelines multiply); at most {MAX_PIPELINE_STEPS} are accepted",
-                t.name
-            )
-        } else {
-            continue;
-        };
-        over += 1;
-        if over <= SHOWN {
-            p.push(format!("tools[{i}].handler.pipeline"), problem);
-        } else if over == SHOWN + 1 {
-            first_unshown = i;
-        }
-    }
-    if over > SHOWN {
-        p.push(
-            format!("tools[{first_unshown}].handler.pipeline"),
-            format!(
-                "and {} more pipelines from here on nest too deep or run too many steps",
-                over - SHOWN
-            ),
-        );
-    }
 }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Map, Value};
 
-use crate::config::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
-use crate::handlers::{Executor, ToolOutput};
+use super::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
+use crate::handlers::output::{OutputFuture, ToolOutput};
 use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 use crate::template::{Scope, approx_size};
@@ -59,9 +59,24 @@ impl Scope for PipelineScope<'_> {
     }
 }
 
+/// What runs the tool of a step (the executor): the pipeline only needs this of it.
+pub(crate) trait RunStep {
+    /// Runs tool `tool` of `snap` with validated `args` as a step of a call at `depth`,
+    /// counting against the call's `budget`.
+    fn run_step<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: &'a Budget,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a>;
+}
+
 /// Runs the steps; the first failing step ends the pipeline with its error.
-pub async fn run(
-    exec: &Executor,
+pub async fn run<E: RunStep>(
+    exec: &E,
     snap: &Snapshot,
     steps: &[Step],
     args: Value,
@@ -115,9 +130,7 @@ pub async fn run(
                 errs.join("; ")
             ));
         }
-        let out = exec
-            .run_within(snap, step.tool, input, depth + 1, Some(budget), cx)
-            .await;
+        let out = exec.run_step(snap, step.tool, input, depth + 1, budget, cx).await;
         if out.is_error {
             return ToolOutput::error(format!("step {i} ({}) failed: {}", tool.def.name, out.text));
         }

@@ -1,31 +1,15 @@
-//! Secret values tools read through `{{secret.NAME.KEY}}`, and the bearer tokens clients
-//! present: one store, filled by one source and swapped whole on every change, so a rotated
-//! value is what the next call uses.
-//!
-//! Sources (`--secrets`):
-//! - `kube:NAMESPACE`: a watch on each Secret the serving ToolSet references (and the one
-//!   holding client tokens), by name. The set follows reloads; the pod's Role grants exactly
-//!   those names.
-//! - `dir:PATH`: `PATH/NAME/KEY` files (the layout of Secret volumes mounted under `PATH`),
-//!   watched with inotify.
-//! - `env`: `QUIVER_SECRET_<NAME>_<KEY>` variables (upper-cased, `-` as `_`), read at start.
-//!
-//! Values never reach logs, errors, `/status` or metrics: only names and keys do, and what a
-//! tool returns has the values it used replaced by [`REDACTED`].
+//! The store: every secret value the server holds, swapped whole on each change, with the
+//! reasons a reference cannot be resolved and the redaction of values from tool output.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
-use crate::config::SecretRef;
-use crate::handlers::ToolOutput;
-
-pub use crate::config::{CONFIG_MAP_PREFIX, valid_config_map_name};
+use crate::config::context::{CONFIG_MAP_PREFIX, SecretRef};
+use crate::handlers::output::ToolOutput;
 
 /// Values shorter than this are not searched for in outputs (every `a` would go).
 pub use crate::redact::MIN_KNOWN_LEN as MIN_REDACTED_LEN;
@@ -40,41 +24,6 @@ pub const MAX_DIR_SECRETS: usize = 1024;
 
 /// A secret's keys and raw values.
 pub type Keys = Vec<(String, Vec<u8>)>;
-
-/// Where secret values come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretSource {
-    /// Secrets of this namespace, watched through the Kubernetes API.
-    Kube(String),
-    /// `PATH/NAME/KEY` files.
-    Dir(PathBuf),
-    /// `QUIVER_SECRET_<NAME>_<KEY>` environment variables.
-    Env,
-}
-
-impl FromStr for SecretSource {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once(':') {
-            Some(("kube", ns)) if !ns.is_empty() => Ok(Self::Kube(ns.to_owned())),
-            Some(("dir", p)) if !p.is_empty() => Ok(Self::Dir(PathBuf::from(p))),
-            None if s == "env" => Ok(Self::Env),
-            _ => Err(format!("`{s}`: expected kube:NAMESPACE, dir:PATH or env")),
-        }
-    }
-}
-
-/// A `NAME.KEY` flag value naming one secret value (e.g. `--auth-tokens-secret`).
-pub fn parse_ref(s: &str) -> Result<SecretRef, String> {
-    match s.split_once('.') {
-        Some((name, key)) if !name.is_empty() && !key.is_empty() => Ok(SecretRef {
-            name: name.to_owned(),
-            key: key.to_owned(),
-        }),
-        _ => Err(format!("`{s}`: expected SECRET.KEY")),
-    }
-}
 
 /// Whether a secret could be read, for `/status` (names only, never values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,7 +198,7 @@ impl Secrets {
             all.extend(p.iter().cloned());
         }
         if self.from_env.load(std::sync::atomic::Ordering::Relaxed) {
-            load_env(self, &all);
+            self.replace_all(super::env::read(&all));
         }
         let set: BTreeSet<String> = all.into_iter().map(|r| r.name).collect();
         self.wanted.send_if_modified(|cur| {
@@ -364,250 +313,16 @@ fn redact_value(v: &mut Value, secrets: &[&str]) {
     }
 }
 
-/// The variable of `QUIVER_SECRET_<NAME>_<KEY>`'s scheme for one reference.
-pub fn env_var(r: &SecretRef) -> String {
-    let up = |s: &str| s.to_ascii_uppercase().replace(['-', ':'], "_");
-    format!("QUIVER_SECRET_{}_{}", up(&r.name), up(&r.key))
-}
-
-/// Fills the store from the environment for `refs`: the variable names need the keys, which
-/// only the ToolSet knows, so this runs after every reload.
-fn load_env(secrets: &Secrets, refs: &[SecretRef]) {
-    let mut by_name: std::collections::BTreeMap<String, Keys> = Default::default();
-    for r in refs {
-        if let Some(v) = std::env::var_os(env_var(r)) {
-            by_name
-                .entry(r.name.clone())
-                .or_default()
-                .push((r.key.clone(), v.into_encoded_bytes()));
-        }
-    }
-    secrets.replace_all(by_name.into_iter().collect());
-}
-
-fn read_dir_source(root: &Path) -> std::io::Result<Vec<(String, Keys)>> {
-    let visible = |e: &std::fs::DirEntry| !e.file_name().to_string_lossy().starts_with('.');
-    let mut out = Vec::new();
-    for secret in std::fs::read_dir(root)?
-        .filter_map(Result::ok)
-        .filter(visible)
-        .take(MAX_DIR_SECRETS)
-    {
-        let path = secret.path();
-        if !path.is_dir() {
-            continue;
-        }
-        let name = secret.file_name().to_string_lossy().into_owned();
-        let mut keys = Vec::new();
-        for key in std::fs::read_dir(&path)?
-            .filter_map(Result::ok)
-            .filter(visible)
-            .take(MAX_KEYS)
-        {
-            let p = key.path();
-            let Ok(meta) = std::fs::metadata(&p) else { continue };
-            if !meta.is_file() || meta.len() > MAX_VALUE_BYTES as u64 {
-                continue;
-            }
-            if let Ok(bytes) = std::fs::read(&p) {
-                keys.push((key.file_name().to_string_lossy().into_owned(), bytes));
-            }
-        }
-        out.push((name, keys));
-    }
-    Ok(out)
-}
-
-/// `dir:PATH`: reads the tree now, then again on every change under it, until the process ends.
-///
-/// # Errors
-/// The directory cannot be read or watched.
-pub async fn watch_dir(root: PathBuf, secrets: Arc<Secrets>) -> anyhow::Result<()> {
-    use notify::{RecursiveMode, Watcher};
-    secrets.set_has_source();
-    secrets.replace_all(read_dir_source(&root)?);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        // A value written in place is read once closed, never half-written.
-        if let Some(signal) = ev.ok().and_then(|ev| crate::reload::file::classify(&ev.kind)) {
-            let _ = tx.send(signal);
-        }
-    })?;
-    watcher.watch(&root, RecursiveMode::Recursive)?;
-    tracing::info!(path = %root.display(), "watching secrets");
-    while let Some(first) = rx.recv().await {
-        // The burst of events one rotation (a symlink swap) or write makes is one change.
-        if !crate::reload::file::settle(first, &mut rx).await {
-            break;
-        }
-        let (dir, store) = (root.clone(), Arc::clone(&secrets));
-        let read = tokio::task::spawn_blocking(move || read_dir_source(&dir)).await;
-        match read {
-            Ok(Ok(all)) => {
-                store.replace_all(all);
-                tracing::info!(path = %root.display(), "secrets re-read");
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(path = %root.display(), error = %e, "cannot read secrets; keeping the previous values")
-            }
-            Err(e) => tracing::error!(error = %e, "secret read task failed"),
-        }
-        // A Secret volume mounted afresh replaces directories: watch what is there now.
-        let _ = watcher.watch(&root, RecursiveMode::Recursive);
-    }
-    drop(watcher);
-    Ok(())
-}
-
-#[cfg(feature = "kube")]
-pub use self::kube_source::watch_kube;
-
-#[cfg(feature = "kube")]
-mod kube_source {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-
-    use futures_util::StreamExt;
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    use kube::Api;
-    use kube::runtime::WatchStreamExt;
-    use kube::runtime::watcher::{self, Event};
-
-    use super::{CONFIG_MAP_PREFIX, Presence, Secrets};
-
-    /// The keys and values of a watched object.
-    trait Keyed: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static {
-        fn keys(&self) -> Vec<(String, Vec<u8>)>;
-    }
-
-    impl Keyed for Secret {
-        fn keys(&self) -> Vec<(String, Vec<u8>)> {
-            // stringData is write-only: the API server folds it into data.
-            let mut out: Vec<(String, Vec<u8>)> = self
-                .data
-                .iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.0.clone()))
-                .collect();
-            out.sort();
-            out
-        }
-    }
-
-    impl Keyed for ConfigMap {
-        fn keys(&self) -> Vec<(String, Vec<u8>)> {
-            let text = self
-                .data
-                .iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.clone().into_bytes()));
-            let binary = self
-                .binary_data
-                .iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.0.clone()));
-            let mut out: Vec<(String, Vec<u8>)> = text.chain(binary).collect();
-            out.sort();
-            out
-        }
-    }
-
-    /// Keeps the store's entry `name` (the object's name, prefixed for a ConfigMap) equal to
-    /// the object `object` of `api`.
-    async fn watch_one<K: Keyed>(api: Api<K>, name: String, object: String, secrets: Arc<Secrets>) {
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={object}"));
-        let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-        let mut seen = false;
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(Event::Apply(s) | Event::InitApply(s)) => {
-                    seen = true;
-                    secrets.set(&name, Some(s.keys()), Presence::Loaded);
-                    tracing::info!(secret = %name, "secret loaded");
-                }
-                Ok(Event::Delete(_)) => {
-                    seen = false;
-                    secrets.set(&name, None, Presence::Missing);
-                    tracing::warn!(secret = %name, "secret deleted; tools that use it fail until it exists");
-                }
-                Ok(Event::Init) => seen = false,
-                Ok(Event::InitDone) if !seen => {
-                    secrets.set(&name, None, Presence::Missing);
-                    tracing::warn!(secret = %name, "secret not found; tools that use it fail until it exists");
-                }
-                Ok(Event::InitDone) => {}
-                Err(e) => {
-                    if !seen {
-                        secrets.set(&name, None, Presence::Unreadable);
-                    }
-                    tracing::warn!(secret = %name, error = %e, "secret watch error; retrying with backoff");
-                }
-            }
-        }
-    }
-
-    /// `kube:NAMESPACE`: one watch per wanted Secret, started and stopped as the wanted set
-    /// changes, until the process ends.
-    ///
-    /// # Errors
-    /// No Kubernetes client configuration (in-cluster or KUBECONFIG) was found.
-    pub async fn watch_kube(namespace: String, secrets: Arc<Secrets>) -> anyhow::Result<()> {
-        secrets.set_has_source();
-        let client = kube::Client::try_default().await?;
-        let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-        let maps: Api<ConfigMap> = Api::namespaced(client, &namespace);
-        let mut wanted = secrets.wanted();
-        let mut running: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
-        loop {
-            let now = wanted.borrow_and_update().clone();
-            running.retain(|name, task| {
-                let keep = now.contains(name);
-                if !keep {
-                    task.abort();
-                    secrets.set(name, None, Presence::Pending);
-                }
-                keep
-            });
-            for name in now {
-                running.entry(name.clone()).or_insert_with(|| {
-                    let store = Arc::clone(&secrets);
-                    match name.strip_prefix(CONFIG_MAP_PREFIX) {
-                        Some(map) => {
-                            tokio::spawn(watch_one(maps.clone(), name.clone(), map.to_owned(), store))
-                        }
-                        None => tokio::spawn(watch_one(api.clone(), name.clone(), name, store)),
-                    }
-                });
-            }
-            if wanted.changed().await.is_err() {
-                return Ok(());
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::context::SecretRef;
 
     fn r(name: &str, key: &str) -> SecretRef {
         SecretRef {
             name: name.into(),
             key: key.into(),
         }
-    }
-
-    #[test]
-    fn sources_parse() {
-        assert_eq!("kube:ns".parse(), Ok(SecretSource::Kube("ns".into())));
-        assert_eq!("dir:/s".parse(), Ok(SecretSource::Dir("/s".into())));
-        assert_eq!("env".parse(), Ok(SecretSource::Env));
-        for bad in ["kube:", "dir:", "file:/x", "", "envx"] {
-            assert!(bad.parse::<SecretSource>().is_err(), "{bad}");
-        }
-        assert_eq!(parse_ref("api.token"), Ok(r("api", "token")));
-        assert!(parse_ref("api").is_err());
-        assert!(parse_ref(".k").is_err());
     }
 
     #[test]
@@ -699,24 +414,5 @@ mod tests {
         assert_eq!(rx.borrow_and_update().len(), 2);
         s.configure(&refs[..1]);
         assert!(!rx.has_changed().unwrap());
-    }
-
-    #[test]
-    fn a_dir_source_reads_name_key_files_and_skips_hidden_and_large() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("api/..data")).unwrap();
-        std::fs::write(d.path().join("api/token"), "abc").unwrap();
-        std::fs::write(d.path().join("api/.hidden"), "x").unwrap();
-        std::fs::write(d.path().join("loose-file"), "x").unwrap();
-        let all = read_dir_source(d.path()).unwrap();
-        assert_eq!(
-            all,
-            vec![("api".to_owned(), vec![("token".to_owned(), b"abc".to_vec())])]
-        );
-    }
-
-    #[test]
-    fn env_names_follow_the_scheme() {
-        assert_eq!(env_var(&r("my-api", "token")), "QUIVER_SECRET_MY_API_TOKEN");
     }
 }

@@ -14,16 +14,15 @@ use std::time::Duration;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-use super::TlsSpec;
-use super::compile::{
-    CompiledHandler, CompiledTool, Names, Problems, SecretRef, check_secret_template, duration_or,
-    header_name_problem, literal_origin, shallow, valid_env_name, valid_tool_name,
-};
-use crate::handlers::http::{TlsRefs, compile_tls};
-use crate::schema::Schema;
+use super::checks::{duration_or, header_name_problem, literal_origin, valid_env_name};
+use super::context::{Names, Problems, SecretRef, check_secret_template, valid_tool_name};
+use super::shared::ToolAnnotations;
+use crate::handlers::http::{TlsRefs, TlsSpec, compile_tls};
 use crate::template::Template;
+
+mod import;
 
 /// At most this many upstreams per ToolSet.
 pub const MAX_UPSTREAMS: usize = 64;
@@ -146,7 +145,7 @@ pub struct ImportSpec {
     /// act on, e.g. auto-approving a `readOnlyHint` tool: an upstream's word is not taken
     /// where you know better).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, super::ToolAnnotations>,
+    pub annotations: BTreeMap<String, ToolAnnotations>,
     /// Who may call the tools served from it (every one of them): scopes and groups from
     /// the caller's credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -288,7 +287,6 @@ pub(super) fn compile_upstreams(
         );
         return Vec::new();
     }
-    let none = Names::arguments(Vec::new());
     let mut names: FxHashMap<&str, usize> = FxHashMap::default();
     let mut out = Vec::with_capacity(specs.len());
     for (i, u) in specs.iter().enumerate() {
@@ -307,233 +305,7 @@ pub(super) fn compile_upstreams(
                 format!("duplicate upstream name `{}` (also upstreams[{first}])", u.name),
             );
         }
-        let mut secrets = Vec::new();
-        let transport = match (&u.http, &u.stdio) {
-            (Some(h), None) => {
-                let hp = format!("{at}.http");
-                let url = Template::compile(&h.url).ok().filter(Template::is_literal);
-                let mut origin = String::new();
-                match &url {
-                    None => p.push(format!("{hp}.url"), "must be a literal URL"),
-                    Some(t) => match literal_origin(t) {
-                        Ok(o) => origin = o,
-                        Err(e) => p.push(format!("{hp}.url"), e),
-                    },
-                }
-                let mut headers = Vec::new();
-                for (k, v) in &h.headers {
-                    let path = format!("{hp}.headers.{k}");
-                    if let Some(why) = header_name_problem(k, &UPSTREAM_HEADERS) {
-                        p.push(&path, why);
-                    }
-                    match Template::compile(v) {
-                        Ok(t) => {
-                            check_secret_template(&t, &none, &path, p, &mut secrets);
-                            headers.push((k.clone(), t));
-                        }
-                        Err(e) => p.push(&path, e),
-                    }
-                }
-                let tls = h
-                    .tls
-                    .as_ref()
-                    .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, &mut secrets));
-                Transport::Http {
-                    url: h.url.clone(),
-                    headers,
-                    tls,
-                }
-            }
-            (None, Some(s)) => {
-                let sp = format!("{at}.stdio");
-                let program = s.command.first().cloned().unwrap_or_default();
-                if s.image.is_some() {
-                    p.push(
-                        format!("{sp}.image"),
-                        "only an McpServer's spec.upstreams can run an image (the operator adds its container); quiver-server itself runs `command` or connects to `socket`",
-                    );
-                }
-                match &s.socket {
-                    None if program.is_empty() || program.contains('\0') => {
-                        p.push(format!("{sp}.command"), "must name a program");
-                    }
-                    None => {}
-                    Some(path) => {
-                        if !path.starts_with('/') || path.contains('\0') || path.len() > 100 {
-                            p.push(
-                                format!("{sp}.socket"),
-                                "must be an absolute path of at most 100 bytes",
-                            );
-                        }
-                        if !s.command.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
-                            p.push(&sp, "`socket` excludes `command`, `env` and `cwd` (they belong to whatever serves the socket)");
-                        }
-                    }
-                }
-                if s.command.iter().any(|a| a.contains('\0')) {
-                    p.push(format!("{sp}.command"), "arguments cannot hold NUL");
-                }
-                let mut env = Vec::new();
-                for (k, v) in &s.env {
-                    let path = format!("{sp}.env.{k}");
-                    if !valid_env_name(k) {
-                        p.push(&path, "not a valid environment variable name");
-                    }
-                    match Template::compile(v) {
-                        Ok(t) => {
-                            check_secret_template(&t, &none, &path, p, &mut secrets);
-                            env.push((k.clone(), t));
-                        }
-                        Err(e) => p.push(&path, e),
-                    }
-                }
-                let processes = match s.processes.unwrap_or(1) {
-                    n @ 1..=MAX_PROCESSES => n as usize,
-                    _ => {
-                        p.push(
-                            format!("{sp}.processes"),
-                            format!("must be between 1 and {MAX_PROCESSES}"),
-                        );
-                        1
-                    }
-                };
-                if s.cwd.as_ref().is_some_and(|c| c.is_empty() || c.contains('\0')) {
-                    p.push(format!("{sp}.cwd"), "must be a directory path");
-                }
-                Transport::Stdio {
-                    program,
-                    args: s.command.iter().skip(1).cloned().collect(),
-                    env,
-                    cwd: s.cwd.clone(),
-                    processes,
-                    socket: s.socket.clone(),
-                }
-            }
-            _ => {
-                p.push(&at, "set exactly one of `http` and `stdio`");
-                Transport::Stdio {
-                    program: String::new(),
-                    args: Vec::new(),
-                    env: Vec::new(),
-                    cwd: None,
-                    processes: 1,
-                    socket: None,
-                }
-            }
-        };
-        let timeout = duration_or(u.timeout.as_ref(), DEFAULT_TIMEOUT, &format!("{at}.timeout"), p);
-        let max_message_bytes = match u.max_message_bytes {
-            None => DEFAULT_MAX_MESSAGE_BYTES,
-            Some(n @ 1024..=MAX_MESSAGE_BYTES) => usize::try_from(n).unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
-            Some(_) => {
-                p.push(
-                    format!("{at}.maxMessageBytes"),
-                    format!("must be between 1024 and {MAX_MESSAGE_BYTES}"),
-                );
-                DEFAULT_MAX_MESSAGE_BYTES
-            }
-        };
-        let t = &u.tools;
-        let tp = format!("{at}.tools");
-        let prefix = t.prefix.clone().unwrap_or_default();
-        if t.prefix.is_some()
-            && (prefix.is_empty()
-                || prefix.len() > MAX_PREFIX
-                || !prefix
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
-        {
-            p.push(
-                format!("{tp}.prefix"),
-                format!("1-{MAX_PREFIX} characters of A-Z a-z 0-9 _ - ."),
-            );
-        }
-        let globs = |list: &[String], field: &str, p: &mut Problems| -> Vec<Glob> {
-            list.iter()
-                .enumerate()
-                .map(|(j, g)| {
-                    if !valid_tool_name(&g.replace('*', "x")) {
-                        p.push(format!("{tp}.{field}[{j}]"), "tool names and `*` only");
-                    }
-                    Glob(g.clone())
-                })
-                .collect()
-        };
-        let include = globs(&t.include, "include", p);
-        let access = t
-            .access
-            .as_ref()
-            .and_then(|a| a.compile(&format!("{tp}.access"), p))
-            .map(std::sync::Arc::new);
-        let exclude = globs(&t.exclude, "exclude", p);
-        let names = Namespace {
-            upstream: u.name.clone(),
-            include,
-            exclude,
-            prefix,
-            rename: t.rename.clone(),
-        };
-        let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
-        for (from, to) in &t.rename {
-            let path = format!("{tp}.rename.{from}");
-            if !valid_tool_name(to) {
-                p.push(&path, format!("`{to}` is not a valid tool name"));
-            } else if local.contains(to.as_str()) {
-                p.push(&path, format!("`{to}` is a tool of this ToolSet"));
-            } else if let Some(other) = targets.insert(to, from) {
-                p.push(&path, format!("`{other}` is renamed to `{to}` too"));
-            } else if let Some(r) = names.prefixed_source(to) {
-                p.push(
-                    &path,
-                    format!(
-                        "`{to}` is also the name its own `{r}` is served as (prefix `{}`)",
-                        names.prefix
-                    ),
-                );
-            }
-        }
-        for (name, d) in &t.descriptions {
-            if d.trim().is_empty() {
-                p.push(format!("{tp}.descriptions.{name}"), "must not be empty");
-            }
-        }
-        for (j, g) in names.include.iter().enumerate() {
-            if g.is_literal()
-                && !t.rename.contains_key(&g.0)
-                && local.contains(format!("{}{}", names.prefix, g.0).as_str())
-            {
-                p.push(
-                    format!("{tp}.include[{j}]"),
-                    format!("would be served as `{}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`", names.prefix, g.0),
-                );
-            }
-        }
-        let mut h = FxHasher::default();
-        let connection = UpstreamSpec {
-            tools: ImportSpec::default(),
-            ..u.clone()
-        };
-        serde_json::to_string(&connection)
-            .unwrap_or_default()
-            .hash(&mut h);
-        out.push(CompiledUpstream {
-            name: u.name.clone(),
-            transport,
-            timeout,
-            max_message_bytes,
-            secrets,
-            key: h.finish(),
-            names,
-            rivals: Arc::from(Vec::new()),
-            at: i,
-            descriptions: t.descriptions.clone(),
-            annotations: t
-                .annotations
-                .iter()
-                .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
-                .collect(),
-            access,
-        });
+        out.push(compile_upstream(u, i, &at, local, p));
     }
     check_names(&out, local, p);
     let rivals: Arc<[Namespace]> = out.iter().map(|u| u.names.clone()).collect();
@@ -541,6 +313,277 @@ pub(super) fn compile_upstreams(
         u.rivals = Arc::clone(&rivals);
     }
     out
+}
+
+/// Compiles `upstreams[i]` (at `at`) but for the names it shares with the others.
+fn compile_upstream(
+    u: &UpstreamSpec,
+    i: usize,
+    at: &str,
+    local: &FxHashSet<&str>,
+    p: &mut Problems,
+) -> CompiledUpstream {
+    let mut secrets = Vec::new();
+    let transport = match (&u.http, &u.stdio) {
+        (Some(h), None) => compile_remote(h, &format!("{at}.http"), p, &mut secrets),
+        (None, Some(s)) => compile_stdio(s, &format!("{at}.stdio"), p, &mut secrets),
+        _ => {
+            p.push(at, "set exactly one of `http` and `stdio`");
+            Transport::Stdio {
+                program: String::new(),
+                args: Vec::new(),
+                env: Vec::new(),
+                cwd: None,
+                processes: 1,
+                socket: None,
+            }
+        }
+    };
+    let timeout = duration_or(u.timeout.as_ref(), DEFAULT_TIMEOUT, &format!("{at}.timeout"), p);
+    let max_message_bytes = match u.max_message_bytes {
+        None => DEFAULT_MAX_MESSAGE_BYTES,
+        Some(n @ 1024..=MAX_MESSAGE_BYTES) => usize::try_from(n).unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+        Some(_) => {
+            p.push(
+                format!("{at}.maxMessageBytes"),
+                format!("must be between 1024 and {MAX_MESSAGE_BYTES}"),
+            );
+            DEFAULT_MAX_MESSAGE_BYTES
+        }
+    };
+    let t = &u.tools;
+    let (names, access) = compile_namespace(u, &format!("{at}.tools"), local, p);
+    CompiledUpstream {
+        name: u.name.clone(),
+        transport,
+        timeout,
+        max_message_bytes,
+        secrets,
+        key: connection_key(u),
+        names,
+        rivals: Arc::from(Vec::new()),
+        at: i,
+        descriptions: t.descriptions.clone(),
+        annotations: t
+            .annotations
+            .iter()
+            .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
+            .collect(),
+        access,
+    }
+}
+
+/// The identity of an upstream's connection: its spec without `tools`.
+fn connection_key(u: &UpstreamSpec) -> u64 {
+    let mut h = FxHasher::default();
+    let connection = UpstreamSpec {
+        tools: ImportSpec::default(),
+        ..u.clone()
+    };
+    serde_json::to_string(&connection)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// The transport of an `http` upstream (at `hp`): a literal URL, and headers that may read
+/// Secrets (added to `secrets`).
+fn compile_remote(h: &RemoteSpec, hp: &str, p: &mut Problems, secrets: &mut Vec<SecretRef>) -> Transport {
+    let none = Names::arguments(Vec::new());
+    let url = Template::compile(&h.url).ok().filter(Template::is_literal);
+    let mut origin = String::new();
+    match &url {
+        None => p.push(format!("{hp}.url"), "must be a literal URL"),
+        Some(t) => match literal_origin(t) {
+            Ok(o) => origin = o,
+            Err(e) => p.push(format!("{hp}.url"), e),
+        },
+    }
+    let mut headers = Vec::new();
+    for (k, v) in &h.headers {
+        let path = format!("{hp}.headers.{k}");
+        if let Some(why) = header_name_problem(k, &UPSTREAM_HEADERS) {
+            p.push(&path, why);
+        }
+        match Template::compile(v) {
+            Ok(t) => {
+                check_secret_template(&t, &none, &path, p, secrets);
+                headers.push((k.clone(), t));
+            }
+            Err(e) => p.push(&path, e),
+        }
+    }
+    let tls = h
+        .tls
+        .as_ref()
+        .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, secrets));
+    Transport::Http {
+        url: h.url.clone(),
+        headers,
+        tls,
+    }
+}
+
+/// The transport of a `stdio` upstream (at `sp`): a program run with an environment that
+/// may read Secrets (added to `secrets`), or a socket.
+fn compile_stdio(s: &StdioSpec, sp: &str, p: &mut Problems, secrets: &mut Vec<SecretRef>) -> Transport {
+    let program = s.command.first().cloned().unwrap_or_default();
+    if s.image.is_some() {
+        p.push(
+            format!("{sp}.image"),
+            "only an McpServer's spec.upstreams can run an image (the operator adds its container); quiver-server itself runs `command` or connects to `socket`",
+        );
+    }
+    match &s.socket {
+        None if program.is_empty() || program.contains('\0') => {
+            p.push(format!("{sp}.command"), "must name a program");
+        }
+        None => {}
+        Some(path) => {
+            if !path.starts_with('/') || path.contains('\0') || path.len() > 100 {
+                p.push(
+                    format!("{sp}.socket"),
+                    "must be an absolute path of at most 100 bytes",
+                );
+            }
+            if !s.command.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                p.push(sp, "`socket` excludes `command`, `env` and `cwd` (they belong to whatever serves the socket)");
+            }
+        }
+    }
+    if s.command.iter().any(|a| a.contains('\0')) {
+        p.push(format!("{sp}.command"), "arguments cannot hold NUL");
+    }
+    let none = Names::arguments(Vec::new());
+    let mut env = Vec::new();
+    for (k, v) in &s.env {
+        let path = format!("{sp}.env.{k}");
+        if !valid_env_name(k) {
+            p.push(&path, "not a valid environment variable name");
+        }
+        match Template::compile(v) {
+            Ok(t) => {
+                check_secret_template(&t, &none, &path, p, secrets);
+                env.push((k.clone(), t));
+            }
+            Err(e) => p.push(&path, e),
+        }
+    }
+    let processes = match s.processes.unwrap_or(1) {
+        n @ 1..=MAX_PROCESSES => n as usize,
+        _ => {
+            p.push(
+                format!("{sp}.processes"),
+                format!("must be between 1 and {MAX_PROCESSES}"),
+            );
+            1
+        }
+    };
+    if s.cwd.as_ref().is_some_and(|c| c.is_empty() || c.contains('\0')) {
+        p.push(format!("{sp}.cwd"), "must be a directory path");
+    }
+    Transport::Stdio {
+        program,
+        args: s.command.iter().skip(1).cloned().collect(),
+        env,
+        cwd: s.cwd.clone(),
+        processes,
+        socket: s.socket.clone(),
+    }
+}
+
+/// The names an upstream (its `tools`, at `tp`) serves, and who may call them; reports
+/// names that would be those of the ToolSet's own tools (`local`).
+fn compile_namespace(
+    u: &UpstreamSpec,
+    tp: &str,
+    local: &FxHashSet<&str>,
+    p: &mut Problems,
+) -> (Namespace, Option<Arc<super::access::Access>>) {
+    let t = &u.tools;
+    let prefix = t.prefix.clone().unwrap_or_default();
+    if t.prefix.is_some()
+        && (prefix.is_empty()
+            || prefix.len() > MAX_PREFIX
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
+    {
+        p.push(
+            format!("{tp}.prefix"),
+            format!("1-{MAX_PREFIX} characters of A-Z a-z 0-9 _ - ."),
+        );
+    }
+    let globs = |list: &[String], field: &str, p: &mut Problems| -> Vec<Glob> {
+        list.iter()
+            .enumerate()
+            .map(|(j, g)| {
+                if !valid_tool_name(&g.replace('*', "x")) {
+                    p.push(format!("{tp}.{field}[{j}]"), "tool names and `*` only");
+                }
+                Glob(g.clone())
+            })
+            .collect()
+    };
+    let include = globs(&t.include, "include", p);
+    let access = t
+        .access
+        .as_ref()
+        .and_then(|a| a.compile(&format!("{tp}.access"), p))
+        .map(std::sync::Arc::new);
+    let exclude = globs(&t.exclude, "exclude", p);
+    let names = Namespace {
+        upstream: u.name.clone(),
+        include,
+        exclude,
+        prefix,
+        rename: t.rename.clone(),
+    };
+    check_renames(t, &names, tp, local, p);
+    for (name, d) in &t.descriptions {
+        if d.trim().is_empty() {
+            p.push(format!("{tp}.descriptions.{name}"), "must not be empty");
+        }
+    }
+    for (j, g) in names.include.iter().enumerate() {
+        if g.is_literal()
+            && !t.rename.contains_key(&g.0)
+            && local.contains(format!("{}{}", names.prefix, g.0).as_str())
+        {
+            p.push(
+                format!("{tp}.include[{j}]"),
+                format!(
+                    "would be served as `{}{}`, a tool of this ToolSet; set `tools.prefix` or `tools.rename`",
+                    names.prefix, g.0
+                ),
+            );
+        }
+    }
+    (names, access)
+}
+
+/// Each `rename` target must be a valid name no other tool of the ToolSet or of this
+/// upstream has.
+fn check_renames(t: &ImportSpec, names: &Namespace, tp: &str, local: &FxHashSet<&str>, p: &mut Problems) {
+    let mut targets: FxHashMap<&str, &str> = FxHashMap::default();
+    for (from, to) in &t.rename {
+        let path = format!("{tp}.rename.{from}");
+        if !valid_tool_name(to) {
+            p.push(&path, format!("`{to}` is not a valid tool name"));
+        } else if local.contains(to.as_str()) {
+            p.push(&path, format!("`{to}` is a tool of this ToolSet"));
+        } else if let Some(other) = targets.insert(to, from) {
+            p.push(&path, format!("`{other}` is renamed to `{to}` too"));
+        } else if let Some(r) = names.prefixed_source(to) {
+            p.push(
+                &path,
+                format!(
+                    "`{to}` is also the name its own `{r}` is served as (prefix `{}`)",
+                    names.prefix
+                ),
+            );
+        }
+    }
 }
 
 /// The names one upstream can serve: what its filter lets through, renamed or prefixed.
@@ -740,200 +783,12 @@ fn check_names(ups: &[CompiledUpstream], local: &FxHashSet<&str>, p: &mut Proble
     }
 }
 
-impl CompiledUpstream {
-    /// The name a tool of this upstream is served under.
-    pub fn served_name(&self, remote: &str) -> String {
-        self.names.served_name(remote)
-    }
-
-    /// The upstream other than this one whose names include `name`, if any.
-    fn rival_of(&self, name: &str) -> Option<&Namespace> {
-        self.rivals
-            .iter()
-            .enumerate()
-            .find(|(k, ns)| *k != self.at && ns.could_serve(name))
-            .map(|(_, ns)| ns)
-    }
-
-    /// Compiles the tools of `listed` (an upstream's `tools/list` entries) that this
-    /// upstream serves. Names in `taken` (local tools, earlier upstreams) are not served
-    /// again, nor names another upstream of the config could serve (the compile step refuses
-    /// configs where names can meet; this holds whatever an upstream lists).
-    pub fn import(
-        &self,
-        index: usize,
-        listed: &[Value],
-        taken: &mut FxHashSet<String>,
-    ) -> (Vec<CompiledTool>, ImportReport) {
-        let mut tools = Vec::new();
-        let mut report = ImportReport::default();
-        let mut seen = FxHashSet::default();
-        let mut patterns = 0;
-        for t in listed {
-            let Some(remote) = t.get("name").and_then(Value::as_str) else {
-                report.skipped.push("a tool without a name".to_owned());
-                continue;
-            };
-            if !valid_tool_name(remote) {
-                report.skipped.push(format!(
-                    "`{}`: not a valid tool name",
-                    remote.chars().take(64).collect::<String>()
-                ));
-                continue;
-            }
-            if !self.names.selected(remote) || !seen.insert(remote) {
-                continue;
-            }
-            if tools.len() >= MAX_UPSTREAM_TOOLS {
-                report
-                    .skipped
-                    .push(format!("`{remote}`: more than {MAX_UPSTREAM_TOOLS} tools"));
-                continue;
-            }
-            let name = self.served_name(remote);
-            if !valid_tool_name(&name) {
-                report
-                    .skipped
-                    .push(format!("`{remote}`: `{name}` is not a valid tool name"));
-                continue;
-            }
-            if taken.contains(&name) {
-                report.skipped.push(format!(
-                    "`{remote}`: `{name}` is already served (by a local tool or an earlier upstream)"
-                ));
-                continue;
-            }
-            // Never first come, first served: whether the other upstream listed it yet or not.
-            if let Some(rival) = self.rival_of(&name) {
-                report.skipped.push(format!(
-                    "`{remote}`: `{name}` is a name upstream `{}` can serve; served by neither",
-                    rival.upstream
-                ));
-                continue;
-            }
-            let n = count_patterns(t);
-            if patterns + n > MAX_UPSTREAM_PATTERNS {
-                report.skipped.push(format!(
-                    "`{remote}`: its schemas bring the upstream over {MAX_UPSTREAM_PATTERNS} `pattern`s"
-                ));
-                continue;
-            }
-            match self.compile_tool(index, remote, &name, t) {
-                Ok(tool) => {
-                    patterns += n;
-                    taken.insert(name);
-                    tools.push(tool);
-                }
-                Err(why) => report.skipped.push(format!("`{remote}`: {why}")),
-            }
-        }
-        // (Before the upstream's first list, every name would be reported.)
-        for from in self
-            .names
-            .rename
-            .keys()
-            .chain(self.descriptions.keys())
-            .chain(self.annotations.keys())
-        {
-            if !listed.is_empty() && !seen.contains(from.as_str()) {
-                report.skipped.push(format!(
-                    "`{from}` (named in `tools`): not listed by the upstream, or filtered out"
-                ));
-            }
-        }
-        report.imported = tools.len();
-        (tools, report)
-    }
-
-    fn compile_tool(
-        &self,
-        index: usize,
-        remote: &str,
-        name: &str,
-        t: &Value,
-    ) -> Result<CompiledTool, String> {
-        let mut p = Problems::default();
-        let schema = match t.get("inputSchema") {
-            None => json!({"type": "object"}),
-            Some(s) if shallow(s, "inputSchema", &mut p) => s.clone(),
-            Some(_) => return Err(p.first_message()),
-        };
-        let input = Schema::compile(&schema).map_err(|e| format!("inputSchema: {}", e.join("; ")))?;
-        let output = match t.get("outputSchema") {
-            Some(s) if shallow(s, "outputSchema", &mut p) => Some(Box::new(
-                Schema::compile(s).map_err(|e| format!("outputSchema: {}", e.join("; ")))?,
-            )),
-            Some(_) => return Err(p.first_message()),
-            None => None,
-        };
-        let mut d = Map::new();
-        d.insert("name".into(), Value::String(name.to_owned()));
-        for field in ["title", "description", "annotations", "icons"] {
-            if let Some(v) = t.get(field)
-                && shallow(v, field, &mut p)
-            {
-                d.insert(field.into(), v.clone());
-            }
-        }
-        if let Some(text) = self.descriptions.get(remote) {
-            d.insert("description".into(), Value::String(text.clone()));
-        }
-        if let Some(a) = self.annotations.get(remote) {
-            d.insert("annotations".into(), a.clone());
-        }
-        d.insert("inputSchema".into(), schema);
-        if let Some(o) = t.get("outputSchema") {
-            d.insert("outputSchema".into(), o.clone());
-        }
-        let descriptor = Value::Object(d);
-        let size = crate::template::approx_size(&descriptor);
-        if size > MAX_DESCRIPTOR_BYTES {
-            return Err(format!(
-                "its descriptor is about {size} bytes; at most {MAX_DESCRIPTOR_BYTES}"
-            ));
-        }
-        Ok(CompiledTool {
-            name: name.to_owned(),
-            descriptor,
-            input,
-            output,
-            handler: CompiledHandler::Upstream(UpstreamCall {
-                upstream: index,
-                remote: remote.to_owned(),
-            }),
-            access: self.access.clone(),
-        })
-    }
-}
-
-/// Regular expressions a tool's schemas would compile (`pattern`, `patternProperties`).
-fn count_patterns(t: &Value) -> usize {
-    let mut n = 0;
-    let mut stack: Vec<&Value> = ["inputSchema", "outputSchema"]
-        .iter()
-        .filter_map(|k| t.get(k))
-        .collect();
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::Object(o) => {
-                n += usize::from(o.get("pattern").is_some_and(Value::is_string));
-                n += o
-                    .get("patternProperties")
-                    .and_then(Value::as_object)
-                    .map_or(0, Map::len);
-                stack.extend(o.values());
-            }
-            Value::Array(a) => stack.extend(a),
-            _ => {}
-        }
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CompiledHandler;
     use crate::config::{compile, parse};
+    use serde_json::json;
 
     #[test]
     fn globs_match_runs_of_characters() {
