@@ -325,6 +325,12 @@ mod tests {
         (result.unwrap_err(), metrics)
     }
 
+    /// The reconciles of these tests run one at a time. `tracing` decides once per call site,
+    /// when it is first reached, whether any subscriber wants it; a reconcile on another
+    /// thread reaching a span for the first time while the span test installs its
+    /// subscriber can settle that call site as unwanted.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// One reconcile against a mocked API server (see [`failing_at`]); its result and the
     /// metrics.
     async fn run(
@@ -333,6 +339,9 @@ mod tests {
         fail: (Method, &'static str),
         existing: fn(&str) -> Option<Value>,
     ) -> (Result<Action, Error>, String) {
+        let _one = ONE_AT_A_TIME.lock().await;
+        // Call sites first reached before this thread's subscriber existed are asked again.
+        tracing::callsite::rebuild_interest_cache();
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let server = tokio::spawn(async move {
             while let Some((req, send)) = handle.next_request().await {
