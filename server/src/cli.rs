@@ -472,14 +472,19 @@ async fn serve(
         tuning: tuning.clone(),
         started: Instant::now(),
         load: load.clone(),
-        auth: match auth.as_deref() {
-            None => "none",
-            Some(a) if a.oidc.is_some() && a.bearer.is_some() => "bearer+oidc",
-            Some(a) if a.oidc.is_some() => "oidc",
-            Some(_) => "bearer",
-        },
+        auth: auth_kind(auth.as_deref()),
     });
     let admin_stop = CancellationToken::new();
+    // The MCP port is bound before the admin port answers /readyz: ready means reachable.
+    let listener = if args.stdio {
+        None
+    } else {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
+        Some(listener)
+    };
     let admin = start_admin(
         args.admin_listen.unwrap_or(admin_default(args.stdio)),
         admin_state,
@@ -488,16 +493,25 @@ async fn serve(
     .await?;
 
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
-    if args.stdio {
-        serve_stdio(server, &args, &load, &shutdown).await?;
-    } else {
-        serve_http(state, &args, max_connections, &shutdown, metrics).await?;
+    match listener {
+        None => serve_stdio(server, &args, &load, &shutdown).await?,
+        Some(listener) => serve_http(listener, state, &args, &shutdown, metrics).await?,
     }
     admin_stop.cancel();
     if let Some(admin) = admin {
         let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     }
     Ok(())
+}
+
+/// How clients authenticate, as `/status` names it.
+fn auth_kind(auth: Option<&crate::transport::auth::Auth>) -> &'static str {
+    match auth {
+        None => "none",
+        Some(a) if a.oidc.is_some() && a.bearer.is_some() => "bearer+oidc",
+        Some(a) if a.oidc.is_some() => "oidc",
+        Some(_) => "bearer",
+    }
 }
 
 /// Serves MCP over stdin/stdout until the input ends or a signal drains it.
@@ -529,17 +543,13 @@ async fn serve_stdio(
 
 /// Serves MCP Streamable HTTP until a signal, then drains.
 async fn serve_http(
+    listener: tokio::net::TcpListener,
     state: Arc<HttpState>,
     args: &ServeArgs,
-    max_connections: usize,
     shutdown: &CancellationToken,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
     let load = state.load();
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
     let conn_options = ConnOptions {
         header_read_timeout: args.header_read_timeout,
         http2: args.http2,

@@ -455,6 +455,8 @@ pub struct Metrics {
 
 impl Metrics {
     /// Registers every metric under the `quiver_` prefix.
+    // Long: one flat registration per metric family, each with its help text, in the order
+    // /metrics and docs/observability.md list them; split, the names would scatter.
     pub fn new(profile: &str, allocator: &str) -> Arc<Self> {
         let mut root = Registry::with_prefix("quiver");
         let dispatch = Family::<ToolLabels, Histogram>::default();
