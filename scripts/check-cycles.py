@@ -19,6 +19,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rustsrc import blank  # noqa: E402
+
 TEST_MOD = re.compile(r"^\s*#\[cfg\(test\)\]\s*$")
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
 USE_GROUP = re.compile(r"\buse\s+(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{")
@@ -47,11 +50,7 @@ def modules(src):
 
 def strip(text):
     """Drop comments, string literals and #[cfg(test)] items (to their closing brace)."""
-    text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'r#*"(?:.|\n)*?"#*', '""', text)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    text = re.sub(r"'(?:\\.|[^'\\])'", "' '", text)
+    text = blank(text)
     out, lines, i = [], text.split("\n"), 0
     while i < len(lines):
         if TEST_MOD.match(lines[i]):

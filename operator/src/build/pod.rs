@@ -2,12 +2,13 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SELinuxOptions, SeccompProfile, SecurityContext, Sysctl, VolumeMount,
+    Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SELinuxOptions, SeccompProfile, Sysctl, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::confine::restricted;
 use super::tuning::{pinned, resources, sysctls};
 use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
 use crate::crd::{Allocator, McpServer, SecretKey};
@@ -22,21 +23,6 @@ const TERMINATION_GRACE_SECONDS: i64 = 30;
 
 /// UID and GID of the server process (the distroless "nonroot" user).
 const NONROOT: i64 = 65532;
-
-/// A container of the restricted Pod Security profile: non-root, no privilege escalation,
-/// no capabilities, a read-only root filesystem.
-pub(super) fn restricted() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_owned()]),
-            add: None,
-        }),
-        ..SecurityContext::default()
-    }
-}
 
 fn some_unless_empty<T: Default + PartialEq>(v: T) -> Option<T> {
     (v != T::default()).then_some(v)

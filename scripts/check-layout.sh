@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The layering checks of make test: no import cycle between the modules of a crate, no
+# non-test function over 100 lines that does not say why. Each check first proves on a small
+# synthetic crate that it fails when it should, so a broken check cannot pass silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fixture="$(mktemp -d)"
+trap 'rm -rf "$fixture"' EXIT
+mkdir -p "$fixture/bad/src/a" "$fixture/good/src/a"
+cat > "$fixture/bad/src/lib.rs" <<'RS'
+mod a;
+mod b;
+RS
+printf 'use crate::b::Thing;\npub struct Other;\n' > "$fixture/bad/src/a/mod.rs"
+printf 'pub struct Thing(crate::a::Other);\n' > "$fixture/bad/src/b.rs"
+cp "$fixture/bad/src/lib.rs" "$fixture/good/src/lib.rs"
+printf 'use crate::b::Thing;\npub struct Other;\n' > "$fixture/good/src/a/mod.rs"
+printf 'pub struct Thing;\n#[cfg(test)]\nmod tests {\n    use crate::a::Other;\n}\n' > "$fixture/good/src/b.rs"
+{ echo 'fn long() {'; for _ in $(seq 1 120); do echo '    let _ = "{";'; done; echo '}'; } > "$fixture/bad/src/c.rs"
+{ echo '// Long: a flat table reads best in one place.'; cat "$fixture/bad/src/c.rs"; } > "$fixture/good/src/c.rs"
+
+if python3 scripts/check-cycles.py "$fixture/bad/src" > /dev/null; then
+  echo "check-cycles.py passed a crate with a cycle (a -> b -> a)" >&2; exit 1
+fi
+python3 scripts/check-cycles.py "$fixture/good/src" > /dev/null \
+  || { echo "check-cycles.py failed an acyclic crate" >&2; exit 1; }
+if python3 scripts/check-fn-length.py "$fixture/bad/src" > /dev/null; then
+  echo "check-fn-length.py passed a 122-line function" >&2; exit 1
+fi
+python3 scripts/check-fn-length.py "$fixture/good/src" > /dev/null \
+  || { echo "check-fn-length.py failed a long function that says why" >&2; exit 1; }
+
+python3 scripts/check-cycles.py server/src operator/src
+python3 scripts/check-fn-length.py server/src operator/src
