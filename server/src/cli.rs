@@ -264,6 +264,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     let args = cli.serve;
     init_logging(&args.log_format, args.stdio);
     let mut hidden = args.hide_from_children.clone();
+    hidden.push(crate::sandbox::UPSTREAM_SOCKETS.into());
     if let Some(SecretSource::Dir(root)) = &args.secrets {
         hidden.push(root.clone());
     }

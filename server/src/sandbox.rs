@@ -45,6 +45,11 @@ use serde_json::{Value, json};
 /// `/var/run/secrets/...` makes a real `/var/run` directory.
 pub const POD_CREDENTIALS: [&str; 2] = ["/run/secrets", "/var/run/secrets"];
 
+/// Where the operator mounts the socket directories of upstream sidecars (read-only, in the
+/// server container): hidden from the server's children, so they cannot read a bridge's
+/// token (see [`crate::upstream::bridge`]) and talk to another upstream.
+pub const UPSTREAM_SOCKETS: &str = "/quiver/run";
+
 /// Where processes' directories are.
 const PROC: &str = "/proc";
 

@@ -4,9 +4,9 @@
 //! the same things at admission; these checks hold for objects stored before it did.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector,
-    ProjectedVolumeSource, SecurityContext, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    Capabilities, ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath,
+    ObjectFieldSelector, ProjectedVolumeSource, SecurityContext, ServiceAccount,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 
 use crate::crd::{ALLOWED_MCPSERVERS, McpServer, PROFILE_ANNOTATIONS, PodVolume, SELINUX_TYPES};

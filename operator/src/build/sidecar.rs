@@ -38,7 +38,9 @@ const SOCKET_FILE: &str = "bridge.sock";
 const CONTAINER_PREFIX: &str = "upstream-";
 /// Longest upstream name that still makes a container name and volume names (63 characters).
 const MAX_NAME: usize = 63 - CONTAINER_PREFIX.len();
-const _: () = assert!(RUN_VOLUME_PREFIX.len() <= CONTAINER_PREFIX.len() && TMP_VOLUME_PREFIX.len() <= CONTAINER_PREFIX.len());
+const _: () = assert!(
+    RUN_VOLUME_PREFIX.len() <= CONTAINER_PREFIX.len() && TMP_VOLUME_PREFIX.len() <= CONTAINER_PREFIX.len()
+);
 
 fn imaged(mcp: &McpServer) -> impl Iterator<Item = (&UpstreamSpec, &StdioSpec, &str)> {
     mcp.spec.upstreams.iter().filter_map(|u| {

@@ -687,17 +687,13 @@ fn mounts(pod: &serde_json::Value) -> Vec<(String, String, bool)> {
         .unwrap()
         .iter()
         .flat_map(|c| {
-            c["volumeMounts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(move |m| {
-                    (
-                        c["name"].as_str().unwrap().to_owned(),
-                        m["name"].as_str().unwrap().to_owned(),
-                        m["readOnly"] == true,
-                    )
-                })
+            c["volumeMounts"].as_array().into_iter().flatten().map(move |m| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    m["name"].as_str().unwrap().to_owned(),
+                    m["readOnly"] == true,
+                )
+            })
         })
         .collect()
 }
@@ -779,8 +775,13 @@ fn upstream_sidecars_share_no_writable_volume_and_each_socket_is_theirs_and_the_
         );
     }
     // Authors cannot name a volume like Quiver's.
-    let problems = pod_problems(&with_pod_template("{volumes: [{name: quiver-s-github, emptyDir: {}}]}"));
-    assert!(problems.iter().any(|p| p.contains("is a volume Quiver adds")), "{problems:?}");
+    let problems = pod_problems(&with_pod_template(
+        "{volumes: [{name: quiver-s-github, emptyDir: {}}]}",
+    ));
+    assert!(
+        problems.iter().any(|p| p.contains("is a volume Quiver adds")),
+        "{problems:?}"
+    );
 }
 
 #[test]

@@ -238,12 +238,40 @@ struct Io {
     child: Option<(Child, process::Group)>,
 }
 
+/// The token of the bridge listening on `socket`, `None` when there is no token file (a
+/// socket served by something other than `quiver-server bridge`).
+fn bridge_token(socket: &str) -> Result<Option<String>, String> {
+    use std::io::Read as _;
+    let path = super::bridge::token_path(std::path::Path::new(socket));
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let mut token = String::new();
+    file.take(256)
+        .read_to_string(&mut token)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(format!("{} holds no token", path.display()));
+    }
+    Ok(Some(token.to_owned()))
+}
+
 /// Starts the process (or connects to the socket).
 async fn open(shared: &Shared, launch: &Launch) -> Result<Io, String> {
     if let Some(path) = &launch.socket {
-        let s = tokio::net::UnixStream::connect(path)
+        // Read before connecting: a bridge writes its token before it listens.
+        let token = bridge_token(path)?;
+        let mut s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(|e| format!("connecting to {path}: {e}"))?;
+        if let Some(t) = token {
+            s.write_all(format!("{t}\n").as_bytes())
+                .await
+                .map_err(|e| format!("presenting the token to {path}: {e}"))?;
+        }
         let (read, write) = s.into_split();
         return Ok(Io {
             read: Box::new(read),
