@@ -249,7 +249,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
             command,
         }) => {
             init_logging("text", true);
-            crate::sandbox::init(crate::sandbox::Policy::new(crate::sandbox::Mode::Strict, &[]));
+            crate::sandbox::init(crate::sandbox::Policy::for_bridge());
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -264,7 +264,6 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     let args = cli.serve;
     init_logging(&args.log_format, args.stdio);
     let mut hidden = args.hide_from_children.clone();
-    hidden.push(crate::sandbox::UPSTREAM_SOCKETS.into());
     if let Some(SecretSource::Dir(root)) = &args.secrets {
         hidden.push(root.clone());
     }

@@ -21,6 +21,12 @@ const SHUTDOWN_DELAY: &str = "5s";
 const SHUTDOWN_GRACE: &str = "20s";
 const TERMINATION_GRACE_SECONDS: i64 = 30;
 
+/// The server's scratch space (its `TMPDIR`), where each program it starts (exec tools,
+/// stdio upstreams) gets a private `HOME` of its own; the root filesystem is read-only.
+const SCRATCH_DIR: &str = "/quiver/tmp";
+const SCRATCH_VOLUME: &str = "quiver-tmp";
+const SCRATCH_SIZE: &str = "256Mi";
+
 /// UID and GID of the server process (the distroless "nonroot" user).
 const NONROOT: i64 = 65532;
 
@@ -175,6 +181,7 @@ fn container(
                     // client to reconnect, until the pod has left the Service's endpoints.
                     env("QUIVER_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
                     env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
+                    env("TMPDIR", SCRATCH_DIR),
                 ])
                 .collect(),
         ),
@@ -185,6 +192,11 @@ fn container(
                 .iter()
                 .cloned()
                 .chain(extra_mounts)
+                .chain([VolumeMount {
+                    name: SCRATCH_VOLUME.to_owned(),
+                    mount_path: SCRATCH_DIR.to_owned(),
+                    ..VolumeMount::default()
+                }])
                 // The ServiceAccount token: in this container only, not in sidecars.
                 .chain([super::confine::token_mount()])
                 .collect::<Vec<_>>(),
@@ -264,6 +276,7 @@ pub(super) fn deployment(
                 .iter()
                 .map(super::confine::volume)
                 .chain(upstreams.volumes)
+                .chain([super::sidecar::sized_empty_dir(SCRATCH_VOLUME, SCRATCH_SIZE)])
                 .chain([super::confine::token_volume()])
                 .collect::<Vec<_>>(),
         ),

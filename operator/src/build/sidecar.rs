@@ -198,11 +198,16 @@ fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
 }
 
 fn empty_dir(name: &str) -> Volume {
+    sized_empty_dir(name, "64Mi")
+}
+
+/// An `emptyDir` volume of at most `size`.
+pub(super) fn sized_empty_dir(name: &str, size: &str) -> Volume {
     Volume {
         name: name.to_owned(),
         empty_dir: Some(EmptyDirVolumeSource {
             medium: None,
-            size_limit: Some(Quantity("64Mi".to_owned())),
+            size_limit: Some(Quantity(size.to_owned())),
         }),
         ..Volume::default()
     }

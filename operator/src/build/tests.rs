@@ -71,6 +71,17 @@ fn basic_children_are_owned_and_restricted() {
     };
     assert_eq!(env("QUIVER_SHUTDOWN_DELAY"), Some(json!("5s")));
     assert_eq!(env("QUIVER_SHUTDOWN_GRACE"), Some(json!("20s")));
+    // The programs it starts get private directories in a writable scratch space.
+    assert_eq!(env("TMPDIR"), Some(json!("/quiver/tmp")));
+    assert!(
+        ctr["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/quiver/tmp"
+                && m["name"] == "quiver-tmp"
+                && m.get("readOnly").is_none())
+    );
     assert_eq!(pod["terminationGracePeriodSeconds"], 30);
     let role = serde_json::to_value(&c.role).unwrap();
     assert_eq!(role["rules"][0]["resourceNames"], json!(["calc-tools"]));
@@ -675,6 +686,7 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
             "quiver-bin",
             "quiver-s-github",
             "quiver-t-github",
+            "quiver-tmp",
             "quiver-api-access"
         ]
     );
@@ -1029,8 +1041,8 @@ fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(
         pod["volumes"].as_array().unwrap().len(),
-        9,
-        "8 of the spec and the token"
+        10,
+        "8 of the spec, the children's scratch space and the token"
     );
     assert_eq!(
         pod["securityContext"]["seLinuxOptions"],

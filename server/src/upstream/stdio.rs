@@ -301,7 +301,6 @@ async fn open(shared: &Shared, launch: &Launch) -> Result<Io, String> {
             "PATH",
             std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
         )
-        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
         .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
