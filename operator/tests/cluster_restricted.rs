@@ -304,6 +304,12 @@ async fn escapes_from_the_profile_are_refused_when_the_mcpserver_is_created() {
             (json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "bad"},
                     "spec": {"ingress": {"host": "h.example", "annotations": {"nginx.ingress.kubernetes.io/server-snippet": "location / {}"}}}}),
              "-snippet"),
+            (json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "bad"},
+                    "spec": {"ingress": {"host": "h.example", "annotations": {"NGINX.org/Location-Snippets": "return 200;"}}}}),
+             "raw configuration"),
+            (json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "bad"},
+                    "spec": {"ingress": {"host": "h.example", "annotations": {"haproxy-ingress.github.io/config-backend": "http-request deny"}}}}),
+             "raw configuration"),
         ];
         for (i, (obj, expected)) in cases.iter().enumerate() {
             let err = create(&ns, obj).await.expect_err("the API server must refuse it");

@@ -252,13 +252,27 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
         .ingress
         .iter()
         .flat_map(|i| i.annotations.keys())
-        .filter(|k| k.ends_with("-snippet"))
+        .filter(|k| raw_config_annotation(k))
     {
         problems.push(format!(
-            "spec.ingress.annotations.{k}: snippet annotations inject raw configuration into the shared ingress controller and are refused"
+            "spec.ingress.annotations.{k}: snippet and raw configuration annotations inject configuration into the shared ingress controller and are refused"
         ));
     }
     problems
+}
+
+/// Whether an Ingress annotation key puts raw configuration into the ingress controller,
+/// whatever the vendor: a key holding `snippet` (ingress-nginx `*-snippet`, nginx.org
+/// `*-snippets`, HAProxy `*-config-snippet`) or naming a raw configuration section
+/// (`config-*` as haproxy-ingress's `config-backend`, `*-config-*`, `*-config`), in any case.
+/// The CRD's rule ([`crate::crd::RAW_CONFIG_ANNOTATIONS`]) is the same class.
+pub fn raw_config_annotation(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("snippet")
+        || k.starts_with("config-")
+        || k.contains("/config-")
+        || k.contains("-config-")
+        || k.ends_with("-config")
 }
 
 /// The ServiceAccount the spec names, if any (read in the dereference step).

@@ -1102,8 +1102,76 @@ fn the_schema_refuses_what_the_restricted_profile_refuses() {
         spec["ingress"]["properties"]["annotations"]["x-kubernetes-validations"][0]["rule"]
             .as_str()
             .unwrap()
-            .contains("-snippet")
+            .contains("snippet")
     );
+}
+
+#[test]
+fn ingress_annotations_that_inject_raw_configuration_are_refused_for_every_vendor() {
+    use super::confine::raw_config_annotation;
+    let refused = [
+        // ingress-nginx
+        "nginx.ingress.kubernetes.io/configuration-snippet",
+        "nginx.ingress.kubernetes.io/server-snippet",
+        "nginx.ingress.kubernetes.io/auth-snippet",
+        "nginx.ingress.kubernetes.io/stream-snippet",
+        "nginx.ingress.kubernetes.io/modsecurity-snippet",
+        "ingress.kubernetes.io/configuration-snippet",
+        // NGINX Inc's controller (plural), in any case
+        "nginx.org/server-snippets",
+        "nginx.org/location-snippets",
+        "NGINX.org/Location-Snippets",
+        // HAProxy Technologies' controller
+        "haproxy.org/backend-config-snippet",
+        "haproxy.org/frontend-config-snippet",
+        "haproxy.org/global-config-snippet",
+        // haproxy-ingress raw configuration sections, old and new prefix
+        "haproxy-ingress.github.io/config-backend",
+        "haproxy-ingress.github.io/config-defaults",
+        "haproxy-ingress.github.io/config-frontend",
+        "haproxy-ingress.github.io/config-global",
+        "haproxy-ingress.github.io/config-sections",
+        "haproxy-ingress.github.io/config-tcp-service",
+        "ingress.kubernetes.io/config-backend",
+        // any vendor, no prefix
+        "haproxy.router.openshift.io/backend-config",
+        "example.com/raw-config-override",
+        "config-backend",
+        "server-snippet",
+    ];
+    let allowed = [
+        "nginx.ingress.kubernetes.io/rewrite-target",
+        "nginx.ingress.kubernetes.io/proxy-body-size",
+        "nginx.org/lb-method",
+        "haproxy.org/timeout-server",
+        "haproxy.router.openshift.io/timeout",
+        "cert-manager.io/cluster-issuer",
+        "kubernetes.io/ingress.class",
+        "traefik.ingress.kubernetes.io/router.entrypoints",
+        "example.com/configured",
+    ];
+    for k in refused {
+        assert!(raw_config_annotation(k), "{k} must be refused");
+        let problems = pod_problems(&format!(
+            "{BASIC}  ingress: {{host: h.example, annotations: {{\"{k}\": x, nginx.ingress.kubernetes.io/rewrite-target: /}}}}\n"
+        ));
+        assert_eq!(problems.len(), 1, "{k}: {problems:?}");
+        assert!(problems[0].contains(k), "{k}: {problems:?}");
+    }
+    for k in allowed {
+        assert!(!raw_config_annotation(k), "{k} must be allowed");
+    }
+    // The schema refuses the same class: its rule tests the same fragments, in lower case.
+    let rule = crate::crd::RAW_CONFIG_ANNOTATIONS;
+    for fragment in [
+        "k.lowerAscii().contains('snippet')",
+        "k.lowerAscii().startsWith('config-')",
+        "k.lowerAscii().contains('/config-')",
+        "k.lowerAscii().contains('-config-')",
+        "k.lowerAscii().endsWith('-config')",
+    ] {
+        assert!(rule.contains(fragment), "{fragment} missing from {rule}");
+    }
 }
 
 #[test]
