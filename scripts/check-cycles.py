@@ -6,10 +6,13 @@ inline `mod x { .. }` blocks other than `mod tests` count as part of their file)
 A -> B is a path in A's non-test code that names B: `crate::b::..`, `super::..`,
 `self::..` in `use` items and in expressions. A path names the deepest module it reaches,
 so `use crate::config::HttpTool` names `config` (whose `pub use` then names where the type
-lives). A `mod` declaration is not an edge: declaring a child is not depending on it, and a
-child using its parent's items is the ordinary way to share them. A cycle through a
-parent's re-export of its own child (`pub use self::child::X` in the parent, `super::Y` in
-the child) is still reported, as any other.
+lives); a bare `child::x` in a file names that file's child module.
+
+Edges between a module and its own ancestor or descendant are left out: a folder module
+orchestrating its children and the children sharing the folder's items is one subsystem,
+not a layering problem (and a `mod` declaration is no dependency). A cycle between two
+subsystems is reported however it runs, e.g. `config::compile` calling
+`handlers::http`'s compile step while `handlers::http` uses `config::compile`'s context.
 
 Usage: scripts/check-cycles.py [CRATE_SRC_DIR ...]   (default: server/src operator/src)
 Exit status 1 and each cycle printed when there is one.
@@ -24,6 +27,9 @@ from rustsrc import blank  # noqa: E402
 
 TEST_MOD = re.compile(r"^\s*#\[cfg\(test\)\]\s*$")
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
+# A path that starts with a bare name (2018 edition): `child::x` names a child module of the
+# file it is in (a crate of the same name would make the path ambiguous, a compile error).
+BARE = re.compile(r"(?<![\w:])([A-Za-z_][A-Za-z0-9_]*)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_GROUP = re.compile(r"\buse\s+(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{")
 
 
@@ -122,6 +128,9 @@ def edges(mods):
         for m in PATH.finditer(text):
             rest = [s for s in m.group(2).split("::") if s and s != "{"]
             targets.append((m.group(1), rest))
+        for m in BARE.finditer(text):
+            if m.group(1) not in ("crate", "super", "self") and here + (m.group(1),) in mods:
+                targets.append(("self", [m.group(1)] + [s for s in m.group(2).split("::") if s]))
         for m in USE_GROUP.finditer(text):
             prefix = [s for s in m.group(2).split("::") if s]
             for item in group_items(text, m.end() - 1):
@@ -130,8 +139,9 @@ def edges(mods):
                     targets.append((m.group(1), prefix + [first] + [s for s in re.findall(r"::([A-Za-z_]\w*)", item)]))
         for head, rest in targets:
             to = resolve(mods, here, head, rest)
-            if to is not None and to != here:
-                graph[here].add(to)
+            if to is None or to[: len(here)] == here or here[: len(to)] == to:
+                continue  # itself, an ancestor or a descendant
+            graph[here].add(to)
     return graph
 
 

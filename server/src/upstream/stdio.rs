@@ -26,8 +26,12 @@ use crate::handlers::{WithSecrets, process};
 
 /// Lines queued towards one process's stdin.
 const QUEUE: usize = 256;
-/// Longest stderr line logged (the rest is cut).
+/// Longest stderr line logged, in characters (the rest is cut, after redaction).
 const MAX_STDERR_LINE: usize = 2048;
+/// Bytes of a stderr line read before redaction: the logged characters (4 bytes at most
+/// each) and room for a whole secret line starting among them, so a secret is redacted
+/// before the cut could leave a part of it that no longer matches.
+const MAX_STDERR_READ: usize = 4 * MAX_STDERR_LINE + 64 * 1024;
 /// `PATH` of a process when the server has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -358,11 +362,8 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         };
         let mut lines = BufReader::new(stderr);
         let mut buf = Vec::new();
-        while let Ok(Some(())) = read_line(&mut lines, &mut buf, MAX_STDERR_LINE, true).await {
+        while let Some(line) = next_stderr_line(&mut lines, &mut buf, &budget.secrets).await {
             if budget.log_budget.take() {
-                let line = budget
-                    .secrets
-                    .scrub(&String::from_utf8_lossy(&buf), MAX_STDERR_LINE);
                 tracing::info!(upstream = %name, line, "upstream stderr");
             }
         }
@@ -406,6 +407,17 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     }
     proc.waiters.fail_all(&why);
     why
+}
+
+/// The next stderr line as logged (`None` at the end): redacted, then cut to
+/// [`MAX_STDERR_LINE`] characters.
+async fn next_stderr_line(
+    r: &mut (impl AsyncBufRead + Unpin),
+    buf: &mut Vec<u8>,
+    secrets: &crate::secrets::Secrets,
+) -> Option<String> {
+    read_line(r, buf, MAX_STDERR_READ, true).await.ok()??;
+    Some(secrets.scrub(&String::from_utf8_lossy(buf), MAX_STDERR_LINE))
 }
 
 /// Reads the process's messages until it breaks the protocol or closes stdout.
@@ -477,6 +489,45 @@ async fn read_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_secret_across_the_stderr_cut_is_redacted_whole() {
+        let secrets = crate::secrets::Secrets::new();
+        secrets.set_has_source();
+        let secret = "zq-stderr-secret-value-0123456789";
+        secrets.set(
+            "up",
+            Some(vec![("key".into(), secret.as_bytes().to_vec())]),
+            crate::secrets::Presence::Loaded,
+        );
+        // The secret starts at every offset around the cut, so its head, tail or middle
+        // would be at the boundary.
+        for start in MAX_STDERR_LINE - secret.len()..=MAX_STDERR_LINE {
+            let text = format!("{}{secret} tail\nnext\n", "x".repeat(start));
+            let mut r = BufReader::new(text.as_bytes());
+            let mut buf = Vec::new();
+            let line = next_stderr_line(&mut r, &mut buf, &secrets).await.unwrap();
+            assert!(line.chars().count() <= MAX_STDERR_LINE + 1, "{start}");
+            // No piece of the secret (here: its first 6 characters) remains.
+            assert!(
+                !line.contains(&secret[..6]),
+                "{start}: ...{}",
+                &line[line.len().saturating_sub(40)..]
+            );
+        }
+        // A line longer than what is read is still bounded.
+        let long = format!("{}\nafter\n", "y".repeat(MAX_STDERR_READ * 2));
+        let mut r = BufReader::new(long.as_bytes());
+        let mut buf = Vec::new();
+        let line = next_stderr_line(&mut r, &mut buf, &secrets).await.unwrap();
+        assert_eq!(buf.len(), MAX_STDERR_READ);
+        assert_eq!(line.chars().count(), MAX_STDERR_LINE + 1);
+        assert_eq!(
+            next_stderr_line(&mut r, &mut buf, &secrets).await.as_deref(),
+            Some("after")
+        );
+        assert_eq!(next_stderr_line(&mut r, &mut buf, &secrets).await, None);
+    }
 
     #[tokio::test]
     async fn lines_are_bounded() {
