@@ -248,8 +248,8 @@ async fn every_pod_template_field_stays_within_the_restricted_profile() {
         assert_eq!(pod.service_account_name.as_deref(), Some("identity"));
         assert_eq!(
             pod.volumes.as_ref().unwrap().len(),
-            8 + 3 + 1,
-            "the spec's, the sidecar's and the token"
+            8 + 3 + 1 + 1,
+            "the spec's, the sidecar's (binary, socket, /tmp), the server's scratch space and the token"
         );
         assert_eq!(pod.containers.len(), 2, "server and sidecar");
         let admitted = admit(&ns.client, &ns.name, &d).await;
