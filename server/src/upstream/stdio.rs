@@ -243,22 +243,32 @@ struct Io {
 }
 
 /// The token of the bridge listening on `socket`, `None` when there is no token file (a
-/// socket served by something other than `quiver-server bridge`).
+/// socket served by something other than `quiver-server bridge`). The file is written by
+/// whoever can write the socket's directory, so it is read only as what a bridge writes: a
+/// regular file, not through a link (which would make the server read, and send, a file of
+/// its own), holding 64 hex digits.
 fn bridge_token(socket: &str) -> Result<Option<String>, String> {
     use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let path = super::bridge::token_path(std::path::Path::new(socket));
-    let file = match std::fs::File::open(&path) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path);
+    let file = match file {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("reading {}: {e}", path.display())),
     };
+    let bad = || format!("{} holds no bridge token", path.display());
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(bad());
+    }
     let mut token = String::new();
-    file.take(256)
-        .read_to_string(&mut token)
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    file.take(128).read_to_string(&mut token).map_err(|_| bad())?;
     let token = token.trim();
-    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(format!("{} holds no token", path.display()));
+    if token.len() != 64 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
     }
     Ok(Some(token.to_owned()))
 }
@@ -489,6 +499,32 @@ async fn read_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bridge_token_is_read_only_from_a_regular_file_of_the_bridges_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("bridge.sock");
+        let sock_s = sock.to_str().unwrap();
+        let token = dir.path().join("bridge.sock.token");
+        assert_eq!(bridge_token(sock_s), Ok(None), "no file: no token");
+        let good = "0123456789abcdef".repeat(4);
+        std::fs::write(&token, format!("{good}\n")).unwrap();
+        assert_eq!(bridge_token(sock_s), Ok(Some(good.clone())));
+        // A file of the server's own, through a link, is never read (nor sent).
+        let own = dir.path().join("server-secret");
+        std::fs::write(&own, &good).unwrap();
+        std::fs::remove_file(&token).unwrap();
+        std::os::unix::fs::symlink(&own, &token).unwrap();
+        assert!(bridge_token(sock_s).is_err());
+        std::fs::remove_file(&token).unwrap();
+        for bad in ["", "short", "zq-secret-value", &"g".repeat(64), &"a".repeat(65)] {
+            std::fs::write(&token, bad).unwrap();
+            assert!(bridge_token(sock_s).is_err(), "{bad}");
+        }
+        std::fs::remove_file(&token).unwrap();
+        std::fs::create_dir(&token).unwrap();
+        assert!(bridge_token(sock_s).is_err(), "a directory");
+    }
 
     #[tokio::test]
     async fn a_secret_across_the_stderr_cut_is_redacted_whole() {
