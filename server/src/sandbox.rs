@@ -25,9 +25,18 @@
 //!   cannot read its own `/proc/PID` files (only the child can).
 //! - Children start with a cleared environment holding only their own configured values
 //!   (done where the command is built: stdio.rs, exec/run.rs, bridge.rs).
+//! - The server's children are kept from each other too ([`child_dir`]): each gets a
+//!   directory of its own (mode 0700, under a directory of the server in `TMPDIR`) as `HOME`
+//!   and `TMPDIR`, removed when it ends; the server's directory is hidden, and the child may
+//!   write only in its own directory, its working directory and to the devices of `/dev`
+//!   (everything else it may read is read-only), so no child leaves a file another reads.
+//!   Upstream sockets (`/quiver/run`) are hidden from them: a bridge serves only who reads its
+//!   token there (see [`crate::upstream::bridge`]). A bridge's children (processes of one
+//!   program, in its own container) keep their container as it is.
 //!
-//! Without Landlock (an old kernel, or one booted without it) and with something to hide,
-//! children are refused unless the operator of the server chose `--child-isolation=best-effort`;
+//! Without Landlock (an old kernel, or one booted without it) the server's children are
+//! refused (each other's environments are always to hide), and a bridge's children when there
+//! is a path to hide, unless the operator of the server chose `--child-isolation=best-effort`;
 //! `/status` shows which it is.
 
 use std::collections::BTreeSet;
@@ -199,9 +208,7 @@ impl Policy {
     /// The server's policy for `mode`, hiding the pod's credentials, the upstream sockets and
     /// `extra` (each that exists).
     pub fn new(mode: Mode, extra: &[PathBuf]) -> Self {
-        let mut extra = extra.to_vec();
-        extra.push(UPSTREAM_SOCKETS.into());
-        Self::hiding(mode, Children::Tenants, &extra)
+        Self::hiding(mode, Children::Tenants, extra)
     }
 
     /// The policy of `quiver-server bridge`: strict, hiding the pod's credentials; its
@@ -210,11 +217,20 @@ impl Policy {
         Self::hiding(Mode::Strict, Children::OneProgram, &[])
     }
 
-    fn hiding(mode: Mode, children: Children, extra: &[PathBuf]) -> Self {
-        let all: BTreeSet<PathBuf> = POD_CREDENTIALS
+    /// The paths to hide from `children`, existing or not.
+    fn to_hide(children: Children, extra: &[PathBuf]) -> Vec<PathBuf> {
+        let sockets = (children == Children::Tenants).then_some(UPSTREAM_SOCKETS);
+        POD_CREDENTIALS
             .iter()
-            .map(Path::new)
-            .chain(extra.iter().map(PathBuf::as_path))
+            .chain(sockets.as_ref())
+            .map(PathBuf::from)
+            .chain(extra.iter().cloned())
+            .collect()
+    }
+
+    fn hiding(mode: Mode, children: Children, extra: &[PathBuf]) -> Self {
+        let all: BTreeSet<PathBuf> = Self::to_hide(children, extra)
+            .iter()
             .filter_map(|p| p.canonicalize().ok())
             .collect();
         // A path inside another hidden one is hidden with it (and must not be treated as a
@@ -641,6 +657,17 @@ mod tests {
             policy(Mode::Strict, &["/x"], Ok(3)).status()["children"],
             "confined"
         );
+    }
+
+    #[test]
+    fn the_servers_children_never_see_the_upstream_sockets_a_bridges_may() {
+        let server = Policy::to_hide(Children::Tenants, &[PathBuf::from("/x")]);
+        for p in ["/run/secrets", "/var/run/secrets", UPSTREAM_SOCKETS, "/x"] {
+            assert!(server.contains(&PathBuf::from(p)), "{p}: {server:?}");
+        }
+        let bridge = Policy::to_hide(Children::OneProgram, &[]);
+        assert!(!bridge.contains(&PathBuf::from(UPSTREAM_SOCKETS)), "{bridge:?}");
+        assert!(bridge.contains(&PathBuf::from("/run/secrets")));
     }
 
     #[test]
