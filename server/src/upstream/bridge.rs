@@ -63,6 +63,8 @@ fn write_token(path: &Path, token: &str) -> anyhow::Result<()> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
+    // Whatever the umask: the server may run in the group only.
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o640))?;
     f.write_all(token.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
@@ -200,4 +202,55 @@ pub fn install(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::copy(&me, &tmp).with_context(|| format!("copying {} to {}", me.display(), tmp.display()))?;
     std::fs::rename(&tmp, &to).with_context(|| format!("renaming to {}", to.display()))?;
     Ok(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn only_the_token_line_admits_and_what_follows_it_is_kept() {
+        let token = new_token().unwrap();
+        assert_eq!(token.len(), 64);
+        assert_ne!(token, new_token().unwrap());
+        let ok = format!("{token}\n{{\"jsonrpc\":\"2.0\"}}\n");
+        let mut r = BufReader::new(ok.as_bytes());
+        assert!(admitted(&mut r, &token).await);
+        let mut rest = String::new();
+        r.read_to_string(&mut rest).await.unwrap();
+        assert_eq!(
+            rest, "{\"jsonrpc\":\"2.0\"}\n",
+            "the program gets the bytes after the token"
+        );
+        let long = format!("{token}{}\n", "0".repeat(300));
+        for bad in [
+            String::new(),
+            token.clone(),
+            format!("{}\n", &token[..63]),
+            format!("{token}0\n"),
+            format!(" {token}\n"),
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n".to_owned(),
+            long,
+        ] {
+            let mut r = BufReader::new(bad.as_bytes());
+            assert!(!admitted(&mut r, &token).await, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_token_file_is_replaced_whole_and_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = token_path(&dir.path().join("b.sock"));
+        assert!(path.ends_with("b.sock.token"));
+        write_token(&path, "first").unwrap();
+        write_token(&path, "second").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "second");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+    }
 }
