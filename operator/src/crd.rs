@@ -20,6 +20,10 @@ use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The schema's rule over `spec.ingress.annotations` (the operator's own check is
+/// `raw_config_annotation` in `build::confine`, the same class).
+pub const RAW_CONFIG_ANNOTATIONS: &str = "self.all(k, !(k.lowerAscii().contains('snippet') || k.lowerAscii().startsWith('config-') || k.lowerAscii().contains('/config-') || k.lowerAscii().contains('-config-') || k.lowerAscii().endsWith('-config')))";
+
 /// Limits that keep the CEL rules' cost bounded.
 pub const MAX_TOOLS: usize = 256;
 /// Label a `toolsFrom` ConfigMap carries to be watched: its edits then propagate at once.
@@ -170,12 +174,15 @@ pub struct IngressOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub tls_secret_name: Option<String>,
-    /// Annotations for the ingress controller. Keys ending in `-snippet` (ingress-nginx's
-    /// `configuration-snippet`, `server-snippet`, `auth-snippet`, ...) are refused: they put
-    /// raw configuration into a controller that every tenant shares.
+    /// Annotations for the ingress controller. Keys that put raw configuration into a
+    /// controller every tenant shares are refused: any key holding `snippet` (ingress-nginx's
+    /// `configuration-snippet`, `server-snippet`, `auth-snippet`; NGINX Inc's
+    /// `nginx.org/server-snippets`, `location-snippets`; HAProxy's `backend-config-snippet`,
+    /// ...) and any key naming a raw configuration section (`config-*`, `*-config-*`,
+    /// `*-config`, e.g. haproxy-ingress's `config-backend`), compared in lower case.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
-    #[x_kube(validation = Rule::new("self.all(k, !k.endsWith('-snippet'))").message("annotations ending in -snippet inject raw configuration into the shared ingress controller and are refused"))]
+    #[x_kube(validation = Rule::new(RAW_CONFIG_ANNOTATIONS).message("annotations holding snippet (ingress-nginx's *-snippet, nginx.org's *-snippets, HAProxy's *-config-snippet) or naming a raw configuration section (config-*, *-config-*, *-config) inject raw configuration into the shared ingress controller and are refused"))]
     pub annotations: BTreeMap<String, String>,
 }
 

@@ -248,8 +248,8 @@ async fn every_pod_template_field_stays_within_the_restricted_profile() {
         assert_eq!(pod.service_account_name.as_deref(), Some("identity"));
         assert_eq!(
             pod.volumes.as_ref().unwrap().len(),
-            8 + 3 + 1,
-            "the spec's, the sidecar's and the token"
+            8 + 3 + 1 + 1,
+            "the spec's, the sidecar's (binary, socket, /tmp), the server's scratch space and the token"
         );
         assert_eq!(pod.containers.len(), 2, "server and sidecar");
         let admitted = admit(&ns.client, &ns.name, &d).await;
@@ -304,6 +304,12 @@ async fn escapes_from_the_profile_are_refused_when_the_mcpserver_is_created() {
             (json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "bad"},
                     "spec": {"ingress": {"host": "h.example", "annotations": {"nginx.ingress.kubernetes.io/server-snippet": "location / {}"}}}}),
              "-snippet"),
+            (json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "bad"},
+                    "spec": {"ingress": {"host": "h.example", "annotations": {"NGINX.org/Location-Snippets": "return 200;"}}}}),
+             "raw configuration"),
+            (json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "bad"},
+                    "spec": {"ingress": {"host": "h.example", "annotations": {"haproxy-ingress.github.io/config-backend": "http-request deny"}}}}),
+             "raw configuration"),
         ];
         for (i, (obj, expected)) in cases.iter().enumerate() {
             let err = create(&ns, obj).await.expect_err("the API server must refuse it");

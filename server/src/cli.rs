@@ -249,7 +249,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
             command,
         }) => {
             init_logging("text", true);
-            crate::sandbox::init(crate::sandbox::Policy::new(crate::sandbox::Mode::Strict, &[]));
+            crate::sandbox::init(crate::sandbox::Policy::for_bridge());
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

@@ -25,15 +25,24 @@
 //!   cannot read its own `/proc/PID` files (only the child can).
 //! - Children start with a cleared environment holding only their own configured values
 //!   (done where the command is built: stdio.rs, exec/run.rs, bridge.rs).
+//! - The server's children are kept from each other too ([`child_dir`]): each gets a
+//!   directory of its own (mode 0700, under a directory of the server in `TMPDIR`) as `HOME`
+//!   and `TMPDIR`, removed when it ends; the server's directory is hidden, and the child may
+//!   write only in its own directory, its working directory and to the devices of `/dev`
+//!   (everything else it may read is read-only), so no child leaves a file another reads.
+//!   Upstream sockets (`/quiver/run`) are hidden from them: a bridge serves only who reads its
+//!   token there (see [`crate::upstream::bridge`]). A bridge's children (processes of one
+//!   program, in its own container) keep their container as it is.
 //!
-//! Without Landlock (an old kernel, or one booted without it) and with something to hide,
-//! children are refused unless the operator of the server chose `--child-isolation=best-effort`;
+//! Without Landlock (an old kernel, or one booted without it) the server's children are
+//! refused (each other's environments are always to hide), and a bridge's children when there
+//! is a path to hide, unless the operator of the server chose `--child-isolation=best-effort`;
 //! `/status` shows which it is.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -44,6 +53,11 @@ use serde_json::{Value, json};
 /// but in an image without it (Quiver's own, `FROM scratch`) the kubelet's mount at
 /// `/var/run/secrets/...` makes a real `/var/run` directory.
 pub const POD_CREDENTIALS: [&str; 2] = ["/run/secrets", "/var/run/secrets"];
+
+/// Where the operator mounts the socket directories of upstream sidecars (read-only, in the
+/// server container): hidden from the server's children, so they cannot read a bridge's
+/// token (see [`crate::upstream::bridge`]) and talk to another upstream.
+pub const UPSTREAM_SOCKETS: &str = "/quiver/run";
 
 /// Where processes' directories are.
 const PROC: &str = "/proc";
@@ -70,10 +84,21 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// Whose children these are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Children {
+    /// The server's: programs of different tools and upstreams, each holding its own values,
+    /// so each is kept from the others too (a private `HOME`, writes only there).
+    Tenants,
+    /// A bridge's: processes of one program with the same values (its sidecar's).
+    OneProgram,
+}
+
 /// What children are confined from, decided once at start.
 #[derive(Debug)]
 pub struct Policy {
     mode: Mode,
+    children: Children,
     /// Canonical, existing paths children may not read.
     hidden: Vec<PathBuf>,
     /// The Landlock ABI version, or why there is none.
@@ -180,12 +205,32 @@ fn dumpable() -> bool {
 }
 
 impl Policy {
-    /// The policy for `mode`, hiding the pod's credentials and `extra` (each that exists).
+    /// The server's policy for `mode`, hiding the pod's credentials, the upstream sockets and
+    /// `extra` (each that exists).
     pub fn new(mode: Mode, extra: &[PathBuf]) -> Self {
-        let all: BTreeSet<PathBuf> = POD_CREDENTIALS
+        Self::hiding(mode, Children::Tenants, extra)
+    }
+
+    /// The policy of `quiver-server bridge`: strict, hiding the pod's credentials; its
+    /// children are processes of one program, which share their container.
+    pub fn for_bridge() -> Self {
+        Self::hiding(Mode::Strict, Children::OneProgram, &[])
+    }
+
+    /// The paths to hide from `children`, existing or not.
+    fn to_hide(children: Children, extra: &[PathBuf]) -> Vec<PathBuf> {
+        let sockets = (children == Children::Tenants).then_some(UPSTREAM_SOCKETS);
+        POD_CREDENTIALS
             .iter()
-            .map(Path::new)
-            .chain(extra.iter().map(PathBuf::as_path))
+            .chain(sockets.as_ref())
+            .map(PathBuf::from)
+            .chain(extra.iter().cloned())
+            .collect()
+    }
+
+    fn hiding(mode: Mode, children: Children, extra: &[PathBuf]) -> Self {
+        let all: BTreeSet<PathBuf> = Self::to_hide(children, extra)
+            .iter()
             .filter_map(|p| p.canonicalize().ok())
             .collect();
         // A path inside another hidden one is hidden with it (and must not be treated as a
@@ -197,16 +242,25 @@ impl Policy {
             .collect();
         Self {
             mode,
+            children,
             hidden,
             landlock: landlock_abi(),
         }
     }
 
-    /// Why a child may not start, if it may not.
+    /// Why a child may not start, if it may not. The server's children always have something
+    /// to hide: each other's environment (`/proc/PID/environ` of a process of the same user)
+    /// and private directories.
     fn refusal(&self) -> Option<String> {
         match (&self.landlock, self.mode) {
             (Ok(_), _) | (Err(_), Mode::BestEffort) => None,
-            (Err(_), Mode::Strict) if self.hidden.is_empty() => None,
+            (Err(_), Mode::Strict) if self.hidden.is_empty() && self.children == Children::OneProgram => None,
+            (Err(why), Mode::Strict) if self.hidden.is_empty() => Some(format!(
+                "{why}, and without it the program could read the environment (the secret values) and \
+                 files of every other program the server starts: run it in a container of its own \
+                 (an upstream's `stdio.image` on Kubernetes), or start the server with \
+                 --child-isolation=best-effort to accept that"
+            )),
             (Err(why), Mode::Strict) => Some(format!(
                 "{why}, and without it the program could read the server's secrets ({}): run it in a \
                  container of its own (an upstream's `stdio.image` on Kubernetes), or start the server \
@@ -224,14 +278,35 @@ impl Policy {
     ///
     /// # Errors
     /// The child may not start (see [`Mode`]), or the ruleset could not be built.
-    fn ruleset(&self) -> io::Result<Option<OwnedFd>> {
+    fn ruleset(&self, private: Option<&Path>, cwd: Option<&Path>) -> io::Result<Option<OwnedFd>> {
         if let Some(why) = self.refusal() {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
         }
-        match self.landlock {
-            Ok(abi) => build_ruleset(abi, &self.hidden).map(Some),
-            Err(_) => Ok(None),
+        let Ok(abi) = self.landlock else {
+            return Ok(None);
+        };
+        let Some(home) = private else {
+            return build_ruleset(abi, &self.hidden, None).map(Some);
+        };
+        // Every child's directory is hidden (and so is the others'); its own is granted below.
+        let inside_hidden = |p: &Path, hidden: &[PathBuf]| hidden.iter().any(|h| p.starts_with(h));
+        let mut hidden = self.hidden.clone();
+        if let Ok(root) = runtime_root()
+            && !inside_hidden(root, &hidden)
+        {
+            hidden.push(root.to_owned());
         }
+        let mut writable = vec![home.to_owned()];
+        // Its working directory, unless that would open a hidden path or /proc.
+        writable.extend(
+            cwd.filter(|c| {
+                !inside_hidden(c, &hidden)
+                    && !hidden.iter().any(|h| h.starts_with(c))
+                    && !Path::new(PROC).starts_with(c)
+            })
+            .map(Path::to_owned),
+        );
+        build_ruleset(abi, &hidden, Some(&writable)).map(Some)
     }
 
     /// What `/status` shows.
@@ -271,14 +346,82 @@ pub fn policy() -> &'static Policy {
     POLICY.get_or_init(|| Policy::new(Mode::Strict, &[]))
 }
 
-/// Makes `cmd` confine its process before it runs the program. Keep the returned ruleset
-/// until the process is spawned.
+/// The server's children's directories: `$TMPDIR/quiver-children-PID-RANDOM` (mode 0700),
+/// made when the first child starts.
+static RUNTIME: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+fn runtime_root() -> io::Result<&'static Path> {
+    RUNTIME
+        .get_or_init(|| {
+            let mut r = [0u8; 8];
+            getrandom::getrandom(&mut r).map_err(|e| format!("no random bytes: {e}"))?;
+            let suffix: String = r.iter().map(|b| format!("{b:02x}")).collect();
+            let dir = std::env::temp_dir().join(format!("quiver-children-{}-{suffix}", std::process::id()));
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .and_then(|()| dir.canonicalize())
+                .map_err(|e| {
+                    format!(
+                        "creating {}, where each program the server starts gets its own HOME: {e} (give the server a writable TMPDIR)",
+                        dir.display()
+                    )
+                })
+        })
+        .as_ref()
+        .map(PathBuf::as_path)
+        .map_err(|e| io::Error::other(e.clone()))
+}
+
+/// The directory of one child of the server, its `HOME` and `TMPDIR`: no other child can
+/// read or write it (Landlock), and it is removed with everything in it when dropped.
+#[derive(Debug)]
+pub struct ChildDir(PathBuf);
+
+impl ChildDir {
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ChildDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A new directory for a child (`None` for a bridge's children, which share their container).
 ///
 /// # Errors
-/// The process may not start (no Landlock, something to hide, strict mode; the message says
-/// why and what to do), or its ruleset could not be built.
-pub fn confine(cmd: &mut tokio::process::Command) -> io::Result<Option<OwnedFd>> {
-    let Some(ruleset) = policy().ruleset()? else {
+/// The directory cannot be made (no writable `TMPDIR`).
+pub fn child_dir() -> io::Result<Option<ChildDir>> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    if policy().children == Children::OneProgram {
+        return Ok(None);
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = runtime_root()?.join(format!("child-{n}"));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(Some(ChildDir(dir)))
+}
+
+/// Makes `cmd` confine its process before it runs the program: with `private` (a
+/// [`ChildDir`]), it may write only there, in its working directory and to devices of
+/// `/dev`. Keep the returned ruleset until the process is spawned.
+///
+/// # Errors
+/// The process may not start (no Landlock and strict mode; the message says why and what to
+/// do), or its ruleset could not be built.
+pub fn confine(cmd: &mut tokio::process::Command, private: Option<&Path>) -> io::Result<Option<OwnedFd>> {
+    let cwd = cmd.as_std().get_current_dir().and_then(|d| {
+        std::env::current_dir()
+            .map(|here| here.join(d))
+            .ok()?
+            .canonicalize()
+            .ok()
+    });
+    let Some(ruleset) = policy().ruleset(private, cwd.as_deref())? else {
         return Ok(None);
     };
     let fd = ruleset.as_raw_fd();
@@ -364,9 +507,17 @@ fn is_process_dir(path: &Path) -> bool {
 
 /// A ruleset handling every filesystem right of `abi` that grants all of them except under
 /// `hidden` and other processes' `/proc/PID` (their environment holds their secrets), where
-/// only listing names remains. The child's own `/proc/PID` is granted when it starts.
-fn build_ruleset(abi: i32, hidden: &[PathBuf]) -> io::Result<OwnedFd> {
+/// only listing names remains. With `writable`, everywhere else only reading and executing
+/// is granted, and every right under `writable`, on the devices of `/dev` and its terminals
+/// (`/dev/shm` and `/dev/mqueue`, places every child could share, stay read-only). The
+/// child's own `/proc/PID` is granted when it starts.
+fn build_ruleset(abi: i32, hidden: &[PathBuf], writable: Option<&[PathBuf]>) -> io::Result<OwnedFd> {
     let all = fs_rights(abi);
+    let elsewhere = if writable.is_some() {
+        all & (FS_EXECUTE | FS_READ_FILE | FS_READ_DIR)
+    } else {
+        all
+    };
     let attr = RulesetAttr {
         handled_access_fs: all,
         handled_access_net: 0,
@@ -411,17 +562,45 @@ fn build_ruleset(abi: i32, hidden: &[PathBuf]) -> io::Result<OwnedFd> {
                 continue;
             };
             let rights = if meta.is_dir() {
-                all
+                elsewhere
             } else if meta.file_type().is_symlink() {
                 continue;
             } else {
-                all & FILE_RIGHTS
+                elsewhere & FILE_RIGHTS
             };
             // An entry that vanished or cannot take a rule stays unreadable: the safe side.
             let _ = add_rule(&ruleset, &path, rights);
         }
     }
+    if let Some(writable) = writable {
+        grant_devices(&ruleset, all);
+        for dir in writable {
+            add_rule(&ruleset, dir, all)?;
+        }
+    }
     Ok(ruleset)
+}
+
+/// Grants every right on the device files of `/dev` and on `/dev/pts` (terminals).
+fn grant_devices(ruleset: &OwnedFd, all: u64) {
+    let Ok(entries) = std::fs::read_dir("/dev") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let ft = meta.file_type();
+        let rights = if ft.is_char_device() {
+            all & FILE_RIGHTS
+        } else if ft.is_dir() && path.file_name() == Some("pts".as_ref()) {
+            all
+        } else {
+            continue;
+        };
+        let _ = add_rule(ruleset, &path, rights);
+    }
 }
 
 #[cfg(test)]
@@ -431,6 +610,7 @@ mod tests {
     fn policy(mode: Mode, hidden: &[&str], landlock: Result<i32, String>) -> Policy {
         Policy {
             mode,
+            children: Children::Tenants,
             hidden: hidden.iter().map(PathBuf::from).collect(),
             landlock,
         }
@@ -451,7 +631,19 @@ mod tests {
             policy(Mode::BestEffort, &["/run/secrets"], none()).refusal(),
             None
         );
-        assert_eq!(policy(Mode::Strict, &[], none()).refusal(), None);
+        // Nothing hidden, the server's children still have each other's environment and
+        // files to keep from each other; a bridge's processes (one program) do not.
+        let why = policy(Mode::Strict, &[], none()).refusal().unwrap();
+        assert!(
+            why.contains("every other program") && why.contains("best-effort"),
+            "{why}"
+        );
+        let bridge = Policy {
+            children: Children::OneProgram,
+            ..policy(Mode::Strict, &[], none())
+        };
+        assert_eq!(bridge.refusal(), None);
+        assert_eq!(policy(Mode::BestEffort, &[], none()).refusal(), None);
         assert_eq!(policy(Mode::Strict, &["/run/secrets"], Ok(1)).refusal(), None);
         assert_eq!(
             policy(Mode::Strict, &["/x"], none()).status()["children"],
@@ -465,6 +657,17 @@ mod tests {
             policy(Mode::Strict, &["/x"], Ok(3)).status()["children"],
             "confined"
         );
+    }
+
+    #[test]
+    fn the_servers_children_never_see_the_upstream_sockets_a_bridges_may() {
+        let server = Policy::to_hide(Children::Tenants, &[PathBuf::from("/x")]);
+        for p in ["/run/secrets", "/var/run/secrets", UPSTREAM_SOCKETS, "/x"] {
+            assert!(server.contains(&PathBuf::from(p)), "{p}: {server:?}");
+        }
+        let bridge = Policy::to_hide(Children::OneProgram, &[]);
+        assert!(!bridge.contains(&PathBuf::from(UPSTREAM_SOCKETS)), "{bridge:?}");
+        assert!(bridge.contains(&PathBuf::from("/run/secrets")));
     }
 
     #[test]

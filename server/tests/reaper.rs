@@ -25,7 +25,9 @@ fn orphans_that_escape_their_group_are_reparented_and_reaped() {
     std::fs::write(
         dir.path().join("inner.sh"),
         // It lives until the test lets it go, however slow the machine.
-        "echo $$ > \"$1.tmp\" && mv \"$1.tmp\" \"$1\"; while [ ! -e \"$1.release\" ]; do /bin/sleep 0.01; done\n",
+        // The pid goes to its run's private directory (the only place it may write); the
+        // release file is the test's.
+        "echo $$ > \"$HOME/pid.tmp\" && mv \"$HOME/pid.tmp\" \"$HOME/pid\"; while [ ! -e \"$1.release\" ]; do /bin/sleep 0.01; done\n",
     )
     .unwrap();
     let tools = format!(
@@ -34,7 +36,7 @@ tools:
   - name: escape
     handler:
       exec:
-        command: [/bin/sh, -c, "/usr/bin/setsid /bin/sh {d}/inner.sh {d}/pid </dev/null >/dev/null 2>&1 & while [ ! -e {d}/pid ]; do /bin/sleep 0.01; done; echo left"]
+        command: [/bin/sh, -c, "/usr/bin/setsid /bin/sh {d}/inner.sh {d}/pid </dev/null >/dev/null 2>&1 & while [ ! -e $HOME/pid ]; do /bin/sleep 0.01; done; echo left $(cat $HOME/pid)"]
 "#
     );
     let p = start_http_with(&tools, &[]);
@@ -46,12 +48,12 @@ tools:
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"escape","arguments":{}}}"#,
     )
     .expect("an answer");
-    assert!(answer.contains(r#""text":"left\n""#), "{answer}");
-    let orphan: u32 = std::fs::read_to_string(dir.path().join("pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let orphan: u32 = answer
+        .split(r#""text":"left "#)
+        .nth(1)
+        .and_then(|t| t.split('\\').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {answer}"));
 
     // Killing the run's group spared it (another group); its parent (sh) is gone, so it now
     // belongs to the server, the subreaper.

@@ -356,7 +356,19 @@ tools:
         .to_owned();
     let mut keys: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["ONLY", "PATH"], "nothing else is inherited");
+    assert_eq!(
+        keys,
+        ["HOME", "ONLY", "PATH", "TMPDIR"],
+        "nothing else is inherited"
+    );
+    // HOME and TMPDIR are the run's own directory, not the server's.
+    let var = |k: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(str::to_owned)
+    };
+    assert_eq!(var("HOME"), var("TMPDIR"));
+    assert_ne!(var("HOME"), std::env::var("HOME").ok());
     assert_eq!(
         h.call("cat", json!({"text": "from stdin"})).await["content"][0]["text"],
         "from stdin"

@@ -4,9 +4,9 @@
 //! the same things at admission; these checks hold for objects stored before it did.
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector,
-    ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    Capabilities, ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath,
+    ObjectFieldSelector, ProjectedVolumeSource, SecurityContext, ServiceAccount,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 
 use crate::crd::{ALLOWED_MCPSERVERS, McpServer, PROFILE_ANNOTATIONS, PodVolume, SELINUX_TYPES};
@@ -26,8 +26,24 @@ const RESERVED_DIRS: [&str; 3] = [
     "/run/secrets/kubernetes.io",
     "/quiver",
 ];
-/// Volume names Quiver adds itself.
-const RESERVED_VOLUMES: [&str; 4] = [TOKEN_VOLUME, "quiver-bin", "quiver-run", "upstream-tmp"];
+/// Volume names Quiver adds itself start with this (the token, the upstreams' binary,
+/// socket and `/tmp` volumes).
+const RESERVED_VOLUME_PREFIX: &str = "quiver-";
+
+/// A container of the restricted Pod Security profile: non-root, no privilege escalation,
+/// no capabilities, a read-only root filesystem.
+pub fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
 
 /// The projected volume of the server container's API access: a bounded token of the pod's
 /// ServiceAccount, the cluster's CA bundle and the namespace.
@@ -156,8 +172,11 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
                     "{at}: set exactly one of configMap, secret, emptyDir, projected, downwardAPI, persistentVolumeClaim, ephemeral, csi (the kinds the restricted Pod Security profile allows)"
                 ));
             }
-            if RESERVED_VOLUMES.contains(&v.name.as_str()) {
-                problems.push(format!("{at}.name: `{}` is a volume Quiver adds", v.name));
+            if v.name.starts_with(RESERVED_VOLUME_PREFIX) {
+                problems.push(format!(
+                    "{at}.name: `{}` is a volume Quiver adds (names starting with {RESERVED_VOLUME_PREFIX} are Quiver's)",
+                    v.name
+                ));
             } else if !names.insert(v.name.as_str()) {
                 problems.push(format!("{at}.name: `{}` is used twice", v.name));
             }
@@ -233,13 +252,27 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
         .ingress
         .iter()
         .flat_map(|i| i.annotations.keys())
-        .filter(|k| k.ends_with("-snippet"))
+        .filter(|k| raw_config_annotation(k))
     {
         problems.push(format!(
-            "spec.ingress.annotations.{k}: snippet annotations inject raw configuration into the shared ingress controller and are refused"
+            "spec.ingress.annotations.{k}: snippet and raw configuration annotations inject configuration into the shared ingress controller and are refused"
         ));
     }
     problems
+}
+
+/// Whether an Ingress annotation key puts raw configuration into the ingress controller,
+/// whatever the vendor: a key holding `snippet` (ingress-nginx `*-snippet`, nginx.org
+/// `*-snippets`, HAProxy `*-config-snippet`) or naming a raw configuration section
+/// (`config-*` as haproxy-ingress's `config-backend`, `*-config-*`, `*-config`), in any case.
+/// The CRD's rule ([`crate::crd::RAW_CONFIG_ANNOTATIONS`]) is the same class.
+pub fn raw_config_annotation(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("snippet")
+        || k.starts_with("config-")
+        || k.contains("/config-")
+        || k.contains("-config-")
+        || k.ends_with("-config")
 }
 
 /// The ServiceAccount the spec names, if any (read in the dereference step).

@@ -2,12 +2,13 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SELinuxOptions, SeccompProfile, SecurityContext, Sysctl, VolumeMount,
+    Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SELinuxOptions, SeccompProfile, Sysctl, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::confine::restricted;
 use super::tuning::{pinned, resources, sysctls};
 use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
 use crate::crd::{Allocator, McpServer, SecretKey};
@@ -20,23 +21,14 @@ const SHUTDOWN_DELAY: &str = "5s";
 const SHUTDOWN_GRACE: &str = "20s";
 const TERMINATION_GRACE_SECONDS: i64 = 30;
 
+/// The server's scratch space (its `TMPDIR`), where each program it starts (exec tools,
+/// stdio upstreams) gets a private `HOME` of its own; the root filesystem is read-only.
+const SCRATCH_DIR: &str = "/quiver/tmp";
+const SCRATCH_VOLUME: &str = "quiver-tmp";
+const SCRATCH_SIZE: &str = "256Mi";
+
 /// UID and GID of the server process (the distroless "nonroot" user).
 const NONROOT: i64 = 65532;
-
-/// A container of the restricted Pod Security profile: non-root, no privilege escalation,
-/// no capabilities, a read-only root filesystem.
-pub(super) fn restricted() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_owned()]),
-            add: None,
-        }),
-        ..SecurityContext::default()
-    }
-}
 
 fn some_unless_empty<T: Default + PartialEq>(v: T) -> Option<T> {
     (v != T::default()).then_some(v)
@@ -189,6 +181,7 @@ fn container(
                     // client to reconnect, until the pod has left the Service's endpoints.
                     env("QUIVER_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
                     env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
+                    env("TMPDIR", SCRATCH_DIR),
                 ])
                 .collect(),
         ),
@@ -199,6 +192,11 @@ fn container(
                 .iter()
                 .cloned()
                 .chain(extra_mounts)
+                .chain([VolumeMount {
+                    name: SCRATCH_VOLUME.to_owned(),
+                    mount_path: SCRATCH_DIR.to_owned(),
+                    ..VolumeMount::default()
+                }])
                 // The ServiceAccount token: in this container only, not in sidecars.
                 .chain([super::confine::token_mount()])
                 .collect::<Vec<_>>(),
@@ -278,6 +276,7 @@ pub(super) fn deployment(
                 .iter()
                 .map(super::confine::volume)
                 .chain(upstreams.volumes)
+                .chain([super::sidecar::sized_empty_dir(SCRATCH_VOLUME, SCRATCH_SIZE)])
                 .chain([super::confine::token_volume()])
                 .collect::<Vec<_>>(),
         ),

@@ -1,9 +1,16 @@
 //! Upstream MCP servers run from an image (`spec.upstreams[].stdio.image`): each becomes a
 //! sidecar container of that image running `quiver-server bridge` (copied from the server
-//! image by an init container onto a shared volume) in front of its `command`, and the
-//! served ToolSet reaches it through a Unix socket on a second shared volume. The server's
-//! supervision (a pool of processes, restarts with backoff) works through the socket: each
-//! connection is a fresh process of the program.
+//! image by an init container onto a volume every sidecar mounts read-only) in front of its
+//! `command`, and the served ToolSet reaches it through a Unix socket on a volume of that
+//! upstream alone. The server's supervision (a pool of processes, restarts with backoff)
+//! works through the socket: each connection is a fresh process of the program.
+//!
+//! Isolation between upstreams: each sidecar writes only to volumes of its own (its socket
+//! directory and its `/tmp`); the socket volume is mounted in that sidecar and, read-only, in
+//! the server container, so no other sidecar can reach the socket and nothing in the server
+//! container can replace it. The bridge serves only a client that presents the token it
+//! writes next to the socket (which the server's children cannot read: see the server's
+//! sandbox).
 
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ResourceRequirements, SecretKeySelector, Volume,
@@ -12,20 +19,28 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use quiver_server::config::upstream::{StdioSpec, UpstreamSpec};
 
-use super::pod::restricted;
+use super::confine::restricted;
 use crate::crd::McpServer;
 
 /// Where the copy of quiver-server goes (mounted read-only in the sidecars).
 const BIN_DIR: &str = "/quiver/bin";
-/// Where the sockets are (mounted in the server and the sidecars).
+/// Under which each upstream's socket directory is mounted (`RUN_DIR/NAME`, in the server
+/// and that upstream's sidecar).
 const RUN_DIR: &str = "/quiver/run";
 const BIN_VOLUME: &str = "quiver-bin";
-const RUN_VOLUME: &str = "quiver-run";
-const TMP_VOLUME: &str = "upstream-tmp";
+/// Prefix of an upstream's socket volume; the rest is the upstream's name.
+const RUN_VOLUME_PREFIX: &str = "quiver-s-";
+/// Prefix of an upstream's `/tmp` volume; the rest is the upstream's name.
+const TMP_VOLUME_PREFIX: &str = "quiver-t-";
+/// The socket's file name in an upstream's socket directory.
+const SOCKET_FILE: &str = "bridge.sock";
 /// Prefix of a sidecar's container name; the rest is the upstream's name.
 const CONTAINER_PREFIX: &str = "upstream-";
-/// Longest upstream name that still makes a container name (63 characters).
+/// Longest upstream name that still makes a container name and volume names (63 characters).
 const MAX_NAME: usize = 63 - CONTAINER_PREFIX.len();
+const _: () = assert!(
+    RUN_VOLUME_PREFIX.len() <= CONTAINER_PREFIX.len() && TMP_VOLUME_PREFIX.len() <= CONTAINER_PREFIX.len()
+);
 
 fn imaged(mcp: &McpServer) -> impl Iterator<Item = (&UpstreamSpec, &StdioSpec, &str)> {
     mcp.spec.upstreams.iter().filter_map(|u| {
@@ -34,9 +49,21 @@ fn imaged(mcp: &McpServer) -> impl Iterator<Item = (&UpstreamSpec, &StdioSpec, &
     })
 }
 
+/// The socket directory of an image upstream (its name is a DNS label: see [`check`]).
+fn run_dir(name: &str) -> String {
+    format!("{RUN_DIR}/{name}")
+}
+
 /// The socket of an image upstream.
 fn socket(name: &str) -> String {
-    format!("{RUN_DIR}/{name}.sock")
+    format!("{}/{SOCKET_FILE}", run_dir(name))
+}
+
+/// Whether an upstream name can name a directory, a container and volumes as it is (the
+/// server's compiler refuses other names too; these are never rewritten, so two upstreams
+/// can never share a directory or a volume).
+fn safe_name(n: &str) -> bool {
+    n.len() <= MAX_NAME && crate::render::is_dns_label(n)
 }
 
 /// Problems of the image upstreams of `mcp` that the server's compiler cannot see (it only
@@ -54,9 +81,9 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
         {
             problems.push(format!("{at}.image: must name an image (at most 512 characters)"));
         }
-        if u.name.len() > MAX_NAME {
+        if !safe_name(&u.name) {
             problems.push(format!(
-                "spec.upstreams[{i}].name: at most {MAX_NAME} characters for an upstream with an image (it names a container)"
+                "spec.upstreams[{i}].name: at most {MAX_NAME} characters of a-z 0-9 - for an upstream with an image (it names a container, volumes and a directory)"
             ));
         }
         if s.command.is_empty() {
@@ -171,11 +198,16 @@ fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
 }
 
 fn empty_dir(name: &str) -> Volume {
+    sized_empty_dir(name, "64Mi")
+}
+
+/// An `emptyDir` volume of at most `size`.
+pub(super) fn sized_empty_dir(name: &str, size: &str) -> Volume {
     Volume {
         name: name.to_owned(),
         empty_dir: Some(EmptyDirVolumeSource {
             medium: None,
-            size_limit: Some(Quantity("64Mi".to_owned())),
+            size_limit: Some(Quantity(size.to_owned())),
         }),
         ..Volume::default()
     }
@@ -212,22 +244,30 @@ fn resources(pinned: bool) -> ResourceRequirements {
 /// What the image upstreams add to the pod.
 #[derive(Debug, Default)]
 pub struct PodParts {
-    /// Copies quiver-server onto the shared volume.
+    /// Copies quiver-server onto the binary volume.
     pub init: Option<Container>,
     /// One per image upstream.
     pub sidecars: Vec<Container>,
-    /// The shared volumes.
+    /// The binary volume, and each upstream's socket and `/tmp` volumes.
     pub volumes: Vec<Volume>,
-    /// Mounted in the server container (the sockets).
+    /// Mounted in the server container: each upstream's socket directory, read-only.
     pub server_mounts: Vec<VolumeMount>,
 }
 
 /// The containers and volumes of `mcp`'s image upstreams; `server_image` runs the init
 /// container (it carries the quiver-server binary).
 pub fn pod_parts(mcp: &McpServer, server_image: &str, pull_policy: &str) -> PodParts {
-    let pinned = super::pinned(mcp);
+    let pinned = super::tuning::pinned(mcp);
+    let mut volumes = vec![empty_dir(BIN_VOLUME)];
+    let mut server_mounts = Vec::new();
     let sidecars: Vec<Container> = imaged(mcp)
         .map(|(u, s, image)| {
+            let run = format!("{RUN_VOLUME_PREFIX}{}", u.name);
+            let tmp = format!("{TMP_VOLUME_PREFIX}{}", u.name);
+            volumes.extend([empty_dir(&run), empty_dir(&tmp)]);
+            // The server only connects: read-only, so nothing in its container (its own
+            // children included) can put another socket or token there.
+            server_mounts.push(mount(&run, &run_dir(&u.name), true));
             let mut args = vec![
                 "bridge".to_owned(),
                 "--socket".to_owned(),
@@ -255,8 +295,8 @@ pub fn pod_parts(mcp: &McpServer, server_image: &str, pull_policy: &str) -> PodP
                 working_dir: s.cwd.clone(),
                 volume_mounts: Some(vec![
                     mount(BIN_VOLUME, BIN_DIR, true),
-                    mount(RUN_VOLUME, RUN_DIR, false),
-                    mount(TMP_VOLUME, "/tmp", false),
+                    mount(&run, &run_dir(&u.name), false),
+                    mount(&tmp, "/tmp", false),
                 ]),
                 resources: Some(resources(pinned)),
                 security_context: Some(restricted()),
@@ -280,12 +320,8 @@ pub fn pod_parts(mcp: &McpServer, server_image: &str, pull_policy: &str) -> PodP
             ..Container::default()
         }),
         sidecars,
-        volumes: vec![
-            empty_dir(BIN_VOLUME),
-            empty_dir(RUN_VOLUME),
-            empty_dir(TMP_VOLUME),
-        ],
-        server_mounts: vec![mount(RUN_VOLUME, RUN_DIR, false)],
+        volumes,
+        server_mounts,
     }
 }
 

@@ -71,6 +71,17 @@ fn basic_children_are_owned_and_restricted() {
     };
     assert_eq!(env("QUIVER_SHUTDOWN_DELAY"), Some(json!("5s")));
     assert_eq!(env("QUIVER_SHUTDOWN_GRACE"), Some(json!("20s")));
+    // The programs it starts get private directories in a writable scratch space.
+    assert_eq!(env("TMPDIR"), Some(json!("/quiver/tmp")));
+    assert!(
+        ctr["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/quiver/tmp"
+                && m["name"] == "quiver-tmp"
+                && m.get("readOnly").is_none())
+    );
     assert_eq!(pod["terminationGracePeriodSeconds"], 30);
     let role = serde_json::to_value(&c.role).unwrap();
     assert_eq!(role["rules"][0]["resourceNames"], json!(["calc-tools"]));
@@ -611,7 +622,7 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
     // in the pod spec, the filter in the ConfigMap.
     let ts = quiver_server::config::parse("cm", &r.yaml).unwrap();
     let github = ts.upstreams[0].stdio.as_ref().unwrap();
-    assert_eq!(github.socket.as_deref(), Some("/quiver/run/github.sock"));
+    assert_eq!(github.socket.as_deref(), Some("/quiver/run/github/bridge.sock"));
     assert!(github.command.is_empty() && github.env.is_empty() && github.image.is_none());
     assert_eq!(github.processes, Some(2));
     assert_eq!(ts.upstreams[0].tools.prefix.as_deref(), Some("gh_"));
@@ -631,7 +642,7 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|m| m["mountPath"] == "/quiver/run")
+            .any(|m| m["mountPath"] == "/quiver/run/github" && m["readOnly"] == true)
     );
     let side = &pod["containers"][1];
     assert_eq!(side["name"], "upstream-github");
@@ -642,7 +653,7 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
         json!([
             "bridge",
             "--socket",
-            "/quiver/run/github.sock",
+            "/quiver/run/github/bridge.sock",
             "--max-processes",
             "2",
             "--",
@@ -671,7 +682,117 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
         .collect();
     assert_eq!(
         volumes,
-        ["quiver-bin", "quiver-run", "upstream-tmp", "quiver-api-access"]
+        [
+            "quiver-bin",
+            "quiver-s-github",
+            "quiver-t-github",
+            "quiver-tmp",
+            "quiver-api-access"
+        ]
+    );
+}
+
+/// The volumes each container of `pod` mounts: (container, volume, read-only).
+fn mounts(pod: &serde_json::Value) -> Vec<(String, String, bool)> {
+    pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| {
+            c["volumeMounts"].as_array().into_iter().flatten().map(move |m| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    m["name"].as_str().unwrap().to_owned(),
+                    m["readOnly"] == true,
+                )
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn upstream_sidecars_share_no_writable_volume_and_each_socket_is_theirs_and_the_servers_alone() {
+    let three = GATEWAY.replace(
+        "    - name: docs\n",
+        "    - name: fs\n      stdio: {image: registry.example/fs-mcp:1, command: [fs-mcp]}\n      tools: {prefix: fs_}\n    - name: fs-2\n      stdio: {image: registry.example/fs-mcp:1, command: [fs-mcp], processes: 3}\n      tools: {prefix: other_}\n    - name: docs\n",
+    );
+    let c = children(&three);
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    let all = mounts(pod);
+    let sidecars: Vec<&str> = pod["containers"].as_array().unwrap()[1..]
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(sidecars, ["upstream-github", "upstream-fs", "upstream-fs-2"]);
+    assert!(
+        pod.get("shareProcessNamespace").is_none(),
+        "containers must not see each other's processes"
+    );
+    // No volume is writable in one sidecar and mounted in another container at all.
+    for (ctr, vol, ro) in &all {
+        if ctr == "server" || *ro {
+            continue;
+        }
+        let others: Vec<&(String, String, bool)> =
+            all.iter().filter(|(c, v, _)| c != ctr && v == vol).collect();
+        assert!(
+            others.iter().all(|(c, _, ro)| c == "server" && *ro),
+            "{ctr} writes {vol}, which {others:?} also mount"
+        );
+    }
+    // Each upstream's socket volume: written by its sidecar, read by the server, nobody else.
+    for name in ["github", "fs", "fs-2"] {
+        let vol = format!("quiver-s-{name}");
+        let mut users: Vec<(&str, bool)> = all
+            .iter()
+            .filter(|(_, v, _)| *v == vol)
+            .map(|(c, _, ro)| (c.as_str(), *ro))
+            .collect();
+        users.sort_unstable();
+        let sidecar = format!("upstream-{name}");
+        assert_eq!(users, [("server", true), (sidecar.as_str(), false)], "{vol}");
+        let side = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == sidecar.as_str())
+            .unwrap();
+        let dir = format!("/quiver/run/{name}");
+        assert!(
+            side["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == vol.as_str() && m["mountPath"] == dir.as_str())
+        );
+        assert_eq!(side["args"][2], format!("{dir}/bridge.sock"));
+        // And its own /tmp.
+        assert!(
+            side["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == format!("quiver-t-{name}").as_str() && m["mountPath"] == "/tmp")
+        );
+    }
+    // The socket directories of two upstreams never meet, whatever their names: names that
+    // cannot name a directory and volumes as they are, are refused, never rewritten.
+    for bad in ["Git_Hub", "a.b", "../x", "a/b", ""] {
+        let m = mcp(&three.replace("name: fs-2", &format!("name: \"{bad}\"")));
+        let e = render(&m, &Vec::new()).unwrap_err();
+        assert!(
+            e.problems.iter().any(|p| p.starts_with("spec.upstreams[2].name")),
+            "{bad}: {e:?}"
+        );
+    }
+    // Authors cannot name a volume like Quiver's.
+    let problems = pod_problems(&with_pod_template(
+        "{volumes: [{name: quiver-s-github, emptyDir: {}}]}",
+    ));
+    assert!(
+        problems.iter().any(|p| p.contains("is a volume Quiver adds")),
+        "{problems:?}"
     );
 }
 
@@ -920,8 +1041,8 @@ fn pod_template_escapes_from_the_restricted_profile_are_invalid_specs() {
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(
         pod["volumes"].as_array().unwrap().len(),
-        9,
-        "8 of the spec and the token"
+        10,
+        "8 of the spec, the children's scratch space and the token"
     );
     assert_eq!(
         pod["securityContext"]["seLinuxOptions"],
@@ -981,8 +1102,76 @@ fn the_schema_refuses_what_the_restricted_profile_refuses() {
         spec["ingress"]["properties"]["annotations"]["x-kubernetes-validations"][0]["rule"]
             .as_str()
             .unwrap()
-            .contains("-snippet")
+            .contains("snippet")
     );
+}
+
+#[test]
+fn ingress_annotations_that_inject_raw_configuration_are_refused_for_every_vendor() {
+    use super::confine::raw_config_annotation;
+    let refused = [
+        // ingress-nginx
+        "nginx.ingress.kubernetes.io/configuration-snippet",
+        "nginx.ingress.kubernetes.io/server-snippet",
+        "nginx.ingress.kubernetes.io/auth-snippet",
+        "nginx.ingress.kubernetes.io/stream-snippet",
+        "nginx.ingress.kubernetes.io/modsecurity-snippet",
+        "ingress.kubernetes.io/configuration-snippet",
+        // NGINX Inc's controller (plural), in any case
+        "nginx.org/server-snippets",
+        "nginx.org/location-snippets",
+        "NGINX.org/Location-Snippets",
+        // HAProxy Technologies' controller
+        "haproxy.org/backend-config-snippet",
+        "haproxy.org/frontend-config-snippet",
+        "haproxy.org/global-config-snippet",
+        // haproxy-ingress raw configuration sections, old and new prefix
+        "haproxy-ingress.github.io/config-backend",
+        "haproxy-ingress.github.io/config-defaults",
+        "haproxy-ingress.github.io/config-frontend",
+        "haproxy-ingress.github.io/config-global",
+        "haproxy-ingress.github.io/config-sections",
+        "haproxy-ingress.github.io/config-tcp-service",
+        "ingress.kubernetes.io/config-backend",
+        // any vendor, no prefix
+        "haproxy.router.openshift.io/backend-config",
+        "example.com/raw-config-override",
+        "config-backend",
+        "server-snippet",
+    ];
+    let allowed = [
+        "nginx.ingress.kubernetes.io/rewrite-target",
+        "nginx.ingress.kubernetes.io/proxy-body-size",
+        "nginx.org/lb-method",
+        "haproxy.org/timeout-server",
+        "haproxy.router.openshift.io/timeout",
+        "cert-manager.io/cluster-issuer",
+        "kubernetes.io/ingress.class",
+        "traefik.ingress.kubernetes.io/router.entrypoints",
+        "example.com/configured",
+    ];
+    for k in refused {
+        assert!(raw_config_annotation(k), "{k} must be refused");
+        let problems = pod_problems(&format!(
+            "{BASIC}  ingress: {{host: h.example, annotations: {{\"{k}\": x, nginx.ingress.kubernetes.io/rewrite-target: /}}}}\n"
+        ));
+        assert_eq!(problems.len(), 1, "{k}: {problems:?}");
+        assert!(problems[0].contains(k), "{k}: {problems:?}");
+    }
+    for k in allowed {
+        assert!(!raw_config_annotation(k), "{k} must be allowed");
+    }
+    // The schema refuses the same class: its rule tests the same fragments, in lower case.
+    let rule = crate::crd::RAW_CONFIG_ANNOTATIONS;
+    for fragment in [
+        "k.lowerAscii().contains('snippet')",
+        "k.lowerAscii().startsWith('config-')",
+        "k.lowerAscii().contains('/config-')",
+        "k.lowerAscii().contains('-config-')",
+        "k.lowerAscii().endsWith('-config')",
+    ] {
+        assert!(rule.contains(fragment), "{fragment} missing from {rule}");
+    }
 }
 
 #[test]

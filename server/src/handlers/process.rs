@@ -35,10 +35,13 @@ fn owned() -> MutexGuard<'static, Vec<u32>> {
     OWNED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// An exec run's process group: killed whole when dropped (and on [`Group::kill`]).
+/// An exec run's process group: killed whole when dropped (and on [`Group::kill`]), and
+/// then its private directory removed.
 #[derive(Debug)]
 pub struct Group {
     pgid: Option<u32>,
+    /// Dropped after the group is killed.
+    _home: Option<crate::sandbox::ChildDir>,
 }
 
 impl Group {
@@ -68,18 +71,29 @@ impl Drop for Group {
 }
 
 /// Spawns `cmd` as the leader of a new process group and registers it as tokio's to reap.
+/// A child of the server gets a directory of its own as `HOME` and `TMPDIR` (unless its
+/// configuration sets them), removed when the group is dropped.
 ///
 /// # Errors
 /// The program could not be started, or may not be (see [`crate::sandbox`]).
 pub fn spawn(cmd: &mut Command) -> io::Result<(Child, Group)> {
     cmd.process_group(0);
-    // Every child of the server starts here, confined from the server's secrets.
-    let _ruleset = crate::sandbox::confine(cmd)?;
+    let home = crate::sandbox::child_dir()?;
+    if let Some(h) = &home {
+        for var in ["HOME", "TMPDIR"] {
+            if !cmd.as_std().get_envs().any(|(k, v)| k == var && v.is_some()) {
+                cmd.env(var, h.path());
+            }
+        }
+    }
+    // Every child of the server starts here, confined from the server's secrets and from
+    // the other children.
+    let _ruleset = crate::sandbox::confine(cmd, home.as_ref().map(crate::sandbox::ChildDir::path))?;
     let mut owned = owned();
     let child = cmd.spawn()?;
     let pgid = child.id();
     owned.extend(pgid);
-    Ok((child, Group { pgid }))
+    Ok((child, Group { pgid, _home: home }))
 }
 
 /// Becomes a child subreaper and reaps orphaned children for as long as the runtime runs.
@@ -167,8 +181,8 @@ mod tests {
     #[test]
     fn a_group_of_nothing_kills_nothing() {
         // pgid 0 and 1 must never become kill(0)/kill(-1).
-        Group { pgid: Some(1) }.kill();
-        Group { pgid: Some(0) }.kill();
-        Group { pgid: None }.kill();
+        for pgid in [Some(1), Some(0), None] {
+            Group { pgid, _home: None }.kill();
+        }
     }
 }

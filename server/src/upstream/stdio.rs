@@ -26,8 +26,12 @@ use crate::handlers::{WithSecrets, process};
 
 /// Lines queued towards one process's stdin.
 const QUEUE: usize = 256;
-/// Longest stderr line logged (the rest is cut).
+/// Longest stderr line logged, in characters (the rest is cut, after redaction).
 const MAX_STDERR_LINE: usize = 2048;
+/// Bytes of a stderr line read before redaction: the logged characters (4 bytes at most
+/// each) and room for a whole secret line starting among them, so a secret is redacted
+/// before the cut could leave a part of it that no longer matches.
+const MAX_STDERR_READ: usize = 4 * MAX_STDERR_LINE + 64 * 1024;
 /// `PATH` of a process when the server has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -238,12 +242,50 @@ struct Io {
     child: Option<(Child, process::Group)>,
 }
 
+/// The token of the bridge listening on `socket`, `None` when there is no token file (a
+/// socket served by something other than `quiver-server bridge`). The file is written by
+/// whoever can write the socket's directory, so it is read only as what a bridge writes: a
+/// regular file, not through a link (which would make the server read, and send, a file of
+/// its own), holding 64 hex digits.
+fn bridge_token(socket: &str) -> Result<Option<String>, String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = super::bridge::token_path(std::path::Path::new(socket));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let bad = || format!("{} holds no bridge token", path.display());
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(bad());
+    }
+    let mut token = String::new();
+    file.take(128).read_to_string(&mut token).map_err(|_| bad())?;
+    let token = token.trim();
+    if token.len() != 64 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    Ok(Some(token.to_owned()))
+}
+
 /// Starts the process (or connects to the socket).
 async fn open(shared: &Shared, launch: &Launch) -> Result<Io, String> {
     if let Some(path) = &launch.socket {
-        let s = tokio::net::UnixStream::connect(path)
+        // Read before connecting: a bridge writes its token before it listens.
+        let token = bridge_token(path)?;
+        let mut s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(|e| format!("connecting to {path}: {e}"))?;
+        if let Some(t) = token {
+            s.write_all(format!("{t}\n").as_bytes())
+                .await
+                .map_err(|e| format!("presenting the token to {path}: {e}"))?;
+        }
         let (read, write) = s.into_split();
         return Ok(Io {
             read: Box::new(read),
@@ -273,7 +315,6 @@ async fn open(shared: &Shared, launch: &Launch) -> Result<Io, String> {
             "PATH",
             std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
         )
-        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
         .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -331,11 +372,8 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         };
         let mut lines = BufReader::new(stderr);
         let mut buf = Vec::new();
-        while let Ok(Some(())) = read_line(&mut lines, &mut buf, MAX_STDERR_LINE, true).await {
+        while let Some(line) = next_stderr_line(&mut lines, &mut buf, &budget.secrets).await {
             if budget.log_budget.take() {
-                let line = budget
-                    .secrets
-                    .scrub(&String::from_utf8_lossy(&buf), MAX_STDERR_LINE);
                 tracing::info!(upstream = %name, line, "upstream stderr");
             }
         }
@@ -379,6 +417,17 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     }
     proc.waiters.fail_all(&why);
     why
+}
+
+/// The next stderr line as logged (`None` at the end): redacted, then cut to
+/// [`MAX_STDERR_LINE`] characters.
+async fn next_stderr_line(
+    r: &mut (impl AsyncBufRead + Unpin),
+    buf: &mut Vec<u8>,
+    secrets: &crate::secrets::Secrets,
+) -> Option<String> {
+    read_line(r, buf, MAX_STDERR_READ, true).await.ok()??;
+    Some(secrets.scrub(&String::from_utf8_lossy(buf), MAX_STDERR_LINE))
 }
 
 /// Reads the process's messages until it breaks the protocol or closes stdout.
@@ -450,6 +499,71 @@ async fn read_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bridge_token_is_read_only_from_a_regular_file_of_the_bridges_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("bridge.sock");
+        let sock_s = sock.to_str().unwrap();
+        let token = dir.path().join("bridge.sock.token");
+        assert_eq!(bridge_token(sock_s), Ok(None), "no file: no token");
+        let good = "0123456789abcdef".repeat(4);
+        std::fs::write(&token, format!("{good}\n")).unwrap();
+        assert_eq!(bridge_token(sock_s), Ok(Some(good.clone())));
+        // A file of the server's own, through a link, is never read (nor sent).
+        let own = dir.path().join("server-secret");
+        std::fs::write(&own, &good).unwrap();
+        std::fs::remove_file(&token).unwrap();
+        std::os::unix::fs::symlink(&own, &token).unwrap();
+        assert!(bridge_token(sock_s).is_err());
+        std::fs::remove_file(&token).unwrap();
+        for bad in ["", "short", "zq-secret-value", &"g".repeat(64), &"a".repeat(65)] {
+            std::fs::write(&token, bad).unwrap();
+            assert!(bridge_token(sock_s).is_err(), "{bad}");
+        }
+        std::fs::remove_file(&token).unwrap();
+        std::fs::create_dir(&token).unwrap();
+        assert!(bridge_token(sock_s).is_err(), "a directory");
+    }
+
+    #[tokio::test]
+    async fn a_secret_across_the_stderr_cut_is_redacted_whole() {
+        let secrets = crate::secrets::Secrets::new();
+        secrets.set_has_source();
+        let secret = "zq-stderr-secret-value-0123456789";
+        secrets.set(
+            "up",
+            Some(vec![("key".into(), secret.as_bytes().to_vec())]),
+            crate::secrets::Presence::Loaded,
+        );
+        // The secret starts at every offset around the cut, so its head, tail or middle
+        // would be at the boundary.
+        for start in MAX_STDERR_LINE - secret.len()..=MAX_STDERR_LINE {
+            let text = format!("{}{secret} tail\nnext\n", "x".repeat(start));
+            let mut r = BufReader::new(text.as_bytes());
+            let mut buf = Vec::new();
+            let line = next_stderr_line(&mut r, &mut buf, &secrets).await.unwrap();
+            assert!(line.chars().count() <= MAX_STDERR_LINE + 1, "{start}");
+            // No piece of the secret (here: its first 6 characters) remains.
+            assert!(
+                !line.contains(&secret[..6]),
+                "{start}: ...{}",
+                &line[line.len().saturating_sub(40)..]
+            );
+        }
+        // A line longer than what is read is still bounded.
+        let long = format!("{}\nafter\n", "y".repeat(MAX_STDERR_READ * 2));
+        let mut r = BufReader::new(long.as_bytes());
+        let mut buf = Vec::new();
+        let line = next_stderr_line(&mut r, &mut buf, &secrets).await.unwrap();
+        assert_eq!(buf.len(), MAX_STDERR_READ);
+        assert_eq!(line.chars().count(), MAX_STDERR_LINE + 1);
+        assert_eq!(
+            next_stderr_line(&mut r, &mut buf, &secrets).await.as_deref(),
+            Some("after")
+        );
+        assert_eq!(next_stderr_line(&mut r, &mut buf, &secrets).await, None);
+    }
 
     #[tokio::test]
     async fn lines_are_bounded() {
