@@ -154,6 +154,12 @@ impl Secrets {
         crate::redact::untrusted(text, &self.known.load(), max_chars)
     }
 
+    /// [`Self::scrub`] for a JSON value (an upstream's structured log data): each string is
+    /// redacted before the value is serialized, so escaping cannot hide a secret.
+    pub fn scrub_json(&self, value: &serde_json::Value, max_chars: usize) -> String {
+        crate::redact::untrusted_json(value, &self.known.load(), max_chars)
+    }
+
     /// Replaces every secret at once (the `dir:` and `env` sources).
     pub fn replace_all(&self, all: Vec<(String, Keys)>) {
         let mut next = Map::new();

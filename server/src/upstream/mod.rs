@@ -406,8 +406,7 @@ impl Shared {
             }
             "notifications/message" if self.log_budget.take() => {
                 let text = match params.get("data") {
-                    Some(Value::String(t)) => self.secrets.scrub(t, MAX_LOG_CHARS),
-                    Some(v) => self.secrets.scrub(&v.to_string(), MAX_LOG_CHARS),
+                    Some(v) => self.secrets.scrub_json(v, MAX_LOG_CHARS),
                     None => String::new(),
                 };
                 tracing::info!(upstream = %self.name, message = %text, "upstream log");
@@ -690,8 +689,7 @@ impl Link {
             .and_then(LogLevel::parse)
             .unwrap_or_default();
         let data = match params.get("data") {
-            Some(Value::String(t)) => self.shared.secrets.scrub(t, 4096),
-            Some(v) => self.shared.secrets.scrub(&v.to_string(), 4096),
+            Some(v) => self.shared.secrets.scrub_json(v, 4096),
             None => String::new(),
         };
         cx.log(level, &self.name, &data);
