@@ -193,6 +193,12 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
                     }
                 }
             }
+            if m.mount_path.contains(',') && token_mounts(mcp).any(|p| p == m.mount_path) {
+                // The server reads its hidden paths as one comma-separated list.
+                problems.push(format!(
+                    "{at}.mountPath: a ServiceAccount token is mounted at a path without `,`"
+                ));
+            }
             for (field, sub) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
                 if sub
                     .as_deref()
@@ -259,6 +265,29 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
         ));
     }
     problems
+}
+
+/// Where the server container mounts a ServiceAccount token of the author's own (a projected
+/// volume with a `serviceAccountToken` source): the pod's identity, which the server's
+/// children (exec tools, stdio upstreams) must not read, like the token Quiver mounts.
+pub fn token_mounts(mcp: &McpServer) -> impl Iterator<Item = &str> {
+    let template = mcp.spec.pod_template.as_ref();
+    let volumes = template.map_or(&[][..], |t| t.volumes.as_slice());
+    let mounts = template.map_or(&[][..], |t| t.volume_mounts.as_slice());
+    mounts
+        .iter()
+        .filter(move |m| {
+            volumes.iter().any(|v| {
+                v.name == m.name
+                    && v.projected.as_ref().is_some_and(|p| {
+                        p.sources
+                            .iter()
+                            .flatten()
+                            .any(|s| s.service_account_token.is_some())
+                    })
+            })
+        })
+        .map(|m| m.mount_path.as_str())
 }
 
 /// Whether an Ingress annotation key puts raw configuration into the ingress controller,

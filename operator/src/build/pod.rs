@@ -109,6 +109,7 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
                 .map(|c| format!("--auth-issuer-ca-configmap={c}")),
         );
     }
+    args.extend(super::confine::token_mounts(mcp).map(|path| format!("--hide-from-children={path}")));
     args
 }
 

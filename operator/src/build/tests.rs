@@ -1219,3 +1219,24 @@ fn a_named_service_account_needs_its_owners_consent() {
         json!([{"kind": "ServiceAccount", "name": "calc", "namespace": "ns"}])
     );
 }
+
+#[test]
+fn a_service_account_token_the_author_mounts_is_hidden_from_the_servers_children() {
+    let yaml = with_pod_template(
+        "{volumes: [{name: tok, projected: {sources: [{serviceAccountToken: {path: token, audience: vault}}]}}, {name: both, projected: {sources: [{configMap: {name: c}}, {serviceAccountToken: {path: t}}]}}, {name: cfg, projected: {sources: [{configMap: {name: c}}]}}, {name: sec, secret: {secretName: s}}], volumeMounts: [{name: tok, mountPath: /var/run/vault}, {name: both, mountPath: /etc/mixed}, {name: cfg, mountPath: /etc/cfg}, {name: sec, mountPath: /etc/sec}]}",
+    );
+    let d = serde_json::to_value(&children(&yaml).deployment).unwrap();
+    let args: Vec<&str> = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str()?.strip_prefix("--hide-from-children="))
+        .collect();
+    assert_eq!(args, ["/var/run/vault", "/etc/mixed"], "token mounts only");
+    // The server reads the list split at commas: a token mounted at a path with one is refused.
+    let comma = with_pod_template(
+        "{volumes: [{name: tok, projected: {sources: [{serviceAccountToken: {path: token}}]}}], volumeMounts: [{name: tok, mountPath: \"/var/run/a,b\"}]}",
+    );
+    let problems = pod_problems(&comma);
+    assert!(problems.iter().any(|p| p.contains("without `,`")), "{problems:?}");
+}
