@@ -159,6 +159,54 @@ fn covers(mount: &str, dir: &str) -> bool {
         || mount == "/"
 }
 
+/// The podTemplate's volume mounts: absolute, clear of Quiver's own directories, of a
+/// declared volume, with no propagation.
+fn check_mounts(mcp: &McpServer, names: &std::collections::BTreeSet<&str>, problems: &mut Vec<String>) {
+    let Some(o) = &mcp.spec.pod_template else {
+        return;
+    };
+    for (i, m) in o.volume_mounts.iter().enumerate() {
+        let at = format!("spec.podTemplate.volumeMounts[{i}]");
+        match normalized(&m.mount_path) {
+            None => problems.push(format!("{at}.mountPath: an absolute path without `..`")),
+            Some(p) => {
+                if let Some(dir) = RESERVED_DIRS.iter().find(|d| covers(&p, d)) {
+                    problems.push(format!(
+                        "{at}.mountPath: {p} would cover {dir}, where Quiver mounts the server's own files"
+                    ));
+                }
+            }
+        }
+        if m.mount_path.contains(',') && token_mounts(mcp).any(|p| p == m.mount_path) {
+            // The server reads its hidden paths as one comma-separated list.
+            problems.push(format!(
+                "{at}.mountPath: a ServiceAccount token is mounted at a path without `,`"
+            ));
+        }
+        for (field, sub) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
+            if sub
+                .as_deref()
+                .is_some_and(|p| p.starts_with('/') || p.split('/').any(|c| c == ".."))
+            {
+                problems.push(format!(
+                    "{at}.{field}: a relative path inside the volume, without `..`"
+                ));
+            }
+        }
+        if m.mount_propagation.as_deref().is_some_and(|p| p != "None") {
+            problems.push(format!(
+                "{at}.mountPropagation: only None (other modes need a privileged container)"
+            ));
+        }
+        if !names.contains(m.name.as_str()) {
+            problems.push(format!(
+                "{at}.name: no volume `{}` in spec.podTemplate.volumes",
+                m.name
+            ));
+        }
+    }
+}
+
 /// Problems of what the spec puts into the pod beyond the restricted profile or over Quiver's
 /// own mounts, each located at its field.
 pub fn check(mcp: &McpServer) -> Vec<String> {
@@ -181,46 +229,7 @@ pub fn check(mcp: &McpServer) -> Vec<String> {
                 problems.push(format!("{at}.name: `{}` is used twice", v.name));
             }
         }
-        for (i, m) in o.volume_mounts.iter().enumerate() {
-            let at = format!("spec.podTemplate.volumeMounts[{i}]");
-            match normalized(&m.mount_path) {
-                None => problems.push(format!("{at}.mountPath: an absolute path without `..`")),
-                Some(p) => {
-                    if let Some(dir) = RESERVED_DIRS.iter().find(|d| covers(&p, d)) {
-                        problems.push(format!(
-                            "{at}.mountPath: {p} would cover {dir}, where Quiver mounts the server's own files"
-                        ));
-                    }
-                }
-            }
-            if m.mount_path.contains(',') && token_mounts(mcp).any(|p| p == m.mount_path) {
-                // The server reads its hidden paths as one comma-separated list.
-                problems.push(format!(
-                    "{at}.mountPath: a ServiceAccount token is mounted at a path without `,`"
-                ));
-            }
-            for (field, sub) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
-                if sub
-                    .as_deref()
-                    .is_some_and(|p| p.starts_with('/') || p.split('/').any(|c| c == ".."))
-                {
-                    problems.push(format!(
-                        "{at}.{field}: a relative path inside the volume, without `..`"
-                    ));
-                }
-            }
-            if m.mount_propagation.as_deref().is_some_and(|p| p != "None") {
-                problems.push(format!(
-                    "{at}.mountPropagation: only None (other modes need a privileged container)"
-                ));
-            }
-            if !names.contains(m.name.as_str()) {
-                problems.push(format!(
-                    "{at}.name: no volume `{}` in spec.podTemplate.volumes",
-                    m.name
-                ));
-            }
-        }
+        check_mounts(mcp, &names, &mut problems);
         for (k, v) in &o.annotations {
             if PROFILE_ANNOTATIONS.iter().any(|p| k.starts_with(p))
                 && v != "runtime/default"
