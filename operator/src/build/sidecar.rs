@@ -63,7 +63,7 @@ fn socket(name: &str) -> String {
 /// server's compiler refuses other names too; these are never rewritten, so two upstreams
 /// can never share a directory or a volume).
 fn safe_name(n: &str) -> bool {
-    n.len() <= MAX_NAME && crate::render::is_dns_label(n)
+    n.len() <= MAX_NAME && super::is_dns_label(n)
 }
 
 /// Problems of the image upstreams of `mcp` that the server's compiler cannot see (it only
