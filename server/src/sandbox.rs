@@ -231,6 +231,7 @@ impl Policy {
     fn hiding(mode: Mode, children: Children, extra: &[PathBuf]) -> Self {
         let all: BTreeSet<PathBuf> = Self::to_hide(children, extra)
             .iter()
+            .map(|p| swapped_volume(p).unwrap_or(p))
             .filter_map(|p| p.canonicalize().ok())
             .collect();
         // A path inside another hidden one is hidden with it (and must not be treated as a
@@ -344,6 +345,17 @@ pub fn init(policy: Policy) {
 /// The policy of this process ([`init`]'s, or the default: strict, the pod's credentials).
 pub fn policy() -> &'static Policy {
     POLICY.get_or_init(|| Policy::new(Mode::Strict, &[]))
+}
+
+/// The Secret, ConfigMap, projected or downward-API volume a path lies in, if any: the
+/// kubelet writes such a volume into a new timestamped directory and swaps its `..data` link
+/// to it, so a file in it resolves elsewhere after each rotation. Hiding the file's target
+/// would leave the next version readable (and the ruleset would name a directory that is
+/// gone); the whole volume is hidden instead.
+fn swapped_volume(path: &Path) -> Option<&Path> {
+    path.ancestors()
+        .skip(1)
+        .find(|dir| std::fs::symlink_metadata(dir.join("..data")).is_ok_and(|m| m.file_type().is_symlink()))
 }
 
 /// The server's children's directories: `$TMPDIR/quiver-children-PID-RANDOM` (mode 0700),
@@ -552,8 +564,16 @@ fn build_ruleset(abi: i32, hidden: &[PathBuf], writable: Option<&[PathBuf]>) -> 
         )
         .collect();
     for dir in &ancestors {
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
+        // A directory that vanished, or an entry that cannot be read, gets no rule: what is
+        // in it stays unreadable (the safe side), and the child still starts.
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                continue;
+            };
+            let path = entry.path();
             if hidden.contains(&path) || ancestors.contains(path.as_path()) || is_process_dir(&path) {
                 continue;
             }
@@ -699,5 +719,64 @@ mod tests {
         assert_eq!(fs_rights(1) & FS_READ_FILE, FS_READ_FILE);
         assert!(fs_rights(1) < fs_rights(2) && fs_rights(2) < fs_rights(3) && fs_rights(3) < fs_rights(5));
         assert_eq!(fs_rights(7), fs_rights(5));
+    }
+    /// A volume as the kubelet writes it: `root/..TIMESTAMP/FILE`, `root/..data` linking to
+    /// the timestamped directory and `root/FILE` linking into `..data`.
+    fn swapped(root: &Path, version: &str, value: &str) {
+        let dir = root.join(format!("..{version}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("token"), value).unwrap();
+        let tmp = root.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+        std::fs::rename(&tmp, root.join("..data")).unwrap();
+        if std::fs::symlink_metadata(root.join("token")).is_err() {
+            std::os::unix::fs::symlink("..data/token", root.join("token")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_file_in_a_rotated_volume_hides_the_whole_volume() {
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().join("vault");
+        swapped(&root, "2026_11_26_one", "first");
+        let p = Policy::hiding(Mode::Strict, Children::Tenants, &[root.join("token")]);
+        let canonical_root = root.canonicalize().unwrap();
+        assert!(p.hidden.contains(&canonical_root), "{:?}", p.hidden);
+        // After a rotation the old directory is gone: the new value is inside what is hidden,
+        // and a ruleset can still be built (a child still starts).
+        swapped(&root, "2026_11_26_two", "second");
+        std::fs::remove_dir_all(root.join("..2026_11_26_one")).unwrap();
+        assert!(
+            root.join("token")
+                .canonicalize()
+                .unwrap()
+                .starts_with(&canonical_root)
+        );
+        if let Ok(abi) = landlock_abi() {
+            build_ruleset(abi, &p.hidden, None).expect("a ruleset after the rotation");
+        }
+        // A plain file is hidden as itself.
+        std::fs::write(base.path().join("plain"), "x").unwrap();
+        let plain = Policy::hiding(Mode::Strict, Children::Tenants, &[base.path().join("plain")]);
+        assert!(
+            plain
+                .hidden
+                .contains(&base.path().join("plain").canonicalize().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_directory_that_vanishes_does_not_stop_children() {
+        let Ok(abi) = landlock_abi() else {
+            // Building a ruleset needs the kernel's Landlock; the hidden-set logic is tested above.
+            eprintln!("skipped: this kernel has no Landlock");
+            return;
+        };
+        let base = tempfile::tempdir().unwrap();
+        let gone = base.path().join("a/b/secret");
+        std::fs::create_dir_all(&gone).unwrap();
+        let hidden = vec![gone.canonicalize().unwrap()];
+        std::fs::remove_dir_all(base.path().join("a")).unwrap();
+        build_ruleset(abi, &hidden, None).expect("a ruleset although a hidden path's parent vanished");
     }
 }
