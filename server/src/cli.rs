@@ -226,7 +226,8 @@ pub struct ServeArgs {
     #[arg(long, env = "QUIVER_CHILD_ISOLATION", default_value = "strict")]
     child_isolation: crate::sandbox::Mode,
     /// Another path (file or directory) that stdio upstreams and exec tools may not read
-    /// (repeatable), e.g. a mounted key the server alone uses.
+    /// (repeatable), e.g. a mounted key the server alone uses; a path inside a Kubernetes
+    /// Secret, ConfigMap or projected volume hides the whole volume.
     #[arg(long, env = "QUIVER_HIDE_FROM_CHILDREN", value_delimiter = ',')]
     hide_from_children: Vec<std::path::PathBuf>,
 }
