@@ -296,6 +296,18 @@ impl Policy {
             && !inside_hidden(root, &hidden)
         {
             hidden.push(root.to_owned());
+            // And the children's directories of every other server, or of an earlier run of
+            // this one that ended without removing them (a restarted container keeps its
+            // scratch volume): what an earlier child left in its HOME stays its own.
+            if let Some(Ok(siblings)) = root.parent().map(std::fs::read_dir) {
+                hidden.extend(
+                    siblings
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(RUNTIME_PREFIX))
+                        .map(|e| e.path())
+                        .filter(|p| p != root),
+                );
+            }
         }
         let mut writable = vec![home.to_owned()];
         // Its working directory, unless that would open a hidden path or /proc.
@@ -362,13 +374,25 @@ fn swapped_volume(path: &Path) -> Option<&Path> {
 /// made when the first child starts.
 static RUNTIME: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
+/// How the children's directories of a server are named (then its PID and a random suffix).
+const RUNTIME_PREFIX: &str = "quiver-children-";
+
 fn runtime_root() -> io::Result<&'static Path> {
     RUNTIME
         .get_or_init(|| {
             let mut r = [0u8; 8];
             getrandom::getrandom(&mut r).map_err(|e| format!("no random bytes: {e}"))?;
             let suffix: String = r.iter().map(|b| format!("{b:02x}")).collect();
-            let dir = std::env::temp_dir().join(format!("quiver-children-{}-{suffix}", std::process::id()));
+            let pid = std::process::id();
+            let dir = std::env::temp_dir().join(format!("{RUNTIME_PREFIX}{pid}-{suffix}"));
+            // An earlier run with this PID (a restarted container: PID 1 again) is over: its
+            // children's directories go, in the background.
+            if let Ok(old) = std::fs::read_dir(std::env::temp_dir()) {
+                let mine = format!("{RUNTIME_PREFIX}{pid}-");
+                old.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+                    .for_each(|e| remove_later(e.path()));
+            }
             std::fs::DirBuilder::new()
                 .mode(0o700)
                 .create(&dir)
@@ -399,7 +423,40 @@ impl ChildDir {
 
 impl Drop for ChildDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        remove_later(std::mem::take(&mut self.0));
+    }
+}
+
+/// Removes a directory tree on a thread of its own, never on the runtime's workers: a child
+/// may leave a tree so deep or wide that removing it takes long or needs a deep stack (the
+/// removal recurses once per level, without following links). A tree that cannot be removed
+/// is left; its contents stay hidden from other children.
+fn remove_later(dir: PathBuf) {
+    static QUEUE: OnceLock<Option<std::sync::mpsc::SyncSender<PathBuf>>> = OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<PathBuf>(4096);
+        std::thread::Builder::new()
+            .name("quiver-rmdir".to_owned())
+            // Virtual: only the pages a deep tree touches are used.
+            .stack_size(256 << 20)
+            .spawn(move || {
+                for dir in rx {
+                    if let Err(e) = std::fs::remove_dir_all(&dir)
+                        && e.kind() != io::ErrorKind::NotFound
+                    {
+                        tracing::warn!(dir = %dir.display(), error = %e, "a child's directory could not be removed");
+                    }
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    match queue {
+        // A full queue: this tree is left, hidden like the others.
+        Some(tx) => {
+            let _ = tx.try_send(dir);
+        }
+        None => tracing::warn!(dir = %dir.display(), "no thread to remove a child's directory"),
     }
 }
 

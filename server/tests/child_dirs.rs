@@ -64,6 +64,15 @@ fn children_cannot_read_each_others_home_and_write_only_their_own() {
     let tmp = d.join("tmp");
     std::fs::create_dir(&tmp).unwrap();
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    // What a child of an earlier server left behind (a container restarted on the same
+    // scratch volume keeps it), readable to every uid but for the confinement.
+    let stale = tmp.join("quiver-children-424242-0011223344556677/child-0");
+    std::fs::create_dir_all(&stale).unwrap();
+    for dir in [stale.parent().unwrap(), stale.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::write(stale.join("note"), "zq-stale-home-note-5150").unwrap();
+    std::fs::write(stale.join("tmpnote"), "zq-stale-tmp-note-5151").unwrap();
     std::fs::write(d.join("keeper.sh"), KEEPER).unwrap();
     std::fs::write(d.join("snoop.sh"), SNOOP).unwrap();
     let tools = format!(
@@ -139,6 +148,17 @@ fn children_cannot_read_each_others_home_and_write_only_their_own() {
     wait_for("the run's directory removed", || {
         !std::path::Path::new(snoop_home).exists()
     });
+    // An earlier run's directories are hidden as well.
+    let out = call(
+        &server,
+        "snoop",
+        &serde_json::json!({"dir": stale.display().to_string()}).to_string(),
+    );
+    assert!(out.ends_with("END"), "the snoop did not run through: {out}");
+    assert!(
+        !out.contains("zq-stale"),
+        "an exec tool read an earlier run's child's files: {out}"
+    );
     // The keeper's, whose process still runs, stays.
     assert!(home.join("note").exists());
 }
