@@ -30,10 +30,47 @@ use crate::handlers::process;
 
 /// Longest first line of a connection (the token and its newline).
 const MAX_TOKEN_LINE: u64 = 256;
-/// How long a connection has to present the token.
-const HANDSHAKE: Duration = Duration::from_secs(10);
-/// Connections presenting their token at once (more are closed).
+/// How long a connection has to present the token (the server sends it as it connects).
+const HANDSHAKE: Duration = Duration::from_secs(2);
+/// Connections presenting their token at once: a new one beyond these closes the oldest, so
+/// connections that never speak cannot keep the server out.
 const MAX_PENDING: usize = 64;
+
+/// The connections still presenting their token, oldest first.
+#[derive(Default)]
+struct Pending {
+    queue: std::sync::Mutex<std::collections::VecDeque<(u64, tokio_util::sync::CancellationToken)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Pending {
+    /// A new connection's place: its id and what cancels its handshake (when
+    /// [`MAX_PENDING`] newer ones arrive before it is done).
+    fn admit(&self) -> (u64, tokio_util::sync::CancellationToken) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let mut q = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while q.len() >= MAX_PENDING {
+            if let Some((_, oldest)) = q.pop_front() {
+                oldest.cancel();
+            }
+        }
+        q.push_back((id, cancel.clone()));
+        (id, cancel)
+    }
+
+    /// The connection `id` is done presenting.
+    fn done(&self, id: u64) {
+        let mut q = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.retain(|(i, _)| *i != id);
+    }
+}
 
 /// The file holding the token of the bridge listening on `socket`.
 pub fn token_path(socket: &Path) -> PathBuf {
@@ -117,7 +154,7 @@ pub async fn serve(socket: &Path, command: &[String], max: usize) -> anyhow::Res
     let listener = UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), program, "bridge listening");
     let slots = Arc::new(Semaphore::new(max));
-    let pending = Arc::new(Semaphore::new(MAX_PENDING));
+    let pending = Arc::new(Pending::default());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         let conn = tokio::select! {
@@ -130,17 +167,17 @@ pub async fn serve(socket: &Path, command: &[String], max: usize) -> anyhow::Res
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
-        let Ok(presenting) = Arc::clone(&pending).try_acquire_owned() else {
-            tracing::warn!("bridge: connection refused, too many are presenting their token");
-            continue;
-        };
+        let (id, evicted) = pending.admit();
         let (program, args) = (program.clone(), args.to_vec());
-        let (slots, token) = (Arc::clone(&slots), Arc::clone(&token));
+        let (slots, token, pending) = (Arc::clone(&slots), Arc::clone(&token), Arc::clone(&pending));
         tokio::spawn(async move {
             let (read, write) = conn.into_split();
             let mut read = BufReader::new(read);
-            let ok = admitted(&mut read, &token).await;
-            drop(presenting);
+            let ok = tokio::select! {
+                ok = admitted(&mut read, &token) => ok,
+                () = evicted.cancelled() => false,
+            };
+            pending.done(id);
             if !ok {
                 tracing::warn!("bridge: connection refused, it did not present the token");
                 return;
@@ -209,6 +246,23 @@ mod tests {
     use tokio::io::AsyncReadExt as _;
 
     use super::*;
+
+    #[test]
+    fn connections_that_never_speak_make_room_for_the_next_one() {
+        let p = Pending::default();
+        let first: Vec<_> = (0..MAX_PENDING).map(|_| p.admit()).collect();
+        assert!(first.iter().all(|(_, c)| !c.is_cancelled()));
+        // One more: the oldest gives way, the others keep presenting.
+        let (_, newest) = p.admit();
+        assert!(first[0].1.is_cancelled());
+        assert!(first[1..].iter().all(|(_, c)| !c.is_cancelled()));
+        assert!(!newest.is_cancelled());
+        // One that finished leaves the queue: the next arrival evicts nobody.
+        p.done(first[5].0);
+        let _ = p.admit();
+        assert!(!first[1].1.is_cancelled());
+        assert_eq!(p.queue.lock().unwrap().len(), MAX_PENDING);
+    }
 
     #[tokio::test]
     async fn only_the_token_line_admits_and_what_follows_it_is_kept() {
