@@ -168,30 +168,40 @@ fn floor_boundary(s: &str, at: usize) -> usize {
 }
 
 /// A JSON value as untrusted text: each string (and object key) redacted on its own first,
-/// then the JSON text it serializes to, as [`untrusted`].
+/// then the JSON text it serializes to, as [`untrusted`]. The work is bounded by the output:
+/// the walk stops after `max_chars` strings, numbers and the like (what follows would be
+/// cut anyway), and each string is searched only as far as [`untrusted`] would.
 pub fn untrusted_json(value: &serde_json::Value, known: &[String], max_chars: usize) -> String {
-    fn each(v: &serde_json::Value, known: &[String], max_chars: usize) -> serde_json::Value {
-        use serde_json::Value;
-        match v {
+    use serde_json::Value;
+    /// Copies `v` with its strings redacted while `budget` lasts (one per scalar, string or
+    /// key); what is left when it runs out is dropped.
+    fn each(v: &Value, known: &[String], max_chars: usize, budget: &mut usize) -> Option<Value> {
+        *budget = budget.checked_sub(1)?;
+        Some(match v {
             Value::String(s) => Value::String(untrusted(s, known, max_chars)),
             Value::Array(a) => Value::Array(
                 a.iter()
-                    .take(max_chars)
-                    .map(|v| each(v, known, max_chars))
+                    .map_while(|v| each(v, known, max_chars, budget))
                     .collect(),
             ),
             Value::Object(o) => Value::Object(
                 o.iter()
-                    .take(max_chars)
-                    .map(|(k, v)| (untrusted(k, known, max_chars), each(v, known, max_chars)))
+                    .map_while(|(k, v)| {
+                        *budget = budget.checked_sub(1)?;
+                        Some((untrusted(k, known, max_chars), each(v, known, max_chars, budget)?))
+                    })
                     .collect(),
             ),
             other => other.clone(),
-        }
+        })
     }
     match value {
-        serde_json::Value::String(s) => untrusted(s, known, max_chars),
-        v => untrusted(&each(v, known, max_chars).to_string(), known, max_chars),
+        Value::String(s) => untrusted(s, known, max_chars),
+        v => {
+            let mut budget = max_chars.max(1);
+            let copy = each(v, known, max_chars, &mut budget).unwrap_or(Value::Null);
+            untrusted(&copy.to_string(), known, max_chars)
+        }
     }
 }
 
@@ -338,6 +348,15 @@ mod tests {
         assert!(!out.contains("ss"), "{out}");
         assert_eq!(out.matches(REDACTED).count(), 3, "{out}");
         assert!(out.contains("\"n\":3"), "{out}");
+        // Arrays of arrays of strings (the walk is cut after 64 items in all) come back cut
+        // like any text, still JSON up to the cut.
+        let wide = serde_json::Value::Array(vec![
+            serde_json::Value::Array(vec![serde_json::json!(""); 4096]);
+            256
+        ]);
+        let out = untrusted_json(&wide, &known, 64);
+        assert_eq!(out.chars().count(), 65, "{out}");
+        assert!(out.starts_with("[[\"\",\"\","), "{out}");
         // Strings stay strings.
         assert_eq!(
             untrusted_json(&serde_json::json!("x token=abc"), &known, 100),

@@ -372,8 +372,9 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
         };
         let mut lines = BufReader::new(stderr);
         let mut buf = Vec::new();
-        while let Some(line) = next_stderr_line(&mut lines, &mut buf, &budget.secrets).await {
-            if budget.log_budget.take() {
+        let wanted = || budget.log_budget.take();
+        while let Some(line) = next_stderr_line(&mut lines, &mut buf, &budget.secrets, wanted).await {
+            if let Some(line) = line {
                 tracing::info!(upstream = %name, line, "upstream stderr");
             }
         }
@@ -419,15 +420,17 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     why
 }
 
-/// The next stderr line as logged (`None` at the end): redacted, then cut to
-/// [`MAX_STDERR_LINE`] characters.
+/// The next stderr line (`None` at the end) as logged, if the log wants it (`wanted`, asked
+/// before any work on the line: lines beyond the log budget cost no redaction): redacted,
+/// then cut to [`MAX_STDERR_LINE`] characters.
 async fn next_stderr_line(
     r: &mut (impl AsyncBufRead + Unpin),
     buf: &mut Vec<u8>,
     secrets: &crate::secrets::Secrets,
-) -> Option<String> {
+    wanted: impl Fn() -> bool,
+) -> Option<Option<String>> {
     read_line(r, buf, MAX_STDERR_READ, true).await.ok()??;
-    Some(secrets.scrub(&String::from_utf8_lossy(buf), MAX_STDERR_LINE))
+    Some(wanted().then(|| secrets.scrub(&String::from_utf8_lossy(buf), MAX_STDERR_LINE)))
 }
 
 /// Reads the process's messages until it breaks the protocol or closes stdout.
@@ -542,7 +545,10 @@ mod tests {
             let text = format!("{}{secret} tail\nnext\n", "x".repeat(start));
             let mut r = BufReader::new(text.as_bytes());
             let mut buf = Vec::new();
-            let line = next_stderr_line(&mut r, &mut buf, &secrets).await.unwrap();
+            let line = next_stderr_line(&mut r, &mut buf, &secrets, || true)
+                .await
+                .unwrap()
+                .unwrap();
             assert!(line.chars().count() <= MAX_STDERR_LINE + 1, "{start}");
             // No piece of the secret (here: its first 6 characters) remains.
             assert!(
@@ -555,14 +561,20 @@ mod tests {
         let long = format!("{}\nafter\n", "y".repeat(MAX_STDERR_READ * 2));
         let mut r = BufReader::new(long.as_bytes());
         let mut buf = Vec::new();
-        let line = next_stderr_line(&mut r, &mut buf, &secrets).await.unwrap();
+        let line = next_stderr_line(&mut r, &mut buf, &secrets, || true)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(buf.len(), MAX_STDERR_READ);
         assert_eq!(line.chars().count(), MAX_STDERR_LINE + 1);
         assert_eq!(
-            next_stderr_line(&mut r, &mut buf, &secrets).await.as_deref(),
+            next_stderr_line(&mut r, &mut buf, &secrets, || true)
+                .await
+                .flatten()
+                .as_deref(),
             Some("after")
         );
-        assert_eq!(next_stderr_line(&mut r, &mut buf, &secrets).await, None);
+        assert_eq!(next_stderr_line(&mut r, &mut buf, &secrets, || true).await, None);
     }
 
     #[tokio::test]
