@@ -311,14 +311,7 @@ impl Policy {
         }
         let mut writable = vec![home.to_owned()];
         // Its working directory, unless that would open a hidden path or /proc.
-        writable.extend(
-            cwd.filter(|c| {
-                !inside_hidden(c, &hidden)
-                    && !hidden.iter().any(|h| h.starts_with(c))
-                    && !Path::new(PROC).starts_with(c)
-            })
-            .map(Path::to_owned),
-        );
+        writable.extend(cwd.filter(|c| cwd_grantable(c, &hidden)).map(Path::to_owned));
         build_ruleset(abi, &hidden, Some(&writable)).map(Some)
     }
 
@@ -357,6 +350,14 @@ pub fn init(policy: Policy) {
 /// The policy of this process ([`init`]'s, or the default: strict, the pod's credentials).
 pub fn policy() -> &'static Policy {
     POLICY.get_or_init(|| Policy::new(Mode::Strict, &[]))
+}
+
+/// Whether a child may write in its (canonical) working directory: not inside a hidden path,
+/// not above one, and neither /proc, above it, nor in it.
+fn cwd_grantable(c: &Path, hidden: &[PathBuf]) -> bool {
+    !hidden.iter().any(|h| c.starts_with(h) || h.starts_with(c))
+        && !Path::new(PROC).starts_with(c)
+        && !c.starts_with(PROC)
 }
 
 /// The Secret, ConfigMap, projected or downward-API volume a path lies in, if any: the
@@ -835,5 +836,25 @@ mod tests {
         let hidden = vec![gone.canonicalize().unwrap()];
         std::fs::remove_dir_all(base.path().join("a")).unwrap();
         build_ruleset(abi, &hidden, None).expect("a ruleset although a hidden path's parent vanished");
+    }
+
+    #[test]
+    fn a_working_directory_opens_nothing_hidden_and_nothing_of_proc() {
+        let hidden = [PathBuf::from("/run/secrets"), PathBuf::from("/quiver/run")];
+        for ok in ["/data", "/srv/app", "/quiver/tmp/x"] {
+            assert!(cwd_grantable(Path::new(ok), &hidden), "{ok}");
+        }
+        for no in [
+            "/",
+            "/run",
+            "/run/secrets",
+            "/run/secrets/x",
+            "/quiver",
+            "/proc",
+            "/proc/1",
+            "/proc/self/cwd",
+        ] {
+            assert!(!cwd_grantable(Path::new(no), &hidden), "{no}");
+        }
     }
 }

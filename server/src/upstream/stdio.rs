@@ -273,11 +273,23 @@ fn bridge_token(socket: &str) -> Result<Option<String>, String> {
     Ok(Some(token.to_owned()))
 }
 
+/// The socket must be one, not a link (which a sidecar could point at another socket the
+/// server can reach).
+fn is_socket(path: &str) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt as _;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => Ok(()),
+        Ok(_) => Err(format!("{path} is not a socket (a link or another kind of file)")),
+        Err(e) => Err(format!("connecting to {path}: {e}")),
+    }
+}
+
 /// Starts the process (or connects to the socket).
 async fn open(shared: &Shared, launch: &Launch) -> Result<Io, String> {
     if let Some(path) = &launch.socket {
         // Read before connecting: a bridge writes its token before it listens.
         let token = bridge_token(path)?;
+        is_socket(path)?;
         let mut s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(|e| format!("connecting to {path}: {e}"))?;
@@ -597,5 +609,20 @@ mod tests {
         assert_eq!(read_line(&mut r, &mut buf, 8, true).await, Ok(Some(())));
         assert_eq!(buf, b"end");
         assert_eq!(read_line(&mut r, &mut buf, 8, true).await, Ok(None));
+    }
+
+    #[test]
+    fn only_a_socket_itself_is_connected_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("bridge.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&sock, &link).unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        assert_eq!(is_socket(sock.to_str().unwrap()), Ok(()));
+        for no in [&link, &file, &dir.path().join("missing")] {
+            assert!(is_socket(no.to_str().unwrap()).is_err(), "{}", no.display());
+        }
     }
 }
