@@ -9,8 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
-use real_binary::{Proc, free_port, http, http_with, wait_for};
-use serde_json::Value;
+use real_binary::{Proc, free_port, tool_text, wait_for};
 
 /// A stdio MCP server with one tool, `answer`.
 const MCP: &str = r#"
@@ -84,15 +83,7 @@ fn as_nobody(cmd: &mut Command) -> &mut Command {
 }
 
 fn tools_call(p: &Proc, tool: &str) -> String {
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
-    );
-    let resp = http_with(p.mcp, "POST", "/mcp", "", &body).expect("an answer");
-    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["result"]["content"][0]["text"].as_str().map(str::to_owned))
-        .unwrap_or_default()
+    tool_text(p, "", tool, "{}")
 }
 
 #[test]
@@ -141,15 +132,7 @@ fn a_child_of_the_server_cannot_reach_a_bridged_upstream() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let server = Proc {
-        child,
-        mcp,
-        admin,
-        _dir: tempfile::tempdir().unwrap(),
-    };
-    wait_for("quiver-server ready", || {
-        http(admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
+    let server = Proc::ready(child, mcp, admin, tempfile::tempdir().unwrap());
     // The server presents the token: the upstream's tool is served.
     wait_for("the bridged upstream's tool", || {
         tools_call(&server, "up_answer") == "zq-bridged-answer-6612"

@@ -9,8 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use real_binary::{Proc, free_port, http, http_with, wait_for};
-use serde_json::Value;
+use real_binary::{Proc, free_port, tool_text, wait_for};
 
 /// A stdio MCP server that writes a note into its HOME and TMPDIR when it starts; its tool
 /// `where` answers with its HOME.
@@ -44,15 +43,7 @@ printf 'END'
 "#;
 
 fn call(p: &Proc, tool: &str, args: &str) -> String {
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
-    );
-    let resp = http_with(p.mcp, "POST", "/mcp", "", &body).expect("an answer");
-    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["result"]["content"][0]["text"].as_str().map(str::to_owned))
-        .unwrap_or_default()
+    tool_text(p, "", tool, args)
 }
 
 #[test]
@@ -97,15 +88,7 @@ fn children_cannot_read_each_others_home_and_write_only_their_own() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let server = Proc {
-        child,
-        mcp,
-        admin,
-        _dir: tempfile::tempdir().unwrap(),
-    };
-    wait_for("quiver-server ready", || {
-        http(admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
+    let server = Proc::ready(child, mcp, admin, tempfile::tempdir().unwrap());
     let mut home = String::new();
     wait_for("the keeper's tool", || {
         home = call(&server, "keeper_where", "{}");

@@ -12,7 +12,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use real_binary::{Proc, free_port, http, http_with, wait_for};
+use real_binary::{Proc, free_port, http, tool_text, wait_for};
 use serde_json::Value;
 
 /// Reads whatever it can of the server's secrets and prints it (printable characters only,
@@ -139,15 +139,7 @@ upstreams:
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let proc = Proc {
-        child,
-        mcp,
-        admin,
-        _dir: tempfile::tempdir().unwrap(),
-    };
-    wait_for("quiver-server ready", || {
-        http(admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
+    let proc = Proc::ready(child, mcp, admin, tempfile::tempdir().unwrap());
     let s = Setup {
         proc,
         log,
@@ -160,16 +152,12 @@ upstreams:
 }
 
 fn tools_call(p: &Proc, tool: &str) -> String {
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
-    );
-    let auth = "Authorization: Bearer zq-client-token-two-5522\r\n";
-    let resp = http_with(p.mcp, "POST", "/mcp", auth, &body).expect("an answer");
-    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["result"]["content"][0]["text"].as_str().map(str::to_owned))
-        .unwrap_or_default()
+    tool_text(
+        p,
+        "Authorization: Bearer zq-client-token-two-5522\r\n",
+        tool,
+        "{}",
+    )
 }
 
 fn status(p: &Proc) -> Value {

@@ -21,6 +21,37 @@ pub struct Proc {
     pub _dir: tempfile::TempDir,
 }
 
+impl Proc {
+    /// The server `child` started on these ports, once its `/readyz` answers 200; `dir` is
+    /// removed with it.
+    pub fn ready(child: Child, mcp: u16, admin: u16, dir: tempfile::TempDir) -> Proc {
+        let p = Proc {
+            child,
+            mcp,
+            admin,
+            _dir: dir,
+        };
+        wait_for("quiver-server ready", || {
+            http(p.admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        });
+        p
+    }
+}
+
+/// The text of the first content block `tool` answers with (`args`: its JSON arguments;
+/// `headers`: extra request header lines), empty when there is none.
+pub fn tool_text(p: &Proc, headers: &str, tool: &str, args: &str) -> String {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+    );
+    let resp = http_with(p.mcp, "POST", "/mcp", headers, &body).expect("an answer");
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["result"]["content"][0]["text"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -70,16 +101,7 @@ pub fn start_http_env(tools: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc
         .envs(envs.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    let p = Proc {
-        child: cmd.spawn().unwrap(),
-        mcp,
-        admin,
-        _dir: dir,
-    };
-    wait_for("quiver-server ready", || {
-        http(p.admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
-    p
+    Proc::ready(cmd.spawn().unwrap(), mcp, admin, dir)
 }
 
 /// Starts the HTTP server and waits until `/readyz` answers 200.
