@@ -111,7 +111,7 @@ pub struct StdioSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Environment: literal text and Secret references, read when a process starts. Only
-    /// `PATH` and `HOME` are inherited.
+    /// `PATH` is inherited; `HOME` and `TMPDIR` are a directory of the process's own.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Working directory.
