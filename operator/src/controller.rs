@@ -185,6 +185,7 @@ async fn run_scope(
         config_maps,
         deployments,
         services,
+        secrets,
     } = writers;
     controller
         .owns_stream(owned_stream(&client, namespace, managed.clone(), deployments))
@@ -199,6 +200,9 @@ async fn run_scope(
         ))
         .owns_stream(owned_stream(&client, namespace, managed.clone(), roles))
         .owns_stream(owned_stream(&client, namespace, managed.clone(), role_bindings))
+        // State-key Secrets, metadata only (never a value): one deleted to rotate the key is
+        // made again at once.
+        .owns_stream(owned_stream(&client, namespace, managed.clone(), secrets))
         // toolsFrom sources that opted in with the label: their edits propagate at once.
         .watches(
             api::<ConfigMap>(&client, namespace),

@@ -157,6 +157,29 @@ pub struct McpServerSpec {
     /// the gateway.networking.k8s.io CRDs are installed, otherwise a Warning event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_route: Option<HttpRouteOptions>,
+    /// Log filter of the server pods in `RUST_LOG` syntax: a level (`debug`) or
+    /// comma-separated `target=level` directives (`info,quiver_server::upstream=debug`).
+    /// Levels: off, error, warn, info, debug, trace. Default `info`; when unset, a `RUST_LOG`
+    /// in `podTemplate.env` is used instead. The operator's own log level never applies here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9_:=,.-]+$"))]
+    pub log_level: Option<String>,
+    /// Send each client's connections to the same pod (the Service's `ClientIP` affinity), for
+    /// clients of the handshake-era revisions (2025-06-18, 2025-11-25) whose sampling or
+    /// elicitation answers must reach the pod running the call. Clients behind one NAT or
+    /// proxy (an Ingress controller) share an IP: use a sticky Ingress for those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<SessionAffinity>,
+}
+
+/// Client-IP session affinity of the Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinity {
+    /// How long a client stays on its pod after its last connection (default 10800: 3 hours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub timeout_seconds: Option<i32>,
 }
 
 /// An Ingress in front of the Service.
@@ -372,9 +395,9 @@ pub struct PodOverrides {
     )]
     pub service_account_name: Option<String>,
     /// Extra environment variables of the server container (e.g. for exec tools' programs;
-    /// exec tools themselves see only their own `env`). The operator sets `RUST_LOG` (info),
-    /// `QUIVER_ALLOCATOR`, `QUIVER_SHUTDOWN_DELAY` and `QUIVER_SHUTDOWN_GRACE` after these,
-    /// so its values win for those names.
+    /// exec tools themselves see only their own `env`). The operator sets `QUIVER_ALLOCATOR`,
+    /// `QUIVER_SHUTDOWN_DELAY`, `QUIVER_SHUTDOWN_GRACE` and `QUIVER_STATE_KEY` after these, so
+    /// its values win for those names; `RUST_LOG` here applies unless `logLevel` is set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 128))]
     pub env: Vec<EnvVar>,
@@ -593,9 +616,10 @@ pub struct ServiceOptions {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Monitoring {
-    /// Create a ServiceMonitor (only when the monitoring.coreos.com CRD exists).
-    #[serde(default)]
-    pub service_monitor: bool,
+    /// Create a ServiceMonitor (only when the monitoring.coreos.com CRD exists). Unset: the
+    /// operator's default (the chart's `mcpServerDefaults.serviceMonitor`, off unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_monitor: Option<bool>,
 }
 
 /// Observed state.

@@ -49,6 +49,9 @@ struct Args {
     /// watches that Roles in each can allow; empty: the whole cluster.
     #[arg(long, env = "QUIVER_WATCH_NAMESPACES", value_delimiter = ',')]
     watch_namespaces: Vec<String>,
+    /// Give McpServers whose `monitoring.serviceMonitor` is unset a ServiceMonitor.
+    #[arg(long, env = "QUIVER_DEFAULT_SERVICE_MONITOR", default_value_t = false, action = clap::ArgAction::Set)]
+    default_service_monitor: bool,
 }
 
 #[tokio::main]
@@ -74,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
     let defaults = Defaults {
         server_image: args.server_image,
         image_pull_policy: args.image_pull_policy,
+        service_monitors: args.default_service_monitor,
     };
     let namespaces: Vec<String> = args
         .watch_namespaces

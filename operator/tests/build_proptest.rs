@@ -529,6 +529,7 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
     let defaults = Defaults {
         server_image: "quiver-server:t".into(),
         image_pull_policy: "IfNotPresent".into(),
+        service_monitors: false,
     };
     // Build does not depend on the tools being valid: try it with whatever render gave.
     let (rendered, reached) = match render(&mcp, &fetched) {

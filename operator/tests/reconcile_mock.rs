@@ -118,6 +118,7 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
         defaults: Defaults {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),
+            service_monitors: false,
         },
         recorder: Recorder::new(
             client,
@@ -172,10 +173,24 @@ const BINDING: &str = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebind
 const CM: &str = "/api/v1/namespaces/ns/configmaps/calc-tools";
 const DEPLOY: &str = "/apis/apps/v1/namespaces/ns/deployments/calc";
 const SVC: &str = "/api/v1/namespaces/ns/services/calc";
+const KEY: &str = "/api/v1/namespaces/ns/secrets/calc-state-key";
+
+/// The state-key Secret's metadata, controlled by `owner_uid`.
+fn state_key(owner_uid: &str) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": "calc-state-key", "namespace": "ns", "uid": "key-uid-1",
+            "ownerReferences": [{"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": owner_uid, "controller": true}]}})
+}
 
 /// Without watch stores, the ownership check of each always-present child is one GET, in
 /// apply order; `answer` says what exists at each path (`None`: nothing).
 async fn expect_checks(api: &mut ApiServerVerifier, answer: impl Fn(&str) -> Option<Value>) {
+    // The state-key Secret first (metadata only): it exists and is this McpServer's unless
+    // `answer` says otherwise.
+    api.expect(Method::GET, KEY, |_| {
+        (StatusCode::OK, answer(KEY).unwrap_or_else(|| state_key("u-1")))
+    })
+    .await;
     for path in [SA, ROLE, BINDING, CM, DEPLOY, SVC] {
         api.expect(Method::GET, path, |_| {
             answer(path).map_or_else(not_found, |o| (StatusCode::OK, o))
@@ -850,6 +865,7 @@ fn filled_stores(meta: impl Fn(&str, &str) -> Value) -> Owned {
     put(&mut w.config_maps, meta("ConfigMap", "calc-tools"));
     put(&mut w.deployments, meta("Deployment", "calc"));
     put(&mut w.services, meta("Service", "calc"));
+    put(&mut w.secrets, meta("Secret", "calc-state-key"));
     Owned::new(vec![stores])
 }
 
@@ -903,4 +919,77 @@ async fn a_labelled_object_of_another_owner_in_the_stores_is_a_conflict_without_
     assert_eq!(err.category(), "not_owned");
     assert!(!writes(&seen).iter().any(|r| r.ends_with(SVC)));
     assert_eq!(events(&seen)[0]["reason"], "ChildConflict");
+}
+
+/// The body of the one write `method path` in `seen`.
+fn only_write<'a>(seen: &'a Seen, method: &Method, path: &str) -> Vec<&'a Value> {
+    seen.iter()
+        .filter(|(m, p, _)| m == method && p == path)
+        .map(|(_, _, b)| b)
+        .collect()
+}
+
+fn state_key_env(deployment: &Value) -> Option<&Value> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "QUIVER_STATE_KEY")
+}
+
+#[tokio::test]
+async fn a_missing_state_key_secret_is_created_random_owned_and_mounted() {
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let (result, seen, _) = reconcile_with(mcp(add()), |_| None).await;
+        result.unwrap();
+        let created = only_write(&seen, &Method::POST, &format!("{BASE}/secrets"));
+        assert_eq!(created.len(), 1, "created once");
+        let secret = created[0];
+        assert_eq!(secret["metadata"]["name"], "calc-state-key");
+        assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(secret["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(secret["immutable"], true);
+        // 32 random bytes, hex-encoded (64 characters: base64 of them is 88).
+        let data = secret["data"]["key"].as_str().unwrap().to_owned();
+        assert_eq!(data.len(), 88, "{data}");
+        keys.push(data);
+        let d = only_write(&seen, &Method::PATCH, DEPLOY);
+        let env = state_key_env(d[0]).expect("the server reads the key");
+        assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "calc-state-key");
+        assert_eq!(env["valueFrom"]["secretKeyRef"]["key"], "key");
+        assert!(env.get("value").is_none(), "never the value itself");
+        // Before the Deployment: the pods never wait for a missing Secret.
+        let order: Vec<_> = writes(&seen);
+        let at = |w: &str| order.iter().position(|x| x == w).unwrap();
+        assert!(at(&format!("POST {BASE}/secrets")) < at(&format!("PATCH {DEPLOY}")));
+    }
+    assert_ne!(keys[0], keys[1], "each key is drawn at random");
+}
+
+#[tokio::test]
+async fn an_existing_state_key_is_read_by_metadata_and_its_uid_rolls_the_pods() {
+    let (result, seen, _) = reconcile_with(mcp(add()), |p| (p == KEY).then(|| state_key("u-1"))).await;
+    result.unwrap();
+    assert!(only_write(&seen, &Method::POST, &format!("{BASE}/secrets")).is_empty());
+    assert!(!writes(&seen).iter().any(|w| w.contains("/secrets/")), "never patched");
+    let d = only_write(&seen, &Method::PATCH, DEPLOY);
+    assert_eq!(
+        d[0]["spec"]["template"]["metadata"]["annotations"]["quiver.dev/state-key-uid"],
+        "key-uid-1"
+    );
+    assert!(state_key_env(d[0]).is_some());
+}
+
+#[tokio::test]
+async fn a_state_key_secret_of_another_owner_is_a_conflict_and_not_mounted() {
+    let (result, seen, _) = reconcile_with(mcp(add()), |p| {
+        (p == KEY).then(|| foreign("v1", "Secret", "calc-state-key", None))
+    })
+    .await;
+    assert_eq!(result.unwrap_err().category(), "not_owned");
+    assert!(!writes(&seen).iter().any(|w| w.contains("/secrets")));
+    let d = only_write(&seen, &Method::PATCH, DEPLOY);
+    assert!(state_key_env(d[0]).is_none(), "each pod draws its own key");
+    assert!(events(&seen)[0]["note"].as_str().unwrap().contains("Secret ns/calc-state-key"));
 }

@@ -33,6 +33,7 @@ fn every_sample_mcpserver_renders_and_builds() {
     let defaults = Defaults {
         server_image: "quiver-server:t".into(),
         image_pull_policy: "IfNotPresent".into(),
+        service_monitors: false,
     };
     let mut checked = 0;
     for (file, docs) in samples() {
@@ -80,6 +81,7 @@ fn the_rest_api_sample_reads_its_token_from_a_secret_with_egress_and_monitoring(
     let defaults = Defaults {
         server_image: "quiver-server:t".into(),
         image_pull_policy: "IfNotPresent".into(),
+        service_monitors: false,
     };
     let c = build(&mcp, &rendered, &defaults, &ApiServer::default()).unwrap();
     assert!(c.service_monitor.is_some());

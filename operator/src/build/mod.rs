@@ -7,6 +7,7 @@ mod expose;
 mod monitor;
 mod netpol;
 mod pod;
+mod serving;
 mod sidecar;
 mod tuning;
 
@@ -31,6 +32,10 @@ pub use confine::{check as check_pod, consent as service_account_consent, named_
 pub use expose::http_route_resource;
 pub use monitor::service_monitor_resource;
 pub use netpol::ApiServer;
+pub use serving::{
+    STATE_KEY_ANNOTATION, STATE_KEY_BYTES, STATE_KEY_ENV, log_level_problems, state_key_secret,
+    state_key_secret_name, wants_service_monitor, with_state_key,
+};
 pub use sidecar::{check as check_sidecars, served as served_upstream};
 pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};
 
@@ -52,6 +57,8 @@ pub struct Defaults {
     pub server_image: String,
     /// Pull policy when the spec names none.
     pub image_pull_policy: String,
+    /// Whether an McpServer whose `monitoring.serviceMonitor` is unset gets a ServiceMonitor.
+    pub service_monitors: bool,
 }
 
 /// The rendered, validated ToolSet (made by `crate::render::render`): what the children
@@ -213,17 +220,12 @@ pub fn build(
     deployment.metadata = meta(mcp, name.clone(), &owner);
     let service = Service {
         metadata: meta(mcp, name.clone(), &owner),
-        spec: Some(service_spec(mcp, &name)),
+        spec: Some(service_spec(mcp, &name, defaults)),
         status: None,
     };
     let hpa = hpa(mcp, &name, meta(mcp, name.clone(), &owner));
     let pdb = pdb(mcp, &name, meta(mcp, name.clone(), &owner));
-    let service_monitor = mcp
-        .spec
-        .monitoring
-        .as_ref()
-        .is_some_and(|m| m.service_monitor)
-        .then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
+    let service_monitor = wants_service_monitor(mcp, defaults).then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
     let network_policy = netpol::network_policy(mcp, &name, api_server, meta(mcp, name.clone(), &owner));
     let ingress = expose::ingress(mcp, &name, meta(mcp, name.clone(), &owner));
     let http_route = expose::http_route(mcp, &name, meta(mcp, name.clone(), &owner));
@@ -325,10 +327,9 @@ fn pdb(mcp: &McpServer, name: &str, metadata: ObjectMeta) -> Option<PodDisruptio
     })
 }
 
-fn service_spec(mcp: &McpServer, name: &str) -> ServiceSpec {
+fn service_spec(mcp: &McpServer, name: &str, defaults: &Defaults) -> ServiceSpec {
     let options = mcp.spec.service.clone().unwrap_or_default();
-    let expose_admin =
-        options.expose_admin || mcp.spec.monitoring.as_ref().is_some_and(|m| m.service_monitor);
+    let expose_admin = options.expose_admin || wants_service_monitor(mcp, defaults);
     let port = |name: &str, port: i32, app_protocol: Option<&str>| ServicePort {
         name: Some(name.to_owned()),
         port,
@@ -337,7 +338,7 @@ fn service_spec(mcp: &McpServer, name: &str) -> ServiceSpec {
         app_protocol: app_protocol.map(str::to_owned),
         node_port: None,
     };
-    ServiceSpec {
+    let mut spec = ServiceSpec {
         type_: Some(options.type_.unwrap_or_else(|| "ClusterIP".to_owned())),
         selector: Some(selector(name)),
         ports: Some(if expose_admin {
@@ -349,7 +350,9 @@ fn service_spec(mcp: &McpServer, name: &str) -> ServiceSpec {
             vec![port("mcp", options.port.unwrap_or(MCP_PORT), Some("http"))]
         }),
         ..ServiceSpec::default()
-    }
+    };
+    serving::affinity(mcp, &mut spec);
+    spec
 }
 
 #[cfg(test)]

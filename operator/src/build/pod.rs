@@ -170,13 +170,14 @@ fn container(
         args: Some(args(mcp, ns, cm_name, cpus)),
         ports: Some(vec![port("mcp", MCP_PORT), port("admin", ADMIN_PORT)]),
         // The spec's variables first: where a name repeats, the last one (Quiver's) wins.
+        // RUST_LOG is `spec.logLevel`, else the spec's own, else `info`.
         env: Some(
             overrides
                 .env
                 .iter()
                 .cloned()
+                .chain(super::serving::rust_log(mcp))
                 .chain([
-                    env("RUST_LOG", "info"),
                     env("QUIVER_ALLOCATOR", allocator),
                     // After SIGTERM: keep serving, with readiness off and every response asking its
                     // client to reconnect, until the pod has left the Service's endpoints.

@@ -21,6 +21,7 @@ fn children(yaml: &str) -> Children {
         &Defaults {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),
+            service_monitors: false,
         },
         &ApiServer {
             endpoints: vec![("172.18.0.2".into(), 6443)],
@@ -230,6 +231,7 @@ fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
     let defaults = Defaults {
         server_image: "s".into(),
         image_pull_policy: "Never".into(),
+        service_monitors: false,
     };
     assert_eq!(
         build(&m, &r, &defaults, &ApiServer::default()).unwrap_err(),
@@ -385,7 +387,7 @@ spec:
   podTemplate:
     imagePullSecrets: [{name: regcred}]
     serviceAccountName: workload-identity
-    env: [{name: HTTPS_PROXY, value: "http://proxy:3128"}, {name: RUST_LOG, value: debug}]
+    env: [{name: HTTPS_PROXY, value: "http://proxy:3128"}, {name: RUST_LOG, value: debug}, {name: QUIVER_ALLOCATOR, value: system}]
     envFrom: [{configMapRef: {name: settings}}]
     volumes: [{name: programs, configMap: {name: scripts, defaultMode: 365}}]
     volumeMounts: [{name: programs, mountPath: /opt/tools, readOnly: true}]
@@ -405,9 +407,12 @@ spec:
     assert_eq!(ctr["envFrom"][0]["configMapRef"]["name"], "settings");
     let env = ctr["env"].as_array().unwrap();
     assert_eq!(env[0]["name"], "HTTPS_PROXY");
-    // Quiver's own variables come last, so they win over a repeated name.
+    // Quiver's own variables come last, so they win over a repeated name; RUST_LOG is the
+    // user's (no spec.logLevel).
     let last_log = env.iter().rev().find(|e| e["name"] == "RUST_LOG").unwrap();
-    assert_eq!(last_log["value"], "info");
+    assert_eq!(last_log["value"], "debug");
+    let last_alloc = env.iter().rev().find(|e| e["name"] == "QUIVER_ALLOCATOR").unwrap();
+    assert_eq!(last_alloc["value"], "jemalloc");
     // The Role is bound to the pods' ServiceAccount.
     let rb = serde_json::to_value(&c.role_binding).unwrap();
     assert_eq!(rb["subjects"][0]["name"], "workload-identity");

@@ -6,6 +6,7 @@ mod children;
 mod error;
 mod fetch;
 mod owned;
+mod state_key;
 mod status;
 
 use std::sync::Arc;
@@ -122,12 +123,23 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     } else {
         build::ApiServer::default()
     };
-    let children =
+    let mut children =
         info_span!("render").in_scope(|| build::build(mcp, &rendered, &ctx.defaults, &api_server))?;
+    let key = state_key::ensure(ctx, &ns, mcp, &name, &uid)
+        .instrument(info_span!("apply", kind = "Secret"))
+        .await?;
+    let key_taken = match key {
+        state_key::StateKey::Mounted { name: secret, uid } => {
+            build::with_state_key(&mut children.deployment, &secret, &uid);
+            None
+        }
+        state_key::StateKey::Taken(c) => Some(c),
+    };
     let Applied {
         deployment,
-        conflicts,
+        mut conflicts,
     } = children::apply_all(ctx, mcp, &ns, &name, &uid, &children).await?;
+    conflicts.extend(key_taken);
     let (mut status, upstream_down) = observe(mcp, ctx, &ns, &name, &rendered, deployment.as_ref()).await?;
     let events = status::events(mcp, &ns, unwatched, &conflicts, upstream_down, &mut status);
     write_status(mcp, ctx, &ns, &name, &status, events).await?;
@@ -372,6 +384,7 @@ mod tests {
             defaults: Defaults {
                 server_image: "quiver-server:test".into(),
                 image_pull_policy: "IfNotPresent".into(),
+                service_monitors: false,
             },
             recorder: Recorder::new(
                 client,

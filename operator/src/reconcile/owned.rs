@@ -12,7 +12,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -80,6 +80,8 @@ pub struct Stores {
     pub deployments: MetaStore<Deployment>,
     /// Services labelled as the operator's.
     pub services: MetaStore<Service>,
+    /// Secrets labelled as the operator's (the state keys; metadata only, never a value).
+    pub secrets: MetaStore<Secret>,
 }
 
 /// The writers of one scope's [`Stores`], driven by the controller's watches.
@@ -96,6 +98,8 @@ pub struct Writers {
     pub deployments: MetaWriter<Deployment>,
     /// See [`Stores::services`].
     pub services: MetaWriter<Service>,
+    /// See [`Stores::secrets`].
+    pub secrets: MetaWriter<Secret>,
 }
 
 /// Empty stores for `namespace` (or the cluster) and the writers that fill them.
@@ -106,6 +110,7 @@ pub fn stores(namespace: Option<String>) -> (Stores, Writers) {
     let (config_maps, cm) = reflector::store();
     let (deployments, d) = reflector::store();
     let (services, s) = reflector::store();
+    let (secrets, sec) = reflector::store();
     (
         Stores {
             namespace,
@@ -115,6 +120,7 @@ pub fn stores(namespace: Option<String>) -> (Stores, Writers) {
             config_maps,
             deployments,
             services,
+            secrets,
         },
         Writers {
             service_accounts: sa,
@@ -123,6 +129,7 @@ pub fn stores(namespace: Option<String>) -> (Stores, Writers) {
             config_maps: cm,
             deployments: d,
             services: s,
+            secrets: sec,
         },
     )
 }
