@@ -9,6 +9,7 @@ pub mod crd;
 pub mod guard;
 pub mod leader;
 pub mod metrics;
+pub mod plugin;
 pub mod probe;
 pub mod reconcile;
 pub mod render;

@@ -1,0 +1,253 @@
+//! `kubectl quiver` (the `kubectl-quiver` binary): list and call an McpServer's tools, read
+//! its status from the cluster and its pods, and check a manifest offline with the operator's
+//! own render and the server's compiler. The binary's `main` only parses and calls [`run`].
+
+pub mod args;
+pub mod check;
+pub mod mcp;
+pub mod reach;
+pub mod schema;
+pub mod status;
+
+use std::process::ExitCode;
+
+use kube::Client;
+use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+use serde_json::{Map, Value, json};
+
+use args::{Cli, Command, Connect, Output};
+use reach::Reach;
+
+/// Why a command failed; each kind has its exit code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// A negative answer: problems found, a tool error, not Ready (exit 1). The message is
+    /// already printed.
+    #[error("{0}")]
+    Negative(String),
+    /// Flags, arguments or the file (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Kubernetes: kubeconfig, not found, forbidden, unreachable (exit 3).
+    #[error("{0}")]
+    Kube(String),
+    /// The MCP server: HTTP or JSON-RPC errors, a rejected token (exit 4).
+    #[error("{0}")]
+    Server(String),
+}
+
+impl Failure {
+    /// The process exit code.
+    pub fn code(&self) -> u8 {
+        match self {
+            Self::Negative(_) => 1,
+            Self::Usage(_) => 2,
+            Self::Kube(_) => 3,
+            Self::Server(_) => 4,
+        }
+    }
+}
+
+/// Runs one command; prints its output and errors.
+pub async fn run(cli: Cli) -> ExitCode {
+    match dispatch(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Negative(_)) => ExitCode::from(1),
+        Err(f) => {
+            eprintln!("error: {f}");
+            ExitCode::from(f.code())
+        }
+    }
+}
+
+/// An API client from the kubeconfig as kubectl reads it, and the namespace to use.
+///
+/// # Errors
+/// [`Failure::Kube`] when no kubeconfig or context can be loaded.
+pub async fn client(cli: &Cli) -> Result<(Client, String), Failure> {
+    let options = KubeConfigOptions {
+        context: cli.context.clone(),
+        cluster: None,
+        user: None,
+    };
+    let config = match &cli.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| Failure::Kube(format!("kubeconfig {}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(kc, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    }
+    .map_err(|e| Failure::Kube(format!("kubeconfig: {e}")))?;
+    let ns = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = Client::try_from(config).map_err(|e| Failure::Kube(format!("API client: {e}")))?;
+    Ok((client, ns))
+}
+
+async fn dispatch(cli: Cli) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Check { file } => {
+            let text = if file == "-" {
+                let mut s = String::new();
+                std::io::Read::read_to_string(
+                    &mut std::io::Read::take(std::io::stdin(), check::MAX_FILE_BYTES as u64 + 1),
+                    &mut s,
+                )
+                .map(|_| s)
+            } else {
+                std::fs::read_to_string(file)
+            }
+            .map_err(|e| Failure::Usage(format!("{file}: {e}")))?;
+            let reports = check::check(&text)?;
+            let (out, valid) = check::print(file, &reports);
+            print!("{out}");
+            if valid {
+                Ok(())
+            } else {
+                Err(Failure::Negative("problems found".to_owned()))
+            }
+        }
+        Command::Status { name, output } => {
+            let (client, ns) = client(&cli).await?;
+            let (mcp, pods) = status::gather(&client, &ns, name).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&status::as_json(&mcp, &pods)).unwrap_or_default()),
+                Output::Text => print!("{}", status::as_text(&mcp, &pods, None)),
+            }
+            if status::is_ready(&mcp) {
+                Ok(())
+            } else {
+                Err(Failure::Negative("not Ready".to_owned()))
+            }
+        }
+        Command::Tools { name, conn, output } => {
+            let (client, ns) = client(&cli).await?;
+            let (mut reach, token) = connect(client, &ns, name, conn).await?;
+            let tools = list_tools(&mut reach, token.as_deref()).await;
+            reach.close().await;
+            let tools = tools?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&tools).unwrap_or_default()),
+                Output::Text => print!("{}", tools_text(&tools)),
+            }
+            Ok(())
+        }
+        Command::Call {
+            name,
+            tool,
+            pairs,
+            json,
+            conn,
+            output,
+        } => {
+            let (client, ns) = client(&cli).await?;
+            let (mut reach, token) = connect(client, &ns, name, conn).await?;
+            let result = call(&mut reach, token.as_deref(), tool, json.as_deref(), pairs).await;
+            reach.close().await;
+            let result = result?;
+            let (text, is_error) = mcp::call_text(&result)?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
+                Output::Text if is_error => eprintln!("{text}"),
+                Output::Text => println!("{text}"),
+            }
+            if is_error {
+                Err(Failure::Negative("the tool returned an error".to_owned()))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn connect(client: Client, ns: &str, name: &str, conn: &Connect) -> Result<(Reach, Option<String>), Failure> {
+    let token = conn.bearer()?;
+    let reach = if conn.port_forward(token.is_some())? {
+        Reach::port_forward(client, ns, name).await?
+    } else {
+        Reach::proxy(client, ns, name).await?
+    };
+    Ok((reach, token))
+}
+
+/// Every tool (following `nextCursor`).
+async fn list_tools(reach: &mut Reach, token: Option<&str>) -> Result<Vec<Value>, Failure> {
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for page in 0..mcp::MAX_PAGES {
+        let mut params = Map::new();
+        if let Some(c) = cursor.take() {
+            params.insert("cursor".to_owned(), Value::String(c));
+        }
+        let id = u64::try_from(page).unwrap_or_default() + 1;
+        let answer = reach.post(&mcp::request(id, "tools/list", params, None), token).await?;
+        let result = mcp::result(&answer, id).map_err(|e| via(reach, e))?;
+        tools.extend(result.get("tools").and_then(Value::as_array).cloned().unwrap_or_default());
+        match result.get("nextCursor").and_then(Value::as_str) {
+            Some(c) if !c.is_empty() => cursor = Some(c.to_owned()),
+            _ => return Ok(tools),
+        }
+    }
+    Err(Failure::Server(format!("more than {} pages of tools", mcp::MAX_PAGES)))
+}
+
+/// Names the way a server error came, so "HTTP 503" says through what.
+fn via(reach: &Reach, e: Failure) -> Failure {
+    match e {
+        Failure::Server(m) => Failure::Server(format!("{m} (through {})", reach.describe())),
+        other => other,
+    }
+}
+
+async fn call(
+    reach: &mut Reach,
+    token: Option<&str>,
+    tool: &str,
+    json: Option<&str>,
+    pairs: &[String],
+) -> Result<Value, Failure> {
+    let tools = list_tools(reach, token).await?;
+    let Some(found) = tools.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(tool)) else {
+        let mut names: Vec<&str> = tools.iter().filter_map(|t| t.get("name").and_then(Value::as_str)).collect();
+        names.sort_unstable();
+        return Err(Failure::Usage(format!(
+            "no tool `{tool}` (tools: {})",
+            if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+        )));
+    };
+    let schema = found.get("inputSchema").cloned().unwrap_or_else(|| json!({}));
+    let arguments = args::arguments(tool, &schema, json, pairs)?;
+    let mut params = Map::new();
+    params.insert("name".to_owned(), Value::String(tool.to_owned()));
+    params.insert("arguments".to_owned(), Value::Object(arguments));
+    let id = 1_000_000;
+    let answer = reach.post(&mcp::request(id, "tools/call", params, Some(tool)), token).await?;
+    mcp::result(&answer, id).map_err(|e| via(reach, e))
+}
+
+/// `NAME  DESCRIPTION` lines.
+pub fn tools_text(tools: &[Value]) -> String {
+    let width = tools
+        .iter()
+        .filter_map(|t| t.get("name").and_then(Value::as_str))
+        .map(str::len)
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 48);
+    let mut out = format!("{:<width$}  DESCRIPTION\n", "NAME");
+    for t in tools {
+        let name = t.get("name").and_then(Value::as_str).unwrap_or_default();
+        let description = t
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or_default();
+        out.push_str(&format!("{name:<width$}  {description}\n"));
+    }
+    out
+}
