@@ -138,7 +138,15 @@ fn one(
         .and_then(|s| s.open_api_v3_schema.as_ref())
         .and_then(|s| serde_json::to_value(s).ok())
         .unwrap_or(Value::Null);
-    report.problems = schema::problems(&crd_schema, doc, "");
+    // The root schema covers spec and status; the API server itself checks apiVersion,
+    // kind and metadata (the name is checked by the render below).
+    let mut body = doc.clone();
+    if let Some(m) = body.as_object_mut() {
+        for k in ["apiVersion", "kind", "metadata"] {
+            m.remove(k);
+        }
+    }
+    report.problems = schema::problems(&crd_schema, &body, "");
     if doc.pointer("/metadata/name").and_then(Value::as_str).is_none() {
         report.problems.push("metadata.name: required".to_owned());
     }
@@ -152,27 +160,29 @@ fn one(
             return report;
         }
     };
+    report.problems = cel_rules(&mcp);
+    if !report.problems.is_empty() {
+        return report;
+    }
     mcp.metadata.namespace.get_or_insert_with(|| "default".to_owned());
     mcp.metadata.uid = Some("offline-check".to_owned());
-    // toolsFrom entries the file cannot serve are set aside, and named.
+    // toolsFrom entries the file cannot serve read as empty documents (keeping the others'
+    // indexes), and are named.
     let mut fetched = Vec::new();
-    let mut kept = Vec::new();
     for (i, from) in mcp.spec.tools_from.iter().enumerate() {
         let r = &from.config_map_key_ref;
         match config_maps.get(&r.name) {
-            Some(cm) => {
-                fetched.push(render::key_of(cm.data.as_ref(), &r.key));
-                kept.push(from.clone());
+            Some(cm) => fetched.push(render::key_of(cm.data.as_ref(), &r.key)),
+            None => {
+                fetched.push(Some("tools: []\n".to_owned()));
+                report.notes.push(format!(
+                    "spec.toolsFrom[{i}]: ConfigMap {} is not in the file; its tools are not checked (add it to the file to check them)",
+                    r.name
+                ));
             }
-            None => report.notes.push(format!(
-                "spec.toolsFrom[{i}]: ConfigMap {} is not in the file; its tools are not checked (add it to the file to check them)",
-                r.name
-            )),
         }
     }
-    let mut checked = mcp.clone();
-    checked.spec.tools_from = kept;
-    let rendered = match render::render(&checked, &fetched) {
+    let rendered = match render::render(&mcp, &fetched) {
         Ok(r) => r,
         Err(invalid) => {
             report.problems = invalid
@@ -216,10 +226,6 @@ fn one(
             unsafe_keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
         ));
     }
-    report.notes.push(
-        "CEL rules (e.g. replicas with autoscaling) are checked by the API server: kubectl apply --dry-run=server -f FILE"
-            .to_owned(),
-    );
     report.summary = Some(format!(
         "{} tool(s), {} upstream(s), config hash {}",
         rendered.tool_count,
@@ -227,6 +233,30 @@ fn one(
         rendered.hash.get(..12).unwrap_or(&rendered.hash)
     ));
     report
+}
+
+/// The schema's CEL rules over whole fields (the API server evaluates them; the pod-template
+/// ones are also the operator's own checks, run by the render).
+fn cel_rules(mcp: &McpServer) -> Vec<String> {
+    let spec = &mcp.spec;
+    let mut problems = Vec::new();
+    if spec.replicas.is_some() && spec.autoscaling.is_some() {
+        problems.push("spec: set either replicas or autoscaling, not both".to_owned());
+    }
+    if let Some(t) = &spec.tuning
+        && t.cpu_pinning == Some(true)
+        && t.cpus.is_none()
+    {
+        problems.push(
+            "spec.tuning.cpus: cpuPinning needs cpus: the whole number of exclusive CPUs each pod gets".to_owned(),
+        );
+    }
+    if let Some(a) = &spec.autoscaling
+        && a.min_replicas > a.max_replicas
+    {
+        problems.push("spec.autoscaling: minReplicas must not exceed maxReplicas".to_owned());
+    }
+    problems
 }
 
 /// The reports for people; `true` when every McpServer is valid.
@@ -253,6 +283,12 @@ pub fn print(file: &str, reports: &[Report]) -> (String, bool) {
         for note in &r.notes {
             let _ = writeln!(out, "  note: {note}");
         }
+    }
+    if valid {
+        let _ = writeln!(
+            out,
+            "(the API server's admission and the cluster's state are not checked offline: kubectl apply --dry-run=server -f {file})"
+        );
     }
     (out, valid)
 }
