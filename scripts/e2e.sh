@@ -20,6 +20,9 @@ trap cleanup EXIT
 export PATH="$QUIVER_CACHE/k8s/v${K8S_VERSION:-1.33.13}/bin:$PATH"
 kind_env
 python_env
+# kubectl finds the plugin on PATH as kubectl-quiver (tests/e2e/test_plugin.py).
+plugin="$("$ROOT/scripts/plugin.sh" | tail -n 1)"
+export PATH="$(dirname "$plugin"):$PATH"
 log "upstream MCP server image for the suite (tests/e2e/upstream-go, official Go SDK)"
 go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
 kind load docker-image --name "$QUIVER_CLUSTER" "$go_image"
