@@ -56,22 +56,35 @@ fn each_class_of_problem_names_its_field_and_exits_1() {
     for (spec, want) in [
         ("spec: {replicas: 5000}", "spec.replicas: must be at most 1000"),
         ("spec: {replica: 2}", "spec.replica: unknown field"),
-        ("spec: {tuning: {profile: fastest}}", "spec.tuning.profile: must be one of"),
-        ("spec: {replicas: 2, autoscaling: {minReplicas: 1, maxReplicas: 3}}", "spec: set either replicas or autoscaling, not both"),
+        (
+            "spec: {tuning: {profile: fastest}}",
+            "spec.tuning.profile: must be one of",
+        ),
+        (
+            "spec: {replicas: 2, autoscaling: {minReplicas: 1, maxReplicas: 3}}",
+            "spec: set either replicas or autoscaling, not both",
+        ),
         (
             "spec: {tools: [{name: greet, input: {name: string}, handler: {template: 'Hi {{nmae}}'}}]}",
             "spec.tools[0].handler.template",
         ),
-        ("spec: {logLevel: 'debug,quiver=loud'}", "spec.logLevel: directive"),
+        (
+            "spec: {logLevel: 'debug,quiver=loud'}",
+            "spec.logLevel: directive",
+        ),
         ("spec: {logLevel: 'info;rm'}", "spec.logLevel: must match"),
-        ("spec: {sessionAffinity: {timeoutSeconds: 0}}", "spec.sessionAffinity.timeoutSeconds: must be at least 1"),
+        (
+            "spec: {sessionAffinity: {timeoutSeconds: 0}}",
+            "spec.sessionAffinity.timeoutSeconds: must be at least 1",
+        ),
     ] {
         let (code, text) = check(&format!("{HEAD}{spec}\n"));
         assert_eq!(code, 1, "{spec}: {text}");
         assert!(text.contains("McpServer calc: "), "{text}");
         assert!(text.contains(want), "{spec}: want {want:?} in {text}");
     }
-    let (code, text) = check("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: Bad_Name}\nspec: {}\n");
+    let (code, text) =
+        check("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: Bad_Name}\nspec: {}\n");
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("(InvalidName)"), "{text}");
 }
@@ -131,7 +144,17 @@ fn usage_and_kubernetes_errors_have_their_own_exit_codes() {
         assert!(err.starts_with("error: "), "{err}");
         assert!(err.contains("calc"), "names the object: {err}");
     }
-    let out = plugin(&["--kubeconfig", kc.to_str().unwrap(), "--context", "nope", "status", "calc"], None);
+    let out = plugin(
+        &[
+            "--kubeconfig",
+            kc.to_str().unwrap(),
+            "--context",
+            "nope",
+            "status",
+            "calc",
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("kubeconfig"));
     std::fs::remove_dir_all(&dir).unwrap();

@@ -972,7 +972,10 @@ async fn an_existing_state_key_is_read_by_metadata_and_its_uid_rolls_the_pods() 
     let (result, seen, _) = reconcile_with(mcp(add()), |p| (p == KEY).then(|| state_key("u-1"))).await;
     result.unwrap();
     assert!(only_write(&seen, &Method::POST, &format!("{BASE}/secrets")).is_empty());
-    assert!(!writes(&seen).iter().any(|w| w.contains("/secrets/")), "never patched");
+    assert!(
+        !writes(&seen).iter().any(|w| w.contains("/secrets/")),
+        "never patched"
+    );
     let d = only_write(&seen, &Method::PATCH, DEPLOY);
     assert_eq!(
         d[0]["spec"]["template"]["metadata"]["annotations"]["quiver.dev/state-key-uid"],
@@ -991,5 +994,10 @@ async fn a_state_key_secret_of_another_owner_is_a_conflict_and_not_mounted() {
     assert!(!writes(&seen).iter().any(|w| w.contains("/secrets")));
     let d = only_write(&seen, &Method::PATCH, DEPLOY);
     assert!(state_key_env(d[0]).is_none(), "each pod draws its own key");
-    assert!(events(&seen)[0]["note"].as_str().unwrap().contains("Secret ns/calc-state-key"));
+    assert!(
+        events(&seen)[0]["note"]
+            .as_str()
+            .unwrap()
+            .contains("Secret ns/calc-state-key")
+    );
 }

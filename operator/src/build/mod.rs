@@ -225,7 +225,8 @@ pub fn build(
     };
     let hpa = hpa(mcp, &name, meta(mcp, name.clone(), &owner));
     let pdb = pdb(mcp, &name, meta(mcp, name.clone(), &owner));
-    let service_monitor = wants_service_monitor(mcp, defaults).then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
+    let service_monitor = wants_service_monitor(mcp, defaults)
+        .then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
     let network_policy = netpol::network_policy(mcp, &name, api_server, meta(mcp, name.clone(), &owner));
     let ingress = expose::ingress(mcp, &name, meta(mcp, name.clone(), &owner));
     let http_route = expose::http_route(mcp, &name, meta(mcp, name.clone(), &owner));

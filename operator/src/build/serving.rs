@@ -127,7 +127,10 @@ pub fn state_key_secret(mcp: &McpServer, random: &[u8; STATE_KEY_BYTES]) -> Resu
     Ok(Secret {
         metadata: meta(mcp, state_key_secret_name(name), &owner),
         type_: Some("Opaque".to_owned()),
-        data: Some(BTreeMap::from([(STATE_KEY_KEY.to_owned(), ByteString(hex.into_bytes()))])),
+        data: Some(BTreeMap::from([(
+            STATE_KEY_KEY.to_owned(),
+            ByteString(hex.into_bytes()),
+        )])),
         immutable: Some(true),
         ..Secret::default()
     })
@@ -225,17 +228,24 @@ mod tests {
             ("info $(reboot)", "is not allowed"),
             ("info\ndebug", "is not allowed"),
         ] {
-            let mut m = mcp("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: calc}\nspec: {}\n");
+            let mut m =
+                mcp("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: calc}\nspec: {}\n");
             m.spec.log_level = Some(level.to_owned());
             let invalid = render(&m, &Vec::new()).unwrap_err();
             assert_eq!(invalid.reason, "InvalidLogLevel", "{level}");
             assert!(invalid.problems[0].starts_with("spec.logLevel: "), "{invalid:?}");
             assert!(invalid.problems[0].contains(why), "{invalid:?}");
         }
-        let mut m = mcp("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: calc}\nspec: {}\n");
+        let mut m =
+            mcp("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: calc}\nspec: {}\n");
         m.spec.log_level = Some("a".repeat(MAX_LOG_LEVEL + 1));
         assert!(log_level_problems(&m)[0].contains("1 to 256 characters"));
-        for ok in ["debug", "TRACE", "quiver_server", "warn,quiver_server::transport=trace,hyper=off"] {
+        for ok in [
+            "debug",
+            "TRACE",
+            "quiver_server",
+            "warn,quiver_server::transport=trace,hyper=off",
+        ] {
             m.spec.log_level = Some(ok.to_owned());
             assert!(log_level_problems(&m).is_empty(), "{ok}");
         }
@@ -267,14 +277,21 @@ mod tests {
         let on = built("", true);
         assert!(on.service_monitor.is_some(), "the chart-wide default");
         let ports = on.service.spec.unwrap().ports.unwrap();
-        assert!(ports.iter().any(|p| p.name.as_deref() == Some("admin")), "scraped through the Service");
+        assert!(
+            ports.iter().any(|p| p.name.as_deref() == Some("admin")),
+            "scraped through the Service"
+        );
         assert!(
             built("  monitoring: {serviceMonitor: false}\n", true)
                 .service_monitor
                 .is_none(),
             "an McpServer's own choice wins"
         );
-        assert!(built("  monitoring: {serviceMonitor: true}\n", false).service_monitor.is_some());
+        assert!(
+            built("  monitoring: {serviceMonitor: true}\n", false)
+                .service_monitor
+                .is_some()
+        );
         assert!(built("  monitoring: {}\n", true).service_monitor.is_some());
     }
 

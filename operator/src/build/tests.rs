@@ -411,7 +411,11 @@ spec:
     // user's (no spec.logLevel).
     let last_log = env.iter().rev().find(|e| e["name"] == "RUST_LOG").unwrap();
     assert_eq!(last_log["value"], "debug");
-    let last_alloc = env.iter().rev().find(|e| e["name"] == "QUIVER_ALLOCATOR").unwrap();
+    let last_alloc = env
+        .iter()
+        .rev()
+        .find(|e| e["name"] == "QUIVER_ALLOCATOR")
+        .unwrap();
     assert_eq!(last_alloc["value"], "jemalloc");
     // The Role is bound to the pods' ServiceAccount.
     let rb = serde_json::to_value(&c.role_binding).unwrap();

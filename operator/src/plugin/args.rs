@@ -202,7 +202,9 @@ pub fn arguments(
     let mut given = std::collections::BTreeSet::new();
     for pair in pairs {
         if pair.len() > MAX_ARGUMENT_BYTES {
-            return Err(usage(format!("an argument is longer than {MAX_ARGUMENT_BYTES} bytes")));
+            return Err(usage(format!(
+                "an argument is longer than {MAX_ARGUMENT_BYTES} bytes"
+            )));
         }
         let Some((key, raw)) = pair.split_once('=').filter(|(k, _)| !k.is_empty()) else {
             return Err(usage(format!(
@@ -220,7 +222,11 @@ pub fn arguments(
                 .unwrap_or_default();
             return Err(usage(format!(
                 "tool `{tool}` has no argument `{key}` (it takes: {})",
-                if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
             )));
         }
         let value = typed(raw, schema).map_err(|why| usage(format!("argument `{key}`: {why}")))?;
@@ -259,9 +265,13 @@ fn typed(raw: &str, schema: Option<&Value>) -> Result<Value, String> {
                 _ => None,
             },
             "null" => (raw.trim() == "null").then_some(Value::Null),
-            _ => serde_json::from_str::<Value>(raw)
-                .ok()
-                .filter(|v| if t == "object" { v.is_object() } else { v.is_array() }),
+            _ => serde_json::from_str::<Value>(raw).ok().filter(|v| {
+                if t == "object" {
+                    v.is_object()
+                } else {
+                    v.is_array()
+                }
+            }),
         };
         if let Some(v) = parsed {
             return Ok(v);
@@ -327,7 +337,10 @@ mod tests {
                 "opts": {"k": 1}, "either": 7, "any": false})
         );
         // A number property given an integer stays an integer; a union falls back to text.
-        assert_eq!(call(&["a=2", "either=x"], None).unwrap(), json!({"a": 2, "either": "x"}));
+        assert_eq!(
+            call(&["a=2", "either=x"], None).unwrap(),
+            json!({"a": 2, "either": "x"})
+        );
         // The first `=` splits: the rest is the value.
         assert_eq!(call(&["name=a=b"], None).unwrap(), json!({"name": "a=b"}));
         assert_eq!(call(&["name="], None).unwrap(), json!({"name": ""}));
@@ -337,7 +350,11 @@ mod tests {
     fn json_gives_the_base_and_pairs_add_to_it() {
         let v = call(&["n=2"], Some(r#"{"name": "x", "n": 1}"#)).unwrap();
         assert_eq!(v, json!({"name": "x", "n": 2}));
-        assert!(call(&[], Some("[1]")).unwrap_err().contains("must be a JSON object"));
+        assert!(
+            call(&[], Some("[1]"))
+                .unwrap_err()
+                .contains("must be a JSON object")
+        );
         assert!(call(&[], Some("{")).unwrap_err().starts_with("--json: not JSON"));
     }
 
@@ -348,7 +365,10 @@ mod tests {
             (&["n=1.5"][..], "argument `n`: `1.5` is not integer"),
             (&["flag=yes"][..], "argument `flag`: `yes` is not boolean"),
             (&["tags={}"][..], "argument `tags`: `{}` is not array"),
-            (&["nope=1"][..], "tool `t` has no argument `nope` (it takes: a, any, either, flag, n, name, opts, tags)"),
+            (
+                &["nope=1"][..],
+                "tool `t` has no argument `nope` (it takes: a, any, either, flag, n, name, opts, tags)",
+            ),
             (&["a"][..], "`a`: arguments are key=value"),
             (&["=1"][..], "`=1`: arguments are key=value"),
             (&["a=1", "a=2"][..], "argument `a` is given twice"),
@@ -370,13 +390,33 @@ mod tests {
     #[test]
     fn the_command_line_parses_as_kubectl_users_expect() {
         let cli = Cli::try_parse_from([
-            "kubectl-quiver", "call", "calc", "add", "a=1", "b=2", "-n", "demo", "--context", "kind",
-            "--via", "port-forward", "-o", "json",
+            "kubectl-quiver",
+            "call",
+            "calc",
+            "add",
+            "a=1",
+            "b=2",
+            "-n",
+            "demo",
+            "--context",
+            "kind",
+            "--via",
+            "port-forward",
+            "-o",
+            "json",
         ])
         .unwrap();
         assert_eq!(cli.namespace.as_deref(), Some("demo"));
         assert_eq!(cli.context.as_deref(), Some("kind"));
-        let Command::Call { name, tool, pairs, conn, output, .. } = cli.command else {
+        let Command::Call {
+            name,
+            tool,
+            pairs,
+            conn,
+            output,
+            ..
+        } = cli.command
+        else {
             panic!("a call")
         };
         assert_eq!((name.as_str(), tool.as_str()), ("calc", "add"));
@@ -384,7 +424,10 @@ mod tests {
         assert_eq!((conn.via, output), (Via::PortForward, Output::Json));
         let cli = Cli::try_parse_from(["kubectl-quiver", "-n", "x", "check", "-f", "m.yaml"]).unwrap();
         assert!(matches!(cli.command, Command::Check { ref file } if file == "m.yaml"));
-        assert!(Cli::try_parse_from(["kubectl-quiver", "call", "calc"]).is_err(), "needs a tool");
+        assert!(
+            Cli::try_parse_from(["kubectl-quiver", "call", "calc"]).is_err(),
+            "needs a tool"
+        );
         assert!(Cli::try_parse_from(["kubectl-quiver", "tools", "calc", "--via", "ssh"]).is_err());
         assert!(Cli::try_parse_from(["kubectl-quiver", "status", "calc", "--token", "x"]).is_err());
     }

@@ -54,7 +54,9 @@ fn yaml_options() -> serde_saphyr::Options {
 /// [`Failure::Usage`] when the file is too large or holds no McpServer.
 pub fn check(text: &str) -> Result<Vec<Report>, Failure> {
     if text.len() > MAX_FILE_BYTES {
-        return Err(Failure::Usage(format!("the file is larger than {MAX_FILE_BYTES} bytes")));
+        return Err(Failure::Usage(format!(
+            "the file is larger than {MAX_FILE_BYTES} bytes"
+        )));
     }
     let docs: Vec<Value> = match serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()) {
         Ok(d) => d,
@@ -70,7 +72,12 @@ pub fn check(text: &str) -> Result<Vec<Report>, Failure> {
     if docs.len() > MAX_DOCUMENTS {
         return Err(Failure::Usage(format!("more than {MAX_DOCUMENTS} documents")));
     }
-    let kind = |d: &Value| d.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let kind = |d: &Value| {
+        d.get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     let named = |d: &Value| {
         d.pointer("/metadata/name")
             .and_then(Value::as_str)
@@ -123,47 +130,13 @@ fn one(
         notes: Vec::new(),
         summary: None,
     };
-    let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-    if api_version != "quiver.dev/v1alpha1" {
-        report
-            .problems
-            .push(format!("apiVersion: must be quiver.dev/v1alpha1, not {api_version:?}"));
-        return report;
-    }
-    let crd_schema = McpServer::crd()
-        .spec
-        .versions
-        .first()
-        .and_then(|v| v.schema.as_ref())
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or(Value::Null);
-    // The root schema covers spec and status; the API server itself checks apiVersion,
-    // kind and metadata (the name is checked by the render below).
-    let mut body = doc.clone();
-    if let Some(m) = body.as_object_mut() {
-        for k in ["apiVersion", "kind", "metadata"] {
-            m.remove(k);
-        }
-    }
-    report.problems = schema::problems(&crd_schema, &body, "");
-    if doc.pointer("/metadata/name").and_then(Value::as_str).is_none() {
-        report.problems.push("metadata.name: required".to_owned());
-    }
-    if !report.problems.is_empty() {
-        return report;
-    }
-    let mut mcp: McpServer = match serde_json::from_value(doc.clone()) {
+    let mut mcp = match typed(doc) {
         Ok(m) => m,
-        Err(e) => {
-            report.problems.push(format!("spec: {e}"));
+        Err(problems) => {
+            report.problems = problems;
             return report;
         }
     };
-    report.problems = cel_rules(&mcp);
-    if !report.problems.is_empty() {
-        return report;
-    }
     mcp.metadata.namespace.get_or_insert_with(|| "default".to_owned());
     mcp.metadata.uid = Some("offline-check".to_owned());
     // toolsFrom entries the file cannot serve read as empty documents (keeping the others'
@@ -235,6 +208,47 @@ fn one(
     report
 }
 
+/// The document as an McpServer: the CRD's structural schema, then the typed read and the
+/// whole-field CEL rules; the problems of the first step that finds any.
+fn typed(doc: &Value) -> Result<McpServer, Vec<String>> {
+    let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    if api_version != "quiver.dev/v1alpha1" {
+        return Err(vec![format!(
+            "apiVersion: must be quiver.dev/v1alpha1, not {api_version:?}"
+        )]);
+    }
+    let crd_schema = McpServer::crd()
+        .spec
+        .versions
+        .first()
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or(Value::Null);
+    // The root schema covers spec and status; the API server itself checks apiVersion,
+    // kind and metadata (the name is checked by the render).
+    let mut body = doc.clone();
+    if let Some(m) = body.as_object_mut() {
+        for k in ["apiVersion", "kind", "metadata"] {
+            m.remove(k);
+        }
+    }
+    let mut problems = schema::problems(&crd_schema, &body, "");
+    if doc.pointer("/metadata/name").and_then(Value::as_str).is_none() {
+        problems.push("metadata.name: required".to_owned());
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let mcp: McpServer = serde_json::from_value(doc.clone()).map_err(|e| vec![format!("spec: {e}")])?;
+    let problems = cel_rules(&mcp);
+    if problems.is_empty() {
+        Ok(mcp)
+    } else {
+        Err(problems)
+    }
+}
+
 /// The schema's CEL rules over whole fields (the API server evaluates them; the pod-template
 /// ones are also the operator's own checks, run by the render).
 fn cel_rules(mcp: &McpServer) -> Vec<String> {
@@ -248,7 +262,8 @@ fn cel_rules(mcp: &McpServer) -> Vec<String> {
         && t.cpus.is_none()
     {
         problems.push(
-            "spec.tuning.cpus: cpuPinning needs cpus: the whole number of exclusive CPUs each pod gets".to_owned(),
+            "spec.tuning.cpus: cpuPinning needs cpus: the whole number of exclusive CPUs each pod gets"
+                .to_owned(),
         );
     }
     if let Some(a) = &spec.autoscaling
@@ -275,7 +290,12 @@ pub fn print(file: &str, reports: &[Report]) -> (String, bool) {
         } else {
             valid = false;
             let n = r.problems.len();
-            let _ = writeln!(out, "{file}: {}: {n} problem{}", r.subject, if n == 1 { "" } else { "s" });
+            let _ = writeln!(
+                out,
+                "{file}: {}: {n} problem{}",
+                r.subject,
+                if n == 1 { "" } else { "s" }
+            );
             for p in &r.problems {
                 let _ = writeln!(out, "  {p}");
             }

@@ -45,7 +45,12 @@ pub fn header_text(s: &str) -> String {
 }
 
 /// A 2026-07-28 request of `method` with `params` (its `_meta` added).
-pub fn request(id: u64, method: &str, mut params: serde_json::Map<String, Value>, name: Option<&str>) -> Request {
+pub fn request(
+    id: u64,
+    method: &str,
+    mut params: serde_json::Map<String, Value>,
+    name: Option<&str>,
+) -> Request {
     params.insert(
         "_meta".to_owned(),
         json!({
@@ -76,7 +81,9 @@ pub fn result(answer: &Answer, id: u64) -> Result<Value, Failure> {
     let messages = if answer.content_type.starts_with("text/event-stream") {
         events(&answer.body)
     } else {
-        serde_json::from_slice::<Value>(&answer.body).into_iter().collect()
+        serde_json::from_slice::<Value>(&answer.body)
+            .into_iter()
+            .collect()
     };
     let response = messages
         .into_iter()
@@ -86,15 +93,22 @@ pub fn result(answer: &Answer, id: u64) -> Result<Value, Failure> {
             let e = &r["error"];
             let message = e.get("message").and_then(Value::as_str).unwrap_or("no message");
             let code = e.get("code").and_then(Value::as_i64).unwrap_or_default();
-            let data = e.get("data").map(|d| format!(" ({})", clip(&d.to_string(), 300))).unwrap_or_default();
-            Err(Failure::Server(format!("error {code}: {}{data}", clip(message, 500))))
+            let data = e
+                .get("data")
+                .map(|d| format!(" ({})", clip(&d.to_string(), 300)))
+                .unwrap_or_default();
+            Err(Failure::Server(format!(
+                "error {code}: {}{data}",
+                clip(message, 500)
+            )))
         }
         (200..=299, Some(r)) => r
             .get("result")
             .cloned()
             .ok_or_else(|| Failure::Server("a response without a result".to_owned())),
         (401, _) => Err(Failure::Server(
-            "401 Unauthorized: the McpServer requires a token (--token, QUIVER_TOKEN or --token-file)".to_owned(),
+            "401 Unauthorized: the McpServer requires a token (--token, QUIVER_TOKEN or --token-file)"
+                .to_owned(),
         )),
         (403, _) => Err(Failure::Server(
             "403 Forbidden: the token lacks the scope or group this needs".to_owned(),
@@ -147,8 +161,16 @@ pub fn call_text(result: &Value) -> Result<(String, bool), Failure> {
     }
     let is_error = result.get("isError").and_then(Value::as_bool).unwrap_or(false);
     let mut lines = Vec::new();
-    for item in result.get("content").and_then(Value::as_array).into_iter().flatten() {
-        match (item.get("type").and_then(Value::as_str), item.get("text").and_then(Value::as_str)) {
+    for item in result
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match (
+            item.get("type").and_then(Value::as_str),
+            item.get("text").and_then(Value::as_str),
+        ) {
             (Some("text"), Some(t)) => lines.push(t.to_owned()),
             _ => lines.push(item.to_string()),
         }
@@ -180,7 +202,10 @@ mod tests {
         let r = request(7, "tools/call", p, Some("add"));
         let body: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(body["id"], 7);
-        assert_eq!(body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"], VERSION);
+        assert_eq!(
+            body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+            VERSION
+        );
         assert!(body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"].is_object());
         assert!(r.headers.contains(&("mcp-method", "tools/call".to_owned())));
         assert!(r.headers.contains(&("mcp-name", "add".to_owned())));
@@ -191,7 +216,10 @@ mod tests {
     #[test]
     fn answers_are_read_from_json_or_an_event_stream() {
         let ok = r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}"#;
-        assert_eq!(result(&answer(200, "application/json", ok), 1).unwrap(), json!({"tools": []}));
+        assert_eq!(
+            result(&answer(200, "application/json", ok), 1).unwrap(),
+            json!({"tools": []})
+        );
         let sse = format!(
             "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}}\n\nid: 2\ndata: {ok}\n\n"
         );
@@ -201,7 +229,9 @@ mod tests {
         );
         let err = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"unknown tool: nope"}}"#;
         assert_eq!(
-            result(&answer(400, "application/json", err), 1).unwrap_err().to_string(),
+            result(&answer(400, "application/json", err), 1)
+                .unwrap_err()
+                .to_string(),
             "error -32602: unknown tool: nope"
         );
         let e = result(&answer(401, "application/json", "{}"), 1).unwrap_err();
@@ -209,7 +239,10 @@ mod tests {
         assert!(e.to_string().contains("--token"));
         let e = result(&answer(503, "text/plain", "no endpoints available"), 1).unwrap_err();
         assert_eq!(e.to_string(), "HTTP 503: no endpoints available");
-        assert!(result(&answer(200, "application/json", "{}"), 1).is_err(), "no response to id 1");
+        assert!(
+            result(&answer(200, "application/json", "{}"), 1).is_err(),
+            "no response to id 1"
+        );
     }
 
     #[test]
@@ -218,9 +251,13 @@ mod tests {
         let (text, is_error) = call_text(&r).unwrap();
         assert_eq!(text.lines().next(), Some("42"));
         assert!(text.contains("image/png") && !is_error);
-        let (text, is_error) = call_text(&json!({"content": [{"type": "text", "text": "boom"}], "isError": true})).unwrap();
+        let (text, is_error) =
+            call_text(&json!({"content": [{"type": "text", "text": "boom"}], "isError": true})).unwrap();
         assert_eq!((text.as_str(), is_error), ("boom", true));
-        assert_eq!(call_text(&json!({"structuredContent": {"a": 1}})).unwrap().0, r#"{"a":1}"#);
+        assert_eq!(
+            call_text(&json!({"structuredContent": {"a": 1}})).unwrap().0,
+            r#"{"a":1}"#
+        );
         assert!(call_text(&json!({"resultType": "input_required", "inputRequests": {}})).is_err());
     }
 }

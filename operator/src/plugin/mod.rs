@@ -114,7 +114,10 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             let (client, ns) = client(&cli).await?;
             let (mcp, pods) = status::gather(&client, &ns, name).await?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&status::as_json(&mcp, &pods)).unwrap_or_default()),
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status::as_json(&mcp, &pods)).unwrap_or_default()
+                ),
                 Output::Text => print!("{}", status::as_text(&mcp, &pods, None)),
             }
             if status::is_ready(&mcp) {
@@ -163,7 +166,12 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-async fn connect(client: Client, ns: &str, name: &str, conn: &Connect) -> Result<(Reach, Option<String>), Failure> {
+async fn connect(
+    client: Client,
+    ns: &str,
+    name: &str,
+    conn: &Connect,
+) -> Result<(Reach, Option<String>), Failure> {
     let token = conn.bearer()?;
     let reach = if conn.port_forward(token.is_some())? {
         Reach::port_forward(client, ns, name).await?
@@ -183,15 +191,26 @@ async fn list_tools(reach: &mut Reach, token: Option<&str>) -> Result<Vec<Value>
             params.insert("cursor".to_owned(), Value::String(c));
         }
         let id = u64::try_from(page).unwrap_or_default() + 1;
-        let answer = reach.post(&mcp::request(id, "tools/list", params, None), token).await?;
+        let answer = reach
+            .post(&mcp::request(id, "tools/list", params, None), token)
+            .await?;
         let result = mcp::result(&answer, id).map_err(|e| via(reach, e))?;
-        tools.extend(result.get("tools").and_then(Value::as_array).cloned().unwrap_or_default());
+        tools.extend(
+            result
+                .get("tools")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default(),
+        );
         match result.get("nextCursor").and_then(Value::as_str) {
             Some(c) if !c.is_empty() => cursor = Some(c.to_owned()),
             _ => return Ok(tools),
         }
     }
-    Err(Failure::Server(format!("more than {} pages of tools", mcp::MAX_PAGES)))
+    Err(Failure::Server(format!(
+        "more than {} pages of tools",
+        mcp::MAX_PAGES
+    )))
 }
 
 /// Names the way a server error came, so "HTTP 503" says through what.
@@ -210,12 +229,22 @@ async fn call(
     pairs: &[String],
 ) -> Result<Value, Failure> {
     let tools = list_tools(reach, token).await?;
-    let Some(found) = tools.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(tool)) else {
-        let mut names: Vec<&str> = tools.iter().filter_map(|t| t.get("name").and_then(Value::as_str)).collect();
+    let Some(found) = tools
+        .iter()
+        .find(|t| t.get("name").and_then(Value::as_str) == Some(tool))
+    else {
+        let mut names: Vec<&str> = tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(Value::as_str))
+            .collect();
         names.sort_unstable();
         return Err(Failure::Usage(format!(
             "no tool `{tool}` (tools: {})",
-            if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
         )));
     };
     let schema = found.get("inputSchema").cloned().unwrap_or_else(|| json!({}));
@@ -224,7 +253,9 @@ async fn call(
     params.insert("name".to_owned(), Value::String(tool.to_owned()));
     params.insert("arguments".to_owned(), Value::Object(arguments));
     let id = 1_000_000;
-    let answer = reach.post(&mcp::request(id, "tools/call", params, Some(tool)), token).await?;
+    let answer = reach
+        .post(&mcp::request(id, "tools/call", params, Some(tool)), token)
+        .await?;
     mcp::result(&answer, id).map_err(|e| via(reach, e))
 }
 

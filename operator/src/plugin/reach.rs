@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, ListParams};
 use kube::Client;
+use kube::api::{Api, ListParams};
 
 use super::Failure;
 use super::mcp::{Answer, Request as McpRequest};
@@ -160,7 +160,9 @@ impl Reach {
                     Ok(proxied)
                 }
                 Self::Forward { sender, pod, .. } => {
-                    let request = builder.body(Full::new(Bytes::from(req.body.clone()))).map_err(bad)?;
+                    let request = builder
+                        .body(Full::new(Bytes::from(req.body.clone())))
+                        .map_err(bad)?;
                     sender
                         .ready()
                         .await
@@ -181,9 +183,7 @@ impl Reach {
     /// Ends a port-forward.
     pub async fn close(self) {
         if let Self::Forward {
-            sender,
-            forwarder,
-            ..
+            sender, forwarder, ..
         } = self
         {
             drop(sender);
@@ -214,7 +214,11 @@ where
     let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
         .collect()
         .await
-        .map_err(|e| Failure::Server(format!("reading the answer (at most {MAX_ANSWER_BYTES} bytes): {e}")))?
+        .map_err(|e| {
+            Failure::Server(format!(
+                "reading the answer (at most {MAX_ANSWER_BYTES} bytes): {e}"
+            ))
+        })?
         .to_bytes()
         .to_vec();
     Ok(Answer {

@@ -35,7 +35,9 @@ fn num(s: &Value, key: &str) -> Option<f64> {
 }
 
 fn count(s: &Value, key: &str) -> Option<usize> {
-    s.get(key).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok())
+    s.get(key)
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok())
 }
 
 fn walk(schema: &Value, value: &Value, path: &str, depth: usize, out: &mut Vec<String>) {
@@ -47,7 +49,10 @@ fn walk(schema: &Value, value: &Value, path: &str, depth: usize, out: &mut Vec<S
     }
     if schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
         if !(value.is_string() || value.is_i64() || value.is_u64()) {
-            out.push(format!("{path}: must be an integer or a string, not {}", type_name(value)));
+            out.push(format!(
+                "{path}: must be an integer or a string, not {}",
+                type_name(value)
+            ));
         }
         return;
     }
@@ -57,7 +62,11 @@ fn walk(schema: &Value, value: &Value, path: &str, depth: usize, out: &mut Vec<S
     let got = type_name(value);
     let fits = got == want || (want == "number" && got == "integer");
     if !fits {
-        let article = if matches!(want, "integer" | "object" | "array") { "an" } else { "a" };
+        let article = if matches!(want, "integer" | "object" | "array") {
+            "an"
+        } else {
+            "a"
+        };
         out.push(format!("{path}: must be {article} {want}, not {got}"));
         return;
     }
@@ -131,13 +140,24 @@ fn object(
     depth: usize,
     out: &mut Vec<String>,
 ) {
-    let dot = |k: &str| if path.is_empty() { k.to_owned() } else { format!("{path}.{k}") };
+    let dot = |k: &str| {
+        if path.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
     if let Some(max) = count(schema, "maxProperties")
         && map.len() > max
     {
         out.push(format!("{path}: at most {max} entries, not {}", map.len()));
     }
-    for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+    for r in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if let Some(k) = r.as_str()
             && !map.contains_key(k)
         {

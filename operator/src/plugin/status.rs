@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
 use kube::Client;
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 use super::Failure;
@@ -55,7 +55,10 @@ pub async fn gather(client: &Client, ns: &str, name: &str) -> Result<(McpServer,
         } else {
             Err(format!(
                 "not running ({})",
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("unknown")
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .unwrap_or("unknown")
             ))
         };
         reports.push(PodReport {
@@ -82,7 +85,10 @@ async fn admin_status(client: &Client, ns: &str, pod: &str) -> Result<Value, Str
         return Err(format!(
             "admin /status answered {}: {}",
             answer.status,
-            String::from_utf8_lossy(&answer.body).chars().take(200).collect::<String>()
+            String::from_utf8_lossy(&answer.body)
+                .chars()
+                .take(200)
+                .collect::<String>()
         ));
     }
     serde_json::from_slice(&answer.body).map_err(|e| format!("admin /status is not JSON: {e}"))
@@ -90,9 +96,11 @@ async fn admin_status(client: &Client, ns: &str, pod: &str) -> Result<Value, Str
 
 /// Whether the McpServer is Ready.
 pub fn is_ready(mcp: &McpServer) -> bool {
-    mcp.status
-        .as_ref()
-        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    mcp.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
 }
 
 /// The JSON form: the McpServer's status and each pod's report.
@@ -146,13 +154,17 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
         mcp.metadata.namespace.as_deref().unwrap_or_default(),
         mcp.metadata.name.as_deref().unwrap_or_default(),
         mcp.metadata.generation.unwrap_or_default(),
-        status.observed_generation.map_or_else(|| "none".to_owned(), |g| g.to_string()),
+        status
+            .observed_generation
+            .map_or_else(|| "none".to_owned(), |g| g.to_string()),
     );
     let _ = writeln!(
         out,
         "Replicas {}  Tools {}  Endpoint {}",
         status.replicas_summary.as_deref().unwrap_or("-"),
-        status.tool_count.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+        status
+            .tool_count
+            .map_or_else(|| "-".to_owned(), |t| t.to_string()),
         status.endpoint.as_deref().unwrap_or("-"),
     );
     let hash = status.config_hash.clone().unwrap_or_default();
@@ -160,14 +172,27 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
         out,
         "Config hash {}  loaded by {} ready pod(s)",
         if hash.is_empty() { "-" } else { short(&hash) },
-        status.config_loaded_replicas.map_or_else(|| "?".to_owned(), |n| n.to_string()),
+        status
+            .config_loaded_replicas
+            .map_or_else(|| "?".to_owned(), |n| n.to_string()),
     );
-    let _ = writeln!(out, "\nCONDITION         STATUS   REASON                     MESSAGE");
+    let _ = writeln!(
+        out,
+        "\nCONDITION         STATUS   REASON                     MESSAGE"
+    );
     for c in &status.conditions {
-        let _ = writeln!(out, "{:<17} {:<8} {:<26} {}", c.type_, c.status, c.reason, c.message);
+        let _ = writeln!(
+            out,
+            "{:<17} {:<8} {:<26} {}",
+            c.type_, c.status, c.reason, c.message
+        );
     }
     if !status.unsafe_sysctls.is_empty() {
-        let _ = writeln!(out, "\nWarning: unsafe sysctls: {}", status.unsafe_sysctls.join(", "));
+        let _ = writeln!(
+            out,
+            "\nWarning: unsafe sysctls: {}",
+            status.unsafe_sysctls.join(", ")
+        );
     }
     if !status.unwatched_config_maps.is_empty() {
         let _ = writeln!(
@@ -176,7 +201,10 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
             status.unwatched_config_maps.join(", ")
         );
     }
-    let _ = writeln!(out, "\nPOD                                 READY  CONFIG HASH          GEN  TOOLS  LAST RELOAD");
+    let _ = writeln!(
+        out,
+        "\nPOD                                 READY  CONFIG HASH          GEN  TOOLS  LAST RELOAD"
+    );
     if pods.is_empty() {
         let _ = writeln!(out, "(no pods)");
     }
@@ -208,8 +236,17 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
             reload.get("result").and_then(Value::as_str).unwrap_or("-"),
             ago(reload.get("atUnix").and_then(Value::as_u64), now),
         );
-        for problem in reload.get("problems").and_then(Value::as_array).into_iter().flatten() {
-            let _ = writeln!(out, "    reload problem: {}", problem.as_str().unwrap_or_default());
+        for problem in reload
+            .get("problems")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(
+                out,
+                "    reload problem: {}",
+                problem.as_str().unwrap_or_default()
+            );
         }
         for u in s.get("upstreams").and_then(Value::as_array).into_iter().flatten() {
             let field = |k: &str| u.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -259,15 +296,19 @@ mod tests {
             PodReport {
                 name: "calc-a".into(),
                 ready: true,
-                status: Ok(json!({"configHash": "0123456789abcdef", "generation": 2, "tools": 3,
+                status: Ok(
+                    json!({"configHash": "0123456789abcdef", "generation": 2, "tools": 3,
                     "lastReload": {"result": "invalid", "atUnix": 1000, "problems": ["tools[0].handler: unknown builtin"]},
-                    "upstreams": [{"name": "weather", "transport": "http", "state": "down", "imported": 0, "error": "connect refused"}]})),
+                    "upstreams": [{"name": "weather", "transport": "http", "state": "down", "imported": 0, "error": "connect refused"}]}),
+                ),
             },
             PodReport {
                 name: "calc-b".into(),
                 ready: false,
-                status: Ok(json!({"configHash": "ffffffffffff0000", "generation": 1, "tools": 2,
-                    "lastReload": {"result": "success", "atUnix": 970}})),
+                status: Ok(
+                    json!({"configHash": "ffffffffffff0000", "generation": 1, "tools": 2,
+                    "lastReload": {"result": "success", "atUnix": 970}}),
+                ),
             },
             PodReport {
                 name: "calc-c".into(),

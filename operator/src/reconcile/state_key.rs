@@ -6,8 +6,8 @@
 //! template rolls the pods.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
 use kube::Error as KubeError;
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::{Conflict, Context, Error, controlled_by};
@@ -33,7 +33,13 @@ pub enum StateKey {
 ///
 /// # Errors
 /// [`Error::Owner`] when reading it fails, [`Error::Apply`] when creating it fails.
-pub async fn ensure(ctx: &Context, ns: &str, mcp: &McpServer, name: &str, uid: &str) -> Result<StateKey, Error> {
+pub async fn ensure(
+    ctx: &Context,
+    ns: &str,
+    mcp: &McpServer,
+    name: &str,
+    uid: &str,
+) -> Result<StateKey, Error> {
     let secret = build::state_key_secret_name(name);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let owner_err = |source| Error::Owner {
@@ -49,7 +55,11 @@ pub async fn ensure(ctx: &Context, ns: &str, mcp: &McpServer, name: &str, uid: &
         .map(|m| m.metadata.clone());
     let found = match stored {
         Some(m) => Some(m),
-        None => api.get_metadata_opt(&secret).await.map_err(owner_err)?.map(|m| m.metadata),
+        None => api
+            .get_metadata_opt(&secret)
+            .await
+            .map_err(owner_err)?
+            .map(|m| m.metadata),
     };
     let meta = match found {
         Some(m) => m,
@@ -66,14 +76,18 @@ pub async fn ensure(ctx: &Context, ns: &str, mcp: &McpServer, name: &str, uid: &
                 // Keep the metadata only: the created object carries the key.
                 Ok(created) => created.metadata,
                 // Created meanwhile (by an earlier reconcile whose answer was lost, or another).
-                Err(KubeError::Api(e)) if e.code == 409 => match api.get_metadata_opt(&secret).await.map_err(owner_err)? {
-                    Some(m) => m.metadata,
-                    None => return Err(Error::Apply {
-                        kind: KIND,
-                        name: secret.clone(),
-                        source: KubeError::Api(e),
-                    }),
-                },
+                Err(KubeError::Api(e)) if e.code == 409 => {
+                    match api.get_metadata_opt(&secret).await.map_err(owner_err)? {
+                        Some(m) => m.metadata,
+                        None => {
+                            return Err(Error::Apply {
+                                kind: KIND,
+                                name: secret.clone(),
+                                source: KubeError::Api(e),
+                            });
+                        }
+                    }
+                }
                 Err(source) => {
                     return Err(Error::Apply {
                         kind: KIND,
