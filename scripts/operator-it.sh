@@ -27,3 +27,4 @@ export QUIVER_SERVER_BIN="$BIN/quiver-server"
 cargo test -p quiver-operator --locked --test cluster -- --ignored --test-threads=3 --nocapture
 cargo test -p quiver-operator --locked --test cluster_restricted -- --ignored --test-threads=2 --nocapture
 cargo test -p quiver-operator --locked --test cluster_ownership -- --ignored --nocapture
+cargo test -p quiver-operator --locked --test cluster_plugin -- --ignored --nocapture

@@ -79,6 +79,10 @@ pub async fn client(cli: &Cli) -> Result<(Client, String), Failure> {
         None => Config::from_kubeconfig(&options).await,
     }
     .map_err(|e| Failure::Kube(format!("kubeconfig: {e}")))?;
+    // No automatic retry of 429/503/504: a tools/call must not be sent twice behind the
+    // user's back, and "no endpoints available" should fail at once.
+    let mut config = config;
+    config.default_retry = false;
     let ns = cli
         .namespace
         .clone()
