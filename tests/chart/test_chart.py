@@ -47,7 +47,7 @@ def test_defaults_install_crd_operator_rbac_and_dashboards():
     assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}, "get: the owner check of a child missing from the watch"
     assert verbs[("monitoring.coreos.com", "servicemonitors")] == {"get", "create", "patch", "delete"}
     assert "delete" not in verbs[("", "configmaps")], "the operator never deletes ConfigMaps"
-    assert verbs[("", "secrets")] == {"get", "list", "watch"}, "read-only: only so it may grant pods their Secrets"
+    assert verbs[("", "secrets")] == {"get", "list", "watch", "create"}, "grant pods their Secrets; create the state keys; never patch or delete"
     assert verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch", "delete"}
     assert verbs[("networking.k8s.io", "ingresses")] == {"get", "create", "patch", "delete"}
     assert verbs[("gateway.networking.k8s.io", "httproutes")] == {"get", "create", "patch", "delete"}
@@ -80,7 +80,8 @@ def test_replicas_turn_on_leader_election():
 def test_optional_objects_and_overrides():
     docs = render("crds.enabled=false", "dashboards.enabled=false", "metrics.serviceMonitor.enabled=true",
                   "metrics.serviceMonitor.labels.release=prom", "prometheusRules.enabled=true",
-                  "image.tag=9.9.9", "server.image.repository=registry.example/quiver-server", "operator.probePods=false")
+                  "image.tag=9.9.9", "server.image.repository=registry.example/quiver-server", "operator.probePods=false",
+                  "server.serviceMonitor=true")
     assert not find(docs, "CustomResourceDefinition")
     assert not find(docs, "ConfigMap")
     sm = find(docs, "ServiceMonitor")[0]
@@ -92,6 +93,8 @@ def test_optional_objects_and_overrides():
     assert c["image"] == "quiver-operator:9.9.9"
     assert "--server-image=registry.example/quiver-server:0.1.0" in c["args"]
     assert "--probe-pods=false" in c["args"]
+    assert "--default-service-monitor=true" in c["args"], "the McpServers' ServiceMonitor default"
+    assert "--default-service-monitor=false" in find(render(), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_a_namespace_scoped_install_has_roles_in_the_watched_namespaces_and_nothing_cluster_wide():
