@@ -61,7 +61,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         problems: e
             .problems
             .iter()
-            .map(|p| locate(&p.to_string(), &merged.origins, &merged.up_origins))
+            .map(|p| locate(&p.to_string(), &merged.origins, &merged.up_origins, &merged.pol_origins))
             .collect(),
     })?;
     refuse("InvalidToolConfig", bad_secret_names(&compiled.secrets))?;
@@ -107,6 +107,7 @@ struct Merged {
     ts: ToolSet,
     origins: Vec<String>,
     up_origins: Vec<String>,
+    pol_origins: Vec<String>,
 }
 
 impl Merged {
@@ -122,16 +123,21 @@ impl Merged {
             resources: spec.mcp_resources.clone(),
             prompts: spec.prompts.clone(),
             upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
+            policies: spec.policies.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
         let up_origins = (0..ts.upstreams.len())
             .map(|i| format!("spec.upstreams[{i}]"))
             .collect();
+        let pol_origins = (0..ts.policies.len())
+            .map(|i| format!("spec.policies[{i}]"))
+            .collect();
         Self {
             ts,
             origins,
             up_origins,
+            pol_origins,
         }
     }
 
@@ -152,6 +158,9 @@ impl Merged {
                     self.up_origins
                         .extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
                     ts.upstreams.extend(doc.upstreams);
+                    self.pol_origins
+                        .extend((0..doc.policies.len()).map(|j| format!("{label} policies[{j}]")));
+                    ts.policies.extend(doc.policies);
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
             }
@@ -216,8 +225,8 @@ pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(
 }
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.
-fn locate(problem: &str, origins: &[String], up_origins: &[String]) -> String {
-    for (prefix, origins) in [("tools[", origins), ("upstreams[", up_origins)] {
+fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins: &[String]) -> String {
+    for (prefix, origins) in [("tools[", origins), ("upstreams[", up_origins), ("policies[", pol_origins)] {
         if let Some(rest) = problem.strip_prefix(prefix)
             && let Some((n, tail)) = rest.split_once(']')
             && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))

@@ -13,6 +13,7 @@ pub(crate) mod context;
 mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;
+pub mod policy;
 pub(crate) mod shared;
 pub mod upstream;
 
