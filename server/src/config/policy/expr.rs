@@ -529,9 +529,6 @@ impl Checker {
                     .map_err(|_| "matches(): the pattern is not a valid regular expression, or too large".to_owned())?;
                 Ok((Node::Matches(b(s), Box::new(re)), Ty::Bool))
             }
-            (operators::MAP | operators::FILTER, _, _) => {
-                Err(format!("{name}() is not supported (use all, exists or exists_one)"))
-            }
             _ => Err(format!(
                 "unknown function `{}` with {} argument(s){}",
                 clip(name.trim_matches('_')),
@@ -597,9 +594,9 @@ impl Checker {
         };
         let t = match (tl, tr) {
             (Ty::Str, Ty::Str) | (Ty::Str, Ty::Dyn) | (Ty::Dyn, Ty::Str) if op == Arith::Add => Ty::Str,
-            (Ty::Dyn, _) | (_, Ty::Dyn) if tl.numeric() || tr.numeric() || (tl == Ty::Dyn && tr == Ty::Dyn) => {
-                Ty::Dyn
-            }
+            (Ty::Dyn, Ty::Dyn) => Ty::Dyn,
+            // No implicit conversions in CEL: the known side's type is the result's.
+            (Ty::Dyn, t) | (t, Ty::Dyn) if matches!(t, Ty::Int | Ty::Uint | Ty::Double) => t,
             (a, z) if a == z && matches!(a, Ty::Int | Ty::Uint | Ty::Double) => {
                 if op == Arith::Rem && a == Ty::Double {
                     return Err("% needs integers".to_owned());
@@ -619,7 +616,7 @@ impl Checker {
 
     fn comprehension(&mut self, c: &ComprehensionExpr, depth: usize) -> Out {
         let quant = macro_kind(c).ok_or_else(|| {
-            "only the all, exists and exists_one macros are supported".to_owned()
+            "only the all, exists and exists_one macros are supported (not map or filter)".to_owned()
         })?;
         if self.locals.len() >= MAX_COMPREHENSION_NESTING {
             return Err(format!(
@@ -752,8 +749,8 @@ mod tests {
             ("caller == tool", "is an object"),
             ("!caller.subject", "! needs a bool, not string"),
             ("caller.subject && true", "&& needs a bool"),
-            ("args.items.map(i, i.x).size() > 0", "map() is not supported"),
-            ("args.items.filter(i, i.x).size() > 0", "filter() is not supported"),
+            ("args.items.map(i, i.x).size() > 0", "not map or filter"),
+            ("args.items.filter(i, i.x).size() > 0", "not map or filter"),
             ("args.s.matches(args.p)", "string literal"),
             ("args.s.matches('(')", "not a valid regular expression"),
             ("{'a': 1}.a == 1", "map literals"),
@@ -801,6 +798,24 @@ mod tests {
         assert!(err(&re).contains("regular expression"));
         let long_re = format!("args.x.matches('{}')", "a".repeat(MAX_PATTERN_BYTES + 1));
         assert!(err(&long_re).contains("pattern is at most"));
+        // The longest chains that fit, of every binary operator and of postfix selections,
+        // indexes and calls: refused, without exhausting a small stack.
+        std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(|| {
+                for unit in [
+                    " && a", " || a", " + a", " * a", " == a", " < a", " in a", " ? a : a", ".a", "[0]",
+                    ".size()", ".all(x, x)", "-", "!", "(a)", "'\\u00e9'",
+                ] {
+                    let n = MAX_EXPRESSION_BYTES / unit.len();
+                    let src = format!("a{}", unit.repeat(n - 1));
+                    let src = &src[..src.len().min(MAX_EXPRESSION_BYTES)];
+                    assert!(compile(src).is_err(), "{unit}");
+                }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
         // Brackets inside strings do not count, and unbalanced ones are a syntax error.
         compile(&format!("args.x == '{}'", "(".repeat(100))).unwrap();
         assert!(err(")))(((").contains("syntax"));

@@ -124,7 +124,7 @@ fn costly_evaluations_stop_and_deny_in_bounded_time() {
     let args = json!({"a": strings(5_000), "s": "x".repeat(1 << 20)});
     for src in [
         // 25 million comparisons, stopped after the budget.
-        "args.a.all(x, args.a.exists(y, x == y + 'z'))",
+        "args.a.all(x, !args.a.exists(y, x == y + 'z'))",
         "args.a.exists(x, args.a.all(y, y != x))",
         "args.a.exists_one(x, args.a.exists(y, y == 'nope'))",
         // A megabyte regex-scanned per element.
