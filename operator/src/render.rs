@@ -283,6 +283,44 @@ spec:
     }
 
     #[test]
+    fn policies_render_into_the_toolset_and_their_problems_name_their_origin() {
+        let m = mcp(r#"
+metadata: {name: x}
+spec:
+  tools:
+    - {name: restart, input: {namespace: string}, policy: "args.namespace != 'prod'", handler: {template: ok}}
+  policies:
+    - {name: sre, expression: "'sre' in caller.groups", tools: [restart]}
+  toolsFrom:
+    - configMapKeyRef: {name: shared, key: tools.yaml}
+"#);
+        let from = "policies:
+  - {name: shared, expression: "caller.subject != ''"}
+";
+        let ok = render(&m, &vec![Some(from.to_owned())]).unwrap();
+        let served = config::parse("ConfigMap", &ok.yaml).unwrap();
+        let names: Vec<&str> = served.policies.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["sre", "shared"]);
+        assert_eq!(served.tools[0].policy.as_deref(), Some("args.namespace != 'prod'"));
+
+        let bad_from = "policies:
+  - {name: shared, expression: "caller.nope"}
+";
+        let err = render(&m, &vec![Some(bad_from.to_owned())]).unwrap_err();
+        assert_eq!(
+            err.problems,
+            ["spec.toolsFrom[0] (ConfigMap shared, key tools.yaml) policies[0].expression: unknown field `caller.nope` (subject, issuer, clientId, claims, groups, scopes)"]
+        );
+        let inline = mcp(
+            "metadata: {name: x}\nspec:\n  tools:\n    - {name: t, policy: 'size(caller)', handler: {template: ok}}\n  policies:\n    - {name: p, expression: 'true', upstreams: [gone]}\n",
+        );
+        let err = render(&inline, &vec![]).unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{:?}", err.problems);
+        assert!(err.problems[0].starts_with("spec.policies[0].upstreams[0]: no upstream"), "{:?}", err.problems);
+        assert!(err.problems[1].starts_with("spec.tools[0].policy: size() of caller"), "{:?}", err.problems);
+    }
+
+    #[test]
     fn missing_sources_are_reported() {
         let m = mcp(
             "metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: gone, key: t.yaml}\n",
