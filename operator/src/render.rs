@@ -294,18 +294,14 @@ spec:
   toolsFrom:
     - configMapKeyRef: {name: shared, key: tools.yaml}
 "#);
-        let from = "policies:
-  - {name: shared, expression: "caller.subject != ''"}
-";
+        let from = "policies:\n  - {name: shared, expression: \"caller.subject != ''\"}\n";
         let ok = render(&m, &vec![Some(from.to_owned())]).unwrap();
         let served = config::parse("ConfigMap", &ok.yaml).unwrap();
         let names: Vec<&str> = served.policies.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["sre", "shared"]);
         assert_eq!(served.tools[0].policy.as_deref(), Some("args.namespace != 'prod'"));
 
-        let bad_from = "policies:
-  - {name: shared, expression: "caller.nope"}
-";
+        let bad_from = "policies:\n  - {name: shared, expression: \"caller.nope\"}\n";
         let err = render(&m, &vec![Some(bad_from.to_owned())]).unwrap_err();
         assert_eq!(
             err.problems,
