@@ -61,7 +61,14 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         problems: e
             .problems
             .iter()
-            .map(|p| locate(&p.to_string(), &merged.origins, &merged.up_origins, &merged.pol_origins))
+            .map(|p| {
+                locate(
+                    &p.to_string(),
+                    &merged.origins,
+                    &merged.up_origins,
+                    &merged.pol_origins,
+                )
+            })
             .collect(),
     })?;
     refuse("InvalidToolConfig", bad_secret_names(&compiled.secrets))?;
@@ -226,7 +233,11 @@ pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.
 fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins: &[String]) -> String {
-    for (prefix, origins) in [("tools[", origins), ("upstreams[", up_origins), ("policies[", pol_origins)] {
+    for (prefix, origins) in [
+        ("tools[", origins),
+        ("upstreams[", up_origins),
+        ("policies[", pol_origins),
+    ] {
         if let Some(rest) = problem.strip_prefix(prefix)
             && let Some((n, tail)) = rest.split_once(']')
             && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))
@@ -299,21 +310,34 @@ spec:
         let served = config::parse("ConfigMap", &ok.yaml).unwrap();
         let names: Vec<&str> = served.policies.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["sre", "shared"]);
-        assert_eq!(served.tools[0].policy.as_deref(), Some("args.namespace != 'prod'"));
+        assert_eq!(
+            served.tools[0].policy.as_deref(),
+            Some("args.namespace != 'prod'")
+        );
 
         let bad_from = "policies:\n  - {name: shared, expression: \"caller.nope\"}\n";
         let err = render(&m, &vec![Some(bad_from.to_owned())]).unwrap_err();
         assert_eq!(
             err.problems,
-            ["spec.toolsFrom[0] (ConfigMap shared, key tools.yaml) policies[0].expression: unknown field `caller.nope` (subject, issuer, clientId, claims, groups, scopes)"]
+            [
+                "spec.toolsFrom[0] (ConfigMap shared, key tools.yaml) policies[0].expression: unknown field `caller.nope` (subject, issuer, clientId, claims, groups, scopes)"
+            ]
         );
         let inline = mcp(
             "metadata: {name: x}\nspec:\n  tools:\n    - {name: t, policy: 'size(caller)', handler: {template: ok}}\n  policies:\n    - {name: p, expression: 'true', upstreams: [gone]}\n",
         );
         let err = render(&inline, &vec![]).unwrap_err();
         assert_eq!(err.problems.len(), 2, "{:?}", err.problems);
-        assert!(err.problems[0].starts_with("spec.policies[0].upstreams[0]: no upstream"), "{:?}", err.problems);
-        assert!(err.problems[1].starts_with("spec.tools[0].policy: size() of caller"), "{:?}", err.problems);
+        assert!(
+            err.problems[0].starts_with("spec.policies[0].upstreams[0]: no upstream"),
+            "{:?}",
+            err.problems
+        );
+        assert!(
+            err.problems[1].starts_with("spec.tools[0].policy: size() of caller"),
+            "{:?}",
+            err.problems
+        );
     }
 
     #[test]

@@ -43,8 +43,7 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const TYPICAL: &str = "'sre' in caller.groups && args.namespace != 'prod'";
-const CLAIMS: &str =
-    "caller.claims.department in ['platform', 'sre'] && tool.annotations.readOnlyHint != true && caller.clientId == 'cli'";
+const CLAIMS: &str = "caller.claims.department in ['platform', 'sre'] && tool.annotations.readOnlyHint != true && caller.clientId == 'cli'";
 const EXISTS: &str = "!args.items.exists(i, i.kind == 'Secret')";
 
 fn benches(c: &mut Criterion) {
@@ -63,10 +62,17 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("policy");
     for (name, src) in [("typical", TYPICAL), ("claims", CLAIMS), ("exists", EXISTS)] {
         let p = Policy::compile(name, false, src).expect("compiles");
-        assert_eq!(p.evaluate(Some(&who), facts, Some(&args)), Verdict::Allow, "{src}");
+        assert_eq!(
+            p.evaluate(Some(&who), facts, Some(&args)),
+            Verdict::Allow,
+            "{src}"
+        );
         let before = ALLOCS.load(Ordering::Relaxed);
         black_box(p.evaluate(Some(&who), facts, Some(&args)));
-        println!("policy/{name}: {} allocs/op", ALLOCS.load(Ordering::Relaxed) - before);
+        println!(
+            "policy/{name}: {} allocs/op",
+            ALLOCS.load(Ordering::Relaxed) - before
+        );
         g.bench_function(name, |b| {
             b.iter(|| p.evaluate(black_box(Some(&who)), facts, black_box(Some(&args))));
         });

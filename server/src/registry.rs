@@ -191,7 +191,11 @@ impl Snapshot {
             .then(|| {
                 tools
                     .iter()
-                    .map(|t| serde_json::to_vec(&t.def.descriptor).unwrap_or_default().into_boxed_slice())
+                    .map(|t| {
+                        serde_json::to_vec(&t.def.descriptor)
+                            .unwrap_or_default()
+                            .into_boxed_slice()
+                    })
                     .collect()
             });
         // Served from the pages from now on; as a `Value` tree a descriptor costs several

@@ -104,14 +104,21 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
             err["message"],
             "Forbidden: policy `no-prod-unless-sre` does not allow this call of tool restart"
         );
-        assert_eq!(err["data"], json!({"tool": "restart", "policy": "no-prod-unless-sre"}));
+        assert_eq!(
+            err["data"],
+            json!({"tool": "restart", "policy": "no-prod-unless-sre"})
+        );
         // The expression is the server's business.
         assert!(!r.contains("caller.groups"), "{r}");
     }
     // A pipeline that runs `restart` meets its policy too, on the pipeline's arguments.
     assert!(call(&p, DEV, "rollout", json!({"namespace": "dev"})).starts_with("HTTP/1.1 403"));
     let r = call(&p, SRE, "rollout", json!({"namespace": "dev"}));
-    assert_eq!(body(&r)["result"]["content"][0]["text"], "restarted in dev", "{r}");
+    assert_eq!(
+        body(&r)["result"]["content"][0]["text"],
+        "restarted in dev",
+        "{r}"
+    );
     // A policy runs before validation: the refused caller learns nothing of the schema.
     let r = call(&p, DEV, "restart", json!({"wrong": 1}));
     assert!(r.starts_with("HTTP/1.1 403"), "{r}");
@@ -155,7 +162,11 @@ fn an_invalid_expression_at_reload_keeps_the_working_config() {
         std::fs::rename(&tmp, &config).unwrap();
     };
     let reloads = |result: &str| {
-        metric(p.admin, &format!("quiver_config_reloads_total{{result=\"{result}\"}}")).unwrap_or(0.0)
+        metric(
+            p.admin,
+            &format!("quiver_config_reloads_total{{result=\"{result}\"}}"),
+        )
+        .unwrap_or(0.0)
     };
     write(&TOOLS.replace("args.namespace != 'prod'", "args.namespace != prod"));
     wait_for("the invalid reload is counted", || reloads("invalid") >= 1.0);
@@ -182,8 +193,22 @@ fn an_invalid_expression_at_reload_keeps_the_working_config() {
 fn without_access_or_policies_every_caller_gets_the_shared_pages() {
     let (p, _secrets) = start("tools:\n  - {name: status, handler: {template: ok}}\n");
     let msg = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
-    let a = http_with(p.mcp, "POST", "/mcp", &format!("Authorization: Bearer {SRE}\r\n"), msg).unwrap();
-    let b = http_with(p.mcp, "POST", "/mcp", &format!("Authorization: Bearer {DEV}\r\n"), msg).unwrap();
+    let a = http_with(
+        p.mcp,
+        "POST",
+        "/mcp",
+        &format!("Authorization: Bearer {SRE}\r\n"),
+        msg,
+    )
+    .unwrap();
+    let b = http_with(
+        p.mcp,
+        "POST",
+        "/mcp",
+        &format!("Authorization: Bearer {DEV}\r\n"),
+        msg,
+    )
+    .unwrap();
     assert_eq!(body(&a), body(&b));
     assert_eq!(body(&a)["result"]["tools"][0]["name"], "status");
 }

@@ -18,7 +18,12 @@ use crate::registry::{Snapshot, Tool};
 
 /// Refuses a call a policy of the tool does not allow.
 #[inline]
-pub(super) fn permitted(server: &Server, tool: &Tool, req: &Request<'_>, args: &Value) -> Result<(), RpcError> {
+pub(super) fn permitted(
+    server: &Server,
+    tool: &Tool,
+    req: &Request<'_>,
+    args: &Value,
+) -> Result<(), RpcError> {
     let Some(policies) = &tool.policies else {
         return Ok(());
     };
@@ -77,7 +82,10 @@ fn render(snap: &Snapshot, entries: &[Box<[u8]>], req: &Request<'_>) -> Result<V
             if tag != snap.cursor_tag() {
                 return Err(bad());
             }
-            n.parse::<usize>().ok().filter(|n| *n <= snap.tools.len()).ok_or_else(bad)?
+            n.parse::<usize>()
+                .ok()
+                .filter(|n| *n <= snap.tools.len())
+                .ok_or_else(bad)?
         }
     };
     let size = snap.config.page_size;

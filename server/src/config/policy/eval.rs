@@ -150,8 +150,16 @@ fn num_cmp(a: &V<'_>, b: &V<'_>) -> Option<std::cmp::Ordering> {
     match (a, b) {
         (V::Int(x), V::Int(y)) => Some(x.cmp(y)),
         (V::Uint(x), V::Uint(y)) => Some(x.cmp(y)),
-        (V::Int(x), V::Uint(y)) => Some(if *x < 0 { std::cmp::Ordering::Less } else { (*x as u64).cmp(y) }),
-        (V::Uint(x), V::Int(y)) => Some(if *y < 0 { std::cmp::Ordering::Greater } else { x.cmp(&(*y as u64)) }),
+        (V::Int(x), V::Uint(y)) => Some(if *x < 0 {
+            std::cmp::Ordering::Less
+        } else {
+            (*x as u64).cmp(y)
+        }),
+        (V::Uint(x), V::Int(y)) => Some(if *y < 0 {
+            std::cmp::Ordering::Greater
+        } else {
+            x.cmp(&(*y as u64))
+        }),
         (V::Double(x), _) => x.partial_cmp(&as_f64(b)?),
         (_, V::Double(y)) => as_f64(a)?.partial_cmp(y),
         _ => None,
@@ -340,7 +348,10 @@ impl<'a> Env<'a> {
         let mut count = 0u32;
         let mut step = |env: &mut Self, item: V<'a>| -> Result<bool, Stop> {
             env.spend(1)?;
-            let inner = Scope { value: item, up: scope };
+            let inner = Scope {
+                value: item,
+                up: scope,
+            };
             let r = env.side(body, Some(&inner))?;
             match q {
                 Quant::All | Quant::Exists => {
@@ -441,7 +452,7 @@ impl<'a> Env<'a> {
     }
 
     fn compare(&mut self, op: Cmp, a: &V<'_>, b: &V<'_>) -> Result<bool, Stop> {
-        use std::cmp::Ordering::{Equal, Greater, Less};
+        use std::cmp::Ordering::{Greater, Less};
         match op {
             Cmp::Eq => return self.equal(a, b),
             Cmp::Ne => return self.equal(a, b).map(|e| !e),
@@ -459,7 +470,7 @@ impl<'a> Env<'a> {
             Cmp::Lt => ord == Less,
             Cmp::Le => ord != Greater,
             Cmp::Gt => ord == Greater,
-            _ => ord != Less && (ord == Equal || ord == Greater),
+            _ => ord != Less,
         })
     }
 

@@ -301,7 +301,13 @@ fn prescan(src: &str) -> Result<(), String> {
             b')' | b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
-        run = if matches!(b, b'!' | b'-') { run + 1 } else if b.is_ascii_whitespace() { run } else { 0 };
+        run = if matches!(b, b'!' | b'-') {
+            run + 1
+        } else if b.is_ascii_whitespace() {
+            run
+        } else {
+            0
+        };
         if depth > MAX_DEPTH || run > MAX_DEPTH {
             return Err(format!("nests deeper than {MAX_DEPTH} levels"));
         }
@@ -370,7 +376,10 @@ impl Checker {
     fn ident(&mut self, name: &str) -> Out {
         if let Some(pos) = self.locals.iter().rposition(|l| l == name) {
             let up = self.locals.len() - 1 - pos;
-            return Ok((Node::Var(Var::Local(u8::try_from(up).unwrap_or(u8::MAX))), Ty::Dyn));
+            return Ok((
+                Node::Var(Var::Local(u8::try_from(up).unwrap_or(u8::MAX))),
+                Ty::Dyn,
+            ));
         }
         match name {
             "caller" => Ok((Node::Lit(Lit::Null), Ty::Caller)),
@@ -433,7 +442,11 @@ impl Checker {
                 Ok((Node::Neg(b(x)), t))
             }
             (operators::LOGICAL_AND | operators::LOGICAL_OR, None, [l, r]) => {
-                let op = if name == operators::LOGICAL_AND { "&&" } else { "||" };
+                let op = if name == operators::LOGICAL_AND {
+                    "&&"
+                } else {
+                    "||"
+                };
                 let (l, _) = self.typed(l, d, Ty::Bool, op)?;
                 let (r, _) = self.typed(r, d, Ty::Bool, op)?;
                 let n = if name == operators::LOGICAL_AND {
@@ -461,7 +474,11 @@ impl Checker {
                 [l, r],
             ) => self.compare(name, l, r, d),
             (
-                operators::ADD | operators::SUBSTRACT | operators::MULTIPLY | operators::DIVIDE | operators::MODULO,
+                operators::ADD
+                | operators::SUBSTRACT
+                | operators::MULTIPLY
+                | operators::DIVIDE
+                | operators::MODULO,
                 None,
                 [l, r],
             ) => self.arith(name, l, r, d),
@@ -485,7 +502,11 @@ impl Checker {
                 let (i, ti) = self.value(i, d)?;
                 let t = match tx {
                     Ty::StrList | Ty::List if ti.is(Ty::Int) || ti == Ty::Uint => {
-                        if tx == Ty::StrList { Ty::Str } else { Ty::Dyn }
+                        if tx == Ty::StrList {
+                            Ty::Str
+                        } else {
+                            Ty::Dyn
+                        }
                     }
                     Ty::Map if ti.is(Ty::Str) => Ty::Dyn,
                     Ty::Dyn => Ty::Dyn,
@@ -520,13 +541,17 @@ impl Checker {
                 };
                 let p = p.inner();
                 if p.len() > MAX_PATTERN_BYTES {
-                    return Err(format!("a matches() pattern is at most {MAX_PATTERN_BYTES} bytes"));
+                    return Err(format!(
+                        "a matches() pattern is at most {MAX_PATTERN_BYTES} bytes"
+                    ));
                 }
                 let re = RegexBuilder::new(p)
                     .size_limit(MAX_REGEX_BYTES)
                     .dfa_size_limit(MAX_REGEX_BYTES)
                     .build()
-                    .map_err(|_| "matches(): the pattern is not a valid regular expression, or too large".to_owned())?;
+                    .map_err(|_| {
+                        "matches(): the pattern is not a valid regular expression, or too large".to_owned()
+                    })?;
                 Ok((Node::Matches(b(s), Box::new(re)), Ty::Bool))
             }
             _ => Err(format!(
@@ -604,11 +629,7 @@ impl Checker {
                 a
             }
             _ => {
-                return Err(format!(
-                    "no arithmetic on {} and {}",
-                    tl.name(),
-                    tr.name()
-                ));
+                return Err(format!("no arithmetic on {} and {}", tl.name(), tr.name()));
             }
         };
         Ok((Node::Arith(op, b(l), b(r)), t))
@@ -786,7 +807,10 @@ mod tests {
         assert!(e.contains("deeper") || e.contains("terms"), "{e}");
         let sum = format!("{} == 0", vec!["args.a"; 300].join(" + "));
         let e = err(&sum);
-        assert!(e.contains("deeper") || e.contains("terms") || e.contains("bytes"), "{e}");
+        assert!(
+            e.contains("deeper") || e.contains("terms") || e.contains("bytes"),
+            "{e}"
+        );
         let selects = format!("args{} == 1", ".a".repeat(200));
         let e = err(&selects);
         assert!(e.contains("deeper") || e.contains("terms"), "{e}");
@@ -804,8 +828,22 @@ mod tests {
             .stack_size(1 << 20)
             .spawn(|| {
                 for unit in [
-                    " && a", " || a", " + a", " * a", " == a", " < a", " in a", " ? a : a", ".a", "[0]",
-                    ".size()", ".all(x, x)", "-", "!", "(a)", "'\\u00e9'",
+                    " && a",
+                    " || a",
+                    " + a",
+                    " * a",
+                    " == a",
+                    " < a",
+                    " in a",
+                    " ? a : a",
+                    ".a",
+                    "[0]",
+                    ".size()",
+                    ".all(x, x)",
+                    "-",
+                    "!",
+                    "(a)",
+                    "'\\u00e9'",
                 ] {
                     let n = MAX_EXPRESSION_BYTES / unit.len();
                     let src = format!("a{}", unit.repeat(n - 1));

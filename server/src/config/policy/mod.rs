@@ -128,7 +128,12 @@ impl ToolPolicies {
     ///
     /// # Errors
     /// The first policy that does not allow it.
-    pub fn check(&self, name: &str, caller: Option<&Principal>, args: Option<&Value>) -> Result<(), PolicyDenial> {
+    pub fn check(
+        &self,
+        name: &str,
+        caller: Option<&Principal>,
+        args: Option<&Value>,
+    ) -> Result<(), PolicyDenial> {
         let facts = ToolFacts {
             name,
             upstream: &self.upstream,
@@ -184,7 +189,12 @@ impl PolicySet {
     }
 
     /// The policies of a tool, `None` when none applies (the tool then pays nothing).
-    pub fn for_tool(&self, name: &str, upstream: &str, annotations: Option<&Value>) -> Option<Box<ToolPolicies>> {
+    pub fn for_tool(
+        &self,
+        name: &str,
+        upstream: &str,
+        annotations: Option<&Value>,
+    ) -> Option<Box<ToolPolicies>> {
         let mut list: Vec<Arc<Policy>> = self
             .named
             .iter()
@@ -212,7 +222,8 @@ impl PolicySet {
 
 fn valid_policy_name(n: &str) -> bool {
     (1..=63).contains(&n.len())
-        && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !n.starts_with('-')
 }
 
@@ -238,7 +249,10 @@ pub(crate) fn compile<'a>(
                 "a policy name is 1-63 characters of a-z, 0-9 and `-`, not starting with `-`",
             );
         } else if policies[..i].iter().any(|o| o.name == spec.name) {
-            p.push(format!("{at}.name"), format!("duplicate policy name `{}`", spec.name));
+            p.push(
+                format!("{at}.name"),
+                format!("duplicate policy name `{}`", spec.name),
+            );
         }
         let mut sel = Selector {
             names: Vec::new(),
@@ -246,7 +260,10 @@ pub(crate) fn compile<'a>(
             upstreams: Vec::new(),
         };
         if spec.tools.len() > MAX_SELECTOR_ENTRIES || spec.upstreams.len() > MAX_SELECTOR_ENTRIES {
-            p.push(&at, format!("`tools` and `upstreams` list at most {MAX_SELECTOR_ENTRIES} names each"));
+            p.push(
+                &at,
+                format!("`tools` and `upstreams` list at most {MAX_SELECTOR_ENTRIES} names each"),
+            );
             continue;
         }
         for (j, t) in spec.tools.iter().enumerate() {
@@ -272,7 +289,10 @@ pub(crate) fn compile<'a>(
             if upstreams.contains(&u.as_str()) {
                 sel.upstreams.push(u.as_str().into());
             } else {
-                p.push(format!("{at}.upstreams[{j}]"), format!("no upstream is named `{u}`"));
+                p.push(
+                    format!("{at}.upstreams[{j}]"),
+                    format!("no upstream is named `{u}`"),
+                );
             }
         }
         match Policy::compile(&spec.name, false, &spec.expression) {

@@ -29,9 +29,18 @@ fn the_typical_rule_allows_sre_outside_prod_only() {
     let rule = "'sre' in caller.groups && args.namespace != 'prod'";
     let sre = caller(&["sre"], json!({"sub": "alice"}));
     let dev = caller(&["dev"], json!({"sub": "bob"}));
-    assert_eq!(run(rule, Some(&sre), Some(&json!({"namespace": "dev"}))), Verdict::Allow);
-    assert_eq!(run(rule, Some(&sre), Some(&json!({"namespace": "prod"}))), Verdict::Deny);
-    assert_eq!(run(rule, Some(&dev), Some(&json!({"namespace": "dev"}))), Verdict::Deny);
+    assert_eq!(
+        run(rule, Some(&sre), Some(&json!({"namespace": "dev"}))),
+        Verdict::Allow
+    );
+    assert_eq!(
+        run(rule, Some(&sre), Some(&json!({"namespace": "prod"}))),
+        Verdict::Deny
+    );
+    assert_eq!(
+        run(rule, Some(&dev), Some(&json!({"namespace": "dev"}))),
+        Verdict::Deny
+    );
     // No credentials: no groups.
     assert_eq!(run(rule, None, Some(&json!({"namespace": "dev"}))), Verdict::Deny);
     // A missing argument is an error (a denial), unless the other side decides.
@@ -40,7 +49,14 @@ fn the_typical_rule_allows_sre_outside_prod_only() {
     // At list time: unknown for sre (listed), false for the others (hidden).
     assert_eq!(run(rule, Some(&sre), None), Verdict::Unknown);
     assert_eq!(run(rule, Some(&dev), None), Verdict::Deny);
-    assert_eq!(run("'sre' in caller.groups || args.namespace == 'dev'", Some(&dev), None), Verdict::Unknown);
+    assert_eq!(
+        run(
+            "'sre' in caller.groups || args.namespace == 'dev'",
+            Some(&dev),
+            None
+        ),
+        Verdict::Unknown
+    );
 }
 
 #[test]
@@ -134,7 +150,11 @@ fn costly_evaluations_stop_and_deny_in_bounded_time() {
         let start = Instant::now();
         let v = run(src, None, Some(&args));
         assert_eq!(v, Verdict::TooCostly, "{src}");
-        assert!(start.elapsed() < Duration::from_secs(2), "{src}: {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{src}: {:?}",
+            start.elapsed()
+        );
     }
 }
 
@@ -146,7 +166,11 @@ fn selectors_pick_tools_by_name_prefix_and_upstream() {
         tools: tools.iter().map(|s| (*s).to_owned()).collect(),
         upstreams: upstreams.iter().map(|s| (*s).to_owned()).collect(),
     };
-    let tools = [("restart", None), ("k8s-get", Some("'a' in caller.groups")), ("add", None)];
+    let tools = [
+        ("restart", None),
+        ("k8s-get", Some("'a' in caller.groups")),
+        ("add", None),
+    ];
     let mut p = Problems::default();
     let set = compile(&[spec(&["restart", "k8s-*"], &["gh"])], &tools, &["gh"], &mut p);
     assert!(p.0.is_empty(), "{:?}", p.0);
@@ -195,7 +219,11 @@ fn problems_name_the_field() {
             "tools[0].policy",
         ]
     );
-    assert!(p.0[2].message.contains("unknown variable `user`"), "{}", p.0[2].message);
+    assert!(
+        p.0[2].message.contains("unknown variable `user`"),
+        "{}",
+        p.0[2].message
+    );
 }
 
 #[test]
@@ -205,7 +233,10 @@ fn a_denial_names_the_policy_never_its_expression() {
         inline: false,
         verdict: Verdict::Deny,
     };
-    assert_eq!(d.message("restart"), "Forbidden: policy `no-prod` does not allow this call of tool restart");
+    assert_eq!(
+        d.message("restart"),
+        "Forbidden: policy `no-prod` does not allow this call of tool restart"
+    );
     let d = PolicyDenial {
         policy: "restart".into(),
         inline: true,
@@ -213,6 +244,25 @@ fn a_denial_names_the_policy_never_its_expression() {
     };
     assert!(d.message("restart").contains("the policy of tool restart"));
     assert!(d.message("restart").contains("cost limit"));
+}
+
+/// The parser's worst cases at the size limit (long runs of tokens that keep its adaptive
+/// prediction guessing) are answered, not stalled on.
+#[test]
+fn the_largest_garbage_is_answered_promptly() {
+    let max = expr::MAX_EXPRESSION_BYTES;
+    for unit in [
+        "a.", "a(", "a[", "a ? ", "a in ", "1 2 ", "'", "\"", "a.all(", "!(", "x, ", ". . ", "?.", "{a: ",
+    ] {
+        let src: String = unit.repeat(max / unit.len());
+        let start = Instant::now();
+        let _ = expr::compile(&src);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{unit}: {:?}",
+            start.elapsed()
+        );
+    }
 }
 
 proptest! {
