@@ -133,6 +133,15 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
     assert_eq!(forbidden(&p) - before, 6.0);
     // Callers are not labels.
     let m = http(p.admin, "GET", "/metrics", "").unwrap();
+    let outcome = m
+        .lines()
+        .find(|l| {
+            l.starts_with("quiver_requests_total{")
+                && l.contains("method=\"tools/call\"")
+                && l.contains("outcome=\"forbidden\"")
+        })
+        .unwrap_or_else(|| panic!("{m}"));
+    assert!(outcome.ends_with(" 6"), "{outcome}");
     assert!(!m.contains("sre-token") && !m.contains("no-prod-unless-sre"));
 }
 
