@@ -221,3 +221,47 @@ fn without_access_or_policies_every_caller_gets_the_shared_pages() {
     assert_eq!(body(&a), body(&b));
     assert_eq!(body(&a)["result"]["tools"][0]["name"], "status");
 }
+
+/// A policy selecting an upstream applies to every tool imported from it (here the server
+/// itself over stdio, serving one tool), reads `tool.upstream`, and hides those tools from
+/// the callers it refuses.
+#[test]
+fn a_policy_on_an_upstream_governs_its_imported_tools() {
+    let inner = tempfile::tempdir().unwrap();
+    let inner_config = inner.path().join("inner.yaml");
+    std::fs::write(
+        &inner_config,
+        "tools:\n  - {name: echo, input: {text: string}, handler: {template: 'echo {{text}}'}}\n",
+    )
+    .unwrap();
+    let tools = format!(
+        "policies:
+  - name: inner-for-sre
+    expression: \"'sre' in caller.groups && tool.upstream == 'inner' && tool.name.startsWith('inner_')\"
+    upstreams: [inner]
+tools:
+  - {{name: local, handler: {{template: ok}}}}
+upstreams:
+  - name: inner
+    stdio: {{command: [{bin}, --stdio, '--config=file:{cfg}', --admin-listen=off]}}
+    tools: {{prefix: inner_}}
+",
+        bin = env!("CARGO_BIN_EXE_quiver-server"),
+        cfg = inner_config.display(),
+    );
+    let (p, _secrets) = start(&tools);
+    wait_for("the upstream's tool is imported", || {
+        listed(&p, SRE).contains(&"inner_echo".to_owned())
+    });
+    assert_eq!(listed(&p, SRE), ["local", "inner_echo"]);
+    assert_eq!(listed(&p, DEV), ["local"]);
+    let r = call(&p, SRE, "inner_echo", json!({"text": "hi"}));
+    assert_eq!(body(&r)["result"]["content"][0]["text"], "echo hi", "{r}");
+    let r = call(&p, DEV, "inner_echo", json!({"text": "hi"}));
+    assert_eq!(
+        body(&r)["error"]["data"],
+        json!({"tool": "inner_echo", "policy": "inner-for-sre"}),
+        "{r}"
+    );
+    assert!(call(&p, DEV, "local", json!({})).starts_with("HTTP/1.1 200"));
+}
