@@ -116,6 +116,14 @@ pub struct McpServerSpec {
     #[schemars(length(max = 16))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub upstreams: Vec<UpstreamSpec>,
+    /// Named policies: CEL conditions on the caller, the tool and the arguments that a
+    /// call must meet, on every tool or on the tools picked by `tools` (names, or prefixes
+    /// ending in `*`) and `upstreams` (the ToolSet `policies` format, see
+    /// docs/governance.md). An expression that does not compile makes `ConfigValid` false,
+    /// naming the field, and the last good ConfigMap stays.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub policies: Vec<quiver_server::config::policy::PolicySpec>,
     /// Compute resources of the server container. With `tuning.cpuPinning`, CPU comes from
     /// `tuning.cpus` and requests are set equal to limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]

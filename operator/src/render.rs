@@ -62,7 +62,14 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         problems: e
             .problems
             .iter()
-            .map(|p| locate(&p.to_string(), &merged.origins, &merged.up_origins))
+            .map(|p| {
+                locate(
+                    &p.to_string(),
+                    &merged.origins,
+                    &merged.up_origins,
+                    &merged.pol_origins,
+                )
+            })
             .collect(),
     })?;
     refuse("InvalidToolConfig", bad_secret_names(&compiled.secrets))?;
@@ -108,6 +115,7 @@ struct Merged {
     ts: ToolSet,
     origins: Vec<String>,
     up_origins: Vec<String>,
+    pol_origins: Vec<String>,
 }
 
 impl Merged {
@@ -123,16 +131,21 @@ impl Merged {
             resources: spec.mcp_resources.clone(),
             prompts: spec.prompts.clone(),
             upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
+            policies: spec.policies.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
         let up_origins = (0..ts.upstreams.len())
             .map(|i| format!("spec.upstreams[{i}]"))
             .collect();
+        let pol_origins = (0..ts.policies.len())
+            .map(|i| format!("spec.policies[{i}]"))
+            .collect();
         Self {
             ts,
             origins,
             up_origins,
+            pol_origins,
         }
     }
 
@@ -153,6 +166,9 @@ impl Merged {
                     self.up_origins
                         .extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
                     ts.upstreams.extend(doc.upstreams);
+                    self.pol_origins
+                        .extend((0..doc.policies.len()).map(|j| format!("{label} policies[{j}]")));
+                    ts.policies.extend(doc.policies);
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
             }
@@ -217,8 +233,12 @@ pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(
 }
 
 /// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.
-fn locate(problem: &str, origins: &[String], up_origins: &[String]) -> String {
-    for (prefix, origins) in [("tools[", origins), ("upstreams[", up_origins)] {
+fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins: &[String]) -> String {
+    for (prefix, origins) in [
+        ("tools[", origins),
+        ("upstreams[", up_origins),
+        ("policies[", pol_origins),
+    ] {
         if let Some(rest) = problem.strip_prefix(prefix)
             && let Some((n, tail)) = rest.split_once(']')
             && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))
@@ -269,6 +289,53 @@ spec:
         let err = render(&inline, &vec![]).unwrap_err();
         assert!(
             err.problems[0].starts_with("spec.tools[1].handler.template: template uses `nn`"),
+            "{:?}",
+            err.problems
+        );
+    }
+
+    #[test]
+    fn policies_render_into_the_toolset_and_their_problems_name_their_origin() {
+        let m = mcp(r#"
+metadata: {name: x}
+spec:
+  tools:
+    - {name: restart, input: {namespace: string}, policy: "args.namespace != 'prod'", handler: {template: ok}}
+  policies:
+    - {name: sre, expression: "'sre' in caller.groups", tools: [restart]}
+  toolsFrom:
+    - configMapKeyRef: {name: shared, key: tools.yaml}
+"#);
+        let from = "policies:\n  - {name: shared, expression: \"caller.subject != ''\"}\n";
+        let ok = render(&m, &vec![Some(from.to_owned())]).unwrap();
+        let served = config::parse("ConfigMap", &ok.yaml).unwrap();
+        let names: Vec<&str> = served.policies.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["sre", "shared"]);
+        assert_eq!(
+            served.tools[0].policy.as_deref(),
+            Some("args.namespace != 'prod'")
+        );
+
+        let bad_from = "policies:\n  - {name: shared, expression: \"caller.nope\"}\n";
+        let err = render(&m, &vec![Some(bad_from.to_owned())]).unwrap_err();
+        assert_eq!(
+            err.problems,
+            [
+                "spec.toolsFrom[0] (ConfigMap shared, key tools.yaml) policies[0].expression: unknown field `caller.nope` (subject, issuer, clientId, claims, groups, scopes)"
+            ]
+        );
+        let inline = mcp(
+            "metadata: {name: x}\nspec:\n  tools:\n    - {name: t, policy: 'size(caller)', handler: {template: ok}}\n  policies:\n    - {name: p, expression: 'true', upstreams: [gone]}\n",
+        );
+        let err = render(&inline, &vec![]).unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{:?}", err.problems);
+        assert!(
+            err.problems[0].starts_with("spec.policies[0].upstreams[0]: no upstream"),
+            "{:?}",
+            err.problems
+        );
+        assert!(
+            err.problems[1].starts_with("spec.tools[0].policy: size() of caller"),
             "{:?}",
             err.problems
         );

@@ -361,6 +361,46 @@ async fn an_invalid_spec_writes_a_condition_and_an_event_and_touches_no_child() 
     );
 }
 
+/// A policy whose expression the server's compiler refuses: `ConfigValid=False` naming the
+/// field, and no child (the last good ConfigMap) is touched.
+#[tokio::test]
+async fn an_invalid_policy_expression_is_config_valid_false_naming_the_field() {
+    let (ctx, mut api) = setup();
+    let m = mcp_with(
+        json!({
+            "tools": add(),
+            "policies": [
+                {"name": "fine", "expression": "'sre' in caller.groups"},
+                {"name": "typo", "expression": "'sre' in user.groups"},
+                {"name": "not-bool", "expression": "caller.groups", "tools": ["add"]},
+            ],
+        }),
+        None,
+    );
+    let server = tokio::spawn(async move {
+        let status = api.expect(Method::PATCH, STATUS, patched).await;
+        let event = api.expect(Method::POST, EVENTS, echo).await;
+        (status, event)
+    });
+    let action = reconcile(m, ctx.clone()).await.unwrap();
+    let (status, event) = server.await.unwrap();
+    let valid = condition(&status["status"], "ConfigValid");
+    assert_eq!(valid["status"], "False");
+    assert_eq!(valid["reason"], "InvalidToolConfig");
+    let message = valid["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.policies[1].expression: unknown variable `user`"),
+        "{message}"
+    );
+    assert!(
+        message.contains("spec.policies[2].expression: must be a bool expression"),
+        "{message}"
+    );
+    assert!(!message.contains("policies[0]"), "{message}");
+    assert_eq!(event["reason"], "InvalidToolConfig");
+    assert_eq!(action, Action::await_change());
+}
+
 #[tokio::test]
 async fn the_unsafe_sysctls_warning_is_emitted_once_per_change_of_the_set() {
     let spec = json!({"tools": add(), "tuning": {"sysctls": {"net.core.somaxconn": "1024"}}});

@@ -26,6 +26,8 @@ pub mod modern;
 #[cfg(feature = "runtime")]
 pub mod peer;
 #[cfg(feature = "runtime")]
+pub mod policies;
+#[cfg(feature = "runtime")]
 pub mod protocol;
 #[cfg(feature = "runtime")]
 pub mod registry;

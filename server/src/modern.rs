@@ -215,6 +215,15 @@ pub fn cache_fields(ttl_ms: u64) -> Vec<u8> {
     format!(",\"ttlMs\":{ttl_ms},\"cacheScope\":\"public\"").into_bytes()
 }
 
+/// Turns the cache hints at the end of `fields` ([`cache_fields`]) private: for a result
+/// rendered for one caller.
+pub fn make_private(fields: &mut Vec<u8>) {
+    if fields.ends_with(b"\"public\"") {
+        fields.truncate(fields.len() - b"\"public\"".len());
+        fields.extend_from_slice(b"\"private\"");
+    }
+}
+
 /// The key that signs `requestState`. Replicas behind one Service must share it (set
 /// `QUIVER_STATE_KEY`); otherwise each process draws its own, and a retry that reaches
 /// another replica is asked its questions again.

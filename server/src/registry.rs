@@ -33,6 +33,8 @@ pub struct Tool {
     pub def: CompiledTool,
     /// Dispatch histograms of this tool.
     pub metrics: ToolMetrics,
+    /// The policies its calls must meet (`None`: none).
+    pub policies: Option<Box<crate::config::policy::ToolPolicies>>,
 }
 
 /// One generation of the registry.
@@ -49,6 +51,9 @@ pub struct Snapshot {
     pub tools: Vec<Tool>,
     by_name: FxHashMap<Box<str>, usize>,
     tool_pages: Vec<Box<[u8]>>,
+    /// Each tool's serialized `tools/list` entry, when some tool has `access` or policies
+    /// (its list is then rendered per caller).
+    pub tool_entries: Option<Box<[Box<[u8]>]>>,
     resource_pages: Vec<Box<[u8]>>,
     template_pages: Vec<Box<[u8]>>,
     prompt_pages: Vec<Box<[u8]>>,
@@ -160,11 +165,14 @@ impl Snapshot {
         // values per tool they would dominate a large registry's memory.
         drop(std::mem::take(&mut cfg.spec.tools));
         let defs = std::mem::take(&mut cfg.tools);
+        let policies = crate::policies::attach(&defs, &cfg);
         let mut tools: Vec<Tool> = defs
             .into_iter()
-            .map(|def| Tool {
+            .zip(policies)
+            .map(|(def, policies)| Tool {
                 metrics: metrics.tool(),
                 def,
+                policies,
             })
             .collect();
         let by_name = tools
@@ -176,6 +184,20 @@ impl Snapshot {
         let tag = tag.as_str();
         let page_size = cfg.page_size;
         let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
+        // Entries to list one by one when who sees a tool depends on the caller.
+        let tool_entries = tools
+            .iter()
+            .any(|t| t.def.access.is_some() || t.policies.is_some())
+            .then(|| {
+                tools
+                    .iter()
+                    .map(|t| {
+                        serde_json::to_vec(&t.def.descriptor)
+                            .unwrap_or_default()
+                            .into_boxed_slice()
+                    })
+                    .collect()
+            });
         // Served from the pages from now on; as a `Value` tree a descriptor costs several
         // times its serialized size (a map node per object).
         for t in &mut tools {
@@ -224,6 +246,7 @@ impl Snapshot {
             tools,
             by_name,
             tool_pages,
+            tool_entries,
             resource_pages,
             template_pages,
             prompt_pages,
@@ -238,6 +261,11 @@ impl Snapshot {
             loaded_at: SystemTime::now(),
             upstreams: Vec::new(),
         }
+    }
+
+    /// What this snapshot's list cursors start with.
+    pub fn cursor_tag(&self) -> &str {
+        &self.cursor_tag
     }
 
     /// Index of a tool by name.

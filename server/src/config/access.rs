@@ -61,6 +61,9 @@ pub struct Principal {
     /// every request with the same static token, or the same issuer and `sub`. Sessions and
     /// `requestState` are bound to it. Empty: not known.
     pub subject: Box<str>,
+    /// The claims of the caller's verified access token (`None`: a static token), which
+    /// policies read.
+    pub claims: Option<Arc<serde_json::Value>>,
 }
 
 impl Principal {
@@ -80,6 +83,7 @@ impl Principal {
             scopes: keep(&mut scopes.into_iter()),
             groups: keep(&mut groups.into_iter()),
             subject: Box::default(),
+            claims: None,
         }
     }
 }

@@ -51,6 +51,15 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let local = index.keys().copied().collect();
     let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
     let secrets = referenced_secrets(&tools, &upstreams, &mut p);
+    let policies = super::policy::compile(
+        &ts.policies,
+        &ts.tools
+            .iter()
+            .map(|t| (t.name.as_str(), t.policy.as_deref()))
+            .collect::<Vec<_>>(),
+        &ts.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
+        &mut p,
+    );
 
     // Document order: tools[2] before tools[10].
     p.0.sort_by_key(|a| natural_key(&a.path));
@@ -65,6 +74,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             page_size,
             upstreams,
             upstream_digest: 0,
+            policies,
         })
     } else {
         Err(ConfigError { problems: p.0 })

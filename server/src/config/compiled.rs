@@ -44,6 +44,8 @@ pub struct CompiledToolSet {
     /// A digest of the upstreams' tool lists the imported tools come from (0 when none):
     /// the registry changes when it does, the config (`hash`) does not.
     pub upstream_digest: u64,
+    /// The `policies` and the tools' inline `policy`, compiled.
+    pub policies: super::policy::PolicySet,
 }
 
 /// A compiled tool.

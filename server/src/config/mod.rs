@@ -13,6 +13,7 @@ pub(crate) mod context;
 mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;
+pub mod policy;
 pub(crate) mod shared;
 pub mod upstream;
 
@@ -126,6 +127,7 @@ pub fn load(sources: &[(String, String)]) -> Result<ToolSet, ConfigError> {
                     m.resources.extend(ts.resources);
                     m.prompts.extend(ts.prompts);
                     m.upstreams.extend(ts.upstreams);
+                    m.policies.extend(ts.policies);
                 }
             },
             Err(e) => problems.extend(e.problems),

@@ -53,6 +53,11 @@ pub struct ToolSet {
     /// MCP servers whose tools are served as this server's own (an aggregating gateway).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<super::upstream::UpstreamSpec>,
+    /// Named policies: CEL conditions a call must meet, on every tool or on the tools
+    /// their `tools`/`upstreams` pick (see docs/governance.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub policies: Vec<super::policy::PolicySpec>,
 }
 
 impl Default for ToolSet {
@@ -65,6 +70,7 @@ impl Default for ToolSet {
             resources: Vec::new(),
             prompts: Vec::new(),
             upstreams: Vec::new(),
+            policies: Vec::new(),
         }
     }
 }
@@ -154,6 +160,11 @@ pub struct ToolSpec {
     /// caller the server lets in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<super::access::AccessSpec>,
+    /// A CEL condition this tool's calls must meet, besides the ToolSet's `policies` (see
+    /// docs/governance.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub policy: Option<String>,
     /// What executes a call of this tool.
     pub handler: Handler,
 }

@@ -32,6 +32,10 @@ impl Server {
                 if a.stamp == Stamp::Cached {
                     let mut f = snap.result_stamp.to_vec();
                     f.extend_from_slice(&crate::modern::cache_fields(self.limits.cache_ttl_ms));
+                    // A tool list rendered for its caller is no one else's to reuse.
+                    if snap.tool_entries.is_some() && a.metric == crate::metrics::method_index("tools/list") {
+                        crate::modern::make_private(&mut f);
+                    }
                     crate::modern::stamp(&mut out, &f);
                 } else {
                     crate::modern::stamp(&mut out, &snap.result_stamp);

@@ -24,6 +24,7 @@ mod server;
 mod sessions;
 mod table;
 mod tools;
+mod visible;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -177,10 +177,26 @@ fn tools_answer_and_refuse() {
         MODERN,
     );
     assert_eq!(v["result"]["resultType"], "complete");
+    // `deploy` needs a scope an anonymous caller cannot have: not listed for it.
     let (_, v, _) = reply(&s, &request("tools/list", json!({})), LEGACY);
-    assert!(v["result"]["tools"].as_array().is_some_and(|t| t.len() == 4));
+    assert!(
+        v["result"]["tools"].as_array().is_some_and(|t| t.len() == 3),
+        "{v}"
+    );
+    let deployer = Principal::new(["deploy:write"], []);
+    let ctx = Ctx {
+        caller: Some(&deployer),
+        ..LEGACY
+    };
+    let (_, v, _) = reply(&s, &request("tools/list", json!({})), ctx);
+    assert!(
+        v["result"]["tools"].as_array().is_some_and(|t| t.len() == 4),
+        "{v}"
+    );
     let (_, v, _) = reply(&s, &modern("tools/list", json!({}), json!({})), MODERN);
     assert!(v["result"]["ttlMs"].is_number(), "cache hints: {v}");
+    // Rendered for its caller: no shared cache may keep it.
+    assert_eq!(v["result"]["cacheScope"], "private", "{v}");
     let (_, v, _) = reply(&s, &request("tools/call", call("none", json!({}))), LEGACY);
     assert_eq!(code(&v), i64::from(INVALID_PARAMS));
     let (_, v, _) = reply(&s, &request("tools/list", json!({"cursor": "forged"})), LEGACY);

@@ -54,6 +54,10 @@ struct CursorParams<'a> {
 
 /// `tools/list`.
 pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    if let Some(page) = super::visible::page(&s.registry.load(), req) {
+        protocol::write_result(out, req.id, &page?);
+        return Ok(Done::Written);
+    }
     page(s, ListKind::Tools, req, out)
 }
 
@@ -106,6 +110,7 @@ pub(super) async fn call(
     // Before the arguments are looked at: a caller that may not call the tool learns
     // nothing from it.
     allowed(server, tool, req)?;
+    super::visible::permitted(server, tool, req, &args)?;
     let start = Instant::now();
     let mut problems = Vec::new();
     tool.def.input.validate(&args, &mut problems);

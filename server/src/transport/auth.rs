@@ -420,6 +420,7 @@ impl Oidc {
                 Some(sub) => subject("sub", format!("{}\0{sub}", self.cfg.issuer).as_bytes()),
                 None => subject("jwt", token.as_bytes()),
             };
+            p.claims = Some(Arc::new(claims));
             p
         })
         .map_err(|e| {
