@@ -20,6 +20,12 @@ pub mod cli;
 #[cfg(feature = "runtime")]
 pub mod dispatch;
 #[cfg(feature = "runtime")]
+pub mod audit;
+#[cfg(feature = "runtime")]
+pub mod gov_metrics;
+#[cfg(feature = "runtime")]
+pub mod limits;
+#[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]
 pub mod modern;

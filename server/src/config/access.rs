@@ -61,6 +61,21 @@ pub struct Principal {
     /// every request with the same static token, or the same issuer and `sub`. Sessions and
     /// `requestState` are bound to it. Empty: not known.
     pub subject: Box<str>,
+    /// Who the caller says it is, for the audit trail: the token's `sub`, `iss` and
+    /// `azp`/`client_id` claims (each cut to [`MAX_ACCESS_NAME`] bytes); empty for static
+    /// tokens, whose record names the [`Self::subject`] digest.
+    pub identity: Identity,
+}
+
+/// The claims that name a caller in the audit trail.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The `sub` claim.
+    pub sub: Box<str>,
+    /// The `iss` claim.
+    pub issuer: Box<str>,
+    /// The `azp` claim, or else `client_id`.
+    pub client_id: Box<str>,
 }
 
 impl Principal {
@@ -80,6 +95,7 @@ impl Principal {
             scopes: keep(&mut scopes.into_iter()),
             groups: keep(&mut groups.into_iter()),
             subject: Box::default(),
+            identity: Identity::default(),
         }
     }
 }

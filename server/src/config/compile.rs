@@ -7,6 +7,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
 use super::checks::shallow;
+use super::governance;
 use super::compiled::{
     CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ResourceKind,
     UriPattern,
@@ -49,7 +50,8 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
     let local = index.keys().copied().collect();
-    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
+    let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
+    add_server_limits(ts, &mut tools, &mut upstreams, &mut p);
     let secrets = referenced_secrets(&tools, &upstreams, &mut p);
 
     // Document order: tools[2] before tools[10].
@@ -68,6 +70,23 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         })
     } else {
         Err(ConfigError { problems: p.0 })
+    }
+}
+
+/// Adds the ToolSet's `limits` to every tool's and upstream's, in the order a call checks
+/// them ([`governance::ordered`]).
+fn add_server_limits(
+    ts: &ToolSet,
+    tools: &mut [CompiledTool],
+    upstreams: &mut [CompiledUpstream],
+    p: &mut Problems,
+) {
+    let server = governance::compile_limits(&ts.limits, governance::Scope::Server, "", "limits", p);
+    for t in tools {
+        t.governance.limits = governance::ordered(&[&t.governance.limits, &server]);
+    }
+    for u in upstreams {
+        u.limits = governance::ordered(&[&u.limits, &server]);
     }
 }
 
@@ -158,6 +177,21 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
         .as_ref()
         .and_then(|a| a.compile(&format!("{at}.access"), p))
         .map(std::sync::Arc::new);
+    let governance = governance::ToolGovernance {
+        limits: governance::compile_limits(
+            &t.limits,
+            governance::Scope::Tool,
+            &t.name,
+            &format!("{at}.limits"),
+            p,
+        )
+        .into(),
+        audit_arguments: t
+            .audit
+            .as_ref()
+            .filter(|a| a.arguments)
+            .map(|_| governance::sensitive_properties(&schema_json)),
+    };
     CompiledTool {
         name: t.name.clone(),
         descriptor: tool_descriptor(t, schema_json, output_json),
@@ -165,6 +199,7 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
         output,
         handler,
         access,
+        governance,
     }
 }
 

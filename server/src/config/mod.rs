@@ -10,6 +10,7 @@ pub(crate) mod checks;
 pub(crate) mod compile;
 pub(crate) mod compiled;
 pub(crate) mod context;
+pub mod governance;
 mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;

@@ -53,6 +53,11 @@ pub struct ToolSet {
     /// MCP servers whose tools are served as this server's own (an aggregating gateway).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<super::upstream::UpstreamSpec>,
+    /// Rate and concurrency limits on every tool call of this server (see
+    /// docs/governance.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub limits: Vec<super::governance::LimitSpec>,
 }
 
 impl Default for ToolSet {
@@ -65,6 +70,7 @@ impl Default for ToolSet {
             resources: Vec::new(),
             prompts: Vec::new(),
             upstreams: Vec::new(),
+            limits: Vec::new(),
         }
     }
 }
@@ -154,6 +160,13 @@ pub struct ToolSpec {
     /// caller the server lets in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<super::access::AccessSpec>,
+    /// Rate and concurrency limits on this tool's calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub limits: Vec<super::governance::LimitSpec>,
+    /// What the audit trail records of this tool's calls beyond the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<super::governance::ToolAuditSpec>,
     /// What executes a call of this tool.
     pub handler: Handler,
 }

@@ -12,6 +12,7 @@ mod cancel;
 mod completion;
 mod envelope;
 pub(crate) mod error;
+mod govern;
 mod listen;
 mod outcome;
 mod prompts;
@@ -200,6 +201,9 @@ impl Server {
             &HANDSHAKE
         };
         let entry = table::lookup(method);
+        let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
+        // Set for a request the audit trail records.
+        let mut pending = None;
         // Decremented on drop: a request future dropped mid-call (client gone) still counts down.
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
@@ -218,6 +222,7 @@ impl Server {
                     deadline,
                     start,
                 };
+                pending = self.audit_start(metric, &req, body.len());
                 match entry.filter(|e| e.eras.has(rev.stateless)) {
                     None => Err(not_found(method, entry, meta)),
                     Some(Method {
@@ -227,8 +232,13 @@ impl Server {
                     Some(Method {
                         handler: Handler::ToolCall,
                         ..
-                    }) => match tools::call(self, &req, &mut out).await {
-                        Ok(Some(d)) => return Outcome::Deferred(d),
+                    }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail)).await {
+                        Ok(Some(mut d)) => {
+                            if let Some(p) = pending.take() {
+                                d.audited(p);
+                            }
+                            return Outcome::Deferred(d);
+                        }
                         Ok(None) => Ok(Done::Written),
                         Err(e) => Err(e),
                     },
@@ -236,7 +246,6 @@ impl Server {
             }
         };
         drop(inflight);
-        let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
         let (result, opened) = match done {
             Ok(Done::Listen(l)) => {
                 self.metrics.record(metric, 0, start.elapsed());
@@ -253,7 +262,11 @@ impl Server {
             id,
             start,
         };
+        let error = pending.as_ref().and_then(|_| result.as_ref().err().cloned());
         let mut reply = self.reply(&a, result, out);
+        if let Some(p) = pending {
+            self.audit_end(p, error.as_ref(), false, reply.body.len());
+        }
         reply.opened = opened;
         Outcome::Reply(reply)
     }
