@@ -122,6 +122,7 @@ impl Merged {
             resources: spec.mcp_resources.clone(),
             prompts: spec.prompts.clone(),
             upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
+            limits: spec.limits.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
