@@ -112,18 +112,40 @@ impl Trail {
     }
 }
 
-/// An audited request on its way: what its record needs from the start, until it ends.
+/// An audited request on its way: what its record needs from the start, until it ends. One
+/// dropped before it ended (the client went away and its request future with it) records
+/// itself as `disconnected`: every audited request leaves exactly one record.
 #[derive(Debug)]
 pub(super) struct Pending {
-    event: &'static str,
-    request_id: Box<str>,
-    session: Box<str>,
-    caller: Option<Caller>,
-    target: Option<Box<str>>,
-    bytes_in: usize,
+    log: Arc<crate::audit::AuditLog>,
+    /// The record so far; taken when it is written.
+    record: Option<Box<Record>>,
     start: Instant,
     /// What the tool call learned.
     pub trail: Trail,
+}
+
+impl Pending {
+    /// Writes the record, ending with `outcome` (and `reason`).
+    fn finish(&mut self, outcome: &'static str, reason: Option<String>, bytes_out: usize) {
+        let Some(mut r) = self.record.take() else { return };
+        let t = std::mem::take(&mut self.trail);
+        r.time = std::time::SystemTime::now();
+        r.target = t.tool.or(r.target.take());
+        r.upstream = t.upstream;
+        r.arguments = t.arguments;
+        r.outcome = outcome;
+        r.reason = reason;
+        r.duration = self.start.elapsed();
+        r.bytes_out = bytes_out;
+        self.log.record(*r);
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.finish("disconnected", None, 0);
+    }
 }
 
 #[derive(Deserialize)]
@@ -138,27 +160,27 @@ impl Server {
     /// The start of an audit record for a request of the method at `metric`, if the trail
     /// is on and records it.
     pub(super) fn audit_start(&self, metric: usize, req: &Request<'_>, bytes_in: usize) -> Option<Pending> {
-        self.audit.as_ref()?;
+        let log = self.audit.as_ref()?;
         let event = match metric {
             TOOLS_CALL => "tools/call",
             RESOURCES_READ => "resources/read",
             PROMPTS_GET => "prompts/get",
             _ => return None,
         };
-        // The tool's name comes from the call itself; a resource's URI, a prompt's name here.
-        let target = (metric != TOOLS_CALL)
-            .then(|| {
-                let t: Target<'_> = serde_json::from_str(req.params?.get()).ok()?;
-                t.uri.or(t.name).map(|s| Box::from(&*s))
-            })
-            .flatten();
+        // What was asked for, as the client named it (a call that resolves its tool replaces it).
+        let target = req.params.and_then(|p| {
+            let t: Target<'_> = serde_json::from_str(p.get()).ok()?;
+            t.uri.or(t.name).map(|s| Box::from(&*s))
+        });
+        let mut r = Record::new(event, "ok");
+        r.request_id = Some(req.id.get().into());
+        r.session = req.ctx.session.into();
+        r.caller = Caller::of(req.ctx.caller);
+        r.target = target;
+        r.bytes_in = bytes_in;
         Some(Pending {
-            event,
-            request_id: req.id.get().into(),
-            session: req.ctx.session.into(),
-            caller: Caller::of(req.ctx.caller),
-            target,
-            bytes_in,
+            log: log.clone(),
+            record: Some(Box::new(r)),
             start: req.start,
             trail: Trail::default(),
         })
@@ -166,28 +188,13 @@ impl Server {
 
     /// Ends an audited request: `error` is its JSON-RPC error, if it ended with one (`None`
     /// for a result or a cancelled call, `cancelled`); `bytes_out` the answer's size.
-    pub(super) fn audit_end(&self, p: Pending, error: Option<&RpcError>, cancelled: bool, bytes_out: usize) {
-        let Some(log) = &self.audit else { return };
+    pub(super) fn audit_end(&self, mut p: Pending, error: Option<&RpcError>, cancelled: bool, bytes_out: usize) {
         let (outcome, reason) = match (error, cancelled) {
             (_, true) => ("cancelled", None),
             (Some(e), _) => (OUTCOMES[outcome_index(e.code)], Some(e.message.clone())),
             (None, _) => (p.trail.outcome.unwrap_or("ok"), None),
         };
-        log.record(Record {
-            time: std::time::SystemTime::now(),
-            event: p.event,
-            request_id: Some(p.request_id),
-            session: p.session,
-            caller: p.caller,
-            target: p.trail.tool.or(p.target),
-            upstream: p.trail.upstream,
-            outcome,
-            reason,
-            duration: p.start.elapsed(),
-            bytes_in: p.bytes_in,
-            bytes_out,
-            arguments: p.trail.arguments,
-        });
+        p.finish(outcome, reason, bytes_out);
     }
 
     /// Records a refused credential (HTTP 401) with the refusal's reason.

@@ -105,12 +105,12 @@ pub(super) async fn call(
         }
     };
     let tool = &guard.tools[index];
-    // Before the arguments are looked at: a caller that may not call the tool learns
-    // nothing from it.
-    allowed(server, tool, req)?;
     if let Some(t) = trail.as_deref_mut() {
         t.resolved(&guard, index, &args);
     }
+    // Before the arguments are looked at: a caller that may not call the tool learns
+    // nothing from it.
+    allowed(server, tool, req)?;
     let limits = &tool.def.governance.limits;
     let permits = if limits.is_empty() {
         None

@@ -50,6 +50,7 @@ tools:
   - name: single
     limits: [{concurrency: 1, per: all}]
     handler: {builtin: sleep}
+  - {name: nap, handler: {builtin: sleep}}
 resources:
   - {uri: "doc://readme", name: readme, text: "read me"}
 prompts:
@@ -288,3 +289,22 @@ def test_rate_and_concurrency_limits_refuse_with_a_retry_hint(governed, issuer):
     limited = [r for r in governed.records() if r["outcome"] == "rate_limited"]
     assert sorted(r["tool"] for r in limited) == ["scarce", "scarce", "single"]
     assert all("retry after" in r["reason"] for r in limited)
+
+
+def test_a_call_abandoned_by_its_client_is_recorded_once(governed, issuer):
+    import socket
+    token = issuer.token("k1", governed.url, sub="dave")
+    port = int(governed.url.split(":")[2].split("/")[0])
+    body = json.dumps({"jsonrpc": "2.0", "id": "gone-1", "method": "tools/call",
+                       "params": {"name": "nap", "arguments": {"ms": 10000}}}).encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n"
+            + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        wait_until(lambda: governed.metric("quiver_inflight_requests") >= 1)
+    # The client is gone; the call is dropped and recorded as such, once.
+    wait_until(lambda: any(r.get("requestId") == "gone-1" for r in governed.records()), timeout=8)
+    [rec] = [r for r in governed.records() if r.get("requestId") == "gone-1"]
+    assert rec["outcome"] == "disconnected" and rec["tool"] == "nap" and rec["caller"]["subject"] == "dave"
