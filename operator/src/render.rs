@@ -153,6 +153,7 @@ impl Merged {
                     self.up_origins
                         .extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
                     ts.upstreams.extend(doc.upstreams);
+                    ts.limits.extend(doc.limits);
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
             }

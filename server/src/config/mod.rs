@@ -127,6 +127,7 @@ pub fn load(sources: &[(String, String)]) -> Result<ToolSet, ConfigError> {
                     m.resources.extend(ts.resources);
                     m.prompts.extend(ts.prompts);
                     m.upstreams.extend(ts.upstreams);
+                    m.limits.extend(ts.limits);
                 }
             },
             Err(e) => problems.extend(e.problems),
