@@ -11,9 +11,9 @@ use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -283,7 +283,12 @@ impl AuditLog {
     ///
     /// # Errors
     /// The file cannot be opened for appending, or the thread cannot start.
-    pub fn start(sink: &Sink, queue: usize, secrets: Arc<Secrets>, metrics: Arc<GovMetrics>) -> std::io::Result<Arc<Self>> {
+    pub fn start(
+        sink: &Sink,
+        queue: usize,
+        secrets: Arc<Secrets>,
+        metrics: Arc<GovMetrics>,
+    ) -> std::io::Result<Arc<Self>> {
         let out: Box<dyn Write + Send> = match sink {
             Sink::Stdout => Box::new(std::io::stdout()),
             Sink::File(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
@@ -324,7 +329,10 @@ impl AuditLog {
                 .is_ok()
         {
             let n = self.unlogged.swap(0, Ordering::Relaxed).max(pending.min(1));
-            tracing::warn!(dropped = n, "audit records dropped: the audit queue was full or its sink failed (see quiver_audit_dropped_total)");
+            tracing::warn!(
+                dropped = n,
+                "audit records dropped: the audit queue was full or its sink failed (see quiver_audit_dropped_total)"
+            );
         }
     }
 }
@@ -355,8 +363,8 @@ fn write_all(
                 if unflushed > 0 {
                     match out.flush() {
                         Ok(()) => {
-                metrics.audit_records.inc_by(unflushed);
-            }
+                            metrics.audit_records.inc_by(unflushed);
+                        }
                         Err(e) => fail(unflushed, &e),
                     }
                     unflushed = 0;
@@ -483,7 +491,11 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         let ids: Vec<i64> = text
             .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap()["requestId"].as_i64().unwrap())
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["requestId"]
+                    .as_i64()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(ids, (0..100).collect::<Vec<_>>());
         assert_eq!(m.audit_dropped.get(), 0);

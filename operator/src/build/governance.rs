@@ -69,7 +69,12 @@ spec:
         let c = children_of(&m, &r);
         let d = serde_json::to_value(&c.deployment).unwrap();
         let ctr = &d["spec"]["template"]["spec"]["containers"][0];
-        let args: Vec<&str> = ctr["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        let args: Vec<&str> = ctr["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
         for a in [
             "--limits-redis=redis.infra.svc:6379",
             "--limits-redis-timeout=80ms",
@@ -80,8 +85,14 @@ spec:
             assert!(args.contains(&a), "{a} in {args:?}");
         }
         let env = ctr["env"].as_array().unwrap();
-        let pw = env.iter().find(|e| e["name"] == "QUIVER_LIMITS_REDIS_PASSWORD").unwrap();
-        assert_eq!(pw["valueFrom"]["secretKeyRef"], json!({"name": "redis", "key": "password"}));
+        let pw = env
+            .iter()
+            .find(|e| e["name"] == "QUIVER_LIMITS_REDIS_PASSWORD")
+            .unwrap();
+        assert_eq!(
+            pw["valueFrom"]["secretKeyRef"],
+            json!({"name": "redis", "key": "password"})
+        );
         assert!(pw.get("value").is_none());
     }
 
@@ -93,7 +104,10 @@ spec:
         let r = render(&m, &Vec::new()).unwrap();
         let d = serde_json::to_value(&children_of(&m, &r).deployment).unwrap();
         let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
-        assert!(!args.contains("--limits-redis") && !args.contains("--audit"), "{args}");
+        assert!(
+            !args.contains("--limits-redis") && !args.contains("--audit"),
+            "{args}"
+        );
     }
 
     #[test]

@@ -7,7 +7,6 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
 use super::checks::shallow;
-use super::governance;
 use super::compiled::{
     CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ResourceKind,
     UriPattern,
@@ -16,6 +15,7 @@ use super::context::{
     ConfigError, Cx, MAX_SECRETS, Names, Problems, check_template, checked_template, template,
     valid_tool_name,
 };
+use super::governance;
 use super::model::{API_VERSION, Handler, KIND, PromptSpec, ResourceSpec, ToolSet, ToolSpec, hash};
 use super::upstream::{CompiledUpstream, compile_upstreams};
 use crate::handlers::ask;

@@ -201,7 +201,10 @@ pub(crate) fn compile_limits(
         }
         for (field, v) in [("burst", s.burst), ("concurrency", s.concurrency)] {
             if v.is_some_and(|v| v == 0 || v > MAX_BURST) {
-                p.push(format!("{here}.{field}"), format!("must be between 1 and {MAX_BURST}"));
+                p.push(
+                    format!("{here}.{field}"),
+                    format!("must be between 1 and {MAX_BURST}"),
+                );
             }
         }
         let count = s
@@ -286,7 +289,10 @@ mod tests {
         assert_eq!(l.rate.unwrap().burst, 2);
         assert_eq!(l.concurrency, Some(3));
         assert!(!l.per_caller);
-        assert_eq!(one("{rate: 1/h}").unwrap().rate.unwrap().interval_ns, 3_600_000_000_000);
+        assert_eq!(
+            one("{rate: 1/h}").unwrap().rate.unwrap().interval_ns,
+            3_600_000_000_000
+        );
     }
 
     #[test]
@@ -327,13 +333,30 @@ mod tests {
             per: Some(per),
             ..LimitSpec::default()
         };
-        let server = compile_limits(&[spec(LimitPer::All), spec(LimitPer::Caller)], Scope::Server, "", "limits", &mut p);
-        let tool = compile_limits(&[spec(LimitPer::All), spec(LimitPer::Caller)], Scope::Tool, "t", "tools[0].limits", &mut p);
+        let server = compile_limits(
+            &[spec(LimitPer::All), spec(LimitPer::Caller)],
+            Scope::Server,
+            "",
+            "limits",
+            &mut p,
+        );
+        let tool = compile_limits(
+            &[spec(LimitPer::All), spec(LimitPer::Caller)],
+            Scope::Tool,
+            "t",
+            "tools[0].limits",
+            &mut p,
+        );
         let all = ordered(&[&tool, &server]);
         let got: Vec<(&str, bool)> = all.iter().map(|l| (l.scope.label(), l.per_caller)).collect();
         assert_eq!(
             got,
-            [("tool", true), ("server", true), ("tool", false), ("server", false)]
+            [
+                ("tool", true),
+                ("server", true),
+                ("tool", false),
+                ("server", false)
+            ]
         );
     }
 

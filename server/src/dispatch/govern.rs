@@ -48,10 +48,7 @@ pub(super) async fn admit(
     match server.limiter.admit(limits, who(&req.ctx)).await {
         Ok(p) => Ok(Some(p)),
         Err(r) => {
-            server
-                .metrics
-                .gov
-                .limited(tool, r.limit.scope.label(), r.kind);
+            server.metrics.gov.limited(tool, r.limit.scope.label(), r.kind);
             Err(refused(tool, &r))
         }
     }
@@ -60,7 +57,9 @@ pub(super) async fn admit(
 /// The error of a refused call: what refused it and when to retry (`retryAfterMs`, and
 /// `retryAfter` in whole seconds as HTTP's `Retry-After` has it).
 fn refused(tool: &str, r: &crate::limits::Refusal) -> RpcError {
-    let ms = u64::try_from(r.retry_after.as_millis()).unwrap_or(u64::MAX).max(1);
+    let ms = u64::try_from(r.retry_after.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
     let secs = ms.div_ceil(1000);
     let place = match r.limit.scope {
         crate::config::governance::Scope::Server => "the server's".to_owned(),
@@ -104,7 +103,11 @@ impl Trail {
         let t = &snap.tools[index].def;
         self.tool = Some(t.name.as_str().into());
         if let CompiledHandler::Upstream(u) = &t.handler {
-            self.upstream = snap.config.upstreams.get(u.upstream).map(|u| u.name.as_str().into());
+            self.upstream = snap
+                .config
+                .upstreams
+                .get(u.upstream)
+                .map(|u| u.name.as_str().into());
         }
         if let Some(sensitive) = &t.governance.audit_arguments {
             self.arguments = Some(crate::audit::redact_arguments(args, sensitive));
@@ -188,7 +191,13 @@ impl Server {
 
     /// Ends an audited request: `error` is its JSON-RPC error, if it ended with one (`None`
     /// for a result or a cancelled call, `cancelled`); `bytes_out` the answer's size.
-    pub(super) fn audit_end(&self, mut p: Pending, error: Option<&RpcError>, cancelled: bool, bytes_out: usize) {
+    pub(super) fn audit_end(
+        &self,
+        mut p: Pending,
+        error: Option<&RpcError>,
+        cancelled: bool,
+        bytes_out: usize,
+    ) {
         let (outcome, reason) = match (error, cancelled) {
             (_, true) => ("cancelled", None),
             (Some(e), _) => (OUTCOMES[outcome_index(e.code)], Some(e.message.clone())),
@@ -208,7 +217,14 @@ impl Server {
 
     /// Records any other audited event, e.g. a denial decided outside dispatch: `outcome`
     /// names how it ended (`forbidden`, `rate_limited`, ...) and `reason` why.
-    pub fn audit_event(&self, event: &'static str, ctx: &Ctx<'_>, id: Option<&RawValue>, outcome: &'static str, reason: Option<String>) {
+    pub fn audit_event(
+        &self,
+        event: &'static str,
+        ctx: &Ctx<'_>,
+        id: Option<&RawValue>,
+        outcome: &'static str,
+        reason: Option<String>,
+    ) {
         let Some(log) = &self.audit else { return };
         let mut r = Record::new(event, outcome);
         r.request_id = id.map(|i| i.get().into());

@@ -189,17 +189,7 @@ impl Server {
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
         let method = &*method;
-        // `Some(header)`: the stateless revision, whose `_meta` must repeat the header.
-        let stateless = match ctx.era {
-            Era::Legacy => None,
-            Era::Modern(h) => Some(Some(h)),
-            Era::Detect => (method != "initialize" && crate::modern::names_version(params)).then_some(None),
-        };
-        let rev: &'static Revision = if stateless.is_some() {
-            &STATELESS
-        } else {
-            &HANDSHAKE
-        };
+        let (stateless, rev) = revision_of(ctx.era, method, params);
         let entry = table::lookup(method);
         let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
         // Set for a request the audit trail records.
@@ -232,7 +222,9 @@ impl Server {
                     Some(Method {
                         handler: Handler::ToolCall,
                         ..
-                    }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail)).await {
+                    }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail))
+                        .await
+                    {
                         Ok(Some(mut d)) => {
                             if let Some(p) = pending.take() {
                                 d.audited(p);
@@ -270,6 +262,26 @@ impl Server {
         reply.opened = opened;
         Outcome::Reply(reply)
     }
+}
+
+/// The revision a request is read in: `Some(header)` for the stateless one (whose `_meta`
+/// must repeat the header; `Some(None)` over stdio), and its data.
+fn revision_of<'a>(
+    era: Era<'a>,
+    method: &str,
+    params: Option<&serde_json::value::RawValue>,
+) -> (Option<Option<&'a str>>, &'static Revision) {
+    let stateless = match era {
+        Era::Legacy => None,
+        Era::Modern(h) => Some(Some(h)),
+        Era::Detect => (method != "initialize" && crate::modern::names_version(params)).then_some(None),
+    };
+    let rev: &'static Revision = if stateless.is_some() {
+        &STATELESS
+    } else {
+        &HANDSHAKE
+    };
+    (stateless, rev)
 }
 
 /// `Method not found`, naming the revision that removed a handshake-era method.

@@ -111,25 +111,13 @@ pub(super) async fn call(
     // Before the arguments are looked at: a caller that may not call the tool learns
     // nothing from it.
     allowed(server, tool, req)?;
-    let limits = &tool.def.governance.limits;
-    let permits = if limits.is_empty() {
-        None
-    } else {
-        govern::admit(server, limits, &tool.def.name, req).await?
-    };
+    // No limits: one branch (in `admit`).
+    let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
     let start = Instant::now();
     let mut problems = Vec::new();
     tool.def.input.validate(&args, &mut problems);
     if !problems.is_empty() {
-        let text = format!(
-            "Invalid arguments for tool {}: {}",
-            tool.def.name,
-            problems.join("; ")
-        );
-        write_tool_result(out, req.id, &ToolOutput::error(text));
-        tool.metrics
-            .invalid_arguments(&tool.def.name)
-            .observe(start.elapsed());
+        invalid(tool, &problems, req.id, start, out);
         if let Some(t) = trail {
             t.outcome = Some("invalid_arguments");
         }
@@ -192,6 +180,25 @@ pub(super) async fn call(
         noted(trail, failed);
         None
     })
+}
+
+/// Answers a call whose arguments the input schema refuses: a tool error naming the problems.
+fn invalid(
+    tool: &crate::registry::Tool,
+    problems: &[String],
+    id: &RawValue,
+    start: Instant,
+    out: &mut Vec<u8>,
+) {
+    let text = format!(
+        "Invalid arguments for tool {}: {}",
+        tool.def.name,
+        problems.join("; ")
+    );
+    write_tool_result(out, id, &ToolOutput::error(text));
+    tool.metrics
+        .invalid_arguments(&tool.def.name)
+        .observe(start.elapsed());
 }
 
 /// Notes how a call that got a result ended, for its audit record.
@@ -403,7 +410,14 @@ fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
 /// Checks a call's result against the tool's output schema, writes the response and records
 /// the call's duration by outcome. Returns whether the result is a tool error.
 #[inline]
-fn conclude(snap: &Snapshot, index: usize, id: &RawValue, o: ToolOutput, start: Instant, out: &mut Vec<u8>) -> bool {
+fn conclude(
+    snap: &Snapshot,
+    index: usize,
+    id: &RawValue,
+    o: ToolOutput,
+    start: Instant,
+    out: &mut Vec<u8>,
+) -> bool {
     let o = check_output(snap, index, o);
     write_tool_result(out, id, &o);
     observe(&snap.tools[index], &o, start);

@@ -136,7 +136,9 @@ impl Limiter {
     fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, FxHashMap<u64, Slot>> {
         // The high bits pick the shard; the map hashes the whole key again.
         let i = (key >> 58) as usize % SHARDS;
-        self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn now(&self) -> u64 {
@@ -146,9 +148,11 @@ impl Limiter {
     fn key(&self, limit: &Limit, who: Who<'_>) -> u64 {
         let (kind, _, id) = who.parts();
         if limit.per_caller {
-            self.hasher.hash_one((limit.scope.label(), &*limit.name, &*limit.at, kind, id))
+            self.hasher
+                .hash_one((limit.scope.label(), &*limit.name, &*limit.at, kind, id))
         } else {
-            self.hasher.hash_one((limit.scope.label(), &*limit.name, &*limit.at))
+            self.hasher
+                .hash_one((limit.scope.label(), &*limit.name, &*limit.at))
         }
     }
 
@@ -315,7 +319,10 @@ mod tests {
         assert_eq!(r.kind, "rate");
         assert!(r.retry_after > Duration::from_secs(59));
         assert!(l.admit(&per, Who::Subject("b")).await.is_ok());
-        assert!(l.admit(&per, Who::Session("a")).await.is_ok(), "a session is not a subject");
+        assert!(
+            l.admit(&per, Who::Session("a")).await.is_ok(),
+            "a session is not a subject"
+        );
         let all = [limit(Some((60_000_000_000, 1)), None, false)];
         assert!(l.admit(&all, Who::Subject("a")).await.is_ok());
         assert!(l.admit(&all, Who::Subject("b")).await.is_err());
@@ -333,11 +340,18 @@ mod tests {
         let again = l.admit(&c, Who::Anonymous).await.unwrap();
         drop((b, again));
         // A refused rate gives back the places taken before it.
-        let both = [limit(None, Some(1), true), limit(Some((60_000_000_000, 1)), None, true)];
+        let both = [
+            limit(None, Some(1), true),
+            limit(Some((60_000_000_000, 1)), None, true),
+        ];
         let first = l.admit(&both, Who::Subject("x")).await.unwrap();
         drop(first);
         assert_eq!(l.admit(&both, Who::Subject("x")).await.unwrap_err().kind, "rate");
-        assert!(l.admit(&both, Who::Subject("x")).await.is_err_and(|r| r.kind == "rate"));
+        assert!(
+            l.admit(&both, Who::Subject("x"))
+                .await
+                .is_err_and(|r| r.kind == "rate")
+        );
     }
 
     #[tokio::test]
@@ -359,7 +373,11 @@ mod tests {
         let again = l.admit(&[limit(None, Some(1), true)], Who::Subject("held")).await;
         assert_eq!(again.unwrap_err().kind, "concurrency");
         drop(held);
-        assert!(l.admit(&[limit(None, Some(1), true)], Who::Subject("held")).await.is_ok());
+        assert!(
+            l.admit(&[limit(None, Some(1), true)], Who::Subject("held"))
+                .await
+                .is_ok()
+        );
         assert!(l.keys() <= SHARDS * 16 + 1, "{} keys", l.keys());
     }
 
@@ -372,6 +390,9 @@ mod tests {
         assert_ne!(k, shared_key(&per, Who::Session("alice")));
         assert!(!k.contains("alice") && k.starts_with("quiver:rl:") && k.len() == 42);
         let all = limit(Some((1, 1)), None, false);
-        assert_eq!(shared_key(&all, Who::Subject("a")), shared_key(&all, Who::Subject("b")));
+        assert_eq!(
+            shared_key(&all, Who::Subject("a")),
+            shared_key(&all, Who::Subject("b"))
+        );
     }
 }

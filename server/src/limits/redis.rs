@@ -92,7 +92,10 @@ fn command(args: &[&[u8]]) -> Vec<u8> {
 
 async fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
     let mut line = Vec::new();
-    let n = (&mut *r).take(MAX_LINE as u64).read_until(b'\n', &mut line).await?;
+    let n = (&mut *r)
+        .take(MAX_LINE as u64)
+        .read_until(b'\n', &mut line)
+        .await?;
     if n == 0 || !line.ends_with(b"\r\n") {
         return Err(std::io::Error::other("redis: short or overlong reply line"));
     }
@@ -113,7 +116,10 @@ async fn read_reply(r: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
             if n < 0 {
                 return Ok(Reply::Nil);
             }
-            let n = usize::try_from(n).ok().filter(|n| *n <= MAX_LINE).ok_or_else(bad)?;
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_LINE)
+                .ok_or_else(bad)?;
             let mut buf = vec![0; n + 2];
             r.read_exact(&mut buf).await?;
             buf.truncate(n);
@@ -165,8 +171,14 @@ impl Shared {
         match tokio::time::timeout(self.opts.timeout, self.run(key, interval, tolerance)).await {
             Ok(Ok(0)) => Ok(Ok(())),
             Ok(Ok(us)) => Ok(Err(Duration::from_micros(us.unsigned_abs()))),
-            Ok(Err(e)) => Err(self.failed("error", &e.to_string())),
-            Err(_) => Err(self.failed("timeout", "no answer in time")),
+            Ok(Err(e)) => {
+                self.failed("error", &e.to_string());
+                Err(())
+            }
+            Err(_) => {
+                self.failed("timeout", "no answer in time");
+                Err(())
+            }
         }
     }
 
@@ -197,7 +209,19 @@ impl Shared {
                 Some(s) => s.clone(),
                 None => self.load(&mut c).await?,
             };
-            match exchange(&mut c, &[b"EVALSHA", sha.as_bytes(), b"1", key.as_bytes(), i.as_bytes(), t.as_bytes()]).await? {
+            match exchange(
+                &mut c,
+                &[
+                    b"EVALSHA",
+                    sha.as_bytes(),
+                    b"1",
+                    key.as_bytes(),
+                    i.as_bytes(),
+                    t.as_bytes(),
+                ],
+            )
+            .await?
+            {
                 Reply::Int(n) => break n,
                 // A Redis restarted (or flushed) since: load the script again, once.
                 Reply::Error(e) if e.starts_with("NOSCRIPT") && !loaded => {
@@ -257,14 +281,19 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            s.write_all(b"+OK\r\n:42\r\n-NOSCRIPT x\r\n$3\r\nabc\r\n$-1\r\n").await.unwrap();
+            s.write_all(b"+OK\r\n:42\r\n-NOSCRIPT x\r\n$3\r\nabc\r\n$-1\r\n")
+                .await
+                .unwrap();
             s.write_all(&vec![b'+'; MAX_LINE + 10]).await.unwrap();
             s
         });
         let mut c = BufReader::new(TcpStream::connect(addr).await.unwrap());
         assert_eq!(read_reply(&mut c).await.unwrap(), Reply::Text("OK".into()));
         assert_eq!(read_reply(&mut c).await.unwrap(), Reply::Int(42));
-        assert_eq!(read_reply(&mut c).await.unwrap(), Reply::Error("NOSCRIPT x".into()));
+        assert_eq!(
+            read_reply(&mut c).await.unwrap(),
+            Reply::Error("NOSCRIPT x".into())
+        );
         assert_eq!(read_reply(&mut c).await.unwrap(), Reply::Text("abc".into()));
         assert_eq!(read_reply(&mut c).await.unwrap(), Reply::Nil);
         assert!(read_reply(&mut c).await.is_err(), "an overlong line is an error");
