@@ -268,10 +268,10 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         s.argv = argv(s.port)
         return s
 
-    def quiver(name: str, binary: str, config: Path, note: str, needs: list[str] | None = None, **kw) -> Server:
+    def quiver(name: str, binary: str, config: Path, note: str, needs: list[str] | None = None, flags: tuple = (), **kw) -> Server:
         admin = free_port()
         return server(name, lambda port: [binary, "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}",
-                                          "--admin-listen", f"127.0.0.1:{admin}", "--pin-workers", "--http2"],
+                                          "--admin-listen", f"127.0.0.1:{admin}", "--pin-workers", "--http2", *flags],
                       note, env={"RUST_LOG": "warn"}, needs=needs or [], admin=admin, config=config, **{"h2c": True, **kw})
 
     def peer(name: str, cmd: list[str], note: str, **kw) -> Server:
@@ -282,6 +282,12 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         servers.append(quiver("quiver-pgo", args.quiver_pgo, echo, "the same, built with PGO"))
     if args.baseline:
         servers.append(quiver("baseline", args.baseline, echo, "another quiver-server build (`--baseline`), for a side-by-side comparison"))
+    if args.governance:
+        # The same tool under a rate limit (high enough never to refuse) with the audit trail on.
+        gov = tmp / "governed.yaml"
+        gov.write_text(echo.read_text() + "limits: [{rate: 1000000/s, burst: 1000000}]\n")
+        servers.append(quiver("quiver+gov", args.quiver, gov, "quiver with a per-caller rate limit and the audit trail (to a file) on",
+                              flags=("--audit", f"file:{tmp / 'audit.jsonl'}")))
     servers += [
         peer("axum-fixed", [f"{args.peers}/axum-fixed"], "ceiling: fixed bytes, body not read", h2c=True),
         peer("axum-serde", [f"{args.peers}/axum-serde"], "ceiling: serde into typed structs", h2c=True),
@@ -371,6 +377,7 @@ def main() -> int:
     ap.add_argument("--h2c", type=int, default=2, help=f"HTTP/2 connections of the h2c row ({H2_STREAMS} streams each; 0: no h2c row)")
     ap.add_argument("--reload-every", type=float, default=0.1, help="the quiver+reload row rewrites its ToolSet this often, in seconds (0: no such row)")
     ap.add_argument("--no-forwarding", dest="forwarding", action="store_false", help="skip the quiver→rmcp row")
+    ap.add_argument("--no-governance", dest="governance", action="store_false", help="skip the quiver+gov row (a rate limit and the audit trail on)")
     ap.add_argument("--write", help="replace the block between the bench-wire markers in this Markdown file")
     args = ap.parse_args()
 

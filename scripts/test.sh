@@ -35,6 +35,9 @@ export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
 
 log "Python MCP SDK client tests"
 python_env
+# Debian's redis-server for the shared rate-limit tests (cached; cold: about 4 s).
+QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
+export QUIVER_REDIS_SERVER
 "$PY" -m pytest -q -s tests/sdk/python
 
 log "TypeScript MCP SDK client tests"

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
+use quiver_server::config::governance::LimitSpec;
 use quiver_server::config::upstream::UpstreamSpec;
 use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
 use schemars::JsonSchema;
@@ -178,6 +179,19 @@ pub struct McpServerSpec {
     /// proxy (an Ingress controller) share an IP: use a sticky Ingress for those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<SessionAffinity>,
+    /// Rate and concurrency limits on every tool call of the server (tools and upstreams
+    /// have `limits` of their own); see docs/governance.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub limits: Vec<LimitSpec>,
+    /// Where `shared: true` limits are counted, so every replica shares one budget (without
+    /// it, every limit counts per replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits_redis: Option<LimitsRedis>,
+    /// The audit trail: one JSON record per tool call, resource read, prompt and refusal,
+    /// written to the container's stdout (the logs are on stderr). Off when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditOptions>,
 }
 
 /// Client-IP session affinity of the Service.
@@ -680,4 +694,45 @@ pub struct McpServerStatus {
     /// changes).
     #[serde(default)]
     pub unwatched_config_maps: Vec<String>,
+}
+
+/// The Redis holding the budgets of `shared: true` limits.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsRedis {
+    /// `host:port`, e.g. `redis.infra.svc:6379` (plain TCP).
+    #[schemars(length(min = 3, max = 261), regex(pattern = r"^[A-Za-z0-9.-]+:[0-9]{1,5}$"))]
+    pub address: String,
+    /// The Secret key holding Redis's password (`AUTH`), if it has one; read when a pod
+    /// starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKey>,
+    /// Longest wait for Redis per call, e.g. `50ms` (default), at most `5s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}ms|[1-5]s)$"))]
+    pub timeout: Option<String>,
+    /// When Redis does not answer in time: `Open` (default) counts the limit on each replica
+    /// alone, `Closed` refuses the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_mode: Option<FailMode>,
+}
+
+/// What a shared limit does while its Redis is unavailable.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum FailMode {
+    /// Count on each replica alone.
+    Open,
+    /// Refuse the call.
+    Closed,
+}
+
+/// The audit trail of the pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditOptions {
+    /// Records queued for the writer (default 8192); a record that finds the queue full is
+    /// dropped and counted in `quiver_audit_dropped_total`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 1_000_000))]
+    pub queue: Option<u32>,
 }

@@ -132,6 +132,7 @@ impl Merged {
             prompts: spec.prompts.clone(),
             upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
             policies: spec.policies.clone(),
+            limits: spec.limits.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
@@ -169,6 +170,7 @@ impl Merged {
                     self.pol_origins
                         .extend((0..doc.policies.len()).map(|j| format!("{label} policies[{j}]")));
                     ts.policies.extend(doc.policies);
+                    ts.limits.extend(doc.limits);
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
             }

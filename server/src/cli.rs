@@ -230,6 +230,28 @@ pub struct ServeArgs {
     /// Secret, ConfigMap or projected volume hides the whole volume.
     #[arg(long, env = "QUIVER_HIDE_FROM_CHILDREN", value_delimiter = ',')]
     hide_from_children: Vec<std::path::PathBuf>,
+    /// Write the audit trail (one JSON line per tool call, read, prompt and refusal) to
+    /// `stdout` (the logs are on stderr) or `file:PATH`. Off when not set.
+    #[arg(long, env = "QUIVER_AUDIT")]
+    audit: Option<crate::audit::Sink>,
+    /// Audit records queued for the writer; a record that finds the queue full is dropped
+    /// and counted (quiver_audit_dropped_total).
+    #[arg(long, env = "QUIVER_AUDIT_QUEUE", default_value_t = crate::audit::DEFAULT_QUEUE)]
+    audit_queue: usize,
+    /// Most (limit, caller) budgets kept in memory; idle ones are forgotten first.
+    #[arg(long, env = "QUIVER_LIMITS_MAX_KEYS", default_value_t = crate::limits::DEFAULT_MAX_KEYS)]
+    limits_max_keys: usize,
+    /// Redis `host:port` holding the budgets of `shared: true` limits (password, if any, in
+    /// the QUIVER_LIMITS_REDIS_PASSWORD environment variable).
+    #[arg(long, env = "QUIVER_LIMITS_REDIS")]
+    limits_redis: Option<String>,
+    /// Longest wait for Redis per call (connecting included).
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_TIMEOUT", default_value = "50ms", value_parser = duration)]
+    limits_redis_timeout: Duration,
+    /// When Redis does not answer: `open` counts the limit on this replica alone, `closed`
+    /// refuses the call.
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_FAIL", default_value = "open")]
+    limits_redis_fail: crate::limits::FailMode,
 }
 
 /// Parses the command line and runs; returns the process exit code.
@@ -435,6 +457,7 @@ async fn serve(
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
         server = server.with_state_key(key);
     }
+    server = governance(server, &args)?;
     start_secrets(args.secrets.clone(), &server)?;
     let auth = client_auth(&args, &server)?;
     let reloader = Reloader::new(server.clone());
@@ -503,6 +526,38 @@ async fn serve(
         let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     }
     Ok(())
+}
+
+/// The environment variable holding the password of `--limits-redis`.
+const REDIS_PASSWORD_ENV: &str = "QUIVER_LIMITS_REDIS_PASSWORD";
+
+/// The limiter (with Redis, if configured) and the audit trail of `--limits-*` and `--audit`.
+fn governance(server: Arc<Server>, args: &ServeArgs) -> anyhow::Result<Arc<Server>> {
+    let gov = server.metrics.gov.clone();
+    let shared = args.limits_redis.as_ref().map(|addr| {
+        crate::limits::redis::Shared::new(
+            crate::limits::redis::Options {
+                addr: addr.clone(),
+                password: std::env::var(REDIS_PASSWORD_ENV).ok().filter(|p| !p.is_empty()),
+                timeout: args.limits_redis_timeout,
+                max_connections: 16,
+                fail: args.limits_redis_fail,
+            },
+            gov.clone(),
+        )
+    });
+    let limiter = crate::limits::Limiter::new(args.limits_max_keys, shared, gov.clone());
+    let audit = match &args.audit {
+        None => None,
+        Some(crate::audit::Sink::Stdout) if args.stdio => {
+            anyhow::bail!("--audit stdout: with --stdio, stdout carries the protocol; use file:PATH")
+        }
+        Some(sink) => Some(
+            crate::audit::AuditLog::start(sink, args.audit_queue, server.exec.secrets.clone(), gov)
+                .with_context(|| format!("--audit {sink:?}"))?,
+        ),
+    };
+    Ok(server.with_governance(limiter, audit))
 }
 
 /// How clients authenticate, as `/status` names it.

@@ -16,9 +16,15 @@ pub mod template;
 #[cfg(feature = "runtime")]
 pub mod admin;
 #[cfg(feature = "runtime")]
+pub mod audit;
+#[cfg(feature = "runtime")]
 pub mod cli;
 #[cfg(feature = "runtime")]
 pub mod dispatch;
+#[cfg(feature = "runtime")]
+pub mod gov_metrics;
+#[cfg(feature = "runtime")]
+pub mod limits;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]

@@ -326,7 +326,7 @@ pub const METHODS: [&str; 18] = [
 
 /// Outcomes of a request (the `outcome` label of `requests_total`), by JSON-RPC error code
 /// ([`outcome_index`]).
-pub const OUTCOMES: [&str; 11] = [
+pub const OUTCOMES: [&str; 12] = [
     "ok",
     "parse_error",
     "invalid_request",
@@ -338,6 +338,7 @@ pub const OUTCOMES: [&str; 11] = [
     "missing_capability",
     "header_mismatch",
     "unsupported_version",
+    "rate_limited",
 ];
 
 /// Index in [`OUTCOMES`] of an answer with this JSON-RPC error code (an unknown resource
@@ -354,6 +355,7 @@ pub const fn outcome_index(code: i32) -> usize {
         p::MISSING_CAPABILITY => 8,
         p::HEADER_MISMATCH => 9,
         p::UNSUPPORTED_VERSION => 10,
+        p::RATE_LIMITED => 11,
         _ => 5,
     }
 }
@@ -451,6 +453,8 @@ pub struct Metrics {
     pub peer_dropped: Counter,
     refusals: Vec<Counter>,
     upstreams: UpstreamFamilies,
+    /// Counters of limits and the audit trail.
+    pub gov: Arc<crate::gov_metrics::GovMetrics>,
 }
 
 impl Metrics {
@@ -602,6 +606,7 @@ impl Metrics {
             Unit::Bytes,
             ProcessRss,
         );
+        let gov = crate::gov_metrics::GovMetrics::register(&mut root);
         root.register(
             "build",
             "Build information",
@@ -626,6 +631,7 @@ impl Metrics {
             peer_dropped,
             refusals,
             upstreams,
+            gov,
         })
     }
 
@@ -745,6 +751,7 @@ mod tests {
             (p::MISSING_CAPABILITY, "missing_capability"),
             (p::HEADER_MISMATCH, "header_mismatch"),
             (p::UNSUPPORTED_VERSION, "unsupported_version"),
+            (p::RATE_LIMITED, "rate_limited"),
             (-1, "internal_error"),
         ] {
             assert_eq!(OUTCOMES[outcome_index(code)], label, "{code}");

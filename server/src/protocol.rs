@@ -39,6 +39,9 @@ pub const REQUEST_CANCELLED: i32 = -32800;
 /// The caller's credentials do not allow this call (a tool's `access`); over HTTP the answer
 /// is a 403. Quiver's own code, in the range JSON-RPC leaves to servers.
 pub const FORBIDDEN: i32 = -32003;
+/// A limit refused the call (`data.retryAfterMs` says when to retry); over HTTP the answer
+/// is a 429 with `Retry-After`. Quiver's own code, in the range JSON-RPC leaves to servers.
+pub const RATE_LIMITED: i32 = -32004;
 
 /// Longest `Mcp-Session-Id` accepted (ids this server issues are 32 characters).
 pub const MAX_SESSION_ID_LEN: usize = 128;
@@ -72,6 +75,7 @@ pub fn modern_http_status(code: i32) -> u16 {
         | UNSUPPORTED_VERSION => 400,
         METHOD_NOT_FOUND => 404,
         FORBIDDEN => 403,
+        RATE_LIMITED => 429,
         _ => 200,
     }
 }

@@ -4,6 +4,7 @@
 
 mod confine;
 mod expose;
+mod governance;
 mod monitor;
 mod netpol;
 mod pod;

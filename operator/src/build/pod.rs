@@ -110,6 +110,7 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
         );
     }
     args.extend(super::confine::token_mounts(mcp).map(|path| format!("--hide-from-children={path}")));
+    args.extend(super::governance::args(mcp));
     args
 }
 
@@ -185,6 +186,7 @@ fn container(
                     env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
                     env("TMPDIR", SCRATCH_DIR),
                 ])
+                .chain(super::governance::env(mcp))
                 .collect(),
         ),
         env_from: some_unless_empty(overrides.env_from.clone()),

@@ -15,9 +15,14 @@ pub(crate) fn mcp(yaml: &str) -> McpServer {
 fn children(yaml: &str) -> Children {
     let m = mcp(yaml);
     let r = render(&m, &vec![None; m.spec.tools_from.len()]).unwrap_or_else(|e| panic!("{e:?}"));
+    children_of(&m, &r)
+}
+
+/// The children of a rendered McpServer, with test defaults.
+pub(crate) fn children_of(m: &McpServer, r: &Rendered) -> Children {
     build(
-        &m,
-        &r,
+        m,
+        r,
         &Defaults {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),

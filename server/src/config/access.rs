@@ -64,6 +64,21 @@ pub struct Principal {
     /// The claims of the caller's verified access token (`None`: a static token), which
     /// policies read.
     pub claims: Option<Arc<serde_json::Value>>,
+    /// Who the caller says it is, for the audit trail: the token's `sub`, `iss` and
+    /// `azp`/`client_id` claims (each cut to [`MAX_ACCESS_NAME`] bytes); empty for static
+    /// tokens, whose record names the [`Self::subject`] digest.
+    pub identity: Identity,
+}
+
+/// The claims that name a caller in the audit trail.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The `sub` claim.
+    pub sub: Box<str>,
+    /// The `iss` claim.
+    pub issuer: Box<str>,
+    /// The `azp` claim, or else `client_id`.
+    pub client_id: Box<str>,
 }
 
 impl Principal {
@@ -84,6 +99,7 @@ impl Principal {
             groups: keep(&mut groups.into_iter()),
             subject: Box::default(),
             claims: None,
+            identity: Identity::default(),
         }
     }
 }

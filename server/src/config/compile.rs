@@ -15,6 +15,7 @@ use super::context::{
     ConfigError, Cx, MAX_SECRETS, Names, Problems, check_template, checked_template, template,
     valid_tool_name,
 };
+use super::governance;
 use super::model::{API_VERSION, Handler, KIND, PromptSpec, ResourceSpec, ToolSet, ToolSpec, hash};
 use super::upstream::{CompiledUpstream, compile_upstreams};
 use crate::handlers::ask;
@@ -49,7 +50,8 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
     let local = index.keys().copied().collect();
-    let upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
+    let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
+    add_server_limits(ts, &mut tools, &mut upstreams, &mut p);
     let secrets = referenced_secrets(&tools, &upstreams, &mut p);
     let policies = super::policy::compile(
         &ts.policies,
@@ -78,6 +80,23 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         })
     } else {
         Err(ConfigError { problems: p.0 })
+    }
+}
+
+/// Adds the ToolSet's `limits` to every tool's and upstream's, in the order a call checks
+/// them ([`governance::ordered`]).
+fn add_server_limits(
+    ts: &ToolSet,
+    tools: &mut [CompiledTool],
+    upstreams: &mut [CompiledUpstream],
+    p: &mut Problems,
+) {
+    let server = governance::compile_limits(&ts.limits, governance::Scope::Server, "", "limits", p);
+    for t in tools {
+        t.governance.limits = governance::ordered(&[&t.governance.limits, &server]);
+    }
+    for u in upstreams {
+        u.limits = governance::ordered(&[&u.limits, &server]);
     }
 }
 
@@ -168,6 +187,21 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
         .as_ref()
         .and_then(|a| a.compile(&format!("{at}.access"), p))
         .map(std::sync::Arc::new);
+    let governance = governance::ToolGovernance {
+        limits: governance::compile_limits(
+            &t.limits,
+            governance::Scope::Tool,
+            &t.name,
+            &format!("{at}.limits"),
+            p,
+        )
+        .into(),
+        audit_arguments: t
+            .audit
+            .as_ref()
+            .filter(|a| a.arguments)
+            .map(|_| governance::sensitive_properties(&schema_json)),
+    };
     CompiledTool {
         name: t.name.clone(),
         descriptor: tool_descriptor(t, schema_json, output_json),
@@ -175,6 +209,7 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
         output,
         handler,
         access,
+        governance,
     }
 }
 

@@ -65,6 +65,8 @@ pub struct CompiledTool {
     pub handler: CompiledHandler,
     /// Who may call it (a pipeline's includes its steps'); `None`: every caller let in.
     pub access: Option<std::sync::Arc<Access>>,
+    /// Limits on its calls and its audit options.
+    pub governance: super::governance::ToolGovernance,
 }
 
 /// A compiled handler.

@@ -10,6 +10,7 @@ pub(crate) mod checks;
 pub(crate) mod compile;
 pub(crate) mod compiled;
 pub(crate) mod context;
+pub mod governance;
 mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;
@@ -128,6 +129,7 @@ pub fn load(sources: &[(String, String)]) -> Result<ToolSet, ConfigError> {
                     m.prompts.extend(ts.prompts);
                     m.upstreams.extend(ts.upstreams);
                     m.policies.extend(ts.policies);
+                    m.limits.extend(ts.limits);
                 }
             },
             Err(e) => problems.extend(e.problems),

@@ -58,6 +58,11 @@ pub struct ToolSet {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub policies: Vec<super::policy::PolicySpec>,
+    /// Rate and concurrency limits on every tool call of this server (see
+    /// docs/governance.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub limits: Vec<super::governance::LimitSpec>,
 }
 
 impl Default for ToolSet {
@@ -71,6 +76,7 @@ impl Default for ToolSet {
             prompts: Vec::new(),
             upstreams: Vec::new(),
             policies: Vec::new(),
+            limits: Vec::new(),
         }
     }
 }
@@ -165,6 +171,13 @@ pub struct ToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048))]
     pub policy: Option<String>,
+    /// Rate and concurrency limits on this tool's calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub limits: Vec<super::governance::LimitSpec>,
+    /// What the audit trail records of this tool's calls beyond the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<super::governance::ToolAuditSpec>,
     /// What executes a call of this tool.
     pub handler: Handler,
 }

@@ -68,6 +68,7 @@ impl Server {
                     .record(a.metric, outcome_index(e.code), a.start.elapsed());
                 let mut r = Reply::new(out, a.rev.status(e.code));
                 r.challenge = e.scope_challenge();
+                r.retry_after = e.retry_after();
                 r
             }
         }

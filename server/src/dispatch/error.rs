@@ -43,6 +43,13 @@ impl RpcError {
         protocol::write_error(out, id, self.code, &self.message, self.data.as_ref());
     }
 
+    /// For a rate-limited call (`-32004`): the seconds of its `Retry-After`.
+    pub fn retry_after(&self) -> Option<u64> {
+        (self.code == protocol::RATE_LIMITED)
+            .then(|| self.data.as_ref()?.get("retryAfter")?.as_u64())
+            .flatten()
+    }
+
     /// For a call the caller may not make (`-32003`): the scopes of its `WWW-Authenticate`
     /// challenge, space separated; every required scope when some are missing, none (empty)
     /// when only groups are. `None` for any other error.

@@ -12,6 +12,7 @@ mod cancel;
 mod completion;
 mod envelope;
 pub(crate) mod error;
+mod govern;
 mod listen;
 mod outcome;
 mod prompts;
@@ -189,18 +190,11 @@ impl Server {
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
         let method = &*method;
-        // `Some(header)`: the stateless revision, whose `_meta` must repeat the header.
-        let stateless = match ctx.era {
-            Era::Legacy => None,
-            Era::Modern(h) => Some(Some(h)),
-            Era::Detect => (method != "initialize" && crate::modern::names_version(params)).then_some(None),
-        };
-        let rev: &'static Revision = if stateless.is_some() {
-            &STATELESS
-        } else {
-            &HANDSHAKE
-        };
+        let (stateless, rev) = revision_of(ctx.era, method, params);
         let entry = table::lookup(method);
+        let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
+        // Set for a request the audit trail records.
+        let mut pending = None;
         // Decremented on drop: a request future dropped mid-call (client gone) still counts down.
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
@@ -219,6 +213,7 @@ impl Server {
                     deadline,
                     start,
                 };
+                pending = self.audit_start(metric, &req, body.len());
                 match entry.filter(|e| e.eras.has(rev.stateless)) {
                     None => Err(not_found(method, entry, meta)),
                     Some(Method {
@@ -228,8 +223,15 @@ impl Server {
                     Some(Method {
                         handler: Handler::ToolCall,
                         ..
-                    }) => match tools::call(self, &req, &mut out).await {
-                        Ok(Some(d)) => return Outcome::Deferred(d),
+                    }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail))
+                        .await
+                    {
+                        Ok(Some(mut d)) => {
+                            if let Some(p) = pending.take() {
+                                d.audited(p);
+                            }
+                            return Outcome::Deferred(d);
+                        }
                         Ok(None) => Ok(Done::Written),
                         Err(e) => Err(e),
                     },
@@ -237,7 +239,6 @@ impl Server {
             }
         };
         drop(inflight);
-        let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
         let (result, opened) = match done {
             Ok(Done::Listen(l)) => {
                 self.metrics.record(metric, 0, start.elapsed());
@@ -254,10 +255,34 @@ impl Server {
             id,
             start,
         };
+        let error = pending.as_ref().and_then(|_| result.as_ref().err().cloned());
         let mut reply = self.reply(&a, result, out);
+        if let Some(p) = pending {
+            self.audit_end(p, error.as_ref(), false, reply.body.len());
+        }
         reply.opened = opened;
         Outcome::Reply(reply)
     }
+}
+
+/// The revision a request is read in: `Some(header)` for the stateless one (whose `_meta`
+/// must repeat the header; `Some(None)` over stdio), and its data.
+fn revision_of<'a>(
+    era: Era<'a>,
+    method: &str,
+    params: Option<&serde_json::value::RawValue>,
+) -> (Option<Option<&'a str>>, &'static Revision) {
+    let stateless = match era {
+        Era::Legacy => None,
+        Era::Modern(h) => Some(Some(h)),
+        Era::Detect => (method != "initialize" && crate::modern::names_version(params)).then_some(None),
+    };
+    let rev: &'static Revision = if stateless.is_some() {
+        &STATELESS
+    } else {
+        &HANDSHAKE
+    };
+    (stateless, rev)
 }
 
 /// `Method not found`, naming the revision that removed a handshake-era method.

@@ -15,6 +15,8 @@ pub struct Reply {
     /// For a refused call (403): the scopes of its `WWW-Authenticate` challenge, space
     /// separated (empty when only groups are missing).
     pub challenge: Option<String>,
+    /// For a rate-limited call (429): seconds until a retry may succeed (`Retry-After`).
+    pub retry_after: Option<u64>,
     /// The caps of a successful `initialize`, until dispatch opens its session.
     pub(super) opened: Option<ClientCaps>,
 }
@@ -27,6 +29,7 @@ impl Reply {
             status,
             session: None,
             challenge: None,
+            retry_after: None,
             opened: None,
         }
     }

@@ -34,9 +34,14 @@ pub(super) const STATELESS: Revision = Revision {
     status: protocol::modern_http_status,
 };
 
-/// Errors are answers (200), except a refused call (403, for its `WWW-Authenticate`).
+/// Errors are answers (200), except a refused call (403, for its `WWW-Authenticate`) and a
+/// rate-limited one (429, for its `Retry-After`).
 fn handshake_status(code: i32) -> u16 {
-    if code == FORBIDDEN { 403 } else { 200 }
+    match code {
+        FORBIDDEN => 403,
+        protocol::RATE_LIMITED => 429,
+        _ => 200,
+    }
 }
 
 /// How a method's result is stamped under 2026-07-28.

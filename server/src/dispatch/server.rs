@@ -112,6 +112,10 @@ pub struct Server {
     pub(super) state_key: crate::modern::StateKey,
     /// Resource URIs watched by open `subscriptions/listen` streams.
     pub(super) watched: Arc<Mutex<FxHashMap<Box<str>, usize>>>,
+    /// The budgets of rate and concurrency limits.
+    pub limiter: Arc<crate::limits::Limiter>,
+    /// The audit trail, when it is on.
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 impl Server {
@@ -125,7 +129,6 @@ impl Server {
         let (events, _) = broadcast::channel(64);
         Arc::new(Self {
             registry,
-            metrics,
             exec: Executor::new(),
             events,
             sessions: Sessions::default(),
@@ -134,7 +137,27 @@ impl Server {
             limits,
             state_key: crate::modern::StateKey::random(),
             watched: Arc::default(),
+            limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
+            audit: None,
+            metrics,
         })
+    }
+
+    /// Counts limits in `limiter` and records to `audit` (see docs/governance.md).
+    #[must_use]
+    pub fn with_governance(
+        self: Arc<Self>,
+        limiter: Arc<crate::limits::Limiter>,
+        audit: Option<Arc<crate::audit::AuditLog>>,
+    ) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut s) => {
+                s.limiter = limiter;
+                s.audit = audit;
+                Arc::new(s)
+            }
+            Err(shared) => shared,
+        }
     }
 
     /// Signs `requestState` with `key` instead of this process's random key: replicas that

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::answer::Answering;
 use super::envelope::parse_params;
 use super::error::RpcError;
+use super::govern::{self, Pending, Trail};
 use super::reply::Reply;
 use super::request::{Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
@@ -90,6 +91,7 @@ pub(super) async fn call(
     server: &Arc<Server>,
     req: &Request<'_>,
     out: &mut Vec<u8>,
+    mut trail: Option<&mut Trail>,
 ) -> Result<Option<Deferred>, RpcError> {
     let modern = modern_args(req)?;
     let p: CallParams<'_> = parse_params(req.params)?;
@@ -107,23 +109,23 @@ pub(super) async fn call(
         }
     };
     let tool = &guard.tools[index];
+    if let Some(t) = trail.as_deref_mut() {
+        t.resolved(&guard, index, &args);
+    }
     // Before the arguments are looked at: a caller that may not call the tool learns
     // nothing from it.
     allowed(server, tool, req)?;
     super::visible::permitted(server, tool, req, &args)?;
+    // No limits: one branch (in `admit`).
+    let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
     let start = Instant::now();
     let mut problems = Vec::new();
     tool.def.input.validate(&args, &mut problems);
     if !problems.is_empty() {
-        let text = format!(
-            "Invalid arguments for tool {}: {}",
-            tool.def.name,
-            problems.join("; ")
-        );
-        write_tool_result(out, req.id, &ToolOutput::error(text));
-        tool.metrics
-            .invalid_arguments(&tool.def.name)
-            .observe(start.elapsed());
+        invalid(tool, &problems, req.id, start, out);
+        if let Some(t) = trail {
+            t.outcome = Some("invalid_arguments");
+        }
         if modern.is_some() {
             crate::modern::stamp(out, &guard.result_stamp);
         }
@@ -138,7 +140,8 @@ pub(super) async fn call(
         None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
     };
     if let Some(output) = server.exec.run_now(&guard, index, &args) {
-        conclude(&guard, index, req.id, output, start, out);
+        let failed = conclude(&guard, index, req.id, output, start, out);
+        noted(trail, failed);
         if modern.is_some() {
             crate::modern::stamp(out, &guard.result_stamp);
         }
@@ -158,6 +161,8 @@ pub(super) async fn call(
             progress,
             start: req.start,
             modern,
+            permits,
+            audit: None,
         }));
     }
     let cx = CallCtx {
@@ -170,15 +175,42 @@ pub(super) async fn call(
     let result = server
         .run_cancellable(&snap, index, args, req.ctx.session, req.id, req.deadline, &cx)
         .await;
+    drop(permits);
     match (result, modern) {
         (Some(o), Some(m)) => server.conclude_modern(&snap, index, req.id, o, *m, start, out),
-        (Some(o), None) => {
-            conclude(&snap, index, req.id, o, start, out);
-            Ok(())
-        }
+        (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
         (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
     }
-    .map(|()| None)
+    .map(|failed| {
+        noted(trail, failed);
+        None
+    })
+}
+
+/// Answers a call whose arguments the input schema refuses: a tool error naming the problems.
+fn invalid(
+    tool: &crate::registry::Tool,
+    problems: &[String],
+    id: &RawValue,
+    start: Instant,
+    out: &mut Vec<u8>,
+) {
+    let text = format!(
+        "Invalid arguments for tool {}: {}",
+        tool.def.name,
+        problems.join("; ")
+    );
+    write_tool_result(out, id, &ToolOutput::error(text));
+    tool.metrics
+        .invalid_arguments(&tool.def.name)
+        .observe(start.elapsed());
+}
+
+/// Notes how a call that got a result ended, for its audit record.
+fn noted(trail: Option<&mut Trail>, failed: bool) {
+    if let Some(t) = trail {
+        t.outcome = Some(if failed { "tool_error" } else { "ok" });
+    }
 }
 
 /// Refuses a call the caller's credentials do not allow (the tool's `access`).
@@ -210,9 +242,18 @@ pub struct Deferred {
     progress: Option<Box<RawValue>>,
     start: Instant,
     modern: Option<Box<ModernCall>>,
+    /// In-flight places under concurrency limits, held until the call ends.
+    permits: Option<crate::limits::Permits>,
+    /// The call's audit record, until it ends.
+    audit: Option<Box<Pending>>,
 }
 
 impl Deferred {
+    /// Records the call in the audit trail when it ends.
+    pub(super) fn audited(&mut self, p: Pending) {
+        self.audit = Some(Box::new(p));
+    }
+
     /// Runs the call, reaching the client through `peer`. Returns the answer, or `None` when
     /// the client cancelled the call (a cancelled request gets no response).
     pub async fn run(self, peer: Option<&Peer>) -> Option<Reply> {
@@ -240,6 +281,8 @@ impl Deferred {
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
             .await;
         drop(inflight);
+        drop(d.permits);
+        let mut audit = d.audit;
         let metric = TOOLS_CALL;
         let Some(o) = result else {
             server.metrics.record(
@@ -247,19 +290,27 @@ impl Deferred {
                 outcome_index(protocol::REQUEST_CANCELLED),
                 d.start.elapsed(),
             );
+            if let Some(p) = audit {
+                server.audit_end(*p, None, true, 0);
+            }
             return None;
         };
         let mut out = Vec::with_capacity(256);
         let (rev, r) = match d.modern {
-            None => {
-                conclude(&d.snap, d.index, &d.id, o, d.start, &mut out);
-                (&HANDSHAKE, Ok(()))
-            }
+            None => (
+                &HANDSHAKE,
+                Ok(conclude(&d.snap, d.index, &d.id, o, d.start, &mut out)),
+            ),
             Some(m) => (
                 &STATELESS,
                 server.conclude_modern(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
             ),
         };
+        if let (Some(p), Ok(failed)) = (audit.as_deref_mut(), &r) {
+            noted(Some(&mut p.trail), *failed);
+        }
+        let error = audit.as_ref().and_then(|_| r.as_ref().err().cloned());
+        let r = r.map(|_| ());
         let a = Answering {
             rev,
             metric,
@@ -267,7 +318,11 @@ impl Deferred {
             id: &d.id,
             start: d.start,
         };
-        Some(server.reply(&a, r, out))
+        let reply = server.reply(&a, r, out);
+        if let Some(p) = audit {
+            server.audit_end(*p, error.as_ref(), false, reply.body.len());
+        }
+        Some(reply)
     }
 }
 
@@ -284,16 +339,16 @@ impl Server {
         m: ModernCall,
         start: Instant,
         out: &mut Vec<u8>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<bool, RpcError> {
         let round = m.inputs.finish();
         if self.interrupted(round, &m.call, snap, id, out)? {
             let tool = &snap.tools[index];
             tool.metrics.ok(&tool.def.name).observe(start.elapsed());
-            return Ok(());
+            return Ok(false);
         }
-        conclude(snap, index, id, o, start, out);
+        let failed = conclude(snap, index, id, o, start, out);
         crate::modern::stamp(out, &snap.result_stamp);
-        Ok(())
+        Ok(failed)
     }
 
     #[allow(clippy::too_many_arguments)] // the call's parts, borrowed from its two callers
@@ -358,12 +413,20 @@ fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
 }
 
 /// Checks a call's result against the tool's output schema, writes the response and records
-/// the call's duration by outcome.
+/// the call's duration by outcome. Returns whether the result is a tool error.
 #[inline]
-fn conclude(snap: &Snapshot, index: usize, id: &RawValue, o: ToolOutput, start: Instant, out: &mut Vec<u8>) {
+fn conclude(
+    snap: &Snapshot,
+    index: usize,
+    id: &RawValue,
+    o: ToolOutput,
+    start: Instant,
+    out: &mut Vec<u8>,
+) -> bool {
     let o = check_output(snap, index, o);
     write_tool_result(out, id, &o);
     observe(&snap.tools[index], &o, start);
+    o.is_error
 }
 
 #[inline]

@@ -420,6 +420,7 @@ impl Oidc {
                 Some(sub) => subject("sub", format!("{}\0{sub}", self.cfg.issuer).as_bytes()),
                 None => subject("jwt", token.as_bytes()),
             };
+            p.identity = identity(&claims);
             p.claims = Some(Arc::new(claims));
             p
         })
@@ -427,6 +428,24 @@ impl Oidc {
             tracing::debug!(reason = %e, "access token refused");
             Denied::Invalid
         })
+    }
+}
+
+/// The claims that name a caller in the audit trail, each cut to a bounded length.
+fn identity(claims: &Value) -> crate::config::access::Identity {
+    let claim = |name: &str| -> Box<str> {
+        let v = claims.get(name).and_then(Value::as_str).unwrap_or("");
+        let mut end = v.len().min(crate::config::access::MAX_ACCESS_NAME);
+        while !v.is_char_boundary(end) {
+            end -= 1;
+        }
+        v[..end].into()
+    };
+    let azp = claim("azp");
+    crate::config::access::Identity {
+        sub: claim("sub"),
+        issuer: claim("iss"),
+        client_id: if azp.is_empty() { claim("client_id") } else { azp },
     }
 }
 

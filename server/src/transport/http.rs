@@ -369,6 +369,9 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
                 Ok(p) => Some(p),
                 Err(denied) => {
                     state.server.metrics.refused(Refusal::Unauthenticated);
+                    state
+                        .server
+                        .audit_unauthenticated(session_id(headers).unwrap_or(""), denied.message());
                     let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
                     let metadata = auth.metadata_url(state.options.allowed_hosts.as_deref());
                     resp.headers_mut()
@@ -729,6 +732,10 @@ fn reply_response(state: &HttpState, r: Reply) -> Response {
             header::WWW_AUTHENTICATE,
             auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
         );
+    }
+    if let Some(secs) = r.retry_after {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     if let Some(id) = r.session
         && let Ok(v) = HeaderValue::from_str(&id)

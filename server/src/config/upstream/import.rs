@@ -191,6 +191,10 @@ impl CompiledUpstream {
                 remote: remote.to_owned(),
             }),
             access: self.access.clone(),
+            governance: crate::config::governance::ToolGovernance {
+                limits: self.limits.clone(),
+                audit_arguments: None,
+            },
         })
     }
 }

@@ -150,6 +150,10 @@ pub struct ImportSpec {
     /// the caller's credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<super::access::AccessSpec>,
+    /// Rate and concurrency limits counted over every call of the tools served from it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub limits: Vec<super::governance::LimitSpec>,
 }
 
 impl ImportSpec {
@@ -242,6 +246,9 @@ pub struct CompiledUpstream {
     descriptions: BTreeMap<String, String>,
     annotations: BTreeMap<String, Value>,
     access: Option<Arc<super::access::Access>>,
+    /// The limits of a call of its tools: its own, then (once the ToolSet's are added) the
+    /// ToolSet's.
+    pub limits: Arc<[Arc<super::governance::Limit>]>,
 }
 
 /// The compiled handler of an imported tool.
@@ -370,6 +377,14 @@ fn compile_upstream(
             .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
             .collect(),
         access,
+        limits: super::governance::compile_limits(
+            &t.limits,
+            super::governance::Scope::Upstream,
+            &u.name,
+            &format!("{at}.tools.limits"),
+            p,
+        )
+        .into(),
     }
 }
 

@@ -1,0 +1,119 @@
+//! The server flags and environment of `limitsRedis` and `audit`.
+
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
+
+use crate::crd::{FailMode, McpServer};
+
+/// `--limits-redis*` and `--audit*` for the spec.
+pub(super) fn args(mcp: &McpServer) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(r) = &mcp.spec.limits_redis {
+        args.push(format!("--limits-redis={}", r.address));
+        args.extend(r.timeout.as_ref().map(|t| format!("--limits-redis-timeout={t}")));
+        if r.fail_mode == Some(FailMode::Closed) {
+            args.push("--limits-redis-fail=closed".to_owned());
+        }
+    }
+    if let Some(a) = &mcp.spec.audit {
+        // stdout: the container's logs are on stderr, so the runtime keeps the two apart
+        // (each line of the container log names its stream).
+        args.push("--audit=stdout".to_owned());
+        args.extend(a.queue.map(|q| format!("--audit-queue={q}")));
+    }
+    args
+}
+
+/// The Redis password, from its Secret key, when one is named.
+pub(super) fn env(mcp: &McpServer) -> Option<EnvVar> {
+    let r = mcp.spec.limits_redis.as_ref()?.password_secret_ref.as_ref()?;
+    Some(EnvVar {
+        name: "QUIVER_LIMITS_REDIS_PASSWORD".to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                optional: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use crate::build::tests::{children_of, mcp};
+    use crate::render::render;
+
+    const GOVERNED: &str = r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: calc}
+spec:
+  limits: [{rate: 100/s, per: all}]
+  limitsRedis: {address: "redis.infra.svc:6379", passwordSecretRef: {name: redis, key: password}, timeout: 80ms, failMode: Closed}
+  audit: {queue: 1024}
+  tools:
+    - {name: add, limits: [{rate: 5/s, shared: true}], audit: {arguments: true}, handler: {builtin: add}}
+"#;
+
+    #[test]
+    fn limits_reach_the_toolset_and_redis_and_audit_reach_the_pod() {
+        let m = mcp(GOVERNED);
+        let r = render(&m, &Vec::new()).unwrap();
+        let ts: quiver_server::config::ToolSet = serde_saphyr::from_str(&r.yaml).unwrap();
+        assert_eq!(ts.limits[0].rate.as_deref(), Some("100/s"));
+        assert!(ts.tools[0].limits[0].shared && ts.tools[0].audit.as_ref().unwrap().arguments);
+        let c = children_of(&m, &r);
+        let d = serde_json::to_value(&c.deployment).unwrap();
+        let ctr = &d["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<&str> = ctr["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for a in [
+            "--limits-redis=redis.infra.svc:6379",
+            "--limits-redis-timeout=80ms",
+            "--limits-redis-fail=closed",
+            "--audit=stdout",
+            "--audit-queue=1024",
+        ] {
+            assert!(args.contains(&a), "{a} in {args:?}");
+        }
+        let env = ctr["env"].as_array().unwrap();
+        let pw = env
+            .iter()
+            .find(|e| e["name"] == "QUIVER_LIMITS_REDIS_PASSWORD")
+            .unwrap();
+        assert_eq!(
+            pw["valueFrom"]["secretKeyRef"],
+            json!({"name": "redis", "key": "password"})
+        );
+        assert!(pw.get("value").is_none());
+    }
+
+    #[test]
+    fn without_them_the_pod_has_no_governance_flags() {
+        let mut m = mcp(GOVERNED);
+        m.spec.limits_redis = None;
+        m.spec.audit = None;
+        let r = render(&m, &Vec::new()).unwrap();
+        let d = serde_json::to_value(&children_of(&m, &r).deployment).unwrap();
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            !args.contains("--limits-redis") && !args.contains("--audit"),
+            "{args}"
+        );
+    }
+
+    #[test]
+    fn an_invalid_limit_is_a_config_problem_naming_its_field() {
+        let m = mcp(&GOVERNED.replace("rate: 5/s", "rate: 5/week"));
+        let e = render(&m, &Vec::new()).unwrap_err();
+        assert!(format!("{e:?}").contains("tools[0].limits[0].rate"), "{e:?}");
+    }
+}

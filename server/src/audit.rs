@@ -1,0 +1,504 @@
+//! The audit trail: one JSON line per `tools/call`, `resources/read`, `prompts/get`, refused
+//! credential and refused call, written by a thread of its own to its own sink (stdout,
+//! where the logs are not: they go to stderr; or a file).
+//!
+//! A request only hands its [`Record`] to a bounded queue ([`AuditLog::record`], which never
+//! blocks); the writer thread serializes, scrubs and writes it. A record that finds the
+//! queue full, or that the sink fails to take, is dropped: counted in
+//! `quiver_audit_dropped_total` and logged (at most every [`DROP_LOG_EVERY`]), never silently.
+
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Map, Value, json};
+
+use crate::config::access::Principal;
+use crate::gov_metrics::GovMetrics;
+use crate::secrets::Secrets;
+
+/// Records the queue holds by default.
+pub const DEFAULT_QUEUE: usize = 8192;
+/// How often at most a drop is logged.
+pub const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Longest string kept in a record's arguments and reason, in characters.
+const MAX_TEXT: usize = 1024;
+/// Most values (strings, numbers, keys) of the arguments kept in one record.
+const MAX_VALUES: usize = 256;
+
+/// Where records go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sink {
+    /// The process's standard output (the logs are on standard error).
+    Stdout,
+    /// A file, appended to.
+    File(PathBuf),
+}
+
+impl FromStr for Sink {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stdout" => Ok(Self::Stdout),
+            _ => match s.strip_prefix("file:") {
+                Some(p) if !p.is_empty() => Ok(Self::File(p.into())),
+                _ => Err(format!("`{s}`: use stdout or file:PATH")),
+            },
+        }
+    }
+}
+
+/// Who made a call, as the record names it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's `sub`, or for a static token the digest that stands for it.
+    pub subject: Box<str>,
+    /// The token's `azp` or `client_id`.
+    pub client_id: Box<str>,
+    /// The token's issuer.
+    pub issuer: Box<str>,
+}
+
+impl Caller {
+    /// The caller of `p`, if any.
+    pub fn of(p: Option<&Principal>) -> Option<Self> {
+        p.map(|p| Self {
+            subject: if p.identity.sub.is_empty() {
+                p.subject.clone()
+            } else {
+                p.identity.sub.clone()
+            },
+            client_id: p.identity.client_id.clone(),
+            issuer: p.identity.issuer.clone(),
+        })
+    }
+}
+
+/// One audited event.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// When it ended.
+    pub time: SystemTime,
+    /// `tools/call`, `resources/read`, `prompts/get`, or `authentication` (a refused
+    /// credential).
+    pub event: &'static str,
+    /// The JSON-RPC id, as sent (JSON text).
+    pub request_id: Option<Box<str>>,
+    /// The session (empty: none).
+    pub session: Box<str>,
+    /// The caller; `None` when the server does not authenticate clients.
+    pub caller: Option<Caller>,
+    /// The tool, resource URI or prompt name asked for.
+    pub target: Option<Box<str>>,
+    /// The upstream a tool call resolved to.
+    pub upstream: Option<Box<str>>,
+    /// How it ended: `ok`, `tool_error`, `rate_limited`, `forbidden`, `unauthenticated`,
+    /// or the JSON-RPC outcome of another error (`invalid_params`, `cancelled`, ...).
+    pub outcome: &'static str,
+    /// Why, when it was refused or failed (scrubbed before it is written).
+    pub reason: Option<String>,
+    /// From the request's arrival to its answer (or the refusal).
+    pub duration: Duration,
+    /// Bytes of the request message.
+    pub bytes_in: usize,
+    /// Bytes of the answer.
+    pub bytes_out: usize,
+    /// The arguments, for tools that opt in, with sensitive properties already replaced
+    /// ([`redact_arguments`]); every string is scrubbed before it is written.
+    pub arguments: Option<Value>,
+}
+
+impl Record {
+    /// A record of `event` ending now with `outcome`, everything else empty.
+    pub fn new(event: &'static str, outcome: &'static str) -> Self {
+        Self {
+            time: SystemTime::now(),
+            event,
+            request_id: None,
+            session: Box::default(),
+            caller: None,
+            target: None,
+            upstream: None,
+            outcome,
+            reason: None,
+            duration: Duration::ZERO,
+            bytes_in: 0,
+            bytes_out: 0,
+            arguments: None,
+        }
+    }
+}
+
+/// The arguments of a call as they may be recorded: top-level properties named in
+/// `sensitive` (the schema's `writeOnly`) replaced by `[redacted]`.
+pub fn redact_arguments(args: &Value, sensitive: &[Box<str>]) -> Value {
+    match args {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    if sensitive.iter().any(|s| **s == **k) {
+                        (k.clone(), Value::String(crate::redact::REDACTED.to_owned()))
+                    } else {
+                        (k.clone(), v.clone())
+                    }
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Whether a property name says its value is a credential.
+fn names_a_credential(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "apikey",
+        "api_key",
+        "api-key",
+        "authorization",
+        "cookie",
+        "private_key",
+        "privatekey",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
+}
+
+/// A copy of `v` fit to write: credentials by name redacted, every string and key scrubbed,
+/// at most [`MAX_VALUES`] values (the rest dropped, marked by `"…": true`).
+fn scrub(v: &Value, secrets: &Secrets, budget: &mut usize) -> Value {
+    match v {
+        Value::String(s) => Value::String(secrets.scrub(s, MAX_TEXT)),
+        Value::Array(a) => {
+            let mut out = Vec::with_capacity(a.len().min(*budget));
+            for x in a {
+                if *budget == 0 {
+                    out.push(json!("…"));
+                    break;
+                }
+                *budget -= 1;
+                out.push(scrub(x, secrets, budget));
+            }
+            Value::Array(out)
+        }
+        Value::Object(m) => {
+            let mut out = Map::new();
+            for (k, x) in m {
+                if *budget == 0 {
+                    out.insert("…".to_owned(), Value::Bool(true));
+                    break;
+                }
+                *budget -= 1;
+                let key = secrets.scrub(k, MAX_TEXT);
+                let value = if names_a_credential(k) && !x.is_null() {
+                    Value::String(crate::redact::REDACTED.to_owned())
+                } else {
+                    scrub(x, secrets, budget)
+                };
+                out.insert(key, value);
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+/// A record as its JSON line (without the newline).
+fn line(r: &Record, secrets: &Secrets) -> Vec<u8> {
+    let mut o = Map::new();
+    o.insert(
+        "time".into(),
+        crate::handlers::builtin::run::rfc3339(r.time).into(),
+    );
+    o.insert("event".into(), r.event.into());
+    if let Some(id) = &r.request_id {
+        // The id was read as JSON (a string or a number) by dispatch.
+        let id = serde_json::from_str::<Value>(id).unwrap_or(Value::Null);
+        o.insert("requestId".into(), scrub(&id, secrets, &mut 1));
+    }
+    if !r.session.is_empty() {
+        o.insert("session".into(), (*r.session).into());
+    }
+    if let Some(c) = &r.caller {
+        let mut m = Map::new();
+        m.insert("subject".into(), secrets.scrub(&c.subject, MAX_TEXT).into());
+        if !c.client_id.is_empty() {
+            m.insert("clientId".into(), secrets.scrub(&c.client_id, MAX_TEXT).into());
+        }
+        if !c.issuer.is_empty() {
+            m.insert("issuer".into(), secrets.scrub(&c.issuer, MAX_TEXT).into());
+        }
+        o.insert("caller".into(), Value::Object(m));
+    }
+    let target = match r.event {
+        "tools/call" => "tool",
+        "resources/read" => "uri",
+        "prompts/get" => "prompt",
+        _ => "target",
+    };
+    if let Some(t) = &r.target {
+        o.insert(target.into(), secrets.scrub(t, MAX_TEXT).into());
+    }
+    if let Some(u) = &r.upstream {
+        o.insert("upstream".into(), (**u).into());
+    }
+    o.insert("outcome".into(), r.outcome.into());
+    if let Some(why) = &r.reason {
+        o.insert("reason".into(), secrets.scrub(why, MAX_TEXT).into());
+    }
+    o.insert(
+        "durationMs".into(),
+        json!((r.duration.as_secs_f64() * 1e6).round() / 1e3),
+    );
+    o.insert("bytesIn".into(), r.bytes_in.into());
+    o.insert("bytesOut".into(), r.bytes_out.into());
+    if let Some(a) = &r.arguments {
+        o.insert("arguments".into(), scrub(a, secrets, &mut MAX_VALUES.clone()));
+    }
+    serde_json::to_vec(&Value::Object(o)).unwrap_or_default()
+}
+
+/// The queue to the audit writer.
+#[derive(Debug)]
+pub struct AuditLog {
+    tx: SyncSender<Record>,
+    metrics: Arc<GovMetrics>,
+    /// Drops not yet logged, and when the last was logged (seconds since `epoch`, +1).
+    unlogged: AtomicU64,
+    logged_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl AuditLog {
+    /// Opens `sink` and starts the writer thread with a queue of `queue` records.
+    ///
+    /// # Errors
+    /// The file cannot be opened for appending, or the thread cannot start.
+    pub fn start(
+        sink: &Sink,
+        queue: usize,
+        secrets: Arc<Secrets>,
+        metrics: Arc<GovMetrics>,
+    ) -> std::io::Result<Arc<Self>> {
+        let out: Box<dyn Write + Send> = match sink {
+            Sink::Stdout => Box::new(std::io::stdout()),
+            Sink::File(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
+        };
+        let (tx, rx) = sync_channel(queue.max(1));
+        let log = Arc::new(Self {
+            tx,
+            metrics: metrics.clone(),
+            unlogged: AtomicU64::new(0),
+            logged_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        let weak = Arc::downgrade(&log);
+        std::thread::Builder::new()
+            .name("quiver-audit".into())
+            .spawn(move || write_all(&rx, out, &secrets, &metrics, &weak))?;
+        Ok(log)
+    }
+
+    /// Queues a record; never blocks. A full queue drops it (counted and logged).
+    pub fn record(&self, r: Record) {
+        match self.tx.try_send(r) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped(1),
+        }
+    }
+
+    /// Counts `n` dropped records and logs them, at most every [`DROP_LOG_EVERY`].
+    fn dropped(&self, n: u64) {
+        self.metrics.audit_dropped.inc_by(n);
+        let pending = self.unlogged.fetch_add(n, Ordering::Relaxed) + n;
+        let now = self.epoch.elapsed().as_secs() + 1;
+        let last = self.logged_at.load(Ordering::Relaxed);
+        if (last == 0 || now >= last + DROP_LOG_EVERY.as_secs())
+            && self
+                .logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let n = self.unlogged.swap(0, Ordering::Relaxed).max(pending.min(1));
+            tracing::warn!(
+                dropped = n,
+                "audit records dropped: the audit queue was full or its sink failed (see quiver_audit_dropped_total)"
+            );
+        }
+    }
+}
+
+/// The writer thread: records to lines, flushed whenever the queue is empty.
+fn write_all(
+    rx: &Receiver<Record>,
+    out: Box<dyn Write + Send>,
+    secrets: &Secrets,
+    metrics: &GovMetrics,
+    log: &std::sync::Weak<AuditLog>,
+) {
+    let mut out = BufWriter::with_capacity(64 << 10, out);
+    let mut unflushed = 0u64;
+    let fail = |n: u64, e: &std::io::Error| {
+        match log.upgrade() {
+            Some(l) => l.dropped(n),
+            None => {
+                metrics.audit_dropped.inc_by(n);
+            }
+        }
+        tracing::debug!(error = %e, "audit sink write failed");
+    };
+    loop {
+        let r = match rx.try_recv() {
+            Ok(r) => r,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                if unflushed > 0 {
+                    match out.flush() {
+                        Ok(()) => {
+                            metrics.audit_records.inc_by(unflushed);
+                        }
+                        Err(e) => fail(unflushed, &e),
+                    }
+                    unflushed = 0;
+                }
+                match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => return,
+                }
+            }
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+        };
+        let mut l = line(&r, secrets);
+        l.push(b'\n');
+        match out.write_all(&l) {
+            Ok(()) => unflushed += 1,
+            Err(e) => fail(1, &e),
+        }
+    }
+    if unflushed > 0 {
+        match out.flush() {
+            Ok(()) => {
+                metrics.audit_records.inc_by(unflushed);
+            }
+            Err(e) => fail(unflushed, &e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinks_parse() {
+        assert_eq!("stdout".parse::<Sink>(), Ok(Sink::Stdout));
+        assert_eq!("file:/a/b".parse::<Sink>(), Ok(Sink::File("/a/b".into())));
+        assert!("file:".parse::<Sink>().is_err());
+        assert!("stderr".parse::<Sink>().is_err());
+    }
+
+    #[test]
+    fn arguments_lose_sensitive_and_credential_values_and_secrets() {
+        let secrets = Secrets::new();
+        secrets.set(
+            "db",
+            Some(vec![("pw".to_owned(), b"hunter2-very-secret".to_vec())]),
+            crate::secrets::Presence::Loaded,
+        );
+        let args = json!({
+            "user": "ann",
+            "pin": "1234",
+            "apiToken": "abc",
+            "note": "the password is hunter2-very-secret, Bearer eyJabc.def",
+            "nested": {"Password": "p", "list": [1, "x"]},
+        });
+        let kept = redact_arguments(&args, &[Box::from("pin")]);
+        let mut r = Record::new("tools/call", "ok");
+        r.arguments = Some(kept);
+        r.request_id = Some("\"req-1\"".into());
+        r.target = Some("login".into());
+        let v: Value = serde_json::from_slice(&line(&r, &secrets)).unwrap();
+        let a = &v["arguments"];
+        assert_eq!(a["user"], "ann");
+        assert_eq!(a["pin"], "[redacted]");
+        assert_eq!(a["apiToken"], "[redacted]");
+        assert_eq!(a["nested"]["Password"], "[redacted]");
+        assert_eq!(a["nested"]["list"], json!([1, "x"]));
+        let note = a["note"].as_str().unwrap();
+        assert!(!note.contains("hunter2") && !note.contains("eyJabc"), "{note}");
+        assert_eq!(v["requestId"], "req-1");
+        assert_eq!(v["tool"], "login");
+        assert_eq!(v["event"], "tools/call");
+        assert!(v["time"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn huge_arguments_are_cut() {
+        let secrets = Secrets::new();
+        let args = Value::Array((0..10_000).map(Value::from).collect());
+        let mut r = Record::new("tools/call", "ok");
+        r.arguments = Some(args);
+        let v: Value = serde_json::from_slice(&line(&r, &secrets)).unwrap();
+        let a = v["arguments"].as_array().unwrap();
+        assert_eq!(a.len(), MAX_VALUES + 1);
+        assert_eq!(a[MAX_VALUES], "…");
+    }
+
+    #[test]
+    fn a_full_queue_counts_every_drop() {
+        let m = GovMetrics::unregistered();
+        // A writer that never reads: a queue of 2 with a record taken by the thread at most.
+        let (tx, _rx) = sync_channel(2);
+        let log = AuditLog {
+            tx,
+            metrics: m.clone(),
+            unlogged: AtomicU64::new(0),
+            logged_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        };
+        for _ in 0..10 {
+            log.record(Record::new("tools/call", "ok"));
+        }
+        assert_eq!(m.audit_dropped.get(), 8);
+    }
+
+    #[test]
+    fn records_reach_a_file_one_line_each() {
+        let dir = std::env::temp_dir().join(format!("quiver-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.jsonl");
+        let m = GovMetrics::unregistered();
+        let log = AuditLog::start(&Sink::File(path.clone()), 16, Secrets::new(), m.clone()).unwrap();
+        for i in 0..100 {
+            let mut r = Record::new("tools/call", "ok");
+            r.request_id = Some(i.to_string().into());
+            while log.tx.try_send(r.clone()).is_err() {
+                std::thread::yield_now();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while m.audit_records.get() < 100 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let ids: Vec<i64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["requestId"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(ids, (0..100).collect::<Vec<_>>());
+        assert_eq!(m.audit_dropped.get(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

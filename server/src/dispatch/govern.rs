@@ -1,0 +1,236 @@
+//! Where dispatch meets the limits and the audit trail: admitting a tool call under the
+//! limits that apply to it, and recording how an audited request ended.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::error::RpcError;
+use super::request::Request;
+use super::server::{Ctx, Server};
+use crate::audit::{Caller, Record};
+use crate::config::CompiledHandler;
+use crate::limits::{Permits, Who};
+use crate::metrics::{OUTCOMES, method_index, outcome_index};
+use crate::protocol::RATE_LIMITED;
+use crate::registry::Snapshot;
+
+/// The methods the audit trail records (besides refused credentials).
+const TOOLS_CALL: usize = method_index("tools/call");
+const RESOURCES_READ: usize = method_index("resources/read");
+const PROMPTS_GET: usize = method_index("prompts/get");
+
+/// Who a call is counted against: the authenticated subject; for an anonymous caller its
+/// session, or (without one) every sessionless anonymous caller together.
+fn who<'a>(ctx: &Ctx<'a>) -> Who<'a> {
+    match ctx.caller {
+        Some(p) if !p.subject.is_empty() => Who::Subject(&p.subject),
+        _ if !ctx.session.is_empty() => Who::Session(ctx.session),
+        _ => Who::Anonymous,
+    }
+}
+
+/// Admits a call of `snap.tools[index]` under its limits: `Ok(None)` when it has none (one
+/// branch), the in-flight places it holds, or the refusal as a JSON-RPC error (`-32004`,
+/// HTTP 429 with `Retry-After`).
+pub(super) async fn admit(
+    server: &Server,
+    limits: &Arc<[Arc<crate::config::governance::Limit>]>,
+    tool: &str,
+    req: &Request<'_>,
+) -> Result<Option<Permits>, RpcError> {
+    if limits.is_empty() {
+        return Ok(None);
+    }
+    match server.limiter.admit(limits, who(&req.ctx)).await {
+        Ok(p) => Ok(Some(p)),
+        Err(r) => {
+            server.metrics.gov.limited(tool, r.limit.scope.label(), r.kind);
+            Err(refused(tool, &r))
+        }
+    }
+}
+
+/// The error of a refused call: what refused it and when to retry (`retryAfterMs`, and
+/// `retryAfter` in whole seconds as HTTP's `Retry-After` has it).
+fn refused(tool: &str, r: &crate::limits::Refusal) -> RpcError {
+    let ms = u64::try_from(r.retry_after.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let secs = ms.div_ceil(1000);
+    let place = match r.limit.scope {
+        crate::config::governance::Scope::Server => "the server's".to_owned(),
+        crate::config::governance::Scope::Upstream => format!("upstream {}'s", r.limit.name),
+        crate::config::governance::Scope::Tool => format!("tool {}'s", r.limit.name),
+    };
+    let what = match r.kind {
+        "concurrency" => "concurrency limit (calls in flight)",
+        "unavailable" => "shared rate limit (its store is unavailable)",
+        _ => "rate limit",
+    };
+    let message = format!("Rate limited: {place} {what} refused this call of {tool}; retry after {ms} ms");
+    RpcError::new(RATE_LIMITED, message).with_data(json!({
+        "retryAfterMs": ms,
+        "retryAfter": secs,
+        "limit": {
+            "scope": r.limit.scope.label(),
+            "name": &*r.limit.name,
+            "kind": r.kind,
+            "perCaller": r.limit.per_caller,
+        },
+    }))
+}
+
+/// What a `tools/call` learned for its audit record while it ran.
+#[derive(Debug, Default)]
+pub(super) struct Trail {
+    /// The tool asked for.
+    pub tool: Option<Box<str>>,
+    /// The upstream it resolved to.
+    pub upstream: Option<Box<str>>,
+    /// `ok`, `tool_error` or `invalid_arguments` for a call that got a result.
+    pub outcome: Option<&'static str>,
+    /// The arguments, when the tool opts in (sensitive properties already replaced).
+    pub arguments: Option<Value>,
+}
+
+impl Trail {
+    /// Notes the tool a call resolved to and, if it opts in, its arguments.
+    pub fn resolved(&mut self, snap: &Snapshot, index: usize, args: &Value) {
+        let t = &snap.tools[index].def;
+        self.tool = Some(t.name.as_str().into());
+        if let CompiledHandler::Upstream(u) = &t.handler {
+            self.upstream = snap
+                .config
+                .upstreams
+                .get(u.upstream)
+                .map(|u| u.name.as_str().into());
+        }
+        if let Some(sensitive) = &t.governance.audit_arguments {
+            self.arguments = Some(crate::audit::redact_arguments(args, sensitive));
+        }
+    }
+}
+
+/// An audited request on its way: what its record needs from the start, until it ends. One
+/// dropped before it ended (the client went away and its request future with it) records
+/// itself as `disconnected`: every audited request leaves exactly one record.
+#[derive(Debug)]
+pub(super) struct Pending {
+    log: Arc<crate::audit::AuditLog>,
+    /// The record so far; taken when it is written.
+    record: Option<Box<Record>>,
+    start: Instant,
+    /// What the tool call learned.
+    pub trail: Trail,
+}
+
+impl Pending {
+    /// Writes the record, ending with `outcome` (and `reason`).
+    fn finish(&mut self, outcome: &'static str, reason: Option<String>, bytes_out: usize) {
+        let Some(mut r) = self.record.take() else { return };
+        let t = std::mem::take(&mut self.trail);
+        r.time = std::time::SystemTime::now();
+        r.target = t.tool.or(r.target.take());
+        r.upstream = t.upstream;
+        r.arguments = t.arguments;
+        r.outcome = outcome;
+        r.reason = reason;
+        r.duration = self.start.elapsed();
+        r.bytes_out = bytes_out;
+        self.log.record(*r);
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.finish("disconnected", None, 0);
+    }
+}
+
+#[derive(Deserialize)]
+struct Target<'a> {
+    #[serde(borrow, default)]
+    uri: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Server {
+    /// The start of an audit record for a request of the method at `metric`, if the trail
+    /// is on and records it.
+    pub(super) fn audit_start(&self, metric: usize, req: &Request<'_>, bytes_in: usize) -> Option<Pending> {
+        let log = self.audit.as_ref()?;
+        let event = match metric {
+            TOOLS_CALL => "tools/call",
+            RESOURCES_READ => "resources/read",
+            PROMPTS_GET => "prompts/get",
+            _ => return None,
+        };
+        // What was asked for, as the client named it (a call that resolves its tool replaces it).
+        let target = req.params.and_then(|p| {
+            let t: Target<'_> = serde_json::from_str(p.get()).ok()?;
+            t.uri.or(t.name).map(|s| Box::from(&*s))
+        });
+        let mut r = Record::new(event, "ok");
+        r.request_id = Some(req.id.get().into());
+        r.session = req.ctx.session.into();
+        r.caller = Caller::of(req.ctx.caller);
+        r.target = target;
+        r.bytes_in = bytes_in;
+        Some(Pending {
+            log: log.clone(),
+            record: Some(Box::new(r)),
+            start: req.start,
+            trail: Trail::default(),
+        })
+    }
+
+    /// Ends an audited request: `error` is its JSON-RPC error, if it ended with one (`None`
+    /// for a result or a cancelled call, `cancelled`); `bytes_out` the answer's size.
+    pub(super) fn audit_end(
+        &self,
+        mut p: Pending,
+        error: Option<&RpcError>,
+        cancelled: bool,
+        bytes_out: usize,
+    ) {
+        let (outcome, reason) = match (error, cancelled) {
+            (_, true) => ("cancelled", None),
+            (Some(e), _) => (OUTCOMES[outcome_index(e.code)], Some(e.message.clone())),
+            (None, _) => (p.trail.outcome.unwrap_or("ok"), None),
+        };
+        p.finish(outcome, reason, bytes_out);
+    }
+
+    /// Records a refused credential (HTTP 401) with the refusal's reason.
+    pub fn audit_unauthenticated(&self, session: &str, reason: &str) {
+        let Some(log) = &self.audit else { return };
+        let mut r = Record::new("authentication", "unauthenticated");
+        r.session = session.into();
+        r.reason = Some(reason.to_owned());
+        log.record(r);
+    }
+
+    /// Records any other audited event, e.g. a denial decided outside dispatch: `outcome`
+    /// names how it ended (`forbidden`, `rate_limited`, ...) and `reason` why.
+    pub fn audit_event(
+        &self,
+        event: &'static str,
+        ctx: &Ctx<'_>,
+        id: Option<&RawValue>,
+        outcome: &'static str,
+        reason: Option<String>,
+    ) {
+        let Some(log) = &self.audit else { return };
+        let mut r = Record::new(event, outcome);
+        r.request_id = id.map(|i| i.get().into());
+        r.session = ctx.session.into();
+        r.caller = Caller::of(ctx.caller);
+        r.reason = reason;
+        log.record(r);
+    }
+}
