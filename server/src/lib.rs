@@ -20,6 +20,8 @@ pub mod cli;
 #[cfg(feature = "runtime")]
 pub mod dispatch;
 #[cfg(feature = "runtime")]
+pub mod identity;
+#[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]
 pub mod modern;

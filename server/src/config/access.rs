@@ -61,6 +61,8 @@ pub struct Principal {
     /// every request with the same static token, or the same issuer and `sub`. Sessions and
     /// `requestState` are bound to it. Empty: not known.
     pub subject: Box<str>,
+    /// The validated access token it presented (OIDC only), for identity to upstreams.
+    pub credential: Option<Arc<super::caller::Credential>>,
 }
 
 impl Principal {
@@ -80,6 +82,7 @@ impl Principal {
             scopes: keep(&mut scopes.into_iter()),
             groups: keep(&mut groups.into_iter()),
             subject: Box::default(),
+            credential: None,
         }
     }
 }

@@ -420,6 +420,8 @@ impl Oidc {
                 Some(sub) => subject("sub", format!("{}\0{sub}", self.cfg.issuer).as_bytes()),
                 None => subject("jwt", token.as_bytes()),
             };
+            // Kept for identity to upstreams and `{{caller.CLAIM}}`; never logged.
+            p.credential = Some(Arc::new(crate::config::caller::Credential::new(token, claims)));
             p
         })
         .map_err(|e| {

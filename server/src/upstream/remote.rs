@@ -129,6 +129,7 @@ impl Remote {
         &self,
         session: Option<&Session>,
         secrets: &Value,
+        auth: Option<&HeaderValue>,
         mut add: impl FnMut(&str, &HeaderValue),
     ) -> Result<(), CallError> {
         self.shared.secrets_ready()?;
@@ -142,7 +143,14 @@ impl Remote {
             args: &Value::Null,
             secrets,
         };
+        // A call as its caller carries the caller's credential, never the configured one too.
+        if let Some(a) = auth {
+            add(header::AUTHORIZATION.as_str(), a);
+        }
         for (name, t) in &self.headers {
+            if auth.is_some() && name.eq_ignore_ascii_case(header::AUTHORIZATION.as_str()) {
+                continue;
+            }
             let value = t
                 .render(&scope)
                 .map_err(|e| CallError::Down(format!("header `{name}`: {e}")))?;
@@ -164,6 +172,7 @@ impl Remote {
         session: Option<&Session>,
         body: Bytes,
         secrets: &Value,
+        auth: Option<&HeaderValue>,
     ) -> Result<Request<Full<Bytes>>, CallError> {
         let mut req = Request::builder()
             .method(method)
@@ -173,7 +182,7 @@ impl Remote {
         if !body.is_empty() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
-        self.headers(session, secrets, |n, v| {
+        self.headers(session, secrets, auth, |n, v| {
             req = std::mem::take(&mut req).header(n, v.clone());
         })?;
         req.body(Full::new(body))
@@ -203,12 +212,13 @@ impl Remote {
         body: Vec<u8>,
         id: Option<u64>,
         log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
     ) -> Result<(Posted, Option<HeaderValue>), CallError> {
         let secrets = self.shared.secrets.snapshot();
         let (status, session_id, is_stream, body) = match &self.lean {
             Some(pool) => {
                 let mut headers = Vec::with_capacity(128);
-                self.headers(session, &secrets, |n, v| {
+                self.headers(session, &secrets, auth, |n, v| {
                     for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
                         headers.extend_from_slice(part);
                     }
@@ -227,7 +237,7 @@ impl Remote {
                 (status, resp.session.take(), resp.is_stream, Body::Lean(resp))
             }
             None => {
-                let req = self.build(Method::POST, session, Bytes::from(body), &secrets)?;
+                let req = self.build(Method::POST, session, Bytes::from(body), &secrets, auth)?;
                 let resp = self.send(req, &secrets).await?;
                 let is_stream = resp
                     .headers()
@@ -347,6 +357,7 @@ impl Remote {
             session.as_ref(),
             Bytes::from(msg.to_string()),
             &secrets,
+            None,
         ) else {
             return;
         };
@@ -366,7 +377,7 @@ impl Remote {
         }
         let id = self.shared.id();
         let msg = envelope(id, "initialize", &initialize_params());
-        let (posted, session_id) = self.post(None, msg, Some(id), None).await?;
+        let (posted, session_id) = self.post(None, msg, Some(id), None, None).await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
         };
@@ -377,7 +388,7 @@ impl Remote {
                 .map_err(|_| CallError::Protocol("bad protocol version".into()))?,
         };
         let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec();
-        self.post(Some(&session), note, None, None).await?;
+        self.post(Some(&session), note, None, None, None).await?;
         self.shared.set_health(|h| {
             h.protocol_version = Some(version);
             h.server_info = info;
@@ -398,12 +409,13 @@ impl Remote {
         method: &str,
         params: &P,
         log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
     ) -> Result<Value, CallError> {
         for _ in 0..2 {
             let session = self.session().await?;
             let id = self.shared.id();
             match self
-                .post(Some(&session), envelope(id, method, params), Some(id), log)
+                .post(Some(&session), envelope(id, method, params), Some(id), log, auth)
                 .await?
             {
                 (Posted::Answer(r), _) => return r,
@@ -420,12 +432,13 @@ impl Remote {
         method: &str,
         params: &P,
         log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
     ) -> Result<Value, CallError> {
         let Ok(_permit) = self.inflight.try_acquire() else {
             return Err(CallError::Busy);
         };
         let t = self.shared.timeout;
-        tokio::time::timeout(t, self.exchange(method, params, log))
+        tokio::time::timeout(t, self.exchange(method, params, log, auth))
             .await
             .unwrap_or(Err(CallError::Timeout(t)))
     }
@@ -437,7 +450,7 @@ impl Remote {
             return true;
         };
         let secrets = self.shared.secrets.snapshot();
-        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new(), &secrets) else {
+        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new(), &secrets, None) else {
             return false;
         };
         let Ok(Ok(resp)) = tokio::time::timeout(self.shared.timeout, self.send(req, &secrets)).await else {
@@ -467,7 +480,7 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
         let Some(r) = remote.upgrade() else { return };
         let no_params = json!({});
         let up = tokio::select! {
-            up = r.request("ping", &no_params, None) => up,
+            up = r.request("ping", &no_params, None, None) => up,
             () = stop.cancelled() => return,
         };
         match up {
