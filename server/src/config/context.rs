@@ -202,14 +202,15 @@ pub(crate) fn valid_secret_part(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
 }
 
-pub(crate) fn check_roots(
+/// Checks the `{{caller.CLAIM}}` references of a template (allowed where `claims` is given,
+/// their names added to it); returns whether `caller` is an argument instead.
+fn check_caller(
     t: &Template,
     names: &Names<'_>,
     path: &str,
     p: &mut Problems,
-    mut secrets: Option<&mut Vec<SecretRef>>,
     claims: Option<&mut Vec<Box<str>>>,
-) {
+) -> bool {
     let caller_is_argument = names
         .props
         .as_ref()
@@ -238,6 +239,18 @@ pub(crate) fn check_roots(
             "the caller's claims (`{{caller.CLAIM}}`) may be used only in an http tool's url, headers and body",
         );
     }
+    caller_is_argument
+}
+
+pub(crate) fn check_roots(
+    t: &Template,
+    names: &Names<'_>,
+    path: &str,
+    p: &mut Problems,
+    mut secrets: Option<&mut Vec<SecretRef>>,
+    claims: Option<&mut Vec<Box<str>>>,
+) {
+    let caller_is_argument = check_caller(t, names, path, p, claims);
     let secret_is_argument = names
         .props
         .as_ref()
