@@ -423,13 +423,16 @@ fn client_auth(
 
 /// The token-exchange client of `identity.mode: exchange`, when configured.
 fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
-    let (Some(client_id), Some(secret)) = (&args.token_exchange_client_id, &args.token_exchange_client_secret)
+    let (Some(client_id), Some(secret)) =
+        (&args.token_exchange_client_id, &args.token_exchange_client_secret)
     else {
         if args.token_exchange_client_id.is_some()
             || args.token_exchange_client_secret.is_some()
             || args.token_exchange_endpoint.is_some()
         {
-            anyhow::bail!("token exchange needs both --token-exchange-client-id and --token-exchange-client-secret");
+            anyhow::bail!(
+                "token exchange needs both --token-exchange-client-id and --token-exchange-client-secret"
+            );
         }
         return Ok(());
     };
@@ -437,7 +440,9 @@ fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
         anyhow::bail!("--token-exchange-client-secret needs --secrets to read the secret from");
     }
     if args.auth_issuer.is_none() {
-        anyhow::bail!("token exchange needs --auth-issuer: only callers' validated access tokens are exchanged");
+        anyhow::bail!(
+            "token exchange needs --auth-issuer: only callers' validated access tokens are exchanged"
+        );
     }
     if client_id.is_empty() || client_id.len() > 1024 || client_id.chars().any(char::is_control) {
         anyhow::bail!("--token-exchange-client-id must be 1-1024 printable characters");

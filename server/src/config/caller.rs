@@ -57,7 +57,10 @@ mod tests {
 
     #[test]
     fn audiences_match_exactly_and_debug_shows_nothing() {
-        let one = Credential::new("tok-123", serde_json::json!({"aud": "a", "exp": 5, "sub": "alice"}));
+        let one = Credential::new(
+            "tok-123",
+            serde_json::json!({"aud": "a", "exp": 5, "sub": "alice"}),
+        );
         let many = Credential::new("tok-456", serde_json::json!({"aud": ["x", "b"]}));
         assert!(one.addressed_to("a") && !one.addressed_to("ab") && !one.addressed_to(""));
         assert!(many.addressed_to("b") && !many.addressed_to("a"));

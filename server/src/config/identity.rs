@@ -59,9 +59,7 @@ pub struct Identity {
 }
 
 fn plain(s: &str) -> bool {
-    (1..=MAX_NAME).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    (1..=MAX_NAME).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
 }
 
 /// Compiles `identity` at `at`; `None` for the server's own credential (or a problem).

@@ -148,7 +148,9 @@ impl Executor {
                             }
                         };
                         let mut out = self
-                            .with_secrets(&link.secrets, |_| link.call_tool(&u.remote, args, cx, auth.as_ref()))
+                            .with_secrets(&link.secrets, |_| {
+                                link.call_tool(&u.remote, args, cx, auth.as_ref())
+                            })
                             .await;
                         if let Some(a) = &auth {
                             crate::identity::redact(&mut out, &[bearer_value(a)]);
@@ -167,7 +169,10 @@ impl Executor {
 
 /// The token of a `Bearer TOKEN` value.
 fn bearer_value(h: &http::HeaderValue) -> &str {
-    h.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default()
+    h.to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
 }
 
 impl Executor {
@@ -214,7 +219,9 @@ impl Executor {
             caller,
         };
         let mut out = self
-            .with_secrets(&h.secrets, |s| async move { self.http.call(h, args, &s, &outbound).await })
+            .with_secrets(&h.secrets, |s| async move {
+                self.http.call(h, args, &s, &outbound).await
+            })
             .await;
         used.extend(auth.as_ref().map(bearer_value));
         crate::identity::redact(&mut out, &used);

@@ -63,9 +63,9 @@ impl Cache {
             // Expired, failed or never filled, and not in use by a call: gone first.
             slots.retain(|_, s| {
                 Arc::strong_count(s) > 1
-                    || s.state
-                        .try_lock()
-                        .map_or(true, |st| st.token.as_ref().is_some_and(|(_, until)| *until > now))
+                    || s.state.try_lock().map_or(true, |st| {
+                        st.token.as_ref().is_some_and(|(_, until)| *until > now)
+                    })
             });
             // Still full of live tokens: drop unused ones (a later call exchanges again).
             if slots.len() >= self.max {
@@ -167,7 +167,10 @@ mod tests {
         assert_eq!(cache.get_or_fetch(&key(3), fail).await, Err("refused".to_owned()));
         // Within the failure's moment the issuer is not asked again.
         let unused = async { panic!("fetched within FAILURE_TTL") };
-        assert_eq!(cache.get_or_fetch(&key(3), unused).await, Err("refused".to_owned()));
+        assert_eq!(
+            cache.get_or_fetch(&key(3), unused).await,
+            Err("refused".to_owned())
+        );
     }
 
     #[tokio::test]
@@ -189,6 +192,9 @@ mod tests {
         let more = async { Ok((tok("Bearer y"), Duration::from_secs(60))) };
         cache.get_or_fetch(&key(101), more).await.unwrap();
         let unused = async { panic!("the live entry was dropped") };
-        assert_eq!(cache.get_or_fetch(&key(100), unused).await.unwrap(), "Bearer live");
+        assert_eq!(
+            cache.get_or_fetch(&key(100), unused).await.unwrap(),
+            "Bearer live"
+        );
     }
 }

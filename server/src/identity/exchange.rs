@@ -90,8 +90,8 @@ fn issuer_error(body: &[u8], known: &[&str]) -> String {
 
 /// The access token and how long to use it, from a successful answer.
 fn parse_answer(body: &[u8]) -> Result<(HeaderValue, Duration), String> {
-    let doc: Value =
-        serde_json::from_slice(body).map_err(|_| "the token endpoint answered something that is not JSON".to_owned())?;
+    let doc: Value = serde_json::from_slice(body)
+        .map_err(|_| "the token endpoint answered something that is not JSON".to_owned())?;
     let token = doc
         .get("access_token")
         .and_then(Value::as_str)
@@ -152,12 +152,20 @@ impl Exchanger {
         let Some(issuer) = &self.cfg.issuer else {
             return Err("no token endpoint is configured".to_owned());
         };
-        let url = format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
+        let url = format!(
+            "{}/.well-known/openid-configuration",
+            issuer.trim_end_matches('/')
+        );
         let secrets = self.secrets.snapshot();
         let tls = self.tls();
         let meta = self
             .http
-            .get_json(&url, TIMEOUT, MAX_ANSWER_BYTES, tls.as_ref().map(|t| (t, &*secrets)))
+            .get_json(
+                &url,
+                TIMEOUT,
+                MAX_ANSWER_BYTES,
+                tls.as_ref().map(|t| (t, &*secrets)),
+            )
             .await?;
         let found = meta
             .get("token_endpoint")
@@ -220,7 +228,11 @@ impl Exchanger {
             let bytes = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
-                .map_err(|_| format!("the token endpoint's answer is not readable or larger than {MAX_ANSWER_BYTES} bytes"))?
+                .map_err(|_| {
+                    format!(
+                        "the token endpoint's answer is not readable or larger than {MAX_ANSWER_BYTES} bytes"
+                    )
+                })?
                 .to_bytes();
             Ok::<_, String>((status, bytes))
         };
@@ -248,8 +260,10 @@ mod tests {
 
     #[test]
     fn answers_are_checked_and_lifetimes_keep_a_margin() {
-        let (h, valid) = parse_answer(br#"{"access_token":"abc.def.ghi","token_type":"Bearer","expires_in":600,
-            "issued_token_type":"urn:ietf:params:oauth:token-type:access_token"}"#)
+        let (h, valid) = parse_answer(
+            br#"{"access_token":"abc.def.ghi","token_type":"Bearer","expires_in":600,
+            "issued_token_type":"urn:ietf:params:oauth:token-type:access_token"}"#,
+        )
         .unwrap();
         assert_eq!(h, "Bearer abc.def.ghi");
         assert_eq!(valid, Duration::from_secs(570));
@@ -277,7 +291,10 @@ mod tests {
         let body = br#"{"error":"invalid_grant","error_description":"token eyJhbGciOi.subject.sig with secret s3cr3t-value is bad"}"#;
         let text = issuer_error(body, &["eyJhbGciOi.subject.sig", "s3cr3t-value"]);
         assert!(text.starts_with("invalid_grant: "), "{text}");
-        assert!(!text.contains("subject.sig") && !text.contains("s3cr3t"), "{text}");
+        assert!(
+            !text.contains("subject.sig") && !text.contains("s3cr3t"),
+            "{text}"
+        );
         let long = format!(r#"{{"error":"x","error_description":"{}"}}"#, "d".repeat(5000));
         assert!(issuer_error(long.as_bytes(), &[]).len() < 500);
         assert_eq!(issuer_error(b"<html>", &[]), "no OAuth error in the answer");

@@ -124,7 +124,12 @@ impl Broker {
                 self.cache
                     .get_or_fetch(&k, ex.exchange(c, &id.audience, &id.scopes))
                     .await
-                    .map_err(|e| format!("{what}: token exchange for audience `{}` failed: {e}", id.audience))
+                    .map_err(|e| {
+                        format!(
+                            "{what}: token exchange for audience `{}` failed: {e}",
+                            id.audience
+                        )
+                    })
             }
         }
     }
@@ -168,7 +173,9 @@ mod tests {
     async fn forward_sends_a_token_only_to_its_audience() {
         let b = Broker::default();
         let c = Credential::new("aaa.bbb.ccc", json!({"aud": ["quiver", "notes"], "sub": "alice"}));
-        let ok = b.authorization(&id(IdentityMode::Forward, "notes"), Some(&c), "tool `t`").await;
+        let ok = b
+            .authorization(&id(IdentityMode::Forward, "notes"), Some(&c), "tool `t`")
+            .await;
         assert_eq!(ok.unwrap(), "Bearer aaa.bbb.ccc");
         let other = b
             .authorization(&id(IdentityMode::Forward, "billing"), Some(&c), "tool `t`")

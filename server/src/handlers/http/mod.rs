@@ -156,7 +156,14 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
             p.push(format!("{hp}.headers.{k}"), why);
         }
         if let Some(t) = template(v, &format!("{hp}.headers.{k}"), p) {
-            check_request_template(&t, names, &format!("{hp}.headers.{k}"), p, &mut secrets, &mut claims);
+            check_request_template(
+                &t,
+                names,
+                &format!("{hp}.headers.{k}"),
+                p,
+                &mut secrets,
+                &mut claims,
+            );
             headers.push((k.clone(), t));
         }
     }

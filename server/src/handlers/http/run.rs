@@ -13,8 +13,8 @@ use serde_json::Value;
 use super::{HttpCall, TlsRefs};
 use crate::config::checks::{has_dot_segment, path_of};
 use crate::config::context::SecretRef;
-use crate::handlers::content::to_base64;
 use crate::config::context::{CALLER_ROOT, SECRET_ROOT};
+use crate::handlers::content::to_base64;
 use crate::handlers::output::ToolOutput;
 
 /// What a call adds to an http tool's request beyond its arguments and Secrets.
@@ -242,7 +242,13 @@ impl HttpClient {
     }
 
     /// Performs the request of an http tool.
-    pub async fn call(&self, spec: &HttpCall, args: &Value, secrets: &Value, outbound: &Outbound<'_>) -> ToolOutput {
+    pub async fn call(
+        &self,
+        spec: &HttpCall,
+        args: &Value,
+        secrets: &Value,
+        outbound: &Outbound<'_>,
+    ) -> ToolOutput {
         let scope = RequestScope {
             args,
             secrets,
