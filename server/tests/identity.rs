@@ -27,6 +27,7 @@ struct Seen {
     method: String,
     authorization: String,
     x_user: String,
+    session: String,
     body: String,
 }
 
@@ -67,6 +68,14 @@ fn read_request(
 
 /// Serves `answer` on a loopback port (keep-alive), recording every request in the log.
 fn listen(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (u16, Log) {
+    listen_with(move |s| {
+        let (status, text) = answer(s);
+        (status, text, String::new())
+    })
+}
+
+/// [`listen`] with extra header lines in the answers.
+fn listen_with(answer: impl Fn(&Seen) -> (u16, String, String) + Send + Sync + 'static) -> (u16, Log) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let log: Log = Arc::default();
@@ -94,9 +103,10 @@ fn listen(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (u
                         method,
                         authorization: header("authorization"),
                         x_user: header("x-user"),
+                        session: header("mcp-session-id"),
                         body,
                     };
-                    let (status, text) = answer(&s);
+                    let (status, text, extra) = answer(&s);
                     seen.lock().unwrap().push(s);
                     let ctype = if text.starts_with('{') {
                         "application/json"
@@ -106,7 +116,7 @@ fn listen(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (u
                     let reason = if status == 200 { "OK" } else { "Other" };
                     let _ = write!(
                         conn,
-                        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{text}",
+                        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n{extra}Content-Length: {}\r\n\r\n{text}",
                         text.len()
                     );
                 }
@@ -116,33 +126,42 @@ fn listen(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (u
     (port, log)
 }
 
-/// What the recording listener answers: a minimal MCP server under `/mcp/...` whose one tool
-/// echoes the Authorization it got, and a JSON API elsewhere that does the same.
-fn api_and_upstreams(s: &Seen) -> (u16, String) {
-    if !s.path.starts_with("/mcp/") {
-        return (200, json!({"saw": s.authorization, "user": s.x_user}).to_string());
-    }
-    if s.body.is_empty() {
-        return (405, String::new());
-    }
-    let req: Value = serde_json::from_str(&s.body).unwrap_or(Value::Null);
-    let result = match s.method.as_str() {
-        "initialize" => json!({
-            "protocolVersion": "2025-06-18",
-            "capabilities": {"tools": {}},
-            "serverInfo": {"name": "recorder", "version": "1"}
-        }),
-        "tools/list" => json!({"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}),
-        "tools/call" => {
-            json!({"content": [{"type": "text", "text": format!("upstream saw {}", s.authorization)}]})
+/// What the recording listener answers: a minimal MCP server under `/mcp/...` (each
+/// `initialize` opens a session `s-N`) whose one tool echoes the Authorization it got, and a
+/// JSON API elsewhere that does the same.
+fn api_and_upstreams() -> impl Fn(&Seen) -> (u16, String, String) + Send + Sync + 'static {
+    let sessions = Mutex::new(0);
+    move |s: &Seen| {
+        if !s.path.starts_with("/mcp/") {
+            let saw = json!({"saw": s.authorization, "user": s.x_user}).to_string();
+            return (200, saw, String::new());
         }
-        m if m.starts_with("notifications/") => return (202, String::new()),
-        _ => json!({}),
-    };
-    (
-        200,
-        json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string(),
-    )
+        if s.body.is_empty() {
+            return (405, String::new(), String::new());
+        }
+        let req: Value = serde_json::from_str(&s.body).unwrap_or(Value::Null);
+        let mut extra = String::new();
+        let result = match s.method.as_str() {
+            "initialize" => {
+                let mut n = sessions.lock().unwrap();
+                *n += 1;
+                extra = format!("Mcp-Session-Id: s-{n}\r\n");
+                json!({
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "recorder", "version": "1"}
+                })
+            }
+            "tools/list" => json!({"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}),
+            "tools/call" => {
+                json!({"content": [{"type": "text", "text": format!("upstream saw {}", s.authorization)}]})
+            }
+            m if m.starts_with("notifications/") => return (202, String::new(), String::new()),
+            _ => json!({}),
+        };
+        let body = json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string();
+        (200, body, extra)
+    }
 }
 
 fn now() -> i64 {
@@ -331,7 +350,7 @@ upstreams:
 #[test]
 fn a_callers_token_reaches_only_the_targets_configured_for_it() {
     let issuer = Issuer::start();
-    let (api, seen) = listen(api_and_upstreams);
+    let (api, seen) = listen_with(api_and_upstreams());
     let secrets = tempfile::tempdir().unwrap();
     write_secret(secrets.path(), "own", "token", OWN);
     write_secret(secrets.path(), "exchange", "secret", "client-secret-0123456789");
@@ -471,8 +490,8 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
     let at = |path: &str| -> Vec<&Seen> { seen.iter().filter(|s| s.path == path).collect() };
     let bearer = |t: &str| format!("Bearer {t}");
     for s in &seen {
-        let forwarded = matches!(s.path.as_str(), "/api/forward" | "/mcp/forward")
-            && (s.path.starts_with("/api") || s.method == "tools/call");
+        let forwarded =
+            s.path == "/api/forward" || (s.path == "/mcp/forward" && s.authorization == bearer(&client));
         assert_eq!(s.authorization == bearer(&client), forwarded, "{s:?}");
         assert!(
             !s.authorization.contains(STATIC) && !s.body.contains(&client),
@@ -485,17 +504,33 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
     assert!(at("/mcp/server").iter().all(|s| s.authorization == bearer(OWN)));
     assert_eq!(at("/api/forward").len(), 1);
     assert_eq!(at("/api/forward")[0].x_user, alice_sub);
-    // The upstreams' own requests (initialize, tools/list, ...) carry their configured
-    // credential; only tools/call carries the caller's.
-    for path in ["/mcp/forward", "/mcp/exchange"] {
+    // The upstreams' own session (initialize, tools/list, ...) carries their configured
+    // credential; a caller's call goes in a session opened with the caller's credential.
+    for (path, callers) in [
+        ("/mcp/forward", bearer(&client)),
+        ("/mcp/exchange", bearer("exchanged-notes-2")),
+    ] {
         let requests = at(path);
-        let calls: Vec<_> = requests.iter().filter(|s| s.method == "tools/call").collect();
-        assert_eq!(calls.len(), 1, "{path}: {requests:?}");
+        let (as_caller, own): (Vec<&Seen>, Vec<&Seen>) =
+            requests.iter().partition(|s| s.authorization == callers);
+        let methods: Vec<&str> = as_caller.iter().map(|s| s.method.as_str()).collect();
+        assert_eq!(
+            methods,
+            ["initialize", "notifications/initialized", "tools/call"],
+            "{path}: {requests:?}"
+        );
         assert!(
-            requests
-                .iter()
-                .filter(|s| s.method != "tools/call")
-                .all(|s| s.authorization == bearer(OWN)),
+            own.iter()
+                .all(|s| s.authorization == bearer(OWN) && s.method != "tools/call"),
+            "{path}: {requests:?}"
+        );
+        let callers_session = &as_caller[1].session;
+        assert!(
+            !callers_session.is_empty() && as_caller[2].session == *callers_session,
+            "{path}: {requests:?}"
+        );
+        assert!(
+            own.iter().all(|s| s.session != *callers_session),
             "{path}: {requests:?}"
         );
     }

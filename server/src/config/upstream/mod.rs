@@ -77,8 +77,9 @@ pub struct UpstreamSpec {
     /// Which credential its tool calls carry as `Authorization: Bearer ...` (`http` only; a
     /// stdio program has no request headers): the server's own (`http.headers`, the
     /// default), the caller's token (`forward`, only when addressed to `audience`) or one
-    /// exchanged for it (`exchange`). The session's own requests (`initialize`,
-    /// `tools/list`, notifications) keep `http.headers`. See docs/governance.md.
+    /// exchanged for it (`exchange`). The server's own session (`initialize`, `tools/list`,
+    /// notifications) keeps `http.headers`; each caller's calls go in a session opened with
+    /// that caller's credential. See docs/governance.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<super::identity::IdentitySpec>,
 }
