@@ -33,16 +33,18 @@ struct Seen {
 
 type Log = Arc<Mutex<Vec<Seen>>>;
 
-/// Reads one HTTP/1.1 request (`None` at the end of the connection).
-fn read_request(
-    reader: &mut BufReader<TcpStream>,
-) -> Option<(String, String, Vec<(String, String)>, String)> {
+/// Header names (lower-case) and values.
+type Headers = Vec<(String, String)>;
+
+/// Reads one HTTP/1.1 request: its path, headers and body (`None` at the end of the
+/// connection).
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, Headers, String)> {
     let mut line = String::new();
     if reader.read_line(&mut line).ok()? == 0 {
         return None;
     }
     let mut words = line.split_whitespace();
-    let (method, path) = (words.next()?.to_owned(), words.next()?.to_owned());
+    let path = words.nth(1)?.to_owned();
     let mut headers = Vec::new();
     loop {
         let mut h = String::new();
@@ -63,7 +65,7 @@ fn read_request(
         .unwrap_or(0);
     let mut body = vec![0; len];
     reader.read_exact(&mut body).ok()?;
-    Some((method, path, headers, String::from_utf8_lossy(&body).into_owned()))
+    Some((path, headers, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Serves `answer` on a loopback port (keep-alive), recording every request in the log.
@@ -86,7 +88,7 @@ fn listen_with(answer: impl Fn(&Seen) -> (u16, String, String) + Send + Sync + '
             let (seen, answer) = (seen.clone(), answer.clone());
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().unwrap());
-                while let Some((_, path, headers, body)) = read_request(&mut reader) {
+                while let Some((path, headers, body)) = read_request(&mut reader) {
                     let header = |n: &str| {
                         headers
                             .iter()
