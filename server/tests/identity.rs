@@ -202,6 +202,17 @@ impl Issuer {
                 "/token" => {
                     let form = parse_form(&s.body);
                     let audience = form.iter().find(|(k, _)| k == "audience").map_or("", |(_, v)| v);
+                    let subject = form.iter().find(|(k, _)| k == "subject_token").map_or("", |(_, v)| v);
+                    match audience {
+                        "slow" => std::thread::sleep(std::time::Duration::from_secs(8)),
+                        "huge" => return (200, format!(r#"{{"access_token":"{}"}}"#, "a".repeat(200_000))),
+                        "garbage" => return (200, "<html>not json</html>".to_owned()),
+                        "echo" => {
+                            let why = format!("subject_token {subject} is not welcome");
+                            return (400, json!({"error": "invalid_grant", "error_description": why}).to_string());
+                        }
+                        _ => {}
+                    }
                     if audience == "refused" {
                         return (
                             400,
@@ -326,6 +337,10 @@ tools:
   - {{name: api-forward-other, handler: {{http: {{url: "{u}/api/forward-other", identity: {{mode: forward, audience: billing}}}}}}}}
   - {{name: api-exchange, handler: {{http: {{url: "{u}/api/exchange", identity: {{mode: exchange, audience: notes, scopes: [read]}}}}}}}}
   - {{name: api-exchange-refused, handler: {{http: {{url: "{u}/api/exchange-refused", identity: {{mode: exchange, audience: refused}}}}}}}}
+  - {{name: api-exchange-slow, handler: {{http: {{url: "{u}/api/exchange-bad", identity: {{mode: exchange, audience: slow}}}}}}}}
+  - {{name: api-exchange-huge, handler: {{http: {{url: "{u}/api/exchange-bad", identity: {{mode: exchange, audience: huge}}}}}}}}
+  - {{name: api-exchange-garbage, handler: {{http: {{url: "{u}/api/exchange-bad", identity: {{mode: exchange, audience: garbage}}}}}}}}
+  - {{name: api-exchange-echo, handler: {{http: {{url: "{u}/api/exchange-bad", identity: {{mode: exchange, audience: echo}}}}}}}}
 upstreams:
   - {{name: up-plain, http: {{url: "{u}/mcp/plain"}}, tools: {{prefix: plain_}}}}
   - name: up-server
@@ -478,6 +493,25 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
         );
     }
 
+    // A token endpoint that stalls, floods, answers garbage or echoes the subject token: a
+    // bounded wait, a bounded read, a clear error that names no token; nothing is sent.
+    for (tool, want) in [
+        ("api-exchange-slow", "the token endpoint did not answer within 5s"),
+        ("api-exchange-huge", "larger than 65536 bytes"),
+        (
+            "api-exchange-garbage",
+            "the token endpoint answered something that is not JSON",
+        ),
+        (
+            "api-exchange-echo",
+            "the issuer refused (HTTP 400; invalid_grant: subject_token [redacted] is not welcome)",
+        ),
+    ] {
+        let (text, failed) = call(&p, &client, tool);
+        assert!(failed && text.contains(want), "{tool}: {text}");
+        assert!(!text.contains(&client), "{tool}: {text}");
+    }
+
     // A static token is nobody's identity to pass on.
     for tool in ["api-forward", "api-exchange", "forward_whoami", "exchange_whoami"] {
         let (text, failed) = call(&p, STATIC, tool);
@@ -550,7 +584,7 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
             .all(|s| s.authorization == "Bearer exchanged-notes-1")
     );
     assert_eq!(at("/api/exchange").len(), 3);
-    for path in ["/api/forward-other", "/api/exchange-refused"] {
+    for path in ["/api/forward-other", "/api/exchange-refused", "/api/exchange-bad"] {
         assert!(at(path).is_empty(), "{path} got a request");
     }
     for path in ["/mcp/forward-other", "/mcp/exchange-refused"] {

@@ -74,17 +74,19 @@ fn form(s: &str) -> String {
 /// The issuer's words in an error answer, cut short, with nothing of `known` left in them.
 fn issuer_error(body: &[u8], known: &[&str]) -> String {
     let doc: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    // Redacted whole, then cut: a value cut first would no longer match.
     let word = |k: &str| {
-        doc.get(k)
-            .and_then(Value::as_str)
-            .map(|s| s.chars().take(MAX_DESCRIPTION).collect::<String>())
+        doc.get(k).and_then(Value::as_str).map(|s| {
+            let mut s = s.to_owned();
+            crate::redact::replace_known(&mut s, known);
+            s.chars().take(MAX_DESCRIPTION).collect::<String>()
+        })
     };
-    let mut text = match (word("error"), word("error_description")) {
+    let text = match (word("error"), word("error_description")) {
         (Some(e), Some(d)) => format!("{e}: {d}"),
         (Some(e), None) => e,
         _ => "no OAuth error in the answer".to_owned(),
     };
-    crate::redact::replace_known(&mut text, known);
     crate::redact::untrusted(&text, &[], MAX_DESCRIPTION * 2)
 }
 
@@ -297,6 +299,11 @@ mod tests {
         );
         let long = format!(r#"{{"error":"x","error_description":"{}"}}"#, "d".repeat(5000));
         assert!(issuer_error(long.as_bytes(), &[]).len() < 500);
+        // A long token near the cut is redacted before the cut, not left in part.
+        let token = format!("eyJ{}", "t".repeat(400));
+        let body = format!(r#"{{"error":"x","error_description":"subject {token} refused"}}"#);
+        let text = issuer_error(body.as_bytes(), &[&token]);
+        assert!(!text.contains("eyJ") && text.contains("[redacted]"), "{text}");
         assert_eq!(issuer_error(b"<html>", &[]), "no OAuth error in the answer");
     }
 }
