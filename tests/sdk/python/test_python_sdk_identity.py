@@ -34,6 +34,8 @@ NOTES = Path(__file__).resolve().parent / "servers" / "notes_upstream.py"
 AUDIENCE = "notes-upstream"
 # scripts/idp/realm.json
 EXCHANGE_CLIENT, EXCHANGE_SECRET = "quiver", "quiver-exchange-secret-0123456789"
+# Every user token the tests got: none may appear in the server's log.
+ISSUED: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,9 @@ def token(idp: dict, form: dict, basic: tuple[str, str] | None = None) -> str:
 
 
 def user_token(idp: dict, user: str, client: str = "agent") -> str:
-    return token(idp, {"grant_type": "password", "client_id": client, "username": user, "password": f"{user}-password"})
+    t = token(idp, {"grant_type": "password", "client_id": client, "username": user, "password": f"{user}-password"})
+    ISSUED.append(t)
+    return t
 
 
 def claims(t: str) -> dict:
@@ -151,7 +155,7 @@ upstreams:
         print(log[-4000:])
         print((tmp / "upstream.log").read_text()[-2000:])
         # No token of any kind in the server's log.
-        for t in (own, EXCHANGE_SECRET):
+        for t in (own, EXCHANGE_SECRET, *ISSUED):
             assert t not in log
         shutil.rmtree(tmp, ignore_errors=True)
 
