@@ -33,6 +33,9 @@ log "building quiver-server for the SDK tests"
 cargo build -p quiver-server --locked
 export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
 
+log "OpenID provider of the identity tests (Keycloak from Maven Central, cached; the tests start it)"
+"$ROOT/scripts/idp.sh" install
+
 log "Python MCP SDK client tests"
 python_env
 # Debian's redis-server for the shared rate-limit tests (cached; cold: about 4 s).

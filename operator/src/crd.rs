@@ -291,6 +291,7 @@ pub struct NetworkPolicyOptions {
 /// Client authentication.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.tokenExchange) || has(self.oidc)").message("tokenExchange needs oidc: only callers' validated access tokens are exchanged").field_path(".tokenExchange"))]
 pub struct Auth {
     /// Require `Authorization: Bearer TOKEN`, with the accepted tokens (one per line, `#`
     /// comments allowed, at least 16 characters each) in this Secret key. Editing the Secret
@@ -304,6 +305,28 @@ pub struct Auth {
     /// `WWW-Authenticate` pointing at it. With `bearerTokenSecretRef` too, either is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oidc: Option<OidcAuth>,
+    /// RFC 8693 token exchange at the OIDC issuer, for tools and upstreams with
+    /// `identity.mode: exchange`: the pods exchange each caller's access token for one
+    /// addressed to the upstream, as this client. Needs `oidc`. See docs/governance.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_exchange: Option<TokenExchange>,
+}
+
+/// This server's client at the OIDC issuer, for token exchange. The client secret stays in
+/// its Secret: the pods read it through the API (it is never in the pod spec).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenExchange {
+    /// The client id (the issuer must allow it to exchange tokens for the upstreams'
+    /// audiences).
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^[^\s]+$"))]
+    pub client_id: String,
+    /// The Secret key holding the client secret (HTTP Basic client authentication).
+    pub client_secret_ref: SecretKey,
+    /// The issuer's token endpoint (default: `token_endpoint` of its discovery document).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
+    pub token_endpoint: Option<String>,
 }
 
 /// An OAuth 2.1 / OIDC issuer.

@@ -73,6 +73,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
             .collect(),
     })?;
     refuse("InvalidToolConfig", bad_secret_names(&compiled.secrets))?;
+    refuse("InvalidToolConfig", identity_needs(mcp, &compiled))?;
     let yaml = write(&merged.ts, &compiled.hash)?;
     Ok(Rendered {
         yaml,
@@ -81,6 +82,46 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         secrets: compiled.secrets,
         upstream_count: compiled.upstreams.len(),
     })
+}
+
+/// Tools and upstreams whose `identity` the server's auth cannot serve: acting as the caller
+/// needs OIDC (a validated access token to pass on), exchanging needs the exchange client.
+fn identity_needs(mcp: &McpServer, compiled: &config::CompiledToolSet) -> Vec<String> {
+    use config::identity::IdentityMode;
+    let auth = mcp.spec.auth.as_ref();
+    let (oidc, exchange) = (
+        auth.is_some_and(|a| a.oidc.is_some()),
+        auth.is_some_and(|a| a.token_exchange.is_some()),
+    );
+    let tools = compiled.tools.iter().filter_map(|t| match &t.handler {
+        config::CompiledHandler::Http(h) => h
+            .identity
+            .as_ref()
+            .map(|i| (format!("tool `{}`", t.name), i.mode)),
+        _ => None,
+    });
+    let upstreams = compiled.upstreams.iter().filter_map(|u| {
+        u.identity
+            .as_ref()
+            .map(|i| (format!("upstream `{}`", u.name), i.mode))
+    });
+    tools
+        .chain(upstreams)
+        .filter_map(|(what, mode)| {
+            if !oidc {
+                Some(format!(
+                    "{what}: identity.mode `{}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)",
+                    if mode == IdentityMode::Forward { "forward" } else { "exchange" }
+                ))
+            } else if mode == IdentityMode::Exchange && !exchange {
+                Some(format!(
+                    "{what}: identity.mode `exchange` needs spec.auth.tokenExchange (this server's client at the issuer)"
+                ))
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// `Err` with `reason` when there are `problems`.

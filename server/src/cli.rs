@@ -152,6 +152,19 @@ pub struct ServeArgs {
     /// with a private CA), read from --secrets like `tls.caConfigMap`.
     #[arg(long, env = "QUIVER_AUTH_ISSUER_CA_CONFIGMAP")]
     auth_issuer_ca_configmap: Option<String>,
+    /// RFC 8693 token exchange, for tools and upstreams with `identity.mode: exchange`: this
+    /// server's client id at the issuer (of --auth-issuer). Needs
+    /// --token-exchange-client-secret.
+    #[arg(long, env = "QUIVER_TOKEN_EXCHANGE_CLIENT_ID")]
+    token_exchange_client_id: Option<String>,
+    /// The secret value `SECRET.KEY` (from `--secrets`) holding the token-exchange client's
+    /// secret; a rotation applies to the next exchange.
+    #[arg(long, env = "QUIVER_TOKEN_EXCHANGE_CLIENT_SECRET", value_parser = crate::secrets::parse_ref)]
+    token_exchange_client_secret: Option<crate::config::SecretRef>,
+    /// The issuer's token endpoint, instead of the `token_endpoint` of --auth-issuer's
+    /// discovery document.
+    #[arg(long, env = "QUIVER_TOKEN_EXCHANGE_ENDPOINT")]
+    token_exchange_endpoint: Option<String>,
     /// Pin each worker thread to one CPU of the process's affinity mask.
     #[arg(long, env = "QUIVER_PIN_WORKERS")]
     pin_workers: bool,
@@ -430,6 +443,64 @@ fn client_auth(
     Ok(wanted.then(|| Arc::new(Auth { bearer, oidc })))
 }
 
+/// The token-exchange client of `identity.mode: exchange`, when configured.
+fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
+    let (Some(client_id), Some(secret)) =
+        (&args.token_exchange_client_id, &args.token_exchange_client_secret)
+    else {
+        if args.token_exchange_client_id.is_some()
+            || args.token_exchange_client_secret.is_some()
+            || args.token_exchange_endpoint.is_some()
+        {
+            anyhow::bail!(
+                "token exchange needs both --token-exchange-client-id and --token-exchange-client-secret"
+            );
+        }
+        return Ok(());
+    };
+    if args.secrets.is_none() {
+        anyhow::bail!("--token-exchange-client-secret needs --secrets to read the secret from");
+    }
+    if args.auth_issuer.is_none() {
+        anyhow::bail!(
+            "token exchange needs --auth-issuer: only callers' validated access tokens are exchanged"
+        );
+    }
+    if client_id.is_empty() || client_id.len() > 1024 || client_id.chars().any(char::is_control) {
+        anyhow::bail!("--token-exchange-client-id must be 1-1024 printable characters");
+    }
+    if let Some(e) = &args.token_exchange_endpoint
+        && !(e.starts_with("https://") || e.starts_with("http://"))
+    {
+        anyhow::bail!("--token-exchange-endpoint must be an http(s) URL");
+    }
+    let ca = args
+        .auth_issuer_ca_configmap
+        .as_ref()
+        .map(|n| crate::config::SecretRef {
+            name: format!("{}{n}", crate::config::CONFIG_MAP_PREFIX),
+            key: "ca.crt".to_owned(),
+        });
+    let exchanger = crate::identity::Exchanger::new(
+        crate::identity::ExchangeConfig {
+            endpoint: args.token_exchange_endpoint.clone(),
+            issuer: args.auth_issuer.clone(),
+            client_id: client_id.clone(),
+            client_secret: secret.clone(),
+            ca,
+        },
+        crate::handlers::HttpClient::new(),
+        server.exec.secrets.clone(),
+    );
+    server
+        .exec
+        .identity
+        .set_exchanger(exchanger)
+        .map_err(anyhow::Error::msg)?;
+    tracing::info!(client = %client_id, "token exchange (RFC 8693) configured for identity.mode: exchange");
+    Ok(())
+}
+
 async fn serve(
     mut args: ServeArgs,
     source: Source,
@@ -460,6 +531,7 @@ async fn serve(
     server = governance(server, &args)?;
     start_secrets(args.secrets.clone(), &server)?;
     let auth = client_auth(&args, &server)?;
+    token_exchange(&args, &server)?;
     let reloader = Reloader::new(server.clone());
     reloader.follow_upstreams();
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).

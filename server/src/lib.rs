@@ -25,6 +25,7 @@ pub mod dispatch;
 pub mod gov_metrics;
 #[cfg(feature = "runtime")]
 pub mod limits;
+pub mod identity;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]

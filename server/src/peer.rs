@@ -136,6 +136,9 @@ pub struct CallCtx<'a> {
     pub pending: Option<&'a Pending>,
     /// Messages dropped because the client read too slowly.
     pub dropped: Option<&'a prometheus_client::metrics::counter::Counter>,
+    /// The caller's validated access token (OIDC), for identity to upstreams and
+    /// `{{caller.CLAIM}}`; `None`: it presented none.
+    pub credential: Option<&'a crate::config::caller::Credential>,
 }
 
 impl CallCtx<'_> {
@@ -149,6 +152,7 @@ impl CallCtx<'_> {
         inputs: None,
         pending: None,
         dropped: None,
+        credential: None,
     };
 
     fn push(&self, msg: Vec<u8>) {

@@ -276,6 +276,7 @@ fn reader_rules(mcp: &McpServer, rendered: &Rendered, cm_name: &str) -> Vec<Poli
     // An empty resourceNames list would grant every Secret of the namespace, so no rule is
     // written when there are none.
     secrets.extend(pod::bearer_secret(mcp).map(|r| r.name.clone()));
+    secrets.extend(pod::token_exchange(mcp).map(|x| x.client_secret_ref.name.clone()));
     if !secrets.is_empty() {
         rules.push(read("secrets", secrets.into_iter().collect()));
     }

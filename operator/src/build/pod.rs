@@ -109,6 +109,18 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
                 .map(|c| format!("--auth-issuer-ca-configmap={c}")),
         );
     }
+    if let Some(x) = token_exchange(mcp) {
+        args.push(format!("--token-exchange-client-id={}", x.client_id));
+        args.push(format!(
+            "--token-exchange-client-secret={}.{}",
+            x.client_secret_ref.name, x.client_secret_ref.key
+        ));
+        args.extend(
+            x.token_endpoint
+                .as_ref()
+                .map(|u| format!("--token-exchange-endpoint={u}")),
+        );
+    }
     args.extend(super::confine::token_mounts(mcp).map(|path| format!("--hide-from-children={path}")));
     args.extend(super::governance::args(mcp));
     args
@@ -117,6 +129,11 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
 /// The ConfigMap of the issuer's CAs, when OIDC auth names one.
 pub(super) fn issuer_ca(mcp: &McpServer) -> Option<&str> {
     mcp.spec.auth.as_ref()?.oidc.as_ref()?.ca_config_map.as_deref()
+}
+
+/// The token-exchange client of `identity.mode: exchange`, when set.
+pub(super) fn token_exchange(mcp: &McpServer) -> Option<&crate::crd::TokenExchange> {
+    mcp.spec.auth.as_ref()?.token_exchange.as_ref()
 }
 
 /// The Secret key holding client tokens, when bearer auth is on.

@@ -1254,3 +1254,61 @@ fn a_service_account_token_the_author_mounts_is_hidden_from_the_servers_children
     let problems = pod_problems(&comma);
     assert!(problems.iter().any(|p| p.contains("without `,`")), "{problems:?}");
 }
+
+#[test]
+fn token_exchange_reaches_the_pods_by_reference_and_identity_needs_its_auth() {
+    let c = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: api}
+spec:
+  auth:
+    oidc: {issuer: "https://login.example", audience: quiver}
+    tokenExchange: {clientId: quiver, clientSecretRef: {name: quiver-client, key: secret}, tokenEndpoint: "https://login.example/token"}
+  tools:
+    - {name: notes, handler: {http: {url: "https://notes.example/api", identity: {mode: exchange, audience: notes}}}}
+"#,
+    );
+    let d = serde_json::to_value(&c.deployment).unwrap();
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    for a in [
+        "--token-exchange-client-id=quiver",
+        "--token-exchange-client-secret=quiver-client.secret",
+        "--token-exchange-endpoint=https://login.example/token",
+    ] {
+        assert!(args.as_array().unwrap().contains(&json!(a)), "{a}: {args}");
+    }
+    // The secret's value is read through the API by name, never put in the pod spec.
+    let container = d["spec"]["template"]["spec"]["containers"][0].to_string();
+    assert!(!container.contains("secretKeyRef"), "{container}");
+    let rules = serde_json::to_value(&c.role).unwrap()["rules"].clone();
+    assert_eq!(rules[1]["resourceNames"], json!(["quiver-client"]), "{rules}");
+
+    // Acting as the caller needs OIDC; exchanging needs the exchange client too.
+    for (auth, want) in [
+        (
+            "",
+            "tool `notes`: identity.mode `exchange` acts as the caller and needs spec.auth.oidc",
+        ),
+        (
+            "auth: {oidc: {issuer: \"https://login.example\", audience: quiver}}",
+            "tool `notes`: identity.mode `exchange` needs spec.auth.tokenExchange",
+        ),
+    ] {
+        let m = mcp(&format!(
+            r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {{name: api}}
+spec:
+  {auth}
+  tools:
+    - {{name: notes, handler: {{http: {{url: "https://notes.example/api", identity: {{mode: exchange, audience: notes}}}}}}}}
+"#
+        ));
+        let e = render(&m, &Vec::new()).unwrap_err();
+        assert_eq!(e.reason, "InvalidToolConfig");
+        assert!(e.message().contains(want), "{}", e.message());
+    }
+}

@@ -61,13 +61,12 @@ pub struct Principal {
     /// every request with the same static token, or the same issuer and `sub`. Sessions and
     /// `requestState` are bound to it. Empty: not known.
     pub subject: Box<str>,
-    /// The claims of the caller's verified access token (`None`: a static token), which
-    /// policies read.
-    pub claims: Option<Arc<serde_json::Value>>,
     /// Who the caller says it is, for the audit trail: the token's `sub`, `iss` and
     /// `azp`/`client_id` claims (each cut to [`MAX_ACCESS_NAME`] bytes); empty for static
     /// tokens, whose record names the [`Self::subject`] digest.
     pub identity: Identity,
+    /// The validated access token it presented (OIDC only), for identity to upstreams.
+    pub credential: Option<Arc<super::caller::Credential>>,
 }
 
 /// The claims that name a caller in the audit trail.
@@ -98,8 +97,8 @@ impl Principal {
             scopes: keep(&mut scopes.into_iter()),
             groups: keep(&mut groups.into_iter()),
             subject: Box::default(),
-            claims: None,
             identity: Identity::default(),
+            credential: None,
         }
     }
 }

@@ -151,7 +151,7 @@ impl Cx<'_> {
 }
 
 pub(crate) fn check_template(t: &Template, names: &Names<'_>, path: &str, p: &mut Problems) {
-    check_roots(t, names, path, p, None);
+    check_roots(t, names, path, p, None, None);
 }
 
 /// Checks a template that may also read Secrets, adding the references it makes to `refs`.
@@ -162,7 +162,23 @@ pub(crate) fn check_secret_template(
     p: &mut Problems,
     refs: &mut Vec<SecretRef>,
 ) {
-    check_roots(t, names, path, p, Some(refs));
+    check_roots(t, names, path, p, Some(refs), None);
+}
+
+/// First segment of a claim of the caller's access token, `{{caller.CLAIM}}` (http tools).
+pub const CALLER_ROOT: &str = "caller";
+
+/// Checks a template of an http tool's request: it may read Secrets (added to `refs`) and the
+/// caller's claims (their top-level names added to `claims`).
+pub(crate) fn check_request_template(
+    t: &Template,
+    names: &Names<'_>,
+    path: &str,
+    p: &mut Problems,
+    refs: &mut Vec<SecretRef>,
+    claims: &mut Vec<Box<str>>,
+) {
+    check_roots(t, names, path, p, Some(refs), Some(claims));
 }
 
 /// The store holds ConfigMaps too (CA bundles: `tls.caConfigMap`), under this prefix, which
@@ -186,13 +202,55 @@ pub(crate) fn valid_secret_part(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
 }
 
+/// Checks the `{{caller.CLAIM}}` references of a template (allowed where `claims` is given,
+/// their names added to it); returns whether `caller` is an argument instead.
+fn check_caller(
+    t: &Template,
+    names: &Names<'_>,
+    path: &str,
+    p: &mut Problems,
+    claims: Option<&mut Vec<Box<str>>>,
+) -> bool {
+    let caller_is_argument = names
+        .props
+        .as_ref()
+        .is_some_and(|props| props.contains(&CALLER_ROOT));
+    if let Some(claims) = claims {
+        for segments in t.paths_under(CALLER_ROOT) {
+            if caller_is_argument {
+                p.push(
+                    path,
+                    "`caller` names the caller's token claims in an http tool's request; rename the argument `caller`",
+                );
+                break;
+            }
+            match segments.get(1) {
+                Some(claim) => {
+                    if !claims.iter().any(|c| &**c == *claim) {
+                        claims.push((*claim).into());
+                    }
+                }
+                None => p.push(path, "use `caller.CLAIM`, e.g. `{{caller.sub}}`"),
+            }
+        }
+    } else if !caller_is_argument && t.roots().any(|(r, _)| r == CALLER_ROOT) {
+        p.push(
+            path,
+            "the caller's claims (`{{caller.CLAIM}}`) may be used only in an http tool's url, headers and body",
+        );
+    }
+    caller_is_argument
+}
+
 pub(crate) fn check_roots(
     t: &Template,
     names: &Names<'_>,
     path: &str,
     p: &mut Problems,
     mut secrets: Option<&mut Vec<SecretRef>>,
+    claims: Option<&mut Vec<Box<str>>>,
 ) {
+    let caller_is_argument = check_caller(t, names, path, p, claims);
     let secret_is_argument = names
         .props
         .as_ref()
@@ -228,6 +286,9 @@ pub(crate) fn check_roots(
     }
     for (root, idx) in t.roots() {
         if root == SECRET_ROOT && (secrets.is_some() || !secret_is_argument) {
+            continue;
+        }
+        if root == CALLER_ROOT && !caller_is_argument {
             continue;
         }
         if root == "steps"

@@ -6,11 +6,13 @@
 //! each handler kind and the upstreams import those and their own types directly.
 
 pub mod access;
+pub mod caller;
 pub(crate) mod checks;
 pub(crate) mod compile;
 pub(crate) mod compiled;
 pub(crate) mod context;
 pub mod governance;
+pub mod identity;
 mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;

@@ -20,6 +20,7 @@ use super::request::{Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
+use crate::config::caller::Credential;
 use crate::handlers::{ToolOutput, check_output};
 use crate::metrics::{Refusal, outcome_index};
 use crate::peer::{CallCtx, Peer};
@@ -163,10 +164,12 @@ pub(super) async fn call(
             modern,
             permits,
             audit: None,
+            credential: credential(req).cloned(),
         }));
     }
     let cx = CallCtx {
         session: req.ctx.session,
+        credential: credential(req).map(|c| &**c),
         level: modern.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
         caps: modern.as_ref().map(|m| m.inputs.caps),
         inputs: modern.as_ref().map(|m| &m.inputs),
@@ -246,6 +249,12 @@ pub struct Deferred {
     permits: Option<crate::limits::Permits>,
     /// The call's audit record, until it ends.
     audit: Option<Box<Pending>>,
+    credential: Option<Arc<Credential>>,
+}
+
+/// The caller's validated access token, when it presented one.
+fn credential<'a>(req: &Request<'a>) -> Option<&'a Arc<Credential>> {
+    req.ctx.caller.and_then(|p| p.credential.as_ref())
 }
 
 impl Deferred {
@@ -276,6 +285,7 @@ impl Deferred {
             inputs: d.modern.as_ref().map(|m| &m.inputs),
             pending: Some(&server.pending),
             dropped: Some(&server.metrics.peer_dropped),
+            credential: d.credential.as_deref(),
         };
         let result = server
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)

@@ -11,7 +11,8 @@ use super::builtin;
 use super::builtin::Builtin;
 use super::content;
 use super::exec;
-use super::http::run::HttpClient;
+use super::http::HttpCall;
+use super::http::run::{HttpClient, Outbound};
 use super::output::{OutputFuture, ToolOutput};
 use super::pipeline;
 use super::template;
@@ -33,6 +34,8 @@ pub struct Executor {
     pub secrets: Arc<Secrets>,
     /// Connections to upstream MCP servers.
     pub upstreams: Arc<crate::upstream::Hub>,
+    /// The credentials of calls that act as their caller (`identity`).
+    pub identity: Arc<crate::identity::Broker>,
 }
 
 /// Pipelines may nest at most this deep. Cycles and deeper nesting are rejected when a
@@ -48,6 +51,7 @@ impl Executor {
             upstreams: crate::upstream::Hub::new(Arc::clone(&secrets), http.clone()),
             http,
             secrets,
+            identity: Arc::default(),
         }
     }
 
@@ -111,10 +115,7 @@ impl Executor {
             }
             match &snap.tools[tool].def.handler {
                 CompiledHandler::Builtin(_) => builtin::run::sleep(&args).await,
-                CompiledHandler::Http(h) => {
-                    self.with_secrets(&h.secrets, |s| async move { self.http.call(h, &args, &s).await })
-                        .await
-                }
+                CompiledHandler::Http(h) => self.http_call(snap, tool, h, &args, cx).await,
                 CompiledHandler::Exec(e) => {
                     self.with_secrets(&e.secrets, |s| async move { exec::run::run(e, &args, &s).await })
                         .await
@@ -136,8 +137,25 @@ impl Executor {
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
                 CompiledHandler::Upstream(u) => match snap.upstreams.get(u.upstream) {
                     Some(link) => {
-                        self.with_secrets(&link.secrets, |_| link.call_tool(&u.remote, args, cx))
-                            .await
+                        let auth = match link.identity() {
+                            None => None,
+                            Some(id) => {
+                                let what = format!("upstream `{}`", link.name);
+                                match self.identity.authorization(id, cx.credential, &what).await {
+                                    Ok(a) => Some(a),
+                                    Err(e) => return ToolOutput::error(e),
+                                }
+                            }
+                        };
+                        let mut out = self
+                            .with_secrets(&link.secrets, |_| {
+                                link.call_tool(&u.remote, args, cx, auth.as_ref())
+                            })
+                            .await;
+                        if let Some(a) = &auth {
+                            crate::identity::redact(&mut out, &[bearer_value(a)]);
+                        }
+                        out
                     }
                     None => ToolOutput::error("this tool's upstream is not connected"),
                 },
@@ -146,6 +164,68 @@ impl Executor {
                 }
             }
         })
+    }
+}
+
+/// The token of a `Bearer TOKEN` value.
+fn bearer_value(h: &http::HeaderValue) -> &str {
+    h.to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+}
+
+impl Executor {
+    /// An http tool's request, with the credential of its `identity` and the caller's claims
+    /// its templates use; the values of both are redacted from the result, like Secrets.
+    async fn http_call(
+        &self,
+        snap: &Snapshot,
+        tool: usize,
+        h: &HttpCall,
+        args: &Value,
+        cx: &CallCtx<'_>,
+    ) -> ToolOutput {
+        let what = || format!("tool `{}`", snap.tools[tool].def.name);
+        let auth = match &h.identity {
+            None => None,
+            Some(id) => match self.identity.authorization(id, cx.credential, &what()).await {
+                Ok(a) => Some(a),
+                Err(e) => return ToolOutput::error(e),
+            },
+        };
+        let caller = cx.credential.map_or(&Value::Null, |c| c.claims());
+        let mut used: Vec<&str> = Vec::new();
+        for name in &h.claims {
+            match caller.get(&**name) {
+                None if cx.credential.is_none() => {
+                    return ToolOutput::error(format!(
+                        "{}'s request uses the caller's claims, and the caller presented no OAuth/OIDC access token; refused",
+                        what()
+                    ));
+                }
+                None => {
+                    return ToolOutput::error(format!(
+                        "{}'s request uses the caller's `{name}` claim, which the caller's token does not have; refused",
+                        what()
+                    ));
+                }
+                Some(Value::String(v)) => used.push(v),
+                Some(_) => {}
+            }
+        }
+        let outbound = Outbound {
+            authorization: auth.as_ref(),
+            caller,
+        };
+        let mut out = self
+            .with_secrets(&h.secrets, |s| async move {
+                self.http.call(h, args, &s, &outbound).await
+            })
+            .await;
+        used.extend(auth.as_ref().map(bearer_value));
+        crate::identity::redact(&mut out, &used);
+        out
     }
 }
 

@@ -421,7 +421,8 @@ impl Oidc {
                 None => subject("jwt", token.as_bytes()),
             };
             p.identity = identity(&claims);
-            p.claims = Some(Arc::new(claims));
+            // Kept for identity to upstreams and `{{caller.CLAIM}}`; never logged.
+            p.credential = Some(Arc::new(crate::config::caller::Credential::new(token, claims)));
             p
         })
         .map_err(|e| {

@@ -438,6 +438,8 @@ pub struct Link {
     pub key: u64,
     /// Secret values its connection uses (redacted from results).
     pub secrets: Vec<SecretRef>,
+    /// The caller's credential its tool calls carry (`None`: the server's own).
+    identity: Option<crate::config::identity::Identity>,
     shared: Arc<Shared>,
     conn: Conn,
     listed: ArcSwap<Listed>,
@@ -491,6 +493,7 @@ impl Link {
             name: u.name.clone(),
             key: u.key,
             secrets: u.secrets.clone(),
+            identity: u.identity.clone(),
             shared,
             conn,
             listed: ArcSwap::default(),
@@ -540,10 +543,27 @@ impl Link {
         params: &P,
         log: LogSink<'_>,
     ) -> Result<Value, CallError> {
+        self.request_as(method, params, log, None).await
+    }
+
+    /// [`Self::request`] with the `Authorization` of the caller's identity instead of the
+    /// configured one (`auth`; never sent to a stdio upstream, which `identity` refuses).
+    async fn request_as<P: serde::Serialize + Sync + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        log: LogSink<'_>,
+        auth: Option<&http::HeaderValue>,
+    ) -> Result<Value, CallError> {
         match &self.conn {
             Conn::Stdio(p) => p.request(method, params).await,
-            Conn::Http(r) => r.request(method, params, log).await,
+            Conn::Http(r) => r.request(method, params, log, auth).await,
         }
+    }
+
+    /// The credential its tool calls carry as their caller (`None`: the server's own).
+    pub fn identity(&self) -> Option<&crate::config::identity::Identity> {
+        self.identity.as_ref()
     }
 
     /// Reads the upstream's whole tool list; true when it differs from the last one.
@@ -609,7 +629,13 @@ impl Link {
 
     /// Calls a tool of the upstream; its result is the call's result. When the caller asked
     /// for progress, the upstream is asked too and its progress is passed on.
-    pub async fn call_tool(&self, remote: &str, args: Value, cx: &CallCtx<'_>) -> ToolOutput {
+    pub async fn call_tool(
+        &self,
+        remote: &str,
+        args: Value,
+        cx: &CallCtx<'_>,
+        auth: Option<&http::HeaderValue>,
+    ) -> ToolOutput {
         #[derive(serde::Serialize)]
         struct Params<'a> {
             name: &'a str,
@@ -652,7 +678,7 @@ impl Link {
                 }
                 cx.forward_progress(&p);
             };
-            let call = self.request("tools/call", &params, log);
+            let call = self.request_as("tools/call", &params, log, auth);
             tokio::pin!(call);
             let r = loop {
                 tokio::select! {
@@ -668,7 +694,7 @@ impl Link {
             }
             r
         } else {
-            self.request("tools/call", &params, log).await
+            self.request_as("tools/call", &params, log, auth).await
         };
         self.shared.metrics.requests.observe(start.elapsed());
         match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {

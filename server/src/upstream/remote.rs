@@ -1,6 +1,7 @@
 //! Remote upstreams over Streamable HTTP: one MCP session on the pooled keep-alive HTTP
 //! client, re-established when the upstream forgets it (404), and a GET stream for the
-//! upstream's notifications where it offers one.
+//! upstream's notifications where it offers one. Calls made as their callers (`identity`)
+//! go in sessions of their own, one per credential.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,12 +46,26 @@ pub(super) struct Remote {
     /// The lean client's pool (plain `http://` only), which sends every POST.
     lean: Option<h1::Pool>,
     session: Mutex<Option<Session>>,
+    /// Sessions opened by calls made as their callers (`identity`), by credential.
+    caller_sessions: std::sync::Mutex<rustc_hash::FxHashMap<[u8; 16], Session>>,
     /// Signalled when a request found the connection gone.
     lost: tokio::sync::Notify,
     /// Requests in flight (more are refused as `busy`).
     inflight: Arc<tokio::sync::Semaphore>,
     /// Answers to the upstream's own requests being sent (more are not answered).
     replies: Arc<tokio::sync::Semaphore>,
+}
+
+/// Sessions of calls made as their callers kept per upstream (more: one is forgotten).
+const MAX_CALLER_SESSIONS: usize = 256;
+
+/// Which caller session a credential uses: a digest of it (the credential is not kept).
+fn credential_key(auth: &HeaderValue) -> [u8; 16] {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(auth.as_bytes());
+    let mut k = [0; 16];
+    k.copy_from_slice(&d[..16]);
+    k
 }
 
 /// Answers to an upstream's requests in flight at once.
@@ -115,6 +130,7 @@ impl Remote {
             tls: tls.clone(),
             http,
             session: Mutex::new(None),
+            caller_sessions: std::sync::Mutex::default(),
             lost: tokio::sync::Notify::new(),
             inflight: Arc::new(tokio::sync::Semaphore::new(super::MAX_IN_FLIGHT)),
             replies: Arc::new(tokio::sync::Semaphore::new(MAX_REPLIES)),
@@ -129,6 +145,7 @@ impl Remote {
         &self,
         session: Option<&Session>,
         secrets: &Value,
+        auth: Option<&HeaderValue>,
         mut add: impl FnMut(&str, &HeaderValue),
     ) -> Result<(), CallError> {
         self.shared.secrets_ready()?;
@@ -142,7 +159,14 @@ impl Remote {
             args: &Value::Null,
             secrets,
         };
+        // A call as its caller carries the caller's credential, never the configured one too.
+        if let Some(a) = auth {
+            add(header::AUTHORIZATION.as_str(), a);
+        }
         for (name, t) in &self.headers {
+            if auth.is_some() && name.eq_ignore_ascii_case(header::AUTHORIZATION.as_str()) {
+                continue;
+            }
             let value = t
                 .render(&scope)
                 .map_err(|e| CallError::Down(format!("header `{name}`: {e}")))?;
@@ -164,6 +188,7 @@ impl Remote {
         session: Option<&Session>,
         body: Bytes,
         secrets: &Value,
+        auth: Option<&HeaderValue>,
     ) -> Result<Request<Full<Bytes>>, CallError> {
         let mut req = Request::builder()
             .method(method)
@@ -173,7 +198,7 @@ impl Remote {
         if !body.is_empty() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
-        self.headers(session, secrets, |n, v| {
+        self.headers(session, secrets, auth, |n, v| {
             req = std::mem::take(&mut req).header(n, v.clone());
         })?;
         req.body(Full::new(body))
@@ -203,12 +228,13 @@ impl Remote {
         body: Vec<u8>,
         id: Option<u64>,
         log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
     ) -> Result<(Posted, Option<HeaderValue>), CallError> {
         let secrets = self.shared.secrets.snapshot();
         let (status, session_id, is_stream, body) = match &self.lean {
             Some(pool) => {
                 let mut headers = Vec::with_capacity(128);
-                self.headers(session, &secrets, |n, v| {
+                self.headers(session, &secrets, auth, |n, v| {
                     for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
                         headers.extend_from_slice(part);
                     }
@@ -227,7 +253,7 @@ impl Remote {
                 (status, resp.session.take(), resp.is_stream, Body::Lean(resp))
             }
             None => {
-                let req = self.build(Method::POST, session, Bytes::from(body), &secrets)?;
+                let req = self.build(Method::POST, session, Bytes::from(body), &secrets, auth)?;
                 let resp = self.send(req, &secrets).await?;
                 let is_stream = resp
                     .headers()
@@ -347,6 +373,7 @@ impl Remote {
             session.as_ref(),
             Bytes::from(msg.to_string()),
             &secrets,
+            None,
         ) else {
             return;
         };
@@ -358,15 +385,13 @@ impl Remote {
         });
     }
 
-    /// The session, established first when there is none.
-    async fn session(&self) -> Result<Session, CallError> {
-        let mut s = self.session.lock().await;
-        if let Some(s) = &*s {
-            return Ok(s.clone());
-        }
+    /// Opens a session (`initialize`, then `notifications/initialized`) with `auth` as the
+    /// credential (`None`: the configured headers): the session and what the upstream said
+    /// about itself.
+    async fn open(&self, auth: Option<&HeaderValue>) -> Result<(Session, String, Value), CallError> {
         let id = self.shared.id();
         let msg = envelope(id, "initialize", &initialize_params());
-        let (posted, session_id) = self.post(None, msg, Some(id), None).await?;
+        let (posted, session_id) = self.post(None, msg, Some(id), None, auth).await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
         };
@@ -377,7 +402,17 @@ impl Remote {
                 .map_err(|_| CallError::Protocol("bad protocol version".into()))?,
         };
         let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec();
-        self.post(Some(&session), note, None, None).await?;
+        self.post(Some(&session), note, None, None, auth).await?;
+        Ok((session, version, info))
+    }
+
+    /// The session, established first when there is none.
+    async fn session(&self) -> Result<Session, CallError> {
+        let mut s = self.session.lock().await;
+        if let Some(s) = &*s {
+            return Ok(s.clone());
+        }
+        let (session, version, info) = self.open(None).await?;
         self.shared.set_health(|h| {
             h.protocol_version = Some(version);
             h.server_info = info;
@@ -386,7 +421,47 @@ impl Remote {
         Ok(session)
     }
 
-    async fn forget_session(&self, old: &Session) {
+    /// The session of calls made with `auth` (a caller's credential; `None`: the server's
+    /// session). Each credential opens a session of its own: an upstream may bind a session
+    /// to whoever opened it (the official SDKs do), so a caller's calls never ride on the
+    /// server's session nor on another caller's.
+    async fn session_as(&self, auth: Option<&HeaderValue>) -> Result<Session, CallError> {
+        let Some(a) = auth else {
+            return self.session().await;
+        };
+        let key = credential_key(a);
+        if let Some(s) = self.caller_session(|m| m.get(&key).cloned()) {
+            return Ok(s);
+        }
+        let (session, _, _) = self.open(Some(a)).await?;
+        self.caller_session(|m| {
+            if m.len() >= MAX_CALLER_SESSIONS {
+                // The oldest is not known; any one goes (its caller opens another).
+                let k = m.keys().next().copied();
+                k.map(|k| m.remove(&k));
+            }
+            m.insert(key, session.clone());
+        });
+        Ok(session)
+    }
+
+    fn caller_session<T>(&self, f: impl FnOnce(&mut rustc_hash::FxHashMap<[u8; 16], Session>) -> T) -> T {
+        f(&mut self
+            .caller_sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    async fn forget_session(&self, old: &Session, auth: Option<&HeaderValue>) {
+        if let Some(a) = auth {
+            let key = credential_key(a);
+            self.caller_session(|m| {
+                if m.get(&key).is_some_and(|cur| cur.id == old.id) {
+                    m.remove(&key);
+                }
+            });
+            return;
+        }
         let mut s = self.session.lock().await;
         if s.as_ref().is_some_and(|cur| cur.id == old.id) {
             *s = None;
@@ -398,16 +473,17 @@ impl Remote {
         method: &str,
         params: &P,
         log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
     ) -> Result<Value, CallError> {
         for _ in 0..2 {
-            let session = self.session().await?;
+            let session = self.session_as(auth).await?;
             let id = self.shared.id();
             match self
-                .post(Some(&session), envelope(id, method, params), Some(id), log)
+                .post(Some(&session), envelope(id, method, params), Some(id), log, auth)
                 .await?
             {
                 (Posted::Answer(r), _) => return r,
-                (Posted::SessionGone, _) => self.forget_session(&session).await,
+                (Posted::SessionGone, _) => self.forget_session(&session, auth).await,
             }
         }
         Err(CallError::Down(
@@ -420,12 +496,13 @@ impl Remote {
         method: &str,
         params: &P,
         log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
     ) -> Result<Value, CallError> {
         let Ok(_permit) = self.inflight.try_acquire() else {
             return Err(CallError::Busy);
         };
         let t = self.shared.timeout;
-        tokio::time::timeout(t, self.exchange(method, params, log))
+        tokio::time::timeout(t, self.exchange(method, params, log, auth))
             .await
             .unwrap_or(Err(CallError::Timeout(t)))
     }
@@ -437,14 +514,14 @@ impl Remote {
             return true;
         };
         let secrets = self.shared.secrets.snapshot();
-        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new(), &secrets) else {
+        let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new(), &secrets, None) else {
             return false;
         };
         let Ok(Ok(resp)) = tokio::time::timeout(self.shared.timeout, self.send(req, &secrets)).await else {
             return true;
         };
         if resp.status() == StatusCode::NOT_FOUND {
-            self.forget_session(&session).await;
+            self.forget_session(&session, None).await;
             return true;
         }
         if !resp.status().is_success() {
@@ -467,7 +544,7 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
         let Some(r) = remote.upgrade() else { return };
         let no_params = json!({});
         let up = tokio::select! {
-            up = r.request("ping", &no_params, None) => up,
+            up = r.request("ping", &no_params, None, None) => up,
             () = stop.cancelled() => return,
         };
         match up {

@@ -93,7 +93,8 @@ pub fn evaluate(
     args: Option<&Value>,
 ) -> Verdict {
     let claims = caller
-        .and_then(|c| c.claims.as_deref())
+        .and_then(|c| c.credential.as_deref())
+        .map(crate::config::caller::Credential::claims)
         .filter(|c| c.is_object())
         .unwrap_or(&EMPTY);
     let mut env = Env {

@@ -9,7 +9,7 @@ use crate::config::access::Principal;
 
 fn caller(groups: &[&str], claims: Value) -> Principal {
     let mut p = Principal::new(["read", "deploy:write"], groups.iter().copied());
-    p.claims = Some(Arc::new(claims));
+    p.credential = Some(Arc::new(crate::config::caller::Credential::new("token", claims)));
     p
 }
 

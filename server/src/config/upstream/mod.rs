@@ -74,6 +74,14 @@ pub struct UpstreamSpec {
     /// restarts or reconnects the upstream.
     #[serde(default, skip_serializing_if = "ImportSpec::is_empty")]
     pub tools: ImportSpec,
+    /// Which credential its tool calls carry as `Authorization: Bearer ...` (`http` only; a
+    /// stdio program has no request headers): the server's own (`http.headers`, the
+    /// default), the caller's token (`forward`, only when addressed to `audience`) or one
+    /// exchanged for it (`exchange`). The server's own session (`initialize`, `tools/list`,
+    /// notifications) keeps `http.headers`; each caller's calls go in a session opened with
+    /// that caller's credential. See docs/governance.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<super::identity::IdentitySpec>,
 }
 
 /// A remote MCP server (Streamable HTTP).
@@ -238,6 +246,8 @@ pub struct CompiledUpstream {
     /// Identity of the connection: an upstream whose key is unchanged by a reload keeps its
     /// connection or processes (only `tools` changed).
     pub key: u64,
+    /// The caller's credential its tool calls carry (`None`: the server's own).
+    pub identity: Option<super::identity::Identity>,
     names: Namespace,
     /// Every upstream's names (this one's at `at`): a listed name another upstream could
     /// serve is served by neither.
@@ -360,7 +370,18 @@ fn compile_upstream(
     };
     let t = &u.tools;
     let (names, access) = compile_namespace(u, &format!("{at}.tools"), local, p);
+    let identity = u
+        .identity
+        .as_ref()
+        .and_then(|i| super::identity::compile(i, &format!("{at}.identity"), p));
+    if identity.is_some() && u.stdio.is_some() {
+        p.push(
+            format!("{at}.identity"),
+            "a stdio upstream has no request headers to carry a token in; `identity` is for `http` upstreams",
+        );
+    }
     CompiledUpstream {
+        identity,
         name: u.name.clone(),
         transport,
         timeout,

@@ -13,9 +13,10 @@ use crate::config::checks::{
     byte_cap, duration, has_dot_segment, header_name_problem, literal_origin, path_of, shallow,
 };
 use crate::config::context::{
-    CONFIG_MAP_PREFIX, Cx, Problems, SecretRef, check_secret_template, template, valid_config_map_name,
+    CONFIG_MAP_PREFIX, Cx, Problems, SecretRef, check_request_template, template, valid_config_map_name,
     valid_secret_part,
 };
+use crate::config::identity::{Identity, IdentitySpec};
 use crate::config::json_field;
 use crate::template::{JsonTemplate, Template};
 
@@ -53,6 +54,11 @@ pub struct HttpHandler {
     /// Needs an `https` URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+    /// Which credential the request carries as `Authorization: Bearer ...`: the server's own
+    /// (`headers`, the default), the caller's token (`forward`, only when addressed to
+    /// `audience`) or one exchanged for it (`exchange`). See docs/governance.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<IdentitySpec>,
 }
 
 /// TLS settings of an http tool, read from Secrets (like `{{secret...}}`: rotated values are
@@ -102,6 +108,10 @@ pub struct HttpCall {
     pub secrets: Vec<SecretRef>,
     /// TLS from Secrets, when the tool sets `tls`.
     pub tls: Option<TlsRefs>,
+    /// The caller's credential the request carries (`None`: the server's own).
+    pub identity: Option<Identity>,
+    /// Top-level names of the caller's claims the templates use (`{{caller.NAME...}}`).
+    pub claims: Vec<Box<str>>,
 }
 
 /// Where an http tool's TLS material is.
@@ -127,8 +137,9 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
     let url = template(&h.url, &format!("{hp}.url"), p);
     let mut origin = String::new();
     let mut secrets = Vec::new();
+    let mut claims = Vec::new();
     if let Some(u) = &url {
-        check_secret_template(u, names, &format!("{hp}.url"), p, &mut secrets);
+        check_request_template(u, names, &format!("{hp}.url"), p, &mut secrets, &mut claims);
         match literal_origin(u) {
             Ok(o) => origin = o,
             Err(e) => p.push(format!("{hp}.url"), e),
@@ -145,7 +156,14 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
             p.push(format!("{hp}.headers.{k}"), why);
         }
         if let Some(t) = template(v, &format!("{hp}.headers.{k}"), p) {
-            check_secret_template(&t, names, &format!("{hp}.headers.{k}"), p, &mut secrets);
+            check_request_template(
+                &t,
+                names,
+                &format!("{hp}.headers.{k}"),
+                p,
+                &mut secrets,
+                &mut claims,
+            );
             headers.push((k.clone(), t));
         }
     }
@@ -157,7 +175,7 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
             .map_err(|e| p.push(format!("{hp}.body"), e))
             .ok()?;
         for t in jt.templates() {
-            check_secret_template(t, names, &format!("{hp}.body"), p, &mut secrets);
+            check_request_template(t, names, &format!("{hp}.body"), p, &mut secrets, &mut claims);
         }
         Some(jt)
     });
@@ -168,7 +186,21 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
     if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
         p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
     }
+    let identity = h
+        .identity
+        .as_ref()
+        .and_then(|i| crate::config::identity::compile(i, &format!("{hp}.identity"), p));
+    if identity.is_some()
+        && let Some(k) = h.headers.keys().find(|k| k.eq_ignore_ascii_case("authorization"))
+    {
+        p.push(
+            format!("{hp}.headers.{k}"),
+            "`identity` sets the Authorization header of this tool's requests; remove this header",
+        );
+    }
     HttpCall {
+        identity,
+        claims,
         timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), p),
         max_response_bytes: byte_cap(h.max_response_bytes, &format!("{hp}.maxResponseBytes"), p),
         method,

@@ -13,8 +13,36 @@ use serde_json::Value;
 use super::{HttpCall, TlsRefs};
 use crate::config::checks::{has_dot_segment, path_of};
 use crate::config::context::SecretRef;
+use crate::config::context::{CALLER_ROOT, SECRET_ROOT};
 use crate::handlers::content::to_base64;
-use crate::handlers::output::{ToolOutput, WithSecrets};
+use crate::handlers::output::ToolOutput;
+
+/// What a call adds to an http tool's request beyond its arguments and Secrets.
+#[derive(Debug, Clone, Copy)]
+pub struct Outbound<'a> {
+    /// The `Authorization` of the tool's `identity` (`None`: the tool's own headers only).
+    pub authorization: Option<&'a HeaderValue>,
+    /// The caller's claims, `{{caller.CLAIM}}` (`Null` without a token).
+    pub caller: &'a Value,
+}
+
+/// What an http tool's templates see: the arguments, the Secrets under `secret` and the
+/// caller's claims under `caller` (neither of which an argument can shadow).
+struct RequestScope<'a> {
+    args: &'a Value,
+    secrets: &'a Value,
+    caller: &'a Value,
+}
+
+impl crate::template::Scope for RequestScope<'_> {
+    fn get(&self, name: &str) -> Option<&Value> {
+        match name {
+            SECRET_ROOT => Some(self.secrets),
+            CALLER_ROOT => Some(self.caller),
+            _ => self.args.get(name),
+        }
+    }
+}
 
 /// The `User-Agent` of every outbound request.
 pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
@@ -214,8 +242,18 @@ impl HttpClient {
     }
 
     /// Performs the request of an http tool.
-    pub async fn call(&self, spec: &HttpCall, args: &Value, secrets: &Value) -> ToolOutput {
-        let scope = WithSecrets { args, secrets };
+    pub async fn call(
+        &self,
+        spec: &HttpCall,
+        args: &Value,
+        secrets: &Value,
+        outbound: &Outbound<'_>,
+    ) -> ToolOutput {
+        let scope = RequestScope {
+            args,
+            secrets,
+            caller: outbound.caller,
+        };
         let uri = match target(spec, &scope) {
             Ok(u) => u,
             Err(e) => return ToolOutput::error(e),
@@ -248,6 +286,9 @@ impl HttpClient {
             }
             None => Bytes::new(),
         };
+        if let Some(a) = outbound.authorization {
+            req = req.header(header::AUTHORIZATION, a.clone());
+        }
         let req = match req.header(header::USER_AGENT, USER_AGENT).body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
@@ -340,7 +381,7 @@ fn answer(headers: &http::HeaderMap, bytes: &Bytes) -> ToolOutput {
 /// Renders the URL of a call and checks that values changed only its path, query and
 /// fragment: the server called is the tool's literal `scheme://authority`, and no value made
 /// a `.` or `..` path segment (which would walk up the path the tool declares).
-fn target(spec: &HttpCall, scope: &WithSecrets<'_>) -> Result<Uri, String> {
+fn target(spec: &HttpCall, scope: &RequestScope<'_>) -> Result<Uri, String> {
     let url = spec.url.render_url(scope).map_err(|e| format!("the URL: {e}"))?;
     let uri: Uri = url
         .parse()
