@@ -230,6 +230,8 @@ pub struct ServeArgs {
     /// Secret, ConfigMap or projected volume hides the whole volume.
     #[arg(long, env = "QUIVER_HIDE_FROM_CHILDREN", value_delimiter = ',')]
     hide_from_children: Vec<std::path::PathBuf>,
+    #[command(flatten)]
+    tracing: crate::otel::TraceArgs,
 }
 
 /// Parses the command line and runs; returns the process exit code.
@@ -422,6 +424,7 @@ async fn serve(
     // Exec tools' orphans are re-parented to this process (PID 1 in its image): reap them.
     crate::handlers::start_reaper();
     let metrics = Metrics::new(profile, allocator);
+    let traces = crate::otel::init(&args.tracing, metrics.trace_spans_dropped.clone())?;
     let registry = Registry::new(&metrics);
     let limits = Limits {
         max_batch: args.max_batch,
@@ -501,6 +504,9 @@ async fn serve(
     admin_stop.cancel();
     if let Some(admin) = admin {
         let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
+    }
+    if let Some(t) = traces {
+        t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
 }

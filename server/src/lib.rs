@@ -24,6 +24,8 @@ pub mod metrics;
 #[cfg(feature = "runtime")]
 pub mod modern;
 #[cfg(feature = "runtime")]
+pub mod otel;
+#[cfg(feature = "runtime")]
 pub mod peer;
 #[cfg(feature = "runtime")]
 pub mod protocol;

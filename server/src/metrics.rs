@@ -449,6 +449,8 @@ pub struct Metrics {
     pub connections: Gauge<i64, AtomicI64>,
     /// Notifications to a client dropped because it read too slowly.
     pub peer_dropped: Counter,
+    /// Finished spans dropped because the export queue was full.
+    pub trace_spans_dropped: Counter,
     refusals: Vec<Counter>,
     upstreams: UpstreamFamilies,
 }
@@ -548,6 +550,12 @@ impl Metrics {
             "Progress and log notifications dropped because the client read too slowly",
             peer_dropped.clone(),
         );
+        let trace_spans_dropped = Counter::default();
+        root.register(
+            "trace_spans_dropped",
+            "Finished trace spans dropped because the export queue was full (tracing on only)",
+            trace_spans_dropped.clone(),
+        );
         let refusals_family = Family::<RefusalLabels, Counter>::default();
         root.register(
             "refusals",
@@ -624,6 +632,7 @@ impl Metrics {
             streams,
             connections,
             peer_dropped,
+            trace_spans_dropped,
             refusals,
             upstreams,
         })

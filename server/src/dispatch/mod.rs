@@ -24,9 +24,12 @@ mod server;
 mod sessions;
 mod table;
 mod tools;
+mod traced;
 
 use std::sync::Arc;
 use std::time::Instant;
+
+use serde_json::value::RawValue;
 
 use self::answer::Answering;
 use self::envelope::{Batch, Malformed, Message};
@@ -187,7 +190,23 @@ impl Server {
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
-        let method = &*method;
+        // Tracing off: this one branch is all the hot path pays for it.
+        if crate::otel::enabled() {
+            return self.traced(id, &method, params, ctx, deadline, start).await;
+        }
+        self.request(id, &method, params, ctx, deadline, start).await
+    }
+
+    /// One request, read: dispatched by its method.
+    async fn request(
+        self: &Arc<Self>,
+        id: &RawValue,
+        method: &str,
+        params: Option<&RawValue>,
+        ctx: Ctx<'_>,
+        deadline: Option<Instant>,
+        start: Instant,
+    ) -> Outcome {
         // `Some(header)`: the stateless revision, whose `_meta` must repeat the header.
         let stateless = match ctx.era {
             Era::Legacy => None,
@@ -244,7 +263,10 @@ impl Server {
             }
             Ok(Done::Initialized(caps)) => (Ok(()), Some(caps)),
             Ok(Done::Written) => (Ok(()), None),
-            Err(e) => (Err(e), None),
+            Err(e) => {
+                crate::otel::rpc_error(e.code);
+                (Err(e), None)
+            }
         };
         let a = Answering {
             rev,

@@ -153,6 +153,7 @@ pub(super) async fn call(
             progress,
             start: req.start,
             modern,
+            trace: None,
         }));
     }
     let cx = CallCtx {
@@ -205,12 +206,26 @@ pub struct Deferred {
     progress: Option<Box<RawValue>>,
     start: Instant,
     modern: Option<Box<ModernCall>>,
+    /// The call's server span, when tracing is on (ended when the call ends).
+    pub(super) trace: Option<opentelemetry::Context>,
 }
 
 impl Deferred {
     /// Runs the call, reaching the client through `peer`. Returns the answer, or `None` when
     /// the client cancelled the call (a cancelled request gets no response).
-    pub async fn run(self, peer: Option<&Peer>) -> Option<Reply> {
+    pub async fn run(mut self, peer: Option<&Peer>) -> Option<Reply> {
+        match self.trace.take() {
+            None => self.run_here(peer).await,
+            Some(cx) => {
+                use crate::otel::FutureExt as _;
+                let r = self.run_here(peer).with_context(cx.clone()).await;
+                opentelemetry::trace::TraceContextExt::span(&cx).end();
+                r
+            }
+        }
+    }
+
+    async fn run_here(self, peer: Option<&Peer>) -> Option<Reply> {
         let d = self;
         let server = &*d.server;
         let session = &*d.session;
@@ -364,6 +379,7 @@ fn conclude(snap: &Snapshot, index: usize, id: &RawValue, o: ToolOutput, start: 
 #[inline]
 fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
     let h = if o.is_error {
+        crate::otel::tool_error();
         tool.metrics.tool_error(&tool.def.name)
     } else {
         tool.metrics.ok(&tool.def.name)
