@@ -33,6 +33,9 @@ log "building quiver-server for the SDK tests"
 cargo build -p quiver-server --locked
 export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
 
+log "trace backend for the tracing tests (OpenTelemetry Collector built by ocb, cached)"
+"$ROOT/scripts/otelcol.sh" build >/dev/null
+
 log "Python MCP SDK client tests"
 python_env
 "$PY" -m pytest -q -s tests/sdk/python

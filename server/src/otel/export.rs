@@ -22,7 +22,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::config::Resolved;
 
-/// Spans sent in one export request at most.
+/// Spans sent in one export request at most (and at most the queue's bound: a hung
+/// collector holds one batch and a full queue, never more).
 const MAX_BATCH: usize = 512;
 /// How long a finished span waits for companions before it is sent.
 const BATCH_DELAY: Duration = Duration::from_millis(500);
@@ -44,7 +45,7 @@ pub(super) fn provider(cfg: &Resolved, dropped: Counter) -> anyhow::Result<(SdkT
         .map_err(|e| anyhow::anyhow!("the OTLP exporter: {e}"))?;
     exporter.set_resource(&resource);
     let (tx, rx) = mpsc::channel(cfg.queue);
-    tokio::spawn(export_loop(exporter, rx));
+    tokio::spawn(export_loop(exporter, rx, cfg.queue.min(MAX_BATCH)));
     let flusher = Flusher(tx.clone());
     let mut b = SdkTracerProvider::builder()
         .with_span_processor(Queue { tx, dropped })
@@ -116,10 +117,10 @@ pub(super) async fn flush(tx: &Flusher, timeout: Duration) {
 #[derive(Debug)]
 pub(super) struct Flusher(mpsc::Sender<Item>);
 
-/// Batches spans (up to [`MAX_BATCH`], or what arrived within [`BATCH_DELAY`] of the first)
+/// Batches spans (up to `max`, or what arrived within [`BATCH_DELAY`] of the first)
 /// and exports each batch; an export that fails is logged and its spans are gone.
-async fn export_loop(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::Receiver<Item>) {
-    let mut batch: Vec<SpanData> = Vec::with_capacity(MAX_BATCH);
+async fn export_loop(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::Receiver<Item>, max: usize) {
+    let mut batch: Vec<SpanData> = Vec::with_capacity(max);
     let mut failures = 0u64;
     loop {
         let mut flushed = None;
@@ -129,7 +130,7 @@ async fn export_loop(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::R
             Some(Item::Flush(done)) => flushed = Some(done),
         }
         let until = tokio::time::Instant::now() + BATCH_DELAY;
-        while flushed.is_none() && batch.len() < MAX_BATCH {
+        while flushed.is_none() && batch.len() < max {
             match tokio::time::timeout_at(until, rx.recv()).await {
                 Ok(Some(Item::Span(s))) => batch.push(*s),
                 Ok(Some(Item::Flush(done))) => flushed = Some(done),
@@ -137,7 +138,7 @@ async fn export_loop(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::R
             }
         }
         if !batch.is_empty() {
-            let spans = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+            let spans = std::mem::replace(&mut batch, Vec::with_capacity(max));
             let n = spans.len();
             if let Err(e) = exporter.export(spans).await {
                 failures += 1;
