@@ -8,6 +8,7 @@ mod monitor;
 mod netpol;
 mod pod;
 mod sidecar;
+mod tracing;
 mod tuning;
 
 use std::collections::{BTreeMap, BTreeSet};

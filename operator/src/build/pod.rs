@@ -184,6 +184,7 @@ fn container(
                     env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
                     env("TMPDIR", SCRATCH_DIR),
                 ])
+                .chain(super::tracing::env(mcp, ns))
                 .collect(),
         ),
         env_from: some_unless_empty(overrides.env_from.clone()),
