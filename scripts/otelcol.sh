@@ -4,8 +4,9 @@
 # under ~/.cache/quiver/otelcol (keyed by tests/otelcol/builder.yaml).
 #
 #   scripts/otelcol.sh build          prints the binary's path (builds it when missing)
-#   scripts/otelcol.sh start DIR      starts it on 127.0.0.1 (OTLP/HTTP on a free port),
-#                                     writing what it receives to DIR/traces.jsonl; prints
+#   scripts/otelcol.sh start DIR [OUT]  starts it on 127.0.0.1 (OTLP/HTTP on a free port),
+#                                     writing what it receives to OUT (default
+#                                     DIR/traces.jsonl, one JSON document per line); prints
 #                                     "PID ENDPOINT" once the receiver answers
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -32,7 +33,7 @@ build() {
 }
 
 start() {
-  local dir="$1" bin port
+  local dir="$1" out="${2:-$1/traces.jsonl}" bin port
   bin="$(build)"
   mkdir -p "$dir"
   port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
@@ -43,7 +44,7 @@ receivers:
       http: {endpoint: "127.0.0.1:$port"}
 exporters:
   file:
-    path: "$dir/traces.jsonl"
+    path: "$out"
     flush_interval: 100ms
 service:
   telemetry:
@@ -69,6 +70,6 @@ YAML
 
 case "${1:-}" in
   build) build ;;
-  start) start "${2:?usage: otelcol.sh start DIR}" ;;
+  start) start "${2:?usage: otelcol.sh start DIR [OUT]}" "${3:-}" ;;
   *) echo "usage: $0 build | start DIR" >&2; exit 2 ;;
 esac

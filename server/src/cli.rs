@@ -337,7 +337,13 @@ fn init_logging(format: &str, stdio: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(!stdio);
     if format == "json" {
-        builder.json().init()
+        // With tracing on, lines written under a sampled span name it (trace_id, span_id).
+        builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::otel::logs::WithTraceIds(
+                tracing_subscriber::fmt::format().json(),
+            ))
+            .init()
     } else {
         builder.init()
     }

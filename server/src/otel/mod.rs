@@ -11,6 +11,7 @@
 
 pub mod config;
 mod export;
+pub mod logs;
 pub mod propagate;
 pub mod spans;
 
