@@ -40,7 +40,6 @@ pub(super) fn provider(cfg: &Resolved, dropped: Counter) -> anyhow::Result<(SdkT
         .with_http_client(Client::new())
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(cfg.endpoint.to_string())
-        .with_timeout(EXPORT_TIMEOUT)
         .build()
         .map_err(|e| anyhow::anyhow!("the OTLP exporter: {e}"))?;
     exporter.set_resource(&resource);
