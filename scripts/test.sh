@@ -35,6 +35,7 @@ export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
 
 log "trace backend for the tracing tests (OpenTelemetry Collector built by ocb, cached)"
 "$ROOT/scripts/otelcol.sh" build >/dev/null
+command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test's Prometheus
 
 log "Python MCP SDK client tests"
 python_env

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
 import urllib.request
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -245,3 +246,47 @@ def test_a_collector_that_hangs_costs_dropped_spans_never_slow_calls(tmp_path):
     finally:
         stop(sp.proc)
         hung.close()
+
+
+def test_a_dispatch_exemplar_in_prometheus_names_a_trace_the_collector_has(traced, collector, tmp_path):
+    """A real Prometheus with exemplar storage scrapes the server (OpenMetrics); the
+    exemplar on the dispatch histogram names the trace of a sampled call, which the
+    collector received."""
+    _, out = collector
+    trace_id = "8f3e5d7c9b1a2f4e6d8c0b2a4f6e8d0c"
+
+    async def run():
+        async with Client(traced.url, mode="legacy") as c:
+            with client_context(trace_id, "2233445566778899"):
+                r = await c.call_tool("greet", {"name": "exemplar"})
+            assert r.content[0].text == "Hello exemplar!"
+
+    asyncio.run(run())
+    # The exposition carries it (OpenMetrics: `# {trace_id="..."} value timestamp`).
+    exposition = traced.metrics()
+    assert f'# {{trace_id="{trace_id}"}}' in exposition, exposition[:2000]
+
+    prom_port = free_port()
+    (tmp_path / "prometheus.yml").write_text(f"""
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - job_name: quiver
+    static_configs: [{{targets: ["127.0.0.1:{traced.admin}"]}}]
+""")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}", "--enable-feature=exemplar-storage"],
+                            stdout=open(tmp_path / "prometheus.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+    def exemplar_trace_ids():
+        q = urllib.parse.urlencode({"query": "quiver_dispatch_duration_seconds_bucket", "start": "0", "end": "9999999999"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/query_exemplars?{q}", timeout=2) as r:
+            doc = json.load(r)
+        return {e["labels"]["trace_id"] for series in doc["data"] for e in series["exemplars"]}
+
+    try:
+        ids = wait_until(exemplar_trace_ids, timeout=30)
+    finally:
+        stop(prom)
+    assert trace_id in ids, ids
+    spans = wait_until(lambda: spans_of(out, trace_id), timeout=15)
+    assert spans[0]["name"] == "tools/call greet"
