@@ -12,5 +12,6 @@ pub mod metrics;
 pub mod probe;
 pub mod reconcile;
 pub mod render;
+pub mod telemetry;
 
 pub use quiver_server::config::ToolSet;

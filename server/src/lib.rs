@@ -23,7 +23,7 @@ pub mod dispatch;
 pub mod metrics;
 #[cfg(feature = "runtime")]
 pub mod modern;
-#[cfg(feature = "runtime")]
+#[cfg(feature = "otel")]
 pub mod otel;
 #[cfg(feature = "runtime")]
 pub mod peer;

@@ -74,15 +74,24 @@ pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action,
         namespace = mcp.metadata.namespace.as_deref(),
         name = mcp.metadata.name.as_deref(),
         generation = mcp.metadata.generation,
+        // Filled on failure: exported traces show the stage and category of the error.
+        otel.status_code = tracing::field::Empty,
+        error.stage = tracing::field::Empty,
+        error.type = tracing::field::Empty,
     );
-    let result = reconcile_inner(&mcp, &ctx).instrument(span).await;
+    let result = reconcile_inner(&mcp, &ctx).instrument(span.clone()).await;
     let outcome = match &result {
         Ok((outcome, _)) => *outcome,
-        Err(e) => Outcome::Error {
-            category: e.category(),
-            stage: e.stage().as_str(),
-            kind: e.kind(),
-        },
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.stage", e.stage().as_str());
+            span.record("error.type", e.category());
+            Outcome::Error {
+                category: e.category(),
+                stage: e.stage().as_str(),
+                kind: e.kind(),
+            }
+        }
     };
     ctx.metrics.observe(start.elapsed(), outcome);
     if result.is_ok() {

@@ -33,8 +33,12 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_ANSWER: usize = 64 << 10;
 
 /// The provider: the sampler, the resource, and the queue feeding the exporter task.
-pub(super) fn provider(cfg: &Resolved, dropped: Counter) -> anyhow::Result<(SdkTracerProvider, Flusher)> {
-    let resource = resource();
+pub(super) fn provider(
+    cfg: &Resolved,
+    dropped: Counter,
+    service: &'static str,
+) -> anyhow::Result<(SdkTracerProvider, Flusher)> {
+    let resource = resource(service);
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(Client::new())
@@ -55,9 +59,9 @@ pub(super) fn provider(cfg: &Resolved, dropped: Counter) -> anyhow::Result<(SdkT
     Ok((b.build(), flusher))
 }
 
-/// `service.name` is `quiver-server` unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES
-/// name one; `service.version` is this build's.
-fn resource() -> Resource {
+/// `service.name` is `service` unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES name
+/// one; `service.version` is this build's.
+fn resource(service: &'static str) -> Resource {
     let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
         || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
     let b = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
@@ -67,7 +71,7 @@ fn resource() -> Resource {
     if named {
         b.build()
     } else {
-        b.with_service_name("quiver-server").build()
+        b.with_service_name(service).build()
     }
 }
 

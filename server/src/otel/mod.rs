@@ -48,6 +48,11 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// The tracer provider (for a `tracing` bridge).
+    pub fn provider(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+
     /// Exports the spans still queued, waiting at most `timeout`, and stops the provider.
     pub async fn shutdown(self, timeout: std::time::Duration) {
         export::flush(&self.flusher, timeout).await;
@@ -65,14 +70,27 @@ pub fn init(
     args: &TraceArgs,
     dropped: prometheus_client::metrics::counter::Counter,
 ) -> anyhow::Result<Option<Guard>> {
-    let Some(cfg) = args.resolve()? else {
+    let Some(guard) = start(args, dropped, "quiver-server")? else {
         return Ok(None);
     };
-    let (provider, flusher) = export::provider(&cfg, dropped)?;
-    let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "quiver-server");
+    let tracer = opentelemetry::trace::TracerProvider::tracer(&guard.provider, "quiver-server");
     if TRACER.set(tracer).is_err() {
         anyhow::bail!("tracing was already initialised");
     }
+    Ok(Some(guard))
+}
+
+/// The exporter and provider alone, for a program that makes its spans otherwise (the
+/// operator, through its `tracing` spans): configured like the server's; `service` is the
+/// default `service.name`. `None` when tracing is off. Needs a Tokio runtime.
+///
+/// # Errors
+/// The configuration is invalid.
+pub fn start(args: &TraceArgs, dropped: prometheus_client::metrics::counter::Counter, service: &'static str) -> anyhow::Result<Option<Guard>> {
+    let Some(cfg) = args.resolve()? else {
+        return Ok(None);
+    };
+    let (provider, flusher) = export::provider(&cfg, dropped, service)?;
     tracing::info!(
         endpoint = %cfg.endpoint_shown(),
         sampler = %cfg.sampler_shown(),
