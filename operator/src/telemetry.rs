@@ -10,7 +10,8 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 /// # Errors
 /// The tracing configuration is invalid.
 pub fn init(args: &quiver_server::otel::TraceArgs) -> anyhow::Result<Option<quiver_server::otel::Guard>> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
     // Resolved first: its log line must find the subscriber, so it comes after init.
     let on = args.resolve()?.is_some();
     let registry = tracing_subscriber::registry()
@@ -20,7 +21,11 @@ pub fn init(args: &quiver_server::otel::TraceArgs) -> anyhow::Result<Option<quiv
         registry.init();
         return Ok(None);
     }
-    let guard = quiver_server::otel::start(args, prometheus_client::metrics::counter::Counter::default(), "quiver-operator")?;
+    let guard = quiver_server::otel::start(
+        args,
+        prometheus_client::metrics::counter::Counter::default(),
+        "quiver-operator",
+    )?;
     let layer = guard.as_ref().map(|g| {
         let tracer = opentelemetry::trace::TracerProvider::tracer(g.provider(), "quiver-operator");
         tracing_opentelemetry::layer().with_tracer(tracer)

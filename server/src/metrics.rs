@@ -118,7 +118,10 @@ impl Histogram {
     /// Bucket `i`'s exemplar as OpenMetrics writes it after the sample (` # {...} v t`).
     fn exemplar_text(&self, i: usize) -> Option<String> {
         let e = self.0.exemplars.get()?.get(i)?.load_full()?;
-        Some(format!(" # {{trace_id=\"{}\"}} {} {:.3}", e.trace_id, e.value, e.at))
+        Some(format!(
+            " # {{trace_id=\"{}\"}} {} {:.3}",
+            e.trace_id, e.value, e.at
+        ))
     }
 
     /// Records one duration.
@@ -833,7 +836,9 @@ impl Metrics {
             "+Inf" => h.0.bounds.len(),
             le => {
                 let le: f64 = le.parse().ok()?;
-                h.0.bounds.iter().position(|b| (*b - le).abs() <= f64::EPSILON * b.abs().max(1.0))?
+                h.0.bounds
+                    .iter()
+                    .position(|b| (*b - le).abs() <= f64::EPSILON * b.abs().max(1.0))?
             }
         };
         h.exemplar_text(i)

@@ -1260,7 +1260,10 @@ fn tracing_becomes_the_servers_otel_variables() {
         "{BASIC}  tracing:\n    endpoint: http://otel-collector.obs:4318\n    samplingRatio: 0.25\n    headersSecretRef: {{name: otlp, key: headers}}\n"
     ));
     let get = |name: &str| on.iter().find(|e| e["name"] == name).cloned();
-    assert_eq!(get("QUIVER_OTLP_ENDPOINT").unwrap()["value"], "http://otel-collector.obs:4318");
+    assert_eq!(
+        get("QUIVER_OTLP_ENDPOINT").unwrap()["value"],
+        "http://otel-collector.obs:4318"
+    );
     assert_eq!(get("QUIVER_TRACE_SAMPLE_RATIO").unwrap()["value"], "0.25");
     assert_eq!(get("OTEL_SERVICE_NAME").unwrap()["value"], "calc");
     assert_eq!(
@@ -1268,6 +1271,9 @@ fn tracing_becomes_the_servers_otel_variables() {
         "k8s.namespace.name=ns,quiver.mcpserver=calc"
     );
     let headers = get("OTEL_EXPORTER_OTLP_HEADERS").unwrap();
-    assert_eq!(headers["valueFrom"]["secretKeyRef"], json!({"name": "otlp", "key": "headers", "optional": false}));
+    assert_eq!(
+        headers["valueFrom"]["secretKeyRef"],
+        json!({"name": "otlp", "key": "headers", "optional": false})
+    );
     assert!(headers.get("value").is_none_or(serde_json::Value::is_null));
 }

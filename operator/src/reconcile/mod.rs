@@ -507,7 +507,10 @@ mod tests {
         let (result, _) = run(spec, false, (Method::PATCH, deployment), |_| None).await;
         assert!(result.is_err());
         let spans = exported.0.lock().unwrap().clone();
-        let root = spans.iter().find(|s| s.name == "reconcile").expect("a reconcile span");
+        let root = spans
+            .iter()
+            .find(|s| s.name == "reconcile")
+            .expect("a reconcile span");
         let attr = |k: &str| {
             root.attributes
                 .iter()

@@ -87,14 +87,21 @@ fn describe(cx: &Context, id: &RawValue, method: &str, params: Option<&RawValue>
     let raw_id = id.get();
     attrs.push(KeyValue::new(
         "jsonrpc.request.id",
-        cut(raw_id.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(raw_id)),
+        cut(raw_id
+            .strip_prefix('"')
+            .and_then(|s| s.strip_suffix('"'))
+            .unwrap_or(raw_id)),
     ));
     if !ctx.session.is_empty() && ctx.session != "stdio" {
         attrs.push(KeyValue::new("mcp.session.id", cut(ctx.session)));
     }
     attrs.push(KeyValue::new(
         "network.transport",
-        if matches!(ctx.era, Era::Detect) { "pipe" } else { "tcp" },
+        if matches!(ctx.era, Era::Detect) {
+            "pipe"
+        } else {
+            "tcp"
+        },
     ));
     let name = match (method, t.name.as_deref()) {
         ("tools/call", Some(tool)) => {

@@ -93,7 +93,8 @@ impl TraceArgs {
         } else {
             return Ok(None);
         };
-        if let Some(p) = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        if let Some(p) =
+            env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
             && p.trim() != "http/protobuf"
         {
             anyhow::bail!(
@@ -169,12 +170,18 @@ mod tests {
     fn endpoints_get_their_traces_path_once() {
         let args = TraceArgs::default();
         let base = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")];
-        assert_eq!(resolve(&args, &base).unwrap().unwrap().endpoint, "http://c:4318/v1/traces");
+        assert_eq!(
+            resolve(&args, &base).unwrap().unwrap().endpoint,
+            "http://c:4318/v1/traces"
+        );
         let full = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/custom"),
         ];
-        assert_eq!(resolve(&args, &full).unwrap().unwrap().endpoint, "http://t:9/custom");
+        assert_eq!(
+            resolve(&args, &full).unwrap().unwrap().endpoint,
+            "http://t:9/custom"
+        );
         let flag = TraceArgs {
             otlp_endpoint: Some("https://c/v1/traces".into()),
             ..TraceArgs::default()
@@ -186,7 +193,13 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused() {
-        for url in ["not a url", "ftp://c:21", "unix:/x", "http://", &format!("http://c/{}", "a".repeat(3000))] {
+        for url in [
+            "not a url",
+            "ftp://c:21",
+            "unix:/x",
+            "http://",
+            &format!("http://c/{}", "a".repeat(3000)),
+        ] {
             let args = TraceArgs {
                 otlp_endpoint: Some(url.to_owned()),
                 ..TraceArgs::default()

@@ -186,7 +186,10 @@ impl Client {
     async fn send(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let (parts, body) = request.into_parts();
         let exchange = async {
-            let resp = self.0.request(Request::from_parts(parts, Full::new(body))).await?;
+            let resp = self
+                .0
+                .request(Request::from_parts(parts, Full::new(body)))
+                .await?;
             let (parts, body) = resp.into_parts();
             let body = Limited::new(body, MAX_ANSWER).collect().await?.to_bytes();
             Ok::<_, HttpError>(Response::from_parts(parts, body))

@@ -30,7 +30,9 @@ fn current_ids() -> Option<(String, String)> {
 fn splice(line: &str, trace_id: &str, span_id: &str) -> Option<String> {
     let head = line.trim_end().strip_suffix('}')?;
     let sep = if head.trim_end().ends_with('{') { "" } else { "," };
-    Some(format!("{head}{sep}\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}\n"))
+    Some(format!(
+        "{head}{sep}\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}\n"
+    ))
 }
 
 impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
@@ -39,7 +41,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         let Some((trace_id, span_id)) = current_ids() else {
             return self.0.format_event(ctx, writer, event);
         };

@@ -86,7 +86,11 @@ pub fn init(
 ///
 /// # Errors
 /// The configuration is invalid.
-pub fn start(args: &TraceArgs, dropped: prometheus_client::metrics::counter::Counter, service: &'static str) -> anyhow::Result<Option<Guard>> {
+pub fn start(
+    args: &TraceArgs,
+    dropped: prometheus_client::metrics::counter::Counter,
+    service: &'static str,
+) -> anyhow::Result<Option<Guard>> {
     let Some(cfg) = args.resolve()? else {
         return Ok(None);
     };
@@ -103,7 +107,11 @@ pub fn start(args: &TraceArgs, dropped: prometheus_client::metrics::counter::Cou
 /// says otherwise). `None` when tracing is off or there is no sampled span to hang it on
 /// (then the caller does nothing more).
 #[inline]
-pub fn child(name: impl Into<Cow<'static, str>>, kind: SpanKind, attributes: Vec<KeyValue>) -> Option<Context> {
+pub fn child(
+    name: impl Into<Cow<'static, str>>,
+    kind: SpanKind,
+    attributes: Vec<KeyValue>,
+) -> Option<Context> {
     let tracer = tracer()?;
     let parent = Context::current();
     if !parent.span().span_context().is_sampled() {

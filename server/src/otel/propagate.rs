@@ -132,7 +132,10 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.insert("traceparent", PARENT.parse().unwrap());
         let cx = from_headers(&h).unwrap();
-        assert_eq!(cx.span().span_context().trace_id().to_string(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(
+            cx.span().span_context().trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
     }
 
     #[test]
@@ -140,7 +143,8 @@ mod tests {
         let long_state = format!("k={}", "v".repeat(600));
         let cases = [
             r#"{"_meta":{"traceparent":"garbage"}}"#.to_owned(),
-            r#"{"_meta":{"traceparent":"00-00000000000000000000000000000000-b7ad6b7169203331-01"}}"#.to_owned(),
+            r#"{"_meta":{"traceparent":"00-00000000000000000000000000000000-b7ad6b7169203331-01"}}"#
+                .to_owned(),
             r#"{"_meta":{"traceparent":7}}"#.to_owned(),
             r#"{"_meta":"x"}"#.to_owned(),
             r#"{"_meta":{}}"#.to_owned(),

@@ -101,7 +101,8 @@ pub fn http_client(method: &str, uri: &http::Uri) -> Option<Context> {
         format!(
             "{}://{}{}",
             uri.scheme_str().unwrap_or("http"),
-            uri.authority().map_or("", |a| a.as_str().rsplit('@').next().unwrap_or("")),
+            uri.authority()
+                .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or("")),
             uri.path()
         ),
     ));
