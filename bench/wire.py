@@ -268,7 +268,7 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         s.argv = argv(s.port)
         return s
 
-    def quiver(name: str, binary: str, config: Path, note: str, needs: list[str] | None = None, flags: tuple = (), **kw) -> Server:
+    def quiver(name: str, binary: str, config: Path, note: str, needs: list[str] | None = None, flags: tuple[str, ...] = (), **kw) -> Server:
         admin = free_port()
         return server(name, lambda port: [binary, "--config", f"file:{config}", "--listen", f"127.0.0.1:{port}",
                                           "--admin-listen", f"127.0.0.1:{admin}", "--pin-workers", "--http2", *flags],
@@ -288,6 +288,12 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         gov.write_text(echo.read_text() + "limits: [{rate: 1000000/s, burst: 1000000}]\n")
         servers.append(quiver("quiver+gov", args.quiver, gov, "quiver with a per-caller rate limit and the audit trail (to a file) on",
                               flags=("--audit", f"file:{tmp / 'audit.jsonl'}")))
+    if args.otlp_endpoint:
+        # Tracing on, exporting to a real collector (on the load generator's CPU); requests
+        # carry no traceparent, so the ratio alone decides.
+        for label, ratio in (("1%", "0.01"), ("100%", "1")):
+            servers.append(quiver(f"quiver+trace {label}", args.quiver, echo, f"quiver, traces exported over OTLP/HTTP, {label} of requests sampled",
+                                  flags=("--otlp-endpoint", args.otlp_endpoint, "--trace-sample-ratio", ratio), h2c=False))
     servers += [
         peer("axum-fixed", [f"{args.peers}/axum-fixed"], "ceiling: fixed bytes, body not read", h2c=True),
         peer("axum-serde", [f"{args.peers}/axum-serde"], "ceiling: serde into typed structs", h2c=True),
@@ -364,6 +370,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quiver", required=True, help="the quiver-server binary (release build)")
     ap.add_argument("--quiver-pgo", help="a PGO-built quiver-server, measured as its own row")
+    ap.add_argument("--otlp-endpoint", help="an OTLP/HTTP collector: adds rows with tracing on at 1%% and 100%% sampling")
     ap.add_argument("--baseline", help="another quiver-server build (e.g. the previous commit's), measured as rows of its own")
     ap.add_argument("--peers", required=True, help="directory of the Rust peers (axum-fixed, axum-serde, rmcp-echo, tcp-relay)")
     ap.add_argument("--go-mcp", required=True, help="the go-mcp binary (tests/e2e/upstream-go)")

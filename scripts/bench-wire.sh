@@ -7,7 +7,7 @@
 # (QUIVER_PGO_BIN adds a "quiver-pgo" row; scripts/images.sh leaves its PGO build in
 # ~/.cache/quiver/images/bin/quiver-server). QUIVER_BENCH_WRITE=0: print only.
 # `--baseline PATH` measures another build (say the previous commit's) side by side, as
-# rows "baseline" and "baseline→rmcp".
+# rows "baseline" and "baseline→rmcp". QUIVER_BENCH_TRACING=1 adds tracing rows (below).
 # Everything installed goes under ~/.cache/quiver; nothing is written into the clone but
 # the table.
 set -euo pipefail
@@ -57,6 +57,16 @@ write=(--write docs/performance.md)
 pgo=()
 [ -n "${QUIVER_PGO_BIN:-}" ] && pgo=(--quiver-pgo "$QUIVER_PGO_BIN")
 
+# QUIVER_BENCH_TRACING=1: rows with tracing on (1% and 100% sampled), exporting to a real
+# OpenTelemetry Collector (scripts/otelcol.sh) on the load generator's CPU.
+tracing=()
+if [ "${QUIVER_BENCH_TRACING:-0}" = 1 ]; then
+  otel_dir="$(mktemp -d)"
+  read -r otel_pid otel_endpoint < <(taskset -c 0 "$ROOT/scripts/otelcol.sh" start "$otel_dir" /dev/null)
+  trap 'kill "$otel_pid" 2>/dev/null || true; rm -rf "$otel_dir"' EXIT
+  tracing=(--otlp-endpoint "$otel_endpoint")
+fi
+
 log "measuring (bench/wire.py)"
-"$PY" bench/wire.py --quiver "$quiver" "${pgo[@]}" --peers "$peers_target/release" --go-mcp "$go_mcp" \
+"$PY" bench/wire.py --quiver "$quiver" "${pgo[@]}" "${tracing[@]}" --peers "$peers_target/release" --go-mcp "$go_mcp" \
   --node "$node" --python "$PY" --oha "$oha" "${write[@]}" "$@"

@@ -35,6 +35,9 @@ export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
 
 log "OpenID provider of the identity tests (Keycloak from Maven Central, cached; the tests start it)"
 "$ROOT/scripts/idp.sh" install
+log "trace backend for the tracing tests (OpenTelemetry Collector built by ocb, cached)"
+"$ROOT/scripts/otelcol.sh" build >/dev/null
+command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test's Prometheus
 
 log "Python MCP SDK client tests"
 python_env

@@ -22,10 +22,14 @@ TOOL_SEL = SEL + ', tool=~"$tool"'
 RI = "$__rate_interval"
 
 
-def target(expr, legend="", ref="A", fmt=None):
+def target(expr, legend="", ref="A", fmt=None, exemplar=False):
     t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
     if fmt:
         t["format"] = fmt
+    if exemplar:
+        # Exemplars of sampled calls (their trace ids) as points on the panel; the Prometheus
+        # data source's exemplar link (label trace_id) opens the trace in $traces.
+        t["exemplar"] = True
     return t
 
 
@@ -74,6 +78,9 @@ def templating(with_tool):
     ]
     if with_tool:
         lst.append(var_query("tool", "Tool", f"label_values(quiver_dispatch_duration_seconds_count{{{SEL}}}, tool)"))
+        # Where the latency panels' exemplars lead: the trace back end (Tempo, Jaeger, ...).
+        lst.append({"name": "traces", "label": "Trace data source", "type": "datasource", "query": "tempo", "current": {}, "hide": 0,
+                    "description": "The trace data source the exemplars' trace_id links open (set it as the Prometheus data source's exemplar destination)"})
     return {"list": lst}
 
 
@@ -107,14 +114,15 @@ def dispatch():
         panel(1, "Dispatch latency (p50 / p90 / p99)", "timeseries", [
             target(q(0.5, h, "le", TOOL_SEL), "p50", "A"),
             target(q(0.9, h, "le", TOOL_SEL), "p90", "B"),
-            target(q(0.99, h, "le", TOOL_SEL), "p99", "C"),
+            target(q(0.99, h, "le", TOOL_SEL), "p99", "C", exemplar=True),
         ], 0, 0, unit="s", thresholds=[(0.1, "orange"), (0.5, "red")],
-            description="Time from tool lookup to serialized result, all selected tools."),
+            description="Time from tool lookup to serialized result, all selected tools. With tracing on, "
+                        "the dots are exemplars: sampled calls, each linking to its trace."),
         panel(2, "Dispatch p99 by McpServer", "timeseries", [
-            target(q(0.99, h, "le, namespace, service", TOOL_SEL), "{{namespace}}/{{service}}"),
+            target(q(0.99, h, "le, namespace, service", TOOL_SEL), "{{namespace}}/{{service}}", exemplar=True),
         ], 12, 0, unit="s", thresholds=[(0.1, "orange"), (0.5, "red")]),
         panel(3, "Dispatch p99 by tool", "timeseries", [
-            target(q(0.99, h, "le, tool", TOOL_SEL), "{{tool}}"),
+            target(q(0.99, h, "le, tool", TOOL_SEL), "{{tool}}", exemplar=True),
         ], 0, 8, unit="s", thresholds=[(0.1, "orange"), (0.5, "red")]),
         panel(4, "Dispatch latency heatmap", "heatmap", [
             target(f"sum by (le) (increase({h}_bucket{{{TOOL_SEL}}}[{RI}]))", "{{le}}", fmt="heatmap"),

@@ -148,6 +148,10 @@ pub struct McpServerSpec {
     /// Prometheus integration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<Monitoring>,
+    /// OpenTelemetry traces of every MCP request, exported by the pods over OTLP/HTTP (off
+    /// when unset). See docs/observability.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<Tracing>,
     /// Client authentication on the MCP endpoint (off when unset: anyone who reaches the
     /// Service may call every tool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -665,6 +669,30 @@ pub struct Monitoring {
     /// operator's default (the chart's `mcpServerDefaults.serviceMonitor`, off unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_monitor: Option<bool>,
+}
+
+/// Where and how much the server pods trace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tracing {
+    /// The collector's OTLP/HTTP endpoint (protobuf), e.g.
+    /// `http://otel-collector.observability:4318` (`/v1/traces` is added).
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub endpoint: String,
+    /// Probability that a request without a sampled parent starts a trace (0 to 1). A request
+    /// whose client sampled it is always traced. Default 1 (every request); lower it for busy
+    /// servers (0.01 keeps one request in a hundred).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub sampling_ratio: Option<f64>,
+    /// `service.name` of the spans (default: the McpServer's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_name: Option<String>,
+    /// Headers sent with every export (e.g. a vendor's API key), from a Secret key holding
+    /// them as `name=value` pairs separated by commas (the OTEL_EXPORTER_OTLP_HEADERS format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_secret_ref: Option<SecretKey>,
 }
 
 /// Observed state.

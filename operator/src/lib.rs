@@ -13,5 +13,6 @@ pub mod plugin;
 pub mod probe;
 pub mod reconcile;
 pub mod render;
+pub mod telemetry;
 
 pub use quiver_server::config::ToolSet;

@@ -52,16 +52,15 @@ struct Args {
     /// Give McpServers whose `monitoring.serviceMonitor` is unset a ServiceMonitor.
     #[arg(long, env = "QUIVER_DEFAULT_SERVICE_MONITOR", default_value_t = false, action = clap::ArgAction::Set)]
     default_service_monitor: bool,
+    /// Traces of reconciles (OTLP/HTTP; off without an endpoint): see docs/observability.md.
+    #[command(flatten)]
+    tracing: quiver_server::otel::TraceArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .init();
+    let traces = quiver_operator::telemetry::init(&args.tracing)?;
     let timing = Timing {
         lease: Duration::from_secs(args.lease_duration_seconds),
         renew_deadline: Duration::from_secs(args.renew_deadline_seconds),
@@ -119,5 +118,8 @@ async fn main() -> anyhow::Result<()> {
         run.await;
     }
     admin.abort();
+    if let Some(t) = traces {
+        t.shutdown(Duration::from_secs(2)).await;
+    }
     Ok(())
 }

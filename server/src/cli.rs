@@ -265,6 +265,8 @@ pub struct ServeArgs {
     /// refuses the call.
     #[arg(long, env = "QUIVER_LIMITS_REDIS_FAIL", default_value = "open")]
     limits_redis_fail: crate::limits::FailMode,
+    #[command(flatten)]
+    tracing: crate::otel::TraceArgs,
 }
 
 /// Parses the command line and runs; returns the process exit code.
@@ -370,7 +372,13 @@ fn init_logging(format: &str, stdio: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(!stdio);
     if format == "json" {
-        builder.json().init()
+        // With tracing on, lines written under a sampled span name it (trace_id, span_id).
+        builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::otel::logs::WithTraceIds(
+                tracing_subscriber::fmt::format().json(),
+            ))
+            .init()
     } else {
         builder.init()
     }
@@ -515,6 +523,7 @@ async fn serve(
     // Exec tools' orphans are re-parented to this process (PID 1 in its image): reap them.
     crate::handlers::start_reaper();
     let metrics = Metrics::new(profile, allocator);
+    let traces = crate::otel::init(&args.tracing, metrics.trace_spans_dropped.clone())?;
     let registry = Registry::new(&metrics);
     let limits = Limits {
         max_batch: args.max_batch,
@@ -596,6 +605,9 @@ async fn serve(
     admin_stop.cancel();
     if let Some(admin) = admin {
         let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
+    }
+    if let Some(t) = traces {
+        t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub mod identity;
 pub mod metrics;
 #[cfg(feature = "runtime")]
 pub mod modern;
+#[cfg(feature = "otel")]
+pub mod otel;
 #[cfg(feature = "runtime")]
 pub mod peer;
 #[cfg(feature = "runtime")]

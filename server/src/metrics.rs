@@ -46,6 +46,20 @@ struct HistogramInner {
     /// Per-bucket (non-cumulative) counts; the last slot is +Inf.
     counts: Box<[AtomicU64]>,
     sum_nanos: AtomicU64,
+    /// Whether sampled traces leave exemplars here (the dispatch histograms).
+    keeps_exemplars: std::sync::atomic::AtomicBool,
+    /// The latest exemplar per bucket; made with the first one (tracing on only).
+    exemplars: OnceLock<Box<[arc_swap::ArcSwapOption<Exemplar>]>>,
+}
+
+/// One observation that names its trace (an OpenMetrics exemplar).
+#[derive(Debug)]
+struct Exemplar {
+    trace_id: opentelemetry::trace::TraceId,
+    /// The observed value, seconds.
+    value: f64,
+    /// When, seconds since the Unix epoch.
+    at: f64,
 }
 
 /// A lock-free histogram (prometheus-client's own takes a mutex per observation).
@@ -65,7 +79,49 @@ impl Histogram {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
             sum_nanos: AtomicU64::new(0),
+            keeps_exemplars: std::sync::atomic::AtomicBool::new(false),
+            exemplars: OnceLock::new(),
         }))
+    }
+
+    /// Lets sampled traces leave exemplars in this histogram.
+    pub fn keep_exemplars(&self) {
+        self.0.keeps_exemplars.store(true, Ordering::Relaxed);
+    }
+
+    /// Keeps the current trace (when sampled) as bucket `i`'s exemplar.
+    #[cold]
+    fn exemplar(&self, i: usize, secs: f64) {
+        if !self.0.keeps_exemplars.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(trace_id) = crate::otel::current_trace_id() else {
+            return;
+        };
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let slots = self.0.exemplars.get_or_init(|| {
+            (0..self.0.counts.len())
+                .map(|_| arc_swap::ArcSwapOption::empty())
+                .collect()
+        });
+        if let Some(slot) = slots.get(i) {
+            slot.store(Some(Arc::new(Exemplar {
+                trace_id,
+                value: secs,
+                at,
+            })));
+        }
+    }
+
+    /// Bucket `i`'s exemplar as OpenMetrics writes it after the sample (` # {...} v t`).
+    fn exemplar_text(&self, i: usize) -> Option<String> {
+        let e = self.0.exemplars.get()?.get(i)?.load_full()?;
+        Some(format!(
+            " # {{trace_id=\"{}\"}} {} {:.3}",
+            e.trace_id, e.value, e.at
+        ))
     }
 
     /// Records one duration.
@@ -74,6 +130,10 @@ impl Histogram {
         let secs = d.as_secs_f64();
         let i = self.0.bounds.partition_point(|b| *b < secs);
         self.0.counts[i].fetch_add(1, Ordering::Relaxed);
+        // Tracing off: this branch is all it costs.
+        if crate::otel::enabled() {
+            self.exemplar(i, secs);
+        }
         self.0
             .sum_nanos
             .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -421,12 +481,14 @@ impl ToolMetrics {
 }
 
 fn series(family: &Family<ToolLabels, Histogram>, tool: &str, outcome: &'static str) -> Histogram {
-    family
+    let h = family
         .get_or_create(&ToolLabels {
             tool: tool.to_owned(),
             outcome,
         })
-        .clone()
+        .clone();
+    h.keep_exemplars();
+    h
 }
 
 /// Every metric of the server.
@@ -451,6 +513,8 @@ pub struct Metrics {
     pub connections: Gauge<i64, AtomicI64>,
     /// Notifications to a client dropped because it read too slowly.
     pub peer_dropped: Counter,
+    /// Finished spans dropped because the export queue was full.
+    pub trace_spans_dropped: Counter,
     refusals: Vec<Counter>,
     upstreams: UpstreamFamilies,
     /// Counters of limits and the audit trail.
@@ -552,6 +616,12 @@ impl Metrics {
             "Progress and log notifications dropped because the client read too slowly",
             peer_dropped.clone(),
         );
+        let trace_spans_dropped = Counter::default();
+        root.register(
+            "trace_spans_dropped",
+            "Finished trace spans dropped because the export queue was full (tracing on only)",
+            trace_spans_dropped.clone(),
+        );
         let refusals_family = Family::<RefusalLabels, Counter>::default();
         root.register(
             "refusals",
@@ -629,6 +699,7 @@ impl Metrics {
             streams,
             connections,
             peer_dropped,
+            trace_spans_dropped,
             refusals,
             upstreams,
             gov,
@@ -728,7 +799,55 @@ impl Metrics {
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        if crate::otel::enabled() {
+            out = self.with_exemplars(&out);
+        }
         out
+    }
+
+    /// The exposition with each dispatch bucket's exemplar (the latest sampled trace that
+    /// landed in it) after its sample, as OpenMetrics writes exemplars.
+    fn with_exemplars(&self, text: &str) -> String {
+        const BUCKET: &str = "quiver_dispatch_duration_seconds_bucket{";
+        let mut out = String::with_capacity(text.len() + 1024);
+        for line in text.lines() {
+            out.push_str(line);
+            if let Some(labels) = line.strip_prefix(BUCKET)
+                && let Some(e) = self.bucket_exemplar(labels)
+            {
+                out.push_str(&e);
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The exemplar of the dispatch bucket whose labels (and sample) are `rest`.
+    fn bucket_exemplar(&self, rest: &str) -> Option<String> {
+        let label = |name: &str| -> Option<&str> {
+            let start = rest.find(&format!("{name}=\""))? + name.len() + 2;
+            let len = rest[start..].find('"')?;
+            let v = &rest[start..start + len];
+            // An escaped value is not looked up (tool names have no quotes or backslashes).
+            (!v.contains('\\')).then_some(v)
+        };
+        let outcome = ["ok", "tool_error", "invalid_arguments"]
+            .into_iter()
+            .find(|o| label("outcome") == Some(*o))?;
+        let h = self.dispatch.get(&ToolLabels {
+            tool: label("tool")?.to_owned(),
+            outcome,
+        })?;
+        let i = match label("le")? {
+            "+Inf" => h.0.bounds.len(),
+            le => {
+                let le: f64 = le.parse().ok()?;
+                h.0.bounds
+                    .iter()
+                    .position(|b| (*b - le).abs() <= f64::EPSILON * b.abs().max(1.0))?
+            }
+        };
+        h.exemplar_text(i)
     }
 }
 

@@ -10,6 +10,7 @@ mod netpol;
 mod pod;
 mod serving;
 mod sidecar;
+mod tracing;
 mod tuning;
 
 use std::collections::{BTreeMap, BTreeSet};

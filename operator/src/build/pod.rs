@@ -204,6 +204,7 @@ fn container(
                     env("TMPDIR", SCRATCH_DIR),
                 ])
                 .chain(super::governance::env(mcp))
+                .chain(super::tracing::env(mcp, ns))
                 .collect(),
         ),
         env_from: some_unless_empty(overrides.env_from.clone()),

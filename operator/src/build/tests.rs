@@ -1311,4 +1311,38 @@ spec:
         assert_eq!(e.reason, "InvalidToolConfig");
         assert!(e.message().contains(want), "{}", e.message());
     }
+fn tracing_becomes_the_servers_otel_variables() {
+    let env_of = |yaml: &str| -> Vec<serde_json::Value> {
+        let c = children(yaml);
+        let d = serde_json::to_value(&c.deployment).unwrap();
+        d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let off = env_of(BASIC);
+    assert!(
+        off.iter()
+            .all(|e| !e["name"].as_str().unwrap().contains("OTLP") && e["name"] != "OTEL_SERVICE_NAME")
+    );
+    let on = env_of(&format!(
+        "{BASIC}  tracing:\n    endpoint: http://otel-collector.obs:4318\n    samplingRatio: 0.25\n    headersSecretRef: {{name: otlp, key: headers}}\n"
+    ));
+    let get = |name: &str| on.iter().find(|e| e["name"] == name).cloned();
+    assert_eq!(
+        get("QUIVER_OTLP_ENDPOINT").unwrap()["value"],
+        "http://otel-collector.obs:4318"
+    );
+    assert_eq!(get("QUIVER_TRACE_SAMPLE_RATIO").unwrap()["value"], "0.25");
+    assert_eq!(get("OTEL_SERVICE_NAME").unwrap()["value"], "calc");
+    assert_eq!(
+        get("OTEL_RESOURCE_ATTRIBUTES").unwrap()["value"],
+        "k8s.namespace.name=ns,quiver.mcpserver=calc"
+    );
+    let headers = get("OTEL_EXPORTER_OTLP_HEADERS").unwrap();
+    assert_eq!(
+        headers["valueFrom"]["secretKeyRef"],
+        json!({"name": "otlp", "key": "headers", "optional": false})
+    );
+    assert!(headers.get("value").is_none_or(serde_json::Value::is_null));
 }

@@ -75,15 +75,24 @@ pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action,
         namespace = mcp.metadata.namespace.as_deref(),
         name = mcp.metadata.name.as_deref(),
         generation = mcp.metadata.generation,
+        // Filled on failure: exported traces show the stage and category of the error.
+        otel.status_code = tracing::field::Empty,
+        error.stage = tracing::field::Empty,
+        error.type = tracing::field::Empty,
     );
-    let result = reconcile_inner(&mcp, &ctx).instrument(span).await;
+    let result = reconcile_inner(&mcp, &ctx).instrument(span.clone()).await;
     let outcome = match &result {
         Ok((outcome, _)) => *outcome,
-        Err(e) => Outcome::Error {
-            category: e.category(),
-            stage: e.stage().as_str(),
-            kind: e.kind(),
-        },
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.stage", e.stage().as_str());
+            span.record("error.type", e.category());
+            Outcome::Error {
+                category: e.category(),
+                stage: e.stage().as_str(),
+                kind: e.kind(),
+            }
+        }
     };
     ctx.metrics.observe(start.elapsed(), outcome);
     if result.is_ok() {
@@ -480,6 +489,57 @@ mod tests {
                 "{name} {fields} in {seen:?}"
             );
         }
+    }
+
+    /// Spans exported through the OpenTelemetry bridge, kept in memory.
+    #[derive(Debug, Clone, Default)]
+    struct Exported(Arc<std::sync::Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+    impl opentelemetry_sdk::trace::SpanExporter for Exported {
+        fn export(
+            &self,
+            batch: Vec<opentelemetry_sdk::trace::SpanData>,
+        ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+            self.0.lock().unwrap().extend(batch);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_exported_reconcile_records_the_stage_of_its_error() {
+        use opentelemetry::trace::{Status, TracerProvider as _};
+        use tracing_subscriber::layer::SubscriberExt;
+        let exported = Exported::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(exported.clone())
+            .build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+        let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+        let spec = json!({"tools": [{"name": "add", "handler": {"builtin": "add"}}]});
+        let deployment = "/apis/apps/v1/namespaces/ns/deployments/calc";
+        let (result, _) = run(spec, false, (Method::PATCH, deployment), |_| None).await;
+        assert!(result.is_err());
+        let spans = exported.0.lock().unwrap().clone();
+        let root = spans
+            .iter()
+            .find(|s| s.name == "reconcile")
+            .expect("a reconcile span");
+        let attr = |k: &str| {
+            root.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(attr("name").as_deref(), Some("calc"));
+        assert_eq!(attr("generation").as_deref(), Some("3"));
+        assert_eq!(attr("error.stage").as_deref(), Some("apply"));
+        assert!(attr("error.type").is_some());
+        assert!(matches!(root.status, Status::Error { .. }), "{:?}", root.status);
+        let apply = spans
+            .iter()
+            .find(|s| s.name == "apply" && s.attributes.iter().any(|kv| kv.value.to_string() == "Deployment"))
+            .expect("an apply span for the Deployment");
+        assert_eq!(apply.parent_span_id, root.span_context.span_id());
     }
 
     fn ours(path: &str) -> Option<Value> {

@@ -26,9 +26,12 @@ mod sessions;
 mod table;
 mod tools;
 mod visible;
+mod traced;
 
 use std::sync::Arc;
 use std::time::Instant;
+
+use serde_json::value::RawValue;
 
 use self::answer::Answering;
 use self::envelope::{Batch, Malformed, Message};
@@ -189,7 +192,25 @@ impl Server {
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
-        let method = &*method;
+        // Tracing off: this one branch is all the hot path pays for it.
+        if crate::otel::enabled() {
+            return self.traced(id, &method, params, ctx, deadline, start, body.len()).await;
+        }
+        self.request(id, &method, params, ctx, deadline, start, body.len()).await
+    }
+
+    /// One request, read (`bytes` long): dispatched by its method.
+    #[allow(clippy::too_many_arguments)] // the parts of the message `message` read
+    async fn request(
+        self: &Arc<Self>,
+        id: &RawValue,
+        method: &str,
+        params: Option<&RawValue>,
+        ctx: Ctx<'_>,
+        deadline: Option<Instant>,
+        start: Instant,
+        bytes: usize,
+    ) -> Outcome {
         let (stateless, rev) = revision_of(ctx.era, method, params);
         let entry = table::lookup(method);
         let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
@@ -213,7 +234,7 @@ impl Server {
                     deadline,
                     start,
                 };
-                pending = self.audit_start(metric, &req, body.len());
+                pending = self.audit_start(metric, &req, bytes);
                 match entry.filter(|e| e.eras.has(rev.stateless)) {
                     None => Err(not_found(method, entry, meta)),
                     Some(Method {
@@ -246,7 +267,10 @@ impl Server {
             }
             Ok(Done::Initialized(caps)) => (Ok(()), Some(caps)),
             Ok(Done::Written) => (Ok(()), None),
-            Err(e) => (Err(e), None),
+            Err(e) => {
+                crate::otel::rpc_error(e.code);
+                (Err(e), None)
+            }
         };
         let a = Answering {
             rev,

@@ -165,6 +165,7 @@ pub(super) async fn call(
             permits,
             audit: None,
             credential: credential(req).cloned(),
+            trace: None,
         }));
     }
     let cx = CallCtx {
@@ -250,6 +251,8 @@ pub struct Deferred {
     /// The call's audit record, until it ends.
     audit: Option<Box<Pending>>,
     credential: Option<Arc<Credential>>,
+    /// The call's server span, when tracing is on (ended when the call ends).
+    pub(super) trace: Option<opentelemetry::Context>,
 }
 
 /// The caller's validated access token, when it presented one.
@@ -265,7 +268,19 @@ impl Deferred {
 
     /// Runs the call, reaching the client through `peer`. Returns the answer, or `None` when
     /// the client cancelled the call (a cancelled request gets no response).
-    pub async fn run(self, peer: Option<&Peer>) -> Option<Reply> {
+    pub async fn run(mut self, peer: Option<&Peer>) -> Option<Reply> {
+        match self.trace.take() {
+            None => self.run_here(peer).await,
+            Some(cx) => {
+                use crate::otel::FutureExt as _;
+                let r = self.run_here(peer).with_context(cx.clone()).await;
+                opentelemetry::trace::TraceContextExt::span(&cx).end();
+                r
+            }
+        }
+    }
+
+    async fn run_here(self, peer: Option<&Peer>) -> Option<Reply> {
         let d = self;
         let server = &*d.server;
         let session = &*d.session;
@@ -442,6 +457,7 @@ fn conclude(
 #[inline]
 fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
     let h = if o.is_error {
+        crate::otel::tool_error();
         tool.metrics.tool_error(&tool.def.name)
     } else {
         tool.metrics.ok(&tool.def.name)

@@ -365,7 +365,7 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
         let headers = &parts.headers;
         let principal = match &state.options.auth {
             None => None,
-            Some(auth) => match auth.check(headers).await {
+            Some(auth) => match crate::otel::spans::auth(headers, auth.check(headers)).await {
                 Ok(p) => Some(p),
                 Err(denied) => {
                     state.server.metrics.refused(Refusal::Unauthenticated);
@@ -637,7 +637,8 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller, req: Requ
         caller: caller.principal(),
         opens: Opens::Minted,
     };
-    match state.server.handle(&body, ctx, version == "2025-03-26").await {
+    let handled = state.server.handle(&body, ctx, version == "2025-03-26");
+    match crate::otel::spans::under_headers(headers, handled).await {
         Outcome::Listen(listen) => {
             drop(pass);
             listen_stream(&state, listen)

@@ -643,12 +643,19 @@ impl Link {
             #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
             meta: Option<Meta>,
         }
-        #[derive(serde::Serialize)]
+        #[derive(serde::Serialize, Default)]
         struct Meta {
-            #[serde(rename = "progressToken")]
-            progress_token: u64,
+            #[serde(rename = "progressToken", skip_serializing_if = "Option::is_none")]
+            progress_token: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            traceparent: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tracestate: Option<String>,
         }
         let start = Instant::now();
+        // Tracing on: a client span, whose context the upstream gets in `_meta`.
+        let span = crate::otel::spans::upstream_call(&self.name, remote);
+        let trace = span.as_ref().and_then(crate::otel::propagate::fields);
         // Log messages on the call's own HTTP answer stream go to the client as they are
         // read (stdio cannot tie a log line to one of the calls multiplexed on a process:
         // those are logged here). Progress comes back by token on any of the upstream's
@@ -658,13 +665,15 @@ impl Link {
         let mut params = Params {
             name: remote,
             arguments: &args,
-            meta: None,
+            meta: trace.map(|(parent, state)| Meta {
+                traceparent: Some(parent),
+                tracestate: state,
+                ..Meta::default()
+            }),
         };
         let r = if cx.wants_progress() {
             let token = self.shared.id();
-            params.meta = Some(Meta {
-                progress_token: token,
-            });
+            params.meta.get_or_insert_with(Meta::default).progress_token = Some(token);
             let (tx, mut progress) = mpsc::channel(64);
             self.shared
                 .progress
@@ -697,7 +706,15 @@ impl Link {
             self.request_as("tools/call", &params, log, auth).await
         };
         self.shared.metrics.requests.observe(start.elapsed());
-        match r.and_then(|v| to_output(v).map_err(CallError::Protocol)) {
+        let r = r.and_then(|v| to_output(v).map_err(CallError::Protocol));
+        if let Some(cx) = &span {
+            let error = match &r {
+                Ok(out) => out.is_error.then_some("tool_error"),
+                Err(e) => Some(e.kind()),
+            };
+            crate::otel::finish(cx, error);
+        }
+        match r {
             Ok(out) => out,
             Err(e) => {
                 self.shared.metrics.error(e.kind());

@@ -297,6 +297,12 @@ impl HttpClient {
             Ok(c) => c,
             Err(e) => return ToolOutput::error(format!("TLS settings of {url}: {e}")),
         };
+        // Tracing on: a client span, whose context the request carries on.
+        let mut req = req;
+        let span = crate::otel::spans::http_client(&spec.method, req.uri());
+        if let Some(cx) = &span {
+            crate::otel::propagate::inject_headers(cx, req.headers_mut());
+        }
         let exchange = async {
             let resp = client
                 .request(req)
@@ -310,7 +316,16 @@ impl HttpClient {
                 .to_bytes();
             Ok::<_, String>((parts, bytes))
         };
-        let (parts, bytes) = match tokio::time::timeout(spec.timeout, exchange).await {
+        let outcome = tokio::time::timeout(spec.timeout, exchange).await;
+        if let Some(cx) = &span {
+            let status = match &outcome {
+                Ok(Ok((p, _))) => Ok(p.status.as_u16()),
+                Ok(Err(_)) => Err("request_failed"),
+                Err(_) => Err("timeout"),
+            };
+            crate::otel::spans::end_http(cx, status);
+        }
+        let (parts, bytes) = match outcome {
             Err(_) => {
                 return ToolOutput::error(format!(
                     "{} {url} timed out after {:?}",

@@ -130,7 +130,11 @@ pub async fn run<E: RunStep>(
                 errs.join("; ")
             ));
         }
-        let out = exec.run_step(snap, step.tool, input, depth + 1, budget, cx).await;
+        let run = exec.run_step(snap, step.tool, input, depth + 1, budget, cx);
+        let out = crate::otel::spans::within(crate::otel::spans::step(i, &tool.def.name), run, |o| {
+            o.is_error.then_some("tool_error")
+        })
+        .await;
         if out.is_error {
             return ToolOutput::error(format!("step {i} ({}) failed: {}", tool.def.name, out.text));
         }

@@ -1,0 +1,159 @@
+//! Spans of the transport and of steps below dispatch: each helper is free when tracing is
+//! off (one branch) and when there is no sampled span to hang its span on.
+
+use std::future::Future;
+
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+
+use super::{FutureExt as _, enabled, propagate, tracer};
+
+/// Runs `f` (the dispatch of an HTTP request) under the client's context from its
+/// `traceparent`/`tracestate` headers, when tracing is on and it sent them.
+pub async fn under_headers<F: Future>(headers: &http::HeaderMap, f: F) -> F::Output {
+    if !enabled() {
+        return f.await;
+    }
+    match propagate::from_headers(headers) {
+        Some(cx) => f.with_context(cx).await,
+        None => f.await,
+    }
+}
+
+/// Runs the authentication of an HTTP request (`f`) in an `auth` span below the client's
+/// context, when tracing is on and the client sent a sampled `traceparent`. The span says
+/// `quiver.auth.outcome` (`allowed` or `denied`); a denial is its error.
+pub async fn auth<T, E, F: Future<Output = Result<T, E>>>(headers: &http::HeaderMap, f: F) -> Result<T, E> {
+    if !enabled() {
+        return f.await;
+    }
+    let Some((tracer, parent)) = tracer().zip(propagate::from_headers(headers)) else {
+        return f.await;
+    };
+    if !parent.span().span_context().is_sampled() {
+        return f.await;
+    }
+    let span = tracer
+        .span_builder("auth")
+        .with_kind(SpanKind::Internal)
+        .start_with_context(tracer, &parent);
+    let cx = parent.with_span(span);
+    let r = f.with_context(cx.clone()).await;
+    let span = cx.span();
+    match &r {
+        Ok(_) => span.set_attribute(KeyValue::new("quiver.auth.outcome", "allowed")),
+        Err(_) => {
+            span.set_attribute(KeyValue::new("quiver.auth.outcome", "denied"));
+            span.set_attribute(KeyValue::new("error.type", "unauthenticated"));
+            span.set_status(Status::error("unauthenticated"));
+        }
+    }
+    span.end();
+    r
+}
+
+/// Runs `f` inside the span of `cx` (from [`super::child`]) when there is one, and ends
+/// the span with `error(&output)` as its error, if any.
+pub async fn within<F: Future>(
+    cx: Option<Context>,
+    f: F,
+    error: impl FnOnce(&F::Output) -> Option<&'static str>,
+) -> F::Output {
+    match cx {
+        None => f.await,
+        Some(cx) => {
+            let out = f.with_context(cx.clone()).await;
+            super::finish(&cx, error(&out));
+            out
+        }
+    }
+}
+
+/// The current context when it holds a sampled span (what outgoing requests carry on).
+pub fn sampled_current() -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    let cx = Context::current();
+    cx.span().span_context().is_sampled().then_some(cx)
+}
+
+/// A client span for an outgoing HTTP request (`GET`, `POST`...) of an http tool, with the
+/// OpenTelemetry HTTP client attributes.
+pub fn http_client(method: &str, uri: &http::Uri) -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    let mut attrs = vec![
+        KeyValue::new("http.request.method", method.to_owned()),
+        KeyValue::new("server.address", uri.host().unwrap_or("").to_owned()),
+    ];
+    if let Some(port) = uri.port_u16().or(match uri.scheme_str() {
+        Some("https") => Some(443),
+        Some("http") => Some(80),
+        _ => None,
+    }) {
+        attrs.push(KeyValue::new("server.port", i64::from(port)));
+    }
+    // The full URL would carry templated arguments and secrets: scheme, host and path only.
+    attrs.push(KeyValue::new(
+        "url.full",
+        format!(
+            "{}://{}{}",
+            uri.scheme_str().unwrap_or("http"),
+            uri.authority()
+                .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or("")),
+            uri.path()
+        ),
+    ));
+    super::child(method.to_owned(), SpanKind::Client, attrs)
+}
+
+/// Ends an HTTP client span with the answer's status (`http.response.status_code`; 4xx and
+/// 5xx are errors) or why there was none (`error.type`).
+pub fn end_http(cx: &Context, status: Result<u16, &'static str>) {
+    match status {
+        Ok(code) => {
+            cx.span()
+                .set_attribute(KeyValue::new("http.response.status_code", i64::from(code)));
+            if code >= 400 {
+                super::finish(cx, Some(&code.to_string()));
+            } else {
+                super::finish(cx, None);
+            }
+        }
+        Err(e) => super::finish(cx, Some(e)),
+    }
+}
+
+/// The span of step `index` of a pipeline, which runs tool `tool`.
+pub fn step(index: usize, tool: &str) -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    super::child(
+        format!("pipeline step {tool}"),
+        SpanKind::Internal,
+        vec![
+            KeyValue::new("quiver.pipeline.step", i64::try_from(index).unwrap_or(i64::MAX)),
+            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+        ],
+    )
+}
+
+/// The client span of a `tools/call` to upstream `upstream`'s tool `tool`.
+pub fn upstream_call(upstream: &str, tool: &str) -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    super::child(
+        format!("tools/call {tool}"),
+        SpanKind::Client,
+        vec![
+            KeyValue::new("mcp.method.name", "tools/call"),
+            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("quiver.upstream", upstream.to_owned()),
+        ],
+    )
+}
