@@ -48,9 +48,10 @@ const EXISTS: &str = "!args.items.exists(i, i.kind == 'Secret')";
 
 fn benches(c: &mut Criterion) {
     let mut who = Principal::new(["read", "deploy:write"], ["dev", "ops", "oncall", "sre"]);
-    who.claims = Some(Arc::new(
+    who.credential = Some(Arc::new(quiver_server::config::caller::Credential::new(
+        "token",
         json!({"sub": "alice", "iss": "https://idp.example", "azp": "cli", "department": "sre"}),
-    ));
+    )));
     let annotations = json!({"readOnlyHint": false, "destructiveHint": true});
     let facts = ToolFacts {
         name: "restart",

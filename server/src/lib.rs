@@ -23,9 +23,9 @@ pub mod cli;
 pub mod dispatch;
 #[cfg(feature = "runtime")]
 pub mod gov_metrics;
+pub mod identity;
 #[cfg(feature = "runtime")]
 pub mod limits;
-pub mod identity;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]

@@ -1311,6 +1311,9 @@ spec:
         assert_eq!(e.reason, "InvalidToolConfig");
         assert!(e.message().contains(want), "{}", e.message());
     }
+}
+
+#[test]
 fn tracing_becomes_the_servers_otel_variables() {
     let env_of = |yaml: &str| -> Vec<serde_json::Value> {
         let c = children(yaml);

@@ -25,8 +25,8 @@ mod server;
 mod sessions;
 mod table;
 mod tools;
-mod visible;
 mod traced;
+mod visible;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -194,9 +194,12 @@ impl Server {
         };
         // Tracing off: this one branch is all the hot path pays for it.
         if crate::otel::enabled() {
-            return self.traced(id, &method, params, ctx, deadline, start, body.len()).await;
+            return self
+                .traced(id, &method, params, ctx, deadline, start, body.len())
+                .await;
         }
-        self.request(id, &method, params, ctx, deadline, start, body.len()).await
+        self.request(id, &method, params, ctx, deadline, start, body.len())
+            .await
     }
 
     /// One request, read (`bytes` long): dispatched by its method.

@@ -49,7 +49,9 @@ impl Server {
         bytes: usize,
     ) -> Outcome {
         let Some(tracer) = crate::otel::tracer() else {
-            return self.request(id, method, params, ctx, deadline, start, bytes).await;
+            return self
+                .request(id, method, params, ctx, deadline, start, bytes)
+                .await;
         };
         let parent = crate::otel::propagate::from_meta(params).unwrap_or_else(Context::current);
         let span = tracer
