@@ -524,21 +524,7 @@ async fn serve(
     crate::handlers::start_reaper();
     let metrics = Metrics::new(profile, allocator);
     let traces = crate::otel::init(&args.tracing, metrics.trace_spans_dropped.clone())?;
-    let registry = Registry::new(&metrics);
-    let limits = Limits {
-        max_batch: args.max_batch,
-        max_response_bytes: args.max_response_bytes,
-        request_timeout: args.request_timeout,
-        cache_ttl_ms: u64::try_from(args.cache_ttl.as_millis()).unwrap_or(u64::MAX),
-    };
-    let mut server = Server::with_limits(registry, metrics.clone(), limits);
-    if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
-        let key = crate::modern::StateKey::from_secret(secret.as_bytes())
-            .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
-        server = server.with_state_key(key);
-    }
-    server = governance(server, &args)?;
-    start_secrets(args.secrets.clone(), &server)?;
+    let server = dispatcher(&args, &metrics)?;
     let auth = client_auth(&args, &server)?;
     token_exchange(&args, &server)?;
     let reloader = Reloader::new(server.clone());
@@ -610,6 +596,26 @@ async fn serve(
         t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// The dispatcher of `args`: its limits, request-state key, governance and secrets.
+fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Server>> {
+    let registry = Registry::new(metrics);
+    let limits = Limits {
+        max_batch: args.max_batch,
+        max_response_bytes: args.max_response_bytes,
+        request_timeout: args.request_timeout,
+        cache_ttl_ms: u64::try_from(args.cache_ttl.as_millis()).unwrap_or(u64::MAX),
+    };
+    let mut server = Server::with_limits(registry, metrics.clone(), limits);
+    if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
+        let key = crate::modern::StateKey::from_secret(secret.as_bytes())
+            .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
+        server = server.with_state_key(key);
+    }
+    server = governance(server, args)?;
+    start_secrets(args.secrets.clone(), &server)?;
+    Ok(server)
 }
 
 /// The environment variable holding the password of `--limits-redis`.

@@ -100,15 +100,7 @@ pub(super) async fn call(
     let Some(index) = guard.tool_index(&p.name) else {
         return Err(RpcError::invalid_params(format!("Unknown tool: {}", p.name)));
     };
-    let args = match p.arguments {
-        None => Value::Object(Map::new()),
-        Some(v @ Value::Object(_)) => v,
-        Some(_) => {
-            return Err(RpcError::invalid_params(
-                "Invalid params: `arguments` must be an object",
-            ));
-        }
-    };
+    let args = arguments(p.arguments)?;
     let tool = &guard.tools[index];
     if let Some(t) = trail.as_deref_mut() {
         t.resolved(&guard, index, &args);
@@ -189,6 +181,17 @@ pub(super) async fn call(
         noted(trail, failed);
         None
     })
+}
+
+/// A call's `arguments`: an object, or none (an empty one).
+fn arguments(given: Option<Value>) -> Result<Value, RpcError> {
+    match given {
+        None => Ok(Value::Object(Map::new())),
+        Some(v @ Value::Object(_)) => Ok(v),
+        Some(_) => Err(RpcError::invalid_params(
+            "Invalid params: `arguments` must be an object",
+        )),
+    }
 }
 
 /// Answers a call whose arguments the input schema refuses: a tool error naming the problems.
