@@ -90,6 +90,24 @@ fn access_scopes(tools: &[Tool]) -> Box<[Box<str>]> {
     scopes.into_iter().map(Box::from).collect()
 }
 
+/// Each tool's serialized `tools/list` entry, to list one by one, when who sees a tool
+/// depends on the caller (some tool has `access` or policies).
+fn guarded_entries(tools: &[Tool]) -> Option<Box<[Box<[u8]>]>> {
+    let guarded = tools
+        .iter()
+        .any(|t| t.def.access.is_some() || t.policies.is_some());
+    guarded.then(|| {
+        tools
+            .iter()
+            .map(|t| {
+                serde_json::to_vec(&t.def.descriptor)
+                    .unwrap_or_default()
+                    .into_boxed_slice()
+            })
+            .collect()
+    })
+}
+
 /// What a snapshot answers about the server itself, serialized once.
 struct Handshake {
     /// `{name, version, title?}`.
@@ -156,23 +174,6 @@ pub enum ListKind {
     Prompts,
 }
 
-/// Entries to list one by one, when who sees a tool depends on the caller.
-fn tool_entries(tools: &[Tool]) -> Option<Box<[Box<[u8]>]>> {
-    tools
-        .iter()
-        .any(|t| t.def.access.is_some() || t.policies.is_some())
-        .then(|| {
-            tools
-                .iter()
-                .map(|t| {
-                    serde_json::to_vec(&t.def.descriptor)
-                        .unwrap_or_default()
-                        .into_boxed_slice()
-                })
-                .collect()
-        })
-}
-
 impl Snapshot {
     /// Builds a snapshot: resolves metric handles and serializes every answer that only
     /// changes on reload.
@@ -201,7 +202,7 @@ impl Snapshot {
         let tag = tag.as_str();
         let page_size = cfg.page_size;
         let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
-        let tool_entries = tool_entries(&tools);
+        let tool_entries = guarded_entries(&tools);
         // Served from the pages from now on; as a `Value` tree a descriptor costs several
         // times its serialized size (a map node per object).
         for t in &mut tools {

@@ -266,7 +266,11 @@ fn the_largest_garbage_is_answered_promptly() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    // POLICY_FUZZ_CASES=N runs more (e.g. 20000 before a release).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("POLICY_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(400),
+        ..ProptestConfig::default()
+    })]
 
     /// Arbitrary text: compiled or refused, never a panic.
     #[test]
