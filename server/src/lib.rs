@@ -23,6 +23,7 @@ pub mod cli;
 pub mod dispatch;
 #[cfg(feature = "runtime")]
 pub mod gov_metrics;
+#[cfg(feature = "runtime")]
 pub mod identity;
 #[cfg(feature = "runtime")]
 pub mod limits;
