@@ -33,7 +33,6 @@ host="$("$ROOT/deploy/kind/registry.sh" up "$QUIVER_CLUSTER")"
 export PATH="$(dirname "$COSIGN"):$PATH" QUIVER_RELEASE_REGISTRY="$host/quiver" \
   QUIVER_RELEASE_VERSION="$version" QUIVER_UPGRADE_VERSION="$next" \
   QUIVER_COSIGN_PUB="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-cosign/cosign.pub" \
-  SSL_CERT_FILE="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-registry-tls/bundle.crt" \
   HELM_CONFIG_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/config" \
   HELM_CACHE_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/cache" \
   HELM_DATA_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/data"

@@ -13,7 +13,7 @@ cd "$ROOT"
 TAG="${QUIVER_IMAGE_TAG:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}"
 DOCKER="${DOCKER:-docker}"
 triple="$IMAGE_TRIPLE"
-bins="$QUIVER_CACHE/images/bin"
+bins="${QUIVER_IMAGE_BINS:-$QUIVER_CACHE/images/bin}"   # QUIVER_IMAGE_BINS: where the stripped binaries go
 mkdir -p "$bins"
 
 # release_build TARGET_DIR RUSTFLAGS PACKAGE: a static release build of one binary,

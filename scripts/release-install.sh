@@ -14,9 +14,8 @@ source "$ROOT/scripts/release-tools.sh"
 cd "$ROOT"
 
 host="$1" version="$2" next="${3:-}"
-# The registry's TLS certificate is signed by a CA of the test's own: Go programs (helm,
-# cosign, oras) trust it through SSL_CERT_FILE, as they would a company CA.
-export SSL_CERT_FILE="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-registry-tls/bundle.crt"
+# The registry speaks plain HTTP on 127.0.0.1 (deploy/kind/registry.sh says why).
+export QUIVER_PLAIN_HTTP=1
 export HELM_CONFIG_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/config" \
   HELM_CACHE_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/cache" \
   HELM_DATA_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/data"

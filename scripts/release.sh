@@ -62,10 +62,10 @@ sbom() {
   rm -rf "$work" && mkdir -p "$work"
   # cargo-cyclonedx writes next to each Cargo.toml: run it on a copy of the tracked files.
   git ls-files -z | xargs -0 cp --parents -t "$work"
-  (cd "$work" && "$CARGO_CYCLONEDX" cyclonedx --quiet --format json --spec-version 1.5 \
-    --target "$IMAGE_TRIPLE" --no-build-deps --describe binaries -p "$pkg" >&2)
+  (cd "$work" && SOURCE_DATE_EPOCH="$epoch" "$CARGO_CYCLONEDX" cyclonedx --quiet --format json \
+    --spec-version 1.5 --target "$IMAGE_TRIPLE" --no-build-deps --describe binaries >&2)
   local bom
-  bom="$(find "$work" -name "${pkg}_bin.cdx.json" -o -name "$pkg.cdx.json" | head -1)"
+  bom="$(find "$work" -name "${pkg}_bin.cdx.json" | head -1)"
   [ -n "$bom" ] || { echo "cargo-cyclonedx wrote no SBOM for $pkg" >&2; find "$work" -name '*.cdx.json' >&2; exit 1; }
   python3 - "$bom" "$out/$pkg.cdx.json" "$created" "$ref" "$(dpkg-query -W -f='${Version}' ca-certificates 2>/dev/null || echo unknown)" <<'PY'
 import json, sys, uuid
