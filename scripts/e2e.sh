@@ -40,6 +40,6 @@ log "upstream MCP server image for the suite (tests/e2e/upstream-go, official Go
 go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
 export QUIVER_E2E_GO_MCP_IMAGE="$host/$go_image"
 docker tag "$go_image" "$QUIVER_E2E_GO_MCP_IMAGE"
-docker push -q "$QUIVER_E2E_GO_MCP_IMAGE" >/dev/null
+docker push "$QUIVER_E2E_GO_MCP_IMAGE" >/dev/null
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
 "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"
