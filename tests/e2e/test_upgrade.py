@@ -40,7 +40,10 @@ def doc_block(name: str, version: str, cwd: Path) -> str:
     ).stdout
     proc = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block], cwd=cwd, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "REGISTRY": env("QUIVER_RELEASE_REGISTRY"), "VERSION": version},
+        # cosign's attempt to refresh Sigstore's trust root goes to a closed loopback port
+        # (scripts/release-install.sh says why); the registry is loopback, never proxied.
+        env={**os.environ, "REGISTRY": env("QUIVER_RELEASE_REGISTRY"), "VERSION": version,
+             "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost"},
     )
     assert proc.returncode == 0, f"docs/install.md block {name} failed:\n{block}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
