@@ -20,6 +20,20 @@ trap cleanup EXIT
 # Start from a new cluster (one left by an interrupted run is not trusted), unless asked to
 # keep it between runs while iterating.
 [ "${QUIVER_KEEP_CLUSTER:-0}" = 1 ] || "$ROOT/scripts/down.sh" >/dev/null
+# QUIVER_E2E_INSTALL=local: the quick-start path instead (images `kind load`ed, the chart
+# from the clone), without the release and upgrade tests; for finding out whether a failure
+# is in the release path or elsewhere.
+if [ "${QUIVER_E2E_INSTALL:-registry}" = local ]; then
+  "$ROOT/scripts/up.sh"
+  export PATH="$QUIVER_CACHE/k8s/v${K8S_VERSION:-1.33.13}/bin:$PATH"
+  kind_env
+  python_env
+  go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
+  kind load docker-image --name "$QUIVER_CLUSTER" "$go_image"
+  log "e2e suite on kind cluster $QUIVER_CLUSTER (local install)"
+  "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
+  exit 0
+fi
 version="$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)"
 next="$(python3 -c 'import sys; a, b, c = sys.argv[1].split("-")[0].split("."); print(f"{a}.{b}.{int(c) + 1}")' "$version")"
 QUIVER_INSTALL=registry QUIVER_RELEASE_VERSION="$version" QUIVER_UPGRADE_VERSION="$next" "$ROOT/scripts/up.sh"
