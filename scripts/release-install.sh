@@ -14,6 +14,7 @@ source "$ROOT/scripts/release-tools.sh"
 cd "$ROOT"
 
 host="$1" version="$2" next="${3:-}"
+: "${QUIVER_CLUSTER:?QUIVER_CLUSTER must name the kind cluster}"
 # The registry speaks plain HTTP on 127.0.0.1 (deploy/kind/registry.sh says why).
 export QUIVER_PLAIN_HTTP=1
 export HELM_CONFIG_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/config" \
@@ -38,10 +39,7 @@ first="$(grep '/quiver-[a-z]*:' "$QUIVER_CACHE/release/$version/release.txt")"
 log "make release VERSION=$version again: the image digests must not change"
 scripts/release.sh "$version" "$host/quiver" >/dev/null
 again="$(grep '/quiver-[a-z]*:' "$QUIVER_CACHE/release/$version/release.txt")"
-[ "$first" = "$again" ] || { printf 'image digests changed between two builds of one tree:
-%s
-%s
-' "$first" "$again" >&2; exit 1; }
+[ "$first" = "$again" ] || { printf 'image digests changed between two builds of one tree:\n%s\n%s\n' "$first" "$again" >&2; exit 1; }
 echo "reproducible: $(echo $first)"
 
 export REGISTRY="$host/quiver" VERSION="$version"

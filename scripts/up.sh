@@ -64,7 +64,7 @@ kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s >/dev/
 
 if [ "$install" = registry ]; then
   "$ROOT/deploy/kind/registry.sh" connect "$QUIVER_CLUSTER"
-  "$ROOT/scripts/release-install.sh" "$registry_host" \
+  QUIVER_CLUSTER="$QUIVER_CLUSTER" "$ROOT/scripts/release-install.sh" "$registry_host" \
     "${QUIVER_RELEASE_VERSION:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}" ${QUIVER_UPGRADE_VERSION:-}
 else
   log "Quiver images"
