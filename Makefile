@@ -1,5 +1,5 @@
 # Quiver: the two quick-start commands and the pieces behind them.
-.PHONY: demo up down test e2e images bench bench-wire pgo fmt
+.PHONY: demo up down test e2e images release bench bench-wire pgo fmt
 
 demo: ## Build the server, serve examples/tools.yaml, call a tool with the official MCP client
 	./scripts/demo.sh
@@ -12,6 +12,9 @@ down: ## Delete the kind cluster made by make up
 
 images: ## Build the quiver-server and quiver-operator images (no registry needed)
 	./scripts/images.sh
+
+release: ## Build, sign and push a release: make release VERSION=0.2.0 REGISTRY=registry.example.com/quiver COSIGN_KEY=cosign.key (docs/install.md)
+	COSIGN_KEY="$(COSIGN_KEY)" ./scripts/release.sh "$(VERSION)" "$(REGISTRY)"
 
 e2e: ## Only the end-to-end suite on kind
 	./scripts/e2e.sh

@@ -9,3 +9,9 @@ if command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -qx "$QUIV
 else
   echo "no kind cluster named $QUIVER_CLUSTER"
 fi
+# The cluster's registry (deploy/kind/registry.sh), if it had one, and the key pair and helm
+# state of its releases (scripts/release-install.sh).
+if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+  "$ROOT/deploy/kind/registry.sh" down "$QUIVER_CLUSTER"
+fi
+rm -rf "$QUIVER_CACHE/kind/$QUIVER_CLUSTER-cosign" "$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm"

@@ -5,7 +5,7 @@
 #   quiver-server:$TAG    /usr/local/bin/quiver-server (jemalloc; QUIVER_ALLOCATOR=system for the system allocator)
 #   quiver-operator:$TAG  /usr/local/bin/quiver-operator
 # Cargo output is cached in ~/.cache/quiver/target-images* so a warm run only relinks what
-# changed. Prints the two image names.
+# changed. Prints the two image names (with --binaries: only builds the binaries).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -13,7 +13,7 @@ cd "$ROOT"
 TAG="${QUIVER_IMAGE_TAG:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}"
 DOCKER="${DOCKER:-docker}"
 triple="$IMAGE_TRIPLE"
-bins="$QUIVER_CACHE/images/bin"
+bins="${QUIVER_IMAGE_BINS:-$QUIVER_CACHE/images/bin}"   # QUIVER_IMAGE_BINS: where the stripped binaries go
 mkdir -p "$bins"
 
 # release_build TARGET_DIR RUSTFLAGS PACKAGE: a static release build of one binary,
@@ -53,6 +53,9 @@ for b in quiver-server quiver-operator; do
   strip --strip-debug "$bins/$b"   # keep the symbol table (backtraces), drop the line tables
   if readelf -d "$bins/$b" | grep -q NEEDED; then echo "$b links shared libraries: not fit for a scratch image" >&2; exit 1; fi
 done
+# --binaries: stop here and print the directory holding the two binaries (scripts/release.sh
+# lays out its own images from them).
+if [ "${1:-}" = --binaries ]; then echo "$bins"; exit 0; fi
 
 image() { # name entrypoint ports binaries...
   local name="$1" entry="$2" ports="$3"; shift 3

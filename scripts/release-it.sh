@@ -58,4 +58,38 @@ done
 # Both versions stay pullable (what `helm upgrade --version` and a rollback need).
 tags="$(curl -fsS "http://127.0.0.1:$port/v2/quiver/charts/quiver/tags/list")"
 for v in 0.1.0-rc.1 0.1.0-rc.2; do grep -q "\"$v\"" <<<"$tags" || fail "tag $v missing: $tags"; done
+
+# scripts/oci-image.py (what `make release` lays images out with): the same tree gives the
+# same digest whatever its files' times and the umask they were made under, one changed
+# byte gives another, and the annotations reach the manifest and the config's labels.
+oci="$work/oci"
+mkdir -p "$oci"
+deploy_layout() { "$ROOT/deploy/images/layout.sh" "$1" /etc/ssl/certs/ca-certificates.crt "$(type -P true)"; }
+oci_image() {
+  python3 "$ROOT/scripts/oci-image.py" --rootfs "$1" --out "$2" --tag 1.0.0 --created 1700000000 \
+    --entrypoint /usr/local/bin/true --port 8080 --annotation org.opencontainers.image.version=1.0.0
+}
+deploy_layout "$oci/a"
+(umask 077 && deploy_layout "$oci/b")
+touch -d @86400 "$oci/b/etc/passwd" "$oci/b/usr/local/bin"
+d1="$(oci_image "$oci/a" "$oci/la")" d2="$(oci_image "$oci/b" "$oci/lb")"
+[ "$d1" = "$d2" ] || fail "one tree, two digests: $d1 $d2"
+echo x >> "$oci/b/etc/group"
+[ "$(oci_image "$oci/b" "$oci/lc")" != "$d1" ] || fail "a changed file kept the digest"
+python3 - "$oci/la" "$d1" <<'PY' || fail "annotations or labels missing"
+import json, sys
+layout, digest = sys.argv[1], sys.argv[2]
+blob = lambda d: json.load(open(f"{layout}/blobs/sha256/{d.split(':')[1]}"))
+manifest = blob(digest)
+config = blob(manifest["config"]["digest"])
+assert manifest["annotations"]["org.opencontainers.image.version"] == "1.0.0", manifest
+assert config["config"]["Labels"]["org.opencontainers.image.version"] == "1.0.0", config
+assert config["created"] == "2023-11-14T22:13:20Z" and config["config"]["User"] == "65532:65532", config
+PY
+source "$ROOT/scripts/lib.sh"
+source "$ROOT/scripts/release-tools.sh"
+ORAS="$(go_tool oras oras.land/oras/cmd/oras "$ORAS_VERSION")"
+"$ORAS" cp --from-oci-layout --to-plain-http "$oci/la:1.0.0" "127.0.0.1:$port/quiver/layout-test:1.0.0" >/dev/null
+[ "$("$ORAS" resolve --plain-http "127.0.0.1:$port/quiver/layout-test:1.0.0")" = "$d1" ] || fail "pushed digest differs"
+echo "ok: oci-image.py is reproducible ($d1), annotated, and pushes unchanged"
 echo "release path through a real OCI registry: ok"

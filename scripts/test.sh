@@ -63,7 +63,7 @@ log "Helm chart, dashboards and alerts against a real API server and a real Prom
 log "chart release through a real OCI registry (distribution, built from its Go module)"
 "$ROOT/scripts/release-it.sh"
 
-log "end to end on a real kind cluster (node image, images, helm install, tests/e2e)"
+log "end to end on a real kind cluster (node image, make release to a registry beside it, helm install from oci://, tests/e2e)"
 "$ROOT/scripts/e2e.sh"
 
 log "quick-start demo (one-shot)"

@@ -8,7 +8,15 @@
 #   4. `helm upgrade --install` of charts/quiver, a sample McpServer, a wait for Ready, and
 #      a tool call through `kubectl port-forward` with the official MCP Python client.
 # Idempotent: a second run reuses the cluster and upgrades what changed.
-# Env: QUIVER_CLUSTER (default quiver), QUIVER_KIND_NODE_IMAGE (a node image to use).
+# With QUIVER_INSTALL=registry (what scripts/e2e.sh does) step 3 and 4 are instead the path
+# a user takes: a real OCI registry beside the cluster (deploy/kind/registry.sh), whose
+# nodes pull from it; the release published there by `make release`, its signatures
+# verified and the chart installed from oci:// exactly as docs/install.md says
+# (scripts/release-install.sh). No `kind load`. The default (local) stays the fast path
+# for a quick start: no release tools to build, no signing.
+# Env: QUIVER_CLUSTER (default quiver), QUIVER_KIND_NODE_IMAGE (a node image to use),
+#      QUIVER_INSTALL (local or registry), QUIVER_RELEASE_VERSION and QUIVER_UPGRADE_VERSION
+#      (registry: the version installed, and one more published for the upgrade test).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -25,6 +33,13 @@ if kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER" \
   log "kind cluster $QUIVER_CLUSTER does not answer: recreating it"
   kind delete cluster --name "$QUIVER_CLUSTER" --kubeconfig "$KUBECONFIG"
 fi
+install="${QUIVER_INSTALL:-local}"
+certs="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-certs.d"
+mkdir -p "$certs"
+if [ "$install" = registry ]; then
+  log "OCI registry for kind cluster $QUIVER_CLUSTER"
+  registry_host="$("$ROOT/deploy/kind/registry.sh" up "$QUIVER_CLUSTER")"
+fi
 if ! kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER"; then
   node_image="${QUIVER_KIND_NODE_IMAGE:-}"
   if [ -z "$node_image" ] && timeout 60 docker pull -q "kindest/node:v1.33.1" >/dev/null 2>&1; then
@@ -36,7 +51,7 @@ if ! kind get clusters 2>/dev/null | grep -qx "$QUIVER_CLUSTER"; then
   fi
   host_port="${QUIVER_NODEPORT_HOST_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
   config="$(mktemp)"
-  sed "s/hostPort: 30080/hostPort: $host_port/" deploy/kind/cluster.yaml > "$config"
+  sed -e "s/hostPort: 30080/hostPort: $host_port/" -e "s|hostPath: CERTS_D|hostPath: $certs|" deploy/kind/cluster.yaml > "$config"
   log "creating kind cluster $QUIVER_CLUSTER from $node_image (NodePort 30080 on 127.0.0.1:$host_port)"
   kind create cluster --name "$QUIVER_CLUSTER" --image "$node_image" --config "$config" \
     --kubeconfig "$KUBECONFIG" --wait 5m
@@ -47,20 +62,26 @@ kubectl wait --for=condition=Ready nodes --all --timeout=300s >/dev/null
 # IP it has no rule for yet is refused by the network daemon: deploy/kind/images/kindnet).
 kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s >/dev/null
 
-log "Quiver images"
-# Each image is also tagged with its content ID, and the chart is installed with those tags:
-# after a rebuild the operator and the McpServer pods roll onto the new images.
-tags=()
-while read -r img; do
-  id="$(docker image inspect -f '{{.Id}}' "$img" | sed 's/^sha256://' | cut -c1-12)"
-  docker tag "$img" "$img-$id"
-  tags+=("$img-$id")
-done < <("$ROOT/scripts/images.sh")
-kind load docker-image --name "$QUIVER_CLUSTER" "${tags[@]}"
+if [ "$install" = registry ]; then
+  "$ROOT/deploy/kind/registry.sh" connect "$QUIVER_CLUSTER"
+  QUIVER_CLUSTER="$QUIVER_CLUSTER" "$ROOT/scripts/release-install.sh" "$registry_host" \
+    "${QUIVER_RELEASE_VERSION:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}" ${QUIVER_UPGRADE_VERSION:-}
+else
+  log "Quiver images"
+  # Each image is also tagged with its content ID, and the chart is installed with those tags:
+  # after a rebuild the operator and the McpServer pods roll onto the new images.
+  tags=()
+  while read -r img; do
+    id="$(docker image inspect -f '{{.Id}}' "$img" | sed 's/^sha256://' | cut -c1-12)"
+    docker tag "$img" "$img-$id"
+    tags+=("$img-$id")
+  done < <("$ROOT/scripts/images.sh")
+  kind load docker-image --name "$QUIVER_CLUSTER" "${tags[@]}"
 
-log "helm upgrade --install quiver charts/quiver"
-helm upgrade --install quiver charts/quiver -n quiver-system --create-namespace --wait --timeout 5m \
-  --set image.tag="${tags[1]#*:}" --set server.image.tag="${tags[0]#*:}" >/dev/null
+  log "helm upgrade --install quiver charts/quiver"
+  helm upgrade --install quiver charts/quiver -n quiver-system --create-namespace --wait --timeout 5m \
+    --set image.tag="${tags[1]#*:}" --set server.image.tag="${tags[0]#*:}" >/dev/null
+fi
 
 if [ "${1:-}" = --no-demo ]; then exit 0; fi
 

@@ -24,9 +24,9 @@ kubectl apply -f deploy/samples/calculator.yaml
 kubectl get qmcp
 ```
 
-The chart does not carry the images: build `quiver-server` and `quiver-operator`
-(`scripts/images.sh`), push them to a registry your nodes can pull from, and name it in
-`imageRegistry` (with `imagePullSecrets` if it is private). Both images are tagged with the
+The chart does not carry the images: a release (`make release`) pushes `quiver-server`,
+`quiver-operator` and this chart, signed, to a registry your nodes can pull from, with that
+registry as the chart's default `imageRegistry` (set `imagePullSecrets` if it is private). Both images are tagged with the
 chart's `appVersion` unless `image.tag` / `server.image.tag` say otherwise. Installing,
 upgrading and uninstalling step by step: [docs/install.md](../../docs/install.md).
 

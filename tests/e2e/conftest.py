@@ -149,3 +149,8 @@ def ns(request) -> Iterator[Namespace]:
     if getattr(request.node, "failed_call", False):
         print(namespace.dump())
     kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """test_upgrade.py last: it moves the whole installation to the next release."""
+    items.sort(key=lambda item: item.module.__name__ == "test_upgrade")

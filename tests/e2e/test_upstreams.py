@@ -7,13 +7,17 @@ hot-reloads without a restart; a remote that goes away is reported on the McpSer
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import yaml
 from conftest import Namespace, eventually
 from mcp import Client
 
-SAMPLE = (Path(__file__).parents[2] / "deploy" / "samples" / "upstream-gateway.yaml").read_text()
+# scripts/e2e.sh pushes the go-mcp image to the cluster's registry and names it here.
+SAMPLE = (Path(__file__).parents[2] / "deploy" / "samples" / "upstream-gateway.yaml").read_text().replace(
+    "quiver-e2e/go-mcp:dev", os.environ.get("QUIVER_E2E_GO_MCP_IMAGE", "quiver-e2e/go-mcp:dev")
+)
 
 
 async def tools_and_calls(url: str, calls: list[tuple[str, dict]]) -> tuple[dict[str, str], list]:
