@@ -31,7 +31,12 @@ if [ -f "$state/dockerd.pid" ] && kill -0 "$(cat "$state/dockerd.pid")" 2>/dev/n
 else
   log "starting dockerd (data in $state)"
   rm -f "$state/dockerd.pid"
-  nohup /usr/sbin/dockerd "${args[@]}" > "$state/dockerd.log" 2>&1 &
+  # The daemon outlives this script: it must not inherit the caller's descriptors, or a
+  # lock the caller holds (`flock LOCK scripts/e2e.sh`) stays held for as long as dockerd runs.
+  (
+    for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null; done
+    exec nohup /usr/sbin/dockerd "${args[@]}" > "$state/dockerd.log" 2>&1 < /dev/null
+  ) &
 fi
 for _ in $(seq 1 300); do
   "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&1 && exit 0

@@ -453,6 +453,8 @@ fn spec() -> impl Strategy<Value = Value> {
         prop::option::of(field(prop::collection::vec(text(), 0..3).prop_map(|v| json!(v)))),
         prop::option::of(field(any::<bool>().prop_map(|b| json!({"serviceMonitor": b})))),
         prop::option::weighted(0.3, field(upstreams())),
+        prop::option::of(field(text().prop_map(Value::from))),
+        prop::option::of(field(any::<i32>().prop_map(|t| json!({"timeoutSeconds": t})))),
     );
     (first, second).prop_map(|(a, b)| {
         let mut spec = Map::new();
@@ -479,6 +481,8 @@ fn spec() -> impl Strategy<Value = Value> {
         put("allowedOrigins", b.5);
         put("monitoring", b.6);
         put("upstreams", b.7);
+        put("logLevel", b.8);
+        put("sessionAffinity", b.9);
         Value::Object(spec)
     })
 }
