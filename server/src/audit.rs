@@ -95,6 +95,9 @@ pub struct Record {
     pub caller: Option<Caller>,
     /// The tool, resource URI or prompt name asked for.
     pub target: Option<Box<str>>,
+    /// `target` is the name of a tool the call resolved to (from the config, written as it
+    /// is), not the client's words (scrubbed).
+    pub target_resolved: bool,
     /// The upstream a tool call resolved to.
     pub upstream: Option<Box<str>>,
     /// How it ended: `ok`, `tool_error`, `rate_limited`, `forbidden`, `unauthenticated`,
@@ -123,6 +126,7 @@ impl Record {
             session: Box::default(),
             caller: None,
             target: None,
+            target_resolved: false,
             upstream: None,
             outcome,
             reason: None,
@@ -212,59 +216,93 @@ fn scrub(v: &Value, secrets: &Secrets, budget: &mut usize) -> Value {
     }
 }
 
-/// A record as its JSON line (without the newline).
-fn line(r: &Record, secrets: &Secrets) -> Vec<u8> {
-    let mut o = Map::new();
-    o.insert(
-        "time".into(),
-        crate::handlers::builtin::run::rfc3339(r.time).into(),
-    );
-    o.insert("event".into(), r.event.into());
+/// A JSON string.
+fn string(out: &mut Vec<u8>, s: &str) {
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// `,"key":` (keys are literals of this module).
+fn key(out: &mut Vec<u8>, k: &str) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(k.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+/// A record as its JSON line (without the newline), appended to `out`. What a client chose
+/// (a string request id, a name that did not resolve, a reason quoting the request, the
+/// arguments) is scrubbed; what the server or a verified token says (the session id it
+/// minted, the resolved tool, the caller's claims) is only escaped.
+fn line(r: &Record, secrets: &Secrets, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"time\":");
+    string(out, &crate::handlers::builtin::run::rfc3339(r.time));
+    key(out, "event");
+    string(out, r.event);
     if let Some(id) = &r.request_id {
-        // The id was read as JSON (a string or a number) by dispatch.
-        let id = serde_json::from_str::<Value>(id).unwrap_or(Value::Null);
-        o.insert("requestId".into(), scrub(&id, secrets, &mut 1));
+        key(out, "requestId");
+        // The id was read as JSON by dispatch: a number as it is, a string scrubbed.
+        match serde_json::from_str::<Value>(id) {
+            Ok(Value::String(s)) => string(out, &secrets.scrub(&s, MAX_TEXT)),
+            Ok(n @ Value::Number(_)) => {
+                let _ = serde_json::to_writer(&mut *out, &n);
+            }
+            _ => out.extend_from_slice(b"null"),
+        }
     }
     if !r.session.is_empty() {
-        o.insert("session".into(), (*r.session).into());
+        key(out, "session");
+        string(out, &r.session);
     }
     if let Some(c) = &r.caller {
-        let mut m = Map::new();
-        m.insert("subject".into(), secrets.scrub(&c.subject, MAX_TEXT).into());
+        out.extend_from_slice(b",\"caller\":{\"subject\":");
+        string(out, &c.subject);
         if !c.client_id.is_empty() {
-            m.insert("clientId".into(), secrets.scrub(&c.client_id, MAX_TEXT).into());
+            key(out, "clientId");
+            string(out, &c.client_id);
         }
         if !c.issuer.is_empty() {
-            m.insert("issuer".into(), secrets.scrub(&c.issuer, MAX_TEXT).into());
+            key(out, "issuer");
+            string(out, &c.issuer);
         }
-        o.insert("caller".into(), Value::Object(m));
+        out.push(b'}');
     }
-    let target = match r.event {
-        "tools/call" => "tool",
-        "resources/read" => "uri",
-        "prompts/get" => "prompt",
-        _ => "target",
-    };
     if let Some(t) = &r.target {
-        o.insert(target.into(), secrets.scrub(t, MAX_TEXT).into());
+        key(
+            out,
+            match r.event {
+                "tools/call" => "tool",
+                "resources/read" => "uri",
+                "prompts/get" => "prompt",
+                _ => "target",
+            },
+        );
+        if r.target_resolved {
+            string(out, t);
+        } else {
+            string(out, &secrets.scrub(t, MAX_TEXT));
+        }
     }
     if let Some(u) = &r.upstream {
-        o.insert("upstream".into(), (**u).into());
+        key(out, "upstream");
+        string(out, u);
     }
-    o.insert("outcome".into(), r.outcome.into());
+    key(out, "outcome");
+    string(out, r.outcome);
     if let Some(why) = &r.reason {
-        o.insert("reason".into(), secrets.scrub(why, MAX_TEXT).into());
+        key(out, "reason");
+        string(out, &secrets.scrub(why, MAX_TEXT));
     }
-    o.insert(
-        "durationMs".into(),
-        json!((r.duration.as_secs_f64() * 1e6).round() / 1e3),
-    );
-    o.insert("bytesIn".into(), r.bytes_in.into());
-    o.insert("bytesOut".into(), r.bytes_out.into());
+    let micros = u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX);
+    key(out, "durationMs");
+    out.extend_from_slice(format!("{}.{:03}", micros / 1000, micros % 1000).as_bytes());
+    key(out, "bytesIn");
+    out.extend_from_slice(r.bytes_in.to_string().as_bytes());
+    key(out, "bytesOut");
+    out.extend_from_slice(r.bytes_out.to_string().as_bytes());
     if let Some(a) = &r.arguments {
-        o.insert("arguments".into(), scrub(a, secrets, &mut MAX_VALUES.clone()));
+        key(out, "arguments");
+        let _ = serde_json::to_writer(&mut *out, &scrub(a, secrets, &mut MAX_VALUES.clone()));
     }
-    serde_json::to_vec(&Value::Object(o)).unwrap_or_default()
+    out.push(b'}');
 }
 
 /// The queue to the audit writer.
@@ -346,6 +384,7 @@ fn write_all(
     log: &std::sync::Weak<AuditLog>,
 ) {
     let mut out = BufWriter::with_capacity(64 << 10, out);
+    let mut buf = Vec::with_capacity(512);
     let mut unflushed = 0u64;
     let fail = |n: u64, e: &std::io::Error| {
         match log.upgrade() {
@@ -376,9 +415,10 @@ fn write_all(
             }
             Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
         };
-        let mut l = line(&r, secrets);
-        l.push(b'\n');
-        match out.write_all(&l) {
+        buf.clear();
+        line(&r, secrets, &mut buf);
+        buf.push(b'\n');
+        match out.write_all(&buf) {
             Ok(()) => unflushed += 1,
             Err(e) => fail(1, &e),
         }
@@ -425,7 +465,9 @@ mod tests {
         r.arguments = Some(kept);
         r.request_id = Some("\"req-1\"".into());
         r.target = Some("login".into());
-        let v: Value = serde_json::from_slice(&line(&r, &secrets)).unwrap();
+        let mut out = Vec::new();
+        line(&r, &secrets, &mut out);
+        let v: Value = serde_json::from_slice(&out).unwrap();
         let a = &v["arguments"];
         assert_eq!(a["user"], "ann");
         assert_eq!(a["pin"], "[redacted]");
@@ -446,7 +488,9 @@ mod tests {
         let args = Value::Array((0..10_000).map(Value::from).collect());
         let mut r = Record::new("tools/call", "ok");
         r.arguments = Some(args);
-        let v: Value = serde_json::from_slice(&line(&r, &secrets)).unwrap();
+        let mut out = Vec::new();
+        line(&r, &secrets, &mut out);
+        let v: Value = serde_json::from_slice(&out).unwrap();
         let a = v["arguments"].as_array().unwrap();
         assert_eq!(a.len(), MAX_VALUES + 1);
         assert_eq!(a[MAX_VALUES], "…");

@@ -134,6 +134,7 @@ impl Pending {
         let Some(mut r) = self.record.take() else { return };
         let t = std::mem::take(&mut self.trail);
         r.time = std::time::SystemTime::now();
+        r.target_resolved = t.tool.is_some();
         r.target = t.tool.or(r.target.take());
         r.upstream = t.upstream;
         r.arguments = t.arguments;
