@@ -98,7 +98,8 @@ async fn the_pods_may_read_exactly_the_secrets_their_tools_and_auth_name() {
 
         // A tool that names another Secret widens the Role; dropping auth, the upstream and
         // the tools narrows it.
-        let patch = json!({"spec": {"auth": null, "networkPolicy": null, "upstreams": null, "tools": [{"name": "get", "handler": {"http": {"url": "http://x/", "headers": {"K": "{{secret.other.k}}"}}}}]}});
+        // The sample's policy names `restock`, which this patch drops: drop the policy too.
+        let patch = json!({"spec": {"auth": null, "networkPolicy": null, "upstreams": null, "policies": null, "tools": [{"name": "get", "handler": {"http": {"url": "http://x/", "headers": {"K": "{{secret.other.k}}"}}}}]}});
         ns.api::<McpServer>().patch("assistant", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
         eventually(30, "the Role names only `other`", || async {
             let role = ns.api::<Role>().get("assistant-config-reader").await.ok()?;
