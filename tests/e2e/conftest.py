@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 
 T = TypeVar("T")
 
@@ -65,7 +64,9 @@ class Namespace:
         return kget("-n", self.name, *args)
 
     def apply(self, obj: dict | str) -> None:
-        text = obj if isinstance(obj, str) else yaml.safe_dump(obj)
+        # JSON, not YAML: kubectl reads YAML 1.1, where an unquoted key such as `n` or `y`
+        # is a boolean (PyYAML's dumper does not quote those), and JSON is valid YAML.
+        text = obj if isinstance(obj, str) else json.dumps(obj)
         self.k("apply", "-f", "-", stdin=text)
 
     def patch_mcps(self, name: str, patch: dict) -> None:

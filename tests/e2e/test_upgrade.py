@@ -11,6 +11,7 @@ conftest.py runs this module last: it changes the release every other test runs 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -18,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import Namespace, eventually, kget, kubectl
 from test_faults import NODE_PORT, Load, add_works, host_port, ready_count
 
@@ -92,7 +92,7 @@ def test_helm_upgrade_to_the_next_release_under_load_fails_no_request():
 
         def create_service() -> bool:
             # The NodePort is free again once an earlier test's namespace is gone.
-            return kubectl("apply", "-n", name, "-f", "-", stdin=yaml.safe_dump(service), check=False) != ""
+            return kubectl("apply", "-n", name, "-f", "-", stdin=json.dumps(service), check=False) != ""
 
         eventually(f"NodePort {NODE_PORT} to be free for this test", create_service, 180, 1)
         port = host_port()
