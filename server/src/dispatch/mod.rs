@@ -217,8 +217,6 @@ impl Server {
         let (stateless, rev) = revision_of(ctx.era, method, params);
         let entry = table::lookup(method);
         let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
-        // Set for a request the audit trail records.
-        let mut pending = None;
         // Decremented on drop: a request future dropped mid-call (client gone) still counts down.
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
@@ -226,41 +224,39 @@ impl Server {
             None => Ok(None),
             Some(header) => crate::modern::meta(params, header).map(Some),
         };
+        let req = Request {
+            id,
+            params,
+            ctx,
+            meta: meta.as_ref().ok().copied().flatten(),
+            deadline,
+            start,
+        };
+        // Set for a request the audit trail records; before the `_meta` check, so that a
+        // 2026-07-28 call refused for its `_meta` is recorded too.
+        let mut pending = self.audit_start(metric, &req, bytes);
         let done = match meta {
             Err(e) => Err(e),
-            Ok(meta) => {
-                let req = Request {
-                    id,
-                    params,
-                    ctx,
-                    meta,
-                    deadline,
-                    start,
-                };
-                pending = self.audit_start(metric, &req, bytes);
-                match entry.filter(|e| e.eras.has(rev.stateless)) {
-                    None => Err(not_found(method, entry, meta)),
-                    Some(Method {
-                        handler: Handler::Now(answer),
-                        ..
-                    }) => answer(self, &req, &mut out),
-                    Some(Method {
-                        handler: Handler::ToolCall,
-                        ..
-                    }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail))
-                        .await
-                    {
-                        Ok(Some(mut d)) => {
-                            if let Some(p) = pending.take() {
-                                d.audited(p);
-                            }
-                            return Outcome::Deferred(d);
+            Ok(meta) => match entry.filter(|e| e.eras.has(rev.stateless)) {
+                None => Err(not_found(method, entry, meta)),
+                Some(Method {
+                    handler: Handler::Now(answer),
+                    ..
+                }) => answer(self, &req, &mut out),
+                Some(Method {
+                    handler: Handler::ToolCall,
+                    ..
+                }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail)).await {
+                    Ok(Some(mut d)) => {
+                        if let Some(p) = pending.take() {
+                            d.audited(p);
                         }
-                        Ok(None) => Ok(Done::Written),
-                        Err(e) => Err(e),
-                    },
-                }
-            }
+                        return Outcome::Deferred(d);
+                    }
+                    Ok(None) => Ok(Done::Written),
+                    Err(e) => Err(e),
+                },
+            },
         };
         drop(inflight);
         let (result, opened) = match done {

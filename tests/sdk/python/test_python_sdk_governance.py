@@ -24,11 +24,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import BIN, free_port, stop, wait_until
+from conftest import BIN, Issuer, free_port, stop, wait_until
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.shared.exceptions import MCPError
-from test_python_sdk_auth import Issuer
 
 SECRET = "s3cr3t-value-from-a-secret"
 
@@ -98,14 +97,6 @@ def start(issuer: Issuer, tmp: Path, *flags: str) -> tuple[subprocess.Popen, Gov
     wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=2).status == 200)
     wait_until(lambda: issuer.jwks_fetches > 0)
     return proc, g
-
-
-@pytest.fixture()
-def issuer():
-    i = Issuer()
-    i.add_key("k1")
-    yield i
-    i.srv.shutdown()
 
 
 @pytest.fixture()
@@ -308,3 +299,40 @@ def test_a_call_abandoned_by_its_client_is_recorded_once(governed, issuer):
     wait_until(lambda: any(r.get("requestId") == "gone-1" for r in governed.records()), timeout=8)
     [rec] = [r for r in governed.records() if r.get("requestId") == "gone-1"]
     assert rec["outcome"] == "disconnected" and rec["tool"] == "nap" and rec["caller"]["subject"] == "dave"
+
+
+def test_a_call_refused_for_its_meta_is_audited(governed, issuer):
+    """A 2026-07-28 call whose `_meta` is wrong is refused before it reaches its tool, and
+    the audit trail still says who asked for what and why it was refused."""
+    token = issuer.token("k1", governed.url, sub="erin")
+    caps = {"io.modelcontextprotocol/clientCapabilities": {}}
+    cases = {
+        "no-meta": ({}, "invalid_params"),
+        "mismatch": ({"_meta": {"io.modelcontextprotocol/protocolVersion": "2099-01-01", **caps}}, "header_mismatch"),
+        "bad-level": ({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", **caps,
+                                 "io.modelcontextprotocol/logLevel": "loud"}}, "invalid_params"),
+    }
+    for rid, (extra, _) in cases.items():
+        body = {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                "params": {"name": "add", "arguments": {"a": 1, "b": 2}, **extra}}
+        req = urllib.request.Request(governed.url, data=json.dumps(body).encode(), method="POST")
+        for k, v in {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                     "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "add",
+                     "Authorization": f"Bearer {token}"}.items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                answer = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            answer = json.loads(e.read())
+        assert "error" in answer and "result" not in answer, answer
+
+    def recorded():
+        return {r["requestId"]: r for r in governed.records() if r.get("requestId") in cases}
+
+    wait_until(lambda: len(recorded()) == len(cases), timeout=10)
+    for rid, rec in recorded().items():
+        assert rec["event"] == "tools/call" and rec["tool"] == "add", rec
+        assert rec["caller"]["subject"] == "erin"
+        assert rec["outcome"] == cases[rid][1], rec
+        assert rec["reason"], rec
