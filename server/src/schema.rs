@@ -396,7 +396,8 @@ fn type_bit(v: &Value) -> u8 {
     }
 }
 
-fn type_name(v: &Value) -> &'static str {
+/// The JSON Schema type name of `v` (a whole number is an `integer`).
+pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",

@@ -89,6 +89,21 @@ class Namespace:
     def pods(self, name: str) -> list[dict]:
         return self.get("pods", "-l", f"app.kubernetes.io/instance={name}")["items"]
 
+    def ready_pods(self, name: str, want: int) -> list[str]:
+        """Waits until exactly `want` pods of McpServer `name` are Ready and not terminating;
+        their names, sorted."""
+
+        def probe():
+            names = sorted(
+                p["metadata"]["name"]
+                for p in self.pods(name)
+                if p["metadata"].get("deletionTimestamp") is None
+                and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+            )
+            return names if len(names) == want else None
+
+        return eventually(f"{want} ready pods of {name}", probe, 180)
+
     @contextlib.contextmanager
     def port_forward(self, target: str, port: int) -> Iterator[int]:
         """kubectl port-forward to 127.0.0.1 on a free port; yields that port."""

@@ -49,19 +49,6 @@ def pod_identity(ns: Namespace, name: str) -> dict[str, int]:
     }
 
 
-def ready_pods(ns: Namespace, name: str, want: int) -> list[str]:
-    def probe():
-        names = [
-            p["metadata"]["name"]
-            for p in ns.pods(name)
-            if p["metadata"].get("deletionTimestamp") is None
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-        ]
-        return names if len(names) == want else None
-
-    return eventually(f"{want} ready pods of {name}", probe, 180)
-
-
 def test_ready_with_printer_columns_and_tools_served(ns: Namespace):
     ns.apply(CALCULATOR)
     ns.wait_condition("calc", "Ready", "True")
@@ -118,7 +105,7 @@ EDITS = 5
 def test_tool_edit_reaches_running_pods_without_restart(ns: Namespace):
     ns.apply(CALCULATOR)
     ns.wait_condition("calc", "Ready", "True")
-    pods = ready_pods(ns, "calc", 2)
+    pods = ns.ready_pods("calc", 2)
     before = pod_identity(ns, "calc")
     deploy_gen = ns.get("deploy", "calc")["metadata"]["generation"]
     tools = list(CALCULATOR["spec"]["tools"])

@@ -67,19 +67,6 @@ def quiver(ns: Namespace, *args: str, check: bool = True) -> subprocess.Complete
     return proc
 
 
-def ready_pod_names(ns: Namespace, name: str, want: int) -> list[str]:
-    def probe():
-        names = sorted(
-            p["metadata"]["name"]
-            for p in ns.pods(name)
-            if p["metadata"].get("deletionTimestamp") is None
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-        )
-        return names if len(names) == want else None
-
-    return eventually(f"{want} ready pods of {name}", probe, 180)
-
-
 def test_kubectl_quiver_lists_calls_and_reports_status(ns: Namespace):
     ns.apply(SERVER)
     ns.wait_condition("kq", "Ready", "True")
@@ -105,7 +92,7 @@ def test_kubectl_quiver_lists_calls_and_reports_status(ns: Namespace):
 
     status = quiver(ns, "status", "kq")
     assert "Ready             True" in status.stdout, status.stdout
-    pods = ready_pod_names(ns, "kq", 2)
+    pods = ns.ready_pods("kq", 2)
     for p in pods:
         line = next(line for line in status.stdout.splitlines() if line.startswith(p))
         assert " current " in line and " success " in line, status.stdout
@@ -200,7 +187,7 @@ def test_replicas_share_the_state_key_and_deleting_it_rotates_it(ns: Namespace):
     svc = ns.get("svc", "kq")["spec"]
     assert svc["sessionAffinity"] == "ClientIP" and svc["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == 600
 
-    pods = ready_pod_names(ns, "kq", 2)
+    pods = ns.ready_pods("kq", 2)
     done = ask_here_answer_there(ns, pods)
     assert done["result"]["structuredContent"]["content"]["name"] == "kind", done
 
@@ -221,7 +208,7 @@ def test_replicas_share_the_state_key_and_deleting_it_rotates_it(ns: Namespace):
     ns.wait_condition("kq", "Ready", "True")
     fresh = eventually(
         "two new ready pods",
-        lambda: (names := ready_pod_names(ns, "kq", 2)) and not set(names) & set(pods) and names,
+        lambda: (names := ns.ready_pods("kq", 2)) and not set(names) & set(pods) and names,
         240,
     )
     done = ask_here_answer_there(ns, fresh)

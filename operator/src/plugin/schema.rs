@@ -3,6 +3,7 @@
 //! patterns, each problem naming its field (`spec.replicas: ...`). CEL rules are left to the
 //! API server (`kubectl apply --dry-run=server` runs them).
 
+use quiver_server::schema::type_name;
 use serde_json::Value;
 
 /// Most problems reported.
@@ -16,18 +17,6 @@ pub fn problems(schema: &Value, value: &Value, path: &str) -> Vec<String> {
     walk(schema, value, path, 0, &mut out);
     out.truncate(MAX_PROBLEMS);
     out
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 fn num(s: &Value, key: &str) -> Option<f64> {

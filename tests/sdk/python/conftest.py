@@ -14,7 +14,9 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(os.environ.get("QUIVER_SERVER_BIN", ROOT / "target" / "debug" / "quiver-server"))
@@ -167,3 +169,50 @@ def stdio_config(upstream):
     config.write_text(toolset(upstream))
     yield config
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Issuer:
+    """An OIDC issuer on loopback: discovery document and JWK set, keys swappable."""
+
+    def __init__(self):
+        self.keys: dict[str, rsa.RSAPrivateKey] = {}
+        self.jwks_fetches = 0
+        issuer = self
+
+        class Handler(JsonHandler):
+            def do_GET(self):  # noqa: N802 - http.server naming
+                if self.path == "/.well-known/openid-configuration":
+                    doc = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/jwks"}
+                elif self.path == "/jwks":
+                    issuer.jwks_fetches += 1
+                    doc = {"keys": [issuer.jwk(kid) for kid in list(issuer.keys)]}
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                self.reply_json(doc)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def add_key(self, kid: str) -> None:
+        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def jwk(self, kid: str) -> dict:
+        doc = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.keys[kid].public_key()))
+        return {**doc, "kid": kid, "use": "sig", "alg": "RS256"}
+
+    def token(self, kid: str, audience: str, **claims) -> str:
+        now = int(time.time())
+        body = {"iss": self.url, "aud": audience, "sub": "alice", "iat": now, "exp": now + 300, **claims}
+        return jwt.encode(body, self.keys[kid], algorithm="RS256", headers={"kid": kid})
+
+
+@pytest.fixture()
+def issuer():
+    """A loopback OIDC issuer with one signing key, `k1`."""
+    i = Issuer()
+    i.add_key("k1")
+    yield i
+    i.srv.shutdown()

@@ -18,7 +18,6 @@ from conftest import BIN, free_port, wait_until
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.shared.exceptions import MCPError
-from test_python_sdk_auth import Issuer
 
 TOOLS = """
 policies:
@@ -33,14 +32,6 @@ tools:
     input: {namespace: string}
     handler: {template: 'restarted {{namespace}}'}
 """
-
-
-@pytest.fixture()
-def issuer():
-    i = Issuer()
-    i.add_key("k1")
-    yield i
-    i.srv.shutdown()
 
 
 @pytest.fixture()
