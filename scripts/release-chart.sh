@@ -31,5 +31,11 @@ grep -q "^imageRegistry: \"$registry\"$" "$work/quiver/values.yaml" \
 "$HELM" package "$work/quiver" --version "$version" --app-version "$version" -d "$work" >/dev/null
 flags=()
 [ "${QUIVER_PLAIN_HTTP:-0}" = 1 ] && flags+=(--plain-http)
-"$HELM" push "$work/quiver-$version.tgz" "oci://$registry/charts" "${flags[@]}" >&2
+pushed="$("$HELM" push "$work/quiver-$version.tgz" "oci://$registry/charts" "${flags[@]}" 2>&1)"
+printf '%s\n' "$pushed" >&2
+# The digest of the manifest helm made here, not what the registry says now: what gets
+# signed is what was built (QUIVER_CHART_DIGEST_OUT names a file to write it to).
+digest="$(sed -n 's/^Digest: \(sha256:[0-9a-f]\{64\}\)$/\1/p' <<<"$pushed")"
+[ -n "$digest" ] || { echo "helm push printed no digest" >&2; exit 1; }
+[ -z "${QUIVER_CHART_DIGEST_OUT:-}" ] || echo "$digest" > "$QUIVER_CHART_DIGEST_OUT"
 echo "oci://$registry/charts/quiver:$version"

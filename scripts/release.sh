@@ -117,8 +117,12 @@ image quiver-server /usr/local/bin/quiver-server "8080 9090"
 image quiver-operator /usr/local/bin/quiver-operator "8081"
 
 log "chart quiver $version"
-chart="$(QUIVER_PLAIN_HTTP="${QUIVER_PLAIN_HTTP:-0}" scripts/release-chart.sh "$version" "$registry")"
-chart_digest="$("$ORAS" resolve "${oras_flags[@]}" "${chart#oci://}")"
+chart="$(QUIVER_PLAIN_HTTP="${QUIVER_PLAIN_HTTP:-0}" QUIVER_CHART_DIGEST_OUT="$out/chart.digest" \
+  scripts/release-chart.sh "$version" "$registry")"
+chart_digest="$(cat "$out/chart.digest")"
+# Sign only if the registry still holds what helm pushed (as for the images).
+pushed="$("$ORAS" resolve "${oras_flags[@]}" "${chart#oci://}")"
+[ "$pushed" = "$chart_digest" ] || { echo "$chart is $pushed in the registry, $chart_digest here" >&2; exit 1; }
 "$COSIGN" sign --yes --key "$COSIGN_KEY" "${cosign_flags[@]}" "${chart#oci://}@$chart_digest" >&2
 echo "$chart@$chart_digest" >> "$out/release.txt"
 cat "$out/release.txt"

@@ -105,9 +105,19 @@ fn identity_needs(mcp: &McpServer, compiled: &config::CompiledToolSet) -> Vec<St
             .as_ref()
             .map(|i| (format!("upstream `{}`", u.name), i.mode))
     });
-    tools
-        .chain(upstreams)
-        .filter_map(|(what, mode)| {
+    // The token endpoint receives callers' tokens: only the issuer's own host may.
+    let endpoint = auth.and_then(|a| {
+        let e = a.token_exchange.as_ref()?.token_endpoint.as_ref()?;
+        let issuer = &a.oidc.as_ref()?.issuer;
+        (!quiver_server::config::identity::same_origin(e, issuer)).then(|| {
+            format!(
+                "spec.auth.tokenExchange.tokenEndpoint: must be on the issuer's origin ({issuer}), or left out to use the issuer's discovered token_endpoint"
+            )
+        })
+    });
+    endpoint
+        .into_iter()
+        .chain(tools.chain(upstreams).filter_map(|(what, mode)| {
             if !oidc {
                 Some(format!(
                     "{what}: identity.mode `{}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)",
@@ -120,7 +130,7 @@ fn identity_needs(mcp: &McpServer, compiled: &config::CompiledToolSet) -> Vec<St
             } else {
                 None
             }
-        })
+        }))
         .collect()
 }
 

@@ -477,10 +477,13 @@ fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
     if client_id.is_empty() || client_id.len() > 1024 || client_id.chars().any(char::is_control) {
         anyhow::bail!("--token-exchange-client-id must be 1-1024 printable characters");
     }
-    if let Some(e) = &args.token_exchange_endpoint
-        && !(e.starts_with("https://") || e.starts_with("http://"))
+    if let (Some(e), Some(issuer)) = (&args.token_exchange_endpoint, &args.auth_issuer)
+        && !crate::config::identity::same_origin(e, issuer)
     {
-        anyhow::bail!("--token-exchange-endpoint must be an http(s) URL");
+        // The endpoint receives callers' tokens: only the issuer's own host may.
+        anyhow::bail!(
+            "--token-exchange-endpoint must be an http(s) URL on the issuer's origin ({issuer}); leave it out to use the issuer's discovered token_endpoint"
+        );
     }
     let ca = args
         .auth_issuer_ca_configmap

@@ -333,8 +333,8 @@ tools:
       http:
         url: "{u}/api/forward"
         headers: {{X-User: "{{{{caller.sub}}}}"}}
-        identity: {{mode: forward, audience: notes}}
-  - {{name: api-forward-other, handler: {{http: {{url: "{u}/api/forward-other", identity: {{mode: forward, audience: billing}}}}}}}}
+        identity: {{mode: forward, audience: "{u}/api"}}
+  - {{name: api-forward-other, handler: {{http: {{url: "{u}/api/forward-other", identity: {{mode: forward, audience: "{u}/api/forward-other"}}}}}}}}
   - {{name: api-exchange, handler: {{http: {{url: "{u}/api/exchange", identity: {{mode: exchange, audience: notes, scopes: [read]}}}}}}}}
   - {{name: api-exchange-refused, handler: {{http: {{url: "{u}/api/exchange-refused", identity: {{mode: exchange, audience: refused}}}}}}}}
   - {{name: api-exchange-slow, handler: {{http: {{url: "{u}/api/exchange-bad", identity: {{mode: exchange, audience: slow}}}}}}}}
@@ -348,9 +348,9 @@ upstreams:
     tools: {{prefix: server_}}
   - name: up-forward
     http: {{url: "{u}/mcp/forward", headers: {{Authorization: "Bearer {{{{secret.own.token}}}}"}}}}
-    identity: {{mode: forward, audience: notes}}
+    identity: {{mode: forward, audience: "{u}/mcp/forward"}}
     tools: {{prefix: forward_}}
-  - {{name: up-forward-other, http: {{url: "{u}/mcp/forward-other"}}, identity: {{mode: forward, audience: billing}}, tools: {{prefix: fother_}}}}
+  - {{name: up-forward-other, http: {{url: "{u}/mcp/forward-other"}}, identity: {{mode: forward, audience: "{u}/mcp/forward-other"}}, tools: {{prefix: fother_}}}}
   - name: up-exchange
     http: {{url: "{u}/mcp/exchange", headers: {{Authorization: "Bearer {{{{secret.own.token}}}}"}}}}
     identity: {{mode: exchange, audience: notes}}
@@ -388,7 +388,8 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
     );
     let alice_sub = "alice-subject-0001";
     let client = issuer.token(&json!({
-        "iss": issuer.url, "aud": ["quiver", "notes"], "sub": alice_sub, "exp": now() + 600,
+        "iss": issuer.url, "sub": alice_sub, "exp": now() + 600,
+        "aud": ["quiver", "notes", format!("http://127.0.0.1:{api}/api"), format!("http://127.0.0.1:{api}/mcp/forward")],
     }));
     wait_for("every upstream's tool imported", || {
         let list = tools(&p, &client);
@@ -435,11 +436,11 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
         ("upstream saw Bearer [redacted]".to_owned(), false)
     );
 
-    // Not addressed to `billing`: refused before anything is sent.
+    // Not addressed to the `-other` targets: refused before anything is sent.
     for tool in ["api-forward-other", "fother_whoami"] {
         let (text, failed) = call(&p, &client, tool);
         assert!(
-            failed && text.contains("does not list `billing` in `aud`"),
+            failed && text.contains("forward-other` in `aud`"),
             "{tool}: {text}"
         );
         assert!(!text.contains(&client), "{text}");
@@ -600,12 +601,20 @@ fn a_callers_token_reaches_only_the_targets_configured_for_it() {
 fn identity_that_cannot_work_is_refused_at_load() {
     let cases = [
         (
-            "upstreams:\n  - {name: s, stdio: {command: [cat]}, identity: {mode: forward, audience: a}}\n",
+            "upstreams:\n  - {name: s, stdio: {command: [cat]}, identity: {mode: exchange, audience: a}}\n",
             "upstreams[0].identity: a stdio upstream has no request headers",
         ),
         (
-            "tools:\n  - {name: t, handler: {http: {url: \"http://x/\", headers: {authorization: \"Bearer k\"}, identity: {mode: forward, audience: a}}}}\n",
+            "tools:\n  - {name: t, handler: {http: {url: \"http://x/\", headers: {authorization: \"Bearer k\"}, identity: {mode: forward, audience: \"http://x\"}}}}\n",
             "tools[0].handler.http.headers.authorization: `identity` sets the Authorization header",
+        ),
+        (
+            "tools:\n  - {name: t, handler: {http: {url: \"https://collector.example/c\", identity: {mode: forward, audience: quiver}}}}\n",
+            "tools[0].handler.http.identity.audience: `forward` sends the caller's token only to the resource it is addressed to",
+        ),
+        (
+            "upstreams:\n  - {name: u, http: {url: \"https://collector.example/mcp\"}, identity: {mode: forward, audience: \"https://notes.example/mcp\"}}\n",
+            "upstreams[0].identity.audience: names the resource",
         ),
         (
             "tools:\n  - {name: t, handler: {http: {url: \"http://x/\", identity: {mode: exchange}}}}\n",

@@ -71,3 +71,30 @@ def test_restricted_namespace_and_children_confined_from_the_pods_credentials(ns
         # The server's environment (it is PID 1 of its container): not readable either.
         environ = read(port, "/proc/1/environ")
         assert "cannot read /proc/1/environ" in environ and "ermission denied" in environ, environ
+
+
+def test_the_nodes_registry_is_read_only():
+    """The nodes pull from the cluster's registry over the kind network, which every pod can
+    reach through its node: that side must refuse writes, or a pod could replace the images
+    the nodes run next (the operator's included). Pushes go to a second instance published
+    on the host's loopback only, which the nodes cannot resolve."""
+    import os
+    import subprocess
+
+    import pytest
+
+    if os.environ.get("QUIVER_RELEASE_REGISTRY") is None:
+        pytest.skip("installed without a registry (QUIVER_E2E_INSTALL=local)")
+    cluster = os.environ.get("QUIVER_CLUSTER", "quiver")
+    node = f"{cluster}-worker"
+
+    def curl(*args: str) -> str:
+        proc = subprocess.run(
+            ["docker", "exec", node, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", *args],
+            capture_output=True, text=True, timeout=30,
+        )
+        return proc.stdout.strip() or f"exit {proc.returncode}"
+
+    assert curl(f"http://{cluster}-registry:5000/v2/") == "200"
+    assert curl("-X", "POST", f"http://{cluster}-registry:5000/v2/quiver/quiver-operator/blobs/uploads/") == "405"
+    assert curl(f"http://{cluster}-registry-push:5000/v2/") in ("000", "exit 6"), "the push side is reachable from a node"

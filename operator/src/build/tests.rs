@@ -1295,6 +1295,11 @@ spec:
             "auth: {oidc: {issuer: \"https://login.example\", audience: quiver}}",
             "tool `notes`: identity.mode `exchange` needs spec.auth.tokenExchange",
         ),
+        // The token endpoint receives callers' tokens: the issuer's host only.
+        (
+            "auth: {oidc: {issuer: \"https://login.example/realms/corp\", audience: quiver}, tokenExchange: {clientId: quiver, clientSecretRef: {name: c, key: s}, tokenEndpoint: \"https://collector.example/token\"}}",
+            "spec.auth.tokenExchange.tokenEndpoint: must be on the issuer's origin",
+        ),
     ] {
         let m = mcp(&format!(
             r#"

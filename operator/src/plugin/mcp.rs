@@ -11,6 +11,8 @@ use super::Failure;
 pub const VERSION: &str = "2026-07-28";
 /// Most pages of `tools/list` followed.
 pub const MAX_PAGES: usize = 1000;
+/// Most bytes of `tools/list` answers read in all (the pages together).
+pub const MAX_LISTING_BYTES: usize = 64 << 20;
 
 /// A request: its headers (besides content negotiation and credentials) and body.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,6 +8,7 @@ pub mod mcp;
 pub mod reach;
 pub mod schema;
 pub mod status;
+pub mod term;
 
 use std::process::ExitCode;
 
@@ -54,7 +55,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Negative(_)) => ExitCode::from(1),
         Err(f) => {
-            eprintln!("error: {f}");
+            eprintln!("error: {}", term::text(&f.to_string()));
             ExitCode::from(f.code())
         }
     }
@@ -107,7 +108,7 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             .map_err(|e| Failure::Usage(format!("{file}: {e}")))?;
             let reports = check::check(&text)?;
             let (out, valid) = check::print(file, &reports);
-            print!("{out}");
+            print!("{}", term::text(&out));
             if valid {
                 Ok(())
             } else {
@@ -120,9 +121,11 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             match output {
                 Output::Json => println!(
                     "{}",
-                    serde_json::to_string_pretty(&status::as_json(&mcp, &pods)).unwrap_or_default()
+                    term::json(
+                        &serde_json::to_string_pretty(&status::as_json(&mcp, &pods)).unwrap_or_default()
+                    )
                 ),
-                Output::Text => print!("{}", status::as_text(&mcp, &pods, None)),
+                Output::Text => print!("{}", term::text(&status::as_text(&mcp, &pods, None))),
             }
             if status::is_ready(&mcp) {
                 Ok(())
@@ -137,8 +140,11 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             reach.close().await;
             let tools = tools?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&tools).unwrap_or_default()),
-                Output::Text => print!("{}", tools_text(&tools)),
+                Output::Json => println!(
+                    "{}",
+                    term::json(&serde_json::to_string_pretty(&tools).unwrap_or_default())
+                ),
+                Output::Text => print!("{}", term::text(&tools_text(&tools))),
             }
             Ok(())
         }
@@ -157,9 +163,12 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             let result = result?;
             let (text, is_error) = mcp::call_text(&result)?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
-                Output::Text if is_error => eprintln!("{text}"),
-                Output::Text => println!("{text}"),
+                Output::Json => println!(
+                    "{}",
+                    term::json(&serde_json::to_string_pretty(&result).unwrap_or_default())
+                ),
+                Output::Text if is_error => eprintln!("{}", term::text(&text)),
+                Output::Text => println!("{}", term::text(&text)),
             }
             if is_error {
                 Err(Failure::Negative("the tool returned an error".to_owned()))
@@ -189,6 +198,7 @@ async fn connect(
 async fn list_tools(reach: &mut Reach, token: Option<&str>) -> Result<Vec<Value>, Failure> {
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
+    let mut total = 0usize;
     for page in 0..mcp::MAX_PAGES {
         let mut params = Map::new();
         if let Some(c) = cursor.take() {
@@ -199,6 +209,13 @@ async fn list_tools(reach: &mut Reach, token: Option<&str>) -> Result<Vec<Value>
             .post(&mcp::request(id, "tools/list", params, None), token)
             .await?;
         let result = mcp::result(&answer, id).map_err(|e| via(reach, e))?;
+        total += answer.body.len();
+        if total > mcp::MAX_LISTING_BYTES {
+            return Err(Failure::Server(format!(
+                "the tool listing is over {} MiB; refused",
+                mcp::MAX_LISTING_BYTES >> 20
+            )));
+        }
         tools.extend(
             result
                 .get("tools")

@@ -76,11 +76,13 @@ async fn admin_status(client: &Client, ns: &str, pod: &str) -> Result<Value, Str
     let request = http::Request::get(path)
         .body(kube::client::Body::empty())
         .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(std::time::Duration::from_secs(10), client.send(request))
-        .await
-        .map_err(|_| "no answer within 10s".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let answer = read(response).await.map_err(|e| e.to_string())?;
+    // The whole exchange, body included: a pod that trickles its answer does not hang us.
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let response = client.send(request).await.map_err(|e| e.to_string())?;
+        read(response).await.map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|_| "no answer within 10s".to_owned())??;
     if answer.status != 200 {
         return Err(format!(
             "admin /status answered {}: {}",

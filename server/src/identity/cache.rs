@@ -110,7 +110,12 @@ impl Cache {
         match fetch.await {
             Ok((token, valid)) => {
                 st.failed = None;
-                st.token = Some((token.clone(), Instant::now() + valid));
+                // A lifetime too long for the clock to add is as good as a day.
+                let now = Instant::now();
+                let until = now
+                    .checked_add(valid)
+                    .unwrap_or_else(|| now + Duration::from_secs(86_400));
+                st.token = Some((token.clone(), until));
                 Ok(token)
             }
             Err(e) => {

@@ -28,6 +28,8 @@ pub const MAX_TOKEN_BYTES: usize = 8192;
 pub const EXPIRY_MARGIN: Duration = Duration::from_secs(30);
 /// An answer without `expires_in` is cached this long.
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(60);
+/// Longest an exchanged token is kept, whatever its `expires_in`.
+const MAX_LIFETIME: Duration = Duration::from_secs(86_400);
 /// An error description of the issuer is cut to this many characters.
 const MAX_DESCRIPTION: usize = 200;
 
@@ -111,9 +113,11 @@ fn parse_answer(body: &[u8]) -> Result<(HeaderValue, Duration), String> {
     }
     let lifetime = match doc.get("expires_in") {
         None => DEFAULT_LIFETIME,
+        // Kept at most a day, whatever the issuer says (and never past the caller's token).
         Some(v) => Duration::from_secs(
             v.as_u64()
-                .ok_or("the token endpoint's `expires_in` is not a number of seconds")?,
+                .ok_or("the token endpoint's `expires_in` is not a number of seconds")?
+                .min(MAX_LIFETIME.as_secs()),
         ),
     };
     let margin = EXPIRY_MARGIN.min(lifetime / 10);

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod exchange;
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use http::HeaderValue;
 use serde_json::Value;
@@ -42,8 +43,9 @@ impl Default for Broker {
     }
 }
 
-/// The cache key of a caller's exchange: who (issuer and subject, or the token itself when
-/// it names no subject), for which audience and scopes.
+/// The cache key of a caller's exchange: who (issuer and subject with the client and scopes
+/// the token was issued for, or the token itself when it names no subject), for which
+/// audience and scopes.
 fn key(c: &Credential, audience: &str, scopes: &str) -> cache::Key {
     let claims = c.claims();
     let text = |k: &str| claims.get(k).and_then(Value::as_str);
@@ -54,6 +56,12 @@ fn key(c: &Credential, audience: &str, scopes: &str) -> cache::Key {
             h.update(iss.as_bytes());
             h.update([0]);
             h.update(sub.as_bytes());
+            // The same user through another client, or with other scopes, is another
+            // subject token: it must not reuse what a broader one obtained.
+            for k in ["azp", "client_id", "scope"] {
+                h.update([0]);
+                h.update(text(k).unwrap_or_default().as_bytes());
+            }
         }
         _ => {
             h.update(b"token\0");
@@ -121,15 +129,24 @@ impl Broker {
                     ));
                 };
                 let k = key(c, &id.audience, &id.scopes);
-                self.cache
-                    .get_or_fetch(&k, ex.exchange(c, &id.audience, &id.scopes))
-                    .await
-                    .map_err(|e| {
-                        format!(
-                            "{what}: token exchange for audience `{}` failed: {e}",
-                            id.audience
-                        )
-                    })
+                // Never kept past the caller's own token.
+                let left = c.expires().map_or(Duration::MAX, |exp| {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    Duration::from_secs(u64::try_from(exp).unwrap_or(0).saturating_sub(now))
+                });
+                let fetch = async {
+                    ex.exchange(c, &id.audience, &id.scopes)
+                        .await
+                        .map(|(h, valid)| (h, valid.min(left)))
+                };
+                self.cache.get_or_fetch(&k, fetch).await.map_err(|e| {
+                    format!(
+                        "{what}: token exchange for audience `{}` failed: {e}",
+                        id.audience
+                    )
+                })
             }
         }
     }

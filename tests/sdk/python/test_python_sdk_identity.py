@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,12 +27,16 @@ from pathlib import Path
 
 import jwt
 import pytest
-from conftest import BIN, ROOT, JsonHandler, free_port, start_server, stop, wait_until
+from conftest import BIN, ROOT, JsonHandler, start_server, stop, wait_until
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
 NOTES = Path(__file__).resolve().parent / "servers" / "notes_upstream.py"
 AUDIENCE = "notes-upstream"
+# The upstream's URL is in agent-forward's tokens (scripts/idp/realm.json), so its port is
+# fixed: below the ephemeral range, so that no port handed out by the system can take it.
+NOTES_PORT = 24817
+NOTES_URL = f"http://127.0.0.1:{NOTES_PORT}/mcp"
 # scripts/idp/realm.json
 EXCHANGE_CLIENT, EXCHANGE_SECRET = "quiver", "quiver-exchange-secret-0123456789"
 # Every user token the tests got: none may appear in the server's log.
@@ -100,7 +105,9 @@ def gateway(idp):
     assert BIN.exists(), f"build the server first: {BIN} (cargo build -p quiver-server)"
     issuer = idp["QUIVER_IDP_ISSUER"]
     tmp = Path(tempfile.mkdtemp(prefix="quiver-identity-"))
-    port = free_port()
+    port = NOTES_PORT
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0, f"port {port} (the upstream's URL in realm.json) is taken"
     up_log = open(tmp / "upstream.log", "w")  # noqa: SIM115 - the child keeps it open
     upstream = subprocess.Popen([sys.executable, str(NOTES), str(port), issuer, AUDIENCE], stdout=up_log, stderr=subprocess.STDOUT)
     api = type("BoundApi", (Api,), {"jwks": jwt.PyJWKClient(f"{issuer}/protocol/openid-connect/certs"), "issuer": issuer, "seen": []})
@@ -130,7 +137,7 @@ upstreams:
     tools: {{prefix: x_}}
   - name: notes-forward
     http: {{url: "{url}", headers: {{Authorization: "Bearer {{{{secret.own.token}}}}"}}}}
-    identity: {{mode: forward, audience: {AUDIENCE}}}
+    identity: {{mode: forward, audience: "{NOTES_URL}"}}
     tools: {{prefix: f_}}
 """)
     sp = start_server(
@@ -183,7 +190,7 @@ def test_each_user_reaches_the_upstream_with_an_exchanged_token_of_its_audience(
 def test_a_token_is_forwarded_only_when_addressed_to_the_upstream(idp, gateway):
     narrow = user_token(idp, "alice")
     r = asyncio.run(call(gateway.url, narrow, "f_whoami"))
-    assert r.is_error and f"does not list `{AUDIENCE}` in `aud`" in r.content[0].text
+    assert r.is_error and f"does not list `{NOTES_URL}` in `aud`" in r.content[0].text
     wide = user_token(idp, "alice", client="agent-forward")
     r = asyncio.run(call(gateway.url, wide, "f_whoami"))
     assert not r.is_error, r.content[0].text

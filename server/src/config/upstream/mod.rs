@@ -370,10 +370,10 @@ fn compile_upstream(
     };
     let t = &u.tools;
     let (names, access) = compile_namespace(u, &format!("{at}.tools"), local, p);
-    let identity = u
-        .identity
-        .as_ref()
-        .and_then(|i| super::identity::compile(i, &format!("{at}.identity"), p));
+    let identity = u.identity.as_ref().and_then(|i| {
+        let target = u.http.as_ref().map_or("", |h| h.url.as_str());
+        super::identity::compile(i, &format!("{at}.identity"), target, p)
+    });
     if identity.is_some() && u.stdio.is_some() {
         p.push(
             format!("{at}.identity"),

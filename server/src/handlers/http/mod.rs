@@ -186,10 +186,11 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
     if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
         p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
     }
-    let identity = h
-        .identity
-        .as_ref()
-        .and_then(|i| crate::config::identity::compile(i, &format!("{hp}.identity"), p));
+    let identity = h.identity.as_ref().and_then(|i| {
+        // Up to the first placeholder: what of the URL is known before a call.
+        let literal = h.url.split("{{").next().unwrap_or_default();
+        crate::config::identity::compile(i, &format!("{hp}.identity"), literal, p)
+    });
     if identity.is_some()
         && let Some(k) = h.headers.keys().find(|k| k.eq_ignore_ascii_case("authorization"))
     {
