@@ -1,13 +1,14 @@
 //! The traced path of a request (only taken when tracing is on): a server span named and
 //! attributed after OpenTelemetry's MCP conventions, under the client's context (from
 //! `params._meta`, else the transport's, e.g. HTTP `traceparent`), current while the
-//! request runs. A deferred tool call carries its span until it ends.
+//! request runs. Whether there is a span at all is decided first and cheaply
+//! ([`crate::otel::sample`]): an unsampled request runs as if tracing were off. A deferred tool call carries its span until it ends.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer as _};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -53,12 +54,12 @@ impl Server {
                 .request(id, method, params, ctx, deadline, start, bytes)
                 .await;
         };
-        let parent = crate::otel::propagate::from_meta(params).unwrap_or_else(Context::current);
-        let span = tracer
-            .span_builder("mcp")
-            .with_kind(SpanKind::Server)
-            .start_with_context(tracer, &parent);
-        let cx = parent.with_span(span);
+        let Some(cx) = crate::otel::sample::request_span(tracer, params.map(RawValue::get)) else {
+            // Not sampled: decided before anything was built for it; runs as untraced.
+            return self
+                .request(id, method, params, ctx, deadline, start, bytes)
+                .await;
+        };
         if cx.span().is_recording() {
             describe(&cx, id, method, params, ctx);
         }

@@ -52,6 +52,7 @@ pub(super) fn provider(
     let flusher = Flusher(tx.clone());
     let mut b = SdkTracerProvider::builder()
         .with_span_processor(Queue { tx, dropped })
+        .with_id_generator(super::sample::Ids)
         .with_resource(resource);
     if let Some(r) = cfg.ratio {
         b = b.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(r))));

@@ -19,11 +19,12 @@ fn current_ids() -> Option<(String, String)> {
     if !super::enabled() {
         return None;
     }
-    let cx = Context::current();
-    let span = cx.span();
-    let sc = span.span_context();
-    sc.is_sampled()
-        .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    Context::map_current(|cx| {
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_sampled()
+            .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    })
 }
 
 /// Adds the two fields to a JSON object line (`{...}` and a newline).

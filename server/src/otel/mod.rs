@@ -13,6 +13,7 @@ pub mod config;
 mod export;
 pub mod logs;
 pub mod propagate;
+pub mod sample;
 pub mod spans;
 
 use std::borrow::Cow;
@@ -45,6 +46,7 @@ pub fn tracer() -> Option<&'static SdkTracer> {
 pub struct Guard {
     provider: SdkTracerProvider,
     flusher: export::Flusher,
+    ratio: Option<f64>,
 }
 
 impl Guard {
@@ -77,6 +79,7 @@ pub fn init(
     if TRACER.set(tracer).is_err() {
         anyhow::bail!("tracing was already initialised");
     }
+    sample::set_ratio(guard.ratio);
     Ok(Some(guard))
 }
 
@@ -100,7 +103,11 @@ pub fn start(
         sampler = %cfg.sampler_shown(),
         "exporting traces over OTLP/HTTP"
     );
-    Ok(Some(Guard { provider, flusher }))
+    Ok(Some(Guard {
+        provider,
+        flusher,
+        ratio: cfg.ratio,
+    }))
 }
 
 /// Opens a span below the current context (an internal step of a request, unless `kind`
@@ -113,10 +120,10 @@ pub fn child(
     attributes: Vec<KeyValue>,
 ) -> Option<Context> {
     let tracer = tracer()?;
-    let parent = Context::current();
-    if !parent.span().span_context().is_sampled() {
+    if !Context::map_current(|cx| cx.span().span_context().is_sampled()) {
         return None;
     }
+    let parent = Context::current();
     let span = tracer
         .span_builder(name)
         .with_kind(kind)
@@ -176,7 +183,9 @@ pub fn current_trace_id() -> Option<opentelemetry::trace::TraceId> {
     if !enabled() {
         return None;
     }
-    let cx = Context::current();
-    let sc = cx.span().span_context().clone();
-    sc.is_sampled().then(|| sc.trace_id())
+    Context::map_current(|cx| {
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_sampled().then(|| sc.trace_id())
+    })
 }

@@ -63,12 +63,17 @@ pub fn from_headers(headers: &http::HeaderMap) -> Option<Context> {
 /// The client's context from a request's `params._meta`, if it carries a valid
 /// `traceparent`. Reads the params only as far as serde must to find `_meta`.
 pub fn from_meta(params: Option<&RawValue>) -> Option<Context> {
+    from_meta_str(params?.get())
+}
+
+/// [`from_meta`] of the params' raw JSON text.
+pub fn from_meta_str(params: &str) -> Option<Context> {
     #[derive(Deserialize)]
     struct Params<'a> {
         #[serde(borrow, default, rename = "_meta")]
         meta: Option<Fields<'a>>,
     }
-    let p: Params<'_> = serde_json::from_str(params?.get()).ok()?;
+    let p: Params<'_> = serde_json::from_str(params).ok()?;
     extract(&p.meta?)
 }
 

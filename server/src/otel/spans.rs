@@ -69,13 +69,34 @@ pub async fn within<F: Future>(
     }
 }
 
+/// Runs `f` with the span of `cx` current, when there is one (so what `f` sends out
+/// carries that span's context); the span is not ended.
+pub async fn under<F: Future>(cx: Option<&Context>, f: F) -> F::Output {
+    match cx {
+        Some(cx) => f.with_context(cx.clone()).await,
+        None => f.await,
+    }
+}
+
+/// The `traceparent` and `tracestate` (when not empty) headers of the current sampled
+/// span, for an outgoing request; nothing when tracing is off or nothing is sampled.
+pub fn headers(mut add: impl FnMut(&str, &http::HeaderValue)) {
+    let Some((parent, state)) = sampled_current().as_ref().and_then(propagate::fields) else {
+        return;
+    };
+    for (name, value) in [("traceparent", Some(parent)), ("tracestate", state)] {
+        if let Some(v) = value.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
+            add(name, &v);
+        }
+    }
+}
+
 /// The current context when it holds a sampled span (what outgoing requests carry on).
 pub fn sampled_current() -> Option<Context> {
     if !enabled() {
         return None;
     }
-    let cx = Context::current();
-    cx.span().span_context().is_sampled().then_some(cx)
+    Context::map_current(|cx| cx.span().span_context().is_sampled().then(|| cx.clone()))
 }
 
 /// A client span for an outgoing HTTP request (`GET`, `POST`...) of an http tool, with the
@@ -154,6 +175,75 @@ pub fn upstream_call(upstream: &str, tool: &str) -> Option<Context> {
             KeyValue::new("gen_ai.tool.name", tool.to_owned()),
             KeyValue::new("gen_ai.operation.name", "execute_tool"),
             KeyValue::new("quiver.upstream", upstream.to_owned()),
+        ],
+    )
+}
+
+/// A span that starts a trace of its own (work no request asked for: a config reload, an
+/// upstream reconnecting), sampled as a request without a parent is. `None` when tracing
+/// is off or it is not sampled.
+fn root(name: &'static str, kind: SpanKind, attributes: Vec<KeyValue>) -> Option<Context> {
+    let tracer = tracer()?;
+    let span = tracer
+        .span_builder(name)
+        .with_kind(kind)
+        .with_attributes(attributes)
+        .start_with_context(tracer, &Context::new());
+    let cx = Context::new().with_span(span);
+    cx.span().span_context().is_sampled().then_some(cx)
+}
+
+/// The span of a config reload (`config reload`, from new config text) or rebuild
+/// (`config rebuild`, for an upstream's new tool list).
+pub fn reload(rebuild: bool) -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    root(
+        if rebuild {
+            "config rebuild"
+        } else {
+            "config reload"
+        },
+        SpanKind::Internal,
+        Vec::new(),
+    )
+}
+
+/// Ends a reload span: `quiver.reload.result` (`success`, `unchanged`, `invalid`), the
+/// generation now serving, and for an invalid config the number of problems (its error).
+pub fn end_reload(cx: &Context, result: &'static str, generation: Option<u64>, problems: usize) {
+    let span = cx.span();
+    span.set_attribute(KeyValue::new("quiver.reload.result", result));
+    if let Some(g) = generation {
+        span.set_attribute(KeyValue::new(
+            "quiver.generation",
+            i64::try_from(g).unwrap_or(i64::MAX),
+        ));
+    }
+    if result == "invalid" {
+        span.set_attribute(KeyValue::new(
+            "quiver.reload.problems",
+            i64::try_from(problems).unwrap_or(i64::MAX),
+        ));
+        super::finish(cx, Some("invalid_config"));
+    } else {
+        super::finish(cx, None);
+    }
+}
+
+/// The client span of an upstream's connection attempt after it was down (or before it
+/// was ever up): `upstream connect`, with `quiver.upstream` and the attempt's number.
+pub fn upstream_connect(upstream: &str, attempt: u32) -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    root(
+        "upstream connect",
+        SpanKind::Client,
+        vec![
+            KeyValue::new("quiver.upstream", upstream.to_owned()),
+            KeyValue::new("quiver.upstream.attempt", i64::from(attempt)),
         ],
     )
 }

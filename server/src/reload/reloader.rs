@@ -76,7 +76,7 @@ impl Reloader {
             .building
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let r = self.build(sources);
+        let r = self.traced_build(false, sources);
         if r.is_ok()
             && let Ok(mut s) = self.serving.lock()
         {
@@ -94,7 +94,7 @@ impl Reloader {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let sources = self.serving.lock().ok().and_then(|s| s.clone());
         match sources {
-            Some(s) => self.build(&s),
+            Some(s) => self.traced_build(true, &s),
             None => Ok(Reloaded::Unchanged),
         }
     }
@@ -117,6 +117,22 @@ impl Reloader {
                 tokio::time::sleep(UPSTREAM_REBUILD_INTERVAL).await;
             }
         });
+    }
+
+    /// [`Self::build`] in a span of its own when tracing is on (`rebuild`: for an
+    /// upstream's tools, not new config text).
+    fn traced_build(&self, rebuild: bool, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
+        let span = crate::otel::spans::reload(rebuild);
+        let r = self.build(sources);
+        if let Some(cx) = &span {
+            let (result, generation, problems) = match &r {
+                Ok(Reloaded::Swapped(g)) => ("success", Some(*g), 0),
+                Ok(Reloaded::Unchanged) => ("unchanged", None, 0),
+                Err(e) => ("invalid", None, e.problems.len()),
+            };
+            crate::otel::spans::end_reload(cx, result, generation, problems);
+        }
+        r
     }
 
     fn build(&self, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {

@@ -687,7 +687,8 @@ impl Link {
                 }
                 cx.forward_progress(&p);
             };
-            let call = self.request_as("tools/call", &params, log, auth);
+            let call =
+                crate::otel::spans::under(span.as_ref(), self.request_as("tools/call", &params, log, auth));
             tokio::pin!(call);
             let r = loop {
                 tokio::select! {
@@ -703,7 +704,7 @@ impl Link {
             }
             r
         } else {
-            self.request_as("tools/call", &params, log, auth).await
+            crate::otel::spans::under(span.as_ref(), self.request_as("tools/call", &params, log, auth)).await
         };
         self.shared.metrics.requests.observe(start.elapsed());
         let r = r.and_then(|v| to_output(v).map_err(CallError::Protocol));

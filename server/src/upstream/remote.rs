@@ -178,6 +178,9 @@ impl Remote {
                 _ => return Err(CallError::Down(format!("header `{name}` has an invalid value"))),
             }
         }
+        // A traced call's context, for an upstream that reads it from the HTTP request
+        // (as the MCP message's `_meta` carries it too).
+        crate::otel::spans::headers(add);
         Ok(())
     }
 
@@ -540,13 +543,28 @@ impl Remote {
 async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::CancellationToken) {
     let mut backoff = BACKOFF.0;
     let mut short_streams = 0u32;
+    let mut attempt = 0u32;
     loop {
         let Some(r) = remote.upgrade() else { return };
         let no_params = json!({});
+        // Connecting while not ready (at first, after a failure): a span when tracing is on.
+        attempt = attempt.saturating_add(1);
+        let ready = r.shared.health.lock().is_ok_and(|h| h.state == "ready");
+        let span = if ready {
+            None
+        } else {
+            crate::otel::spans::upstream_connect(&r.shared.name, attempt)
+        };
         let up = tokio::select! {
-            up = r.request("ping", &no_params, None, None) => up,
+            up = crate::otel::spans::under(span.as_ref(), r.request("ping", &no_params, None, None)) => up,
             () = stop.cancelled() => return,
         };
+        if let Some(cx) = &span {
+            crate::otel::finish(cx, up.as_ref().err().map(CallError::kind));
+        }
+        if up.is_ok() {
+            attempt = 0;
+        }
         match up {
             Ok(_) => {
                 backoff = BACKOFF.0;

@@ -24,7 +24,7 @@ import pytest
 from conftest import BIN, ROOT, JsonHandler, free_port, start_server, stop, wait_until
 from mcp import Client, StdioServerParameters
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 UPSTREAM = Path(__file__).resolve().parent / "servers" / "traced_upstream.py"
 SERVER, CLIENT = 2, 3  # OTLP span kinds
@@ -103,9 +103,27 @@ def spans_of(path: Path, trace_id: str) -> list[dict]:
     return found
 
 
-def client_context(trace_id: str, span_id: str):
+def spans_named(path: Path, name: str) -> list[dict]:
+    """Every span called `name` the collector wrote, whatever its trace."""
+    found = []
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line).get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    if s["name"] == name:
+                        s["attrs"] = {a["key"]: next(iter(a["value"].values())) for a in s.get("attributes", [])}
+                        found.append(s)
+    return found
+
+
+ERROR = 2  # OTLP status code
+
+
+def client_context(trace_id: str, span_id: str, state: TraceState | None = None):
     """Makes (trace_id, span_id) the client's current span: the SDK injects it into `_meta`."""
-    sc = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    sc = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=state)
     return trace.use_span(NonRecordingSpan(sc))
 
 
@@ -120,7 +138,7 @@ def test_a_call_continues_the_clients_trace_to_the_api_and_the_upstream(traced, 
             with client_context(t_http, client_span):
                 r = await c.call_tool("weather", {"city": "Oslo"})
             assert not r.is_error, r
-            with client_context(t_up, client_span):
+            with client_context(t_up, client_span, TraceState([("vendor", "v1")])):
                 r = await c.call_tool("up_trace_context", {})
             assert not r.is_error, r
             seen_upstream = json.loads(r.content[0].text)
@@ -159,6 +177,11 @@ def test_a_call_continues_the_clients_trace_to_the_api_and_the_upstream(traced, 
     assert upstream_call["parentSpanId"] == server["spanId"]
     assert upstream_call["attrs"]["quiver.upstream"] == "sdk"
     assert seen_upstream["traceparent"] == f"00-{t_up}-{upstream_call['spanId']}-01"
+    assert seen_upstream["tracestate"] == "vendor=v1"
+    # ... and so does the HTTP request that carried the call (for upstreams and proxies
+    # that read the headers).
+    assert seen_upstream["header.traceparent"] == seen_upstream["traceparent"]
+    assert seen_upstream["header.tracestate"] == "vendor=v1"
 
     # A pipeline: one span per step under the server span; the http step's client span under its step.
     spans = wait_until(lambda: (s := spans_of(out, t_pipe)) and len(s) >= 4 and s, timeout=15)
@@ -290,3 +313,47 @@ scrape_configs:
     assert trace_id in ids, ids
     spans = wait_until(lambda: spans_of(out, trace_id), timeout=15)
     assert spans[0]["name"] == "tools/call greet"
+
+
+def test_reloads_and_an_upstream_reconnecting_are_traced(collector, tmp_path):
+    """Work no request asked for starts traces of its own: each config reload (new text),
+    rebuild (an upstream's tools changed) and connection attempt of an upstream that is
+    down, with what came of it."""
+    _, out = collector
+    up_port = free_port()
+    config = tmp_path / "tools.yaml"
+    config.write_text(f"""
+tools:
+  - {{name: greet, input: {{name: string}}, handler: {{template: 'Hello {{{{name}}}}!'}}}}
+upstreams:
+  - {{name: late, http: {{url: "http://127.0.0.1:{up_port}/mcp"}}, tools: {{prefix: late_}}}}
+""")
+    endpoint, _ = collector
+    sp = start_server(config, tmp_path / "server.log", "--otlp-endpoint", endpoint, "--trace-sample-ratio", "1")
+    upstream = None
+    try:
+        # Nothing listens yet: failed attempts, each a span of its own.
+        failed = wait_until(lambda: [s for s in spans_named(out, "upstream connect")
+                                     if s["attrs"]["quiver.upstream"] == "late" and s["status"].get("code") == ERROR], timeout=20)
+        assert failed[0]["attrs"]["error.type"] == "down"
+        assert failed[0].get("parentSpanId", "") == "", "a connection attempt starts its own trace"
+        upstream = subprocess.Popen([sys.executable, str(UPSTREAM), "http", str(up_port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_until(lambda: all(u["state"] == "ready" for u in sp.status()["upstreams"]), timeout=30)
+        ok = wait_until(lambda: [s for s in spans_named(out, "upstream connect")
+                                 if s["attrs"]["quiver.upstream"] == "late" and s["status"].get("code") != ERROR], timeout=15)
+        assert int(ok[0]["attrs"]["quiver.upstream.attempt"]) >= 2, ok[0]
+        # Its tools arrived: the registry was rebuilt with them.
+        rebuilt = wait_until(lambda: [s for s in spans_named(out, "config rebuild") if s["attrs"]["quiver.reload.result"] == "success"], timeout=15)
+        assert int(rebuilt[0]["attrs"]["quiver.generation"]) >= 2
+
+        # New config text: a reload span, and a rejected one as an error.
+        config.write_text(config.read_text().replace("name: greet", "name: hello"))
+        reloaded = wait_until(lambda: [s for s in spans_named(out, "config reload")
+                                       if s["attrs"]["quiver.reload.result"] == "success" and int(s["attrs"]["quiver.generation"]) >= 3], timeout=15)
+        assert reloaded[0]["kind"] == 1  # internal
+        config.write_text("tools: [{name: broken, handler: {nope: 1}}]\n")
+        invalid = wait_until(lambda: [s for s in spans_named(out, "config reload") if s["attrs"]["quiver.reload.result"] == "invalid"], timeout=15)
+        assert invalid[0]["status"]["code"] == ERROR
+        assert int(invalid[0]["attrs"]["quiver.reload.problems"]) >= 1
+    finally:
+        stop(sp.proc, *([upstream] if upstream else []))
