@@ -129,6 +129,21 @@ pub struct Template {
     literal_len: usize,
 }
 
+impl Template {
+    /// The template with each placeholder written `{}`: its literal text only, which holds
+    /// no argument, claim or secret (for traces).
+    pub fn shape(&self) -> String {
+        let mut out = String::with_capacity(self.literal_len + 2 * self.parts.len());
+        for p in &*self.parts {
+            match p {
+                Part::Lit(l) => out.push_str(l),
+                Part::Var { .. } => out.push_str("{}"),
+            }
+        }
+        out
+    }
+}
+
 /// Where a template's variables are looked up.
 pub trait Scope {
     /// The value bound to a top-level name, if any.

@@ -86,6 +86,13 @@ fn describe(cx: &Context, id: &RawValue, method: &str, params: Option<&RawValue>
     let t: Target<'_> = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
+    // The client names the method: a name the server does not know is `_OTHER` (as
+    // OpenTelemetry names unknown HTTP methods), so a span never carries megabytes of it.
+    let method = if super::table::lookup(method).is_some() {
+        method
+    } else {
+        "_OTHER"
+    };
     let mut attrs = Vec::with_capacity(8);
     attrs.push(KeyValue::new("mcp.method.name", method.to_owned()));
     attrs.push(KeyValue::new("mcp.protocol.version", ctx.version.to_owned()));

@@ -101,7 +101,7 @@ pub fn sampled_current() -> Option<Context> {
 
 /// A client span for an outgoing HTTP request (`GET`, `POST`...) of an http tool, with the
 /// OpenTelemetry HTTP client attributes.
-pub fn http_client(method: &str, uri: &http::Uri) -> Option<Context> {
+pub fn http_client(method: &str, uri: &http::Uri, template: &crate::template::Template) -> Option<Context> {
     if !enabled() {
         return None;
     }
@@ -116,17 +116,23 @@ pub fn http_client(method: &str, uri: &http::Uri) -> Option<Context> {
     }) {
         attrs.push(KeyValue::new("server.port", i64::from(port)));
     }
-    // The full URL would carry templated arguments and secrets: scheme, host and path only.
+    // The URL as sent would carry templated arguments, claims and secrets (in its path as
+    // well as its query): the origin, and the configured URL with its placeholders as `{}`.
     attrs.push(KeyValue::new(
         "url.full",
         format!(
-            "{}://{}{}",
+            "{}://{}",
             uri.scheme_str().unwrap_or("http"),
             uri.authority()
                 .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or("")),
-            uri.path()
         ),
     ));
+    let mut shape = template.shape();
+    if shape.len() > 1024 {
+        let end = (0..=1024).rev().find(|&i| shape.is_char_boundary(i)).unwrap_or(0);
+        shape.truncate(end);
+    }
+    attrs.push(KeyValue::new("url.template", shape));
     super::child(method.to_owned(), SpanKind::Client, attrs)
 }
 

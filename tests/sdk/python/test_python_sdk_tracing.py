@@ -57,6 +57,7 @@ def traced(collector):
     endpoint, _ = collector
     tmp = Path(tempfile.mkdtemp(prefix="quiver-traced-"))
     api = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    Api.port = api.server_address[1]
     threading.Thread(target=api.serve_forever, daemon=True).start()
     up_port = free_port()
     up_log = open(tmp / "upstream.log", "w")  # noqa: SIM115 - the child keeps it open
@@ -165,7 +166,11 @@ def test_a_call_continues_the_clients_trace_to_the_api_and_the_upstream(traced, 
     assert http_span["name"] == "GET"
     assert http_span["parentSpanId"] == server["spanId"]
     assert http_span["attrs"]["http.response.status_code"] == "200"
-    assert "city" not in http_span["attrs"]["url.full"], "the query (arguments, secrets) is not recorded"
+    # The URL as sent holds arguments (and could hold claims and secrets, in its path too):
+    # the span has the origin and the configured URL with its placeholders as `{}`.
+    api_origin = f"http://127.0.0.1:{Api.port}"
+    assert http_span["attrs"]["url.full"] == api_origin, http_span["attrs"]
+    assert http_span["attrs"]["url.template"] == f"{api_origin}/weather?city={{}}", http_span["attrs"]
     assert Api.seen[0]["traceparent"] == f"00-{t_http}-{http_span['spanId']}-01"
 
     # The upstream: a client span under Quiver's server span; the upstream's `_meta` names it.

@@ -299,7 +299,7 @@ impl HttpClient {
         };
         // Tracing on: a client span, whose context the request carries on.
         let mut req = req;
-        let span = crate::otel::spans::http_client(&spec.method, req.uri());
+        let span = crate::otel::spans::http_client(&spec.method, req.uri(), &spec.url);
         if let Some(cx) = &span {
             crate::otel::propagate::inject_headers(cx, req.headers_mut());
         }
