@@ -141,7 +141,7 @@ struct Rare {
     max_properties: Option<usize>,
     unique_items: bool,
     /// `dependentRequired`: when the first property is present, so must the others be.
-    dependent_required: Vec<(Box<str>, Vec<Box<str>>)>,
+    dependent_required: Vec<Dependent>,
     not: Option<Box<Schema>>,
     /// `if`, `then`, `else`: when a value matches `if`, `then` applies, otherwise `else`.
     conditional: Option<Box<Conditional>>,
@@ -149,6 +149,9 @@ struct Rare {
     /// lower case: `mcp-param-region`).
     param_headers: Vec<(Box<str>, Box<str>)>,
 }
+
+/// A `dependentRequired` entry: when the property is present, the others must be too.
+type Dependent = (Box<str>, Vec<Box<str>>);
 
 #[derive(Debug, Clone, Default)]
 struct Conditional {
@@ -877,7 +880,7 @@ fn param_headers(root: &Value, errs: &mut Vec<String>) -> Vec<(Box<str>, Box<str
 }
 
 /// `dependentRequired`: `{property: [names required with it]}`.
-fn dependent_required(x: &Value) -> Option<Vec<(Box<str>, Vec<Box<str>>)>> {
+fn dependent_required(x: &Value) -> Option<Vec<Dependent>> {
     x.as_object()?
         .iter()
         .map(|(k, v)| {
