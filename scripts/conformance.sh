@@ -3,11 +3,14 @@
 # the real quiver-server binary serving tests/conformance/toolset.yaml over Streamable HTTP
 # on 127.0.0.1, once per protocol revision: `--requirements 2025-11-25` (the handshake era)
 # and `--requirements 2026-07-28` (stateless). Each requirement set is what the suite's
-# authors froze as required for that revision; it also runs, unscored, what is optional
-# (extensions such as tasks) or pending, and the summary shows those too.
+# authors froze as required for that revision, plus, unscored, what is optional (extensions
+# such as tasks) or pending: every scenario of both revisions runs.
 #
-# A scenario listed in tests/conformance/expected-failures.yaml may fail; any other failure
-# of a required scenario fails this script. The suite needs Node 22+; it comes from npm (the
+# The suite itself judges only the required scenarios. This script then reads every
+# scenario's checks (scored or not) and fails when any check fails (FAILURE or WARNING, as
+# the suite counts them) in a scenario not listed in tests/conformance/expected-failures.yaml,
+# when a listed scenario passes (the list must not go stale), or when an entry gives no
+# reason (a `# reason` comment on its line). The suite needs Node 22+; it comes from npm (the
 # `node` package) with the suite, pinned by tests/conformance/package-lock.json. Results go
 # to $(target_dir)/conformance.
 set -euo pipefail
@@ -38,8 +41,10 @@ print(*[x.getsockname()[1] for x in s])')
 # suite's list-changed hooks are tools that add files beside it (see toolset.yaml).
 mkdir -p "$OUT/toolset"
 cp "$DIR/toolset.yaml" "$OUT/toolset/"
+# --sse-poll-after: answers still running after 1 s end their stream and are polled with
+# Last-Event-ID (the suite's test_reconnection tool runs 1.5 s).
 (cd "$OUT/toolset" && exec "$BIN" --config "file:$OUT/toolset" --listen "127.0.0.1:$PORT" \
-  --admin-listen "127.0.0.1:$ADMIN") >"$OUT/server.log" 2>&1 &
+  --admin-listen "127.0.0.1:$ADMIN" --sse-poll-after 1s) >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 400); do
@@ -62,5 +67,7 @@ for revision in 2025-11-25 2026-07-28; do
   # The suite must have run: a summary with at least one passed check.
   grep -Eq '^Total: [1-9][0-9]* passed' "$OUT/suite-$revision.log" \
     || { echo "conformance ($revision): no summary in $OUT/suite-$revision.log" >&2; status=1; }
+  python3 "$ROOT/scripts/conformance_checks.py" "$DIR/expected-failures.yaml" "$revision" \
+    "$OUT/results-$revision" || status=1
 done
 exit "$status"

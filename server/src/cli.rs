@@ -203,6 +203,11 @@ pub struct ServeArgs {
     /// Open GET /mcp (SSE) streams; more get 503.
     #[arg(long, env = "QUIVER_MAX_STREAMS", default_value_t = 1024)]
     max_streams: usize,
+    /// Answer tool calls of a session (protocol 2025-11-25) that run longer than this with a
+    /// resumable SSE stream the server ends after this long; the client polls the rest with
+    /// GET and Last-Event-ID (e.g. 30s). Unset: answer streams stay open and carry no ids.
+    #[arg(long, env = "QUIVER_SSE_POLL_AFTER", value_parser = duration)]
+    sse_poll_after: Option<Duration>,
     /// Time to send a request's headers, counted from when the connection is ready for a
     /// request, so also the keep-alive idle timeout (e.g. 10s, 500ms, 1m).
     #[arg(long, env = "QUIVER_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
@@ -556,6 +561,9 @@ async fn serve(
         max_connections,
         body_read_timeout: args.body_read_timeout,
         auth: auth.clone(),
+        resume: args
+            .sse_poll_after
+            .map(crate::transport::resume::ResumeOptions::with_poll),
     };
     let state = HttpState::new(server.clone(), options, shutdown.clone());
     let load: Arc<Load> = state.load();

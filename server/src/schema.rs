@@ -1,9 +1,14 @@
 //! A compiled JSON Schema validator for tool arguments, and the `input:` shorthand.
 //!
 //! Supports the keywords tool schemas use in practice (types, properties, required,
-//! additionalProperties, items, enum, const, numeric and length bounds, pattern, anyOf,
-//! oneOf, allOf, and local `$ref`s into `$defs`/`definitions` or any `#/...` pointer) and
-//! rejects any other keyword at load time instead of silently ignoring it.
+//! additionalProperties, items, enum, const, numeric and length bounds, multipleOf, pattern,
+//! property and item counts, uniqueItems, dependentRequired, anyOf, oneOf, allOf, not,
+//! if/then/else, and local `$ref`s into `$defs`/`definitions`, any `#/...` pointer or a
+//! `$anchor`) and rejects any other keyword at load time instead of silently ignoring it.
+//! Annotations (`title`, `description`, `x-*` extensions, ...) are accepted and ignored.
+//!
+//! This is only the validator: what `tools/list` shows is the document as its author wrote
+//! it, kept beside the compiled form (see `config::compile`).
 //!
 //! A `$ref` is compiled by inlining its target, so validation never follows references at
 //! run time. Recursive references are refused, and one document may expand to at most
@@ -51,7 +56,15 @@ const ANNOTATIONS: &[&str] = &[
     "contentEncoding",
     // Legacy titles of `enum` values (MCP elicitation forms).
     "enumNames",
+    // A name a `$ref` may use (`#name`); resolved by [`resolve`].
+    "$anchor",
 ];
+
+/// Whether `k` only annotates: a listed annotation or an `x-` extension keyword
+/// (`x-mcp-header`, vendor metadata).
+fn is_annotation(k: &str) -> bool {
+    ANNOTATIONS.contains(&k) || k.starts_with("x-")
+}
 
 /// Subschemas one document may compile to, `$ref` expansions included.
 pub const MAX_NODES: usize = 10_000;
@@ -61,6 +74,9 @@ pub const MAX_REF_DEPTH: usize = 16;
 /// The document being compiled, for resolving `$ref`s and bounding their expansion.
 struct Refs<'a> {
     root: &'a Value,
+    /// Every `$anchor` of the document and the schema carrying it, collected on the first
+    /// reference by anchor (one walk per document, however many references).
+    anchors: Option<BTreeMap<&'a str, &'a Value>>,
     /// References being expanded, outermost first (a repeat is a cycle).
     stack: Vec<&'a str>,
     nodes: usize,
@@ -120,6 +136,28 @@ struct Rare {
     any_of: Vec<Schema>,
     one_of: Vec<Schema>,
     all_of: Vec<Schema>,
+    multiple_of: Option<f64>,
+    min_properties: Option<usize>,
+    max_properties: Option<usize>,
+    unique_items: bool,
+    /// `dependentRequired`: when the first property is present, so must the others be.
+    dependent_required: Vec<Dependent>,
+    not: Option<Box<Schema>>,
+    /// `if`, `then`, `else`: when a value matches `if`, `then` applies, otherwise `else`.
+    conditional: Option<Box<Conditional>>,
+    /// The root's properties declared with `x-mcp-header`, as (property, header name in
+    /// lower case: `mcp-param-region`).
+    param_headers: Vec<(Box<str>, Box<str>)>,
+}
+
+/// A `dependentRequired` entry: when the property is present, the others must be too.
+type Dependent = (Box<str>, Vec<Box<str>>);
+
+#[derive(Debug, Clone, Default)]
+struct Conditional {
+    when: Option<Schema>,
+    then: Option<Schema>,
+    otherwise: Option<Schema>,
 }
 
 /// What a schema without a [`Rare`] box checks of them: nothing.
@@ -138,6 +176,14 @@ static NO_RARE: Rare = Rare {
     any_of: Vec::new(),
     one_of: Vec::new(),
     all_of: Vec::new(),
+    multiple_of: None,
+    min_properties: None,
+    max_properties: None,
+    unique_items: false,
+    dependent_required: Vec::new(),
+    not: None,
+    conditional: None,
+    param_headers: Vec::new(),
 };
 
 #[derive(Debug, Clone)]
@@ -159,11 +205,22 @@ impl Schema {
         let mut errs = Vec::new();
         let mut refs = Refs {
             root: v,
+            anchors: None,
             stack: Vec::new(),
             nodes: 0,
         };
-        let s = compile_at(v, "", &mut errs, &mut refs);
+        let mut s = compile_at(v, "", &mut errs, &mut refs);
+        let headers = param_headers(v, &mut errs);
+        if !headers.is_empty() {
+            s.rare().param_headers = headers;
+        }
         if errs.is_empty() { Ok(s) } else { Err(errs) }
+    }
+
+    /// The properties a client mirrors into `Mcp-Param-*` request headers (`x-mcp-header`
+    /// on a property of the root), as (property, lower-case header name).
+    pub fn param_headers(&self) -> &[(Box<str>, Box<str>)] {
+        self.rare.as_deref().map_or(&[], |r| &r.param_headers)
     }
 
     /// The names of the declared properties, if this is an object schema that declares them.
@@ -238,6 +295,17 @@ impl Schema {
                 ));
             }
         }
+        if r.not.as_ref().is_some_and(|s| s.is_valid(v)) {
+            errors.push(format!("{path}: must not match the `not` schema"));
+        }
+        if let Some(c) = &r.conditional
+            && let Some(when) = &c.when
+        {
+            let branch = if when.is_valid(v) { &c.then } else { &c.otherwise };
+            if let Some(b) = branch {
+                b.check(v, path, errors);
+            }
+        }
     }
 
     /// The array keywords: item counts, and each item against `items`.
@@ -249,6 +317,15 @@ impl Schema {
         if r.max_items.is_some_and(|m| a.len() > m) {
             errors.push(format!("{path}: more than {} items", r.max_items.unwrap_or(0)));
         }
+        if r.unique_items {
+            // Hashed, not compared pairwise: a hostile array of distinct items stays linear.
+            let mut seen = std::collections::HashSet::with_capacity(a.len());
+            if let Some(i) = a.iter().position(|x| !seen.insert(unique_key(x))) {
+                errors.push(format!(
+                    "{path}: items must be unique; item {i} repeats an earlier one"
+                ));
+            }
+        }
         if let Some(items) = &self.items {
             for (i, x) in a.iter().enumerate() {
                 items.check(x, &Path::Index(path, i), errors);
@@ -259,6 +336,9 @@ impl Schema {
     /// The object keywords: required properties, and each property against its schema.
     #[inline]
     fn check_object(&self, o: &Map<String, Value>, path: &Path<'_>, errors: &mut Vec<String>) {
+        if let Some(r) = self.rare.as_deref() {
+            check_object_counts(r, o, path, errors);
+        }
         for r in &self.required {
             if !o.contains_key(&**r) {
                 errors.push(format!("{path}: missing required property `{r}`"));
@@ -274,6 +354,23 @@ impl Schema {
                     Some(Additional::Schema(s)) => s.check(x, path, errors),
                     None => {}
                 }
+            }
+        }
+    }
+}
+
+/// The object keywords kept in [`Rare`]: property counts and `dependentRequired`.
+fn check_object_counts(r: &Rare, o: &Map<String, Value>, path: &Path<'_>, errors: &mut Vec<String>) {
+    if let Some(m) = r.min_properties.filter(|&m| o.len() < m) {
+        errors.push(format!("{path}: fewer than {m} properties"));
+    }
+    if let Some(m) = r.max_properties.filter(|&m| o.len() > m) {
+        errors.push(format!("{path}: more than {m} properties"));
+    }
+    for (when, needed) in &r.dependent_required {
+        if o.contains_key(&**when) {
+            for n in needed.iter().filter(|n| !o.contains_key(&***n)) {
+                errors.push(format!("{path}: `{n}` is required when `{when}` is present"));
             }
         }
     }
@@ -299,6 +396,14 @@ fn check_number(r: &Rare, n: &serde_json::Number, path: &Path<'_>, errors: &mut 
     }
     if let Some(m) = r.exclusive_maximum {
         bad(x >= m, format!("must be < {m}"), errors);
+    }
+    if let Some(m) = r.multiple_of {
+        let q = x / m;
+        bad(
+            !q.is_finite() || (q - q.round()).abs() > 1e-9 * q.abs().max(1.0),
+            format!("must be a multiple of {m}"),
+            errors,
+        );
     }
 }
 
@@ -327,8 +432,39 @@ fn check_string(r: &Rare, s: &str, path: &Path<'_>, errors: &mut Vec<String>) {
     }
 }
 
-/// The target of a local `$ref` (`#`, `#/$defs/name`, any `#/json/pointer`).
-fn resolve<'a>(r: &'a Value, refs: &Refs<'a>) -> Result<(&'a Value, &'a str), String> {
+/// Every subschema carrying a string `$anchor`, by anchor (the first one wins).
+fn collect_anchors(root: &Value) -> BTreeMap<&str, &Value> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(o) => {
+                if let Some(a) = o.get("$anchor").and_then(Value::as_str) {
+                    out.entry(a).or_insert(v);
+                }
+                // `enum` and `const` hold values, not schemas.
+                stack.extend(
+                    o.iter()
+                        .filter(|(k, _)| !matches!(k.as_str(), "enum" | "const" | "default" | "examples"))
+                        .map(|(_, x)| x),
+                );
+            }
+            Value::Array(a) => stack.extend(a),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether `a` is a plain-name fragment (`$anchor`'s syntax in 2020-12).
+fn valid_anchor(a: &str) -> bool {
+    let mut b = a.bytes();
+    b.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))
+}
+
+/// The target of a local `$ref` (`#`, `#/$defs/name`, any `#/json/pointer`, `#anchor`).
+fn resolve<'a>(r: &'a Value, refs: &mut Refs<'a>) -> Result<(&'a Value, &'a str), String> {
     let Some(reference) = r.as_str() else {
         return Err("must be a string".to_owned());
     };
@@ -346,6 +482,14 @@ fn resolve<'a>(r: &'a Value, refs: &Refs<'a>) -> Result<(&'a Value, &'a str), St
         return Err(format!(
             "`{reference}` refers to itself (directly or through other references); recursive schemas are not supported"
         ));
+    }
+    if !pointer.is_empty() && !pointer.starts_with('/') {
+        let root = refs.root;
+        let anchors = refs.anchors.get_or_insert_with(|| collect_anchors(root));
+        return anchors
+            .get(pointer)
+            .map(|t| (*t, reference))
+            .ok_or_else(|| format!("`{reference}`: no `$anchor` named {pointer:?} in this schema"));
     }
     // JSON pointers escape `/` as `~1` and `~` as `~0`; URI fragments may percent-encode.
     let decoded = percent_decode(pointer);
@@ -374,6 +518,15 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What `uniqueItems` compares: numbers by value (`1` and `1.0` are one), anything else by
+/// its JSON text (as [`json_eq`] does).
+fn unique_key(v: &Value) -> String {
+    match v {
+        Value::Number(n) => format!("#{:?}", n.as_f64().unwrap_or(f64::NAN)),
+        other => other.to_string(),
+    }
 }
 
 fn json_eq(a: &Value, b: &Value) -> bool {
@@ -494,7 +647,7 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
     for (k, x) in obj {
         if !structure_keyword(&mut s, k, x, path, errs, refs)
             && !constraint_keyword(&mut s, k, x, path, errs)
-            && !ANNOTATIONS.contains(&k.as_str())
+            && !is_annotation(k)
         {
             errs.push(format!("{}: unsupported JSON Schema keyword", here(path, k)));
         }
@@ -510,7 +663,7 @@ fn compile_at<'a>(v: &'a Value, path: &str, errs: &mut Vec<String>, refs: &mut R
             ));
         }
     }
-    s.trivial = obj.keys().all(|k| ANNOTATIONS.contains(&k.as_str()));
+    s.trivial = obj.keys().all(|k| is_annotation(k));
     s
 }
 
@@ -582,6 +735,24 @@ fn structure_keyword<'a>(
             }
             _ => errs.push(format!("{}: must be a non-empty array of schemas", here(path, k))),
         },
+        "not" => s.rare().not = Some(Box::new(compile_at(x, &here(path, k), errs, refs))),
+        "if" | "then" | "else" => {
+            let sub = Some(compile_at(x, &here(path, k), errs, refs));
+            let c = s.rare().conditional.get_or_insert_with(Box::default);
+            match k {
+                "if" => c.when = sub,
+                "then" => c.then = sub,
+                _ => c.otherwise = sub,
+            }
+        }
+        "$anchor" => {
+            if !x.as_str().is_some_and(valid_anchor) {
+                errs.push(format!(
+                    "{}: must be a name (a letter or `_`, then letters, digits, `-`, `.`, `_`)",
+                    here(path, k)
+                ));
+            }
+        }
         _ => return false,
     }
     true
@@ -632,6 +803,23 @@ fn constraint_keyword(s: &mut Schema, k: &str, x: &Value, path: &str, errs: &mut
         "maxLength" => s.rare().max_length = count(errs),
         "minItems" => s.rare().min_items = count(errs),
         "maxItems" => s.rare().max_items = count(errs),
+        "minProperties" => s.rare().min_properties = count(errs),
+        "maxProperties" => s.rare().max_properties = count(errs),
+        "multipleOf" => match x.as_f64() {
+            Some(m) if m > 0.0 && m.is_finite() => s.rare().multiple_of = Some(m),
+            _ => errs.push(format!("{}: must be a number greater than 0", here(path, k))),
+        },
+        "uniqueItems" => match x.as_bool() {
+            Some(u) => s.rare().unique_items = u,
+            None => errs.push(format!("{}: must be a boolean", here(path, k))),
+        },
+        "dependentRequired" => match dependent_required(x) {
+            Some(d) => s.rare().dependent_required = d,
+            None => errs.push(format!(
+                "{}: must be an object of arrays of property names",
+                here(path, k)
+            )),
+        },
         "pattern" => match x.as_str().map(bounded_regex) {
             Some(Ok(re)) => s.rare().pattern = Some(re),
             Some(Err(e)) => errs.push(format!("{}: invalid regular expression: {e}", here(path, k))),
@@ -640,6 +828,71 @@ fn constraint_keyword(s: &mut Schema, k: &str, x: &Value, path: &str, errs: &mut
         _ => return false,
     }
     true
+}
+
+/// Longest `x-mcp-header` name accepted (the header is `Mcp-Param-` and this).
+pub const MAX_PARAM_HEADER_LEN: usize = 64;
+
+/// The `x-mcp-header` declarations of the root's properties, checked: each names a header
+/// (an RFC 9110 token of at most [`MAX_PARAM_HEADER_LEN`] characters, unique without case)
+/// on a property of type string, integer or boolean (not number: a float has no single
+/// text form to compare).
+fn param_headers(root: &Value, errs: &mut Vec<String>) -> Vec<(Box<str>, Box<str>)> {
+    let Some(props) = root.get("properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(Box<str>, Box<str>)> = Vec::new();
+    for (name, p) in props {
+        let Some(h) = p.get("x-mcp-header") else {
+            continue;
+        };
+        let at = format!("properties.{name}.x-mcp-header");
+        let Some(h) = h.as_str().filter(|h| {
+            !h.is_empty()
+                && h.len() <= MAX_PARAM_HEADER_LEN
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        }) else {
+            errs.push(format!(
+                "{at}: must be a header name of 1 to {MAX_PARAM_HEADER_LEN} letters, digits or !#$%&'*+-.^_`|~"
+            ));
+            continue;
+        };
+        let primitive = p
+            .get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| matches!(t, "string" | "integer" | "boolean"));
+        if !primitive {
+            errs.push(format!(
+                "{at}: only a property of type string, integer or boolean can be mirrored into a header"
+            ));
+            continue;
+        }
+        let header: Box<str> = format!("mcp-param-{}", h.to_ascii_lowercase()).into();
+        if out.iter().any(|(_, x)| *x == header) {
+            errs.push(format!(
+                "{at}: `{h}` is declared by another property too (header names ignore case)"
+            ));
+            continue;
+        }
+        out.push((name.as_str().into(), header));
+    }
+    out
+}
+
+/// `dependentRequired`: `{property: [names required with it]}`.
+fn dependent_required(x: &Value) -> Option<Vec<Dependent>> {
+    x.as_object()?
+        .iter()
+        .map(|(k, v)| {
+            let names = v
+                .as_array()?
+                .iter()
+                .map(|n| n.as_str().map(Box::from))
+                .collect::<Option<Vec<_>>>()?;
+            Some((k.as_str().into(), names))
+        })
+        .collect()
 }
 
 /// Expands the `input:` shorthand into an object JSON Schema.
@@ -751,10 +1004,12 @@ mod tests {
 
     #[test]
     fn rejects_unsupported_keywords_with_paths() {
-        let e = Schema::compile(&json!({"type": "object", "properties": {"x": {"if": {}}}, "minimum": "z"}))
-            .unwrap_err();
+        let e = Schema::compile(
+            &json!({"type": "object", "properties": {"x": {"unevaluatedProperties": false}}, "minimum": "z"}),
+        )
+        .unwrap_err();
         assert!(
-            e.contains(&"properties.x.if: unsupported JSON Schema keyword".to_owned()),
+            e.contains(&"properties.x.unevaluatedProperties: unsupported JSON Schema keyword".to_owned()),
             "{e:?}"
         );
         assert!(e.contains(&"minimum: must be a number".to_owned()), "{e:?}");
@@ -837,6 +1092,141 @@ mod tests {
             defs.insert(format!("c{i}"), json!({"$ref": format!("#/$defs/c{}", i - 1)}));
         }
         refused(json!({"$defs": defs}), "nest more than 16 deep");
+    }
+
+    /// The 2020-12 vocabulary tool authors write (the conformance suite's fixture among it):
+    /// composition, conditionals, anchors, extension keywords; each enforced, not skipped.
+    #[test]
+    fn conditionals_anchors_and_composition_are_enforced() {
+        let schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "$defs": {"address": {"$anchor": "addressDef", "type": "object",
+                "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+            "properties": {
+                "name": {"type": "string", "x-mcp-header": "Name"},
+                "address": {"$ref": "#/$defs/address"},
+                "home": {"$ref": "#addressDef"},
+                "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                "phone": {"type": "string"},
+                "email": {"type": "string"},
+            },
+            "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+            "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+            "then": {"required": ["phone"]},
+            "else": {"required": ["email"]},
+            "additionalProperties": false,
+        });
+        assert!(errors(schema.clone(), json!({"email": "a@b"})).is_empty());
+        assert!(errors(schema.clone(), json!({"contactMethod": "phone", "phone": "1"})).is_empty());
+        let e = errors(schema.clone(), json!({"contactMethod": "phone", "email": "a@b"}));
+        assert_eq!(e, vec!["arguments: missing required property `phone`"]);
+        let e = errors(schema.clone(), json!({"phone": "1"}));
+        assert_eq!(e, vec!["arguments: missing required property `email`"]);
+        let e = errors(schema, json!({"email": "a", "home": {"city": 3}}));
+        assert_eq!(e, vec!["arguments.home.city: expected string, got integer"]);
+
+        let checks = json!({"type": "object", "not": {"required": ["x"]}, "minProperties": 1,
+            "maxProperties": 2, "dependentRequired": {"a": ["b"]},
+            "properties": {"n": {"multipleOf": 0.5}, "l": {"uniqueItems": true}}});
+        assert!(errors(checks.clone(), json!({"n": 1.5, "l": [1, 2]})).is_empty());
+        for (bad, needle) in [
+            (json!({"x": 1}), "must not match the `not` schema"),
+            (json!({}), "fewer than 1 properties"),
+            (json!({"n": 1, "l": [], "y": 1}), "more than 2 properties"),
+            (json!({"a": 1}), "`b` is required when `a` is present"),
+            (json!({"n": 1.25}), "must be a multiple of 0.5"),
+            (json!({"l": [1, {"k": 2}, 1.0]}), "item 2 repeats an earlier one"),
+        ] {
+            let e = errors(checks.clone(), bad.clone());
+            assert!(
+                e.iter().any(|m| m.contains(needle)),
+                "{bad}: {needle:?} not in {e:?}"
+            );
+        }
+
+        let refused = |schema: Value, needle: &str| {
+            let e = Schema::compile(&schema).unwrap_err();
+            assert!(e.iter().any(|m| m.contains(needle)), "{needle:?} not in {e:?}");
+        };
+        refused(json!({"$ref": "#nowhere"}), "no `$anchor` named \"nowhere\"");
+        refused(json!({"$anchor": "1st"}), "$anchor: must be a name");
+        refused(json!({"$anchor": 3}), "$anchor: must be a name");
+        refused(
+            json!({"multipleOf": 0}),
+            "multipleOf: must be a number greater than 0",
+        );
+        refused(
+            json!({"dependentRequired": {"a": [1]}}),
+            "dependentRequired: must be an object",
+        );
+        refused(json!({"if": 3}), "if: a schema must be an object or a boolean");
+        // An anchor that refers to itself is a cycle like any other.
+        refused(
+            json!({"$defs": {"a": {"$anchor": "a", "items": {"$ref": "#a"}}}, "$ref": "#a"}),
+            "refers to itself",
+        );
+    }
+
+    #[test]
+    fn param_headers_are_declared_on_primitive_root_properties() {
+        let s = Schema::compile(&json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "n": {"type": "integer", "x-mcp-header": "Count_2"},
+            "deep": {"type": "object", "properties": {"x": {"type": "string", "x-mcp-header": "X"}}},
+        }}))
+        .unwrap();
+        let mut got: Vec<(&str, &str)> = s.param_headers().iter().map(|(a, b)| (&**a, &**b)).collect();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            vec![("n", "mcp-param-count_2"), ("region", "mcp-param-region")]
+        );
+        assert!(
+            Schema::compile(&json!({"type": "object"}))
+                .unwrap()
+                .param_headers()
+                .is_empty()
+        );
+        let long = "h".repeat(MAX_PARAM_HEADER_LEN + 1);
+        for (bad, needle) in [
+            (
+                json!({"a": {"type": "string", "x-mcp-header": "Bad Name"}}),
+                "must be a header name",
+            ),
+            (
+                json!({"a": {"type": "string", "x-mcp-header": "A\r\nX-Evil: 1"}}),
+                "must be a header name",
+            ),
+            (
+                json!({"a": {"type": "string", "x-mcp-header": ""}}),
+                "must be a header name",
+            ),
+            (
+                json!({"a": {"type": "string", "x-mcp-header": long}}),
+                "must be a header name",
+            ),
+            (
+                json!({"a": {"type": "string", "x-mcp-header": 7}}),
+                "must be a header name",
+            ),
+            (
+                json!({"a": {"type": "array", "x-mcp-header": "A"}}),
+                "only a property of type",
+            ),
+            (json!({"a": {"x-mcp-header": "A"}}), "only a property of type"),
+            (
+                json!({"a": {"type": "number", "x-mcp-header": "A"}}),
+                "only a property of type",
+            ),
+            (
+                json!({"a": {"type": "string", "x-mcp-header": "Dup"}, "b": {"type": "string", "x-mcp-header": "dUP"}}),
+                "declared by another property",
+            ),
+        ] {
+            let e = Schema::compile(&json!({"type": "object", "properties": bad})).unwrap_err();
+            assert!(e.iter().any(|m| m.contains(needle)), "{needle:?} not in {e:?}");
+        }
     }
 
     #[test]

@@ -686,3 +686,278 @@ async fn h2c_is_off_unless_asked_for() {
     assert!(got.is_none(), "HTTP/2 was served without --http2: {got:?}");
     assert_still_serves(s.mcp).await;
 }
+
+/// A 2026-07-28 `tools/call` of `route` with `args`, and raw header lines (the
+/// `Mcp-Param-*` ones) as a client sends them; bytes outside ASCII go through as they are.
+async fn call_route(addr: std::net::SocketAddr, args: &str, params: &[u8]) -> net::Reply {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"route","arguments":{args},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+    );
+    let mut raw = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: route\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(params);
+    raw.extend_from_slice(b"\r\n");
+    raw.extend_from_slice(body.as_bytes());
+    exchange(addr, &raw).await
+}
+
+/// Arguments marked `x-mcp-header` must be mirrored into `Mcp-Param-*` headers that decode
+/// to exactly the argument: every way a header can be wrong or missing is `-32020` (HTTP
+/// 400) before the tool runs, and conforming encodings are served.
+#[tokio::test]
+async fn param_headers_must_mirror_the_arguments() {
+    let s = serve_app(
+        r#"
+tools:
+  - name: route
+    inputSchema:
+      type: object
+      properties:
+        region: {type: string, x-mcp-header: Region}
+        n: {type: integer, x-mcp-header: N}
+        fast: {type: boolean, x-mcp-header: Fast}
+        note: {type: string}
+    handler: {template: "region={{region}}"}
+"#,
+        HttpOptions::default(),
+        ConnOptions::default(),
+        Limits::default(),
+    )
+    .await;
+    let ok: [(&str, &[u8], &str); 7] = [
+        (
+            r#"{"region":"eu-west"}"#,
+            b"mcp-param-region: eu-west\r\n",
+            "region=eu-west",
+        ),
+        // Surrounding blanks are not part of an HTTP field value.
+        (r#"{"region":"eu"}"#, b"MCP-PARAM-REGION: \t eu \r\n", "region=eu"),
+        // UTF-8 as Base64: "Zürich".
+        (
+            r#"{"region":"Zürich"}"#,
+            b"Mcp-Param-Region: =?base64?WsO8cmljaA==?=\r\n",
+            "region=Zürich",
+        ),
+        // Without the closing `?=` the value is literal.
+        (
+            r#"{"region":"=?base64?SGk="}"#,
+            b"Mcp-Param-Region: =?base64?SGk=\r\n",
+            "region==?base64?SGk=",
+        ),
+        (r#"{"region":""}"#, b"Mcp-Param-Region: \r\n", "region="),
+        (
+            r#"{"region":"x","n":-12,"fast":false,"note":"not mirrored"}"#,
+            b"Mcp-Param-Region: x\r\nMcp-Param-N: -12\r\nMcp-Param-Fast: false\r\n",
+            "region=x",
+        ),
+        // An absent optional argument has no header.
+        (
+            r#"{"region":"x","note":"n"}"#,
+            b"Mcp-Param-Region: x\r\n",
+            "region=x",
+        ),
+    ];
+    for (args, headers, text) in ok {
+        let r = call_route(s.mcp, args, headers).await;
+        assert_eq!(r.status, 200, "{args}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["result"]["content"][0]["text"], text, "{args}");
+    }
+    let bad: [(&str, &[u8], &str); 11] = [
+        (r#"{"region":"eu"}"#, b"", "header is required"),
+        (
+            r#"{"region":"eu"}"#,
+            b"Mcp-Param-Region: us\r\n",
+            "does not match the argument `region`",
+        ),
+        (
+            r#"{"region":"eu"}"#,
+            b"Mcp-Param-Region: EU\r\n",
+            "does not match",
+        ),
+        (
+            r#"{}"#,
+            b"Mcp-Param-Region: eu\r\n",
+            "the arguments carry no `region`",
+        ),
+        (
+            r#"{"region":"Hello"}"#,
+            b"Mcp-Param-Region: =?base64?SGVsbG8?=\r\n",
+            "not a valid header value",
+        ),
+        (
+            r#"{"region":"Hello"}"#,
+            b"Mcp-Param-Region: =?base64?SGVs!!!bG8=?=\r\n",
+            "not a valid header value",
+        ),
+        // Base64 of bytes that are not UTF-8.
+        (
+            r#"{"region":"x"}"#,
+            b"Mcp-Param-Region: =?base64?/w==?=\r\n",
+            "not a valid header value",
+        ),
+        // Bytes outside visible ASCII sent raw instead of as Base64.
+        (
+            r#"{"region":"Zürich"}"#,
+            b"Mcp-Param-Region: Z\xc3\xbcrich\r\n",
+            "not a valid header value",
+        ),
+        (
+            r#"{"region":"eu"}"#,
+            b"Mcp-Param-Region: eu\r\nMcp-Param-Region: eu\r\n",
+            "sent more than once",
+        ),
+        (
+            r#"{"region":"x","n":3}"#,
+            b"Mcp-Param-Region: x\r\nMcp-Param-N: 03\r\n",
+            "argument `n`",
+        ),
+        (
+            r#"{"region":"x","fast":true}"#,
+            b"Mcp-Param-Region: x\r\nMcp-Param-Fast: True\r\n",
+            "argument `fast`",
+        ),
+    ];
+    for (args, headers, needle) in bad {
+        let r = call_route(s.mcp, args, headers).await;
+        assert_eq!(
+            r.code(),
+            (400, Some(-32020)),
+            "{args} {:?}",
+            String::from_utf8_lossy(headers)
+        );
+        let message = r.json()["error"]["message"].as_str().unwrap_or("").to_owned();
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+        assert_eq!(r.json()["id"], 9);
+    }
+    // The headers belong to 2026-07-28: an older revision's call needs none.
+    let legacy = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"}}}"#;
+    assert_eq!(
+        post(s.mcp, legacy).await.json()["result"]["content"][0]["text"],
+        "region=eu"
+    );
+}
+
+/// The ids of the SSE events in a raw response, in order.
+fn event_ids(raw: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(raw)
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: ").map(str::to_owned))
+        .collect()
+}
+
+/// `GET /mcp` of session `id` resuming after `last`.
+async fn resume_get(addr: std::net::SocketAddr, id: &str, last: &[u8]) -> net::Reply {
+    let mut raw = format!(
+        "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAccept: text/event-stream\r\n\
+         MCP-Protocol-Version: 2025-11-25\r\nMcp-Session-Id: {id}\r\nLast-Event-ID: "
+    )
+    .into_bytes();
+    raw.extend_from_slice(last);
+    raw.extend_from_slice(b"\r\n\r\n");
+    exchange(addr, &raw).await
+}
+
+/// A call that outlives the poll interval is answered by a stream the server ends after a
+/// priming event (id, retry); the client polls the rest with `Last-Event-ID` until the
+/// result arrives. Ids that are malformed, unknown, another session's or expired are
+/// refused with a clear error, and the buffers they named are gone.
+#[tokio::test]
+async fn answer_streams_resume_from_last_event_id_and_refuse_bad_ids() {
+    use quiver_server::transport::resume::ResumeOptions;
+    let s = serve_app(
+        TOOLS,
+        HttpOptions {
+            resume: Some(ResumeOptions {
+                ttl: Duration::from_millis(300),
+                ..ResumeOptions::with_poll(Duration::from_millis(150))
+            }),
+            ..HttpOptions::default()
+        },
+        ConnOptions::default(),
+        Limits::default(),
+    )
+    .await;
+    let id = net::sid("s-resume");
+    let session = &format!("Mcp-Session-Id: {id}\r\n");
+    let call =
+        br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":500}}}"#;
+    let r = post_with(s.mcp, call, session).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.headers.contains("content-type: text/event-stream"),
+        "{}",
+        r.headers
+    );
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let ids = event_ids(&r.body);
+    assert_eq!(ids.len(), 1, "only the priming event before the interval: {text}");
+    assert!(
+        ids[0].ends_with("-0") && text.contains("retry: 100\n") && !text.contains("\"result\""),
+        "{text}"
+    );
+
+    // Poll until the result comes, each time after the last id seen.
+    let mut last = ids[0].clone();
+    let deadline = std::time::Instant::now() + net::PATIENCE;
+    let result = loop {
+        assert!(std::time::Instant::now() < deadline, "no result by polling");
+        let r = resume_get(s.mcp, &id, last.as_bytes()).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let body = String::from_utf8_lossy(&r.body).into_owned();
+        if let Some(l) = event_ids(&r.body).pop() {
+            last = l;
+        }
+        if body.contains("\"result\"") {
+            break body;
+        }
+    };
+    assert!(result.contains(r#""id":4"#), "{result}");
+    assert!(
+        last.ends_with("-1"),
+        "the result is the first event after priming: {last}"
+    );
+    // The buffer can be read again from the start while it lives.
+    let again = resume_get(s.mcp, &id, ids[0].as_bytes()).await;
+    assert!(String::from_utf8_lossy(&again.body).contains("\"result\""));
+
+    let other = net::sid("s-other-resume");
+    let stream = ids[0].split('-').next().unwrap_or("").to_owned();
+    let cases: [(&String, &[u8], u16, &str); 5] = [
+        (&id, b"garbage", 400, "not an event id"),
+        (&id, b"\xff\xfe", 400, "not an event id"),
+        (&id, b"18446744073709551616-0", 400, "not an event id"),
+        (&id, b"987654-0", 404, "names no stream of this session"),
+        (&other, ids[0].as_bytes(), 404, "names no stream of this session"),
+    ];
+    for (who, last_id, status, needle) in cases {
+        let r = resume_get(s.mcp, who, last_id).await;
+        assert_eq!(r.code(), (status, Some(-32600)), "{last_id:?}");
+        let m = r.json()["error"]["message"].as_str().unwrap_or("").to_owned();
+        assert!(m.contains(needle), "{needle:?} not in {m:?}");
+    }
+    // Unread past its ttl, the buffer expires: answers opened after that sweep it away (a
+    // resume would count as a read, so none is tried until then).
+    let unread_since = std::time::Instant::now();
+    let longer_call =
+        br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":200}}}"#;
+    loop {
+        assert_eq!(post_with(s.mcp, longer_call, session).await.status, 200);
+        if unread_since.elapsed() > Duration::from_millis(500) {
+            break;
+        }
+    }
+    let r = resume_get(s.mcp, &id, format!("{stream}-0").as_bytes()).await;
+    assert_eq!(r.code(), (404, Some(-32600)));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("expired")
+    );
+    assert_still_serves(s.mcp).await;
+}

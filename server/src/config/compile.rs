@@ -624,6 +624,60 @@ mod tests {
         }
     }
 
+    /// The listing shows the schemas as written (composition, conditionals, anchors,
+    /// extension keywords, annotations); the validator enforces its compiled form of them.
+    #[test]
+    fn schemas_are_listed_as_authored_and_enforced() {
+        let schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "$defs": {"address": {"$anchor": "addressDef", "type": "object",
+                "properties": {"city": {"type": "string", "description": "City", "x-vendor": {"k": [1]}}}}},
+            "properties": {
+                "address": {"$ref": "#addressDef"},
+                "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                "phone": {"type": "string", "x-mcp-header": "Phone"},
+                "email": {"type": "string", "format": "email", "examples": ["a@b.c"]},
+            },
+            "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+            "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+            "then": {"required": ["phone"]},
+            "else": {"required": ["email"]},
+            "additionalProperties": false,
+        });
+        let output = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+            "not": {"required": ["secret"]}, "$comment": "kept"});
+        let tool = json!({"tools": [{"name": "t", "inputSchema": schema, "outputSchema": output,
+            "handler": {"template": "hi"}}]});
+        let c = compile(&parse("t", &tool.to_string()).unwrap()).unwrap();
+        let t = &c.tools[0];
+        assert_eq!(t.descriptor["inputSchema"], schema);
+        assert_eq!(t.descriptor["outputSchema"], output);
+        assert!(t.input.is_valid(&json!({"email": "a@b.c"})));
+        assert!(
+            !t.input
+                .is_valid(&json!({"contactMethod": "phone", "email": "a@b.c"}))
+        );
+        assert!(!t.input.is_valid(&json!({"email": "e", "address": {"city": 1}})));
+        let headers: Vec<_> = t
+            .input
+            .param_headers()
+            .iter()
+            .map(|(p, h)| (&**p, &**h))
+            .collect();
+        assert_eq!(headers, vec![("phone", "mcp-param-phone")]);
+        assert!(!t.output.as_ref().unwrap().is_valid(&json!({"secret": 1})));
+        // A declaration the server could not check is a load error, not a silent annotation.
+        let bad = json!({"tools": [{"name": "t", "handler": {"template": "hi"},
+            "inputSchema": {"type": "object", "properties": {"p": {"type": "object", "x-mcp-header": "P"}}}}]});
+        let p = problems(&bad.to_string());
+        assert!(
+            p.iter()
+                .any(|m| m.contains("inputSchema.properties.p.x-mcp-header: only a property of type")),
+            "{p:?}"
+        );
+    }
+
     #[test]
     fn a_good_toolset_compiles_every_handler_kind() {
         let c = compile(

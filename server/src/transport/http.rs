@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::limits::Load;
+use super::resume::{Buffer, Next, Resumable, ResumeOptions};
 use super::sessions::EndedSessions;
 use crate::config::access::Principal;
 use crate::dispatch::{Ctx, Deferred, Era, Listen, Opens, Outcome, Reply, Server};
@@ -66,6 +67,8 @@ pub struct HttpOptions {
     pub body_read_timeout: Duration,
     /// Client authentication; `None` serves every caller that passes the Origin and Host checks.
     pub auth: Option<Arc<super::auth::Auth>>,
+    /// Resumable answer streams (2025-11-25 polling with `Last-Event-ID`); `None`: off.
+    pub resume: Option<ResumeOptions>,
 }
 
 impl Default for HttpOptions {
@@ -79,6 +82,7 @@ impl Default for HttpOptions {
             max_connections: 10_000,
             body_read_timeout: Duration::from_secs(30),
             auth: None,
+            resume: None,
         }
     }
 }
@@ -93,6 +97,7 @@ pub struct HttpState {
     next_stream: AtomicU64,
     ended: EndedSessions,
     shutdown: CancellationToken,
+    resume: Option<Resumable>,
 }
 
 impl HttpState {
@@ -103,6 +108,7 @@ impl HttpState {
             options.max_concurrency,
             options.max_streams,
         );
+        let resume = options.resume.map(Resumable::new);
         Arc::new(Self {
             server,
             options,
@@ -111,6 +117,7 @@ impl HttpState {
             next_stream: AtomicU64::new(0),
             ended: EndedSessions::default(),
             shutdown,
+            resume,
         })
     }
 
@@ -492,6 +499,9 @@ struct MirroredParams<'a> {
     name: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
     uri: Option<std::borrow::Cow<'a, str>>,
+    /// Read only when the tool declares `x-mcp-header` parameters.
+    #[serde(borrow, default)]
+    arguments: Option<&'a serde_json::value::RawValue>,
 }
 
 /// A header value in the 2026-07-28 encoding: plain visible ASCII, or `=?base64?...?=` for
@@ -512,7 +522,7 @@ fn header_text(v: &HeaderValue) -> Option<String> {
 /// the tool or prompt name or resource URI of `tools/call`, `prompts/get`, `resources/read`.
 /// A missing, malformed or different header is `-32020 HeaderMismatch` (HTTP 400), so that
 /// a proxy routing by header and this server reading the body cannot disagree.
-fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Box<Response>> {
+fn check_mirrored(state: &HttpState, headers: &HeaderMap, body: &[u8]) -> Result<(), Box<Response>> {
     let Ok(m) = serde_json::from_slice::<Mirrored<'_>>(body) else {
         // Not a readable request: dispatch answers it.
         return Ok(());
@@ -572,7 +582,121 @@ fn check_mirrored(headers: &HeaderMap, body: &[u8]) -> Result<(), Box<Response>>
             clip(&h),
             clip(named)
         ))),
+        Some(Some(_)) if method == "tools/call" => {
+            let args = m.params.as_ref().and_then(|p| p.arguments);
+            check_param_headers(state, headers, named, args).map_err(mismatch)
+        }
         Some(Some(_)) => Ok(()),
+    }
+}
+
+/// Whether `text` is `n` written in decimal, without formatting it into a new string.
+fn fmt_eq(text: &str, n: impl std::fmt::Display) -> bool {
+    use std::fmt::Write;
+    struct Cmp<'a>(&'a str, bool);
+    impl Write for Cmp<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            match self.0.strip_prefix(s) {
+                Some(rest) => self.0 = rest,
+                None => self.1 = false,
+            }
+            Ok(())
+        }
+    }
+    let mut c = Cmp(text, true);
+    let _ = write!(c, "{n}");
+    c.1 && c.0.is_empty()
+}
+
+/// The `Mcp-Param-*` headers of a `tools/call` (2026-07-28): each argument the tool declares
+/// with `x-mcp-header` must be mirrored, decoded, equal to the body's value, and a header
+/// needs its argument. Tools without such parameters cost one lookup.
+fn check_param_headers(
+    state: &HttpState,
+    headers: &HeaderMap,
+    tool: &str,
+    args: Option<&serde_json::value::RawValue>,
+) -> Result<(), String> {
+    let snap = state.server.registry.load();
+    let Some(t) = snap.tool_index(tool).map(|i| &snap.tools[i]) else {
+        // Unknown tool: dispatch answers it.
+        return Ok(());
+    };
+    let declared = t.def.input.param_headers();
+    if declared.is_empty() {
+        return Ok(());
+    }
+    // Not an object: the arguments' validation reports it.
+    let args: serde_json::Map<String, serde_json::Value> = args
+        .and_then(|a| serde_json::from_str(a.get()).ok())
+        .unwrap_or_default();
+    for (param, name) in declared {
+        let display = &name["mcp-param-".len()..];
+        let body = args.get(&**param).filter(|v| !v.is_null());
+        let mut values = headers.get_all(&**name).iter();
+        let (header, extra) = (values.next(), values.next());
+        if extra.is_some() {
+            return Err(format!(
+                "Header mismatch: Mcp-Param-{display} is sent more than once"
+            ));
+        }
+        match (body, header) {
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(format!(
+                    "Header mismatch: the Mcp-Param-{display} header is required (the arguments carry `{param}`)"
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(format!(
+                    "Header mismatch: Mcp-Param-{display} is sent but the arguments carry no `{param}`"
+                ));
+            }
+            (Some(v), Some(h)) => {
+                let Some(text) = param_header_text(h) else {
+                    return Err(format!(
+                        "Header mismatch: Mcp-Param-{display} is not a valid header value \
+                         (visible ASCII, or =?base64?...?= with canonical Base64 of UTF-8)"
+                    ));
+                };
+                if !header_matches(&text, v) {
+                    return Err(format!(
+                        "Header mismatch: Mcp-Param-{display} does not match the argument `{param}`"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An `Mcp-Param-*` value: `=?base64?...?=` decoded (canonical, padded Base64 of UTF-8),
+/// anything else literal visible ASCII with surrounding blanks removed.
+fn param_header_text(v: &HeaderValue) -> Option<std::borrow::Cow<'_, str>> {
+    let s = v.to_str().ok()?;
+    if let Some(b64) = s.strip_prefix("=?base64?").and_then(|r| r.strip_suffix("?=")) {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        return String::from_utf8(bytes).ok().map(Into::into);
+    }
+    let s = s.trim_matches([' ', '\t']);
+    s.bytes().all(|b| (0x20..=0x7e).contains(&b)).then_some(s.into())
+}
+
+/// Whether a header's text is the argument's value: a string itself, an integer or a
+/// boolean as JSON writes it.
+fn header_matches(text: &str, v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => s == text,
+        Value::Bool(b) => text == if *b { "true" } else { "false" },
+        // Compared as text: `03` or `+3` is not how the argument 3 is written.
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => fmt_eq(text, i),
+            (_, Some(u)) => fmt_eq(text, u),
+            _ => false,
+        },
+        _ => false,
     }
 }
 
@@ -652,7 +776,13 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller, req: Requ
                 std::mem::forget(p);
                 HeldPass(state.load.clone())
             });
-            answer_call(d, held).await
+            // Answers in a session of the handshake era can be resumed (when enabled).
+            let resume = state
+                .resume
+                .as_ref()
+                .filter(|_| !modern && !session.is_empty())
+                .map(|r| (r, session));
+            answer_call(d, held, resume).await
         }
         Outcome::Accepted => StatusCode::ACCEPTED.into_response(),
         Outcome::Reply(r) => reply_response(&state, r),
@@ -714,7 +844,7 @@ fn post_target<'h>(
     };
     let session = session_id(headers).map_err(|r| Box::new(r.for_body(body)))?;
     if modern {
-        check_mirrored(headers, body)?;
+        check_mirrored(state, headers, body)?;
         return Ok((version, modern, ""));
     }
     check_session(state, session, caller.principal()).map_err(|r| Box::new(r.for_body(body)))?;
@@ -768,16 +898,20 @@ impl Drop for HeldPass {
 /// Runs a slow tool call. Its answer is `application/json` unless the call sends the client
 /// something first; then it is an SSE stream of those messages ending with the response.
 /// Dropping the stream (the client went away) drops the call. A call the client cancelled
-/// gets no response: its stream just ends.
-async fn answer_call(d: Deferred, held: Option<HeldPass>) -> Response {
+/// gets no response: its stream just ends. With `resume` (a session, resumable streams on),
+/// a call still running after the poll interval is answered too, by a stream of
+/// [`super::resume`] that the server ends and the client resumes.
+async fn answer_call(d: Deferred, held: Option<HeldPass>, resume: Option<(&Resumable, &str)>) -> Response {
+    let started = std::time::Instant::now();
     let (peer, mut rx) = Peer::channel();
     let mut call = Box::pin(async move {
         let _held = held;
         d.run(Some(&peer)).await.map(|r| (r.body, r.status))
     });
+    let poll = resume.map(|(r, _)| r.options().poll_after);
     let first = tokio::select! {
         biased;
-        Some(m) = rx.recv() => m,
+        Some(m) = rx.recv() => Some(m),
         out = &mut call => match rx.try_recv() {
             Ok(m) => return sse_answer(stream::iter(std::iter::once(m)).chain(drain(rx, out.map(|(b, _)| b)))),
             Err(_) => {
@@ -786,6 +920,22 @@ async fn answer_call(d: Deferred, held: Option<HeldPass>) -> Response {
                     None => sse_answer(stream::empty()),
                 };
             }
+        },
+        () = sleep_or_never(poll) => None,
+    };
+    if let Some((r, session)) = resume
+        && let Some(buf) = r.open(session)
+    {
+        // The interval counts from the request: a call past it ends its stream at once.
+        return resumable_answer(r, buf, first, call, rx, started + r.options().poll_after);
+    }
+    // No place for a resumable stream: the answer streams as without them.
+    let first = match first {
+        Some(m) => m,
+        None => tokio::select! {
+            biased;
+            Some(m) = rx.recv() => m,
+            out = &mut call => return sse_answer(drain(rx, out.map(|(b, _)| b))),
         },
     };
     let rest = stream::unfold(Some((call, rx)), |st| async move {
@@ -798,6 +948,157 @@ async fn answer_call(d: Deferred, held: Option<HeldPass>) -> Response {
     })
     .flatten();
     sse_answer(stream::iter(std::iter::once(first)).chain(rest))
+}
+
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A resumable answer: the call runs on in a task that records what it sends in `buf`,
+/// and the response reads `buf` from its start.
+fn resumable_answer<F>(
+    r: &Resumable,
+    buf: Arc<Buffer>,
+    first: Option<Vec<u8>>,
+    mut call: std::pin::Pin<Box<F>>,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    deadline: std::time::Instant,
+) -> Response
+where
+    F: std::future::Future<Output = Option<(Vec<u8>, u16)>> + Send + 'static,
+{
+    let options = *r.options();
+    if let Some(m) = first {
+        buf.push(m.into(), &options);
+    }
+    let recorder = buf.clone();
+    tokio::spawn(async move {
+        let b = recorder;
+        loop {
+            tokio::select! {
+                biased;
+                () = b.cancel.cancelled() => break,
+                Some(m) = rx.recv() => b.push(m.into(), &options),
+                out = &mut call => {
+                    while let Ok(m) = rx.try_recv() {
+                        b.push(m.into(), &options);
+                    }
+                    if let Some((body, _)) = out {
+                        b.push(body.into(), &options);
+                    }
+                    break;
+                }
+            }
+        }
+        b.finish();
+    });
+    buffered_stream(buf, 0, options.retry, deadline, true, ())
+}
+
+/// An SSE response reading `buf` after event `after`, each event with its id, until the
+/// stream ends or the poll interval has passed (then the client resumes from the last id).
+/// `prime` opens it with the priming event (an id, the retry hint, empty data). A client that
+/// closes it before either cancels the call. `hold` lives as long as the response.
+fn buffered_stream(
+    buf: Arc<Buffer>,
+    after: u64,
+    retry: Duration,
+    deadline: std::time::Instant,
+    prime: bool,
+    hold: impl Send + 'static,
+) -> Response {
+    const KEEP_ALIVE: Duration = Duration::from_secs(15);
+    buf.attach();
+    let priming = prime.then(|| {
+        Ok::<_, Infallible>(Bytes::from(format!(
+            "id: {}\nretry: {}\ndata: \n\n",
+            buf.event_id(0),
+            retry.as_millis()
+        )))
+    });
+    let reader = Reader {
+        buf,
+        seq: after,
+        ended: false,
+    };
+    let events = stream::unfold((reader, hold), move |(mut r, hold)| async move {
+        loop {
+            match r.buf.next_after(r.seq) {
+                Next::Event(seq, m) => {
+                    r.seq = seq;
+                    let e = sse_event(&r.buf.event_id(seq), &m);
+                    return Some((Ok(e), (r, hold)));
+                }
+                Next::Wait => {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        // The interval passed: the server ends the stream, the client resumes.
+                        r.close();
+                        return None;
+                    }
+                    if !r.buf.changed(r.seq, deadline.min(now + KEEP_ALIVE)).await
+                        && std::time::Instant::now() < deadline
+                    {
+                        return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), (r, hold)));
+                    }
+                }
+                // Ended, or the events sought were dropped (a resume then learns they are gone).
+                Next::Done | Next::Dropped => {
+                    r.close();
+                    return None;
+                }
+            }
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(Body::from_stream(stream::iter(priming).chain(events)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// One SSE `message` event with its id (a line break in the message, which serialized JSON
+/// never has, would continue the data on a new `data:` line).
+fn sse_event(id: &str, m: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(m.len() + id.len() + 32);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"\nevent: message\ndata: ");
+    for (i, line) in m.split(|b| matches!(b, b'\n' | b'\r')).enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b"\ndata: ");
+        }
+        out.extend_from_slice(line);
+    }
+    out.extend_from_slice(b"\n\n");
+    out.into()
+}
+
+/// Reads a buffer; when its client goes away before the stream ends (not when the server
+/// ends it), the call is cancelled.
+struct Reader {
+    buf: Arc<Buffer>,
+    seq: u64,
+    ended: bool,
+}
+
+impl Reader {
+    /// The server ends the stream (its interval passed, or nothing more will come).
+    fn close(&mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if self.buf.detach() && !self.ended {
+            self.buf.cancel.cancel();
+        }
+    }
 }
 
 /// What is still queued, then the response (if any).
@@ -906,6 +1207,9 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, caller: Caller, headers: H
             Ok(s) => s.to_owned(),
             Err(r) => return r.into_response(),
         };
+    if let (Some(r), Some(last)) = (&state.resume, headers.get("last-event-id")) {
+        return resume_stream(&state, r, last.as_bytes(), &session);
+    }
     if !state.load.streams.try_enter_detached() {
         state.server.metrics.refused(Refusal::Streams);
         return http_error(
@@ -921,6 +1225,35 @@ async fn get_mcp(State(state): State<Arc<HttpState>>, caller: Caller, headers: H
     Sse::new(event_stream(state, session, id, token))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+/// `GET /mcp` with `Last-Event-ID`: the rest of an answer stream of this session, from its
+/// buffer, as a stream counted against the stream cap. 404 when the id names nothing this
+/// session can resume (unknown, expired, or its events dropped), 400 when it is no id of
+/// this server's.
+fn resume_stream(state: &Arc<HttpState>, r: &Resumable, last: &[u8], session: &str) -> Response {
+    let (buf, after) = match r.resume(last, session) {
+        Ok(x) => x,
+        Err(e) => {
+            let status = if e == super::resume::ResumeError::Malformed {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            return http_error(status, &e.to_string());
+        }
+    };
+    if !state.load.streams.try_enter_detached() {
+        state.server.metrics.refused(Refusal::Streams);
+        return http_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many open streams on this server, retry later",
+        );
+    }
+    state.server.metrics.streams.inc();
+    let o = r.options();
+    let deadline = std::time::Instant::now() + o.poll_after;
+    buffered_stream(buf, after, o.retry, deadline, false, ListenGuard(state.clone()))
 }
 
 /// Unregisters a GET stream when the client goes away or the stream is ended.

@@ -6,5 +6,6 @@ pub mod http;
 pub mod jwt;
 pub mod limits;
 pub mod listen;
+pub mod resume;
 pub mod sessions;
 pub mod stdio;
