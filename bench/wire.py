@@ -283,11 +283,24 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
     if args.baseline:
         servers.append(quiver("baseline", args.baseline, echo, "another quiver-server build (`--baseline`), for a side-by-side comparison"))
     if args.governance:
-        # The same tool under a rate limit (high enough never to refuse) with the audit trail on.
-        gov = tmp / "governed.yaml"
-        gov.write_text(echo.read_text() + "limits: [{rate: 1000000/s, burst: 1000000}]\n")
-        servers.append(quiver("quiver+gov", args.quiver, gov, "quiver with a per-caller rate limit and the audit trail (to a file) on",
-                              flags=("--audit", f"file:{tmp / 'audit.jsonl'}")))
+        # The same tool governed: a typical policy (one that an anonymous caller passes on
+        # its second clause), a per-caller rate limit high enough never to refuse, and the
+        # audit trail (to a file). `--governance-split` adds a row for each of them alone.
+        policy = "policies: [{name: typical, expression: \"'sre' in caller.groups || args.text != 'prod'\"}]\n"
+        limit = "limits: [{rate: 1000000/s, burst: 1000000}]\n"
+        audit = ("--audit", f"file:{tmp / 'audit.jsonl'}")
+        rows = [("quiver+gov", policy + limit, audit, "quiver with a typical policy, a per-caller rate limit and the audit trail (to a file) on")]
+        if args.governance_split:
+            rows += [("quiver+policy", policy, (), "quiver with a typical policy"),
+                     ("quiver+limit", limit, (), "quiver with a per-caller rate limit (never refusing)"),
+                     ("quiver+audit", "", ("--audit", f"file:{tmp / 'audit-only.jsonl'}"), "quiver with the audit trail (to a file) on")]
+        if args.baseline:
+            rows.append(("baseline+gov", policy + limit, ("--audit", f"file:{tmp / 'audit-baseline.jsonl'}"), "the `--baseline` build, governed as quiver+gov"))
+        for name, extra, flags, note in rows:
+            cfg = tmp / f"{name.replace('+', '-')}.yaml"
+            cfg.write_text(echo.read_text() + extra)
+            binary = args.baseline if name.startswith("baseline") else args.quiver
+            servers.append(quiver(name, binary, cfg, note, flags=flags))
     if args.otlp_endpoint:
         # Tracing on, exporting to a real collector (on the load generator's CPU); requests
         # carry no traceparent, so the ratio alone decides.
@@ -384,7 +397,8 @@ def main() -> int:
     ap.add_argument("--h2c", type=int, default=2, help=f"HTTP/2 connections of the h2c row ({H2_STREAMS} streams each; 0: no h2c row)")
     ap.add_argument("--reload-every", type=float, default=0.1, help="the quiver+reload row rewrites its ToolSet this often, in seconds (0: no such row)")
     ap.add_argument("--no-forwarding", dest="forwarding", action="store_false", help="skip the quiver→rmcp row")
-    ap.add_argument("--no-governance", dest="governance", action="store_false", help="skip the quiver+gov row (a rate limit and the audit trail on)")
+    ap.add_argument("--no-governance", dest="governance", action="store_false", help="skip the quiver+gov row (a policy, a rate limit and the audit trail on)")
+    ap.add_argument("--governance-split", action="store_true", help="add rows with the policy, the rate limit and the audit trail each on alone")
     ap.add_argument("--write", help="replace the block between the bench-wire markers in this Markdown file")
     args = ap.parse_args()
 

@@ -6,6 +6,10 @@
 //! - `compile/1000`: parse + validate + compile a 1,000-tool ToolSet and build its snapshot;
 //!   `/operator-json` the same from the JSON document the operator writes; `/parse`,
 //!   `/compile`, `/snapshot` the stages.
+//! - `governed/*`: the `greet` call of a 10-tool registry with nothing on (`plain`), a
+//!   typical policy (`policy`), a per-caller rate limit that never refuses (`limit`), the
+//!   audit trail to /dev/null (`audit`), and all three (`all`): the request's thread only (the
+//!   audit writer runs on its own thread; its share is in the `governance` audit below).
 //! - `allocator/*`: alloc + free through jemalloc directly, through the binary's selectable
 //!   allocator (jemalloc chosen), and through the system allocator.
 //!
@@ -38,6 +42,7 @@ static LIVE: AtomicI64 = AtomicI64::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        MINE.with(|m| m.set(m.get() + 1));
         LIVE.fetch_add(l.size() as i64, Ordering::Relaxed);
         unsafe { Jemalloc.alloc(l) }
     }
@@ -47,9 +52,15 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        MINE.with(|m| m.set(m.get() + 1));
         LIVE.fetch_add(n as i64 - l.size() as i64, Ordering::Relaxed);
         unsafe { Jemalloc.realloc(p, l, n) }
     }
+}
+
+thread_local! {
+    /// Allocations made by this thread (the audit writer's are not the request's).
+    static MINE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 #[global_allocator]
@@ -68,6 +79,11 @@ fn toolset_yaml(n: usize) -> String {
 /// The same ToolSet as `toolset_yaml`, built without YAML: 100,000 tools exceed the YAML
 /// parser's node budget (250,000 nodes, a guard against YAML bombs).
 fn toolset(n: usize) -> ToolSet {
+    serde_json::from_value(toolset_value(n)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`toolset`] as JSON.
+fn toolset_value(n: usize) -> serde_json::Value {
     let mut tools = vec![
         json!({"name": "add", "handler": {"builtin": "add"}}),
         json!({"name": "greet", "input": {"name": "string"}, "handler": {"template": "Hello {{name}}!"}}),
@@ -75,7 +91,7 @@ fn toolset(n: usize) -> ToolSet {
     for i in 2..n {
         tools.push(json!({"name": format!("tool-{i}"), "description": format!("Tool number {i}"), "input": {"x": "string"}, "handler": {"template": format!("{i}:{{{{x}}}}")}}));
     }
-    serde_json::from_value(json!({"tools": tools})).unwrap_or_else(|e| panic!("{e}"))
+    json!({"tools": tools})
 }
 
 fn server(n: usize) -> Arc<Server> {
@@ -119,6 +135,16 @@ fn count<R>(f: impl Fn() -> R) -> u64 {
         black_box(f());
     }
     (ALLOCS.load(Ordering::Relaxed) - before) / 100
+}
+
+/// [`count`] of this thread's allocations alone.
+fn count_mine<R>(f: impl Fn() -> R) -> u64 {
+    f();
+    let before = MINE.with(std::cell::Cell::get);
+    for _ in 0..100 {
+        black_box(f());
+    }
+    (MINE.with(std::cell::Cell::get) - before) / 100
 }
 
 fn dispatch_once(server: &Server, name: &str, args: &serde_json::Value) -> bool {
@@ -198,6 +224,103 @@ fn bench_message(c: &mut Criterion) {
     g.bench_function("tools-list-page", |b| {
         b.iter(|| ready(s.handle_one(black_box(LIST), CTX)).into_body())
     });
+    g.finish();
+}
+
+/// The governed configurations: (name, policy on, limit on, audit on).
+const GOVERNED: [(&str, bool, bool, bool); 5] = [
+    ("plain", false, false, false),
+    ("policy", true, false, false),
+    ("limit", false, true, false),
+    ("audit", false, false, true),
+    ("all", true, true, true),
+];
+
+/// A 10-tool server with a typical policy, a rate limit (never refusing) and the audit
+/// trail (to /dev/null), as asked.
+fn governed(policy: bool, limit: bool, audit: bool) -> Arc<Server> {
+    let mut set = toolset_value(10);
+    if policy {
+        set["policies"] =
+            json!([{"name": "typical", "expression": "'sre' in caller.groups || args.name != 'prod'"}]);
+    }
+    if limit {
+        set["limits"] = json!([{"rate": "1000000/s", "burst": 1_000_000}]);
+    }
+    let set: ToolSet = serde_json::from_value(set).unwrap_or_else(|e| panic!("{e}"));
+    let metrics = Metrics::new("bench", "system");
+    let registry = Registry::new(&metrics);
+    registry.swap(config::compile(&set).unwrap_or_else(|e| panic!("{e}")), &metrics);
+    let gov = metrics.gov.clone();
+    let log = audit.then(|| {
+        let sink = quiver_server::audit::Sink::File("/dev/null".into());
+        quiver_server::audit::AuditLog::start(
+            &sink,
+            1 << 16,
+            quiver_server::secrets::Secrets::new(),
+            gov.clone(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    });
+    let limiter = quiver_server::limits::Limiter::new(quiver_server::limits::DEFAULT_MAX_KEYS, None, gov);
+    Server::new(registry, metrics).with_governance(limiter, log)
+}
+
+/// This process's CPU time (user + system) so far, from /proc (clock ticks).
+fn process_cpu() -> std::time::Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5) (the first after the `)` is field 3): utime, stime, in 1/100 s.
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = field(11) + field(12);
+    std::time::Duration::from_millis(ticks * 10)
+}
+
+/// Process CPU per governed call (every thread: the audit writer's serializing and writing
+/// included) and allocations per call on the request's thread, for each configuration.
+fn audit_governed() {
+    const CALLS: u64 = 400_000;
+    println!("governance (process CPU per `greet` call, every thread, and allocations per call):");
+    for (name, policy, limit, audit) in GOVERNED {
+        let s = governed(policy, limit, audit);
+        let allocs = count_mine(|| ready(s.handle_one(CALL_GREET, CTX)).into_body());
+        let written = || s.metrics.gov.audit_records.get() + s.metrics.gov.audit_dropped.get();
+        let before = (written(), process_cpu());
+        let t = std::time::Instant::now();
+        for i in 0..CALLS {
+            black_box(ready(s.handle_one(black_box(CALL_GREET), CTX)).into_body());
+            // Paced so that the writer's queue never fills (a dropped record costs less).
+            if audit && i % 8192 == 8191 {
+                while written() + 16_384 < before.0 + i {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        if audit {
+            while written() < before.0 + CALLS {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let cpu = process_cpu() - before.1;
+        println!(
+            "  {name:<7} {:>6.0} ns CPU/call ({:>6.0} ns wall), {allocs} allocations/call, {} audit records dropped",
+            cpu.as_nanos() as f64 / CALLS as f64,
+            t.elapsed().as_nanos() as f64 / CALLS as f64,
+            s.metrics.gov.audit_dropped.get()
+        );
+    }
+}
+
+fn bench_governed(c: &mut Criterion) {
+    let mut g = c.benchmark_group("governed");
+    g.throughput(Throughput::Elements(1));
+    for (name, policy, limit, audit) in GOVERNED {
+        let s = governed(policy, limit, audit);
+        g.bench_function(name, |b| {
+            b.iter(|| ready(s.handle_one(black_box(CALL_GREET), CTX)).into_body())
+        });
+    }
     g.finish();
 }
 
@@ -552,10 +675,11 @@ fn bench_allocator(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
-    targets = bench_lookup, bench_dispatch, bench_message, bench_compile, bench_allocator
+    targets = bench_lookup, bench_dispatch, bench_message, bench_governed, bench_compile, bench_allocator
 }
 
 fn main() {
+    audit_governed();
     audit();
     audit_memory();
     audit_wire();

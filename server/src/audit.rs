@@ -56,6 +56,74 @@ impl FromStr for Sink {
     }
 }
 
+/// Bytes a [`Text`] holds without allocating.
+const INLINE: usize = 30;
+
+/// A string of a record: kept inline when short (most request ids, tool names, upstream
+/// names), so filling a record on the request's path allocates nothing for it; on the heap
+/// otherwise.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Text {
+    /// Up to [`INLINE`] bytes of UTF-8.
+    Inline(u8, [u8; INLINE]),
+    /// A longer string.
+    Heap(Box<str>),
+}
+
+impl Text {
+    /// A copy of `s`.
+    pub fn new(s: &str) -> Self {
+        match u8::try_from(s.len()) {
+            Ok(n) if s.len() <= INLINE => {
+                let mut b = [0; INLINE];
+                b[..s.len()].copy_from_slice(s.as_bytes());
+                Self::Inline(n, b)
+            }
+            _ => Self::Heap(s.into()),
+        }
+    }
+
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `str` whole: always UTF-8.
+            Self::Inline(n, b) => std::str::from_utf8(&b[..usize::from(*n)]).unwrap_or(""),
+            Self::Heap(s) => s,
+        }
+    }
+}
+
+impl Default for Text {
+    fn default() -> Self {
+        Self::Inline(0, [0; INLINE])
+    }
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Self {
+        Self::new(&s)
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Self::new(s)
+    }
+}
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// Who made a call, as the record names it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Caller {
@@ -85,24 +153,25 @@ impl Caller {
 /// One audited event.
 #[derive(Debug, Clone)]
 pub struct Record {
-    /// When it ended.
-    pub time: SystemTime,
+    /// When it ended (the writer turns it into wall-clock time: one clock read per record
+    /// on the request's path).
+    pub end: Instant,
     /// `tools/call`, `resources/read`, `prompts/get`, or `authentication` (a refused
     /// credential).
     pub event: &'static str,
     /// The JSON-RPC id, as sent (JSON text).
-    pub request_id: Option<Box<str>>,
+    pub request_id: Option<Text>,
     /// The session (empty: none).
-    pub session: Box<str>,
+    pub session: Text,
     /// The caller; `None` when the server does not authenticate clients.
     pub caller: Option<Caller>,
     /// The tool, resource URI or prompt name asked for.
-    pub target: Option<Box<str>>,
+    pub target: Option<Text>,
     /// `target` is the name of a tool the call resolved to (from the config, written as it
     /// is), not the client's words (scrubbed).
     pub target_resolved: bool,
     /// The upstream a tool call resolved to.
-    pub upstream: Option<Box<str>>,
+    pub upstream: Option<Text>,
     /// How it ended: `ok`, `tool_error`, `rate_limited`, `forbidden`, `unauthenticated`,
     /// or the JSON-RPC outcome of another error (`invalid_params`, `cancelled`, ...).
     pub outcome: &'static str,
@@ -123,10 +192,10 @@ impl Record {
     /// A record of `event` ending now with `outcome`, everything else empty.
     pub fn new(event: &'static str, outcome: &'static str) -> Self {
         Self {
-            time: SystemTime::now(),
+            end: Instant::now(),
             event,
             request_id: None,
-            session: Box::default(),
+            session: Text::default(),
             caller: None,
             target: None,
             target_resolved: false,
@@ -231,24 +300,80 @@ fn key(out: &mut Vec<u8>, k: &str) {
     out.extend_from_slice(b"\":");
 }
 
+/// Wall-clock time for the records' `end` instants: both clocks read once per batch, and
+/// the date and time of day formatted once per second.
+struct Clock {
+    wall: SystemTime,
+    mono: Instant,
+    /// The second `prefix` shows (seconds since the epoch), and `YYYY-MM-DDTHH:MM:SS`.
+    second: Option<u64>,
+    prefix: String,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+            second: None,
+            prefix: String::new(),
+        }
+    }
+
+    /// Reads both clocks again (each batch: the wall clock may have been set meanwhile).
+    fn reset(&mut self) {
+        self.wall = SystemTime::now();
+        self.mono = Instant::now();
+    }
+
+    /// `t` as an RFC 3339 JSON string with milliseconds, appended to `out`.
+    fn write(&mut self, t: Instant, out: &mut Vec<u8>) {
+        let at = if t >= self.mono {
+            self.wall + (t - self.mono)
+        } else {
+            self.wall - (self.mono - t)
+        };
+        let d = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        if self.second != Some(d.as_secs()) {
+            let whole = std::time::UNIX_EPOCH + Duration::from_secs(d.as_secs());
+            let mut full = crate::handlers::builtin::run::rfc3339(whole);
+            full.truncate(full.rfind('.').unwrap_or(full.len()));
+            self.prefix = full;
+            self.second = Some(d.as_secs());
+        }
+        out.push(b'"');
+        out.extend_from_slice(self.prefix.as_bytes());
+        let _ = write!(out, ".{:03}Z\"", d.subsec_millis());
+    }
+}
+
+/// Longest numeric request id copied as it was sent (a longer one is read as a number).
+const MAX_RAW_ID: usize = 32;
+
 /// A record as its JSON line (without the newline), appended to `out`. What a client chose
 /// (a string request id, a name that did not resolve, a reason quoting the request, the
 /// arguments) is scrubbed; what the server or a verified token says (the session id it
 /// minted, the resolved tool, the caller's claims) is only escaped.
-fn line(r: &Record, secrets: &Secrets, out: &mut Vec<u8>) {
+fn line(r: &Record, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"time\":");
-    string(out, &crate::handlers::builtin::run::rfc3339(r.time));
+    clock.write(r.end, out);
     key(out, "event");
     string(out, r.event);
     if let Some(id) = &r.request_id {
         key(out, "requestId");
-        // The id was read as JSON by dispatch: a number as it is, a string scrubbed.
-        match serde_json::from_str::<Value>(id) {
-            Ok(Value::String(s)) => string(out, &secrets.scrub(&s, MAX_TEXT)),
-            Ok(n @ Value::Number(_)) => {
-                let _ = serde_json::to_writer(&mut *out, &n);
+        // The id was read as JSON by dispatch: a short number is copied as it is (JSON
+        // number text), a long one read as a number, a string scrubbed.
+        let raw = id.as_bytes();
+        if raw.len() <= MAX_RAW_ID && raw.first().is_some_and(|b| *b == b'-' || b.is_ascii_digit()) {
+            out.extend_from_slice(raw);
+        } else {
+            match serde_json::from_str::<Value>(id) {
+                Ok(Value::String(s)) => string(out, &secrets.scrub(&s, MAX_TEXT)),
+                Ok(n @ Value::Number(_)) => {
+                    let _ = serde_json::to_writer(&mut *out, &n);
+                }
+                _ => out.extend_from_slice(b"null"),
             }
-            _ => out.extend_from_slice(b"null"),
         }
     }
     if !r.session.is_empty() {
@@ -296,11 +421,11 @@ fn line(r: &Record, secrets: &Secrets, out: &mut Vec<u8>) {
     }
     let micros = u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX);
     key(out, "durationMs");
-    out.extend_from_slice(format!("{}.{:03}", micros / 1000, micros % 1000).as_bytes());
+    let _ = write!(out, "{}.{:03}", micros / 1000, micros % 1000);
     key(out, "bytesIn");
-    out.extend_from_slice(r.bytes_in.to_string().as_bytes());
+    let _ = write!(out, "{}", r.bytes_in);
     key(out, "bytesOut");
-    out.extend_from_slice(r.bytes_out.to_string().as_bytes());
+    let _ = write!(out, "{}", r.bytes_out);
     if let Some(a) = &r.arguments {
         key(out, "arguments");
         let _ = serde_json::to_writer(&mut *out, &scrub(a, secrets, &mut MAX_VALUES.clone()));
@@ -388,6 +513,7 @@ fn write_all(
 ) {
     let mut out = BufWriter::with_capacity(64 << 10, out);
     let mut buf = Vec::with_capacity(512);
+    let mut clock = Clock::new();
     let mut unflushed = 0u64;
     let fail = |n: u64, e: &std::io::Error| {
         match log.upgrade() {
@@ -415,12 +541,13 @@ fn write_all(
                 // every request's send wake it (a futex call and a context switch per record);
                 // one that sleeps is woken by nobody and drains a batch per period.
                 std::thread::sleep(POLL);
+                clock.reset();
                 continue;
             }
             Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
         };
         buf.clear();
-        line(&r, secrets, &mut buf);
+        line(&r, secrets, &mut clock, &mut buf);
         buf.push(b'\n');
         match out.write_all(&buf) {
             Ok(()) => unflushed += 1,
@@ -470,7 +597,7 @@ mod tests {
         r.request_id = Some("\"req-1\"".into());
         r.target = Some("login".into());
         let mut out = Vec::new();
-        line(&r, &secrets, &mut out);
+        line(&r, &secrets, &mut Clock::new(), &mut out);
         let v: Value = serde_json::from_slice(&out).unwrap();
         let a = &v["arguments"];
         assert_eq!(a["user"], "ann");
@@ -487,13 +614,73 @@ mod tests {
     }
 
     #[test]
+    fn texts_keep_short_strings_inline_and_long_ones_whole() {
+        let short = Text::new("tools-42");
+        assert!(matches!(short, Text::Inline(..)));
+        assert_eq!(&*short, "tools-42");
+        let edge = "x".repeat(INLINE);
+        assert_eq!(&*Text::new(&edge), edge);
+        let long = "é".repeat(INLINE);
+        let t = Text::new(&long);
+        assert!(matches!(t, Text::Heap(_)));
+        assert_eq!(&*t, long);
+        assert_eq!(&*Text::default(), "");
+    }
+
+    /// Seconds since midnight of an RFC 3339 time (`...THH:MM:SS.mmmZ`).
+    fn time_of_day(t: &str) -> f64 {
+        let (_, clock) = t.split_once('T').unwrap();
+        let f: Vec<f64> = clock
+            .trim_end_matches('Z')
+            .split(':')
+            .map(|x| x.parse().unwrap())
+            .collect();
+        f[0] * 3600.0 + f[1] * 60.0 + f[2]
+    }
+
+    #[test]
+    fn times_are_wall_clock_and_request_ids_stay_bounded() {
+        let secrets = Secrets::new();
+        let mut clock = Clock::new();
+        let now = crate::handlers::builtin::run::rfc3339(SystemTime::now());
+        let mut lines = Vec::new();
+        for (ago, id) in [
+            (1500, "12345".to_owned()),
+            (0, "-7".to_owned()),
+            (0, "9".repeat(40)),
+            (0, "9".repeat(400)),
+        ] {
+            let mut r = Record::new("tools/call", "ok");
+            r.end = Instant::now() - Duration::from_millis(ago);
+            r.request_id = Some(Text::new(&id));
+            let mut out = Vec::new();
+            line(&r, &secrets, &mut clock, &mut out);
+            assert!(out.len() < 300, "{}", String::from_utf8_lossy(&out));
+            lines.push(serde_json::from_slice::<Value>(&out).unwrap());
+        }
+        let day = 86_400.0;
+        let off = |t: &Value| {
+            let d = (time_of_day(t.as_str().unwrap()) - time_of_day(&now)).rem_euclid(day);
+            if d > day / 2.0 { d - day } else { d }
+        };
+        assert!((off(&lines[0]["time"]) + 1.5).abs() < 1.0, "{lines:?}");
+        assert!(off(&lines[1]["time"]).abs() < 1.0, "{lines:?}");
+        assert_eq!(lines[0]["requestId"], 12345);
+        assert_eq!(lines[1]["requestId"], -7);
+        // A long number is read as one, not copied digit by digit; one too large to read is
+        // null (the line stays short either way).
+        assert!(lines[2]["requestId"].is_f64(), "{lines:?}");
+        assert!(lines[3]["requestId"].is_null(), "{lines:?}");
+    }
+
+    #[test]
     fn huge_arguments_are_cut() {
         let secrets = Secrets::new();
         let args = Value::Array((0..10_000).map(Value::from).collect());
         let mut r = Record::new("tools/call", "ok");
         r.arguments = Some(args);
         let mut out = Vec::new();
-        line(&r, &secrets, &mut out);
+        line(&r, &secrets, &mut Clock::new(), &mut out);
         let v: Value = serde_json::from_slice(&out).unwrap();
         let a = v["arguments"].as_array().unwrap();
         assert_eq!(a.len(), MAX_VALUES + 1);

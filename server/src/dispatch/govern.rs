@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::error::RpcError;
 use super::request::Request;
 use super::server::{Ctx, Server};
-use crate::audit::{Caller, Record};
+use crate::audit::{Caller, Record, Text};
 use crate::config::CompiledHandler;
 use crate::limits::{Permits, Who};
 use crate::metrics::{OUTCOMES, method_index, outcome_index};
@@ -45,13 +45,77 @@ pub(super) async fn admit(
     if limits.is_empty() {
         return Ok(None);
     }
-    match server.limiter.admit(limits, who(&req.ctx)).await {
+    // Tracing: a span of the decision when the request is sampled (one branch when not).
+    let span = crate::otel::internal("quiver.limit");
+    let admitted = server.limiter.admit(limits, who(&req.ctx)).await;
+    if let Some(cx) = span {
+        limit_span_end(&cx, limits.len(), admitted.as_ref().err());
+    }
+    match admitted {
         Ok(p) => Ok(Some(p)),
         Err(r) => {
             server.metrics.gov.limited(tool, r.limit.scope.label(), r.kind);
             Err(refused(tool, &r))
         }
     }
+}
+
+/// Ends the span of a limit decision: `quiver.limit.outcome` (`admitted` or
+/// `rate_limited`), how many limits applied and, for a refusal, which one and why.
+fn limit_span_end(cx: &opentelemetry::Context, limits: usize, refusal: Option<&crate::limits::Refusal>) {
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::TraceContextExt;
+    let span = cx.span();
+    span.set_attribute(KeyValue::new(
+        "quiver.limit.count",
+        i64::try_from(limits).unwrap_or(i64::MAX),
+    ));
+    match refusal {
+        None => span.set_attribute(KeyValue::new("quiver.limit.outcome", "admitted")),
+        Some(r) => {
+            span.set_attribute(KeyValue::new("quiver.limit.outcome", "rate_limited"));
+            span.set_attribute(KeyValue::new("quiver.limit.kind", r.kind));
+            span.set_attribute(KeyValue::new("quiver.limit.scope", r.limit.scope.label()));
+            span.set_attribute(KeyValue::new("quiver.limit.name", r.limit.name.to_string()));
+            let ms = i64::try_from(r.retry_after.as_millis()).unwrap_or(i64::MAX);
+            span.set_attribute(KeyValue::new("quiver.limit.retry_after_ms", ms));
+        }
+    }
+    crate::otel::finish(cx, None);
+}
+
+/// Ends the span of a policy decision: `quiver.policy.decision` (`allow` or `deny`), how
+/// many policies applied and, for a denial, the policy (`quiver.policy.name`; for a tool's
+/// inline one, the tool's name) and what it came to (`quiver.policy.result`: `false`,
+/// `error`, `too_costly`).
+pub(super) fn policy_span_end(
+    cx: &opentelemetry::Context,
+    policies: usize,
+    denial: Option<&crate::config::policy::PolicyDenial>,
+) {
+    use crate::config::policy::Verdict;
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::TraceContextExt;
+    let span = cx.span();
+    span.set_attribute(KeyValue::new(
+        "quiver.policy.count",
+        i64::try_from(policies).unwrap_or(i64::MAX),
+    ));
+    match denial {
+        None => span.set_attribute(KeyValue::new("quiver.policy.decision", "allow")),
+        Some(d) => {
+            span.set_attribute(KeyValue::new("quiver.policy.decision", "deny"));
+            span.set_attribute(KeyValue::new("quiver.policy.name", d.policy.to_string()));
+            span.set_attribute(KeyValue::new("quiver.policy.inline", d.inline));
+            let result = match d.verdict {
+                Verdict::Error => "error",
+                Verdict::TooCostly => "too_costly",
+                _ => "false",
+            };
+            span.set_attribute(KeyValue::new("quiver.policy.result", result));
+        }
+    }
+    crate::otel::finish(cx, None);
 }
 
 /// The error of a refused call: what refused it and when to retry (`retryAfterMs`, and
@@ -87,10 +151,12 @@ fn refused(tool: &str, r: &crate::limits::Refusal) -> RpcError {
 /// What a `tools/call` learned for its audit record while it ran.
 #[derive(Debug, Default)]
 pub(super) struct Trail {
-    /// The tool asked for.
-    pub tool: Option<Box<str>>,
+    /// The tool: as the client named it, until it resolves to one of the registry's.
+    pub tool: Option<Text>,
+    /// Whether `tool` is the name of the tool the call resolved to.
+    pub resolved: bool,
     /// The upstream it resolved to.
-    pub upstream: Option<Box<str>>,
+    pub upstream: Option<Text>,
     /// `ok`, `tool_error` or `invalid_arguments` for a call that got a result.
     pub outcome: Option<&'static str>,
     /// The arguments, when the tool opts in (sensitive properties already replaced).
@@ -98,16 +164,18 @@ pub(super) struct Trail {
 }
 
 impl Trail {
+    /// Notes the tool a call asked for (its `name`, not yet resolved).
+    pub fn asked(&mut self, name: &str) {
+        self.tool = Some(Text::new(name));
+    }
+
     /// Notes the tool a call resolved to and, if it opts in, its arguments.
-    pub fn resolved(&mut self, snap: &Snapshot, index: usize, args: &Value) {
+    pub fn resolve(&mut self, snap: &Snapshot, index: usize, args: &Value) {
         let t = &snap.tools[index].def;
-        self.tool = Some(t.name.as_str().into());
+        self.tool = Some(Text::new(&t.name));
+        self.resolved = true;
         if let CompiledHandler::Upstream(u) = &t.handler {
-            self.upstream = snap
-                .config
-                .upstreams
-                .get(u.upstream)
-                .map(|u| u.name.as_str().into());
+            self.upstream = snap.config.upstreams.get(u.upstream).map(|u| Text::new(&u.name));
         }
         if let Some(sensitive) = &t.governance.audit_arguments {
             self.arguments = Some(crate::audit::redact_arguments(args, sensitive));
@@ -133,14 +201,17 @@ impl Pending {
     fn finish(&mut self, outcome: &'static str, reason: Option<String>, bytes_out: usize) {
         let Some(mut r) = self.record.take() else { return };
         let t = std::mem::take(&mut self.trail);
-        r.time = std::time::SystemTime::now();
-        r.target_resolved = t.tool.is_some();
-        r.target = t.tool.or(r.target.take());
+        // The one clock read of the record: its end, and so its duration.
+        r.end = Instant::now();
+        if t.tool.is_some() {
+            r.target_resolved = t.resolved;
+            r.target = t.tool;
+        }
         r.upstream = t.upstream;
         r.arguments = t.arguments;
         r.outcome = outcome;
         r.reason = reason;
-        r.duration = self.start.elapsed();
+        r.duration = r.end.saturating_duration_since(self.start);
         r.bytes_out = bytes_out;
         self.log.record(*r);
     }
@@ -171,11 +242,15 @@ impl Server {
             PROMPTS_GET => "prompts/get",
             _ => return None,
         };
-        // What was asked for, as the client named it (a call that resolves its tool replaces it).
-        let target = req.params.and_then(|p| {
-            let t: Target<'_> = serde_json::from_str(p.get()).ok()?;
-            t.uri.or(t.name).map(|s| Box::from(&*s))
-        });
+        // What was asked for, as the client named it. A tool call notes its tool itself
+        // (`Trail`), from the parameters it reads anyway: they are not read twice.
+        let target = match metric {
+            TOOLS_CALL => None,
+            _ => req.params.and_then(|p| {
+                let t: Target<'_> = serde_json::from_str(p.get()).ok()?;
+                t.uri.or(t.name).map(|s| Text::new(&s))
+            }),
+        };
         let mut r = Record::new(event, "ok");
         r.request_id = Some(req.id.get().into());
         r.session = req.ctx.session.into();

@@ -96,6 +96,9 @@ pub(super) async fn call(
 ) -> Result<Option<Deferred>, RpcError> {
     let modern = modern_args(req)?;
     let p: CallParams<'_> = parse_params(req.params)?;
+    if let Some(t) = trail.as_deref_mut() {
+        t.asked(&p.name);
+    }
     let guard = server.registry.load();
     let Some(index) = guard.tool_index(&p.name) else {
         return Err(RpcError::invalid_params(format!("Unknown tool: {}", p.name)));
@@ -103,7 +106,7 @@ pub(super) async fn call(
     let args = arguments(p.arguments)?;
     let tool = &guard.tools[index];
     if let Some(t) = trail.as_deref_mut() {
-        t.resolved(&guard, index, &args);
+        t.resolve(&guard, index, &args);
     }
     // Before the arguments are looked at: a caller that may not call the tool learns
     // nothing from it.

@@ -27,15 +27,19 @@ pub(super) fn permitted(
     let Some(policies) = &tool.policies else {
         return Ok(());
     };
-    policies
-        .check(&tool.def.name, req.ctx.caller, Some(args))
-        .map_err(|denied| {
-            server.metrics.refused(Refusal::Forbidden);
-            RpcError::new(protocol::FORBIDDEN, denied.message(&tool.def.name)).with_data(json!({
-                "tool": tool.def.name,
-                "policy": if denied.inline { None } else { Some(&*denied.policy) },
-            }))
-        })
+    // Tracing: a span of the decision when the request is sampled (one branch when not).
+    let span = crate::otel::internal("quiver.policy");
+    let checked = policies.check(&tool.def.name, req.ctx.caller, Some(args));
+    if let Some(cx) = span {
+        super::govern::policy_span_end(&cx, policies.list.len(), checked.as_ref().err());
+    }
+    checked.map_err(|denied| {
+        server.metrics.refused(Refusal::Forbidden);
+        RpcError::new(protocol::FORBIDDEN, denied.message(&tool.def.name)).with_data(json!({
+            "tool": tool.def.name,
+            "policy": if denied.inline { None } else { Some(&*denied.policy) },
+        }))
+    })
 }
 
 #[derive(Deserialize)]

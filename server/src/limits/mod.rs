@@ -92,14 +92,16 @@ pub struct Limiter {
 /// is dropped).
 #[derive(Debug)]
 pub struct Permits {
-    limiter: Arc<Limiter>,
+    /// Set when `keys` holds any (a call under rate limits alone holds nothing).
+    limiter: Option<Arc<Limiter>>,
     keys: Vec<u64>,
 }
 
 impl Drop for Permits {
     fn drop(&mut self) {
+        let Some(limiter) = &self.limiter else { return };
         for k in &self.keys {
-            let mut shard = self.limiter.shard(*k);
+            let mut shard = limiter.shard(*k);
             if let Some(s) = shard.get_mut(k) {
                 s.inflight = s.inflight.saturating_sub(1);
             }
@@ -191,10 +193,10 @@ impl Limiter {
     /// The first limit that refuses the call.
     pub async fn admit(self: &Arc<Self>, limits: &[Arc<Limit>], who: Who<'_>) -> Result<Permits, Refusal> {
         let mut permits = Permits {
-            limiter: self.clone(),
+            limiter: None,
             keys: Vec::new(),
         };
-        let now = self.now();
+        let mut now = self.now();
         for l in limits {
             let Some(max) = l.concurrency else { continue };
             let key = self.key(l, who);
@@ -214,6 +216,9 @@ impl Limiter {
                 });
             }
             permits.keys.push(key);
+            if permits.limiter.is_none() {
+                permits.limiter = Some(self.clone());
+            }
         }
         for l in limits {
             let Some(rate) = l.rate else { continue };
@@ -232,12 +237,13 @@ impl Limiter {
                         if shared.fail_mode() == FailMode::Closed {
                             return Err(refused(Duration::from_secs(1), "unavailable"));
                         }
-                        // Open: this replica's own count of the same limit.
+                        // Open: this replica's own count of the same limit, as of now
+                        // (Redis took a while to fail).
+                        now = self.now();
                     }
                 }
             }
             let key = self.key(l, who);
-            let now = self.now();
             self.with_slot(key, now, |s| gcra(&mut s.tat, now, rate))
                 .map_err(|retry| refused(retry, "rate"))?;
         }
