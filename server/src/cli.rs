@@ -263,6 +263,11 @@ pub struct ServeArgs {
     /// the QUIVER_LIMITS_REDIS_PASSWORD environment variable).
     #[arg(long, env = "QUIVER_LIMITS_REDIS")]
     limits_redis: Option<String>,
+    /// Whose budgets these are, in a Redis several servers share: part of every key, so that
+    /// servers with different prefixes never draw on each other's budgets (the operator sets
+    /// NAMESPACE/NAME of the McpServer).
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_PREFIX", default_value = "")]
+    limits_redis_prefix: String,
     /// Longest wait for Redis per call (connecting included).
     #[arg(long, env = "QUIVER_LIMITS_REDIS_TIMEOUT", default_value = "50ms", value_parser = duration)]
     limits_redis_timeout: Duration,
@@ -639,6 +644,7 @@ fn governance(server: Arc<Server>, args: &ServeArgs) -> anyhow::Result<Arc<Serve
         crate::limits::redis::Shared::new(
             crate::limits::redis::Options {
                 addr: addr.clone(),
+                prefix: args.limits_redis_prefix.clone(),
                 password: std::env::var(REDIS_PASSWORD_ENV).ok().filter(|p| !p.is_empty()),
                 timeout: args.limits_redis_timeout,
                 max_connections: 16,

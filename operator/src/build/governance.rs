@@ -9,6 +9,12 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
     let mut args = Vec::new();
     if let Some(r) = &mcp.spec.limits_redis {
         args.push(format!("--limits-redis={}", r.address));
+        // Budgets of this McpServer only, in a Redis other McpServers may share.
+        args.push(format!(
+            "--limits-redis-prefix={}/{}",
+            mcp.metadata.namespace.as_deref().unwrap_or_default(),
+            mcp.metadata.name.as_deref().unwrap_or_default()
+        ));
         args.extend(r.timeout.as_ref().map(|t| format!("--limits-redis-timeout={t}")));
         if r.fail_mode == Some(FailMode::Closed) {
             args.push("--limits-redis-fail=closed".to_owned());
@@ -77,6 +83,7 @@ spec:
             .collect();
         for a in [
             "--limits-redis=redis.infra.svc:6379",
+            "--limits-redis-prefix=ns/calc",
             "--limits-redis-timeout=80ms",
             "--limits-redis-fail=closed",
             "--audit=stdout",

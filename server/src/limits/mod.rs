@@ -230,7 +230,7 @@ impl Limiter {
             if l.shared
                 && let Some(shared) = &self.shared
             {
-                match shared.gcra(&shared_key(l, who), rate).await {
+                match shared.gcra(&shared_key(shared.prefix(), l, who), rate).await {
                     Ok(Ok(())) => continue,
                     Ok(Err(retry)) => return Err(refused(retry, "rate")),
                     Err(()) => {
@@ -252,10 +252,11 @@ impl Limiter {
 }
 
 /// The Redis key of a shared limit's budget: the same on every replica serving the same
-/// config, and never showing the caller.
-fn shared_key(limit: &Limit, who: Who<'_>) -> String {
+/// config under the same `prefix` (whose budgets: the McpServer), never another server's,
+/// and never showing the caller.
+fn shared_key(prefix: &str, limit: &Limit, who: Who<'_>) -> String {
     let mut h = Sha256::new();
-    for part in [limit.scope.label(), &limit.name, &limit.at] {
+    for part in [prefix, limit.scope.label(), &limit.name, &limit.at] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -390,15 +391,20 @@ mod tests {
     #[test]
     fn shared_keys_are_stable_and_hide_the_caller() {
         let per = limit(Some((1, 1)), None, true);
-        let k = shared_key(&per, Who::Subject("alice"));
-        assert_eq!(k, shared_key(&per, Who::Subject("alice")));
-        assert_ne!(k, shared_key(&per, Who::Subject("bob")));
-        assert_ne!(k, shared_key(&per, Who::Session("alice")));
+        let k = shared_key("ns/a", &per, Who::Subject("alice"));
+        assert_eq!(k, shared_key("ns/a", &per, Who::Subject("alice")));
+        assert_ne!(k, shared_key("ns/a", &per, Who::Subject("bob")));
+        assert_ne!(k, shared_key("ns/a", &per, Who::Session("alice")));
         assert!(!k.contains("alice") && k.starts_with("quiver:rl:") && k.len() == 42);
         let all = limit(Some((1, 1)), None, false);
         assert_eq!(
-            shared_key(&all, Who::Subject("a")),
-            shared_key(&all, Who::Subject("b"))
+            shared_key("ns/a", &all, Who::Subject("a")),
+            shared_key("ns/a", &all, Who::Subject("b"))
+        );
+        // Another McpServer's budget for a limit of the same name and place, in the same Redis.
+        assert_ne!(
+            shared_key("ns/a", &all, Who::Subject("a")),
+            shared_key("ns/b", &all, Who::Subject("a"))
         );
     }
 }

@@ -46,6 +46,8 @@ return 0
 pub struct Options {
     /// `host:port`.
     pub addr: String,
+    /// Part of every key: whose budgets these are (`--limits-redis-prefix`).
+    pub prefix: String,
     /// Sent with `AUTH` on every new connection.
     pub password: Option<String>,
     /// Longest exchange (connecting included).
@@ -152,6 +154,11 @@ impl Shared {
     /// What a failure means.
     pub fn fail_mode(&self) -> FailMode {
         self.opts.fail
+    }
+
+    /// Whose budgets these are (part of every key).
+    pub fn prefix(&self) -> &str {
+        &self.opts.prefix
     }
 
     fn millis(&self) -> u64 {
@@ -310,6 +317,7 @@ mod tests {
         let s = Shared::new(
             Options {
                 addr,
+                prefix: String::new(),
                 password: None,
                 timeout: Duration::from_millis(200),
                 max_connections: 2,
