@@ -213,6 +213,16 @@ impl Record {
 /// The arguments of a call as they may be recorded: top-level properties named in
 /// `sensitive` (the schema's `writeOnly`) replaced by `[redacted]`.
 pub fn redact_arguments(args: &Value, sensitive: &[Box<str>]) -> Value {
+    // The copy waits in the queue until the writer scrubs and cuts it: arguments too big
+    // to keep that long are not copied at all.
+    let (mut bytes, mut nodes) = (MAX_QUEUED_ARGUMENT_BYTES, MAX_VALUES * 4);
+    if !fits(args, &mut bytes, &mut nodes) {
+        return Value::String(format!(
+            "[omitted: over {} KiB or {} values]",
+            MAX_QUEUED_ARGUMENT_BYTES >> 10,
+            MAX_VALUES * 4
+        ));
+    }
     match args {
         Value::Object(m) => Value::Object(
             m.iter()
@@ -226,6 +236,33 @@ pub fn redact_arguments(args: &Value, sensitive: &[Box<str>]) -> Value {
                 .collect(),
         ),
         other => other.clone(),
+    }
+}
+
+/// Most bytes of strings (and keys) in the arguments a record keeps.
+const MAX_QUEUED_ARGUMENT_BYTES: usize = 64 << 10;
+
+/// Whether `v` has at most `bytes` of strings and keys and `nodes` values (both counted
+/// down; the walk stops as soon as either runs out).
+fn fits(v: &Value, bytes: &mut usize, nodes: &mut usize) -> bool {
+    let Some(n) = nodes.checked_sub(1) else {
+        return false;
+    };
+    *nodes = n;
+    let take = |bytes: &mut usize, len: usize| match bytes.checked_sub(len) {
+        Some(b) => {
+            *bytes = b;
+            true
+        }
+        None => false,
+    };
+    match v {
+        Value::String(s) => take(bytes, s.len()),
+        Value::Array(a) => a.iter().all(|x| fits(x, bytes, nodes)),
+        Value::Object(m) => m
+            .iter()
+            .all(|(k, x)| take(bytes, k.len()) && fits(x, bytes, nodes)),
+        _ => true,
     }
 }
 
@@ -567,6 +604,28 @@ fn write_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arguments_too_big_to_queue_are_not_copied() {
+        let sensitive: Vec<Box<str>> = vec!["password".into()];
+        let small = json!({"user": "ann", "password": "hunter2", "tags": ["a", "b"]});
+        let kept = redact_arguments(&small, &sensitive);
+        assert_eq!(
+            kept,
+            json!({"user": "ann", "password": "[redacted]", "tags": ["a", "b"]})
+        );
+        // One big string, many small values, many keys: each over a bound, none copied.
+        let many: Vec<Value> = (0..2000).map(|i| json!(i)).collect();
+        let keys: Map<String, Value> = (0..2000).map(|i| (format!("k{i}"), json!(null))).collect();
+        for big in [
+            json!({"blob": "x".repeat(MAX_QUEUED_ARGUMENT_BYTES + 1)}),
+            json!({"list": many}),
+            Value::Object(keys),
+        ] {
+            let r = redact_arguments(&big, &sensitive);
+            assert!(r.as_str().is_some_and(|t| t.starts_with("[omitted")), "{r}");
+        }
+    }
 
     #[test]
     fn sinks_parse() {
