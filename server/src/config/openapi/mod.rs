@@ -8,18 +8,16 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashSet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::compiled::CompiledTool;
-use super::context::Problems;
 use super::identity::IdentitySpec;
 use super::upstream::{Glob, ImportSpec};
 use crate::handlers::http::TlsSpec;
 
 mod document;
 mod operation;
+pub(crate) use operation::compile;
 mod schema;
 
 pub use document::{MAX_OPENAPI_BYTES, MAX_OPENAPI_DEPTH, MAX_OPERATIONS};
@@ -119,61 +117,6 @@ pub fn read_files(specs: &mut [OpenApiSpec]) {
             s.file = None;
         }
     }
-}
-
-/// Compiles the operations of every source into tools; `taken` holds the names of the
-/// ToolSet's own tools (and receives the names compiled here).
-pub(crate) fn compile(
-    specs: &[OpenApiSpec],
-    taken: &mut FxHashSet<String>,
-    p: &mut Problems,
-) -> Vec<CompiledTool> {
-    if specs.len() > MAX_OPENAPI_SOURCES {
-        p.push(
-            "openapi",
-            format!("{} sources; at most {MAX_OPENAPI_SOURCES}", specs.len()),
-        );
-        return Vec::new();
-    }
-    let mut names = FxHashSet::default();
-    let mut tools = Vec::new();
-    for (i, s) in specs.iter().enumerate() {
-        let at = format!("openapi[{i}]");
-        if !valid_source_name(&s.name) {
-            p.push(
-                format!("{at}.name"),
-                "1-63 of a-z 0-9 -, starting with a letter, not ending with -",
-            );
-        } else if !names.insert(s.name.as_str()) {
-            p.push(
-                format!("{at}.name"),
-                format!("duplicate source name `{}`", s.name),
-            );
-        }
-        let text = match (&s.document, &s.file) {
-            (Some(d), None) => d,
-            (None, Some(f)) => {
-                p.push(
-                    format!("{at}.file"),
-                    format!("`{f}` could not be read (a missing file, or over {MAX_OPENAPI_BYTES} bytes)"),
-                );
-                continue;
-            }
-            _ => {
-                p.push(&at, "set exactly one of `document` and `file`");
-                continue;
-            }
-        };
-        let doc = match document::parse(text) {
-            Ok(d) => d,
-            Err(e) => {
-                p.push(format!("{at}.document"), e);
-                continue;
-            }
-        };
-        tools.extend(operation::compile_source(s, &doc, &at, taken, p));
-    }
-    tools
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde_json::{Map, Value, json};
 
-use super::OpenApiSpec;
 use super::document::{self, Document, Op, Version, deref, shown};
 use super::schema::{Converter, Reached, bounded};
+use super::{MAX_OPENAPI_BYTES, MAX_OPENAPI_SOURCES, OpenApiSpec, valid_source_name};
 use crate::config::compiled::{CompiledHandler, CompiledTool};
 use crate::config::context::{Cx, Names, Problems, valid_tool_name};
 use crate::config::governance::{self, ToolGovernance};
@@ -231,6 +231,7 @@ fn parameters<'a>(root: &'a Value, op: &Op<'a>) -> Result<Vec<&'a Map<String, Va
     Ok(out)
 }
 
+// Long: one pass over the parameters, each place in its own arm; splitting would pass seven accumulators around.
 fn inputs(conv: &mut Converter<'_>, root: &Value, op: &Op<'_>) -> Result<Inputs, String> {
     let swagger = conv.version() == Version::Swagger2;
     let mut props = Map::new();
@@ -623,4 +624,59 @@ fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<String
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// Compiles the operations of every source into tools; `taken` holds the names of the
+/// ToolSet's own tools (and receives the names compiled here).
+pub(crate) fn compile(
+    specs: &[OpenApiSpec],
+    taken: &mut FxHashSet<String>,
+    p: &mut Problems,
+) -> Vec<CompiledTool> {
+    if specs.len() > MAX_OPENAPI_SOURCES {
+        p.push(
+            "openapi",
+            format!("{} sources; at most {MAX_OPENAPI_SOURCES}", specs.len()),
+        );
+        return Vec::new();
+    }
+    let mut names = FxHashSet::default();
+    let mut tools = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        let at = format!("openapi[{i}]");
+        if !valid_source_name(&s.name) {
+            p.push(
+                format!("{at}.name"),
+                "1-63 of a-z 0-9 -, starting with a letter, not ending with -",
+            );
+        } else if !names.insert(s.name.as_str()) {
+            p.push(
+                format!("{at}.name"),
+                format!("duplicate source name `{}`", s.name),
+            );
+        }
+        let text = match (&s.document, &s.file) {
+            (Some(d), None) => d,
+            (None, Some(f)) => {
+                p.push(
+                    format!("{at}.file"),
+                    format!("`{f}` could not be read (a missing file, or over {MAX_OPENAPI_BYTES} bytes)"),
+                );
+                continue;
+            }
+            _ => {
+                p.push(&at, "set exactly one of `document` and `file`");
+                continue;
+            }
+        };
+        let doc = match document::parse(text) {
+            Ok(d) => d,
+            Err(e) => {
+                p.push(format!("{at}.document"), e);
+                continue;
+            }
+        };
+        tools.extend(compile_source(s, &doc, &at, taken, p));
+    }
+    tools
 }

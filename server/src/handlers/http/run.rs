@@ -245,6 +245,8 @@ impl HttpClient {
     }
 
     /// Performs the request of an http tool.
+    // Long: one request from start to answer (template parts, argument parts, tracing, timeout);
+    // each step is a few lines that share the builder.
     pub async fn call(
         &self,
         spec: &HttpCall,
