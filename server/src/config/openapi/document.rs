@@ -141,7 +141,7 @@ pub(super) fn operations(root: &Value) -> impl Iterator<Item = Op<'_>> {
         .flat_map(|(path, item)| {
             METHODS.iter().filter_map(move |m| {
                 Some(Op {
-                    method: *m,
+                    method: m,
                     path,
                     item,
                     op: item.get(*m)?.as_object()?,
