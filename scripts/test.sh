@@ -57,6 +57,9 @@ log "operator against a real control plane (etcd, kube-apiserver, controller-man
 cargo build -p quiver-operator --locked
 "$ROOT/scripts/operator-it.sh"
 
+log "OpenAPI import against a real kube-apiserver (its own core/v1 and apps/v1 documents)"
+"$ROOT/scripts/openapi-it.sh"
+
 log "Helm chart, dashboards and alerts against a real API server and a real Prometheus"
 "$ROOT/scripts/chart-it.sh"
 

@@ -356,7 +356,11 @@ fn check(source: &Source) -> i32 {
             return 2;
         }
     };
-    match crate::config::load(&sources).and_then(|ts| crate::config::compile(&ts)) {
+    let loaded = crate::config::load(&sources).map(|mut ts| {
+        crate::config::openapi::read_files(&mut ts.openapi);
+        ts
+    });
+    match loaded.and_then(|ts| crate::config::compile(&ts)) {
         Ok(c) => {
             println!(
                 "ok: {} tools, {} resources, {} prompts (config hash {})",

@@ -46,6 +46,8 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .map(|(i, t)| compile_tool(t, i, &index, &mut p))
         .collect();
     pipeline::check::check(&mut tools, &mut p);
+    let mut taken: rustc_hash::FxHashSet<String> = index.keys().map(|k| (*k).to_owned()).collect();
+    tools.extend(super::openapi::compile(&ts.openapi, &mut taken, &mut p));
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);

@@ -16,6 +16,7 @@ pub mod identity;
 mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;
+pub mod openapi;
 pub mod policy;
 pub(crate) mod shared;
 pub mod upstream;
@@ -50,7 +51,7 @@ pub const MAX_DOCUMENT_BYTES: usize = 8 << 20;
 /// document is bounded by this (and [`compile`] bounds embedded JSON values more tightly).
 pub const MAX_YAML_DEPTH: usize = 48;
 
-fn yaml_options() -> serde_saphyr::Options {
+pub(crate) fn yaml_options() -> serde_saphyr::Options {
     let mut options = serde_saphyr::Options::default();
     // YAML 1.2 booleans only: a property named `n` or `no` stays a string ("Norway problem").
     options.strict_booleans = true;
@@ -66,6 +67,11 @@ fn yaml_options() -> serde_saphyr::Options {
     budget.max_nodes = 250_000;
     options.budget = Some(budget);
     options
+}
+
+/// [`redact`] for other parsers of configuration documents.
+pub(crate) fn redact_message(message: &str) -> String {
+    redact(message)
 }
 
 /// Removes quoted text from a parser message: serde quotes the offending value
@@ -130,6 +136,7 @@ pub fn load(sources: &[(String, String)]) -> Result<ToolSet, ConfigError> {
                     m.resources.extend(ts.resources);
                     m.prompts.extend(ts.prompts);
                     m.upstreams.extend(ts.upstreams);
+                    m.openapi.extend(ts.openapi);
                     m.policies.extend(ts.policies);
                     m.limits.extend(ts.limits);
                 }

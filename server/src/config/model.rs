@@ -53,6 +53,10 @@ pub struct ToolSet {
     /// MCP servers whose tools are served as this server's own (an aggregating gateway).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<super::upstream::UpstreamSpec>,
+    /// OpenAPI documents whose operations are served as http tools (see docs/openapi.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub openapi: Vec<super::openapi::OpenApiSpec>,
     /// Named policies: CEL conditions a call must meet, on every tool or on the tools
     /// their `tools`/`upstreams` pick (see docs/governance.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -75,6 +79,7 @@ impl Default for ToolSet {
             resources: Vec::new(),
             prompts: Vec::new(),
             upstreams: Vec::new(),
+            openapi: Vec::new(),
             policies: Vec::new(),
             limits: Vec::new(),
         }

@@ -139,7 +139,11 @@ impl Reloader {
         let start = Instant::now();
         let metrics = &self.server.metrics;
         let registry = &self.server.registry;
-        let mut compiled = match config::load(sources).and_then(|ts| config::compile(&ts)) {
+        let loaded = config::load(sources).map(|mut ts| {
+            config::openapi::read_files(&mut ts.openapi);
+            ts
+        });
+        let mut compiled = match loaded.and_then(|ts| config::compile(&ts)) {
             Ok(c) => c,
             Err(e) => {
                 self.record("invalid", e.problems.iter().map(ToString::to_string).collect());

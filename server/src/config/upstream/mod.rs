@@ -165,7 +165,7 @@ pub struct ImportSpec {
 }
 
 impl ImportSpec {
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Self::default()
     }
 }
@@ -204,6 +204,11 @@ pub enum Transport {
 pub struct Glob(String);
 
 impl Glob {
+    /// The pattern `p` (`*` is any run of characters).
+    pub fn new(p: &str) -> Self {
+        Self(p.to_owned())
+    }
+
     /// Whether the pattern has no `*`.
     pub fn is_literal(&self) -> bool {
         !self.0.contains('*')

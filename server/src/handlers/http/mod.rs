@@ -21,6 +21,8 @@ use crate::config::json_field;
 use crate::template::{JsonTemplate, Template};
 
 #[cfg(feature = "runtime")]
+mod args;
+#[cfg(feature = "runtime")]
 pub(crate) mod run;
 
 /// An HTTP handler.
@@ -112,6 +114,52 @@ pub struct HttpCall {
     pub identity: Option<Identity>,
     /// Top-level names of the caller's claims the templates use (`{{caller.NAME...}}`).
     pub claims: Vec<Box<str>>,
+    /// Request parts taken from the arguments as they are (an imported OpenAPI operation's
+    /// query, header and cookie parameters and body); `None` for a hand-written tool.
+    pub args: Option<Box<ArgParts>>,
+}
+
+/// Request parts built from argument values rather than templates: a parameter whose
+/// argument is absent is left out of the request, and arrays follow the parameter's style.
+#[derive(Debug, Default)]
+pub struct ArgParts {
+    /// Query, header and cookie parameters, in this order.
+    pub params: Vec<ArgParam>,
+    /// The argument sent as the request body, and its encoding.
+    pub body: Option<(Box<str>, BodyEncoding)>,
+}
+
+/// One parameter of a request, read from the argument of the same name.
+#[derive(Debug, Clone)]
+pub struct ArgParam {
+    /// The argument (and the parameter's name in the request).
+    pub name: Box<str>,
+    /// Where it goes.
+    pub place: ParamPlace,
+    /// How an array is written: repeated (`a=1&a=2`, exploded) or joined by this separator.
+    pub explode: bool,
+    /// The separator of a non-exploded array (`,`, ` ` or `|`).
+    pub separator: char,
+}
+
+/// Where a parameter goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamPlace {
+    /// The URL's query.
+    Query,
+    /// A request header.
+    Header,
+    /// A `Cookie` header pair.
+    Cookie,
+}
+
+/// How a body argument is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEncoding {
+    /// `application/json`.
+    Json,
+    /// `application/x-www-form-urlencoded` of an object's fields.
+    Form,
 }
 
 /// Where an http tool's TLS material is.
@@ -211,6 +259,7 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
         body,
         secrets,
         tls,
+        args: None,
     }
 }
 

@@ -10,7 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use super::{HttpCall, TlsRefs};
+use super::{HttpCall, TlsRefs, args as from_args};
 use crate::config::checks::{has_dot_segment, path_of};
 use crate::config::context::SecretRef;
 use crate::config::context::{CALLER_ROOT, SECRET_ROOT};
@@ -43,6 +43,9 @@ impl crate::template::Scope for RequestScope<'_> {
         }
     }
 }
+
+/// Characters of an imported operation's error answer kept in the tool error.
+const MAX_ERROR_CHARS: usize = 2048;
 
 /// The `User-Agent` of every outbound request.
 pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
@@ -242,6 +245,8 @@ impl HttpClient {
     }
 
     /// Performs the request of an http tool.
+    // Long: one request from start to answer (template parts, argument parts, tracing, timeout);
+    // each step is a few lines that share the builder.
     pub async fn call(
         &self,
         spec: &HttpCall,
@@ -254,7 +259,7 @@ impl HttpClient {
             secrets,
             caller: outbound.caller,
         };
-        let uri = match target(spec, &scope) {
+        let uri = match target(spec, &scope, args) {
             Ok(u) => u,
             Err(e) => return ToolOutput::error(e),
         };
@@ -276,7 +281,26 @@ impl HttpClient {
                 _ => return ToolOutput::error(format!("header `{name}` rendered to an invalid value")),
             }
         }
+        if let Some(parts) = &spec.args {
+            match from_args::headers(parts, args) {
+                Ok(h) => {
+                    for (n, v) in h {
+                        req = req.header(n, v);
+                    }
+                }
+                Err(e) => return ToolOutput::error(e),
+            }
+        }
         let body = match &spec.body {
+            None if spec.args.is_some() => {
+                match spec.args.as_deref().and_then(|p| from_args::body(p, args)) {
+                    Some((b, content_type)) => {
+                        req = req.header(header::CONTENT_TYPE, content_type);
+                        b
+                    }
+                    None => Bytes::new(),
+                }
+            }
             Some(t) => {
                 req = req.header(header::CONTENT_TYPE, "application/json");
                 match t.render(&scope) {
@@ -336,7 +360,14 @@ impl HttpClient {
             Ok(Ok(x)) => x,
         };
         if !parts.status.is_success() {
-            let text = String::from_utf8_lossy(&bytes);
+            let mut text = String::from_utf8_lossy(&bytes);
+            // An imported operation's error answer is cut short: an API's error page is not
+            // worth a model's context.
+            if spec.args.is_some()
+                && let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_CHARS)
+            {
+                text = format!("{}…", &text[..cut]).into();
+            }
             return ToolOutput::error(format!("{} {url} answered {}: {text}", spec.method, parts.status));
         }
         answer(&parts.headers, &bytes)
@@ -396,8 +427,19 @@ fn answer(headers: &http::HeaderMap, bytes: &Bytes) -> ToolOutput {
 /// Renders the URL of a call and checks that values changed only its path, query and
 /// fragment: the server called is the tool's literal `scheme://authority`, and no value made
 /// a `.` or `..` path segment (which would walk up the path the tool declares).
-fn target(spec: &HttpCall, scope: &RequestScope<'_>) -> Result<Uri, String> {
-    let url = spec.url.render_url(scope).map_err(|e| format!("the URL: {e}"))?;
+fn target(spec: &HttpCall, scope: &RequestScope<'_>, args: &Value) -> Result<Uri, String> {
+    let mut url = spec.url.render_url(scope).map_err(|e| format!("the URL: {e}"))?;
+    if let Some(parts) = &spec.args {
+        let mut query = String::new();
+        from_args::query(parts, args, &mut query);
+        if !query.is_empty() {
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str(&query);
+        }
+        if url.len() > crate::template::MAX_RENDERED_BYTES {
+            return Err("the arguments make a URL too long to send".to_owned());
+        }
+    }
     let uri: Uri = url
         .parse()
         .map_err(|_| "the arguments make an invalid URL".to_owned())?;

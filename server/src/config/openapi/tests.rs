@@ -1,0 +1,322 @@
+use serde_json::{Value, json};
+
+use crate::config::{CompiledHandler, CompiledToolSet, ConfigError, ToolSet, compile};
+use crate::handlers::http::{BodyEncoding, ParamPlace};
+
+/// A small store API, written for these tests (3.0: `nullable`, boolean exclusive bounds).
+fn store() -> Value {
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "store", "version": "1"},
+        "servers": [{"url": "https://{region}.store.example/v1", "variables": {"region": {"default": "eu"}}}],
+        "paths": {
+            "/items/{itemId}": {
+                "parameters": [{"name": "itemId", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "get": {
+                    "operationId": "getItem", "tags": ["items"], "summary": "Read one item",
+                    "description": "Reads the item with this id.",
+                    "parameters": [{"name": "X-Trace", "in": "header", "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Item"}}}}}
+                },
+                "delete": {"operationId": "delete item!", "tags": ["admin"], "responses": {"204": {"description": "gone"}}},
+                "put": {
+                    "operationId": "putItem", "tags": ["items"],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Item"}}}},
+                    "responses": {"200": {"description": "ok"}}
+                }
+            },
+            "/items": {
+                "get": {
+                    "tags": ["items"],
+                    "parameters": [
+                        {"name": "tag", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
+                        {"name": "ids", "in": "query", "explode": false, "schema": {"type": "array", "items": {"type": "integer"}}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0, "exclusiveMinimum": true}}
+                    ],
+                    "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/Item"}}}}}}
+                },
+                "post": {
+                    "operationId": "login",
+                    "requestBody": {"content": {"application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {"user": {"type": "string"}}}}}},
+                    "responses": {"200": {"description": "ok"}}
+                }
+            }
+        },
+        "components": {"schemas": {
+            "Item": {"type": "object", "required": ["id"], "properties": {
+                "id": {"type": "string", "example": "a1", "x-internal": true},
+                "note": {"type": "string", "nullable": true},
+                "price": {"$ref": "#/components/schemas/Price"},
+                "kind": {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+            }},
+            "Price": {"type": "number", "minimum": 0},
+            "Unused": {"$ref": "#/components/schemas/Unused"}
+        }}
+    })
+}
+
+fn toolset(source: Value) -> ToolSet {
+    serde_json::from_value(json!({"openapi": [source]})).unwrap()
+}
+
+fn compiled(source: Value) -> Result<CompiledToolSet, ConfigError> {
+    compile(&toolset(source))
+}
+
+fn source(doc: &Value) -> Value {
+    json!({"name": "store", "document": doc.to_string()})
+}
+
+fn problems(source: Value) -> Vec<String> {
+    match compiled(source) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.problems.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn tool<'a>(c: &'a CompiledToolSet, name: &str) -> &'a crate::config::CompiledTool {
+    c.tools.iter().find(|t| t.name == name).unwrap_or_else(|| {
+        panic!(
+            "no tool {name} in {:?}",
+            c.tools.iter().map(|t| &t.name).collect::<Vec<_>>()
+        )
+    })
+}
+
+#[test]
+fn operations_become_http_tools() {
+    let c = compiled(source(&store())).unwrap();
+    let names: Vec<&str> = c.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["get_items", "login", "getItem", "putItem", "delete_item"]);
+
+    let get = tool(&c, "getItem");
+    assert_eq!(
+        get.descriptor["description"],
+        "Read one item\n\nReads the item with this id."
+    );
+    assert_eq!(get.descriptor["annotations"], json!({"readOnlyHint": true}));
+    let input = &get.descriptor["inputSchema"];
+    assert_eq!(input["required"], json!(["itemId"]));
+    assert_eq!(input["additionalProperties"], json!(false));
+    assert!(input["properties"]["X-Trace"].is_object());
+    // The answer's schema is the component, with what it reaches under `$defs`.
+    let out = &get.descriptor["outputSchema"];
+    assert_eq!(out["type"], "object");
+    assert_eq!(out["properties"]["price"]["$ref"], "#/$defs/Price");
+    assert_eq!(out["properties"]["note"]["type"], json!(["string", "null"]));
+    assert!(out["properties"]["id"].get("example").is_none());
+    assert!(out["properties"]["id"].get("x-internal").is_none());
+    assert!(out["properties"]["kind"]["oneOf"].is_array());
+    assert!(get.output.is_some());
+    let CompiledHandler::Http(h) = &get.handler else {
+        panic!()
+    };
+    assert_eq!(h.method, "GET");
+    assert_eq!(h.origin, "https://eu.store.example");
+    let parts = h.args.as_ref().unwrap();
+    assert_eq!(parts.params[0].place, ParamPlace::Header);
+
+    let del = tool(&c, "delete_item");
+    assert_eq!(del.descriptor["annotations"]["destructiveHint"], true);
+    assert_eq!(del.descriptor["annotations"]["idempotentHint"], true);
+
+    let put = tool(&c, "putItem");
+    let input = &put.descriptor["inputSchema"];
+    assert_eq!(input["required"], json!(["itemId", "body"]));
+    assert_eq!(input["properties"]["body"]["$ref"], "#/$defs/Item");
+    assert!(input["$defs"]["Item"].is_object() && input["$defs"]["Price"].is_object());
+    assert!(input["$defs"].get("Unused").is_none());
+    assert!(
+        put.input
+            .is_valid(&json!({"itemId": "a", "body": {"id": "a", "note": null, "price": 2}}))
+    );
+    assert!(
+        !put.input
+            .is_valid(&json!({"itemId": "a", "body": {"id": "a", "price": -1}}))
+    );
+    assert!(
+        !put.input
+            .is_valid(&json!({"itemId": "a", "body": {"id": "a"}, "other": 1}))
+    );
+
+    // No operationId: a name from the method and path; arrays by style; 3.0 exclusive bound.
+    let list = tool(&c, "get_items");
+    assert!(
+        list.descriptor.get("outputSchema").is_none(),
+        "an array answer has no output schema"
+    );
+    assert_eq!(
+        list.descriptor["inputSchema"]["properties"]["limit"],
+        json!({"type": "integer", "exclusiveMinimum": 0})
+    );
+    let CompiledHandler::Http(h) = &list.handler else {
+        panic!()
+    };
+    let styles: Vec<(bool, char)> = h
+        .args
+        .as_ref()
+        .unwrap()
+        .params
+        .iter()
+        .map(|p| (p.explode, p.separator))
+        .collect();
+    assert_eq!(styles, [(true, ','), (false, ','), (true, ',')]);
+
+    let CompiledHandler::Http(h) = &tool(&c, "login").handler else {
+        panic!()
+    };
+    assert_eq!(
+        h.args.as_ref().unwrap().body.as_ref().unwrap().1,
+        BodyEncoding::Form
+    );
+}
+
+#[test]
+fn filters_names_and_overrides() {
+    let mut s = source(&store());
+    s["operations"] = json!({"tags": ["items"], "methods": ["get", "PUT"]});
+    s["tools"] = json!({"exclude": ["get_*"], "prefix": "store_", "rename": {"putItem": "replaceItem"}, "descriptions": {"getItem": "Mine."}});
+    let c = compiled(s).unwrap();
+    let names: Vec<&str> = c.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["store_getItem", "replaceItem"]);
+    assert_eq!(c.tools[0].descriptor["description"], "Mine.");
+
+    let mut s = source(&store());
+    s["operations"] = json!({"paths": ["/items/*"]});
+    s["server"] = json!("http://127.0.0.1:9/api/");
+    let c = compiled(s).unwrap();
+    assert_eq!(c.tools.len(), 3);
+    let CompiledHandler::Http(h) = &c.tools[0].handler else {
+        panic!()
+    };
+    assert_eq!(h.origin, "http://127.0.0.1:9");
+
+    // A name another tool has is refused, naming the operation.
+    let mut ts = toolset(source(&store()));
+    ts.tools = serde_json::from_value(json!([{"name": "getItem", "handler": {"builtin": "now"}}])).unwrap();
+    let e = compile(&ts).unwrap_err().to_string();
+    assert!(
+        e.contains("openapi[0].paths./items/{itemId}.get") && e.contains("already the name"),
+        "{e}"
+    );
+}
+
+#[test]
+fn swagger_2_documents_are_read_too() {
+    let doc = json!({
+        "swagger": "2.0", "host": "api.example", "basePath": "/v2", "schemes": ["https"],
+        "paths": {"/pets": {"post": {
+            "operationId": "addPet",
+            "parameters": [
+                {"name": "pet", "in": "body", "required": true, "schema": {"$ref": "#/definitions/Pet"}},
+                {"name": "tags", "in": "query", "type": "array", "items": {"type": "string"}, "collectionFormat": "pipes"}
+            ],
+            "responses": {"200": {"description": "ok", "schema": {"$ref": "#/definitions/Pet"}}}
+        }}},
+        "definitions": {"Pet": {"type": "object", "properties": {"name": {"type": "string"}}}}
+    });
+    let c = compiled(source(&doc)).unwrap();
+    let t = &c.tools[0];
+    assert_eq!(
+        t.descriptor["inputSchema"]["properties"]["body"]["$ref"],
+        "#/$defs/Pet"
+    );
+    assert_eq!(
+        t.descriptor["outputSchema"]["properties"]["name"]["type"],
+        "string"
+    );
+    let CompiledHandler::Http(h) = &t.handler else {
+        panic!()
+    };
+    assert_eq!(h.origin, "https://api.example");
+    assert_eq!(h.args.as_ref().unwrap().params[0].separator, '|');
+}
+
+#[test]
+fn tools_of_a_source_share_its_headers_and_secrets() {
+    let mut s = source(&store());
+    s["headers"] = json!({"X-Api-Key": "{{secret.store.key}}"});
+    let c = compiled(s).unwrap();
+    assert!(c.secrets.contains("store"));
+    for t in &c.tools {
+        assert_eq!(t.handler.secrets().len(), 1);
+    }
+    // A bad shared header is reported once, at the source.
+    let mut s = source(&store());
+    s["headers"] = json!({"Bad Header": "x"});
+    let p = problems(s);
+    assert_eq!(p.iter().filter(|x| x.contains("Bad Header")).count(), 1, "{p:#?}");
+    assert!(p[0].starts_with("openapi[0].headers.Bad Header"), "{p:#?}");
+}
+
+/// Hostile and broken documents: each refused with a message naming where.
+#[test]
+fn hostile_documents_are_refused_naming_the_place() {
+    let with_paths = |paths: Value, schemas: Value| json!({"openapi": "3.1.0", "servers": [{"url": "http://h"}], "paths": paths, "components": {"schemas": schemas}});
+    let body = |schema: Value| json!({"/x": {"post": {"operationId": "op", "requestBody": {"required": true, "content": {"application/json": {"schema": schema}}}, "responses": {}}}});
+    let mut fan = serde_json::Map::new();
+    let mut props = serde_json::Map::new();
+    for i in 0..300 {
+        fan.insert(format!("S{i}"), json!({"type": "string"}));
+        props.insert(
+            format!("p{i}"),
+            json!({"$ref": format!("#/components/schemas/S{i}")}),
+        );
+    }
+    let mut chain = serde_json::Map::new();
+    for i in 0..40 {
+        chain.insert(format!("C{i}"), json!({"type": "object", "properties": {"n": {"$ref": format!("#/components/schemas/C{}", i + 1)}}}));
+    }
+    chain.insert("C40".into(), json!({"type": "string"}));
+    let many_ops: serde_json::Map<String, Value> = (0..=super::MAX_OPERATIONS)
+        .map(|i| (format!("/p{i}"), json!({"get": {"responses": {}}})))
+        .collect();
+    let cases: Vec<(String, &str)> = vec![
+        ("{\"openapi\": \"3.0.0\", \"paths\": ".to_owned() + &"[".repeat(200) + &"]".repeat(200) + "}", "not JSON"),
+        (format!("{}1{}", "[".repeat(60), "]".repeat(60)).replace("[[", "{\"a\":[").replace("]]", "]}"), "document"),
+        ("openapi: 3.0.0\na: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]\n".to_owned(), "not YAML"),
+        (format!("{{\"openapi\": \"3.0.0\", \"x\": \"{}\"}}", "a".repeat(super::MAX_OPENAPI_BYTES)), "at most"),
+        (json!({"openapi": "4.0.0"}).to_string(), "only versions 3.0 and 3.1"),
+        (json!({"info": {}}).to_string(), "not an OpenAPI document"),
+        (json!({"openapi": "3.1.0", "servers": [{"url": "http://h"}], "paths": many_ops}).to_string(), "operations; at most"),
+        (with_paths(body(json!({"$ref": "#/components/schemas/A"})), json!({"A": {"type": "object", "properties": {"b": {"$ref": "#/components/schemas/B"}}}, "B": {"anyOf": [{"$ref": "#/components/schemas/A"}]}})).to_string(), "refers to itself"),
+        (with_paths(body(json!({"type": "object", "properties": props})), Value::Object(fan)).to_string(), "more than 256 component schemas"),
+        (with_paths(body(json!({"$ref": "#/components/schemas/C0"})), Value::Object(chain)).to_string(), "nest more than"),
+        (with_paths(body(json!({"$ref": "https://evil.example/s.json"})), json!({})).to_string(), "only references to component schemas"),
+        (with_paths(body(json!({"$ref": "#/components/schemas/Nope"})), json!({})).to_string(), "names no component schema"),
+        (with_paths(json!({"/x": {"get": {"operationId": "op", "parameters": [{"$ref": "#/components/parameters/none"}]}}}), json!({})).to_string(), "points at nothing"),
+        (with_paths(json!({"/x/{a.b}": {"get": {"operationId": "op", "parameters": [{"name": "a.b", "in": "path"}]}}}), json!({})).to_string(), "only names of"),
+        (with_paths(json!({"/x": {"post": {"operationId": "op", "requestBody": {"required": true, "content": {"multipart/form-data": {}}}}}}), json!({})).to_string(), "only JSON and form bodies"),
+        (json!({"openapi": "3.1.0", "servers": [{"url": "/relative"}], "paths": {}}).to_string(), "set `server`"),
+    ];
+    for (doc, wanted) in cases {
+        let p = problems(json!({"name": "bad", "document": doc}));
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("openapi[0]") && x.contains(wanted)),
+            "wanted {wanted:?} in {p:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_source_needs_exactly_one_document_and_a_readable_file() {
+    assert!(problems(json!({"name": "x"}))[0].contains("set exactly one of `document` and `file`"));
+    let mut ts = toolset(json!({"name": "x", "file": "/nonexistent/openapi.json"}));
+    super::read_files(&mut ts.openapi);
+    let e = compile(&ts).unwrap_err().to_string();
+    assert!(
+        e.contains("openapi[0].file") && e.contains("could not be read"),
+        "{e}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.json");
+    std::fs::write(&path, store().to_string()).unwrap();
+    let mut ts = toolset(json!({"name": "x", "file": path}));
+    super::read_files(&mut ts.openapi);
+    assert_eq!(compile(&ts).unwrap().tools.len(), 5);
+    assert!(
+        problems(json!({"name": "Bad_Name", "document": store().to_string()}))[0].contains("openapi[0].name")
+    );
+}

@@ -1,0 +1,220 @@
+//! OpenAPI import against a real kube-apiserver (`scripts/control-plane.sh`; run by
+//! `scripts/openapi-it.sh` with `--ignored`): the server's own OpenAPI v3 documents of core/v1
+//! and apps/v1 become tools, called through quiver-server with a ServiceAccount token and the
+//! cluster CA from Secrets.
+
+mod real_binary;
+
+use std::path::Path;
+use std::process::Command;
+
+use real_binary::{Proc, http, start_http_env};
+use serde_json::{Value, json};
+
+fn kubectl(args: &[&str]) -> String {
+    let out = Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl on PATH");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn write_secret(root: &Path, name: &str, key: &str, value: &str) {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(key), value).unwrap();
+}
+
+fn rpc(p: &Proc, method: &str, params: Value) -> Value {
+    let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let resp = http(p.mcp, "POST", "/mcp", &req.to_string()).expect("an answer");
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str::<Value>(body).unwrap_or_else(|e| panic!("{e}: {resp}"))["result"].clone()
+}
+
+fn call(p: &Proc, tool: &str, args: Value) -> Value {
+    rpc(p, "tools/call", json!({"name": tool, "arguments": args}))
+}
+
+/// The API server's URL and CA file, from the kubeconfig of the control plane.
+fn cluster() -> (String, String) {
+    let server = kubectl(&[
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ]);
+    let ca = kubectl(&[
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.certificate-authority}",
+    ]);
+    (server, std::fs::read_to_string(ca).expect("the cluster CA file"))
+}
+
+#[test]
+#[ignore = "needs cluster"]
+fn kube_apiserver_operations_are_called_through_quiver() {
+    let ns = "q-openapi";
+    let _ = Command::new("kubectl")
+        .args(["delete", "namespace", ns, "--wait=false"])
+        .output();
+    kubectl(&["create", "namespace", ns]);
+    kubectl(&["-n", ns, "create", "serviceaccount", "caller"]);
+    kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "caller-edit",
+        "--clusterrole=edit",
+        &format!("--serviceaccount={ns}:caller"),
+    ]);
+    let token = kubectl(&["-n", ns, "create", "token", "caller"]);
+    let (server, ca) = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    write_secret(dir.path(), "kube", "token", token.trim());
+    write_secret(dir.path(), "kube-ca", "ca.crt", &ca);
+    let core = dir.path().join("core.json");
+    std::fs::write(&core, kubectl(&["get", "--raw", "/openapi/v3/api/v1"])).unwrap();
+    let apps = dir.path().join("apps.json");
+    std::fs::write(&apps, kubectl(&["get", "--raw", "/openapi/v3/apis/apps/v1"])).unwrap();
+    let tools = format!(
+        r#"openapi:
+  - name: core
+    file: {core}
+    server: {server}
+    headers: {{Authorization: "Bearer {{{{secret.kube.token}}}}"}}
+    tls: {{caSecret: kube-ca}}
+    tools:
+      include: [listCoreV1NamespacedConfigMap, createCoreV1NamespacedConfigMap, readCoreV1NamespacedConfigMap, deleteCoreV1NamespacedConfigMap, listCoreV1NamespacedPod, readCoreV1Namespace]
+  - name: apps
+    file: {apps}
+    server: {server}
+    headers: {{Authorization: "Bearer {{{{secret.kube.token}}}}"}}
+    tls: {{caSecret: kube-ca}}
+    operations: {{methods: [get], paths: ["/apis/apps/v1/namespaces/{{namespace}}/deployments*"]}}
+"#,
+        core = core.display(),
+        apps = apps.display(),
+    );
+    let source = format!("--secrets=dir:{}", dir.path().display());
+    let p = start_http_env(&tools, &[&source], &[]);
+
+    let listed = rpc(&p, "tools/list", json!({}));
+    let mut names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "createCoreV1NamespacedConfigMap",
+            "deleteCoreV1NamespacedConfigMap",
+            "listAppsV1NamespacedDeployment",
+            "listCoreV1NamespacedConfigMap",
+            "listCoreV1NamespacedPod",
+            "readAppsV1NamespacedDeployment",
+            "readCoreV1Namespace",
+            "readCoreV1NamespacedConfigMap",
+        ]
+    );
+    let list_pods = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "listCoreV1NamespacedPod")
+        .unwrap();
+    assert_eq!(list_pods["annotations"]["readOnlyHint"], true);
+    assert!(
+        list_pods["inputSchema"]["properties"]["labelSelector"].is_object(),
+        "{list_pods}"
+    );
+    assert_eq!(list_pods["inputSchema"]["required"], json!(["namespace"]));
+
+    // Create through a JSON body, read back (structured), list with a label selector, delete.
+    let created = call(
+        &p,
+        "createCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "body": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "from-quiver", "labels": {"made-by": "quiver"}}, "data": {"k": "a value/with ?&= characters"}}}),
+    );
+    assert_eq!(created["isError"], false, "{created}");
+    let read = call(
+        &p,
+        "readCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "name": "from-quiver"}),
+    );
+    assert_eq!(read["isError"], false, "{read}");
+    assert_eq!(
+        read["structuredContent"]["data"]["k"], "a value/with ?&= characters",
+        "{read}"
+    );
+    let listed = call(
+        &p,
+        "listCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "labelSelector": "made-by=quiver", "limit": 5}),
+    );
+    assert_eq!(listed["isError"], false, "{listed}");
+    let items = listed["structuredContent"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    let none = call(
+        &p,
+        "listCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "labelSelector": "made-by=nobody"}),
+    );
+    assert_eq!(none["structuredContent"]["items"], json!([]), "{none}");
+
+    // The apiserver's refusal is a tool error with its status; RBAC applies to the token.
+    let missing = call(
+        &p,
+        "readCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "name": "absent"}),
+    );
+    assert_eq!(missing["isError"], true);
+    assert!(
+        missing["content"][0]["text"].as_str().unwrap().contains("404"),
+        "{missing}"
+    );
+    let forbidden = call(&p, "readCoreV1Namespace", json!({"name": "kube-system"}));
+    assert_eq!(forbidden["isError"], true);
+    assert!(
+        forbidden["content"][0]["text"].as_str().unwrap().contains("403"),
+        "{forbidden}"
+    );
+    // A path parameter cannot walk elsewhere: it is percent-encoded into one segment.
+    let walked = call(
+        &p,
+        "readCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "name": "../../secrets/x"}),
+    );
+    assert_eq!(walked["isError"], true, "{walked}");
+
+    let deployments = call(&p, "listAppsV1NamespacedDeployment", json!({"namespace": ns}));
+    assert_eq!(deployments["isError"], false, "{deployments}");
+    assert_eq!(deployments["structuredContent"]["kind"], "DeploymentList");
+
+    let deleted = call(
+        &p,
+        "deleteCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "name": "from-quiver"}),
+    );
+    assert_eq!(deleted["isError"], false, "{deleted}");
+    let gone = call(
+        &p,
+        "readCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "name": "from-quiver"}),
+    );
+    assert_eq!(gone["isError"], true);
+    kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
