@@ -126,6 +126,9 @@ fn kube_apiserver_operations_are_called_through_quiver() {
             "listCoreV1NamespacedConfigMap",
             "listCoreV1NamespacedPod",
             "readAppsV1NamespacedDeployment",
+            // `*` crosses `/`: the subresources match the glob too.
+            "readAppsV1NamespacedDeploymentScale",
+            "readAppsV1NamespacedDeploymentStatus",
             "readCoreV1Namespace",
             "readCoreV1NamespacedConfigMap",
         ]

@@ -441,7 +441,9 @@ fn request_body(
         .map(|c| (c, BodyEncoding::Json))
         .or_else(|| {
             pick(&|m: &str| m == "application/x-www-form-urlencoded").map(|c| (c, BodyEncoding::Form))
-        });
+        })
+        // "Any type" (the Kubernetes API says this of its JSON bodies): sent as JSON.
+        .or_else(|| pick(&|m: &str| m == "*/*").map(|c| (c, BodyEncoding::Json)));
     let is_required = rb.get("required") == Some(&Value::Bool(true));
     let Some(((_, media), encoding)) = chosen else {
         if is_required {
