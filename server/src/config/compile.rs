@@ -46,6 +46,13 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .map(|(i, t)| compile_tool(t, i, &index, &mut p))
         .collect();
     pipeline::check::check(&mut tools, &mut p);
+    let search = super::search::compile(
+        ts.tool_search.as_ref(),
+        &index,
+        !ts.upstreams.is_empty(),
+        &mut tools,
+        &mut p,
+    );
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
@@ -77,6 +84,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             upstreams,
             upstream_digest: 0,
             policies,
+            search,
         })
     } else {
         Err(ConfigError { problems: p.0 })

@@ -17,6 +17,7 @@ mod json_doc;
 pub(crate) mod json_field;
 pub(crate) mod model;
 pub mod policy;
+pub mod search;
 pub(crate) mod shared;
 pub mod upstream;
 
