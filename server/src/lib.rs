@@ -11,6 +11,7 @@ pub mod config;
 pub mod handlers;
 pub mod redact;
 pub mod schema;
+pub mod search;
 pub mod template;
 
 #[cfg(feature = "runtime")]

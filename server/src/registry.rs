@@ -52,8 +52,13 @@ pub struct Snapshot {
     by_name: FxHashMap<Box<str>, usize>,
     tool_pages: Vec<Box<[u8]>>,
     /// Each tool's serialized `tools/list` entry, when some tool has `access` or policies
-    /// (its list is then rendered per caller).
+    /// (its list is then rendered per caller) or tool search is on (`find_tools` answers
+    /// with them).
     pub tool_entries: Option<Box<[Box<[u8]>]>>,
+    /// Whether `tools/list` is rendered per caller (some tool has `access` or policies).
+    pub per_caller: bool,
+    /// The search index and the listed tools, when tool search is on.
+    pub search: Option<Box<crate::search::Catalog>>,
     resource_pages: Vec<Box<[u8]>>,
     template_pages: Vec<Box<[u8]>>,
     prompt_pages: Vec<Box<[u8]>>,
@@ -90,22 +95,23 @@ fn access_scopes(tools: &[Tool]) -> Box<[Box<str>]> {
     scopes.into_iter().map(Box::from).collect()
 }
 
-/// Each tool's serialized `tools/list` entry, to list one by one, when who sees a tool
-/// depends on the caller (some tool has `access` or policies).
-fn guarded_entries(tools: &[Tool]) -> Option<Box<[Box<[u8]>]>> {
-    let guarded = tools
+/// Whether who sees a tool depends on the caller (some tool has `access` or policies).
+fn guarded(tools: &[Tool]) -> bool {
+    tools
         .iter()
-        .any(|t| t.def.access.is_some() || t.policies.is_some());
-    guarded.then(|| {
-        tools
-            .iter()
-            .map(|t| {
-                serde_json::to_vec(&t.def.descriptor)
-                    .unwrap_or_default()
-                    .into_boxed_slice()
-            })
-            .collect()
-    })
+        .any(|t| t.def.access.is_some() || t.policies.is_some())
+}
+
+/// Each tool's serialized `tools/list` entry, to list or return one by one.
+fn entries(tools: &[Tool]) -> Box<[Box<[u8]>]> {
+    tools
+        .iter()
+        .map(|t| {
+            serde_json::to_vec(&t.def.descriptor)
+                .unwrap_or_default()
+                .into_boxed_slice()
+        })
+        .collect()
 }
 
 /// What a snapshot answers about the server itself, serialized once.
@@ -201,8 +207,20 @@ impl Snapshot {
         let tag = cursor_tag(&cfg.hash, cfg.upstream_digest);
         let tag = tag.as_str();
         let page_size = cfg.page_size;
-        let tool_pages = pages("tools", tools.iter().map(|t| &t.def.descriptor), page_size, tag);
-        let tool_entries = guarded_entries(&tools);
+        let search = cfg.search.as_ref().map(|s| {
+            Box::new(crate::search::Catalog::build(
+                tools.iter().map(|t| &t.def.descriptor),
+                s,
+            ))
+        });
+        let listed = tools
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
+            .map(|(_, t)| &t.def.descriptor);
+        let tool_pages = pages("tools", listed, page_size, tag);
+        let per_caller = guarded(&tools);
+        let tool_entries = (per_caller || search.is_some()).then(|| entries(&tools));
         // Served from the pages from now on; as a `Value` tree a descriptor costs several
         // times its serialized size (a map node per object).
         for t in &mut tools {
@@ -252,6 +270,8 @@ impl Snapshot {
             by_name,
             tool_pages,
             tool_entries,
+            per_caller,
+            search,
             resource_pages,
             template_pages,
             prompt_pages,
@@ -277,6 +297,13 @@ impl Snapshot {
     #[inline]
     pub fn tool_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
+    }
+
+    /// Whether `tools/list` shows the tool at `index` (with tool search on, only the core
+    /// tools and `find_tools`).
+    #[inline]
+    pub fn listed(&self, index: usize) -> bool {
+        self.search.as_ref().is_none_or(|c| c.listed(index))
     }
 
     /// Index of a static resource by URI.

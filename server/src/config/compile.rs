@@ -48,6 +48,14 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     pipeline::check::check(&mut tools, &mut p);
     let mut taken: rustc_hash::FxHashSet<String> = index.keys().map(|k| (*k).to_owned()).collect();
     tools.extend(super::openapi::compile(&ts.openapi, &mut taken, &mut p));
+    // A core tool may come from an OpenAPI document or an upstream: checked where it is known.
+    let search = super::search::compile(
+        ts.tool_search.as_ref(),
+        &index,
+        !ts.upstreams.is_empty() || !ts.openapi.is_empty(),
+        &mut tools,
+        &mut p,
+    );
 
     let resources = compile_resources(ts, &mut p);
     let prompts = compile_prompts(ts, &mut p);
@@ -79,6 +87,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             upstreams,
             upstream_digest: 0,
             policies,
+            search,
         })
     } else {
         Err(ConfigError { problems: p.0 })

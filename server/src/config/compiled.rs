@@ -46,6 +46,8 @@ pub struct CompiledToolSet {
     pub upstream_digest: u64,
     /// The `policies` and the tools' inline `policy`, compiled.
     pub policies: super::policy::PolicySet,
+    /// `toolSearch`, when on (then `tools` holds `find_tools`).
+    pub search: Option<super::search::SearchSettings>,
 }
 
 /// A compiled tool.
@@ -94,6 +96,8 @@ pub enum CompiledHandler {
     Ask(Vec<Question>),
     /// A tool of an upstream MCP server.
     Upstream(UpstreamCall),
+    /// `find_tools`, answered by the dispatcher (it sees the caller and the registry).
+    FindTools,
 }
 
 impl CompiledHandler {

@@ -18,6 +18,7 @@ pub(crate) mod json_field;
 pub(crate) mod model;
 pub mod openapi;
 pub mod policy;
+pub mod search;
 pub(crate) mod shared;
 pub mod upstream;
 

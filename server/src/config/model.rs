@@ -67,6 +67,10 @@ pub struct ToolSet {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4))]
     pub limits: Vec<super::governance::LimitSpec>,
+    /// Tool search: `tools/list` shows only the core tools and `find_tools`, which finds
+    /// the others by what they do (see docs/toolset.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_search: Option<super::search::ToolSearchSpec>,
 }
 
 impl Default for ToolSet {
@@ -82,6 +86,7 @@ impl Default for ToolSet {
             openapi: Vec::new(),
             policies: Vec::new(),
             limits: Vec::new(),
+            tool_search: None,
         }
     }
 }

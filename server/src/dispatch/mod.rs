@@ -12,6 +12,7 @@ mod cancel;
 mod completion;
 mod envelope;
 pub(crate) mod error;
+mod find;
 mod govern;
 mod listen;
 mod outcome;

@@ -135,7 +135,8 @@ pub(super) async fn call(
         Some(m) => m.progress.clone(),
         None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
     };
-    if let Some(output) = server.exec.run_now(&guard, index, &args) {
+    let now = super::find::run(&guard, index, &args, req);
+    if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let failed = conclude(&guard, index, req.id, output, start, out);
         noted(trail, failed);
         if modern.is_some() {

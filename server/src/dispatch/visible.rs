@@ -48,8 +48,8 @@ struct CursorParams<'a> {
     cursor: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// Whether the caller may see `tool` in `tools/list`.
-fn visible(tool: &Tool, req: &Request<'_>) -> bool {
+/// Whether the caller may see `tool` in `tools/list` (and find it with `find_tools`).
+pub(super) fn visible(tool: &Tool, req: &Request<'_>) -> bool {
     tool.def
         .access
         .as_ref()
@@ -65,6 +65,9 @@ fn visible(tool: &Tool, req: &Request<'_>) -> bool {
 ///
 /// Cursors are `TAG-vN`: go on from tool N.
 pub(super) fn page(snap: &Snapshot, req: &Request<'_>) -> Option<Result<Vec<u8>, RpcError>> {
+    if !snap.per_caller {
+        return None;
+    }
     let entries = snap.tool_entries.as_deref()?;
     Some(render(snap, entries, req))
 }
@@ -98,7 +101,7 @@ fn render(snap: &Snapshot, entries: &[Box<[u8]>], req: &Request<'_>) -> Result<V
     let mut shown = 0;
     let mut next = None;
     for (i, t) in snap.tools.iter().enumerate().skip(from) {
-        if !visible(t, req) {
+        if !snap.listed(i) || !visible(t, req) {
             continue;
         }
         if shown == size {

@@ -159,6 +159,8 @@ impl Executor {
                     }
                     None => ToolOutput::error("this tool's upstream is not connected"),
                 },
+                // Answered by the dispatcher, which knows the caller; no pipeline can name it.
+                CompiledHandler::FindTools => ToolOutput::error("find_tools cannot run here"),
                 CompiledHandler::Template(_) | CompiledHandler::Content(_) | CompiledHandler::Error(_) => {
                     unreachable!("templates, content and errors run synchronously")
                 }
