@@ -65,10 +65,13 @@ impl SearchSettings {
     /// Whether `tools/list` shows the tool named `name`.
     pub fn listed(&self, name: &str) -> bool {
         name == FIND_TOOLS
-            || self
-                .core
-                .iter()
-                .any(|(c, prefix)| if *prefix { name.starts_with(c.as_str()) } else { name == c })
+            || self.core.iter().any(|(c, prefix)| {
+                if *prefix {
+                    name.starts_with(c.as_str())
+                } else {
+                    name == c
+                }
+            })
     }
 }
 
@@ -104,7 +107,10 @@ pub(super) fn compile(
     let max_limit = spec.max_limit.unwrap_or(DEFAULT_MAX_LIMIT);
     let default_limit = spec.default_limit.unwrap_or(DEFAULT_LIMIT.min(max_limit));
     if !(1..=MAX_LIMIT).contains(&max_limit) {
-        p.push("toolSearch.maxLimit", format!("must be between 1 and {MAX_LIMIT}"));
+        p.push(
+            "toolSearch.maxLimit",
+            format!("must be between 1 and {MAX_LIMIT}"),
+        );
     }
     if !(1..=max_limit).contains(&default_limit) {
         p.push("toolSearch.defaultLimit", "must be between 1 and `maxLimit`");
@@ -192,15 +198,24 @@ mod tests {
         let ts = parse("t", yaml).unwrap_or_else(|e| panic!("{e}"));
         match compile_set(&ts) {
             Ok(_) => Vec::new(),
-            Err(e) => e.problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect(),
+            Err(e) => e
+                .problems
+                .iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect(),
         }
     }
 
-    const TOOLS: &str = "tools:\n  - {name: echo, handler: {builtin: echo}}\n  - {name: kube_list, handler: {template: x}}\n";
+    const TOOLS: &str =
+        "tools:\n  - {name: echo, handler: {builtin: echo}}\n  - {name: kube_list, handler: {template: x}}\n";
 
     #[test]
     fn search_adds_find_tools_and_lists_the_core_tools_only() {
-        let ts = parse("t", &format!("{TOOLS}toolSearch: {{coreTools: [echo, 'kube_*'], defaultLimit: 2}}\n")).unwrap();
+        let ts = parse(
+            "t",
+            &format!("{TOOLS}toolSearch: {{coreTools: [echo, 'kube_*'], defaultLimit: 2}}\n"),
+        )
+        .unwrap();
         let c = compile_set(&ts).unwrap();
         let s = c.search.as_ref().expect("on");
         assert_eq!(c.tools.last().map(|t| t.name.as_str()), Some(super::FIND_TOOLS));
@@ -214,18 +229,33 @@ mod tests {
     #[test]
     fn bad_settings_are_refused_with_their_path() {
         let bad = |s: &str| problems(&format!("{TOOLS}toolSearch: {s}\n"));
-        assert_eq!(bad("{coreTools: [nope]}"), ["toolSearch.coreTools[0]: no tool is named `nope`"]);
+        assert_eq!(
+            bad("{coreTools: [nope]}"),
+            ["toolSearch.coreTools[0]: no tool is named `nope`"]
+        );
         assert_eq!(
             bad("{coreTools: ['bad name*']}"),
             ["toolSearch.coreTools[0]: `bad name*` is not a tool name or a prefix ending in `*`"]
         );
-        assert_eq!(bad("{maxLimit: 51}"), ["toolSearch.maxLimit: must be between 1 and 50"]);
+        assert_eq!(
+            bad("{maxLimit: 51}"),
+            ["toolSearch.maxLimit: must be between 1 and 50"]
+        );
         assert_eq!(bad("{maxLimit: 0}").len(), 2);
-        assert_eq!(bad("{defaultLimit: 9, maxLimit: 8}"), ["toolSearch.defaultLimit: must be between 1 and `maxLimit`"]);
+        assert_eq!(
+            bad("{defaultLimit: 9, maxLimit: 8}"),
+            ["toolSearch.defaultLimit: must be between 1 and `maxLimit`"]
+        );
         let many: Vec<String> = (0..65).map(|i| format!("x{i}*")).collect();
-        assert_eq!(bad(&format!("{{coreTools: [{}]}}", many.join(","))), ["toolSearch.coreTools: 65 names; at most 64"]);
+        assert_eq!(
+            bad(&format!("{{coreTools: [{}]}}", many.join(","))),
+            ["toolSearch.coreTools: 65 names; at most 64"]
+        );
         let taken = problems("tools: [{name: find_tools, handler: {builtin: echo}}]\ntoolSearch: {}\n");
-        assert_eq!(taken, ["toolSearch: a tool is named `find_tools`, the name of the search tool; rename it"]);
+        assert_eq!(
+            taken,
+            ["toolSearch: a tool is named `find_tools`, the name of the search tool; rename it"]
+        );
         // Without search the name is free.
         assert!(problems("tools: [{name: find_tools, handler: {builtin: echo}}]\n").is_empty());
     }
