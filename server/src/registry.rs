@@ -180,6 +180,20 @@ pub enum ListKind {
     Prompts,
 }
 
+/// The compiled tools, taken out of `cfg`, with their metric handles and policies.
+fn tools_of(cfg: &mut CompiledToolSet, metrics: &Metrics) -> Vec<Tool> {
+    let defs = std::mem::take(&mut cfg.tools);
+    let policies = crate::policies::attach(&defs, cfg);
+    defs.into_iter()
+        .zip(policies)
+        .map(|(def, policies)| Tool {
+            metrics: metrics.tool(),
+            def,
+            policies,
+        })
+        .collect()
+}
+
 impl Snapshot {
     /// Builds a snapshot: resolves metric handles and serializes every answer that only
     /// changes on reload.
@@ -188,17 +202,7 @@ impl Snapshot {
         // The tools' source specs are compiled and never read again: at ~1-2 KiB of parsed
         // values per tool they would dominate a large registry's memory.
         drop(std::mem::take(&mut cfg.spec.tools));
-        let defs = std::mem::take(&mut cfg.tools);
-        let policies = crate::policies::attach(&defs, &cfg);
-        let mut tools: Vec<Tool> = defs
-            .into_iter()
-            .zip(policies)
-            .map(|(def, policies)| Tool {
-                metrics: metrics.tool(),
-                def,
-                policies,
-            })
-            .collect();
+        let mut tools = tools_of(&mut cfg, metrics);
         let by_name = tools
             .iter()
             .enumerate()

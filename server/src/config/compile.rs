@@ -49,7 +49,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let mut taken: rustc_hash::FxHashSet<String> = index.keys().map(|k| (*k).to_owned()).collect();
     tools.extend(super::openapi::compile(&ts.openapi, &mut taken, &mut p));
     // A core tool may come from an OpenAPI document or an upstream: checked where it is known.
-    let search = super::search::compile(
+    let search = super::search_build::compile(
         ts.tool_search.as_ref(),
         &index,
         !ts.upstreams.is_empty() || !ts.openapi.is_empty(),

@@ -19,6 +19,7 @@ pub(crate) mod model;
 pub mod openapi;
 pub mod policy;
 pub mod search;
+mod search_build;
 pub(crate) mod shared;
 pub mod upstream;
 
