@@ -86,7 +86,7 @@ connect)
   if [ -z "$("$DOCKER" ps -q --filter "name=^$name\$")" ]; then
     "$DOCKER" rm -f "$name" >/dev/null 2>&1 || true
     "$DOCKER" run -d --name "$name" --restart unless-stopped --network kind \
-      -v "$volume:/var/lib/registry:ro" "$image" /etc/distribution/pull.yml >/dev/null
+      -v "$volume:/var/lib/registry" "$image" /etc/distribution/pull.yml >/dev/null
   fi
   ;;
 down)

@@ -197,6 +197,20 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    /// Notes the tool a `tools/call` refused before it ran asked for: such a call never
+    /// reads its parameters, so they are read here, on that refusal's path only.
+    pub(super) fn asked_before_refusal(&mut self, params: Option<&RawValue>) {
+        if self.trail.tool.is_some() {
+            return;
+        }
+        let name = params
+            .and_then(|p| serde_json::from_str::<Target<'_>>(p.get()).ok())
+            .and_then(|t| t.name);
+        if let Some(name) = name {
+            self.trail.asked(&name);
+        }
+    }
+
     /// Writes the record, ending with `outcome` (and `reason`).
     fn finish(&mut self, outcome: &'static str, reason: Option<String>, bytes_out: usize) {
         let Some(mut r) = self.record.take() else { return };

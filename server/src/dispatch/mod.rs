@@ -52,6 +52,7 @@ use crate::protocol::{self, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, P
 /// The metric slots of messages that are not requests.
 const NOTIFICATION: usize = method_index("notification");
 const RESPONSE: usize = method_index("response");
+const TOOLS_CALL: usize = method_index("tools/call");
 const INVALID: usize = method_index("invalid");
 const BATCH: usize = method_index("batch");
 
@@ -237,7 +238,12 @@ impl Server {
         // 2026-07-28 call refused for its `_meta` is recorded too.
         let mut pending = self.audit_start(metric, &req, bytes);
         let done = match meta {
-            Err(e) => Err(e),
+            Err(e) => {
+                if let Some(p) = pending.as_mut().filter(|_| metric == TOOLS_CALL) {
+                    p.asked_before_refusal(params);
+                }
+                Err(e)
+            }
             Ok(meta) => match entry.filter(|e| e.eras.has(rev.stateless)) {
                 None => Err(not_found(method, entry, meta)),
                 Some(Method {
