@@ -8,7 +8,10 @@
 #                                 the realm into a template database
 #   scripts/idp.sh start DIR      start on 127.0.0.1 and a free port with the realm of
 #                                 scripts/idp/realm.json; writes DIR/env (KEY=VALUE lines:
-#                                 QUIVER_IDP_ISSUER, QUIVER_IDP_PID, ...) once it answers
+#                                 QUIVER_IDP_ISSUER, QUIVER_IDP_PID, ...) once it answers.
+#                                 QUIVER_IDP_HOST=ADDR listens on that address of this
+#                                 machine instead (the kind network's gateway, for the e2e
+#                                 suite: the pods and the tests then name the same issuer)
 #   scripts/idp.sh stop DIR       stop the instance started in DIR
 #
 # The realm `quiver`: users alice and bob; client `quiver` (confidential, standard token
@@ -59,7 +62,7 @@ install() {
 }
 
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "${1:-127.0.0.1}"
 }
 
 start() {
@@ -75,15 +78,15 @@ start() {
     [ -e "$KC_HOME/$part" ] && cp -al "$KC_HOME/$part" "$home/$part"
   done
   cp -r "$DATA_TEMPLATE" "$home/data"
-  local port started=$SECONDS
-  port="$(free_port)"
+  local port started=$SECONDS host="${QUIVER_IDP_HOST:-127.0.0.1}"
+  port="$(free_port "$host")"
   # A local cache: no clustering (JGroups would listen on every interface).
   setsid "$home/bin/kc.sh" start --optimized --cache=local \
-    --http-enabled=true --http-host=127.0.0.1 --http-port="$port" --hostname-strict=false \
-    --http-management-port="$(free_port)" \
+    --http-enabled=true --http-host="$host" --http-port="$port" --hostname-strict=false \
+    --http-management-port="$(free_port "$host")" \
     >"$dir/keycloak.log" 2>&1 &
   local pid=$!
-  local issuer="http://127.0.0.1:$port/realms/quiver"
+  local issuer="http://$host:$port/realms/quiver"
   for _ in $(seq 1 600); do
     if curl -sf -o /dev/null "$issuer/.well-known/openid-configuration"; then
       cat >"$dir/env" <<EOF

@@ -15,7 +15,8 @@ closed the idle connection as the request went out, RFC 9112 section 9.3.1). Suc
 are counted and reported, never hidden; a retry that fails is a failure.
 
 With --hold every connection is opened before any request is sent and kept open to the end:
-the "N concurrent keep-alive connections" scenario.
+the "N concurrent keep-alive connections" scenario. QUIVER_LOADGEN_AUTHORIZATION, when set, is
+sent as every request's Authorization header (a bearer token, kept off the command line).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import time
 from collections import Counter
 
 REQUEST_TIMEOUT = 10.0
+AUTHORIZATION = os.environ.get("QUIVER_LOADGEN_AUTHORIZATION")
 
 
 class Stats:
@@ -111,7 +114,8 @@ class Conn:
         head = (
             "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             "Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-11-25\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            + (f"Authorization: {AUTHORIZATION}\r\n" if AUTHORIZATION else "")
+            + f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         reused = self.served > 0
         try:

@@ -2,11 +2,18 @@
 // a third-party upstream of Quiver. It serves MCP over stdio by default, or over
 // Streamable HTTP at /mcp with -http ADDR.
 //
-// Tools: echo {text}, add {a, b}, whoami {}, slow {ms}.
+// Tools: echo {text}, add {a, b}, whoami {}, slow {ms}, and claims {label} when it checks
+// tokens.
+//
+// With -issuer and -audience (and -http) it is an OAuth resource server: every request must
+// carry a bearer JWT signed by that OpenID provider (keys from its discovery document's
+// jwks_uri), issued by it, addressed to the audience and unexpired; anything else is answered
+// 401. The tool claims then reports whose token the call came with.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -34,6 +42,10 @@ type addIn struct {
 
 type whoamiIn struct{}
 
+type claimsIn struct {
+	Label string `json:"label,omitempty" jsonschema:"a label sent back with the claims"`
+}
+
 type slowIn struct {
 	Ms int `json:"ms" jsonschema:"how long to sleep, in milliseconds (at most 60000)"`
 }
@@ -43,7 +55,7 @@ func text(s string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
 }
 
-func newServer(transport string) *mcp.Server {
+func newServer(transport string, checksTokens bool) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "go-upstream", Version: "1.0.0"}, nil)
 
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Returns the text it is given."},
@@ -75,6 +87,23 @@ func newServer(transport string) *mcp.Server {
 			}
 		})
 
+	if checksTokens {
+		mcp.AddTool(s, &mcp.Tool{Name: "claims", Description: "The subject, audience and authorized party of the token this call came with."},
+			func(_ context.Context, req *mcp.CallToolRequest, in claimsIn) (*mcp.CallToolResult, any, error) {
+				out := map[string]any{"label": in.Label}
+				if info := req.Extra.TokenInfo; info != nil {
+					for _, k := range []string{"sub", "aud", "azp", "preferred_username"} {
+						out[k] = info.Extra[k]
+					}
+				}
+				b, err := json.Marshal(out)
+				if err != nil {
+					return nil, nil, err
+				}
+				return text(string(b)), nil, nil
+			})
+	}
+
 	return s
 }
 
@@ -82,6 +111,8 @@ func main() {
 	addr := flag.String("http", "", "serve Streamable HTTP at `ADDR` (path /mcp) instead of stdio")
 	stateless := flag.Bool("stateless", false, "with -http: no sessions (no Mcp-Session-Id, no GET stream)")
 	jsonResp := flag.Bool("json", false, "with -http: answer POSTs with application/json instead of SSE")
+	issuer := flag.String("issuer", "", "with -http and -audience: accept only bearer tokens of this OpenID provider")
+	audience := flag.String("audience", "", "with -issuer: the audience accepted tokens must list")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("go-mcp: ")
@@ -90,15 +121,21 @@ func main() {
 	defer stop()
 
 	if *addr == "" {
-		if err := newServer("stdio").Run(ctx, &mcp.StdioTransport{}); err != nil && ctx.Err() == nil {
+		if err := newServer("stdio", false).Run(ctx, &mcp.StdioTransport{}); err != nil && ctx.Err() == nil {
 			log.Fatal(err)
 		}
 		return
 	}
 
-	server := newServer("http")
-	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+	if (*issuer == "") != (*audience == "") {
+		log.Fatal("-issuer and -audience go together")
+	}
+	server := newServer("http", *issuer != "")
+	var handler http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{Stateless: *stateless, JSONResponse: *jsonResp})
+	if *issuer != "" {
+		handler = auth.RequireBearerToken(newVerifier(*issuer, *audience).verify, nil)(handler)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", handler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
