@@ -13,6 +13,15 @@ source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 export QUIVER_CLUSTER="${QUIVER_E2E_CLUSTER:-quiver-e2e}"
 
+# tests/e2e/test_governance.py: Keycloak (Maven Central, on the machine's JDK) and Debian's
+# redis-server, both cached under ~/.cache/quiver; the test starts them on this machine,
+# listening on the kind network's gateway address.
+governance_deps() {
+  "$ROOT/scripts/idp.sh" install
+  QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
+  export QUIVER_REDIS_SERVER
+}
+
 cleanup() {
   [ "${QUIVER_KEEP_CLUSTER:-0}" = 1 ] || "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 }
@@ -33,6 +42,7 @@ if [ "${QUIVER_E2E_INSTALL:-registry}" = local ]; then
   python_env
   go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
   kind load docker-image --name "$QUIVER_CLUSTER" "$go_image"
+  governance_deps
   log "e2e suite on kind cluster $QUIVER_CLUSTER (local install)"
   "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
   exit 0
@@ -58,5 +68,6 @@ go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
 export QUIVER_E2E_GO_MCP_IMAGE="$host/$go_image"
 docker tag "$go_image" "$QUIVER_E2E_GO_MCP_IMAGE"
 docker push "$QUIVER_E2E_GO_MCP_IMAGE" >/dev/null
+governance_deps
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
 "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"
