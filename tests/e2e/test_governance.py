@@ -90,7 +90,13 @@ class Redis:
              "--appendonly", "no", "--dir", str(tmp)],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
-        eventually("redis to answer PING", lambda: self.command(b"PING") == b"+PONG\r\n", 30, 0.1)
+        eventually("redis to answer PING", self.answers, 30, 0.1)
+
+    def answers(self) -> bool:
+        try:
+            return self.command(b"PING") == b"+PONG\r\n"
+        except OSError:
+            return False  # not listening yet
 
     def command(self, *args: bytes) -> bytes:
         with socket.create_connection((self.host, self.port), timeout=5) as s:
@@ -114,14 +120,6 @@ def token(endpoint: str, form: dict, basic: tuple[str, str] | None = None) -> st
 def claims(jwt: str) -> dict:
     payload = jwt.split(".")[1]
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-
-
-def ready_count(ns: Namespace, name: str) -> int:
-    return sum(
-        1 for p in ns.pods(name)
-        if p["metadata"].get("deletionTimestamp") is None
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    )
 
 
 def mcp_server(issuer: str, redis: str) -> dict:
@@ -194,16 +192,17 @@ def gov() -> Iterator[Setup]:
     host = gateway_address()
     tmp = Path(tempfile.mkdtemp(prefix="quiver-e2e-gov-"))
     started = time.monotonic()
-    subprocess.run([str(ROOT / "scripts" / "idp.sh"), "start", str(tmp / "idp")], check=True, timeout=900,
-                   env={**os.environ, "QUIVER_IDP_HOST": host})
-    env = dict(line.split("=", 1) for line in (tmp / "idp" / "env").read_text().split())
-    print(f"Keycloak answered at {env['QUIVER_IDP_ISSUER']} after {time.monotonic() - started:.0f} s")
-    redis = Redis(host, tmp)
     name = f"e2e-governance-{uuid.uuid4().hex[:5]}"
-    kubectl("create", "namespace", name)
     ns = Namespace(name)
+    redis: Redis | None = None
     ok = False
     try:
+        subprocess.run([str(ROOT / "scripts" / "idp.sh"), "start", str(tmp / "idp")], check=True, timeout=900,
+                       env={**os.environ, "QUIVER_IDP_HOST": host})
+        env = dict(line.split("=", 1) for line in (tmp / "idp" / "env").read_text().split())
+        print(f"Keycloak answered at {env['QUIVER_IDP_ISSUER']} after {time.monotonic() - started:.0f} s")
+        redis = Redis(host, tmp)
+        kubectl("create", "namespace", name)
         issuer = env["QUIVER_IDP_ISSUER"]
         # The server's own credential for the upstream's session (initialize, tools/list): the
         # `quiver` client's service account, whose tokens Keycloak addresses to the upstream.
@@ -216,7 +215,7 @@ def gov() -> Iterator[Setup]:
         ns.apply(spec)
         ns.wait_condition("gov", "Ready", "True", 300)
         ns.wait_condition("gov", "UpstreamsReady", "True", 180)
-        eventually("2 ready pods", lambda: ready_count(ns, "gov") == 2, 300)
+        ns.ready_pods("gov", 2)
         yield Setup(ns, issuer, redis, env["QUIVER_IDP_TOKEN_ENDPOINT"])
         ok = True
     finally:
@@ -224,7 +223,8 @@ def gov() -> Iterator[Setup]:
             print(ns.dump())
             print(kubectl("logs", "-n", name, "deploy/notes", "--tail=50", check=False))
         kubectl("delete", "namespace", name, "--wait=false", check=False)
-        redis.stop()
+        if redis:
+            redis.stop()
         subprocess.run([str(ROOT / "scripts" / "idp.sh"), "stop", str(tmp / "idp")], check=False, timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -376,4 +376,9 @@ def test_a_shared_limit_holds_across_two_replicas_and_every_call_is_audited(gov:
         m = metrics(ns, p)
         assert m["quiver_audit_dropped_total"] == 0, p
         assert not [k for k in m if k.startswith("quiver_limits_shared_failures_total")], p
-    assert re.search(rb"quiver:rl:", gov.redis.command(b"KEYS", b"quiver:rl:*")), "no shared budget in Redis"
+    # Every call of `add` was decided by the script in Redis (its keys expire as soon as the
+    # budget is full again, so the count is what remains to see): one EVALSHA a call, and at
+    # most one more per replica refused as NOSCRIPT before its first SCRIPT LOAD.
+    stats = gov.redis.command(b"INFO", b"commandstats").decode()
+    evalsha = re.search(r"cmdstat_evalsha:calls=(\d+)", stats)
+    assert evalsha and calls <= int(evalsha.group(1)) <= calls + len(pods), (stats, calls)
