@@ -22,6 +22,14 @@ governance_deps() {
   export QUIVER_REDIS_SERVER
 }
 
+# tests/e2e/test_tracing.py: the test command's OpenTelemetry Collector as an image in the
+# cluster (tests/otelcol/image.sh), loaded into the nodes.
+otelcol_image() {
+  local image
+  image="$("$ROOT/tests/otelcol/image.sh" | tail -n 1)"
+  kind load docker-image --name "$QUIVER_CLUSTER" "$image"
+}
+
 cleanup() {
   [ "${QUIVER_KEEP_CLUSTER:-0}" = 1 ] || "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 }
@@ -42,6 +50,7 @@ if [ "${QUIVER_E2E_INSTALL:-registry}" = local ]; then
   python_env
   go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
   kind load docker-image --name "$QUIVER_CLUSTER" "$go_image"
+  otelcol_image
   governance_deps
   log "e2e suite on kind cluster $QUIVER_CLUSTER (local install)"
   "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
@@ -68,6 +77,7 @@ go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
 export QUIVER_E2E_GO_MCP_IMAGE="$host/$go_image"
 docker tag "$go_image" "$QUIVER_E2E_GO_MCP_IMAGE"
 docker push "$QUIVER_E2E_GO_MCP_IMAGE" >/dev/null
+otelcol_image
 governance_deps
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
 "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"
