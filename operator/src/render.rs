@@ -296,7 +296,8 @@ fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins:
     if let Some(rest) = problem.strip_prefix("resources[") {
         return format!("spec.mcpResources[{rest}");
     }
-    if problem.starts_with("prompts[") || problem.starts_with("server.") || problem.starts_with("toolSearch") {
+    if problem.starts_with("prompts[") || problem.starts_with("server.") || problem.starts_with("toolSearch")
+    {
         return format!("spec.{problem}");
     }
     problem.to_owned()
@@ -351,12 +352,23 @@ spec:
         assert_eq!((s.core_tools, s.max_limit), (vec!["a".to_owned()], Some(10)));
         let bad = mcp("metadata: {name: x}\nspec:\n  toolSearch: {coreTools: [gone]}\n");
         let err = render(&bad, &vec![]).unwrap_err();
-        assert_eq!(err.problems, ["spec.toolSearch.coreTools[0]: no tool is named `gone`"]);
+        assert_eq!(
+            err.problems,
+            ["spec.toolSearch.coreTools[0]: no tool is named `gone`"]
+        );
         // From a `toolsFrom` document when the spec sets none.
-        let from = mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: s, key: k}\n");
+        let from =
+            mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: s, key: k}\n");
         let doc = "tools: [{name: b, handler: {builtin: add}}]\ntoolSearch: {coreTools: [b]}\n";
-        let served = config::parse("ConfigMap", &render(&from, &vec![Some(doc.to_owned())]).unwrap().yaml).unwrap();
-        assert_eq!(served.tool_search.map(|s| s.core_tools), Some(vec!["b".to_owned()]));
+        let served = config::parse(
+            "ConfigMap",
+            &render(&from, &vec![Some(doc.to_owned())]).unwrap().yaml,
+        )
+        .unwrap();
+        assert_eq!(
+            served.tool_search.map(|s| s.core_tools),
+            Some(vec!["b".to_owned()])
+        );
     }
 
     #[test]

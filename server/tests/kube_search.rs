@@ -28,7 +28,11 @@ fn openapi(path: &str) -> Value {
         .args(["get", "--raw", path])
         .output()
         .expect("kubectl on PATH (source the control plane's env)");
-    assert!(out.status.success(), "kubectl get --raw {path}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl get --raw {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.stdout.len() <= MAX_DOCUMENT, "{path}: document too large");
     serde_json::from_slice(&out.stdout).expect("an OpenAPI JSON document")
 }
@@ -52,7 +56,9 @@ fn tools(doc: &Value, out: &mut Vec<Value>) {
         let shared = item.get("parameters").and_then(Value::as_array);
         for m in METHODS {
             let Some(op) = item.get(m) else { continue };
-            let Some(id) = op.get("operationId").and_then(Value::as_str) else { continue };
+            let Some(id) = op.get("operationId").and_then(Value::as_str) else {
+                continue;
+            };
             let mut props = Map::new();
             let own = op.get("parameters").and_then(Value::as_array);
             for p in shared.into_iter().flatten().chain(own.into_iter().flatten()) {
@@ -86,30 +92,42 @@ fn kube_operations_are_found_from_plain_language() {
         tools(&openapi(path), &mut defs);
     }
     assert!(defs.len() > 200, "only {} operations", defs.len());
-    let ts: ToolSet = serde_json::from_value(json!({"tools": defs, "toolSearch": {"maxLimit": 50}}))
-        .expect("a ToolSet");
+    let ts: ToolSet =
+        serde_json::from_value(json!({"tools": defs, "toolSearch": {"maxLimit": 50}})).expect("a ToolSet");
     let compiled = compile(&ts).unwrap_or_else(|e| panic!("{e}"));
     let settings = compiled.search.as_ref().expect("tool search on");
     let catalog = Catalog::build(compiled.tools.iter().map(|t| &t.descriptor), settings);
     let names: Vec<&str> = compiled.tools.iter().map(|t| t.name.as_str()).collect();
 
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/search/kube-queries.yaml"))
-        .expect("the labeled queries");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/search/kube-queries.yaml"
+    ))
+    .expect("the labeled queries");
     let labeled: Vec<Labeled> = serde_saphyr::from_str(&text).expect("labeled queries parse");
     assert!(labeled.len() >= 50, "only {} labeled queries", labeled.len());
     let (mut at3, mut at5) = (0, 0);
     let (mut scratch, mut hits) = (Scratch::default(), Vec::new());
     for l in &labeled {
         for e in &l.expect {
-            assert!(names.contains(&e.as_str()), "{:?} expects {e}, which the apiserver does not serve", l.query);
+            assert!(
+                names.contains(&e.as_str()),
+                "{:?} expects {e}, which the apiserver does not serve",
+                l.query
+            );
         }
-        catalog.index.search(&l.query, 5, &mut scratch, |i| names[i] != "find_tools", &mut hits);
+        catalog
+            .index
+            .search(&l.query, 5, &mut scratch, |i| names[i] != "find_tools", &mut hits);
         let got: Vec<&str> = hits.iter().map(|(i, _)| names[*i]).collect();
         let rank = got.iter().position(|g| l.expect.iter().any(|e| e == g));
         at3 += usize::from(rank.is_some_and(|r| r < 3));
         at5 += usize::from(rank.is_some());
         if rank.is_none_or(|r| r >= 3) || std::env::var_os("QUIVER_SEARCH_VERBOSE").is_some() {
-            println!("{:?} rank {rank:?}; expected {:?}; got {got:?}", l.query, l.expect);
+            println!(
+                "{:?} rank {rank:?}; expected {:?}; got {got:?}",
+                l.query, l.expect
+            );
         }
     }
     let n = labeled.len() as f64;

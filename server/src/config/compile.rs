@@ -46,7 +46,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .map(|(i, t)| compile_tool(t, i, &index, &mut p))
         .collect();
     pipeline::check::check(&mut tools, &mut p);
-    let search = super::search::compile(
+    let search = super::find_tools::compile(
         ts.tool_search.as_ref(),
         &index,
         !ts.upstreams.is_empty(),

@@ -1,15 +1,8 @@
 //! `toolSearch`: the settings of a server whose `tools/list` shows a few core tools and
-//! `find_tools`, and the `find_tools` tool itself, added to the compiled tools.
+//! `find_tools` (compiled, with the tool itself, by `find_tools`).
 
-use rustc_hash::FxHashMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-
-use super::compiled::{CompiledHandler, CompiledTool};
-use super::context::{Problems, valid_tool_name};
-use super::governance::ToolGovernance;
-use crate::schema::Schema;
 
 /// The name of the tool that searches the others.
 pub const FIND_TOOLS: &str = "find_tools";
@@ -19,8 +12,8 @@ pub const MAX_CORE_TOOLS: usize = 64;
 pub const MAX_LIMIT: u32 = 50;
 /// Longest `find_tools` query, in characters.
 pub const MAX_QUERY_CHARS: u64 = 512;
-const DEFAULT_LIMIT: u32 = 5;
-const DEFAULT_MAX_LIMIT: u32 = 20;
+pub(super) const DEFAULT_LIMIT: u32 = 5;
+pub(super) const DEFAULT_MAX_LIMIT: u32 = 20;
 
 fn yes() -> bool {
     true
@@ -54,7 +47,7 @@ pub struct ToolSearchSpec {
 #[derive(Debug, Clone)]
 pub struct SearchSettings {
     /// Core tool names, and prefixes (a `*` pattern without its `*`).
-    core: Vec<(String, bool)>,
+    pub(super) core: Vec<(String, bool)>,
     /// Tools returned when a call names no limit.
     pub default_limit: usize,
     /// Most tools returned by one call.
@@ -65,176 +58,12 @@ impl SearchSettings {
     /// Whether `tools/list` shows the tool named `name`.
     pub fn listed(&self, name: &str) -> bool {
         name == FIND_TOOLS
-            || self
-                .core
-                .iter()
-                .any(|(c, prefix)| if *prefix { name.starts_with(c.as_str()) } else { name == c })
-    }
-}
-
-/// Compiles `toolSearch` and, when it is on, appends `find_tools` to `tools`.
-/// `has_upstreams`: a core name that no local tool has may be an imported one.
-pub(super) fn compile(
-    spec: Option<&ToolSearchSpec>,
-    local: &FxHashMap<&str, usize>,
-    has_upstreams: bool,
-    tools: &mut Vec<CompiledTool>,
-    p: &mut Problems,
-) -> Option<SearchSettings> {
-    let spec = spec.filter(|s| s.enabled)?;
-    if local.contains_key(FIND_TOOLS) {
-        p.push(
-            "toolSearch",
-            format!("a tool is named `{FIND_TOOLS}`, the name of the search tool; rename it"),
-        );
-    }
-    if spec.core_tools.len() > MAX_CORE_TOOLS {
-        p.push(
-            "toolSearch.coreTools",
-            format!("{} names; at most {MAX_CORE_TOOLS}", spec.core_tools.len()),
-        );
-    }
-    let core = spec
-        .core_tools
-        .iter()
-        .take(MAX_CORE_TOOLS)
-        .enumerate()
-        .filter_map(|(i, c)| core_name(c, local, has_upstreams, &format!("toolSearch.coreTools[{i}]"), p))
-        .collect();
-    let max_limit = spec.max_limit.unwrap_or(DEFAULT_MAX_LIMIT);
-    let default_limit = spec.default_limit.unwrap_or(DEFAULT_LIMIT.min(max_limit));
-    if !(1..=MAX_LIMIT).contains(&max_limit) {
-        p.push("toolSearch.maxLimit", format!("must be between 1 and {MAX_LIMIT}"));
-    }
-    if !(1..=max_limit).contains(&default_limit) {
-        p.push("toolSearch.defaultLimit", "must be between 1 and `maxLimit`");
-    }
-    let max_limit = max_limit.clamp(1, MAX_LIMIT);
-    tools.push(find_tools(max_limit));
-    Some(SearchSettings {
-        core,
-        default_limit: default_limit.clamp(1, max_limit) as usize,
-        max_limit: max_limit as usize,
-    })
-}
-
-/// One `coreTools` entry, checked.
-fn core_name(
-    c: &str,
-    local: &FxHashMap<&str, usize>,
-    has_upstreams: bool,
-    at: &str,
-    p: &mut Problems,
-) -> Option<(String, bool)> {
-    let (name, prefix) = match c.strip_suffix('*') {
-        Some(stem) => (stem, true),
-        None => (c, false),
-    };
-    if !(valid_tool_name(name) || (prefix && name.is_empty())) {
-        p.push(at, format!("`{c}` is not a tool name or a prefix ending in `*`"));
-        return None;
-    }
-    if !prefix && !has_upstreams && !local.contains_key(name) {
-        p.push(at, format!("no tool is named `{name}`"));
-        return None;
-    }
-    Some((name.to_owned(), prefix))
-}
-
-/// The `find_tools` tool: its schemas and the handler the dispatcher answers.
-fn find_tools(max_limit: u32) -> CompiledTool {
-    let input = json!({
-        "type": "object",
-        "properties": {
-            "query": {
-                "type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                "description": "What you want to do, in plain words (e.g. `list the pods in a namespace`)."
-            },
-            "limit": {
-                "type": "integer", "minimum": 1, "maximum": max_limit,
-                "description": "Most tools to return."
-            }
-        },
-        "required": ["query"],
-        "additionalProperties": false
-    });
-    let output = json!({
-        "type": "object",
-        "properties": {"tools": {"type": "array", "items": {"type": "object"}}},
-        "required": ["tools"]
-    });
-    let descriptor = json!({
-        "name": FIND_TOOLS,
-        "title": "Find tools",
-        "description": "Searches this server's tools by what they do and returns the best matches, \
-            best first, each with its name, description and inputSchema. Call a tool it returns by \
-            its name with tools/call, as if it were listed.",
-        "inputSchema": input,
-        "outputSchema": output,
-        "annotations": {"readOnlyHint": true, "idempotentHint": true, "openWorldHint": false},
-    });
-    CompiledTool {
-        name: FIND_TOOLS.to_owned(),
-        input: Schema::compile(&input).unwrap_or_default(),
-        output: Schema::compile(&output).ok().map(Box::new),
-        descriptor,
-        handler: CompiledHandler::FindTools,
-        access: None,
-        governance: ToolGovernance::default(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{compile as compile_set, parse};
-
-    fn problems(yaml: &str) -> Vec<String> {
-        let ts = parse("t", yaml).unwrap_or_else(|e| panic!("{e}"));
-        match compile_set(&ts) {
-            Ok(_) => Vec::new(),
-            Err(e) => e.problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect(),
-        }
-    }
-
-    const TOOLS: &str = "tools:\n  - {name: echo, handler: {builtin: echo}}\n  - {name: kube_list, handler: {template: x}}\n";
-
-    #[test]
-    fn search_adds_find_tools_and_lists_the_core_tools_only() {
-        let ts = parse("t", &format!("{TOOLS}toolSearch: {{coreTools: [echo, 'kube_*'], defaultLimit: 2}}\n")).unwrap();
-        let c = compile_set(&ts).unwrap();
-        let s = c.search.as_ref().expect("on");
-        assert_eq!(c.tools.last().map(|t| t.name.as_str()), Some(super::FIND_TOOLS));
-        assert!(s.listed("echo") && s.listed("kube_list") && s.listed("find_tools") && !s.listed("ech"));
-        assert_eq!((s.default_limit, s.max_limit), (2, 20));
-        let off = parse("t", &format!("{TOOLS}toolSearch: {{enabled: false}}\n")).unwrap();
-        let c = compile_set(&off).unwrap();
-        assert!(c.search.is_none() && c.tools.len() == 2);
-    }
-
-    #[test]
-    fn bad_settings_are_refused_with_their_path() {
-        let bad = |s: &str| problems(&format!("{TOOLS}toolSearch: {s}\n"));
-        assert_eq!(bad("{coreTools: [nope]}"), ["toolSearch.coreTools[0]: no tool is named `nope`"]);
-        assert_eq!(
-            bad("{coreTools: ['bad name*']}"),
-            ["toolSearch.coreTools[0]: `bad name*` is not a tool name or a prefix ending in `*`"]
-        );
-        assert_eq!(bad("{maxLimit: 51}"), ["toolSearch.maxLimit: must be between 1 and 50"]);
-        assert_eq!(bad("{maxLimit: 0}").len(), 2);
-        assert_eq!(bad("{defaultLimit: 9, maxLimit: 8}"), ["toolSearch.defaultLimit: must be between 1 and `maxLimit`"]);
-        let many: Vec<String> = (0..65).map(|i| format!("x{i}*")).collect();
-        assert_eq!(bad(&format!("{{coreTools: [{}]}}", many.join(","))), ["toolSearch.coreTools: 65 names; at most 64"]);
-        let taken = problems("tools: [{name: find_tools, handler: {builtin: echo}}]\ntoolSearch: {}\n");
-        assert_eq!(taken, ["toolSearch: a tool is named `find_tools`, the name of the search tool; rename it"]);
-        // Without search the name is free.
-        assert!(problems("tools: [{name: find_tools, handler: {builtin: echo}}]\n").is_empty());
-    }
-
-    #[test]
-    fn a_core_name_may_be_an_imported_tool_when_there_are_upstreams() {
-        let yaml = format!(
-            "{TOOLS}upstreams: [{{name: up, http: {{url: 'http://127.0.0.1:9/mcp'}}, tools: {{prefix: up_}}}}]\ntoolSearch: {{coreTools: [up_remote]}}\n"
-        );
-        assert_eq!(problems(&yaml), Vec::<String>::new());
+            || self.core.iter().any(|(c, prefix)| {
+                if *prefix {
+                    name.starts_with(c.as_str())
+                } else {
+                    name == c
+                }
+            })
     }
 }

@@ -20,7 +20,8 @@ thread_local! {
 /// The answer of `find_tools`, or `None` when the tool at `index` is another.
 #[inline]
 pub(super) fn run(snap: &Snapshot, index: usize, args: &Value, req: &Request<'_>) -> Option<ToolOutput> {
-    matches!(snap.tools[index].def.handler, CompiledHandler::FindTools).then(|| answer(snap, index, args, req))
+    matches!(snap.tools[index].def.handler, CompiledHandler::FindTools)
+        .then(|| answer(snap, index, args, req))
 }
 
 fn answer(snap: &Snapshot, me: usize, args: &Value, req: &Request<'_>) -> ToolOutput {
@@ -43,7 +44,17 @@ fn answer(snap: &Snapshot, me: usize, args: &Value, req: &Request<'_>) -> ToolOu
         }
         Err(_) => {
             let (mut scratch, mut hits) = Default::default();
-            found(snap, me, entries, catalog, query, limit, &mut scratch, &mut hits, req)
+            found(
+                snap,
+                me,
+                entries,
+                catalog,
+                query,
+                limit,
+                &mut scratch,
+                &mut hits,
+                req,
+            )
         }
     })
 }
@@ -62,7 +73,10 @@ fn found(
 ) -> ToolOutput {
     let seen = |i: usize| i != me && super::visible::visible(&snap.tools[i], req);
     catalog.index.search(query, limit, scratch, seen, hits);
-    let size: usize = hits.iter().map(|(i, _)| entries.get(*i).map_or(2, |e| e.len() + 1)).sum();
+    let size: usize = hits
+        .iter()
+        .map(|(i, _)| entries.get(*i).map_or(2, |e| e.len() + 1))
+        .sum();
     let mut text = Vec::with_capacity(size + 16);
     text.extend_from_slice(b"{\"tools\":[");
     for (k, (i, _)) in hits.iter().enumerate() {

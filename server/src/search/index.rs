@@ -229,7 +229,10 @@ impl Index {
         }
         touched.clear();
         for &(t, w) in terms.iter() {
-            let (s, e) = (self.starts[t as usize] as usize, self.starts[t as usize + 1] as usize);
+            let (s, e) = (
+                self.starts[t as usize] as usize,
+                self.starts[t as usize + 1] as usize,
+            );
             for (d, i) in self.docs[s..e].iter().zip(&self.impacts[s..e]) {
                 let slot = &mut scores[*d as usize];
                 if *slot == 0.0 {
@@ -287,7 +290,11 @@ impl Index {
                 add(terms, word, JOINED);
             }
             prev.clear();
-            prev.extend(raw.bytes().take(MAX_WORD).map(|b| char::from(b.to_ascii_lowercase())));
+            prev.extend(
+                raw.bytes()
+                    .take(MAX_WORD)
+                    .map(|b| char::from(b.to_ascii_lowercase())),
+            );
             words::normalize(raw, word);
             if words::is_stop(word) {
                 prev.clear();

@@ -19,25 +19,70 @@ fn names<'a>(tools: &[(&'a str, &str, &[&str])], ix: &Index, query: &str, limit:
 }
 
 const TOOLS: &[(&str, &str, &[&str])] = &[
-    ("listCoreV1NamespacedPod", "list or watch objects of kind Pod", &["namespace", "labelSelector"]),
-    ("listCoreV1PodForAllNamespaces", "list or watch objects of kind Pod", &["labelSelector"]),
-    ("readCoreV1NamespacedPod", "read the specified Pod", &["name", "namespace"]),
-    ("deleteCoreV1NamespacedPod", "delete a Pod", &["name", "namespace"]),
-    ("createCoreV1NamespacedConfigMap", "create a ConfigMap", &["namespace", "body"]),
+    (
+        "listCoreV1NamespacedPod",
+        "list or watch objects of kind Pod",
+        &["namespace", "labelSelector"],
+    ),
+    (
+        "listCoreV1PodForAllNamespaces",
+        "list or watch objects of kind Pod",
+        &["labelSelector"],
+    ),
+    (
+        "readCoreV1NamespacedPod",
+        "read the specified Pod",
+        &["name", "namespace"],
+    ),
+    (
+        "deleteCoreV1NamespacedPod",
+        "delete a Pod",
+        &["name", "namespace"],
+    ),
+    (
+        "createCoreV1NamespacedConfigMap",
+        "create a ConfigMap",
+        &["namespace", "body"],
+    ),
     ("get_weather", "Current weather for a city", &["city"]),
-    ("send_email", "Send an email message to a recipient", &["to", "subject", "body"]),
+    (
+        "send_email",
+        "Send an email message to a recipient",
+        &["to", "subject", "body"],
+    ),
 ];
 
 #[test]
 fn plain_words_find_camel_case_operations() {
     let ix = index(TOOLS);
-    assert_eq!(names(TOOLS, &ix, "list the pods in a namespace", 1), ["listCoreV1NamespacedPod"]);
-    assert_eq!(names(TOOLS, &ix, "list pods across all namespaces", 1), ["listCoreV1PodForAllNamespaces"]);
-    assert_eq!(names(TOOLS, &ix, "show me one pod", 1), ["readCoreV1NamespacedPod"]);
-    assert_eq!(names(TOOLS, &ix, "remove a pod", 1), ["deleteCoreV1NamespacedPod"]);
-    assert_eq!(names(TOOLS, &ix, "add a configmap", 1), ["createCoreV1NamespacedConfigMap"]);
-    assert_eq!(names(TOOLS, &ix, "new cm", 1), ["createCoreV1NamespacedConfigMap"]);
-    assert_eq!(names(TOOLS, &ix, "what's the weather in Paris", 1), ["get_weather"]);
+    assert_eq!(
+        names(TOOLS, &ix, "list the pods in a namespace", 1),
+        ["listCoreV1NamespacedPod"]
+    );
+    assert_eq!(
+        names(TOOLS, &ix, "list pods across all namespaces", 1),
+        ["listCoreV1PodForAllNamespaces"]
+    );
+    assert_eq!(
+        names(TOOLS, &ix, "show me one pod", 1),
+        ["readCoreV1NamespacedPod"]
+    );
+    assert_eq!(
+        names(TOOLS, &ix, "remove a pod", 1),
+        ["deleteCoreV1NamespacedPod"]
+    );
+    assert_eq!(
+        names(TOOLS, &ix, "add a configmap", 1),
+        ["createCoreV1NamespacedConfigMap"]
+    );
+    assert_eq!(
+        names(TOOLS, &ix, "new cm", 1),
+        ["createCoreV1NamespacedConfigMap"]
+    );
+    assert_eq!(
+        names(TOOLS, &ix, "what's the weather in Paris", 1),
+        ["get_weather"]
+    );
     assert_eq!(names(TOOLS, &ix, "mail someone a message", 1), ["send_email"]);
 }
 
@@ -57,7 +102,16 @@ fn keep_hides_tools_and_others_take_their_place() {
     let mut scratch = Scratch::default();
     let mut hits = Vec::new();
     let mut asked = 0;
-    ix.search("pod", 2, &mut scratch, |i| { asked += 1; i != 0 && i != 2 }, &mut hits);
+    ix.search(
+        "pod",
+        2,
+        &mut scratch,
+        |i| {
+            asked += 1;
+            i != 0 && i != 2
+        },
+        &mut hits,
+    );
     let got: Vec<usize> = hits.iter().map(|h| h.0).collect();
     assert_eq!(got.len(), 2);
     assert!(!got.contains(&0) && !got.contains(&2), "{got:?}");
@@ -83,7 +137,16 @@ fn hostile_queries_are_bounded() {
     let mut hits = Vec::new();
     let long = "pod ".repeat(100_000);
     let many: String = (0..5000).map(|i| format!("w{i} ")).collect();
-    for q in ["", "   ", "🙂🙂🙂", "\u{0}\u{1}", &long, &many, "é".repeat(2000).as_str(), "_-_-.,;"] {
+    for q in [
+        "",
+        "   ",
+        "🙂🙂🙂",
+        "\u{0}\u{1}",
+        &long,
+        &many,
+        "é".repeat(2000).as_str(),
+        "_-_-.,;",
+    ] {
         ix.search(q, 50, &mut scratch, |_| true, &mut hits);
         assert!(hits.len() <= TOOLS.len());
     }

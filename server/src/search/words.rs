@@ -93,22 +93,54 @@ fn undouble(w: &mut String) {
 
 /// Words that carry no meaning for a search (folded forms).
 const STOP: &[&str] = &[
-    "a", "an", "the", "of", "in", "on", "to", "for", "from", "by", "with", "and", "or", "is", "are",
-    "be", "me", "my", "i", "it", "its", "this", "that", "what", "which", "pleas", "can", "you", "do",
-    "how", "there", "any", "some", "into", "at", "as", "we", "our", "us", "should", "would", "want",
-    "need", "let", "tool",
+    "a", "an", "the", "of", "in", "on", "to", "for", "from", "by", "with", "and", "or", "is", "are", "be",
+    "me", "my", "i", "it", "its", "this", "that", "what", "which", "pleas", "can", "you", "do", "how",
+    "there", "any", "some", "into", "at", "as", "we", "our", "us", "should", "would", "want", "need", "let",
+    "tool",
 ];
 
 /// Words that mean the same to a tool's user: each maps to the first of its group, in tools
 /// and queries alike.
 const SAME: &[&[&str]] = &[
-    &["read", "get", "fetch", "show", "describe", "view", "retrieve", "inspect", "display", "lookup", "see"],
+    &[
+        "read", "get", "fetch", "show", "describe", "view", "retrieve", "inspect", "display", "lookup", "see",
+    ],
     &["list", "enumerate", "browse"],
-    &["delete", "remove", "destroy", "erase", "drop", "kill", "terminate", "purge", "wipe"],
-    &["create", "add", "new", "make", "insert", "register", "submit", "spawn", "launch"],
-    &["patch", "update", "modify", "change", "edit", "alter", "tweak", "adjust", "partially"],
+    &[
+        "delete",
+        "remove",
+        "destroy",
+        "erase",
+        "drop",
+        "kill",
+        "terminate",
+        "purge",
+        "wipe",
+    ],
+    &[
+        "create", "add", "new", "make", "insert", "register", "submit", "spawn", "launch",
+    ],
+    &[
+        "patch",
+        "update",
+        "modify",
+        "change",
+        "edit",
+        "alter",
+        "tweak",
+        "adjust",
+        "partially",
+    ],
     &["replace", "overwrite", "put", "swap"],
-    &["watch", "monitor", "follow", "observe", "subscribe", "stream", "tail"],
+    &[
+        "watch",
+        "monitor",
+        "follow",
+        "observe",
+        "subscribe",
+        "stream",
+        "tail",
+    ],
     &["exec", "execute", "shell"],
     &["scale", "resize"],
     &["evict", "eviction"],
@@ -168,7 +200,12 @@ fn tables() -> &'static Tables {
         }
         let also = ALSO
             .iter()
-            .map(|(w, more)| (fold(w), more.iter().map(|m| canonical_in(&same, &fold(m))).collect()))
+            .map(|(w, more)| {
+                (
+                    fold(w),
+                    more.iter().map(|m| canonical_in(&same, &fold(m))).collect(),
+                )
+            })
             .collect();
         Tables {
             stop: STOP.iter().map(|w| (*w, ())).collect(),
@@ -219,8 +256,14 @@ mod tests {
 
     #[test]
     fn names_split_at_case_turns_and_separators() {
-        assert_eq!(words("listCoreV1NamespacedPod"), ["list", "Core", "V1", "Namespaced", "Pod"]);
-        assert_eq!(words("HTTPRoute get_user-by.id"), ["HTTP", "Route", "get", "user", "by", "id"]);
+        assert_eq!(
+            words("listCoreV1NamespacedPod"),
+            ["list", "Core", "V1", "Namespaced", "Pod"]
+        );
+        assert_eq!(
+            words("HTTPRoute get_user-by.id"),
+            ["HTTP", "Route", "get", "user", "by", "id"]
+        );
         assert_eq!(words("v1beta1 ÄpodÖ  "), ["v1beta1", "pod"]);
         assert!(words("").is_empty() && words("__--..").is_empty());
     }
@@ -238,7 +281,10 @@ mod tests {
             &["ingress", "ingresses"],
         ] {
             let forms: Vec<String> = group.iter().map(|w| folded(w)).collect();
-            assert!(forms.iter().all(|f| *f == forms[0]), "{group:?} folded to {forms:?}");
+            assert!(
+                forms.iter().all(|f| *f == forms[0]),
+                "{group:?} folded to {forms:?}"
+            );
         }
         assert_ne!(folded("pod"), folded("node"));
     }
