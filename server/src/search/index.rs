@@ -251,7 +251,7 @@ impl Index {
             if !keep(d) {
                 continue;
             }
-            let at = out.iter().position(|o| better(o)).unwrap_or(out.len());
+            let at = out.iter().position(better).unwrap_or(out.len());
             if out.len() == limit {
                 out.pop();
             }
