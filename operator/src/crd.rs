@@ -196,6 +196,12 @@ pub struct McpServerSpec {
     /// written to the container's stdout (the logs are on stderr). Off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditOptions>,
+    /// Tool search, for servers with many tools: `tools/list` shows only `coreTools` and a
+    /// `find_tools` tool that returns the tools best matching a plain-language query, with
+    /// their schemas; every tool stays callable by name under the same checks (see
+    /// docs/toolset.md). A `toolsFrom` document's `toolSearch` applies when this is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_search: Option<quiver_server::config::search::ToolSearchSpec>,
 }
 
 /// Client-IP session affinity of the Service.

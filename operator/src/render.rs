@@ -184,6 +184,7 @@ impl Merged {
             upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
             policies: spec.policies.clone(),
             limits: spec.limits.clone(),
+            tool_search: spec.tool_search.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
@@ -222,6 +223,9 @@ impl Merged {
                         .extend((0..doc.policies.len()).map(|j| format!("{label} policies[{j}]")));
                     ts.policies.extend(doc.policies);
                     ts.limits.extend(doc.limits);
+                    if ts.tool_search.is_none() {
+                        ts.tool_search = doc.tool_search;
+                    }
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
             }
@@ -302,7 +306,8 @@ fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins:
     if let Some(rest) = problem.strip_prefix("resources[") {
         return format!("spec.mcpResources[{rest}");
     }
-    if problem.starts_with("prompts[") || problem.starts_with("server.") {
+    if problem.starts_with("prompts[") || problem.starts_with("server.") || problem.starts_with("toolSearch")
+    {
         return format!("spec.{problem}");
     }
     problem.to_owned()
@@ -344,6 +349,35 @@ spec:
             err.problems[0].starts_with("spec.tools[1].handler.template: template uses `nn`"),
             "{:?}",
             err.problems
+        );
+    }
+
+    #[test]
+    fn tool_search_renders_into_the_toolset_and_its_problems_name_the_spec() {
+        let m = mcp(
+            "metadata: {name: x}\nspec:\n  tools:\n    - {name: a, handler: {builtin: add}}\n  toolSearch: {coreTools: [a], maxLimit: 10}\n",
+        );
+        let served = config::parse("ConfigMap", &render(&m, &vec![]).unwrap().yaml).unwrap();
+        let s = served.tool_search.expect("rendered");
+        assert_eq!((s.core_tools, s.max_limit), (vec!["a".to_owned()], Some(10)));
+        let bad = mcp("metadata: {name: x}\nspec:\n  toolSearch: {coreTools: [gone]}\n");
+        let err = render(&bad, &vec![]).unwrap_err();
+        assert_eq!(
+            err.problems,
+            ["spec.toolSearch.coreTools[0]: no tool is named `gone`"]
+        );
+        // From a `toolsFrom` document when the spec sets none.
+        let from =
+            mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: s, key: k}\n");
+        let doc = "tools: [{name: b, handler: {builtin: add}}]\ntoolSearch: {coreTools: [b]}\n";
+        let served = config::parse(
+            "ConfigMap",
+            &render(&from, &vec![Some(doc.to_owned())]).unwrap().yaml,
+        )
+        .unwrap();
+        assert_eq!(
+            served.tool_search.map(|s| s.core_tools),
+            Some(vec!["b".to_owned()])
         );
     }
 
