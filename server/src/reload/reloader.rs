@@ -32,6 +32,8 @@ pub struct Reloader {
     serving: Mutex<Option<Arc<Sources>>>,
     /// Held for the whole of a build (config reload or upstream refresh).
     building: Mutex<()>,
+    /// The shortest `fetch.refresh` of the OpenAPI sources last loaded.
+    openapi_refresh: Mutex<Option<std::time::Duration>>,
 }
 
 /// Upstream tool changes rebuild the registry at most once per this interval.
@@ -52,6 +54,7 @@ impl Reloader {
             last_input: Mutex::new(None),
             serving: Mutex::new(None),
             building: Mutex::new(()),
+            openapi_refresh: Mutex::new(None),
         })
     }
 
@@ -119,6 +122,30 @@ impl Reloader {
         });
     }
 
+    /// Fetches the OpenAPI documents with a `fetch.refresh` again that often (sending their
+    /// ETags: an unchanged document is not transferred again) and rebuilds from the serving
+    /// sources; a changed document swaps the tools, a failed fetch keeps them.
+    pub fn follow_openapi(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let every = this.openapi_refresh.lock().ok().and_then(|r| *r);
+                tokio::time::sleep(every.unwrap_or(config::openapi::REFRESH_RANGE.0)).await;
+                if every.is_none() {
+                    continue;
+                }
+                let r = Arc::clone(&this);
+                match tokio::task::spawn_blocking(move || r.refresh()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "refreshing OpenAPI documents failed; still serving the previous tools")
+                    }
+                    Err(e) => tracing::error!(error = %e, "refreshing OpenAPI documents failed"),
+                }
+            }
+        });
+    }
+
     /// [`Self::build`] in a span of its own when tracing is on (`rebuild`: for an
     /// upstream's tools, not new config text).
     fn traced_build(&self, rebuild: bool, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
@@ -139,9 +166,13 @@ impl Reloader {
         let start = Instant::now();
         let metrics = &self.server.metrics;
         let registry = &self.server.registry;
-        let loaded = config::load(sources).map(|mut ts| {
+        let loaded = config::load(sources).and_then(|mut ts| {
             config::openapi::read_files(&mut ts.openapi);
-            ts
+            let refresh = super::fetch::fetch_documents(&mut ts.openapi)?;
+            if let Ok(mut r) = self.openapi_refresh.lock() {
+                *r = refresh;
+            }
+            Ok(ts)
         });
         let mut compiled = match loaded.and_then(|ts| config::compile(&ts)) {
             Ok(c) => c,

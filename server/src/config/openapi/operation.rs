@@ -657,9 +657,13 @@ pub(crate) fn compile(
                 format!("duplicate source name `{}`", s.name),
             );
         }
-        let text = match (&s.document, &s.file) {
-            (Some(d), None) => d,
-            (None, Some(f)) => {
+        super::check_url(s, &at, p);
+        let text = match (&s.document, &s.file, &s.url) {
+            (Some(d), None, None) => d,
+            // Fetched by quiver-server when it loads the config (`reload::fetch`); the
+            // operator checks the settings only.
+            (None, None, Some(_)) => continue,
+            (None, Some(f), None) => {
                 p.push(
                     format!("{at}.file"),
                     format!("`{f}` could not be read (a missing file, or over {MAX_OPENAPI_BYTES} bytes)"),
@@ -667,7 +671,7 @@ pub(crate) fn compile(
                 continue;
             }
             _ => {
-                p.push(&at, "set exactly one of `document` and `file`");
+                p.push(&at, "set exactly one of `document`, `file` and `url`");
                 continue;
             }
         };
