@@ -117,6 +117,19 @@ pub struct McpServerSpec {
     #[schemars(length(max = 16))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub upstreams: Vec<UpstreamSpec>,
+    /// OpenAPI documents whose operations this server serves as http tools (the ToolSet
+    /// `openapi` format, see docs/openapi.md): inline (`document`), or fetched by the pods
+    /// from a `url` when they load the config and every `fetch.refresh`. For the cluster's
+    /// own API server: `url: https://kubernetes.default.svc/openapi/v3/api/v1` with
+    /// `fetch.caFile` and `fetch.tokenFile` under
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/` (the server container's own
+    /// ServiceAccount token and the cluster CA; reading `/openapi/*` is granted to every
+    /// authenticated account by the default `system:discovery` role). Calls carry the
+    /// source's `headers` or, with `identity.mode: forward`, the caller's own token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub openapi: Vec<quiver_server::config::openapi::OpenApiSpec>,
     /// Named policies: CEL conditions on the caller, the tool and the arguments that a
     /// call must meet, on every tool or on the tools picked by `tools` (names, or prefixes
     /// ending in `*`) and `upstreams` (the ToolSet `policies` format, see

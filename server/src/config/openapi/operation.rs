@@ -170,7 +170,7 @@ fn compile_op(
         descriptor.insert("description".into(), Value::String(d));
     }
     let schema_json = inputs.schema;
-    let input = Schema::compile(&schema_json).map_err(|e| format!("input schema: {}", e.join("; ")))?;
+    let input = Schema::compile(&schema_json).map_err(|e| format!("input schema: {}", first_of(&e)))?;
     descriptor.insert("inputSchema".into(), schema_json);
     let mut output = output_schema(conv, root, op);
     if let Some((json, _)) = &output {
@@ -626,6 +626,20 @@ fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<String
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The first of a schema's problems (bounded) and how many more: a document can make one
+/// per component schema.
+fn first_of(errors: &[String]) -> String {
+    let first = errors.first().map_or("", String::as_str);
+    let mut out: String = first.chars().take(MAX_DESCRIPTION).collect();
+    if first.chars().count() > MAX_DESCRIPTION {
+        out.push('…');
+    }
+    if errors.len() > 1 {
+        out.push_str(&format!(" (and {} more)", errors.len() - 1));
+    }
+    out
 }
 
 /// Compiles the operations of every source into tools; `taken` holds the names of the
