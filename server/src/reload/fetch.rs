@@ -185,7 +185,8 @@ async fn fetch(url: &str, f: &FetchSpec) -> Result<String, String> {
 
 async fn exchange(url: &str, f: &FetchSpec) -> Result<String, String> {
     let https = url.starts_with("https://");
-    if !https && !(f.allow_http && url.starts_with("http://")) {
+    let plain = f.allow_http && url.starts_with("http://");
+    if !(https || plain) {
         return Err("must be an `https` URL".to_owned());
     }
     let mut tcp = HttpConnector::new();
