@@ -432,8 +432,9 @@ spec:
             ["spec.openapi[0].fetch.refresh: `1s` is not a duration between 10s and 24h"]
         );
         // Passing on the caller's token needs validated tokens (spec.auth.oidc).
-        let forward =
-            bad("{name: core, url: 'https://h/d', identity: {mode: forward, audience: 'https://h'}}");
+        let forward = bad(
+            "{name: core, url: 'https://h/d', server: 'https://h', identity: {mode: forward, audience: 'https://h'}}",
+        );
         assert!(
             forward.len() == 1
                 && forward[0].starts_with(

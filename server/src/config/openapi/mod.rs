@@ -172,6 +172,23 @@ pub(crate) fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Probl
         f.check(s.url.as_deref(), at, p);
     }
     let Some(url) = &s.url else { return };
+    // The tools are compiled once the document is fetched; where a caller's token may go is
+    // checked now, against `server` (the document's own servers are not known yet).
+    if let Some(id) = s
+        .identity
+        .as_ref()
+        .filter(|i| i.mode != super::identity::IdentityMode::Server)
+    {
+        match &s.server {
+            Some(server) => {
+                super::identity::compile(id, &format!("{at}.identity"), server, p);
+            }
+            None => p.push(
+                format!("{at}.server"),
+                "required with `url` and `identity`: the caller's token may only go to a server named here",
+            ),
+        }
+    }
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://").filter(|_| fetch.allow_http));
