@@ -152,13 +152,16 @@ fn bad_answers_and_settings_are_refused_naming_the_source() {
     script.answer(big);
     script.answer(Vec::new());
     let base = responder(&script);
-    let http = json!({"allowHttp": true, "timeout": "300ms"});
+    let http = json!({"allowHttp": true, "timeout": "20s"});
     let cases = [
         (http.clone(), "redirects are not followed"),
         (http.clone(), "answered 404 Not Found"),
         (http.clone(), "the document is over 16777216 bytes"),
         (http.clone(), "the document is over 16777216 bytes"),
-        (http.clone(), "timed out after 300ms"),
+        (
+            json!({"allowHttp": true, "timeout": "300ms"}),
+            "timed out after 300ms",
+        ),
         (json!({}), "must be an `https` URL"),
         (
             json!({"allowHttp": true, "tokenFile": "/nonexistent/token"}),
@@ -207,4 +210,31 @@ fn a_failed_fetch_keeps_the_serving_tools_and_a_changed_document_swaps_them() {
     assert_eq!(names(), ["first"]);
     reloader.refresh().unwrap();
     assert_eq!(names(), ["second"]);
+}
+
+#[test]
+fn sources_refused_for_a_failed_fetch_are_tried_again() {
+    let script = Script::default();
+    script.answer(
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec(),
+    );
+    script.answer(ok(&doc("later"), ""));
+    let base = responder(&script);
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    let reloader = Reloader::new(server.clone());
+    let config = format!("openapi:\n  - {{name: api, url: '{base}/doc', fetch: {{allowHttp: true}}}}\n");
+    assert!(reloader.apply(&[("t.yaml".into(), config)]).is_err());
+    assert!(!server.registry.is_ready());
+    assert!(matches!(reloader.retry_unfetched(), Some(Ok(_))));
+    assert!(server.registry.is_ready());
+    assert_eq!(server.registry.load_full().tools[0].def.name, "later");
+    // Nothing is left to try; an invalid config is not retried.
+    assert!(reloader.retry_unfetched().is_none());
+    assert!(
+        reloader
+            .apply(&[("t.yaml".into(), "tools: [{name: 'bad name'}]".into())])
+            .is_err()
+    );
+    assert!(reloader.retry_unfetched().is_none());
 }
