@@ -13,6 +13,9 @@ BIN="$(target_dir)/debug"
 
 control_plane_session cp
 
+log "tool search recall over the apiserver's own OpenAPI (core/v1, apps/v1)"
+cargo test -p quiver-server --locked --test kube_search -- --ignored --nocapture
+
 log "installing the CRD"
 install_crd
 

@@ -117,6 +117,19 @@ pub struct McpServerSpec {
     #[schemars(length(max = 16))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub upstreams: Vec<UpstreamSpec>,
+    /// OpenAPI documents whose operations this server serves as http tools (the ToolSet
+    /// `openapi` format, see docs/openapi.md): inline (`document`), or fetched by the pods
+    /// from a `url` when they load the config and every `fetch.refresh`. For the cluster's
+    /// own API server: `url: https://kubernetes.default.svc/openapi/v3/api/v1` with
+    /// `fetch.caFile` and `fetch.tokenFile` under
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/` (the server container's own
+    /// ServiceAccount token and the cluster CA; reading `/openapi/*` is granted to every
+    /// authenticated account by the default `system:discovery` role). Calls carry the
+    /// source's `headers` or, with `identity.mode: forward`, the caller's own token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub openapi: Vec<quiver_server::config::openapi::OpenApiSpec>,
     /// Named policies: CEL conditions on the caller, the tool and the arguments that a
     /// call must meet, on every tool or on the tools picked by `tools` (names, or prefixes
     /// ending in `*`) and `upstreams` (the ToolSet `policies` format, see
@@ -196,6 +209,12 @@ pub struct McpServerSpec {
     /// written to the container's stdout (the logs are on stderr). Off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditOptions>,
+    /// Tool search, for servers with many tools: `tools/list` shows only `coreTools` and a
+    /// `find_tools` tool that returns the tools best matching a plain-language query, with
+    /// their schemas; every tool stays callable by name under the same checks (see
+    /// docs/toolset.md). A `toolsFrom` document's `toolSearch` applies when this is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_search: Option<quiver_server::config::search::ToolSearchSpec>,
 }
 
 /// Client-IP session affinity of the Service.

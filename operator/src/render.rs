@@ -65,15 +65,21 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
             .map(|p| {
                 locate(
                     &p.to_string(),
-                    &merged.origins,
-                    &merged.up_origins,
-                    &merged.pol_origins,
+                    &[
+                        ("tools[", &merged.origins),
+                        ("upstreams[", &merged.up_origins),
+                        ("policies[", &merged.pol_origins),
+                        ("openapi[", &merged.api_origins),
+                    ],
                 )
             })
             .collect(),
     })?;
     refuse("InvalidToolConfig", bad_secret_names(&compiled.secrets))?;
-    refuse("InvalidToolConfig", identity_needs(mcp, &compiled))?;
+    refuse(
+        "InvalidToolConfig",
+        identity_needs(mcp, &compiled, &merged.api_origins, &merged.ts.openapi),
+    )?;
     let yaml = write(&merged.ts, &compiled.hash)?;
     Ok(Rendered {
         yaml,
@@ -86,7 +92,12 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
 
 /// Tools and upstreams whose `identity` the server's auth cannot serve: acting as the caller
 /// needs OIDC (a validated access token to pass on), exchanging needs the exchange client.
-fn identity_needs(mcp: &McpServer, compiled: &config::CompiledToolSet) -> Vec<String> {
+fn identity_needs(
+    mcp: &McpServer,
+    compiled: &config::CompiledToolSet,
+    api_origins: &[String],
+    openapi: &[config::openapi::OpenApiSpec],
+) -> Vec<String> {
     use config::identity::IdentityMode;
     let auth = mcp.spec.auth.as_ref();
     let (oidc, exchange) = (
@@ -105,6 +116,14 @@ fn identity_needs(mcp: &McpServer, compiled: &config::CompiledToolSet) -> Vec<St
             .as_ref()
             .map(|i| (format!("upstream `{}`", u.name), i.mode))
     });
+    // A fetched source's tools are compiled in the pods: its `identity` is checked here.
+    let sources = openapi.iter().zip(api_origins).filter_map(|(s, at)| {
+        s.identity
+            .as_ref()
+            .filter(|_| s.url.is_some())
+            .map(|i| (at.clone(), i.mode))
+    });
+    let upstreams = upstreams.chain(sources);
     // The token endpoint receives callers' tokens: only the issuer's own host may.
     let endpoint = auth.and_then(|a| {
         let e = a.token_exchange.as_ref()?.token_endpoint.as_ref()?;
@@ -167,6 +186,7 @@ struct Merged {
     origins: Vec<String>,
     up_origins: Vec<String>,
     pol_origins: Vec<String>,
+    api_origins: Vec<String>,
 }
 
 impl Merged {
@@ -182,8 +202,10 @@ impl Merged {
             resources: spec.mcp_resources.clone(),
             prompts: spec.prompts.clone(),
             upstreams: spec.upstreams.iter().map(crate::build::served_upstream).collect(),
+            openapi: spec.openapi.clone(),
             policies: spec.policies.clone(),
             limits: spec.limits.clone(),
+            tool_search: spec.tool_search.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
@@ -193,11 +215,15 @@ impl Merged {
         let pol_origins = (0..ts.policies.len())
             .map(|i| format!("spec.policies[{i}]"))
             .collect();
+        let api_origins = (0..ts.openapi.len())
+            .map(|i| format!("spec.openapi[{i}]"))
+            .collect();
         Self {
             ts,
             origins,
             up_origins,
             pol_origins,
+            api_origins,
         }
     }
 
@@ -218,10 +244,16 @@ impl Merged {
                     self.up_origins
                         .extend((0..doc.upstreams.len()).map(|j| format!("{label} upstreams[{j}]")));
                     ts.upstreams.extend(doc.upstreams);
+                    self.api_origins
+                        .extend((0..doc.openapi.len()).map(|j| format!("{label} openapi[{j}]")));
+                    ts.openapi.extend(doc.openapi);
                     self.pol_origins
                         .extend((0..doc.policies.len()).map(|j| format!("{label} policies[{j}]")));
                     ts.policies.extend(doc.policies);
                     ts.limits.extend(doc.limits);
+                    if ts.tool_search.is_none() {
+                        ts.tool_search = doc.tool_search;
+                    }
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),
             }
@@ -285,13 +317,9 @@ pub fn service_account(mcp: &McpServer, sa: Option<&ServiceAccount>) -> Result<(
     })
 }
 
-/// Rewrites `tools[N]...` (merged index) into the tool's origin; `resources[`/`prompts[` into `spec.`.
-fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins: &[String]) -> String {
-    for (prefix, origins) in [
-        ("tools[", origins),
-        ("upstreams[", up_origins),
-        ("policies[", pol_origins),
-    ] {
+/// Rewrites `tools[N]...` (`upstreams[`, `policies[`, `openapi[`; merged index) into its origin; `resources[`/`prompts[` into `spec.`.
+fn locate(problem: &str, lists: &[(&str, &Vec<String>)]) -> String {
+    for (prefix, origins) in lists {
         if let Some(rest) = problem.strip_prefix(prefix)
             && let Some((n, tail)) = rest.split_once(']')
             && let Some(origin) = n.parse::<usize>().ok().and_then(|i| origins.get(i))
@@ -302,7 +330,8 @@ fn locate(problem: &str, origins: &[String], up_origins: &[String], pol_origins:
     if let Some(rest) = problem.strip_prefix("resources[") {
         return format!("spec.mcpResources[{rest}");
     }
-    if problem.starts_with("prompts[") || problem.starts_with("server.") {
+    if problem.starts_with("prompts[") || problem.starts_with("server.") || problem.starts_with("toolSearch")
+    {
         return format!("spec.{problem}");
     }
     problem.to_owned()
@@ -344,6 +373,86 @@ spec:
             err.problems[0].starts_with("spec.tools[1].handler.template: template uses `nn`"),
             "{:?}",
             err.problems
+        );
+    }
+
+    #[test]
+    fn tool_search_renders_into_the_toolset_and_its_problems_name_the_spec() {
+        let m = mcp(
+            "metadata: {name: x}\nspec:\n  tools:\n    - {name: a, handler: {builtin: add}}\n  toolSearch: {coreTools: [a], maxLimit: 10}\n",
+        );
+        let served = config::parse("ConfigMap", &render(&m, &vec![]).unwrap().yaml).unwrap();
+        let s = served.tool_search.expect("rendered");
+        assert_eq!((s.core_tools, s.max_limit), (vec!["a".to_owned()], Some(10)));
+        let bad = mcp("metadata: {name: x}\nspec:\n  toolSearch: {coreTools: [gone]}\n");
+        let err = render(&bad, &vec![]).unwrap_err();
+        assert_eq!(
+            err.problems,
+            ["spec.toolSearch.coreTools[0]: no tool is named `gone`"]
+        );
+        // From a `toolsFrom` document when the spec sets none.
+        let from =
+            mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: s, key: k}\n");
+        let doc = "tools: [{name: b, handler: {builtin: add}}]\ntoolSearch: {coreTools: [b]}\n";
+        let served = config::parse(
+            "ConfigMap",
+            &render(&from, &vec![Some(doc.to_owned())]).unwrap().yaml,
+        )
+        .unwrap();
+        assert_eq!(
+            served.tool_search.map(|s| s.core_tools),
+            Some(vec!["b".to_owned()])
+        );
+    }
+
+    #[test]
+    fn openapi_sources_render_and_their_problems_name_the_spec() {
+        let kube = "{name: core, url: 'https://kubernetes.default.svc/openapi/v3/api/v1', fetch: {caFile: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt, tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token, refresh: 10m}, operations: {methods: [get]}}";
+        let m = mcp(&format!(
+            "metadata: {{name: x}}\nspec:\n  openapi:\n    - {kube}\n  toolSearch: {{coreTools: [readCoreV1Namespace]}}\n"
+        ));
+        let served = config::parse("ConfigMap", &render(&m, &vec![]).unwrap().yaml).unwrap();
+        assert_eq!(served.openapi, m.spec.openapi);
+        let bad = |source: &str| {
+            render(
+                &mcp(&format!(
+                    "metadata: {{name: x}}\nspec:\n  openapi:\n    - {source}\n"
+                )),
+                &vec![],
+            )
+            .unwrap_err()
+            .problems
+        };
+        assert_eq!(
+            bad("{name: core, url: 'http://kubernetes.default.svc/openapi/v3/api/v1'}"),
+            ["spec.openapi[0].url: an `http` URL needs `fetch.allowHttp: true`"]
+        );
+        assert_eq!(
+            bad("{name: core, url: 'https://h/d', fetch: {refresh: 1s}}"),
+            ["spec.openapi[0].fetch.refresh: `1s` is not a duration between 10s and 24h"]
+        );
+        // Passing on the caller's token needs validated tokens (spec.auth.oidc).
+        let forward = bad(
+            "{name: core, url: 'https://h/d', server: 'https://h', identity: {mode: forward, audience: 'https://h'}}",
+        );
+        assert!(
+            forward.len() == 1
+                && forward[0].starts_with(
+                    "spec.openapi[0]: identity.mode `forward` acts as the caller and needs spec.auth.oidc"
+                ),
+            "{forward:?}"
+        );
+        // From a toolsFrom document, named by its ConfigMap.
+        let from =
+            mcp("metadata: {name: x}\nspec:\n  toolsFrom:\n    - configMapKeyRef: {name: s, key: k}\n");
+        let err = render(
+            &from,
+            &vec![Some("openapi: [{name: a, url: 'ftp://h/d'}]\n".to_owned())],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.problems,
+            ["spec.toolsFrom[0] (ConfigMap s, key k) openapi[0].url: must be an `https` URL"]
         );
     }
 

@@ -356,9 +356,10 @@ fn check(source: &Source) -> i32 {
             return 2;
         }
     };
-    let loaded = crate::config::load(&sources).map(|mut ts| {
+    let loaded = crate::config::load(&sources).and_then(|mut ts| {
         crate::config::openapi::read_files(&mut ts.openapi);
-        ts
+        crate::reload::fetch::fetch_documents(&mut ts.openapi)?;
+        Ok(ts)
     });
     match loaded.and_then(|ts| crate::config::compile(&ts)) {
         Ok(c) => {
@@ -546,6 +547,7 @@ async fn serve(
     token_exchange(&args, &server)?;
     let reloader = Reloader::new(server.clone());
     reloader.follow_upstreams();
+    reloader.follow_openapi();
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();
 

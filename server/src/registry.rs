@@ -114,6 +114,38 @@ fn entries(tools: &[Tool]) -> Box<[Box<[u8]>]> {
         .collect()
 }
 
+/// The tool lists of a snapshot: its `tools/list` pages (the listed tools only), each
+/// tool's entry when a list is rendered per caller or searched, and the search index.
+struct ToolLists {
+    search: Option<Box<crate::search::Catalog>>,
+    tool_pages: Vec<Box<[u8]>>,
+    per_caller: bool,
+    tool_entries: Option<Box<[Box<[u8]>]>>,
+}
+
+fn tool_lists(tools: &[Tool], cfg: &CompiledToolSet, tag: &str) -> ToolLists {
+    let search = cfg.search.as_ref().map(|s| {
+        Box::new(crate::search::Catalog::build(
+            tools.iter().map(|t| &t.def.descriptor),
+            s,
+        ))
+    });
+    let listed = tools
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
+        .map(|(_, t)| &t.def.descriptor);
+    let tool_pages = pages("tools", listed, cfg.page_size, tag);
+    let per_caller = guarded(tools);
+    let tool_entries = (per_caller || search.is_some()).then(|| entries(tools));
+    ToolLists {
+        search,
+        tool_pages,
+        per_caller,
+        tool_entries,
+    }
+}
+
 /// What a snapshot answers about the server itself, serialized once.
 struct Handshake {
     /// `{name, version, title?}`.
@@ -211,20 +243,12 @@ impl Snapshot {
         let tag = cursor_tag(&cfg.hash, cfg.upstream_digest);
         let tag = tag.as_str();
         let page_size = cfg.page_size;
-        let search = cfg.search.as_ref().map(|s| {
-            Box::new(crate::search::Catalog::build(
-                tools.iter().map(|t| &t.def.descriptor),
-                s,
-            ))
-        });
-        let listed = tools
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
-            .map(|(_, t)| &t.def.descriptor);
-        let tool_pages = pages("tools", listed, page_size, tag);
-        let per_caller = guarded(&tools);
-        let tool_entries = (per_caller || search.is_some()).then(|| entries(&tools));
+        let ToolLists {
+            search,
+            tool_pages,
+            per_caller,
+            tool_entries,
+        } = tool_lists(&tools, &cfg, tag);
         // Served from the pages from now on; as a `Value` tree a descriptor costs several
         // times its serialized size (a map node per object).
         for t in &mut tools {

@@ -961,3 +961,198 @@ async fn answer_streams_resume_from_last_event_id_and_refuse_bad_ids() {
     );
     assert_still_serves(s.mcp).await;
 }
+
+/// Hostile and broken OpenAPI documents, each with what its refusal must say.
+fn hostile_openapi() -> Vec<(&'static str, String, &'static str)> {
+    use serde_json::{Map, Value, json};
+    let with_paths = |paths: Value, schemas: Value| {
+        json!({"openapi": "3.1.0", "servers": [{"url": "http://127.0.0.1:9"}], "paths": paths, "components": {"schemas": schemas}}).to_string()
+    };
+    let body = |schema: Value| json!({"/x": {"post": {"operationId": "op", "requestBody": {"required": true, "content": {"application/json": {"schema": schema}}}, "responses": {}}}});
+    let (mut fan, mut props, mut chain) = (Map::new(), Map::new(), Map::new());
+    for i in 0..300 {
+        fan.insert(format!("S{i}"), json!({"type": "string"}));
+        props.insert(
+            format!("p{i}"),
+            json!({"$ref": format!("#/components/schemas/S{i}")}),
+        );
+    }
+    for i in 0..40 {
+        chain.insert(format!("C{i}"), json!({"type": "object", "properties": {"n": {"$ref": format!("#/components/schemas/C{}", i + 1)}}}));
+    }
+    chain.insert("C40".into(), json!({"type": "string"}));
+    let many_ops: Map<String, Value> = (0..=quiver_server::config::openapi::MAX_OPERATIONS)
+        .map(|i| (format!("/p{i}"), json!({"get": {"responses": {}}})))
+        .collect();
+    let laughs = "openapi: 3.0.0\na: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]\n";
+    vec![
+        (
+            "json nested past the parser",
+            format!(
+                "{{\"openapi\": \"3.0.0\", \"paths\": {}{}}}",
+                "[".repeat(200),
+                "]".repeat(200)
+            ),
+            "not JSON",
+        ),
+        (
+            "objects nested 65 deep",
+            format!("{}1{}", "{\"a\":".repeat(65), "}".repeat(65)),
+            "levels are accepted",
+        ),
+        ("yaml alias bomb", laughs.to_owned(), "not YAML"),
+        (
+            "over 16 MiB",
+            format!("{{\"openapi\": \"3.0.0\", \"x\": \"{}\"}}", "a".repeat(16 << 20)),
+            "over 16777216 bytes",
+        ),
+        (
+            "unknown version",
+            json!({"openapi": "4.0.0"}).to_string(),
+            "only versions 3.0 and 3.1",
+        ),
+        (
+            "not openapi",
+            json!({"info": {}}).to_string(),
+            "not an OpenAPI document",
+        ),
+        (
+            "too many operations",
+            json!({"openapi": "3.1.0", "paths": many_ops}).to_string(),
+            "operations; at most",
+        ),
+        (
+            "cyclic schemas",
+            with_paths(
+                body(json!({"$ref": "#/components/schemas/A"})),
+                json!({"A": {"type": "object", "properties": {"b": {"$ref": "#/components/schemas/B"}}}, "B": {"anyOf": [{"$ref": "#/components/schemas/A"}]}}),
+            ),
+            "refers to itself",
+        ),
+        (
+            "schema fan-out",
+            with_paths(
+                body(json!({"type": "object", "properties": props})),
+                Value::Object(fan),
+            ),
+            "more than 256 component schemas",
+        ),
+        (
+            "schema chain too deep",
+            with_paths(
+                body(json!({"$ref": "#/components/schemas/C0"})),
+                Value::Object(chain),
+            ),
+            "nest more than",
+        ),
+        (
+            "remote reference",
+            with_paths(body(json!({"$ref": "https://evil.example/s.json"})), json!({})),
+            "only references to component schemas",
+        ),
+        (
+            "dangling schema reference",
+            with_paths(body(json!({"$ref": "#/components/schemas/Nope"})), json!({})),
+            "names no component schema",
+        ),
+        (
+            "dangling parameter reference",
+            with_paths(
+                json!({"/x": {"get": {"operationId": "op", "parameters": [{"$ref": "#/components/parameters/none"}]}}}),
+                json!({}),
+            ),
+            "points at nothing",
+        ),
+        (
+            "path parameter with a dot",
+            with_paths(
+                json!({"/x/{a.b}": {"get": {"operationId": "op", "parameters": [{"name": "a.b", "in": "path"}]}}}),
+                json!({}),
+            ),
+            "only names of",
+        ),
+        (
+            "multipart body",
+            with_paths(
+                json!({"/x": {"post": {"operationId": "op", "requestBody": {"required": true, "content": {"multipart/form-data": {}}}}}}),
+                json!({}),
+            ),
+            "only JSON and form bodies",
+        ),
+        (
+            "relative server",
+            json!({"openapi": "3.1.0", "servers": [{"url": "/relative"}], "paths": {}}).to_string(),
+            "set `server`",
+        ),
+    ]
+}
+
+/// The hostile OpenAPI corpus through the real load path (config text naming a document
+/// file, read, parsed and compiled by the Reloader as a ConfigMap edit would be): each is
+/// refused with a problem naming the source and what is wrong, the tools imported from the
+/// last good document keep serving, and the server still answers calls.
+#[tokio::test]
+async fn hostile_openapi_documents_are_refused_and_the_serving_tools_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.json");
+    let doc = serde_json::json!({"openapi": "3.0.3", "servers": [{"url": "http://127.0.0.1:9"}], "paths": {"/items": {"get": {"operationId": "listItems", "responses": {}}}}});
+    std::fs::write(&good, doc.to_string()).unwrap();
+    let config = |path: &std::path::Path| {
+        format!(
+            "{TOOLS}openapi:\n  - {{name: store, file: '{}'}}\n",
+            path.display()
+        )
+    };
+    let s = serve_app(
+        &config(&good),
+        HttpOptions::default(),
+        ConnOptions::default(),
+        Limits::default(),
+    )
+    .await;
+    let reloader = quiver_server::reload::Reloader::new(s.server.clone());
+    let generation = s.server.registry.load_full().generation;
+    let serves_list_items = || {
+        s.server
+            .registry
+            .load_full()
+            .tools
+            .iter()
+            .any(|t| t.def.name == "listItems")
+    };
+    assert!(serves_list_items());
+    let cases = hostile_openapi();
+    assert_eq!(cases.len(), 16);
+    for (i, (what, text, wanted)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("hostile-{i}.doc"));
+        std::fs::write(&path, text).unwrap();
+        let e = reloader
+            .apply(&[("tools.yaml".into(), config(&path))])
+            .expect_err(what)
+            .to_string();
+        assert!(
+            e.contains("openapi[0]") && e.contains(wanted),
+            "{what}: wanted {wanted:?} in {e}"
+        );
+        assert!(
+            e.len() < 4096,
+            "{what}: the refusal quotes the document ({} bytes): {e}",
+            e.len()
+        );
+        assert_eq!(s.server.registry.load_full().generation, generation, "{what}");
+        assert!(serves_list_items(), "{what}");
+        assert_still_serves(s.mcp).await;
+    }
+    // The same documents inline in the config text are refused alike (one case suffices:
+    // the parse is shared).
+    let inline = format!("{TOOLS}openapi:\n  - {{name: store, document: '{{\"openapi\": \"4.0.0\"}}'}}\n");
+    let e = reloader
+        .apply(&[("tools.yaml".into(), inline)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("openapi[0].document") && e.contains("only versions 3.0 and 3.1"),
+        "{e}"
+    );
+    assert!(serves_list_items());
+}

@@ -221,3 +221,187 @@ fn kube_apiserver_operations_are_called_through_quiver() {
     assert_eq!(gone["isError"], true);
     kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
+
+/// A `url` source: quiver-server fetches the apiserver's own OpenAPI v3 documents itself,
+/// trusting the cluster CA from a file and presenting a ServiceAccount token from a file
+/// (as in a pod), then calls the imported operations with a token from a Secret.
+#[test]
+#[ignore = "needs cluster"]
+fn url_sources_are_fetched_from_the_apiserver_with_its_ca_and_a_token() {
+    let ns = "q-openapi-url";
+    let _ = Command::new("kubectl")
+        .args(["delete", "namespace", ns, "--wait=false"])
+        .output();
+    kubectl(&["create", "namespace", ns]);
+    kubectl(&["-n", ns, "create", "serviceaccount", "fetcher"]);
+    kubectl(&["-n", ns, "create", "serviceaccount", "caller"]);
+    kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "caller-view",
+        "--clusterrole=view",
+        &format!("--serviceaccount={ns}:caller"),
+    ]);
+    let (server, ca) = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &ca).unwrap();
+    // The fetcher's token may read /openapi/* (system:discovery) and nothing else.
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, kubectl(&["-n", ns, "create", "token", "fetcher"])).unwrap();
+    let secrets = dir.path().join("secrets");
+    write_secret(
+        &secrets,
+        "kube",
+        "token",
+        kubectl(&["-n", ns, "create", "token", "caller"]).trim(),
+    );
+    write_secret(&secrets, "kube-ca", "ca.crt", &ca);
+    kubectl(&["-n", ns, "create", "configmap", "seen", "--from-literal=k=v"]);
+    let source = |name: &str, path: &str, filter: &str| {
+        format!(
+            "  - name: {name}\n    url: {server}{path}\n    fetch: {{caFile: {}, tokenFile: {}, timeout: 20s}}\n    server: {server}\n    headers: {{Authorization: \"Bearer {{{{secret.kube.token}}}}\"}}\n    tls: {{caSecret: kube-ca}}\n    {filter}\n",
+            ca_file.display(),
+            token_file.display()
+        )
+    };
+    let tools = format!(
+        "openapi:\n{}{}",
+        source(
+            "core",
+            "/openapi/v3/api/v1",
+            "tools: {include: [listCoreV1NamespacedConfigMap, readCoreV1NamespacedConfigMap]}"
+        ),
+        source(
+            "apps",
+            "/openapi/v3/apis/apps/v1",
+            "operations: {methods: [get], paths: [\"/apis/apps/v1/namespaces/{namespace}/deployments\"]}"
+        ),
+    );
+    let p = start_http_env(&tools, &[&format!("--secrets=dir:{}", secrets.display())], &[]);
+    let listed = rpc(&p, "tools/list", json!({}));
+    let mut names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "listAppsV1NamespacedDeployment",
+            "listCoreV1NamespacedConfigMap",
+            "readCoreV1NamespacedConfigMap"
+        ]
+    );
+    let read = call(
+        &p,
+        "readCoreV1NamespacedConfigMap",
+        json!({"namespace": ns, "name": "seen"}),
+    );
+    assert_eq!(read["structuredContent"]["data"]["k"], "v", "{read}");
+    let listed = call(&p, "listAppsV1NamespacedDeployment", json!({"namespace": ns}));
+    assert_eq!(listed["structuredContent"]["kind"], "DeploymentList", "{listed}");
+
+    // Without the CA file the fetch fails TLS: `check` refuses the config, naming the source.
+    let no_ca = dir.path().join("no-ca.yaml");
+    std::fs::write(
+        &no_ca,
+        format!(
+            "openapi:\n  - name: core\n    url: {server}/openapi/v3/api/v1\n    fetch: {{tokenFile: {}}}\n",
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quiver-server"))
+        .args(["check", "--config", &format!("file:{}", no_ca.display())])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("openapi[0].url") && err.contains("failed"), "{err}");
+    kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// The operations the importer refuses, excluded: the writes whose body is a pod template
+/// (its schema expands past the bound of 10,000 subschemas), the persistent volume writes
+/// (descriptor over 64 KiB) and the proxy operations that declare `path` both in the path
+/// and in the query.
+const CORE_EXCLUDED: &str = "connectCoreV1*ProxyWithPath, createCoreV1NamespacedPod, replaceCoreV1NamespacedPod, replaceCoreV1NamespacedPodEphemeralcontainers, replaceCoreV1NamespacedPodResize, replaceCoreV1NamespacedPodStatus, createCoreV1NamespacedPodTemplate, replaceCoreV1NamespacedPodTemplate, createCoreV1NamespacedReplicationController, replaceCoreV1NamespacedReplicationController, replaceCoreV1NamespacedReplicationControllerStatus, createCoreV1PersistentVolume, replaceCoreV1PersistentVolume, replaceCoreV1PersistentVolumeStatus";
+const APPS_EXCLUDED: &str = "createAppsV1NamespacedDaemonSet, replaceAppsV1NamespacedDaemonSet, replaceAppsV1NamespacedDaemonSetStatus, createAppsV1NamespacedDeployment, replaceAppsV1NamespacedDeployment, replaceAppsV1NamespacedDeploymentStatus, createAppsV1NamespacedReplicaSet, replaceAppsV1NamespacedReplicaSet, replaceAppsV1NamespacedReplicaSetStatus, createAppsV1NamespacedStatefulSet, replaceAppsV1NamespacedStatefulSet, replaceAppsV1NamespacedStatefulSetStatus";
+
+/// Every other core/v1 and apps/v1 operation imported by the real importer from `url` sources,
+/// with tool search on: `find_tools` through quiver-server finds the labeled queries of
+/// tests/search/kube-queries.yaml with recall@5 >= 0.9 (what the kind test checks too).
+#[test]
+#[ignore = "needs cluster"]
+fn every_operation_imports_and_find_tools_finds_them() {
+    #[derive(serde::Deserialize)]
+    struct Labeled {
+        query: String,
+        expect: Vec<String>,
+    }
+    let (server, ca) = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let token_file = dir.path().join("token");
+    kubectl(&["create", "serviceaccount", "q-openapi-fetcher"]);
+    std::fs::write(&token_file, kubectl(&["create", "token", "q-openapi-fetcher"])).unwrap();
+    let source = |name: &str, path: &str, exclude: &str| {
+        format!(
+            "  - {{name: {name}, url: '{server}{path}', fetch: {{caFile: '{}', tokenFile: '{}'}}, server: '{server}', tools: {{exclude: [{exclude}]}}}}\n",
+            ca_file.display(),
+            token_file.display()
+        )
+    };
+    let tools = format!(
+        "openapi:\n{}{}toolSearch: {{maxLimit: 50}}\n",
+        source("core", "/openapi/v3/api/v1", CORE_EXCLUDED),
+        source("apps", "/openapi/v3/apis/apps/v1", APPS_EXCLUDED)
+    );
+    let p = start_http_env(&tools, &[], &[]);
+    let listed = rpc(&p, "tools/list", json!({}));
+    assert_eq!(
+        listed["tools"].as_array().unwrap().len(),
+        1,
+        "only find_tools is listed"
+    );
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/search/kube-queries.yaml"
+    ))
+    .unwrap();
+    let labeled: Vec<Labeled> = serde_saphyr::from_str(&text).unwrap();
+    assert!(labeled.len() >= 50);
+    let mut found = 0;
+    for l in &labeled {
+        let r = call(&p, "find_tools", json!({"query": l.query, "limit": 5}));
+        let names: Vec<&str> = r["structuredContent"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"))
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        if names.iter().any(|n| l.expect.iter().any(|e| e == n)) {
+            found += 1;
+        } else {
+            println!("missed: {:?} -> {names:?}", l.query);
+        }
+    }
+    let recall = f64::from(found) / labeled.len() as f64;
+    println!(
+        "find_tools through quiver-server: {} queries, recall@5 {recall:.3}",
+        labeled.len()
+    );
+    // A found tool is callable by name though not listed.
+    let pods = call(&p, "listCoreV1NamespacedPod", json!({"namespace": "default"}));
+    assert!(pods.get("content").is_some(), "{pods}");
+    let _ = Command::new("kubectl")
+        .args(["delete", "serviceaccount", "q-openapi-fetcher"])
+        .output();
+    assert!(recall >= 0.9, "recall@5 {recall:.3} < 0.9");
+}

@@ -5,6 +5,7 @@
 #[cfg(feature = "kube")]
 mod configmap;
 pub(crate) mod events;
+pub(crate) mod fetch;
 mod file;
 mod reloader;
 

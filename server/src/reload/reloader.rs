@@ -32,6 +32,14 @@ pub struct Reloader {
     serving: Mutex<Option<Arc<Sources>>>,
     /// Held for the whole of a build (config reload or upstream refresh).
     building: Mutex<()>,
+    /// The shortest `fetch.refresh` of the OpenAPI sources last loaded.
+    openapi_refresh: Mutex<Option<std::time::Duration>>,
+    /// Sources whose last apply failed only because an OpenAPI document could not be
+    /// fetched: tried again by [`Reloader::follow_openapi`] (an API server that is briefly
+    /// away at start does not leave the server unready for good).
+    unfetched: Mutex<Option<Arc<Sources>>>,
+    /// Whether the last build failed fetching an OpenAPI document.
+    fetch_failed: std::sync::atomic::AtomicBool,
 }
 
 /// Upstream tool changes rebuild the registry at most once per this interval.
@@ -52,6 +60,9 @@ impl Reloader {
             last_input: Mutex::new(None),
             serving: Mutex::new(None),
             building: Mutex::new(()),
+            openapi_refresh: Mutex::new(None),
+            unfetched: Mutex::new(None),
+            fetch_failed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -82,7 +93,40 @@ impl Reloader {
         {
             *s = Some(Arc::new(sources.to_vec()));
         }
+        if let Ok(mut u) = self.unfetched.lock() {
+            let retry = r.is_err() && self.fetch_failed.load(std::sync::atomic::Ordering::Relaxed);
+            *u = retry.then(|| Arc::new(sources.to_vec()));
+        }
         r
+    }
+
+    /// Applies the sources whose documents could not be fetched, once more.
+    pub(super) fn retry_unfetched(&self) -> Option<Result<Reloaded, ConfigError>> {
+        let sources = self.unfetched.lock().ok()?.clone()?;
+        let _one = self
+            .building
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A newer apply may have come meanwhile.
+        let still = self
+            .unfetched
+            .lock()
+            .ok()?
+            .as_ref()
+            .is_some_and(|u| Arc::ptr_eq(u, &sources));
+        if !still {
+            return None;
+        }
+        let r = self.traced_build(false, &sources);
+        if r.is_ok() {
+            if let Ok(mut s) = self.serving.lock() {
+                *s = Some(Arc::clone(&sources));
+            }
+            if let Ok(mut u) = self.unfetched.lock() {
+                *u = None;
+            }
+        }
+        Some(r)
     }
 
     /// Builds the registry again from the serving sources, with the tools the upstreams
@@ -119,6 +163,37 @@ impl Reloader {
         });
     }
 
+    /// Fetches the OpenAPI documents with a `fetch.refresh` again that often (sending their
+    /// ETags: an unchanged document is not transferred again) and rebuilds from the serving
+    /// sources; a changed document swaps the tools, a failed fetch keeps them. Sources
+    /// refused only because a document could not be fetched are tried again every 10s.
+    pub fn follow_openapi(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let every = this.openapi_refresh.lock().ok().and_then(|r| *r);
+                let retry = this.unfetched.lock().is_ok_and(|u| u.is_some());
+                let wait = match every {
+                    Some(e) if !retry => e,
+                    _ => config::openapi::REFRESH_RANGE.0,
+                };
+                tokio::time::sleep(wait).await;
+                if every.is_none() && !retry {
+                    continue;
+                }
+                let r = Arc::clone(&this);
+                let again = move || r.retry_unfetched().unwrap_or_else(|| r.refresh());
+                match tokio::task::spawn_blocking(again).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "refreshing OpenAPI documents failed; still serving the previous tools")
+                    }
+                    Err(e) => tracing::error!(error = %e, "refreshing OpenAPI documents failed"),
+                }
+            }
+        });
+    }
+
     /// [`Self::build`] in a span of its own when tracing is on (`rebuild`: for an
     /// upstream's tools, not new config text).
     fn traced_build(&self, rebuild: bool, sources: &[(String, String)]) -> Result<Reloaded, ConfigError> {
@@ -139,9 +214,19 @@ impl Reloader {
         let start = Instant::now();
         let metrics = &self.server.metrics;
         let registry = &self.server.registry;
-        let loaded = config::load(sources).map(|mut ts| {
+        self.fetch_failed
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let loaded = config::load(sources).and_then(|mut ts| {
             config::openapi::read_files(&mut ts.openapi);
-            ts
+            let fetched = super::fetch::fetch_documents(&mut ts.openapi);
+            self.fetch_failed
+                .store(fetched.is_err(), std::sync::atomic::Ordering::Relaxed);
+            if let Ok(mut r) = self.openapi_refresh.lock()
+                && let Ok(refresh) = &fetched
+            {
+                *r = *refresh;
+            }
+            fetched.map(|_| ts)
         });
         let mut compiled = match loaded.and_then(|ts| config::compile(&ts)) {
             Ok(c) => c,

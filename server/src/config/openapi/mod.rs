@@ -32,13 +32,24 @@ pub const MAX_OPENAPI_SOURCES: usize = 16;
 pub struct OpenApiSpec {
     /// 1-63 characters of `a-z 0-9 -`, starting with a letter; names the source in errors.
     pub name: String,
-    /// The document itself, JSON or YAML text. Exclusive with `file`.
+    /// The document itself, JSON or YAML text. Exclusive with `file` and `url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub document: Option<String>,
     /// A file holding the document, read by quiver-server whenever it loads the config.
-    /// Exclusive with `document`.
+    /// Exclusive with `document` and `url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// An `https` URL the document is fetched from whenever quiver-server loads the config
+    /// (and every `fetch.refresh`), e.g.
+    /// `https://kubernetes.default.svc/openapi/v3/api/v1`. At most 16 MiB, redirects refused;
+    /// a fetch that fails keeps the tools serving as they are. Exclusive with `document` and
+    /// `file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// How `url` is fetched: the CA to trust, the token to present, the time limit and the
+    /// refresh interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<FetchSpec>,
     /// The base URL requests go to (`http` or `https`, literal), instead of the document's
     /// first `servers` entry. Needed when the document names no server or a relative one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +79,139 @@ pub struct OpenApiSpec {
     /// to whom, under which limits: as for an upstream's tools.
     #[serde(default, skip_serializing_if = "ImportSpec::is_empty")]
     pub tools: ImportSpec,
+}
+
+/// How an OpenAPI document is fetched from its `url`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FetchSpec {
+    /// A file of PEM certificates of the CAs to trust instead of the public roots, e.g.
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/ca.crt` for the cluster's API server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// A file whose content is sent as `Authorization: Bearer ...` with the request, read
+    /// at each fetch (a projected ServiceAccount token rotates), e.g.
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// Accept an `http` URL (the token then travels in clear text). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_http: bool,
+    /// Time limit of a fetch (default 10s, at most 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Fetch again this often (at least 10s, at most 24h), sending the last answer's ETag
+    /// as `If-None-Match`; a changed document swaps the tools like any reload. Unset: the
+    /// document is fetched when the config is loaded or changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<String>,
+}
+
+/// Default time limit of a document fetch.
+pub const DEFAULT_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Longest time limit of a document fetch.
+pub const MAX_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Shortest and longest `fetch.refresh`.
+pub const REFRESH_RANGE: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_secs(10),
+    std::time::Duration::from_secs(24 * 3600),
+);
+
+impl FetchSpec {
+    /// The time limit of a fetch (the default when unset or invalid; compile reports it).
+    pub fn timeout(&self) -> std::time::Duration {
+        self.timeout
+            .as_deref()
+            .and_then(|t| super::parse_duration(t).ok())
+            .filter(|d| !d.is_zero() && *d <= MAX_FETCH_TIMEOUT)
+            .unwrap_or(DEFAULT_FETCH_TIMEOUT)
+    }
+
+    /// The refresh interval, when set and valid.
+    pub fn refresh(&self) -> Option<std::time::Duration> {
+        self.refresh
+            .as_deref()
+            .and_then(|t| super::parse_duration(t).ok())
+            .filter(|d| (REFRESH_RANGE.0..=REFRESH_RANGE.1).contains(d))
+    }
+
+    /// Problems of the settings and of `url`, at `at`.
+    fn check(&self, url: Option<&str>, at: &str, p: &mut super::context::Problems) {
+        if let Some(t) = &self.timeout
+            && !super::parse_duration(t).is_ok_and(|d| !d.is_zero() && d <= MAX_FETCH_TIMEOUT)
+        {
+            p.push(
+                format!("{at}.fetch.timeout"),
+                "a duration above 0 and at most 60s",
+            );
+        }
+        if let Some(t) = &self.refresh
+            && self.refresh().is_none()
+        {
+            p.push(
+                format!("{at}.fetch.refresh"),
+                format!("`{}` is not a duration between 10s and 24h", document::shown(t)),
+            );
+        }
+        for (field, f) in [("caFile", &self.ca_file), ("tokenFile", &self.token_file)] {
+            if f.as_ref().is_some_and(|f| !f.starts_with('/') || f.len() > 4096) {
+                p.push(format!("{at}.fetch.{field}"), "an absolute path");
+            }
+        }
+        if url.is_none() {
+            p.push(format!("{at}.fetch"), "only a source with a `url` is fetched");
+        }
+    }
+}
+
+/// Problems of a `url` (and its `fetch`) at `at`: https (http only with `allowHttp`), an
+/// authority, no credentials or fragment, at most 2048 characters.
+pub(crate) fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
+    let fetch = s.fetch.clone().unwrap_or_default();
+    if let Some(f) = &s.fetch {
+        f.check(s.url.as_deref(), at, p);
+    }
+    let Some(url) = &s.url else { return };
+    // The tools are compiled once the document is fetched; where a caller's token may go is
+    // checked now, against `server` (the document's own servers are not known yet).
+    if let Some(id) = s
+        .identity
+        .as_ref()
+        .filter(|i| i.mode != super::identity::IdentityMode::Server)
+    {
+        match &s.server {
+            Some(server) => {
+                super::identity::compile(id, &format!("{at}.identity"), server, p);
+            }
+            None => p.push(
+                format!("{at}.server"),
+                "required with `url` and `identity`: the caller's token may only go to a server named here",
+            ),
+        }
+    }
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://").filter(|_| fetch.allow_http));
+    let problem = match rest {
+        _ if url.len() > 2048 => Some("longer than 2048 characters"),
+        None if url.starts_with("http://") => Some("an `http` URL needs `fetch.allowHttp: true`"),
+        None => Some("must be an `https` URL"),
+        Some(r) => {
+            let authority = r.split(['/', '?', '#']).next().unwrap_or("");
+            if authority.is_empty() {
+                Some("names no host")
+            } else if authority.contains('@') {
+                Some("must not carry credentials (use `fetch.tokenFile`)")
+            } else if url.contains('#') || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                Some("must have no fragment, spaces or control characters")
+            } else {
+                None
+            }
+        }
+    };
+    if let Some(m) = problem {
+        p.push(format!("{at}.url"), m);
+    }
 }
 
 /// Operations served, by tag, method and path: an operation must match every list that is set.

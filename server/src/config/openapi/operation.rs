@@ -170,7 +170,7 @@ fn compile_op(
         descriptor.insert("description".into(), Value::String(d));
     }
     let schema_json = inputs.schema;
-    let input = Schema::compile(&schema_json).map_err(|e| format!("input schema: {}", e.join("; ")))?;
+    let input = Schema::compile(&schema_json).map_err(|e| format!("input schema: {}", first_of(&e)))?;
     descriptor.insert("inputSchema".into(), schema_json);
     let mut output = output_schema(conv, root, op);
     if let Some((json, _)) = &output {
@@ -628,6 +628,20 @@ fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<String
     Ok(out)
 }
 
+/// The first of a schema's problems (bounded) and how many more: a document can make one
+/// per component schema.
+fn first_of(errors: &[String]) -> String {
+    let first = errors.first().map_or("", String::as_str);
+    let mut out: String = first.chars().take(MAX_DESCRIPTION).collect();
+    if first.chars().count() > MAX_DESCRIPTION {
+        out.push('…');
+    }
+    if errors.len() > 1 {
+        out.push_str(&format!(" (and {} more)", errors.len() - 1));
+    }
+    out
+}
+
 /// Compiles the operations of every source into tools; `taken` holds the names of the
 /// ToolSet's own tools (and receives the names compiled here).
 pub(crate) fn compile(
@@ -657,9 +671,13 @@ pub(crate) fn compile(
                 format!("duplicate source name `{}`", s.name),
             );
         }
-        let text = match (&s.document, &s.file) {
-            (Some(d), None) => d,
-            (None, Some(f)) => {
+        super::check_url(s, &at, p);
+        let text = match (&s.document, &s.file, &s.url) {
+            (Some(d), None, None) => d,
+            // Fetched by quiver-server when it loads the config (`reload::fetch`); the
+            // operator checks the settings only.
+            (None, None, Some(_)) => continue,
+            (None, Some(f), None) => {
                 p.push(
                     format!("{at}.file"),
                     format!("`{f}` could not be read (a missing file, or over {MAX_OPENAPI_BYTES} bytes)"),
@@ -667,7 +685,7 @@ pub(crate) fn compile(
                 continue;
             }
             _ => {
-                p.push(&at, "set exactly one of `document` and `file`");
+                p.push(&at, "set exactly one of `document`, `file` and `url`");
                 continue;
             }
         };

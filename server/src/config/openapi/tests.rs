@@ -301,7 +301,7 @@ fn hostile_documents_are_refused_naming_the_place() {
 
 #[test]
 fn a_source_needs_exactly_one_document_and_a_readable_file() {
-    assert!(problems(json!({"name": "x"}))[0].contains("set exactly one of `document` and `file`"));
+    assert!(problems(json!({"name": "x"}))[0].contains("set exactly one of `document`, `file` and `url`"));
     let mut ts = toolset(json!({"name": "x", "file": "/nonexistent/openapi.json"}));
     super::read_files(&mut ts.openapi);
     let e = compile(&ts).unwrap_err().to_string();
@@ -319,4 +319,57 @@ fn a_source_needs_exactly_one_document_and_a_readable_file() {
     assert!(
         problems(json!({"name": "Bad_Name", "document": store().to_string()}))[0].contains("openapi[0].name")
     );
+}
+
+#[test]
+fn url_sources_are_checked_before_any_fetch() {
+    let bad = |url: &str, fetch: Value| problems(json!({"name": "x", "url": url, "fetch": fetch}));
+    let cases = [
+        (
+            bad("http://h/doc", json!({})),
+            "openapi[0].url: an `http` URL needs `fetch.allowHttp: true`",
+        ),
+        (
+            bad("ftp://h/doc", json!({})),
+            "openapi[0].url: must be an `https` URL",
+        ),
+        (
+            bad("https://u:p@h/doc", json!({})),
+            "openapi[0].url: must not carry credentials",
+        ),
+        (bad("https:///doc", json!({})), "openapi[0].url: names no host"),
+        (
+            bad("https://h/doc#x", json!({})),
+            "openapi[0].url: must have no fragment",
+        ),
+        (
+            bad("https://h/doc", json!({"timeout": "2m"})),
+            "openapi[0].fetch.timeout: a duration above 0 and at most 60s",
+        ),
+        (
+            bad("https://h/doc", json!({"refresh": "1s"})),
+            "openapi[0].fetch.refresh: `1s` is not a duration between 10s and 24h",
+        ),
+        (
+            bad("https://h/doc", json!({"caFile": "ca.crt"})),
+            "openapi[0].fetch.caFile: an absolute path",
+        ),
+        (
+            problems(json!({"name": "x", "document": "{}", "url": "https://h/doc"})),
+            "openapi[0]: set exactly one of",
+        ),
+        (
+            problems(json!({"name": "x", "document": store().to_string(), "fetch": {}})),
+            "openapi[0].fetch: only a source with a `url` is fetched",
+        ),
+    ];
+    for (p, wanted) in cases {
+        assert!(
+            p.iter().any(|x| x.starts_with(wanted)),
+            "wanted {wanted:?} in {p:#?}"
+        );
+    }
+    // Valid settings compile (to no tools until quiver-server fetches the document).
+    let ok = json!({"name": "x", "url": "https://kubernetes.default.svc/openapi/v3/api/v1", "fetch": {"caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token", "refresh": "5m"}});
+    assert_eq!(problems(ok), Vec::<String>::new());
 }

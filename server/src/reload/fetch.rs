@@ -1,0 +1,293 @@
+//! Fetching the `url` of OpenAPI sources when a config is loaded: https (http only when
+//! allowed), the CA and bearer token from files, a time limit, at most
+//! [`MAX_OPENAPI_BYTES`], redirects refused. The last answer of each URL is kept with its
+//! ETag so a refresh sends `If-None-Match` and a `304` reuses it. A fetch that fails is a
+//! problem of the config: the reload is refused and the serving registry stays.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustc_hash::FxHashMap;
+
+use crate::config::openapi::{FetchSpec, MAX_OPENAPI_BYTES, OpenApiSpec};
+use crate::config::{ConfigError, Problem};
+
+/// Largest CA or token file read, in bytes.
+const MAX_CREDENTIAL_FILE: u64 = 1 << 20;
+/// URLs whose last answer is kept; more empties the cache.
+const MAX_CACHED: usize = 64;
+
+/// The last answer of a URL: its validator and text.
+struct Cached {
+    etag: Option<String>,
+    last_modified: Option<String>,
+    text: String,
+}
+
+static CACHE: Mutex<Option<FxHashMap<String, Cached>>> = Mutex::new(None);
+
+/// Fetches the document of every source with a `url` (in parallel) and puts it in
+/// `document`, clearing `url` and `fetch`; the shortest `fetch.refresh` of them is returned.
+///
+/// # Errors
+/// Every source whose fetch failed, named `openapi[i].url`.
+pub fn fetch_documents(specs: &mut [OpenApiSpec]) -> Result<Option<Duration>, ConfigError> {
+    let wanted: Vec<(usize, String, FetchSpec)> = specs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.document.is_none() && s.file.is_none())
+        .filter_map(|(i, s)| Some((i, s.url.clone()?, s.fetch.clone().unwrap_or_default())))
+        .collect();
+    let refresh = wanted.iter().filter_map(|(_, _, f)| f.refresh()).min();
+    if wanted.is_empty() {
+        return Ok(refresh);
+    }
+    // A thread of its own with its own runtime: loading runs on a blocking thread of the
+    // server's runtime, in `check`, or in a test, and must not block a runtime worker.
+    let results = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(rt.block_on(futures_util::future::join_all(
+                    wanted.iter().map(|(_, url, f)| fetch(url, f)),
+                )))
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the fetch thread failed".to_owned()))
+    });
+    let results = results.map_err(|e| error(vec![problem("openapi", e)]))?;
+    let mut problems = Vec::new();
+    for ((i, _, _), r) in wanted.iter().zip(results) {
+        match r {
+            Ok(text) => {
+                // Compiled like an inline document from here on (the settings were used).
+                specs[*i].document = Some(text);
+                specs[*i].url = None;
+                specs[*i].fetch = None;
+            }
+            Err(e) => problems.push(problem(&format!("openapi[{i}].url"), e)),
+        }
+    }
+    if problems.is_empty() {
+        Ok(refresh)
+    } else {
+        Err(error(problems))
+    }
+}
+
+fn problem(path: &str, message: String) -> Problem {
+    Problem {
+        path: path.to_owned(),
+        message,
+    }
+}
+
+fn error(problems: Vec<Problem>) -> ConfigError {
+    ConfigError { problems }
+}
+
+/// A URL as messages show it: without its query (it may hold a key).
+fn shown(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or(url)
+}
+
+/// Reads a small file (a CA bundle or a token).
+fn read_small(path: &str, what: &str) -> Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CREDENTIAL_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| format!("the {what} file `{path}` could not be read: {}", e.kind()))?;
+    if text.len() as u64 > MAX_CREDENTIAL_FILE {
+        return Err(format!(
+            "the {what} file `{path}` is over {MAX_CREDENTIAL_FILE} bytes"
+        ));
+    }
+    Ok(text)
+}
+
+/// The TLS settings: the CA file's certificates, or the public roots.
+fn tls_config(f: &FetchSpec) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let mut roots = rustls::RootCertStore::empty();
+    match &f.ca_file {
+        Some(path) => {
+            let pem = read_small(path, "CA")?;
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert = cert.map_err(|_| format!("the CA file `{path}` is not PEM"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("the CA file `{path}` holds a certificate rustls refuses: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("the CA file `{path}` holds no PEM certificate"));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// The request of a fetch: the token, and the cached answer's validators.
+fn request(url: &str, f: &FetchSpec) -> Result<Request<Empty<Bytes>>, String> {
+    let uri: http::Uri = url.parse().map_err(|_| "not a URL".to_owned())?;
+    let mut req = Request::get(uri)
+        .header(header::ACCEPT, "application/json, application/yaml;q=0.9")
+        .header(header::USER_AGENT, crate::handlers::http::run::USER_AGENT);
+    if let Some(path) = &f.token_file {
+        let token = read_small(path, "token")?;
+        let value = http::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+            .map_err(|_| format!("the token file `{path}` holds characters a header cannot"))?;
+        req = req.header(header::AUTHORIZATION, value);
+    }
+    if let Ok(cache) = CACHE.lock()
+        && let Some(c) = cache.as_ref().and_then(|m| m.get(url))
+    {
+        if let Some(v) = c
+            .etag
+            .as_deref()
+            .and_then(|e| http::HeaderValue::from_str(e).ok())
+        {
+            req = req.header(header::IF_NONE_MATCH, v);
+        }
+        if let Some(v) = c
+            .last_modified
+            .as_deref()
+            .and_then(|e| http::HeaderValue::from_str(e).ok())
+        {
+            req = req.header(header::IF_MODIFIED_SINCE, v);
+        }
+    }
+    req.body(Empty::new()).map_err(|e| e.to_string())
+}
+
+/// Fetches one document within its time limit.
+async fn fetch(url: &str, f: &FetchSpec) -> Result<String, String> {
+    let timeout = f.timeout();
+    tokio::time::timeout(timeout, exchange(url, f))
+        .await
+        .unwrap_or_else(|_| Err(format!("GET {} timed out after {timeout:?}", shown(url))))
+}
+
+async fn exchange(url: &str, f: &FetchSpec) -> Result<String, String> {
+    let https = url.starts_with("https://");
+    let plain = f.allow_http && url.starts_with("http://");
+    if !(https || plain) {
+        return Err("must be an `https` URL".to_owned());
+    }
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls_config(f)?);
+    let connector = if https {
+        builder.https_only()
+    } else {
+        builder.https_or_http()
+    }
+    .enable_http1()
+    .wrap_connector(tcp);
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(connector);
+    let resp = client
+        .request(request(url, f)?)
+        .await
+        .map_err(|e| format!("GET {} failed: {}", shown(url), chain(&e)))?;
+    let status = resp.status();
+    if status == StatusCode::NOT_MODIFIED
+        && let Some(text) = CACHE
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref()?.get(url).map(|c| c.text.clone()))
+    {
+        return Ok(text);
+    }
+    if status.is_redirection() {
+        return Err(format!(
+            "GET {} answered {status}: redirects are not followed; set `url` to the final location",
+            shown(url)
+        ));
+    }
+    if !status.is_success() {
+        return Err(format!("GET {} answered {status}", shown(url)));
+    }
+    let validator = |h: header::HeaderName| {
+        resp.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.len() <= 256)
+            .map(str::to_owned)
+    };
+    let (etag, last_modified) = (validator(header::ETAG), validator(header::LAST_MODIFIED));
+    if resp
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_OPENAPI_BYTES as u64)
+    {
+        return Err(format!(
+            "GET {}: the document is over {MAX_OPENAPI_BYTES} bytes",
+            shown(url)
+        ));
+    }
+    let body = Limited::new(resp.into_body(), MAX_OPENAPI_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                format!(
+                    "GET {}: the document is over {MAX_OPENAPI_BYTES} bytes",
+                    shown(url)
+                )
+            } else {
+                format!("GET {}: reading the document: {e}", shown(url))
+            }
+        })?
+        .to_bytes();
+    let text = String::from_utf8(body.to_vec())
+        .map_err(|_| format!("GET {}: the document is not UTF-8", shown(url)))?;
+    if (etag.is_some() || last_modified.is_some())
+        && let Ok(mut cache) = CACHE.lock()
+    {
+        let map = cache.get_or_insert_with(FxHashMap::default);
+        if map.len() >= MAX_CACHED && !map.contains_key(url) {
+            map.clear();
+        }
+        map.insert(
+            url.to_owned(),
+            Cached {
+                etag,
+                last_modified,
+                text: text.clone(),
+            },
+        );
+    }
+    Ok(text)
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

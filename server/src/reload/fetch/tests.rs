@@ -1,0 +1,240 @@
+//! The fetch against a local HTTP responder that records each request and answers from a
+//! script; the registry stays when a fetch fails.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::fetch_documents;
+use crate::config::openapi::OpenApiSpec;
+use crate::dispatch::Server;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::reload::Reloader;
+
+/// The answers, in order (the last one repeats), and the request heads received.
+#[derive(Clone, Default)]
+struct Script {
+    answers: Arc<Mutex<Vec<Vec<u8>>>>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Script {
+    fn answer(&self, raw: Vec<u8>) {
+        self.answers.lock().unwrap().push(raw);
+    }
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn ok(body: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A responder on 127.0.0.1 on its own thread and runtime; its base URL.
+fn responder(script: &Script) -> String {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let script = script.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                script
+                    .seen
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).to_lowercase());
+                let answer = {
+                    let mut a = script.answers.lock().unwrap();
+                    if a.len() > 1 {
+                        a.remove(0)
+                    } else {
+                        a.first().cloned().unwrap_or_default()
+                    }
+                };
+                if answer.is_empty() {
+                    // Never answers: the fetch's time limit ends it.
+                    tokio::spawn(async move {
+                        let _held = s;
+                        std::future::pending::<()>().await;
+                    });
+                    continue;
+                }
+                let _ = s.write_all(&answer).await;
+                let _ = s.shutdown().await;
+            }
+        });
+    });
+    format!("http://{addr}")
+}
+
+fn doc(op: &str) -> String {
+    json!({"openapi": "3.0.3", "servers": [{"url": "http://127.0.0.1:9"}], "paths": {"/x": {"get": {"operationId": op, "responses": {}}}}}).to_string()
+}
+
+fn source(url: &str, fetch: serde_json::Value) -> OpenApiSpec {
+    serde_json::from_value(json!({"name": "api", "url": url, "fetch": fetch})).unwrap()
+}
+
+fn fetched(url: &str, fetch: serde_json::Value) -> Result<String, String> {
+    let mut specs = vec![source(url, fetch)];
+    match fetch_documents(&mut specs) {
+        Ok(_) => Ok(specs[0].document.clone().unwrap()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn a_document_is_fetched_with_the_token_and_revalidated_with_its_etag() {
+    let script = Script::default();
+    script.answer(ok(&doc("first"), "etag: \"v1\"\r\n"));
+    script.answer(b"HTTP/1.1 304 Not Modified\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec());
+    let base = responder(&script);
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "abc.def\n").unwrap();
+    let url = format!("{base}/openapi/v3/api/v1?timeout=32s");
+    let settings = json!({"allowHttp": true, "tokenFile": token, "timeout": "5s", "refresh": "30s"});
+    let mut specs = vec![source(&url, settings.clone())];
+    let refresh = fetch_documents(&mut specs).unwrap();
+    assert_eq!(refresh, Some(std::time::Duration::from_secs(30)));
+    assert_eq!(specs[0].document.as_deref(), Some(doc("first").as_str()));
+    assert_eq!(specs[0].url, None);
+    // The second fetch sends the ETag and gets the kept text back from a 304.
+    assert_eq!(fetched(&url, settings).unwrap(), doc("first"));
+    let seen = script.seen();
+    assert!(
+        seen[0].starts_with("get /openapi/v3/api/v1?timeout=32s http/1.1"),
+        "{seen:?}"
+    );
+    assert!(seen[0].contains("authorization: bearer abc.def\r\n"), "{seen:?}");
+    assert!(!seen[0].contains("if-none-match"), "{seen:?}");
+    assert!(seen[1].contains("if-none-match: \"v1\"\r\n"), "{seen:?}");
+}
+
+#[test]
+fn bad_answers_and_settings_are_refused_naming_the_source() {
+    let script = Script::default();
+    script.answer(b"HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/elsewhere\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec());
+    script.answer(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec());
+    script.answer(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            17 << 20
+        )
+        .into_bytes(),
+    );
+    let mut big = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_vec();
+    big.extend(std::iter::repeat_n(b' ', (16 << 20) + 10));
+    script.answer(big);
+    script.answer(Vec::new());
+    let base = responder(&script);
+    let http = json!({"allowHttp": true, "timeout": "20s"});
+    let cases = [
+        (http.clone(), "redirects are not followed"),
+        (http.clone(), "answered 404 Not Found"),
+        (http.clone(), "the document is over 16777216 bytes"),
+        (http.clone(), "the document is over 16777216 bytes"),
+        (
+            json!({"allowHttp": true, "timeout": "300ms"}),
+            "timed out after 300ms",
+        ),
+        (json!({}), "must be an `https` URL"),
+        (
+            json!({"allowHttp": true, "tokenFile": "/nonexistent/token"}),
+            "the token file `/nonexistent/token` could not be read",
+        ),
+    ];
+    for (settings, wanted) in cases {
+        let e = fetched(&format!("{base}/doc"), settings).unwrap_err();
+        assert!(
+            e.contains("openapi[0].url") && e.contains(wanted),
+            "wanted {wanted:?} in {e}"
+        );
+    }
+    let e = fetched("https://127.0.0.1:1/doc", json!({"caFile": "/etc/hostname"})).unwrap_err();
+    assert!(e.contains("holds no PEM certificate"), "{e}");
+}
+
+#[test]
+fn a_failed_fetch_keeps_the_serving_tools_and_a_changed_document_swaps_them() {
+    let script = Script::default();
+    script.answer(ok(&doc("first"), ""));
+    script.answer(
+        b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec(),
+    );
+    script.answer(ok(&doc("second"), ""));
+    let base = responder(&script);
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    let reloader = Reloader::new(server.clone());
+    let config = format!("openapi:\n  - {{name: api, url: '{base}/doc', fetch: {{allowHttp: true}}}}\n");
+    reloader
+        .apply(&[("t.yaml".into(), config)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let names = || -> Vec<String> {
+        server
+            .registry
+            .load_full()
+            .tools
+            .iter()
+            .map(|t| t.def.name.clone())
+            .collect()
+    };
+    assert_eq!(names(), ["first"]);
+    let e = reloader.refresh().unwrap_err().to_string();
+    assert!(e.contains("openapi[0].url") && e.contains("500"), "{e}");
+    assert_eq!(names(), ["first"]);
+    reloader.refresh().unwrap();
+    assert_eq!(names(), ["second"]);
+}
+
+#[test]
+fn sources_refused_for_a_failed_fetch_are_tried_again() {
+    let script = Script::default();
+    script.answer(
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec(),
+    );
+    script.answer(ok(&doc("later"), ""));
+    let base = responder(&script);
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    let reloader = Reloader::new(server.clone());
+    let config = format!("openapi:\n  - {{name: api, url: '{base}/doc', fetch: {{allowHttp: true}}}}\n");
+    assert!(reloader.apply(&[("t.yaml".into(), config)]).is_err());
+    assert!(!server.registry.is_ready());
+    assert!(matches!(reloader.retry_unfetched(), Some(Ok(_))));
+    assert!(server.registry.is_ready());
+    assert_eq!(server.registry.load_full().tools[0].def.name, "later");
+    // Nothing is left to try; an invalid config is not retried.
+    assert!(reloader.retry_unfetched().is_none());
+    assert!(
+        reloader
+            .apply(&[("t.yaml".into(), "tools: [{name: 'bad name'}]".into())])
+            .is_err()
+    );
+    assert!(reloader.retry_unfetched().is_none());
+}
