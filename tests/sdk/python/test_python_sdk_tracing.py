@@ -277,22 +277,27 @@ def test_a_collector_that_hangs_costs_dropped_spans_never_slow_calls(tmp_path):
 
 
 def test_a_dispatch_exemplar_in_prometheus_names_a_trace_the_collector_has(traced, collector, tmp_path):
-    """A real Prometheus with exemplar storage scrapes the server (OpenMetrics); the
-    exemplar on the dispatch histogram names the trace of a sampled call, which the
-    collector received."""
+    """A real Prometheus with exemplar storage scrapes the server (OpenMetrics). Every
+    exemplar it returns on the dispatch histogram names a trace the collector received, whose
+    server span is the call of that series' tool: the client's trace for a call that came
+    with a `traceparent`, and, for a call that came without one, a trace Quiver started
+    (its id known to the test only from Prometheus)."""
     _, out = collector
-    trace_id = "8f3e5d7c9b1a2f4e6d8c0b2a4f6e8d0c"
+    client_trace = "8f3e5d7c9b1a2f4e6d8c0b2a4f6e8d0c"
 
     async def run():
         async with Client(traced.url, mode="legacy") as c:
-            with client_context(trace_id, "2233445566778899"):
+            with client_context(client_trace, "2233445566778899"):
                 r = await c.call_tool("greet", {"name": "exemplar"})
             assert r.content[0].text == "Hello exemplar!"
+            # No trace context: sampled by the ratio (1), a new trace.
+            r = await c.call_tool("weather", {"city": "Tromso"})
+            assert not r.is_error, r
 
     asyncio.run(run())
     # The exposition carries it (OpenMetrics: `# {trace_id="..."} value timestamp`).
     exposition = traced.metrics()
-    assert f'# {{trace_id="{trace_id}"}}' in exposition, exposition[:2000]
+    assert f'# {{trace_id="{client_trace}"}}' in exposition, exposition[:2000]
 
     prom_port = free_port()
     (tmp_path / "prometheus.yml").write_text(f"""
@@ -305,19 +310,40 @@ scrape_configs:
                              f"--web.listen-address=127.0.0.1:{prom_port}", "--enable-feature=exemplar-storage"],
                             stdout=open(tmp_path / "prometheus.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
-    def exemplar_trace_ids():
+    def exemplars_by_tool():
+        """{tool: {trace ids}} of the dispatch exemplars Prometheus stored, once both tools have one."""
         q = urllib.parse.urlencode({"query": "quiver_dispatch_duration_seconds_bucket", "start": "0", "end": "9999999999"})
         with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/query_exemplars?{q}", timeout=2) as r:
             doc = json.load(r)
-        return {e["labels"]["trace_id"] for series in doc["data"] for e in series["exemplars"]}
+        assert doc["status"] == "success", doc
+        found: dict[str, set[str]] = {}
+        for series in doc["data"]:
+            tool = series["seriesLabels"]["tool"]
+            found.setdefault(tool, set()).update(e["labels"]["trace_id"] for e in series["exemplars"])
+        return found if {"greet", "weather"} <= found.keys() else None
 
     try:
-        ids = wait_until(exemplar_trace_ids, timeout=30)
+        by_tool = wait_until(exemplars_by_tool, timeout=30)
     finally:
         stop(prom)
-    assert trace_id in ids, ids
-    spans = wait_until(lambda: spans_of(out, trace_id), timeout=15)
-    assert spans[0]["name"] == "tools/call greet"
+    assert by_tool["greet"] == {client_trace}, by_tool
+    assert set(by_tool) == {"greet", "weather"}, by_tool
+    started = by_tool["weather"]
+    assert len(started) == 1 and client_trace not in started, by_tool
+
+    # Each trace id Prometheus returned is one the collector received: the server span of
+    # that tool's call, and (for the trace Quiver started) no parent, its http call below it.
+    for tool, ids in by_tool.items():
+        for trace_id in ids:
+            assert len(trace_id) == 32 and int(trace_id, 16), trace_id
+            # (The SDK lists the tools under the same context before a call: a tools/list span.)
+            spans = wait_until(lambda t=trace_id: [s for s in spans_of(out, t) if s["kind"] == SERVER and s["name"].startswith("tools/call")], timeout=15)
+            assert [s["name"] for s in spans] == [f"tools/call {tool}"], spans
+            assert spans[0]["attrs"]["gen_ai.tool.name"] == tool
+    (root,) = [s for s in spans_of(out, next(iter(started))) if s["kind"] == SERVER and s["name"].startswith("tools/call")]
+    assert root.get("parentSpanId", "") == "", root
+    http_span = wait_until(lambda: [s for s in spans_of(out, next(iter(started))) if s["kind"] == CLIENT], timeout=15)[0]
+    assert http_span["parentSpanId"] == root["spanId"]
 
 
 def test_reloads_and_an_upstream_reconnecting_are_traced(collector, tmp_path):
