@@ -6,6 +6,7 @@
 
 pub mod eval;
 pub mod expr;
+mod scan;
 
 use std::sync::Arc;
 
