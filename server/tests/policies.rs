@@ -32,6 +32,9 @@ tools:
   - name: rollout
     input: {namespace: string}
     handler: {pipeline: [{tool: restart}]}
+  - name: relabel
+    input: {namespace: string, target: string}
+    handler: {pipeline: [{tool: restart, input: {namespace: '{{target}}'}}]}
 ";
 
 fn body(resp: &str) -> Value {
@@ -113,9 +116,32 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
         let head = r.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
         assert!(!head.contains("www-authenticate"), "{r}");
     }
-    // A pipeline that runs `restart` meets its policy too, on the pipeline's arguments.
-    assert!(call(&p, DEV, "rollout", json!({"namespace": "dev"})).starts_with("HTTP/1.1 403"));
+    // A pipeline's step meets the policies of the tool it calls, with the arguments the
+    // step sends and the caller's identity, as if the caller called that tool itself.
+    let step_denied = |r: &str| {
+        let b = body(r);
+        assert_eq!(b["result"]["isError"], true, "{r}");
+        assert_eq!(
+            b["result"]["content"][0]["text"],
+            "step 0 (restart): Forbidden: policy `no-prod-unless-sre` does not allow this call of tool restart",
+            "{r}"
+        );
+    };
+    step_denied(&call(&p, DEV, "rollout", json!({"namespace": "dev"})));
     let r = call(&p, SRE, "rollout", json!({"namespace": "dev"}));
+    assert_eq!(
+        body(&r)["result"]["content"][0]["text"],
+        "restarted in dev",
+        "{r}"
+    );
+    // Renamed arguments do not slip past it: what counts is the namespace `restart` gets.
+    step_denied(&call(
+        &p,
+        SRE,
+        "relabel",
+        json!({"namespace": "dev", "target": "prod"}),
+    ));
+    let r = call(&p, SRE, "relabel", json!({"namespace": "prod", "target": "dev"}));
     assert_eq!(
         body(&r)["result"]["content"][0]["text"],
         "restarted in dev",
@@ -132,7 +158,8 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
     );
     let r = call(&p, DEV, "scale", json!({"replicas": 2}));
     assert_eq!(body(&r)["result"]["content"][0]["text"], "scaled to 2", "{r}");
-    assert_eq!(forbidden(&p) - before, 6.0);
+    // Refused steps are the pipelines' tool errors, not refused requests.
+    assert_eq!(forbidden(&p) - before, 5.0);
     // Callers are not labels.
     let m = http(p.admin, "GET", "/metrics", "").unwrap();
     let outcome = m
@@ -143,7 +170,7 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
                 && l.contains("outcome=\"forbidden\"")
         })
         .unwrap_or_else(|| panic!("{m}"));
-    assert!(outcome.ends_with(" 6"), "{outcome}");
+    assert!(outcome.ends_with(" 5"), "{outcome}");
     assert!(!m.contains("sre-token") && !m.contains("no-prod-unless-sre"));
 }
 
@@ -152,13 +179,19 @@ fn tools_list_shows_each_caller_what_it_may_call() {
     let (p, _secrets) = start(TOOLS);
     // `restart` is false for dev whatever the arguments: hidden, and so is the pipeline
     // that runs it. `scale` depends on the arguments alone: listed.
-    assert_eq!(listed(&p, SRE), ["status", "restart", "scale", "rollout"]);
+    assert_eq!(
+        listed(&p, SRE),
+        ["status", "restart", "scale", "rollout", "relabel"]
+    );
     assert_eq!(listed(&p, DEV), ["status", "scale"]);
     // Pages are per caller too: one tool per page, cursors go on past hidden tools.
     let one_per_page = TOOLS.replace("policies:", "server: {pageSize: 1}\npolicies:");
     let (q, _s) = start(&one_per_page);
     assert_eq!(listed(&q, DEV), ["status", "scale"]);
-    assert_eq!(listed(&q, SRE), ["status", "restart", "scale", "rollout"]);
+    assert_eq!(
+        listed(&q, SRE),
+        ["status", "restart", "scale", "rollout", "relabel"]
+    );
     let bad = body(&rpc(&q, DEV, "tools/list", json!({"cursor": "nope-v1"})));
     assert_eq!(bad["error"]["code"], -32602, "{bad}");
 }
@@ -197,7 +230,10 @@ fn an_invalid_expression_at_reload_keeps_the_working_config() {
         call(&p, DEV, "restart", json!({"namespace": "dev"})).starts_with("HTTP/1.1 200")
     });
     assert!(call(&p, DEV, "restart", json!({"namespace": "prod"})).starts_with("HTTP/1.1 403"));
-    assert_eq!(listed(&p, DEV), ["status", "restart", "scale", "rollout"]);
+    assert_eq!(
+        listed(&p, DEV),
+        ["status", "restart", "scale", "rollout", "relabel"]
+    );
 }
 
 #[test]

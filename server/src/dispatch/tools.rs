@@ -56,7 +56,7 @@ struct CursorParams<'a> {
 
 /// `tools/list`.
 pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    if let Some(page) = super::visible::page(&s.registry.load(), req) {
+    if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov) {
         protocol::write_result(out, req.id, &page?);
         return Ok(Done::Written);
     }
@@ -135,7 +135,7 @@ pub(super) async fn call(
         Some(m) => m.progress.clone(),
         None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
     };
-    let now = super::find::run(&guard, index, &args, req);
+    let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let failed = conclude(&guard, index, req.id, output, start, out);
         noted(trail, failed);
@@ -148,6 +148,7 @@ pub(super) async fn call(
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
     if req.ctx.stream {
+        let keep_caller = guarded_pipeline(&snap, index);
         return Ok(Some(Deferred {
             server: server.clone(),
             session: req.ctx.session.into(),
@@ -161,12 +162,16 @@ pub(super) async fn call(
             permits,
             audit: None,
             credential: credential(req).cloned(),
+            caller: keep_caller
+                .then(|| req.ctx.caller.cloned().map(Box::new))
+                .flatten(),
             trace: None,
         }));
     }
     let cx = CallCtx {
         session: req.ctx.session,
         credential: credential(req).map(|c| &**c),
+        caller: req.ctx.caller,
         level: modern.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
         caps: modern.as_ref().map(|m| m.inputs.caps),
         inputs: modern.as_ref().map(|m| &m.inputs),
@@ -258,8 +263,19 @@ pub struct Deferred {
     /// The call's audit record, until it ends.
     audit: Option<Box<Pending>>,
     credential: Option<Arc<Credential>>,
+    /// The caller, kept only for a pipeline whose steps have policies.
+    caller: Option<Box<crate::config::access::Principal>>,
     /// The call's server span, when tracing is on (ended when the call ends).
     pub(super) trace: Option<opentelemetry::Context>,
+}
+
+/// Whether `snap.tools[index]` is a pipeline some of whose steps have policies (its
+/// deferred run then keeps the caller, to check each step's call).
+fn guarded_pipeline(snap: &Snapshot, index: usize) -> bool {
+    snap.tools[index]
+        .policies
+        .as_ref()
+        .is_some_and(|p| !p.steps.is_empty())
 }
 
 /// The caller's validated access token, when it presented one.
@@ -308,6 +324,7 @@ impl Deferred {
             pending: Some(&server.pending),
             dropped: Some(&server.metrics.peer_dropped),
             credential: d.credential.as_deref(),
+            caller: d.caller.as_deref(),
         };
         let result = server
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
