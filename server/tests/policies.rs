@@ -303,3 +303,72 @@ upstreams:
     );
     assert!(call(&p, DEV, "local", json!({})).starts_with("HTTP/1.1 200"));
 }
+
+/// Audit records name a session by a keyed tag, never by its id (a bearer capability on
+/// Streamable HTTP), and a refused credential's record names no session at all, whatever
+/// `Mcp-Session-Id` the request sent.
+#[test]
+fn audit_records_never_carry_a_session_id() {
+    let secrets = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(secrets.path().join("clients")).unwrap();
+    std::fs::write(secrets.path().join("clients").join("tokens"), TOKENS).unwrap();
+    let trail = tempfile::tempdir().unwrap();
+    let file = trail.path().join("audit.jsonl");
+    let p = start_http_env(
+        TOOLS,
+        &[
+            &format!("--secrets=dir:{}", secrets.path().display()),
+            "--auth-tokens-secret=clients.tokens",
+            &format!("--audit=file:{}", file.display()),
+        ],
+        &[],
+    );
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    let auth = format!("Authorization: Bearer {SRE}\r\n");
+    let r = http_with(p.mcp, "POST", "/mcp", &auth, &init.to_string()).expect("an answer");
+    let sid = r
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session: {r}"));
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "status", "arguments": {}}})
+    .to_string();
+    let with = |token: &str| {
+        format!(
+            "Authorization: Bearer {token}\r\nMcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+        )
+    };
+    let ok = http_with(p.mcp, "POST", "/mcp", &with(SRE), &call).expect("an answer");
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let refused =
+        http_with(p.mcp, "POST", "/mcp", &with("not-a-valid-token-0123"), &call).expect("an answer");
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    wait_for("both records are written", || {
+        metric(p.admin, "quiver_audit_records_total").unwrap_or(0.0) >= 2.0
+    });
+    let text = std::fs::read_to_string(&file).unwrap();
+    let nonce = sid.split('.').next().unwrap();
+    assert!(!text.contains(nonce), "{text}");
+    let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let called = records
+        .iter()
+        .find(|r| r["event"] == "tools/call")
+        .expect("the call");
+    let tag = called["session"].as_str().expect("a session tag");
+    assert!(
+        tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{tag}"
+    );
+    let denied = records
+        .iter()
+        .find(|r| r["event"] == "authentication")
+        .expect("the 401");
+    assert_eq!(denied["outcome"], "unauthenticated");
+    assert!(denied.get("session").is_none(), "{denied}");
+}
