@@ -20,6 +20,7 @@ use super::request::{Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
+use crate::config::access::Principal;
 use crate::config::caller::Credential;
 use crate::handlers::{ToolOutput, check_output};
 use crate::metrics::{Refusal, outcome_index};
@@ -148,10 +149,10 @@ pub(super) async fn call(
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
     if req.ctx.stream {
-        let keep_caller = guarded_pipeline(&snap, index);
         return Ok(Some(Deferred {
             server: server.clone(),
             session: req.ctx.session.into(),
+            caller: kept_caller(&snap, index, req),
             snap,
             index,
             args,
@@ -162,9 +163,6 @@ pub(super) async fn call(
             permits,
             audit: None,
             credential: credential(req).cloned(),
-            caller: keep_caller
-                .then(|| req.ctx.caller.cloned().map(Box::new))
-                .flatten(),
             trace: None,
         }));
     }
@@ -264,18 +262,19 @@ pub struct Deferred {
     audit: Option<Box<Pending>>,
     credential: Option<Arc<Credential>>,
     /// The caller, kept only for a pipeline whose steps have policies.
-    caller: Option<Box<crate::config::access::Principal>>,
+    caller: Option<Box<Principal>>,
     /// The call's server span, when tracing is on (ended when the call ends).
     pub(super) trace: Option<opentelemetry::Context>,
 }
 
-/// Whether `snap.tools[index]` is a pipeline some of whose steps have policies (its
-/// deferred run then keeps the caller, to check each step's call).
-fn guarded_pipeline(snap: &Snapshot, index: usize) -> bool {
-    snap.tools[index]
+/// The caller, kept for the deferred run of a pipeline some of whose steps have policies
+/// (to check each step's call); `None` for any other tool, which needs no caller.
+fn kept_caller(snap: &Snapshot, index: usize, req: &Request<'_>) -> Option<Box<Principal>> {
+    let guarded = snap.tools[index]
         .policies
         .as_ref()
-        .is_some_and(|p| !p.steps.is_empty())
+        .is_some_and(|p| !p.steps.is_empty());
+    guarded.then(|| req.ctx.caller.cloned().map(Box::new)).flatten()
 }
 
 /// The caller's validated access token, when it presented one.

@@ -234,7 +234,7 @@ pub struct Program {
 /// Why it is refused: too large or deep, a syntax error, an unknown variable or function, a
 /// type mismatch, or a result that cannot be a bool.
 pub fn compile(src: &str) -> Result<Program, String> {
-    super::scan::prescan(src)?;
+    super::scan::prescan(src, MAX_EXPRESSION_BYTES, MAX_DEPTH)?;
     let ast = cel::parser::Parser::new()
         .max_recursion_depth(u16::try_from(MAX_DEPTH * 2).unwrap_or(u16::MAX))
         .error_recovery_limit(4)

@@ -9,21 +9,16 @@
 //! escape the lexer does not know) is refused here: the lexer would not read it as a string
 //! either, and the brackets it would then see must not go uncounted.
 
-use super::expr::{MAX_DEPTH, MAX_EXPRESSION_BYTES};
-
-/// Checks `src`'s size and nesting.
+/// Checks that `src` is at most `max_bytes` long and nests at most `max_depth` deep.
 ///
 /// # Errors
 /// Empty, too long, nested too deep, or an unterminated string or unknown escape.
-pub(super) fn prescan(src: &str) -> Result<(), String> {
+pub(super) fn prescan(src: &str, max_bytes: usize, max_depth: usize) -> Result<(), String> {
     if src.trim().is_empty() {
         return Err("must not be empty".to_owned());
     }
-    if src.len() > MAX_EXPRESSION_BYTES {
-        return Err(format!(
-            "is {} bytes long; at most {MAX_EXPRESSION_BYTES}",
-            src.len()
-        ));
+    if src.len() > max_bytes {
+        return Err(format!("is {} bytes long; at most {max_bytes}", src.len()));
     }
     let s = src.as_bytes();
     let (mut i, mut depth, mut run) = (0, 0usize, 0usize);
@@ -64,8 +59,8 @@ pub(super) fn prescan(src: &str) -> Result<(), String> {
         } else {
             0
         };
-        if depth > MAX_DEPTH || run > MAX_DEPTH {
-            return Err(format!("nests deeper than {MAX_DEPTH} levels"));
+        if depth > max_depth || run > max_depth {
+            return Err(format!("nests deeper than {max_depth} levels"));
         }
         i = end;
     }
@@ -173,8 +168,7 @@ fn escape_end(s: &[u8], j: usize) -> Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::expr::compile;
-    use super::*;
+    use super::super::expr::{MAX_DEPTH, compile};
     use proptest::prelude::*;
 
     fn deep(n: usize) -> String {
