@@ -85,37 +85,23 @@ pub fn mint(subject: &str) -> String {
     format!("{}.{}", hex(&b), owner_tag(subject))
 }
 
-/// The key of [`tag`], drawn once per process.
-static TAG_KEY: LazyLock<[u8; 32]> = LazyLock::new(|| {
-    let mut k = [0u8; 32];
-    if getrandom::getrandom(&mut k).is_err() {
-        // Unreachable on Linux; the time still differs per process.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        k[..16].copy_from_slice(&t.to_le_bytes());
-        k[16..20].copy_from_slice(&std::process::id().to_le_bytes());
-    }
-    k
-});
+/// The key of [`tag`], drawn at random once per process.
+static TAG_KEY: LazyLock<std::hash::RandomState> = LazyLock::new(std::hash::RandomState::new);
 
 /// What spans and audit records carry for a session instead of its id: on Streamable HTTP
 /// a session id is a bearer capability, so it never leaves the server. The tag is a keyed
-/// digest (16 hex digits; stdio's session stays `stdio`) under a key drawn once per
-/// process: the same session has the same tag in one replica's traces and audit records,
-/// and without the key a tag can neither be turned back into an id nor computed from a
-/// guessed one.
+/// hash (SipHash, 16 hex digits; stdio's session stays `stdio`) under a key drawn at random
+/// once per process (cheap enough for every audit record): the same session has the same
+/// tag in one replica's traces and audit records, and without the key a tag can neither be
+/// turned back into an id nor computed from a guessed one.
 pub fn tag(id: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
     if id == "stdio" {
         return id.to_owned();
     }
-    let d = Sha256::new()
-        .chain_update(*TAG_KEY)
-        .chain_update(b"quiver session tag\0")
-        .chain_update(id.as_bytes())
-        .finalize();
-    hex(&d[..8])
+    let mut h = TAG_KEY.build_hasher();
+    h.write(id.as_bytes());
+    format!("{:016x}", h.finish())
 }
 
 /// Whether `id` is a session id [`mint`] issued to the caller `subject`: any other id
@@ -397,9 +383,10 @@ mod tests {
         assert_eq!(t.len(), 16);
         assert!(t.bytes().all(|c| c.is_ascii_hexdigit()));
         assert!(!a.contains(&t) && !t.contains(&a[..16]));
-        // Not a plain digest anyone could compute from a guessed id.
-        let plain = Sha256::digest(a.as_bytes());
-        assert_ne!(t, hex(&plain[..8]));
+        // Not a hash anyone could compute from a guessed id: the key is the process's own.
+        let mut fixed = std::hash::DefaultHasher::new();
+        std::hash::Hasher::write(&mut fixed, a.as_bytes());
+        assert_ne!(t, format!("{:016x}", std::hash::Hasher::finish(&fixed)));
         assert_eq!(tag("stdio"), "stdio");
     }
 
