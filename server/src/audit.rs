@@ -414,8 +414,9 @@ fn line(r: &Record, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
         }
     }
     if !r.session.is_empty() {
+        // A keyed tag, never the id: on Streamable HTTP the id is a bearer capability.
         key(out, "session");
-        string(out, &r.session);
+        string(out, &crate::session::tag(&r.session));
     }
     if let Some(c) = &r.caller {
         out.extend_from_slice(b",\"caller\":{\"subject\":");
@@ -625,6 +626,30 @@ mod tests {
             let r = redact_arguments(&big, &sensitive);
             assert!(r.as_str().is_some_and(|t| t.starts_with("[omitted")), "{r}");
         }
+    }
+
+    #[test]
+    fn a_record_names_its_session_by_a_keyed_tag_never_by_its_id() {
+        let id = crate::session::mint("");
+        let mut r = Record::new("tools/call", "ok");
+        r.session = id.as_str().into();
+        let mut out = Vec::new();
+        line(&r, &Secrets::new(), &mut Clock::new(), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["session"], crate::session::tag(&id));
+        let nonce = id.split('.').next().unwrap();
+        assert!(!text.contains(nonce), "{text}");
+        // No session, no field.
+        let mut out = Vec::new();
+        line(
+            &Record::new("authentication", "unauthenticated"),
+            &Secrets::new(),
+            &mut Clock::new(),
+            &mut out,
+        );
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert!(v.get("session").is_none(), "{v}");
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct GovMetrics {
     pub audit_records: Counter,
     /// Audit records dropped (queue full, or the sink failed).
     pub audit_dropped: Counter,
+    /// Tools a listing left unjudged because its policy evaluation budget was spent.
+    pub policy_unjudged: Counter,
 }
 
 impl GovMetrics {
@@ -56,6 +58,11 @@ impl GovMetrics {
             "audit_dropped",
             "Audit records dropped because the queue was full or the sink failed",
             m.audit_dropped.clone(),
+        );
+        root.register(
+            "policy_list_unjudged",
+            "Tools left out of a tools/list page or a find_tools search because the request's policy evaluation budget was spent",
+            m.policy_unjudged.clone(),
         );
         Arc::new(m)
     }

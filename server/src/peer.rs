@@ -139,6 +139,9 @@ pub struct CallCtx<'a> {
     /// The caller's validated access token (OIDC), for identity to upstreams and
     /// `{{caller.CLAIM}}`; `None`: it presented none.
     pub credential: Option<&'a crate::config::caller::Credential>,
+    /// Who is calling, for the policies of a pipeline's steps; `None`: an anonymous caller
+    /// (or a deferred call of a tool that needs no caller).
+    pub caller: Option<&'a crate::config::access::Principal>,
 }
 
 impl CallCtx<'_> {
@@ -153,6 +156,7 @@ impl CallCtx<'_> {
         pending: None,
         dropped: None,
         credential: None,
+        caller: None,
     };
 
     fn push(&self, msg: Vec<u8>) {

@@ -1,6 +1,9 @@
 //! Attaches to each tool of a registry snapshot the policies that apply to it: the
-//! ToolSet's named ones its selectors pick, its inline one and, for a pipeline, those of
-//! every tool it runs (composing tools never widens who may run them).
+//! ToolSet's named ones its selectors pick and its inline one. A pipeline also records
+//! which of the tools it runs have policies: each step's call is checked against its
+//! tool's policies with the arguments that step sends, as if the caller called the tool
+//! itself, and a pipeline is listed only to callers its steps' tools are listed to
+//! (composing tools never widens who may run them).
 
 use crate::config::policy::ToolPolicies;
 use crate::config::{CompiledHandler, CompiledTool, CompiledToolSet, MAX_PIPELINE_NESTING};
@@ -21,44 +24,42 @@ pub fn attach(tools: &[CompiledTool], cfg: &CompiledToolSet) -> Vec<Option<Box<T
                 .for_tool(&t.name, upstream, t.descriptor.get("annotations"))
         })
         .collect();
-    // A pipeline is subject to its steps' policies too, evaluated on its own arguments.
-    let inherited: Vec<Vec<_>> = tools
+    let steps: Vec<Vec<usize>> = tools
         .iter()
         .map(|t| {
             let mut found = Vec::new();
-            steps_policies(tools, &own, t, 0, &mut found);
+            guarded_steps(tools, &own, t, 0, &mut found);
             found
         })
         .collect();
-    for (i, extra) in inherited.into_iter().enumerate() {
-        if extra.is_empty() {
+    for (i, found) in steps.into_iter().enumerate() {
+        if found.is_empty() {
             continue;
         }
         let t = &tools[i];
-        let mine = own[i].take();
-        let mut list: Vec<_> = mine.as_ref().map(|m| m.list.to_vec()).unwrap_or_default();
-        for p in extra {
-            if !list.iter().any(|q| std::sync::Arc::ptr_eq(q, &p)) {
-                list.push(p);
+        own[i] = Some(match own[i].take() {
+            Some(mut mine) => {
+                mine.steps = found.into();
+                mine
             }
-        }
-        own[i] = Some(Box::new(ToolPolicies {
-            list: list.into(),
-            annotations: mine
-                .map(|m| m.annotations)
-                .unwrap_or_else(|| t.descriptor.get("annotations").cloned().unwrap_or_default()),
-            upstream: "".into(),
-        }));
+            None => Box::new(ToolPolicies {
+                list: Box::new([]),
+                annotations: t.descriptor.get("annotations").cloned().unwrap_or_default(),
+                upstream: "".into(),
+                steps: found.into(),
+            }),
+        });
     }
     own
 }
 
-fn steps_policies(
+/// The tools with policies that pipeline `t` runs, at any depth, each once.
+fn guarded_steps(
     tools: &[CompiledTool],
     own: &[Option<Box<ToolPolicies>>],
     t: &CompiledTool,
     depth: usize,
-    found: &mut Vec<std::sync::Arc<crate::config::policy::Policy>>,
+    found: &mut Vec<usize>,
 ) {
     let CompiledHandler::Pipeline(steps) = &t.handler else {
         return;
@@ -67,11 +68,11 @@ fn steps_policies(
         return;
     }
     for s in steps {
-        if let Some(Some(p)) = own.get(s.tool) {
-            found.extend(p.list.iter().cloned());
+        if matches!(own.get(s.tool), Some(Some(_))) && !found.contains(&s.tool) {
+            found.push(s.tool);
         }
         if let Some(step) = tools.get(s.tool) {
-            steps_policies(tools, own, step, depth + 1, found);
+            guarded_steps(tools, own, step, depth + 1, found);
         }
     }
 }

@@ -85,6 +85,25 @@ pub fn mint(subject: &str) -> String {
     format!("{}.{}", hex(&b), owner_tag(subject))
 }
 
+/// The key of [`tag`], drawn at random once per process.
+static TAG_KEY: LazyLock<std::hash::RandomState> = LazyLock::new(std::hash::RandomState::new);
+
+/// What spans and audit records carry for a session instead of its id: on Streamable HTTP
+/// a session id is a bearer capability, so it never leaves the server. The tag is a keyed
+/// hash (SipHash, 16 hex digits; stdio's session stays `stdio`) under a key drawn at random
+/// once per process (cheap enough for every audit record): the same session has the same
+/// tag in one replica's traces and audit records, and without the key a tag can neither be
+/// turned back into an id nor computed from a guessed one.
+pub fn tag(id: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    if id == "stdio" {
+        return id.to_owned();
+    }
+    let mut h = TAG_KEY.build_hasher();
+    h.write(id.as_bytes());
+    format!("{:016x}", h.finish())
+}
+
 /// Whether `id` is a session id [`mint`] issued to the caller `subject`: any other id
 /// (another caller's, or one a client made up) is an unknown session.
 pub fn owned_by(id: &str, subject: &str) -> bool {
@@ -353,6 +372,23 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tag_is_stable_per_id_and_reveals_nothing_of_it() {
+        let a = mint("");
+        let b = mint("");
+        let t = tag(&a);
+        assert_eq!(t, tag(&a));
+        assert_ne!(t, tag(&b));
+        assert_eq!(t.len(), 16);
+        assert!(t.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert!(!a.contains(&t) && !t.contains(&a[..16]));
+        // Not a hash anyone could compute from a guessed id: the key is the process's own.
+        let mut fixed = std::hash::DefaultHasher::new();
+        std::hash::Hasher::write(&mut fixed, a.as_bytes());
+        assert_ne!(t, format!("{:016x}", std::hash::Hasher::finish(&fixed)));
+        assert_eq!(tag("stdio"), "stdio");
+    }
 
     #[test]
     fn levels_parse_and_order() {

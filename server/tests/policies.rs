@@ -32,6 +32,9 @@ tools:
   - name: rollout
     input: {namespace: string}
     handler: {pipeline: [{tool: restart}]}
+  - name: relabel
+    input: {namespace: string, target: string}
+    handler: {pipeline: [{tool: restart, input: {namespace: '{{target}}'}}]}
 ";
 
 fn body(resp: &str) -> Value {
@@ -113,9 +116,32 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
         let head = r.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
         assert!(!head.contains("www-authenticate"), "{r}");
     }
-    // A pipeline that runs `restart` meets its policy too, on the pipeline's arguments.
-    assert!(call(&p, DEV, "rollout", json!({"namespace": "dev"})).starts_with("HTTP/1.1 403"));
+    // A pipeline's step meets the policies of the tool it calls, with the arguments the
+    // step sends and the caller's identity, as if the caller called that tool itself.
+    let step_denied = |r: &str| {
+        let b = body(r);
+        assert_eq!(b["result"]["isError"], true, "{r}");
+        assert_eq!(
+            b["result"]["content"][0]["text"],
+            "step 0 (restart): Forbidden: policy `no-prod-unless-sre` does not allow this call of tool restart",
+            "{r}"
+        );
+    };
+    step_denied(&call(&p, DEV, "rollout", json!({"namespace": "dev"})));
     let r = call(&p, SRE, "rollout", json!({"namespace": "dev"}));
+    assert_eq!(
+        body(&r)["result"]["content"][0]["text"],
+        "restarted in dev",
+        "{r}"
+    );
+    // Renamed arguments do not slip past it: what counts is the namespace `restart` gets.
+    step_denied(&call(
+        &p,
+        SRE,
+        "relabel",
+        json!({"namespace": "dev", "target": "prod"}),
+    ));
+    let r = call(&p, SRE, "relabel", json!({"namespace": "prod", "target": "dev"}));
     assert_eq!(
         body(&r)["result"]["content"][0]["text"],
         "restarted in dev",
@@ -132,7 +158,8 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
     );
     let r = call(&p, DEV, "scale", json!({"replicas": 2}));
     assert_eq!(body(&r)["result"]["content"][0]["text"], "scaled to 2", "{r}");
-    assert_eq!(forbidden(&p) - before, 6.0);
+    // Refused steps are the pipelines' tool errors, not refused requests.
+    assert_eq!(forbidden(&p) - before, 5.0);
     // Callers are not labels.
     let m = http(p.admin, "GET", "/metrics", "").unwrap();
     let outcome = m
@@ -143,7 +170,7 @@ fn a_callers_group_decides_the_arguments_it_may_call_with() {
                 && l.contains("outcome=\"forbidden\"")
         })
         .unwrap_or_else(|| panic!("{m}"));
-    assert!(outcome.ends_with(" 6"), "{outcome}");
+    assert!(outcome.ends_with(" 5"), "{outcome}");
     assert!(!m.contains("sre-token") && !m.contains("no-prod-unless-sre"));
 }
 
@@ -152,13 +179,19 @@ fn tools_list_shows_each_caller_what_it_may_call() {
     let (p, _secrets) = start(TOOLS);
     // `restart` is false for dev whatever the arguments: hidden, and so is the pipeline
     // that runs it. `scale` depends on the arguments alone: listed.
-    assert_eq!(listed(&p, SRE), ["status", "restart", "scale", "rollout"]);
+    assert_eq!(
+        listed(&p, SRE),
+        ["status", "restart", "scale", "rollout", "relabel"]
+    );
     assert_eq!(listed(&p, DEV), ["status", "scale"]);
     // Pages are per caller too: one tool per page, cursors go on past hidden tools.
     let one_per_page = TOOLS.replace("policies:", "server: {pageSize: 1}\npolicies:");
     let (q, _s) = start(&one_per_page);
     assert_eq!(listed(&q, DEV), ["status", "scale"]);
-    assert_eq!(listed(&q, SRE), ["status", "restart", "scale", "rollout"]);
+    assert_eq!(
+        listed(&q, SRE),
+        ["status", "restart", "scale", "rollout", "relabel"]
+    );
     let bad = body(&rpc(&q, DEV, "tools/list", json!({"cursor": "nope-v1"})));
     assert_eq!(bad["error"]["code"], -32602, "{bad}");
 }
@@ -197,7 +230,10 @@ fn an_invalid_expression_at_reload_keeps_the_working_config() {
         call(&p, DEV, "restart", json!({"namespace": "dev"})).starts_with("HTTP/1.1 200")
     });
     assert!(call(&p, DEV, "restart", json!({"namespace": "prod"})).starts_with("HTTP/1.1 403"));
-    assert_eq!(listed(&p, DEV), ["status", "restart", "scale", "rollout"]);
+    assert_eq!(
+        listed(&p, DEV),
+        ["status", "restart", "scale", "rollout", "relabel"]
+    );
 }
 
 #[test]
@@ -266,4 +302,73 @@ upstreams:
         "{r}"
     );
     assert!(call(&p, DEV, "local", json!({})).starts_with("HTTP/1.1 200"));
+}
+
+/// Audit records name a session by a keyed tag, never by its id (a bearer capability on
+/// Streamable HTTP), and a refused credential's record names no session at all, whatever
+/// `Mcp-Session-Id` the request sent.
+#[test]
+fn audit_records_never_carry_a_session_id() {
+    let secrets = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(secrets.path().join("clients")).unwrap();
+    std::fs::write(secrets.path().join("clients").join("tokens"), TOKENS).unwrap();
+    let trail = tempfile::tempdir().unwrap();
+    let file = trail.path().join("audit.jsonl");
+    let p = start_http_env(
+        TOOLS,
+        &[
+            &format!("--secrets=dir:{}", secrets.path().display()),
+            "--auth-tokens-secret=clients.tokens",
+            &format!("--audit=file:{}", file.display()),
+        ],
+        &[],
+    );
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    let auth = format!("Authorization: Bearer {SRE}\r\n");
+    let r = http_with(p.mcp, "POST", "/mcp", &auth, &init.to_string()).expect("an answer");
+    let sid = r
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session: {r}"));
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "status", "arguments": {}}})
+    .to_string();
+    let with = |token: &str| {
+        format!(
+            "Authorization: Bearer {token}\r\nMcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+        )
+    };
+    let ok = http_with(p.mcp, "POST", "/mcp", &with(SRE), &call).expect("an answer");
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let refused =
+        http_with(p.mcp, "POST", "/mcp", &with("not-a-valid-token-0123"), &call).expect("an answer");
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    wait_for("both records are written", || {
+        metric(p.admin, "quiver_audit_records_total").unwrap_or(0.0) >= 2.0
+    });
+    let text = std::fs::read_to_string(&file).unwrap();
+    let nonce = sid.split('.').next().unwrap();
+    assert!(!text.contains(nonce), "{text}");
+    let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let called = records
+        .iter()
+        .find(|r| r["event"] == "tools/call")
+        .expect("the call");
+    let tag = called["session"].as_str().expect("a session tag");
+    assert!(
+        tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{tag}"
+    );
+    let denied = records
+        .iter()
+        .find(|r| r["event"] == "authentication")
+        .expect("the 401");
+    assert_eq!(denied["outcome"], "unauthenticated");
+    assert!(denied.get("session").is_none(), "{denied}");
 }

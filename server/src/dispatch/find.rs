@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use serde_json::Value;
 
 use super::request::Request;
+use super::visible::{Seen, Spend};
 use crate::config::CompiledHandler;
 use crate::handlers::ToolOutput;
 use crate::registry::Snapshot;
@@ -19,12 +20,22 @@ thread_local! {
 
 /// The answer of `find_tools`, or `None` when the tool at `index` is another.
 #[inline]
-pub(super) fn run(snap: &Snapshot, index: usize, args: &Value, req: &Request<'_>) -> Option<ToolOutput> {
-    matches!(snap.tools[index].def.handler, CompiledHandler::FindTools)
-        .then(|| answer(snap, index, args, req))
+pub(super) fn run(
+    snap: &Snapshot,
+    index: usize,
+    args: &Value,
+    req: &Request<'_>,
+    gov: &crate::gov_metrics::GovMetrics,
+) -> Option<ToolOutput> {
+    matches!(snap.tools[index].def.handler, CompiledHandler::FindTools).then(|| {
+        let spend = Spend::new();
+        let out = answer(snap, index, args, req, &spend);
+        spend.record(gov);
+        out
+    })
 }
 
-fn answer(snap: &Snapshot, me: usize, args: &Value, req: &Request<'_>) -> ToolOutput {
+fn answer(snap: &Snapshot, me: usize, args: &Value, req: &Request<'_>, spend: &Spend) -> ToolOutput {
     let (Some(catalog), Some(entries)) = (snap.search.as_deref(), snap.tool_entries.as_deref()) else {
         return ToolOutput::error("tool search is not enabled on this server");
     };
@@ -40,7 +51,9 @@ fn answer(snap: &Snapshot, me: usize, args: &Value, req: &Request<'_>) -> ToolOu
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => {
             let (scratch, hits) = &mut *s;
-            found(snap, me, entries, catalog, query, limit, scratch, hits, req)
+            found(
+                snap, me, entries, catalog, query, limit, scratch, hits, req, spend,
+            )
         }
         Err(_) => {
             let (mut scratch, mut hits) = Default::default();
@@ -54,6 +67,7 @@ fn answer(snap: &Snapshot, me: usize, args: &Value, req: &Request<'_>) -> ToolOu
                 &mut scratch,
                 &mut hits,
                 req,
+                spend,
             )
         }
     })
@@ -70,8 +84,10 @@ fn found(
     scratch: &mut Scratch,
     hits: &mut Vec<(usize, f32)>,
     req: &Request<'_>,
+    spend: &Spend,
 ) -> ToolOutput {
-    let seen = |i: usize| i != me && super::visible::visible(&snap.tools[i], req);
+    // Fails closed: a tool the budget did not reach is not found.
+    let seen = |i: usize| i != me && super::visible::visible(snap, &snap.tools[i], req, spend) == Seen::Shown;
     catalog.index.search(query, limit, scratch, seen, hits);
     let size: usize = hits
         .iter()

@@ -296,11 +296,12 @@ impl Server {
         p.finish(outcome, reason, bytes_out);
     }
 
-    /// Records a refused credential (HTTP 401) with the refusal's reason.
-    pub fn audit_unauthenticated(&self, session: &str, reason: &str) {
+    /// Records a refused credential (HTTP 401) with the refusal's reason. It names no
+    /// session: whatever `Mcp-Session-Id` an unauthenticated request sent is the client's
+    /// claim, not a session it was shown to hold.
+    pub fn audit_unauthenticated(&self, reason: &str) {
         let Some(log) = &self.audit else { return };
         let mut r = Record::new("authentication", "unauthenticated");
-        r.session = session.into();
         r.reason = Some(reason.to_owned());
         log.record(r);
     }

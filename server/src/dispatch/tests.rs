@@ -456,3 +456,92 @@ fn ping_discover_and_listen() {
     );
     assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
 }
+
+/// A ToolSet of `tools` plain tools and one pipeline running the first `steps` of them,
+/// under `policies` policies that apply to every tool and that a reader meets.
+fn governed(tools: usize, policies: usize, steps: usize) -> Arc<Server> {
+    let mut y = String::from("policies:\n");
+    for i in 0..policies {
+        y.push_str(&format!(
+            "  - {{name: p{i}, expression: \"'read' in caller.scopes\"}}\n"
+        ));
+    }
+    y.push_str("tools:\n");
+    for i in 0..tools {
+        y.push_str(&format!("  - {{name: t{i}, handler: {{template: ok}}}}\n"));
+    }
+    let run: Vec<String> = (0..steps).map(|i| format!("{{tool: t{i}}}")).collect();
+    y.push_str(&format!(
+        "  - {{name: pipe, handler: {{pipeline: [{}]}}}}\n",
+        run.join(", ")
+    ));
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    Reloader::new(server.clone())
+        .apply(&[("t.yaml".into(), y)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    server
+}
+
+fn unjudged(s: &Server) -> u64 {
+    s.metrics.gov.policy_unjudged.get()
+}
+
+/// Every page of `tools/list` for `caller`: the names on each.
+fn pages(s: &Arc<Server>, caller: &Principal) -> Vec<Vec<String>> {
+    let ctx = Ctx {
+        caller: Some(caller),
+        ..LEGACY
+    };
+    let mut out = Vec::new();
+    let mut params = json!({});
+    loop {
+        let (_, v, _) = reply(s, &request("tools/list", params), ctx);
+        let names = v["result"]["tools"].as_array().unwrap_or_else(|| panic!("{v}"));
+        out.push(
+            names
+                .iter()
+                .map(|t| t["name"].as_str().unwrap_or("").to_owned())
+                .collect(),
+        );
+        match v["result"]["nextCursor"].as_str() {
+            Some(c) => params = json!({"cursor": c}),
+            None => return out,
+        }
+        assert!(out.len() < 100, "pages never end");
+    }
+}
+
+#[test]
+fn a_listing_spends_a_bounded_number_of_policy_evaluations() {
+    use super::visible::MAX_LIST_EVALUATIONS;
+    let reader = Principal::new(["read"], []);
+    // 90 tools (and the pipeline) under 20 policies: 1820 evaluations for one page of 100,
+    // more than one request may spend. The page ends where the budget does, with a cursor;
+    // the next page goes on from there, and every tool the caller may call is listed once.
+    let s = governed(90, 20, 1);
+    let got = pages(&s, &reader);
+    assert_eq!(got[0].len(), MAX_LIST_EVALUATIONS / 20, "{got:?}");
+    assert_eq!(got.len(), 2, "{got:?}");
+    let all: Vec<String> = got.concat();
+    let want: Vec<String> = (0..90)
+        .map(|i| format!("t{i}"))
+        .chain(["pipe".to_owned()])
+        .collect();
+    assert_eq!(all, want);
+    assert_eq!(unjudged(&s), 1);
+    // A caller the policies refuse sees nothing, and the budget holds the same way.
+    let nobody = Principal::new(["write"], []);
+    assert!(pages(&s, &nobody).concat().is_empty());
+    // A pipeline whose decision alone costs more than the budget (its own 20 policies and
+    // its 60 steps' 20 each) is never judged, so never shown; everything else is.
+    let s = governed(60, 20, 60);
+    let all = pages(&s, &reader).concat();
+    assert_eq!(all.len(), 60, "{all:?}");
+    assert!(!all.iter().any(|t| t == "pipe"));
+    assert!(unjudged(&s) >= 1);
+    // Under the budget, nothing is counted.
+    let s = governed(10, 2, 3);
+    assert_eq!(pages(&s, &reader).concat().len(), 11);
+    assert_eq!(unjudged(&s), 0);
+}

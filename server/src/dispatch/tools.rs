@@ -20,6 +20,7 @@ use super::request::{Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
+use crate::config::access::Principal;
 use crate::config::caller::Credential;
 use crate::handlers::{ToolOutput, check_output};
 use crate::metrics::{Refusal, outcome_index};
@@ -56,7 +57,7 @@ struct CursorParams<'a> {
 
 /// `tools/list`.
 pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    if let Some(page) = super::visible::page(&s.registry.load(), req) {
+    if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov) {
         protocol::write_result(out, req.id, &page?);
         return Ok(Done::Written);
     }
@@ -135,7 +136,7 @@ pub(super) async fn call(
         Some(m) => m.progress.clone(),
         None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
     };
-    let now = super::find::run(&guard, index, &args, req);
+    let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let failed = conclude(&guard, index, req.id, output, start, out);
         noted(trail, failed);
@@ -151,6 +152,7 @@ pub(super) async fn call(
         return Ok(Some(Deferred {
             server: server.clone(),
             session: req.ctx.session.into(),
+            caller: kept_caller(&snap, index, req),
             snap,
             index,
             args,
@@ -167,6 +169,7 @@ pub(super) async fn call(
     let cx = CallCtx {
         session: req.ctx.session,
         credential: credential(req).map(|c| &**c),
+        caller: req.ctx.caller,
         level: modern.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
         caps: modern.as_ref().map(|m| m.inputs.caps),
         inputs: modern.as_ref().map(|m| &m.inputs),
@@ -258,8 +261,20 @@ pub struct Deferred {
     /// The call's audit record, until it ends.
     audit: Option<Box<Pending>>,
     credential: Option<Arc<Credential>>,
+    /// The caller, kept only for a pipeline whose steps have policies.
+    caller: Option<Box<Principal>>,
     /// The call's server span, when tracing is on (ended when the call ends).
     pub(super) trace: Option<opentelemetry::Context>,
+}
+
+/// The caller, kept for the deferred run of a pipeline some of whose steps have policies
+/// (to check each step's call); `None` for any other tool, which needs no caller.
+fn kept_caller(snap: &Snapshot, index: usize, req: &Request<'_>) -> Option<Box<Principal>> {
+    let guarded = snap.tools[index]
+        .policies
+        .as_ref()
+        .is_some_and(|p| !p.steps.is_empty());
+    guarded.then(|| req.ctx.caller.cloned().map(Box::new)).flatten()
 }
 
 /// The caller's validated access token, when it presented one.
@@ -308,6 +323,7 @@ impl Deferred {
             pending: Some(&server.pending),
             dropped: Some(&server.metrics.peer_dropped),
             credential: d.credential.as_deref(),
+            caller: d.caller.as_deref(),
         };
         let result = server
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)

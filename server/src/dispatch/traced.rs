@@ -105,7 +105,9 @@ fn describe(cx: &Context, id: &RawValue, method: &str, params: Option<&RawValue>
             .unwrap_or(raw_id)),
     ));
     if !ctx.session.is_empty() && ctx.session != "stdio" {
-        attrs.push(KeyValue::new("mcp.session.id", cut(ctx.session)));
+        // A keyed tag, never the id (a bearer capability on Streamable HTTP): it correlates
+        // one session's spans with each other and with its audit records.
+        attrs.push(KeyValue::new("mcp.session.id", crate::session::tag(ctx.session)));
     }
     attrs.push(KeyValue::new(
         "network.transport",

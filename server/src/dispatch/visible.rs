@@ -5,6 +5,8 @@
 //! decided as far as it can be without them (`'sre' in caller.groups && args.x == 1` hides
 //! the tool from others; `... || args.x == 1` shows it).
 
+use std::cell::Cell;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -48,31 +50,112 @@ struct CursorParams<'a> {
     cursor: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// Whether the caller may see `tool` in `tools/list` (and find it with `find_tools`).
-pub(super) fn visible(tool: &Tool, req: &Request<'_>) -> bool {
-    tool.def
-        .access
-        .as_ref()
-        .is_none_or(|a| a.check(req.ctx.caller).is_ok())
-        && tool
-            .policies
-            .as_ref()
-            .is_none_or(|p| p.check(&tool.def.name, req.ctx.caller, None).is_ok())
+/// The most policy evaluations one `tools/list` page or one `find_tools` search spends on
+/// deciding what the caller sees. A page that would need more ends early, with a cursor to
+/// the first tool it did not judge (the next page starts there with a new budget); a tool
+/// whose decision alone needs more is never shown. Both are counted
+/// (`quiver_policy_list_unjudged_total`).
+pub const MAX_LIST_EVALUATIONS: usize = 1024;
+
+/// What is left of one request's budget of policy evaluations, and the tools it left unjudged.
+#[derive(Debug)]
+pub(super) struct Spend {
+    left: Cell<usize>,
+    pub(super) unjudged: Cell<u64>,
+}
+
+impl Spend {
+    pub(super) fn new() -> Self {
+        Self {
+            left: Cell::new(MAX_LIST_EVALUATIONS),
+            unjudged: Cell::new(0),
+        }
+    }
+
+    /// Counts what it left unjudged.
+    pub(super) fn record(&self, gov: &crate::gov_metrics::GovMetrics) {
+        if self.unjudged.get() > 0 {
+            gov.policy_unjudged.inc_by(self.unjudged.get());
+            tracing::debug!(
+                tools = self.unjudged.get(),
+                "policy evaluation budget spent: tools left out of this listing"
+            );
+        }
+    }
+}
+
+/// Whether the caller sees a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Seen {
+    Shown,
+    Hidden,
+    /// Not judged: the request's budget of evaluations is short of what it needs.
+    Unjudged,
+}
+
+/// The policy evaluations deciding whether `tool` is listed: its own and, for a pipeline,
+/// those of the tools it runs.
+fn cost(snap: &Snapshot, tool: &Tool) -> usize {
+    tool.policies.as_ref().map_or(0, |p| {
+        let steps = p
+            .steps
+            .iter()
+            .filter_map(|&j| snap.tools.get(j)?.policies.as_ref());
+        p.list.len() + steps.map(|q| q.list.len()).sum::<usize>()
+    })
+}
+
+/// Whether the caller may see `tool` in `tools/list` (and find it with `find_tools`): its
+/// grants let it call the tool and no policy rules every call out, nor one of the policies
+/// of a tool it runs as a pipeline's step.
+pub(super) fn visible(snap: &Snapshot, tool: &Tool, req: &Request<'_>, spend: &Spend) -> Seen {
+    let caller = req.ctx.caller;
+    if tool.def.access.as_ref().is_some_and(|a| a.check(caller).is_err()) {
+        return Seen::Hidden;
+    }
+    let Some(p) = &tool.policies else {
+        return Seen::Shown;
+    };
+    let Some(left) = spend.left.get().checked_sub(cost(snap, tool)) else {
+        spend.unjudged.set(spend.unjudged.get() + 1);
+        return Seen::Unjudged;
+    };
+    spend.left.set(left);
+    let steps = p.steps.iter().filter_map(|&j| snap.tools.get(j));
+    let allowed = p.check(&tool.def.name, caller, None).is_ok()
+        && steps.into_iter().all(|t| {
+            t.policies
+                .as_ref()
+                .is_none_or(|q| q.check(&t.def.name, caller, None).is_ok())
+        });
+    if allowed { Seen::Shown } else { Seen::Hidden }
 }
 
 /// A `tools/list` page of the tools this caller sees; `None` when the snapshot lists every
 /// tool to everyone (its pre-serialized pages serve).
 ///
 /// Cursors are `TAG-vN`: go on from tool N.
-pub(super) fn page(snap: &Snapshot, req: &Request<'_>) -> Option<Result<Vec<u8>, RpcError>> {
+pub(super) fn page(
+    snap: &Snapshot,
+    req: &Request<'_>,
+    gov: &crate::gov_metrics::GovMetrics,
+) -> Option<Result<Vec<u8>, RpcError>> {
     if !snap.per_caller {
         return None;
     }
     let entries = snap.tool_entries.as_deref()?;
-    Some(render(snap, entries, req))
+    let spend = Spend::new();
+    let page = render(snap, entries, req, &spend);
+    spend.record(gov);
+    Some(page)
 }
 
-fn render(snap: &Snapshot, entries: &[Box<[u8]>], req: &Request<'_>) -> Result<Vec<u8>, RpcError> {
+fn render(
+    snap: &Snapshot,
+    entries: &[Box<[u8]>],
+    req: &Request<'_>,
+    spend: &Spend,
+) -> Result<Vec<u8>, RpcError> {
     let cursor = match req.params {
         Some(_) => parse_params::<CursorParams<'_>>(req.params)?.cursor,
         None => None,
@@ -101,12 +184,22 @@ fn render(snap: &Snapshot, entries: &[Box<[u8]>], req: &Request<'_>) -> Result<V
     let mut shown = 0;
     let mut next = None;
     for (i, t) in snap.tools.iter().enumerate().skip(from) {
-        if !snap.listed(i) || !visible(t, req) {
+        if !snap.listed(i) {
             continue;
         }
         if shown == size {
             next = Some(i);
             break;
+        }
+        match visible(snap, t, req, spend) {
+            Seen::Shown => {}
+            Seen::Hidden => continue,
+            // Never judged, so never shown.
+            Seen::Unjudged if cost(snap, t) > MAX_LIST_EVALUATIONS => continue,
+            Seen::Unjudged => {
+                next = Some(i);
+                break;
+            }
         }
         if shown > 0 {
             page.push(b',');

@@ -376,9 +376,7 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
                 Ok(p) => Some(p),
                 Err(denied) => {
                     state.server.metrics.refused(Refusal::Unauthenticated);
-                    state
-                        .server
-                        .audit_unauthenticated(session_id(headers).unwrap_or(""), denied.message());
+                    state.server.audit_unauthenticated(denied.message());
                     let mut resp = http_error(StatusCode::UNAUTHORIZED, denied.message());
                     let metadata = auth.metadata_url(state.options.allowed_hosts.as_deref());
                     resp.headers_mut()

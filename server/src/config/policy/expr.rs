@@ -234,7 +234,7 @@ pub struct Program {
 /// Why it is refused: too large or deep, a syntax error, an unknown variable or function, a
 /// type mismatch, or a result that cannot be a bool.
 pub fn compile(src: &str) -> Result<Program, String> {
-    prescan(src)?;
+    super::scan::prescan(src, MAX_EXPRESSION_BYTES, MAX_DEPTH)?;
     let ast = cel::parser::Parser::new()
         .max_recursion_depth(u16::try_from(MAX_DEPTH * 2).unwrap_or(u16::MAX))
         .error_recovery_limit(4)
@@ -268,51 +268,6 @@ fn syntax(e: &str) -> String {
         m.truncate(end);
     }
     m
-}
-
-/// Bounds checked on the text before the parser sees it: its size, and how deep brackets
-/// and runs of prefix operators nest (each is a level of recursion in the parser).
-fn prescan(src: &str) -> Result<(), String> {
-    if src.trim().is_empty() {
-        return Err("must not be empty".to_owned());
-    }
-    if src.len() > MAX_EXPRESSION_BYTES {
-        return Err(format!(
-            "is {} bytes long; at most {MAX_EXPRESSION_BYTES}",
-            src.len()
-        ));
-    }
-    let (mut depth, mut run, mut quote): (usize, usize, Option<u8>) = (0, 0, None);
-    let mut escaped = false;
-    for b in src.bytes() {
-        if let Some(q) = quote {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == q {
-                quote = None;
-            }
-            continue;
-        }
-        match b {
-            b'"' | b'\'' => quote = Some(b),
-            b'(' | b'[' | b'{' => depth += 1,
-            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        run = if matches!(b, b'!' | b'-') {
-            run + 1
-        } else if b.is_ascii_whitespace() {
-            run
-        } else {
-            0
-        };
-        if depth > MAX_DEPTH || run > MAX_DEPTH {
-            return Err(format!("nests deeper than {MAX_DEPTH} levels"));
-        }
-    }
-    Ok(())
 }
 
 struct Checker {

@@ -6,6 +6,7 @@
 
 pub mod eval;
 pub mod expr;
+mod scan;
 
 use std::sync::Arc;
 
@@ -120,6 +121,10 @@ pub struct ToolPolicies {
     pub annotations: Value,
     /// The upstream it is imported from (`""`: declared).
     pub upstream: Box<str>,
+    /// For a pipeline: the tools it runs (its steps, and theirs), by index, that have
+    /// policies. Each step's call is checked against its tool's own policies with the
+    /// arguments that step sends; here they decide only whether the pipeline is listed.
+    pub steps: Box<[usize]>,
 }
 
 impl ToolPolicies {
@@ -215,6 +220,7 @@ impl PolicySet {
                 list: list.into(),
                 annotations: annotations.cloned().unwrap_or(Value::Null),
                 upstream: upstream.into(),
+                steps: Box::new([]),
             })
         })
     }

@@ -130,6 +130,17 @@ pub async fn run<E: RunStep>(
                 errs.join("; ")
             ));
         }
+        // The step's call meets its tool's policies with the arguments it sends, exactly as
+        // if the caller had called that tool itself.
+        if let Some(policies) = &tool.policies
+            && let Err(denied) = policies.check(&tool.def.name, cx.caller, Some(&input))
+        {
+            return ToolOutput::error(format!(
+                "step {i} ({}): {}",
+                tool.def.name,
+                denied.message(&tool.def.name)
+            ));
+        }
         let run = exec.run_step(snap, step.tool, input, depth + 1, budget, cx);
         let out = crate::otel::spans::within(crate::otel::spans::step(i, &tool.def.name), run, |o| {
             o.is_error.then_some("tool_error")
