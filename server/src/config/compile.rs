@@ -12,7 +12,7 @@ use super::compiled::{
     UriPattern,
 };
 use super::context::{
-    ConfigError, Cx, MAX_SECRETS, Names, Problems, check_template, checked_template, template,
+    ConfigError, Cx, MAX_SECRETS, Names, Problems, SecretRef, check_template, checked_template, template,
     valid_tool_name,
 };
 use super::governance;
@@ -47,7 +47,8 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .collect();
     pipeline::check::check(&mut tools, &mut p);
     let mut taken: rustc_hash::FxHashSet<String> = index.keys().map(|k| (*k).to_owned()).collect();
-    tools.extend(super::openapi::compile(&ts.openapi, &mut taken, &mut p));
+    let api = super::openapi::compile(&ts.openapi, &mut taken, &mut p);
+    tools.extend(api.tools);
     // A core tool may come from an OpenAPI document or an upstream: checked where it is known.
     let search = super::search_build::compile(
         ts.tool_search.as_ref(),
@@ -62,7 +63,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let local = index.keys().copied().collect();
     let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
     add_server_limits(ts, &mut tools, &mut upstreams, &mut p);
-    let secrets = referenced_secrets(&tools, &upstreams, &mut p);
+    let secrets = referenced_secrets(&tools, &upstreams, &api.unfetched_refs, &mut p);
     let policies = super::policy::compile(
         &ts.policies,
         &ts.tools
@@ -340,12 +341,14 @@ fn tool_descriptor(t: &ToolSpec, input_schema: Value, output_schema: Option<Valu
 fn referenced_secrets(
     tools: &[CompiledTool],
     upstreams: &[CompiledUpstream],
+    unfetched: &[SecretRef],
     p: &mut Problems,
 ) -> BTreeSet<String> {
     let secrets: BTreeSet<String> = tools
         .iter()
         .flat_map(|t| t.handler.secrets())
         .chain(upstreams.iter().flat_map(|u| &u.secrets))
+        .chain(unfetched)
         .map(|r| r.name.clone())
         .collect();
     if secrets.len() > MAX_SECRETS {

@@ -10,7 +10,7 @@ use super::document::{self, Document, Op, Version, deref, shown};
 use super::schema::{Converter, Reached, bounded};
 use super::{MAX_OPENAPI_BYTES, MAX_OPENAPI_SOURCES, OpenApiSpec, valid_source_name};
 use crate::config::compiled::{CompiledHandler, CompiledTool};
-use crate::config::context::{Cx, Names, Problems, valid_tool_name};
+use crate::config::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
 use crate::config::governance::{self, ToolGovernance};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
 use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, HttpHandler, ParamPlace};
@@ -642,22 +642,28 @@ fn first_of(errors: &[String]) -> String {
     out
 }
 
+/// The tools of every source, and the Secrets (and ConfigMaps) that the settings of sources
+/// still to be fetched name.
+pub(crate) struct Compiled {
+    pub tools: Vec<CompiledTool>,
+    pub unfetched_refs: Vec<SecretRef>,
+}
+
 /// Compiles the operations of every source into tools; `taken` holds the names of the
 /// ToolSet's own tools (and receives the names compiled here).
-pub(crate) fn compile(
-    specs: &[OpenApiSpec],
-    taken: &mut FxHashSet<String>,
-    p: &mut Problems,
-) -> Vec<CompiledTool> {
+pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &mut Problems) -> Compiled {
+    let mut out = Compiled {
+        tools: Vec::new(),
+        unfetched_refs: Vec::new(),
+    };
     if specs.len() > MAX_OPENAPI_SOURCES {
         p.push(
             "openapi",
             format!("{} sources; at most {MAX_OPENAPI_SOURCES}", specs.len()),
         );
-        return Vec::new();
+        return out;
     }
     let mut names = FxHashSet::default();
-    let mut tools = Vec::new();
     for (i, s) in specs.iter().enumerate() {
         let at = format!("openapi[{i}]");
         if !valid_source_name(&s.name) {
@@ -675,8 +681,12 @@ pub(crate) fn compile(
         let text = match (&s.document, &s.file, &s.url) {
             (Some(d), None, None) => d,
             // Fetched by quiver-server when it loads the config (`reload::fetch`); the
-            // operator checks the settings only.
-            (None, None, Some(_)) => continue,
+            // operator compiles the source's settings on a stand-in operation, which checks
+            // them and names the Secrets and ConfigMaps the pods will read for it.
+            (None, None, Some(_)) => {
+                out.unfetched_refs.extend(stand_in_refs(s, &at, p));
+                continue;
+            }
             (None, Some(f), None) => {
                 p.push(
                     format!("{at}.file"),
@@ -696,7 +706,39 @@ pub(crate) fn compile(
                 continue;
             }
         };
-        tools.extend(compile_source(s, &doc, &at, taken, p));
+        out.tools.extend(compile_source(s, &doc, &at, taken, p));
     }
-    tools
+    out
+}
+
+/// A document of one operation, standing in for a source's own while it is not fetched.
+const STAND_IN: &str = r#"{"openapi": "3.0.3", "info": {"title": "stand-in", "version": "1"},
+ "paths": {"/": {"get": {"operationId": "standIn", "responses": {"200": {"description": "ok"}}}}}}"#;
+
+/// The Secrets and ConfigMaps that a not yet fetched source's settings name (its `headers`,
+/// `tls` and `identity`, compiled on [`STAND_IN`], whose problems are the source's own).
+fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> {
+    let Some(server) = s.server.clone().or_else(|| s.url.as_deref().and_then(origin)) else {
+        return Vec::new();
+    };
+    let Ok(doc) = document::parse(STAND_IN) else {
+        return Vec::new();
+    };
+    let spec = OpenApiSpec {
+        server: Some(server),
+        // The source's filters and names are for its real operations.
+        tools: Default::default(),
+        ..s.clone()
+    };
+    compile_source(&spec, &doc, at, &mut FxHashSet::default(), p)
+        .iter()
+        .flat_map(|t| t.handler.secrets().iter().cloned())
+        .collect()
+}
+
+/// `scheme://authority` of an absolute URL.
+fn origin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    (!authority.is_empty()).then(|| format!("{scheme}://{authority}"))
 }

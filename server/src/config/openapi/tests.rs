@@ -373,3 +373,28 @@ fn url_sources_are_checked_before_any_fetch() {
     let ok = json!({"name": "x", "url": "https://kubernetes.default.svc/openapi/v3/api/v1", "fetch": {"caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token", "refresh": "5m"}});
     assert_eq!(problems(ok), Vec::<String>::new());
 }
+
+#[test]
+fn a_source_still_to_be_fetched_names_the_secrets_and_config_maps_its_settings_read() {
+    // The operator compiles without the document: the pods' Role must still grant what the
+    // source's headers and tls read, and a bad reference there is a problem of the source.
+    let c = compiled(json!({
+        "name": "kube", "url": "https://kubernetes.default.svc/openapi/v3/api/v1",
+        "headers": {"Authorization": "Bearer {{secret.kube-caller.token}}"},
+        "tls": {"caConfigMap": "kube-root-ca.crt"},
+        "tools": {"include": ["listCoreV1*"]},
+    }))
+    .unwrap();
+    assert!(c.tools.is_empty(), "the stand-in operation is not a tool");
+    assert!(c.secrets.contains("kube-caller"), "{:?}", c.secrets);
+    assert!(
+        c.secrets.iter().any(|s| s.contains("kube-root-ca.crt")),
+        "{:?}",
+        c.secrets
+    );
+    let p = problems(json!({
+        "name": "kube", "url": "https://kubernetes.default.svc/openapi/v3/api/v1",
+        "headers": {"Authorization": "Bearer {{secret.kube-caller}}"},
+    }));
+    assert!(p.iter().any(|m| m.starts_with("openapi[0]")), "{p:?}");
+}
