@@ -677,14 +677,18 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
                 format!("duplicate source name `{}`", s.name),
             );
         }
+        let before = p.0.len();
         super::check_url(s, &at, p);
+        let url_ok = p.0.len() == before;
         let text = match (&s.document, &s.file, &s.url) {
             (Some(d), None, None) => d,
             // Fetched by quiver-server when it loads the config (`reload::fetch`); the
             // operator compiles the source's settings on a stand-in operation, which checks
             // them and names the Secrets and ConfigMaps the pods will read for it.
             (None, None, Some(_)) => {
-                out.unfetched_refs.extend(stand_in_refs(s, &at, p));
+                if url_ok {
+                    out.unfetched_refs.extend(stand_in_refs(s, &at, p));
+                }
                 continue;
             }
             (None, Some(f), None) => {
