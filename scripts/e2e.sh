@@ -53,7 +53,7 @@ if [ "${QUIVER_E2E_INSTALL:-registry}" = local ]; then
   otelcol_image
   governance_deps
   log "e2e suite on kind cluster $QUIVER_CLUSTER (local install)"
-  "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py --ignore tests/e2e/test_openapi.py "$@"
+  "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
   exit 0
 fi
 version="$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)"
@@ -80,4 +80,4 @@ docker push "$QUIVER_E2E_GO_MCP_IMAGE" >/dev/null
 otelcol_image
 governance_deps
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
-"$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_openapi.py "$@"
+"$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"
