@@ -60,10 +60,9 @@ fn cluster() -> (String, String) {
     (server, std::fs::read_to_string(ca).expect("the cluster CA file"))
 }
 
-#[test]
-#[ignore = "needs cluster"]
-fn kube_apiserver_operations_are_called_through_quiver() {
-    let ns = "q-openapi";
+/// Namespace `ns`, made anew (an older one is deleted without waiting), with a
+/// ServiceAccount `caller` bound to the ClusterRole `role` in it.
+fn fresh_namespace_with_caller(ns: &str, role: &str) {
     let _ = Command::new("kubectl")
         .args(["delete", "namespace", ns, "--wait=false"])
         .output();
@@ -74,10 +73,17 @@ fn kube_apiserver_operations_are_called_through_quiver() {
         ns,
         "create",
         "rolebinding",
-        "caller-edit",
-        "--clusterrole=edit",
+        &format!("caller-{role}"),
+        &format!("--clusterrole={role}"),
         &format!("--serviceaccount={ns}:caller"),
     ]);
+}
+
+#[test]
+#[ignore = "needs cluster"]
+fn kube_apiserver_operations_are_called_through_quiver() {
+    let ns = "q-openapi";
+    fresh_namespace_with_caller(ns, "edit");
     let token = kubectl(&["-n", ns, "create", "token", "caller"]);
     let (server, ca) = cluster();
     let dir = tempfile::tempdir().unwrap();
@@ -229,21 +235,8 @@ fn kube_apiserver_operations_are_called_through_quiver() {
 #[ignore = "needs cluster"]
 fn url_sources_are_fetched_from_the_apiserver_with_its_ca_and_a_token() {
     let ns = "q-openapi-url";
-    let _ = Command::new("kubectl")
-        .args(["delete", "namespace", ns, "--wait=false"])
-        .output();
-    kubectl(&["create", "namespace", ns]);
+    fresh_namespace_with_caller(ns, "view");
     kubectl(&["-n", ns, "create", "serviceaccount", "fetcher"]);
-    kubectl(&["-n", ns, "create", "serviceaccount", "caller"]);
-    kubectl(&[
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "caller-view",
-        "--clusterrole=view",
-        &format!("--serviceaccount={ns}:caller"),
-    ]);
     let (server, ca) = cluster();
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.crt");
