@@ -1,5 +1,6 @@
 //! Fetching the `url` of OpenAPI sources when a config is loaded: https (http only when
-//! allowed), the CA and bearer token from files, a time limit, at most
+//! allowed), the CA from a file, Secret or ConfigMap, a bearer token from a file and headers
+//! from Secrets, a time limit, at most
 //! [`MAX_OPENAPI_BYTES`], redirects refused. The last answer of each URL is kept with its
 //! ETag so a refresh sends `If-None-Match` and a `304` reuses it. A fetch that fails is a
 //! problem of the config: the reload is refused and the serving registry stays.
@@ -15,7 +16,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustc_hash::FxHashMap;
 
-use crate::config::openapi::{FetchSpec, MAX_OPENAPI_BYTES, OpenApiSpec};
+use serde_json::Value;
+
+use crate::config::openapi::{FetchCredentials, FetchSpec, MAX_OPENAPI_BYTES, OpenApiSpec};
 use crate::config::{ConfigError, Problem};
 
 /// Largest CA or token file read, in bytes.
@@ -32,19 +35,50 @@ struct Cached {
 
 static CACHE: Mutex<Option<FxHashMap<String, Cached>>> = Mutex::new(None);
 
+/// One fetch: its URL, settings, and credentials compiled (the Secrets' values at hand).
+struct Fetch<'a> {
+    url: String,
+    spec: FetchSpec,
+    creds: FetchCredentials,
+    secrets: &'a Value,
+}
+
+/// The Secrets and ConfigMaps the fetches of `specs` read (unchecked settings read none).
+pub fn fetch_refs(specs: &[OpenApiSpec]) -> Vec<crate::config::SecretRef> {
+    specs
+        .iter()
+        .filter(|s| s.url.is_some() && s.document.is_none() && s.file.is_none())
+        .filter_map(|s| s.fetch.as_ref())
+        .flat_map(|f| f.credentials("", &mut Default::default()).refs)
+        .collect()
+}
+
 /// Fetches the document of every source with a `url` (in parallel) and puts it in
 /// `document`, clearing `url` and `fetch`; the shortest `fetch.refresh` of them is returned.
+/// `secrets` is what `{{secret.NAME.KEY}}` reads (the store's snapshot).
 ///
 /// # Errors
 /// Every source whose fetch failed, named `openapi[i].url`.
-pub fn fetch_documents(specs: &mut [OpenApiSpec]) -> Result<Option<Duration>, ConfigError> {
-    let wanted: Vec<(usize, String, FetchSpec)> = specs
+pub fn fetch_documents(specs: &mut [OpenApiSpec], secrets: &Value) -> Result<Option<Duration>, ConfigError> {
+    let wanted: Vec<(usize, Fetch<'_>)> = specs
         .iter()
         .enumerate()
         .filter(|(_, s)| s.document.is_none() && s.file.is_none())
-        .filter_map(|(i, s)| Some((i, s.url.clone()?, s.fetch.clone().unwrap_or_default())))
+        .filter_map(|(i, s)| {
+            let spec = s.fetch.clone().unwrap_or_default();
+            let creds = spec.credentials("", &mut Default::default());
+            Some((
+                i,
+                Fetch {
+                    url: s.url.clone()?,
+                    spec,
+                    creds,
+                    secrets,
+                },
+            ))
+        })
         .collect();
-    let refresh = wanted.iter().filter_map(|(_, _, f)| f.refresh()).min();
+    let refresh = wanted.iter().filter_map(|(_, f)| f.spec.refresh()).min();
     if wanted.is_empty() {
         return Ok(refresh);
     }
@@ -58,7 +92,7 @@ pub fn fetch_documents(specs: &mut [OpenApiSpec]) -> Result<Option<Duration>, Co
                     .build()
                     .map_err(|e| e.to_string())?;
                 Ok::<_, String>(rt.block_on(futures_util::future::join_all(
-                    wanted.iter().map(|(_, url, f)| fetch(url, f)),
+                    wanted.iter().map(|(_, f)| fetch(f)),
                 )))
             })
             .join()
@@ -66,7 +100,7 @@ pub fn fetch_documents(specs: &mut [OpenApiSpec]) -> Result<Option<Duration>, Co
     });
     let results = results.map_err(|e| error(vec![problem("openapi", e)]))?;
     let mut problems = Vec::new();
-    for ((i, _, _), r) in wanted.iter().zip(results) {
+    for ((i, _), r) in wanted.iter().zip(results) {
         match r {
             Ok(text) => {
                 // Compiled like an inline document from here on (the settings were used).
@@ -115,40 +149,50 @@ fn read_small(path: &str, what: &str) -> Result<String, String> {
     Ok(text)
 }
 
-/// The TLS settings: the CA file's certificates, or the public roots.
-fn tls_config(f: &FetchSpec) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
+/// The value of `r` in `secrets` (a Secret's or ConfigMap's key), or why it is missing.
+fn secret<'a>(secrets: &'a Value, r: &crate::config::SecretRef) -> Result<&'a str, String> {
+    secrets
+        .get(&r.name)
+        .and_then(|s| s.get(&r.key))
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("{r} is not available"))
+}
+
+/// The TLS settings: the CA file's, Secret's or ConfigMap's certificates, or the public roots.
+fn tls_config(f: &Fetch<'_>) -> Result<rustls::ClientConfig, String> {
+    use crate::handlers::http::trust::{public_roots, roots_from_pem};
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
-    let mut roots = rustls::RootCertStore::empty();
-    match &f.ca_file {
-        Some(path) => {
-            let pem = read_small(path, "CA")?;
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert = cert.map_err(|_| format!("the CA file `{path}` is not PEM"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("the CA file `{path}` holds a certificate rustls refuses: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("the CA file `{path}` holds no PEM certificate"));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
+    let roots = match (&f.spec.ca_file, &f.creds.ca) {
+        (Some(path), _) => roots_from_pem(&read_small(path, "CA")?, &format_args!("the CA file `{path}`"))?,
+        (None, Some(r)) => roots_from_pem(secret(f.secrets, r)?, r)?,
+        (None, None) => public_roots(),
+    };
     Ok(builder.with_root_certificates(roots).with_no_client_auth())
 }
 
-/// The request of a fetch: the token, and the cached answer's validators.
-fn request(url: &str, f: &FetchSpec) -> Result<Request<Empty<Bytes>>, String> {
+/// The request of a fetch: the token, the headers, and the cached answer's validators.
+fn request(f: &Fetch<'_>) -> Result<Request<Empty<Bytes>>, String> {
+    let url = f.url.as_str();
     let uri: http::Uri = url.parse().map_err(|_| "not a URL".to_owned())?;
     let mut req = Request::get(uri)
         .header(header::ACCEPT, "application/json, application/yaml;q=0.9")
         .header(header::USER_AGENT, crate::handlers::http::run::USER_AGENT);
-    if let Some(path) = &f.token_file {
+    let scope = crate::handlers::output::WithSecrets {
+        args: &Value::Null,
+        secrets: f.secrets,
+    };
+    for (name, t) in &f.creds.headers {
+        let value = t
+            .render(&scope)
+            .map_err(|_| format!("fetch.headers.{name} is too large"))?;
+        let value = http::HeaderValue::from_str(&value)
+            .map_err(|_| format!("fetch.headers.{name} holds characters a header cannot"))?;
+        req = req.header(name.as_str(), value);
+    }
+    if let Some(path) = &f.spec.token_file {
         let token = read_small(path, "token")?;
         let value = http::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
             .map_err(|_| format!("the token file `{path}` holds characters a header cannot"))?;
@@ -176,18 +220,23 @@ fn request(url: &str, f: &FetchSpec) -> Result<Request<Empty<Bytes>>, String> {
 }
 
 /// Fetches one document within its time limit.
-async fn fetch(url: &str, f: &FetchSpec) -> Result<String, String> {
-    let timeout = f.timeout();
-    tokio::time::timeout(timeout, exchange(url, f))
+async fn fetch(f: &Fetch<'_>) -> Result<String, String> {
+    let timeout = f.spec.timeout();
+    tokio::time::timeout(timeout, exchange(f))
         .await
-        .unwrap_or_else(|_| Err(format!("GET {} timed out after {timeout:?}", shown(url))))
+        .unwrap_or_else(|_| Err(format!("GET {} timed out after {timeout:?}", shown(&f.url))))
 }
 
-async fn exchange(url: &str, f: &FetchSpec) -> Result<String, String> {
+async fn exchange(f: &Fetch<'_>) -> Result<String, String> {
+    let url = f.url.as_str();
     let https = url.starts_with("https://");
-    let plain = f.allow_http && url.starts_with("http://");
+    let plain = f.spec.allow_http && url.starts_with("http://");
     if !(https || plain) {
         return Err("must be an `https` URL".to_owned());
+    }
+    // A fetch waits for its Secrets: the reload is retried until the store has read them.
+    if let Some(r) = f.creds.refs.iter().find(|r| secret(f.secrets, r).is_err()) {
+        return Err(format!("{r}, which the fetch reads, is not available (yet)"));
     }
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
@@ -203,7 +252,7 @@ async fn exchange(url: &str, f: &FetchSpec) -> Result<String, String> {
         .pool_max_idle_per_host(0)
         .build(connector);
     let resp = client
-        .request(request(url, f)?)
+        .request(request(f)?)
         .await
         .map_err(|e| format!("GET {} failed: {}", shown(url), chain(&e)))?;
     let status = resp.status();

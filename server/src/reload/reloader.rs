@@ -218,7 +218,9 @@ impl Reloader {
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let loaded = config::load(sources).and_then(|mut ts| {
             config::openapi::read_files(&mut ts.openapi);
-            let fetched = super::fetch::fetch_documents(&mut ts.openapi);
+            let secrets = &self.server.exec.secrets;
+            secrets.configure_fetches(&super::fetch::fetch_refs(&ts.openapi));
+            let fetched = super::fetch::fetch_documents(&mut ts.openapi, &secrets.snapshot());
             self.fetch_failed
                 .store(fetched.is_err(), std::sync::atomic::Ordering::Relaxed);
             if let Ok(mut r) = self.openapi_refresh.lock()

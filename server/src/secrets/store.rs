@@ -48,6 +48,10 @@ pub struct Secrets {
     wanted: watch::Sender<BTreeSet<String>>,
     /// Always wanted, whatever the ToolSet says (the client token secret).
     pinned: Mutex<Vec<SecretRef>>,
+    /// Read by the fetches of OpenAPI documents, which run before the config compiles.
+    fetching: Mutex<Vec<SecretRef>>,
+    /// The references of the serving config, as last configured.
+    configured: Mutex<Vec<SecretRef>>,
     /// Whether a source is configured at all (errors say so when none is).
     has_source: std::sync::atomic::AtomicBool,
     /// The `env` source: values are looked up per reference when the references change.
@@ -63,6 +67,8 @@ impl Default for Secrets {
             presence: Mutex::default(),
             wanted: watch::Sender::new(BTreeSet::new()),
             pinned: Mutex::default(),
+            fetching: Mutex::default(),
+            configured: Mutex::default(),
             has_source: false.into(),
             from_env: false.into(),
             known: ArcSwap::from_pointee(Vec::new()),
@@ -185,7 +191,8 @@ impl Secrets {
     pub fn use_env(&self) {
         self.set_has_source();
         self.from_env.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.configure(&[]);
+        let serving = self.configured.lock().map(|c| c.clone()).unwrap_or_default();
+        self.follow(serving);
     }
 
     /// Keeps `r` wanted whatever the ToolSet references.
@@ -193,15 +200,38 @@ impl Secrets {
         if let Ok(mut p) = self.pinned.lock() {
             p.push(r);
         }
-        self.configure(&[]);
+        let serving = self.configured.lock().map(|c| c.clone()).unwrap_or_default();
+        self.follow(serving);
     }
 
     /// Sets the references the serving config makes (the pinned ones are added): sources
     /// that fetch by name follow the names.
     pub fn configure(&self, refs: &[SecretRef]) {
-        let mut all: Vec<SecretRef> = refs.to_vec();
-        if let Ok(p) = self.pinned.lock() {
-            all.extend(p.iter().cloned());
+        if let Ok(mut c) = self.configured.lock() {
+            refs.clone_into(&mut c);
+        }
+        self.follow(refs.to_vec());
+    }
+
+    /// Sets the references the fetches of the next config's OpenAPI documents make, wanted
+    /// beside the serving config's (a fetch waits for them: it is retried until they are read).
+    pub fn configure_fetches(&self, refs: &[SecretRef]) {
+        if let Ok(mut f) = self.fetching.lock() {
+            if *f == refs {
+                return;
+            }
+            refs.clone_into(&mut f);
+        }
+        let serving = self.configured.lock().map(|c| c.clone()).unwrap_or_default();
+        self.follow(serving);
+    }
+
+    /// Wants `refs`, the pinned and the fetches' references, and nothing else.
+    fn follow(&self, mut all: Vec<SecretRef>) {
+        for extra in [&self.pinned, &self.fetching] {
+            if let Ok(p) = extra.lock() {
+                all.extend(p.iter().cloned());
+            }
         }
         if self.from_env.load(std::sync::atomic::Ordering::Relaxed) {
             self.replace_all(super::env::read(&all));

@@ -94,6 +94,18 @@ pub struct FetchSpec {
     /// `/var/run/secrets/kubernetes.io/serviceaccount/token`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// A Secret whose `ca.crt` key holds the PEM certificates of the CAs to trust instead of
+    /// the public roots. Exclusive with `caFile` and `caConfigMap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<String>,
+    /// A ConfigMap whose `ca.crt` key holds the PEM certificates of the CAs to trust (e.g.
+    /// `kube-root-ca.crt`). Exclusive with `caFile` and `caSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_config_map: Option<String>,
+    /// Headers of the request, e.g. `Authorization: "Bearer {{secret.docs.token}}"`: literal
+    /// text and `{{secret.NAME.KEY}}` references only, read at each fetch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
     /// Accept an `http` URL (the token then travels in clear text). Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_http: bool,
@@ -105,6 +117,20 @@ pub struct FetchSpec {
     /// document is fetched when the config is loaded or changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refresh: Option<String>,
+}
+
+/// At most this many `fetch.headers`.
+pub const MAX_FETCH_HEADERS: usize = 32;
+
+/// The compiled credentials of a fetch ([`FetchSpec::credentials`]).
+#[derive(Debug, Default)]
+pub(crate) struct FetchCredentials {
+    /// The Secret or ConfigMap holding the CAs to trust.
+    pub ca: Option<super::context::SecretRef>,
+    /// The headers, as templates over `secret`.
+    pub headers: Vec<(String, crate::template::Template)>,
+    /// Every Secret and ConfigMap read.
+    pub refs: Vec<super::context::SecretRef>,
 }
 
 /// Default time limit of a document fetch.
@@ -135,6 +161,87 @@ impl FetchSpec {
             .filter(|d| (REFRESH_RANGE.0..=REFRESH_RANGE.1).contains(d))
     }
 
+    /// The CA and headers of a fetch, compiled: the Secrets (and ConfigMaps, under their
+    /// prefix) they read, in `refs`; their problems in `p`, at `at.fetch`.
+    pub(crate) fn credentials(&self, at: &str, p: &mut super::context::Problems) -> FetchCredentials {
+        use super::context::{CONFIG_MAP_PREFIX, Names, SecretRef, valid_config_map_name, valid_secret_part};
+        let at = format!("{at}.fetch");
+        let mut out = FetchCredentials::default();
+        let cas = [
+            self.ca_file.is_some(),
+            self.ca_secret.is_some(),
+            self.ca_config_map.is_some(),
+        ];
+        if cas.iter().filter(|b| **b).count() > 1 {
+            p.push(
+                &at,
+                "caFile, caSecret and caConfigMap each name the CAs to trust: set one",
+            );
+        }
+        if let Some(n) = &self.ca_secret {
+            if !valid_secret_part(n) {
+                p.push(
+                    format!("{at}.caSecret"),
+                    "not a Secret name (letters, digits, `-`, `_`)",
+                );
+            }
+            out.ca = Some(SecretRef {
+                name: n.clone(),
+                key: "ca.crt".to_owned(),
+            });
+        } else if let Some(n) = &self.ca_config_map {
+            if !valid_config_map_name(n) {
+                p.push(
+                    format!("{at}.caConfigMap"),
+                    "not a ConfigMap name (1-253 lower-case letters, digits, `-` and `.`)",
+                );
+            }
+            out.ca = Some(SecretRef {
+                name: format!("{CONFIG_MAP_PREFIX}{n}"),
+                key: "ca.crt".to_owned(),
+            });
+        }
+        out.refs.extend(out.ca.clone());
+        if self.headers.len() > MAX_FETCH_HEADERS {
+            p.push(
+                format!("{at}.headers"),
+                format!("{} headers; at most {MAX_FETCH_HEADERS}", self.headers.len()),
+            );
+            return out;
+        }
+        for (name, value) in &self.headers {
+            let hat = format!("{at}.headers.{}", document::shown(name));
+            if !super::checks::valid_header_name(name) {
+                p.push(&hat, "not a header name");
+                continue;
+            }
+            if name.eq_ignore_ascii_case("authorization") && self.token_file.is_some() {
+                p.push(&hat, "tokenFile already sends `Authorization`: set one");
+            }
+            if value.len() > 8192 {
+                p.push(&hat, "longer than 8192 characters");
+                continue;
+            }
+            let t = match crate::template::Template::compile(value) {
+                Ok(t) => t,
+                Err(e) => {
+                    p.push(&hat, e);
+                    continue;
+                }
+            };
+            if t.roots().any(|(root, _)| root != super::context::SECRET_ROOT) {
+                p.push(&hat, "literal text and `{{secret.NAME.KEY}}` references only");
+            }
+            let names = Names {
+                props: None,
+                steps: None,
+            };
+            super::context::check_secret_template(&t, &names, &hat, p, &mut out.refs);
+            out.headers.push((name.clone(), t));
+        }
+        out
+    }
+
     /// Problems of the settings and of `url`, at `at`.
     fn check(&self, url: Option<&str>, at: &str, p: &mut super::context::Problems) {
         if let Some(t) = &self.timeout
@@ -158,6 +265,7 @@ impl FetchSpec {
                 p.push(format!("{at}.fetch.{field}"), "an absolute path");
             }
         }
+        self.credentials(at, p);
         if url.is_none() {
             p.push(format!("{at}.fetch"), "only a source with a `url` is fetched");
         }

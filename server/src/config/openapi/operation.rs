@@ -688,6 +688,12 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
             (None, None, Some(_)) => {
                 if url_ok {
                     out.unfetched_refs.extend(stand_in_refs(s, &at, p));
+                    // The pods read the fetch's own credentials too (checked with the url).
+                    let fetch = s
+                        .fetch
+                        .as_ref()
+                        .map(|f| f.credentials(&at, &mut Problems::default()));
+                    out.unfetched_refs.extend(fetch.into_iter().flat_map(|c| c.refs));
                 }
                 continue;
             }

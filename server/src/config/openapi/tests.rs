@@ -398,3 +398,66 @@ fn a_source_still_to_be_fetched_names_the_secrets_and_config_maps_its_settings_r
     }));
     assert!(p.iter().any(|m| m.starts_with("openapi[0]")), "{p:?}");
 }
+
+#[test]
+fn a_fetch_reads_its_ca_and_headers_from_secrets_and_config_maps_the_pods_may_read() {
+    let c = compiled(json!({
+        "name": "docs", "url": "https://docs.example/openapi.json",
+        "fetch": {"caSecret": "docs-ca", "headers": {"X-Api-Key": "{{secret.docs-key.key}}"}},
+    }))
+    .unwrap();
+    assert!(
+        c.secrets.contains("docs-ca") && c.secrets.contains("docs-key"),
+        "{:?}",
+        c.secrets
+    );
+    let c = compiled(json!({
+        "name": "docs", "url": "https://docs.example/openapi.json",
+        "fetch": {"caConfigMap": "kube-root-ca.crt"},
+    }))
+    .unwrap();
+    assert!(
+        c.secrets.iter().any(|s| s.ends_with("kube-root-ca.crt")),
+        "{:?}",
+        c.secrets
+    );
+    let bad = [
+        (json!({"caFile": "/ca.crt", "caSecret": "ca"}), "set one"),
+        (json!({"caSecret": "ca", "caConfigMap": "ca"}), "set one"),
+        (json!({"caSecret": "not a name"}), "fetch.caSecret"),
+        (json!({"caConfigMap": "Upper"}), "fetch.caConfigMap"),
+        (json!({"headers": {"bad header": "x"}}), "not a header name"),
+        (
+            json!({"headers": {"X-User": "{{caller.sub}}"}}),
+            "`{{secret.NAME.KEY}}` references only",
+        ),
+        (
+            json!({"headers": {"X-Key": "{{secret.k}}"}}),
+            "not a secret reference",
+        ),
+        (
+            json!({"headers": {"X-Key": "{{secret.k.v"}}),
+            "fetch.headers.X-Key",
+        ),
+        (
+            json!({"headers": {"X-Key": "x".repeat(9000)}}),
+            "longer than 8192",
+        ),
+        (
+            json!({"tokenFile": "/t", "headers": {"authorization": "Bearer {{secret.t.v}}"}}),
+            "tokenFile already sends",
+        ),
+        (
+            json!({"headers": (0..33).map(|i| (format!("x-{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            "at most 32",
+        ),
+    ];
+    for (fetch, want) in bad {
+        let p = problems(json!({"name": "docs", "url": "https://docs.example/o.json", "fetch": fetch}));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("openapi[0].fetch") && m.contains(want)),
+            "{fetch}: wanted {want:?} in {p:?}"
+        );
+    }
+}

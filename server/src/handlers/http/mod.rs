@@ -24,6 +24,8 @@ use crate::template::{JsonTemplate, Template};
 mod args;
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
+#[cfg(feature = "runtime")]
+pub(crate) mod trust;
 
 /// An HTTP handler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

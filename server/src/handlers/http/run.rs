@@ -93,21 +93,10 @@ fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, St
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
-    let mut roots = rustls::RootCertStore::empty();
-    match &tls.ca {
-        Some(r) => {
-            for cert in CertificateDer::pem_slice_iter(pem(secrets, r)?.as_bytes()) {
-                let cert = cert.map_err(|_| format!("{r} is not PEM"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{r} holds a certificate rustls refuses: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("{r} holds no PEM certificate"));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
+    let roots = match &tls.ca {
+        Some(r) => super::trust::roots_from_pem(pem(secrets, r)?, r)?,
+        None => super::trust::public_roots(),
+    };
     let builder = builder.with_root_certificates(roots);
     match &tls.client {
         None => Ok(builder.with_no_client_auth()),

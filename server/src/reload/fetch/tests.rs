@@ -101,7 +101,7 @@ fn source(url: &str, fetch: serde_json::Value) -> OpenApiSpec {
 
 fn fetched(url: &str, fetch: serde_json::Value) -> Result<String, String> {
     let mut specs = vec![source(url, fetch)];
-    match fetch_documents(&mut specs) {
+    match fetch_documents(&mut specs, &serde_json::Value::Null) {
         Ok(_) => Ok(specs[0].document.clone().unwrap()),
         Err(e) => Err(e.to_string()),
     }
@@ -119,7 +119,7 @@ fn a_document_is_fetched_with_the_token_and_revalidated_with_its_etag() {
     let url = format!("{base}/openapi/v3/api/v1?timeout=32s");
     let settings = json!({"allowHttp": true, "tokenFile": token, "timeout": "5s", "refresh": "30s"});
     let mut specs = vec![source(&url, settings.clone())];
-    let refresh = fetch_documents(&mut specs).unwrap();
+    let refresh = fetch_documents(&mut specs, &serde_json::Value::Null).unwrap();
     assert_eq!(refresh, Some(std::time::Duration::from_secs(30)));
     assert_eq!(specs[0].document.as_deref(), Some(doc("first").as_str()));
     assert_eq!(specs[0].url, None);
@@ -237,4 +237,55 @@ fn sources_refused_for_a_failed_fetch_are_tried_again() {
             .is_err()
     );
     assert!(reloader.retry_unfetched().is_none());
+}
+
+#[test]
+fn a_fetch_waits_for_the_secrets_its_headers_and_ca_read() {
+    use crate::secrets::Presence;
+    let script = Script::default();
+    script.answer(ok(&doc("keyed"), ""));
+    let base = responder(&script);
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    let secrets = server.exec.secrets.clone();
+    secrets.set_has_source();
+    let reloader = Reloader::new(server.clone());
+    let config = format!(
+        "openapi:\n  - {{name: api, url: '{base}/doc', fetch: {{allowHttp: true, headers: {{X-Api-Key: 'k-{{{{secret.docs.key}}}}'}}}}}}\n"
+    );
+    // The Secret is not read yet: the fetch is refused, and the store now wants it.
+    let e = reloader
+        .apply(&[("t.yaml".into(), config)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("openapi[0].url") && e.contains("secret `docs` key `key`") && e.contains("not available"),
+        "{e}"
+    );
+    assert!(script.seen().is_empty(), "nothing is sent without the Secret");
+    assert!(secrets.wanted().borrow().contains("docs"));
+    secrets.set(
+        "docs",
+        Some(vec![("key".into(), b"s3cret".to_vec())]),
+        Presence::Loaded,
+    );
+    assert!(matches!(reloader.retry_unfetched(), Some(Ok(_))));
+    assert_eq!(server.registry.load_full().tools[0].def.name, "keyed");
+    assert!(
+        script.seen()[0].contains("x-api-key: k-s3cret\r\n"),
+        "{:?}",
+        script.seen()
+    );
+    // Still wanted once serving: a refresh reads it again.
+    assert!(secrets.wanted().borrow().contains("docs"));
+
+    // A CA Secret that holds no certificate is named (never shown).
+    let mut specs = vec![source("https://127.0.0.1:1/doc", json!({"caSecret": "docs"}))];
+    let values = json!({"docs": {"ca.crt": "not a certificate"}});
+    let e = fetch_documents(&mut specs, &values).unwrap_err().to_string();
+    assert!(
+        e.contains("secret `docs` key `ca.crt` holds no PEM certificate"),
+        "{e}"
+    );
+    assert!(!e.contains("not a certificate"), "{e}");
 }
