@@ -105,6 +105,7 @@ pub fn fetch_documents(specs: &mut [OpenApiSpec], secrets: &Value) -> Result<Opt
             Ok(text) => {
                 // Compiled like an inline document from here on (the settings were used).
                 specs[*i].document = Some(text);
+                specs[*i].fetched_from = specs[*i].url.clone();
                 specs[*i].url = None;
                 specs[*i].fetch = None;
             }

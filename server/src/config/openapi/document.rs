@@ -150,13 +150,28 @@ pub(super) fn operations(root: &Value) -> impl Iterator<Item = Op<'_>> {
         })
 }
 
-/// The base URL of the document's requests: its first server (variables at their
-/// defaults) for 3.x, `schemes[0]://host basePath` for 2.0; `None` when it names none or
-/// a relative one.
-pub(super) fn base_url(doc: &Document) -> Option<String> {
+/// Which of the document's servers requests go to: `serverIndex`, `serverVariables`, and
+/// where the document was fetched from (relative server URLs are resolved against it).
+pub(super) struct ServerChoice<'a> {
+    pub index: usize,
+    pub variables: &'a std::collections::BTreeMap<String, String>,
+    pub fetched_from: Option<&'a str>,
+}
+
+/// The base URL of the document's requests: the chosen server (variables as set, else at
+/// their defaults) for 3.x, `schemes[0]://host basePath` for 2.0, resolved against the URL
+/// the document came from when relative or absent; `None` when it cannot be made absolute.
+///
+/// # Errors
+/// A `serverIndex` past the document's servers, or a variable it does not declare or whose
+/// value its `enum` does not allow.
+pub(super) fn base_url(doc: &Document, choice: &ServerChoice<'_>) -> Result<Option<String>, String> {
     let root = &doc.root;
     if doc.version == Version::Swagger2 {
-        let host = root.get("host")?.as_str()?;
+        let from = choice.fetched_from.and_then(split_origin);
+        let Some(host) = root.get("host").and_then(Value::as_str).or(from.map(|f| f.1)) else {
+            return Ok(None);
+        };
         let scheme = root
             .get("schemes")
             .and_then(Value::as_array)
@@ -165,23 +180,102 @@ pub(super) fn base_url(doc: &Document) -> Option<String> {
                     .filter_map(Value::as_str)
                     .find(|s| *s == "https" || *s == "http")
             })
+            .or(from.map(|f| f.0))
             .unwrap_or("https");
         let base = root.get("basePath").and_then(Value::as_str).unwrap_or("");
-        return Some(format!("{scheme}://{host}{base}"));
+        return Ok(Some(format!("{scheme}://{host}{base}")));
     }
-    let server = root.get("servers")?.as_array()?.first()?;
-    let mut url = server.get("url")?.as_str()?.to_owned();
-    for (name, var) in server
-        .get("variables")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(d) = var.get("default").and_then(Value::as_str) {
-            url = url.replace(&format!("{{{name}}}"), d);
+    // No `servers` means one server at `/`: where the document is served.
+    let slash = serde_json::json!({"url": "/"});
+    let servers = root
+        .get("servers")
+        .and_then(Value::as_array)
+        .filter(|s| !s.is_empty());
+    let server = match servers {
+        Some(list) => list.get(choice.index).ok_or_else(|| {
+            format!(
+                "`serverIndex` is {} but the document has {} servers",
+                choice.index,
+                list.len()
+            )
+        })?,
+        None if choice.index == 0 => &slash,
+        None => {
+            return Err(format!(
+                "`serverIndex` is {} but the document has no servers",
+                choice.index
+            ));
+        }
+    };
+    let Some(mut url) = server.get("url").and_then(Value::as_str).map(str::to_owned) else {
+        return Ok(None);
+    };
+    let declared = server.get("variables").and_then(Value::as_object);
+    for name in choice.variables.keys() {
+        if !declared.is_some_and(|d| d.contains_key(name)) {
+            return Err(format!(
+                "`serverVariables.{}`: the server declares no such variable",
+                shown(name)
+            ));
         }
     }
-    (url.starts_with("http://") || url.starts_with("https://")).then_some(url)
+    for (name, var) in declared.into_iter().flatten() {
+        let allowed: Vec<&str> = var
+            .get("enum")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let value = match choice.variables.get(name) {
+            Some(v) if !allowed.is_empty() && !allowed.contains(&v.as_str()) => {
+                return Err(format!(
+                    "`serverVariables.{}`: `{}` is not one of {allowed:?}",
+                    shown(name),
+                    shown(v)
+                ));
+            }
+            Some(v) => v.as_str(),
+            None => match var.get("default").and_then(Value::as_str) {
+                Some(d) => d,
+                None => continue,
+            },
+        };
+        url = url.replace(&format!("{{{name}}}"), value);
+    }
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Ok(Some(url));
+    }
+    Ok(choice.fetched_from.and_then(|from| resolve(from, &url)))
+}
+
+/// `(scheme, authority)` of an absolute http(s) URL.
+fn split_origin(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    (matches!(scheme, "http" | "https") && !authority.is_empty()).then_some((scheme, authority))
+}
+
+/// A relative server URL (`/api`, `api/v1`, `./v1`) resolved against the URL of the document;
+/// `None` for anything else (`..`, a scheme-relative `//host`, a query or fragment).
+fn resolve(from: &str, rel: &str) -> Option<String> {
+    let (scheme, authority) = split_origin(from)?;
+    if rel.starts_with("//") || rel.contains(['?', '#', '{', '}']) || rel.split('/').any(|s| s == "..") {
+        return None;
+    }
+    if rel.starts_with('/') {
+        return Some(format!("{scheme}://{authority}{rel}"));
+    }
+    let path = from[scheme.len() + 3 + authority.len()..]
+        .split(['?', '#'])
+        .next()
+        .unwrap_or("");
+    let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+    let dir = if dir.is_empty() { "/" } else { dir };
+    Some(format!(
+        "{scheme}://{authority}{dir}{}",
+        rel.trim_start_matches("./")
+    ))
 }
 
 /// Follows a local `$ref` of the document (`#/components/parameters/x`), up to 8 in a row.

@@ -54,6 +54,19 @@ pub struct OpenApiSpec {
     /// first `servers` entry. Needed when the document names no server or a relative one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// Which entry of the document's `servers` requests go to when `server` is unset
+    /// (default 0, the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_index: Option<u32>,
+    /// Values of the chosen server's variables (e.g. `region: us`), instead of their
+    /// defaults; a value must be one the variable's `enum` allows.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_variables: BTreeMap<String, String>,
+    /// The URL the document was fetched from (set by the fetch, never by hand): a relative
+    /// server URL, or none, means requests go where the document is served.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub fetched_from: Option<String>,
     /// Headers of every request; values are templates that may read Secrets and the caller's
     /// claims, e.g. `Authorization: "Bearer {{secret.api.token}}"`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -319,6 +332,34 @@ pub(crate) fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Probl
     };
     if let Some(m) = problem {
         p.push(format!("{at}.url"), m);
+    }
+}
+
+/// Problems of `serverIndex` and `serverVariables` at `at` (their fit with the document is
+/// checked when it is compiled).
+pub(crate) fn check_server_choice(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
+    if s.server.is_some() && (s.server_index.is_some() || !s.server_variables.is_empty()) {
+        p.push(
+            format!("{at}.server"),
+            "`server` replaces the document's servers: set it, or serverIndex/serverVariables",
+        );
+    }
+    if s.server_index.is_some_and(|i| i > 255) {
+        p.push(format!("{at}.serverIndex"), "at most 255");
+    }
+    if s.server_variables.len() > 32 {
+        p.push(format!("{at}.serverVariables"), "at most 32 variables");
+        return;
+    }
+    for (name, value) in &s.server_variables {
+        let bad = |c: char| c.is_whitespace() || c.is_control() || matches!(c, '?' | '#' | '@' | '{' | '}');
+        if name.is_empty() || name.len() > 64 || value.is_empty() || value.len() > 256 || value.contains(bad)
+        {
+            p.push(
+                format!("{at}.serverVariables.{}", document::shown(name)),
+                "a name of 1-64 characters and a value of 1-256, without spaces, `?`, `#`, `@` or braces",
+            );
+        }
     }
 }
 

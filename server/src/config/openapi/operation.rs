@@ -37,7 +37,19 @@ pub(super) fn compile_source(
     taken: &mut FxHashSet<String>,
     p: &mut Problems,
 ) -> Vec<CompiledTool> {
-    let Some(base) = s.server.clone().or_else(|| document::base_url(doc)) else {
+    let choice = document::ServerChoice {
+        index: s.server_index.unwrap_or(0) as usize,
+        variables: &s.server_variables,
+        fetched_from: s.fetched_from.as_deref(),
+    };
+    let base = match &s.server {
+        Some(server) => Some(server.clone()),
+        None => document::base_url(doc, &choice).unwrap_or_else(|e| {
+            p.push(format!("{at}.server"), e);
+            None
+        }),
+    };
+    let Some(base) = base else {
         p.push(
             format!("{at}.server"),
             "the document names no absolute server URL; set `server`",
@@ -680,6 +692,7 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
         let before = p.0.len();
         super::check_url(s, &at, p);
         let url_ok = p.0.len() == before;
+        super::check_server_choice(s, &at, p);
         let text = match (&s.document, &s.file, &s.url) {
             (Some(d), None, None) => d,
             // Fetched by quiver-server when it loads the config (`reload::fetch`); the

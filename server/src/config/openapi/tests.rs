@@ -461,3 +461,95 @@ fn a_fetch_reads_its_ca_and_headers_from_secrets_and_config_maps_the_pods_may_re
         );
     }
 }
+
+#[test]
+fn requests_go_to_the_server_chosen_with_its_variables_or_where_the_document_is_served() {
+    let doc = |servers: Value| json!({"openapi": "3.1.0", "servers": servers, "paths": {"/x": {"get": {"operationId": "x", "responses": {}}}}});
+    let two = json!([
+        {"url": "https://{region}.api.example/{version}", "variables": {
+            "region": {"default": "eu", "enum": ["eu", "us"]}, "version": {"default": "v1"}}},
+        {"url": "/relative/v2"}
+    ]);
+    let origin_of = |source: Value| -> Result<(String, String), Vec<String>> {
+        let c =
+            compiled(source).map_err(|e| e.problems.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let CompiledHandler::Http(h) = &tool(&c, "x").handler else {
+            panic!()
+        };
+        Ok((h.origin.clone(), h.url.shape()))
+    };
+    let with = |extra: Value| {
+        let mut s = json!({"name": "api", "document": doc(two.clone()).to_string()});
+        s.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        s
+    };
+    assert_eq!(origin_of(with(json!({}))).unwrap().0, "https://eu.api.example");
+    let (origin, url) = origin_of(with(
+        json!({"serverVariables": {"region": "us", "version": "v3"}}),
+    ))
+    .unwrap();
+    assert_eq!(origin, "https://us.api.example");
+    assert!(url.contains("https://us.api.example/v3/x"), "{url}");
+    // A relative server needs the document's own URL (a fetched document has one).
+    let p = origin_of(with(json!({"serverIndex": 1}))).unwrap_err();
+    assert!(p.iter().any(|m| m.contains("set `server`")), "{p:?}");
+    let mut fetched: crate::config::openapi::OpenApiSpec =
+        serde_json::from_value(with(json!({"serverIndex": 1}))).unwrap();
+    fetched.fetched_from = Some("https://docs.example:8443/specs/openapi.json?x=1".into());
+    let ts = crate::config::ToolSet {
+        openapi: vec![fetched.clone()],
+        ..Default::default()
+    };
+    let c = compile(&ts).unwrap();
+    let CompiledHandler::Http(h) = &tool(&c, "x").handler else {
+        panic!()
+    };
+    assert_eq!(h.origin, "https://docs.example:8443");
+    assert!(
+        h.url.shape().contains("https://docs.example:8443/relative/v2/x"),
+        "{}",
+        h.url.shape()
+    );
+    // No servers at all: where the document is served (its directory for `./`).
+    fetched.document = Some(doc(json!([{"url": "./v1"}])).to_string());
+    fetched.server_index = None;
+    let ts = crate::config::ToolSet {
+        openapi: vec![fetched],
+        ..Default::default()
+    };
+    let c = compile(&ts).unwrap();
+    let CompiledHandler::Http(h) = &tool(&c, "x").handler else {
+        panic!()
+    };
+    assert!(
+        h.url.shape().contains("https://docs.example:8443/specs/v1/x"),
+        "{}",
+        h.url.shape()
+    );
+
+    let bad = [
+        (json!({"serverIndex": 2}), "the document has 2 servers"),
+        (json!({"serverVariables": {"region": "mars"}}), "is not one of"),
+        (
+            json!({"serverVariables": {"zone": "a"}}),
+            "declares no such variable",
+        ),
+        (
+            json!({"serverVariables": {"region": "us/../x?y"}}),
+            "serverVariables.region",
+        ),
+        (
+            json!({"server": "https://h", "serverIndex": 0}),
+            "set it, or serverIndex",
+        ),
+    ];
+    for (extra, want) in bad {
+        let p = problems(with(extra.clone()));
+        assert!(
+            p.iter().any(|m| m.contains(want)),
+            "{extra}: wanted {want:?} in {p:?}"
+        );
+    }
+}
