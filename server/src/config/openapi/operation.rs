@@ -29,6 +29,32 @@ struct Shared<'a> {
     limits: Arc<[Arc<governance::Limit>]>,
 }
 
+/// Where the requests of source `s` go: `server`, or the document's chosen server.
+fn base_url(s: &OpenApiSpec, doc: &Document, at: &str, p: &mut Problems) -> Option<String> {
+    if let Some(server) = &s.server {
+        return Some(server.clone());
+    }
+    let choice = document::ServerChoice {
+        index: s.server_index.unwrap_or(0) as usize,
+        variables: &s.server_variables,
+        fetched_from: s.fetched_from.as_deref(),
+    };
+    match document::base_url(doc, &choice) {
+        Ok(Some(base)) => Some(base),
+        Ok(None) => {
+            p.push(
+                format!("{at}.server"),
+                "the document names no absolute server URL; set `server`",
+            );
+            None
+        }
+        Err(e) => {
+            p.push(format!("{at}.server"), e);
+            None
+        }
+    }
+}
+
 /// Compiles the selected operations of one source (at `at`).
 pub(super) fn compile_source(
     s: &OpenApiSpec,
@@ -37,23 +63,7 @@ pub(super) fn compile_source(
     taken: &mut FxHashSet<String>,
     p: &mut Problems,
 ) -> Vec<CompiledTool> {
-    let choice = document::ServerChoice {
-        index: s.server_index.unwrap_or(0) as usize,
-        variables: &s.server_variables,
-        fetched_from: s.fetched_from.as_deref(),
-    };
-    let base = match &s.server {
-        Some(server) => Some(server.clone()),
-        None => document::base_url(doc, &choice).unwrap_or_else(|e| {
-            p.push(format!("{at}.server"), e);
-            None
-        }),
-    };
-    let Some(base) = base else {
-        p.push(
-            format!("{at}.server"),
-            "the document names no absolute server URL; set `server`",
-        );
+    let Some(base) = base_url(s, doc, at, p) else {
         return Vec::new();
     };
     let t = &s.tools;
