@@ -45,6 +45,8 @@ pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod reload;
 #[cfg(feature = "runtime")]
+pub mod resp;
+#[cfg(feature = "runtime")]
 #[allow(unsafe_code)] // prctl(2) and the Landlock syscalls: every unsafe block states its contract
 pub mod sandbox;
 #[cfg(feature = "runtime")]

@@ -1,0 +1,255 @@
+//! A minimal Redis (RESP2) client over tokio, shared by what keeps state in Redis (shared rate
+//! limits, tasks): a bounded set of connections, every exchange under one time limit
+//! (connecting included), an optional password (`AUTH`), and replies bounded in size so a
+//! misbehaving Redis (or something else on its port) cannot make the server allocate at will.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+/// Longest reply line read (status, error and length lines).
+const MAX_LINE: usize = 4096;
+
+/// Where Redis is and how it is used.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `host:port`.
+    pub addr: String,
+    /// Sent with `AUTH` on every new connection.
+    pub password: Option<String>,
+    /// Longest exchange (waiting for a connection and connecting included).
+    pub timeout: Duration,
+    /// Connections at most.
+    pub max_connections: usize,
+    /// Largest bulk reply accepted, in bytes.
+    pub max_reply: usize,
+}
+
+/// A reply this client understands (arrays are refused).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `:n`
+    Int(i64),
+    /// `+text`
+    Status(String),
+    /// `$n` and n bytes.
+    Bulk(Vec<u8>),
+    /// `-text`
+    Error(String),
+    /// `$-1`
+    Nil,
+}
+
+/// A pool of connections to one Redis.
+#[derive(Debug)]
+pub struct Client {
+    opts: Options,
+    idle: Mutex<Vec<BufReader<TcpStream>>>,
+    slots: Semaphore,
+}
+
+/// A command as RESP: an array of bulk strings.
+pub(crate) fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+async fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let n = (&mut *r)
+        .take(MAX_LINE as u64)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if n == 0 || !line.ends_with(b"\r\n") {
+        return Err(std::io::Error::other("redis: short or overlong reply line"));
+    }
+    line.truncate(line.len() - 2);
+    String::from_utf8(line).map_err(|_| std::io::Error::other("redis: reply is not UTF-8"))
+}
+
+/// Reads one reply, a bulk one of at most `max_reply` bytes.
+pub(crate) async fn read_reply(r: &mut BufReader<TcpStream>, max_reply: usize) -> std::io::Result<Reply> {
+    let line = read_line(r).await?;
+    let (kind, rest) = line.split_at(line.len().min(1));
+    let bad = || std::io::Error::other("redis: unexpected reply");
+    Ok(match kind {
+        "+" => Reply::Status(rest.to_owned()),
+        "-" => Reply::Error(rest.to_owned()),
+        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                return Ok(Reply::Nil);
+            }
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|n| *n <= max_reply)
+                .ok_or_else(|| std::io::Error::other("redis: reply over the size limit"))?;
+            let mut buf = vec![0; n + 2];
+            r.read_exact(&mut buf).await?;
+            if !buf.ends_with(b"\r\n") {
+                return Err(bad());
+            }
+            buf.truncate(n);
+            Reply::Bulk(buf)
+        }
+        _ => return Err(bad()),
+    })
+}
+
+impl Reply {
+    /// A status or bulk reply as text.
+    pub fn text(self) -> Option<String> {
+        match self {
+            Self::Status(s) => Some(s),
+            Self::Bulk(b) => String::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+}
+
+impl Client {
+    /// A client for `opts` (connecting on first use).
+    pub fn new(opts: Options) -> Self {
+        let slots = Semaphore::new(opts.max_connections.max(1));
+        Self {
+            opts,
+            idle: Mutex::default(),
+            slots,
+        }
+    }
+
+    /// `host:port` of the Redis.
+    pub fn addr(&self) -> &str {
+        &self.opts.addr
+    }
+
+    /// Sends `args` and reads the reply, within the time limit. A connection whose exchange
+    /// failed is dropped (it may hold half a reply); a good one goes back to the pool.
+    ///
+    /// # Errors
+    /// Connecting, `AUTH`, writing or reading failed, a reply was malformed or too large, or
+    /// the time limit passed.
+    pub async fn call(&self, args: &[&[u8]]) -> std::io::Result<Reply> {
+        tokio::time::timeout(self.opts.timeout, self.exchange(args))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "redis: no answer in time"))?
+    }
+
+    async fn exchange(&self, args: &[&[u8]]) -> std::io::Result<Reply> {
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| std::io::Error::other("redis: closed"))?;
+        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
+        let mut c = match idle {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        c.get_mut().write_all(&command(args)).await?;
+        let reply = read_reply(&mut c, self.opts.max_reply).await?;
+        if let Ok(mut v) = self.idle.lock() {
+            v.push(c);
+        }
+        Ok(reply)
+    }
+
+    async fn connect(&self) -> std::io::Result<BufReader<TcpStream>> {
+        let s = TcpStream::connect(&self.opts.addr).await?;
+        s.set_nodelay(true)?;
+        let mut c = BufReader::new(s);
+        if let Some(p) = &self.opts.password {
+            c.get_mut().write_all(&command(&[b"AUTH", p.as_bytes()])).await?;
+            match read_reply(&mut c, MAX_LINE).await? {
+                Reply::Status(_) => {}
+                // Never the password; Redis's own words only.
+                Reply::Error(e) => return Err(std::io::Error::other(format!("redis: AUTH refused: {e}"))),
+                _ => return Err(std::io::Error::other("redis: AUTH: unexpected reply")),
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_resp_arrays_of_bulk_strings() {
+        assert_eq!(
+            command(&[b"GET", b"k y"]),
+            b"*2\r\n$3\r\nGET\r\n$3\r\nk y\r\n".to_vec()
+        );
+    }
+
+    #[tokio::test]
+    async fn replies_are_read_and_bounded() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            s.write_all(b"+OK\r\n:42\r\n-NOSCRIPT x\r\n$3\r\nabc\r\n$-1\r\n$9\r\n")
+                .await
+                .unwrap();
+            s
+        });
+        let mut c = BufReader::new(TcpStream::connect(addr).await.unwrap());
+        assert_eq!(read_reply(&mut c, 8).await.unwrap(), Reply::Status("OK".into()));
+        assert_eq!(read_reply(&mut c, 8).await.unwrap(), Reply::Int(42));
+        assert_eq!(
+            read_reply(&mut c, 8).await.unwrap(),
+            Reply::Error("NOSCRIPT x".into())
+        );
+        assert_eq!(read_reply(&mut c, 8).await.unwrap(), Reply::Bulk(b"abc".to_vec()));
+        assert_eq!(read_reply(&mut c, 8).await.unwrap(), Reply::Nil);
+        let e = read_reply(&mut c, 8).await.unwrap_err();
+        assert!(e.to_string().contains("over the size limit"), "{e}");
+        drop(server);
+
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            s.write_all(&vec![b'+'; MAX_LINE + 10]).await.unwrap();
+            s
+        });
+        let mut c = BufReader::new(TcpStream::connect(addr).await.unwrap());
+        assert!(
+            read_reply(&mut c, 8).await.is_err(),
+            "an overlong line is an error"
+        );
+        drop(server);
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_is_a_timeout() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(s);
+        });
+        let c = Client::new(Options {
+            addr,
+            password: None,
+            timeout: Duration::from_millis(100),
+            max_connections: 1,
+            max_reply: 64,
+        });
+        let e = c.call(&[b"PING"]).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        held.abort();
+    }
+}
