@@ -66,6 +66,81 @@ fn is_annotation(k: &str) -> bool {
     ANNOTATIONS.contains(&k) || k.starts_with("x-")
 }
 
+/// The keywords the validator enforces or follows (annotations aside): what a schema may
+/// say to be checked. A schema from elsewhere (an OpenAPI document) is listed as written and
+/// checked by the subset of it made of these and the annotations (see [`understood`]).
+pub const CHECKED: &[&str] = &[
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "$defs",
+    "definitions",
+    "$ref",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "enum",
+    "const",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "uniqueItems",
+    "dependentRequired",
+    "pattern",
+];
+
+/// Whether the validator accepts keyword `k`: it checks it, or it only annotates.
+pub fn understood(k: &str) -> bool {
+    CHECKED.contains(&k) || is_annotation(k)
+}
+
+/// The part of a schema from elsewhere (an OpenAPI document, an upstream server) that the
+/// validator checks: keywords it does not understand (OpenAPI's annotations, assertions it
+/// cannot enforce such as `patternProperties`, a `pattern` it cannot compile) are left out,
+/// in every subschema it follows. The one who wrote the schema still enforces what is left
+/// out; the listing keeps it all.
+pub fn enforceable(v: &Value) -> Value {
+    let Some(o) = v.as_object() else {
+        return v.clone();
+    };
+    let mut out = serde_json::Map::new();
+    for (k, x) in o {
+        let kept = match k.as_str() {
+            "properties" | "$defs" | "definitions" => Value::Object(
+                x.as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(n, s)| (n.clone(), enforceable(s)))
+                    .collect(),
+            ),
+            "anyOf" | "oneOf" | "allOf" => {
+                Value::Array(x.as_array().into_iter().flatten().map(enforceable).collect())
+            }
+            "items" if !x.is_object() && !x.is_boolean() => continue,
+            "items" | "additionalProperties" | "not" | "if" | "then" | "else" => enforceable(x),
+            "pattern" if x.as_str().is_none_or(|p| bounded_regex(p).is_err()) => continue,
+            key if understood(key) => x.clone(),
+            _ => continue,
+        };
+        out.insert(k.clone(), kept);
+    }
+    Value::Object(out)
+}
+
 /// Subschemas one document may compile to, `$ref` expansions included.
 pub const MAX_NODES: usize = 10_000;
 /// References that may be expanded inside one another (each also nests the compiled schema).
@@ -947,6 +1022,39 @@ pub fn expand_shorthand(input: &BTreeMap<String, Value>) -> Result<Value, Vec<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_checked_keyword_is_compiled_and_no_other_is() {
+        let values = |k: &str| match k {
+            "type" => json!("object"),
+            "properties" | "$defs" | "definitions" | "dependentRequired" => json!({}),
+            "required" | "enum" => json!([]),
+            "anyOf" | "oneOf" | "allOf" => json!([true]),
+            "$ref" => json!("#"),
+            "pattern" => json!("a"),
+            "uniqueItems" => json!(true),
+            "items" | "additionalProperties" | "not" | "if" | "then" | "else" => json!({}),
+            _ => json!(1),
+        };
+        for k in CHECKED {
+            let e = Schema::compile(&json!({ *k: values(k) }))
+                .err()
+                .unwrap_or_default();
+            assert!(!e.iter().any(|m| m.contains("unsupported")), "{k}: {e:?}");
+        }
+        for k in [
+            "patternProperties",
+            "prefixItems",
+            "discriminator",
+            "example",
+            "nullable",
+            "$dynamicRef",
+        ] {
+            assert!(!understood(k), "{k}");
+            let e = Schema::compile(&json!({ k: {} })).unwrap_err();
+            assert!(e.iter().any(|m| m.contains("unsupported")), "{k}: {e:?}");
+        }
+    }
 
     fn errors(schema: Value, v: Value) -> Vec<String> {
         let s = Schema::compile(&schema).unwrap();

@@ -192,7 +192,8 @@ fn compile_op(
         descriptor.insert("description".into(), Value::String(d));
     }
     let schema_json = inputs.schema;
-    let input = Schema::compile(&schema_json).map_err(|e| format!("input schema: {}", first_of(&e)))?;
+    let input = Schema::compile(&crate::schema::enforceable(&schema_json))
+        .map_err(|e| format!("input schema: {}", first_of(&e)))?;
     descriptor.insert("inputSchema".into(), schema_json);
     let mut output = output_schema(conv, root, op);
     if let Some((json, _)) = &output {
@@ -536,7 +537,7 @@ fn output_schema(conv: &mut Converter<'_>, root: &Value, op: &Op<'_>) -> Option<
     if !defs.is_empty() {
         out["$defs"] = Value::Object(defs);
     }
-    let compiled = Schema::compile(&out).ok()?;
+    let compiled = Schema::compile(&crate::schema::enforceable(&out)).ok()?;
     Some((out, compiled))
 }
 

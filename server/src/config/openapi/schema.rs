@@ -1,6 +1,6 @@
-//! OpenAPI schemas to the JSON Schema tools declare: the keywords the schema compiler
-//! checks are kept (composition included), annotations OpenAPI adds are dropped, 3.0's
-//! `nullable` and boolean exclusive bounds are rewritten, and references to
+//! OpenAPI schemas to the JSON Schema tools declare: every keyword is kept as the author
+//! wrote it (composition, conditionals, annotations, extensions), 3.0's `nullable` and
+//! boolean exclusive bounds are rewritten, and references to
 //! `components/schemas` (2.0: `definitions`) become references into the tool schema's own
 //! `$defs`, which holds just the components the operation reaches.
 
@@ -13,27 +13,6 @@ use super::document::{Document, Version, shown};
 pub const MAX_DEFS: usize = 256;
 /// Longest description kept inside a schema, in characters.
 const MAX_SCHEMA_DESCRIPTION: usize = 300;
-
-/// Keywords whose value is kept as it is.
-const PLAIN: &[&str] = &[
-    "type",
-    "required",
-    "enum",
-    "const",
-    "minimum",
-    "maximum",
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "title",
-    "default",
-    "format",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "examples",
-];
 
 /// The converter of one document: components converted once, shared by every operation.
 pub(super) struct Converter<'a> {
@@ -179,7 +158,26 @@ fn convert(v: &Value, version: Version, reached: &mut Reached, depth: usize) -> 
             "additionalProperties" => {
                 out.insert(k.clone(), convert(x, version, reached, depth + 1)?);
             }
-            "anyOf" | "oneOf" | "allOf" => {
+            "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "additionalItems"
+            | "unevaluatedItems"
+            | "unevaluatedProperties"
+            | "contentSchema" => {
+                out.insert(k.clone(), convert(x, version, reached, depth + 1)?);
+            }
+            "patternProperties" | "dependentSchemas" => {
+                let mut map = Map::new();
+                for (name, sub) in x.as_object().into_iter().flatten() {
+                    map.insert(name.clone(), convert(sub, version, reached, depth + 1)?);
+                }
+                out.insert(k.clone(), Value::Object(map));
+            }
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" | "items" => {
                 let list = x
                     .as_array()
                     .into_iter()
@@ -195,18 +193,15 @@ fn convert(v: &Value, version: Version, reached: &mut Reached, depth: usize) -> 
                     out.insert(k.clone(), Value::String(bounded(d, MAX_SCHEMA_DESCRIPTION)));
                 }
             }
-            "pattern" if x.as_str().is_some_and(pattern_compiles) => {
-                out.insert(k.clone(), x.clone());
-            }
-            "exclusiveMinimum" | "exclusiveMaximum" if x.is_number() => {
-                out.insert(k.clone(), x.clone());
-            }
+            // 3.0's forms, rewritten below; 2.0's `file` is no JSON type.
+            "nullable" => {}
+            "exclusiveMinimum" | "exclusiveMaximum" if !x.is_number() => {}
             "type" if x.as_str() == Some("file") => {}
-            key if PLAIN.contains(&key) => {
+            // Every other keyword as the author wrote it: checked ones, annotations
+            // (`example`, `discriminator`, `externalDocs`), extensions (`x-...`).
+            _ => {
                 out.insert(k.clone(), x.clone());
             }
-            // Annotations, extensions (`x-...`), and keywords the compiler does not check.
-            _ => {}
         }
     }
     exclusive(o, &mut out);
@@ -248,14 +243,6 @@ fn nullable(out: &mut Map<String, Value>) {
     {
         values.push(Value::Null);
     }
-}
-
-fn pattern_compiles(p: &str) -> bool {
-    regex::RegexBuilder::new(p)
-        .size_limit(64 * 1024)
-        .dfa_size_limit(64 * 1024)
-        .build()
-        .is_ok()
 }
 
 /// `s` cut to at most `max` characters (with `…` when cut).

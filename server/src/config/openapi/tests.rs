@@ -104,8 +104,13 @@ fn operations_become_http_tools() {
     assert_eq!(out["type"], "object");
     assert_eq!(out["properties"]["price"]["$ref"], "#/$defs/Price");
     assert_eq!(out["properties"]["note"]["type"], json!(["string", "null"]));
-    assert!(out["properties"]["id"].get("example").is_none());
-    assert!(out["properties"]["id"].get("x-internal").is_none());
+    // Listed as written: annotations and extensions stay.
+    assert_eq!(out["properties"]["id"]["example"], "a1");
+    assert_eq!(out["properties"]["id"]["x-internal"], true);
+    assert!(
+        out["properties"]["note"].get("nullable").is_none(),
+        "rewritten into the type"
+    );
     assert!(out["properties"]["kind"]["oneOf"].is_array());
     assert!(get.output.is_some());
     let CompiledHandler::Http(h) = &get.handler else {
@@ -552,4 +557,73 @@ fn requests_go_to_the_server_chosen_with_its_variables_or_where_the_document_is_
             "{extra}: wanted {want:?} in {p:?}"
         );
     }
+}
+
+#[test]
+fn schemas_are_listed_as_written_and_checked_where_the_validator_can() {
+    let doc = json!({
+        "openapi": "3.1.0", "servers": [{"url": "https://h"}],
+        "paths": {"/pets": {"post": {
+            "operationId": "addPet",
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Pet"}}}},
+            "responses": {"200": {"description": "ok"}}
+        }}},
+        "components": {"schemas": {
+            "Pet": {
+                "type": "object", "required": ["kind"],
+                "discriminator": {"propertyName": "kind"},
+                "externalDocs": {"url": "https://docs.example/pets"},
+                "properties": {
+                    "kind": {"type": "string", "enum": ["cat", "dog"], "x-order": 1},
+                    "lives": {"type": "integer", "multipleOf": 1, "exclusiveMinimum": 0},
+                    "tags": {"type": "array", "uniqueItems": true, "prefixItems": [{"$ref": "#/components/schemas/Tag"}]},
+                    "labels": {"type": "object", "patternProperties": {"^x-": {"$ref": "#/components/schemas/Tag"}}},
+                    "code": {"type": "string", "pattern": "(?=lookahead)"}
+                },
+                "if": {"properties": {"kind": {"const": "cat"}}},
+                "then": {"required": ["lives"]},
+                "not": {"$ref": "#/components/schemas/Tag"},
+                "$comment": "cats have lives"
+            },
+            "Tag": {"type": "string", "$anchor": "tag"}
+        }}
+    });
+    let c = compiled(json!({"name": "pets", "document": doc.to_string()})).unwrap();
+    let t = tool(&c, "addPet");
+    let pet = &t.descriptor["inputSchema"]["$defs"]["Pet"];
+    for k in ["discriminator", "externalDocs", "if", "then", "not", "$comment"] {
+        assert!(pet.get(k).is_some(), "{k} listed: {pet}");
+    }
+    assert_eq!(pet["properties"]["kind"]["x-order"], 1);
+    assert_eq!(pet["properties"]["tags"]["uniqueItems"], true);
+    // References inside every subschema keyword point into the tool's own `$defs`.
+    assert_eq!(pet["not"]["$ref"], "#/$defs/Tag");
+    assert_eq!(pet["properties"]["tags"]["prefixItems"][0]["$ref"], "#/$defs/Tag");
+    assert_eq!(
+        pet["properties"]["labels"]["patternProperties"]["^x-"]["$ref"],
+        "#/$defs/Tag"
+    );
+    assert_eq!(pet["properties"]["code"]["pattern"], "(?=lookahead)");
+    assert_eq!(t.descriptor["inputSchema"]["$defs"]["Tag"]["$anchor"], "tag");
+    // The checks the validator can make are made: the conditional, the enum, the bound.
+    let check = |body: Value| {
+        let mut e = Vec::new();
+        t.input.validate(&json!({"body": body}), &mut e);
+        e
+    };
+    assert!(check(json!({"kind": "dog"})).is_empty());
+    assert!(
+        !check(json!({"kind": "cat"})).is_empty(),
+        "if/then: a cat needs lives"
+    );
+    assert!(check(json!({"kind": "cat", "lives": 9})).is_empty());
+    assert!(
+        !check(json!({"kind": "cat", "lives": 0})).is_empty(),
+        "exclusiveMinimum"
+    );
+    assert!(!check(json!({"kind": "fish"})).is_empty(), "enum");
+    assert!(
+        !check(json!({"kind": "dog", "tags": ["a", "a"]})).is_empty(),
+        "uniqueItems"
+    );
 }

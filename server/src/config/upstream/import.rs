@@ -147,10 +147,14 @@ impl CompiledUpstream {
             Some(s) if shallow(s, "inputSchema", &mut p) => s.clone(),
             Some(_) => return Err(p.first_message()),
         };
-        let input = Schema::compile(&schema).map_err(|e| format!("inputSchema: {}", e.join("; ")))?;
+        // Listed as the upstream wrote it; checked where quiver-server can (the upstream
+        // checks the rest).
+        let input = Schema::compile(&crate::schema::enforceable(&schema))
+            .map_err(|e| format!("inputSchema: {}", e.join("; ")))?;
         let output = match t.get("outputSchema") {
             Some(s) if shallow(s, "outputSchema", &mut p) => Some(Box::new(
-                Schema::compile(s).map_err(|e| format!("outputSchema: {}", e.join("; ")))?,
+                Schema::compile(&crate::schema::enforceable(s))
+                    .map_err(|e| format!("outputSchema: {}", e.join("; ")))?,
             )),
             Some(_) => return Err(p.first_message()),
             None => None,

@@ -1156,6 +1156,25 @@ upstreams:
     }
 
     #[test]
+    fn an_upstream_schema_is_listed_as_sent_and_checked_where_it_can_be() {
+        let u = upstream("upstreams: [{name: gh, stdio: {command: [gh]}}]");
+        let schema = json!({
+            "type": "object", "required": ["n"], "discriminator": {"propertyName": "n"},
+            "properties": {
+                "n": {"type": "integer", "x-unit": "s"},
+                "m": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}
+            }
+        });
+        let listed =
+            [json!({"name": "t", "inputSchema": schema, "outputSchema": {"type": "object", "example": {}}})];
+        let (tools, report) = u.import(0, &listed, &mut FxHashSet::default());
+        assert_eq!(report.imported, 1, "{:?}", report.skipped);
+        assert_eq!(tools[0].descriptor["inputSchema"], schema);
+        assert!(tools[0].input.is_valid(&json!({"n": 1})));
+        assert!(!tools[0].input.is_valid(&json!({"n": "one"})) && !tools[0].input.is_valid(&json!({})));
+    }
+
+    #[test]
     fn access_applies_to_every_imported_tool_and_leaves_the_connection_alone() {
         let yaml = "upstreams: [{name: gh, stdio: {command: [gh]}, tools: {access: {scopes: [repo]}}}]";
         let u = upstream(yaml);
@@ -1182,7 +1201,8 @@ upstreams:
     fn costly_descriptors_and_patterns_are_not_imported() {
         let u = upstream("upstreams: [{name: a, stdio: {command: [a]}}]");
         let big = json!({"name": "big", "description": "x".repeat(MAX_DESCRIPTOR_BYTES)});
-        // `\\w{200}` compiles to ~11 MB without a size limit; refused within the bound.
+        // `\\w{200}` compiles to ~11 MB without a size limit: over the bound, it is listed
+        // but not compiled (the upstream checks it), and still counts against the patterns.
         let costly = json!({"name": "costly", "inputSchema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "\\w{200}"}}}});
         let cheap = |i: usize| json!({"name": format!("p{i}"), "inputSchema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$"}}}});
         let mut listed = vec![big, costly];
@@ -1191,10 +1211,15 @@ upstreams:
         assert_eq!(tools.len(), MAX_UPSTREAM_PATTERNS, "one pattern per tool");
         let skipped = report.skipped.join("\n");
         assert!(skipped.contains("`big`: its descriptor is about"), "{skipped}");
-        assert!(
-            skipped.contains("`costly`: inputSchema") && skipped.contains("size limit"),
-            "{skipped}"
+        let costly = tools
+            .iter()
+            .find(|t| t.name == "costly")
+            .expect("costly imported");
+        assert_eq!(
+            costly.descriptor["inputSchema"]["properties"]["a"]["pattern"],
+            "\\w{200}"
         );
+        assert!(costly.input.is_valid(&json!({"a": "short"})), "not enforced");
         assert!(
             skipped.contains(&format!("over {MAX_UPSTREAM_PATTERNS} `pattern`s")),
             "{skipped}"
