@@ -43,14 +43,44 @@ struct Fetch<'a> {
     secrets: &'a Value,
 }
 
-/// The Secrets and ConfigMaps the fetches of `specs` read (unchecked settings read none).
+/// The Secrets and ConfigMaps the fetches of `specs` read (unchecked settings read none),
+/// and the ConfigMap keys that hold documents.
 pub fn fetch_refs(specs: &[OpenApiSpec]) -> Vec<crate::config::SecretRef> {
-    specs
+    let fetched = specs
         .iter()
         .filter(|s| s.url.is_some() && s.document.is_none() && s.file.is_none())
         .filter_map(|s| s.fetch.as_ref())
-        .flat_map(|f| f.credentials("", &mut Default::default()).refs)
-        .collect()
+        .flat_map(|f| f.credentials("", &mut Default::default()).refs);
+    let kept = specs
+        .iter()
+        .filter_map(|s| s.config_map.as_ref())
+        .map(|c| c.store_ref());
+    fetched.chain(kept).collect()
+}
+
+/// Puts the document of every source with a `configMap` in `document` (from `secrets`,
+/// the store's snapshot, which holds the ConfigMaps the server watches); a key not read
+/// (yet) is a problem of the source, and the load is tried again when it arrives.
+fn read_config_maps(specs: &mut [OpenApiSpec], secrets: &Value, problems: &mut Vec<Problem>) {
+    for (i, s) in specs.iter_mut().enumerate() {
+        let Some(cm) = &s.config_map else { continue };
+        if s.document.is_some() || s.file.is_some() || s.url.is_some() {
+            continue;
+        }
+        match secret(secrets, &cm.store_ref()) {
+            Ok(text) => {
+                s.document = Some(text.to_owned());
+                s.config_map = None;
+            }
+            Err(_) => problems.push(problem(
+                &format!("openapi[{i}].configMap"),
+                format!(
+                    "ConfigMap `{}` key `{}` is not available (yet): a missing ConfigMap or key, one over 1 MiB, or not text",
+                    cm.name, cm.key
+                ),
+            )),
+        }
+    }
 }
 
 /// Fetches the document of every source with a `url` (in parallel) and puts it in
@@ -60,6 +90,8 @@ pub fn fetch_refs(specs: &[OpenApiSpec]) -> Vec<crate::config::SecretRef> {
 /// # Errors
 /// Every source whose fetch failed, named `openapi[i].url`.
 pub fn fetch_documents(specs: &mut [OpenApiSpec], secrets: &Value) -> Result<Option<Duration>, ConfigError> {
+    let mut problems = Vec::new();
+    read_config_maps(specs, secrets, &mut problems);
     let wanted: Vec<(usize, Fetch<'_>)> = specs
         .iter()
         .enumerate()
@@ -80,7 +112,11 @@ pub fn fetch_documents(specs: &mut [OpenApiSpec], secrets: &Value) -> Result<Opt
         .collect();
     let refresh = wanted.iter().filter_map(|(_, f)| f.spec.refresh()).min();
     if wanted.is_empty() {
-        return Ok(refresh);
+        return if problems.is_empty() {
+            Ok(refresh)
+        } else {
+            Err(error(problems))
+        };
     }
     // A thread of its own with its own runtime: loading runs on a blocking thread of the
     // server's runtime, in `check`, or in a test, and must not block a runtime worker.
@@ -99,7 +135,6 @@ pub fn fetch_documents(specs: &mut [OpenApiSpec], secrets: &Value) -> Result<Opt
             .unwrap_or_else(|_| Err("the fetch thread failed".to_owned()))
     });
     let results = results.map_err(|e| error(vec![problem("openapi", e)]))?;
-    let mut problems = Vec::new();
     for ((i, _), r) in wanted.iter().zip(results) {
         match r {
             Ok(text) => {

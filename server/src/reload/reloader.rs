@@ -166,9 +166,13 @@ impl Reloader {
     /// Fetches the OpenAPI documents with a `fetch.refresh` again that often (sending their
     /// ETags: an unchanged document is not transferred again) and rebuilds from the serving
     /// sources; a changed document swaps the tools, a failed fetch keeps them. Sources
-    /// refused only because a document could not be fetched are tried again every 10s.
+    /// refused only because a document could not be fetched are tried again every 10s, and
+    /// at once when a Secret or ConfigMap a fetch reads changes (a document kept in a
+    /// ConfigMap is read again when it is edited).
     pub fn follow_openapi(self: &Arc<Self>) {
         let this = Arc::clone(self);
+        let mut changes = self.server.exec.secrets.fetched_changes();
+        let mut open = true;
         tokio::spawn(async move {
             loop {
                 let every = this.openapi_refresh.lock().ok().and_then(|r| *r);
@@ -177,8 +181,16 @@ impl Reloader {
                     Some(e) if !retry => e,
                     _ => config::openapi::REFRESH_RANGE.0,
                 };
-                tokio::time::sleep(wait).await;
-                if every.is_none() && !retry {
+                // A Secret or ConfigMap a fetch reads (a document in a ConfigMap) changed:
+                // read it again now.
+                let changed = tokio::select! {
+                    () = tokio::time::sleep(wait) => false,
+                    r = changes.changed(), if open => {
+                        open = r.is_ok();
+                        open
+                    }
+                };
+                if every.is_none() && !retry && !changed {
                     continue;
                 }
                 let r = Arc::clone(&this);

@@ -52,6 +52,8 @@ pub struct Secrets {
     fetching: Mutex<Vec<SecretRef>>,
     /// The references of the serving config, as last configured.
     configured: Mutex<Vec<SecretRef>>,
+    /// Bumped when a Secret or ConfigMap that a fetch reads changes.
+    fetched_changed: watch::Sender<u64>,
     /// Whether a source is configured at all (errors say so when none is).
     has_source: std::sync::atomic::AtomicBool,
     /// The `env` source: values are looked up per reference when the references change.
@@ -69,6 +71,7 @@ impl Default for Secrets {
             pinned: Mutex::default(),
             fetching: Mutex::default(),
             configured: Mutex::default(),
+            fetched_changed: watch::Sender::new(0),
             has_source: false.into(),
             from_env: false.into(),
             known: ArcSwap::from_pointee(Vec::new()),
@@ -135,6 +138,19 @@ impl Secrets {
             p.insert(name.to_owned(), presence);
         }
         self.refresh_known();
+        if self
+            .fetching
+            .lock()
+            .is_ok_and(|f| f.iter().any(|r| r.name == name))
+        {
+            self.fetched_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Changes each time a Secret or ConfigMap that an OpenAPI fetch reads (a document in a
+    /// ConfigMap, a CA, a header's value) is set, so the fetch runs again.
+    pub fn fetched_changes(&self) -> watch::Receiver<u64> {
+        self.fetched_changed.subscribe()
     }
 
     /// Recomputes [`Self::known`] from the values.
@@ -175,11 +191,20 @@ impl Secrets {
             presence.insert(name.clone(), Presence::Loaded);
             next.insert(name, Value::Object(keys));
         }
+        let before = self.values.load_full();
         self.values.store(Arc::new(Value::Object(next)));
         if let Ok(mut p) = self.presence.lock() {
             *p = presence;
         }
         self.refresh_known();
+        let now = self.values.load();
+        let changed = self
+            .fetching
+            .lock()
+            .is_ok_and(|f| f.iter().any(|r| before.get(&r.name) != now.get(&r.name)));
+        if changed {
+            self.fetched_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
     /// Marks that a source fills this store.

@@ -46,6 +46,12 @@ pub struct OpenApiSpec {
     /// `file`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A ConfigMap key holding the document, e.g. `{name: petstore-api, key: openapi.yaml}`:
+    /// read through the server's Secret and ConfigMap source (in a cluster, the watch of its
+    /// namespace), so an edit of the ConfigMap swaps the tools. Exclusive with `document`,
+    /// `file` and `url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapKey>,
     /// How `url` is fetched: the CA to trust, the token to present, the time limit and the
     /// refresh interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,6 +98,47 @@ pub struct OpenApiSpec {
     /// to whom, under which limits: as for an upstream's tools.
     #[serde(default, skip_serializing_if = "ImportSpec::is_empty")]
     pub tools: ImportSpec,
+}
+
+/// A key of a ConfigMap in the server's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKey {
+    /// The ConfigMap's name.
+    pub name: String,
+    /// The key holding the document.
+    pub key: String,
+}
+
+impl ConfigMapKey {
+    /// The store reference of the key (ConfigMaps are kept under their prefix).
+    pub(crate) fn store_ref(&self) -> super::context::SecretRef {
+        super::context::SecretRef {
+            name: format!("{}{}", super::context::CONFIG_MAP_PREFIX, self.name),
+            key: self.key.clone(),
+        }
+    }
+
+    /// Problems of the name and key, at `at`.
+    pub(crate) fn check(&self, at: &str, p: &mut super::context::Problems) {
+        if !super::context::valid_config_map_name(&self.name) {
+            p.push(
+                format!("{at}.configMap.name"),
+                "not a ConfigMap name (1-253 lower-case letters, digits, `-` and `.`)",
+            );
+        }
+        let key_ok = (1..=253).contains(&self.key.len())
+            && self
+                .key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !key_ok {
+            p.push(
+                format!("{at}.configMap.key"),
+                "not a ConfigMap key (1-253 letters, digits, `-`, `_` and `.`)",
+            );
+        }
+    }
 }
 
 /// How an OpenAPI document is fetched from its `url`.

@@ -704,6 +704,20 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
         super::check_url(s, &at, p);
         let url_ok = p.0.len() == before;
         super::check_server_choice(s, &at, p);
+        if let Some(cm) = &s.config_map {
+            // Read by quiver-server from its ConfigMap source (`reload::fetch`), which puts
+            // it in `document`: the operator sees it unread and grants the pods' Role.
+            cm.check(&at, p);
+            if s.document.is_none() && s.file.is_none() && s.url.is_none() {
+                out.unfetched_refs.push(cm.store_ref());
+                continue;
+            }
+            p.push(
+                &at,
+                "set exactly one of `document`, `file`, `url` and `configMap`",
+            );
+            continue;
+        }
         let text = match (&s.document, &s.file, &s.url) {
             (Some(d), None, None) => d,
             // Fetched by quiver-server when it loads the config (`reload::fetch`); the
@@ -729,7 +743,10 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
                 continue;
             }
             _ => {
-                p.push(&at, "set exactly one of `document`, `file` and `url`");
+                p.push(
+                    &at,
+                    "set exactly one of `document`, `file`, `url` and `configMap`",
+                );
                 continue;
             }
         };

@@ -306,7 +306,7 @@ fn hostile_documents_are_refused_naming_the_place() {
 
 #[test]
 fn a_source_needs_exactly_one_document_and_a_readable_file() {
-    assert!(problems(json!({"name": "x"}))[0].contains("set exactly one of `document`, `file` and `url`"));
+    assert!(problems(json!({"name": "x"}))[0].contains("set exactly one of `document`, `file`, `url` and `configMap`"));
     let mut ts = toolset(json!({"name": "x", "file": "/nonexistent/openapi.json"}));
     super::read_files(&mut ts.openapi);
     let e = compile(&ts).unwrap_err().to_string();
@@ -626,4 +626,37 @@ fn schemas_are_listed_as_written_and_checked_where_the_validator_can() {
         !check(json!({"kind": "dog", "tags": ["a", "a"]})).is_empty(),
         "uniqueItems"
     );
+}
+
+#[test]
+fn a_document_in_a_config_map_is_named_for_the_pods_role_and_checked() {
+    let c =
+        compiled(json!({"name": "api", "configMap": {"name": "api-doc", "key": "openapi.json"}})).unwrap();
+    assert!(c.tools.is_empty(), "read by the server, not here");
+    assert!(c.secrets.contains("configmap:api-doc"), "{:?}", c.secrets);
+    let bad = [
+        (
+            json!({"configMap": {"name": "Api_Doc", "key": "k"}}),
+            "openapi[0].configMap.name",
+        ),
+        (
+            json!({"configMap": {"name": "api-doc", "key": "a/b"}}),
+            "openapi[0].configMap.key",
+        ),
+        (
+            json!({"configMap": {"name": "a", "key": "k"}, "document": "{}"}),
+            "set exactly one of",
+        ),
+    ];
+    for (extra, want) in bad {
+        let mut s = json!({"name": "api"});
+        s.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let p = problems(s);
+        assert!(
+            p.iter().any(|m| m.contains(want)),
+            "{extra}: wanted {want:?} in {p:?}"
+        );
+    }
 }

@@ -289,3 +289,57 @@ fn a_fetch_waits_for_the_secrets_its_headers_and_ca_read() {
     );
     assert!(!e.contains("not a certificate"), "{e}");
 }
+
+/// A document kept in a ConfigMap: the server waits for the key, serves its operations as
+/// soon as the ConfigMap arrives, and swaps them when it is edited; a broken edit keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_document_in_a_config_map_is_served_when_it_arrives_and_follows_its_edits() {
+    use crate::secrets::Presence;
+    let metrics = Metrics::new("test", "system");
+    let server = Server::new(Registry::new(&metrics), metrics);
+    let secrets = server.exec.secrets.clone();
+    secrets.set_has_source();
+    let reloader = Reloader::new(server.clone());
+    reloader.follow_openapi();
+    let config = "openapi:\n  - {name: api, configMap: {name: api-doc, key: openapi.json}}\n";
+    let e = reloader
+        .apply(&[("t.yaml".into(), config.into())])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("openapi[0].configMap")
+            && e.contains("ConfigMap `api-doc` key `openapi.json` is not available"),
+        "{e}"
+    );
+    assert!(
+        secrets.wanted().borrow().contains("configmap:api-doc"),
+        "the server watches it"
+    );
+    let names = || -> Vec<String> {
+        let r = server.registry.load_full();
+        r.tools.iter().map(|t| t.def.name.clone()).collect()
+    };
+    let set = |text: String| {
+        let keys = vec![("openapi.json".to_owned(), text.into_bytes())];
+        secrets.set("configmap:api-doc", Some(keys), Presence::Loaded);
+    };
+    let until = |want: &'static str| async move {
+        for _ in 0..500 {
+            if names() == [want] {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{want} not served: {:?}", names());
+    };
+    // Arrives: served at once (not after the 10 s retry).
+    set(doc("first"));
+    until("first").await;
+    // Edited: swapped.
+    set(doc("second"));
+    until("second").await;
+    // A broken edit keeps what serves.
+    set("{not json".into());
+    assert!(reloader.refresh().is_err());
+    assert_eq!(names(), ["second"]);
+}
