@@ -3,11 +3,13 @@ sources are URLs of the API server's OpenAPI v3 documents (core/v1 and apps/v1),
 the pods with their own ServiceAccount token and the cluster CA. The official Python SDK client
 lists and gets objects through it (the calls carry a ServiceAccount token from a Secret, so
 the API server's RBAC applies), and `find_tools` finds the operations from the plain-language
-queries of tests/search/kube-queries.yaml with recall@5 >= 0.9."""
+queries of tests/search/kube-queries.yaml with recall@5 >= 0.9. A second McpServer reads its
+document from a ConfigMap and serves an edit of it without a restart."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import mcp_types as types
@@ -95,3 +97,62 @@ def test_the_api_server_served_as_tools_and_found_by_search(ns: Namespace):
     recall = hits / len(QUERIES)
     print(f"find_tools on kind: {len(QUERIES)} queries, recall@5 {recall:.3f}")
     assert len(QUERIES) >= 50 and recall >= 0.9, recall
+
+
+def configmaps_doc(with_list: bool) -> str:
+    """A small OpenAPI document written for this test: reading (and, in its second version,
+    listing) the ConfigMaps of a namespace on the cluster's API server."""
+    ns_param = {"name": "namespace", "in": "path", "required": True, "schema": {"type": "string"}}
+    answer = {"200": {"description": "ok", "content": {"application/json": {"schema": {"type": "object"}}}}}
+    paths = {
+        "/api/v1/namespaces/{namespace}/configmaps/{name}": {
+            "get": {
+                "operationId": "readConfigMap",
+                "parameters": [ns_param, {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": answer,
+            }
+        }
+    }
+    if with_list:
+        paths["/api/v1/namespaces/{namespace}/configmaps"] = {"get": {"operationId": "listConfigMaps", "parameters": [ns_param], "responses": answer}}
+    return json.dumps({"openapi": "3.0.3", "info": {"title": "configmaps", "version": "1"}, "paths": paths})
+
+
+def test_a_document_in_a_config_map_is_served_and_follows_its_edits(ns: Namespace):
+    ns.k("create", "serviceaccount", "caller")
+    ns.k("create", "rolebinding", "caller-view", "--clusterrole=view", f"--serviceaccount={ns.name}:caller")
+    token = ns.k("create", "token", "caller", "--duration=1h").strip()
+    ns.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kube-caller"}, "stringData": {"token": token}})
+    ns.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seen"}, "data": {"k": "v"}})
+
+    def doc(with_list: bool) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "api-doc"}, "data": {"openapi.json": configmaps_doc(with_list)}}
+
+    ns.apply(doc(False))
+    ns.apply({
+        "apiVersion": "quiver.dev/v1alpha1",
+        "kind": "McpServer",
+        "metadata": {"name": "cmdoc"},
+        "spec": {"openapi": [{
+            "name": "configmaps",
+            "configMap": {"name": "api-doc", "key": "openapi.json"},
+            "server": API,
+            "headers": {"Authorization": "Bearer {{secret.kube-caller.token}}"},
+            "tls": {"caConfigMap": "kube-root-ca.crt"},
+        }]},
+    })
+    ns.wait_condition("cmdoc", "Ready", "True", 240)
+
+    async def listed_and_read(url: str) -> tuple[list[str], types.CallToolResult]:
+        async with Client(url) as c:
+            names = sorted(t.name for t in (await c.list_tools(cache_mode="bypass")).tools)
+            return names, await c.call_tool("readConfigMap", {"namespace": ns.name, "name": "seen"})
+
+    with ns.port_forward("svc/cmdoc", 8080) as port:
+        url = f"http://127.0.0.1:{port}/mcp"
+        names, read = eventually("the ConfigMap's operation to answer", lambda: (o := asyncio.run(listed_and_read(url))) and not o[1].is_error and o, 120, 2)
+        assert names == ["readConfigMap"]
+        assert read.structured_content["data"] == {"k": "v"}
+        # An edit of the ConfigMap reaches the running pods: the new operation is served.
+        ns.apply(doc(True))
+        eventually("the edited document's tools", lambda: (o := asyncio.run(listed_and_read(url))) and o[0] == ["listConfigMaps", "readConfigMap"] and o, 90, 1)

@@ -710,6 +710,7 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
             cm.check(&at, p);
             if s.document.is_none() && s.file.is_none() && s.url.is_none() {
                 out.unfetched_refs.push(cm.store_ref());
+                out.unfetched_refs.extend(stand_in_refs(s, &at, p));
                 continue;
             }
             p.push(
@@ -769,14 +770,21 @@ const STAND_IN: &str = r#"{"openapi": "3.0.3", "info": {"title": "stand-in", "ve
 /// The Secrets and ConfigMaps that a not yet fetched source's settings name (its `headers`,
 /// `tls` and `identity`, compiled on [`STAND_IN`], whose problems are the source's own).
 fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> {
-    let Some(server) = s.server.clone().or_else(|| s.url.as_deref().and_then(origin)) else {
-        return Vec::new();
-    };
     let Ok(doc) = document::parse(STAND_IN) else {
         return Vec::new();
     };
+    // Where requests go may be in the document only (a ConfigMap's): the references are
+    // still named, and the problems that depend on the server are left to the pods.
+    let mut scratch = Problems::default();
+    let (server, p) = match s.server.clone().or_else(|| s.url.as_deref().and_then(origin)) {
+        Some(server) => (server, p),
+        None => ("https://stand-in.invalid".to_owned(), &mut scratch),
+    };
     let spec = OpenApiSpec {
         server: Some(server),
+        server_index: None,
+        server_variables: Default::default(),
+        config_map: None,
         // The source's filters and names are for its real operations.
         tools: Default::default(),
         ..s.clone()

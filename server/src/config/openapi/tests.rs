@@ -306,7 +306,10 @@ fn hostile_documents_are_refused_naming_the_place() {
 
 #[test]
 fn a_source_needs_exactly_one_document_and_a_readable_file() {
-    assert!(problems(json!({"name": "x"}))[0].contains("set exactly one of `document`, `file`, `url` and `configMap`"));
+    assert!(
+        problems(json!({"name": "x"}))[0]
+            .contains("set exactly one of `document`, `file`, `url` and `configMap`")
+    );
     let mut ts = toolset(json!({"name": "x", "file": "/nonexistent/openapi.json"}));
     super::read_files(&mut ts.openapi);
     let e = compile(&ts).unwrap_err().to_string();
@@ -634,6 +637,21 @@ fn a_document_in_a_config_map_is_named_for_the_pods_role_and_checked() {
         compiled(json!({"name": "api", "configMap": {"name": "api-doc", "key": "openapi.json"}})).unwrap();
     assert!(c.tools.is_empty(), "read by the server, not here");
     assert!(c.secrets.contains("configmap:api-doc"), "{:?}", c.secrets);
+    // What the source's settings read is named too, with or without a `server`.
+    for server in [json!(null), json!("https://kubernetes.default.svc")] {
+        let c = compiled(json!({
+            "name": "api", "configMap": {"name": "api-doc", "key": "openapi.json"}, "server": server,
+            "headers": {"Authorization": "Bearer {{secret.kube-caller.token}}"},
+            "tls": {"caConfigMap": "kube-root-ca.crt"},
+        }))
+        .unwrap();
+        assert!(c.secrets.contains("kube-caller"), "{:?}", c.secrets);
+        assert!(
+            c.secrets.contains("configmap:kube-root-ca.crt"),
+            "{:?}",
+            c.secrets
+        );
+    }
     let bad = [
         (
             json!({"configMap": {"name": "Api_Doc", "key": "k"}}),
