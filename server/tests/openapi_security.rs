@@ -66,7 +66,10 @@ fn serve(mut conn: std::net::TcpStream, st: &State) {
             headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
         }
     }
-    let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
     let mut body = vec![0; len];
     let _ = reader.read_exact(&mut body);
     let body = String::from_utf8_lossy(&body).into_owned();
@@ -78,12 +81,19 @@ fn serve(mut conn: std::net::TcpStream, st: &State) {
                 && body.contains("scope=read");
             if ok {
                 let n = st.issued.fetch_add(1, Ordering::SeqCst) + 1;
-                ("200 OK", json!({"access_token": format!("tok-{n}"), "token_type": "Bearer", "expires_in": 2}).to_string())
+                (
+                    "200 OK",
+                    json!({"access_token": format!("tok-{n}"), "token_type": "Bearer", "expires_in": 2})
+                        .to_string(),
+                )
             } else {
                 ("401 Unauthorized", json!({"error": "invalid_client"}).to_string())
             }
         }
-        "/token-huge" => ("200 OK", format!("{{\"access_token\": \"{}\"}}", "a".repeat(1 << 20))),
+        "/token-huge" => (
+            "200 OK",
+            format!("{{\"access_token\": \"{}\"}}", "a".repeat(1 << 20)),
+        ),
         "/token-html" => ("200 OK", "<html>sign in</html>".to_owned()),
         "/token-missing" => ("200 OK", json!({"token_type": "Bearer"}).to_string()),
         "/token-500" => ("500 Internal Server Error", "oops".to_owned()),
@@ -157,7 +167,11 @@ fn document(port: u16) -> Value {
         "cc": cc("/token"),
     });
     for bad in ["huge", "html", "missing", "500", "slow"] {
-        paths[format!("/bad/{bad}")] = op(&format!("bad_{bad}"), json!([{format!("cc_{bad}"): ["read"]}]), json!([]));
+        paths[format!("/bad/{bad}")] = op(
+            &format!("bad_{bad}"),
+            json!([{format!("cc_{bad}"): ["read"]}]),
+            json!([]),
+        );
         schemes[format!("cc_{bad}")] = cc(&format!("/token-{bad}"));
     }
     json!({
@@ -212,7 +226,10 @@ fn api_keys_bearer_and_basic_reach_the_api_where_the_document_says() {
 
     let r = call(&p, "header", json!({}));
     assert_eq!(r["isError"], false, "{r}");
-    assert_eq!(last(&st).headers.get("x-api-key").map(String::as_str), Some("k&v x"));
+    assert_eq!(
+        last(&st).headers.get("x-api-key").map(String::as_str),
+        Some("k&v x")
+    );
 
     // `oidc` has no credential: the next alternative, the query; the argument joins it.
     let r = call(&p, "query", json!({"limit": 5}));
@@ -222,7 +239,10 @@ fn api_keys_bearer_and_basic_reach_the_api_where_the_document_says() {
     // One Cookie header: the scheme's and the argument's.
     let r = call(&p, "cookie", json!({"theme": "dark"}));
     assert_eq!(r["isError"], false, "{r}");
-    assert_eq!(last(&st).headers.get("cookie").map(String::as_str), Some("sid=k%26v%20x; theme=dark"));
+    assert_eq!(
+        last(&st).headers.get("cookie").map(String::as_str),
+        Some("sid=k%26v%20x; theme=dark")
+    );
 
     call(&p, "bearer", json!({}));
     assert_eq!(last(&st).headers["authorization"], "Bearer bearer-token");
@@ -243,7 +263,11 @@ fn an_oauth2_token_is_fetched_once_for_many_calls_and_again_on_expiry_or_401() {
         assert_eq!(r["isError"], false, "{r}");
         assert_eq!(last(&st).headers["authorization"], "Bearer tok-1");
     }
-    assert_eq!(st.issued.load(Ordering::SeqCst), 1, "one grant, one token for both operations");
+    assert_eq!(
+        st.issued.load(Ordering::SeqCst),
+        1,
+        "one grant, one token for both operations"
+    );
     // The token lives 2s: once it is about to expire, the next call fetches a new one.
     wait_for("a token fetched again on expiry", || {
         call(&p, "oauth", json!({}));
@@ -280,7 +304,10 @@ fn a_broken_token_endpoint_is_a_tool_error_saying_what_is_wrong() {
         assert!(text(&r).contains(want), "{tool}: {r}");
         assert!(!text(&r).contains("s3cret"), "{tool}: {r}");
     }
-    assert!(st.seen.lock().unwrap().is_empty(), "no API request without a token");
+    assert!(
+        st.seen.lock().unwrap().is_empty(),
+        "no API request without a token"
+    );
     // The server is still serving.
     assert_eq!(call(&p, "open", json!({}))["isError"], false);
 }

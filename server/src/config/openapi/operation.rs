@@ -598,7 +598,10 @@ fn request(
     let mut call = http::compile(&handler, &mut cx);
     call.args = Some(Box::new(parts));
     if let Some(auth) = applied.auth {
-        if s.identity.as_ref().is_some_and(|i| i.mode != crate::config::identity::IdentityMode::Server) {
+        if s.identity
+            .as_ref()
+            .is_some_and(|i| i.mode != crate::config::identity::IdentityMode::Server)
+        {
             local.push(
                 format!("{op_at}.security"),
                 "`identity` sets the Authorization header, which this operation's security scheme sets too",

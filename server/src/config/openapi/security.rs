@@ -157,7 +157,10 @@ pub(super) fn check_spec(security: &BTreeMap<String, SchemeCredential>, at: &str
     for (name, c) in security {
         let here = format!("{at}.security.{name}");
         if !valid_secret_part(&c.secret) {
-            p.push(format!("{here}.secret"), "not a Secret name (letters, digits, `-`, `_`)");
+            p.push(
+                format!("{here}.secret"),
+                "not a Secret name (letters, digits, `-`, `_`)",
+            );
         }
         for (field, k) in [
             ("key", &c.key),
@@ -167,7 +170,10 @@ pub(super) fn check_spec(security: &BTreeMap<String, SchemeCredential>, at: &str
             ("clientSecretKey", &c.client_secret_key),
         ] {
             if k.as_ref().is_some_and(|k| !valid_secret_part(k)) {
-                p.push(format!("{here}.{field}"), "not a Secret key (letters, digits, `-`, `_`)");
+                p.push(
+                    format!("{here}.{field}"),
+                    "not a Secret key (letters, digits, `-`, `_`)",
+                );
             }
         }
         if let Some(u) = &c.token_url
@@ -198,7 +204,10 @@ fn check_token_url(u: &str) -> Result<(), String> {
         .ok_or("must be an `https` (or `http`) URL")?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if u.len() > 2048 || authority.is_empty() || authority.contains('@') || u.contains('#') {
-        return Err("an absolute URL of at most 2048 characters, with a host and no credentials or fragment".to_owned());
+        return Err(
+            "an absolute URL of at most 2048 characters, with a host and no credentials or fragment"
+                .to_owned(),
+        );
     }
     if u.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("has spaces or control characters".to_owned());
@@ -233,14 +242,20 @@ pub(super) fn check_against(
         };
         let k = kind(root, scheme);
         let sets = match &k {
-            Kind::ApiKey { name, place: "header" } => Some(*name),
+            Kind::ApiKey {
+                name,
+                place: "header",
+            } => Some(*name),
             Kind::Bearer | Kind::Basic | Kind::ClientCredentials { .. } => Some("Authorization"),
             _ => None,
         };
         if let Some(h) = sets.filter(|h| headers.keys().any(|k| k.eq_ignore_ascii_case(h))) {
             p.push(
                 &here,
-                format!("`headers` sets `{}` too, which this scheme sets; remove it there", shown(h)),
+                format!(
+                    "`headers` sets `{}` too, which this scheme sets; remove it there",
+                    shown(h)
+                ),
             );
         }
         let need = match k {
@@ -253,12 +268,18 @@ pub(super) fn check_against(
                         None => p.push(&here, "the document gives no `tokenUrl`; set `tokenUrl`"),
                         Some(u) => {
                             if let Err(e) = check_token_url(u) {
-                                p.push(&here, format!("the document's tokenUrl `{}` {e}; set `tokenUrl`", shown(u)));
+                                p.push(
+                                    &here,
+                                    format!("the document's tokenUrl `{}` {e}; set `tokenUrl`", shown(u)),
+                                );
                             }
                         }
                     }
                 }
-                missing(&[("clientIdKey", &c.client_id_key), ("clientSecretKey", &c.client_secret_key)])
+                missing(&[
+                    ("clientIdKey", &c.client_id_key),
+                    ("clientSecretKey", &c.client_secret_key),
+                ])
             }
             Kind::Unsupported(what) => {
                 p.push(&here, format!("{what} is not supported"));
@@ -324,13 +345,29 @@ fn apply(
     scopes: &Value,
     out: &mut Applied,
 ) -> Result<(), String> {
-    let secret = |k: &Option<String>| format!("{{{{secret.{}.{} | trim}}}}", c.secret, k.as_deref().unwrap_or(""));
+    let secret = |k: &Option<String>| {
+        format!(
+            "{{{{secret.{}.{} | trim}}}}",
+            c.secret,
+            k.as_deref().unwrap_or("")
+        )
+    };
     match kind(root, scheme) {
-        Kind::ApiKey { name: n, place: "query" } => {
+        Kind::ApiKey {
+            name: n,
+            place: "query",
+        } => {
             out.query.push(format!("{}={}", encode(n), secret(&c.key)));
         }
-        Kind::ApiKey { name: n, place: "cookie" } => {
-            let value = format!("{{{{secret.{}.{} | trim | url}}}}", c.secret, c.key.as_deref().unwrap_or(""));
+        Kind::ApiKey {
+            name: n,
+            place: "cookie",
+        } => {
+            let value = format!(
+                "{{{{secret.{}.{} | trim | url}}}}",
+                c.secret,
+                c.key.as_deref().unwrap_or("")
+            );
             out.cookies.push(format!("{}={value}", encode(n)));
         }
         Kind::ApiKey { name: n, .. } => out.headers.push((n.to_owned(), secret(&c.key))),
@@ -369,7 +406,10 @@ fn apply(
             ))));
         }
         Kind::Unsupported(what) => {
-            return Err(format!("security scheme `{}`: {what} is not supported", shown(name)));
+            return Err(format!(
+                "security scheme `{}`: {what} is not supported",
+                shown(name)
+            ));
         }
     }
     Ok(())

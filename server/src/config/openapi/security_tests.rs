@@ -105,14 +105,20 @@ fn each_operation_carries_the_first_alternative_it_is_given_credentials_for() {
     let h = call(&c, "optional");
     assert!(h.headers.is_empty() && h.auth.is_none());
     // The Secrets read are redacted and granted like any http tool's.
-    assert!(c.secrets.contains("api") && c.secrets.contains("oauth"), "{:?}", c.secrets);
+    assert!(
+        c.secrets.contains("api") && c.secrets.contains("oauth"),
+        "{:?}",
+        c.secrets
+    );
 }
 
 #[test]
 fn basic_and_client_credentials_are_built_per_call_and_one_grant_shares_its_token() {
     let c = compiled(&api(), credentials()).unwrap();
     let h = call(&c, "basic");
-    assert!(matches!(h.auth.as_deref(), Some(Auth::Basic { user, password }) if user.key == "user" && password.key == "password"));
+    assert!(
+        matches!(h.auth.as_deref(), Some(Auth::Basic { user, password }) if user.key == "user" && password.key == "password")
+    );
     assert!(h.secrets.iter().any(|r| r.name == "api" && r.key == "password"));
     let grant = |name: &str| match call(&c, name).auth.as_deref() {
         Some(Auth::OAuth2(g)) => g.clone(),
@@ -134,7 +140,8 @@ fn an_operation_whose_requirement_is_not_met_is_a_problem_naming_it_and_its_sche
     assert_eq!(p.len(), 3, "{p:?}");
     for op in ["paths./oauth.get:", "paths./oauth2.get:", "paths./oauth3.get:"] {
         assert!(
-            p.iter().any(|m| m.contains(op) && m.contains("`cc`") && m.contains("no credential")),
+            p.iter()
+                .any(|m| m.contains(op) && m.contains("`cc`") && m.contains("no credential")),
             "{op}: {p:?}"
         );
     }
@@ -147,14 +154,42 @@ fn an_operation_whose_requirement_is_not_met_is_a_problem_naming_it_and_its_sche
 #[test]
 fn bad_credentials_are_problems_of_the_source() {
     let cases = [
-        (json!({"nope": {"secret": "api", "key": "k"}}), "security.nope", "declares no security scheme"),
-        (json!({"oidc": {"secret": "api", "key": "k"}}), "security.oidc", "not supported"),
-        (json!({"basic": {"secret": "api", "usernameKey": "u"}}), "security.basic", "`passwordKey`"),
+        (
+            json!({"nope": {"secret": "api", "key": "k"}}),
+            "security.nope",
+            "declares no security scheme",
+        ),
+        (
+            json!({"oidc": {"secret": "api", "key": "k"}}),
+            "security.oidc",
+            "not supported",
+        ),
+        (
+            json!({"basic": {"secret": "api", "usernameKey": "u"}}),
+            "security.basic",
+            "`passwordKey`",
+        ),
         (json!({"bearer": {"secret": "api"}}), "security.bearer", "`key`"),
-        (json!({"bearer": {"secret": "a.b", "key": "k"}}), "security.bearer.secret", "not a Secret name"),
-        (json!({"bearer": {"secret": "a", "key": "{{x}}"}}), "security.bearer.key", "not a Secret key"),
-        (json!({"cc": {"secret": "a", "clientIdKey": "i", "clientSecretKey": "s", "tokenUrl": "ftp://x"}}), "security.cc.tokenUrl", "https"),
-        (json!({"cc": {"secret": "a", "clientIdKey": "i", "clientSecretKey": "s", "scopes": ["a b"]}}), "security.cc.scopes", "without spaces"),
+        (
+            json!({"bearer": {"secret": "a.b", "key": "k"}}),
+            "security.bearer.secret",
+            "not a Secret name",
+        ),
+        (
+            json!({"bearer": {"secret": "a", "key": "{{x}}"}}),
+            "security.bearer.key",
+            "not a Secret key",
+        ),
+        (
+            json!({"cc": {"secret": "a", "clientIdKey": "i", "clientSecretKey": "s", "tokenUrl": "ftp://x"}}),
+            "security.cc.tokenUrl",
+            "https",
+        ),
+        (
+            json!({"cc": {"secret": "a", "clientIdKey": "i", "clientSecretKey": "s", "scopes": ["a b"]}}),
+            "security.cc.scopes",
+            "without spaces",
+        ),
     ];
     for (security, at, want) in cases {
         let p = compiled(&api(), security.clone()).unwrap_err();
@@ -170,8 +205,17 @@ fn bad_credentials_are_problems_of_the_source() {
         "security": {"bearer": {"secret": "api", "key": "token"}}
     }]}))
     .unwrap();
-    let p: Vec<String> = compile(&ts).unwrap_err().problems.iter().map(ToString::to_string).collect();
-    assert!(p.iter().any(|m| m.contains("security.bearer") && m.contains("`headers` sets")), "{p:?}");
+    let p: Vec<String> = compile(&ts)
+        .unwrap_err()
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        p.iter()
+            .any(|m| m.contains("security.bearer") && m.contains("`headers` sets")),
+        "{p:?}"
+    );
     // Unknown fields are refused.
     assert!(serde_json::from_value::<ToolSet>(json!({"openapi": [{"name": "a", "document": "{}", "security": {"x": {"secret": "a", "value": "v"}}}]})).is_err());
 }

@@ -155,7 +155,12 @@ mod runtime {
     impl OAuth2 {
         /// The current token, fetched when there is none, it is about to expire, or the
         /// client credentials changed. Concurrent calls wait for one fetch.
-        async fn bearer(&self, client: &HttpClient, secrets: &Value, timeout: Duration) -> Result<HeaderValue, String> {
+        async fn bearer(
+            &self,
+            client: &HttpClient,
+            secrets: &Value,
+            timeout: Duration,
+        ) -> Result<HeaderValue, String> {
             use std::hash::{Hash, Hasher};
             let id = value(secrets, &self.client_id)?;
             let secret = value(secrets, &self.client_secret)?;
@@ -193,7 +198,12 @@ mod runtime {
         }
 
         /// One client credentials grant (RFC 6749 4.4, client authenticated by HTTP basic).
-        async fn fetch(&self, client: &HttpClient, id: &str, secret: &str) -> Result<(HeaderValue, Duration), String> {
+        async fn fetch(
+            &self,
+            client: &HttpClient,
+            id: &str,
+            secret: &str,
+        ) -> Result<(HeaderValue, Duration), String> {
             let url = self.shown();
             let mut pair = String::new();
             form(id, &mut pair);
