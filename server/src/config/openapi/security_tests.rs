@@ -225,14 +225,20 @@ fn swagger_2_schemes_apply_and_a_source_to_fetch_grants_its_scheme_secrets() {
     let doc = json!({
         "swagger": "2.0", "info": {"title": "s", "version": "1"},
         "host": "api.example", "schemes": ["https"],
-        "securityDefinitions": {"key": {"type": "apiKey", "in": "query", "name": "k"}, "b": {"type": "basic"}},
+        "securityDefinitions": {"key": {"type": "apiKey", "in": "query", "name": "k"}, "b": {"type": "basic"},
+                                "cc": {"type": "oauth2", "flow": "application", "tokenUrl": "https://idp.example/t", "scopes": {"r": "read"}}},
         "security": [{"key": []}],
         "paths": {"/a": {"get": {"operationId": "a", "responses": {"200": {"description": "ok"}}}},
-                  "/b": {"get": {"operationId": "b", "security": [{"b": []}], "responses": {"200": {"description": "ok"}}}}}
+                  "/b": {"get": {"operationId": "b", "security": [{"b": []}], "responses": {"200": {"description": "ok"}}}},
+                  "/c": {"get": {"operationId": "c", "security": [{"cc": ["r"]}], "responses": {"200": {"description": "ok"}}}}}
     });
-    let c = compiled(&doc, json!({"key": {"secret": "api", "key": "key"}, "b": {"secret": "api", "usernameKey": "user", "passwordKey": "password"}})).unwrap();
+    let c = compiled(&doc, json!({"key": {"secret": "api", "key": "key"}, "b": {"secret": "api", "usernameKey": "user", "passwordKey": "password"},
+        "cc": {"secret": "o", "clientIdKey": "id", "clientSecretKey": "s"}})).unwrap();
     assert_eq!(url(call(&c, "a")), "https://api.example/a?k=k%26v%3B%20x");
     assert!(matches!(call(&c, "b").auth.as_deref(), Some(Auth::Basic { .. })));
+    assert!(
+        matches!(call(&c, "c").auth.as_deref(), Some(Auth::OAuth2(g)) if g.token_url == "https://idp.example/t" && g.scope == "r")
+    );
 
     let ts: ToolSet = serde_json::from_value(json!({"openapi": [{
         "name": "api", "url": "https://api.example/openapi.json",
