@@ -19,6 +19,8 @@ mod document;
 mod operation;
 pub(crate) use operation::compile;
 mod schema;
+mod security;
+pub use security::{MAX_SCHEMES, SchemeCredential};
 
 pub use document::{MAX_OPENAPI_BYTES, MAX_OPENAPI_DEPTH, MAX_OPERATIONS};
 pub use schema::MAX_DEFS;
@@ -83,6 +85,13 @@ pub struct OpenApiSpec {
     /// Which credential the requests carry as `Authorization: Bearer ...`, as for http tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<IdentitySpec>,
+    /// Credentials of the document's security schemes (`components.securitySchemes`, Swagger
+    /// 2.0 `securityDefinitions`), by scheme name: each operation carries those of the first
+    /// alternative of its `security` requirement that is given here. Once set, an operation
+    /// that requires a scheme not given here is refused (a problem naming it). See
+    /// docs/openapi.md.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub security: BTreeMap<String, SchemeCredential>,
     /// Time limit of each request (default 10s, at most 5m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,

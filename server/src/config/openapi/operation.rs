@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::document::{self, Document, Op, Version, deref, shown};
 use super::schema::{Converter, Reached, bounded};
+use super::security::{self, Applied};
 use super::{MAX_OPENAPI_BYTES, MAX_OPENAPI_SOURCES, OpenApiSpec, valid_source_name};
 use crate::config::compiled::{CompiledHandler, CompiledTool};
 use crate::config::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
@@ -27,6 +28,8 @@ struct Shared<'a> {
     exclude: Vec<Glob>,
     access: Option<Arc<crate::config::access::Access>>,
     limits: Arc<[Arc<governance::Limit>]>,
+    /// OAuth2 grants of the operations so far: operations of one grant share its token.
+    grants: std::cell::RefCell<Vec<Arc<http::auth::OAuth2>>>,
 }
 
 /// Where the requests of source `s` go: `server`, or the document's chosen server.
@@ -85,7 +88,9 @@ pub(super) fn compile_source(
             p,
         )
         .into(),
+        grants: Default::default(),
     };
+    security::check_against(&s.security, &s.headers, &doc.root, doc.version, at, p);
     if let Some(prefix) = &t.prefix
         && !valid_tool_name(prefix)
     {
@@ -214,7 +219,8 @@ fn compile_op(
             ));
         }
     }
-    let call = request(sh, op, &inputs.path_params, inputs.parts, op_at, local);
+    let applied = security::resolve(&sh.spec.security, root, conv.version(), op.op)?;
+    let call = request(sh, op, &inputs.path_params, inputs.parts, applied, op_at, local);
     Ok(CompiledTool {
         name: name.to_owned(),
         descriptor,
@@ -583,18 +589,21 @@ fn request(
     op: &Op<'_>,
     path_params: &[String],
     parts: ArgParts,
+    applied: Applied,
     op_at: &str,
     local: &mut Problems,
 ) -> http::HttpCall {
     let s = sh.spec;
-    let url = url_template(&sh.base, op.path, path_params).unwrap_or_else(|e| {
+    let mut url = url_template(&sh.base, op.path, path_params).unwrap_or_else(|e| {
         local.push(format!("{op_at}.url"), e);
         sh.base.clone()
     });
+    let mut headers = s.headers.clone();
+    security::merge(&applied, &mut url, &mut headers);
     let handler = HttpHandler {
         method: op.method.to_ascii_uppercase(),
         url,
-        headers: s.headers.clone(),
+        headers,
         body: None,
         timeout: s.timeout.clone(),
         max_response_bytes: s.max_response_bytes,
@@ -611,7 +620,37 @@ fn request(
     };
     let mut call = http::compile(&handler, &mut cx);
     call.args = Some(Box::new(parts));
+    if let Some(auth) = applied.auth {
+        if s.identity
+            .as_ref()
+            .is_some_and(|i| i.mode != crate::config::identity::IdentityMode::Server)
+        {
+            local.push(
+                format!("{op_at}.security"),
+                "`identity` sets the Authorization header, which this operation's security scheme sets too",
+            );
+        }
+        for r in auth.secrets() {
+            if !call.secrets.contains(&r) {
+                call.secrets.push(r);
+            }
+        }
+        call.auth = Some(Box::new(share(sh, auth)));
+    }
     call
+}
+
+/// `auth`, its OAuth2 grant replaced by an equal one of an earlier operation (one token).
+fn share(sh: &Shared<'_>, auth: http::auth::Auth) -> http::auth::Auth {
+    let http::auth::Auth::OAuth2(grant) = &auth else {
+        return auth;
+    };
+    let mut grants = sh.grants.borrow_mut();
+    if let Some(g) = grants.iter().find(|g| g.same_grant(grant)) {
+        return http::auth::Auth::OAuth2(g.clone());
+    }
+    grants.push(grant.clone());
+    auth
 }
 
 /// The URL template of a path: `{name}` becomes `{{name}}` (percent-encoded when rendered).
@@ -700,6 +739,7 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
                 format!("duplicate source name `{}`", s.name),
             );
         }
+        security::check_spec(&s.security, &at, p);
         let before = p.0.len();
         super::check_url(s, &at, p);
         let url_ok = p.0.len() == before;
@@ -785,14 +825,18 @@ fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> 
         server_index: None,
         server_variables: Default::default(),
         config_map: None,
-        // The source's filters and names are for its real operations.
+        // The source's filters and names are for its real operations; its schemes are the
+        // real document's (their Secrets are named below).
         tools: Default::default(),
+        security: Default::default(),
         ..s.clone()
     };
-    compile_source(&spec, &doc, at, &mut FxHashSet::default(), p)
+    let mut refs: Vec<SecretRef> = compile_source(&spec, &doc, at, &mut FxHashSet::default(), p)
         .iter()
         .flat_map(|t| t.handler.secrets().iter().cloned())
-        .collect()
+        .collect();
+    refs.extend(security::refs(&s.security));
+    refs
 }
 
 /// `scheme://authority` of an absolute URL.

@@ -22,6 +22,7 @@ use crate::template::{JsonTemplate, Template};
 
 #[cfg(feature = "runtime")]
 mod args;
+pub mod auth;
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
 #[cfg(feature = "runtime")]
@@ -119,6 +120,8 @@ pub struct HttpCall {
     /// Request parts taken from the arguments as they are (an imported OpenAPI operation's
     /// query, header and cookie parameters and body); `None` for a hand-written tool.
     pub args: Option<Box<ArgParts>>,
+    /// A credential built per call (an imported operation's basic or OAuth2 scheme).
+    pub auth: Option<Box<auth::Auth>>,
 }
 
 /// Request parts built from argument values rather than templates: a parameter whose
@@ -262,6 +265,7 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
         secrets,
         tls,
         args: None,
+        auth: None,
     }
 }
 

@@ -234,14 +234,27 @@ impl HttpClient {
     }
 
     /// Performs the request of an http tool.
-    // Long: one request from start to answer (template parts, argument parts, tracing, timeout);
-    // each step is a few lines that share the builder.
     pub async fn call(
         &self,
         spec: &HttpCall,
         args: &Value,
         secrets: &Value,
         outbound: &Outbound<'_>,
+    ) -> ToolOutput {
+        self.call_with(spec, args, secrets, outbound, false).await
+    }
+
+    /// [`Self::call`]; `retried`: this is the one repeat of a call whose OAuth2 token the
+    /// API refused (401), with a fresh token.
+    // Long: one request from start to answer (template parts, argument parts, tracing, timeout);
+    // each step is a few lines that share the builder.
+    async fn call_with(
+        &self,
+        spec: &HttpCall,
+        args: &Value,
+        secrets: &Value,
+        outbound: &Outbound<'_>,
+        retried: bool,
     ) -> ToolOutput {
         let scope = RequestScope {
             args,
@@ -274,7 +287,7 @@ impl HttpClient {
             match from_args::headers(parts, args) {
                 Ok(h) => {
                     for (n, v) in h {
-                        req = req.header(n, v);
+                        req = add_header(req, n, v);
                     }
                 }
                 Err(e) => return ToolOutput::error(e),
@@ -299,6 +312,12 @@ impl HttpClient {
             }
             None => Bytes::new(),
         };
+        if let Some(auth) = &spec.auth {
+            match auth.authorization(self, secrets, spec.timeout).await {
+                Ok(v) => req = req.header(header::AUTHORIZATION, v),
+                Err(e) => return ToolOutput::error(e),
+            }
+        }
         if let Some(a) = outbound.authorization {
             req = req.header(header::AUTHORIZATION, a.clone());
         }
@@ -348,6 +367,13 @@ impl HttpClient {
             Ok(Err(e)) => return ToolOutput::error(e),
             Ok(Ok(x)) => x,
         };
+        if parts.status == http::StatusCode::UNAUTHORIZED
+            && !retried
+            && let Some(auth) = &spec.auth
+            && auth.refused().await
+        {
+            return Box::pin(self.call_with(spec, args, secrets, outbound, true)).await;
+        }
         if !parts.status.is_success() {
             let mut text = String::from_utf8_lossy(&bytes);
             // An imported operation's error answer is cut short: an API's error page is not
@@ -367,6 +393,25 @@ impl Default for HttpClient {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Adds a header of an argument; a cookie joins the `Cookie` a template set (a security
+/// scheme's), as a request carries one `Cookie` header.
+fn add_header(mut req: http::request::Builder, n: HeaderName, v: HeaderValue) -> http::request::Builder {
+    if n == header::COOKIE
+        && let Some(m) = req.headers_mut()
+        && let Some(first) = m.get(&n)
+    {
+        let mut joined = Vec::with_capacity(first.len() + 2 + v.len());
+        joined.extend_from_slice(first.as_bytes());
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(v.as_bytes());
+        if let Ok(j) = HeaderValue::from_bytes(&joined) {
+            m.insert(n, j);
+        }
+        return req;
+    }
+    req.header(n, v)
 }
 
 /// The tool result of a successful answer: an image or audio block for media, structured
