@@ -88,7 +88,7 @@ def run(url: str, work):
 
 def test_tools_are_made_from_the_apps_own_document(quiver):
     tools = {t.name: t for t in run(quiver, lambda c: c.list_tools(cache_mode="bypass")).tools}
-    assert sorted(tools) == ["addNote", "createPet", "deletePet", "getFile", "getPet", "keyless_getPet", "listPets"]
+    assert sorted(tools) == ["addNote", "createPet", "deletePet", "getBlob", "getFile", "getPet", "keyless_getPet", "listPets"]
 
     create = tools["createPet"].input_schema
     assert create["required"] == ["body"] and create["additionalProperties"] is False
@@ -108,6 +108,7 @@ def test_tools_are_made_from_the_apps_own_document(quiver):
     assert listing["properties"]["tag"]["type"] == "array" and listing["properties"]["tag"]["items"] == {"type": "string"}
     assert listing["properties"]["limit"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
     assert "required" not in listing
+    assert listing["properties"]["x-request-id"]["anyOf"] == [{"type": "string"}, {"type": "null"}]
     assert tools["getPet"].input_schema["required"] == ["pet_id"]
     note = tools["addNote"].input_schema
     assert sorted(note["required"]) == ["body", "pet_id"] and note["properties"]["body"] == {"$ref": "#/$defs/Body_addNote"}
@@ -128,7 +129,7 @@ def test_each_operation_reaches_the_app_as_declared(quiver, pets):
     async def calls(c):
         out = {"created": await c.call_tool("createPet", {"body": rex})}
         out["tom"] = await c.call_tool("createPet", {"body": {"name": "Tom", "kind": "cat", "tags": ["young"]}})
-        out["listed"] = await c.call_tool("listPets", {"tag": ["old", "new"], "limit": 5})
+        out["listed"] = await c.call_tool("listPets", {"tag": ["old", "new"], "limit": 5, "x-request-id": "r-1"})
         out["got"] = await c.call_tool("getPet", {"pet_id": 1})
         out["missing"] = await c.call_tool("getPet", {"pet_id": 99})
         out["note"] = await c.call_tool("addNote", {"pet_id": 1, "body": {"text": "likes walks & naps", "rating": 5, "labels": ["a b", "ü"]}})
@@ -154,6 +155,7 @@ def test_each_operation_reaches_the_app_as_declared(quiver, pets):
     assert not listed.is_error, listed.content[0].text
     assert listed.structured_content["count"] == 1 and listed.structured_content["pets"][0]["name"] == "Rex"
     assert by_path[("GET", "/pets")]["query"] == "tag=old&tag=new&limit=5"
+    assert by_path[("GET", "/pets")]["headers"]["x-request-id"] == "r-1"
 
     assert r["got"].structured_content["name"] == "Rex"
     # 404 with FastAPI's detail: a tool error naming the status, with the answer's body.
@@ -185,12 +187,15 @@ def test_a_value_cannot_leave_its_path_segment(quiver, pets):
     _, seen = pets
 
     async def calls(c):
-        return await c.call_tool("getFile", {"name": "a/b"}), await c.call_tool("getFile", {"name": ".."})
+        return [await c.call_tool(*call) for call in
+                [("getFile", {"name": "a/b"}), ("getFile", {"name": ".."}), ("getBlob", {"key": "a/b c"})]]
 
-    slash, dots = run(quiver, calls)
-    # `/` stays inside the segment as %2F (Starlette decodes it before routing: no such route).
-    assert [s["raw_path"] for s in seen] == ["/files/a%2Fb"]
+    slash, dots, blob = run(quiver, calls)
+    # `/` stays inside the segment as %2F; Starlette decodes it before routing, so only a
+    # `{key:path}` route (its document still says `{key}`) takes it.
+    assert [s["raw_path"] for s in seen] == ["/files/a%2Fb", "/blobs/a%2Fb%20c"]
     assert slash.is_error and "404" in slash.content[0].text
+    assert blob.structured_content == {"name": "a/b c", "length": 5}
     # `..` would walk up: refused before any request.
     assert dots.is_error and "`..`" in dots.content[0].text
 

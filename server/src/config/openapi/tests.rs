@@ -104,7 +104,11 @@ fn operations_become_http_tools() {
     assert_eq!(out["type"], "object");
     assert_eq!(out["properties"]["price"]["$ref"], "#/$defs/Price");
     let defs: Vec<&String> = out["$defs"].as_object().unwrap().keys().collect();
-    assert_eq!(defs, ["Price"], "the component at the top is not repeated under $defs");
+    assert_eq!(
+        defs,
+        ["Price"],
+        "the component at the top is not repeated under $defs"
+    );
     assert_eq!(out["properties"]["note"]["type"], json!(["string", "null"]));
     assert!(out["properties"]["id"].get("example").is_none());
     assert!(out["properties"]["id"].get("x-internal").is_none());

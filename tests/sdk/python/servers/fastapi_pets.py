@@ -1,7 +1,8 @@
 """A small real web service written with FastAPI, whose own OpenAPI 3.1 document an `openapi`
 source imports: nested pydantic models (`$defs` once imported), Optional fields (`anyOf` with
-`null`), an array in the query, a form body, a path parameter that needs percent-encoding, a
-JSON body, a 404 with a detail, and an API key in a header (`components.securitySchemes`).
+`null`), an array in the query, a header parameter, a form body, path parameters that need
+percent-encoding (one a `{key:path}` route), a JSON body, a 404 with a detail, and an API key
+in a header (`components.securitySchemes`).
 
 `app(key)` builds it; every request it gets is recorded raw (method, path as sent, query
 string, headers, body) in `app.state.seen`, so a test asserts what the service received."""
@@ -11,7 +12,7 @@ string, headers, body) in `app.state.seen`, so a test asserts what the service r
 from enum import Enum
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Form, HTTPException, Query, Security
+from fastapi import Depends, FastAPI, Form, Header, HTTPException, Query, Security
 from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, Field
 
@@ -106,6 +107,7 @@ def app(key: str) -> FastAPI:
     def list_pets(
         tag: Annotated[list[str], Query(description="Pets with any of these tags")] = [],  # noqa: B006
         limit: int | None = None,
+        x_request_id: Annotated[str | None, Header()] = None,
     ) -> PetList:
         found = [p for p in pets.values() if not tag or set(tag) & set(p.tags)]
         found = found[:limit] if limit is not None else found
@@ -142,6 +144,10 @@ def app(key: str) -> FastAPI:
     @api.get("/files/{name}", operation_id="getFile")
     def get_file(name: str) -> FileInfo:
         return FileInfo(name=name, length=len(name))
+
+    @api.get("/blobs/{key:path}", operation_id="getBlob")
+    def get_blob(key: str) -> FileInfo:
+        return FileInfo(name=key, length=len(key))
 
     seen: list = []
     api.state.seen = seen
