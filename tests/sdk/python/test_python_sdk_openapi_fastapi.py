@@ -88,7 +88,8 @@ def run(url: str, work):
 
 def test_tools_are_made_from_the_apps_own_document(quiver):
     tools = {t.name: t for t in run(quiver, lambda c: c.list_tools(cache_mode="bypass")).tools}
-    assert sorted(tools) == ["addNote", "createPet", "deletePet", "getBlob", "getFile", "getPet", "keyless_getPet", "listPets"]
+    assert sorted(tools) == ["addNote", "createPet", "deletePet", "getBlob", "getFile", "getPet",
+                            "keyless_getPet", "listPets", "putLabel"]
 
     create = tools["createPet"].input_schema
     assert create["required"] == ["body"] and create["additionalProperties"] is False
@@ -114,10 +115,17 @@ def test_tools_are_made_from_the_apps_own_document(quiver):
     assert sorted(note["required"]) == ["body", "pet_id"] and note["properties"]["body"] == {"$ref": "#/$defs/Body_addNote"}
     assert note["$defs"]["Body_addNote"]["properties"]["rating"]["maximum"] == 5
 
+    # A model in both a request and an answer: two components, `-` in their names.
+    label = tools["putLabel"]
+    assert label.input_schema["properties"]["body"] == {"$ref": "#/$defs/Label-Input"}
+    assert "upper" not in label.input_schema["$defs"]["Label-Input"]["properties"]
+    assert sorted(label.output_schema["required"]) == ["text", "upper"] and "$defs" not in label.output_schema
+
     annotations = {n: t.annotations for n, t in tools.items()}
     assert annotations["listPets"].read_only_hint is True and annotations["getFile"].read_only_hint is True
     assert annotations["deletePet"].destructive_hint is True and annotations["deletePet"].idempotent_hint is True
     assert annotations["createPet"].read_only_hint is False and annotations["createPet"].idempotent_hint is False
+    assert annotations["putLabel"].idempotent_hint is True and annotations["putLabel"].read_only_hint is False
     assert tools["listPets"].description == "List pets, by tag"
 
 
@@ -135,6 +143,7 @@ def test_each_operation_reaches_the_app_as_declared(quiver, pets):
         out["note"] = await c.call_tool("addNote", {"pet_id": 1, "body": {"text": "likes walks & naps", "rating": 5, "labels": ["a b", "ü"]}})
         out["file"] = await c.call_tool("getFile", {"name": "my file #1?&=ü%"})
         out["deleted"] = await c.call_tool("deletePet", {"pet_id": 2})
+        out["label"] = await c.call_tool("putLabel", {"label_id": 7, "body": {"text": "shy"}})
         return out
 
     r = run(quiver, calls)
@@ -180,6 +189,8 @@ def test_each_operation_reaches_the_app_as_declared(quiver, pets):
     deleted = r["deleted"]
     assert not deleted.is_error, deleted.content[0].text
     assert ("DELETE", "/pets/2") in by_path
+    assert r["label"].structured_content == {"text": "shy", "upper": "SHY"}
+    assert json.loads(by_path[("PUT", "/labels/7")]["body"]) == {"text": "shy"}
     assert all(s["headers"].get("x-api-key") == KEY for s in seen)
 
 

@@ -1,7 +1,8 @@
 """A small real web service written with FastAPI, whose own OpenAPI 3.1 document an `openapi`
 source imports: nested pydantic models (`$defs` once imported), Optional fields (`anyOf` with
 `null`), an array in the query, a header parameter, a form body, path parameters that need
-percent-encoding (one a `{key:path}` route), a JSON body, a 404 with a detail, and an API key
+percent-encoding (one a `{key:path}` route), JSON bodies (one whose model has distinct
+Input and Output schemas), a 404 with a detail, and an API key
 in a header (`components.securitySchemes`).
 
 `app(key)` builds it; every request it gets is recorded raw (method, path as sent, query
@@ -14,7 +15,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Form, Header, HTTPException, Query, Security
 from fastapi.security import APIKeyHeader
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 
 class Kind(str, Enum):
@@ -61,6 +62,18 @@ class Note(BaseModel):
 class FileInfo(BaseModel):
     name: str
     length: int
+
+
+class Label(BaseModel):
+    """In a request and in an answer: FastAPI names its two schemas `Label-Input` and
+    `Label-Output` (the computed field is only in the answer)."""
+
+    text: str
+
+    @computed_field
+    @property
+    def upper(self) -> str:
+        return self.text.upper()
 
 
 class Recorder:
@@ -148,6 +161,10 @@ def app(key: str) -> FastAPI:
     @api.get("/blobs/{key:path}", operation_id="getBlob")
     def get_blob(key: str) -> FileInfo:
         return FileInfo(name=key, length=len(key))
+
+    @api.put("/labels/{label_id}", operation_id="putLabel")
+    def put_label(label_id: int, label: Label) -> Label:
+        return label
 
     seen: list = []
     api.state.seen = seen
