@@ -531,11 +531,12 @@ fn output_schema(conv: &mut Converter<'_>, root: &Value, op: &Op<'_>) -> Option<
     };
     let mut reached = Reached::default();
     let mut out = conv.convert(schema, &mut reached).ok()?;
-    let defs = conv.defs(&mut reached).ok()?;
-    // An answer declared as a reference is the component itself, at the top.
+    let mut defs = conv.defs(&mut reached).ok()?;
+    // An answer declared as a reference is the component itself, at the top (and not again
+    // under `$defs`: only a cycle, which the schema compiler refuses, could refer to it).
     if let Some(r) = out.get("$ref").and_then(Value::as_str) {
         let name = r.strip_prefix("#/$defs/")?.replace("~1", "/").replace("~0", "~");
-        out = defs.get(&name)?.clone();
+        out = defs.remove(&name)?;
     }
     if out.get("type").and_then(Value::as_str) != Some("object") {
         return None;

@@ -103,6 +103,12 @@ fn operations_become_http_tools() {
     let out = &get.descriptor["outputSchema"];
     assert_eq!(out["type"], "object");
     assert_eq!(out["properties"]["price"]["$ref"], "#/$defs/Price");
+    let defs: Vec<&String> = out["$defs"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        defs,
+        ["Price"],
+        "the component at the top is not repeated under $defs"
+    );
     assert_eq!(out["properties"]["note"]["type"], json!(["string", "null"]));
     // Listed as written: annotations and extensions stay.
     assert_eq!(out["properties"]["id"]["example"], "a1");
