@@ -51,15 +51,15 @@ def quiver(pets):
     tmp = Path(tempfile.mkdtemp(prefix="quiver-fastapi-"))
     (tmp / "secrets" / "pets").mkdir(parents=True)
     (tmp / "secrets" / "pets" / "key").write_text(KEY)
-    # FastAPI's document names no servers: `server` says where the calls go. The key is sent
-    # as a header template reading a Secret.
+    # FastAPI's document names no servers: the calls of `pets` go where the document is served,
+    # `keyless` names its `server`. The document's APIKeyHeader scheme reads its key from a
+    # Secret; `keyless` maps no scheme, so its calls carry none.
     (tmp / "tools.yaml").write_text(f"""
 openapi:
   - name: pets
     url: {base}/openapi.json
     fetch: {{allowHttp: true}}
-    server: {base}
-    headers: {{X-API-Key: "{{{{secret.pets.key}}}}"}}
+    security: {{APIKeyHeader: {{secret: pets, key: key}}}}
   - name: keyless
     url: {base}/openapi.json
     fetch: {{allowHttp: true}}
