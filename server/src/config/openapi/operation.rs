@@ -13,6 +13,7 @@ use crate::config::compiled::{CompiledHandler, CompiledTool};
 use crate::config::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
 use crate::config::governance::{self, ToolGovernance};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
+use crate::handlers::http::project::Projection;
 use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, HttpHandler, ParamPlace};
 use crate::schema::Schema;
 
@@ -27,6 +28,8 @@ struct Shared<'a> {
     exclude: Vec<Glob>,
     access: Option<Arc<crate::config::access::Access>>,
     limits: Arc<[Arc<governance::Limit>]>,
+    /// Compiled `project` lists, by operation key.
+    project: FxHashMap<String, Arc<Projection>>,
 }
 
 /// Compiles the selected operations of one source (at `at`).
@@ -63,6 +66,7 @@ pub(super) fn compile_source(
             p,
         )
         .into(),
+        project: projections(s, doc, at, p),
     };
     if let Some(prefix) = &t.prefix
         && !valid_tool_name(prefix)
@@ -126,6 +130,43 @@ pub(super) fn compile_source(
     tools
 }
 
+/// The `project` lists of a source, compiled, by operation key; a key that names no operation
+/// of the document is a problem (a typo would silently keep whole answers).
+fn projections(
+    s: &OpenApiSpec,
+    doc: &Document,
+    at: &str,
+    p: &mut Problems,
+) -> FxHashMap<String, Arc<Projection>> {
+    if s.project.len() > document::MAX_OPERATIONS {
+        p.push(
+            format!("{at}.project"),
+            format!("at most {} operations", document::MAX_OPERATIONS),
+        );
+    }
+    if s.project.is_empty() || s.project.len() > document::MAX_OPERATIONS {
+        return FxHashMap::default();
+    }
+    let keys: FxHashSet<String> = document::operations(&doc.root)
+        .map(|op| operation_key(&op))
+        .collect();
+    let mut out = FxHashMap::default();
+    for (key, paths) in &s.project {
+        let here = format!("{at}.project.{}", shown(key));
+        if !keys.contains(key) {
+            p.push(
+                &here,
+                "names no operation of the document (keys are operationIds, as in `tools.rename`)",
+            );
+            continue;
+        }
+        if let Some(pj) = http::project::compile(paths, &here, p) {
+            out.insert(key.clone(), Arc::new(pj));
+        }
+    }
+    out
+}
+
 /// The name an operation is known by in `tools` (include, exclude, rename, descriptions):
 /// its operationId sanitized to tool-name characters, or one made from its method and path.
 pub(super) fn operation_key(op: &Op<'_>) -> String {
@@ -172,7 +213,15 @@ fn compile_op(
     let schema_json = inputs.schema;
     let input = Schema::compile(&schema_json).map_err(|e| format!("input schema: {}", first_of(&e)))?;
     descriptor.insert("inputSchema".into(), schema_json);
+    let projection = sh.project.get(key);
     let mut output = output_schema(conv, root, op);
+    if let Some(pj) = projection {
+        output = output.and_then(|(json, _)| {
+            let json = pj.output_schema(&json)?;
+            let compiled = Schema::compile(&json).ok()?;
+            Some((json, compiled))
+        });
+    }
     if let Some((json, _)) = &output {
         descriptor.insert("outputSchema".into(), json.clone());
     }
@@ -191,7 +240,8 @@ fn compile_op(
             ));
         }
     }
-    let call = request(sh, op, &inputs.path_params, inputs.parts, op_at, local);
+    let mut call = request(sh, op, &inputs.path_params, inputs.parts, op_at, local);
+    call.project = projection.cloned();
     Ok(CompiledTool {
         name: name.to_owned(),
         descriptor,
@@ -577,6 +627,7 @@ fn request(
         max_response_bytes: s.max_response_bytes,
         tls: s.tls.clone(),
         identity: s.identity.clone(),
+        project: Vec::new(),
     };
     let names = Names::arguments(path_params.iter().map(String::as_str).collect());
     let index = FxHashMap::default();
@@ -730,10 +781,15 @@ fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> 
     };
     let spec = OpenApiSpec {
         server: Some(server),
-        // The source's filters and names are for its real operations.
+        // The source's filters, names and projections are for its real operations (whose
+        // paths are checked now all the same).
         tools: Default::default(),
+        project: Default::default(),
         ..s.clone()
     };
+    for (key, paths) in &s.project {
+        http::project::compile(paths, &format!("{at}.project.{}", shown(key)), p);
+    }
     compile_source(&spec, &doc, at, &mut FxHashSet::default(), p)
         .iter()
         .flat_map(|t| t.handler.secrets().iter().cloned())

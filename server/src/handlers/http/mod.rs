@@ -22,6 +22,7 @@ use crate::template::{JsonTemplate, Template};
 
 #[cfg(feature = "runtime")]
 mod args;
+pub mod project;
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
 
@@ -61,6 +62,12 @@ pub struct HttpHandler {
     /// `audience`) or one exchanged for it (`exchange`). See docs/governance.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<IdentitySpec>,
+    /// Keep only these fields of a JSON answer (for the model's text and the structured
+    /// content), e.g. `[items[].metadata.name, items[].status.phase]`: names joined by `.`,
+    /// `[]` for every element of an array. See docs/toolset.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub project: Vec<String>,
 }
 
 /// TLS settings of an http tool, read from Secrets (like `{{secret...}}`: rotated values are
@@ -117,6 +124,8 @@ pub struct HttpCall {
     /// Request parts taken from the arguments as they are (an imported OpenAPI operation's
     /// query, header and cookie parameters and body); `None` for a hand-written tool.
     pub args: Option<Box<ArgParts>>,
+    /// The fields of a JSON answer kept (`None`: all of it).
+    pub project: Option<std::sync::Arc<project::Projection>>,
 }
 
 /// Request parts built from argument values rather than templates: a parameter whose
@@ -247,7 +256,9 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
             "`identity` sets the Authorization header of this tool's requests; remove this header",
         );
     }
+    let project = project::compile(&h.project, &format!("{hp}.project"), p).map(std::sync::Arc::new);
     HttpCall {
+        project,
         identity,
         claims,
         timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), p),
