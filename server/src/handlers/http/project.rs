@@ -170,13 +170,43 @@ impl Projection {
         }
         let defs = s.get("$defs");
         let mut out = shape(&self.root, s, defs)?;
-        if let (Some(d), Some(o)) = (defs, out.as_object_mut())
-            && serde_json::to_string(o).is_ok_and(|t| t.contains("\"$ref\""))
-        {
-            o.insert("$defs".into(), d.clone());
+        if let Some(d) = defs.and_then(Value::as_object) {
+            let kept = reached(&out, d);
+            if !kept.is_empty()
+                && let Some(o) = out.as_object_mut()
+            {
+                o.insert("$defs".into(), Value::Object(kept));
+            }
         }
         Some(out)
     }
+}
+
+/// The `$defs` entries that `s` refers to, directly or through one another.
+fn reached(s: &Value, defs: &Map<String, Value>) -> Map<String, Value> {
+    let mut kept = Map::new();
+    let mut todo = vec![s];
+    while let Some(v) = todo.pop() {
+        match v {
+            Value::Object(o) => {
+                if let Some(name) = o
+                    .get("$ref")
+                    .and_then(Value::as_str)
+                    .and_then(|r| r.strip_prefix("#/$defs/"))
+                    .map(|n| n.replace("~1", "/").replace("~0", "~"))
+                    && !kept.contains_key(&name)
+                    && let Some(d) = defs.get(&name)
+                {
+                    kept.insert(name, d.clone());
+                    todo.push(d);
+                }
+                todo.extend(o.values());
+            }
+            Value::Array(a) => todo.extend(a),
+            _ => {}
+        }
+    }
+    kept
 }
 
 /// `s` with local references (`#/$defs/NAME`) followed.

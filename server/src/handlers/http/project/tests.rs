@@ -192,11 +192,15 @@ fn output_schema_keeps_the_selected_properties() {
     // The projected answer matches it.
     let compiled = crate::schema::Schema::compile(&out).expect("a schema");
     assert!(compiled.is_valid(&pj.apply(pods()).expect("projected")));
-    // A whole sub-schema that refers to $defs keeps them.
+    // A whole sub-schema that refers to $defs keeps those it reaches, through one another.
     let out = projection(&["items"])
         .output_schema(&schema)
         .expect("projectable");
-    assert!(out.get("$defs").is_some());
+    assert_eq!(out["$defs"], schema["$defs"]);
+    let out = projection(&["items[].metadata"])
+        .output_schema(&schema)
+        .expect("projectable");
+    assert_eq!(out["$defs"], json!({"Meta": schema["$defs"]["Meta"]}));
     assert!(out["properties"].get("kind").is_none());
 }
 
