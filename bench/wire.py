@@ -109,6 +109,7 @@ class Server:
     h2c: bool = False  # serves HTTP/2 with prior knowledge
     reload_every: float | None = None  # rewrite the ToolSet this often during the window
     proc: subprocess.Popen | None = None
+    expect: str = "hello"  # the text of the verified reply's content block
     reply_size: int = 0
     idle_rss: float = 0.0
 
@@ -150,7 +151,7 @@ def verify(s: Server, timeout: float = 30.0) -> None:
     msg = json.loads(body)
     result = msg.get("result") or {}
     content = result.get("content") or [{}]
-    if msg.get("id") != 1 or result.get("isError") or content[0].get("text") != "hello" or len(content) != 1:
+    if msg.get("id") != 1 or result.get("isError") or content[0].get("text") != s.expect or len(content) != 1:
         raise SystemExit(f"{s.name} gave a wrong reply: {body[:300]!r}")
     s.reply_size = len(body)
 
@@ -337,6 +338,26 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         # its own upstream connection, parsing nothing.
         servers.append(server("relay→rmcp", lambda port: [f"{args.peers}/tcp-relay", "--port", str(port), "--to", f"127.0.0.1:{rmcp.port}"],
                               "floor of a hop: TCP byte relay in front of the rmcp peer", needs=["rmcp"]))
+    if args.http_tools:
+        # A hand-written http tool and the same request imported from an OpenAPI document,
+        # side by side: each POSTs `/mcp?text=hello` to the axum-fixed peer and returns its
+        # fixed JSON answer (text and structuredContent).
+        fixed = next(s for s in servers if s.name == "axum-fixed")
+        target = f"http://127.0.0.1:{fixed.port}"
+        answer = '{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hello"}]}}'
+        hand = tmp / "http-tool.yaml"
+        hand.write_text("tools:\n  - name: echo\n    input: {text: string}\n"
+                        f"    handler: {{http: {{method: POST, url: '{target}/mcp?text={{{{text}}}}'}}}}\n")
+        doc = {"openapi": "3.0.3", "info": {"title": "fixed", "version": "1"}, "servers": [{"url": target}],
+               "paths": {"/mcp": {"post": {"operationId": "echo",
+                                          "parameters": [{"name": "text", "in": "query", "required": True, "schema": {"type": "string"}}],
+                                          "responses": {"200": {"description": "ok"}}}}}}
+        imported = tmp / "openapi-tool.yaml"
+        imported.write_text("openapi:\n  - name: fixed\n    document: " + json.dumps(json.dumps(doc)) + "\n")
+        servers.append(quiver("quiver→http", args.quiver, hand, "quiver, a hand-written `http` tool POSTing to the axum-fixed peer",
+                              needs=["axum-fixed"], expect=answer, h2c=False))
+        servers.append(quiver("quiver→openapi", args.quiver, imported, "quiver, the same request as an operation imported from an OpenAPI document",
+                              needs=["axum-fixed"], expect=answer, h2c=False))
     only = set(args.only or [])
     keep = only | {n for s in servers if s.name in only for n in s.needs}
     return {s.name: s for s in servers if not only or s.name in keep}
@@ -398,6 +419,7 @@ def main() -> int:
     ap.add_argument("--reload-every", type=float, default=0.1, help="the quiver+reload row rewrites its ToolSet this often, in seconds (0: no such row)")
     ap.add_argument("--no-forwarding", dest="forwarding", action="store_false", help="skip the quiver→rmcp row")
     ap.add_argument("--no-governance", dest="governance", action="store_false", help="skip the quiver+gov row (a policy, a rate limit and the audit trail on)")
+    ap.add_argument("--no-http-tools", dest="http_tools", action="store_false", help="skip the quiver→http and quiver→openapi rows (a hand-written and an imported http tool)")
     ap.add_argument("--governance-split", action="store_true", help="add rows with the policy, the rate limit and the audit trail each on alone")
     ap.add_argument("--write", help="replace the block between the bench-wire markers in this Markdown file")
     args = ap.parse_args()

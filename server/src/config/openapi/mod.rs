@@ -107,6 +107,12 @@ pub struct OpenApiSpec {
     /// to whom, under which limits: as for an upstream's tools.
     #[serde(default, skip_serializing_if = "ImportSpec::is_empty")]
     pub tools: ImportSpec,
+    /// Per operation (by operationId, as `tools.rename`): the fields of its JSON answer
+    /// kept, as an http tool's `project`, e.g.
+    /// `listCoreV1NamespacedPod: [items[].metadata.name, items[].status.phase]`. The
+    /// tool's output schema is projected alike (or left out when it cannot be).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub project: BTreeMap<String, Vec<String>>,
 }
 
 /// A key of a ConfigMap in the server's namespace.

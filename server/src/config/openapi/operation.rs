@@ -14,6 +14,7 @@ use crate::config::compiled::{CompiledHandler, CompiledTool};
 use crate::config::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
 use crate::config::governance::{self, ToolGovernance};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
+use crate::handlers::http::project::Projection;
 use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, HttpHandler, ParamPlace};
 use crate::schema::Schema;
 
@@ -30,6 +31,8 @@ struct Shared<'a> {
     limits: Arc<[Arc<governance::Limit>]>,
     /// OAuth2 grants of the operations so far: operations of one grant share its token.
     grants: std::cell::RefCell<Vec<Arc<http::auth::OAuth2>>>,
+    /// Compiled `project` lists, by operation key.
+    project: FxHashMap<String, Arc<Projection>>,
 }
 
 /// Where the requests of source `s` go: `server`, or the document's chosen server.
@@ -89,6 +92,7 @@ pub(super) fn compile_source(
         )
         .into(),
         grants: Default::default(),
+        project: projections(s, doc, at, p),
     };
     security::check_against(&s.security, &s.headers, &doc.root, doc.version, at, p);
     if let Some(prefix) = &t.prefix
@@ -153,6 +157,43 @@ pub(super) fn compile_source(
     tools
 }
 
+/// The `project` lists of a source, compiled, by operation key; a key that names no operation
+/// of the document is a problem (a typo would silently keep whole answers).
+fn projections(
+    s: &OpenApiSpec,
+    doc: &Document,
+    at: &str,
+    p: &mut Problems,
+) -> FxHashMap<String, Arc<Projection>> {
+    if s.project.len() > document::MAX_OPERATIONS {
+        p.push(
+            format!("{at}.project"),
+            format!("at most {} operations", document::MAX_OPERATIONS),
+        );
+    }
+    if s.project.is_empty() || s.project.len() > document::MAX_OPERATIONS {
+        return FxHashMap::default();
+    }
+    let keys: FxHashSet<String> = document::operations(&doc.root)
+        .map(|op| operation_key(&op))
+        .collect();
+    let mut out = FxHashMap::default();
+    for (key, paths) in &s.project {
+        let here = format!("{at}.project.{}", shown(key));
+        if !keys.contains(key) {
+            p.push(
+                &here,
+                "names no operation of the document (keys are operationIds, as in `tools.rename`)",
+            );
+            continue;
+        }
+        if let Some(pj) = http::project::compile(paths, &here, p) {
+            out.insert(key.clone(), Arc::new(pj));
+        }
+    }
+    out
+}
+
 /// The name an operation is known by in `tools` (include, exclude, rename, descriptions):
 /// its operationId sanitized to tool-name characters, or one made from its method and path.
 pub(super) fn operation_key(op: &Op<'_>) -> String {
@@ -200,7 +241,15 @@ fn compile_op(
     let input = Schema::compile(&crate::schema::enforceable(&schema_json))
         .map_err(|e| format!("input schema: {}", first_of(&e)))?;
     descriptor.insert("inputSchema".into(), schema_json);
+    let projection = sh.project.get(key);
     let mut output = output_schema(conv, root, op);
+    if let Some(pj) = projection {
+        output = output.and_then(|(json, _)| {
+            let json = pj.output_schema(&json)?;
+            let compiled = Schema::compile(&crate::schema::enforceable(&json)).ok()?;
+            Some((json, compiled))
+        });
+    }
     if let Some((json, _)) = &output {
         descriptor.insert("outputSchema".into(), json.clone());
     }
@@ -220,7 +269,8 @@ fn compile_op(
         }
     }
     let applied = security::resolve(&sh.spec.security, root, conv.version(), op.op)?;
-    let call = request(sh, op, &inputs.path_params, inputs.parts, applied, op_at, local);
+    let mut call = request(sh, op, &inputs.path_params, inputs.parts, applied, op_at, local);
+    call.project = projection.cloned();
     Ok(CompiledTool {
         name: name.to_owned(),
         descriptor,
@@ -610,6 +660,7 @@ fn request(
         max_response_bytes: s.max_response_bytes,
         tls: s.tls.clone(),
         identity: s.identity.clone(),
+        project: Vec::new(),
     };
     let names = Names::arguments(path_params.iter().map(String::as_str).collect());
     let index = FxHashMap::default();
@@ -826,12 +877,17 @@ fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> 
         server_index: None,
         server_variables: Default::default(),
         config_map: None,
-        // The source's filters and names are for its real operations; its schemes are the
-        // real document's (their Secrets are named below).
+        // The source's filters, names and projections are for its real operations (whose
+        // paths are checked now all the same); its schemes are the real document's (their
+        // Secrets are named below).
         tools: Default::default(),
+        project: Default::default(),
         security: Default::default(),
         ..s.clone()
     };
+    for (key, paths) in &s.project {
+        http::project::compile(paths, &format!("{at}.project.{}", shown(key)), p);
+    }
     let mut refs: Vec<SecretRef> = compile_source(&spec, &doc, at, &mut FxHashSet::default(), p)
         .iter()
         .flat_map(|t| t.handler.secrets().iter().cloned())

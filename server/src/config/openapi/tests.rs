@@ -684,3 +684,69 @@ fn a_document_in_a_config_map_is_named_for_the_pods_role_and_checked() {
         );
     }
 }
+
+#[test]
+fn project_keeps_named_fields_and_projects_the_output_schema() {
+    let mut s = source(&store());
+    s["project"] = json!({"getItem": ["id", "price"], "delete_item": ["x"]});
+    let c = compiled(s).unwrap();
+    let get = tool(&c, "getItem");
+    let CompiledHandler::Http(call) = &get.handler else {
+        panic!("http")
+    };
+    let pj = call.project.as_ref().expect("a projection");
+    assert_eq!(
+        pj.apply(json!({"id": "a", "note": "n", "price": 2})),
+        Some(json!({"id": "a", "price": 2}))
+    );
+    let out = &get.descriptor["outputSchema"];
+    assert_eq!(
+        out["properties"],
+        json!({"id": {"type": "string", "example": "a1", "x-internal": true}, "price": {"$ref": "#/$defs/Price"}})
+    );
+    assert_eq!(
+        out["$defs"],
+        json!({"Price": {"type": "number", "minimum": 0}}),
+        "only the reached components"
+    );
+    assert!(
+        out.get("required").is_none(),
+        "a missing field is left out, not required"
+    );
+    assert!(get.output.as_ref().unwrap().is_valid(&json!({"price": 1})));
+    // Another operation keeps its whole answer.
+    let CompiledHandler::Http(put) = &tool(&c, "putItem").handler else {
+        panic!("http")
+    };
+    assert!(put.project.is_none());
+    // Selecting inside a `oneOf` cannot be told: the output schema is left out.
+    let mut s = source(&store());
+    s["project"] = json!({"getItem": ["kind.a"]});
+    let c = compiled(s).unwrap();
+    assert!(tool(&c, "getItem").descriptor.get("outputSchema").is_none());
+    assert!(tool(&c, "getItem").output.is_none());
+}
+
+#[test]
+fn project_problems_name_their_place() {
+    let mut s = source(&store());
+    s["project"] = json!({"getItem": ["id", "a..b"], "nosuchOp": ["id"]});
+    let got = problems(s);
+    assert!(
+        got.iter().any(|p| p.starts_with("openapi[0].project.getItem[1]")),
+        "{got:?}"
+    );
+    assert!(
+        got.iter()
+            .any(|p| p.starts_with("openapi[0].project.nosuchOp") && p.contains("names no operation")),
+        "{got:?}"
+    );
+    // An unfetched source's paths are checked all the same.
+    let got = problems(json!({"name": "later", "url": "https://api.example/openapi.json",
+        "server": "https://api.example", "project": {"listThings": ["items[0]"]}}));
+    assert!(
+        got.iter()
+            .any(|p| p.starts_with("openapi[0].project.listThings[0]")),
+        "{got:?}"
+    );
+}

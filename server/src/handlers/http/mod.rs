@@ -23,6 +23,7 @@ use crate::template::{JsonTemplate, Template};
 #[cfg(feature = "runtime")]
 mod args;
 pub mod auth;
+pub mod project;
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
 #[cfg(feature = "runtime")]
@@ -64,6 +65,12 @@ pub struct HttpHandler {
     /// `audience`) or one exchanged for it (`exchange`). See docs/governance.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<IdentitySpec>,
+    /// Keep only these fields of a JSON answer (for the model's text and the structured
+    /// content), e.g. `[items[].metadata.name, items[].status.phase]`: names joined by `.`,
+    /// `[]` for every element of an array. See docs/toolset.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub project: Vec<String>,
 }
 
 /// TLS settings of an http tool, read from Secrets (like `{{secret...}}`: rotated values are
@@ -122,6 +129,8 @@ pub struct HttpCall {
     pub args: Option<Box<ArgParts>>,
     /// A credential built per call (an imported operation's basic or OAuth2 scheme).
     pub auth: Option<Box<auth::Auth>>,
+    /// The fields of a JSON answer kept (`None`: all of it).
+    pub project: Option<std::sync::Arc<project::Projection>>,
 }
 
 /// Request parts built from argument values rather than templates: a parameter whose
@@ -252,7 +261,9 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
             "`identity` sets the Authorization header of this tool's requests; remove this header",
         );
     }
+    let project = project::compile(&h.project, &format!("{hp}.project"), p).map(std::sync::Arc::new);
     HttpCall {
+        project,
         identity,
         claims,
         timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), p),

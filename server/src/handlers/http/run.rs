@@ -10,6 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
+use super::project::Projection;
 use super::{HttpCall, TlsRefs, args as from_args};
 use crate::config::checks::{has_dot_segment, path_of};
 use crate::config::context::SecretRef;
@@ -385,7 +386,7 @@ impl HttpClient {
             }
             return ToolOutput::error(format!("{} {url} answered {}: {text}", spec.method, parts.status));
         }
-        answer(&parts.headers, &bytes)
+        answer(&parts.headers, &bytes, spec.project.as_deref())
     }
 }
 
@@ -415,8 +416,9 @@ fn add_header(mut req: http::request::Builder, n: HeaderName, v: HeaderValue) ->
 }
 
 /// The tool result of a successful answer: an image or audio block for media, structured
-/// content for a JSON object, and the text.
-fn answer(headers: &http::HeaderMap, bytes: &Bytes) -> ToolOutput {
+/// content for a JSON object, and the text; with `project`, of the fields it keeps of a
+/// JSON answer (whatever its content type says).
+fn answer(headers: &http::HeaderMap, bytes: &Bytes, project: Option<&Projection>) -> ToolOutput {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -438,6 +440,14 @@ fn answer(headers: &http::HeaderMap, bytes: &Bytes) -> ToolOutput {
             text: format!("[{kind} {mime}, {} bytes]", bytes.len()),
             structured: None,
             content: Some(vec![block]),
+            is_error: false,
+        };
+    }
+    if let Some(kept) = project.and_then(|pj| pj.apply(serde_json::from_slice(bytes).ok()?)) {
+        return ToolOutput {
+            text: serde_json::to_string(&kept).unwrap_or_default(),
+            structured: Some(kept).filter(Value::is_object),
+            content: None,
             is_error: false,
         };
     }
