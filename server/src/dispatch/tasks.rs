@@ -113,11 +113,9 @@ pub(super) fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result
 }
 
 /// Whether calls of `tool` are answered with a task when the client negotiated tasks: the
-/// kinds that may run long (a process, an HTTP request, an upstream call, a pipeline).
+/// kinds that may run long (a process, an HTTP request, an upstream call). Not a pipeline:
+/// its steps may ask the client (elicitation, sampling), which a detached task cannot yet.
 pub(super) fn wanted(tool: &crate::registry::Tool) -> bool {
     use crate::config::CompiledHandler as H;
-    matches!(
-        tool.def.handler,
-        H::Exec(_) | H::Http(_) | H::Upstream(_) | H::Pipeline(_)
-    )
+    matches!(tool.def.handler, H::Exec(_) | H::Http(_) | H::Upstream(_))
 }
