@@ -69,6 +69,19 @@ struct CapsParams {
     elicitation: bool,
     #[serde(default, deserialize_with = "present")]
     roots: bool,
+    #[serde(default)]
+    extensions: Option<ExtensionsParams>,
+}
+
+/// The extensions a client declared (`capabilities.extensions`).
+#[derive(Deserialize, Default)]
+struct ExtensionsParams {
+    #[serde(
+        default,
+        deserialize_with = "present",
+        rename = "io.modelcontextprotocol/tasks"
+    )]
+    tasks: bool,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -85,6 +98,7 @@ pub fn client_caps(raw: Option<&RawValue>) -> ClientCaps {
         sampling: c.sampling,
         elicitation: c.elicitation,
         roots: c.roots,
+        tasks: c.extensions.is_some_and(|e| e.tasks),
     }
 }
 

@@ -23,6 +23,7 @@ fn capabilities() -> Value {
         "prompts": {"listChanged": true},
         "logging": {},
         "completions": {},
+        "extensions": {"io.modelcontextprotocol/tasks": {}},
     })
 }
 

@@ -42,6 +42,9 @@ pub struct ClientCaps {
     pub elicitation: bool,
     /// `capabilities.roots`: it answers `roots/list`.
     pub roots: bool,
+    /// `capabilities.extensions["io.modelcontextprotocol/tasks"]`: it polls tasks, so a
+    /// tool that opted in may answer it with a task.
+    pub tasks: bool,
 }
 
 #[derive(Debug, Default)]
@@ -408,6 +411,7 @@ mod tests {
                 sampling: true,
                 elicitation: false,
                 roots: false,
+                tasks: false,
             },
         );
         assert_eq!(s.caps("a").map(|c| c.sampling), Some(true));

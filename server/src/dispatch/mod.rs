@@ -25,6 +25,8 @@ mod rounds;
 mod server;
 mod sessions;
 mod table;
+mod task_store;
+mod tasks;
 mod tools;
 mod traced;
 mod visible;

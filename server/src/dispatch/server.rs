@@ -116,6 +116,8 @@ pub struct Server {
     pub limiter: Arc<crate::limits::Limiter>,
     /// The audit trail, when it is on.
     pub audit: Option<Arc<crate::audit::AuditLog>>,
+    /// Tasks of the `io.modelcontextprotocol/tasks` extension.
+    pub(super) tasks: Box<dyn super::task_store::TaskStore>,
 }
 
 impl Server {
@@ -139,6 +141,9 @@ impl Server {
             watched: Arc::default(),
             limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
             audit: None,
+            tasks: Box::new(super::task_store::MemoryTasks::new(
+                super::task_store::TaskBounds::default(),
+            )),
             metrics,
         })
     }

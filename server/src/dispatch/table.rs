@@ -9,6 +9,7 @@ use super::request::Answer;
 use super::resources;
 use super::revision::Stamp;
 use super::sessions;
+use super::tasks;
 use super::tools;
 use crate::metrics::method_index;
 
@@ -96,6 +97,9 @@ table! {
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);
     "subscriptions/listen"     => Stateless, Own,    Now(sessions::listen);
+    "tasks/get"                => Both,      Plain,  Now(tasks::get);
+    "tasks/cancel"             => Both,      Plain,  Now(tasks::cancel);
+    "tasks/update"             => Both,      Plain,  Now(tasks::update);
 }
 
 #[cfg(test)]

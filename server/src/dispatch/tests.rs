@@ -545,3 +545,43 @@ fn a_listing_spends_a_bounded_number_of_policy_evaluations() {
     assert_eq!(pages(&s, &reader).concat().len(), 11);
     assert_eq!(unjudged(&s), 0);
 }
+
+#[test]
+fn tasks_methods_are_gated_unknown_ids_refused_and_removed_methods_absent() {
+    let s = server();
+    let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let body = modern(method, json!({"taskId": "x", "inputResponses": {}}), json!({}));
+        let (_, v, _) = reply(&s, &body, MODERN);
+        assert_eq!(code(&v), i64::from(MISSING_CAPABILITY), "{method}");
+        assert!(
+            v["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"]
+                .is_object()
+        );
+        let huge = "f".repeat(1 << 16);
+        for id in [
+            "tasks-conformance-nonexistent",
+            "00000000000000000000000000000000",
+            huge.as_str(),
+        ] {
+            let body = modern(method, json!({"taskId": id, "inputResponses": {}}), tasks.clone());
+            let (_, v, _) = reply(&s, &body, MODERN);
+            assert_eq!(code(&v), i64::from(INVALID_PARAMS), "{method}");
+        }
+    }
+    for method in ["tasks/result", "tasks/list"] {
+        let (_, v, _) = reply(&s, &modern(method, json!({"taskId": "x"}), tasks.clone()), MODERN);
+        assert_eq!(code(&v), -32601, "{method}");
+        let (_, v, _) = reply(&s, &request(method, json!({"taskId": "x"})), LEGACY);
+        assert_eq!(code(&v), -32601, "{method}");
+    }
+    // A fast kind answers at once even to a client that polls tasks.
+    let body = modern(
+        "tools/call",
+        json!({"name": "add", "arguments": {"a": 1, "b": 2}}),
+        tasks,
+    );
+    let (_, v, _) = reply(&s, &body, MODERN);
+    assert_eq!(v["result"]["resultType"], "complete");
+    assert!(v["result"].get("taskId").is_none());
+}

@@ -148,23 +148,13 @@ pub(super) async fn call(
     // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and make the
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
+    if super::tasks::wanted(&snap.tools[index]) && super::tasks::negotiated(server, req) {
+        return start_task(server, req, snap, index, args, permits, out).map(|()| None);
+    }
     if req.ctx.stream {
-        return Ok(Some(Deferred {
-            server: server.clone(),
-            session: req.ctx.session.into(),
-            caller: kept_caller(&snap, index, req),
-            snap,
-            index,
-            args,
-            id: req.id.to_owned(),
-            progress,
-            start: req.start,
-            modern,
-            permits,
-            audit: None,
-            credential: credential(req).cloned(),
-            trace: None,
-        }));
+        return Ok(Some(deferred(
+            server, req, snap, index, args, progress, modern, permits,
+        )));
     }
     let cx = CallCtx {
         session: req.ctx.session,
@@ -188,6 +178,36 @@ pub(super) async fn call(
         noted(trail, failed);
         None
     })
+}
+
+/// The [`Deferred`] of a slow call the transport streams.
+#[allow(clippy::too_many_arguments)]
+fn deferred(
+    server: &Arc<Server>,
+    req: &Request<'_>,
+    snap: Arc<Snapshot>,
+    index: usize,
+    args: Value,
+    progress: Option<Box<RawValue>>,
+    modern: Option<Box<ModernCall>>,
+    permits: Option<crate::limits::Permits>,
+) -> Deferred {
+    Deferred {
+        server: server.clone(),
+        session: req.ctx.session.into(),
+        caller: kept_caller(&snap, index, req),
+        snap,
+        index,
+        args,
+        id: req.id.to_owned(),
+        progress,
+        start: req.start,
+        modern,
+        permits,
+        audit: None,
+        credential: credential(req).cloned(),
+        trace: None,
+    }
 }
 
 /// A call's `arguments`: an object, or none (an empty one).
@@ -463,7 +483,7 @@ fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
 /// Checks a call's result against the tool's output schema, writes the response and records
 /// the call's duration by outcome. Returns whether the result is a tool error.
 #[inline]
-fn conclude(
+pub(super) fn conclude(
     snap: &Snapshot,
     index: usize,
     id: &RawValue,
@@ -486,4 +506,58 @@ fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
         tool.metrics.ok(&tool.def.name)
     };
     h.observe(start.elapsed());
+}
+
+/// Answers a `tools/call` with a task: creates it, runs the call detached from the request
+/// (its result outlives the client's connection; `tasks/cancel` or the task's TTL stops it),
+/// and writes the `CreateTaskResult`.
+fn start_task(
+    server: &Arc<Server>,
+    req: &Request<'_>,
+    snap: Arc<Snapshot>,
+    index: usize,
+    args: Value,
+    permits: Option<crate::limits::Permits>,
+    out: &mut Vec<u8>,
+) -> Result<(), RpcError> {
+    let token = CancellationToken::new();
+    let task = server
+        .tasks
+        .create(super::tasks::owner(req), token.clone())
+        .map_err(|e| RpcError::new(protocol::RATE_LIMITED, e.to_string()))?;
+    let id = task.id.clone();
+    let s = server.clone();
+    let ttl = task.ttl;
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let run = s.exec.run(&snap, index, args, 0, &CallCtx::DETACHED);
+        let o = tokio::select! {
+            o = run => o,
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(ttl) => return,
+        };
+        drop(permits);
+        let mut buf = Vec::new();
+        let zero = RawValue::from_string("0".to_owned()).ok();
+        if let Some(zero) = zero {
+            conclude(&snap, index, &zero, o, start, &mut buf);
+        }
+        let status = match serde_json::from_slice::<Value>(&buf)
+            .ok()
+            .and_then(|mut v| v.get_mut("result").map(Value::take))
+        {
+            Some(r) => super::task_store::Status::Completed(r),
+            None => super::task_store::Status::Failed(
+                i64::from(protocol::INTERNAL_ERROR),
+                "the tool's result could not be read".into(),
+            ),
+        };
+        s.tasks.finish(&id, status);
+    });
+    protocol::write_result(
+        out,
+        req.id,
+        &serde_json::to_vec(&task.created()).unwrap_or_default(),
+    );
+    Ok(())
 }

@@ -497,6 +497,8 @@ struct MirroredParams<'a> {
     name: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
     uri: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default, rename = "taskId")]
+    task_id: Option<std::borrow::Cow<'a, str>>,
     /// Read only when the tool declares `x-mcp-header` parameters.
     #[serde(borrow, default)]
     arguments: Option<&'a serde_json::value::RawValue>,
@@ -517,7 +519,8 @@ fn header_text(v: &HeaderValue) -> Option<String> {
 }
 
 /// 2026-07-28 request headers: `Mcp-Method` must repeat the body's method, and `Mcp-Name`
-/// the tool or prompt name or resource URI of `tools/call`, `prompts/get`, `resources/read`.
+/// the tool or prompt name or resource URI of `tools/call`, `prompts/get`, `resources/read`
+/// (and, when sent, the `taskId` of `tasks/get`, `tasks/cancel`, `tasks/update`).
 /// A missing, malformed or different header is `-32020 HeaderMismatch` (HTTP 400), so that
 /// a proxy routing by header and this server reading the body cannot disagree.
 fn check_mirrored(state: &HttpState, headers: &HeaderMap, body: &[u8]) -> Result<(), Box<Response>> {
@@ -562,6 +565,10 @@ fn check_mirrored(state: &HttpState, headers: &HeaderMap, body: &[u8]) -> Result
     let named = match &*method {
         "tools/call" | "prompts/get" => m.params.as_ref().and_then(|p| p.name.as_deref()),
         "resources/read" => m.params.as_ref().and_then(|p| p.uri.as_deref()),
+        // A task's id: checked when the client sends the header (not every client does yet).
+        "tasks/get" | "tasks/cancel" | "tasks/update" if headers.contains_key("mcp-name") => {
+            m.params.as_ref().and_then(|p| p.task_id.as_deref())
+        }
         _ => return Ok(()),
     };
     let Some(named) = named else {

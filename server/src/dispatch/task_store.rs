@@ -1,0 +1,405 @@
+//! The task store of the `io.modelcontextprotocol/tasks` extension: tasks by id, each owned
+//! by the caller that created it, bounded per caller and in total, forgotten after a TTL.
+//!
+//! The store sits behind [`TaskStore`] so that a store shared by replicas can take the place
+//! of the in-memory one. A task's id is 128 random bits; a lookup by an id of another caller
+//! answers exactly as a lookup by an id that was never issued.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use rustc_hash::FxHashMap;
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The longest task id looked up; longer ones are unknown without hashing them.
+pub(super) const MAX_TASK_ID: usize = 64;
+
+/// Where a task stands.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Status {
+    /// Running.
+    Working,
+    /// Done: the tool's result (a tool error is a result with `isError`).
+    Completed(Value),
+    /// A protocol-level error: its code and message.
+    Failed(i64, String),
+    /// Cancelled by its caller.
+    Cancelled,
+}
+
+impl Status {
+    fn name(&self) -> &'static str {
+        match self {
+            Status::Working => "working",
+            Status::Completed(_) => "completed",
+            Status::Failed(..) => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    fn terminal(&self) -> bool {
+        !matches!(self, Status::Working)
+    }
+}
+
+/// The bounds of a store.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TaskBounds {
+    /// Tasks one caller may hold (running or finished, until their TTL ends).
+    pub per_caller: usize,
+    /// Tasks all callers together may hold.
+    pub total: usize,
+    /// How long a task is kept after it was created.
+    pub ttl: Duration,
+    /// How often a client is told to poll.
+    pub poll_interval: Duration,
+}
+
+impl Default for TaskBounds {
+    fn default() -> Self {
+        TaskBounds {
+            per_caller: 64,
+            total: 4096,
+            ttl: Duration::from_secs(600),
+            poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Why a task was not created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// The caller holds its maximum of tasks.
+    PerCaller(usize),
+    /// The server holds its maximum of tasks.
+    Total(usize),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::PerCaller(n) => write!(
+                f,
+                "too many tasks: a caller may hold {n}; wait for some to finish and expire, or cancel them"
+            ),
+            Refused::Total(n) => write!(f, "too many tasks on this server (at most {n}); try again later"),
+        }
+    }
+}
+
+/// What a store knows of one task, as a client sees it.
+#[derive(Debug, Clone)]
+pub(super) struct TaskView {
+    pub id: String,
+    pub status: Status,
+    pub created: SystemTime,
+    pub updated: SystemTime,
+    pub ttl: Duration,
+    pub poll_interval: Duration,
+}
+
+impl TaskView {
+    /// The fields every task shape carries (`taskId`, `status`, times, `ttlMs`, `pollIntervalMs`).
+    fn base(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("taskId".into(), json!(self.id));
+        m.insert("status".into(), json!(self.status.name()));
+        m.insert(
+            "createdAt".into(),
+            json!(crate::handlers::builtin::run::rfc3339(self.created)),
+        );
+        m.insert(
+            "lastUpdatedAt".into(),
+            json!(crate::handlers::builtin::run::rfc3339(self.updated)),
+        );
+        m.insert("ttlMs".into(), json!(millis(self.ttl)));
+        m.insert("pollIntervalMs".into(), json!(millis(self.poll_interval)));
+        m
+    }
+
+    /// The `CreateTaskResult` of a `tools/call` answered by this task.
+    pub(super) fn created(&self) -> Value {
+        let mut m = self.base();
+        m.insert("resultType".into(), json!("task"));
+        Value::Object(m)
+    }
+
+    /// The `tasks/get` answer (`resultType` is the caller's to add): the task, with its
+    /// result or error once it has one.
+    pub(super) fn detailed(&self) -> Value {
+        let mut m = self.base();
+        match &self.status {
+            Status::Completed(r) => {
+                m.insert("result".into(), r.clone());
+            }
+            Status::Failed(code, message) => {
+                m.insert("error".into(), json!({"code": code, "message": message}));
+            }
+            Status::Working | Status::Cancelled => {}
+        }
+        Value::Object(m)
+    }
+}
+
+/// Integer milliseconds of a duration, at least 1.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A task store. `owner` is the caller: its authenticated subject, or else its session.
+pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
+    /// Creates a working task of `owner`, cancelled through `token`.
+    fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, Refused>;
+    /// The task `id` of `owner`; `None` for an unknown, expired or foreign id.
+    fn get(&self, owner: &str, id: &str) -> Option<TaskView>;
+    /// Records the end of a task (no effect on a task already terminal, e.g. cancelled).
+    fn finish(&self, id: &str, status: Status);
+    /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. A
+    /// terminal task stays as it is (cancelling it again is no error).
+    fn cancel(&self, owner: &str, id: &str) -> bool;
+}
+
+#[derive(Debug)]
+struct Entry {
+    owner: Box<str>,
+    status: Status,
+    created: SystemTime,
+    updated: SystemTime,
+    expires: Instant,
+    token: CancellationToken,
+}
+
+/// The in-memory [`TaskStore`] of one replica.
+#[derive(Debug)]
+pub(super) struct MemoryTasks {
+    bounds: TaskBounds,
+    map: Mutex<FxHashMap<Box<str>, Entry>>,
+}
+
+impl MemoryTasks {
+    pub(super) fn new(bounds: TaskBounds) -> Self {
+        MemoryTasks {
+            bounds,
+            map: Mutex::new(FxHashMap::default()),
+        }
+    }
+
+    fn view(&self, id: &str, e: &Entry) -> TaskView {
+        TaskView {
+            id: id.to_owned(),
+            status: e.status.clone(),
+            created: e.created,
+            updated: e.updated,
+            ttl: self.bounds.ttl,
+            poll_interval: self.bounds.poll_interval,
+        }
+    }
+
+    /// Forgets expired tasks (cancelling any still running).
+    fn purge(map: &mut FxHashMap<Box<str>, Entry>, now: Instant) {
+        map.retain(|_, e| {
+            let keep = e.expires > now;
+            if !keep {
+                e.token.cancel();
+            }
+            keep
+        });
+    }
+}
+
+/// A fresh task id: 128 random bits, hex.
+fn mint() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_err() {
+        // Unreachable on Linux; the process-random hasher still gives an unpredictable id.
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(SystemTime::UNIX_EPOCH.elapsed().unwrap_or_default().as_nanos());
+        b[..8].copy_from_slice(&h.finish().to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl TaskStore for MemoryTasks {
+    fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, Refused> {
+        let Ok(mut map) = self.map.lock() else {
+            return Err(Refused::Total(self.bounds.total));
+        };
+        let now = Instant::now();
+        Self::purge(&mut map, now);
+        if map.len() >= self.bounds.total {
+            return Err(Refused::Total(self.bounds.total));
+        }
+        if map.values().filter(|e| &*e.owner == owner).count() >= self.bounds.per_caller {
+            return Err(Refused::PerCaller(self.bounds.per_caller));
+        }
+        let at = SystemTime::now();
+        let id = mint();
+        let e = Entry {
+            owner: owner.into(),
+            status: Status::Working,
+            created: at,
+            updated: at,
+            expires: now + self.bounds.ttl,
+            token,
+        };
+        let v = self.view(&id, &e);
+        map.insert(id.into(), e);
+        Ok(v)
+    }
+
+    fn get(&self, owner: &str, id: &str) -> Option<TaskView> {
+        if id.len() > MAX_TASK_ID {
+            return None;
+        }
+        let map = self.map.lock().ok()?;
+        let e = map.get(id)?;
+        (&*e.owner == owner && e.expires > Instant::now()).then(|| self.view(id, e))
+    }
+
+    fn finish(&self, id: &str, status: Status) {
+        if let Ok(mut map) = self.map.lock()
+            && let Some(e) = map.get_mut(id)
+            && !e.status.terminal()
+        {
+            e.status = status;
+            e.updated = SystemTime::now();
+        }
+    }
+
+    fn cancel(&self, owner: &str, id: &str) -> bool {
+        if id.len() > MAX_TASK_ID {
+            return false;
+        }
+        let Ok(mut map) = self.map.lock() else {
+            return false;
+        };
+        let Some(e) = map.get_mut(id) else {
+            return false;
+        };
+        if &*e.owner != owner || e.expires <= Instant::now() {
+            return false;
+        }
+        if !e.status.terminal() {
+            e.status = Status::Cancelled;
+            e.updated = SystemTime::now();
+            e.token.cancel();
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(per_caller: usize, total: usize, ttl: Duration) -> MemoryTasks {
+        MemoryTasks::new(TaskBounds {
+            per_caller,
+            total,
+            ttl,
+            poll_interval: Duration::from_millis(250),
+        })
+    }
+
+    #[test]
+    fn lifecycle_working_then_completed_with_the_result_inline() {
+        let s = store(4, 8, Duration::from_secs(60));
+        let t = s.create("alice", CancellationToken::new()).unwrap();
+        let created = t.created();
+        assert_eq!(created["resultType"], "task");
+        assert_eq!(created["status"], "working");
+        assert_eq!(created["ttlMs"], 60_000);
+        assert_eq!(created["pollIntervalMs"], 250);
+        for k in ["result", "error", "task", "ttl", "pollInterval", "requestState"] {
+            assert!(created.get(k).is_none(), "{k}");
+        }
+        assert!(created["createdAt"].as_str().unwrap().ends_with('Z'));
+        let got = s.get("alice", &t.id).unwrap().detailed();
+        assert_eq!(got["status"], "working");
+        assert!(got.get("result").is_none());
+        let result = json!({"content": [{"type": "text", "text": "done"}]});
+        s.finish(&t.id, Status::Completed(result.clone()));
+        let got = s.get("alice", &t.id).unwrap().detailed();
+        assert_eq!(got["status"], "completed");
+        assert_eq!(got["result"], result);
+    }
+
+    #[test]
+    fn a_failed_task_carries_an_error_and_no_result() {
+        let s = store(4, 8, Duration::from_secs(60));
+        let t = s.create("alice", CancellationToken::new()).unwrap();
+        s.finish(&t.id, Status::Failed(-32603, "boom".into()));
+        let got = s.get("alice", &t.id).unwrap().detailed();
+        assert_eq!(got["status"], "failed");
+        assert_eq!(got["error"]["code"], -32603);
+        assert!(got.get("result").is_none());
+    }
+
+    #[test]
+    fn cancel_stops_the_work_and_a_late_finish_does_not_undo_it() {
+        let s = store(4, 8, Duration::from_secs(60));
+        let token = CancellationToken::new();
+        let t = s.create("alice", token.clone()).unwrap();
+        assert!(s.cancel("alice", &t.id));
+        assert!(token.is_cancelled());
+        s.finish(&t.id, Status::Completed(json!({})));
+        assert_eq!(s.get("alice", &t.id).unwrap().status, Status::Cancelled);
+        // Idempotent on a terminal task.
+        assert!(s.cancel("alice", &t.id));
+        assert_eq!(s.get("alice", &t.id).unwrap().status, Status::Cancelled);
+    }
+
+    #[test]
+    fn foreign_forged_and_huge_ids_are_all_unknown() {
+        let s = store(4, 8, Duration::from_secs(60));
+        let token = CancellationToken::new();
+        let t = s.create("alice", token.clone()).unwrap();
+        assert_eq!(t.id.len(), 32);
+        assert!(t.id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(s.get("mallory", &t.id).is_none());
+        assert!(!s.cancel("mallory", &t.id));
+        assert!(!token.is_cancelled(), "a foreign cancel must not reach the task");
+        let huge = "a".repeat(1 << 20);
+        for forged in [
+            "",
+            "0",
+            "00000000000000000000000000000000",
+            huge.as_str(),
+            "\u{0}\u{ffff}",
+        ] {
+            assert!(s.get("alice", forged).is_none());
+            assert!(!s.cancel("alice", forged));
+        }
+        let other = s.create("alice", CancellationToken::new()).unwrap();
+        assert_ne!(t.id, other.id);
+    }
+
+    #[test]
+    fn too_many_tasks_is_a_clear_refusal_per_caller_and_in_total() {
+        let s = store(2, 3, Duration::from_secs(60));
+        s.create("alice", CancellationToken::new()).unwrap();
+        s.create("alice", CancellationToken::new()).unwrap();
+        let e = s.create("alice", CancellationToken::new()).unwrap_err();
+        assert_eq!(e, Refused::PerCaller(2));
+        assert!(e.to_string().contains("too many tasks"));
+        s.create("bob", CancellationToken::new()).unwrap();
+        assert_eq!(
+            s.create("carol", CancellationToken::new()).unwrap_err(),
+            Refused::Total(3)
+        );
+    }
+
+    #[test]
+    fn expired_tasks_are_forgotten_cancelled_and_free_their_slot() {
+        let s = store(1, 1, Duration::ZERO);
+        let token = CancellationToken::new();
+        let t = s.create("alice", token.clone()).unwrap();
+        assert!(s.get("alice", &t.id).is_none());
+        assert!(!s.cancel("alice", &t.id));
+        // The next create purges it, cancelling its work, and takes its slot.
+        s.create("alice", CancellationToken::new()).unwrap();
+        assert!(token.is_cancelled());
+    }
+}

@@ -1,0 +1,121 @@
+//! The methods of the `io.modelcontextprotocol/tasks` extension (`tasks/get`,
+//! `tasks/cancel`, `tasks/update`) and who may use them; the tasks live in a
+//! [`TaskStore`](super::task_store::TaskStore), and `tools/call` creates them.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::envelope::parse_params;
+use super::error::RpcError;
+use super::request::{Done, Request};
+use super::server::Server;
+use crate::protocol;
+
+const EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+#[derive(Deserialize)]
+struct TaskParams<'a> {
+    #[serde(borrow, rename = "taskId")]
+    task_id: Cow<'a, str>,
+}
+
+/// The caller a task belongs to: its authenticated subject, or else its session.
+pub(super) fn owner<'a>(req: &Request<'a>) -> &'a str {
+    match req.ctx.caller {
+        Some(p) if !p.subject.is_empty() => &p.subject,
+        _ => req.ctx.session,
+    }
+}
+
+/// Whether the request's client declared the tasks extension: in its session's
+/// `initialize`, or in the request's own `_meta` client capabilities.
+pub(super) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
+    if let Some(m) = &req.meta {
+        return m.caps.tasks;
+    }
+    if s.sessions.caps(req.ctx.session).is_some_and(|c| c.tasks) {
+        return true;
+    }
+    #[derive(Deserialize)]
+    struct Env<'a> {
+        #[serde(borrow, rename = "_meta")]
+        meta: Option<MetaCaps<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct MetaCaps<'a> {
+        #[serde(borrow, rename = "io.modelcontextprotocol/clientCapabilities")]
+        caps: Option<&'a RawValue>,
+    }
+    req.params
+        .and_then(|p| serde_json::from_str::<Env<'_>>(p.get()).ok())
+        .and_then(|e| e.meta?.caps)
+        .is_some_and(|c| crate::modern::client_caps(Some(c)).tasks)
+}
+
+/// The `-32021` of a client that did not declare the tasks extension.
+pub(super) fn missing_extension(what: &str) -> RpcError {
+    RpcError::new(
+        protocol::MISSING_CAPABILITY,
+        format!("{what} needs the client capability extensions[\"{EXTENSION}\"]"),
+    )
+    .with_data(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}}))
+}
+
+/// The checked `taskId` of a `tasks/*` request from a client that negotiated tasks.
+fn task_id<'a>(s: &Server, req: &Request<'a>, method: &str) -> Result<Cow<'a, str>, RpcError> {
+    if !negotiated(s, req) {
+        return Err(missing_extension(method));
+    }
+    Ok(parse_params::<TaskParams<'a>>(req.params)?.task_id)
+}
+
+fn unknown() -> RpcError {
+    RpcError::invalid_params("Invalid params: unknown taskId (it may have expired)")
+}
+
+/// Writes a tasks/* result object, with `resultType` in the handshake era (the 2026-07-28
+/// stamp adds it there).
+fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
+    if req.meta.is_none()
+        && let Value::Object(m) = &mut v
+    {
+        m.insert("resultType".into(), json!("complete"));
+    }
+    protocol::write_result(out, req.id, &serde_json::to_vec(&v).unwrap_or_default());
+    Done::Written
+}
+
+/// `tasks/get`.
+pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    let id = task_id(s, req, "tasks/get")?;
+    let t = s.tasks.get(owner(req), &id).ok_or_else(unknown)?;
+    Ok(write(req, t.detailed(), out))
+}
+
+/// `tasks/cancel`: an empty acknowledgement; the next `tasks/get` shows `cancelled`.
+pub(super) fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    let id = task_id(s, req, "tasks/cancel")?;
+    if !s.tasks.cancel(owner(req), &id) {
+        return Err(unknown());
+    }
+    Ok(write(req, json!({}), out))
+}
+
+/// `tasks/update`: no task of this server waits for input, so responses for a known task
+/// are acknowledged and have nothing to resume.
+pub(super) fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    let id = task_id(s, req, "tasks/update")?;
+    s.tasks.get(owner(req), &id).ok_or_else(unknown)?;
+    Ok(write(req, json!({}), out))
+}
+
+/// Whether calls of `tool` are answered with a task when the client negotiated tasks: the
+/// kinds that may run long (a process, an HTTP request, an upstream call). Not a pipeline:
+/// its steps may ask the client (elicitation, sampling), which a detached task cannot yet.
+pub(super) fn wanted(tool: &crate::registry::Tool) -> bool {
+    use crate::config::CompiledHandler as H;
+    matches!(tool.def.handler, H::Exec(_) | H::Http(_) | H::Upstream(_))
+}
