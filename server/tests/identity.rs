@@ -645,3 +645,76 @@ fn identity_that_cannot_work_is_refused_at_load() {
         assert!(!out.status.success() && text.contains(want), "{yaml}\n{text}");
     }
 }
+
+/// A JSON-RPC request as `token`'s caller, opting in to the tasks extension for it (the
+/// per-request form of a client's capability); the response's body.
+fn rpc_with_tasks(p: &Proc, token: &str, method: &str, params: Value) -> Value {
+    let mut params = params;
+    params["_meta"] = json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params}).to_string();
+    let headers = format!("Authorization: Bearer {token}\r\n");
+    let resp = http_with(p.mcp, "POST", "/mcp", &headers, &body).expect("an answer");
+    serde_json::from_str(resp.split_once("\r\n\r\n").map_or("", |(_, b)| b))
+        .unwrap_or_else(|e| panic!("{e}: {resp}"))
+}
+
+/// A call run as a task carries its caller's token to the API as the same call without a
+/// task does, and only that caller can read or cancel the task: another caller's id is
+/// answered as unknown.
+#[test]
+fn a_task_carries_its_callers_token_and_only_its_caller_reads_it() {
+    let issuer = Issuer::start();
+    let (api, seen) = listen_with(api_and_upstreams());
+    let u = format!("http://127.0.0.1:{api}");
+    let tools = format!(
+        "tools:\n  - name: api-forward\n    handler: {{http: {{url: \"{u}/api/forward\", headers: {{X-User: \"{{{{caller.sub}}}}\"}}, identity: {{mode: forward, audience: \"{u}/api\"}}}}}}\n"
+    );
+    let issuer_arg = format!("--auth-issuer={}", issuer.url);
+    let p = start_http_env(&tools, &[&issuer_arg, "--auth-audience=quiver"], &[]);
+    let token = |sub: &str| {
+        issuer.token(&json!({"iss": issuer.url, "sub": sub, "exp": now() + 600, "aud": ["quiver", format!("{u}/api")]}))
+    };
+    let (alice, bob) = (token("alice-0001"), token("bob-0002"));
+    let created = rpc_with_tasks(
+        &p,
+        &alice,
+        "tools/call",
+        json!({"name": "api-forward", "arguments": {}}),
+    );
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"]
+        .as_str()
+        .expect("a task id")
+        .to_owned();
+    let mut done = Value::Null;
+    wait_for("the task to complete", || {
+        done = rpc_with_tasks(&p, &alice, "tasks/get", json!({"taskId": id}));
+        done["result"]["status"] != "working"
+    });
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let result = &done["result"]["result"];
+    assert_eq!(result["isError"], false, "{done}");
+    assert_eq!(
+        result["content"][0]["text"],
+        json!({"saw": "Bearer [redacted]", "user": "[redacted]"}).to_string()
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        (seen[0].authorization.as_str(), seen[0].x_user.as_str()),
+        (format!("Bearer {alice}").as_str(), "alice-0001")
+    );
+    // Bob cannot tell alice's task from one that does not exist.
+    for method in ["tasks/get", "tasks/cancel"] {
+        let foreign = rpc_with_tasks(&p, &bob, method, json!({"taskId": id}));
+        let unknown = rpc_with_tasks(&p, &bob, method, json!({"taskId": "0".repeat(32)}));
+        assert_eq!(foreign["error"]["code"], -32602, "{method}: {foreign}");
+        assert_eq!(foreign["error"]["code"], unknown["error"]["code"], "{method}");
+        assert!(foreign.get("result").is_none(), "{method}: {foreign}");
+    }
+    let still = rpc_with_tasks(&p, &alice, "tasks/get", json!({"taskId": id}));
+    assert_eq!(
+        still["result"]["status"], "completed",
+        "bob's cancel changed nothing: {still}"
+    );
+}

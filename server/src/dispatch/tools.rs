@@ -528,9 +528,18 @@ fn start_task(
     let id = task.id.clone();
     let s = server.clone();
     let ttl = task.ttl;
+    // The caller's token goes with the call as it would without a task (identity to an
+    // upstream or API, `{{caller.CLAIM}}`), and so does the caller for step policies.
+    let credential = credential(req).cloned();
+    let caller = kept_caller(&snap, index, req);
     tokio::spawn(async move {
         let start = Instant::now();
-        let run = s.exec.run(&snap, index, args, 0, &CallCtx::DETACHED);
+        let cx = CallCtx {
+            credential: credential.as_deref(),
+            caller: caller.as_deref(),
+            ..CallCtx::DETACHED
+        };
+        let run = s.exec.run(&snap, index, args, 0, &cx);
         let o = tokio::select! {
             o = run => o,
             () = token.cancelled() => return,
