@@ -16,7 +16,9 @@ use super::context::{
     valid_tool_name,
 };
 use super::governance;
-use super::model::{API_VERSION, Handler, KIND, PromptSpec, ResourceSpec, ToolSet, ToolSpec, hash};
+use super::model::{
+    API_VERSION, Handler, KIND, PromptSpec, ResourceSpec, TaskSupport, ToolSet, ToolSpec, hash,
+};
 use super::upstream::{CompiledUpstream, compile_upstreams};
 use crate::handlers::ask;
 use crate::handlers::builtin::Builtin;
@@ -214,6 +216,7 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
             .filter(|a| a.arguments)
             .map(|_| governance::sensitive_properties(&schema_json)),
     };
+    let task = task_support(t.task, &handler, &at, p);
     CompiledTool {
         name: t.name.clone(),
         descriptor: tool_descriptor(t, schema_json, output_json),
@@ -222,6 +225,32 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
         handler,
         access,
         governance,
+        task,
+    }
+}
+
+/// Whether a tool's calls may run as tasks: as declared, by default `optional` for the
+/// kinds that may run long (a process, an HTTP request) and `forbidden` for the others, which
+/// answer at once or ask the client (a detached task cannot).
+fn task_support(
+    declared: Option<TaskSupport>,
+    handler: &CompiledHandler,
+    at: &str,
+    p: &mut Problems,
+) -> TaskSupport {
+    let long = matches!(handler, CompiledHandler::Exec(_) | CompiledHandler::Http(_));
+    match declared {
+        None if long => TaskSupport::Optional,
+        None => TaskSupport::Forbidden,
+        Some(TaskSupport::Forbidden) => TaskSupport::Forbidden,
+        Some(t) if long => t,
+        Some(t) => {
+            p.push(
+                format!("{at}.task"),
+                "only exec and http tools run as tasks (this kind answers at once, or asks the client, which a task cannot yet)",
+            );
+            t
+        }
     }
 }
 
@@ -636,6 +665,40 @@ mod tests {
             Ok(_) => Vec::new(),
             Err(e) => e.problems.iter().map(ToString::to_string).collect(),
         }
+    }
+
+    #[test]
+    fn task_support_defaults_by_kind_and_is_refused_where_a_task_cannot_run() {
+        let yaml = "tools:\n  - {name: e, handler: {exec: {command: [/bin/true]}}}\n  - {name: h, handler: {http: {url: 'https://h/x'}}}\n  - {name: t, handler: {template: x}}\n  - {name: f, task: forbidden, handler: {exec: {command: [/bin/true]}}}\n  - {name: r, task: required, handler: {http: {url: 'https://h/y'}}}\n";
+        let c = compile(&parse("t", yaml).unwrap()).unwrap();
+        let got: Vec<(&str, TaskSupport)> = c.tools.iter().map(|t| (t.name.as_str(), t.task)).collect();
+        assert_eq!(
+            got,
+            [
+                ("e", TaskSupport::Optional),
+                ("h", TaskSupport::Optional),
+                ("t", TaskSupport::Forbidden),
+                ("f", TaskSupport::Forbidden),
+                ("r", TaskSupport::Required),
+            ]
+        );
+        for handler in [
+            "{template: x}",
+            "{pipeline: [{tool: e}]}",
+            "{sample: {prompt: p, maxTokens: 5}}",
+        ] {
+            let yaml = format!(
+                "tools:\n  - {{name: e, handler: {{exec: {{command: [/bin/true]}}}}}}\n  - {{name: x, task: optional, handler: {handler}}}\n"
+            );
+            let p = problems(&yaml);
+            assert!(
+                p.iter()
+                    .any(|m| m.starts_with("tools[1].task") && m.contains("only exec and http")),
+                "{handler}: {p:?}"
+            );
+        }
+        let e = parse("t", "tools: [{name: x, task: sometimes, handler: {template: x}}]").unwrap_err();
+        assert!(e.to_string().contains("unknown variant `sometimes`"), "{e}");
     }
 
     /// The listing shows the schemas as written (composition, conditionals, anchors,

@@ -69,6 +69,8 @@ pub struct CompiledTool {
     pub access: Option<std::sync::Arc<Access>>,
     /// Limits on its calls and its audit options.
     pub governance: super::governance::ToolGovernance,
+    /// Whether its calls may run as tasks.
+    pub task: super::model::TaskSupport,
 }
 
 /// A compiled handler.

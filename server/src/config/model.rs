@@ -188,8 +188,26 @@ pub struct ToolSpec {
     /// What the audit trail records of this tool's calls beyond the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<super::governance::ToolAuditSpec>,
+    /// Whether a call may run as a task for a client that declared the tasks extension:
+    /// `optional` (the default of `exec` and `http` tools), `required` (a client without
+    /// the extension is refused with -32021) or `forbidden` (always answered at once; the
+    /// default of every other kind, which cannot run as a task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskSupport>,
     /// What executes a call of this tool.
     pub handler: Handler,
+}
+
+/// Whether a tool's calls may run as tasks (`tools[].task`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskSupport {
+    /// Always answered at once.
+    Forbidden,
+    /// A task for a client that declared the tasks extension; at once for any other.
+    Optional,
+    /// Only as a task: a client without the tasks extension is refused (-32021).
+    Required,
 }
 
 /// The handler of a tool: exactly one kind.

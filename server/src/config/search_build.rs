@@ -125,5 +125,6 @@ fn find_tools(max_limit: u32) -> CompiledTool {
         handler: CompiledHandler::FindTools,
         access: None,
         governance: ToolGovernance::default(),
+        task: crate::config::TaskSupport::Forbidden,
     }
 }

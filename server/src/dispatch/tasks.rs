@@ -112,10 +112,18 @@ pub(super) fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result
     Ok(write(req, json!({}), out))
 }
 
-/// Whether calls of `tool` are answered with a task when the client negotiated tasks: the
-/// kinds that may run long (a process, an HTTP request, an upstream call). Not a pipeline:
-/// its steps may ask the client (elicitation, sampling), which a detached task cannot yet.
+/// Whether calls of `tool` are answered with a task when the client negotiated tasks: its
+/// `task` setting (by default the kinds that may run long: a process, an HTTP request, an
+/// upstream call; not a pipeline, whose steps may ask the client, which a task cannot yet).
 pub(super) fn wanted(tool: &crate::registry::Tool) -> bool {
-    use crate::config::CompiledHandler as H;
-    matches!(tool.def.handler, H::Exec(_) | H::Http(_) | H::Upstream(_))
+    tool.def.task != crate::config::TaskSupport::Forbidden
+}
+
+/// Refuses a call of a tool that runs only as a task from a client that did not declare the
+/// tasks extension (-32021, naming the extension).
+pub(super) fn required(s: &Server, tool: &crate::registry::Tool, req: &Request<'_>) -> Result<(), RpcError> {
+    if tool.def.task == crate::config::TaskSupport::Required && !negotiated(s, req) {
+        return Err(missing_extension("tools/call"));
+    }
+    Ok(())
 }

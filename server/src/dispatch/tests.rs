@@ -585,3 +585,33 @@ fn tasks_methods_are_gated_unknown_ids_refused_and_removed_methods_absent() {
     assert_eq!(v["result"]["resultType"], "complete");
     assert!(v["result"].get("taskId").is_none());
 }
+
+#[test]
+fn a_tool_that_runs_only_as_a_task_refuses_a_client_without_the_extension() {
+    let metrics = Metrics::new("test", "system");
+    let s = Server::new(Registry::new(&metrics), metrics);
+    let config = "tools:\n  - {name: job, task: required, handler: {exec: {command: [/bin/echo, done]}}}\n";
+    Reloader::new(s.clone())
+        .apply(&[("t.yaml".into(), config.into())])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let call = json!({"name": "job", "arguments": {}});
+    for (body, ctx) in [
+        (modern("tools/call", call.clone(), json!({})), MODERN),
+        (request("tools/call", call.clone()), LEGACY),
+    ] {
+        let (_, v, _) = reply(&s, &body, ctx);
+        assert_eq!(code(&v), i64::from(MISSING_CAPABILITY), "{v}");
+        assert!(
+            v["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"]
+                .is_object(),
+            "{v}"
+        );
+    }
+    // The check follows `access`: a caller who may not call the tool learns nothing of it.
+    let refused = "tools:\n  - {name: job, task: required, access: {scopes: [x]}, handler: {exec: {command: [/bin/echo]}}}\n";
+    Reloader::new(s.clone())
+        .apply(&[("t.yaml".into(), refused.into())])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (_, v, _) = reply(&s, &request("tools/call", call), LEGACY);
+    assert_ne!(code(&v), i64::from(MISSING_CAPABILITY), "{v}");
+}

@@ -113,6 +113,7 @@ pub(super) async fn call(
     // nothing from it.
     allowed(server, tool, req)?;
     super::visible::permitted(server, tool, req, &args)?;
+    super::tasks::required(server, tool, req)?;
     // No limits: one branch (in `admit`).
     let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
     let start = Instant::now();

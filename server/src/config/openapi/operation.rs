@@ -282,6 +282,7 @@ fn compile_op(
             limits: sh.limits.clone(),
             audit_arguments: None,
         },
+        task: crate::config::TaskSupport::Optional,
     })
 }
 

@@ -195,6 +195,7 @@ impl CompiledUpstream {
                 remote: remote.to_owned(),
             }),
             access: self.access.clone(),
+            task: crate::config::TaskSupport::Optional,
             governance: crate::config::governance::ToolGovernance {
                 limits: self.limits.clone(),
                 audit_arguments: None,
