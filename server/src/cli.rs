@@ -234,6 +234,22 @@ pub struct ServeArgs {
     /// finished by then are dropped. Keep it below the pod's terminationGracePeriodSeconds.
     #[arg(long, env = "QUIVER_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
     shutdown_grace: Duration,
+    /// Tasks (of clients that declared the tasks extension) one caller may hold at once.
+    #[arg(long, env = "QUIVER_TASKS_PER_CALLER", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    tasks_per_caller: u32,
+    /// Tasks all callers together may hold at once.
+    #[arg(long, env = "QUIVER_TASKS_MAX", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    tasks_max: u32,
+    /// How long a task and its result are kept after it was created (a task still running
+    /// then is stopped).
+    #[arg(long, env = "QUIVER_TASKS_TTL", default_value = "10m", value_parser = duration)]
+    tasks_ttl: Duration,
+    /// The largest result a task keeps, in bytes; a larger one fails the task (-32603).
+    #[arg(long, env = "QUIVER_TASKS_MAX_RESULT_BYTES", default_value_t = 1 << 20)]
+    tasks_max_result_bytes: usize,
+    /// The results of all tasks together, in bytes; a result that would go over fails its task.
+    #[arg(long, env = "QUIVER_TASKS_MAX_RESULTS_BYTES", default_value_t = 64 << 20)]
+    tasks_max_results_bytes: usize,
     /// Log format: text or json.
     #[arg(long, env = "QUIVER_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -630,7 +646,19 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
         request_timeout: args.request_timeout,
         cache_ttl_ms: u64::try_from(args.cache_ttl.as_millis()).unwrap_or(u64::MAX),
     };
-    let mut server = Server::with_limits(registry, metrics.clone(), limits);
+    if args.tasks_ttl.is_zero() {
+        anyhow::bail!("--tasks-ttl must be above 0");
+    }
+    let mut server = Server::with_limits(registry, metrics.clone(), limits).with_task_bounds(
+        crate::dispatch::TaskBounds {
+            per_caller: args.tasks_per_caller as usize,
+            total: args.tasks_max as usize,
+            ttl: args.tasks_ttl,
+            max_result_bytes: args.tasks_max_result_bytes,
+            total_result_bytes: args.tasks_max_results_bytes,
+            ..crate::dispatch::TaskBounds::default()
+        },
+    );
     if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
         let key = crate::modern::StateKey::from_secret(secret.as_bytes())
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;

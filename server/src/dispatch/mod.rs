@@ -47,6 +47,7 @@ use self::revision::{HANDSHAKE, Revision, STATELESS, Stamp};
 use self::server::InflightGuard;
 pub use self::server::{Ctx, Era, Event, EventKind, Limits, Opens, Server};
 use self::table::{Handler, Method};
+pub use self::task_store::TaskBounds;
 pub use self::tools::Deferred;
 use crate::metrics::{Refusal, method_index, outcome_index};
 use crate::protocol::{self, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};

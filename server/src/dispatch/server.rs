@@ -165,6 +165,18 @@ impl Server {
         }
     }
 
+    /// Keeps tasks within `bounds` instead of the defaults (see docs/protocol.md, Tasks).
+    #[must_use]
+    pub fn with_task_bounds(self: Arc<Self>, bounds: super::task_store::TaskBounds) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut s) => {
+                s.tasks = Box::new(super::task_store::MemoryTasks::new(bounds));
+                Arc::new(s)
+            }
+            Err(shared) => shared,
+        }
+    }
+
     /// Signs `requestState` with `key` instead of this process's random key: replicas that
     /// share a key accept each other's state.
     #[must_use]

@@ -45,7 +45,7 @@ impl Status {
 
 /// The bounds of a store.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct TaskBounds {
+pub struct TaskBounds {
     /// Tasks one caller may hold (running or finished, until their TTL ends).
     pub per_caller: usize,
     /// Tasks all callers together may hold.
@@ -54,6 +54,10 @@ pub(super) struct TaskBounds {
     pub ttl: Duration,
     /// How often a client is told to poll.
     pub poll_interval: Duration,
+    /// The largest result one task keeps (its JSON size); a larger one fails the task.
+    pub max_result_bytes: usize,
+    /// The results of all tasks together; one that would go over fails its task.
+    pub total_result_bytes: usize,
 }
 
 impl Default for TaskBounds {
@@ -63,6 +67,8 @@ impl Default for TaskBounds {
             total: 4096,
             ttl: Duration::from_secs(600),
             poll_interval: Duration::from_millis(500),
+            max_result_bytes: 1 << 20,
+            total_result_bytes: 64 << 20,
         }
     }
 }
@@ -168,6 +174,8 @@ struct Entry {
     updated: SystemTime,
     expires: Instant,
     token: CancellationToken,
+    /// The JSON size of its result (0 until it has one).
+    size: usize,
 }
 
 /// The in-memory [`TaskStore`] of one replica.
@@ -243,6 +251,7 @@ impl TaskStore for MemoryTasks {
             updated: at,
             expires: now + self.bounds.ttl,
             token,
+            size: 0,
         };
         let v = self.view(&id, &e);
         map.insert(id.into(), e);
@@ -259,10 +268,42 @@ impl TaskStore for MemoryTasks {
     }
 
     fn finish(&self, id: &str, status: Status) {
-        if let Ok(mut map) = self.map.lock()
-            && let Some(e) = map.get_mut(id)
+        let Ok(mut map) = self.map.lock() else {
+            return;
+        };
+        let size = match &status {
+            Status::Completed(r) => crate::template::approx_size(r),
+            _ => 0,
+        };
+        let held: usize = map.values().map(|e| e.size).sum();
+        let b = &self.bounds;
+        let status = if size > b.max_result_bytes {
+            Status::Failed(
+                i64::from(crate::protocol::INTERNAL_ERROR),
+                format!(
+                    "the result is about {size} bytes; a task keeps at most {}",
+                    b.max_result_bytes
+                ),
+            )
+        } else if held.saturating_add(size) > b.total_result_bytes {
+            Status::Failed(
+                i64::from(crate::protocol::INTERNAL_ERROR),
+                format!(
+                    "the server holds {} bytes of task results already (at most {}); try again later",
+                    held, b.total_result_bytes
+                ),
+            )
+        } else {
+            status
+        };
+        if let Some(e) = map.get_mut(id)
             && !e.status.terminal()
         {
+            e.size = if matches!(status, Status::Completed(_)) {
+                size
+            } else {
+                0
+            };
             e.status = status;
             e.updated = SystemTime::now();
         }
@@ -300,6 +341,7 @@ mod tests {
             total,
             ttl,
             poll_interval: Duration::from_millis(250),
+            ..TaskBounds::default()
         })
     }
 
@@ -401,5 +443,46 @@ mod tests {
         // The next create purges it, cancelling its work, and takes its slot.
         s.create("alice", CancellationToken::new()).unwrap();
         assert!(token.is_cancelled());
+    }
+}
+
+#[cfg(test)]
+mod result_bounds {
+    use super::*;
+
+    #[test]
+    fn a_result_over_the_bounds_fails_its_task_and_frees_nothing_it_did_not_take() {
+        let s = MemoryTasks::new(TaskBounds {
+            max_result_bytes: 1000,
+            total_result_bytes: 1500,
+            ..TaskBounds::default()
+        });
+        let big = json!({"content": [{"type": "text", "text": "x".repeat(2000)}]});
+        let fits = json!({"content": [{"type": "text", "text": "y".repeat(800)}]});
+        let t1 = s.create("a", CancellationToken::new()).unwrap();
+        s.finish(&t1.id, Status::Completed(big));
+        let got = s.get("a", &t1.id).unwrap().detailed();
+        assert_eq!(got["status"], "failed");
+        assert_eq!(got["error"]["code"], -32603);
+        assert!(
+            got["error"]["message"].as_str().unwrap().contains("at most 1000"),
+            "{got}"
+        );
+        assert!(got.get("result").is_none());
+        // One fits; a second of the same size would take the total over its bound.
+        let t2 = s.create("a", CancellationToken::new()).unwrap();
+        s.finish(&t2.id, Status::Completed(fits.clone()));
+        assert_eq!(s.get("a", &t2.id).unwrap().detailed()["status"], "completed");
+        let t3 = s.create("b", CancellationToken::new()).unwrap();
+        s.finish(&t3.id, Status::Completed(fits));
+        let got = s.get("b", &t3.id).unwrap().detailed();
+        assert_eq!(got["status"], "failed");
+        assert!(
+            got["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("task results already"),
+            "{got}"
+        );
     }
 }
