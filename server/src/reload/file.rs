@@ -59,23 +59,31 @@ pub async fn watch_path(path: PathBuf, reloader: Arc<Reloader>) -> anyhow::Resul
     };
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     tracing::info!(path = %path.display(), watching = %dir.display(), "watching config");
+    // An edit made after the first load and before the watch began has no event: read once
+    // now (the same text as loaded is recognised and costs nothing).
+    reload(&path, &reloader).await;
     while let Some(first) = rx.recv().await {
         if !settle(first, &mut rx).await {
             break;
         }
-        // Reading and compiling take CPU and I/O: off the request workers.
-        let (file, r) = (path.clone(), Arc::clone(&reloader));
-        let done = tokio::task::spawn_blocking(move || match read_path(&file) {
-            Ok(sources) => r.apply_logged(&file.display().to_string(), &sources),
-            Err(e) => {
-                tracing::warn!(path = %file.display(), error = %e, "cannot read config; still serving the previous tools")
-            }
-        })
-        .await;
-        if let Err(e) = done {
-            tracing::error!(error = %e, "config reload task failed; still serving the previous tools");
-        }
+        reload(&path, &reloader).await;
     }
     drop(watcher);
     Ok(())
+}
+
+/// Reads `path` and applies it; reading and compiling take CPU and I/O, so off the request
+/// workers.
+async fn reload(path: &Path, reloader: &Arc<Reloader>) {
+    let (file, r) = (path.to_path_buf(), Arc::clone(reloader));
+    let done = tokio::task::spawn_blocking(move || match read_path(&file) {
+        Ok(sources) => r.apply_logged(&file.display().to_string(), &sources),
+        Err(e) => {
+            tracing::warn!(path = %file.display(), error = %e, "cannot read config; still serving the previous tools")
+        }
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::error!(error = %e, "config reload task failed; still serving the previous tools");
+    }
 }
