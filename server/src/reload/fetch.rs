@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::config::openapi::{FetchCredentials, FetchSpec, MAX_OPENAPI_BYTES, OpenApiSpec};
 use crate::config::{ConfigError, Problem};
+use crate::secrets::value_in;
 
 /// Largest CA or token file read, in bytes.
 const MAX_CREDENTIAL_FILE: u64 = 1 << 20;
@@ -67,7 +68,7 @@ fn read_config_maps(specs: &mut [OpenApiSpec], secrets: &Value, problems: &mut V
         if s.document.is_some() || s.file.is_some() || s.url.is_some() {
             continue;
         }
-        match secret(secrets, &cm.store_ref()) {
+        match value_in(secrets, &cm.store_ref()) {
             Ok(text) => {
                 s.document = Some(text.to_owned());
                 s.config_map = None;
@@ -185,15 +186,6 @@ fn read_small(path: &str, what: &str) -> Result<String, String> {
     Ok(text)
 }
 
-/// The value of `r` in `secrets` (a Secret's or ConfigMap's key), or why it is missing.
-fn secret<'a>(secrets: &'a Value, r: &crate::config::SecretRef) -> Result<&'a str, String> {
-    secrets
-        .get(&r.name)
-        .and_then(|s| s.get(&r.key))
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("{r} is not available"))
-}
-
 /// The TLS settings: the CA file's, Secret's or ConfigMap's certificates, or the public roots.
 fn tls_config(f: &Fetch<'_>) -> Result<rustls::ClientConfig, String> {
     use crate::handlers::http::trust::{public_roots, roots_from_pem};
@@ -203,7 +195,7 @@ fn tls_config(f: &Fetch<'_>) -> Result<rustls::ClientConfig, String> {
         .map_err(|e| e.to_string())?;
     let roots = match (&f.spec.ca_file, &f.creds.ca) {
         (Some(path), _) => roots_from_pem(&read_small(path, "CA")?, &format_args!("the CA file `{path}`"))?,
-        (None, Some(r)) => roots_from_pem(secret(f.secrets, r)?, r)?,
+        (None, Some(r)) => roots_from_pem(value_in(f.secrets, r)?, r)?,
         (None, None) => public_roots(),
     };
     Ok(builder.with_root_certificates(roots).with_no_client_auth())
@@ -271,7 +263,7 @@ async fn exchange(f: &Fetch<'_>) -> Result<String, String> {
         return Err("must be an `https` URL".to_owned());
     }
     // A fetch waits for its Secrets: the reload is retried until the store has read them.
-    if let Some(r) = f.creds.refs.iter().find(|r| secret(f.secrets, r).is_err()) {
+    if let Some(r) = f.creds.refs.iter().find(|r| value_in(f.secrets, r).is_err()) {
         return Err(format!("{r}, which the fetch reads, is not available (yet)"));
     }
     let mut tcp = HttpConnector::new();

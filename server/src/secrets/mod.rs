@@ -30,7 +30,7 @@ pub use env::env_var;
 #[cfg(feature = "kube")]
 pub use kubernetes::watch_kube;
 pub use store::{
-    Keys, MAX_DIR_SECRETS, MAX_KEYS, MAX_VALUE_BYTES, MIN_REDACTED_LEN, Presence, REDACTED, Secrets,
+    Keys, MAX_DIR_SECRETS, MAX_KEYS, MAX_VALUE_BYTES, MIN_REDACTED_LEN, Presence, REDACTED, Secrets, value_in,
 };
 
 /// Where secret values come from.

@@ -38,6 +38,19 @@ pub enum Presence {
     Unreadable,
 }
 
+/// The value of `r` in a snapshot of the store ([`Secrets::snapshot`]), or why there is none
+/// (never a value).
+///
+/// # Errors
+/// The Secret or ConfigMap, or its key, is not in the snapshot.
+pub fn value_in<'a>(snapshot: &'a Value, r: &SecretRef) -> Result<&'a str, String> {
+    snapshot
+        .get(&r.name)
+        .and_then(|s| s.get(&r.key))
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("{r} is not available"))
+}
+
 /// The store.
 #[derive(Debug)]
 pub struct Secrets {
@@ -216,6 +229,11 @@ impl Secrets {
     pub fn use_env(&self) {
         self.set_has_source();
         self.from_env.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.refollow();
+    }
+
+    /// Wants the serving config's references again, with the pinned and the fetches' ones.
+    fn refollow(&self) {
         let serving = self.configured.lock().map(|c| c.clone()).unwrap_or_default();
         self.follow(serving);
     }
@@ -225,8 +243,7 @@ impl Secrets {
         if let Ok(mut p) = self.pinned.lock() {
             p.push(r);
         }
-        let serving = self.configured.lock().map(|c| c.clone()).unwrap_or_default();
-        self.follow(serving);
+        self.refollow();
     }
 
     /// Sets the references the serving config makes (the pinned ones are added): sources
@@ -247,8 +264,7 @@ impl Secrets {
             }
             refs.clone_into(&mut f);
         }
-        let serving = self.configured.lock().map(|c| c.clone()).unwrap_or_default();
-        self.follow(serving);
+        self.refollow();
     }
 
     /// Wants `refs`, the pinned and the fetches' references, and nothing else.

@@ -13,7 +13,6 @@ use serde_json::Value;
 use super::project::Projection;
 use super::{HttpCall, TlsRefs, args as from_args};
 use crate::config::checks::{has_dot_segment, path_of};
-use crate::config::context::SecretRef;
 use crate::config::context::{CALLER_ROOT, SECRET_ROOT};
 use crate::handlers::content::to_base64;
 use crate::handlers::output::ToolOutput;
@@ -78,14 +77,6 @@ fn tcp() -> HttpConnector {
     http
 }
 
-fn pem<'a>(secrets: &'a Value, r: &SecretRef) -> Result<&'a str, String> {
-    secrets
-        .get(&r.name)
-        .and_then(|s| s.get(&r.key))
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("{r} is not available"))
-}
-
 /// A rustls client config from PEM material (CA certificates, client chain and key).
 fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, String> {
     use rustls::pki_types::pem::PemObject;
@@ -95,20 +86,20 @@ fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, St
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     let roots = match &tls.ca {
-        Some(r) => super::trust::roots_from_pem(pem(secrets, r)?, r)?,
+        Some(r) => super::trust::roots_from_pem(crate::secrets::value_in(secrets, r)?, r)?,
         None => super::trust::public_roots(),
     };
     let builder = builder.with_root_certificates(roots);
     match &tls.client {
         None => Ok(builder.with_no_client_auth()),
         Some((cert, key)) => {
-            let chain = CertificateDer::pem_slice_iter(pem(secrets, cert)?.as_bytes())
+            let chain = CertificateDer::pem_slice_iter(crate::secrets::value_in(secrets, cert)?.as_bytes())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|_| format!("{cert} is not PEM"))?;
             if chain.is_empty() {
                 return Err(format!("{cert} holds no PEM certificate"));
             }
-            let private = PrivateKeyDer::from_pem_slice(pem(secrets, key)?.as_bytes())
+            let private = PrivateKeyDer::from_pem_slice(crate::secrets::value_in(secrets, key)?.as_bytes())
                 .map_err(|_| format!("{key} holds no PEM private key"))?;
             builder
                 .with_client_auth_cert(chain, private)
@@ -139,7 +130,7 @@ impl HttpClient {
         let mut h = rustc_hash::FxHasher::default();
         tls.hash(&mut h);
         for r in tls.ca.iter().chain(tls.client.iter().flat_map(|(c, k)| [c, k])) {
-            pem(secrets, r)?.hash(&mut h);
+            crate::secrets::value_in(secrets, r)?.hash(&mut h);
         }
         let key = h.finish();
         if let Some(c) = self.tls.lock().ok().and_then(|m| m.get(&key).cloned()) {
