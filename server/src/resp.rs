@@ -28,7 +28,10 @@ pub struct Options {
     pub max_reply: usize,
 }
 
-/// A reply this client understands (arrays are refused).
+/// Most elements of an array reply.
+pub const MAX_ELEMENTS: usize = 1024;
+
+/// A reply this client understands (arrays of scalars only; nested arrays are refused).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reply {
     /// `:n`
@@ -39,8 +42,11 @@ pub enum Reply {
     Bulk(Vec<u8>),
     /// `-text`
     Error(String),
-    /// `$-1`
+    /// `$-1` (and `*-1`)
     Nil,
+    /// `*n` and n scalar replies; at most [`MAX_ELEMENTS`], their bulk bytes together within
+    /// the size limit of one reply.
+    Array(Vec<Reply>),
 }
 
 /// A pool of connections to one Redis.
@@ -76,9 +82,38 @@ async fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
     String::from_utf8(line).map_err(|_| std::io::Error::other("redis: reply is not UTF-8"))
 }
 
-/// Reads one reply, a bulk one of at most `max_reply` bytes.
+/// Reads one reply: a bulk one of at most `max_reply` bytes, an array of at most
+/// [`MAX_ELEMENTS`] scalars whose bulk bytes together are at most `max_reply`.
 pub(crate) async fn read_reply(r: &mut BufReader<TcpStream>, max_reply: usize) -> std::io::Result<Reply> {
     let line = read_line(r).await?;
+    if let Some(n) = line.strip_prefix('*') {
+        let n: i64 = n.parse().map_err(|_| std::io::Error::other("redis: unexpected reply"))?;
+        let Ok(n) = usize::try_from(n) else {
+            return Ok(Reply::Nil);
+        };
+        if n > MAX_ELEMENTS {
+            return Err(std::io::Error::other("redis: reply over the size limit"));
+        }
+        let mut items = Vec::with_capacity(n);
+        let mut left = max_reply;
+        for _ in 0..n {
+            let line = read_line(r).await?;
+            if line.starts_with('*') {
+                return Err(std::io::Error::other("redis: nested arrays are not read"));
+            }
+            let item = read_scalar(r, &line, left).await?;
+            if let Reply::Bulk(b) = &item {
+                left -= b.len();
+            }
+            items.push(item);
+        }
+        return Ok(Reply::Array(items));
+    }
+    read_scalar(r, &line, max_reply).await
+}
+
+/// The scalar reply whose first line is `line`.
+async fn read_scalar(r: &mut BufReader<TcpStream>, line: &str, max_reply: usize) -> std::io::Result<Reply> {
     let (kind, rest) = line.split_at(line.len().min(1));
     let bad = || std::io::Error::other("redis: unexpected reply");
     Ok(match kind {
@@ -230,6 +265,44 @@ mod tests {
             "an overlong line is an error"
         );
         drop(server);
+    }
+
+    #[tokio::test]
+    async fn arrays_of_scalars_are_read_within_one_size_limit() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            s.write_all(b"*3\r\n$2\r\nab\r\n$-1\r\n:7\r\n*-1\r\n*0\r\n")
+                .await
+                .unwrap();
+            // Two bulks of 5 fit 8 one by one but not together; then a nested array; then too many.
+            s.write_all(b"*2\r\n$5\r\nabcde\r\n$5\r\nfghij\r\n").await.unwrap();
+            s
+        });
+        let mut c = BufReader::new(TcpStream::connect(addr).await.unwrap());
+        assert_eq!(
+            read_reply(&mut c, 8).await.unwrap(),
+            Reply::Array(vec![Reply::Bulk(b"ab".to_vec()), Reply::Nil, Reply::Int(7)])
+        );
+        assert_eq!(read_reply(&mut c, 8).await.unwrap(), Reply::Nil);
+        assert_eq!(read_reply(&mut c, 8).await.unwrap(), Reply::Array(vec![]));
+        let e = read_reply(&mut c, 8).await.unwrap_err();
+        assert!(e.to_string().contains("over the size limit"), "{e}");
+        drop(server);
+
+        for bad in [b"*1\r\n*1\r\n:1\r\n".to_vec(), format!("*{}\r\n", MAX_ELEMENTS + 1).into_bytes()] {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let server = tokio::spawn(async move {
+                let (mut s, _) = l.accept().await.unwrap();
+                s.write_all(&bad).await.unwrap();
+                s
+            });
+            let mut c = BufReader::new(TcpStream::connect(addr).await.unwrap());
+            assert!(read_reply(&mut c, 64).await.is_err());
+            drop(server);
+        }
     }
 
     #[tokio::test]

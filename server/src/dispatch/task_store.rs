@@ -216,8 +216,31 @@ impl MemoryTasks {
     }
 }
 
+/// The end of a task within `bounds`, with the bytes its result holds: a result larger
+/// than one task may keep, or than the results `held` already leave room for, fails it.
+pub(super) fn within_bounds(status: Status, held: usize, b: &TaskBounds) -> (Status, usize) {
+    let size = match &status {
+        Status::Completed(r) => crate::template::approx_size(r),
+        _ => return (status, 0),
+    };
+    let failed = |m: String| (Status::Failed(i64::from(crate::protocol::INTERNAL_ERROR), m), 0);
+    if size > b.max_result_bytes {
+        failed(format!(
+            "the result is about {size} bytes; a task keeps at most {}",
+            b.max_result_bytes
+        ))
+    } else if held.saturating_add(size) > b.total_result_bytes {
+        failed(format!(
+            "the server holds {held} bytes of task results already (at most {}); try again later",
+            b.total_result_bytes
+        ))
+    } else {
+        (status, size)
+    }
+}
+
 /// A fresh task id: 128 random bits, hex.
-fn mint() -> String {
+pub(super) fn mint() -> String {
     let mut b = [0u8; 16];
     if getrandom::getrandom(&mut b).is_err() {
         // Unreachable on Linux; the process-random hasher still gives an unpredictable id.
@@ -271,39 +294,12 @@ impl TaskStore for MemoryTasks {
         let Ok(mut map) = self.map.lock() else {
             return;
         };
-        let size = match &status {
-            Status::Completed(r) => crate::template::approx_size(r),
-            _ => 0,
-        };
         let held: usize = map.values().map(|e| e.size).sum();
-        let b = &self.bounds;
-        let status = if size > b.max_result_bytes {
-            Status::Failed(
-                i64::from(crate::protocol::INTERNAL_ERROR),
-                format!(
-                    "the result is about {size} bytes; a task keeps at most {}",
-                    b.max_result_bytes
-                ),
-            )
-        } else if held.saturating_add(size) > b.total_result_bytes {
-            Status::Failed(
-                i64::from(crate::protocol::INTERNAL_ERROR),
-                format!(
-                    "the server holds {} bytes of task results already (at most {}); try again later",
-                    held, b.total_result_bytes
-                ),
-            )
-        } else {
-            status
-        };
+        let (status, size) = within_bounds(status, held, &self.bounds);
         if let Some(e) = map.get_mut(id)
             && !e.status.terminal()
         {
-            e.size = if matches!(status, Status::Completed(_)) {
-                size
-            } else {
-                0
-            };
+            e.size = size;
             e.status = status;
             e.updated = SystemTime::now();
         }

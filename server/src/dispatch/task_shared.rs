@@ -1,0 +1,569 @@
+//! Tasks shared by every replica, in Redis (`--tasks-redis`): a task created through one
+//! replica is read, cancelled or answered through any other, and its result outlives the
+//! replica that ran it.
+//!
+//! Each task is one Redis hash, `<prefix>task:<id>`, that expires with the task's TTL:
+//! `o` its owner, `s` its status, `c`/`u` created/updated (ms since the epoch, on Redis's
+//! clock), `t`/`p` its TTL and poll interval (ms), `r` its result (JSON) or `ec`/`em` its
+//! error. Two sorted sets of ids scored by expiry, `<prefix>tasks` and
+//! `<prefix>owner:<owner>`, bound the tasks in total and per caller. Every change is one Lua
+//! script, atomic in Redis: a finished task never changes again, and a task cancelled through
+//! another replica stays cancelled whatever its work does afterwards.
+//!
+//! The work of a task runs on the replica that created it. That replica keeps the task's
+//! cancellation token and the bytes of the results it wrote (so each replica bounds what it
+//! stores), and looks at its running tasks in Redis every poll interval to stop the work of
+//! any cancelled (or expired) through another replica.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rustc_hash::FxHashMap;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::task_store::{MAX_TASK_ID, Refused, Status, TaskBounds, TaskView};
+use crate::resp::{Client, Reply};
+
+/// Largest reply read from Redis: a task's hash, its result included.
+const MAX_REPLY: usize = 2 << 20;
+
+/// Creates a task if its caller and the server are within their bounds.
+/// KEYS: the task, all tasks, the owner's tasks. ARGV: owner, ttl, per-caller, total, poll, id.
+/// Answers the creation time, or -1 (per caller), -2 (total), -3 (id taken).
+const CREATE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return -2 end
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return -3 end
+local n = string.format('%d', now)
+redis.call('HSET', KEYS[1], 'o', ARGV[1], 's', 'working', 'c', n, 'u', n, 't', ARGV[2], 'p', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ttl)
+for i = 2, 3 do
+  redis.call('ZADD', KEYS[i], now + ttl, ARGV[6])
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+return now
+";
+
+/// Records the end of a task that has not ended. KEYS: the task. ARGV: the status, then
+/// field/value pairs. Answers 1 if recorded.
+const FINISH: &str = r"
+local s = redis.call('HGET', KEYS[1], 's')
+if not s or s == 'completed' or s == 'failed' or s == 'cancelled' then return 0 end
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], 's', ARGV[1], 'u', now, unpack(ARGV, 2))
+return 1
+";
+
+/// Cancels a task of its owner. KEYS: the task. ARGV: the owner. Answers 1 if the task is
+/// the owner's (cancelled now or already ended), 0 otherwise.
+const CANCEL: &str = r"
+local o = redis.call('HGET', KEYS[1], 'o')
+if not o or o ~= ARGV[1] then return 0 end
+local s = redis.call('HGET', KEYS[1], 's')
+if s == 'completed' or s == 'failed' or s == 'cancelled' then return 1 end
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], 's', 'cancelled', 'u', now)
+return 1
+";
+
+/// The status of each task of KEYS (nil for one that is gone).
+const STATUSES: &str = r"
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 's') end
+return out
+";
+
+/// Where the shared tasks live.
+#[derive(Debug, Clone)]
+pub struct SharedOptions {
+    /// `host:port`.
+    pub addr: String,
+    /// Part of every key: whose tasks these are (several servers may share one Redis).
+    pub prefix: String,
+    /// Sent with `AUTH` on every new connection.
+    pub password: Option<String>,
+    /// Longest exchange with Redis.
+    pub timeout: Duration,
+}
+
+/// Why the shared store could not answer.
+#[derive(Debug)]
+pub(super) struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the task store is unavailable ({}); try again", self.0)
+    }
+}
+
+/// Why a task was not created.
+#[derive(Debug)]
+pub(super) enum NotCreated {
+    Refused(Refused),
+    Unavailable(Unavailable),
+}
+
+/// A task this replica runs.
+#[derive(Debug)]
+struct Running {
+    token: CancellationToken,
+    expires: Instant,
+    /// The JSON size of the result it stored (0 until then).
+    size: usize,
+    /// Its end is recorded.
+    done: bool,
+}
+
+/// The [`TaskStore`](super::task_store::TaskStore) shared by replicas, in Redis.
+#[derive(Debug)]
+pub(super) struct SharedTasks {
+    redis: Client,
+    prefix: String,
+    bounds: TaskBounds,
+    local: Mutex<FxHashMap<Box<str>, Running>>,
+}
+
+fn unavailable(e: &std::io::Error) -> Unavailable {
+    Unavailable(e.to_string())
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl SharedTasks {
+    pub(super) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
+        SharedTasks {
+            redis: Client::new(crate::resp::Options {
+                addr: opts.addr,
+                password: opts.password,
+                timeout: opts.timeout,
+                max_connections: 16,
+                max_reply: MAX_REPLY.max(bounds.max_result_bytes + 4096),
+            }),
+            prefix: opts.prefix,
+            bounds,
+            local: Mutex::new(FxHashMap::default()),
+        }
+    }
+
+    fn key(&self, id: &str) -> Vec<u8> {
+        [self.prefix.as_bytes(), b"task:", id.as_bytes()].concat()
+    }
+
+    async fn eval(&self, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Result<Reply, Unavailable> {
+        let n = keys.len().to_string();
+        let mut all: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
+        all.extend([b"EVAL".as_slice(), script.as_bytes(), n.as_bytes()]);
+        all.extend_from_slice(keys);
+        all.extend_from_slice(args);
+        match self.redis.call(&all).await {
+            Ok(Reply::Error(e)) => Err(Unavailable(format!("redis: {e}"))),
+            Ok(r) => Ok(r),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    /// Creates a working task of `owner`, cancelled through `token`.
+    pub(super) async fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, NotCreated> {
+        let b = &self.bounds;
+        let (ttl, poll) = (ms(b.ttl).to_string(), ms(b.poll_interval).to_string());
+        let (per, total) = (b.per_caller.to_string(), b.total.to_string());
+        let owners = [self.prefix.as_bytes(), b"owner:", owner.as_bytes()].concat();
+        let all = [self.prefix.as_bytes(), b"tasks"].concat();
+        // A collision of 128 random bits is not expected; one retry covers a broken generator.
+        for _ in 0..2 {
+            let id = super::task_store::mint();
+            let key = self.key(&id);
+            let args: [&[u8]; 6] = [
+                owner.as_bytes(),
+                ttl.as_bytes(),
+                per.as_bytes(),
+                total.as_bytes(),
+                poll.as_bytes(),
+                id.as_bytes(),
+            ];
+            let at = match self.eval(CREATE, &[&key, &all, &owners], &args).await {
+                Ok(Reply::Int(-1)) => return Err(NotCreated::Refused(Refused::PerCaller(b.per_caller))),
+                Ok(Reply::Int(-2)) => return Err(NotCreated::Refused(Refused::Total(b.total))),
+                Ok(Reply::Int(-3)) => continue,
+                Ok(Reply::Int(at)) => epoch_ms(at),
+                Ok(other) => return Err(NotCreated::Unavailable(Unavailable(format!("redis: {other:?}")))),
+                Err(e) => return Err(NotCreated::Unavailable(e)),
+            };
+            if let Ok(mut local) = self.local.lock() {
+                let now = Instant::now();
+                local.retain(|_, r| r.expires > now);
+                local.insert(
+                    id.clone().into(),
+                    Running {
+                        token,
+                        expires: now + b.ttl,
+                        size: 0,
+                        done: false,
+                    },
+                );
+            }
+            return Ok(TaskView {
+                id,
+                status: Status::Working,
+                created: at,
+                updated: at,
+                ttl: b.ttl,
+                poll_interval: b.poll_interval,
+            });
+        }
+        Err(NotCreated::Unavailable(Unavailable("no free task id".into())))
+    }
+
+    /// The task `id` of `owner`: `None` for an unknown, expired or foreign id.
+    pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, Unavailable> {
+        if id.is_empty() || id.len() > MAX_TASK_ID {
+            return Ok(None);
+        }
+        let key = self.key(id);
+        let fields: [&[u8]; 9] = [b"HMGET", &key, b"o", b"s", b"c", b"u", b"t", b"p", b"r"];
+        let items = match self.redis.call(&fields).await.map_err(|e| unavailable(&e))? {
+            Reply::Array(items) => items,
+            other => return Err(Unavailable(format!("redis: {other:?}"))),
+        };
+        let mut it = items.into_iter().map(|r| match r {
+            Reply::Bulk(b) => Some(b),
+            _ => None,
+        });
+        let mut next = || it.next().flatten();
+        let (Some(o), Some(s), c, u, t, p, r) = (next(), next(), next(), next(), next(), next(), next()) else {
+            return Ok(None);
+        };
+        if o != owner.as_bytes() {
+            return Ok(None);
+        }
+        let status = match &s[..] {
+            b"working" => Status::Working,
+            b"completed" => match r.as_deref().map(serde_json::from_slice::<Value>) {
+                Some(Ok(v)) => Status::Completed(v),
+                _ => Status::Failed(
+                    i64::from(crate::protocol::INTERNAL_ERROR),
+                    "the task's stored result could not be read".into(),
+                ),
+            },
+            b"failed" => self.error(&key).await?,
+            b"cancelled" => Status::Cancelled,
+            _ => return Ok(None),
+        };
+        let num = |v: Option<Vec<u8>>| {
+            v.and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(Some(TaskView {
+            id: id.to_owned(),
+            status,
+            created: epoch_ms(num(c)),
+            updated: epoch_ms(num(u)),
+            ttl: Duration::from_millis(num(t).unsigned_abs()),
+            poll_interval: Duration::from_millis(num(p).unsigned_abs()),
+        }))
+    }
+
+    async fn error(&self, key: &[u8]) -> Result<Status, Unavailable> {
+        let fields: [&[u8]; 4] = [b"HMGET", key, b"ec", b"em"];
+        let Reply::Array(items) = self.redis.call(&fields).await.map_err(|e| unavailable(&e))? else {
+            return Err(Unavailable("redis: unexpected reply".into()));
+        };
+        let text = |r: Option<&Reply>| match r {
+            Some(Reply::Bulk(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        };
+        let code = text(items.first())
+            .parse()
+            .unwrap_or(i64::from(crate::protocol::INTERNAL_ERROR));
+        Ok(Status::Failed(code, text(items.get(1))))
+    }
+
+    /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
+    /// cancelled). A result over the bounds fails the task instead. `false` if Redis could
+    /// not be told (logged).
+    pub(super) async fn finish(&self, id: &str, status: Status) -> bool {
+        let (status, size) = {
+            let Ok(mut local) = self.local.lock() else {
+                return false;
+            };
+            let held: usize = local.values().map(|r| r.size).sum();
+            let (status, size) = super::task_store::within_bounds(status, held, &self.bounds);
+            if let Some(r) = local.get_mut(id) {
+                r.size = size;
+                r.done = true;
+            }
+            (status, size)
+        };
+        let code;
+        let body;
+        let args: Vec<&[u8]> = match &status {
+            Status::Completed(r) => {
+                body = serde_json::to_vec(r).unwrap_or_default();
+                vec![b"completed", b"r", &body]
+            }
+            Status::Failed(c, m) => {
+                code = c.to_string();
+                vec![b"failed", b"ec", code.as_bytes(), b"em", m.as_bytes()]
+            }
+            Status::Cancelled => vec![b"cancelled"],
+            Status::Working => return true,
+        };
+        let key = self.key(id);
+        match self.eval(FINISH, &[&key], &args).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(task = %id, bytes = size, error = %e, "a task's end could not be recorded");
+                false
+            }
+        }
+    }
+
+    /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. Its
+    /// work stops at once when this replica runs it, else when its replica next looks.
+    pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
+        if id.is_empty() || id.len() > MAX_TASK_ID {
+            return Ok(false);
+        }
+        let key = self.key(id);
+        let ok = matches!(self.eval(CANCEL, &[&key], &[owner.as_bytes()]).await?, Reply::Int(1));
+        if ok && let Ok(local) = self.local.lock() {
+            if let Some(r) = local.get(id) {
+                r.token.cancel();
+            }
+        }
+        Ok(ok)
+    }
+
+    /// Stops the work of this replica's tasks that were cancelled through another replica or
+    /// are gone from Redis (expired, flushed); forgets the tasks whose TTL ended.
+    pub(super) async fn reconcile(&self) {
+        let ids: Vec<Box<str>> = match self.local.lock() {
+            Ok(mut local) => {
+                let now = Instant::now();
+                local.retain(|_, r| {
+                    let keep = r.expires > now;
+                    if !keep {
+                        r.token.cancel();
+                    }
+                    keep
+                });
+                local
+                    .iter()
+                    .filter(|(_, r)| !r.done && !r.token.is_cancelled())
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            }
+            Err(_) => return,
+        };
+        for chunk in ids.chunks(crate::resp::MAX_ELEMENTS) {
+            let keys: Vec<Vec<u8>> = chunk.iter().map(|id| self.key(id)).collect();
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let Ok(Reply::Array(statuses)) = self.eval(STATUSES, &refs, &[]).await else {
+                // Redis down: the work goes on; its end is recorded if Redis comes back.
+                return;
+            };
+            let Ok(local) = self.local.lock() else {
+                return;
+            };
+            for (id, s) in chunk.iter().zip(statuses) {
+                let stop = match s {
+                    Reply::Bulk(s) => s == b"cancelled",
+                    _ => true,
+                };
+                if stop && let Some(r) = local.get(id) {
+                    r.token.cancel();
+                }
+            }
+        }
+    }
+
+    /// Runs [`Self::reconcile`] every poll interval until `stop`.
+    pub(super) async fn follow(&self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.bounds.poll_interval.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => self.reconcile().await,
+            }
+        }
+    }
+}
+
+/// The instant `ms` milliseconds after the epoch.
+fn epoch_ms(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a real redis-server (`QUIVER_REDIS_SERVER`, else scripts/redis.sh).
+    use super::*;
+    use serde_json::json;
+
+    struct Redis {
+        child: std::process::Child,
+        port: u16,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    async fn redis() -> Redis {
+        let bin = std::env::var("QUIVER_REDIS_SERVER").unwrap_or_else(|_| {
+            let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/redis.sh");
+            let out = std::process::Command::new(root).output().expect("scripts/redis.sh");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+        });
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let r = Redis { child, port, _dir: dir };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn replica(r: &Redis, bounds: TaskBounds) -> SharedTasks {
+        SharedTasks::new(
+            SharedOptions {
+                addr: format!("127.0.0.1:{}", r.port),
+                prefix: "test/ns/name/".into(),
+                password: None,
+                timeout: Duration::from_secs(2),
+            },
+            bounds,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_task_created_on_one_replica_is_read_cancelled_and_finished_through_another() {
+        let r = redis().await;
+        let bounds = TaskBounds {
+            poll_interval: Duration::from_millis(100),
+            ..TaskBounds::default()
+        };
+        let (a, b) = (replica(&r, bounds), replica(&r, bounds));
+        let token = CancellationToken::new();
+        let t = a.create("alice", token.clone()).await.unwrap();
+        let seen = b.get("alice", &t.id).await.unwrap().expect("visible on b at once");
+        assert_eq!(seen.status, Status::Working);
+        assert_eq!(seen.created, t.created);
+        assert_eq!(seen.ttl, bounds.ttl);
+        // A foreign caller sees nothing and cancels nothing.
+        assert!(b.get("mallory", &t.id).await.unwrap().is_none());
+        assert!(!b.cancel("mallory", &t.id).await.unwrap());
+        // Finished on a, with its result, read on b.
+        let result = json!({"content": [{"type": "text", "text": "done"}], "isError": false, "n": []});
+        assert!(a.finish(&t.id, Status::Completed(result.clone())).await);
+        let got = b.get("alice", &t.id).await.unwrap().unwrap();
+        assert_eq!(got.status, Status::Completed(result));
+        // Ended: a later cancel is no error and changes nothing.
+        assert!(b.cancel("alice", &t.id).await.unwrap());
+        assert!(matches!(b.get("alice", &t.id).await.unwrap().unwrap().status, Status::Completed(_)));
+
+        // Cancelled through b: the work on a stops when a next reconciles, and its late end
+        // does not undo the cancel.
+        let token = CancellationToken::new();
+        let t = a.create("alice", token.clone()).await.unwrap();
+        assert!(b.cancel("alice", &t.id).await.unwrap());
+        assert!(!token.is_cancelled());
+        a.reconcile().await;
+        assert!(token.is_cancelled());
+        a.finish(&t.id, Status::Completed(json!({}))).await;
+        assert_eq!(b.get("alice", &t.id).await.unwrap().unwrap().status, Status::Cancelled);
+
+        // A failure keeps its code and message.
+        let t = a.create("alice", CancellationToken::new()).await.unwrap();
+        a.finish(&t.id, Status::Failed(-32603, "stopped: the server shut down".into())).await;
+        assert_eq!(
+            b.get("alice", &t.id).await.unwrap().unwrap().status,
+            Status::Failed(-32603, "stopped: the server shut down".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn bounds_hold_across_replicas_and_expiry_frees_them() {
+        let r = redis().await;
+        let bounds = TaskBounds {
+            per_caller: 2,
+            total: 3,
+            ttl: Duration::from_millis(400),
+            ..TaskBounds::default()
+        };
+        let (a, b) = (replica(&r, bounds), replica(&r, bounds));
+        a.create("alice", CancellationToken::new()).await.unwrap();
+        b.create("alice", CancellationToken::new()).await.unwrap();
+        assert!(matches!(
+            a.create("alice", CancellationToken::new()).await,
+            Err(NotCreated::Refused(Refused::PerCaller(2)))
+        ));
+        let token = CancellationToken::new();
+        let t = b.create("bob", token.clone()).await.unwrap();
+        assert!(matches!(
+            a.create("carol", CancellationToken::new()).await,
+            Err(NotCreated::Refused(Refused::Total(3)))
+        ));
+        // After the TTL: gone everywhere, its work stopped, its slots free.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.get("bob", &t.id).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "the task outlived its TTL");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        b.reconcile().await;
+        assert!(token.is_cancelled());
+        a.create("carol", CancellationToken::new()).await.unwrap();
+        a.create("alice", CancellationToken::new()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn hostile_ids_and_owners_are_unknown_and_a_dead_redis_is_a_clear_error() {
+        let r = redis().await;
+        let a = replica(&r, TaskBounds::default());
+        let t = a.create("o:wner\r\n*1", CancellationToken::new()).await.unwrap();
+        assert!(a.get("o:wner\r\n*1", &t.id).await.unwrap().is_some());
+        let huge = "a".repeat(1 << 16);
+        for id in ["", "*", "task:", "../x", "\r\n", huge.as_str(), &t.id[..31]] {
+            assert!(a.get("o:wner\r\n*1", id).await.unwrap().is_none(), "{id:.40}");
+            assert!(!a.cancel("o:wner\r\n*1", id).await.unwrap());
+        }
+        // An owner that is a prefix or an extension of the real one is foreign.
+        assert!(a.get("o:wner", &t.id).await.unwrap().is_none());
+        assert!(a.get("o:wner\r\n*1x", &t.id).await.unwrap().is_none());
+        drop(r);
+        let e = a.get("o:wner\r\n*1", &t.id).await.unwrap_err();
+        assert!(e.to_string().contains("task store is unavailable"), "{e}");
+        assert!(matches!(
+            a.create("x", CancellationToken::new()).await,
+            Err(NotCreated::Unavailable(_))
+        ));
+    }
+}
