@@ -205,6 +205,11 @@ pub struct McpServerSpec {
     /// it, every limit counts per replica).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits_redis: Option<LimitsRedis>,
+    /// Tasks: calls of slow tools answered with a task the client polls, whose result
+    /// outlives the client's connection (see docs/protocol.md, Tasks). With `redis`, every
+    /// replica serves every task and a stopping pod finishes its tasks first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TasksSpec>,
     /// The audit trail: one JSON record per tool call, resource read, prompt and refusal,
     /// written to the container's stdout (the logs are on stderr). Off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -785,6 +790,62 @@ pub struct LimitsRedis {
     /// alone, `Closed` refuses the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_mode: Option<FailMode>,
+}
+
+/// Where tasks live and how long they last.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TasksSpec {
+    /// The Redis shared by the replicas: a task started through one replica is read,
+    /// answered or cancelled through any other, and its result outlives the pod that ran
+    /// it. Without it each replica keeps its own tasks (a client must come back to the same
+    /// pod: `sessionAffinity`), and a task ends with its pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<TasksRedis>,
+    /// How long a stopping pod (a rolling update, a scale-down, a drained node) lets its
+    /// running tasks finish, e.g. `5m`; at most `60m`, default `20s`. The pod's
+    /// `terminationGracePeriodSeconds` grows to fit. A task still running then fails with
+    /// an error saying so. Only with `redis` (without it, a pod's tasks end with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,2}s|[1-9]m|[1-5][0-9]m|60m)$"))]
+    pub drain: Option<String>,
+    /// How long a task and its result are kept after it starts, e.g. `30m`; default `10m`,
+    /// at most `24h`. A task still running then is stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}(s|m)|[1-9]h|1[0-9]h|2[0-4]h)$"))]
+    pub ttl: Option<String>,
+    /// Tasks one caller may hold at once (running or finished, until their TTL ends);
+    /// default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub per_caller: Option<u32>,
+}
+
+/// The Redis holding the tasks of every replica.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TasksRedis {
+    /// `host:port`, e.g. `redis.infra.svc:6379` (plain TCP).
+    #[schemars(length(min = 3, max = 261), regex(pattern = r"^[A-Za-z0-9.-]+:[0-9]{1,5}$"))]
+    pub address: String,
+    /// The Secret key holding Redis's password (`AUTH`), if it has one; read when a pod
+    /// starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKey>,
+    /// Longest wait for Redis per operation, e.g. `500ms` (default), at most `5s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}ms|[1-5]s)$"))]
+    pub timeout: Option<String>,
+}
+
+impl TasksSpec {
+    /// `drain` in seconds (its pattern admits nothing else).
+    pub fn drain_seconds(&self) -> Option<i64> {
+        let d = self.drain.as_deref()?;
+        let (n, unit) = d.split_at(d.len().checked_sub(1)?);
+        let n: i64 = n.parse().ok()?;
+        Some(if unit == "m" { n * 60 } else { n })
+    }
 }
 
 /// What a shared limit does while its Redis is unavailable.

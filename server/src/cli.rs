@@ -250,6 +250,21 @@ pub struct ServeArgs {
     /// The results of all tasks together, in bytes; a result that would go over fails its task.
     #[arg(long, env = "QUIVER_TASKS_MAX_RESULTS_BYTES", default_value_t = 64 << 20)]
     tasks_max_results_bytes: usize,
+    /// Redis `host:port` holding the tasks, shared by every replica: a task started through
+    /// one replica is read, answered or cancelled through any other, and outlives the replica
+    /// that ran it (password, if any, in the QUIVER_TASKS_REDIS_PASSWORD environment variable).
+    #[arg(long, env = "QUIVER_TASKS_REDIS")]
+    tasks_redis: Option<String>,
+    /// Whose tasks these are, in a Redis several servers share: the start of every key.
+    #[arg(long, env = "QUIVER_TASKS_REDIS_PREFIX", default_value = "")]
+    tasks_redis_prefix: String,
+    /// Longest wait for Redis per task operation (connecting included).
+    #[arg(long, env = "QUIVER_TASKS_REDIS_TIMEOUT", default_value = "500ms", value_parser = duration)]
+    tasks_redis_timeout: Duration,
+    /// With --tasks-redis: on SIGTERM, how long the tasks this replica runs may go on; those
+    /// still running then are recorded as failed, saying so.
+    #[arg(long, env = "QUIVER_TASKS_DRAIN", default_value = "20s", value_parser = duration)]
+    tasks_drain: Duration,
     /// Log format: text or json.
     #[arg(long, env = "QUIVER_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -567,6 +582,12 @@ async fn serve(
     reloader.follow_openapi();
     // Cancelled when draining starts: stops accepting and ends GET streams (and stdio reads).
     let shutdown = CancellationToken::new();
+    // Following the task store goes on while tasks drain.
+    let tasks_stop = CancellationToken::new();
+    tokio::spawn({
+        let (server, stop) = (server.clone(), tasks_stop.clone());
+        async move { server.follow_tasks(stop).await }
+    });
 
     follow_source(&source, &reloader)?;
 
@@ -625,8 +646,9 @@ async fn serve(
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
     match listener {
         None => serve_stdio(server, &args, &load, &shutdown).await?,
-        Some(listener) => serve_http(listener, state, &args, &shutdown, metrics).await?,
+        Some(listener) => serve_http(listener, state, &server, &args, &shutdown, metrics).await?,
     }
+    tasks_stop.cancel();
     admin_stop.cancel();
     if let Some(admin) = admin {
         let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
@@ -649,16 +671,23 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
     if args.tasks_ttl.is_zero() {
         anyhow::bail!("--tasks-ttl must be above 0");
     }
-    let mut server = Server::with_limits(registry, metrics.clone(), limits).with_task_bounds(
-        crate::dispatch::TaskBounds {
-            per_caller: args.tasks_per_caller as usize,
-            total: args.tasks_max as usize,
-            ttl: args.tasks_ttl,
-            max_result_bytes: args.tasks_max_result_bytes,
-            total_result_bytes: args.tasks_max_results_bytes,
-            ..crate::dispatch::TaskBounds::default()
-        },
-    );
+    let bounds = crate::dispatch::TaskBounds {
+        per_caller: args.tasks_per_caller as usize,
+        total: args.tasks_max as usize,
+        ttl: args.tasks_ttl,
+        max_result_bytes: args.tasks_max_result_bytes,
+        total_result_bytes: args.tasks_max_results_bytes,
+        ..crate::dispatch::TaskBounds::default()
+    };
+    let shared = args.tasks_redis.as_ref().map(|addr| crate::dispatch::SharedOptions {
+        addr: addr.clone(),
+        prefix: args.tasks_redis_prefix.clone(),
+        password: std::env::var(TASKS_REDIS_PASSWORD_ENV)
+            .ok()
+            .filter(|p| !p.is_empty()),
+        timeout: args.tasks_redis_timeout,
+    });
+    let mut server = Server::with_limits(registry, metrics.clone(), limits).with_tasks(bounds, shared);
     if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
         let key = crate::modern::StateKey::from_secret(secret.as_bytes())
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
@@ -668,6 +697,9 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
     start_secrets(args.secrets.clone(), &server)?;
     Ok(server)
 }
+
+/// The environment variable holding the password of `--tasks-redis`.
+const TASKS_REDIS_PASSWORD_ENV: &str = "QUIVER_TASKS_REDIS_PASSWORD";
 
 /// The environment variable holding the password of `--limits-redis`.
 const REDIS_PASSWORD_ENV: &str = "QUIVER_LIMITS_REDIS_PASSWORD";
@@ -743,6 +775,7 @@ async fn serve_stdio(
 async fn serve_http(
     listener: tokio::net::TcpListener,
     state: Arc<HttpState>,
+    server: &Server,
     args: &ServeArgs,
     shutdown: &CancellationToken,
     metrics: Arc<Metrics>,
@@ -761,7 +794,11 @@ async fn serve_http(
         Some(metrics),
     ));
     signal().await;
-    drain(&load, shutdown, mcp, args.shutdown_delay, args.shutdown_grace).await;
+    let tasks = server.drain_tasks(args.tasks_drain);
+    tokio::join!(
+        drain(&load, shutdown, mcp, args.shutdown_delay, args.shutdown_grace),
+        tasks
+    );
     Ok(())
 }
 

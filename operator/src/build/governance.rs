@@ -1,8 +1,8 @@
-//! The server flags and environment of `limitsRedis` and `audit`.
+//! The server flags and environment of `limitsRedis`, `tasks` and `audit`.
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 
-use crate::crd::{FailMode, McpServer};
+use crate::crd::{FailMode, McpServer, SecretKey, TasksSpec};
 
 /// `--limits-redis*` and `--audit*` for the spec.
 pub(super) fn args(mcp: &McpServer) -> Vec<String> {
@@ -20,6 +20,9 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
             args.push("--limits-redis-fail=closed".to_owned());
         }
     }
+    if let Some(t) = &mcp.spec.tasks {
+        args.extend(task_args(mcp, t));
+    }
     if let Some(a) = &mcp.spec.audit {
         // stdout: the container's logs are on stderr, so the runtime keeps the two apart
         // (each line of the container log names its stream).
@@ -29,11 +32,48 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
     args
 }
 
-/// The Redis password, from its Secret key, when one is named.
-pub(super) fn env(mcp: &McpServer) -> Option<EnvVar> {
-    let r = mcp.spec.limits_redis.as_ref()?.password_secret_ref.as_ref()?;
-    Some(EnvVar {
-        name: "QUIVER_LIMITS_REDIS_PASSWORD".to_owned(),
+/// `--tasks-*` for `tasks`.
+fn task_args(mcp: &McpServer, t: &TasksSpec) -> Vec<String> {
+    let mut args = Vec::new();
+    args.extend(t.ttl.as_ref().map(|v| format!("--tasks-ttl={v}")));
+    args.extend(t.per_caller.map(|v| format!("--tasks-per-caller={v}")));
+    if let Some(r) = &t.redis {
+        args.push(format!("--tasks-redis={}", r.address));
+        // The tasks of this McpServer only, in a Redis other McpServers may share.
+        args.push(format!(
+            "--tasks-redis-prefix={}/{}/",
+            mcp.metadata.namespace.as_deref().unwrap_or_default(),
+            mcp.metadata.name.as_deref().unwrap_or_default()
+        ));
+        args.extend(r.timeout.as_ref().map(|v| format!("--tasks-redis-timeout={v}")));
+        args.extend(t.drain.as_ref().map(|v| format!("--tasks-drain={v}")));
+    }
+    args
+}
+
+/// The pod's `terminationGracePeriodSeconds`: `base`, or the tasks' drain and room to
+/// record the end of those still running.
+pub(super) fn termination_grace(mcp: &McpServer, base: i64) -> i64 {
+    let t = mcp.spec.tasks.as_ref().filter(|t| t.redis.is_some());
+    t.and_then(TasksSpec::drain_seconds)
+        .map_or(base, |d| base.max(d + 10))
+}
+
+/// The Redis passwords, from their Secret keys, when they are named.
+pub(super) fn env(mcp: &McpServer) -> impl Iterator<Item = EnvVar> {
+    let limits = mcp.spec.limits_redis.as_ref().and_then(|r| r.password_secret_ref.as_ref());
+    let tasks = mcp.spec.tasks.as_ref().and_then(|t| t.redis.as_ref()?.password_secret_ref.as_ref());
+    [
+        limits.map(|r| secret_env("QUIVER_LIMITS_REDIS_PASSWORD", r)),
+        tasks.map(|r| secret_env("QUIVER_TASKS_REDIS_PASSWORD", r)),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+fn secret_env(name: &str, r: &SecretKey) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
         value: None,
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
@@ -43,7 +83,7 @@ pub(super) fn env(mcp: &McpServer) -> Option<EnvVar> {
             }),
             ..EnvVarSource::default()
         }),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -115,6 +155,41 @@ spec:
             !args.contains("--limits-redis") && !args.contains("--audit"),
             "{args}"
         );
+    }
+
+    #[test]
+    fn shared_tasks_reach_the_pod_and_their_drain_fits_in_its_grace_period() {
+        let with = |tasks: &str| {
+            let m = mcp(&GOVERNED.replace("  audit: {queue: 1024}\n", &format!("  tasks: {tasks}\n")));
+            let r = render(&m, &Vec::new()).unwrap();
+            serde_json::to_value(&children_of(&m, &r).deployment).unwrap()["spec"]["template"]["spec"].clone()
+        };
+        let pod = with(
+            "{redis: {address: \"redis.infra.svc:6379\", passwordSecretRef: {name: tr, key: pw}, timeout: 2s}, drain: 3m, ttl: 30m, perCaller: 8}",
+        );
+        let ctr = &pod["containers"][0];
+        let args: Vec<&str> = ctr["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        for a in [
+            "--tasks-redis=redis.infra.svc:6379",
+            "--tasks-redis-prefix=ns/calc/",
+            "--tasks-redis-timeout=2s",
+            "--tasks-drain=3m",
+            "--tasks-ttl=30m",
+            "--tasks-per-caller=8",
+        ] {
+            assert!(args.contains(&a), "{a} in {args:?}");
+        }
+        let env = ctr["env"].as_array().unwrap();
+        let pw = env.iter().find(|e| e["name"] == "QUIVER_TASKS_REDIS_PASSWORD").unwrap();
+        assert_eq!(pw["valueFrom"]["secretKeyRef"], json!({"name": "tr", "key": "pw"}));
+        assert!(env.iter().any(|e| e["name"] == "QUIVER_LIMITS_REDIS_PASSWORD"));
+        assert_eq!(pod["terminationGracePeriodSeconds"], 190);
+        // A short drain keeps the default grace period; without Redis there is no drain.
+        assert_eq!(with("{redis: {address: \"r:6379\"}, drain: 5s}")["terminationGracePeriodSeconds"], 30);
+        let local = with("{drain: 10m, ttl: 1h}");
+        assert_eq!(local["terminationGracePeriodSeconds"], 30);
+        let args = local["containers"][0]["args"].to_string();
+        assert!(args.contains("--tasks-ttl=1h") && !args.contains("--tasks-drain") && !args.contains("--tasks-redis"), "{args}");
     }
 
     #[test]

@@ -254,7 +254,10 @@ pub(super) fn deployment(
         .map(|(name, value)| Sysctl { name, value })
         .collect();
     let pod_spec = PodSpec {
-        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        termination_grace_period_seconds: Some(super::governance::termination_grace(
+            mcp,
+            TERMINATION_GRACE_SECONDS,
+        )),
         service_account_name: Some(service_account(mcp, name).to_owned()),
         // No token in every container: the server container mounts its own (confine::token_volume).
         automount_service_account_token: Some(false),

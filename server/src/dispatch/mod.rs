@@ -25,6 +25,7 @@ mod rounds;
 mod server;
 mod sessions;
 mod table;
+mod task_backend;
 mod task_shared;
 mod task_store;
 mod tasks;
@@ -255,6 +256,10 @@ impl Server {
                     handler: Handler::Now(answer),
                     ..
                 }) => answer(self, &req, &mut out),
+                Some(Method {
+                    handler: Handler::Task(op),
+                    ..
+                }) => tasks::answer(self, &req, *op, &mut out).await,
                 Some(Method {
                     handler: Handler::ToolCall,
                     ..

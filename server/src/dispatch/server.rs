@@ -9,6 +9,7 @@ use std::time::Duration;
 use prometheus_client::metrics::gauge::Gauge;
 use rustc_hash::FxHashMap;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use super::cancel::Cancels;
 use crate::config::access::Principal;
@@ -117,7 +118,9 @@ pub struct Server {
     /// The audit trail, when it is on.
     pub audit: Option<Arc<crate::audit::AuditLog>>,
     /// Tasks of the `io.modelcontextprotocol/tasks` extension.
-    pub(super) tasks: Box<dyn super::task_store::TaskStore>,
+    pub(super) tasks: super::task_backend::Tasks,
+    /// The work of the tasks this replica runs (a stopping server lets it finish).
+    pub(super) running: tokio_util::task::TaskTracker,
 }
 
 impl Server {
@@ -141,9 +144,10 @@ impl Server {
             watched: Arc::default(),
             limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
             audit: None,
-            tasks: Box::new(super::task_store::MemoryTasks::new(
+            tasks: super::task_backend::Tasks::Memory(super::task_store::MemoryTasks::new(
                 super::task_store::TaskBounds::default(),
             )),
+            running: tokio_util::task::TaskTracker::new(),
             metrics,
         })
     }
@@ -165,16 +169,38 @@ impl Server {
         }
     }
 
-    /// Keeps tasks within `bounds` instead of the defaults (see docs/protocol.md, Tasks).
+    /// Keeps tasks within `bounds` instead of the defaults, in this process's memory or,
+    /// with `shared`, in Redis shared by every replica (see docs/protocol.md, Tasks).
     #[must_use]
-    pub fn with_task_bounds(self: Arc<Self>, bounds: super::task_store::TaskBounds) -> Arc<Self> {
+    pub fn with_tasks(
+        self: Arc<Self>,
+        bounds: super::task_store::TaskBounds,
+        shared: Option<super::task_shared::SharedOptions>,
+    ) -> Arc<Self> {
+        use super::task_backend::Tasks;
         match Arc::try_unwrap(self) {
             Ok(mut s) => {
-                s.tasks = Box::new(super::task_store::MemoryTasks::new(bounds));
+                s.tasks = match shared {
+                    None => Tasks::Memory(super::task_store::MemoryTasks::new(bounds)),
+                    Some(o) => Tasks::Shared(super::task_shared::SharedTasks::new(o, bounds)),
+                };
                 Arc::new(s)
             }
             Err(shared) => shared,
         }
+    }
+
+    /// Follows the task store until `stop`: a task cancelled through another replica stops
+    /// here within a poll interval.
+    pub async fn follow_tasks(&self, stop: CancellationToken) {
+        self.tasks.follow(stop).await;
+    }
+
+    /// On shutdown: lets the tasks this replica runs finish within `drain` (when tasks are
+    /// shared; a task in memory ends with the process), then records those still running as
+    /// failed, saying why.
+    pub async fn drain_tasks(&self, drain: std::time::Duration) {
+        self.tasks.drain(&self.running, drain).await;
     }
 
     /// Signs `requestState` with `key` instead of this process's random key: replicas that

@@ -42,6 +42,8 @@ pub(super) enum Handler {
     Now(Answer),
     /// `tools/call`: may wait for a slow tool, or hand the call back to the transport.
     ToolCall,
+    /// A `tasks/*` method: waits for the task store.
+    Task(tasks::Op),
 }
 
 /// One method's entry.
@@ -79,7 +81,7 @@ macro_rules! table {
     };
 }
 
-use Handler::{Now, ToolCall};
+use Handler::{Now, Task, ToolCall};
 
 table! {
     "tools/call"               => Both,      Own,    ToolCall;
@@ -97,9 +99,9 @@ table! {
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);
     "subscriptions/listen"     => Stateless, Own,    Now(sessions::listen);
-    "tasks/get"                => Both,      Plain,  Now(tasks::get);
-    "tasks/cancel"             => Both,      Plain,  Now(tasks::cancel);
-    "tasks/update"             => Both,      Plain,  Now(tasks::update);
+    "tasks/get"                => Both,      Plain,  Task(tasks::Op::Get);
+    "tasks/cancel"             => Both,      Plain,  Task(tasks::Op::Cancel);
+    "tasks/update"             => Both,      Plain,  Task(tasks::Op::Update);
 }
 
 #[cfg(test)]

@@ -387,6 +387,27 @@ impl SharedTasks {
         }
     }
 
+    /// Stops the work of every task this replica still runs and records each as failed with
+    /// `message`; answers how many.
+    pub(super) async fn abandon(&self, message: &str) -> usize {
+        let ids: Vec<Box<str>> = match self.local.lock() {
+            Ok(local) => local
+                .iter()
+                .filter(|(_, r)| !r.done)
+                .map(|(id, r)| {
+                    r.token.cancel();
+                    id.clone()
+                })
+                .collect(),
+            Err(_) => return 0,
+        };
+        let code = i64::from(crate::protocol::INTERNAL_ERROR);
+        for id in &ids {
+            self.finish(id, Status::Failed(code, message.to_owned())).await;
+        }
+        ids.len()
+    }
+
     /// Runs [`Self::reconcile`] every poll interval until `stop`.
     pub(super) async fn follow(&self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.bounds.poll_interval.max(Duration::from_millis(100)));

@@ -88,17 +88,34 @@ fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
     Done::Written
 }
 
+/// A `tasks/*` method: each waits for the task store (Redis, when tasks are shared).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Op {
+    Get,
+    Cancel,
+    Update,
+}
+
+/// Answers the `tasks/*` method `op`.
+pub(super) async fn answer(s: &Server, req: &Request<'_>, op: Op, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    match op {
+        Op::Get => get(s, req, out).await,
+        Op::Cancel => cancel(s, req, out).await,
+        Op::Update => update(s, req, out).await,
+    }
+}
+
 /// `tasks/get`.
-pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+async fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/get")?;
-    let t = s.tasks.get(owner(req), &id).ok_or_else(unknown)?;
+    let t = s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
     Ok(write(req, t.detailed(), out))
 }
 
 /// `tasks/cancel`: an empty acknowledgement; the next `tasks/get` shows `cancelled`.
-pub(super) fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/cancel")?;
-    if !s.tasks.cancel(owner(req), &id) {
+    if !s.tasks.cancel(owner(req), &id).await? {
         return Err(unknown());
     }
     Ok(write(req, json!({}), out))
@@ -106,9 +123,9 @@ pub(super) fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result
 
 /// `tasks/update`: no task of this server waits for input, so responses for a known task
 /// are acknowledged and have nothing to resume.
-pub(super) fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/update")?;
-    s.tasks.get(owner(req), &id).ok_or_else(unknown)?;
+    s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
     Ok(write(req, json!({}), out))
 }
 

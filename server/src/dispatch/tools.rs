@@ -150,7 +150,9 @@ pub(super) async fn call(
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
     if super::tasks::wanted(&snap.tools[index]) && super::tasks::negotiated(server, req) {
-        return start_task(server, req, snap, index, args, permits, out).map(|()| None);
+        return start_task(server, req, snap, index, args, permits, out)
+            .await
+            .map(|()| None);
     }
     if req.ctx.stream {
         return Ok(Some(deferred(
@@ -512,7 +514,7 @@ fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
 /// Answers a `tools/call` with a task: creates it, runs the call detached from the request
 /// (its result outlives the client's connection; `tasks/cancel` or the task's TTL stops it),
 /// and writes the `CreateTaskResult`.
-fn start_task(
+async fn start_task(
     server: &Arc<Server>,
     req: &Request<'_>,
     snap: Arc<Snapshot>,
@@ -525,7 +527,7 @@ fn start_task(
     let task = server
         .tasks
         .create(super::tasks::owner(req), token.clone())
-        .map_err(|e| RpcError::new(protocol::RATE_LIMITED, e.to_string()))?;
+        .await?;
     let id = task.id.clone();
     let s = server.clone();
     let ttl = task.ttl;
@@ -533,7 +535,7 @@ fn start_task(
     // upstream or API, `{{caller.CLAIM}}`), and so does the caller for step policies.
     let credential = credential(req).cloned();
     let caller = kept_caller(&snap, index, req);
-    tokio::spawn(async move {
+    server.running.spawn(async move {
         let start = Instant::now();
         let cx = CallCtx {
             credential: credential.as_deref(),
@@ -562,7 +564,7 @@ fn start_task(
                 "the tool's result could not be read".into(),
             ),
         };
-        s.tasks.finish(&id, status);
+        s.tasks.finish(&id, status).await;
     });
     protocol::write_result(
         out,
