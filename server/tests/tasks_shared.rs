@@ -1,0 +1,176 @@
+//! Tasks shared by replicas: two real servers over one real Redis (Debian's redis-server,
+//! `QUIVER_REDIS_SERVER` or scripts/redis.sh). A task started through one is read and
+//! cancelled through the other, and a stopping server finishes its tasks within its drain or
+//! records why it could not.
+
+mod real_binary;
+
+use std::process::{Child, Command, Stdio};
+
+use real_binary::{PATIENCE, Proc, free_port, http_with, start_http_env, terminate, wait_exit, wait_for};
+use serde_json::{Value, json};
+
+const TOOLS: &str = "tools:
+  - {name: brief, handler: {exec: {command: [/bin/sh, -c, 'sleep 1; echo brief-done']}}}
+  - {name: endless, handler: {exec: {command: [/bin/sleep, '600']}}}
+";
+
+struct Redis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redis() -> Redis {
+    let bin = std::env::var("QUIVER_REDIS_SERVER").unwrap_or_else(|_| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/redis.sh");
+        let out = Command::new(script).output().expect("scripts/redis.sh");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+    });
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(bin)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    wait_for("redis to listen", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    Redis { child, port, _dir: dir }
+}
+
+fn replica(r: &Redis, extra: &[&str]) -> Proc {
+    let addr = format!("--tasks-redis=127.0.0.1:{}", r.port);
+    let mut args = vec![addr.as_str(), "--tasks-redis-prefix=it/ns/srv/"];
+    args.extend_from_slice(extra);
+    start_http_env(TOOLS, &args, &[])
+}
+
+/// A request of a client that declared the tasks extension.
+fn rpc(p: &Proc, method: &str, mut params: Value) -> Value {
+    params["_meta"] =
+        json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
+    let resp = http_with(p.mcp, "POST", "/mcp", "", &body).expect("an answer");
+    serde_json::from_str(resp.split_once("\r\n\r\n").map_or("", |(_, b)| b)).unwrap_or_else(|e| panic!("{e}: {resp}"))
+}
+
+fn start(p: &Proc, tool: &str) -> String {
+    let created = rpc(p, "tools/call", json!({"name": tool, "arguments": {}}));
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    created["result"]["taskId"].as_str().expect("a task id").to_owned()
+}
+
+/// The task's state through `p`, once it is no longer working.
+fn ended(p: &Proc, id: &str) -> Value {
+    let mut got = Value::Null;
+    wait_for("the task to end", || {
+        got = rpc(p, "tasks/get", json!({"taskId": id}));
+        got["result"]["status"] != "working"
+    });
+    got["result"].clone()
+}
+
+/// The pids of the children of `pid` running `/bin/sleep`.
+fn sleeping_children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            // pid (comm) state ppid ...
+            let after = stat.rsplit_once(") ").map_or("", |(_, a)| a);
+            stat.contains("(sleep)") && after.split(' ').nth(1) == Some(&pid.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_task_started_on_one_replica_is_read_and_cancelled_through_another() {
+    let r = redis();
+    let (a, b) = (replica(&r, &[]), replica(&r, &[]));
+    let id = start(&a, "brief");
+    let seen = rpc(&b, "tasks/get", json!({"taskId": id}));
+    assert!(
+        ["working", "completed"].contains(&seen["result"]["status"].as_str().unwrap_or_default()),
+        "known to the other replica at once: {seen}"
+    );
+    let done = ended(&b, &id);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["content"][0]["text"].as_str().map(str::trim), Some("brief-done"), "{done}");
+
+    // Cancelled through b: a stops the work (its process ends) and the task stays cancelled.
+    let id = start(&a, "endless");
+    wait_for("the tool's process to start", || !sleeping_children(a.child.id()).is_empty());
+    let ack = rpc(&b, "tasks/cancel", json!({"taskId": id}));
+    assert!(ack.get("error").is_none(), "{ack}");
+    assert_eq!(rpc(&a, "tasks/get", json!({"taskId": id}))["result"]["status"], "cancelled");
+    wait_for("the cancelled task's process to end", || sleeping_children(a.child.id()).is_empty());
+    assert_eq!(rpc(&b, "tasks/get", json!({"taskId": id}))["result"]["status"], "cancelled");
+
+    // An id neither replica issued, a malformed one, one of another prefix: unknown on both.
+    for p in [&a, &b] {
+        for forged in ["0".repeat(32), "x".repeat(65), String::new()] {
+            let e = rpc(p, "tasks/get", json!({"taskId": forged}));
+            assert_eq!(e["error"]["code"], -32602, "{e}");
+        }
+    }
+    let other = start_http_env(
+        TOOLS,
+        &[&format!("--tasks-redis=127.0.0.1:{}", r.port), "--tasks-redis-prefix=it/ns/other/"],
+        &[],
+    );
+    let e = rpc(&other, "tasks/get", json!({"taskId": id}));
+    assert_eq!(e["error"]["code"], -32602, "another server's tasks are not this one's: {e}");
+}
+
+#[test]
+fn a_stopping_replica_finishes_its_tasks_within_its_drain_and_fails_the_rest_saying_why() {
+    let r = redis();
+    let mut a = replica(&r, &["--tasks-drain=3s"]);
+    let b = replica(&r, &[]);
+    let brief = start(&a, "brief");
+    let endless = start(&a, "endless");
+    terminate(&a);
+    let done = ended(&b, &brief);
+    assert_eq!(done["status"], "completed", "finished while draining: {done}");
+    let failed = ended(&b, &endless);
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], -32603, "{failed}");
+    let message = failed["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("stopped before the task finished"), "{message}");
+    assert!(wait_exit(&mut a, PATIENCE).is_some(), "the server exits after its drain");
+    assert!(sleeping_children(a.child.id()).is_empty());
+}
+
+#[test]
+fn without_redis_the_server_says_so_and_keeps_its_working_answers() {
+    // A Redis that is gone: task operations answer a clear internal error, never a hang,
+    // and calls that are not tasks go on.
+    let port = free_port();
+    let p = start_http_env(
+        TOOLS,
+        &[&format!("--tasks-redis=127.0.0.1:{port}"), "--tasks-redis-timeout=200ms"],
+        &[],
+    );
+    let e = rpc(&p, "tools/call", json!({"name": "brief", "arguments": {}}));
+    assert_eq!(e["error"]["code"], -32603, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap_or_default().contains("task store is unavailable"),
+        "{e}"
+    );
+    let e = rpc(&p, "tasks/get", json!({"taskId": "0".repeat(32)}));
+    assert_eq!(e["error"]["code"], -32603, "{e}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "brief", "arguments": {}}});
+    let plain = http_with(p.mcp, "POST", "/mcp", "", &body.to_string()).expect("an answer");
+    assert!(plain.contains("brief-done"), "{plain}");
+}
