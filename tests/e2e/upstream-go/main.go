@@ -29,7 +29,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-const maxSlow = 60 * time.Second
+const maxSlow = 5 * time.Minute
 
 type echoIn struct {
 	Text string `json:"text" jsonschema:"the text to send back"`
@@ -47,7 +47,7 @@ type claimsIn struct {
 }
 
 type slowIn struct {
-	Ms int `json:"ms" jsonschema:"how long to sleep, in milliseconds (at most 60000)"`
+	Ms int `json:"ms" jsonschema:"how long to sleep, in milliseconds (at most 300000)"`
 }
 
 // text is a tool result made of one text content block.
@@ -74,7 +74,7 @@ func newServer(transport string, checksTokens bool) *mcp.Server {
 			return text(fmt.Sprintf("pid=%d transport=%s host=%s", os.Getpid(), transport, host)), nil, nil
 		})
 
-	mcp.AddTool(s, &mcp.Tool{Name: "slow", Description: "Sleeps for ms milliseconds (at most 60000), then answers done."},
+	mcp.AddTool(s, &mcp.Tool{Name: "slow", Description: "Sleeps for ms milliseconds (at most 300000), then answers done."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, in slowIn) (*mcp.CallToolResult, any, error) {
 			d := min(max(time.Duration(in.Ms)*time.Millisecond, 0), maxSlow)
 			t := time.NewTimer(d)
