@@ -679,14 +679,17 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
         total_result_bytes: args.tasks_max_results_bytes,
         ..crate::dispatch::TaskBounds::default()
     };
-    let shared = args.tasks_redis.as_ref().map(|addr| crate::dispatch::SharedOptions {
-        addr: addr.clone(),
-        prefix: args.tasks_redis_prefix.clone(),
-        password: std::env::var(TASKS_REDIS_PASSWORD_ENV)
-            .ok()
-            .filter(|p| !p.is_empty()),
-        timeout: args.tasks_redis_timeout,
-    });
+    let shared = args
+        .tasks_redis
+        .as_ref()
+        .map(|addr| crate::dispatch::SharedOptions {
+            addr: addr.clone(),
+            prefix: args.tasks_redis_prefix.clone(),
+            password: std::env::var(TASKS_REDIS_PASSWORD_ENV)
+                .ok()
+                .filter(|p| !p.is_empty()),
+            timeout: args.tasks_redis_timeout,
+        });
     let mut server = Server::with_limits(registry, metrics.clone(), limits).with_tasks(bounds, shared);
     if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
         let key = crate::modern::StateKey::from_secret(secret.as_bytes())

@@ -87,7 +87,9 @@ async fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
 pub(crate) async fn read_reply(r: &mut BufReader<TcpStream>, max_reply: usize) -> std::io::Result<Reply> {
     let line = read_line(r).await?;
     if let Some(n) = line.strip_prefix('*') {
-        let n: i64 = n.parse().map_err(|_| std::io::Error::other("redis: unexpected reply"))?;
+        let n: i64 = n
+            .parse()
+            .map_err(|_| std::io::Error::other("redis: unexpected reply"))?;
         let Ok(n) = usize::try_from(n) else {
             return Ok(Reply::Nil);
         };
@@ -277,7 +279,9 @@ mod tests {
                 .await
                 .unwrap();
             // Two bulks of 5 fit 8 one by one but not together; then a nested array; then too many.
-            s.write_all(b"*2\r\n$5\r\nabcde\r\n$5\r\nfghij\r\n").await.unwrap();
+            s.write_all(b"*2\r\n$5\r\nabcde\r\n$5\r\nfghij\r\n")
+                .await
+                .unwrap();
             s
         });
         let mut c = BufReader::new(TcpStream::connect(addr).await.unwrap());
@@ -291,7 +295,10 @@ mod tests {
         assert!(e.to_string().contains("over the size limit"), "{e}");
         drop(server);
 
-        for bad in [b"*1\r\n*1\r\n:1\r\n".to_vec(), format!("*{}\r\n", MAX_ELEMENTS + 1).into_bytes()] {
+        for bad in [
+            b"*1\r\n*1\r\n:1\r\n".to_vec(),
+            format!("*{}\r\n", MAX_ELEMENTS + 1).into_bytes(),
+        ] {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = l.local_addr().unwrap();
             let server = tokio::spawn(async move {

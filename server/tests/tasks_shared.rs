@@ -33,18 +33,37 @@ fn redis() -> Redis {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/redis.sh");
         let out = Command::new(script).output().expect("scripts/redis.sh");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_owned()
     });
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(bin)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .current_dir(dir.path())
         .stdout(Stdio::null())
         .spawn()
         .expect("redis-server");
-    wait_for("redis to listen", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
-    Redis { child, port, _dir: dir }
+    wait_for("redis to listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    Redis {
+        child,
+        port,
+        _dir: dir,
+    }
 }
 
 fn replica(r: &Redis, extra: &[&str]) -> Proc {
@@ -56,17 +75,20 @@ fn replica(r: &Redis, extra: &[&str]) -> Proc {
 
 /// A request of a client that declared the tasks extension.
 fn rpc(p: &Proc, method: &str, mut params: Value) -> Value {
-    params["_meta"] =
-        json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    params["_meta"] = json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
     let resp = http_with(p.mcp, "POST", "/mcp", "", &body).expect("an answer");
-    serde_json::from_str(resp.split_once("\r\n\r\n").map_or("", |(_, b)| b)).unwrap_or_else(|e| panic!("{e}: {resp}"))
+    serde_json::from_str(resp.split_once("\r\n\r\n").map_or("", |(_, b)| b))
+        .unwrap_or_else(|e| panic!("{e}: {resp}"))
 }
 
 fn start(p: &Proc, tool: &str) -> String {
     let created = rpc(p, "tools/call", json!({"name": tool, "arguments": {}}));
     assert_eq!(created["result"]["resultType"], "task", "{created}");
-    created["result"]["taskId"].as_str().expect("a task id").to_owned()
+    created["result"]["taskId"]
+        .as_str()
+        .expect("a task id")
+        .to_owned()
 }
 
 /// The task's state through `p`, once it is no longer working.
@@ -106,16 +128,30 @@ fn a_task_started_on_one_replica_is_read_and_cancelled_through_another() {
     );
     let done = ended(&b, &id);
     assert_eq!(done["status"], "completed", "{done}");
-    assert_eq!(done["result"]["content"][0]["text"].as_str().map(str::trim), Some("brief-done"), "{done}");
+    assert_eq!(
+        done["result"]["content"][0]["text"].as_str().map(str::trim),
+        Some("brief-done"),
+        "{done}"
+    );
 
     // Cancelled through b: a stops the work (its process ends) and the task stays cancelled.
     let id = start(&a, "endless");
-    wait_for("the tool's process to start", || !sleeping_children(a.child.id()).is_empty());
+    wait_for("the tool's process to start", || {
+        !sleeping_children(a.child.id()).is_empty()
+    });
     let ack = rpc(&b, "tasks/cancel", json!({"taskId": id}));
     assert!(ack.get("error").is_none(), "{ack}");
-    assert_eq!(rpc(&a, "tasks/get", json!({"taskId": id}))["result"]["status"], "cancelled");
-    wait_for("the cancelled task's process to end", || sleeping_children(a.child.id()).is_empty());
-    assert_eq!(rpc(&b, "tasks/get", json!({"taskId": id}))["result"]["status"], "cancelled");
+    assert_eq!(
+        rpc(&a, "tasks/get", json!({"taskId": id}))["result"]["status"],
+        "cancelled"
+    );
+    wait_for("the cancelled task's process to end", || {
+        sleeping_children(a.child.id()).is_empty()
+    });
+    assert_eq!(
+        rpc(&b, "tasks/get", json!({"taskId": id}))["result"]["status"],
+        "cancelled"
+    );
 
     // An id neither replica issued, a malformed one, one of another prefix: unknown on both.
     for p in [&a, &b] {
@@ -126,11 +162,17 @@ fn a_task_started_on_one_replica_is_read_and_cancelled_through_another() {
     }
     let other = start_http_env(
         TOOLS,
-        &[&format!("--tasks-redis=127.0.0.1:{}", r.port), "--tasks-redis-prefix=it/ns/other/"],
+        &[
+            &format!("--tasks-redis=127.0.0.1:{}", r.port),
+            "--tasks-redis-prefix=it/ns/other/",
+        ],
         &[],
     );
     let e = rpc(&other, "tasks/get", json!({"taskId": id}));
-    assert_eq!(e["error"]["code"], -32602, "another server's tasks are not this one's: {e}");
+    assert_eq!(
+        e["error"]["code"], -32602,
+        "another server's tasks are not this one's: {e}"
+    );
 }
 
 #[test]
@@ -148,7 +190,10 @@ fn a_stopping_replica_finishes_its_tasks_within_its_drain_and_fails_the_rest_say
     assert_eq!(failed["error"]["code"], -32603, "{failed}");
     let message = failed["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("stopped before the task finished"), "{message}");
-    assert!(wait_exit(&mut a, PATIENCE).is_some(), "the server exits after its drain");
+    assert!(
+        wait_exit(&mut a, PATIENCE).is_some(),
+        "the server exits after its drain"
+    );
     assert!(sleeping_children(a.child.id()).is_empty());
 }
 
@@ -159,13 +204,19 @@ fn without_redis_the_server_says_so_and_keeps_its_working_answers() {
     let port = free_port();
     let p = start_http_env(
         TOOLS,
-        &[&format!("--tasks-redis=127.0.0.1:{port}"), "--tasks-redis-timeout=200ms"],
+        &[
+            &format!("--tasks-redis=127.0.0.1:{port}"),
+            "--tasks-redis-timeout=200ms",
+        ],
         &[],
     );
     let e = rpc(&p, "tools/call", json!({"name": "brief", "arguments": {}}));
     assert_eq!(e["error"]["code"], -32603, "{e}");
     assert!(
-        e["error"]["message"].as_str().unwrap_or_default().contains("task store is unavailable"),
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("task store is unavailable"),
         "{e}"
     );
     let e = rpc(&p, "tasks/get", json!({"taskId": "0".repeat(32)}));

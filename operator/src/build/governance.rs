@@ -61,8 +61,16 @@ pub(super) fn termination_grace(mcp: &McpServer, base: i64) -> i64 {
 
 /// The Redis passwords, from their Secret keys, when they are named.
 pub(super) fn env(mcp: &McpServer) -> impl Iterator<Item = EnvVar> {
-    let limits = mcp.spec.limits_redis.as_ref().and_then(|r| r.password_secret_ref.as_ref());
-    let tasks = mcp.spec.tasks.as_ref().and_then(|t| t.redis.as_ref()?.password_secret_ref.as_ref());
+    let limits = mcp
+        .spec
+        .limits_redis
+        .as_ref()
+        .and_then(|r| r.password_secret_ref.as_ref());
+    let tasks = mcp
+        .spec
+        .tasks
+        .as_ref()
+        .and_then(|t| t.redis.as_ref()?.password_secret_ref.as_ref());
     [
         limits.map(|r| secret_env("QUIVER_LIMITS_REDIS_PASSWORD", r)),
         tasks.map(|r| secret_env("QUIVER_TASKS_REDIS_PASSWORD", r)),
@@ -168,7 +176,12 @@ spec:
             "{redis: {address: \"redis.infra.svc:6379\", passwordSecretRef: {name: tr, key: pw}, timeout: 2s}, drain: 3m, ttl: 30m, perCaller: 8}",
         );
         let ctr = &pod["containers"][0];
-        let args: Vec<&str> = ctr["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        let args: Vec<&str> = ctr["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
         for a in [
             "--tasks-redis=redis.infra.svc:6379",
             "--tasks-redis-prefix=ns/calc/",
@@ -180,16 +193,30 @@ spec:
             assert!(args.contains(&a), "{a} in {args:?}");
         }
         let env = ctr["env"].as_array().unwrap();
-        let pw = env.iter().find(|e| e["name"] == "QUIVER_TASKS_REDIS_PASSWORD").unwrap();
-        assert_eq!(pw["valueFrom"]["secretKeyRef"], json!({"name": "tr", "key": "pw"}));
+        let pw = env
+            .iter()
+            .find(|e| e["name"] == "QUIVER_TASKS_REDIS_PASSWORD")
+            .unwrap();
+        assert_eq!(
+            pw["valueFrom"]["secretKeyRef"],
+            json!({"name": "tr", "key": "pw"})
+        );
         assert!(env.iter().any(|e| e["name"] == "QUIVER_LIMITS_REDIS_PASSWORD"));
         assert_eq!(pod["terminationGracePeriodSeconds"], 190);
         // A short drain keeps the default grace period; without Redis there is no drain.
-        assert_eq!(with("{redis: {address: \"r:6379\"}, drain: 5s}")["terminationGracePeriodSeconds"], 30);
+        assert_eq!(
+            with("{redis: {address: \"r:6379\"}, drain: 5s}")["terminationGracePeriodSeconds"],
+            30
+        );
         let local = with("{drain: 10m, ttl: 1h}");
         assert_eq!(local["terminationGracePeriodSeconds"], 30);
         let args = local["containers"][0]["args"].to_string();
-        assert!(args.contains("--tasks-ttl=1h") && !args.contains("--tasks-drain") && !args.contains("--tasks-redis"), "{args}");
+        assert!(
+            args.contains("--tasks-ttl=1h")
+                && !args.contains("--tasks-drain")
+                && !args.contains("--tasks-redis"),
+            "{args}"
+        );
     }
 
     #[test]

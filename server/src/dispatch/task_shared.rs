@@ -240,7 +240,8 @@ impl SharedTasks {
             _ => None,
         });
         let mut next = || it.next().flatten();
-        let (Some(o), Some(s), c, u, t, p, r) = (next(), next(), next(), next(), next(), next(), next()) else {
+        let (Some(o), Some(s), c, u, t, p, r) = (next(), next(), next(), next(), next(), next(), next())
+        else {
             return Ok(None);
         };
         if o != owner.as_bytes() {
@@ -335,11 +336,15 @@ impl SharedTasks {
             return Ok(false);
         }
         let key = self.key(id);
-        let ok = matches!(self.eval(CANCEL, &[&key], &[owner.as_bytes()]).await?, Reply::Int(1));
-        if ok && let Ok(local) = self.local.lock() {
-            if let Some(r) = local.get(id) {
-                r.token.cancel();
-            }
+        let ok = matches!(
+            self.eval(CANCEL, &[&key], &[owner.as_bytes()]).await?,
+            Reply::Int(1)
+        );
+        if ok
+            && let Ok(local) = self.local.lock()
+            && let Some(r) = local.get(id)
+        {
+            r.token.cancel();
         }
         Ok(ok)
     }
@@ -448,9 +453,15 @@ mod tests {
     async fn redis() -> Redis {
         let bin = std::env::var("QUIVER_REDIS_SERVER").unwrap_or_else(|_| {
             let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/redis.sh");
-            let out = std::process::Command::new(root).output().expect("scripts/redis.sh");
+            let out = std::process::Command::new(root)
+                .output()
+                .expect("scripts/redis.sh");
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_owned()
         });
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -458,12 +469,25 @@ mod tests {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let child = std::process::Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .current_dir(dir.path())
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server");
-        let r = Redis { child, port, _dir: dir };
+        let r = Redis {
+            child,
+            port,
+            _dir: dir,
+        };
         for _ in 0..200 {
             if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
                 return r;
@@ -495,7 +519,11 @@ mod tests {
         let (a, b) = (replica(&r, bounds), replica(&r, bounds));
         let token = CancellationToken::new();
         let t = a.create("alice", token.clone()).await.unwrap();
-        let seen = b.get("alice", &t.id).await.unwrap().expect("visible on b at once");
+        let seen = b
+            .get("alice", &t.id)
+            .await
+            .unwrap()
+            .expect("visible on b at once");
         assert_eq!(seen.status, Status::Working);
         assert_eq!(seen.created, t.created);
         assert_eq!(seen.ttl, bounds.ttl);
@@ -509,7 +537,10 @@ mod tests {
         assert_eq!(got.status, Status::Completed(result));
         // Ended: a later cancel is no error and changes nothing.
         assert!(b.cancel("alice", &t.id).await.unwrap());
-        assert!(matches!(b.get("alice", &t.id).await.unwrap().unwrap().status, Status::Completed(_)));
+        assert!(matches!(
+            b.get("alice", &t.id).await.unwrap().unwrap().status,
+            Status::Completed(_)
+        ));
 
         // Cancelled through b: the work on a stops when a next reconciles, and its late end
         // does not undo the cancel.
@@ -520,11 +551,18 @@ mod tests {
         a.reconcile().await;
         assert!(token.is_cancelled());
         a.finish(&t.id, Status::Completed(json!({}))).await;
-        assert_eq!(b.get("alice", &t.id).await.unwrap().unwrap().status, Status::Cancelled);
+        assert_eq!(
+            b.get("alice", &t.id).await.unwrap().unwrap().status,
+            Status::Cancelled
+        );
 
         // A failure keeps its code and message.
         let t = a.create("alice", CancellationToken::new()).await.unwrap();
-        a.finish(&t.id, Status::Failed(-32603, "stopped: the server shut down".into())).await;
+        a.finish(
+            &t.id,
+            Status::Failed(-32603, "stopped: the server shut down".into()),
+        )
+        .await;
         assert_eq!(
             b.get("alice", &t.id).await.unwrap().unwrap().status,
             Status::Failed(-32603, "stopped: the server shut down".into())

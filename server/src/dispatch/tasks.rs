@@ -97,7 +97,12 @@ pub(super) enum Op {
 }
 
 /// Answers the `tasks/*` method `op`.
-pub(super) async fn answer(s: &Server, req: &Request<'_>, op: Op, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(super) async fn answer(
+    s: &Server,
+    req: &Request<'_>,
+    op: Op,
+    out: &mut Vec<u8>,
+) -> Result<Done, RpcError> {
     match op {
         Op::Get => get(s, req, out).await,
         Op::Cancel => cancel(s, req, out).await,
