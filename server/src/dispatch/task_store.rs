@@ -10,7 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+
+use crate::peer::Need;
 
 /// The longest task id looked up; longer ones are unknown without hashing them.
 pub(super) const MAX_TASK_ID: usize = 64;
@@ -20,6 +23,9 @@ pub(super) const MAX_TASK_ID: usize = 64;
 pub(super) enum Status {
     /// Running.
     Working,
+    /// Waiting for the client's answers to these questions (`inputRequests`: key →
+    /// `{method, params}`), which `tasks/update` brings.
+    InputRequired(Map<String, Value>),
     /// Done: the tool's result (a tool error is a result with `isError`).
     Completed(Value),
     /// A protocol-level error: its code and message.
@@ -32,6 +38,7 @@ impl Status {
     fn name(&self) -> &'static str {
         match self {
             Status::Working => "working",
+            Status::InputRequired(_) => "input_required",
             Status::Completed(_) => "completed",
             Status::Failed(..) => "failed",
             Status::Cancelled => "cancelled",
@@ -39,7 +46,7 @@ impl Status {
     }
 
     fn terminal(&self) -> bool {
-        !matches!(self, Status::Working)
+        !matches!(self, Status::Working | Status::InputRequired(_))
     }
 }
 
@@ -94,6 +101,16 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// Why `tasks/update` was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum UpdateError {
+    /// An unknown, expired or foreign task id.
+    Unknown,
+    /// An answer to a pending question that is not a result of its request (or answers too
+    /// large to keep); nothing was changed.
+    Invalid(String),
+}
+
 /// What a store knows of one task, as a client sees it.
 #[derive(Debug, Clone)]
 pub(super) struct TaskView {
@@ -142,6 +159,9 @@ impl TaskView {
             Status::Failed(code, message) => {
                 m.insert("error".into(), json!({"code": code, "message": message}));
             }
+            Status::InputRequired(asked) => {
+                m.insert("inputRequests".into(), Value::Object(asked.clone()));
+            }
             Status::Working | Status::Cancelled => {}
         }
         Value::Object(m)
@@ -164,6 +184,20 @@ pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. A
     /// terminal task stays as it is (cancelling it again is no error).
     fn cancel(&self, owner: &str, id: &str) -> bool;
+    /// Parks the working task `id` until the client answers `asked` (`used`: the answers its
+    /// run had already): the task shows `input_required`, and the receiver yields every
+    /// answer once the last question is answered. `None` when the task is no longer working
+    /// (cancelled, expired).
+    fn park(
+        &self,
+        id: &str,
+        asked: Map<String, Value>,
+        used: Map<String, Value>,
+    ) -> Option<oneshot::Receiver<Map<String, Value>>>;
+    /// Records answers to the questions of the task `id` of `owner`, at once (the next
+    /// [`TaskStore::get`] shows them taken). Answers to keys that are not pending, and any
+    /// answer to a task that waits for none, are ignored.
+    fn update(&self, owner: &str, id: &str, responses: Map<String, Value>) -> Result<(), UpdateError>;
 }
 
 #[derive(Debug)]
@@ -176,6 +210,10 @@ struct Entry {
     token: CancellationToken,
     /// The JSON size of its result (0 until it has one).
     size: usize,
+    /// The answers gathered for its run while it waits for more.
+    answers: Map<String, Value>,
+    /// Resumes its run with every answer once the last pending question is answered.
+    resume: Option<oneshot::Sender<Map<String, Value>>>,
 }
 
 /// The in-memory [`TaskStore`] of one replica.
@@ -252,6 +290,8 @@ impl TaskStore for MemoryTasks {
             expires: now + self.bounds.ttl,
             token,
             size: 0,
+            answers: Map::new(),
+            resume: None,
         };
         let v = self.view(&id, &e);
         map.insert(id.into(), e);
@@ -326,8 +366,92 @@ impl TaskStore for MemoryTasks {
             e.status = Status::Cancelled;
             e.updated = SystemTime::now();
             e.token.cancel();
+            e.resume = None;
+            e.answers = Map::new();
         }
         true
+    }
+
+    fn park(
+        &self,
+        id: &str,
+        asked: Map<String, Value>,
+        used: Map<String, Value>,
+    ) -> Option<oneshot::Receiver<Map<String, Value>>> {
+        let mut map = self.map.lock().ok()?;
+        let e = map.get_mut(id)?;
+        if e.status != Status::Working || e.expires <= Instant::now() {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        e.status = Status::InputRequired(asked);
+        e.answers = used;
+        e.resume = Some(tx);
+        e.updated = SystemTime::now();
+        Some(rx)
+    }
+
+    fn update(&self, owner: &str, id: &str, mut responses: Map<String, Value>) -> Result<(), UpdateError> {
+        if id.len() > MAX_TASK_ID {
+            return Err(UpdateError::Unknown);
+        }
+        let Ok(mut map) = self.map.lock() else {
+            return Err(UpdateError::Unknown);
+        };
+        let e = map.get_mut(id).ok_or(UpdateError::Unknown)?;
+        if &*e.owner != owner || e.expires <= Instant::now() {
+            return Err(UpdateError::Unknown);
+        }
+        let Status::InputRequired(pending) = &mut e.status else {
+            return Ok(());
+        };
+        // Only the pending keys are looked at: unknown keys cost nothing however many.
+        let answered: Vec<String> = pending
+            .keys()
+            .filter(|k| responses.contains_key(*k))
+            .cloned()
+            .collect();
+        let mut size = e
+            .answers
+            .values()
+            .map(crate::template::approx_size)
+            .sum::<usize>();
+        for k in &answered {
+            let answer = &responses[k];
+            let need = pending[k]
+                .get("method")
+                .and_then(Value::as_str)
+                .and_then(Need::from_method);
+            if let Some(why) = need.and_then(|n| n.malformed(answer)) {
+                return Err(UpdateError::Invalid(format!(
+                    "Invalid params: inputResponses.{k} {why}"
+                )));
+            }
+            size = size.saturating_add(crate::template::approx_size(answer));
+        }
+        if size > self.bounds.max_result_bytes {
+            return Err(UpdateError::Invalid(format!(
+                "Invalid params: the answers are about {size} bytes; a task keeps at most {}",
+                self.bounds.max_result_bytes
+            )));
+        }
+        if answered.is_empty() {
+            return Ok(());
+        }
+        for k in answered {
+            pending.remove(&k);
+            if let Some(a) = responses.remove(&k) {
+                e.answers.insert(k, a);
+            }
+        }
+        e.updated = SystemTime::now();
+        if pending.is_empty() {
+            e.status = Status::Working;
+            if let Some(tx) = e.resume.take() {
+                let _ = tx.send(std::mem::take(&mut e.answers));
+            }
+        }
+        Ok(())
     }
 }
 
