@@ -702,7 +702,7 @@ mod tests {
             );
         }
         // The kinds that ask the client, and pipelines, may run as tasks when they say so.
-        let yaml = "tools:\n  - {name: e, handler: {exec: {command: [/bin/true]}}}\n  - {name: s, task: optional, handler: {sample: {prompt: p, maxTokens: 5}}}\n  - {name: q, task: required, handler: {elicit: {message: m, schema: {type: object}}}}\n  - {name: a, task: required, handler: {ask: {r: {roots: {}}}}}\n  - {name: p, task: optional, handler: {pipeline: [{tool: q}, {tool: e}]}}\n  - {name: d, handler: {pipeline: [{tool: e}]}}\n";
+        let yaml = "tools:\n  - {name: e, handler: {exec: {command: [/bin/true]}}}\n  - {name: s, task: optional, handler: {sample: {prompt: p, maxTokens: 5}}}\n  - {name: q, task: required, handler: {elicit: {message: m, schema: {type: object, properties: {ok: {type: boolean}}}}}}\n  - {name: a, task: required, handler: {ask: {r: {roots: {}}}}}\n  - {name: p, task: optional, handler: {pipeline: [{tool: q}, {tool: e}]}}\n  - {name: d, handler: {pipeline: [{tool: e}]}}\n";
         let c = compile(&parse("t", yaml).unwrap()).unwrap_or_else(|e| panic!("{e}"));
         let got: Vec<TaskSupport> = c.tools.iter().skip(1).map(|t| t.task).collect();
         use TaskSupport::{Forbidden, Optional, Required};

@@ -610,3 +610,163 @@ mod result_bounds {
         );
     }
 }
+
+#[cfg(test)]
+mod input {
+    use super::*;
+
+    fn elicit(message: &str) -> Value {
+        json!({"method": "elicitation/create", "params": {"mode": "form", "message": message, "requestedSchema": {"type": "object"}}})
+    }
+
+    fn asked(keys: &[&str]) -> Map<String, Value> {
+        keys.iter().map(|k| ((*k).to_owned(), elicit(k))).collect()
+    }
+
+    fn accept(v: Value) -> Value {
+        json!({"action": "accept", "content": v})
+    }
+
+    fn responses(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    fn parked(s: &MemoryTasks, keys: &[&str]) -> (String, oneshot::Receiver<Map<String, Value>>) {
+        let t = s.create("alice", CancellationToken::new()).unwrap();
+        let used = responses(json!({"earlier": accept(json!({"x": 1}))}));
+        let rx = s.park(&t.id, asked(keys), used).unwrap();
+        (t.id, rx)
+    }
+
+    #[test]
+    fn a_parked_task_shows_its_pending_questions_and_nothing_else() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, _rx) = parked(&s, &["confirm"]);
+        let got = s.get("alice", &id).unwrap().detailed();
+        assert_eq!(got["status"], "input_required");
+        assert_eq!(got["inputRequests"]["confirm"]["method"], "elicitation/create");
+        for k in ["result", "error", "requestState"] {
+            assert!(got.get(k).is_none(), "{k}: {got}");
+        }
+    }
+
+    #[test]
+    fn partial_answers_are_taken_at_once_and_the_last_one_resumes_with_all() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["name", "confirm"]);
+        s.update(
+            "alice",
+            &id,
+            responses(json!({"name": accept(json!({"name": "a"}))})),
+        )
+        .unwrap();
+        let got = s.get("alice", &id).unwrap().detailed();
+        assert_eq!(got["status"], "input_required");
+        assert!(got["inputRequests"].get("name").is_none(), "{got}");
+        assert!(got["inputRequests"].get("confirm").is_some(), "{got}");
+        assert!(rx.try_recv().is_err(), "resumed before the last answer");
+        // A key that is not pending (answered already, or never asked) is ignored.
+        let again = responses(json!({"name": {"nope": 1}, "unknown-key": {"ignored": true}}));
+        s.update("alice", &id, again).unwrap();
+        assert_eq!(
+            s.get("alice", &id).unwrap().detailed()["inputRequests"],
+            json!({"confirm": elicit("confirm")})
+        );
+        s.update(
+            "alice",
+            &id,
+            responses(json!({"confirm": accept(json!({"confirm": true}))})),
+        )
+        .unwrap();
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Working);
+        let all = rx.try_recv().unwrap();
+        let keys: Vec<&str> = all.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["confirm", "earlier", "name"]);
+        assert_eq!(all["name"], accept(json!({"name": "a"})));
+        // Once working again, an update is an acknowledgement without effect.
+        s.update("alice", &id, responses(json!({"confirm": {"nope": 1}})))
+            .unwrap();
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Working);
+    }
+
+    #[test]
+    fn a_malformed_answer_to_a_pending_key_is_refused_and_changes_nothing() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["a", "b"]);
+        let before = s.get("alice", &id).unwrap();
+        for bad in [
+            json!({"nope": 1}),
+            json!("accept"),
+            json!([1]),
+            json!({"action": "maybe"}),
+            json!(null),
+        ] {
+            let r = responses(json!({"a": accept(json!({"ok": true})), "b": bad.clone()}));
+            let Err(UpdateError::Invalid(why)) = s.update("alice", &id, r) else {
+                panic!("{bad} accepted");
+            };
+            assert!(why.starts_with("Invalid params: inputResponses.b "), "{why}");
+            let now = s.get("alice", &id).unwrap();
+            assert_eq!(now.status, before.status, "{bad}");
+        }
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn answers_larger_than_a_task_keeps_are_refused() {
+        let s = MemoryTasks::new(TaskBounds {
+            max_result_bytes: 1000,
+            ..TaskBounds::default()
+        });
+        let (id, _rx) = parked(&s, &["a"]);
+        let big = responses(json!({"a": accept(json!({"text": "x".repeat(2000)}))}));
+        let Err(UpdateError::Invalid(why)) = s.update("alice", &id, big) else {
+            panic!("a 2 kB answer was kept");
+        };
+        assert!(why.contains("at most 1000"), "{why}");
+        assert_eq!(
+            s.get("alice", &id).unwrap().detailed()["status"],
+            "input_required"
+        );
+    }
+
+    #[test]
+    fn foreign_forged_and_expired_ids_are_unknown_to_update() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["a"]);
+        let answer = || responses(json!({"a": accept(json!({}))}));
+        assert_eq!(s.update("mallory", &id, answer()), Err(UpdateError::Unknown));
+        let huge = "a".repeat(1 << 20);
+        for forged in ["", "0", "00000000000000000000000000000000", huge.as_str()] {
+            assert_eq!(s.update("alice", forged, answer()), Err(UpdateError::Unknown));
+        }
+        assert!(rx.try_recv().is_err(), "a foreign update reached the task");
+        let expired = MemoryTasks::new(TaskBounds {
+            ttl: Duration::ZERO,
+            ..TaskBounds::default()
+        });
+        let t = expired.create("alice", CancellationToken::new()).unwrap();
+        assert!(expired.park(&t.id, asked(&["a"]), Map::new()).is_none());
+        assert_eq!(
+            expired.update("alice", &t.id, answer()),
+            Err(UpdateError::Unknown)
+        );
+    }
+
+    #[test]
+    fn cancelling_a_parked_task_closes_its_wait_and_it_cannot_park_again() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["a"]);
+        assert!(s.cancel("alice", &id));
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Cancelled);
+        assert!(matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Closed)));
+        assert!(s.park(&id, asked(&["b"]), Map::new()).is_none());
+        s.update("alice", &id, responses(json!({"a": accept(json!({}))})))
+            .unwrap();
+        s.finish(&id, Status::Completed(json!({})));
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Cancelled);
+    }
+}
