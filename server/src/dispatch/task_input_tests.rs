@@ -29,6 +29,14 @@ tools:
       ask:
         name: {elicit: {message: "Name?", schema: {type: object, properties: {name: {type: string}}, required: [name]}}}
         confirm: {elicit: {message: "Proceed?", schema: {type: object, properties: {confirm: {type: boolean}}, required: [confirm]}}}
+  - name: confirm_once
+    task: required
+    limits: [{concurrency: 1, per: all}]
+    handler:
+      elicit:
+        key: ok
+        message: "Go?"
+        schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
   - name: ask_user_name
     handler:
       elicit:
@@ -337,5 +345,41 @@ async fn in_the_handshake_era_a_pipeline_is_a_task_at_once_and_asks_through_it()
             .unwrap()
             .contains("Hello, Bob!"),
         "{done}"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_task_frees_its_concurrency_place_and_takes_it_again_to_run_on() {
+    let s = server();
+    // The limit allows one call in flight: the second task exists only because the first
+    // one, waiting for its answer, holds no place.
+    let first = created(&s, "confirm_once", json!({})).await;
+    until(&s, &first, "input_required", MODERN, Some(&caps())).await;
+    let second = created(&s, "confirm_once", json!({})).await;
+    until(&s, &second, "input_required", MODERN, Some(&caps())).await;
+    // Someone else holds the place: the answered task waits for it, working.
+    let snap = s.registry.load();
+    let index = snap.tool_index("confirm_once").unwrap();
+    let limits = snap.tools[index].def.governance.limits.clone();
+    let held = s
+        .limiter
+        .admit(&limits, crate::limits::Who::Anonymous)
+        .await
+        .unwrap();
+    let answer = json!({"taskId": first, "inputResponses": {"ok": accept(json!({"ok": true}))}});
+    modern(&s, "tasks/update", answer).await;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let v = modern(&s, "tasks/get", json!({"taskId": first})).await;
+        assert_eq!(v["result"]["status"], "working", "ran without its place: {v}");
+    }
+    drop(held);
+    until(&s, &first, "completed", MODERN, Some(&caps())).await;
+    // Its place is free again once it ended.
+    drop(
+        s.limiter
+            .admit(&limits, crate::limits::Who::Anonymous)
+            .await
+            .unwrap(),
     );
 }

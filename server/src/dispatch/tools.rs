@@ -22,7 +22,9 @@ use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
 use crate::config::access::Principal;
 use crate::config::caller::Credential;
+use crate::config::governance::Limit;
 use crate::handlers::{ToolOutput, check_output};
+use crate::limits::Who;
 use crate::metrics::{Refusal, outcome_index};
 use crate::peer::{CallCtx, Peer};
 use crate::protocol;
@@ -599,6 +601,57 @@ struct Detached {
     credential: Option<Arc<Credential>>,
     caller: Option<Box<Principal>>,
     caps: crate::session::ClientCaps,
+    /// The tool's concurrency limits (without their rates), taken again when the task runs
+    /// on after a wait for input; `None`: it has none.
+    places: Option<Arc<[Arc<Limit>]>>,
+    /// Who the places are counted against.
+    holder: Holder,
+}
+
+/// Who a task's concurrency places are counted against (a [`Who`], owned).
+enum Holder {
+    Subject(Box<str>),
+    Session(Box<str>),
+    Anonymous,
+}
+
+impl Holder {
+    fn of(who: Who<'_>) -> Self {
+        match who {
+            Who::Subject(s) => Holder::Subject(s.into()),
+            Who::Session(s) => Holder::Session(s.into()),
+            Who::Anonymous => Holder::Anonymous,
+        }
+    }
+
+    fn who(&self) -> Who<'_> {
+        match self {
+            Holder::Subject(s) => Who::Subject(s),
+            Holder::Session(s) => Who::Session(s),
+            Holder::Anonymous => Who::Anonymous,
+        }
+    }
+}
+
+/// The concurrency caps of `limits`, without their rates (a call counts once against a rate,
+/// however often it waits for input); `None` when none has one.
+fn concurrency_only(limits: &[Arc<Limit>]) -> Option<Arc<[Arc<Limit>]>> {
+    let caps: Vec<Arc<Limit>> = limits
+        .iter()
+        .filter(|l| l.concurrency.is_some())
+        .map(|l| {
+            Arc::new(Limit {
+                scope: l.scope,
+                name: l.name.clone(),
+                at: l.at.clone(),
+                rate: None,
+                concurrency: l.concurrency,
+                per_caller: l.per_caller,
+                shared: l.shared,
+            })
+        })
+        .collect();
+    (!caps.is_empty()).then(|| caps.into())
 }
 
 impl Detached {
@@ -653,9 +706,33 @@ impl Detached {
                 () = self.token.cancelled() => return,
                 () = tokio::time::sleep_until(self.deadline.into()) => return,
             };
+            let Some(p) = self.retake().await else {
+                return;
+            };
+            permits = p;
         }
         let why = format!("the tool asked for input more than {MAX_INPUT_ROUNDS} times");
         self.end(Status::Failed(i64::from(protocol::INTERNAL_ERROR), why));
+    }
+
+    /// Takes the tool's concurrency places again, waiting (backing off up to a second) while
+    /// they are full; `None` when the task is cancelled or expires meanwhile.
+    async fn retake(&self) -> Option<Option<crate::limits::Permits>> {
+        let Some(limits) = &self.places else {
+            return Some(None);
+        };
+        let mut wait = Duration::from_millis(25);
+        loop {
+            if let Ok(p) = self.server.limiter.admit(limits, self.holder.who()).await {
+                return Some(Some(p));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.token.cancelled() => return None,
+                () = tokio::time::sleep_until(self.deadline.into()) => return None,
+            }
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
     }
 
     fn end(&self, status: super::task_store::Status) {
@@ -711,6 +788,8 @@ fn start_task(
         credential: credential(req).cloned(),
         caller: kept_caller(&call.snap, call.index, req),
         caps,
+        places: concurrency_only(&call.snap.tools[call.index].def.governance.limits),
+        holder: Holder::of(govern::who(&req.ctx)),
         call,
     };
     tokio::spawn(run.run(answers, permits));
