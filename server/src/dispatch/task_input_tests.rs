@@ -383,3 +383,56 @@ async fn a_waiting_task_frees_its_concurrency_place_and_takes_it_again_to_run_on
             .unwrap(),
     );
 }
+
+#[tokio::test]
+async fn a_task_may_wait_for_input_32_times_and_fails_on_the_33rd() {
+    // Pipelines of 32 and 33 questions, each its own round (a pipeline stops at its first
+    // unanswered step).
+    let mut config = String::from("tools:\n");
+    let mut steps = Vec::new();
+    for i in 0..33 {
+        config.push_str(&format!(
+            "  - {{name: q{i}, handler: {{elicit: {{key: k{i}, message: m, schema: {{type: object, properties: {{x: {{type: string}}}}}}}}}}}}\n"
+        ));
+        steps.push(format!("{{tool: q{i}}}"));
+    }
+    config.push_str(&format!(
+        "  - {{name: many, task: required, handler: {{pipeline: [{}]}}}}\n",
+        steps.join(", ")
+    ));
+    config.push_str(&format!(
+        "  - {{name: enough, task: required, handler: {{pipeline: [{}]}}}}\n",
+        steps[..32].join(", ")
+    ));
+    let metrics = Metrics::new("test", "system");
+    let s = Server::new(Registry::new(&metrics), metrics);
+    Reloader::new(s.clone())
+        .apply(&[("t.yaml".into(), config)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let answer_all = |id: String| {
+        let s = s.clone();
+        async move {
+            for i in 0..32 {
+                let t = until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+                let key = format!("k{i}");
+                assert!(t["inputRequests"].get(&key).is_some(), "{t}");
+                let answer = json!({"taskId": id, "inputResponses": {key: accept(json!({"x": "y"}))}});
+                modern(&s, "tasks/update", answer).await;
+            }
+        }
+    };
+    let id = created(&s, "enough", json!({})).await;
+    answer_all(id.clone()).await;
+    until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    let id = created(&s, "many", json!({})).await;
+    answer_all(id.clone()).await;
+    let t = until(&s, &id, "failed", MODERN, Some(&caps())).await;
+    assert_eq!(t["error"]["code"], -32603, "{t}");
+    assert!(
+        t["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than 32 times"),
+        "{t}"
+    );
+}

@@ -577,6 +577,8 @@ async fn as_task(
     let round = m.inputs.finish();
     let used = round.used.clone();
     if server.interrupted(round, &m.call, &c.snap, req.id, out)? {
+        let tool = &c.snap.tools[c.index];
+        tool.metrics.ok(&tool.def.name).observe(c.start.elapsed());
         return Ok(());
     }
     if o.is_error {
@@ -662,7 +664,9 @@ impl Detached {
     async fn run(self, mut answers: Map<String, Value>, mut permits: Option<crate::limits::Permits>) {
         use super::task_store::Status;
         let c = &self.call;
-        for _ in 0..MAX_INPUT_ROUNDS {
+        for n in 0..=MAX_INPUT_ROUNDS {
+            // The tool's duration is that of its last run, without the waits for input.
+            let start = Instant::now();
             let inputs = crate::peer::Inputs::new(self.caps, answers);
             let o = {
                 let cx = CallCtx {
@@ -692,7 +696,11 @@ impl Detached {
             }
             if round.asked.is_empty() {
                 drop(permits);
-                return self.end(completed(c, o));
+                return self.end(completed(c, o, start));
+            }
+            if n == MAX_INPUT_ROUNDS {
+                let why = format!("the tool asked for input more than {MAX_INPUT_ROUNDS} times");
+                return self.end(Status::Failed(i64::from(protocol::INTERNAL_ERROR), why));
             }
             drop(permits.take());
             let Some(rx) = self.server.tasks.park(&self.id, round.asked, round.used) else {
@@ -711,8 +719,6 @@ impl Detached {
             };
             permits = p;
         }
-        let why = format!("the tool asked for input more than {MAX_INPUT_ROUNDS} times");
-        self.end(Status::Failed(i64::from(protocol::INTERNAL_ERROR), why));
     }
 
     /// Takes the tool's concurrency places again, waiting (backing off up to a second) while
@@ -740,13 +746,13 @@ impl Detached {
     }
 }
 
-/// The status of a task whose run gave `o`: its result (checked against the output schema,
-/// recorded in the tool's metrics).
-fn completed(c: &Called, o: ToolOutput) -> super::task_store::Status {
+/// The status of a task whose run (begun at `start`) gave `o`: its result (checked against
+/// the output schema, recorded in the tool's metrics).
+fn completed(c: &Called, o: ToolOutput, start: Instant) -> super::task_store::Status {
     let mut buf = Vec::new();
     let zero = RawValue::from_string("0".to_owned()).ok();
     if let Some(zero) = zero {
-        conclude(&c.snap, c.index, &zero, o, c.start, &mut buf);
+        conclude(&c.snap, c.index, &zero, o, start, &mut buf);
     }
     match serde_json::from_slice::<Value>(&buf)
         .ok()
