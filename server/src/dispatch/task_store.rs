@@ -109,6 +109,9 @@ pub(super) enum UpdateError {
     /// An answer to a pending question that is not a result of its request (or answers too
     /// large to keep); nothing was changed.
     Invalid(String),
+    /// The server holds as many bytes of task results and answers as it may; nothing was
+    /// changed.
+    Full(String),
 }
 
 /// What a store knows of one task, as a client sees it.
@@ -168,6 +171,35 @@ impl TaskView {
     }
 }
 
+/// The pending keys `responses` answers, after checking each answer is a result of its
+/// request (only pending keys are looked at: unknown keys cost nothing however many), and the
+/// size of the answers the task would then hold (`held`: those it holds now).
+fn checked(
+    pending: &Map<String, Value>,
+    responses: &Map<String, Value>,
+    held: usize,
+) -> Result<(Vec<String>, usize), UpdateError> {
+    let mut answered = Vec::new();
+    let mut size = held;
+    for (k, asked) in pending {
+        let Some(answer) = responses.get(k) else {
+            continue;
+        };
+        let need = asked
+            .get("method")
+            .and_then(Value::as_str)
+            .and_then(Need::from_method);
+        if let Some(why) = need.and_then(|n| n.malformed(answer)) {
+            return Err(UpdateError::Invalid(format!(
+                "Invalid params: inputResponses.{k} {why}"
+            )));
+        }
+        size = size.saturating_add(crate::template::approx_size(answer));
+        answered.push(k.clone());
+    }
+    Ok((answered, size))
+}
+
 /// Integer milliseconds of a duration, at least 1.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -208,7 +240,7 @@ struct Entry {
     updated: SystemTime,
     expires: Instant,
     token: CancellationToken,
-    /// The JSON size of its result (0 until it has one).
+    /// The JSON size of its result, or while it waits for input of the answers it holds.
     size: usize,
     /// The answers gathered for its run while it waits for more.
     answers: Map<String, Value>,
@@ -368,6 +400,7 @@ impl TaskStore for MemoryTasks {
             e.token.cancel();
             e.resume = None;
             e.answers = Map::new();
+            e.size = 0;
         }
         true
     }
@@ -385,6 +418,7 @@ impl TaskStore for MemoryTasks {
         }
         let (tx, rx) = oneshot::channel();
         e.status = Status::InputRequired(asked);
+        e.size = used.values().map(crate::template::approx_size).sum();
         e.answers = used;
         e.resume = Some(tx);
         e.updated = SystemTime::now();
@@ -398,6 +432,7 @@ impl TaskStore for MemoryTasks {
         let Ok(mut map) = self.map.lock() else {
             return Err(UpdateError::Unknown);
         };
+        let held: usize = map.values().map(|e| e.size).sum();
         let e = map.get_mut(id).ok_or(UpdateError::Unknown)?;
         if &*e.owner != owner || e.expires <= Instant::now() {
             return Err(UpdateError::Unknown);
@@ -405,34 +440,18 @@ impl TaskStore for MemoryTasks {
         let Status::InputRequired(pending) = &mut e.status else {
             return Ok(());
         };
-        // Only the pending keys are looked at: unknown keys cost nothing however many.
-        let answered: Vec<String> = pending
-            .keys()
-            .filter(|k| responses.contains_key(*k))
-            .cloned()
-            .collect();
-        let mut size = e
-            .answers
-            .values()
-            .map(crate::template::approx_size)
-            .sum::<usize>();
-        for k in &answered {
-            let answer = &responses[k];
-            let need = pending[k]
-                .get("method")
-                .and_then(Value::as_str)
-                .and_then(Need::from_method);
-            if let Some(why) = need.and_then(|n| n.malformed(answer)) {
-                return Err(UpdateError::Invalid(format!(
-                    "Invalid params: inputResponses.{k} {why}"
-                )));
-            }
-            size = size.saturating_add(crate::template::approx_size(answer));
-        }
+        let (answered, size) = checked(pending, &responses, e.size)?;
         if size > self.bounds.max_result_bytes {
             return Err(UpdateError::Invalid(format!(
                 "Invalid params: the answers are about {size} bytes; a task keeps at most {}",
                 self.bounds.max_result_bytes
+            )));
+        }
+        let others = held.saturating_sub(e.size);
+        if others.saturating_add(size) > self.bounds.total_result_bytes {
+            return Err(UpdateError::Full(format!(
+                "the server holds {others} bytes of task results and answers already (at most {}); try again later",
+                self.bounds.total_result_bytes
             )));
         }
         if answered.is_empty() {
@@ -444,9 +463,11 @@ impl TaskStore for MemoryTasks {
                 e.answers.insert(k, a);
             }
         }
+        e.size = size;
         e.updated = SystemTime::now();
         if pending.is_empty() {
             e.status = Status::Working;
+            e.size = 0;
             if let Some(tx) = e.resume.take() {
                 let _ = tx.send(std::mem::take(&mut e.answers));
             }
@@ -731,6 +752,30 @@ mod input {
             s.get("alice", &id).unwrap().detailed()["status"],
             "input_required"
         );
+    }
+
+    #[test]
+    fn waiting_tasks_answers_count_against_the_total_of_results() {
+        let s = MemoryTasks::new(TaskBounds {
+            max_result_bytes: 1000,
+            total_result_bytes: 1500,
+            ..TaskBounds::default()
+        });
+        let answer = || responses(json!({"a": accept(json!({"text": "x".repeat(800)}))}));
+        let (one, _rx1) = parked(&s, &["a", "b"]);
+        s.update("alice", &one, answer()).unwrap();
+        let (two, _rx2) = parked(&s, &["a"]);
+        let Err(UpdateError::Full(why)) = s.update("alice", &two, answer()) else {
+            panic!("the total was not enforced");
+        };
+        assert!(why.contains("at most 1500"), "{why}");
+        assert_eq!(
+            s.get("alice", &two).unwrap().detailed()["inputRequests"],
+            json!({"a": elicit("a")})
+        );
+        // Once the first is cancelled, its answers no longer count.
+        assert!(s.cancel("alice", &one));
+        s.update("alice", &two, answer()).unwrap();
     }
 
     #[test]

@@ -130,6 +130,7 @@ pub(super) fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result
         Ok(()) => Ok(write(req, json!({}), out)),
         Err(UpdateError::Unknown) => Err(unknown()),
         Err(UpdateError::Invalid(why)) => Err(RpcError::invalid_params(why)),
+        Err(UpdateError::Full(why)) => Err(RpcError::new(protocol::RATE_LIMITED, why)),
     }
 }
 
