@@ -46,6 +46,23 @@ tools:
   - name: greet
     input: {name: string}
     handler: {exec: {command: [/bin/echo, "Hello, {{name}}!"]}}
+  - name: long_first
+    task: required
+    handler:
+      pipeline:
+        - {tool: nested_long, input: {name: first}}
+        - {tool: ask_user_name}
+  - name: ask_then_nested
+    task: required
+    handler:
+      pipeline:
+        - {tool: ask_user_name}
+        - {tool: nested_long, input: {name: "{{steps.0.structured.content.name}}"}}
+  - name: nested_long
+    input: {name: string}
+    handler:
+      pipeline:
+        - {tool: greet}
   - name: with_task
     task: required
     handler:
@@ -434,5 +451,49 @@ async fn a_task_may_wait_for_input_32_times_and_fails_on_the_33rd() {
             .unwrap()
             .contains("more than 32 times"),
         "{t}"
+    );
+}
+
+#[tokio::test]
+async fn a_pipeline_whose_first_step_may_run_long_is_a_task_at_once() {
+    let s = server();
+    // The first step is a pipeline with a process in it: nothing runs in the request.
+    let id = created(&s, "long_first", json!({})).await;
+    let t = until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+    assert_eq!(
+        t["inputRequests"]["user_name"]["method"], "elicitation/create",
+        "{t}"
+    );
+    let answer = json!({"taskId": id, "inputResponses": {"user_name": accept(json!({"name": "Eve"}))}});
+    modern(&s, "tasks/update", answer).await;
+    let done = until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    assert_eq!(
+        done["result"]["structuredContent"]["content"]["name"], "Eve",
+        "{done}"
+    );
+}
+
+#[tokio::test]
+async fn a_nested_pipeline_with_a_process_is_a_long_step() {
+    let s = server();
+    let v = modern(
+        &s,
+        "tools/call",
+        json!({"name": "ask_then_nested", "arguments": {}}),
+    )
+    .await;
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    let retry = json!({"name": "ask_then_nested", "arguments": {},
+        "inputResponses": {"user_name": accept(json!({"name": "Zed"}))},
+        "requestState": v["result"]["requestState"]});
+    let v = modern(&s, "tools/call", retry).await;
+    let id = v["result"]["taskId"].as_str().unwrap_or_else(|| panic!("{v}"));
+    let done = until(&s, id, "completed", MODERN, Some(&caps())).await;
+    assert!(
+        done["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Hello, Zed!"),
+        "{done}"
     );
 }
