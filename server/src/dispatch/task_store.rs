@@ -61,9 +61,11 @@ pub struct TaskBounds {
     pub ttl: Duration,
     /// How often a client is told to poll.
     pub poll_interval: Duration,
-    /// The largest result one task keeps (its JSON size); a larger one fails the task.
+    /// The largest result one task keeps (its JSON size); a larger one fails the task. Also
+    /// the most bytes of answers a task waiting for input keeps.
     pub max_result_bytes: usize,
-    /// The results of all tasks together; one that would go over fails its task.
+    /// The results of all tasks together, with the answers of tasks waiting for input; a
+    /// result that would go over fails its task, an answer is refused.
     pub total_result_bytes: usize,
 }
 
