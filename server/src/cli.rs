@@ -244,10 +244,12 @@ pub struct ServeArgs {
     /// then is stopped).
     #[arg(long, env = "QUIVER_TASKS_TTL", default_value = "10m", value_parser = duration)]
     tasks_ttl: Duration,
-    /// The largest result a task keeps, in bytes; a larger one fails the task (-32603).
+    /// The largest result a task keeps, in bytes; a larger one fails the task (-32603). Also
+    /// the most bytes of answers a task waiting for input keeps.
     #[arg(long, env = "QUIVER_TASKS_MAX_RESULT_BYTES", default_value_t = 1 << 20)]
     tasks_max_result_bytes: usize,
-    /// The results of all tasks together, in bytes; a result that would go over fails its task.
+    /// The results of all tasks together, with the answers of tasks waiting for input, in
+    /// bytes; a result that would go over fails its task, an answer is refused (-32004).
     #[arg(long, env = "QUIVER_TASKS_MAX_RESULTS_BYTES", default_value_t = 64 << 20)]
     tasks_max_results_bytes: usize,
     /// Redis `host:port` holding the tasks, shared by every replica: a task started through

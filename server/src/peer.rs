@@ -142,6 +142,9 @@ pub struct CallCtx<'a> {
     /// Who is calling, for the policies of a pipeline's steps; `None`: an anonymous caller
     /// (or a deferred call of a tool that needs no caller).
     pub caller: Option<&'a crate::config::access::Principal>,
+    /// A pipeline called directly stops before this step (its result is the step before's):
+    /// the part of a call that runs in the request before the call becomes a task.
+    pub until_step: Option<usize>,
 }
 
 impl CallCtx<'_> {
@@ -157,6 +160,7 @@ impl CallCtx<'_> {
         dropped: None,
         credential: None,
         caller: None,
+        until_step: None,
     };
 
     fn push(&self, msg: Vec<u8>) {
@@ -292,6 +296,13 @@ impl Need {
         }
     }
 
+    /// The question a JSON-RPC method asks, if it is one of them.
+    pub fn from_method(method: &str) -> Option<Self> {
+        [Self::Sampling, Self::Elicitation, Self::Roots]
+            .into_iter()
+            .find(|n| n.method() == method)
+    }
+
     /// The capability's name in `ClientCapabilities`.
     pub fn capability(self) -> &'static str {
         match self {
@@ -310,7 +321,7 @@ impl Need {
     }
 
     /// Why `answer` is not a well-formed result of this request, if it is not.
-    fn malformed(self, answer: &Value) -> Option<&'static str> {
+    pub fn malformed(self, answer: &Value) -> Option<&'static str> {
         let Some(o) = answer.as_object() else {
             return Some("must be an object (the result of the request)");
         };

@@ -705,9 +705,10 @@ fn a_task_carries_its_callers_token_and_only_its_caller_reads_it() {
         (format!("Bearer {alice}").as_str(), "alice-0001")
     );
     // Bob cannot tell alice's task from one that does not exist.
-    for method in ["tasks/get", "tasks/cancel"] {
-        let foreign = rpc_with_tasks(&p, &bob, method, json!({"taskId": id}));
-        let unknown = rpc_with_tasks(&p, &bob, method, json!({"taskId": "0".repeat(32)}));
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let params = |id: &str| json!({"taskId": id, "inputResponses": {"k": {"action": "accept"}}});
+        let foreign = rpc_with_tasks(&p, &bob, method, params(&id));
+        let unknown = rpc_with_tasks(&p, &bob, method, params(&"0".repeat(32)));
         assert_eq!(foreign["error"]["code"], -32602, "{method}: {foreign}");
         assert_eq!(foreign["error"]["code"], unknown["error"]["code"], "{method}");
         assert!(foreign.get("result").is_none(), "{method}: {foreign}");

@@ -230,24 +230,27 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
 }
 
 /// Whether a tool's calls may run as tasks: as declared, by default `optional` for the
-/// kinds that may run long (a process, an HTTP request) and `forbidden` for the others, which
-/// answer at once or ask the client (a detached task cannot).
+/// kinds that may run long (a process, an HTTP request) and `forbidden` for the others. A
+/// tool that asks the client (`sample`, `elicit`, `ask`) or a pipeline may declare it: its
+/// task waits in `input_required` for the answers. The kinds that answer at once may not.
 fn task_support(
     declared: Option<TaskSupport>,
     handler: &CompiledHandler,
     at: &str,
     p: &mut Problems,
 ) -> TaskSupport {
-    let long = matches!(handler, CompiledHandler::Exec(_) | CompiledHandler::Http(_));
+    use CompiledHandler as H;
+    let long = matches!(handler, H::Exec(_) | H::Http(_));
+    let may = long || matches!(handler, H::Sample(_) | H::Elicit(_) | H::Ask(_) | H::Pipeline(_));
     match declared {
         None if long => TaskSupport::Optional,
         None => TaskSupport::Forbidden,
         Some(TaskSupport::Forbidden) => TaskSupport::Forbidden,
-        Some(t) if long => t,
+        Some(t) if may => t,
         Some(t) => {
             p.push(
                 format!("{at}.task"),
-                "only exec and http tools run as tasks (this kind answers at once, or asks the client, which a task cannot yet)",
+                "this kind answers at once and never runs as a task (only exec, http, sample, elicit, ask and pipeline tools may)",
             );
             t
         }
@@ -684,8 +687,9 @@ mod tests {
         );
         for handler in [
             "{template: x}",
-            "{pipeline: [{tool: e}]}",
-            "{sample: {prompt: p, maxTokens: 5}}",
+            "{content: [{text: x}]}",
+            "{builtin: add}",
+            "{error: x}",
         ] {
             let yaml = format!(
                 "tools:\n  - {{name: e, handler: {{exec: {{command: [/bin/true]}}}}}}\n  - {{name: x, task: optional, handler: {handler}}}\n"
@@ -693,10 +697,16 @@ mod tests {
             let p = problems(&yaml);
             assert!(
                 p.iter()
-                    .any(|m| m.starts_with("tools[1].task") && m.contains("only exec and http")),
+                    .any(|m| m.starts_with("tools[1].task") && m.contains("never runs as a task")),
                 "{handler}: {p:?}"
             );
         }
+        // The kinds that ask the client, and pipelines, may run as tasks when they say so.
+        let yaml = "tools:\n  - {name: e, handler: {exec: {command: [/bin/true]}}}\n  - {name: s, task: optional, handler: {sample: {prompt: p, maxTokens: 5}}}\n  - {name: q, task: required, handler: {elicit: {message: m, schema: {type: object, properties: {ok: {type: boolean}}}}}}\n  - {name: a, task: required, handler: {ask: {r: {roots: {}}}}}\n  - {name: p, task: optional, handler: {pipeline: [{tool: q}, {tool: e}]}}\n  - {name: d, handler: {pipeline: [{tool: e}]}}\n";
+        let c = compile(&parse("t", yaml).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<TaskSupport> = c.tools.iter().skip(1).map(|t| t.task).collect();
+        use TaskSupport::{Forbidden, Optional, Required};
+        assert_eq!(got, [Optional, Required, Required, Optional, Forbidden]);
         let e = parse("t", "tools: [{name: x, task: sometimes, handler: {template: x}}]").unwrap_err();
         assert!(e.to_string().contains("unknown variant `sometimes`"), "{e}");
     }

@@ -191,7 +191,9 @@ pub struct ToolSpec {
     /// Whether a call may run as a task for a client that declared the tasks extension:
     /// `optional` (the default of `exec` and `http` tools), `required` (a client without
     /// the extension is refused with -32021) or `forbidden` (always answered at once; the
-    /// default of every other kind, which cannot run as a task).
+    /// default of every other kind). `sample`, `elicit`, `ask` and `pipeline` tools may
+    /// declare it (their tasks wait in `input_required` for the client's answers); the kinds
+    /// that answer at once may not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskSupport>,
     /// What executes a call of this tool.

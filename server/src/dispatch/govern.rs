@@ -25,7 +25,7 @@ const PROMPTS_GET: usize = method_index("prompts/get");
 
 /// Who a call is counted against: the authenticated subject; for an anonymous caller its
 /// session, or (without one) every sessionless anonymous caller together.
-fn who<'a>(ctx: &Ctx<'a>) -> Who<'a> {
+pub(super) fn who<'a>(ctx: &Ctx<'a>) -> Who<'a> {
     match ctx.caller {
         Some(p) if !p.subject.is_empty() => Who::Subject(&p.subject),
         _ if !ctx.session.is_empty() => Who::Session(ctx.session),

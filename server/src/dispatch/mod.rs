@@ -340,4 +340,6 @@ fn not_found(method: &str, entry: Option<&Method>, meta: Option<crate::modern::M
 }
 
 #[cfg(test)]
+mod task_input_tests;
+#[cfg(test)]
 mod tests;

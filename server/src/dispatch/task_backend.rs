@@ -5,12 +5,14 @@
 
 use std::time::Duration;
 
+use serde_json::{Map, Value};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::error::RpcError;
 use super::task_shared::{NotCreated, SharedTasks, Unavailable};
-use super::task_store::{MemoryTasks, Status, TaskStore, TaskView};
+use super::task_store::{MemoryTasks, Status, TaskStore, TaskView, UpdateError};
 use crate::protocol;
 
 /// The message of a task whose replica stopped before the task finished.
@@ -68,6 +70,34 @@ impl Tasks {
         match self {
             Tasks::Memory(m) => Ok(m.cancel(owner, id)),
             Tasks::Shared(s) => s.cancel(owner, id).await.map_err(|e| unavailable(&e)),
+        }
+    }
+
+    /// Parks the working task `id` until the client answers `asked` (`used`: the answers its
+    /// run had already); the receiver yields every answer once the last one is in. `None`
+    /// when the task no longer works.
+    pub(super) async fn park(
+        &self,
+        id: &str,
+        asked: Map<String, Value>,
+        used: Map<String, Value>,
+    ) -> Option<oneshot::Receiver<Map<String, Value>>> {
+        match self {
+            Tasks::Memory(m) => m.park(id, asked, used),
+            Tasks::Shared(s) => s.park(id, asked, used).await,
+        }
+    }
+
+    /// Records answers to the questions of the task `id` of `owner`, before answering.
+    pub(super) async fn update(
+        &self,
+        owner: &str,
+        id: &str,
+        responses: Map<String, Value>,
+    ) -> Result<(), UpdateError> {
+        match self {
+            Tasks::Memory(m) => m.update(owner, id, responses),
+            Tasks::Shared(s) => s.update(owner, id, responses).await,
         }
     }
 

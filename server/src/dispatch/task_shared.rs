@@ -19,10 +19,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustc_hash::FxHashMap;
-use serde_json::Value;
+use serde_json::{Map, Value};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::task_store::{MAX_TASK_ID, Refused, Status, TaskBounds, TaskView};
+use super::task_store::{MAX_TASK_ID, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::resp::{Client, Reply};
 
 /// Largest reply read from Redis: a task's hash, its result included.
@@ -74,6 +75,53 @@ redis.call('HSET', KEYS[1], 's', 'cancelled', 'u', now)
 return 1
 ";
 
+/// Parks a working task until the client answers its questions. KEYS: the task. ARGV: key
+/// and request (JSON) pairs. Answers 1 if parked, 0 if the task no longer works.
+const PARK: &str = r"
+if redis.call('HGET', KEYS[1], 's') ~= 'working' then return 0 end
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], 's', 'input_required', 'u', now)
+for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], 'i:' .. ARGV[i], ARGV[i + 1]) end
+return 1
+";
+
+/// Records answers to pending questions. KEYS: the task. ARGV: the owner, then key and
+/// answer pairs. Answers -1 (not the owner's), 0 (not waiting), 1 (answers taken, more
+/// pending), 2 (the last one answered: working again).
+const ANSWER: &str = r"
+local o = redis.call('HGET', KEYS[1], 'o')
+if not o or o ~= ARGV[1] then return -1 end
+if redis.call('HGET', KEYS[1], 's') ~= 'input_required' then return 0 end
+for i = 2, #ARGV, 2 do
+  if redis.call('HDEL', KEYS[1], 'i:' .. ARGV[i]) == 1 then
+    redis.call('HSET', KEYS[1], 'a:' .. ARGV[i], ARGV[i + 1])
+  end
+end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'u', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 2) == 'i:' then return 1 end
+end
+redis.call('HSET', KEYS[1], 's', 'working')
+return 2
+";
+
+/// Takes the answers of a task that is working again. KEYS: the task. Answers key and
+/// answer pairs, removed from the task; nil while it still waits (or is gone or ended).
+const TAKE: &str = r"
+if redis.call('HGET', KEYS[1], 's') ~= 'working' then return false end
+local out = {}
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 2) == 'a:' then
+    table.insert(out, string.sub(f, 3))
+    table.insert(out, redis.call('HGET', KEYS[1], f))
+    redis.call('HDEL', KEYS[1], f)
+  end
+end
+return out
+";
+
 /// The status of each task of KEYS (nil for one that is gone).
 const STATUSES: &str = r"
 local out = {}
@@ -120,6 +168,8 @@ struct Running {
     size: usize,
     /// Its end is recorded.
     done: bool,
+    /// While it waits for input: what resumes its run, and the answers the run had already.
+    parked: Option<(oneshot::Sender<Map<String, Value>>, Map<String, Value>)>,
 }
 
 /// The [`TaskStore`](super::task_store::TaskStore) shared by replicas, in Redis.
@@ -209,6 +259,7 @@ impl SharedTasks {
                         expires: now + b.ttl,
                         size: 0,
                         done: false,
+                        parked: None,
                     },
                 );
             }
@@ -224,69 +275,36 @@ impl SharedTasks {
         Err(NotCreated::Unavailable(Unavailable("no free task id".into())))
     }
 
+    /// The fields of the task `id` (empty when there is none).
+    async fn fields(&self, id: &str) -> Result<FxHashMap<Vec<u8>, Vec<u8>>, Unavailable> {
+        let key = self.key(id);
+        let items = match self
+            .redis
+            .call(&[b"HGETALL", &key])
+            .await
+            .map_err(|e| unavailable(&e))?
+        {
+            Reply::Array(items) => items,
+            other => return Err(Unavailable(format!("redis: {other:?}"))),
+        };
+        let mut it = items.into_iter();
+        let mut fields = FxHashMap::default();
+        while let (Some(Reply::Bulk(k)), Some(Reply::Bulk(v))) = (it.next(), it.next()) {
+            fields.insert(k, v);
+        }
+        Ok(fields)
+    }
+
     /// The task `id` of `owner`: `None` for an unknown, expired or foreign id.
     pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, Unavailable> {
         if id.is_empty() || id.len() > MAX_TASK_ID {
             return Ok(None);
         }
-        let key = self.key(id);
-        let fields: [&[u8]; 9] = [b"HMGET", &key, b"o", b"s", b"c", b"u", b"t", b"p", b"r"];
-        let items = match self.redis.call(&fields).await.map_err(|e| unavailable(&e))? {
-            Reply::Array(items) => items,
-            other => return Err(Unavailable(format!("redis: {other:?}"))),
-        };
-        let mut it = items.into_iter().map(|r| match r {
-            Reply::Bulk(b) => Some(b),
-            _ => None,
-        });
-        let mut next = || it.next().flatten();
-        let (Some(o), Some(s), c, u, t, p, r) = (next(), next(), next(), next(), next(), next(), next())
-        else {
-            return Ok(None);
-        };
-        if o != owner.as_bytes() {
+        let f = self.fields(id).await?;
+        if f.get(b"o".as_slice()).map(Vec::as_slice) != Some(owner.as_bytes()) {
             return Ok(None);
         }
-        let status = match &s[..] {
-            b"working" => Status::Working,
-            b"completed" => match r.as_deref().map(serde_json::from_slice::<Value>) {
-                Some(Ok(v)) => Status::Completed(v),
-                _ => Status::Failed(
-                    i64::from(crate::protocol::INTERNAL_ERROR),
-                    "the task's stored result could not be read".into(),
-                ),
-            },
-            b"failed" => self.error(&key).await?,
-            b"cancelled" => Status::Cancelled,
-            _ => return Ok(None),
-        };
-        let num = |v: Option<Vec<u8>>| {
-            v.and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok())
-                .unwrap_or(0)
-        };
-        Ok(Some(TaskView {
-            id: id.to_owned(),
-            status,
-            created: epoch_ms(num(c)),
-            updated: epoch_ms(num(u)),
-            ttl: Duration::from_millis(num(t).unsigned_abs()),
-            poll_interval: Duration::from_millis(num(p).unsigned_abs()),
-        }))
-    }
-
-    async fn error(&self, key: &[u8]) -> Result<Status, Unavailable> {
-        let fields: [&[u8]; 4] = [b"HMGET", key, b"ec", b"em"];
-        let Reply::Array(items) = self.redis.call(&fields).await.map_err(|e| unavailable(&e))? else {
-            return Err(Unavailable("redis: unexpected reply".into()));
-        };
-        let text = |r: Option<&Reply>| match r {
-            Some(Reply::Bulk(b)) => String::from_utf8_lossy(b).into_owned(),
-            _ => String::new(),
-        };
-        let code = text(items.first())
-            .parse()
-            .unwrap_or(i64::from(crate::protocol::INTERNAL_ERROR));
-        Ok(Status::Failed(code, text(items.get(1))))
+        Ok(view(id, &f))
     }
 
     /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
@@ -317,7 +335,7 @@ impl SharedTasks {
                 vec![b"failed", b"ec", code.as_bytes(), b"em", m.as_bytes()]
             }
             Status::Cancelled => vec![b"cancelled"],
-            Status::Working => return true,
+            Status::Working | Status::InputRequired(_) => return true,
         };
         let key = self.key(id);
         match self.eval(FINISH, &[&key], &args).await {
@@ -377,19 +395,154 @@ impl SharedTasks {
                 // Redis down: the work goes on; its end is recorded if Redis comes back.
                 return;
             };
-            let Ok(local) = self.local.lock() else {
-                return;
-            };
-            for (id, s) in chunk.iter().zip(statuses) {
-                let stop = match s {
-                    Reply::Bulk(s) => s == b"cancelled",
-                    _ => true,
+            let mut resumed = Vec::new();
+            {
+                let Ok(mut local) = self.local.lock() else {
+                    return;
                 };
-                if stop && let Some(r) = local.get(id) {
-                    r.token.cancel();
+                for (id, s) in chunk.iter().zip(statuses) {
+                    let Some(r) = local.get_mut(id) else {
+                        continue;
+                    };
+                    match s {
+                        Reply::Bulk(s) if s == b"working" && r.parked.is_some() => resumed.push(id.clone()),
+                        Reply::Bulk(s) if s != b"cancelled" => {}
+                        // Cancelled through another replica, or gone from Redis.
+                        _ => {
+                            r.parked = None;
+                            r.token.cancel();
+                        }
+                    }
                 }
             }
+            for id in resumed {
+                self.resume(&id).await;
+            }
         }
+    }
+
+    /// Parks the working task `id` (run here) until the client answers `asked`; the receiver
+    /// yields `used` and every answer once the last is in, through whichever replica they
+    /// came. `None` when the task no longer works (cancelled, expired) or Redis failed.
+    pub(super) async fn park(
+        &self,
+        id: &str,
+        asked: Map<String, Value>,
+        used: Map<String, Value>,
+    ) -> Option<oneshot::Receiver<Map<String, Value>>> {
+        let pairs: Vec<(String, Vec<u8>)> = asked
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::to_vec(&v).unwrap_or_default()))
+            .collect();
+        let args: Vec<&[u8]> = pairs
+            .iter()
+            .flat_map(|(k, v)| [k.as_bytes(), v.as_slice()])
+            .collect();
+        let key = self.key(id);
+        let (tx, rx) = oneshot::channel();
+        // Registered before Redis shows the questions, so an answer cannot come first.
+        self.local.lock().ok()?.get_mut(id)?.parked = Some((tx, used));
+        match self.eval(PARK, &[&key], &args).await {
+            Ok(Reply::Int(1)) => Some(rx),
+            other => {
+                if let Err(e) = other {
+                    tracing::warn!(task = %id, error = %e, "a task's questions could not be recorded");
+                }
+                if let Ok(mut local) = self.local.lock()
+                    && let Some(r) = local.get_mut(id)
+                {
+                    r.parked = None;
+                }
+                None
+            }
+        }
+    }
+
+    /// Records answers to the questions of the task `id` of `owner`, at once, whichever
+    /// replica runs it: answers to keys it does not wait for are ignored, a malformed answer
+    /// to one it waits for is refused with nothing changed. The last answer resumes the run
+    /// (at once when it runs here, else within the poll interval of its replica).
+    pub(super) async fn update(
+        &self,
+        owner: &str,
+        id: &str,
+        responses: Map<String, Value>,
+    ) -> Result<(), UpdateError> {
+        if id.is_empty() || id.len() > MAX_TASK_ID {
+            return Err(UpdateError::Unknown);
+        }
+        let store = |e: Unavailable| UpdateError::Store(e.to_string());
+        let f = self.fields(id).await.map_err(store)?;
+        if f.get(b"o".as_slice()).map(Vec::as_slice) != Some(owner.as_bytes()) {
+            return Err(UpdateError::Unknown);
+        }
+        let Some(Status::InputRequired(pending)) = view(id, &f).map(|v| v.status) else {
+            return Ok(());
+        };
+        let held = f
+            .iter()
+            .filter(|(k, _)| k.starts_with(b"a:"))
+            .map(|(_, v)| v.len())
+            .sum();
+        let (answered, size) = super::task_store::checked(&pending, &responses, held)?;
+        if size > self.bounds.max_result_bytes {
+            return Err(UpdateError::Invalid(format!(
+                "Invalid params: the answers are about {size} bytes; a task keeps at most {}",
+                self.bounds.max_result_bytes
+            )));
+        }
+        if answered.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<(String, Vec<u8>)> = answered
+            .into_iter()
+            .filter_map(|k| {
+                let v = serde_json::to_vec(responses.get(&k)?).ok()?;
+                Some((k, v))
+            })
+            .collect();
+        let mut args: Vec<&[u8]> = vec![owner.as_bytes()];
+        args.extend(pairs.iter().flat_map(|(k, v)| [k.as_bytes(), v.as_slice()]));
+        let key = self.key(id);
+        match self.eval(ANSWER, &[&key], &args).await.map_err(store)? {
+            Reply::Int(-1) => Err(UpdateError::Unknown),
+            Reply::Int(2) => {
+                self.resume(id).await;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Resumes the run of the parked task `id`, if it runs here and Redis shows it working
+    /// again, with the answers Redis holds (taken from it).
+    async fn resume(&self, id: &str) {
+        let parked = match self.local.lock() {
+            Ok(local) => local.get(id).is_some_and(|r| r.parked.is_some()),
+            Err(_) => false,
+        };
+        if !parked {
+            return;
+        }
+        let key = self.key(id);
+        let Ok(Reply::Array(items)) = self.eval(TAKE, &[&key], &[]).await else {
+            return;
+        };
+        let Some((tx, mut answers)) = self
+            .local
+            .lock()
+            .ok()
+            .and_then(|mut l| l.get_mut(id)?.parked.take())
+        else {
+            return;
+        };
+        let mut it = items.into_iter();
+        while let (Some(Reply::Bulk(k)), Some(Reply::Bulk(v))) = (it.next(), it.next()) {
+            if let (Ok(k), Ok(v)) = (String::from_utf8(k), serde_json::from_slice(&v)) {
+                answers.insert(k, v);
+            }
+        }
+        let _ = tx.send(answers);
     }
 
     /// Stops the work of every task this replica still runs and records each as failed with
@@ -424,6 +577,42 @@ impl SharedTasks {
             }
         }
     }
+}
+
+/// The task `id` as its hash `f` holds it; `None` for a hash that is not a task's.
+fn view(id: &str, f: &FxHashMap<Vec<u8>, Vec<u8>>) -> Option<TaskView> {
+    let text = |k: &str| f.get(k.as_bytes()).map(|v| String::from_utf8_lossy(v));
+    let num = |k: &str| text(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    let internal = i64::from(crate::protocol::INTERNAL_ERROR);
+    let status = match text("s")?.as_ref() {
+        "working" => Status::Working,
+        "input_required" => Status::InputRequired(
+            f.iter()
+                .filter_map(|(k, v)| {
+                    let k = std::str::from_utf8(k.strip_prefix(b"i:")?).ok()?;
+                    Some((k.to_owned(), serde_json::from_slice(v).ok()?))
+                })
+                .collect(),
+        ),
+        "completed" => match f.get(b"r".as_slice()).map(|r| serde_json::from_slice::<Value>(r)) {
+            Some(Ok(v)) => Status::Completed(v),
+            _ => Status::Failed(internal, "the task's stored result could not be read".into()),
+        },
+        "failed" => Status::Failed(
+            text("ec").and_then(|c| c.parse().ok()).unwrap_or(internal),
+            text("em").unwrap_or_default().into_owned(),
+        ),
+        "cancelled" => Status::Cancelled,
+        _ => return None,
+    };
+    Some(TaskView {
+        id: id.to_owned(),
+        status,
+        created: epoch_ms(num("c")),
+        updated: epoch_ms(num("u")),
+        ttl: Duration::from_millis(num("t").unsigned_abs()),
+        poll_interval: Duration::from_millis(num("p").unsigned_abs()),
+    })
 }
 
 /// The instant `ms` milliseconds after the epoch.
@@ -566,6 +755,99 @@ mod tests {
         assert_eq!(
             b.get("alice", &t.id).await.unwrap().unwrap().status,
             Status::Failed(-32603, "stopped: the server shut down".into())
+        );
+    }
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_task_parked_on_one_replica_is_answered_through_another_and_resumes_where_it_runs() {
+        let r = redis().await;
+        let (a, b) = (
+            replica(&r, TaskBounds::default()),
+            replica(&r, TaskBounds::default()),
+        );
+        let t = a.create("alice", CancellationToken::new()).await.unwrap();
+        let form = |m: &str| json!({"method": "elicitation/create", "params": {"mode": "form", "message": m, "requestedSchema": {"type": "object"}}});
+        let asked = obj(json!({"name": form("name?"), "confirm": form("sure?")}));
+        let used = obj(json!({"earlier": {"action": "accept", "content": {"x": 1}}}));
+        let mut rx = a.park(&t.id, asked, used).await.expect("parked");
+        let seen = b.get("alice", &t.id).await.unwrap().unwrap();
+        let Status::InputRequired(pending) = &seen.status else {
+            panic!("{seen:?}")
+        };
+        assert_eq!(pending.len(), 2);
+        assert_eq!(pending["name"]["method"], "elicitation/create");
+        assert_eq!(seen.detailed()["status"], "input_required");
+
+        // Another caller, a malformed answer to a pending key: refused, nothing changed.
+        assert_eq!(
+            b.update(
+                "mallory",
+                &t.id,
+                obj(json!({"name": {"action": "accept", "content": {}}}))
+            )
+            .await,
+            Err(UpdateError::Unknown)
+        );
+        let bad = b.update("alice", &t.id, obj(json!({"name": {"nope": 1}}))).await;
+        assert!(matches!(bad, Err(UpdateError::Invalid(_))), "{bad:?}");
+        // A partial answer (with an unknown key, ignored) is taken at once, through b.
+        let name = json!({"action": "accept", "content": {"name": "Alice"}});
+        b.update(
+            "alice",
+            &t.id,
+            obj(json!({"name": name, "unknown-key": {"ignored": true}})),
+        )
+        .await
+        .unwrap();
+        let Status::InputRequired(pending) = b.get("alice", &t.id).await.unwrap().unwrap().status else {
+            panic!("still waiting")
+        };
+        assert_eq!(pending.keys().collect::<Vec<_>>(), ["confirm"]);
+        a.reconcile().await;
+        assert!(rx.try_recv().is_err(), "resumed before the last answer");
+        // The last one: working again; a resumes with every answer when it next looks.
+        let confirm = json!({"action": "accept", "content": {"confirm": true}});
+        b.update("alice", &t.id, obj(json!({"confirm": confirm})))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.get("alice", &t.id).await.unwrap().unwrap().status,
+            Status::Working
+        );
+        a.reconcile().await;
+        let all = rx.try_recv().expect("resumed");
+        assert_eq!(all["name"], name);
+        assert_eq!(all["confirm"], confirm);
+        assert_eq!(all["earlier"]["content"]["x"], 1);
+
+        // Answered through the replica that runs it: resumed at once. A cancel through the
+        // other replica while parked ends the wait.
+        let mut rx = a
+            .park(&t.id, obj(json!({"again": form("again?")})), Map::new())
+            .await
+            .unwrap();
+        a.update("alice", &t.id, obj(json!({"again": {"action": "decline"}})))
+            .await
+            .unwrap();
+        assert_eq!(rx.try_recv().unwrap()["again"]["action"], "decline");
+        let rx = a
+            .park(&t.id, obj(json!({"last": form("last?")})), Map::new())
+            .await
+            .unwrap();
+        assert!(b.cancel("alice", &t.id).await.unwrap());
+        a.reconcile().await;
+        assert!(rx.await.is_err(), "a cancelled task's wait ends without answers");
+        assert!(
+            a.park(&t.id, obj(json!({"x": form("x")})), Map::new())
+                .await
+                .is_none()
         );
     }
 

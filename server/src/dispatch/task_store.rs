@@ -10,7 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+
+use crate::peer::Need;
 
 /// The longest task id looked up; longer ones are unknown without hashing them.
 pub(super) const MAX_TASK_ID: usize = 64;
@@ -20,6 +23,9 @@ pub(super) const MAX_TASK_ID: usize = 64;
 pub(super) enum Status {
     /// Running.
     Working,
+    /// Waiting for the client's answers to these questions (`inputRequests`: key →
+    /// `{method, params}`), which `tasks/update` brings.
+    InputRequired(Map<String, Value>),
     /// Done: the tool's result (a tool error is a result with `isError`).
     Completed(Value),
     /// A protocol-level error: its code and message.
@@ -32,6 +38,7 @@ impl Status {
     fn name(&self) -> &'static str {
         match self {
             Status::Working => "working",
+            Status::InputRequired(_) => "input_required",
             Status::Completed(_) => "completed",
             Status::Failed(..) => "failed",
             Status::Cancelled => "cancelled",
@@ -39,7 +46,7 @@ impl Status {
     }
 
     fn terminal(&self) -> bool {
-        !matches!(self, Status::Working)
+        !matches!(self, Status::Working | Status::InputRequired(_))
     }
 }
 
@@ -54,9 +61,11 @@ pub struct TaskBounds {
     pub ttl: Duration,
     /// How often a client is told to poll.
     pub poll_interval: Duration,
-    /// The largest result one task keeps (its JSON size); a larger one fails the task.
+    /// The largest result one task keeps (its JSON size); a larger one fails the task. Also
+    /// the most bytes of answers a task waiting for input keeps.
     pub max_result_bytes: usize,
-    /// The results of all tasks together; one that would go over fails its task.
+    /// The results of all tasks together, with the answers of tasks waiting for input; a
+    /// result that would go over fails its task, an answer is refused.
     pub total_result_bytes: usize,
 }
 
@@ -92,6 +101,21 @@ impl std::fmt::Display for Refused {
             Refused::Total(n) => write!(f, "too many tasks on this server (at most {n}); try again later"),
         }
     }
+}
+
+/// Why `tasks/update` was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum UpdateError {
+    /// An unknown, expired or foreign task id.
+    Unknown,
+    /// An answer to a pending question that is not a result of its request (or answers too
+    /// large to keep); nothing was changed.
+    Invalid(String),
+    /// The server holds as many bytes of task results and answers as it may; nothing was
+    /// changed.
+    Full(String),
+    /// The shared task store did not answer; nothing was changed.
+    Store(String),
 }
 
 /// What a store knows of one task, as a client sees it.
@@ -142,10 +166,42 @@ impl TaskView {
             Status::Failed(code, message) => {
                 m.insert("error".into(), json!({"code": code, "message": message}));
             }
+            Status::InputRequired(asked) => {
+                m.insert("inputRequests".into(), Value::Object(asked.clone()));
+            }
             Status::Working | Status::Cancelled => {}
         }
         Value::Object(m)
     }
+}
+
+/// The pending keys `responses` answers, after checking each answer is a result of its
+/// request (only pending keys are looked at: unknown keys cost nothing however many), and the
+/// size of the answers the task would then hold (`held`: those it holds now).
+pub(super) fn checked(
+    pending: &Map<String, Value>,
+    responses: &Map<String, Value>,
+    held: usize,
+) -> Result<(Vec<String>, usize), UpdateError> {
+    let mut answered = Vec::new();
+    let mut size = held;
+    for (k, asked) in pending {
+        let Some(answer) = responses.get(k) else {
+            continue;
+        };
+        let need = asked
+            .get("method")
+            .and_then(Value::as_str)
+            .and_then(Need::from_method);
+        if let Some(why) = need.and_then(|n| n.malformed(answer)) {
+            return Err(UpdateError::Invalid(format!(
+                "Invalid params: inputResponses.{k} {why}"
+            )));
+        }
+        size = size.saturating_add(crate::template::approx_size(answer));
+        answered.push(k.clone());
+    }
+    Ok((answered, size))
 }
 
 /// Integer milliseconds of a duration, at least 1.
@@ -164,6 +220,20 @@ pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. A
     /// terminal task stays as it is (cancelling it again is no error).
     fn cancel(&self, owner: &str, id: &str) -> bool;
+    /// Parks the working task `id` until the client answers `asked` (`used`: the answers its
+    /// run had already): the task shows `input_required`, and the receiver yields every
+    /// answer once the last question is answered. `None` when the task is no longer working
+    /// (cancelled, expired).
+    fn park(
+        &self,
+        id: &str,
+        asked: Map<String, Value>,
+        used: Map<String, Value>,
+    ) -> Option<oneshot::Receiver<Map<String, Value>>>;
+    /// Records answers to the questions of the task `id` of `owner`, at once (the next
+    /// [`TaskStore::get`] shows them taken). Answers to keys that are not pending, and any
+    /// answer to a task that waits for none, are ignored.
+    fn update(&self, owner: &str, id: &str, responses: Map<String, Value>) -> Result<(), UpdateError>;
 }
 
 #[derive(Debug)]
@@ -174,8 +244,12 @@ struct Entry {
     updated: SystemTime,
     expires: Instant,
     token: CancellationToken,
-    /// The JSON size of its result (0 until it has one).
+    /// The JSON size of its result, or while it waits for input of the answers it holds.
     size: usize,
+    /// The answers gathered for its run while it waits for more.
+    answers: Map<String, Value>,
+    /// Resumes its run with every answer once the last pending question is answered.
+    resume: Option<oneshot::Sender<Map<String, Value>>>,
 }
 
 /// The in-memory [`TaskStore`] of one replica.
@@ -275,6 +349,8 @@ impl TaskStore for MemoryTasks {
             expires: now + self.bounds.ttl,
             token,
             size: 0,
+            answers: Map::new(),
+            resume: None,
         };
         let v = self.view(&id, &e);
         map.insert(id.into(), e);
@@ -322,8 +398,81 @@ impl TaskStore for MemoryTasks {
             e.status = Status::Cancelled;
             e.updated = SystemTime::now();
             e.token.cancel();
+            e.resume = None;
+            e.answers = Map::new();
+            e.size = 0;
         }
         true
+    }
+
+    fn park(
+        &self,
+        id: &str,
+        asked: Map<String, Value>,
+        used: Map<String, Value>,
+    ) -> Option<oneshot::Receiver<Map<String, Value>>> {
+        let mut map = self.map.lock().ok()?;
+        let e = map.get_mut(id)?;
+        if e.status != Status::Working || e.expires <= Instant::now() {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        e.status = Status::InputRequired(asked);
+        e.size = used.values().map(crate::template::approx_size).sum();
+        e.answers = used;
+        e.resume = Some(tx);
+        e.updated = SystemTime::now();
+        Some(rx)
+    }
+
+    fn update(&self, owner: &str, id: &str, mut responses: Map<String, Value>) -> Result<(), UpdateError> {
+        if id.len() > MAX_TASK_ID {
+            return Err(UpdateError::Unknown);
+        }
+        let Ok(mut map) = self.map.lock() else {
+            return Err(UpdateError::Unknown);
+        };
+        let held: usize = map.values().map(|e| e.size).sum();
+        let e = map.get_mut(id).ok_or(UpdateError::Unknown)?;
+        if &*e.owner != owner || e.expires <= Instant::now() {
+            return Err(UpdateError::Unknown);
+        }
+        let Status::InputRequired(pending) = &mut e.status else {
+            return Ok(());
+        };
+        let (answered, size) = checked(pending, &responses, e.size)?;
+        if size > self.bounds.max_result_bytes {
+            return Err(UpdateError::Invalid(format!(
+                "Invalid params: the answers are about {size} bytes; a task keeps at most {}",
+                self.bounds.max_result_bytes
+            )));
+        }
+        let others = held.saturating_sub(e.size);
+        if others.saturating_add(size) > self.bounds.total_result_bytes {
+            return Err(UpdateError::Full(format!(
+                "the server holds {others} bytes of task results and answers already (at most {}); try again later",
+                self.bounds.total_result_bytes
+            )));
+        }
+        if answered.is_empty() {
+            return Ok(());
+        }
+        for k in answered {
+            pending.remove(&k);
+            if let Some(a) = responses.remove(&k) {
+                e.answers.insert(k, a);
+            }
+        }
+        e.size = size;
+        e.updated = SystemTime::now();
+        if pending.is_empty() {
+            e.status = Status::Working;
+            e.size = 0;
+            if let Some(tx) = e.resume.take() {
+                let _ = tx.send(std::mem::take(&mut e.answers));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -480,5 +629,189 @@ mod result_bounds {
                 .contains("task results already"),
             "{got}"
         );
+    }
+}
+
+#[cfg(test)]
+mod input {
+    use super::*;
+
+    fn elicit(message: &str) -> Value {
+        json!({"method": "elicitation/create", "params": {"mode": "form", "message": message, "requestedSchema": {"type": "object"}}})
+    }
+
+    fn asked(keys: &[&str]) -> Map<String, Value> {
+        keys.iter().map(|k| ((*k).to_owned(), elicit(k))).collect()
+    }
+
+    fn accept(v: Value) -> Value {
+        json!({"action": "accept", "content": v})
+    }
+
+    fn responses(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    fn parked(s: &MemoryTasks, keys: &[&str]) -> (String, oneshot::Receiver<Map<String, Value>>) {
+        let t = s.create("alice", CancellationToken::new()).unwrap();
+        let used = responses(json!({"earlier": accept(json!({"x": 1}))}));
+        let rx = s.park(&t.id, asked(keys), used).unwrap();
+        (t.id, rx)
+    }
+
+    #[test]
+    fn a_parked_task_shows_its_pending_questions_and_nothing_else() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, _rx) = parked(&s, &["confirm"]);
+        let got = s.get("alice", &id).unwrap().detailed();
+        assert_eq!(got["status"], "input_required");
+        assert_eq!(got["inputRequests"]["confirm"]["method"], "elicitation/create");
+        for k in ["result", "error", "requestState"] {
+            assert!(got.get(k).is_none(), "{k}: {got}");
+        }
+    }
+
+    #[test]
+    fn partial_answers_are_taken_at_once_and_the_last_one_resumes_with_all() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["name", "confirm"]);
+        s.update(
+            "alice",
+            &id,
+            responses(json!({"name": accept(json!({"name": "a"}))})),
+        )
+        .unwrap();
+        let got = s.get("alice", &id).unwrap().detailed();
+        assert_eq!(got["status"], "input_required");
+        assert!(got["inputRequests"].get("name").is_none(), "{got}");
+        assert!(got["inputRequests"].get("confirm").is_some(), "{got}");
+        assert!(rx.try_recv().is_err(), "resumed before the last answer");
+        // A key that is not pending (answered already, or never asked) is ignored.
+        let again = responses(json!({"name": {"nope": 1}, "unknown-key": {"ignored": true}}));
+        s.update("alice", &id, again).unwrap();
+        assert_eq!(
+            s.get("alice", &id).unwrap().detailed()["inputRequests"],
+            json!({"confirm": elicit("confirm")})
+        );
+        s.update(
+            "alice",
+            &id,
+            responses(json!({"confirm": accept(json!({"confirm": true}))})),
+        )
+        .unwrap();
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Working);
+        let all = rx.try_recv().unwrap();
+        let keys: Vec<&str> = all.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["confirm", "earlier", "name"]);
+        assert_eq!(all["name"], accept(json!({"name": "a"})));
+        // Once working again, an update is an acknowledgement without effect.
+        s.update("alice", &id, responses(json!({"confirm": {"nope": 1}})))
+            .unwrap();
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Working);
+    }
+
+    #[test]
+    fn a_malformed_answer_to_a_pending_key_is_refused_and_changes_nothing() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["a", "b"]);
+        let before = s.get("alice", &id).unwrap();
+        for bad in [
+            json!({"nope": 1}),
+            json!("accept"),
+            json!([1]),
+            json!({"action": "maybe"}),
+            json!(null),
+        ] {
+            let r = responses(json!({"a": accept(json!({"ok": true})), "b": bad.clone()}));
+            let Err(UpdateError::Invalid(why)) = s.update("alice", &id, r) else {
+                panic!("{bad} accepted");
+            };
+            assert!(why.starts_with("Invalid params: inputResponses.b "), "{why}");
+            let now = s.get("alice", &id).unwrap();
+            assert_eq!(now.status, before.status, "{bad}");
+        }
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn answers_larger_than_a_task_keeps_are_refused() {
+        let s = MemoryTasks::new(TaskBounds {
+            max_result_bytes: 1000,
+            ..TaskBounds::default()
+        });
+        let (id, _rx) = parked(&s, &["a"]);
+        let big = responses(json!({"a": accept(json!({"text": "x".repeat(2000)}))}));
+        let Err(UpdateError::Invalid(why)) = s.update("alice", &id, big) else {
+            panic!("a 2 kB answer was kept");
+        };
+        assert!(why.contains("at most 1000"), "{why}");
+        assert_eq!(
+            s.get("alice", &id).unwrap().detailed()["status"],
+            "input_required"
+        );
+    }
+
+    #[test]
+    fn waiting_tasks_answers_count_against_the_total_of_results() {
+        let s = MemoryTasks::new(TaskBounds {
+            max_result_bytes: 1000,
+            total_result_bytes: 1500,
+            ..TaskBounds::default()
+        });
+        let answer = || responses(json!({"a": accept(json!({"text": "x".repeat(800)}))}));
+        let (one, _rx1) = parked(&s, &["a", "b"]);
+        s.update("alice", &one, answer()).unwrap();
+        let (two, _rx2) = parked(&s, &["a"]);
+        let Err(UpdateError::Full(why)) = s.update("alice", &two, answer()) else {
+            panic!("the total was not enforced");
+        };
+        assert!(why.contains("at most 1500"), "{why}");
+        assert_eq!(
+            s.get("alice", &two).unwrap().detailed()["inputRequests"],
+            json!({"a": elicit("a")})
+        );
+        // Once the first is cancelled, its answers no longer count.
+        assert!(s.cancel("alice", &one));
+        s.update("alice", &two, answer()).unwrap();
+    }
+
+    #[test]
+    fn foreign_forged_and_expired_ids_are_unknown_to_update() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["a"]);
+        let answer = || responses(json!({"a": accept(json!({}))}));
+        assert_eq!(s.update("mallory", &id, answer()), Err(UpdateError::Unknown));
+        let huge = "a".repeat(1 << 20);
+        for forged in ["", "0", "00000000000000000000000000000000", huge.as_str()] {
+            assert_eq!(s.update("alice", forged, answer()), Err(UpdateError::Unknown));
+        }
+        assert!(rx.try_recv().is_err(), "a foreign update reached the task");
+        let expired = MemoryTasks::new(TaskBounds {
+            ttl: Duration::ZERO,
+            ..TaskBounds::default()
+        });
+        let t = expired.create("alice", CancellationToken::new()).unwrap();
+        assert!(expired.park(&t.id, asked(&["a"]), Map::new()).is_none());
+        assert_eq!(
+            expired.update("alice", &t.id, answer()),
+            Err(UpdateError::Unknown)
+        );
+    }
+
+    #[test]
+    fn cancelling_a_parked_task_closes_its_wait_and_it_cannot_park_again() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let (id, mut rx) = parked(&s, &["a"]);
+        assert!(s.cancel("alice", &id));
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Cancelled);
+        assert!(matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Closed)));
+        assert!(s.park(&id, asked(&["b"]), Map::new()).is_none());
+        s.update("alice", &id, responses(json!({"a": accept(json!({}))})))
+            .unwrap();
+        s.finish(&id, Status::Completed(json!({})));
+        assert_eq!(s.get("alice", &id).unwrap().status, Status::Cancelled);
     }
 }

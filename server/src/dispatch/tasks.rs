@@ -12,6 +12,7 @@ use super::envelope::parse_params;
 use super::error::RpcError;
 use super::request::{Done, Request};
 use super::server::Server;
+use super::task_store::UpdateError;
 use crate::protocol;
 
 const EXTENSION: &str = "io.modelcontextprotocol/tasks";
@@ -126,17 +127,39 @@ async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done
     Ok(write(req, json!({}), out))
 }
 
-/// `tasks/update`: no task of this server waits for input, so responses for a known task
-/// are acknowledged and have nothing to resume.
+/// `tasks/update`: the client's answers to a task's questions (`inputResponses`, by the keys
+/// of its `inputRequests`), taken before the acknowledgement, so the next `tasks/get` shows
+/// them. Answers to keys the task does not wait for are ignored; a malformed answer to one
+/// it waits for is refused (-32602) and changes nothing.
 async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    let id = task_id(s, req, "tasks/update")?;
-    s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
-    Ok(write(req, json!({}), out))
+    #[derive(Deserialize)]
+    struct UpdateParams<'a> {
+        #[serde(borrow, rename = "taskId")]
+        task_id: Cow<'a, str>,
+        #[serde(rename = "inputResponses")]
+        input_responses: Value,
+    }
+    if !negotiated(s, req) {
+        return Err(missing_extension("tasks/update"));
+    }
+    let p = parse_params::<UpdateParams<'_>>(req.params)?;
+    let Value::Object(responses) = p.input_responses else {
+        return Err(RpcError::invalid_params(
+            "Invalid params: `inputResponses` must be an object mapping each input request's key to the client's result",
+        ));
+    };
+    match s.tasks.update(owner(req), &p.task_id, responses).await {
+        Ok(()) => Ok(write(req, json!({}), out)),
+        Err(UpdateError::Unknown) => Err(unknown()),
+        Err(UpdateError::Invalid(why)) => Err(RpcError::invalid_params(why)),
+        Err(UpdateError::Full(why)) => Err(RpcError::new(protocol::RATE_LIMITED, why)),
+        Err(UpdateError::Store(why)) => Err(RpcError::new(protocol::INTERNAL_ERROR, why)),
+    }
 }
 
 /// Whether calls of `tool` are answered with a task when the client negotiated tasks: its
 /// `task` setting (by default the kinds that may run long: a process, an HTTP request, an
-/// upstream call; not a pipeline, whose steps may ask the client, which a task cannot yet).
+/// upstream call; a tool that asks the client, or a pipeline, when it declares `task`).
 pub(super) fn wanted(tool: &crate::registry::Tool) -> bool {
     tool.def.task != crate::config::TaskSupport::Forbidden
 }

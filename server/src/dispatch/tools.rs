@@ -22,7 +22,9 @@ use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
 use crate::config::access::Principal;
 use crate::config::caller::Credential;
+use crate::config::governance::Limit;
 use crate::handlers::{ToolOutput, check_output};
+use crate::limits::Who;
 use crate::metrics::{Refusal, outcome_index};
 use crate::peer::{CallCtx, Peer};
 use crate::protocol;
@@ -150,7 +152,13 @@ pub(super) async fn call(
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
     if super::tasks::wanted(&snap.tools[index]) && super::tasks::negotiated(server, req) {
-        return start_task(server, req, snap, index, args, permits, out)
+        let call = Called {
+            snap,
+            index,
+            args,
+            start,
+        };
+        return as_task(server, req, call, modern, permits, out)
             .await
             .map(|()| None);
     }
@@ -347,6 +355,7 @@ impl Deferred {
             dropped: Some(&server.metrics.peer_dropped),
             credential: d.credential.as_deref(),
             caller: d.caller.as_deref(),
+            until_step: None,
         };
         let result = server
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
@@ -511,16 +520,269 @@ fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
     h.observe(start.elapsed());
 }
 
-/// Answers a `tools/call` with a task: creates it, runs the call detached from the request
-/// (its result outlives the client's connection; `tasks/cancel` or the task's TTL stops it),
-/// and writes the `CreateTaskResult`.
-async fn start_task(
-    server: &Arc<Server>,
-    req: &Request<'_>,
+/// A call that got past its checks: the tool, its validated arguments and when it began.
+struct Called {
     snap: Arc<Snapshot>,
     index: usize,
     args: Value,
+    start: Instant,
+}
+
+/// Answers a `tools/call` of a tool that runs as a task. A 2026-07-28 call of a pipeline
+/// first runs, in the request, its steps before the first one that may run long: their
+/// questions are ordinary input rounds (`InputRequiredResult` and `requestState`), and the
+/// call becomes a task, with the answers gathered, once they need nothing more. Any other
+/// call is a task at once, whose questions wait in `input_required` for `tasks/update`.
+async fn as_task(
+    server: &Arc<Server>,
+    req: &Request<'_>,
+    c: Called,
+    modern: Option<Box<ModernCall>>,
     permits: Option<crate::limits::Permits>,
+    out: &mut Vec<u8>,
+) -> Result<(), RpcError> {
+    let caps = match &modern {
+        Some(m) => m.inputs.caps,
+        None => server.sessions.caps(req.ctx.session).unwrap_or_default(),
+    };
+    let prefix = match (&modern, &c.snap.tools[c.index].def.handler) {
+        (Some(_), crate::config::CompiledHandler::Pipeline(steps)) => {
+            crate::handlers::pipeline::run::first_long_step(&c.snap, steps).filter(|&b| b > 0)
+        }
+        _ => None,
+    };
+    let (Some(until), Some(m)) = (prefix, modern) else {
+        return start_task(server, req, c, permits, Map::new(), caps, out).await;
+    };
+    let m = *m;
+    let result = {
+        let cx = CallCtx {
+            session: req.ctx.session,
+            credential: credential(req).map(|c| &**c),
+            caller: req.ctx.caller,
+            level: m.level,
+            caps: Some(caps),
+            inputs: Some(&m.inputs),
+            until_step: Some(until),
+            ..CallCtx::DETACHED
+        };
+        let args = c.args.clone();
+        server
+            .run_cancellable(&c.snap, c.index, args, req.ctx.session, req.id, req.deadline, &cx)
+            .await
+    };
+    let Some(o) = result else {
+        return Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled"));
+    };
+    let round = m.inputs.finish();
+    let used = round.used.clone();
+    if server.interrupted(round, &m.call, &c.snap, req.id, out)? {
+        let tool = &c.snap.tools[c.index];
+        tool.metrics.ok(&tool.def.name).observe(c.start.elapsed());
+        return Ok(());
+    }
+    if o.is_error {
+        // The steps before the task ended the call (a declined form): its result, at once.
+        conclude(&c.snap, c.index, req.id, o, c.start, out);
+        crate::modern::stamp(out, &c.snap.result_stamp);
+        return Ok(());
+    }
+    start_task(server, req, c, permits, used, caps, out).await
+}
+
+/// The most times one task may stop for the client's input.
+const MAX_INPUT_ROUNDS: usize = 32;
+
+/// A task's run, detached from the request that created it.
+struct Detached {
+    server: Arc<Server>,
+    call: Called,
+    id: String,
+    token: CancellationToken,
+    deadline: Instant,
+    credential: Option<Arc<Credential>>,
+    caller: Option<Box<Principal>>,
+    caps: crate::session::ClientCaps,
+    /// The tool's concurrency limits (without their rates), taken again when the task runs
+    /// on after a wait for input; `None`: it has none.
+    places: Option<Arc<[Arc<Limit>]>>,
+    /// Who the places are counted against.
+    holder: Holder,
+}
+
+/// Who a task's concurrency places are counted against (a [`Who`], owned).
+enum Holder {
+    Subject(Box<str>),
+    Session(Box<str>),
+    Anonymous,
+}
+
+impl Holder {
+    fn of(who: Who<'_>) -> Self {
+        match who {
+            Who::Subject(s) => Holder::Subject(s.into()),
+            Who::Session(s) => Holder::Session(s.into()),
+            Who::Anonymous => Holder::Anonymous,
+        }
+    }
+
+    fn who(&self) -> Who<'_> {
+        match self {
+            Holder::Subject(s) => Who::Subject(s),
+            Holder::Session(s) => Who::Session(s),
+            Holder::Anonymous => Who::Anonymous,
+        }
+    }
+}
+
+/// The concurrency caps of `limits`, without their rates (a call counts once against a rate,
+/// however often it waits for input); `None` when none has one.
+fn concurrency_only(limits: &[Arc<Limit>]) -> Option<Arc<[Arc<Limit>]>> {
+    let caps: Vec<Arc<Limit>> = limits
+        .iter()
+        .filter(|l| l.concurrency.is_some())
+        .map(|l| {
+            Arc::new(Limit {
+                scope: l.scope,
+                name: l.name.clone(),
+                at: l.at.clone(),
+                rate: None,
+                concurrency: l.concurrency,
+                per_caller: l.per_caller,
+                shared: l.shared,
+            })
+        })
+        .collect();
+    (!caps.is_empty()).then(|| caps.into())
+}
+
+impl Detached {
+    /// Runs the call with the answers known so far; a run that asks the client parks the task
+    /// in `input_required` (freeing its concurrency places while a person answers) and runs
+    /// again with the answers `tasks/update` brings. Ends on its result, its error, its
+    /// cancellation or its TTL.
+    async fn run(self, mut answers: Map<String, Value>, mut permits: Option<crate::limits::Permits>) {
+        use super::task_store::Status;
+        let c = &self.call;
+        for n in 0..=MAX_INPUT_ROUNDS {
+            // The tool's duration is that of its last run, without the waits for input.
+            let start = Instant::now();
+            let inputs = crate::peer::Inputs::new(self.caps, answers);
+            let o = {
+                let cx = CallCtx {
+                    credential: self.credential.as_deref(),
+                    caller: self.caller.as_deref(),
+                    caps: Some(self.caps),
+                    inputs: Some(&inputs),
+                    ..CallCtx::DETACHED
+                };
+                tokio::select! {
+                    o = self.server.exec.run(&c.snap, c.index, c.args.clone(), 0, &cx) => o,
+                    () = self.token.cancelled() => return,
+                    () = tokio::time::sleep_until(self.deadline.into()) => return,
+                }
+            };
+            let round = inputs.finish();
+            if let Some(why) = round.invalid {
+                return self
+                    .end(Status::Failed(i64::from(protocol::INVALID_PARAMS), why))
+                    .await;
+            }
+            if !round.missing.is_empty() {
+                let names: Vec<&str> = round.missing.iter().map(|n| n.capability()).collect();
+                let why = format!(
+                    "Missing required client capability: {} (the task asks the client; declare it in the client's capabilities)",
+                    names.join(", ")
+                );
+                return self
+                    .end(Status::Failed(i64::from(protocol::MISSING_CAPABILITY), why))
+                    .await;
+            }
+            if round.asked.is_empty() {
+                drop(permits);
+                return self.end(completed(c, o, start)).await;
+            }
+            if n == MAX_INPUT_ROUNDS {
+                let why = format!("the tool asked for input more than {MAX_INPUT_ROUNDS} times");
+                return self
+                    .end(Status::Failed(i64::from(protocol::INTERNAL_ERROR), why))
+                    .await;
+            }
+            drop(permits.take());
+            let Some(rx) = self.server.tasks.park(&self.id, round.asked, round.used).await else {
+                return;
+            };
+            answers = tokio::select! {
+                a = rx => match a {
+                    Ok(a) => a,
+                    Err(_) => return,
+                },
+                () = self.token.cancelled() => return,
+                () = tokio::time::sleep_until(self.deadline.into()) => return,
+            };
+            let Some(p) = self.retake().await else {
+                return;
+            };
+            permits = p;
+        }
+    }
+
+    /// Takes the tool's concurrency places again, waiting (backing off up to a second) while
+    /// they are full; `None` when the task is cancelled or expires meanwhile.
+    async fn retake(&self) -> Option<Option<crate::limits::Permits>> {
+        let Some(limits) = &self.places else {
+            return Some(None);
+        };
+        let mut wait = Duration::from_millis(25);
+        loop {
+            if let Ok(p) = self.server.limiter.admit(limits, self.holder.who()).await {
+                return Some(Some(p));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.token.cancelled() => return None,
+                () = tokio::time::sleep_until(self.deadline.into()) => return None,
+            }
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn end(&self, status: super::task_store::Status) {
+        self.server.tasks.finish(&self.id, status).await;
+    }
+}
+
+/// The status of a task whose run (begun at `start`) gave `o`: its result (checked against
+/// the output schema, recorded in the tool's metrics).
+fn completed(c: &Called, o: ToolOutput, start: Instant) -> super::task_store::Status {
+    let mut buf = Vec::new();
+    let zero = RawValue::from_string("0".to_owned()).ok();
+    if let Some(zero) = zero {
+        conclude(&c.snap, c.index, &zero, o, start, &mut buf);
+    }
+    match serde_json::from_slice::<Value>(&buf)
+        .ok()
+        .and_then(|mut v| v.get_mut("result").map(Value::take))
+    {
+        Some(r) => super::task_store::Status::Completed(r),
+        None => super::task_store::Status::Failed(
+            i64::from(protocol::INTERNAL_ERROR),
+            "the tool's result could not be read".into(),
+        ),
+    }
+}
+
+/// Answers a `tools/call` with a task: creates it, runs the call detached from the request
+/// (its result outlives the client's connection; `tasks/cancel` or the task's TTL stops it),
+/// and writes the `CreateTaskResult`. `answers` are those the call gathered in the request;
+/// `caps` what the client declared (its questions need them).
+async fn start_task(
+    server: &Arc<Server>,
+    req: &Request<'_>,
+    call: Called,
+    permits: Option<crate::limits::Permits>,
+    answers: Map<String, Value>,
+    caps: crate::session::ClientCaps,
     out: &mut Vec<u8>,
 ) -> Result<(), RpcError> {
     let token = CancellationToken::new();
@@ -528,44 +790,21 @@ async fn start_task(
         .tasks
         .create(super::tasks::owner(req), token.clone())
         .await?;
-    let id = task.id.clone();
-    let s = server.clone();
-    let ttl = task.ttl;
     // The caller's token goes with the call as it would without a task (identity to an
     // upstream or API, `{{caller.CLAIM}}`), and so does the caller for step policies.
-    let credential = credential(req).cloned();
-    let caller = kept_caller(&snap, index, req);
-    server.running.spawn(async move {
-        let start = Instant::now();
-        let cx = CallCtx {
-            credential: credential.as_deref(),
-            caller: caller.as_deref(),
-            ..CallCtx::DETACHED
-        };
-        let run = s.exec.run(&snap, index, args, 0, &cx);
-        let o = tokio::select! {
-            o = run => o,
-            () = token.cancelled() => return,
-            () = tokio::time::sleep(ttl) => return,
-        };
-        drop(permits);
-        let mut buf = Vec::new();
-        let zero = RawValue::from_string("0".to_owned()).ok();
-        if let Some(zero) = zero {
-            conclude(&snap, index, &zero, o, start, &mut buf);
-        }
-        let status = match serde_json::from_slice::<Value>(&buf)
-            .ok()
-            .and_then(|mut v| v.get_mut("result").map(Value::take))
-        {
-            Some(r) => super::task_store::Status::Completed(r),
-            None => super::task_store::Status::Failed(
-                i64::from(protocol::INTERNAL_ERROR),
-                "the tool's result could not be read".into(),
-            ),
-        };
-        s.tasks.finish(&id, status).await;
-    });
+    let run = Detached {
+        server: server.clone(),
+        id: task.id.clone(),
+        token,
+        deadline: Instant::now() + task.ttl,
+        credential: credential(req).cloned(),
+        caller: kept_caller(&call.snap, call.index, req),
+        caps,
+        places: concurrency_only(&call.snap.tools[call.index].def.governance.limits),
+        holder: Holder::of(govern::who(&req.ctx)),
+        call,
+    };
+    server.running.spawn(run.run(answers, permits));
     protocol::write_result(
         out,
         req.id,
