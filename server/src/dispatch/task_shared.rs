@@ -169,8 +169,11 @@ struct Running {
     /// Its end is recorded.
     done: bool,
     /// While it waits for input: what resumes its run, and the answers the run had already.
-    parked: Option<(oneshot::Sender<Map<String, Value>>, Map<String, Value>)>,
+    parked: Option<Parked>,
 }
+
+/// What resumes a parked run, and the answers it had already.
+type Parked = (oneshot::Sender<Map<String, Value>>, Map<String, Value>);
 
 /// The [`TaskStore`](super::task_store::TaskStore) shared by replicas, in Redis.
 #[derive(Debug)]
