@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 const TOOLS: &str = "tools:
   - {name: brief, handler: {exec: {command: [/bin/sh, -c, 'sleep 1; echo brief-done']}}}
   - {name: endless, handler: {exec: {command: [/bin/sleep, '600']}}}
+  - name: confirm
+    task: required
+    handler: {elicit: {key: sure, message: Proceed?, schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}}}
 ";
 
 struct Redis {
@@ -73,11 +76,28 @@ fn replica(r: &Redis, extra: &[&str]) -> Proc {
     start_http_env(TOOLS, &args, &[])
 }
 
-/// A request of a client that declared the tasks extension.
+/// A 2026-07-28 request of a client that declared the tasks extension (and elicitation).
 fn rpc(p: &Proc, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let name = params["name"]
+        .as_str()
+        .or(params["taskId"].as_str())
+        .unwrap_or_default();
+    // Only a name a header can carry (the forged ids below are sent without one).
+    let name = if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.is_empty()
+        && name.len() < 80
+    {
+        format!("Mcp-Name: {name}\r\n")
+    } else {
+        String::new()
+    };
+    let headers = format!("MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\n{name}");
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
-    let resp = http_with(p.mcp, "POST", "/mcp", "", &body).expect("an answer");
+    let resp = http_with(p.mcp, "POST", "/mcp", &headers, &body).expect("an answer");
     serde_json::from_str(resp.split_once("\r\n\r\n").map_or("", |(_, b)| b))
         .unwrap_or_else(|e| panic!("{e}: {resp}"))
 }
@@ -172,6 +192,34 @@ fn a_task_started_on_one_replica_is_read_and_cancelled_through_another() {
     assert_eq!(
         e["error"]["code"], -32602,
         "another server's tasks are not this one's: {e}"
+    );
+}
+
+#[test]
+fn a_question_of_a_task_on_one_replica_is_answered_through_another() {
+    let r = redis();
+    let (a, b) = (replica(&r, &[]), replica(&r, &[]));
+    let id = start(&a, "confirm");
+    let mut got = Value::Null;
+    wait_for("the task to ask", || {
+        got = rpc(&b, "tasks/get", json!({"taskId": id}));
+        got["result"]["status"] == "input_required"
+    });
+    assert_eq!(
+        got["result"]["inputRequests"]["sure"]["method"], "elicitation/create",
+        "{got}"
+    );
+    let ack = rpc(
+        &b,
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": {"sure": {"action": "accept", "content": {"ok": true}}}}),
+    );
+    assert!(ack.get("error").is_none(), "{ack}");
+    let done = ended(&b, &id);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["content"]["ok"], true,
+        "{done}"
     );
 }
 
