@@ -40,7 +40,7 @@ impl Tasks {
         let refused = |e: super::task_store::Refused| RpcError::new(protocol::RATE_LIMITED, e.to_string());
         match self {
             Tasks::Memory(m) => m.create(owner, token).map_err(refused),
-            Tasks::Shared(s) => s.create(owner, token).await.map_err(|e| match e {
+            Tasks::Shared(s) => s.create(owner, token, Duration::MAX).await.map_err(|e| match e {
                 NotCreated::Refused(r) => refused(r),
                 NotCreated::Unavailable(u) => unavailable(&u),
             }),

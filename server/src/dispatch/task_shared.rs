@@ -30,22 +30,26 @@ use crate::resp::{Client, Reply};
 const MAX_REPLY: usize = 2 << 20;
 
 /// Creates a task if its caller and the server are within their bounds.
-/// KEYS: the task, all tasks, the owner's tasks. ARGV: owner, ttl, per-caller, total, poll, id.
-/// Answers the creation time, or -1 (per caller), -2 (total), -3 (id taken).
+/// KEYS: the task, all tasks, the owner's tasks, the sequence. ARGV: owner, ttl, per-caller,
+/// total, poll, id. Answers the creation time, or -1 (per caller), -2 (total), -3 (id taken).
+/// The owner's set is scored by expiry × 1024 + a sequence number, so that each score is
+/// unique (a cursor of `tasks/list`).
 const CREATE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now * 1024)
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return -2 end
 if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return -3 end
 local n = string.format('%d', now)
 redis.call('HSET', KEYS[1], 'o', ARGV[1], 's', 'working', 'c', n, 'u', n, 't', ARGV[2], 'p', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ttl)
+local seq = redis.call('INCR', KEYS[4]) % 1024
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
+redis.call('ZADD', KEYS[3], string.format('%d', (now + ttl) * 1024 + seq), ARGV[6])
 for i = 2, 3 do
-  redis.call('ZADD', KEYS[i], now + ttl, ARGV[6])
   if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return now
@@ -212,6 +216,10 @@ impl SharedTasks {
         [self.prefix.as_bytes(), b"task:", id.as_bytes()].concat()
     }
 
+    fn owners(&self, owner: &str) -> Vec<u8> {
+        [self.prefix.as_bytes(), b"owner:", owner.as_bytes()].concat()
+    }
+
     async fn eval(&self, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Result<Reply, Unavailable> {
         let n = keys.len().to_string();
         let mut all: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
@@ -225,26 +233,34 @@ impl SharedTasks {
         }
     }
 
-    /// Creates a working task of `owner`, cancelled through `token`.
-    pub(super) async fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, NotCreated> {
+    /// Creates a working task of `owner`, cancelled through `token`, kept for `ttl` (at
+    /// most the store's).
+    pub(super) async fn create(
+        &self,
+        owner: &str,
+        token: CancellationToken,
+        ttl: Duration,
+    ) -> Result<TaskView, NotCreated> {
         let b = &self.bounds;
-        let (ttl, poll) = (ms(b.ttl).to_string(), ms(b.poll_interval).to_string());
+        let ttl = ttl.min(b.ttl);
+        let (ttl_ms, poll) = (ms(ttl).to_string(), ms(b.poll_interval).to_string());
         let (per, total) = (b.per_caller.to_string(), b.total.to_string());
-        let owners = [self.prefix.as_bytes(), b"owner:", owner.as_bytes()].concat();
+        let owners = self.owners(owner);
         let all = [self.prefix.as_bytes(), b"tasks"].concat();
+        let seq = [self.prefix.as_bytes(), b"seq"].concat();
         // A collision of 128 random bits is not expected; one retry covers a broken generator.
         for _ in 0..2 {
             let id = super::task_store::mint();
             let key = self.key(&id);
             let args: [&[u8]; 6] = [
                 owner.as_bytes(),
-                ttl.as_bytes(),
+                ttl_ms.as_bytes(),
                 per.as_bytes(),
                 total.as_bytes(),
                 poll.as_bytes(),
                 id.as_bytes(),
             ];
-            let at = match self.eval(CREATE, &[&key, &all, &owners], &args).await {
+            let at = match self.eval(CREATE, &[&key, &all, &owners, &seq], &args).await {
                 Ok(Reply::Int(-1)) => return Err(NotCreated::Refused(Refused::PerCaller(b.per_caller))),
                 Ok(Reply::Int(-2)) => return Err(NotCreated::Refused(Refused::Total(b.total))),
                 Ok(Reply::Int(-3)) => continue,
@@ -259,7 +275,7 @@ impl SharedTasks {
                     id.clone().into(),
                     Running {
                         token,
-                        expires: now + b.ttl,
+                        expires: now + ttl,
                         size: 0,
                         done: false,
                         parked: None,
@@ -271,7 +287,7 @@ impl SharedTasks {
                 status: Status::Working,
                 created: at,
                 updated: at,
-                ttl: b.ttl,
+                ttl,
                 poll_interval: b.poll_interval,
             });
         }
@@ -308,6 +324,70 @@ impl SharedTasks {
             return Ok(None);
         }
         Ok(view(id, &f))
+    }
+
+    /// A page of `owner`'s tasks in the order they expire, after the cursor `after` (one
+    /// this store gave), at most `limit` (≤ 500), with the cursor of the next page when there
+    /// is one.
+    pub(super) async fn list(
+        &self,
+        owner: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<(Vec<TaskView>, Option<u64>), Unavailable> {
+        let limit = limit.clamp(1, 500);
+        let from = after.map_or_else(|| "-inf".to_owned(), |a| format!("({a}"));
+        let count = (limit + 1).to_string();
+        let key = self.owners(owner);
+        let args: [&[u8]; 8] = [
+            b"ZRANGEBYSCORE",
+            &key,
+            from.as_bytes(),
+            b"+inf",
+            b"WITHSCORES",
+            b"LIMIT",
+            b"0",
+            count.as_bytes(),
+        ];
+        let items = match self.redis.call(&args).await.map_err(|e| unavailable(&e))? {
+            Reply::Array(items) => items,
+            other => return Err(Unavailable(format!("redis: {other:?}"))),
+        };
+        let mut pairs = Vec::with_capacity(items.len() / 2);
+        let mut it = items.into_iter();
+        while let (Some(Reply::Bulk(id)), Some(Reply::Bulk(score))) = (it.next(), it.next()) {
+            let score = std::str::from_utf8(&score)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+                .map_or(0, |s| s as u64);
+            pairs.push((String::from_utf8_lossy(&id).into_owned(), score));
+        }
+        // One more than the page was asked for: there is a next page.
+        let more = pairs.len() > limit;
+        pairs.truncate(limit);
+        let next = pairs.last().map(|(_, score)| *score).filter(|_| more);
+        let mut page = Vec::with_capacity(pairs.len());
+        for (id, _) in &pairs {
+            if let Some(v) = self.get(owner, id).await? {
+                page.push(v);
+            }
+        }
+        Ok((page, next))
+    }
+
+    /// Waits until the task `id` of `owner` has ended (or is gone), looking every poll
+    /// interval: `false` at once for an unknown, expired or foreign id.
+    pub(super) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
+        let every = self.bounds.poll_interval.max(Duration::from_millis(100));
+        let mut known = false;
+        loop {
+            match self.get(owner, id).await? {
+                None => return Ok(known),
+                Some(v) if v.status.terminal() => return Ok(true),
+                Some(_) => known = true,
+            }
+            tokio::time::sleep(every).await;
+        }
     }
 
     /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
@@ -710,7 +790,7 @@ mod tests {
         };
         let (a, b) = (replica(&r, bounds), replica(&r, bounds));
         let token = CancellationToken::new();
-        let t = a.create("alice", token.clone()).await.unwrap();
+        let t = a.create("alice", token.clone(), Duration::MAX).await.unwrap();
         let seen = b
             .get("alice", &t.id)
             .await
@@ -737,7 +817,7 @@ mod tests {
         // Cancelled through b: the work on a stops when a next reconciles, and its late end
         // does not undo the cancel.
         let token = CancellationToken::new();
-        let t = a.create("alice", token.clone()).await.unwrap();
+        let t = a.create("alice", token.clone(), Duration::MAX).await.unwrap();
         assert!(b.cancel("alice", &t.id).await.unwrap());
         assert!(!token.is_cancelled());
         a.reconcile().await;
@@ -749,7 +829,10 @@ mod tests {
         );
 
         // A failure keeps its code and message.
-        let t = a.create("alice", CancellationToken::new()).await.unwrap();
+        let t = a
+            .create("alice", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
         a.finish(
             &t.id,
             Status::Failed(-32603, "stopped: the server shut down".into()),
@@ -775,7 +858,10 @@ mod tests {
             replica(&r, TaskBounds::default()),
             replica(&r, TaskBounds::default()),
         );
-        let t = a.create("alice", CancellationToken::new()).await.unwrap();
+        let t = a
+            .create("alice", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
         let form = |m: &str| json!({"method": "elicitation/create", "params": {"mode": "form", "message": m, "requestedSchema": {"type": "object"}}});
         let asked = obj(json!({"name": form("name?"), "confirm": form("sure?")}));
         let used = obj(json!({"earlier": {"action": "accept", "content": {"x": 1}}}));
@@ -855,6 +941,64 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn pages_of_a_callers_own_tasks_span_replicas_and_a_wait_ends_with_the_task() {
+        let r = redis().await;
+        let (a, b) = (
+            replica(&r, TaskBounds::default()),
+            replica(&r, TaskBounds::default()),
+        );
+        let mut mine = Vec::new();
+        for i in 0..7 {
+            let at = if i % 2 == 0 { &a } else { &b };
+            mine.push(
+                at.create("alice", CancellationToken::new(), Duration::MAX)
+                    .await
+                    .unwrap()
+                    .id,
+            );
+        }
+        let theirs = a
+            .create("bob", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap()
+            .id;
+        let short = a
+            .create("alice", CancellationToken::new(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(short.ttl, Duration::from_secs(5));
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        for _ in 0..10 {
+            let (page, next) = b.list("alice", cursor, 3).await.unwrap();
+            assert!(page.len() <= 3);
+            seen.extend(page.into_iter().map(|v| v.id));
+            cursor = next;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert!(cursor.is_none(), "the pages end");
+        assert_eq!(seen.len(), 8, "{seen:?}");
+        // The shorter TTL expires first: first in the order of expiry.
+        assert_eq!(seen[0], short.id);
+        assert!(mine.iter().all(|id| seen.contains(id)) && !seen.contains(&theirs));
+        let (page, next) = b.list("mallory", None, 3).await.unwrap();
+        assert!(page.is_empty() && next.is_none());
+
+        // A wait through b ends when a records the end; an unknown id is no wait at all.
+        assert!(!b.wait_end("alice", &theirs).await.unwrap());
+        let waiting = b.wait_end("alice", &mine[0]);
+        let finishing = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            a.finish(&mine[0], Status::Completed(json!({"content": []})))
+                .await;
+        };
+        let (ended, ()) = tokio::join!(waiting, finishing);
+        assert!(ended.unwrap());
+    }
+
+    #[tokio::test]
     async fn bounds_hold_across_replicas_and_expiry_frees_them() {
         let r = redis().await;
         let bounds = TaskBounds {
@@ -864,16 +1008,20 @@ mod tests {
             ..TaskBounds::default()
         };
         let (a, b) = (replica(&r, bounds), replica(&r, bounds));
-        a.create("alice", CancellationToken::new()).await.unwrap();
-        b.create("alice", CancellationToken::new()).await.unwrap();
+        a.create("alice", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
+        b.create("alice", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
         assert!(matches!(
-            a.create("alice", CancellationToken::new()).await,
+            a.create("alice", CancellationToken::new(), Duration::MAX).await,
             Err(NotCreated::Refused(Refused::PerCaller(2)))
         ));
         let token = CancellationToken::new();
-        let t = b.create("bob", token.clone()).await.unwrap();
+        let t = b.create("bob", token.clone(), Duration::MAX).await.unwrap();
         assert!(matches!(
-            a.create("carol", CancellationToken::new()).await,
+            a.create("carol", CancellationToken::new(), Duration::MAX).await,
             Err(NotCreated::Refused(Refused::Total(3)))
         ));
         // After the TTL: gone everywhere, its work stopped, its slots free.
@@ -884,15 +1032,22 @@ mod tests {
         }
         b.reconcile().await;
         assert!(token.is_cancelled());
-        a.create("carol", CancellationToken::new()).await.unwrap();
-        a.create("alice", CancellationToken::new()).await.unwrap();
+        a.create("carol", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
+        a.create("alice", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
     async fn hostile_ids_and_owners_are_unknown_and_a_dead_redis_is_a_clear_error() {
         let r = redis().await;
         let a = replica(&r, TaskBounds::default());
-        let t = a.create("o:wner\r\n*1", CancellationToken::new()).await.unwrap();
+        let t = a
+            .create("o:wner\r\n*1", CancellationToken::new(), Duration::MAX)
+            .await
+            .unwrap();
         assert!(a.get("o:wner\r\n*1", &t.id).await.unwrap().is_some());
         let huge = "a".repeat(1 << 16);
         for id in ["", "*", "task:", "../x", "\r\n", huge.as_str(), &t.id[..31]] {
@@ -906,7 +1061,7 @@ mod tests {
         let e = a.get("o:wner\r\n*1", &t.id).await.unwrap_err();
         assert!(e.to_string().contains("task store is unavailable"), "{e}");
         assert!(matches!(
-            a.create("x", CancellationToken::new()).await,
+            a.create("x", CancellationToken::new(), Duration::MAX).await,
             Err(NotCreated::Unavailable(_))
         ));
     }

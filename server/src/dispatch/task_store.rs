@@ -45,7 +45,7 @@ impl Status {
         }
     }
 
-    fn terminal(&self) -> bool {
+    pub(super) fn terminal(&self) -> bool {
         !matches!(self, Status::Working | Status::InputRequired(_))
     }
 }
