@@ -26,6 +26,10 @@ cargo run -q -p quiver-operator --bin crdgen --locked | diff -u crds/mcpservers.
 cargo run -q -p quiver-operator --bin crdgen --locked -- --reference | diff -u docs/crd-reference.md - \
   || { echo "docs/crd-reference.md drifted: run 'cargo run -p quiver-operator --bin crdgen -- --reference > docs/crd-reference.md'" >&2; exit 1; }
 
+# Debian's redis-server for the shared rate-limit and shared-task tests (cached; cold: about 4 s).
+QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
+export QUIVER_REDIS_SERVER
+
 log "cargo test (unit, integration, doc)"
 cargo test --workspace --locked
 
@@ -41,9 +45,6 @@ command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test
 
 log "Python MCP SDK client tests"
 python_env
-# Debian's redis-server for the shared rate-limit tests (cached; cold: about 4 s).
-QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
-export QUIVER_REDIS_SERVER
 "$PY" -m pytest -q -s tests/sdk/python
 
 log "TypeScript MCP SDK client tests"
