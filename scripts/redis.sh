@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian's redis-server for the shared rate-limit tests: its .debs (and the two libraries it
+# Debian's redis-server for the shared rate-limit and shared-task tests: its .debs (and the two libraries it
 # needs beyond the base system) downloaded with apt-get into ~/.cache/quiver/redis and
 # unpacked there (nothing is installed system-wide, no service is started). Prints the path
 # of a wrapper that runs that redis-server with its libraries.
