@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 use super::task_store::{MAX_TASK_ID, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::resp::{Client, Reply};
 
+/// How often the end of a task is tried before it is given up (about 1.5 s of back-off).
+const FINISH_TRIES: u32 = 5;
+
 /// Largest reply read from Redis: a task's hash, its result included.
 const MAX_REPLY: usize = 2 << 20;
 
@@ -316,7 +319,7 @@ impl SharedTasks {
 
     /// The task `id` of `owner`: `None` for an unknown, expired or foreign id.
     pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, Unavailable> {
-        if id.is_empty() || id.len() > MAX_TASK_ID {
+        if !issued_shape(id) {
             return Ok(None);
         }
         let f = self.fields(id).await?;
@@ -421,19 +424,28 @@ impl SharedTasks {
             Status::Working | Status::InputRequired(_) => return true,
         };
         let key = self.key(id);
-        match self.eval(FINISH, &[&key], &args).await {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::warn!(task = %id, bytes = size, error = %e, "a task's end could not be recorded");
-                false
+        // A Redis that restarts or fails over for a moment must not lose a finished task's
+        // result: a few tries, backing off, before giving up (logged).
+        let mut wait = Duration::from_millis(100);
+        for attempt in 1..=FINISH_TRIES {
+            match self.eval(FINISH, &[&key], &args).await {
+                Ok(_) => return true,
+                Err(e) if attempt == FINISH_TRIES => {
+                    tracing::warn!(task = %id, bytes = size, error = %e, "a task's end could not be recorded");
+                }
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
             }
         }
+        false
     }
 
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. Its
     /// work stops at once when this replica runs it, else when its replica next looks.
     pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
-        if id.is_empty() || id.len() > MAX_TASK_ID {
+        if !issued_shape(id) {
             return Ok(false);
         }
         let key = self.key(id);
@@ -551,7 +563,7 @@ impl SharedTasks {
         id: &str,
         responses: Map<String, Value>,
     ) -> Result<(), UpdateError> {
-        if id.is_empty() || id.len() > MAX_TASK_ID {
+        if !issued_shape(id) {
             return Err(UpdateError::Unknown);
         }
         let store = |e: Unavailable| UpdateError::Store(e.to_string());
@@ -660,6 +672,12 @@ impl SharedTasks {
             }
         }
     }
+}
+
+/// Whether `id` has the shape of an id this store issues (32 hex digits, see
+/// [`super::task_store::mint`]); any other is unknown without asking Redis.
+fn issued_shape(id: &str) -> bool {
+    id.len() == 32 && id.len() <= MAX_TASK_ID && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The task `id` as its hash `f` holds it; `None` for a hash that is not a task's.
