@@ -54,6 +54,8 @@ pub mod secrets;
 #[cfg(feature = "runtime")]
 pub mod session;
 #[cfg(feature = "runtime")]
+pub mod task_metrics;
+#[cfg(feature = "runtime")]
 pub mod transport;
 #[cfg(feature = "runtime")]
 pub mod tuning;

@@ -519,6 +519,8 @@ pub struct Metrics {
     upstreams: UpstreamFamilies,
     /// Counters of limits and the audit trail.
     pub gov: Arc<crate::gov_metrics::GovMetrics>,
+    /// Counters of tasks.
+    pub tasks: Arc<crate::task_metrics::TaskMetrics>,
 }
 
 impl Metrics {
@@ -677,6 +679,7 @@ impl Metrics {
             ProcessRss,
         );
         let gov = crate::gov_metrics::GovMetrics::register(&mut root);
+        let tasks = crate::task_metrics::TaskMetrics::register(&mut root);
         root.register(
             "build",
             "Build information",
@@ -703,6 +706,7 @@ impl Metrics {
             refusals,
             upstreams,
             gov,
+            tasks,
         })
     }
 

@@ -144,9 +144,10 @@ impl Server {
             watched: Arc::default(),
             limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
             audit: None,
-            tasks: super::task_backend::Tasks::Memory(super::task_store::MemoryTasks::new(
+            tasks: super::task_backend::Tasks::memory(
                 super::task_store::TaskBounds::default(),
-            )),
+                metrics.tasks.clone(),
+            ),
             running: tokio_util::task::TaskTracker::new(),
             metrics,
         })
@@ -180,9 +181,10 @@ impl Server {
         use super::task_backend::Tasks;
         match Arc::try_unwrap(self) {
             Ok(mut s) => {
+                let m = s.metrics.tasks.clone();
                 s.tasks = match shared {
-                    None => Tasks::Memory(super::task_store::MemoryTasks::new(bounds)),
-                    Some(o) => Tasks::Shared(super::task_shared::SharedTasks::new(o, bounds)),
+                    None => Tasks::memory(bounds, m),
+                    Some(o) => Tasks::shared(o, bounds, m),
                 };
                 Arc::new(s)
             }

@@ -1,8 +1,9 @@
 //! Where a server's tasks live: in its own memory (one replica; a task ends with its
 //! process), or in Redis shared by every replica ([`SharedTasks`]). The dispatcher sees one
-//! interface, with the store's failures as JSON-RPC errors; and the work of the tasks this
-//! replica runs is tracked, so that a stopping server can let it finish.
+//! interface, with the store's failures as JSON-RPC errors (and counted); the work of the
+//! tasks this replica runs is tracked, so that a stopping server can let it finish.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -11,9 +12,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::error::RpcError;
-use super::task_shared::{NotCreated, SharedTasks, Unavailable};
-use super::task_store::{MemoryTasks, Status, TaskStore, TaskView, UpdateError};
+use super::task_shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
+use super::task_store::{MemoryTasks, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
 use crate::protocol;
+use crate::task_metrics::TaskMetrics;
 
 /// The message of a task whose replica stopped before the task finished.
 pub(super) fn stopped_message(drain: Duration) -> String {
@@ -23,53 +25,90 @@ pub(super) fn stopped_message(drain: Duration) -> String {
     )
 }
 
-/// A server's tasks.
+/// The store itself.
 #[derive(Debug)]
-pub(super) enum Tasks {
+enum Store {
     Memory(MemoryTasks),
     Shared(SharedTasks),
 }
 
-fn unavailable(e: &Unavailable) -> RpcError {
-    RpcError::new(protocol::INTERNAL_ERROR, e.to_string())
+/// A server's tasks.
+#[derive(Debug)]
+pub(super) struct Tasks {
+    store: Store,
+    metrics: Arc<TaskMetrics>,
 }
 
 impl Tasks {
+    /// Tasks in this process's memory.
+    pub(super) fn memory(bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
+        Tasks {
+            store: Store::Memory(MemoryTasks::new(bounds)),
+            metrics,
+        }
+    }
+
+    /// Tasks in the Redis of `opts`, shared with every replica that names it.
+    pub(super) fn shared(opts: SharedOptions, bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
+        Tasks {
+            store: Store::Shared(SharedTasks::new(opts, bounds)),
+            metrics,
+        }
+    }
+
+    /// The store's failure `e` in `op`, counted, as a JSON-RPC error.
+    fn unavailable(&self, op: &'static str, e: &Unavailable) -> RpcError {
+        self.metrics.store_failed(op);
+        RpcError::new(protocol::INTERNAL_ERROR, e.to_string())
+    }
+
     /// Creates a working task of `owner`, cancelled through `token`.
     pub(super) async fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, RpcError> {
-        let refused = |e: super::task_store::Refused| RpcError::new(protocol::RATE_LIMITED, e.to_string());
-        match self {
-            Tasks::Memory(m) => m.create(owner, token).map_err(refused),
-            Tasks::Shared(s) => s.create(owner, token, Duration::MAX).await.map_err(|e| match e {
+        let refused = |e: Refused| RpcError::new(protocol::RATE_LIMITED, e.to_string());
+        let t = match &self.store {
+            Store::Memory(m) => m.create(owner, token).map_err(refused)?,
+            Store::Shared(s) => s.create(owner, token, Duration::MAX).await.map_err(|e| match e {
                 NotCreated::Refused(r) => refused(r),
-                NotCreated::Unavailable(u) => unavailable(&u),
-            }),
-        }
+                NotCreated::Unavailable(u) => self.unavailable("create", &u),
+            })?,
+        };
+        self.metrics.created();
+        Ok(t)
     }
 
     /// The task `id` of `owner`; `None` for an unknown, expired or foreign id.
     pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, RpcError> {
-        match self {
-            Tasks::Memory(m) => Ok(m.get(owner, id)),
-            Tasks::Shared(s) => s.get(owner, id).await.map_err(|e| unavailable(&e)),
+        match &self.store {
+            Store::Memory(m) => Ok(m.get(owner, id)),
+            Store::Shared(s) => s.get(owner, id).await.map_err(|e| self.unavailable("get", &e)),
         }
     }
 
-    /// Records the end of a task (no effect on a task already ended).
+    /// Records the end of a task this replica ran (no effect on a task already ended).
     pub(super) async fn finish(&self, id: &str, status: Status) {
-        match self {
-            Tasks::Memory(m) => m.finish(id, status),
-            Tasks::Shared(s) => {
-                s.finish(id, status).await;
+        self.metrics.ended(match &status {
+            Status::Completed(r) if r.get("isError") == Some(&Value::Bool(true)) => "tool_error",
+            Status::Completed(_) => "completed",
+            _ => "failed",
+        });
+        match &self.store {
+            Store::Memory(m) => m.finish(id, status),
+            Store::Shared(s) => {
+                if !s.finish(id, status).await {
+                    self.metrics.store_failed("finish");
+                }
             }
         }
     }
 
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id.
     pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
-        match self {
-            Tasks::Memory(m) => Ok(m.cancel(owner, id)),
-            Tasks::Shared(s) => s.cancel(owner, id).await.map_err(|e| unavailable(&e)),
+        match &self.store {
+            Store::Memory(m) => Ok(m.cancel(owner, id)),
+            Store::Shared(s) => s
+                .cancel(owner, id)
+                .await
+                .map_err(|e| self.unavailable("cancel", &e)),
         }
     }
 
@@ -82,9 +121,9 @@ impl Tasks {
         asked: Map<String, Value>,
         used: Map<String, Value>,
     ) -> Option<oneshot::Receiver<Map<String, Value>>> {
-        match self {
-            Tasks::Memory(m) => m.park(id, asked, used),
-            Tasks::Shared(s) => s.park(id, asked, used).await,
+        match &self.store {
+            Store::Memory(m) => m.park(id, asked, used),
+            Store::Shared(s) => s.park(id, asked, used).await,
         }
     }
 
@@ -95,16 +134,31 @@ impl Tasks {
         id: &str,
         responses: Map<String, Value>,
     ) -> Result<(), UpdateError> {
-        match self {
-            Tasks::Memory(m) => m.update(owner, id, responses),
-            Tasks::Shared(s) => s.update(owner, id, responses).await,
+        let r = match &self.store {
+            Store::Memory(m) => m.update(owner, id, responses),
+            Store::Shared(s) => s.update(owner, id, responses).await,
+        };
+        if matches!(r, Err(UpdateError::Store(_))) {
+            self.metrics.store_failed("update");
         }
+        r
+    }
+
+    /// Counts a task's work as running on this replica while the guard is held.
+    pub(super) fn running(&self) -> crate::task_metrics::Running {
+        self.metrics.running()
+    }
+
+    /// Counts a task's work stopped before it ended (cancelled, expired, or its server
+    /// stopping).
+    pub(super) fn stopped(&self) {
+        self.metrics.ended("stopped");
     }
 
     /// Follows the shared store until `stop` (a task cancelled through another replica stops
     /// here); nothing to follow in memory.
     pub(super) async fn follow(&self, stop: CancellationToken) {
-        if let Tasks::Shared(s) = self {
+        if let Store::Shared(s) = &self.store {
             s.follow(stop).await;
         }
     }
@@ -115,7 +169,7 @@ impl Tasks {
     /// result after it.
     pub(super) async fn drain(&self, running: &TaskTracker, drain: Duration) {
         running.close();
-        let Tasks::Shared(s) = self else {
+        let Store::Shared(s) = &self.store else {
             return;
         };
         if running.is_empty() {

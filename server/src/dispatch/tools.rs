@@ -804,7 +804,16 @@ async fn start_task(
         holder: Holder::of(govern::who(&req.ctx)),
         call,
     };
-    server.running.spawn(run.run(answers, permits));
+    let running = server.tasks.running();
+    let stopped = run.token.clone();
+    let s = server.clone();
+    server.running.spawn(async move {
+        let _running = running;
+        run.run(answers, permits).await;
+        if stopped.is_cancelled() {
+            s.tasks.stopped();
+        }
+    });
     protocol::write_result(
         out,
         req.id,
