@@ -27,6 +27,10 @@ fn capabilities() -> Value {
     })
 }
 
+/// The revision whose core protocol has tasks: its `initialize` declares them and its
+/// `tools/list` tells each tool's `execution.taskSupport`.
+pub const CORE_TASKS_VERSION: &str = "2025-11-25";
+
 /// A served tool: its compiled form and its metric handles.
 #[derive(Debug)]
 pub struct Tool {
@@ -52,6 +56,9 @@ pub struct Snapshot {
     pub tools: Vec<Tool>,
     by_name: FxHashMap<Box<str>, usize>,
     tool_pages: Vec<Box<[u8]>>,
+    /// The pages of 2025-11-25's `tools/list` (each tool with its `execution.taskSupport`),
+    /// when some tool runs as a task (else the same as `tool_pages`).
+    core_tool_pages: Option<Vec<Box<[u8]>>>,
     /// Each tool's serialized `tools/list` entry, when some tool has `access` or policies
     /// (its list is then rendered per caller) or tool search is on (`find_tools` answers
     /// with them).
@@ -120,6 +127,7 @@ fn entries(tools: &[Tool]) -> Box<[Box<[u8]>]> {
 struct ToolLists {
     search: Option<Box<crate::search::Catalog>>,
     tool_pages: Vec<Box<[u8]>>,
+    core_tool_pages: Option<Vec<Box<[u8]>>>,
     per_caller: bool,
     tool_entries: Option<Box<[Box<[u8]>]>>,
 }
@@ -131,17 +139,24 @@ fn tool_lists(tools: &[Tool], cfg: &CompiledToolSet, tag: &str) -> ToolLists {
             s,
         ))
     });
-    let listed = tools
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
-        .map(|(_, t)| &t.def.descriptor);
-    let tool_pages = pages("tools", listed, cfg.page_size, tag);
+    let listed = || {
+        tools
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
+            .map(|(_, t)| t)
+    };
+    let tool_pages = pages("tools", listed().map(|t| &t.def.descriptor), cfg.page_size, tag);
+    let core_tool_pages = listed().any(|t| task_support(t.def.task).is_some()).then(|| {
+        let entries = listed().map(|t| WithExecution(&t.def.descriptor, task_support(t.def.task)));
+        pages("tools", entries, cfg.page_size, tag)
+    });
     let per_caller = guarded(tools);
     let tool_entries = (per_caller || search.is_some()).then(|| entries(tools));
     ToolLists {
         search,
         tool_pages,
+        core_tool_pages,
         per_caller,
         tool_entries,
     }
@@ -168,9 +183,15 @@ fn handshake(server: &ServerInfo) -> Handshake {
     let initialize = SUPPORTED_VERSIONS
         .iter()
         .map(|v| {
+            let mut caps = capabilities();
+            if *v == CORE_TASKS_VERSION {
+                // Tasks of the core protocol (2025-11-25 only): task-augmented tools/call,
+                // tasks/list and tasks/cancel (each leaf an object).
+                caps["tasks"] = json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}});
+            }
             let mut r = json!({
                 "protocolVersion": v,
-                "capabilities": capabilities(),
+                "capabilities": caps,
                 "serverInfo": info,
             });
             if let Some(i) = &server.instructions {
@@ -205,6 +226,8 @@ fn handshake(server: &ServerInfo) -> Handshake {
 pub enum ListKind {
     /// `tools/list`.
     Tools,
+    /// `tools/list` of 2025-11-25, with each tool's `execution.taskSupport`.
+    CoreTools,
     /// `resources/list`.
     Resources,
     /// `resources/templates/list`.
@@ -247,6 +270,7 @@ impl Snapshot {
         let ToolLists {
             search,
             tool_pages,
+            core_tool_pages,
             per_caller,
             tool_entries,
         } = tool_lists(&tools, &cfg, tag);
@@ -298,6 +322,7 @@ impl Snapshot {
             tools,
             by_name,
             tool_pages,
+            core_tool_pages,
             tool_entries,
             per_caller,
             search,
@@ -358,6 +383,7 @@ impl Snapshot {
     pub fn page(&self, kind: ListKind, cursor: Option<&str>) -> Option<&[u8]> {
         let pages = match kind {
             ListKind::Tools => &self.tool_pages,
+            ListKind::CoreTools => self.core_tool_pages.as_ref().unwrap_or(&self.tool_pages),
             ListKind::Resources => &self.resource_pages,
             ListKind::ResourceTemplates => &self.template_pages,
             ListKind::Prompts => &self.prompt_pages,
@@ -388,14 +414,44 @@ fn cursor_tag(hash: &str, upstream_digest: u64) -> String {
     format!("{:08x}", h.finish() as u32)
 }
 
-fn pages<'a>(
+/// The `execution.taskSupport` 2025-11-25 lists for a tool's `task` setting (`None`:
+/// absent, which means `forbidden`).
+pub fn task_support(task: crate::config::TaskSupport) -> Option<&'static str> {
+    match task {
+        crate::config::TaskSupport::Forbidden => None,
+        crate::config::TaskSupport::Optional => Some("optional"),
+        crate::config::TaskSupport::Required => Some("required"),
+    }
+}
+
+/// A tool's descriptor with `execution: {taskSupport}` after its own fields.
+struct WithExecution<'a>(&'a Value, Option<&'static str>);
+
+impl serde::Serialize for WithExecution<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (Value::Object(fields), Some(support)) = (self.0, self.1) else {
+            return self.0.serialize(s);
+        };
+        let mut m = s.serialize_map(Some(fields.len() + 1))?;
+        for (k, v) in fields {
+            if k != "execution" {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.serialize_entry("execution", &json!({"taskSupport": support}))?;
+        m.end()
+    }
+}
+
+fn pages<T: serde::Serialize>(
     key: &str,
-    items: impl Iterator<Item = &'a Value>,
+    items: impl Iterator<Item = T>,
     page_size: usize,
     tag: &str,
 ) -> Vec<Box<[u8]>> {
-    let items: Vec<&Value> = items.collect();
-    let chunks: Vec<&[&Value]> = if items.is_empty() {
+    let items: Vec<T> = items.collect();
+    let chunks: Vec<&[T]> = if items.is_empty() {
         vec![&[]]
     } else {
         items.chunks(page_size).collect()

@@ -27,6 +27,7 @@ mod sessions;
 mod table;
 mod task_store;
 mod tasks;
+mod tasks_core;
 mod tools;
 mod traced;
 mod visible;
@@ -254,6 +255,10 @@ impl Server {
                     ..
                 }) => answer(self, &req, &mut out),
                 Some(Method {
+                    handler: Handler::Later(answer),
+                    ..
+                }) => answer(self, &req, &mut out).await,
+                Some(Method {
                     handler: Handler::ToolCall,
                     ..
                 }) => match tools::call(self, &req, &mut out, pending.as_mut().map(|p| &mut p.trail)).await {
@@ -332,5 +337,7 @@ fn not_found(method: &str, entry: Option<&Method>, meta: Option<crate::modern::M
     }
 }
 
+#[cfg(test)]
+mod tasks_core_tests;
 #[cfg(test)]
 mod tests;

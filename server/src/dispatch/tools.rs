@@ -40,6 +40,9 @@ struct CallParams<'a> {
     arguments: Option<Value>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<CallMeta<'a>>,
+    /// 2025-11-25: the call asks to run as a task (`{ttl?}`).
+    #[serde(borrow, default)]
+    task: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -57,11 +60,22 @@ struct CursorParams<'a> {
 
 /// `tools/list`.
 pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov) {
+    // 2025-11-25 lists each tool's `execution.taskSupport`.
+    let core = super::tasks_core::in_force(s, req);
+    if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov, core) {
         protocol::write_result(out, req.id, &page?);
         return Ok(Done::Written);
     }
-    page(s, ListKind::Tools, req, out)
+    page(
+        s,
+        if core {
+            ListKind::CoreTools
+        } else {
+            ListKind::Tools
+        },
+        req,
+        out,
+    )
 }
 
 /// A page of a list (tools, resources, resource templates, prompts).
@@ -113,7 +127,7 @@ pub(super) async fn call(
     // nothing from it.
     allowed(server, tool, req)?;
     super::visible::permitted(server, tool, req, &args)?;
-    super::tasks::required(server, tool, req)?;
+    let core_task = super::tasks_core::asked(server, tool, req, p.task)?;
     // No limits: one branch (in `admit`).
     let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
     let start = Instant::now();
@@ -149,6 +163,9 @@ pub(super) async fn call(
     // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and make the
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
+    if let Some(ttl) = core_task {
+        return super::tasks_core::start(server, req, snap, index, args, permits, ttl, out).map(|()| None);
+    }
     if super::tasks::wanted(&snap.tools[index]) && super::tasks::negotiated(server, req) {
         return start_task(server, req, snap, index, args, permits, out).map(|()| None);
     }
