@@ -234,6 +234,13 @@ pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<D
     if !in_force(s, req) {
         return Err(absent("tasks/list"));
     }
+    if owner(req).is_empty() {
+        // Tasks of callers with neither a session nor credentials are not told apart.
+        return Err(RpcError::new(
+            protocol::INVALID_REQUEST,
+            "tasks/list needs a session (initialize first) or an authenticated caller",
+        ));
+    }
     let cursor = match req.params {
         Some(_) => parse_params::<ListParams<'_>>(req.params)?.cursor,
         None => None,
