@@ -63,21 +63,21 @@ pub(super) fn asked(
     req: &Request<'_>,
     task: Option<&RawValue>,
 ) -> Result<Option<Duration>, RpcError> {
-    if !in_force(s, req) {
+    // The common call (no task asked, a tool that does not insist) decides nothing here:
+    // whether the client declared the extension is only looked up when it matters.
+    let plain = task.is_none() && tool.def.task != TaskSupport::Required;
+    if plain || !in_force(s, req) {
         super::tasks::required(s, tool, req)?;
         return Ok(None);
     }
     let Some(task) = task else {
-        if tool.def.task == TaskSupport::Required {
-            return Err(RpcError::new(
-                protocol::METHOD_NOT_FOUND,
-                format!(
-                    "Task augmentation required for tools/call requests: tool {} runs only as a task (send params.task)",
-                    tool.def.name
-                ),
-            ));
-        }
-        return Ok(None);
+        return Err(RpcError::new(
+            protocol::METHOD_NOT_FOUND,
+            format!(
+                "Task augmentation required for tools/call requests: tool {} runs only as a task (send params.task)",
+                tool.def.name
+            ),
+        ));
     };
     if tool.def.task == TaskSupport::Forbidden {
         return Err(RpcError::new(
