@@ -25,6 +25,7 @@ mod rounds;
 mod server;
 mod sessions;
 mod table;
+mod task_polls;
 mod task_store;
 mod tasks;
 mod tasks_core;

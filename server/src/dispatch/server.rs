@@ -118,6 +118,8 @@ pub struct Server {
     pub audit: Option<Arc<crate::audit::AuditLog>>,
     /// Tasks of the `io.modelcontextprotocol/tasks` extension.
     pub(super) tasks: Box<dyn super::task_store::TaskStore>,
+    /// How often each caller may ask about its tasks.
+    pub(super) polls: super::task_polls::Polls,
 }
 
 impl Server {
@@ -144,6 +146,7 @@ impl Server {
             tasks: Box::new(super::task_store::MemoryTasks::new(
                 super::task_store::TaskBounds::default(),
             )),
+            polls: super::task_polls::Polls::default(),
             metrics,
         })
     }

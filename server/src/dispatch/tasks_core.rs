@@ -193,8 +193,30 @@ fn task_of(s: &Server, req: &Request<'_>) -> Result<TaskView, RpcError> {
     s.tasks.get(owner(req), &p.task_id).ok_or_else(not_found)
 }
 
+/// Refuses a task request over the caller's budget (`-32004`, with when to retry). Callers
+/// with neither a session nor credentials are not told apart, so they are not paced here
+/// (the server's rate limits still apply to them).
+fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
+    let who = owner(req);
+    if who.is_empty() {
+        return Ok(());
+    }
+    s.polls.take(who).map_err(|wait| {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        RpcError::new(
+            protocol::RATE_LIMITED,
+            format!(
+                "Rate limited: more than {} task requests a second from this caller; retry after {ms} ms (poll at the task's pollInterval)",
+                super::task_polls::RATE
+            ),
+        )
+        .with_data(json!({"retryAfterMs": ms, "retryAfter": ms.div_ceil(1000)}))
+    })
+}
+
 /// `tasks/get`: the task (flat) in this wire, else the extension's answer.
 pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    paced(s, req)?;
     if !in_force(s, req) {
         return super::tasks::get(s, req, out);
     }
@@ -205,6 +227,7 @@ pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Do
 /// `tasks/cancel`: the cancelled task (flat) in this wire, `-32602` for one already ended;
 /// else the extension's answer.
 pub(super) fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+    paced(s, req)?;
     if !in_force(s, req) {
         return super::tasks::cancel(s, req, out);
     }
@@ -234,6 +257,7 @@ pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<D
     if !in_force(s, req) {
         return Err(absent("tasks/list"));
     }
+    paced(s, req)?;
     if owner(req).is_empty() {
         // Tasks of callers with neither a session nor credentials are not told apart.
         return Err(RpcError::new(
@@ -282,6 +306,7 @@ pub(super) fn result<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut 
         if !in_force(s, req) {
             return Err(absent("tasks/result"));
         }
+        paced(s, req)?;
         let p: TaskParams<'_> = parse_params(req.params)?;
         let who = owner(req);
         let finished = s.tasks.finished(who, &p.task_id).ok_or_else(not_found)?;

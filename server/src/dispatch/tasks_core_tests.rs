@@ -451,3 +451,28 @@ async fn a_client_with_the_extension_keeps_the_extension_wire() {
     let v = rpc(&s, ctx, "tasks/list", json!({})).await;
     assert_eq!(code(&v), -32601, "{v}");
 }
+
+#[tokio::test]
+async fn a_caller_polling_in_a_tight_loop_is_told_when_to_retry() {
+    let s = server();
+    let id = create(&s, at(ALICE), "nap", json!({})).await;
+    let mut limited = None;
+    for _ in 0..200 {
+        let v = rpc(&s, at(ALICE), "tasks/get", json!({"taskId": id})).await;
+        if v.get("error").is_some() {
+            limited = Some(v);
+            break;
+        }
+    }
+    let v = limited.unwrap_or_else(|| panic!("200 polls at once were never limited"));
+    assert_eq!(code(&v), i64::from(crate::protocol::RATE_LIMITED), "{v}");
+    let ms = v["error"]["data"]["retryAfterMs"].as_u64().unwrap_or(0);
+    assert!((1..=1000).contains(&ms), "{v}");
+    assert_eq!(v["error"]["data"]["retryAfter"], 1);
+    // Another caller is not held back by it, and after the wait told the caller is served.
+    let other = rpc(&s, at(BOB), "tasks/list", json!({})).await;
+    assert!(other.get("result").is_some(), "{other}");
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    let v = rpc(&s, at(ALICE), "tasks/cancel", json!({"taskId": id})).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+}
