@@ -136,7 +136,12 @@ pub(super) fn start(
         let o = tokio::select! {
             o = s.exec.run(&snap, index, args, 0, &cx) => o,
             () = token.cancelled() => return,
-            () = tokio::time::sleep(ttl) => return,
+            () = tokio::time::sleep(ttl) => {
+                // Forgotten now: this wakes whoever waits on its end (to find it gone).
+                let why = "the task's TTL ended before its call did";
+                s.tasks.finish(&id, Status::Failed(i64::from(protocol::INTERNAL_ERROR), why.into()));
+                return;
+            }
         };
         drop(permits);
         s.tasks.finish(&id, concluded(&snap, index, o, start));

@@ -476,3 +476,19 @@ async fn a_caller_polling_in_a_tight_loop_is_told_when_to_retry() {
     let v = rpc(&s, at(ALICE), "tasks/cancel", json!({"taskId": id})).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
 }
+
+#[tokio::test]
+async fn a_wait_ends_when_the_task_s_ttl_does() {
+    let s = server().with_task_bounds(super::task_store::TaskBounds {
+        ttl: Duration::from_millis(300),
+        ..super::task_store::TaskBounds::default()
+    });
+    let id = create(&s, at(ALICE), "nap", json!({})).await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        rpc(&s, at(ALICE), "tasks/result", json!({"taskId": id})),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("tasks/result outlived the task's TTL"));
+    assert_eq!(code(&r), -32602, "{r}");
+}
