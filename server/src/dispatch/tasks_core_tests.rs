@@ -492,3 +492,41 @@ async fn a_wait_ends_when_the_task_s_ttl_does() {
     .unwrap_or_else(|_| panic!("tasks/result outlived the task's TTL"));
     assert_eq!(code(&r), -32602, "{r}");
 }
+
+#[tokio::test]
+async fn every_page_of_the_2025_11_25_list_carries_task_support() {
+    let s = served(
+        &format!("server: {{name: t, pageSize: 2}}{CONFIG}"),
+        Limits::default(),
+    );
+    let mut seen: Vec<(String, Value)> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let params = cursor.as_ref().map_or(json!({}), |c| json!({"cursor": c}));
+        let v = rpc(&s, at(ALICE), "tools/list", params).await;
+        let page = support(&v);
+        assert!(page.len() <= 2, "{v}");
+        seen.extend(page);
+        cursor = v["result"]["nextCursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["echo", "nap", "fails", "job", "quick", "hello"]);
+    let support: Vec<Value> = seen.into_iter().map(|(_, e)| e).collect();
+    let optional = json!({"taskSupport": "optional"});
+    assert_eq!(
+        support,
+        [
+            optional.clone(),
+            optional.clone(),
+            optional,
+            json!({"taskSupport": "required"}),
+            Value::Null,
+            Value::Null
+        ]
+    );
+    let v = rpc(&s, at(ALICE), "tools/list", json!({"cursor": "nope-1"})).await;
+    assert_eq!(code(&v), -32602, "{v}");
+}

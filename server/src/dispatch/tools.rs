@@ -66,16 +66,24 @@ pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<D
         protocol::write_result(out, req.id, &page?);
         return Ok(Done::Written);
     }
-    page(
-        s,
-        if core {
-            ListKind::CoreTools
-        } else {
-            ListKind::Tools
-        },
-        req,
-        out,
-    )
+    if !core {
+        return page(s, ListKind::Tools, req, out);
+    }
+    let cursor = match req.params {
+        Some(_) => parse_params::<CursorParams<'_>>(req.params)?.cursor,
+        None => None,
+    };
+    let mut result = Vec::new();
+    s.registry
+        .load()
+        .write_core_tools_page(cursor.as_deref(), &mut result)
+        .ok_or_else(|| {
+            RpcError::invalid_params(
+                "Invalid cursor: not issued by the current list (it may have changed; list again without a cursor)",
+            )
+        })?;
+    protocol::write_result(out, req.id, &result);
+    Ok(Done::Written)
 }
 
 /// A page of a list (tools, resources, resource templates, prompts).
