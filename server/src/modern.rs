@@ -101,6 +101,7 @@ pub fn client_caps(raw: Option<&RawValue>) -> ClientCaps {
         elicitation: c.elicitation,
         roots: c.roots,
         tasks: c.extensions.is_some_and(|e| e.tasks),
+        core_tasks: false,
     }
 }
 

@@ -41,9 +41,17 @@ pub(super) const LIST_PAGE: usize = 50;
 /// The `_meta` key tying a message to its task.
 const RELATED: &str = "io.modelcontextprotocol/related-task";
 
-/// Whether the request is read with this wire (see the module's documentation).
+/// Whether the request is read with this wire (see the module's documentation): by what
+/// its session negotiated when this server saw its `initialize` (over stdio the transport
+/// names no revision per message), else by the revision the request names.
 pub(super) fn in_force(s: &Server, req: &Request<'_>) -> bool {
-    req.meta.is_none() && req.ctx.version == REVISION && !super::tasks::negotiated(s, req)
+    if req.meta.is_some() || req.ctx.version != REVISION {
+        return false;
+    }
+    match s.sessions.caps(req.ctx.session) {
+        Some(c) => c.core_tasks && !c.tasks,
+        None => !super::tasks::negotiated(s, req),
+    }
 }
 
 #[derive(Deserialize)]

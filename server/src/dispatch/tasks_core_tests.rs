@@ -530,3 +530,27 @@ async fn every_page_of_the_2025_11_25_list_carries_task_support() {
     let v = rpc(&s, at(ALICE), "tools/list", json!({"cursor": "nope-1"})).await;
     assert_eq!(code(&v), -32602, "{v}");
 }
+
+#[tokio::test]
+async fn a_session_that_negotiated_an_older_revision_has_no_core_tasks() {
+    // Over stdio every message is read at the newest handshake revision: the session's
+    // `initialize` decides.
+    let s = server();
+    let ctx = at("older-session");
+    for (session, version) in [("older-session", "2025-06-18"), ("newer-session", "2025-11-25")] {
+        let params = json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}).to_string();
+        assert!(matches!(
+            s.handle(body.as_bytes(), at(session), false).await,
+            Outcome::Reply(_)
+        ));
+    }
+    let v = rpc(&s, ctx, "tools/list", json!({})).await;
+    assert!(support(&v).iter().all(|(_, e)| e.is_null()), "{v}");
+    let v = rpc(&s, ctx, "tools/call", json!({"name": "job", "arguments": {}})).await;
+    assert_eq!(code(&v), i64::from(crate::protocol::MISSING_CAPABILITY), "{v}");
+    let v = rpc(&s, ctx, "tasks/list", json!({})).await;
+    assert_eq!(code(&v), -32601, "{v}");
+    let v = rpc(&s, at("newer-session"), "tasks/list", json!({})).await;
+    assert_eq!(v["result"]["tasks"], json!([]), "{v}");
+}
