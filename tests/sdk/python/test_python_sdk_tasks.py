@@ -15,7 +15,7 @@ from pathlib import Path
 import mcp_types as types
 import pytest
 from conftest import BIN, start_server, stop, wait_until
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 CONFIG = """server: {name: sdk-tasks}
@@ -196,5 +196,29 @@ def test_required_and_forbidden_tools_and_a_failing_tool(tasks_server):
             res = await result(c, failing.task.task_id)
             assert res.is_error is True
             assert res.meta[RELATED]["taskId"] == failing.task.task_id
+
+    asyncio.run(run())
+
+
+def test_over_stdio_a_waiting_result_does_not_hold_up_the_session(tmp_path):
+    config = tmp_path / "tools.yaml"
+    config.write_text(CONFIG)
+    params = StdioServerParameters(
+        command=str(BIN), args=["--stdio", "--config", f"file:{config}", "--admin-listen", "127.0.0.1:0"]
+    )
+
+    async def run():
+        async with Client(params, mode="legacy") as c:
+            assert c.server_capabilities.tasks is not None
+            tid = (await call_as_task(c, "nap", {})).task.task_id
+            waiting = asyncio.create_task(result(c, tid))
+            # While tasks/result waits, the same session is served: another task runs to its
+            # end and this one is cancelled, which ends the wait.
+            quick = await call_as_task(c, "slow", {"secs": "0"})
+            assert (await result(c, quick.task.task_id)).content[0].text.strip() == "slept 0"
+            assert (await cancel(c, tid)).status == "cancelled"
+            with pytest.raises(MCPError) as e:
+                await asyncio.wait_for(waiting, 10)
+            assert e.value.error.code == -32602
 
     asyncio.run(run())
