@@ -158,6 +158,29 @@ pub(super) fn start(
     Ok(())
 }
 
+/// Turns the answer in `out` (a `tools/call` response refusing the arguments, a tool error)
+/// into the `CreateTaskResult` of a task that has already ended with it: a client that
+/// asked for a task finds the call's outcome where it looks for it, with `tasks/result`.
+pub(super) fn ended(
+    server: &Server,
+    req: &Request<'_>,
+    ttl: Duration,
+    out: &mut Vec<u8>,
+) -> Result<(), RpcError> {
+    let answer = std::mem::take(out);
+    let result = serde_json::from_slice::<Value>(&answer)
+        .ok()
+        .and_then(|mut v| v.get_mut("result").map(Value::take))
+        .ok_or_else(|| RpcError::new(protocol::INTERNAL_ERROR, "the call's answer could not be read"))?;
+    let task = server
+        .tasks
+        .create_for(owner(req), CancellationToken::new(), ttl)
+        .map_err(|e| RpcError::new(protocol::RATE_LIMITED, e.to_string()))?;
+    server.tasks.finish(&task.id, Status::Completed(result));
+    write(req, &json!({"task": task.core()}), out);
+    Ok(())
+}
+
 /// The end of a task's call: its result checked against the tool's output schema, and its
 /// duration recorded by outcome (as a call without a task).
 fn concluded(snap: &Snapshot, index: usize, o: crate::handlers::ToolOutput, start: Instant) -> Status {

@@ -554,3 +554,23 @@ async fn a_session_that_negotiated_an_older_revision_has_no_core_tasks() {
     let v = rpc(&s, at("newer-session"), "tasks/list", json!({})).await;
     assert_eq!(v["result"]["tasks"], json!([]), "{v}");
 }
+
+#[tokio::test]
+async fn refused_arguments_of_a_task_call_are_the_outcome_of_a_task() {
+    let s = served(
+        "tools:\n  - {name: typed, input: {n: integer}, handler: {exec: {command: [/bin/echo, ok]}}}\n",
+        Limits::default(),
+    );
+    let id = create(&s, at(ALICE), "typed", json!({})).await;
+    let r = rpc(&s, at(ALICE), "tasks/result", json!({"taskId": id})).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Invalid arguments"),
+        "{r}"
+    );
+    let got = rpc(&s, at(ALICE), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+}

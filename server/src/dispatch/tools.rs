@@ -143,6 +143,9 @@ pub(super) async fn call(
     tool.def.input.validate(&args, &mut problems);
     if !problems.is_empty() {
         invalid(tool, &problems, req.id, start, out);
+        if let Some(ttl) = core_task {
+            super::tasks_core::ended(server, req, ttl, out)?;
+        }
         if let Some(t) = trail {
             t.outcome = Some("invalid_arguments");
         }
