@@ -134,6 +134,7 @@ pub(super) fn start(
         .as_ref()
         .is_some_and(|p| !p.steps.is_empty());
     let caller = guarded.then(|| req.ctx.caller.cloned()).flatten();
+    let (session, who): (Box<str>, Box<str>) = (req.ctx.session.into(), owner(req).into());
     tokio::spawn(async move {
         let start = Instant::now();
         let cx = CallCtx {
@@ -153,9 +154,27 @@ pub(super) fn start(
         };
         drop(permits);
         s.tasks.finish(&id, concluded(&snap, index, o, start));
+        told(&s, &session, &who, &id);
     });
     write(req, &json!({"task": task.core()}), out);
     Ok(())
+}
+
+/// Sends `notifications/tasks/status` (the task as `tasks/get` answers it) to the streams
+/// of the session that created the task, if it has one. Clients may not rely on it.
+fn told(s: &Server, session: &str, owner: &str, id: &str) {
+    if session.is_empty() {
+        return;
+    }
+    let Some(t) = s.tasks.get(owner, id) else {
+        return;
+    };
+    let message = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t.core()});
+    let _ = s.events.send(Arc::new(super::server::Event {
+        session: Some(session.into()),
+        message: message.to_string().into(),
+        kind: super::server::EventKind::Other,
+    }));
 }
 
 /// Turns the answer in `out` (a `tools/call` response refusing the arguments, a tool error)

@@ -574,3 +574,20 @@ async fn refused_arguments_of_a_task_call_are_the_outcome_of_a_task() {
     let got = rpc(&s, at(ALICE), "tasks/get", json!({"taskId": id})).await;
     assert_eq!(got["result"]["status"], "failed", "{got}");
 }
+
+#[tokio::test]
+async fn the_creating_session_is_told_when_its_task_ends() {
+    let s = server();
+    let mut events = s.subscribe();
+    let id = create(&s, at(ALICE), "echo", json!({})).await;
+    let e = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no notification"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(e.is_for(ALICE) && !e.is_for(BOB));
+    let n: Value = serde_json::from_str(&e.message).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(n["method"], "notifications/tasks/status");
+    assert_eq!(n["params"]["taskId"], id.as_str());
+    assert_eq!(n["params"]["status"], "completed");
+    assert!(n["params"].get("_meta").is_none());
+}
