@@ -234,14 +234,15 @@ pub struct ServeArgs {
     /// finished by then are dropped. Keep it below the pod's terminationGracePeriodSeconds.
     #[arg(long, env = "QUIVER_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
     shutdown_grace: Duration,
-    /// Tasks (of clients that declared the tasks extension) one caller may hold at once.
+    /// Tasks (of clients that declared the tasks extension, or asked for them in protocol
+    /// 2025-11-25) one caller may hold at once.
     #[arg(long, env = "QUIVER_TASKS_PER_CALLER", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     tasks_per_caller: u32,
     /// Tasks all callers together may hold at once.
     #[arg(long, env = "QUIVER_TASKS_MAX", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     tasks_max: u32,
     /// How long a task and its result are kept after it was created (a task still running
-    /// then is stopped).
+    /// then is stopped); a 2025-11-25 client may ask for less.
     #[arg(long, env = "QUIVER_TASKS_TTL", default_value = "10m", value_parser = duration)]
     tasks_ttl: Duration,
     /// The largest result a task keeps, in bytes; a larger one fails the task (-32603). Also

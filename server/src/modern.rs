@@ -34,12 +34,14 @@ pub const STATE_TTL: Duration = Duration::from_secs(600);
 /// Longest `requestState` accepted, in characters.
 pub const MAX_STATE_LEN: usize = 256 << 10;
 /// Methods of the handshake era that this revision removed: over HTTP they are 404.
-pub const REMOVED_METHODS: [&str; 5] = [
+pub const REMOVED_METHODS: [&str; 7] = [
     "initialize",
     "ping",
     "logging/setLevel",
     "resources/subscribe",
     "resources/unsubscribe",
+    "tasks/result",
+    "tasks/list",
 ];
 
 #[derive(Deserialize)]
@@ -99,6 +101,7 @@ pub fn client_caps(raw: Option<&RawValue>) -> ClientCaps {
         elicitation: c.elicitation,
         roots: c.roots,
         tasks: c.extensions.is_some_and(|e| e.tasks),
+        core_tasks: false,
     }
 }
 

@@ -27,6 +27,10 @@ fn capabilities() -> Value {
     })
 }
 
+/// The revision whose core protocol has tasks: its `initialize` declares them and its
+/// `tools/list` tells each tool's `execution.taskSupport`.
+pub const CORE_TASKS_VERSION: &str = "2025-11-25";
+
 /// A served tool: its compiled form and its metric handles.
 #[derive(Debug)]
 pub struct Tool {
@@ -52,6 +56,10 @@ pub struct Snapshot {
     pub tools: Vec<Tool>,
     by_name: FxHashMap<Box<str>, usize>,
     tool_pages: Vec<Box<[u8]>>,
+    /// Per page of `tool_pages`, where 2025-11-25's `tools/list` adds a tool's
+    /// `execution.taskSupport`: the offset of the tool's closing brace, and the value (only
+    /// tools that may run as tasks; a few bytes each instead of a second copy of the pages).
+    task_marks: Vec<Box<[(u32, &'static str)]>>,
     /// Each tool's serialized `tools/list` entry, when some tool has `access` or policies
     /// (its list is then rendered per caller) or tool search is on (`find_tools` answers
     /// with them).
@@ -120,6 +128,7 @@ fn entries(tools: &[Tool]) -> Box<[Box<[u8]>]> {
 struct ToolLists {
     search: Option<Box<crate::search::Catalog>>,
     tool_pages: Vec<Box<[u8]>>,
+    task_marks: Vec<Box<[(u32, &'static str)]>>,
     per_caller: bool,
     tool_entries: Option<Box<[Box<[u8]>]>>,
 }
@@ -131,17 +140,31 @@ fn tool_lists(tools: &[Tool], cfg: &CompiledToolSet, tag: &str) -> ToolLists {
             s,
         ))
     });
-    let listed = tools
+    let listed = || {
+        tools
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
+            .map(|(_, t)| t)
+    };
+    let (tool_pages, ends) =
+        pages_with_ends("tools", listed().map(|t| &t.def.descriptor), cfg.page_size, tag);
+    let mut supports = listed().map(|t| task_support(t.def.task));
+    let task_marks = ends
         .iter()
-        .enumerate()
-        .filter(|(i, _)| search.as_ref().is_none_or(|c| c.listed(*i)))
-        .map(|(_, t)| &t.def.descriptor);
-    let tool_pages = pages("tools", listed, cfg.page_size, tag);
+        .map(|page| {
+            page.iter()
+                .zip(supports.by_ref())
+                .filter_map(|(&end, support)| Some((end, support?)))
+                .collect()
+        })
+        .collect();
     let per_caller = guarded(tools);
     let tool_entries = (per_caller || search.is_some()).then(|| entries(tools));
     ToolLists {
         search,
         tool_pages,
+        task_marks,
         per_caller,
         tool_entries,
     }
@@ -168,9 +191,15 @@ fn handshake(server: &ServerInfo) -> Handshake {
     let initialize = SUPPORTED_VERSIONS
         .iter()
         .map(|v| {
+            let mut caps = capabilities();
+            if *v == CORE_TASKS_VERSION {
+                // Tasks of the core protocol (2025-11-25 only): task-augmented tools/call,
+                // tasks/list and tasks/cancel (each leaf an object).
+                caps["tasks"] = json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}});
+            }
             let mut r = json!({
                 "protocolVersion": v,
-                "capabilities": capabilities(),
+                "capabilities": caps,
                 "serverInfo": info,
             });
             if let Some(i) = &server.instructions {
@@ -247,6 +276,7 @@ impl Snapshot {
         let ToolLists {
             search,
             tool_pages,
+            task_marks,
             per_caller,
             tool_entries,
         } = tool_lists(&tools, &cfg, tag);
@@ -298,6 +328,7 @@ impl Snapshot {
             tools,
             by_name,
             tool_pages,
+            task_marks,
             tool_entries,
             per_caller,
             search,
@@ -362,17 +393,40 @@ impl Snapshot {
             ListKind::ResourceTemplates => &self.template_pages,
             ListKind::Prompts => &self.prompt_pages,
         };
-        let index = match cursor {
-            None => 0,
+        pages.get(self.page_index(cursor)?).map(|p| &**p)
+    }
+
+    fn page_index(&self, cursor: Option<&str>) -> Option<usize> {
+        match cursor {
+            None => Some(0),
             Some(c) => {
                 let (tag, n) = c.split_once('-')?;
                 if tag != self.cursor_tag {
                     return None;
                 }
-                n.parse().ok()?
+                n.parse().ok()
             }
-        };
-        pages.get(index).map(|p| &**p)
+        }
+    }
+
+    /// Writes the `tools/list` page for `cursor` as 2025-11-25 lists it: each tool that may
+    /// run as a task with its `execution.taskSupport`. `None` for a cursor this snapshot did
+    /// not issue.
+    pub fn write_core_tools_page(&self, cursor: Option<&str>, out: &mut Vec<u8>) -> Option<()> {
+        let index = self.page_index(cursor)?;
+        let page = self.tool_pages.get(index)?;
+        out.reserve(page.len() + 40 * self.task_marks.get(index).map_or(0, |m| m.len()));
+        let mut from = 0;
+        for &(end, support) in self.task_marks.get(index).map_or(&[][..], |m| m) {
+            let end = (end as usize).min(page.len());
+            out.extend_from_slice(&page[from..end]);
+            out.extend_from_slice(b",\"execution\":{\"taskSupport\":\"");
+            out.extend_from_slice(support.as_bytes());
+            out.extend_from_slice(b"\"}");
+            from = end;
+        }
+        out.extend_from_slice(&page[from..]);
+        Some(())
     }
 }
 
@@ -388,12 +442,33 @@ fn cursor_tag(hash: &str, upstream_digest: u64) -> String {
     format!("{:08x}", h.finish() as u32)
 }
 
+/// The `execution.taskSupport` 2025-11-25 lists for a tool's `task` setting (`None`:
+/// absent, which means `forbidden`).
+pub fn task_support(task: crate::config::TaskSupport) -> Option<&'static str> {
+    match task {
+        crate::config::TaskSupport::Forbidden => None,
+        crate::config::TaskSupport::Optional => Some("optional"),
+        crate::config::TaskSupport::Required => Some("required"),
+    }
+}
+
 fn pages<'a>(
     key: &str,
     items: impl Iterator<Item = &'a Value>,
     page_size: usize,
     tag: &str,
 ) -> Vec<Box<[u8]>> {
+    pages_with_ends(key, items, page_size, tag).0
+}
+
+/// The pages of a list, and per page where each item ends (the offset of its last byte,
+/// its closing brace).
+fn pages_with_ends<'a>(
+    key: &str,
+    items: impl Iterator<Item = &'a Value>,
+    page_size: usize,
+    tag: &str,
+) -> (Vec<Box<[u8]>>, Vec<Vec<u32>>) {
     let items: Vec<&Value> = items.collect();
     let chunks: Vec<&[&Value]> = if items.is_empty() {
         vec![&[]]
@@ -407,18 +482,26 @@ fn pages<'a>(
         .map(|(i, chunk)| {
             // Written straight out: building a `Value` first would deep-copy every descriptor.
             let mut page = Vec::with_capacity(128 * chunk.len() + 64);
+            let mut ends = Vec::with_capacity(chunk.len());
             page.extend_from_slice(b"{\"");
             page.extend_from_slice(key.as_bytes());
-            page.extend_from_slice(b"\":");
-            serde_json::to_writer(&mut page, chunk).unwrap_or_default();
+            page.extend_from_slice(b"\":[");
+            for (k, item) in chunk.iter().enumerate() {
+                if k > 0 {
+                    page.push(b',');
+                }
+                serde_json::to_writer(&mut page, item).unwrap_or_default();
+                ends.push(u32::try_from(page.len() - 1).unwrap_or(u32::MAX));
+            }
+            page.push(b']');
             if i + 1 < n {
                 page.extend_from_slice(b",\"nextCursor\":");
                 serde_json::to_writer(&mut page, &format!("{tag}-{}", i + 1)).unwrap_or_default();
             }
             page.push(b'}');
-            page.into_boxed_slice()
+            (page.into_boxed_slice(), ends)
         })
-        .collect()
+        .unzip()
 }
 
 /// What the last reload attempt did, for `/status`.

@@ -45,6 +45,9 @@ pub struct ClientCaps {
     /// `capabilities.extensions["io.modelcontextprotocol/tasks"]`: it polls tasks, so a
     /// tool that opted in may answer it with a task.
     pub tasks: bool,
+    /// It negotiated protocol 2025-11-25, whose core has tasks (`params.task`, `tasks/list`,
+    /// `tasks/result`).
+    pub core_tasks: bool,
 }
 
 #[derive(Debug, Default)]
@@ -412,6 +415,7 @@ mod tests {
                 elicitation: false,
                 roots: false,
                 tasks: false,
+                core_tasks: false,
             },
         );
         assert_eq!(s.caps("a").map(|c| c.sampling), Some(true));

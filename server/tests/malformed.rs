@@ -1156,3 +1156,65 @@ async fn hostile_openapi_documents_are_refused_and_the_serving_tools_stay() {
     );
     assert!(serves_list_items());
 }
+
+#[tokio::test]
+async fn core_task_methods_refuse_forged_ids_bad_cursors_and_hostile_params() {
+    use serde_json::json;
+    let s = served(64, Duration::from_secs(5)).await;
+    let in_session = &format!(
+        "MCP-Protocol-Version: 2025-11-25\r\nMcp-Session-Id: {}\r\n",
+        net::sid("s-tasks")
+    );
+    let rpc = |method: &str, params: serde_json::Value| {
+        json!({"jsonrpc": "2.0", "id": 5, "method": method, "params": params}).to_string()
+    };
+    let huge = "f".repeat(100_000);
+    for method in ["tasks/get", "tasks/cancel", "tasks/result"] {
+        for id in [
+            json!("0".repeat(32)),
+            json!(huge),
+            json!(5),
+            json!(null),
+            json!({"a": 1}),
+            json!("\u{0}"),
+        ] {
+            let r = post_with(s.mcp, rpc(method, json!({"taskId": id})).as_bytes(), in_session).await;
+            assert_eq!(r.code(), (200, Some(-32602)), "{method}");
+            assert_eq!(r.json()["id"], 5);
+        }
+        let r = post_with(s.mcp, rpc(method, json!([huge])).as_bytes(), in_session).await;
+        assert_eq!(r.code(), (200, Some(-32602)), "{method}");
+    }
+    for cursor in [
+        json!("x"),
+        json!("tasks-18446744073709551615"),
+        json!("tasks-1e3"),
+        json!(huge),
+        json!(7),
+    ] {
+        let r = post_with(
+            s.mcp,
+            rpc("tasks/list", json!({"cursor": cursor})).as_bytes(),
+            in_session,
+        )
+        .await;
+        assert_eq!(r.code(), (200, Some(-32602)), "{cursor}");
+    }
+    let r = post_with(s.mcp, rpc("tasks/list", json!({})).as_bytes(), in_session).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"]["tasks"], json!([]));
+    // Without a session nor credentials, callers are not told apart: no list.
+    let sessionless = "MCP-Protocol-Version: 2025-11-25\r\n";
+    let r = post_with(s.mcp, rpc("tasks/list", json!({})).as_bytes(), sessionless).await;
+    assert_eq!(r.code(), (200, Some(-32600)));
+    // A builtin never runs as a task, whatever `task` holds.
+    for task in [json!({}), json!(huge), json!({"ttl": 1e300})] {
+        let call = rpc(
+            "tools/call",
+            json!({"name": "add", "arguments": {"a": 1, "b": 2}, "task": task}),
+        );
+        let r = post_with(s.mcp, call.as_bytes(), in_session).await;
+        assert_eq!(r.code(), (200, Some(-32601)));
+    }
+    assert_still_serves(s.mcp).await;
+}

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::confine::restricted;
+use super::governance::termination_grace;
 use super::tuning::{pinned, resources, sysctls};
 use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
 use crate::crd::{Allocator, McpServer, SecretKey};
@@ -254,10 +255,7 @@ pub(super) fn deployment(
         .map(|(name, value)| Sysctl { name, value })
         .collect();
     let pod_spec = PodSpec {
-        termination_grace_period_seconds: Some(super::governance::termination_grace(
-            mcp,
-            TERMINATION_GRACE_SECONDS,
-        )),
+        termination_grace_period_seconds: Some(termination_grace(mcp, TERMINATION_GRACE_SECONDS)),
         service_account_name: Some(service_account(mcp, name).to_owned()),
         // No token in every container: the server container mounts its own (confine::token_volume).
         automount_service_account_token: Some(false),

@@ -26,9 +26,11 @@ mod server;
 mod sessions;
 mod table;
 mod task_backend;
+mod task_polls;
 mod task_shared;
 mod task_store;
 mod tasks;
+mod tasks_core;
 mod tools;
 mod traced;
 mod visible;
@@ -257,9 +259,9 @@ impl Server {
                     ..
                 }) => answer(self, &req, &mut out),
                 Some(Method {
-                    handler: Handler::Task(op),
+                    handler: Handler::Later(answer),
                     ..
-                }) => tasks::answer(self, &req, *op, &mut out).await,
+                }) => answer(self, &req, &mut out).await,
                 Some(Method {
                     handler: Handler::ToolCall,
                     ..
@@ -341,5 +343,7 @@ fn not_found(method: &str, entry: Option<&Method>, meta: Option<crate::modern::M
 
 #[cfg(test)]
 mod task_input_tests;
+#[cfg(test)]
+mod tasks_core_tests;
 #[cfg(test)]
 mod tests;

@@ -39,3 +39,12 @@ pub(super) enum Done {
 
 /// A method that answers at once: writes its result into the buffer.
 pub(super) type Answer = fn(&Server, &Request<'_>, &mut Vec<u8>) -> Result<Done, RpcError>;
+
+/// A method that may wait before it answers: its future writes the result into the buffer.
+pub(super) type Later = for<'a> fn(
+    &'a std::sync::Arc<Server>,
+    &'a Request<'a>,
+    &'a mut Vec<u8>,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Done, RpcError>> + Send + 'a>,
+>;

@@ -121,6 +121,8 @@ pub struct Server {
     pub(super) tasks: super::task_backend::Tasks,
     /// The work of the tasks this replica runs (a stopping server lets it finish).
     pub(super) running: tokio_util::task::TaskTracker,
+    /// How often each caller may ask about its tasks.
+    pub(super) polls: super::task_polls::Polls,
 }
 
 impl Server {
@@ -149,6 +151,7 @@ impl Server {
                 metrics.tasks.clone(),
             ),
             running: tokio_util::task::TaskTracker::new(),
+            polls: super::task_polls::Polls::default(),
             metrics,
         })
     }

@@ -44,7 +44,9 @@ pub(super) fn initialize(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Re
     let p: InitializeParams<'_> = parse_params(req.params)?;
     let version = protocol::supported(&p.protocol_version).unwrap_or(protocol::LATEST_VERSION);
     protocol::write_result(out, req.id, s.registry.load().initialize_result(version));
-    Ok(Done::Initialized(crate::modern::client_caps(p.capabilities)))
+    let mut caps = crate::modern::client_caps(p.capabilities);
+    caps.core_tasks = version == crate::registry::CORE_TASKS_VERSION;
+    Ok(Done::Initialized(caps))
 }
 
 /// `ping`.

@@ -5,11 +5,11 @@
 
 use super::completion;
 use super::prompts;
-use super::request::Answer;
+use super::request::{Answer, Later};
 use super::resources;
 use super::revision::Stamp;
 use super::sessions;
-use super::tasks;
+use super::tasks_core;
 use super::tools;
 use crate::metrics::method_index;
 
@@ -42,8 +42,9 @@ pub(super) enum Handler {
     Now(Answer),
     /// `tools/call`: may wait for a slow tool, or hand the call back to the transport.
     ToolCall,
-    /// A `tasks/*` method: waits for the task store.
-    Task(tasks::Op),
+    /// May wait (for a task's end, a shared store): the handler's future is awaited where
+    /// the request is, so the request's deadline and a client gone end it.
+    Later(Later),
 }
 
 /// One method's entry.
@@ -81,7 +82,7 @@ macro_rules! table {
     };
 }
 
-use Handler::{Now, Task, ToolCall};
+use Handler::{Later as Wait, Now, ToolCall};
 
 table! {
     "tools/call"               => Both,      Own,    ToolCall;
@@ -99,9 +100,11 @@ table! {
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);
     "subscriptions/listen"     => Stateless, Own,    Now(sessions::listen);
-    "tasks/get"                => Both,      Plain,  Task(tasks::Op::Get);
-    "tasks/cancel"             => Both,      Plain,  Task(tasks::Op::Cancel);
-    "tasks/update"             => Both,      Plain,  Task(tasks::Op::Update);
+    "tasks/get"                => Both,      Plain,  Wait(tasks_core::get);
+    "tasks/cancel"             => Both,      Plain,  Wait(tasks_core::cancel);
+    "tasks/update"             => Both,      Plain,  Wait(tasks_core::update);
+    "tasks/result"             => Handshake, Own,    Wait(tasks_core::result);
+    "tasks/list"               => Handshake, Own,    Wait(tasks_core::list);
 }
 
 #[cfg(test)]

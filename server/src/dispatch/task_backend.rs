@@ -62,12 +62,18 @@ impl Tasks {
         RpcError::new(protocol::INTERNAL_ERROR, e.to_string())
     }
 
-    /// Creates a working task of `owner`, cancelled through `token`.
-    pub(super) async fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, RpcError> {
+    /// Creates a working task of `owner`, cancelled through `token`, kept for `ttl` (at most
+    /// the store's TTL; `Duration::MAX` for that).
+    pub(super) async fn create(
+        &self,
+        owner: &str,
+        token: CancellationToken,
+        ttl: Duration,
+    ) -> Result<TaskView, RpcError> {
         let refused = |e: Refused| RpcError::new(protocol::RATE_LIMITED, e.to_string());
         let t = match &self.store {
-            Store::Memory(m) => m.create(owner, token).map_err(refused)?,
-            Store::Shared(s) => s.create(owner, token, Duration::MAX).await.map_err(|e| match e {
+            Store::Memory(m) => m.create_for(owner, token, ttl).map_err(refused)?,
+            Store::Shared(s) => s.create(owner, token, ttl).await.map_err(|e| match e {
                 NotCreated::Refused(r) => refused(r),
                 NotCreated::Unavailable(u) => self.unavailable("create", &u),
             })?,
@@ -81,6 +87,42 @@ impl Tasks {
         match &self.store {
             Store::Memory(m) => Ok(m.get(owner, id)),
             Store::Shared(s) => s.get(owner, id).await.map_err(|e| self.unavailable("get", &e)),
+        }
+    }
+
+    /// Waits until the task `id` of `owner` has ended (or is forgotten): `false` at once for
+    /// an unknown, expired or foreign id. In Redis the task is looked at every poll interval.
+    pub(super) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
+        match &self.store {
+            Store::Memory(m) => match m.finished(owner, id) {
+                None => Ok(false),
+                Some(f) => {
+                    f.wait().await;
+                    Ok(true)
+                }
+            },
+            Store::Shared(s) => s
+                .wait_end(owner, id)
+                .await
+                .map_err(|e| self.unavailable("wait", &e)),
+        }
+    }
+
+    /// A page of `owner`'s tasks after the cursor `after`, at most `limit`, with the cursor of
+    /// the next page; `None` for a cursor this store would never give.
+    pub(super) async fn list(
+        &self,
+        owner: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Option<(Vec<TaskView>, Option<u64>)>, RpcError> {
+        match &self.store {
+            Store::Memory(m) => Ok(m.list(owner, after, limit)),
+            Store::Shared(s) => s
+                .list(owner, after, limit)
+                .await
+                .map(Some)
+                .map_err(|e| self.unavailable("list", &e)),
         }
     }
 

@@ -204,6 +204,47 @@ pub(super) fn checked(
     Ok((answered, size))
 }
 
+impl TaskView {
+    /// Whether it reached a terminal status.
+    pub(super) fn ended(&self) -> bool {
+        self.status.terminal()
+    }
+
+    /// The `Task` of the 2025-11-25 core wire (`tasks/get`, `tasks/list`, `tasks/cancel`,
+    /// and under `task` in a `CreateTaskResult`): `ttl` and `pollInterval` in ms, and a tool
+    /// error (`isError`) is `failed` there, with a `statusMessage`.
+    pub(super) fn core(&self) -> Value {
+        let tool_error =
+            matches!(&self.status, Status::Completed(r) if r.get("isError") == Some(&Value::Bool(true)));
+        let mut m = Map::new();
+        m.insert("taskId".into(), json!(self.id));
+        m.insert(
+            "status".into(),
+            json!(if tool_error { "failed" } else { self.status.name() }),
+        );
+        let message = match &self.status {
+            _ if tool_error => Some("the tool returned an error; tasks/result has it"),
+            Status::Failed(_, message) => Some(message.as_str()),
+            Status::Cancelled => Some("cancelled by its caller"),
+            _ => None,
+        };
+        if let Some(message) = message {
+            m.insert("statusMessage".into(), json!(message));
+        }
+        m.insert(
+            "createdAt".into(),
+            json!(crate::handlers::builtin::run::rfc3339(self.created)),
+        );
+        m.insert(
+            "lastUpdatedAt".into(),
+            json!(crate::handlers::builtin::run::rfc3339(self.updated)),
+        );
+        m.insert("ttl".into(), json!(millis(self.ttl)));
+        m.insert("pollInterval".into(), json!(millis(self.poll_interval)));
+        Value::Object(m)
+    }
+}
+
 /// Integer milliseconds of a duration, at least 1.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -212,6 +253,7 @@ fn millis(d: Duration) -> u64 {
 /// A task store. `owner` is the caller: its authenticated subject, or else its session.
 pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// Creates a working task of `owner`, cancelled through `token`.
+    #[cfg(test)]
     fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, Refused>;
     /// The task `id` of `owner`; `None` for an unknown, expired or foreign id.
     fn get(&self, owner: &str, id: &str) -> Option<TaskView>;
@@ -234,6 +276,26 @@ pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// [`TaskStore::get`] shows them taken). Answers to keys that are not pending, and any
     /// answer to a task that waits for none, are ignored.
     fn update(&self, owner: &str, id: &str, responses: Map<String, Value>) -> Result<(), UpdateError>;
+    /// [`TaskStore::create`] with a TTL of `ttl`, at most the store's own.
+    fn create_for(&self, owner: &str, token: CancellationToken, ttl: Duration) -> Result<TaskView, Refused>;
+    /// What turns once the task `id` of `owner` is terminal; `None` for an unknown, expired
+    /// or foreign id.
+    fn finished(&self, owner: &str, id: &str) -> Option<Finished>;
+    /// A page of `owner`'s tasks in creation order, after the place `after` (a cursor this
+    /// store gave), at most `limit`, and the cursor of the next page when there is one.
+    /// `None` for a cursor the store never gave.
+    fn list(&self, owner: &str, after: Option<u64>, limit: usize) -> Option<(Vec<TaskView>, Option<u64>)>;
+}
+
+/// The end of a task, to wait for.
+#[derive(Debug)]
+pub(super) struct Finished(tokio::sync::watch::Receiver<bool>);
+
+impl Finished {
+    /// Waits until the task is terminal, or forgotten (its TTL ended).
+    pub(super) async fn wait(mut self) {
+        let _ = self.0.wait_for(|done| *done).await;
+    }
 }
 
 #[derive(Debug)]
@@ -250,6 +312,12 @@ struct Entry {
     answers: Map<String, Value>,
     /// Resumes its run with every answer once the last pending question is answered.
     resume: Option<oneshot::Sender<Map<String, Value>>>,
+    /// How long it is kept after its creation (the store's TTL, or a shorter one asked for).
+    ttl: Duration,
+    /// Its place in creation order (`tasks/list` pages by it).
+    seq: u64,
+    /// Turns `true` when it reaches a terminal status (what `tasks/result` waits on).
+    done: tokio::sync::watch::Sender<bool>,
 }
 
 /// The in-memory [`TaskStore`] of one replica.
@@ -257,6 +325,8 @@ struct Entry {
 pub(super) struct MemoryTasks {
     bounds: TaskBounds,
     map: Mutex<FxHashMap<Box<str>, Entry>>,
+    /// The next task's [`Entry::seq`].
+    next_seq: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryTasks {
@@ -264,6 +334,7 @@ impl MemoryTasks {
         MemoryTasks {
             bounds,
             map: Mutex::new(FxHashMap::default()),
+            next_seq: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -273,7 +344,7 @@ impl MemoryTasks {
             status: e.status.clone(),
             created: e.created,
             updated: e.updated,
-            ttl: self.bounds.ttl,
+            ttl: e.ttl,
             poll_interval: self.bounds.poll_interval,
         }
     }
@@ -327,7 +398,13 @@ pub(super) fn mint() -> String {
 }
 
 impl TaskStore for MemoryTasks {
+    #[cfg(test)]
     fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, Refused> {
+        self.create_for(owner, token, self.bounds.ttl)
+    }
+
+    fn create_for(&self, owner: &str, token: CancellationToken, ttl: Duration) -> Result<TaskView, Refused> {
+        let ttl = ttl.min(self.bounds.ttl);
         let Ok(mut map) = self.map.lock() else {
             return Err(Refused::Total(self.bounds.total));
         };
@@ -346,11 +423,14 @@ impl TaskStore for MemoryTasks {
             status: Status::Working,
             created: at,
             updated: at,
-            expires: now + self.bounds.ttl,
+            expires: now + ttl,
             token,
             size: 0,
             answers: Map::new(),
             resume: None,
+            ttl,
+            seq: self.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            done: tokio::sync::watch::Sender::new(false),
         };
         let v = self.view(&id, &e);
         map.insert(id.into(), e);
@@ -378,6 +458,7 @@ impl TaskStore for MemoryTasks {
             e.size = size;
             e.status = status;
             e.updated = SystemTime::now();
+            e.done.send_replace(true);
         }
     }
 
@@ -401,6 +482,7 @@ impl TaskStore for MemoryTasks {
             e.resume = None;
             e.answers = Map::new();
             e.size = 0;
+            e.done.send_replace(true);
         }
         true
     }
@@ -473,6 +555,34 @@ impl TaskStore for MemoryTasks {
             }
         }
         Ok(())
+    }
+
+    fn finished(&self, owner: &str, id: &str) -> Option<Finished> {
+        if id.len() > MAX_TASK_ID {
+            return None;
+        }
+        let map = self.map.lock().ok()?;
+        let e = map.get(id)?;
+        (&*e.owner == owner && e.expires > Instant::now()).then(|| Finished(e.done.subscribe()))
+    }
+
+    fn list(&self, owner: &str, after: Option<u64>, limit: usize) -> Option<(Vec<TaskView>, Option<u64>)> {
+        let next = self.next_seq.load(std::sync::atomic::Ordering::Relaxed);
+        if after.is_some_and(|a| a >= next) {
+            return None;
+        }
+        let map = self.map.lock().ok()?;
+        let now = Instant::now();
+        let mut mine: Vec<(&str, &Entry)> = map
+            .iter()
+            .filter(|(_, e)| &*e.owner == owner && e.expires > now && after.is_none_or(|a| e.seq > a))
+            .map(|(id, e)| (&**id, e))
+            .collect();
+        mine.sort_unstable_by_key(|(_, e)| e.seq);
+        let more = mine.len() > limit;
+        mine.truncate(limit);
+        let cursor = mine.last().filter(|_| more).map(|(_, e)| e.seq);
+        Some((mine.into_iter().map(|(id, e)| self.view(id, e)).collect(), cursor))
     }
 }
 
@@ -813,5 +923,83 @@ mod input {
             .unwrap();
         s.finish(&id, Status::Completed(json!({})));
         assert_eq!(s.get("alice", &id).unwrap().status, Status::Cancelled);
+    }
+}
+
+#[cfg(test)]
+mod core_wire {
+    use super::*;
+
+    #[test]
+    fn lists_page_in_creation_order_per_owner_and_refuse_cursors_never_given() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let mine: Vec<String> = (0..5)
+            .map(|i| {
+                if i == 2 {
+                    s.create("bob", CancellationToken::new()).unwrap();
+                }
+                s.create("alice", CancellationToken::new()).unwrap().id
+            })
+            .collect();
+        let (page, next) = s.list("alice", None, 2).unwrap();
+        let mut seen: Vec<String> = page.into_iter().map(|t| t.id).collect();
+        let mut cursor = next;
+        while let Some(c) = cursor {
+            let (page, next) = s.list("alice", Some(c), 2).unwrap();
+            seen.extend(page.into_iter().map(|t| t.id));
+            cursor = next;
+        }
+        assert_eq!(seen, mine);
+        assert_eq!(s.list("bob", None, 10).unwrap().0.len(), 1);
+        assert!(s.list("alice", Some(1 << 40), 2).is_none());
+        assert!(s.list("mallory", None, 2).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn a_task_ttl_is_at_most_the_store_s_and_the_core_shape_follows_its_status() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let short = s
+            .create_for("a", CancellationToken::new(), Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(short.core()["ttl"], 5000);
+        let long = s
+            .create_for("a", CancellationToken::new(), Duration::MAX)
+            .unwrap();
+        assert_eq!(long.core()["ttl"], 600_000);
+        let c = short.core();
+        assert_eq!(c["status"], "working");
+        for k in ["resultType", "ttlMs", "pollIntervalMs", "result", "statusMessage"] {
+            assert!(c.get(k).is_none(), "{k}");
+        }
+        s.finish(
+            &short.id,
+            Status::Completed(json!({"content": [], "isError": true})),
+        );
+        let c = s.get("a", &short.id).unwrap().core();
+        assert_eq!(c["status"], "failed");
+        assert!(c["statusMessage"].is_string());
+        s.finish(&long.id, Status::Completed(json!({"content": []})));
+        assert_eq!(s.get("a", &long.id).unwrap().core()["status"], "completed");
+    }
+
+    #[tokio::test]
+    async fn finished_turns_when_the_task_ends_and_is_none_for_foreign_ids() {
+        let s = MemoryTasks::new(TaskBounds::default());
+        let t = s.create("a", CancellationToken::new()).unwrap();
+        assert!(s.finished("b", &t.id).is_none());
+        assert!(s.finished("a", &"f".repeat(1 << 12)).is_none());
+        let f = s.finished("a", &t.id).unwrap();
+        let waiting = tokio::spawn(f.wait());
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        s.finish(&t.id, Status::Completed(json!({})));
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        // Already ended: turns at once.
+        tokio::time::timeout(Duration::from_secs(10), s.finished("a", &t.id).unwrap().wait())
+            .await
+            .unwrap();
     }
 }

@@ -89,37 +89,15 @@ fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
     Done::Written
 }
 
-/// A `tasks/*` method: each waits for the task store (Redis, when tasks are shared).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Op {
-    Get,
-    Cancel,
-    Update,
-}
-
-/// Answers the `tasks/*` method `op`.
-pub(super) async fn answer(
-    s: &Server,
-    req: &Request<'_>,
-    op: Op,
-    out: &mut Vec<u8>,
-) -> Result<Done, RpcError> {
-    match op {
-        Op::Get => get(s, req, out).await,
-        Op::Cancel => cancel(s, req, out).await,
-        Op::Update => update(s, req, out).await,
-    }
-}
-
 /// `tasks/get`.
-async fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(super) async fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/get")?;
     let t = s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
     Ok(write(req, t.detailed(), out))
 }
 
 /// `tasks/cancel`: an empty acknowledgement; the next `tasks/get` shows `cancelled`.
-async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(super) async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/cancel")?;
     if !s.tasks.cancel(owner(req), &id).await? {
         return Err(unknown());
@@ -131,7 +109,7 @@ async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done
 /// of its `inputRequests`), taken before the acknowledgement, so the next `tasks/get` shows
 /// them. Answers to keys the task does not wait for are ignored; a malformed answer to one
 /// it waits for is refused (-32602) and changes nothing.
-async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(super) async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     #[derive(Deserialize)]
     struct UpdateParams<'a> {
         #[serde(borrow, rename = "taskId")]

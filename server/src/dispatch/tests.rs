@@ -50,6 +50,12 @@ const LEGACY: Ctx<'static> = Ctx {
     opens: Opens::Minted,
 };
 
+/// The handshake era before 2025-11-25 (no core tasks).
+const OLDER: Ctx<'static> = Ctx {
+    version: "2025-06-18",
+    ..LEGACY
+};
+
 const MODERN: Ctx<'static> = Ctx {
     era: Era::Modern("2026-07-28"),
     version: "2026-07-28",
@@ -572,7 +578,7 @@ fn tasks_methods_are_gated_unknown_ids_refused_and_removed_methods_absent() {
     for method in ["tasks/result", "tasks/list"] {
         let (_, v, _) = reply(&s, &modern(method, json!({"taskId": "x"}), tasks.clone()), MODERN);
         assert_eq!(code(&v), -32601, "{method}");
-        let (_, v, _) = reply(&s, &request(method, json!({"taskId": "x"})), LEGACY);
+        let (_, v, _) = reply(&s, &request(method, json!({"taskId": "x"})), OLDER);
         assert_eq!(code(&v), -32601, "{method}");
     }
     // A fast kind answers at once even to a client that polls tasks.
@@ -597,7 +603,7 @@ fn a_tool_that_runs_only_as_a_task_refuses_a_client_without_the_extension() {
     let call = json!({"name": "job", "arguments": {}});
     for (body, ctx) in [
         (modern("tools/call", call.clone(), json!({})), MODERN),
-        (request("tools/call", call.clone()), LEGACY),
+        (request("tools/call", call.clone()), OLDER),
     ] {
         let (_, v, _) = reply(&s, &body, ctx);
         assert_eq!(code(&v), i64::from(MISSING_CAPABILITY), "{v}");

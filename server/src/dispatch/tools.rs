@@ -42,6 +42,9 @@ struct CallParams<'a> {
     arguments: Option<Value>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<CallMeta<'a>>,
+    /// 2025-11-25: the call asks to run as a task (`{ttl?}`).
+    #[serde(borrow, default)]
+    task: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -59,11 +62,30 @@ struct CursorParams<'a> {
 
 /// `tools/list`.
 pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov) {
+    // 2025-11-25 lists each tool's `execution.taskSupport`.
+    let core = super::tasks_core::in_force(s, req);
+    if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov, core) {
         protocol::write_result(out, req.id, &page?);
         return Ok(Done::Written);
     }
-    page(s, ListKind::Tools, req, out)
+    if !core {
+        return page(s, ListKind::Tools, req, out);
+    }
+    let cursor = match req.params {
+        Some(_) => parse_params::<CursorParams<'_>>(req.params)?.cursor,
+        None => None,
+    };
+    let mut result = Vec::new();
+    s.registry
+        .load()
+        .write_core_tools_page(cursor.as_deref(), &mut result)
+        .ok_or_else(|| {
+            RpcError::invalid_params(
+                "Invalid cursor: not issued by the current list (it may have changed; list again without a cursor)",
+            )
+        })?;
+    protocol::write_result(out, req.id, &result);
+    Ok(Done::Written)
 }
 
 /// A page of a list (tools, resources, resource templates, prompts).
@@ -115,19 +137,17 @@ pub(super) async fn call(
     // nothing from it.
     allowed(server, tool, req)?;
     super::visible::permitted(server, tool, req, &args)?;
-    super::tasks::required(server, tool, req)?;
+    let core_task = super::tasks_core::asked(server, tool, req, p.task)?;
     // No limits: one branch (in `admit`).
     let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
     let start = Instant::now();
     let mut problems = Vec::new();
     tool.def.input.validate(&args, &mut problems);
     if !problems.is_empty() {
-        invalid(tool, &problems, req.id, start, out);
+        let stamp = modern.is_some().then_some(&*guard.result_stamp);
+        refused_arguments(server, req, tool, &problems, start, core_task, stamp, out).await?;
         if let Some(t) = trail {
             t.outcome = Some("invalid_arguments");
-        }
-        if modern.is_some() {
-            crate::modern::stamp(out, &guard.result_stamp);
         }
         return Ok(None);
     }
@@ -151,13 +171,13 @@ pub(super) async fn call(
     // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and make the
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
+    if let Some(ttl) = core_task {
+        return super::tasks_core::start(server, req, snap, index, args, permits, ttl, out)
+            .await
+            .map(|()| None);
+    }
     if super::tasks::wanted(&snap.tools[index]) && super::tasks::negotiated(server, req) {
-        let call = Called {
-            snap,
-            index,
-            args,
-            start,
-        };
+        let call = Called::new(snap, index, args, start);
         return as_task(server, req, call, modern, permits, out)
             .await
             .map(|()| None);
@@ -189,6 +209,29 @@ pub(super) async fn call(
         noted(trail, failed);
         None
     })
+}
+
+/// Answers a call whose arguments the tool's schema refuses: the tool error, as the ended
+/// task a 2025-11-25 client asked for (`core_task`), stamped for 2026-07-28 (`stamp`).
+#[allow(clippy::too_many_arguments)] // the parts of the refused call
+async fn refused_arguments(
+    server: &Server,
+    req: &Request<'_>,
+    tool: &crate::registry::Tool,
+    problems: &[String],
+    start: Instant,
+    core_task: Option<Duration>,
+    stamp: Option<&[u8]>,
+    out: &mut Vec<u8>,
+) -> Result<(), RpcError> {
+    invalid(tool, problems, req.id, start, out);
+    if let Some(ttl) = core_task {
+        super::tasks_core::ended(server, req, ttl, out).await?;
+    }
+    if let Some(stamp) = stamp {
+        crate::modern::stamp(out, stamp);
+    }
+    Ok(())
 }
 
 /// The [`Deferred`] of a slow call the transport streams.
@@ -528,6 +571,17 @@ struct Called {
     start: Instant,
 }
 
+impl Called {
+    fn new(snap: Arc<Snapshot>, index: usize, args: Value, start: Instant) -> Self {
+        Called {
+            snap,
+            index,
+            args,
+            start,
+        }
+    }
+}
+
 /// Answers a `tools/call` of a tool that runs as a task. A 2026-07-28 call of a pipeline
 /// first runs, in the request, its steps before the first one that may run long: their
 /// questions are ordinary input rounds (`InputRequiredResult` and `requestState`), and the
@@ -788,7 +842,7 @@ async fn start_task(
     let token = CancellationToken::new();
     let task = server
         .tasks
-        .create(super::tasks::owner(req), token.clone())
+        .create(super::tasks::owner(req), token.clone(), Duration::MAX)
         .await?;
     // The caller's token goes with the call as it would without a task (identity to an
     // upstream or API, `{{caller.CLAIM}}`), and so does the caller for step policies.

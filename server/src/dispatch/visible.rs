@@ -134,18 +134,20 @@ pub(super) fn visible(snap: &Snapshot, tool: &Tool, req: &Request<'_>, spend: &S
 /// A `tools/list` page of the tools this caller sees; `None` when the snapshot lists every
 /// tool to everyone (its pre-serialized pages serve).
 ///
-/// Cursors are `TAG-vN`: go on from tool N.
+/// Cursors are `TAG-vN`: go on from tool N. With `core` (2025-11-25), each tool that runs
+/// as a task says so (`execution.taskSupport`).
 pub(super) fn page(
     snap: &Snapshot,
     req: &Request<'_>,
     gov: &crate::gov_metrics::GovMetrics,
+    core: bool,
 ) -> Option<Result<Vec<u8>, RpcError>> {
     if !snap.per_caller {
         return None;
     }
     let entries = snap.tool_entries.as_deref()?;
     let spend = Spend::new();
-    let page = render(snap, entries, req, &spend);
+    let page = render(snap, entries, req, &spend, core);
     spend.record(gov);
     Some(page)
 }
@@ -155,6 +157,7 @@ fn render(
     entries: &[Box<[u8]>],
     req: &Request<'_>,
     spend: &Spend,
+    core: bool,
 ) -> Result<Vec<u8>, RpcError> {
     let cursor = match req.params {
         Some(_) => parse_params::<CursorParams<'_>>(req.params)?.cursor,
@@ -204,7 +207,16 @@ fn render(
         if shown > 0 {
             page.push(b',');
         }
-        page.extend_from_slice(entries.get(i).map_or(&b"{}"[..], |e| &**e));
+        let entry = entries.get(i).map_or(&b"{}"[..], |e| &**e);
+        match crate::registry::task_support(t.def.task).filter(|_| core) {
+            Some(support) if entry.len() > 2 => {
+                page.extend_from_slice(&entry[..entry.len() - 1]);
+                page.extend_from_slice(b",\"execution\":{\"taskSupport\":\"");
+                page.extend_from_slice(support.as_bytes());
+                page.extend_from_slice(b"\"}}");
+            }
+            _ => page.extend_from_slice(entry),
+        }
         shown += 1;
     }
     page.push(b']');

@@ -282,7 +282,7 @@ fn compile_op(
             limits: sh.limits.clone(),
             audit_arguments: None,
         },
-        task: crate::config::TaskSupport::Optional,
+        task: (sh.spec.tools.tasks.get(key).copied()).unwrap_or(crate::config::TaskSupport::Optional),
     })
 }
 

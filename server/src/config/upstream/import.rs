@@ -125,6 +125,7 @@ impl CompiledUpstream {
             .keys()
             .chain(self.descriptions.keys())
             .chain(self.annotations.keys())
+            .chain(self.tasks.keys())
         {
             if !seen.contains(from.as_str()) {
                 report.skipped.push(format!(
@@ -195,12 +196,30 @@ impl CompiledUpstream {
                 remote: remote.to_owned(),
             }),
             access: self.access.clone(),
-            task: crate::config::TaskSupport::Optional,
+            task: self.task_of(remote, t),
             governance: crate::config::governance::ToolGovernance {
                 limits: self.limits.clone(),
                 audit_arguments: None,
             },
         })
+    }
+}
+
+impl CompiledUpstream {
+    /// Whether a served tool runs as a task: as `tools.tasks` sets it, else as the upstream
+    /// lists it (`execution.taskSupport`: `forbidden` and `required` are kept), else
+    /// `optional` (a call crosses the network, like an http tool's). Quiver's own call of
+    /// the upstream is a plain `tools/call` either way.
+    fn task_of(&self, remote: &str, t: &Value) -> crate::config::TaskSupport {
+        use crate::config::TaskSupport;
+        if let Some(set) = self.tasks.get(remote) {
+            return *set;
+        }
+        match t.pointer("/execution/taskSupport").and_then(Value::as_str) {
+            Some("forbidden") => TaskSupport::Forbidden,
+            Some("required") => TaskSupport::Required,
+            _ => TaskSupport::Optional,
+        }
     }
 }
 

@@ -154,6 +154,11 @@ pub struct ImportSpec {
     /// where you know better).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, ToolAnnotations>,
+    /// Upstream name to whether the served tool runs as a task (`optional`, `required`,
+    /// `forbidden`), instead of what the upstream lists (`execution.taskSupport`) or the
+    /// default `optional`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tasks: BTreeMap<String, super::TaskSupport>,
     /// Who may call the tools served from it (every one of them): scopes and groups from
     /// the caller's credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -260,6 +265,7 @@ pub struct CompiledUpstream {
     at: usize,
     descriptions: BTreeMap<String, String>,
     annotations: BTreeMap<String, Value>,
+    tasks: BTreeMap<String, super::TaskSupport>,
     access: Option<Arc<super::access::Access>>,
     /// The limits of a call of its tools: its own, then (once the ToolSet's are added) the
     /// ToolSet's.
@@ -402,6 +408,7 @@ fn compile_upstream(
             .iter()
             .map(|(k, a)| (k.clone(), serde_json::to_value(a).unwrap_or_default()))
             .collect(),
+        tasks: t.tasks.clone(),
         access,
         limits: super::governance::compile_limits(
             &t.limits,
@@ -1111,6 +1118,53 @@ upstreams:
             .into_iter()
             .next()
             .unwrap()
+    }
+
+    #[test]
+    fn an_imported_tool_runs_as_a_task_as_set_else_as_the_upstream_lists_it() {
+        use crate::config::TaskSupport;
+        let u = upstream(
+            "upstreams: [{name: up, stdio: {command: [up]}, tools: {tasks: {set: forbidden, insists: optional, gone: required}}}]",
+        );
+        let listed = vec![
+            json!({"name": "plain", "inputSchema": {"type": "object"}}),
+            json!({"name": "long", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "required"}}),
+            json!({"name": "quick", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "forbidden"}}),
+            json!({"name": "odd", "inputSchema": {"type": "object"}, "execution": {"taskSupport": 7}}),
+            json!({"name": "set", "inputSchema": {"type": "object"}}),
+            json!({"name": "insists", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "required"}}),
+        ];
+        let (tools, report) = u.import(0, &listed, &mut FxHashSet::default());
+        let got: Vec<(&str, TaskSupport)> = tools.iter().map(|t| (t.name.as_str(), t.task)).collect();
+        assert_eq!(
+            got,
+            [
+                ("plain", TaskSupport::Optional),
+                ("long", TaskSupport::Required),
+                ("quick", TaskSupport::Forbidden),
+                ("odd", TaskSupport::Optional),
+                ("set", TaskSupport::Forbidden),
+                ("insists", TaskSupport::Optional),
+            ]
+        );
+        // The upstream's own `execution` is not listed as it wrote it.
+        assert!(tools[1].descriptor.get("execution").is_none());
+        assert!(report.skipped.join("\n").contains("`gone` (named in `tools`)"));
+        assert!(
+            parse(
+                "t",
+                "upstreams: [{name: up, stdio: {command: [up]}, tools: {tasks: {x: sometimes}}}]"
+            )
+            .is_err()
+                || compile(
+                    &parse(
+                        "t",
+                        "upstreams: [{name: up, stdio: {command: [up]}, tools: {tasks: {x: sometimes}}}]"
+                    )
+                    .unwrap()
+                )
+                .is_err()
+        );
     }
 
     #[test]
