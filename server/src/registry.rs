@@ -243,6 +243,47 @@ pub enum ListKind {
 }
 
 /// The compiled tools, taken out of `cfg`, with their metric handles and policies.
+/// Whether tool `tool` of `tools`, run at pipeline depth `depth`, may run long: a process,
+/// an HTTP request, an upstream call, `builtin: sleep`, or a pipeline with such a step.
+pub fn may_run_long(tools: &[Tool], tool: usize, depth: usize) -> bool {
+    use crate::config::compiled::CompiledHandler as H;
+    let Some(t) = tools.get(tool) else {
+        return false;
+    };
+    match &t.def.handler {
+        H::Exec(_) | H::Http(_) | H::Upstream(_) => true,
+        H::Builtin(b) => *b == crate::handlers::builtin::Builtin::Sleep,
+        // Deeper than a pipeline may nest, the step fails at once.
+        H::Pipeline(steps) => {
+            depth < crate::config::MAX_PIPELINE_NESTING
+                && steps.iter().any(|s| may_run_long(tools, s.tool, depth + 1))
+        }
+        H::Template(_)
+        | H::Content(_)
+        | H::Error(_)
+        | H::Sample(_)
+        | H::Elicit(_)
+        | H::Ask(_)
+        | H::FindTools => false,
+    }
+}
+
+/// A pipeline that does not declare `task` runs as a task (`optional`) when one of its steps
+/// may run long, like the kinds it calls; one that only answers at once or asks the client
+/// stays `forbidden`. Decided here, where the steps' tools (imported ones too) are known.
+fn pipelines_that_run_long_are_tasks(tools: &mut [Tool], undeclared: &rustc_hash::FxHashSet<String>) {
+    use crate::config::compiled::CompiledHandler as H;
+    let long: Vec<usize> = (0..tools.len())
+        .filter(|&i| {
+            matches!(tools[i].def.handler, H::Pipeline(_)) && undeclared.contains(&tools[i].def.name)
+        })
+        .filter(|&i| may_run_long(tools, i, 0))
+        .collect();
+    for i in long {
+        tools[i].def.task = crate::config::TaskSupport::Optional;
+    }
+}
+
 fn tools_of(cfg: &mut CompiledToolSet, metrics: &Metrics) -> Vec<Tool> {
     let defs = std::mem::take(&mut cfg.tools);
     let policies = crate::policies::attach(&defs, cfg);
@@ -263,8 +304,16 @@ impl Snapshot {
         let mut cfg = config;
         // The tools' source specs are compiled and never read again: at ~1-2 KiB of parsed
         // values per tool they would dominate a large registry's memory.
+        let undeclared: rustc_hash::FxHashSet<String> = cfg
+            .spec
+            .tools
+            .iter()
+            .filter(|t| t.task.is_none())
+            .map(|t| t.name.clone())
+            .collect();
         drop(std::mem::take(&mut cfg.spec.tools));
         let mut tools = tools_of(&mut cfg, metrics);
+        pipelines_that_run_long_are_tasks(&mut tools, &undeclared);
         let by_name = tools
             .iter()
             .enumerate()

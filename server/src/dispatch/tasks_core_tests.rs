@@ -594,3 +594,33 @@ async fn the_creating_session_is_told_when_its_task_ends() {
     assert_eq!(n["params"]["status"], "completed");
     assert!(n["params"].get("_meta").is_none());
 }
+
+#[tokio::test]
+async fn a_pipeline_runs_as_a_task_by_default_only_when_a_step_may_run_long() {
+    let s = served(
+        r#"
+tools:
+  - {name: run, handler: {exec: {command: [/bin/echo, hi]}}}
+  - {name: ask, handler: {elicit: {key: k, message: m, schema: {type: object, properties: {ok: {type: boolean}}}}}}
+  - {name: hello, handler: {template: hello}}
+  - {name: builds, handler: {pipeline: [{tool: hello}, {tool: run}]}}
+  - {name: nested, handler: {pipeline: [{tool: builds}]}}
+  - {name: talks, handler: {pipeline: [{tool: hello}, {tool: ask}]}}
+  - {name: held, task: forbidden, handler: {pipeline: [{tool: run}]}}
+"#,
+        Limits::default(),
+    );
+    let v = rpc(&s, at(ALICE), "tools/list", json!({})).await;
+    let support: std::collections::BTreeMap<String, Value> = support(&v).into_iter().collect();
+    let optional = json!({"taskSupport": "optional"});
+    for (name, want) in [
+        ("builds", &optional),
+        ("nested", &optional),
+        ("run", &optional),
+        ("talks", &Value::Null),
+        ("held", &Value::Null),
+        ("hello", &Value::Null),
+    ] {
+        assert_eq!(&support[name], want, "{name}: {v}");
+    }
+}

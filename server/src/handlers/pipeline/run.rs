@@ -178,25 +178,7 @@ pub async fn run<E: RunStep>(
 /// `builtin: sleep`, or a nested pipeline with such a step); `None`: every step answers at
 /// once or asks the client.
 pub fn first_long_step(snap: &Snapshot, steps: &[Step]) -> Option<usize> {
-    steps.iter().position(|s| may_run_long(snap, s.tool, 1))
-}
-
-/// Whether tool `tool` of `snap`, run at `depth`, may run long (see [`first_long_step`]).
-fn may_run_long(snap: &Snapshot, tool: usize, depth: usize) -> bool {
-    use crate::config::compiled::CompiledHandler as H;
-    match &snap.tools[tool].def.handler {
-        H::Exec(_) | H::Http(_) | H::Upstream(_) => true,
-        H::Builtin(b) => *b == crate::handlers::builtin::Builtin::Sleep,
-        // Deeper than a pipeline may nest, the step fails at once.
-        H::Pipeline(steps) => {
-            depth < super::MAX_PIPELINE_NESTING && steps.iter().any(|s| may_run_long(snap, s.tool, depth + 1))
-        }
-        H::Template(_)
-        | H::Content(_)
-        | H::Error(_)
-        | H::Sample(_)
-        | H::Elicit(_)
-        | H::Ask(_)
-        | H::FindTools => false,
-    }
+    steps
+        .iter()
+        .position(|s| crate::registry::may_run_long(&snap.tools, s.tool, 1))
 }
