@@ -887,6 +887,20 @@ mod tests {
     }
 
     #[test]
+    fn task_series_exist_at_zero_before_any_task() {
+        let text = Metrics::new("test", "system").encode();
+        for series in [
+            "quiver_tasks_created_total 0",
+            "quiver_tasks_running 0",
+            "quiver_tasks_ended_total{status=\"stopped\"} 0",
+            "quiver_task_store_failures_total{op=\"get\"} 0",
+            "quiver_task_store_failures_total{op=\"finish\"} 0",
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
     fn histogram_buckets_and_exposition() {
         let m = Metrics::new("test", "system");
         let t = m.tool();

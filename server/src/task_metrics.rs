@@ -64,8 +64,12 @@ impl TaskMetrics {
             "Task operations the shared task store (Redis) did not answer, by operation",
             m.store_failures.clone(),
         );
+        // Every series exists from the start (at 0), so rates and alerts see them.
         for status in ["completed", "tool_error", "failed", "stopped"] {
             let _ = m.ended.get_or_create(&StatusLabels { status });
+        }
+        for op in ["create", "get", "cancel", "update", "list", "wait", "finish"] {
+            let _ = m.store_failures.get_or_create(&OpLabels { op });
         }
         Arc::new(m)
     }
