@@ -144,6 +144,115 @@ impl Template {
     }
 }
 
+/// Template text as the ToolSet's author wrote it: the only text [`Template::compile`] and
+/// [`JsonTemplate::compile`] parse. Text from anywhere else (an OpenAPI document, an
+/// upstream's tool list, anything fetched or refreshed) is data: it enters a template only
+/// through [`Template::literal`] or [`TemplateBuilder::lit`], never parsed, so a
+/// `{{secret.NAME.KEY}}` in it stays those characters and reads nothing.
+///
+/// Construct one only from a field of the ToolSet document itself; the files allowed to
+/// are listed in this module's tests (`authored_text_is_made_only_where_the_toolset_is_compiled`).
+#[derive(Debug, Clone, Copy)]
+pub struct Authored<'a, T: ?Sized = str>(&'a T);
+
+impl<'a> Authored<'a> {
+    /// Text of a ToolSet field, as its author wrote it.
+    pub const fn new(text: &'a str) -> Self {
+        Self(text)
+    }
+}
+
+impl<'a> Authored<'a, Value> {
+    /// A JSON value of a ToolSet field (a body, a pipeline step's input), as its author wrote it.
+    pub const fn json(value: &'a Value) -> Self {
+        Self(value)
+    }
+}
+
+/// A template assembled from literal text and variables, for text that is not the author's:
+/// nothing given to [`Self::lit`] is parsed.
+#[derive(Debug, Default)]
+pub struct TemplateBuilder {
+    parts: Vec<Part>,
+    literal_len: usize,
+}
+
+impl TemplateBuilder {
+    /// Appends literal text (sent, shown or rendered as it is).
+    #[must_use]
+    pub fn lit(mut self, text: &str) -> Self {
+        if text.is_empty() {
+            return self;
+        }
+        self.literal_len += text.len();
+        if let Some(Part::Lit(prev)) = self.parts.last_mut() {
+            let mut joined = String::with_capacity(prev.len() + text.len());
+            joined.push_str(prev);
+            joined.push_str(text);
+            *prev = joined.into();
+        } else {
+            self.parts.push(Part::Lit(text.into()));
+        }
+        self
+    }
+
+    /// Appends the parts of `t` (text and variables as they are in it).
+    #[must_use]
+    pub fn append(mut self, t: &Template) -> Self {
+        for part in &*t.parts {
+            match part {
+                Part::Lit(text) => self = self.lit(text),
+                var => self.parts.push(var.clone()),
+            }
+        }
+        self
+    }
+
+    /// Appends a variable: `path` segment by segment (e.g. `["secret", "api", "token"]`),
+    /// with `filters` applied in order.
+    ///
+    /// # Errors
+    /// An empty path, or a segment that is not letters, digits, `_` and `-`.
+    pub fn var(mut self, path: &[&str], filters: &[Filter]) -> Result<Self, String> {
+        if path.is_empty() {
+            return Err("an empty variable path".to_owned());
+        }
+        let mut segments = Vec::with_capacity(path.len());
+        for seg in path {
+            segments.push(segment(seg).ok_or_else(|| {
+                format!(
+                    "`{}` is not a variable name (letters, digits, `_`, `-`)",
+                    seg.chars().take(64).collect::<String>()
+                )
+            })?);
+        }
+        self.parts.push(Part::Var {
+            path: segments.into(),
+            filters: filters.into(),
+        });
+        Ok(self)
+    }
+
+    /// The template.
+    pub fn build(self) -> Template {
+        Template {
+            parts: self.parts.into(),
+            literal_len: self.literal_len,
+        }
+    }
+}
+
+fn segment(seg: &str) -> Option<Segment> {
+    let ok = !seg.is_empty()
+        && seg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    ok.then(|| Segment {
+        key: seg.into(),
+        index: seg.parse().ok(),
+    })
+}
+
 /// Where a template's variables are looked up.
 pub trait Scope {
     /// The value bound to a top-level name, if any.
@@ -157,11 +266,12 @@ impl Scope for Value {
 }
 
 impl Template {
-    /// Compiles `src`.
+    /// Compiles the author's template text `src`.
     ///
     /// # Errors
     /// An unclosed `{{`, an empty or malformed path, or an unknown filter.
-    pub fn compile(src: &str) -> Result<Self, String> {
+    pub fn compile(src: Authored<'_>) -> Result<Self, String> {
+        let src = src.0;
         let mut parts = Vec::new();
         let mut rest = src;
         let mut literal_len = 0;
@@ -185,6 +295,16 @@ impl Template {
             parts: parts.into(),
             literal_len,
         })
+    }
+
+    /// A template of literal text only: `text` is not parsed, whatever it contains.
+    pub fn literal(text: &str) -> Self {
+        TemplateBuilder::default().lit(text).build()
+    }
+
+    /// A template to assemble from literal text and variables.
+    pub fn builder() -> TemplateBuilder {
+        TemplateBuilder::default()
     }
 
     /// The template of no text.
@@ -318,19 +438,9 @@ fn parse_var(expr: &str) -> Result<Part, String> {
     }
     let mut path = Vec::new();
     for seg in path_src.split('.') {
-        if seg.is_empty()
-            || !seg
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!(
-                "`{path_src}` is not a variable path (letters, digits, `_`, `-`, joined by `.`)"
-            ));
-        }
-        path.push(Segment {
-            key: seg.into(),
-            index: seg.parse().ok(),
-        });
+        path.push(segment(seg).ok_or_else(|| {
+            format!("`{path_src}` is not a variable path (letters, digits, `_`, `-`, joined by `.`)")
+        })?);
     }
     let filters = pieces
         .map(|f| match f.trim() {
@@ -437,10 +547,14 @@ impl JsonTemplate {
     ///
     /// # Errors
     /// The first malformed template, with its JSON path.
-    pub fn compile(v: &Value) -> Result<Self, String> {
+    pub fn compile(v: Authored<'_, Value>) -> Result<Self, String> {
+        Self::compile_value(v.0)
+    }
+
+    fn compile_value(v: &Value) -> Result<Self, String> {
         Ok(match v {
             Value::String(s) => {
-                let t = Template::compile(s)?;
+                let t = Template::compile(Authored::new(s))?;
                 if t.is_literal() {
                     Self::Const(v.clone())
                 } else if t.sole_variable().is_some() {
@@ -452,12 +566,12 @@ impl JsonTemplate {
             Value::Array(a) => Self::Array(
                 a.iter()
                     .enumerate()
-                    .map(|(i, x)| Self::compile(x).map_err(|e| format!("[{i}]: {e}")))
+                    .map(|(i, x)| Self::compile_value(x).map_err(|e| format!("[{i}]: {e}")))
                     .collect::<Result<_, _>>()?,
             ),
             Value::Object(o) => Self::Object(
                 o.iter()
-                    .map(|(k, x)| Ok((k.clone(), Self::compile(x).map_err(|e| format!(".{k}: {e}"))?)))
+                    .map(|(k, x)| Ok((k.clone(), Self::compile_value(x).map_err(|e| format!(".{k}: {e}"))?)))
                     .collect::<Result<_, String>>()?,
             ),
             other => Self::Const(other.clone()),
@@ -526,7 +640,7 @@ mod tests {
 
     #[test]
     fn renders_literals_paths_and_filters() {
-        let t = Template::compile("Hi {{ name | upper }}, {{steps.1.text}}!{{missing}}").unwrap();
+        let t = Template::compile(Authored::new("Hi {{ name | upper }}, {{steps.1.text}}!{{missing}}")).unwrap();
         let scope = json!({"name": "ada", "steps": [{"text": "x"}, {"text": "y"}]});
         assert_eq!(t.render(&scope).unwrap(), "Hi ADA, y!");
         let roots: Vec<_> = t.roots().collect();
@@ -537,20 +651,20 @@ mod tests {
     fn url_and_json_filters() {
         let scope = json!({"q": "a b&c", "n": 3});
         assert_eq!(
-            Template::compile("{{q|url}}").unwrap().render(&scope).unwrap(),
+            Template::compile(Authored::new("{{q|url}}")).unwrap().render(&scope).unwrap(),
             "a%20b%26c"
         );
         assert_eq!(
-            Template::compile("{{q|json}}").unwrap().render(&scope).unwrap(),
+            Template::compile(Authored::new("{{q|json}}")).unwrap().render(&scope).unwrap(),
             "\"a b&c\""
         );
-        assert_eq!(Template::compile("{{n}}").unwrap().render(&scope).unwrap(), "3");
+        assert_eq!(Template::compile(Authored::new("{{n}}")).unwrap().render(&scope).unwrap(), "3");
     }
 
     #[test]
     fn url_rendering_encodes_unless_raw() {
         let scope = json!({"c": "São Paulo/x", "p": "a/b"});
-        let t = Template::compile("http://h/w?c={{c}}&p={{p|raw}}").unwrap();
+        let t = Template::compile(Authored::new("http://h/w?c={{c}}&p={{p|raw}}")).unwrap();
         assert_eq!(
             t.render_url(&scope).unwrap(),
             "http://h/w?c=S%C3%A3o%20Paulo%2Fx&p=a/b"
@@ -559,15 +673,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed_templates() {
-        assert!(Template::compile("{{ open").unwrap_err().contains("unclosed"));
-        assert!(Template::compile("{{}}").unwrap_err().contains("empty"));
+        assert!(Template::compile(Authored::new("{{ open")).unwrap_err().contains("unclosed"));
+        assert!(Template::compile(Authored::new("{{}}")).unwrap_err().contains("empty"));
         assert!(
-            Template::compile("{{a|nope}}")
+            Template::compile(Authored::new("{{a|nope}}"))
                 .unwrap_err()
                 .contains("unknown filter")
         );
         assert!(
-            Template::compile("{{a b}}")
+            Template::compile(Authored::new("{{a b}}"))
                 .unwrap_err()
                 .contains("not a variable path")
         );
@@ -575,7 +689,7 @@ mod tests {
 
     #[test]
     fn json_templates_keep_types() {
-        let t = JsonTemplate::compile(&json!({"n": "{{n}}", "s": "n={{n}}", "k": [1, "{{flag}}"]})).unwrap();
+        let t = JsonTemplate::compile(Authored::json(&json!({"n": "{{n}}", "s": "n={{n}}", "k": [1, "{{flag}}"]}))).unwrap();
         let out = t.render(&json!({"n": 2.5, "flag": true})).unwrap();
         assert_eq!(out, json!({"n": 2.5, "s": "n=2.5", "k": [1, true]}));
     }
@@ -585,23 +699,23 @@ mod tests {
         let big = "x".repeat(2 << 20);
         let scope = json!({ "x": big });
         let ten = "{{x}}".repeat(10);
-        assert_eq!(Template::compile(&ten).unwrap().render(&scope), Err(TooLarge));
+        assert_eq!(Template::compile(Authored::new(&ten)).unwrap().render(&scope), Err(TooLarge));
         assert_eq!(
-            Template::compile(&format!("http://h/{ten}"))
+            Template::compile(Authored::new(&format!("http://h/{ten}")))
                 .unwrap()
                 .render_url(&scope),
             Err(TooLarge)
         );
-        let typed = JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 10])).unwrap();
+        let typed = JsonTemplate::compile(Authored::json(&Value::Array(vec![json!("{{x}}"); 10]))).unwrap();
         assert_eq!(typed.render(&scope), Err(TooLarge));
         // Under the budget the same templates render in full.
         let seven = "{{x}}".repeat(7);
         assert_eq!(
-            Template::compile(&seven).unwrap().render(&scope).unwrap().len(),
+            Template::compile(Authored::new(&seven)).unwrap().render(&scope).unwrap().len(),
             7 * (2 << 20)
         );
         assert_eq!(
-            JsonTemplate::compile(&Value::Array(vec![json!("{{x}}"); 7]))
+            JsonTemplate::compile(Authored::json(&Value::Array(vec![json!("{{x}}"); 7])))
                 .unwrap()
                 .render(&scope)
                 .unwrap()[6],

@@ -95,7 +95,7 @@ fn is_encoded(c: char) -> bool {
 }
 
 fn check_template(src: &str, scope: &Value) -> Result<(), TestCaseError> {
-    let Ok(t) = Template::compile(src) else {
+    let Ok(t) = Template::compile(quiver_server::template::Authored::new(src)) else {
         return Ok(());
     };
     if !src.contains("{{") {
@@ -108,7 +108,7 @@ fn check_template(src: &str, scope: &Value) -> Result<(), TestCaseError> {
     // In a URL, a value is percent-encoded unless filtered `raw` or `url`: nothing it holds
     // can end the path or start a query.
     for filters in ["", " | upper", " | json", " | trim | lower"] {
-        let encoded = Template::compile(&format!("{{{{x{filters}}}}}"))
+        let encoded = Template::compile(quiver_server::template::Authored::new(&format!("{{{{x{filters}}}}}")))
             .unwrap()
             .render_url(scope)
             .unwrap();
@@ -131,7 +131,7 @@ fn templates_compile_and_render_any_input_without_panicking() {
             check_template(&src, &scope)?;
             // The same text as a JSON template, inside a value.
             let v = json!({"a": [src.clone(), 1], "b": src});
-            if let Ok(jt) = JsonTemplate::compile(&v) {
+            if let Ok(jt) = JsonTemplate::compile(quiver_server::template::Authored::json(&v)) {
                 let out = jt.render(&scope).unwrap();
                 prop_assert!(out.is_object());
             }

@@ -28,7 +28,7 @@ use crate::handlers::http;
 use crate::handlers::pipeline;
 use crate::handlers::template;
 use crate::schema::{Schema, expand_shorthand};
-use crate::template::Template;
+use crate::template::{Authored, Template};
 
 const MAX_PAGE_SIZE: u32 = 10_000;
 const DEFAULT_PAGE_SIZE: u32 = 100;
@@ -463,7 +463,7 @@ fn compile_resource<'a>(
                     format!("duplicate URI (also resources[{j}])"),
                 );
             }
-            if Template::compile(body).is_ok_and(|t| !t.is_literal()) {
+            if Template::compile(Authored::new(body)).is_ok_and(|t| !t.is_literal()) {
                 p.push(
                     format!("{at}.{field}"),
                     "a resource with a fixed `uri` has fixed contents; use `uriTemplate` for variables",
@@ -517,7 +517,7 @@ fn templated_resource(
     match UriPattern::compile(tpl) {
         Ok(pattern) => {
             let vars: Vec<&str> = pattern.variables().collect();
-            let text = template(body, &format!("{at}.{field}"), p);
+            let text = template(Authored::new(body), &format!("{at}.{field}"), p);
             if let Some(t) = &text {
                 check_template(
                     t,
@@ -610,7 +610,7 @@ fn compile_prompt(pr: &PromptSpec, at: &str, p: &mut Problems) -> CompiledPrompt
     for (j, m) in pr.messages.iter().enumerate() {
         let mp = format!("{at}.messages[{j}]");
         let block = match (&m.text, &m.content) {
-            (Some(text), None) => checked_template(text, &format!("{mp}.text"), &names, p).map(Content::Text),
+            (Some(text), None) => checked_template(Authored::new(text), &format!("{mp}.text"), &names, p).map(Content::Text),
             (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
             _ => {
                 p.push(&mp, "set exactly one of `text` and `content`");

@@ -7,7 +7,7 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 
-use crate::template::Template;
+use crate::template::{Authored, Template};
 
 /// One problem found in a ToolSet, located by a path such as `tools[3].handler.http.url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -325,12 +325,12 @@ pub(crate) fn check_roots(
     }
 }
 
-pub(crate) fn template(src: &str, path: &str, p: &mut Problems) -> Option<Template> {
+pub(crate) fn template(src: Authored<'_>, path: &str, p: &mut Problems) -> Option<Template> {
     Template::compile(src).map_err(|e| p.push(path, e)).ok()
 }
 
 pub(crate) fn checked_template(
-    src: &str,
+    src: Authored<'_>,
     path: &str,
     names: &Names<'_>,
     p: &mut Problems,

@@ -11,6 +11,7 @@ pub(crate) mod checks;
 pub(crate) mod compile;
 pub(crate) mod compiled;
 pub(crate) mod context;
+pub mod egress;
 pub mod governance;
 pub mod identity;
 mod json_doc;

@@ -72,6 +72,7 @@ fn read_config_maps(specs: &mut [OpenApiSpec], secrets: &Value, problems: &mut V
             Ok(text) => {
                 s.document = Some(text.to_owned());
                 s.config_map = None;
+                s.fetched = true;
             }
             Err(_) => problems.push(problem(
                 &format!("openapi[{i}].configMap"),
@@ -142,6 +143,7 @@ pub fn fetch_documents(specs: &mut [OpenApiSpec], secrets: &Value) -> Result<Opt
                 // Compiled like an inline document from here on (the settings were used).
                 specs[*i].document = Some(text);
                 specs[*i].fetched_from = specs[*i].url.clone();
+                specs[*i].fetched = true;
                 specs[*i].url = None;
                 specs[*i].fetch = None;
             }

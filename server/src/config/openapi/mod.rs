@@ -59,9 +59,20 @@ pub struct OpenApiSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetch: Option<FetchSpec>,
     /// The base URL requests go to (`http` or `https`, literal), instead of the document's
-    /// first `servers` entry. Needed when the document names no server or a relative one.
+    /// first `servers` entry. Needed when the document names no server or a relative one,
+    /// and (or `allowedOrigins`) when a document read from `url` or `configMap` gets
+    /// credentials: such a document never chooses where they go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// Origins requests may go to, as `scheme://host[:port]` (e.g.
+    /// `[https://api.example.com]`): the server the document names (or `server`) must be one
+    /// of them. With it, a document read from `url` or `configMap` may choose among these
+    /// servers and its operations may carry credentials; without it (and without `server`)
+    /// such a document's operations carry none, and their server may not be this host, a
+    /// link-local or a cloud metadata address. At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub allowed_origins: Vec<String>,
     /// Which entry of the document's `servers` requests go to when `server` is unset
     /// (default 0, the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,6 +86,12 @@ pub struct OpenApiSpec {
     #[serde(skip)]
     #[schemars(skip)]
     pub fetched_from: Option<String>,
+    /// The document was read from `url` or `configMap` (set by quiver-server when it reads
+    /// it, never by hand): its text is not this ToolSet author's, so it chooses no
+    /// credential's destination.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub fetched: bool,
     /// Headers of every request; values are templates that may read Secrets and the caller's
     /// claims, e.g. `Authorization: "Bearer {{secret.api.token}}"`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -297,7 +314,7 @@ impl FetchSpec {
                 p.push(&hat, "longer than 8192 characters");
                 continue;
             }
-            let t = match crate::template::Template::compile(value) {
+            let t = match crate::template::Template::compile(crate::template::Authored::new(value)) {
                 Ok(t) => t,
                 Err(e) => {
                     p.push(&hat, e);
@@ -394,6 +411,74 @@ pub(crate) fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Probl
     };
     if let Some(m) = problem {
         p.push(format!("{at}.url"), m);
+    }
+}
+
+/// At most this many `allowedOrigins`.
+pub const MAX_ALLOWED_ORIGINS: usize = 16;
+
+/// Whether requests of the source carry a credential: a `security` scheme's, `headers` that
+/// read a Secret or a claim, or the caller's token (`identity`).
+pub(crate) fn has_credentials(s: &OpenApiSpec) -> bool {
+    use crate::template::{Authored, Template};
+    !s.security.is_empty()
+        || s.identity
+            .as_ref()
+            .is_some_and(|i| i.mode != super::identity::IdentityMode::Server)
+        || s.headers
+            .values()
+            .any(|v| Template::compile(Authored::new(v)).map_or(true, |t| !t.is_literal()))
+}
+
+/// `scheme://authority` of an absolute http(s) URL, lower case (what `allowedOrigins` holds).
+pub(crate) fn origin_of(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    (matches!(scheme, "http" | "https") && !authority.is_empty() && !authority.contains('@'))
+        .then(|| format!("{scheme}://{authority}").to_ascii_lowercase())
+}
+
+/// The origins of `allowedOrigins`; problems of the list at `at.allowedOrigins`.
+pub(crate) fn allowed_origins(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) -> Vec<String> {
+    if s.allowed_origins.len() > MAX_ALLOWED_ORIGINS {
+        p.push(
+            format!("{at}.allowedOrigins"),
+            format!("at most {MAX_ALLOWED_ORIGINS} origins"),
+        );
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(s.allowed_origins.len());
+    for (i, o) in s.allowed_origins.iter().enumerate() {
+        let trimmed = o.strip_suffix('/').unwrap_or(o);
+        match origin_of(trimmed).filter(|origin| origin.len() == trimmed.len() && trimmed.len() <= 2048) {
+            Some(origin) if !trimmed.contains(|c: char| c.is_whitespace() || c.is_control()) => out.push(origin),
+            _ => p.push(
+                format!("{at}.allowedOrigins[{i}]"),
+                "an origin: `http://` or `https://` and a host[:port], nothing after it",
+            ),
+        }
+    }
+    out
+}
+
+/// Problems of where a source's credentials may go, known before its document is read: a
+/// `url` or `configMap` source with credentials names `server` or `allowedOrigins`.
+pub(crate) fn check_pinning(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
+    let allowed = allowed_origins(s, at, p);
+    if let Some(server) = &s.server
+        && !allowed.is_empty()
+        && !origin_of(server).is_some_and(|o| allowed.contains(&o))
+    {
+        p.push(format!("{at}.server"), "not at one of `allowedOrigins`");
+    }
+    let untrusted = s.url.is_some() || s.config_map.is_some() || s.fetched;
+    if untrusted && s.server.is_none() && allowed.is_empty() && has_credentials(s) {
+        p.push(
+            format!("{at}.server"),
+            "required (or `allowedOrigins`) when a document read from `url` or `configMap` gets \
+             credentials (`security`, `headers` reading a Secret or claim, `identity`): \
+             such a document does not choose where they go",
+        );
     }
 }
 

@@ -15,8 +15,9 @@ use crate::config::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
 use crate::config::governance::{self, ToolGovernance};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
 use crate::handlers::http::project::Projection;
-use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, HttpHandler, ParamPlace};
+use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, ParamPlace, RequestParts};
 use crate::schema::Schema;
+use crate::template::{Authored, Template};
 
 /// Longest tool description made from an operation's summary and description, in characters.
 pub(super) const MAX_DESCRIPTION: usize = 1024;
@@ -33,6 +34,59 @@ struct Shared<'a> {
     grants: std::cell::RefCell<Vec<Arc<http::auth::OAuth2>>>,
     /// Compiled `project` lists, by operation key.
     project: FxHashMap<String, Arc<Projection>>,
+    /// Where the document came from, and the origin requests go to.
+    trust: security::Trust,
+    /// A fetched document chose the server ([`http::HttpCall::guarded`]).
+    guarded: bool,
+}
+
+/// Where requests of source `s` go, and whether the author pinned it: `server`, an origin
+/// of `allowedOrigins`, or the document's own when the document is the author's. A fetched
+/// document's unpinned server may not carry credentials, nor be this host or link-local.
+fn target(s: &OpenApiSpec, doc: &Document, at: &str, p: &mut Problems) -> Option<(String, security::Trust, bool)> {
+    let base = base_url(s, doc, at, p)?;
+    let Some(origin) = super::origin_of(&base) else {
+        p.push(format!("{at}.server"), format!("`{}` is not an absolute http(s) URL", shown(&base)));
+        return None;
+    };
+    let allowed = super::allowed_origins(s, at, &mut Problems::default());
+    if !allowed.is_empty() && !allowed.contains(&origin) {
+        p.push(
+            format!("{at}.server"),
+            format!("requests would go to `{}`, which is not one of `allowedOrigins`", shown(&origin)),
+        );
+        return None;
+    }
+    let pinned = s.server.is_some() || !allowed.is_empty() || !s.fetched;
+    if !pinned {
+        if super::has_credentials(s) {
+            p.push(
+                format!("{at}.server"),
+                format!(
+                    "the document read from `url` or `configMap` sends requests to `{}`; credentials go only \
+                     where the author pins them: set `server` or `allowedOrigins`",
+                    shown(&origin)
+                ),
+            );
+            return None;
+        }
+        if let Some(why) = crate::config::egress::host_refused(&origin) {
+            p.push(
+                format!("{at}.server"),
+                format!(
+                    "the document read from `url` or `configMap` sends requests to `{}`, {why}; \
+                     set `server` or `allowedOrigins` to call it",
+                    shown(&origin)
+                ),
+            );
+            return None;
+        }
+    }
+    let trust = security::Trust {
+        fetched: s.fetched,
+        origin,
+    };
+    Some((base, trust, !pinned))
 }
 
 /// Where the requests of source `s` go: `server`, or the document's chosen server.
@@ -69,7 +123,7 @@ pub(super) fn compile_source(
     taken: &mut FxHashSet<String>,
     p: &mut Problems,
 ) -> Vec<CompiledTool> {
-    let Some(base) = base_url(s, doc, at, p) else {
+    let Some((base, trust, guarded)) = target(s, doc, at, p) else {
         return Vec::new();
     };
     let t = &s.tools;
@@ -93,8 +147,17 @@ pub(super) fn compile_source(
         .into(),
         grants: Default::default(),
         project: projections(s, doc, at, p),
+        trust,
+        guarded,
     };
-    security::check_against(&s.security, &s.headers, &doc.root, doc.version, at, p);
+    security::check_against(
+        &s.security,
+        &s.headers,
+        (&doc.root, doc.version),
+        &shared.trust,
+        at,
+        p,
+    );
     if let Some(prefix) = &t.prefix
         && !valid_tool_name(prefix)
     {
@@ -268,7 +331,7 @@ fn compile_op(
             ));
         }
     }
-    let applied = security::resolve(&sh.spec.security, root, conv.version(), op.op)?;
+    let applied = security::resolve(&sh.spec.security, (root, conv.version()), &sh.trust, op.op)?;
     let mut call = request(sh, op, &inputs.path_params, inputs.parts, applied, op_at, local);
     call.project = projection.cloned();
     Ok(CompiledTool {
@@ -635,7 +698,9 @@ fn annotations(s: &OpenApiSpec, method: &str, key: &str) -> Value {
 }
 
 /// The compiled request: the http tool of this method and URL, with the source's headers,
-/// TLS and identity, and the parameters and body taken from the arguments.
+/// TLS and identity, and the parameters and body taken from the arguments. The URL is the
+/// document's text, literal; only the path parameters and the credentials' Secrets are
+/// variables.
 fn request(
     sh: &Shared<'_>,
     op: &Op<'_>,
@@ -648,21 +713,13 @@ fn request(
     let s = sh.spec;
     let mut url = url_template(&sh.base, op.path, path_params).unwrap_or_else(|e| {
         local.push(format!("{op_at}.url"), e);
-        sh.base.clone()
+        Template::builder().lit(&sh.base)
     });
-    let mut headers = s.headers.clone();
-    security::merge(&applied, &mut url, &mut headers);
-    let handler = HttpHandler {
-        method: op.method.to_ascii_uppercase(),
-        url,
-        headers,
-        body: None,
-        timeout: s.timeout.clone(),
-        max_response_bytes: s.max_response_bytes,
-        tls: s.tls.clone(),
-        identity: s.identity.clone(),
-        project: Vec::new(),
-    };
+    for (i, q) in applied.query.iter().enumerate() {
+        let sep = if i == 0 && !sh.base.contains('?') && !op.path.contains('?') { "?" } else { "&" };
+        url = url.lit(sep).append(q);
+    }
+    let headers = headers(s, applied.headers, &applied.cookies, op_at, local);
     let names = Names::arguments(path_params.iter().map(String::as_str).collect());
     let index = FxHashMap::default();
     let mut cx = Cx {
@@ -671,8 +728,20 @@ fn request(
         p: local,
         index: &index,
     };
-    let mut call = http::compile(&handler, &mut cx);
+    let request = RequestParts {
+        method: op.method,
+        url: Some(url.build()),
+        headers,
+        body: None,
+        timeout: s.timeout.as_ref(),
+        max_response_bytes: s.max_response_bytes,
+        tls: s.tls.as_ref(),
+        identity: s.identity.as_ref(),
+        project: &[],
+    };
+    let mut call = http::assemble(request, &mut cx);
     call.args = Some(Box::new(parts));
+    call.guarded = sh.guarded;
     if let Some(auth) = applied.auth {
         if s.identity
             .as_ref()
@@ -693,6 +762,49 @@ fn request(
     call
 }
 
+/// The headers of an operation's requests: the source's `headers` (the author's templates),
+/// then the credential's, by name; API key cookies join the source's `Cookie` header.
+fn headers(
+    s: &OpenApiSpec,
+    applied: Vec<(String, Template)>,
+    cookies: &[Template],
+    op_at: &str,
+    local: &mut Problems,
+) -> Vec<(String, Template)> {
+    let mut out: Vec<(String, Template)> = Vec::with_capacity(s.headers.len() + applied.len() + 1);
+    for (k, v) in &s.headers {
+        match Template::compile(Authored::new(v)) {
+            Ok(t) => out.push((k.clone(), t)),
+            Err(e) => local.push(format!("{op_at}.headers.{k}"), e),
+        }
+    }
+    for (k, t) in applied {
+        match out.iter_mut().find(|(name, _)| *name == k) {
+            Some(slot) => slot.1 = t,
+            None => out.push((k, t)),
+        }
+    }
+    if !cookies.is_empty() {
+        let own = out.iter().position(|(k, _)| k.eq_ignore_ascii_case("cookie"));
+        let mut cookie = Template::builder();
+        if let Some(i) = own {
+            cookie = cookie.append(&out[i].1).lit("; ");
+        }
+        for (i, c) in cookies.iter().enumerate() {
+            if i > 0 {
+                cookie = cookie.lit("; ");
+            }
+            cookie = cookie.append(c);
+        }
+        match own {
+            Some(i) => out[i].1 = cookie.build(),
+            None => out.push(("Cookie".to_owned(), cookie.build())),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 /// `auth`, its OAuth2 grant replaced by an equal one of an earlier operation (one token).
 fn share(sh: &Shared<'_>, auth: http::auth::Auth) -> http::auth::Auth {
     let http::auth::Auth::OAuth2(grant) = &auth else {
@@ -706,13 +818,13 @@ fn share(sh: &Shared<'_>, auth: http::auth::Auth) -> http::auth::Auth {
     auth
 }
 
-/// The URL template of a path: `{name}` becomes `{{name}}` (percent-encoded when rendered).
-fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<String, String> {
-    let mut out = String::with_capacity(base.len() + path.len() + 8);
-    out.push_str(base);
+/// The URL of a path: the base and the path's text are literal (whatever they contain);
+/// each `{name}` of a path parameter is the argument (percent-encoded when rendered).
+fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<crate::template::TemplateBuilder, String> {
+    let mut out = Template::builder().lit(base);
     let mut rest = path;
     while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
+        out = out.lit(&rest[..open]);
         let close = rest[open..].find('}').ok_or("the path has an unclosed `{`")? + open;
         let name = &rest[open + 1..close];
         if !path_params.iter().any(|p| p == name) {
@@ -721,26 +833,18 @@ fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<String
                 shown(name)
             ));
         }
-        if name.is_empty()
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(format!(
+        out = out.var(&[name], &[]).map_err(|_| {
+            format!(
                 "path parameter `{}`: only names of A-Z a-z 0-9 _ - are supported",
                 shown(name)
-            ));
-        }
-        out.push_str("{{");
-        out.push_str(name);
-        out.push_str("}}");
+            )
+        })?;
         rest = &rest[close + 1..];
     }
-    if rest.contains('}') || path.contains("{{") {
+    if rest.contains('}') {
         return Err("the path has an unmatched `}`".to_owned());
     }
-    out.push_str(rest);
-    Ok(out)
+    Ok(out.lit(rest))
 }
 
 /// The first of a schema's problems (bounded) and how many more: a document can make one
@@ -797,6 +901,7 @@ pub(crate) fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &
         super::check_url(s, &at, p);
         let url_ok = p.0.len() == before;
         super::check_server_choice(s, &at, p);
+        super::check_pinning(s, &at, p);
         if let Some(cm) = &s.config_map {
             // Read by quiver-server from its ConfigMap source (`reload::fetch`), which puts
             // it in `document`: the operator sees it unread and grants the pods' Role.

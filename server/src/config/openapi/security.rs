@@ -2,10 +2,11 @@
 //! (`components.securitySchemes`, Swagger 2.0 `securityDefinitions`) an operation uses, and
 //! the request parts that carry its credential, read from Secrets.
 //!
-//! An API key or bearer token becomes a header, query or cookie template over
-//! `{{secret.NAME.KEY}}`, so it is checked, read, redacted and granted (the pods' Role) like
-//! any http tool's Secret; HTTP basic and OAuth2 client credentials are built per call
-//! ([`crate::handlers::http::auth`]).
+//! An API key or bearer token becomes a header, query or cookie template reading the Secret,
+//! so it is checked, read, redacted and granted (the pods' Role) like any http tool's Secret;
+//! HTTP basic and OAuth2 client credentials are built per call
+//! ([`crate::handlers::http::auth`]). The document's text (a parameter's name, a token URL)
+//! is literal in these templates: it never reads a Secret.
 
 use std::collections::BTreeMap;
 
@@ -14,8 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::document::{Version, deref, shown};
-use crate::config::context::{Problems, SecretRef, valid_secret_part};
+use crate::config::context::{Problems, SECRET_ROOT, SecretRef, valid_secret_part};
 use crate::handlers::http::auth::{Auth, OAuth2};
+use crate::template::{Filter, Template};
 
 /// At most this many entries in `security`.
 pub const MAX_SCHEMES: usize = 16;
@@ -50,17 +52,67 @@ pub struct SchemeCredential {
     /// Scopes requested (`oauth2`); default: those the operation's requirement lists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scopes: Option<Vec<String>>,
+    /// Accept an `http` token endpoint (`oauth2`): the client secret then travels in clear
+    /// text. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_http: bool,
+}
+
+/// What the compile step knows of where a source's document came from: a document read
+/// from `url` or `configMap` chooses no credential's destination.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Trust {
+    /// The document was read from `url` or `configMap`.
+    pub fetched: bool,
+    /// The origin requests go to (`scheme://authority`, lower case).
+    pub origin: String,
+}
+
+/// The token endpoint of a client credentials grant: the author's `tokenUrl`, else the
+/// document's when it is at the server's origin (or the document is the author's own).
+///
+/// # Errors
+/// No usable token URL, one of another origin given by a fetched document, or an `http`
+/// one without `allowHttp`.
+fn token_endpoint<'a>(c: &'a SchemeCredential, from_doc: Option<&'a str>, trust: &Trust) -> Result<&'a str, String> {
+    let (url, doc) = match (&c.token_url, from_doc) {
+        (Some(u), _) => (u.as_str(), false),
+        (None, Some(u)) => (u, true),
+        (None, None) => return Err("the document gives no `tokenUrl`; set `tokenUrl`".to_owned()),
+    };
+    if let Err(e) = check_token_url(url) {
+        return Err(if doc {
+            format!("the document's tokenUrl `{}` {e}; set `tokenUrl`", shown(url))
+        } else {
+            e.to_owned()
+        });
+    }
+    if doc && trust.fetched && super::origin_of(url).as_deref() != Some(trust.origin.as_str()) {
+        return Err(format!(
+            "the document's tokenUrl `{}` is not at the server's origin `{}`: a document read from \
+             `url` or `configMap` does not choose where the client secret goes; set `tokenUrl`",
+            shown(url),
+            shown(&trust.origin)
+        ));
+    }
+    if url.starts_with("http://") && !c.allow_http {
+        return Err(format!(
+            "`{}` is an `http` token URL, which sends the client secret in clear text; use https, or set `allowHttp: true`",
+            shown(url)
+        ));
+    }
+    Ok(url)
 }
 
 /// The credential parts of an operation's request.
 #[derive(Debug, Default)]
 pub(super) struct Applied {
     /// Header name and value template.
-    pub headers: Vec<(String, String)>,
-    /// `name=template` pairs appended to the URL's query.
-    pub query: Vec<String>,
-    /// `name=template` pairs of the `Cookie` header.
-    pub cookies: Vec<String>,
+    pub headers: Vec<(String, Template)>,
+    /// `name=value` pairs appended to the URL's query.
+    pub query: Vec<Template>,
+    /// `name=value` pairs of the `Cookie` header.
+    pub cookies: Vec<Template>,
     /// A credential built per call.
     pub auth: Option<Auth>,
 }
@@ -197,20 +249,17 @@ fn scope_chars(s: &str) -> bool {
 }
 
 /// A token URL must be an absolute `http(s)` URL without credentials or fragment.
-fn check_token_url(u: &str) -> Result<(), String> {
+fn check_token_url(u: &str) -> Result<(), &'static str> {
     let rest = u
         .strip_prefix("https://")
         .or_else(|| u.strip_prefix("http://"))
         .ok_or("must be an `https` (or `http`) URL")?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if u.len() > 2048 || authority.is_empty() || authority.contains('@') || u.contains('#') {
-        return Err(
-            "an absolute URL of at most 2048 characters, with a host and no credentials or fragment"
-                .to_owned(),
-        );
+        return Err("an absolute URL of at most 2048 characters, with a host and no credentials or fragment");
     }
     if u.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("has spaces or control characters".to_owned());
+        return Err("has spaces or control characters");
     }
     Ok(())
 }
@@ -220,11 +269,12 @@ fn check_token_url(u: &str) -> Result<(), String> {
 pub(super) fn check_against(
     security: &BTreeMap<String, SchemeCredential>,
     headers: &BTreeMap<String, String>,
-    root: &Value,
-    version: Version,
+    doc: (&Value, Version),
+    trust: &Trust,
     at: &str,
     p: &mut Problems,
 ) {
+    let (root, version) = doc;
     let declared = schemes(root, version);
     for (name, c) in security {
         let here = format!("{at}.security.{name}");
@@ -263,18 +313,9 @@ pub(super) fn check_against(
             Kind::Bearer => missing(&[("key", &c.key)]),
             Kind::Basic => missing(&[("usernameKey", &c.username_key), ("passwordKey", &c.password_key)]),
             Kind::ClientCredentials { token_url } => {
-                if c.token_url.is_none() {
-                    match token_url {
-                        None => p.push(&here, "the document gives no `tokenUrl`; set `tokenUrl`"),
-                        Some(u) => {
-                            if let Err(e) = check_token_url(u) {
-                                p.push(
-                                    &here,
-                                    format!("the document's tokenUrl `{}` {e}; set `tokenUrl`", shown(u)),
-                                );
-                            }
-                        }
-                    }
+                // The author's own `tokenUrl` was checked by `check_spec`, but for `allowHttp`.
+                if let Err(e) = token_endpoint(c, token_url, trust) {
+                    p.push(&here, e);
                 }
                 missing(&[
                     ("clientIdKey", &c.client_id_key),
@@ -305,10 +346,11 @@ fn requirements<'a>(root: &'a Value, op: &'a Map<String, Value>) -> Option<&'a V
 /// configured alternative meets is refused, naming what it requires.
 pub(super) fn resolve(
     security: &BTreeMap<String, SchemeCredential>,
-    root: &Value,
-    version: Version,
+    doc: (&Value, Version),
+    trust: &Trust,
     op: &Map<String, Value>,
 ) -> Result<Applied, String> {
+    let (root, version) = doc;
     let Some(alternatives) = requirements(root, op) else {
         return Ok(Applied::default());
     };
@@ -323,7 +365,7 @@ pub(super) fn resolve(
             let mut out = Applied::default();
             for (name, scopes) in alt {
                 let scheme = declared.and_then(|d| d.get(name)).unwrap_or(&Value::Null);
-                apply(name, &security[name], root, scheme, scopes, &mut out)?;
+                apply(name, &security[name], (root, scheme), scopes, trust, &mut out)?;
             }
             return Ok(out);
         }
@@ -336,44 +378,50 @@ pub(super) fn resolve(
     ))
 }
 
-/// Adds the parts of one scheme's credential to `out`.
+/// The template of a Secret value, trimmed, then `filters`: `{{secret.NAME.KEY | trim ...}}`.
+fn secret_value(c: &SchemeCredential, key: Option<&String>, prefix: &str, filters: &[Filter]) -> Result<Template, String> {
+    let key = key.map_or("", String::as_str);
+    Template::builder()
+        .lit(prefix)
+        .var(&[SECRET_ROOT, &c.secret, key], filters)
+        .map(crate::template::TemplateBuilder::build)
+}
+
+/// Adds the parts of one scheme's credential to `out`; `doc` is the document's root and the
+/// scheme's object.
 fn apply(
     name: &str,
     c: &SchemeCredential,
-    root: &Value,
-    scheme: &Value,
+    doc: (&Value, &Value),
     scopes: &Value,
+    trust: &Trust,
     out: &mut Applied,
 ) -> Result<(), String> {
-    let secret = |k: &Option<String>| {
-        format!(
-            "{{{{secret.{}.{} | trim}}}}",
-            c.secret,
-            k.as_deref().unwrap_or("")
-        )
-    };
+    let (root, scheme) = doc;
     match kind(root, scheme) {
         Kind::ApiKey {
             name: n,
             place: "query",
         } => {
-            out.query.push(format!("{}={}", encode(n), secret(&c.key)));
+            // The value is percent-encoded as the URL is rendered.
+            let pair = format!("{}=", encode(n));
+            out.query.push(secret_value(c, c.key.as_ref(), &pair, &[Filter::Trim])?);
         }
         Kind::ApiKey {
             name: n,
             place: "cookie",
         } => {
-            let value = format!(
-                "{{{{secret.{}.{} | trim | url}}}}",
-                c.secret,
-                c.key.as_deref().unwrap_or("")
-            );
-            out.cookies.push(format!("{}={value}", encode(n)));
+            let pair = format!("{}=", encode(n));
+            out.cookies
+                .push(secret_value(c, c.key.as_ref(), &pair, &[Filter::Trim, Filter::Url])?);
         }
-        Kind::ApiKey { name: n, .. } => out.headers.push((n.to_owned(), secret(&c.key))),
-        Kind::Bearer => out
+        Kind::ApiKey { name: n, .. } => out
             .headers
-            .push(("Authorization".to_owned(), format!("Bearer {}", secret(&c.key)))),
+            .push((n.to_owned(), secret_value(c, c.key.as_ref(), "", &[Filter::Trim])?)),
+        Kind::Bearer => out.headers.push((
+            "Authorization".to_owned(),
+            secret_value(c, c.key.as_ref(), "Bearer ", &[Filter::Trim])?,
+        )),
         Kind::Basic => {
             out.auth = Some(Auth::Basic {
                 user: key_ref(c, c.username_key.as_ref()).ok_or("no usernameKey")?,
@@ -381,11 +429,8 @@ fn apply(
             });
         }
         Kind::ClientCredentials { token_url } => {
-            let url = c
-                .token_url
-                .as_deref()
-                .or(token_url)
-                .ok_or_else(|| format!("security scheme `{}` has no tokenUrl", shown(name)))?;
+            let url = token_endpoint(c, token_url, trust)
+                .map_err(|e| format!("security scheme `{}`: {e}", shown(name)))?;
             let scopes: Vec<String> = match &c.scopes {
                 Some(s) => s.clone(),
                 None => scopes
@@ -426,29 +471,6 @@ fn encode(s: &str) -> String {
         }
     }
     out
-}
-
-/// Puts the template parts of `a` into an operation's URL and headers.
-pub(super) fn merge(a: &Applied, url: &mut String, headers: &mut BTreeMap<String, String>) {
-    for q in &a.query {
-        url.push(if url.contains('?') { '&' } else { '?' });
-        url.push_str(q);
-    }
-    for (k, v) in &a.headers {
-        headers.insert(k.clone(), v.clone());
-    }
-    if !a.cookies.is_empty() {
-        let mut cookie = a.cookies.join("; ");
-        let key = headers
-            .keys()
-            .find(|k| k.eq_ignore_ascii_case("cookie"))
-            .cloned()
-            .unwrap_or_else(|| "Cookie".to_owned());
-        if let Some(own) = headers.get(&key) {
-            cookie = format!("{own}; {cookie}");
-        }
-        headers.insert(key, cookie);
-    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use super::checks::{duration_or, header_name_problem, literal_origin, valid_env_
 use super::context::{Names, Problems, SecretRef, check_secret_template, valid_tool_name};
 use super::shared::ToolAnnotations;
 use crate::handlers::http::{TlsRefs, TlsSpec, compile_tls};
-use crate::template::Template;
+use crate::template::{Authored, Template};
 
 mod import;
 
@@ -438,7 +438,7 @@ fn connection_key(u: &UpstreamSpec) -> u64 {
 /// Secrets (added to `secrets`).
 fn compile_remote(h: &RemoteSpec, hp: &str, p: &mut Problems, secrets: &mut Vec<SecretRef>) -> Transport {
     let none = Names::arguments(Vec::new());
-    let url = Template::compile(&h.url).ok().filter(Template::is_literal);
+    let url = Template::compile(Authored::new(&h.url)).ok().filter(Template::is_literal);
     let mut origin = String::new();
     match &url {
         None => p.push(format!("{hp}.url"), "must be a literal URL"),
@@ -453,7 +453,7 @@ fn compile_remote(h: &RemoteSpec, hp: &str, p: &mut Problems, secrets: &mut Vec<
         if let Some(why) = header_name_problem(k, &UPSTREAM_HEADERS) {
             p.push(&path, why);
         }
-        match Template::compile(v) {
+        match Template::compile(Authored::new(v)) {
             Ok(t) => {
                 check_secret_template(&t, &none, &path, p, secrets);
                 headers.push((k.clone(), t));
@@ -509,7 +509,7 @@ fn compile_stdio(s: &StdioSpec, sp: &str, p: &mut Problems, secrets: &mut Vec<Se
         if !valid_env_name(k) {
             p.push(&path, "not a valid environment variable name");
         }
-        match Template::compile(v) {
+        match Template::compile(Authored::new(v)) {
             Ok(t) => {
                 check_secret_template(&t, &none, &path, p, secrets);
                 env.push((k.clone(), t));

@@ -13,7 +13,7 @@ use crate::config::checks::shallow;
 use crate::config::context::{Cx, Names, Problems, checked_template};
 use crate::config::json_field;
 use crate::schema::Schema;
-use crate::template::Template;
+use crate::template::{Authored, Template};
 
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
@@ -154,11 +154,11 @@ fn check_key(key: Option<&String>, path: &str, p: &mut Problems) -> Option<Strin
 }
 
 pub(crate) fn sample_call(spec: &SampleSpec, at: &str, names: &Names<'_>, p: &mut Problems) -> SampleCall {
-    let prompt = checked_template(&spec.prompt, &format!("{at}.prompt"), names, p);
+    let prompt = checked_template(Authored::new(&spec.prompt), &format!("{at}.prompt"), names, p);
     let system_prompt = spec
         .system_prompt
         .as_deref()
-        .and_then(|s| checked_template(s, &format!("{at}.systemPrompt"), names, p));
+        .and_then(|s| checked_template(Authored::new(s), &format!("{at}.systemPrompt"), names, p));
     if !(1..=MAX_SAMPLE_TOKENS).contains(&spec.max_tokens) {
         p.push(
             format!("{at}.maxTokens"),
@@ -174,7 +174,7 @@ pub(crate) fn sample_call(spec: &SampleSpec, at: &str, names: &Names<'_>, p: &mu
 }
 
 pub(crate) fn elicit_call(spec: &ElicitSpec, at: &str, names: &Names<'_>, p: &mut Problems) -> ElicitCall {
-    let message = checked_template(&spec.message, &format!("{at}.message"), names, p);
+    let message = checked_template(Authored::new(&spec.message), &format!("{at}.message"), names, p);
     let shallow_ok = shallow(&spec.schema, &format!("{at}.schema"), p);
     if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
         p.push(

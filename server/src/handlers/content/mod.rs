@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::context::{Cx, Names, Problems, checked_template as checked};
-use crate::template::{Budget, Scope, Template};
+use crate::config::context::{Cx, Names, Problems, checked_template};
+use crate::template::{Authored, Budget, Scope, Template};
 
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
@@ -145,6 +145,11 @@ pub fn is_base64(s: &str) -> bool {
 /// Base64 of `bytes` (standard alphabet, padded).
 pub fn to_base64(bytes: &[u8]) -> String {
     STANDARD.encode(bytes)
+}
+
+/// A content block's field of the ToolSet, compiled and checked.
+fn checked(src: &str, path: &str, names: &Names<'_>, p: &mut Problems) -> Option<Template> {
+    checked_template(Authored::new(src), path, names, p)
 }
 
 fn base64_template(src: &str, path: &str, names: &Names<'_>, p: &mut Problems) -> Option<Template> {

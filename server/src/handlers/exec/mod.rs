@@ -12,7 +12,7 @@ use crate::config::checks::{byte_cap, duration, valid_env_name};
 use crate::config::context::{
     Cx, Names, SECRET_ROOT, SecretRef, check_secret_template, check_template, template,
 };
-use crate::template::Template;
+use crate::template::{Authored, Template};
 
 #[cfg(feature = "runtime")]
 pub(crate) mod run;
@@ -98,7 +98,7 @@ pub(crate) fn compile(e: &ExecHandler, cx: &mut Cx<'_>) -> ExecCall {
     let mut args = Vec::new();
     let mut after_options = false;
     for (j, a) in e.command.iter().enumerate().skip(1) {
-        if let Some(t) = template(a, &format!("{ep}.command[{j}]"), p) {
+        if let Some(t) = template(Authored::new(a), &format!("{ep}.command[{j}]"), p) {
             check_template(&t, names, &format!("{ep}.command[{j}]"), p);
             args.push(ExecArg {
                 refuse_option: t.starts_with_variable() && !after_options && !e.allow_option_arguments,
@@ -109,7 +109,7 @@ pub(crate) fn compile(e: &ExecHandler, cx: &mut Cx<'_>) -> ExecCall {
         after_options |= a == "--";
     }
     let stdin = e.stdin.as_ref().and_then(|s| {
-        let t = template(s, &format!("{ep}.stdin"), p)?;
+        let t = template(Authored::new(s), &format!("{ep}.stdin"), p)?;
         check_template(&t, names, &format!("{ep}.stdin"), p);
         Some(t)
     });
@@ -120,7 +120,7 @@ pub(crate) fn compile(e: &ExecHandler, cx: &mut Cx<'_>) -> ExecCall {
         if !valid_env_name(k) {
             p.push(&at, "not a valid environment variable name");
         }
-        let Some(t) = template(v, &at, p) else {
+        let Some(t) = template(Authored::new(v), &at, p) else {
             continue;
         };
         if t.roots().any(|(root, _)| root != SECRET_ROOT) {

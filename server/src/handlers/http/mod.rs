@@ -18,7 +18,7 @@ use crate::config::context::{
 };
 use crate::config::identity::{Identity, IdentitySpec};
 use crate::config::json_field;
-use crate::template::{JsonTemplate, Template};
+use crate::template::{Authored, JsonTemplate, Template};
 
 #[cfg(feature = "runtime")]
 mod args;
@@ -131,6 +131,10 @@ pub struct HttpCall {
     pub auth: Option<Box<auth::Auth>>,
     /// The fields of a JSON answer kept (`None`: all of it).
     pub project: Option<std::sync::Arc<project::Projection>>,
+    /// The server was chosen by a fetched document, not the author: its host must not
+    /// resolve to a loopback, link-local or unspecified address, or one of this host's own
+    /// ([`crate::config::egress`]).
+    pub guarded: bool,
 }
 
 /// Request parts built from argument values rather than templates: a parameter whose
@@ -185,22 +189,78 @@ pub struct TlsRefs {
     pub client: Option<(SecretRef, SecretRef)>,
 }
 
-/// Compiles an `http` spec.
+/// Compiles an `http` spec: the author's URL, header and body text are templates.
 pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
     let hp = cx.at.clone();
+    let p = &mut *cx.p;
+    let url = template(Authored::new(&h.url), &format!("{hp}.url"), p);
+    let mut headers = Vec::with_capacity(h.headers.len());
+    for (k, v) in &h.headers {
+        if let Some(t) = template(Authored::new(v), &format!("{hp}.headers.{k}"), p) {
+            headers.push((k.clone(), t));
+        }
+    }
+    let body = h.body.as_ref().and_then(|b| {
+        if !shallow(b, &format!("{hp}.body"), p) {
+            return None;
+        }
+        JsonTemplate::compile(Authored::json(b))
+            .map_err(|e| p.push(format!("{hp}.body"), e))
+            .ok()
+    });
+    let parts = RequestParts {
+        method: &h.method,
+        url,
+        headers,
+        body,
+        timeout: h.timeout.as_ref(),
+        max_response_bytes: h.max_response_bytes,
+        tls: h.tls.as_ref(),
+        identity: h.identity.as_ref(),
+        project: &h.project,
+    };
+    assemble(parts, cx)
+}
+
+/// The parts of a request with their templates compiled: from the author's text
+/// ([`compile`]), or assembled from an imported document's text, which is literal.
+pub(crate) struct RequestParts<'a> {
+    /// The method as written (any case).
+    pub method: &'a str,
+    /// The URL (`None`: it did not compile, a problem already reported).
+    pub url: Option<Template>,
+    /// Header names and value templates.
+    pub headers: Vec<(String, Template)>,
+    /// The JSON body.
+    pub body: Option<JsonTemplate>,
+    /// `timeout` as written.
+    pub timeout: Option<&'a String>,
+    /// `maxResponseBytes`.
+    pub max_response_bytes: Option<u64>,
+    /// `tls`.
+    pub tls: Option<&'a TlsSpec>,
+    /// `identity`.
+    pub identity: Option<&'a IdentitySpec>,
+    /// `project`.
+    pub project: &'a [String],
+}
+
+/// Checks the parts of a request (method, origin, names the templates read, TLS, identity)
+/// and makes the call, reporting problems at `cx.at`.
+pub(crate) fn assemble(r: RequestParts<'_>, cx: &mut Cx<'_>) -> HttpCall {
+    let hp = cx.at.clone();
     let (names, p) = (cx.names, &mut *cx.p);
-    let method = h.method.to_ascii_uppercase();
+    let method = r.method.to_ascii_uppercase();
     if !["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&method.as_str()) {
         p.push(
             format!("{hp}.method"),
-            format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", h.method),
+            format!("`{}` is not one of GET, POST, PUT, PATCH, DELETE, HEAD", r.method),
         );
     }
-    let url = template(&h.url, &format!("{hp}.url"), p);
     let mut origin = String::new();
     let mut secrets = Vec::new();
     let mut claims = Vec::new();
-    if let Some(u) = &url {
+    if let Some(u) = &r.url {
         check_request_template(u, names, &format!("{hp}.url"), p, &mut secrets, &mut claims);
         match literal_origin(u) {
             Ok(o) => origin = o,
@@ -212,71 +272,60 @@ pub(crate) fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
             p.push(format!("{hp}.url"), "the path has a `.` or `..` segment");
         }
     }
-    let mut headers = Vec::new();
-    for (k, v) in &h.headers {
+    for (k, t) in &r.headers {
         if let Some(why) = header_name_problem(k, &[]) {
             p.push(format!("{hp}.headers.{k}"), why);
         }
-        if let Some(t) = template(v, &format!("{hp}.headers.{k}"), p) {
-            check_request_template(
-                &t,
-                names,
-                &format!("{hp}.headers.{k}"),
-                p,
-                &mut secrets,
-                &mut claims,
-            );
-            headers.push((k.clone(), t));
-        }
+        check_request_template(
+            t,
+            names,
+            &format!("{hp}.headers.{k}"),
+            p,
+            &mut secrets,
+            &mut claims,
+        );
     }
-    let body = h.body.as_ref().and_then(|b| {
-        if !shallow(b, &format!("{hp}.body"), p) {
-            return None;
-        }
-        let jt = JsonTemplate::compile(b)
-            .map_err(|e| p.push(format!("{hp}.body"), e))
-            .ok()?;
+    if let Some(jt) = &r.body {
         for t in jt.templates() {
             check_request_template(t, names, &format!("{hp}.body"), p, &mut secrets, &mut claims);
         }
-        Some(jt)
-    });
-    let tls = h
+    }
+    let tls = r
         .tls
-        .as_ref()
         .map(|t| compile_tls(t, &format!("{hp}.tls"), &origin, p, &mut secrets));
-    if body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
+    if r.body.is_some() && matches!(method.as_str(), "GET" | "HEAD") {
         p.push(format!("{hp}.body"), format!("{method} requests carry no body"));
     }
-    let identity = h.identity.as_ref().and_then(|i| {
+    let identity = r.identity.and_then(|i| {
         // Up to the first placeholder: what of the URL is known before a call.
-        let literal = h.url.split("{{").next().unwrap_or_default();
+        let literal = r.url.as_ref().map_or("", Template::literal_prefix);
         crate::config::identity::compile(i, &format!("{hp}.identity"), literal, p)
     });
     if identity.is_some()
-        && let Some(k) = h.headers.keys().find(|k| k.eq_ignore_ascii_case("authorization"))
+        && let Some((k, _)) = r.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
     {
         p.push(
             format!("{hp}.headers.{k}"),
             "`identity` sets the Authorization header of this tool's requests; remove this header",
         );
     }
-    let project = project::compile(&h.project, &format!("{hp}.project"), p).map(std::sync::Arc::new);
+    let project = project::compile(r.project, &format!("{hp}.project"), p).map(std::sync::Arc::new);
     HttpCall {
         project,
         identity,
         claims,
-        timeout: duration(h.timeout.as_ref(), &format!("{hp}.timeout"), p),
-        max_response_bytes: byte_cap(h.max_response_bytes, &format!("{hp}.maxResponseBytes"), p),
+        timeout: duration(r.timeout, &format!("{hp}.timeout"), p),
+        max_response_bytes: byte_cap(r.max_response_bytes, &format!("{hp}.maxResponseBytes"), p),
         method,
-        url: url.unwrap_or_else(Template::empty),
+        url: r.url.unwrap_or_else(Template::empty),
         origin,
-        headers,
-        body,
+        headers: r.headers,
+        body: r.body,
         secrets,
         tls,
         args: None,
         auth: None,
+        guarded: false,
     }
 }
 

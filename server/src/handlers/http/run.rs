@@ -7,6 +7,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
@@ -50,7 +51,62 @@ const MAX_ERROR_CHARS: usize = 2048;
 /// The `User-Agent` of every outbound request.
 pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
 
-type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+type Pool = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
+
+/// Resolves host names for the client. A guarded one (a fetched document chose the server)
+/// keeps only addresses such a document may choose ([`crate::config::egress`]): a name that
+/// resolves to this host, a link-local or a metadata address is not connected to.
+#[derive(Clone, Copy, Debug)]
+struct Resolver {
+    guarded: bool,
+}
+
+type Resolved = std::io::Result<std::vec::IntoIter<std::net::SocketAddr>>;
+
+impl tower::Service<Name> for Resolver {
+    type Response = std::vec::IntoIter<std::net::SocketAddr>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Resolved> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let guarded = self.guarded;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let addrs: Vec<std::net::SocketAddr> = tokio::task::spawn_blocking(move || {
+                std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), 0)).map(Iterator::collect)
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            if !guarded {
+                return Ok(addrs.into_iter());
+            }
+            let kept: Vec<_> = addrs.into_iter().filter(|a| may_connect(a.ip()).is_ok()).collect();
+            if kept.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "the server a fetched document chose resolves only to addresses it may not choose \
+                     (this host, link-local or cloud metadata); set `server` or `allowedOrigins`",
+                ));
+            }
+            Ok(kept.into_iter())
+        })
+    }
+}
+
+/// Whether a call a fetched document chose may go to `ip`.
+fn may_connect(ip: std::net::IpAddr) -> Result<(), &'static str> {
+    if let Some(why) = crate::config::egress::refused(ip) {
+        return Err(why);
+    }
+    if crate::config::egress::is_own(ip) {
+        return Err("an address of this host");
+    }
+    Ok(())
+}
 
 /// Clients of distinct TLS settings (`tls:` of http tools) kept at once; more empties the cache.
 const MAX_TLS_CLIENTS: usize = 32;
@@ -59,19 +115,21 @@ const MAX_TLS_CLIENTS: usize = 32;
 #[derive(Clone, Debug)]
 pub struct HttpClient {
     client: Pool,
+    /// The pool of calls whose server a fetched document chose ([`HttpCall::guarded`]).
+    guarded: Pool,
     /// By a hash of the PEM material: a rotated Secret makes a new client.
     tls: std::sync::Arc<std::sync::Mutex<rustc_hash::FxHashMap<u64, Pool>>>,
 }
 
-fn pool(connector: HttpsConnector<HttpConnector>) -> Pool {
+fn pool(connector: HttpsConnector<HttpConnector<Resolver>>) -> Pool {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(std::time::Duration::from_secs(60))
         .pool_max_idle_per_host(64)
         .build(connector)
 }
 
-fn tcp() -> HttpConnector {
-    let mut http = HttpConnector::new();
+fn tcp(guarded: bool) -> HttpConnector<Resolver> {
+    let mut http = HttpConnector::new_with_resolver(Resolver { guarded });
     http.enforce_http(false);
     http.set_nodelay(true);
     http
@@ -111,24 +169,28 @@ fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, St
 impl HttpClient {
     /// A client trusting the webpki root certificates.
     pub fn new() -> Self {
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .unwrap_or_else(|e| panic!("ring supports rustls' default protocol versions: {e}"))
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp());
+        let connector = |guarded| {
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .unwrap_or_else(|e| panic!("ring supports rustls' default protocol versions: {e}"))
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(tcp(guarded))
+        };
         Self {
-            client: pool(connector),
+            client: pool(connector(false)),
+            guarded: pool(connector(true)),
             tls: std::sync::Arc::default(),
         }
     }
 
     /// The client of a `tls:` setting with the Secrets' current values (built on first use
     /// of these values).
-    fn tls_client(&self, tls: &TlsRefs, secrets: &Value) -> Result<Pool, String> {
+    fn tls_client(&self, tls: &TlsRefs, secrets: &Value, guarded: bool) -> Result<Pool, String> {
         use std::hash::{Hash, Hasher};
         let mut h = rustc_hash::FxHasher::default();
         tls.hash(&mut h);
+        guarded.hash(&mut h);
         for r in tls.ca.iter().chain(tls.client.iter().flat_map(|(c, k)| [c, k])) {
             crate::secrets::value_in(secrets, r)?.hash(&mut h);
         }
@@ -140,7 +202,7 @@ impl HttpClient {
             .with_tls_config(tls_config(tls, secrets)?)
             .https_only()
             .enable_http1()
-            .wrap_connector(tcp());
+            .wrap_connector(tcp(guarded));
         let client = pool(connector);
         if let Ok(mut m) = self.tls.lock() {
             if m.len() >= MAX_TLS_CLIENTS {
@@ -152,10 +214,11 @@ impl HttpClient {
     }
 
     /// The pool for a `tls:` setting (the shared one without).
-    fn client_for(&self, tls: Option<&TlsRefs>, secrets: &Value) -> Result<Pool, String> {
+    fn client_for(&self, tls: Option<&TlsRefs>, secrets: &Value, guarded: bool) -> Result<Pool, String> {
         match tls {
+            None if guarded => Ok(self.guarded.clone()),
             None => Ok(self.client.clone()),
-            Some(t) => self.tls_client(t, secrets),
+            Some(t) => self.tls_client(t, secrets, guarded),
         }
     }
 
@@ -173,7 +236,7 @@ impl HttpClient {
         // The URL as errors show it is only written when there is an error.
         let uri = req.uri().clone();
         let client = self
-            .client_for(tls, secrets)
+            .client_for(tls, secrets, false)
             .map_err(|e| format!("TLS settings of {}: {e}", redacted(&uri)))?;
         client
             .request(req)
@@ -195,7 +258,7 @@ impl HttpClient {
     ) -> Result<Value, String> {
         let client = match tls {
             None => self.client.clone(),
-            Some((t, secrets)) => self.tls_client(t, secrets)?,
+            Some((t, secrets)) => self.tls_client(t, secrets, false)?,
         };
         let uri: Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
         let shown = redacted(&uri);
@@ -317,7 +380,7 @@ impl HttpClient {
             Ok(r) => r,
             Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
         };
-        let client = match self.client_for(spec.tls.as_ref(), secrets) {
+        let client = match self.client_for(spec.tls.as_ref(), secrets, spec.guarded) {
             Ok(c) => c,
             Err(e) => return ToolOutput::error(format!("TLS settings of {url}: {e}")),
         };
@@ -492,6 +555,15 @@ fn target(spec: &HttpCall, scope: &RequestScope<'_>, args: &Value) -> Result<Uri
     }
     if has_dot_segment(path_of(url.get(spec.origin.len()..).unwrap_or_default())) {
         return Err("the arguments make a `.` or `..` URL path segment; refused".to_owned());
+    }
+    // A literal address is connected to without resolving: checked here instead.
+    if spec.guarded
+        && let Some(ip) = uri.host().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok())
+        && let Err(why) = may_connect(ip)
+    {
+        return Err(format!(
+            "the server a fetched document chose is {why}; refused (set `server` or `allowedOrigins`)"
+        ));
     }
     Ok(uri)
 }

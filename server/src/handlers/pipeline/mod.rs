@@ -83,7 +83,7 @@ pub(crate) fn compile(steps: &[PipelineStep], cx: &mut Cx<'_>) -> Vec<Step> {
             if !shallow(v, &format!("{sp}.input"), p) {
                 return None;
             }
-            let jt = JsonTemplate::compile(v)
+            let jt = JsonTemplate::compile(crate::template::Authored::json(v))
                 .map_err(|e| p.push(format!("{sp}.input"), e))
                 .ok()?;
             for t in jt.templates() {
@@ -92,7 +92,7 @@ pub(crate) fn compile(steps: &[PipelineStep], cx: &mut Cx<'_>) -> Vec<Step> {
             Some(jt)
         });
         let log = s.log.as_ref().and_then(|src| {
-            let t = checked_template(src, &format!("{sp}.log"), &step_names, p)?;
+            let t = checked_template(crate::template::Authored::new(src), &format!("{sp}.log"), &step_names, p)?;
             Some((s.log_level.unwrap_or_default(), t))
         });
         if s.log.is_none() && s.log_level.is_some() {
