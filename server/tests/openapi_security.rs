@@ -30,6 +30,8 @@ struct State {
     issued: AtomicUsize,
     /// Tokens below this number are refused by `/api` (a revocation).
     revoked_below: AtomicUsize,
+    /// Documents served, by path (a hostile document host).
+    docs: Mutex<BTreeMap<String, String>>,
 }
 
 /// The API and its token endpoint on one loopback port: API paths record what they receive;
@@ -74,6 +76,14 @@ fn serve(mut conn: std::net::TcpStream, st: &State) {
     let _ = reader.read_exact(&mut body);
     let body = String::from_utf8_lossy(&body).into_owned();
     let auth = headers.get("authorization").cloned().unwrap_or_default();
+    if let Some(doc) = st.docs.lock().unwrap().get(&target).cloned() {
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
+            doc.len()
+        );
+        return;
+    }
     let (status, content) = match target.as_str() {
         "/token" => {
             let ok = auth == "Basic Y2xpZW50OnMzY3JldA=="
@@ -194,7 +204,7 @@ fn start(port: u16) -> (Proc, tempfile::TempDir) {
     let mut security = String::new();
     for bad in ["", "_huge", "_html", "_missing", "_500", "_slow"] {
         security.push_str(&format!(
-            "      cc{bad}: {{secret: oauth, clientIdKey: id, clientSecretKey: secret}}\n"
+            "      cc{bad}: {{secret: oauth, clientIdKey: id, clientSecretKey: secret, allowHttp: true}}\n"
         ));
     }
     let tools = format!(
@@ -310,4 +320,75 @@ fn a_broken_token_endpoint_is_a_tool_error_saying_what_is_wrong() {
     );
     // The server is still serving.
     assert_eq!(call(&p, "open", json!({}))["isError"], false);
+}
+
+/// A hostile document host, end to end: a document fetched by `url` whose server URL names a
+/// Secret, and one whose server resolves to this host. The document's text reads nothing,
+/// and a server it chose is not connected to when it is this host.
+#[test]
+fn a_fetched_documents_text_reads_no_secret_and_its_server_is_never_this_host() {
+    let (port, st) = target();
+    let get = |id: &str, security: Value| {
+        json!({"get": {"operationId": id, "security": security, "responses": {"200": {"description": "ok"}}}})
+    };
+    st.docs.lock().unwrap().insert(
+        "/billing.json".to_owned(),
+        json!({
+            "openapi": "3.0.3", "info": {"title": "billing", "version": "1"},
+            "servers": [{"url": format!("http://127.0.0.1:{port}/x/{{{{secret.db.password}}}}{{{{caller.sub}}}}")}],
+            "paths": {"/invoices": get("invoices", json!([{"key": []}]))},
+            "components": {"securitySchemes": {"key": {"type": "apiKey", "in": "header", "name": "X-Api-Key"}}}
+        })
+        .to_string(),
+    );
+    // `vm`-style names: the machine's own host name resolves to one of its own addresses.
+    let own = std::process::Command::new("hostname").output().unwrap();
+    let own = String::from_utf8_lossy(&own.stdout).trim().to_owned();
+    st.docs.lock().unwrap().insert(
+        "/open.json".to_owned(),
+        json!({
+            "openapi": "3.0.3", "info": {"title": "open", "version": "1"},
+            "servers": [{"url": format!("http://{own}:{port}/y")}],
+            "paths": {"/status": get("status", json!([]))}
+        })
+        .to_string(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    write_secret(dir.path(), "db", "password", "hunter2-db");
+    write_secret(dir.path(), "api", "key", "billing-key");
+    let tools = format!(
+        r#"tools:
+  - name: dbq
+    handler: {{http: {{url: "http://127.0.0.1:{port}/q?pw={{{{secret.db.password}}}}"}}}}
+openapi:
+  - name: billing
+    url: http://127.0.0.1:{port}/billing.json
+    fetch: {{allowHttp: true}}
+    allowedOrigins: [http://127.0.0.1:{port}]
+    security: {{key: {{secret: api, key: key}}}}
+  - name: open
+    url: http://127.0.0.1:{port}/open.json
+    fetch: {{allowHttp: true}}
+"#
+    );
+    let source = format!("--secrets=dir:{}", dir.path().display());
+    let p = start_http_env(&tools, &[&source], &[]);
+
+    let r = call(&p, "invoices", json!({}));
+    assert_eq!(r["isError"], false, "{r}");
+    let r = call(&p, "status", json!({}));
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(text(&r).contains("may not choose"), "{r}");
+    let seen = st.seen.lock().unwrap().clone();
+    for s in &seen {
+        assert!(!s.target.contains("hunter2"), "the document's text read a Secret: {s:?}");
+        assert!(!s.target.starts_with("/y"), "a call reached this host: {s:?}");
+    }
+    // The document's braces were sent as the characters they are, with the API key, to the
+    // origin the author allowed.
+    assert!(
+        seen.iter().any(|s| s.target == "/x/{{secret.db.password}}{{caller.sub}}/invoices"
+            && s.headers.get("x-api-key").map(String::as_str) == Some("billing-key")),
+        "{seen:?}"
+    );
 }

@@ -561,3 +561,6 @@ pub fn read_files(specs: &mut [OpenApiSpec]) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+#[path = "trust_tests.rs"]
+mod trust_tests;

@@ -974,7 +974,12 @@ fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> 
     // Where requests go may be in the document only (a ConfigMap's): the references are
     // still named, and the problems that depend on the server are left to the pods.
     let mut scratch = Problems::default();
-    let (server, p) = match s.server.clone().or_else(|| s.url.as_deref().and_then(origin)) {
+    let server = s
+        .server
+        .clone()
+        .or_else(|| s.allowed_origins.first().cloned())
+        .or_else(|| s.url.as_deref().and_then(origin));
+    let (server, p) = match server {
         Some(server) => (server, p),
         None => ("https://stand-in.invalid".to_owned(), &mut scratch),
     };

@@ -241,7 +241,7 @@ fn swagger_2_schemes_apply_and_a_source_to_fetch_grants_its_scheme_secrets() {
     );
 
     let ts: ToolSet = serde_json::from_value(json!({"openapi": [{
-        "name": "api", "url": "https://api.example/openapi.json",
+        "name": "api", "url": "https://api.example/openapi.json", "allowedOrigins": ["https://api.example"],
         "security": {"key": {"secret": "api-key", "key": "key"}}
     }]}))
     .unwrap();

@@ -394,6 +394,7 @@ fn a_source_still_to_be_fetched_names_the_secrets_and_config_maps_its_settings_r
     // source's headers and tls read, and a bad reference there is a problem of the source.
     let c = compiled(json!({
         "name": "kube", "url": "https://kubernetes.default.svc/openapi/v3/api/v1",
+        "server": "https://kubernetes.default.svc",
         "headers": {"Authorization": "Bearer {{secret.kube-caller.token}}"},
         "tls": {"caConfigMap": "kube-root-ca.crt"},
         "tools": {"include": ["listCoreV1*"]},
@@ -643,10 +644,15 @@ fn a_document_in_a_config_map_is_named_for_the_pods_role_and_checked() {
         compiled(json!({"name": "api", "configMap": {"name": "api-doc", "key": "openapi.json"}})).unwrap();
     assert!(c.tools.is_empty(), "read by the server, not here");
     assert!(c.secrets.contains("configmap:api-doc"), "{:?}", c.secrets);
-    // What the source's settings read is named too, with or without a `server`.
-    for server in [json!(null), json!("https://kubernetes.default.svc")] {
+    // What the source's settings read is named too, with a `server` or `allowedOrigins`
+    // (credentials need one of them: the ConfigMap's document does not choose where they go).
+    for (server, allowed) in [
+        (json!(null), json!(["https://kubernetes.default.svc"])),
+        (json!("https://kubernetes.default.svc"), json!([])),
+    ] {
         let c = compiled(json!({
             "name": "api", "configMap": {"name": "api-doc", "key": "openapi.json"}, "server": server,
+            "allowedOrigins": allowed,
             "headers": {"Authorization": "Bearer {{secret.kube-caller.token}}"},
             "tls": {"caConfigMap": "kube-root-ca.crt"},
         }))
