@@ -735,4 +735,63 @@ mod tests {
         // Dropping such a value recurses in serde_json; leak it instead of testing that here.
         std::mem::forget(v);
     }
+
+    /// Where [`Authored`] text is made: only where the ToolSet's own fields are compiled. A
+    /// new site fails here on purpose; add it only if what it wraps is a field the ToolSet's
+    /// author wrote, never text of a document, an upstream or anything fetched.
+    #[test]
+    fn authored_text_is_made_only_where_the_toolset_is_compiled() {
+        let expected: &[(&str, usize)] = &[
+            ("config/compile.rs", 3),
+            ("config/openapi/mod.rs", 2),
+            ("config/openapi/operation.rs", 1),
+            ("config/upstream/mod.rs", 3),
+            ("handlers/ask/mod.rs", 3),
+            ("handlers/content/mod.rs", 1),
+            ("handlers/exec/mod.rs", 3),
+            ("handlers/http/mod.rs", 3),
+            ("handlers/pipeline/mod.rs", 2),
+            ("handlers/template.rs", 1),
+        ];
+        // In the importers, exactly these: their own settings (headers, a literal URL).
+        let importer_sites = [
+            "match Template::compile(Authored::new(v)) {",
+            "let t = match crate::template::Template::compile(crate::template::Authored::new(value)) {",
+            ".any(|v| Template::compile(Authored::new(v)).map_or(true, |t| !t.is_literal()))",
+            "let url = Template::compile(Authored::new(&h.url)).ok().filter(Template::is_literal);",
+        ];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = std::collections::BTreeMap::new();
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if rel == "template.rs" || name.ends_with("_tests.rs") || name == "tests.rs" || !name.ends_with(".rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                // Production code only: a file's unit tests follow its `#[cfg(test)]` module.
+                let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+                for line in code.lines().filter(|l| l.contains("Authored::new(") || l.contains("Authored::json(")) {
+                    *found.entry(rel.clone()).or_insert(0usize) += 1;
+                    if rel.starts_with("config/openapi/") || rel.starts_with("config/upstream/") || rel.starts_with("upstream/") || rel.starts_with("reload/") {
+                        assert!(
+                            importer_sites.contains(&line.trim()),
+                            "{rel}: `{}` makes author template text in an importer: document and upstream text is literal (Template::literal, Template::builder)",
+                            line.trim()
+                        );
+                    }
+                }
+            }
+        }
+        let expected: std::collections::BTreeMap<String, usize> =
+            expected.iter().map(|(f, n)| ((*f).to_owned(), *n)).collect();
+        assert_eq!(found, expected, "Authored text is made at other places than reviewed");
+    }
 }

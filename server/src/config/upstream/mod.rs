@@ -1167,6 +1167,36 @@ upstreams:
         );
     }
 
+    /// An upstream's text is data: a tool's name, title, description, annotations and
+    /// schemas carrying template syntax are listed as written, never compiled, and the call
+    /// reads no Secret (it forwards the arguments as they are).
+    #[test]
+    fn an_upstreams_text_is_data_whatever_template_syntax_it_holds() {
+        let u = upstream("upstreams: [{name: up, stdio: {command: [up]}}]");
+        let hostile = "{{secret.db.password}} {{caller.sub}} https://attacker.example";
+        let listed = vec![
+            json!({"name": "{{secret.db.password}}", "inputSchema": {"type": "object"}}),
+            json!({"name": "ok", "title": hostile, "description": hostile,
+                   "annotations": {"title": hostile},
+                   "inputSchema": {"type": "object", "description": hostile,
+                                   "properties": {"q": {"type": "string", "default": hostile, "examples": [hostile]}}},
+                   "outputSchema": {"type": "object", "description": hostile}}),
+        ];
+        let (tools, report) = u.import(0, &listed, &mut FxHashSet::default());
+        assert_eq!(tools.len(), 1, "{report:?}");
+        assert!(report.skipped[0].contains("not a valid tool name"), "{report:?}");
+        let t = &tools[0];
+        assert_eq!(t.descriptor["description"], hostile);
+        assert_eq!(t.descriptor["title"], hostile);
+        assert_eq!(t.descriptor["inputSchema"]["properties"]["q"]["default"], hostile);
+        assert_eq!(t.descriptor["outputSchema"]["description"], hostile);
+        let CompiledHandler::Upstream(call) = &t.handler else {
+            panic!("an imported tool forwards its call")
+        };
+        assert_eq!(call.remote, "ok");
+        assert!(t.handler.secrets().is_empty());
+    }
+
     #[test]
     fn import_filters_renames_describes_and_reports() {
         let u = upstream(
