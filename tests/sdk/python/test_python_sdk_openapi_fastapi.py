@@ -52,6 +52,7 @@ def quiver(pets):
     (tmp / "secrets" / "pets").mkdir(parents=True)
     (tmp / "secrets" / "pets" / "key").write_text(KEY)
     # FastAPI's document names no servers: the calls of `pets` go where the document is served,
+    # an origin the author allows (a fetched document carries credentials only to one), and
     # `keyless` names its `server`. The document's APIKeyHeader scheme reads its key from a
     # Secret; `keyless` maps no scheme, so its calls carry none.
     (tmp / "tools.yaml").write_text(f"""
@@ -59,6 +60,7 @@ openapi:
   - name: pets
     url: {base}/openapi.json
     fetch: {{allowHttp: true}}
+    allowedOrigins: [{base}]
     security: {{APIKeyHeader: {{secret: pets, key: key}}}}
   - name: keyless
     url: {base}/openapi.json
