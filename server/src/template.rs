@@ -571,7 +571,12 @@ impl JsonTemplate {
             ),
             Value::Object(o) => Self::Object(
                 o.iter()
-                    .map(|(k, x)| Ok((k.clone(), Self::compile_value(x).map_err(|e| format!(".{k}: {e}"))?)))
+                    .map(|(k, x)| {
+                        Ok((
+                            k.clone(),
+                            Self::compile_value(x).map_err(|e| format!(".{k}: {e}"))?,
+                        ))
+                    })
                     .collect::<Result<_, String>>()?,
             ),
             other => Self::Const(other.clone()),
@@ -640,7 +645,10 @@ mod tests {
 
     #[test]
     fn renders_literals_paths_and_filters() {
-        let t = Template::compile(Authored::new("Hi {{ name | upper }}, {{steps.1.text}}!{{missing}}")).unwrap();
+        let t = Template::compile(Authored::new(
+            "Hi {{ name | upper }}, {{steps.1.text}}!{{missing}}",
+        ))
+        .unwrap();
         let scope = json!({"name": "ada", "steps": [{"text": "x"}, {"text": "y"}]});
         assert_eq!(t.render(&scope).unwrap(), "Hi ADA, y!");
         let roots: Vec<_> = t.roots().collect();
@@ -651,14 +659,26 @@ mod tests {
     fn url_and_json_filters() {
         let scope = json!({"q": "a b&c", "n": 3});
         assert_eq!(
-            Template::compile(Authored::new("{{q|url}}")).unwrap().render(&scope).unwrap(),
+            Template::compile(Authored::new("{{q|url}}"))
+                .unwrap()
+                .render(&scope)
+                .unwrap(),
             "a%20b%26c"
         );
         assert_eq!(
-            Template::compile(Authored::new("{{q|json}}")).unwrap().render(&scope).unwrap(),
+            Template::compile(Authored::new("{{q|json}}"))
+                .unwrap()
+                .render(&scope)
+                .unwrap(),
             "\"a b&c\""
         );
-        assert_eq!(Template::compile(Authored::new("{{n}}")).unwrap().render(&scope).unwrap(), "3");
+        assert_eq!(
+            Template::compile(Authored::new("{{n}}"))
+                .unwrap()
+                .render(&scope)
+                .unwrap(),
+            "3"
+        );
     }
 
     #[test]
@@ -673,8 +693,16 @@ mod tests {
 
     #[test]
     fn rejects_malformed_templates() {
-        assert!(Template::compile(Authored::new("{{ open")).unwrap_err().contains("unclosed"));
-        assert!(Template::compile(Authored::new("{{}}")).unwrap_err().contains("empty"));
+        assert!(
+            Template::compile(Authored::new("{{ open"))
+                .unwrap_err()
+                .contains("unclosed")
+        );
+        assert!(
+            Template::compile(Authored::new("{{}}"))
+                .unwrap_err()
+                .contains("empty")
+        );
         assert!(
             Template::compile(Authored::new("{{a|nope}}"))
                 .unwrap_err()
@@ -689,7 +717,10 @@ mod tests {
 
     #[test]
     fn json_templates_keep_types() {
-        let t = JsonTemplate::compile(Authored::json(&json!({"n": "{{n}}", "s": "n={{n}}", "k": [1, "{{flag}}"]}))).unwrap();
+        let t = JsonTemplate::compile(Authored::json(
+            &json!({"n": "{{n}}", "s": "n={{n}}", "k": [1, "{{flag}}"]}),
+        ))
+        .unwrap();
         let out = t.render(&json!({"n": 2.5, "flag": true})).unwrap();
         assert_eq!(out, json!({"n": 2.5, "s": "n=2.5", "k": [1, true]}));
     }
@@ -699,7 +730,10 @@ mod tests {
         let big = "x".repeat(2 << 20);
         let scope = json!({ "x": big });
         let ten = "{{x}}".repeat(10);
-        assert_eq!(Template::compile(Authored::new(&ten)).unwrap().render(&scope), Err(TooLarge));
+        assert_eq!(
+            Template::compile(Authored::new(&ten)).unwrap().render(&scope),
+            Err(TooLarge)
+        );
         assert_eq!(
             Template::compile(Authored::new(&format!("http://h/{ten}")))
                 .unwrap()
@@ -711,7 +745,11 @@ mod tests {
         // Under the budget the same templates render in full.
         let seven = "{{x}}".repeat(7);
         assert_eq!(
-            Template::compile(Authored::new(&seven)).unwrap().render(&scope).unwrap().len(),
+            Template::compile(Authored::new(&seven))
+                .unwrap()
+                .render(&scope)
+                .unwrap()
+                .len(),
             7 * (2 << 20)
         );
         assert_eq!(
@@ -770,17 +808,32 @@ mod tests {
                     stack.push(path);
                     continue;
                 }
-                let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+                let rel = path
+                    .strip_prefix(&root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                if rel == "template.rs" || name.ends_with("_tests.rs") || name == "tests.rs" || !name.ends_with(".rs") {
+                if rel == "template.rs"
+                    || name.ends_with("_tests.rs")
+                    || name == "tests.rs"
+                    || !name.ends_with(".rs")
+                {
                     continue;
                 }
                 let text = std::fs::read_to_string(&path).unwrap();
                 // Production code only: a file's unit tests follow its `#[cfg(test)]` module.
                 let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-                for line in code.lines().filter(|l| l.contains("Authored::new(") || l.contains("Authored::json(")) {
+                for line in code
+                    .lines()
+                    .filter(|l| l.contains("Authored::new(") || l.contains("Authored::json("))
+                {
                     *found.entry(rel.clone()).or_insert(0usize) += 1;
-                    if rel.starts_with("config/openapi/") || rel.starts_with("config/upstream/") || rel.starts_with("upstream/") || rel.starts_with("reload/") {
+                    if rel.starts_with("config/openapi/")
+                        || rel.starts_with("config/upstream/")
+                        || rel.starts_with("upstream/")
+                        || rel.starts_with("reload/")
+                    {
                         assert!(
                             importer_sites.contains(&line.trim()),
                             "{rel}: `{}` makes author template text in an importer: document and upstream text is literal (Template::literal, Template::builder)",
@@ -792,6 +845,9 @@ mod tests {
         }
         let expected: std::collections::BTreeMap<String, usize> =
             expected.iter().map(|(f, n)| ((*f).to_owned(), *n)).collect();
-        assert_eq!(found, expected, "Authored text is made at other places than reviewed");
+        assert_eq!(
+            found, expected,
+            "Authored text is made at other places than reviewed"
+        );
     }
 }

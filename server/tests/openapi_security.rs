@@ -328,9 +328,7 @@ fn a_broken_token_endpoint_is_a_tool_error_saying_what_is_wrong() {
 #[test]
 fn a_fetched_documents_text_reads_no_secret_and_its_server_is_never_this_host() {
     let (port, st) = target();
-    let get = |id: &str, security: Value| {
-        json!({"get": {"operationId": id, "security": security, "responses": {"200": {"description": "ok"}}}})
-    };
+    let get = |id: &str, security: Value| json!({"get": {"operationId": id, "security": security, "responses": {"200": {"description": "ok"}}}});
     st.docs.lock().unwrap().insert(
         "/billing.json".to_owned(),
         json!({
@@ -381,14 +379,18 @@ openapi:
     assert!(text(&r).contains("may not choose"), "{r}");
     let seen = st.seen.lock().unwrap().clone();
     for s in &seen {
-        assert!(!s.target.contains("hunter2"), "the document's text read a Secret: {s:?}");
+        assert!(
+            !s.target.contains("hunter2"),
+            "the document's text read a Secret: {s:?}"
+        );
         assert!(!s.target.starts_with("/y"), "a call reached this host: {s:?}");
     }
     // The document's braces were sent as the characters they are, with the API key, to the
     // origin the author allowed.
     assert!(
-        seen.iter().any(|s| s.target == "/x/{{secret.db.password}}{{caller.sub}}/invoices"
-            && s.headers.get("x-api-key").map(String::as_str) == Some("billing-key")),
+        seen.iter()
+            .any(|s| s.target == "/x/{{secret.db.password}}{{caller.sub}}/invoices"
+                && s.headers.get("x-api-key").map(String::as_str) == Some("billing-key")),
         "{seen:?}"
     );
 }

@@ -108,10 +108,12 @@ fn check_template(src: &str, scope: &Value) -> Result<(), TestCaseError> {
     // In a URL, a value is percent-encoded unless filtered `raw` or `url`: nothing it holds
     // can end the path or start a query.
     for filters in ["", " | upper", " | json", " | trim | lower"] {
-        let encoded = Template::compile(quiver_server::template::Authored::new(&format!("{{{{x{filters}}}}}")))
-            .unwrap()
-            .render_url(scope)
-            .unwrap();
+        let encoded = Template::compile(quiver_server::template::Authored::new(&format!(
+            "{{{{x{filters}}}}}"
+        )))
+        .unwrap()
+        .render_url(scope)
+        .unwrap();
         prop_assert!(encoded.chars().all(is_encoded), "{encoded}");
     }
     Ok(())

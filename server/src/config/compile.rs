@@ -610,7 +610,9 @@ fn compile_prompt(pr: &PromptSpec, at: &str, p: &mut Problems) -> CompiledPrompt
     for (j, m) in pr.messages.iter().enumerate() {
         let mp = format!("{at}.messages[{j}]");
         let block = match (&m.text, &m.content) {
-            (Some(text), None) => checked_template(Authored::new(text), &format!("{mp}.text"), &names, p).map(Content::Text),
+            (Some(text), None) => {
+                checked_template(Authored::new(text), &format!("{mp}.text"), &names, p).map(Content::Text)
+            }
             (None, Some(c)) => content::compile(c, &format!("{mp}.content"), &names, p),
             _ => {
                 p.push(&mp, "set exactly one of `text` and `content`");

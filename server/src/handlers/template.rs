@@ -9,7 +9,8 @@ use crate::template::Template;
 
 /// Compiles the template of a `template` or `error` handler.
 pub(crate) fn compile(src: &str, cx: &mut Cx<'_>) -> Template {
-    checked_template(crate::template::Authored::new(src), &cx.at, cx.names, cx.p).unwrap_or_else(Template::empty)
+    checked_template(crate::template::Authored::new(src), &cx.at, cx.names, cx.p)
+        .unwrap_or_else(Template::empty)
 }
 
 /// The result of a `template` handler.

@@ -451,7 +451,9 @@ pub(crate) fn allowed_origins(s: &OpenApiSpec, at: &str, p: &mut super::context:
     for (i, o) in s.allowed_origins.iter().enumerate() {
         let trimmed = o.strip_suffix('/').unwrap_or(o);
         match origin_of(trimmed).filter(|origin| origin.len() == trimmed.len() && trimmed.len() <= 2048) {
-            Some(origin) if !trimmed.contains(|c: char| c.is_whitespace() || c.is_control()) => out.push(origin),
+            Some(origin) if !trimmed.contains(|c: char| c.is_whitespace() || c.is_control()) => {
+                out.push(origin)
+            }
             _ => p.push(
                 format!("{at}.allowedOrigins[{i}]"),
                 "an origin: `http://` or `https://` and a host[:port], nothing after it",

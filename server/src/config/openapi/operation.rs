@@ -43,17 +43,28 @@ struct Shared<'a> {
 /// Where requests of source `s` go, and whether the author pinned it: `server`, an origin
 /// of `allowedOrigins`, or the document's own when the document is the author's. A fetched
 /// document's unpinned server may not carry credentials, nor be this host or link-local.
-fn target(s: &OpenApiSpec, doc: &Document, at: &str, p: &mut Problems) -> Option<(String, security::Trust, bool)> {
+fn target(
+    s: &OpenApiSpec,
+    doc: &Document,
+    at: &str,
+    p: &mut Problems,
+) -> Option<(String, security::Trust, bool)> {
     let base = base_url(s, doc, at, p)?;
     let Some(origin) = super::origin_of(&base) else {
-        p.push(format!("{at}.server"), format!("`{}` is not an absolute http(s) URL", shown(&base)));
+        p.push(
+            format!("{at}.server"),
+            format!("`{}` is not an absolute http(s) URL", shown(&base)),
+        );
         return None;
     };
     let allowed = super::allowed_origins(s, at, &mut Problems::default());
     if !allowed.is_empty() && !allowed.contains(&origin) {
         p.push(
             format!("{at}.server"),
-            format!("requests would go to `{}`, which is not one of `allowedOrigins`", shown(&origin)),
+            format!(
+                "requests would go to `{}`, which is not one of `allowedOrigins`",
+                shown(&origin)
+            ),
         );
         return None;
     }
@@ -716,7 +727,11 @@ fn request(
         Template::builder().lit(&sh.base)
     });
     for (i, q) in applied.query.iter().enumerate() {
-        let sep = if i == 0 && !sh.base.contains('?') && !op.path.contains('?') { "?" } else { "&" };
+        let sep = if i == 0 && !sh.base.contains('?') && !op.path.contains('?') {
+            "?"
+        } else {
+            "&"
+        };
         url = url.lit(sep).append(q);
     }
     let headers = headers(s, applied.headers, &applied.cookies, op_at, local);
@@ -820,7 +835,11 @@ fn share(sh: &Shared<'_>, auth: http::auth::Auth) -> http::auth::Auth {
 
 /// The URL of a path: the base and the path's text are literal (whatever they contain);
 /// each `{name}` of a path parameter is the argument (percent-encoded when rendered).
-fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<crate::template::TemplateBuilder, String> {
+fn url_template(
+    base: &str,
+    path: &str,
+    path_params: &[String],
+) -> Result<crate::template::TemplateBuilder, String> {
     let mut out = Template::builder().lit(base);
     let mut rest = path;
     while let Some(open) = rest.find('{') {

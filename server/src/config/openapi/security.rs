@@ -74,7 +74,11 @@ pub(super) struct Trust {
 /// # Errors
 /// No usable token URL, one of another origin given by a fetched document, or an `http`
 /// one without `allowHttp`.
-fn token_endpoint<'a>(c: &'a SchemeCredential, from_doc: Option<&'a str>, trust: &Trust) -> Result<&'a str, String> {
+fn token_endpoint<'a>(
+    c: &'a SchemeCredential,
+    from_doc: Option<&'a str>,
+    trust: &Trust,
+) -> Result<&'a str, String> {
     let (url, doc) = match (&c.token_url, from_doc) {
         (Some(u), _) => (u.as_str(), false),
         (None, Some(u)) => (u, true),
@@ -379,7 +383,12 @@ pub(super) fn resolve(
 }
 
 /// The template of a Secret value, trimmed, then `filters`: `{{secret.NAME.KEY | trim ...}}`.
-fn secret_value(c: &SchemeCredential, key: Option<&String>, prefix: &str, filters: &[Filter]) -> Result<Template, String> {
+fn secret_value(
+    c: &SchemeCredential,
+    key: Option<&String>,
+    prefix: &str,
+    filters: &[Filter],
+) -> Result<Template, String> {
     let key = key.map_or("", String::as_str);
     Template::builder()
         .lit(prefix)
@@ -405,19 +414,25 @@ fn apply(
         } => {
             // The value is percent-encoded as the URL is rendered.
             let pair = format!("{}=", encode(n));
-            out.query.push(secret_value(c, c.key.as_ref(), &pair, &[Filter::Trim])?);
+            out.query
+                .push(secret_value(c, c.key.as_ref(), &pair, &[Filter::Trim])?);
         }
         Kind::ApiKey {
             name: n,
             place: "cookie",
         } => {
             let pair = format!("{}=", encode(n));
-            out.cookies
-                .push(secret_value(c, c.key.as_ref(), &pair, &[Filter::Trim, Filter::Url])?);
+            out.cookies.push(secret_value(
+                c,
+                c.key.as_ref(),
+                &pair,
+                &[Filter::Trim, Filter::Url],
+            )?);
         }
-        Kind::ApiKey { name: n, .. } => out
-            .headers
-            .push((n.to_owned(), secret_value(c, c.key.as_ref(), "", &[Filter::Trim])?)),
+        Kind::ApiKey { name: n, .. } => out.headers.push((
+            n.to_owned(),
+            secret_value(c, c.key.as_ref(), "", &[Filter::Trim])?,
+        )),
         Kind::Bearer => out.headers.push((
             "Authorization".to_owned(),
             secret_value(c, c.key.as_ref(), "Bearer ", &[Filter::Trim])?,

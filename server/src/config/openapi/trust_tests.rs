@@ -68,49 +68,110 @@ fn document_rows() -> Vec<(&'static str, Value)> {
         })
     };
     vec![
-        ("servers[0].url reads a Secret", doc(|d| d["servers"][0]["url"] = json!(format!("{PINNED}/x/{SECRET}")))),
-        ("servers[0].url reads a claim", doc(|d| d["servers"][0]["url"] = json!(format!("{PINNED}/{CLAIM}")))),
-        ("servers[0].url is a template of the host", doc(|d| d["servers"][0]["url"] = json!(format!("https://{SECRET}.example")))),
-        ("servers[0].url is foreign", doc(|d| d["servers"][0]["url"] = json!(FOREIGN))),
-        ("a server variable's default reads a Secret", doc(|d| {
-            d["servers"][0] = json!({"url": format!("{PINNED}/{{v}}"), "variables": {"v": {"default": SECRET}}});
-        })),
-        ("a server variable's default is a foreign host", doc(|d| {
-            d["servers"][0] = json!({"url": "https://{h}/v1", "variables": {"h": {"default": "attacker.example", "enum": ["attacker.example", SECRET]}}});
-        })),
-        ("a path reads a Secret", doc(|d| {
-            let o = d["paths"]["/items/{id}"].take();
-            d["paths"] = json!({format!("/items/{{id}}/{SECRET}"): o});
-        })),
-        ("a path reads a claim", doc(|d| {
-            let o = d["paths"]["/items/{id}"].take();
-            d["paths"] = json!({format!("/items/{{id}}{CLAIM}"): o});
-        })),
-        ("a parameter's name is a template", doc(|d| op(d)["parameters"][1]["name"] = json!(SECRET))),
-        ("a header parameter's name is a template", doc(|d| op(d)["parameters"][1] = json!({"name": CLAIM, "in": "header", "schema": {"type": "string"}}))),
-        ("descriptions, summaries and examples are templates", doc(|d| {
-            op(d)["summary"] = json!(SECRET);
-            op(d)["description"] = json!(CLAIM);
-            op(d)["parameters"][1]["description"] = json!(SECRET);
-            op(d)["parameters"][1]["schema"]["example"] = json!(SECRET);
-        })),
-        ("an operationId is a template", doc(|d| op(d)["operationId"] = json!(SECRET))),
-        ("an API key's name is a template", doc(|d| d["components"]["securitySchemes"]["Key"]["name"] = json!(SECRET))),
-        ("an API key goes in the query under a template name", doc(|d| {
-            d["components"]["securitySchemes"]["Key"] = json!({"type": "apiKey", "in": "query", "name": SECRET});
-        })),
-        ("the tokenUrl is foreign", doc(|d| {
-            d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] = json!(format!("{FOREIGN}/steal-token"));
-        })),
-        ("the tokenUrl reads a Secret", doc(|d| {
-            d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] = json!(format!("{PINNED}/t/{SECRET}"));
-        })),
-        ("the tokenUrl is http", doc(|d| {
-            d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] = json!("http://api.example.com/token");
-        })),
+        (
+            "servers[0].url reads a Secret",
+            doc(|d| d["servers"][0]["url"] = json!(format!("{PINNED}/x/{SECRET}"))),
+        ),
+        (
+            "servers[0].url reads a claim",
+            doc(|d| d["servers"][0]["url"] = json!(format!("{PINNED}/{CLAIM}"))),
+        ),
+        (
+            "servers[0].url is a template of the host",
+            doc(|d| d["servers"][0]["url"] = json!(format!("https://{SECRET}.example"))),
+        ),
+        (
+            "servers[0].url is foreign",
+            doc(|d| d["servers"][0]["url"] = json!(FOREIGN)),
+        ),
+        (
+            "a server variable's default reads a Secret",
+            doc(|d| {
+                d["servers"][0] =
+                    json!({"url": format!("{PINNED}/{{v}}"), "variables": {"v": {"default": SECRET}}});
+            }),
+        ),
+        (
+            "a server variable's default is a foreign host",
+            doc(|d| {
+                d["servers"][0] = json!({"url": "https://{h}/v1", "variables": {"h": {"default": "attacker.example", "enum": ["attacker.example", SECRET]}}});
+            }),
+        ),
+        (
+            "a path reads a Secret",
+            doc(|d| {
+                let o = d["paths"]["/items/{id}"].take();
+                d["paths"] = json!({format!("/items/{{id}}/{SECRET}"): o});
+            }),
+        ),
+        (
+            "a path reads a claim",
+            doc(|d| {
+                let o = d["paths"]["/items/{id}"].take();
+                d["paths"] = json!({format!("/items/{{id}}{CLAIM}"): o});
+            }),
+        ),
+        (
+            "a parameter's name is a template",
+            doc(|d| op(d)["parameters"][1]["name"] = json!(SECRET)),
+        ),
+        (
+            "a header parameter's name is a template",
+            doc(|d| {
+                op(d)["parameters"][1] = json!({"name": CLAIM, "in": "header", "schema": {"type": "string"}})
+            }),
+        ),
+        (
+            "descriptions, summaries and examples are templates",
+            doc(|d| {
+                op(d)["summary"] = json!(SECRET);
+                op(d)["description"] = json!(CLAIM);
+                op(d)["parameters"][1]["description"] = json!(SECRET);
+                op(d)["parameters"][1]["schema"]["example"] = json!(SECRET);
+            }),
+        ),
+        (
+            "an operationId is a template",
+            doc(|d| op(d)["operationId"] = json!(SECRET)),
+        ),
+        (
+            "an API key's name is a template",
+            doc(|d| d["components"]["securitySchemes"]["Key"]["name"] = json!(SECRET)),
+        ),
+        (
+            "an API key goes in the query under a template name",
+            doc(|d| {
+                d["components"]["securitySchemes"]["Key"] =
+                    json!({"type": "apiKey", "in": "query", "name": SECRET});
+            }),
+        ),
+        (
+            "the tokenUrl is foreign",
+            doc(|d| {
+                d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] =
+                    json!(format!("{FOREIGN}/steal-token"));
+            }),
+        ),
+        (
+            "the tokenUrl reads a Secret",
+            doc(|d| {
+                d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] =
+                    json!(format!("{PINNED}/t/{SECRET}"));
+            }),
+        ),
+        (
+            "the tokenUrl is http",
+            doc(|d| {
+                d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] =
+                    json!("http://api.example.com/token");
+            }),
+        ),
         ("Swagger 2.0 host is a template", swagger(SECRET, "/v1")),
         ("Swagger 2.0 host is foreign", swagger("attacker.example", "/v1")),
-        ("Swagger 2.0 basePath reads a Secret", swagger("api.example.com", &format!("/{SECRET}"))),
+        (
+            "Swagger 2.0 basePath reads a Secret",
+            swagger("api.example.com", &format!("/{SECRET}")),
+        ),
     ]
 }
 
@@ -122,12 +183,30 @@ fn author_rows() -> Vec<(&'static str, Value)> {
         ("no credentials, unpinned", json!({})),
         ("an API key, unpinned", json!({"security": key})),
         ("client credentials, unpinned", json!({"security": cc})),
-        ("a header reading a Secret, unpinned", json!({"headers": {"x-billing": "{{secret.billing.api-key}}"}})),
-        ("a header reading a claim, unpinned", json!({"headers": {"x-user": "{{caller.sub}}"}})),
-        ("an API key, pinned by server", json!({"security": key, "server": format!("{PINNED}/v1")})),
-        ("client credentials, pinned by server", json!({"security": cc, "server": format!("{PINNED}/v1")})),
-        ("an API key, pinned by allowedOrigins", json!({"security": key, "allowedOrigins": [PINNED]})),
-        ("client credentials, pinned by allowedOrigins", json!({"security": cc, "allowedOrigins": [PINNED]})),
+        (
+            "a header reading a Secret, unpinned",
+            json!({"headers": {"x-billing": "{{secret.billing.api-key}}"}}),
+        ),
+        (
+            "a header reading a claim, unpinned",
+            json!({"headers": {"x-user": "{{caller.sub}}"}}),
+        ),
+        (
+            "an API key, pinned by server",
+            json!({"security": key, "server": format!("{PINNED}/v1")}),
+        ),
+        (
+            "client credentials, pinned by server",
+            json!({"security": cc, "server": format!("{PINNED}/v1")}),
+        ),
+        (
+            "an API key, pinned by allowedOrigins",
+            json!({"security": key, "allowedOrigins": [PINNED]}),
+        ),
+        (
+            "client credentials, pinned by allowedOrigins",
+            json!({"security": cc, "allowedOrigins": [PINNED]}),
+        ),
     ]
 }
 
@@ -151,7 +230,11 @@ fn check(what: &str, document: &Value, author: &Value) -> usize {
         let CompiledHandler::Http(call) = &t.handler else {
             panic!("{what}: {} is not an http tool", t.name)
         };
-        assert!(call.claims.is_empty(), "{what}: document text reads claims {:?}", call.claims);
+        assert!(
+            call.claims.is_empty(),
+            "{what}: document text reads claims {:?}",
+            call.claims
+        );
         for r in &call.secrets {
             assert_eq!(r.name, "billing", "{what}: document text reads the Secret {r}");
         }
@@ -160,11 +243,17 @@ fn check(what: &str, document: &Value, author: &Value) -> usize {
             sent.push_str(&format!("\n{name}: {}", value.render(&scope()).unwrap()));
         }
         for leaked in ["SENTINEL-DB", "SENTINEL-SUB"] {
-            assert!(!sent.contains(leaked), "{what}: document text read {leaked}:\n{sent}");
+            assert!(
+                !sent.contains(leaked),
+                "{what}: document text read {leaked}:\n{sent}"
+            );
         }
         let carries = AUTHOR_SENTINELS.iter().any(|s| sent.contains(s)) || call.auth.is_some();
         if carries {
-            assert!(pinned, "{what}: a credential is attached to a server the document chose:\n{sent}");
+            assert!(
+                pinned,
+                "{what}: a credential is attached to a server the document chose:\n{sent}"
+            );
             assert!(
                 sent.starts_with(&format!("{PINNED}/")),
                 "{what}: a credential goes to another origin than the pinned one:\n{sent}"
@@ -208,13 +297,18 @@ fn credentials_of_a_fetched_document_need_a_pinned_server() {
         }
         let mut ts: ToolSet = serde_json::from_value(json!({"openapi": [source]})).unwrap();
         ts.openapi[0].fetched = true;
-        compile(&ts).err().map(|e| e.problems.iter().map(ToString::to_string).collect()).unwrap_or_default()
+        compile(&ts)
+            .err()
+            .map(|e| e.problems.iter().map(ToString::to_string).collect())
+            .unwrap_or_default()
     };
     for (what, author) in author_rows() {
         let refused = problems(author.clone());
         let needs_pin = what.contains("unpinned") && !what.starts_with("no credentials");
         assert_eq!(
-            refused.iter().any(|p| p.contains("set `server` or `allowedOrigins`")),
+            refused
+                .iter()
+                .any(|p| p.contains("set `server` or `allowedOrigins`")),
             needs_pin,
             "{what}: {refused:?}"
         );
@@ -231,7 +325,10 @@ fn credentials_of_a_fetched_document_need_a_pinned_server() {
     ts.openapi[0].document = None;
     ts.openapi[0].url = Some("https://docs.example/openapi.json".to_owned());
     let e = compile(&ts).unwrap_err().to_string();
-    assert!(e.contains("openapi[0].server: required (or `allowedOrigins`)"), "{e}");
+    assert!(
+        e.contains("openapi[0].server: required (or `allowedOrigins`)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -249,7 +346,10 @@ fn a_fetched_document_may_not_point_unpinned_calls_at_this_host_or_metadata() {
             serde_json::from_value(json!({"openapi": [{"name": "api", "document": d.to_string()}]})).unwrap();
         ts.openapi[0].fetched = true;
         let e = compile(&ts).map(|_| ()).unwrap_err().to_string();
-        assert!(e.contains("set `server` or `allowedOrigins` to call it"), "{server}: {e}");
+        assert!(
+            e.contains("set `server` or `allowedOrigins` to call it"),
+            "{server}: {e}"
+        );
         // The author may name it.
         let origin = crate::config::openapi::origin_of(server).unwrap();
         ts.openapi[0].allowed_origins = vec![origin];
@@ -266,7 +366,12 @@ fn allowed_origins_bound_where_the_document_sends_requests() {
     .unwrap();
     let e = compile(&ts).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("which is not one of `allowedOrigins`"), "{e}");
-    for bad in ["ftp://x", "https://a.example/path", "https://", "https://u@a.example"] {
+    for bad in [
+        "ftp://x",
+        "https://a.example/path",
+        "https://",
+        "https://u@a.example",
+    ] {
         let ts: ToolSet = serde_json::from_value(json!({"openapi": [{
             "name": "api", "document": doc(|_| {}).to_string(), "allowedOrigins": [bad]
         }]}))
@@ -286,7 +391,10 @@ fn an_http_token_url_needs_the_authors_opt_in() {
         json!({"openapi": [{"name": "api", "document": d.to_string(),
             "security": {"Cc": {"secret": "billing", "clientIdKey": "id", "clientSecretKey": "sec", "allowHttp": allow}}}]})
     };
-    let e = compile(&serde_json::from_value(source(false)).unwrap()).map(|_| ()).unwrap_err().to_string();
+    let e = compile(&serde_json::from_value(source(false)).unwrap())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("sends the client secret in clear text"), "{e}");
     assert!(compile(&serde_json::from_value(source(true)).unwrap()).is_ok());
 }

@@ -438,7 +438,9 @@ fn connection_key(u: &UpstreamSpec) -> u64 {
 /// Secrets (added to `secrets`).
 fn compile_remote(h: &RemoteSpec, hp: &str, p: &mut Problems, secrets: &mut Vec<SecretRef>) -> Transport {
     let none = Names::arguments(Vec::new());
-    let url = Template::compile(Authored::new(&h.url)).ok().filter(Template::is_literal);
+    let url = Template::compile(Authored::new(&h.url))
+        .ok()
+        .filter(Template::is_literal);
     let mut origin = String::new();
     match &url {
         None => p.push(format!("{hp}.url"), "must be a literal URL"),

@@ -302,7 +302,10 @@ pub(crate) fn assemble(r: RequestParts<'_>, cx: &mut Cx<'_>) -> HttpCall {
         crate::config::identity::compile(i, &format!("{hp}.identity"), literal, p)
     });
     if identity.is_some()
-        && let Some((k, _)) = r.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        && let Some((k, _)) = r
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
     {
         p.push(
             format!("{hp}.headers.{k}"),

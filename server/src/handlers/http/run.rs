@@ -84,7 +84,10 @@ impl tower::Service<Name> for Resolver {
             if !guarded {
                 return Ok(addrs.into_iter());
             }
-            let kept: Vec<_> = addrs.into_iter().filter(|a| may_connect(a.ip()).is_ok()).collect();
+            let kept: Vec<_> = addrs
+                .into_iter()
+                .filter(|a| may_connect(a.ip()).is_ok())
+                .collect();
             if kept.is_empty() {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::PermissionDenied,
@@ -558,7 +561,9 @@ fn target(spec: &HttpCall, scope: &RequestScope<'_>, args: &Value) -> Result<Uri
     }
     // A literal address is connected to without resolving: checked here instead.
     if spec.guarded
-        && let Some(ip) = uri.host().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok())
+        && let Some(ip) = uri
+            .host()
+            .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok())
         && let Err(why) = may_connect(ip)
     {
         return Err(format!(

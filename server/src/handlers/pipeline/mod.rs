@@ -92,7 +92,12 @@ pub(crate) fn compile(steps: &[PipelineStep], cx: &mut Cx<'_>) -> Vec<Step> {
             Some(jt)
         });
         let log = s.log.as_ref().and_then(|src| {
-            let t = checked_template(crate::template::Authored::new(src), &format!("{sp}.log"), &step_names, p)?;
+            let t = checked_template(
+                crate::template::Authored::new(src),
+                &format!("{sp}.log"),
+                &step_names,
+                p,
+            )?;
             Some((s.log_level.unwrap_or_default(), t))
         });
         if s.log.is_none() && s.log_level.is_some() {
