@@ -126,19 +126,13 @@ fn base_url(s: &OpenApiSpec, doc: &Document, at: &str, p: &mut Problems) -> Opti
     }
 }
 
-/// Compiles the selected operations of one source (at `at`).
-pub(super) fn compile_source(
-    s: &OpenApiSpec,
-    doc: &Document,
-    at: &str,
-    taken: &mut FxHashSet<String>,
-    p: &mut Problems,
-) -> Vec<CompiledTool> {
-    let Some((base, trust, guarded)) = target(s, doc, at, p) else {
-        return Vec::new();
-    };
+/// What the operations of source `s` share, and the problems of its shared settings (the
+/// security schemes against the document); `None` when requests can go nowhere.
+fn shared<'a>(s: &'a OpenApiSpec, doc: &Document, at: &str, p: &mut Problems) -> Option<Shared<'a>> {
+    let (base, trust, guarded) = target(s, doc, at, p)?;
     let t = &s.tools;
-    let shared = Shared {
+    security::check_against(&s.security, &s.headers, (&doc.root, doc.version), &trust, at, p);
+    Some(Shared {
         spec: s,
         base: base.trim_end_matches('/').to_owned(),
         include: t.include.iter().map(|g| Glob::new(g)).collect(),
@@ -160,15 +154,21 @@ pub(super) fn compile_source(
         project: projections(s, doc, at, p),
         trust,
         guarded,
+    })
+}
+
+/// Compiles the selected operations of one source (at `at`).
+pub(super) fn compile_source(
+    s: &OpenApiSpec,
+    doc: &Document,
+    at: &str,
+    taken: &mut FxHashSet<String>,
+    p: &mut Problems,
+) -> Vec<CompiledTool> {
+    let Some(shared) = shared(s, doc, at, p) else {
+        return Vec::new();
     };
-    security::check_against(
-        &s.security,
-        &s.headers,
-        (&doc.root, doc.version),
-        &shared.trust,
-        at,
-        p,
-    );
+    let t = &s.tools;
     if let Some(prefix) = &t.prefix
         && !valid_tool_name(prefix)
     {

@@ -55,18 +55,20 @@ fn op(d: &mut Value) -> &mut Value {
     &mut d["paths"]["/items/{id}"]["get"]
 }
 
+/// A Swagger 2.0 document of one operation and an API key scheme.
+fn swagger(host: &str, base: &str) -> Value {
+    json!({
+        "swagger": "2.0", "info": {"title": "t", "version": "1"},
+        "host": host, "basePath": base, "schemes": ["https"],
+        "paths": {"/items/{id}": {"get": {"operationId": "getItem",
+            "parameters": [{"name": "id", "in": "path", "required": true, "type": "string"}],
+            "responses": {"200": {"description": "ok"}}}}},
+        "securityDefinitions": {"Key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+    })
+}
+
 /// Every field of a document that could meet a template, a URL or a header builder.
 fn document_rows() -> Vec<(&'static str, Value)> {
-    let swagger = |host: &str, base: &str| {
-        json!({
-            "swagger": "2.0", "info": {"title": "t", "version": "1"},
-            "host": host, "basePath": base, "schemes": ["https"],
-            "paths": {"/items/{id}": {"get": {"operationId": "getItem",
-                "parameters": [{"name": "id", "in": "path", "required": true, "type": "string"}],
-                "responses": {"200": {"description": "ok"}}}}},
-            "securityDefinitions": {"Key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
-        })
-    };
     vec![
         (
             "servers[0].url reads a Secret",
@@ -134,6 +136,13 @@ fn document_rows() -> Vec<(&'static str, Value)> {
             "an operationId is a template",
             doc(|d| op(d)["operationId"] = json!(SECRET)),
         ),
+    ]
+}
+
+/// Every field of a document's security schemes (and Swagger 2.0's host and basePath) that
+/// could meet a template, a URL or a header builder.
+fn scheme_rows() -> Vec<(&'static str, Value)> {
+    vec![
         (
             "an API key's name is a template",
             doc(|d| d["components"]["securitySchemes"]["Key"]["name"] = json!(SECRET)),
@@ -277,7 +286,7 @@ fn check(what: &str, document: &Value, author: &Value) -> usize {
 fn no_document_field_reads_a_secret_or_a_claim_or_chooses_where_a_credential_goes() {
     let mut served = 0;
     let mut cases = 0;
-    for (d, document) in document_rows() {
+    for (d, document) in document_rows().into_iter().chain(scheme_rows()) {
         for (a, author) in author_rows() {
             served += check(&format!("{d} / {a}"), &document, &author);
             cases += 1;
