@@ -247,12 +247,10 @@ mod tests {
             Self(std::sync::atomic::AtomicUsize::new(0))
         }
 
-        fn fetch(&self) -> impl Future<Output = Result<(HeaderValue, Duration), String>> + '_ {
-            async {
-                let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                let h = HeaderValue::from_str(&format!("Bearer exchanged-{n}")).unwrap();
-                Ok((h, Duration::from_secs(3600)))
-            }
+        async fn fetch(&self) -> Result<(HeaderValue, Duration), String> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let h = HeaderValue::from_str(&format!("Bearer exchanged-{n}")).unwrap();
+            Ok((h, Duration::from_secs(3600)))
         }
 
         fn count(&self) -> usize {
