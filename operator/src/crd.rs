@@ -130,9 +130,11 @@ pub struct McpServerSpec {
     #[schemars(length(max = 16))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub openapi: Vec<quiver_server::config::openapi::OpenApiSpec>,
-    /// Named policies: CEL conditions on the caller, the tool and the arguments that a
-    /// call must meet, on every tool or on the tools picked by `tools` (names, or prefixes
-    /// ending in `*`) and `upstreams` (the ToolSet `policies` format, see
+    /// Named policies: CEL conditions on the caller, the request and its arguments that a
+    /// tool call, resource read or prompt get must meet: without selectors on every one of
+    /// them, else on the tools picked by `tools` (names, or prefixes ending in `*`) and
+    /// `upstreams`, the resources picked by `resources` (their `uri` or `uriTemplate`) and
+    /// the prompts picked by `prompts` (the ToolSet `policies` format, see
     /// docs/governance.md). An expression that does not compile makes `ConfigValid` false,
     /// naming the field, and the last good ConfigMap stays.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -45,9 +45,12 @@ impl Credential {
         }
     }
 
-    /// `exp`, seconds since the epoch.
+    /// `exp`, seconds since the epoch (a fractional one rounded down, as authentication
+    /// reads it).
     pub fn expires(&self) -> Option<i64> {
-        self.claims.get("exp").and_then(Value::as_i64)
+        let v = self.claims.get("exp")?;
+        // `as` saturates: a huge or negative value stays huge or negative.
+        v.as_i64().or_else(|| v.as_f64().map(|f| f as i64))
     }
 }
 

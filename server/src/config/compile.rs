@@ -60,21 +60,13 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         &mut p,
     );
 
-    let resources = compile_resources(ts, &mut p);
-    let prompts = compile_prompts(ts, &mut p);
+    let mut resources = compile_resources(ts, &mut p);
+    let mut prompts = compile_prompts(ts, &mut p);
     let local = index.keys().copied().collect();
     let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
     add_server_limits(ts, &mut tools, &mut upstreams, &mut p);
     let secrets = referenced_secrets(&tools, &upstreams, &api.unfetched_refs, &mut p);
-    let policies = super::policy::compile(
-        &ts.policies,
-        &ts.tools
-            .iter()
-            .map(|t| (t.name.as_str(), t.policy.as_deref()))
-            .collect::<Vec<_>>(),
-        &ts.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
-        &mut p,
-    );
+    let policies = compile_policies(ts, &mut resources, &mut prompts, &mut p);
 
     // Document order: tools[2] before tools[10].
     p.0.sort_by_key(|a| natural_key(&a.path));
@@ -95,6 +87,43 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     } else {
         Err(ConfigError { problems: p.0 })
     }
+}
+
+/// Compiles the ToolSet's `policies` and gives each resource and prompt those that apply to
+/// it (the tools get theirs when the registry is built).
+fn compile_policies(
+    ts: &ToolSet,
+    resources: &mut [CompiledResource],
+    prompts: &mut [CompiledPrompt],
+    p: &mut Problems,
+) -> super::policy::PolicySet {
+    let tools: Vec<_> = ts
+        .tools
+        .iter()
+        .map(|t| (t.name.as_str(), t.policy.as_deref()))
+        .collect();
+    let upstreams: Vec<_> = ts.upstreams.iter().map(|u| u.name.as_str()).collect();
+    let declared: Vec<&str> = resources.iter().map(CompiledResource::declared_uri).collect();
+    let names: Vec<&str> = prompts.iter().map(|pr| pr.name.as_str()).collect();
+    let set = super::policy::compile(
+        &ts.policies,
+        &super::policy::Declared {
+            tools: &tools,
+            upstreams: &upstreams,
+            resources: &declared,
+            prompts: &names,
+        },
+        p,
+    );
+    if !set.is_empty() {
+        for r in resources.iter_mut() {
+            r.policies = set.for_resource(r.declared_uri());
+        }
+        for pr in prompts.iter_mut() {
+            pr.policies = set.for_prompt(&pr.name);
+        }
+    }
+    set
 }
 
 /// Adds the ToolSet's `limits` to every tool's and upstream's, in the order a call checks
@@ -502,6 +531,7 @@ fn compile_resource<'a>(
         mime_type,
         kind,
         values: r.values.clone(),
+        policies: None,
     })
 }
 
@@ -640,6 +670,7 @@ fn compile_prompt(pr: &PromptSpec, at: &str, p: &mut Problems) -> CompiledPrompt
             .map(|a| (a.name.clone(), a.values.clone()))
             .collect(),
         ask,
+        policies: None,
     }
 }
 

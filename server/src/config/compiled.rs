@@ -124,6 +124,18 @@ pub struct CompiledResource {
     pub kind: ResourceKind,
     /// Values `completion/complete` offers for a URI template's variables.
     pub values: BTreeMap<String, Vec<String>>,
+    /// The policies a `resources/read` of it must meet (`None`: none applies).
+    pub policies: Option<Box<[std::sync::Arc<super::policy::Policy>]>>,
+}
+
+impl CompiledResource {
+    /// Its `uri`, or its `uriTemplate`, as the ToolSet writes it (what policies select).
+    pub fn declared_uri(&self) -> &str {
+        match &self.kind {
+            ResourceKind::Static { uri, .. } => uri,
+            ResourceKind::Templated { pattern, .. } => pattern.source(),
+        }
+    }
 }
 
 /// Whether a resource has a fixed URI or a URI template.
@@ -241,4 +253,6 @@ pub struct CompiledPrompt {
     pub values: BTreeMap<String, Vec<String>>,
     /// Questions answered before rendering (their answers are `input`).
     pub ask: Vec<Question>,
+    /// The policies a `prompts/get` of it must meet (`None`: none applies).
+    pub policies: Option<Box<[std::sync::Arc<super::policy::Policy>]>>,
 }

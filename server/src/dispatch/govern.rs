@@ -1,5 +1,6 @@
-//! Where dispatch meets the limits and the audit trail: admitting a tool call under the
-//! limits that apply to it, and recording how an audited request ended.
+//! Where dispatch meets the limits, the policies and the audit trail: admitting a tool call
+//! under the limits that apply to it, a resource read or a prompt get under its policies,
+//! and recording how an audited request ended.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,6 +59,38 @@ pub(super) async fn admit(
             Err(refused(tool, &r))
         }
     }
+}
+
+/// Refuses a `resources/read` or `prompts/get` (`target`) that a policy of its resource or
+/// prompt does not allow, as a tool call is refused: `-32003` naming the policy, with the
+/// resource's `uri` or the prompt's name and the policy in `data`. `policies` `None`: none
+/// applies, and the request pays one branch.
+pub(super) fn permitted(
+    server: &Server,
+    policies: Option<&[Arc<crate::config::policy::Policy>]>,
+    req: &Request<'_>,
+    target: crate::config::policy::Target<'_>,
+    args: &Value,
+) -> Result<(), RpcError> {
+    use crate::config::policy::Target;
+    let Some(list) = policies else {
+        return Ok(());
+    };
+    let span = crate::otel::internal("quiver.policy");
+    let checked = crate::config::policy::check_all(list, req.ctx.caller, target, Some(args));
+    if let Some(cx) = span {
+        policy_span_end(&cx, list.len(), checked.as_ref().err());
+    }
+    checked.map_err(|denied| {
+        server.metrics.refused(crate::metrics::Refusal::Forbidden);
+        let (kind, key, name) = match target {
+            Target::Resource(uri) => ("resource", "uri", uri),
+            Target::Prompt(name) => ("prompt", "prompt", name),
+            Target::Tool(t) => ("tool", "tool", t.name),
+        };
+        RpcError::new(crate::protocol::FORBIDDEN, denied.request_message(kind, name))
+            .with_data(json!({key: name, "policy": &*denied.policy}))
+    })
 }
 
 /// Ends the span of a limit decision: `quiver.limit.outcome` (`admitted` or

@@ -44,6 +44,14 @@ pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Do
     let prompt = &snap.config.prompts[i];
     let stamped = modern.is_some();
     let mut args = Value::Object(p.arguments.unwrap_or_default());
+    // Before the arguments are checked: a refused caller learns nothing of them.
+    super::govern::permitted(
+        s,
+        prompt.policies.as_deref(),
+        req,
+        crate::config::policy::Target::Prompt(&prompt.name),
+        &args,
+    )?;
     let missing: Vec<&str> = prompt
         .required
         .iter()

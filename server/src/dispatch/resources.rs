@@ -42,9 +42,19 @@ pub(super) fn not_found(uri: &str) -> RpcError {
 pub(super) fn read(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let p: ReadParams<'_> = parse_params(req.params)?;
     let snap = s.registry.load();
-    let Some((text, blob, mime)) = resource_contents(&snap, &p.uri) else {
+    let Some((r, vars)) = find_resource(&snap, &p.uri) else {
         return Err(not_found(&p.uri));
     };
+    // Policies see the URI template's variables as `args` (none: an empty map).
+    let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+    super::govern::permitted(
+        s,
+        r.policies.as_deref(),
+        req,
+        crate::config::policy::Target::Resource(&p.uri),
+        &args,
+    )?;
+    let (text, blob, mime) = contents(r, Some(args));
     let text = text.map_err(|e| RpcError::invalid_params(format!("Resource {}: {e}", p.uri)))?;
     let result = if blob {
         if !crate::config::content::is_base64(&text) {
@@ -128,8 +138,16 @@ impl Server {
 /// rendered) and its MIME type; `None` when no resource has the URI.
 fn resource_contents<'s>(snap: &'s Snapshot, uri: &str) -> Option<(Result<String, String>, bool, &'s str)> {
     let (r, vars) = find_resource(snap, uri)?;
+    Some(contents(r, vars))
+}
+
+/// The contents of `r`, read with the URI template's variables `vars`.
+fn contents(
+    r: &crate::config::CompiledResource,
+    vars: Option<Value>,
+) -> (Result<String, String>, bool, &str) {
     let mime = r.mime_type.as_str();
-    Some(match (&r.kind, vars) {
+    match (&r.kind, vars) {
         (ResourceKind::Static { text, blob, .. }, _) => (Ok(text.clone()), *blob, mime),
         (ResourceKind::Templated { text, blob, .. }, vars) => (
             text.render(&vars.unwrap_or(Value::Null))
@@ -137,7 +155,7 @@ fn resource_contents<'s>(snap: &'s Snapshot, uri: &str) -> Option<(Result<String
             *blob,
             mime,
         ),
-    })
+    }
 }
 
 /// The resource a URI names, with the URI template's variables when it matched one (nothing

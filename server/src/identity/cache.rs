@@ -1,4 +1,4 @@
-//! The bounded cache of exchanged tokens: one entry per (caller, audience, scopes) digest,
+//! The bounded cache of exchanged tokens: one entry per (subject token, audience, scopes) digest,
 //! used until shortly before the token expires. Concurrent misses of one key wait for one
 //! exchange; a failed exchange is remembered for a moment, so a burst of calls of one caller
 //! makes one request to the issuer, not one each. The number of entries is capped: a full
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use rustc_hash::FxHashMap;
 
-/// A cache key: a digest of who, for what audience, with which scopes.
+/// A cache key: a digest of which subject token, for what audience, with which scopes.
 pub type Key = [u8; 32];
 
 /// How long a failed exchange is answered from the cache.

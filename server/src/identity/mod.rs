@@ -2,7 +2,7 @@
 //! (or upstream) sets `identity`. `forward` passes on the caller's own validated token, only
 //! when that token is addressed to the target (RFC 8707: the audience is in its `aud`);
 //! `exchange` asks the issuer for a token addressed to the target, on behalf of the caller
-//! (RFC 8693), cached per caller, audience and scopes. Either way a call that cannot have the
+//! (RFC 8693), cached per subject token, audience and scopes, never past that token's expiry. Either way a call that cannot have the
 //! credential it needs fails with a tool error: it never goes out with the server's own
 //! credential instead, and no token is ever logged.
 
@@ -43,36 +43,26 @@ impl Default for Broker {
     }
 }
 
-/// The cache key of a caller's exchange: who (issuer and subject with the client and scopes
-/// the token was issued for, or the token itself when it names no subject), for which
-/// audience and scopes.
+/// The cache key of an exchange: the subject token itself (its SHA-256 digest), the audience
+/// and the scopes. Bound to the token, not to who it names: another token of the same user
+/// (with fewer scopes or roles, through another client, or expiring sooner) is exchanged
+/// on its own and never gets what a stronger or longer-lived one obtained.
 fn key(c: &Credential, audience: &str, scopes: &str) -> cache::Key {
-    let claims = c.claims();
-    let text = |k: &str| claims.get(k).and_then(Value::as_str);
     let mut h = Sha256::new();
-    match (text("iss"), text("sub")) {
-        (Some(iss), Some(sub)) => {
-            h.update(b"sub\0");
-            h.update(iss.as_bytes());
-            h.update([0]);
-            h.update(sub.as_bytes());
-            // The same user through another client, or with other scopes, is another
-            // subject token: it must not reuse what a broader one obtained.
-            for k in ["azp", "client_id", "scope"] {
-                h.update([0]);
-                h.update(text(k).unwrap_or_default().as_bytes());
-            }
-        }
-        _ => {
-            h.update(b"token\0");
-            h.update(c.token().as_bytes());
-        }
-    }
+    h.update(b"subject-token\0");
+    h.update(c.token().as_bytes());
     h.update([0]);
     h.update(audience.as_bytes());
     h.update([0]);
     h.update(scopes.as_bytes());
     h.finalize().into()
+}
+
+/// Seconds since the epoch now (0 when the clock is before it).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Broker {
@@ -94,6 +84,34 @@ impl Broker {
     /// Exchanged tokens cached now.
     pub fn cached(&self) -> usize {
         self.cache.len()
+    }
+
+    /// The exchanged token of the caller of `c` for `audience` and `scopes` at `now` (seconds
+    /// since the epoch): from the cache, or what `fetch` gets, cached.
+    async fn exchanged<F, Fut>(
+        &self,
+        c: &Credential,
+        audience: &str,
+        scopes: &str,
+        now: u64,
+        fetch: F,
+    ) -> Result<HeaderValue, String>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(HeaderValue, Duration), String>>,
+    {
+        // Never served, nor kept, past the caller's own token (accepted within the clock
+        // leeway of authentication, it may have expired already).
+        let left = match c.expires() {
+            None => Duration::MAX,
+            Some(exp) => match u64::try_from(exp).unwrap_or(0).checked_sub(now) {
+                Some(s) if s > 0 => Duration::from_secs(s),
+                _ => return Err("the caller's access token has expired".to_owned()),
+            },
+        };
+        let k = key(c, audience, scopes);
+        let fetch = async { fetch().await.map(|(h, valid)| (h, valid.min(left))) };
+        self.cache.get_or_fetch(&k, fetch).await
     }
 
     /// The `Authorization` value of a call to `what` (e.g. "upstream `notes`") with `id`, by
@@ -128,25 +146,15 @@ impl Broker {
                         "{what} needs a token exchanged for the caller's, and this server has no token-exchange client (--token-exchange-client-id, McpServer spec.auth.tokenExchange)"
                     ));
                 };
-                let k = key(c, &id.audience, &id.scopes);
-                // Never kept past the caller's own token.
-                let left = c.expires().map_or(Duration::MAX, |exp| {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    Duration::from_secs(u64::try_from(exp).unwrap_or(0).saturating_sub(now))
-                });
-                let fetch = async {
-                    ex.exchange(c, &id.audience, &id.scopes)
-                        .await
-                        .map(|(h, valid)| (h, valid.min(left)))
-                };
-                self.cache.get_or_fetch(&k, fetch).await.map_err(|e| {
-                    format!(
-                        "{what}: token exchange for audience `{}` failed: {e}",
-                        id.audience
-                    )
-                })
+                let fetch = || ex.exchange(c, &id.audience, &id.scopes);
+                self.exchanged(c, &id.audience, &id.scopes, unix_now(), fetch)
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "{what}: token exchange for audience `{}` failed: {e}",
+                            id.audience
+                        )
+                    })
             }
         }
     }
@@ -219,20 +227,102 @@ mod tests {
     }
 
     #[test]
-    fn cache_keys_tell_callers_audiences_and_scopes_apart() {
+    fn cache_keys_tell_subject_tokens_audiences_and_scopes_apart() {
         let alice = Credential::new("t1", json!({"iss": "i", "sub": "alice"}));
+        let alice_again = Credential::new("t1", json!({"iss": "i", "sub": "alice"}));
         let alice2 = Credential::new("t2", json!({"iss": "i", "sub": "alice"}));
-        let bob = Credential::new("t3", json!({"iss": "i", "sub": "bob"}));
-        let other_issuer = Credential::new("t4", json!({"iss": "j", "sub": "alice"}));
-        assert_eq!(key(&alice, "a", ""), key(&alice2, "a", ""));
-        assert_ne!(key(&alice, "a", ""), key(&bob, "a", ""));
-        assert_ne!(key(&alice, "a", ""), key(&other_issuer, "a", ""));
+        assert_eq!(key(&alice, "a", ""), key(&alice_again, "a", ""));
+        assert_ne!(key(&alice, "a", ""), key(&alice2, "a", ""));
         assert_ne!(key(&alice, "a", ""), key(&alice, "b", ""));
         assert_ne!(key(&alice, "a", ""), key(&alice, "a", "x"));
-        // No subject: the token is the caller.
-        let anon1 = Credential::new("t5", json!({"iss": "i"}));
-        let anon2 = Credential::new("t6", json!({"iss": "i"}));
-        assert_ne!(key(&anon1, "a", ""), key(&anon2, "a", ""));
+        // The separators keep the parts apart.
+        assert_ne!(key(&alice, "ab", ""), key(&alice, "a", "b"));
+    }
+
+    /// A fake issuer: counts exchanges and answers `Bearer exchanged-N`, valid an hour.
+    struct FakeIssuer(std::sync::atomic::AtomicUsize);
+
+    impl FakeIssuer {
+        fn new() -> Self {
+            Self(std::sync::atomic::AtomicUsize::new(0))
+        }
+
+        async fn fetch(&self) -> Result<(HeaderValue, Duration), String> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let h = HeaderValue::from_str(&format!("Bearer exchanged-{n}")).unwrap();
+            Ok((h, Duration::from_secs(3600)))
+        }
+
+        fn count(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    const NOW: u64 = 1_800_000_000;
+
+    #[tokio::test]
+    async fn two_subject_tokens_of_one_caller_get_separate_exchanges() {
+        let b = Broker::default();
+        let issuer = FakeIssuer::new();
+        let claims = json!({"iss": "i", "sub": "alice", "azp": "app", "scope": "read", "exp": NOW + 600});
+        let first = Credential::new("token-one", claims.clone());
+        let second = Credential::new("token-two", claims);
+        let a = b.exchanged(&first, "notes", "read", NOW, || issuer.fetch()).await;
+        let again = b.exchanged(&first, "notes", "read", NOW, || issuer.fetch()).await;
+        assert_eq!(a.as_ref().unwrap(), "Bearer exchanged-1");
+        assert_eq!(again, a, "the same subject token reuses its exchange");
+        let other = b
+            .exchanged(&second, "notes", "read", NOW, || issuer.fetch())
+            .await;
+        assert_eq!(other.unwrap(), "Bearer exchanged-2");
+        assert_eq!(issuer.count(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_exchange_is_not_served_once_its_subject_token_expired() {
+        let b = Broker::default();
+        let issuer = FakeIssuer::new();
+        let c = Credential::new("token-one", json!({"iss": "i", "sub": "alice", "exp": NOW + 100}));
+        let got = b.exchanged(&c, "notes", "", NOW, || issuer.fetch()).await;
+        assert_eq!(got.unwrap(), "Bearer exchanged-1");
+        // The exchanged token is good for an hour; the subject token is not.
+        let late = b.exchanged(&c, "notes", "", NOW + 101, || issuer.fetch()).await;
+        assert!(late.is_err_and(|e| e.contains("expired")));
+        assert_eq!(issuer.count(), 1, "an expired subject token is not exchanged");
+        // A fractional `exp` bounds the exchange as well.
+        let f = Credential::new(
+            "token-float",
+            json!({"iss": "i", "sub": "bob", "exp": (NOW + 100) as f64 + 0.5}),
+        );
+        b.exchanged(&f, "notes", "", NOW, || issuer.fetch())
+            .await
+            .unwrap();
+        let late = b.exchanged(&f, "notes", "", NOW + 101, || issuer.fetch()).await;
+        assert!(late.is_err_and(|e| e.contains("expired")));
+    }
+
+    #[tokio::test]
+    async fn a_later_token_with_fewer_scopes_does_not_get_the_stronger_exchange() {
+        let b = Broker::default();
+        let issuer = FakeIssuer::new();
+        let strong = Credential::new(
+            "token-strong",
+            json!({"iss": "i", "sub": "alice", "scp": ["read", "write"], "exp": NOW + 3600}),
+        );
+        let weak = Credential::new(
+            "token-weak",
+            json!({"iss": "i", "sub": "alice", "scp": ["read"], "exp": NOW + 60}),
+        );
+        let s = b
+            .exchanged(&strong, "notes", "", NOW, || issuer.fetch())
+            .await
+            .unwrap();
+        let w = b
+            .exchanged(&weak, "notes", "", NOW, || issuer.fetch())
+            .await
+            .unwrap();
+        assert_ne!(s, w, "the weaker token got the stronger token's exchange");
+        assert_eq!(issuer.count(), 2);
     }
 
     #[test]

@@ -29,6 +29,35 @@ pub struct ToolFacts<'a> {
     pub annotations: &'a Value,
 }
 
+/// What a request is about, for its policies.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A `tools/call` of this tool (also a `tools/list` entry: deciding whether it may be
+    /// called).
+    Tool(ToolFacts<'a>),
+    /// A `resources/read` of this URI (as the client wrote it).
+    Resource(&'a str),
+    /// A `prompts/get` of this prompt.
+    Prompt(&'a str),
+}
+
+impl<'a> From<ToolFacts<'a>> for Target<'a> {
+    fn from(t: ToolFacts<'a>) -> Self {
+        Self::Tool(t)
+    }
+}
+
+impl Target<'_> {
+    /// The request's method, as `request.method` reads it.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::Tool(_) => "tools/call",
+            Self::Resource(_) => "resources/read",
+            Self::Prompt(_) => "prompts/get",
+        }
+    }
+}
+
 /// What a policy decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -80,16 +109,16 @@ struct Scope<'s, 'a> {
 struct Env<'a> {
     caller: Option<&'a Principal>,
     claims: &'a Value,
-    tool: ToolFacts<'a>,
+    target: Target<'a>,
     args: Option<&'a Value>,
     budget: u32,
 }
 
-/// Evaluates `root`; `args` is `None` at `tools/list` time.
+/// Evaluates `root` on a request about `target`; `args` is `None` at `tools/list` time.
 pub fn evaluate(
     root: &Node,
     caller: Option<&Principal>,
-    tool: ToolFacts<'_>,
+    target: Target<'_>,
     args: Option<&Value>,
 ) -> Verdict {
     let claims = caller
@@ -100,7 +129,7 @@ pub fn evaluate(
     let mut env = Env {
         caller,
         claims,
-        tool,
+        target,
         args,
         budget: MAX_COST,
     };
@@ -200,12 +229,31 @@ impl<'a> Env<'a> {
             Var::Claims => V::Json(self.claims),
             Var::Groups => V::Strs(c.map_or(&[], |c| &c.groups)),
             Var::Scopes => V::Strs(c.map_or(&[], |c| &c.scopes)),
-            Var::ToolName => V::Str(Cow::Borrowed(self.tool.name)),
-            Var::ToolUpstream => V::Str(Cow::Borrowed(self.tool.upstream)),
-            Var::Annotations => match self.tool.annotations {
-                a @ Value::Object(_) => V::Json(a),
+            // Another request's `tool` is empty, like a caller without credentials.
+            Var::ToolName => V::Str(Cow::Borrowed(match self.target {
+                Target::Tool(t) => t.name,
+                _ => "",
+            })),
+            Var::ToolUpstream => V::Str(Cow::Borrowed(match self.target {
+                Target::Tool(t) => t.upstream,
+                _ => "",
+            })),
+            Var::Annotations => match self.target {
+                Target::Tool(ToolFacts {
+                    annotations: a @ Value::Object(_),
+                    ..
+                }) => V::Json(a),
                 _ => V::Json(&EMPTY),
             },
+            Var::Method => V::Str(Cow::Borrowed(self.target.method())),
+            Var::ResourceUri => V::Str(Cow::Borrowed(match self.target {
+                Target::Resource(u) => u,
+                _ => "",
+            })),
+            Var::PromptName => V::Str(Cow::Borrowed(match self.target {
+                Target::Prompt(n) => n,
+                _ => "",
+            })),
             Var::Args => match self.args {
                 Some(a) => V::Json(a),
                 None => return Err(Stop::Unknown),

@@ -71,6 +71,12 @@ pub enum Var {
     ToolUpstream,
     /// `tool.annotations`.
     Annotations,
+    /// `request.method`: `tools/call`, `resources/read` or `prompts/get`.
+    Method,
+    /// `resource.uri`: the URI a `resources/read` asks for, `""` for any other request.
+    ResourceUri,
+    /// `prompt.name`: the prompt a `prompts/get` asks for, `""` for any other request.
+    PromptName,
     /// `args`: the call's arguments.
     Args,
     /// A comprehension's variable, 0 the innermost.
@@ -189,9 +195,13 @@ enum Ty {
     Map,
     /// Known only when run.
     Dyn,
-    /// The `caller` and `tool` objects: only their fields may be used.
+    /// The `caller`, `tool`, `request`, `resource` and `prompt` objects: only their fields
+    /// may be used.
     Caller,
     Tool,
+    Request,
+    Resource,
+    Prompt,
 }
 
 impl Ty {
@@ -209,6 +219,9 @@ impl Ty {
             Ty::Dyn => "dyn",
             Ty::Caller => "caller",
             Ty::Tool => "tool",
+            Ty::Request => "request",
+            Ty::Resource => "resource",
+            Ty::Prompt => "prompt",
         }
     }
     fn numeric(self) -> bool {
@@ -339,12 +352,15 @@ impl Checker {
         match name {
             "caller" => Ok((Node::Lit(Lit::Null), Ty::Caller)),
             "tool" => Ok((Node::Lit(Lit::Null), Ty::Tool)),
+            "request" => Ok((Node::Lit(Lit::Null), Ty::Request)),
+            "resource" => Ok((Node::Lit(Lit::Null), Ty::Resource)),
+            "prompt" => Ok((Node::Lit(Lit::Null), Ty::Prompt)),
             "args" => {
                 self.reads_args = true;
                 Ok((Node::Var(Var::Args), Ty::Map))
             }
             _ => Err(format!(
-                "unknown variable `{}` (use caller, tool or args)",
+                "unknown variable `{}` (use caller, tool, request, resource, prompt or args)",
                 clip(name)
             )),
         }
@@ -374,6 +390,18 @@ impl Checker {
                     "unknown field `tool.{}` (name, upstream, annotations)",
                     clip(field)
                 )),
+            },
+            Ty::Request => match field {
+                "method" => var(Var::Method, Ty::Str),
+                _ => Err(format!("unknown field `request.{}` (method)", clip(field))),
+            },
+            Ty::Resource => match field {
+                "uri" => var(Var::ResourceUri, Ty::Str),
+                _ => Err(format!("unknown field `resource.{}` (uri)", clip(field))),
+            },
+            Ty::Prompt => match field {
+                "name" => var(Var::PromptName, Ty::Str),
+                _ => Err(format!("unknown field `prompt.{}` (name)", clip(field))),
             },
             Ty::Map | Ty::Dyn => Ok((Node::Select(b(node), field.into()), Ty::Dyn)),
             other => Err(format!("`.{}` selects a field of {}", clip(field), other.name())),
@@ -518,10 +546,10 @@ impl Checker {
         }
     }
 
-    /// An operand that must be a value (not the bare `caller` or `tool` object).
+    /// An operand that must be a value (not a bare object such as `caller` or `tool`).
     fn value(&mut self, e: &IdedExpr, d: usize) -> Out {
         let (n, t) = self.expr(e, d)?;
-        if matches!(t, Ty::Caller | Ty::Tool) {
+        if matches!(t, Ty::Caller | Ty::Tool | Ty::Request | Ty::Resource | Ty::Prompt) {
             return Err(format!("`{}` is an object: use one of its fields", t.name()));
         }
         Ok((n, t))

@@ -165,6 +165,8 @@ fn selectors_pick_tools_by_name_prefix_and_upstream() {
         expression: "true".into(),
         tools: tools.iter().map(|s| (*s).to_owned()).collect(),
         upstreams: upstreams.iter().map(|s| (*s).to_owned()).collect(),
+        resources: Vec::new(),
+        prompts: Vec::new(),
     };
     let tools = [
         ("restart", None),
@@ -172,7 +174,16 @@ fn selectors_pick_tools_by_name_prefix_and_upstream() {
         ("add", None),
     ];
     let mut p = Problems::default();
-    let set = compile(&[spec(&["restart", "k8s-*"], &["gh"])], &tools, &["gh"], &mut p);
+    let declared = |upstreams| Declared {
+        tools: &tools,
+        upstreams,
+        ..Declared::default()
+    };
+    let set = compile(
+        &[spec(&["restart", "k8s-*"], &["gh"])],
+        &declared(&["gh"]),
+        &mut p,
+    );
     assert!(p.0.is_empty(), "{:?}", p.0);
     assert!(set.for_tool("restart", "", None).is_some());
     assert!(set.for_tool("k8s-delete", "", None).is_some());
@@ -181,8 +192,100 @@ fn selectors_pick_tools_by_name_prefix_and_upstream() {
     assert!(set.for_tool("issue", "gh", None).is_some());
     // An imported tool does not take a declared tool's inline policy.
     assert!(set.for_tool("add", "other", None).is_none());
-    let all = compile(&[spec(&[], &[])], &tools, &[], &mut p);
+    let all = compile(&[spec(&[], &[])], &declared(&[]), &mut p);
     assert!(all.for_tool("anything", "x", None).is_some());
+    // Naming tools leaves resources and prompts alone; no selector takes them in.
+    assert!(set.for_resource("doc://a").is_none() && set.for_prompt("trip").is_none());
+    assert!(all.for_resource("doc://a").is_some() && all.for_prompt("trip").is_some());
+}
+
+#[test]
+fn selectors_pick_resources_by_declared_uri_and_prompts_by_name() {
+    let spec = |resources: &[&str], prompts: &[&str]| PolicySpec {
+        name: "p".into(),
+        expression: "true".into(),
+        tools: Vec::new(),
+        upstreams: Vec::new(),
+        resources: resources.iter().map(|s| (*s).to_owned()).collect(),
+        prompts: prompts.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    let tools = [("restart", None)];
+    let d = Declared {
+        tools: &tools,
+        resources: &["doc://a", "city://{name}", "docs://b"],
+        prompts: &["trip", "Plan a trip"],
+        ..Declared::default()
+    };
+    let mut p = Problems::default();
+    let set = compile(
+        &[spec(&["city://{name}", "docs://*"], &["Plan a trip"])],
+        &d,
+        &mut p,
+    );
+    assert!(p.0.is_empty(), "{:?}", p.0);
+    assert!(set.for_resource("city://{name}").is_some());
+    assert!(set.for_resource("docs://b").is_some());
+    assert!(set.for_resource("doc://a").is_none());
+    assert!(set.for_prompt("Plan a trip").is_some() && set.for_prompt("trip").is_none());
+    // A policy that names only resources or prompts is not one for every tool.
+    assert!(set.for_tool("restart", "", None).is_none());
+    // A name nothing has is refused, naming the entry; so is a control character.
+    compile(&[spec(&["city://x", "a\nb*"], &["nope"])], &d, &mut p);
+    let got: Vec<&str> = p.0.iter().map(|x| x.path.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "policies[0].resources[0]",
+            "policies[0].resources[1]",
+            "policies[0].prompts[0]"
+        ]
+    );
+    assert!(
+        p.0[0]
+            .message
+            .contains("no resource has the `uri` or `uriTemplate` `city://x`")
+    );
+    assert!(p.0[2].message.contains("no prompt is named `nope`"));
+}
+
+#[test]
+fn the_request_kind_its_uri_and_its_prompt_are_readable() {
+    let rule = "request.method == 'tools/call' ? tool.name == 'restart' \
+        : request.method == 'resources/read' ? resource.uri.startsWith('doc://') && tool.name == '' \
+        : prompt.name == 'trip' && resource.uri == '' && size(tool.annotations) == 0";
+    let p = Policy::compile("p", false, rule).unwrap_or_else(|e| panic!("{e}"));
+    let empty = json!({});
+    let tool = ToolFacts {
+        name: "restart",
+        upstream: "",
+        annotations: &Value::Null,
+    };
+    assert_eq!(p.evaluate(None, tool, Some(&empty)), Verdict::Allow);
+    assert_eq!(
+        p.evaluate(None, Target::Resource("doc://a"), Some(&empty)),
+        Verdict::Allow
+    );
+    assert_eq!(
+        p.evaluate(None, Target::Resource("file://a"), Some(&empty)),
+        Verdict::Deny
+    );
+    assert_eq!(
+        p.evaluate(None, Target::Prompt("trip"), Some(&empty)),
+        Verdict::Allow
+    );
+    assert_eq!(
+        p.evaluate(None, Target::Prompt("other"), Some(&empty)),
+        Verdict::Deny
+    );
+    for (src, want) in [
+        ("request.uri == ''", "unknown field `request.uri`"),
+        ("resource.name == ''", "unknown field `resource.name`"),
+        ("prompt.args == ''", "unknown field `prompt.args`"),
+        ("request == 'x'", "is an object"),
+    ] {
+        let e = Policy::compile("p", false, src).unwrap_err();
+        assert!(e.contains(want), "{src}: {e}");
+    }
 }
 
 #[test]
@@ -192,6 +295,8 @@ fn problems_name_the_field() {
         expression: expr.into(),
         tools: tools.iter().map(|s| (*s).to_owned()).collect(),
         upstreams: ups.iter().map(|s| (*s).to_owned()).collect(),
+        resources: Vec::new(),
+        prompts: Vec::new(),
     };
     let mut p = Problems::default();
     compile(
@@ -202,8 +307,10 @@ fn problems_name_the_field() {
             spec("typo", "user.x == 1", &[], &[]),
             spec("sel", "true", &["nope", "bad name", "pre*"], &["gone"]),
         ],
-        &[("t", Some("args.x +")), ("u", None)],
-        &[],
+        &Declared {
+            tools: &[("t", Some("args.x +")), ("u", None)],
+            ..Declared::default()
+        },
         &mut p,
     );
     let got: Vec<String> = p.0.iter().map(|x| x.path.clone()).collect();
