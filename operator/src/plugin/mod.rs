@@ -5,6 +5,7 @@
 pub mod args;
 pub mod check;
 pub mod mcp;
+pub mod owner;
 pub mod reach;
 pub mod schema;
 pub mod status;
