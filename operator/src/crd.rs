@@ -706,8 +706,9 @@ pub struct Tracing {
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
     pub endpoint: String,
     /// Probability that a request without a sampled parent starts a trace (0 to 1). A request
-    /// whose client sampled it is always traced. Default 1 (every request); lower it for busy
-    /// servers (0.01 keeps one request in a hundred).
+    /// whose client sampled it is always traced when `trustClientSampling` trusts that client;
+    /// any other is traced with this probability, decided on its trace id. Default 1 (every
+    /// request); lower it for busy servers (0.01 keeps one request in a hundred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub sampling_ratio: Option<f64>,
@@ -719,6 +720,35 @@ pub struct Tracing {
     /// them as `name=value` pairs separated by commas (the OTEL_EXPORTER_OTLP_HEADERS format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers_secret_ref: Option<SecretKey>,
+    /// Whose `traceparent` sampled flag decides that a request is traced (and exported):
+    /// `authenticated` (default: callers whose credentials `auth` accepted), `never` or
+    /// `always` (anyone who reaches the Service may make the pods export spans). Any other
+    /// request still continues its client's trace id; whether it is traced is decided by
+    /// `samplingRatio` on that id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_client_sampling: Option<TrustClientSampling>,
+    /// Pass clients' `tracestate` on to upstreams and http tools' APIs (and into the
+    /// exported spans). Default false: it is dropped as it arrives, so a client's text does
+    /// not travel verbatim to the services a call reaches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_trace_state: Option<bool>,
+}
+
+/// Whose `traceparent` sampled flag decides that a request is traced (and exported):
+/// `authenticated` (default: callers whose credentials `auth` accepted), `never` or `always`
+/// (anyone who reaches the Service may make the pods export spans). Any other request still
+/// continues its client's trace id; whether it is traced is decided by `samplingRatio` on
+/// that id.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrustClientSampling {
+    /// No client's: the server decides from the trace id.
+    Never,
+    /// Callers that authenticated (the default).
+    #[default]
+    Authenticated,
+    /// Every client's.
+    Always,
 }
 
 /// Observed state.

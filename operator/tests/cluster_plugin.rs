@@ -1,8 +1,9 @@
 //! Against a real control plane (scripts/operator-it.sh runs these with `--ignored`, the
 //! operator running): `kubectl-quiver` through the real API server's service proxy to a
 //! real quiver-server (a Service without selector whose Endpoints name this machine's
-//! address), `status` of a real McpServer, and the operator's state-key Secret: created
-//! once, owned, mounted by reference, made again when deleted.
+//! address), `status` of a real McpServer, a token never sent to a pod that only wears an
+//! McpServer's labels, and the operator's state-key Secret: created once, owned, mounted by
+//! reference, made again when deleted.
 
 use std::process::Command;
 
@@ -233,6 +234,53 @@ async fn the_state_key_secret_is_made_once_mounted_by_reference_and_remade_when_
             (uid_of(&d) == new_uid).then_some(())
         })
         .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_token_is_never_port_forwarded_to_a_pod_that_only_wears_the_mcpservers_labels() {
+    with_ns("q-lookalike", |ns| async move {
+        // An McpServer without pods of its own (replicas 0), and its Deployment in place.
+        ns.apply_yaml(
+            "apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: target}\n\
+             spec:\n  replicas: 0\n  tools:\n    - {name: add, handler: {builtin: add}}\n",
+        )
+        .await;
+        eventually(60, "the McpServer's Deployment", || async {
+            ns.api::<Deployment>().get_opt("target").await.ok()?
+        })
+        .await;
+        // Anyone who may create pods here can make one with the McpServer's labels, Ready.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "target-0-lookalike",
+                "labels": {"app.kubernetes.io/name": "quiver-server", "app.kubernetes.io/instance": "target"},
+                "annotations": {"kwok.x-k8s.io/status": "custom"}},
+            "spec": {"nodeName": "kwok-node-0", "containers": [{"name": "server", "image": "quiver-server"}]}
+        }))
+        .unwrap();
+        ns.api::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        let ip = routable_ip();
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+        ns.api::<Pod>()
+            .patch_status(
+                "target-0-lookalike",
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .unwrap();
+        // With a token the plugin port-forwards: it finds no pod the McpServer owns, and
+        // says so without dialling the lookalike.
+        let (code, out, err) = plugin(&["-n", &ns.name, "tools", "target", "--token", "s3cret-token"]);
+        assert_eq!(code, 3, "{out}{err}");
+        assert!(err.contains("no ready pod of McpServer"), "{err}");
+        assert!(!err.contains("target-0-lookalike"), "{err}");
     })
     .await;
 }

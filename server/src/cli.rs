@@ -311,6 +311,8 @@ pub struct ServeArgs {
     limits_redis_fail: crate::limits::FailMode,
     #[command(flatten)]
     tracing: crate::otel::TraceArgs,
+    #[command(flatten)]
+    client_tracing: crate::otel::ClientTraceArgs,
 }
 
 /// Parses the command line and runs; returns the process exit code.
@@ -576,7 +578,8 @@ async fn serve(
     // Exec tools' orphans are re-parented to this process (PID 1 in its image): reap them.
     crate::handlers::start_reaper();
     let metrics = Metrics::new(profile, allocator);
-    let traces = crate::otel::init(&args.tracing, metrics.trace_spans_dropped.clone())?;
+    let dropped = metrics.trace_spans_dropped.clone();
+    let traces = crate::otel::init(&args.tracing, &args.client_tracing, dropped)?;
     let server = dispatcher(&args, &metrics)?;
     let auth = client_auth(&args, &server)?;
     token_exchange(&args, &server)?;

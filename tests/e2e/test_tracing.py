@@ -49,7 +49,10 @@ def mcp_server(ns: str) -> dict:
     return {
         "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "traced"},
         "spec": {
-            "tracing": {"endpoint": f"http://otelcol.{ns}.svc:4318", "samplingRatio": 0},
+            # Ratio 0 and every client's sampled flag trusted (no client authentication here):
+            # only what the client sampled is traced.
+            "tracing": {"endpoint": f"http://otelcol.{ns}.svc:4318", "samplingRatio": 0,
+                        "trustClientSampling": "always"},
             "tools": [
                 {"name": "hello", "description": "Greets.", "handler": {"template": "hello"}},
                 {"name": "health", "description": "Asks the notes service whether it is healthy.",

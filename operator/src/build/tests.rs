@@ -1354,3 +1354,39 @@ fn tracing_becomes_the_servers_otel_variables() {
     );
     assert!(headers.get("value").is_none_or(serde_json::Value::is_null));
 }
+
+#[test]
+fn tracing_says_whose_sampled_flag_is_trusted_and_whether_tracestate_travels() {
+    let env_of = |yaml: &str| -> Vec<serde_json::Value> {
+        let c = children(yaml);
+        let d = serde_json::to_value(&c.deployment).unwrap();
+        d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let get = |env: &[serde_json::Value], name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_owned())
+    };
+    // Unset: the server's defaults (authenticated callers, no tracestate).
+    let defaults = env_of(&format!(
+        "{BASIC}  tracing:\n    endpoint: http://otel-collector.obs:4318\n"
+    ));
+    assert_eq!(get(&defaults, "QUIVER_TRACE_TRUST_CLIENT_SAMPLING"), None);
+    assert_eq!(get(&defaults, "QUIVER_TRACE_FORWARD_TRACESTATE"), None);
+    for (trust, forward) in [("never", false), ("authenticated", true), ("always", true)] {
+        let env = env_of(&format!(
+            "{BASIC}  tracing:\n    endpoint: http://otel-collector.obs:4318\n    trustClientSampling: {trust}\n    forwardTraceState: {forward}\n"
+        ));
+        assert_eq!(
+            get(&env, "QUIVER_TRACE_TRUST_CLIENT_SAMPLING").as_deref(),
+            Some(trust)
+        );
+        assert_eq!(
+            get(&env, "QUIVER_TRACE_FORWARD_TRACESTATE").as_deref(),
+            Some(if forward { "true" } else { "false" })
+        );
+    }
+}

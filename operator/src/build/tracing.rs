@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 
-use crate::crd::McpServer;
+use crate::crd::{McpServer, TrustClientSampling};
 
 fn var(name: &str, value: String) -> EnvVar {
     EnvVar {
@@ -33,6 +33,17 @@ pub(super) fn env(mcp: &McpServer, ns: &str) -> Vec<EnvVar> {
     ];
     if let Some(r) = t.sampling_ratio {
         out.push(var("QUIVER_TRACE_SAMPLE_RATIO", r.to_string()));
+    }
+    if let Some(trust) = t.trust_client_sampling {
+        let value = match trust {
+            TrustClientSampling::Never => "never",
+            TrustClientSampling::Authenticated => "authenticated",
+            TrustClientSampling::Always => "always",
+        };
+        out.push(var("QUIVER_TRACE_TRUST_CLIENT_SAMPLING", value.to_owned()));
+    }
+    if let Some(forward) = t.forward_trace_state {
+        out.push(var("QUIVER_TRACE_FORWARD_TRACESTATE", forward.to_string()));
     }
     if let Some(h) = &t.headers_secret_ref {
         out.push(EnvVar {

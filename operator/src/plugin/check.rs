@@ -276,7 +276,9 @@ fn cel_rules(mcp: &McpServer) -> Vec<String> {
 
 /// The reports for people; `true` when every McpServer is valid.
 pub fn print(file: &str, reports: &[Report]) -> (String, bool) {
+    use super::term::line;
     use std::fmt::Write as _;
+    let file = line(file);
     let mut out = String::new();
     let mut valid = true;
     for r in reports {
@@ -284,8 +286,8 @@ pub fn print(file: &str, reports: &[Report]) -> (String, bool) {
             let _ = writeln!(
                 out,
                 "{file}: {}: valid ({})",
-                r.subject,
-                r.summary.as_deref().unwrap_or_default()
+                line(&r.subject),
+                line(r.summary.as_deref().unwrap_or_default())
             );
         } else {
             valid = false;
@@ -293,15 +295,15 @@ pub fn print(file: &str, reports: &[Report]) -> (String, bool) {
             let _ = writeln!(
                 out,
                 "{file}: {}: {n} problem{}",
-                r.subject,
+                line(&r.subject),
                 if n == 1 { "" } else { "s" }
             );
             for p in &r.problems {
-                let _ = writeln!(out, "  {p}");
+                let _ = writeln!(out, "  {}", line(p));
             }
         }
         for note in &r.notes {
-            let _ = writeln!(out, "  note: {note}");
+            let _ = writeln!(out, "  note: {}", line(note));
         }
     }
     if valid {
@@ -311,4 +313,38 @@ pub fn print(file: &str, reports: &[Report]) -> (String, bool) {
         );
     }
     (out, valid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_and_notes_cannot_forge_lines() {
+        let evil = "x\nFORGED\u{2028}FORGED\r\u{85}FORGED";
+        let reports = vec![
+            Report {
+                subject: format!("McpServer {evil}"),
+                problems: vec![evil.to_owned()],
+                notes: vec![evil.to_owned()],
+                summary: None,
+            },
+            Report {
+                subject: evil.to_owned(),
+                problems: Vec::new(),
+                notes: Vec::new(),
+                summary: Some(evil.to_owned()),
+            },
+        ];
+        let (out, valid) = print(evil, &reports);
+        assert!(!valid);
+        let printed = super::super::term::text(&out).into_owned();
+        for l in printed.lines() {
+            assert!(
+                !l.trim_start().starts_with("FORGED"),
+                "a forged line {l:?} in\n{printed}"
+            );
+        }
+        assert_eq!(printed.lines().count(), 4, "{printed}");
+    }
 }

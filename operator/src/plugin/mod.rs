@@ -5,6 +5,7 @@
 pub mod args;
 pub mod check;
 pub mod mcp;
+pub mod owner;
 pub mod reach;
 pub mod schema;
 pub mod status;
@@ -55,10 +56,15 @@ pub async fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Negative(_)) => ExitCode::from(1),
         Err(f) => {
-            eprintln!("error: {}", term::text(&f.to_string()));
+            eprintln!("{}", error_line(&f));
             ExitCode::from(f.code())
         }
     }
+}
+
+/// How a failure is printed: `error: MESSAGE` on one line.
+fn error_line(f: &Failure) -> String {
+    format!("error: {}", term::line(&f.to_string()))
 }
 
 /// An API client from the kubeconfig as kubectl reads it, and the namespace to use.
@@ -285,21 +291,73 @@ pub fn tools_text(tools: &[Value]) -> String {
     let width = tools
         .iter()
         .filter_map(|t| t.get("name").and_then(Value::as_str))
-        .map(str::len)
+        .map(|n| term::line(n).chars().count())
         .max()
         .unwrap_or(4)
         .clamp(4, 48);
     let mut out = format!("{:<width$}  DESCRIPTION\n", "NAME");
     for t in tools {
-        let name = t.get("name").and_then(Value::as_str).unwrap_or_default();
+        let name = term::line(t.get("name").and_then(Value::as_str).unwrap_or_default());
         let description = t
             .get("description")
             .and_then(Value::as_str)
             .unwrap_or_default()
-            .lines()
+            .split(['\n', '\r'])
             .next()
             .unwrap_or_default();
+        let description = term::line(description);
         out.push_str(&format!("{name:<width$}  {description}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVIL: &str = "x\nFORGED\u{2028}FORGED\r\u{85}FORGED\u{202e}";
+
+    fn no_forged_line(printed: &str) {
+        for l in printed.lines() {
+            assert!(
+                !l.trim_start().starts_with("FORGED"),
+                "a forged line {l:?} in\n{printed}"
+            );
+        }
+        assert!(
+            !printed.contains(['\r', '\u{85}', '\u{2028}', '\u{202e}']),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn a_tool_listing_has_one_line_per_tool() {
+        let tools = vec![
+            json!({"name": EVIL, "description": EVIL}),
+            json!({"name": "add", "description": "Adds\nmore"}),
+        ];
+        let printed = term::text(&tools_text(&tools)).into_owned();
+        no_forged_line(&printed);
+        assert_eq!(printed.lines().count(), 3, "{printed}");
+        assert!(
+            printed
+                .lines()
+                .any(|l| l.starts_with("add") && l.ends_with("Adds")),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn an_error_is_one_line() {
+        for f in [
+            Failure::Server(format!("Unknown tool: {EVIL}")),
+            Failure::Kube(EVIL.to_owned()),
+            Failure::Usage(EVIL.to_owned()),
+        ] {
+            let printed = error_line(&f);
+            no_forged_line(&printed);
+            assert_eq!(printed.lines().count(), 1, "{printed}");
+            assert!(printed.starts_with("error: "));
+        }
+    }
 }

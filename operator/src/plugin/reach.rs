@@ -1,7 +1,7 @@
 //! The two ways from `kubectl quiver` to an McpServer's MCP endpoint: the API server's
 //! service proxy (no token: the API server removes the `Authorization` header once it has
 //! authenticated the caller, so the McpServer's own token cannot travel through it), or a
-//! port-forward to one ready pod (what carries a token).
+//! port-forward to one ready pod the McpServer owns (what carries a token).
 
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use http::{Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Client;
 use kube::api::{Api, ListParams};
@@ -17,6 +18,7 @@ use kube::api::{Api, ListParams};
 use super::Failure;
 use super::mcp::{Answer, Request as McpRequest};
 use crate::build::{MCP_PORT, selector_string};
+use crate::crd::McpServer;
 
 /// Largest answer read, in bytes.
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
@@ -72,28 +74,14 @@ impl Reach {
         })
     }
 
-    /// A port-forward to a ready pod of the McpServer `name`.
+    /// A port-forward to a ready pod of the McpServer `name`: one its Deployment runs
+    /// (see [`super::owner`]), never a pod that only carries its labels.
     ///
     /// # Errors
-    /// [`Failure::Kube`] when no pod is ready or the port-forward fails.
+    /// [`Failure::Kube`] when no pod of the McpServer is ready or the port-forward fails.
     pub async fn port_forward(client: Client, ns: &str, name: &str) -> Result<Self, Failure> {
+        let pod = owned_ready_pod(&client, ns, name).await?;
         let pods: Api<Pod> = Api::namespaced(client, ns);
-        let listed = pods
-            .list(&ListParams::default().labels(&selector_string(name)))
-            .await
-            .map_err(|e| kube_failure(&format!("pods of McpServer {ns}/{name}"), &e))?;
-        let mut ready: Vec<String> = listed
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
-            .filter_map(|p| p.metadata.name.clone())
-            .collect();
-        ready.sort();
-        let Some(pod) = ready.into_iter().next() else {
-            return Err(Failure::Kube(format!(
-                "no ready pod of McpServer {ns}/{name} (kubectl quiver status {name} -n {ns})"
-            )));
-        };
         let port = u16::try_from(MCP_PORT).unwrap_or(8080);
         let mut forwarder = pods
             .portforward(&pod, &[port])
@@ -192,11 +180,33 @@ impl Reach {
     }
 }
 
-fn is_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+/// The name of a ready pod of the McpServer `name`, found down its owner chain: the
+/// McpServer's uid, its Deployment (of the same name), that Deployment's ReplicaSets, their pods.
+async fn owned_ready_pod(client: &Client, ns: &str, name: &str) -> Result<String, Failure> {
+    let mcp = Api::<McpServer>::namespaced(client.clone(), ns)
+        .get_metadata(name)
+        .await
+        .map_err(|e| kube_failure(&format!("McpServer {ns}/{name}"), &e))?;
+    let deployment = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get_metadata(name)
+        .await
+        .map_err(|e| kube_failure(&format!("Deployment {ns}/{name} of the McpServer"), &e))?;
+    let labels = ListParams::default().labels(&selector_string(name));
+    let replica_sets = Api::<ReplicaSet>::namespaced(client.clone(), ns)
+        .list_metadata(&labels)
+        .await
+        .map_err(|e| kube_failure(&format!("ReplicaSets of McpServer {ns}/{name}"), &e))?;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&labels)
+        .await
+        .map_err(|e| kube_failure(&format!("pods of McpServer {ns}/{name}"), &e))?;
+    let uid = mcp.metadata.uid.as_deref().unwrap_or_default();
+    let replica_sets: Vec<_> = replica_sets.items.into_iter().map(|rs| rs.metadata).collect();
+    super::owner::chosen_pod(uid, &deployment.metadata, &replica_sets, &pods.items).ok_or_else(|| {
+        Failure::Kube(format!(
+            "no ready pod of McpServer {ns}/{name} owned by its Deployment (kubectl quiver status {name} -n {ns})"
+        ))
+    })
 }
 
 pub(super) async fn read<B>(response: http::Response<B>) -> Result<Answer, Failure>

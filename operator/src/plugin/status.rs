@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::Failure;
 use super::reach::{kube_failure, read};
+use super::term::line;
 use crate::build::{ADMIN_PORT, selector_string};
 use crate::crd::McpServer;
 
@@ -153,8 +154,8 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
     let _ = writeln!(
         out,
         "McpServer {}/{}  generation {} (observed {})",
-        mcp.metadata.namespace.as_deref().unwrap_or_default(),
-        mcp.metadata.name.as_deref().unwrap_or_default(),
+        line(mcp.metadata.namespace.as_deref().unwrap_or_default()),
+        line(mcp.metadata.name.as_deref().unwrap_or_default()),
         mcp.metadata.generation.unwrap_or_default(),
         status
             .observed_generation
@@ -163,17 +164,17 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
     let _ = writeln!(
         out,
         "Replicas {}  Tools {}  Endpoint {}",
-        status.replicas_summary.as_deref().unwrap_or("-"),
+        line(status.replicas_summary.as_deref().unwrap_or("-")),
         status
             .tool_count
             .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-        status.endpoint.as_deref().unwrap_or("-"),
+        line(status.endpoint.as_deref().unwrap_or("-")),
     );
     let hash = status.config_hash.clone().unwrap_or_default();
     let _ = writeln!(
         out,
         "Config hash {}  loaded by {} ready pod(s)",
-        if hash.is_empty() { "-" } else { short(&hash) },
+        line(if hash.is_empty() { "-" } else { short(&hash) }),
         status
             .config_loaded_replicas
             .map_or_else(|| "?".to_owned(), |n| n.to_string()),
@@ -186,21 +187,24 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
         let _ = writeln!(
             out,
             "{:<17} {:<8} {:<26} {}",
-            c.type_, c.status, c.reason, c.message
+            line(&c.type_),
+            line(&c.status),
+            line(&c.reason),
+            line(&c.message)
         );
     }
     if !status.unsafe_sysctls.is_empty() {
         let _ = writeln!(
             out,
             "\nWarning: unsafe sysctls: {}",
-            status.unsafe_sysctls.join(", ")
+            line(&status.unsafe_sysctls.join(", "))
         );
     }
     if !status.unwatched_config_maps.is_empty() {
         let _ = writeln!(
             out,
             "\nWarning: toolsFrom ConfigMaps without the quiver.dev/tools=true label (re-read every 5 minutes): {}",
-            status.unwatched_config_maps.join(", ")
+            line(&status.unwatched_config_maps.join(", "))
         );
     }
     let _ = writeln!(
@@ -214,7 +218,7 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
         let s = match &p.status {
             Ok(s) => s,
             Err(e) => {
-                let _ = writeln!(out, "{:<35} {:<6} ({e})", p.name, p.ready);
+                let _ = writeln!(out, "{:<35} {:<6} ({})", line(&p.name), p.ready, line(e));
                 continue;
             }
         };
@@ -230,12 +234,12 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
         let _ = writeln!(
             out,
             "{:<35} {:<6} {:<20} {:<4} {:<6} {} {}",
-            p.name,
+            line(&p.name),
             p.ready,
-            format!("{}{mark}", short(pod_hash)),
+            format!("{}{mark}", line(short(pod_hash))),
             s.get("generation").and_then(Value::as_u64).unwrap_or_default(),
             s.get("tools").and_then(Value::as_u64).unwrap_or_default(),
-            reload.get("result").and_then(Value::as_str).unwrap_or("-"),
+            line(reload.get("result").and_then(Value::as_str).unwrap_or("-")),
             ago(reload.get("atUnix").and_then(Value::as_u64), now),
         );
         for problem in reload
@@ -247,12 +251,12 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
             let _ = writeln!(
                 out,
                 "    reload problem: {}",
-                problem.as_str().unwrap_or_default()
+                line(problem.as_str().unwrap_or_default())
             );
         }
         for u in s.get("upstreams").and_then(Value::as_array).into_iter().flatten() {
-            let field = |k: &str| u.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-            let mut line = format!(
+            let field = |k: &str| line(u.get(k).and_then(Value::as_str).unwrap_or_default()).into_owned();
+            let mut text = format!(
                 "    upstream {} ({}): {}, {} tools imported",
                 field("name"),
                 field("transport"),
@@ -260,15 +264,16 @@ pub fn as_text(mcp: &McpServer, pods: &[PodReport], now_unix: Option<u64>) -> St
                 u.get("imported").and_then(Value::as_u64).unwrap_or_default()
             );
             if let Some(e) = u.get("error").and_then(Value::as_str) {
-                let _ = write!(line, "; error: {e}");
+                let _ = write!(text, "; error: {}", line(e));
             } else if let Some(e) = u.get("lastError").and_then(Value::as_str) {
                 let _ = write!(
-                    line,
-                    "; last error {}: {e}",
-                    ago(u.get("lastErrorUnix").and_then(Value::as_u64), now)
+                    text,
+                    "; last error {}: {}",
+                    ago(u.get("lastErrorUnix").and_then(Value::as_u64), now),
+                    line(e)
                 );
             }
-            let _ = writeln!(out, "{line}");
+            let _ = writeln!(out, "{text}");
         }
     }
     out
@@ -340,5 +345,49 @@ mod tests {
         assert_eq!(j["pods"][0]["status"]["tools"], 3);
         assert_eq!(j["pods"][2]["error"], "not running (Pending)");
         assert_eq!(j["status"]["configHash"], "0123456789abcdef");
+    }
+
+    #[test]
+    fn fields_from_the_status_and_the_pods_cannot_forge_lines() {
+        let evil = "x\nFORGED\u{2028}FORGED\r\u{b}\u{c}\u{85}\u{2029}FORGED\u{61c}\u{fffa}";
+        let mcp: McpServer = serde_json::from_value(json!({
+            "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",
+            "metadata": {"name": "calc", "namespace": "demo", "generation": 1},
+            "spec": {},
+            "status": {"replicasSummary": evil, "endpoint": evil, "configHash": evil,
+                "conditions": [{"type": evil, "status": evil, "reason": evil, "message": evil,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "unsafeSysctls": [evil], "unwatchedConfigMaps": [evil]}
+        }))
+        .unwrap();
+        let pods = vec![
+            PodReport {
+                name: evil.into(),
+                ready: true,
+                status: Ok(
+                    json!({"configHash": evil, "lastReload": {"result": evil, "problems": [evil]},
+                    "upstreams": [{"name": evil, "transport": evil, "state": evil, "error": evil},
+                                  {"name": evil, "lastError": evil}]}),
+                ),
+            },
+            PodReport {
+                name: evil.into(),
+                ready: false,
+                status: Err(evil.into()),
+            },
+        ];
+        let printed = super::super::term::text(&as_text(&mcp, &pods, Some(0))).into_owned();
+        for l in printed.lines() {
+            assert!(
+                !l.trim_start().starts_with("FORGED"),
+                "a forged line {l:?} in\n{printed}"
+            );
+        }
+        assert!(
+            !printed.contains([
+                '\r', '\u{b}', '\u{c}', '\u{85}', '\u{2028}', '\u{2029}', '\u{61c}', '\u{fffa}'
+            ]),
+            "{printed}"
+        );
     }
 }

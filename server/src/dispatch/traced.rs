@@ -2,7 +2,9 @@
 //! attributed after OpenTelemetry's MCP conventions, under the client's context (from
 //! `params._meta`, else the transport's, e.g. HTTP `traceparent`), current while the
 //! request runs. Whether there is a span at all is decided first and cheaply
-//! ([`crate::otel::sample`]): an unsampled request runs as if tracing were off. A deferred tool call carries its span until it ends.
+//! ([`crate::otel::sample`]; the client's sampled flag counts only for a caller trusted with
+//! it): an unsampled request runs as if tracing were off. A deferred tool call carries its
+//! span until it ends. Span names carry only tool and prompt names the registry holds.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -54,14 +56,20 @@ impl Server {
                 .request(id, method, params, ctx, deadline, start, bytes)
                 .await;
         };
-        let Some(cx) = crate::otel::sample::request_span(tracer, params.map(RawValue::get)) else {
-            // Not sampled: decided before anything was built for it; runs as untraced.
-            return self
-                .request(id, method, params, ctx, deadline, start, bytes)
-                .await;
+        let trusted = crate::otel::sample::trusts(authenticated(&ctx));
+        let Some(cx) = crate::otel::sample::request_span(tracer, params.map(RawValue::get), trusted) else {
+            // Not sampled: decided before anything was built for it; runs as untraced. A
+            // transport's context the client sampled (HTTP `traceparent`) is not current
+            // then: nothing below may hang a span on it or send it on.
+            let run = self.request(id, method, params, ctx, deadline, start, bytes);
+            return if Context::map_current(|c| c.span().span_context().is_sampled()) {
+                run.with_context(Context::new()).await
+            } else {
+                run.await
+            };
         };
         if cx.span().is_recording() {
-            describe(&cx, id, method, params, ctx);
+            describe(&cx, &self.registry, id, method, params, ctx);
         }
         let o = self
             .request(id, method, params, ctx, deadline, start, bytes)
@@ -80,8 +88,51 @@ impl Server {
     }
 }
 
+/// Whether the caller authenticated (presented credentials the server accepted), or is
+/// stdio's client (the process that started the server).
+fn authenticated(ctx: &Ctx<'_>) -> bool {
+    ctx.caller.is_some() || matches!(ctx.era, Era::Detect)
+}
+
+/// The span's name, `{method} {target}` for a tool call or a prompt, adding the target's
+/// attributes to `attrs`. The target is a name the client sent: only one `known` to the
+/// registry names the span (`unknown` otherwise), so span names stay as few as the
+/// registry's tools and prompts and never carry a client's string.
+fn named(
+    method: &str,
+    target: Option<&str>,
+    known: impl FnOnce(&str) -> bool,
+    attrs: &mut Vec<KeyValue>,
+) -> String {
+    let key = match method {
+        "tools/call" => "gen_ai.tool.name",
+        "prompts/get" => "gen_ai.prompt.name",
+        _ => return method.to_owned(),
+    };
+    if method == "tools/call" {
+        attrs.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+    }
+    match target {
+        Some(name) if known(name) => {
+            let name = cut(name);
+            let span = format!("{method} {name}");
+            attrs.push(KeyValue::new(key, name));
+            span
+        }
+        Some(_) => format!("{method} unknown"),
+        None => method.to_owned(),
+    }
+}
+
 /// Names the span `{mcp.method.name} {target}` and sets its attributes.
-fn describe(cx: &Context, id: &RawValue, method: &str, params: Option<&RawValue>, ctx: Ctx<'_>) {
+fn describe(
+    cx: &Context,
+    registry: &crate::registry::Registry,
+    id: &RawValue,
+    method: &str,
+    params: Option<&RawValue>,
+    ctx: Ctx<'_>,
+) {
     let span = cx.span();
     let t: Target<'_> = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
@@ -117,21 +168,99 @@ fn describe(cx: &Context, id: &RawValue, method: &str, params: Option<&RawValue>
             "tcp"
         },
     ));
-    let name = match (method, t.name.as_deref()) {
-        ("tools/call", Some(tool)) => {
-            attrs.push(KeyValue::new("gen_ai.tool.name", cut(tool)));
-            attrs.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
-            format!("{method} {}", cut(tool))
+    let known = |name: &str| {
+        let snap = registry.load();
+        match method {
+            "tools/call" => snap.tool_index(name).is_some(),
+            "prompts/get" => snap.prompt_index(name).is_some(),
+            _ => false,
         }
-        ("prompts/get", Some(prompt)) => {
-            attrs.push(KeyValue::new("gen_ai.prompt.name", cut(prompt)));
-            format!("{method} {}", cut(prompt))
-        }
-        _ => method.to_owned(),
     };
+    let name = named(method, t.name.as_deref(), known, &mut attrs);
     if let Some(uri) = t.uri.as_deref().filter(|_| method.starts_with("resources/")) {
         attrs.push(KeyValue::new("mcp.resource.uri", cut(uri)));
     }
     span.update_name(name);
     span.set_attributes(attrs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(attrs: &[KeyValue], key: &str) -> Option<String> {
+        attrs
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.as_str().into_owned())
+    }
+
+    #[test]
+    fn callers_with_credentials_and_stdios_client_count_as_authenticated() {
+        let principal = crate::config::access::Principal::default();
+        let ctx = |era, caller| Ctx {
+            session: "",
+            version: "2025-11-25",
+            stream: true,
+            era,
+            caller,
+            opens: super::super::server::Opens::Minted,
+        };
+        assert!(!authenticated(&ctx(Era::Legacy, None)));
+        assert!(!authenticated(&ctx(Era::Modern("2026-07-28"), None)));
+        assert!(authenticated(&ctx(Era::Legacy, Some(&principal))));
+        assert!(authenticated(&ctx(Era::Detect, None)));
+    }
+
+    #[test]
+    fn only_names_the_registry_holds_name_spans() {
+        let registry = ["add", "greet"];
+        let known = |n: &str| registry.contains(&n);
+        for (method, target, want, key, value) in [
+            (
+                "tools/call",
+                Some("add"),
+                "tools/call add",
+                "gen_ai.tool.name",
+                Some("add"),
+            ),
+            (
+                "prompts/get",
+                Some("greet"),
+                "prompts/get greet",
+                "gen_ai.prompt.name",
+                Some("greet"),
+            ),
+            (
+                "tools/call",
+                Some("evil\n\u{202e}x"),
+                "tools/call unknown",
+                "gen_ai.tool.name",
+                None,
+            ),
+            (
+                "prompts/get",
+                Some("nope-1234"),
+                "prompts/get unknown",
+                "gen_ai.prompt.name",
+                None,
+            ),
+            ("tools/call", None, "tools/call", "gen_ai.tool.name", None),
+            ("tools/list", Some("add"), "tools/list", "gen_ai.tool.name", None),
+        ] {
+            let mut attrs = Vec::new();
+            assert_eq!(named(method, target, known, &mut attrs), want);
+            assert_eq!(attr(&attrs, key).as_deref(), value, "{method} {target:?}");
+        }
+        // Every distinct unknown name is one span name.
+        let mut attrs = Vec::new();
+        let names: std::collections::BTreeSet<String> = (0..100)
+            .map(|i| named("tools/call", Some(&format!("t{i}")), known, &mut attrs))
+            .collect();
+        assert_eq!(names.len(), 1);
+        assert!(
+            attrs.iter().all(|kv| !kv.value.as_str().starts_with('t')),
+            "{attrs:?}"
+        );
+    }
 }

@@ -18,7 +18,8 @@ pub struct TraceArgs {
     #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// Parent-based sampling: a request without a sampled parent starts a trace with this
-    /// probability (0 to 1); one whose client sampled it is always traced. Default:
+    /// probability (0 to 1); one whose client sampled it is always traced when that client's
+    /// flag is trusted (--trace-trust-client-sampling), else with this probability. Default:
     /// OTEL_TRACES_SAMPLER/OTEL_TRACES_SAMPLER_ARG, else every request.
     #[arg(long, env = "QUIVER_TRACE_SAMPLE_RATIO")]
     pub trace_sample_ratio: Option<f64>,
@@ -28,6 +29,34 @@ pub struct TraceArgs {
     pub trace_queue: usize,
 }
 
+/// Whose `traceparent` sampled flag decides whether a request is traced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TrustSampling {
+    /// No client's: the server decides from the trace id, as for a request without parent.
+    Never,
+    /// Callers that authenticated (and stdio's client, which started the server); the
+    /// server decides for the others.
+    #[default]
+    Authenticated,
+    /// Every client's (anyone who reaches the server may make it export spans).
+    Always,
+}
+
+/// How far the server follows what a client's trace context says.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientTraceArgs {
+    /// Whose sampled flag (in `traceparent`) is obeyed: `never`, `authenticated` (callers
+    /// that presented valid credentials, and stdio's client) or `always`. Any other request
+    /// with a trace context continues its trace id, but whether it is traced is the server's
+    /// own decision (--trace-sample-ratio applied to that trace id).
+    #[arg(long, env = "QUIVER_TRACE_TRUST_CLIENT_SAMPLING", value_enum, default_value_t = TrustSampling::Authenticated)]
+    pub trace_trust_client_sampling: TrustSampling,
+    /// Keep a client's `tracestate` and pass it on to upstreams and http tools' APIs (and
+    /// into exported spans). Off: it is dropped as it arrives.
+    #[arg(long, env = "QUIVER_TRACE_FORWARD_TRACESTATE")]
+    pub trace_forward_tracestate: bool,
+}
+
 /// The resolved settings of tracing when it is on.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -35,6 +64,10 @@ pub struct Resolved {
     pub endpoint: http::Uri,
     /// The ratio of a parent-based ratio sampler, when given by flag.
     pub ratio: Option<f64>,
+    /// The ratio of the sampler in force (the flag's, else what OTEL_TRACES_SAMPLER and
+    /// OTEL_TRACES_SAMPLER_ARG select): the server's own decision for a request whose
+    /// client's sampled flag it does not trust.
+    pub own_ratio: f64,
     /// Bound of the export queue.
     pub queue: usize,
 }
@@ -115,8 +148,24 @@ impl TraceArgs {
         Ok(Some(Resolved {
             endpoint,
             ratio: self.trace_sample_ratio,
+            own_ratio: self.trace_sample_ratio.unwrap_or_else(|| sampler_ratio(&env)),
             queue: queue.clamp(16, 1 << 20),
         }))
+    }
+}
+
+/// The share of traces the SDK's sampler from OTEL_TRACES_SAMPLER (and its argument) keeps,
+/// read as the SDK reads them: `*always_on` 1, `*always_off` 0, `*traceidratio` its argument
+/// (1 when missing or not in 0..=1); anything else falls back to `parentbased_always_on`.
+fn sampler_ratio(env: &impl Fn(&str) -> Option<String>) -> f64 {
+    let sampler = env("OTEL_TRACES_SAMPLER").unwrap_or_default();
+    match sampler.trim().trim_start_matches("parentbased_") {
+        "always_off" => 0.0,
+        "traceidratio" => env("OTEL_TRACES_SAMPLER_ARG")
+            .and_then(|a| a.trim().parse::<f64>().ok())
+            .filter(|r| (0.0..=1.0).contains(r))
+            .unwrap_or(1.0),
+        _ => 1.0,
     }
 }
 
@@ -229,5 +278,61 @@ mod tests {
         };
         let r = resolve(&args, &[]).unwrap().unwrap();
         assert_eq!(r.endpoint_shown(), "http://c:4318/v1/traces");
+    }
+
+    #[test]
+    fn the_own_ratio_is_the_flags_else_the_environments_sampler() {
+        let on = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        let own = |args: &TraceArgs, env: &[(&str, &str)]| {
+            let mut all = vec![on];
+            all.extend_from_slice(env);
+            resolve(args, &all).unwrap().unwrap().own_ratio
+        };
+        let none = TraceArgs::default();
+        assert_eq!(own(&none, &[]), 1.0);
+        let flag = TraceArgs {
+            trace_sample_ratio: Some(0.25),
+            ..TraceArgs::default()
+        };
+        assert_eq!(own(&flag, &[("OTEL_TRACES_SAMPLER", "always_off")]), 0.25);
+        for (sampler, arg, want) in [
+            ("always_on", None, 1.0),
+            ("parentbased_always_on", None, 1.0),
+            ("always_off", None, 0.0),
+            ("parentbased_always_off", None, 0.0),
+            ("traceidratio", Some("0.1"), 0.1),
+            ("parentbased_traceidratio", Some(" 0.5 "), 0.5),
+            ("parentbased_traceidratio", Some("7"), 1.0),
+            ("traceidratio", None, 1.0),
+            ("xray", None, 1.0),
+        ] {
+            let mut env = vec![("OTEL_TRACES_SAMPLER", sampler)];
+            env.extend(arg.map(|a| ("OTEL_TRACES_SAMPLER_ARG", a)));
+            assert_eq!(own(&none, &env), want, "{sampler} {arg:?}");
+        }
+    }
+
+    #[test]
+    fn client_trace_settings_default_to_authenticated_and_no_tracestate() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            client: ClientTraceArgs,
+        }
+        use clap::Parser as _;
+        let c = Cli::try_parse_from(["x"]).unwrap().client;
+        assert_eq!(c.trace_trust_client_sampling, TrustSampling::Authenticated);
+        assert!(!c.trace_forward_tracestate);
+        let c = Cli::try_parse_from([
+            "x",
+            "--trace-trust-client-sampling",
+            "never",
+            "--trace-forward-tracestate",
+        ])
+        .unwrap()
+        .client;
+        assert_eq!(c.trace_trust_client_sampling, TrustSampling::Never);
+        assert!(c.trace_forward_tracestate);
+        assert!(Cli::try_parse_from(["x", "--trace-trust-client-sampling", "sometimes"]).is_err());
     }
 }

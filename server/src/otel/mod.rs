@@ -23,7 +23,7 @@ use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
-pub use self::config::TraceArgs;
+pub use self::config::{ClientTraceArgs, TraceArgs, TrustSampling};
 pub use opentelemetry::context::FutureExt;
 
 /// The tracer, set once at start when tracing is on.
@@ -47,6 +47,7 @@ pub struct Guard {
     provider: SdkTracerProvider,
     flusher: export::Flusher,
     ratio: Option<f64>,
+    own_ratio: f64,
 }
 
 impl Guard {
@@ -62,7 +63,8 @@ impl Guard {
     }
 }
 
-/// Turns tracing on as `args` and the environment say (see [`config`]); `None` when off.
+/// Turns tracing on as `args` and the environment say (see [`config`]), following clients'
+/// trace contexts as far as `client` says; `None` when off.
 /// `dropped` counts spans the full export queue refused. Needs a Tokio runtime (the
 /// exporter runs on it).
 ///
@@ -70,6 +72,7 @@ impl Guard {
 /// The configuration is invalid (an endpoint that is not a URL, a ratio outside 0..=1).
 pub fn init(
     args: &TraceArgs,
+    client: &ClientTraceArgs,
     dropped: prometheus_client::metrics::counter::Counter,
 ) -> anyhow::Result<Option<Guard>> {
     let Some(guard) = start(args, dropped, "quiver-server")? else {
@@ -79,7 +82,8 @@ pub fn init(
     if TRACER.set(tracer).is_err() {
         anyhow::bail!("tracing was already initialised");
     }
-    sample::set_ratio(guard.ratio);
+    sample::set_policy(guard.ratio, guard.own_ratio, client.trace_trust_client_sampling);
+    propagate::set_forward_state(client.trace_forward_tracestate);
     Ok(Some(guard))
 }
 
@@ -107,6 +111,7 @@ pub fn start(
         provider,
         flusher,
         ratio: cfg.ratio,
+        own_ratio: cfg.own_ratio,
     }))
 }
 

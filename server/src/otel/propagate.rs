@@ -4,7 +4,9 @@
 //!
 //! What a client sends is hostile: a `traceparent` longer than its fixed 55 characters or
 //! a `tracestate` longer than W3C's 512 is ignored, and anything the W3C propagator does
-//! not accept starts a new trace.
+//! not accept starts a new trace. A client's `tracestate` is dropped as it arrives unless
+//! the server is told to forward it (`--trace-forward-tracestate`): otherwise its text
+//! would travel verbatim to every upstream and API a call reaches.
 
 use std::borrow::Cow;
 
@@ -14,6 +16,7 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest `traceparent` read (version 00 has exactly 55 characters; later versions may
 /// add fields).
@@ -21,6 +24,14 @@ const MAX_TRACEPARENT: usize = 128;
 /// Longest `tracestate` read (W3C: at most 32 members, 512 characters in total is what a
 /// vendor must propagate).
 const MAX_TRACESTATE: usize = 512;
+
+/// Whether a client's `tracestate` is kept (and so passed on); set at start.
+static FORWARD_STATE: AtomicBool = AtomicBool::new(false);
+
+/// Keeps clients' `tracestate` (`true`) or drops it as it arrives (`false`, the default).
+pub(super) fn set_forward_state(forward: bool) {
+    FORWARD_STATE.store(forward, Ordering::Relaxed);
+}
 
 /// The two fields, as a message or request carries them.
 #[derive(Debug, Default, Deserialize)]
@@ -45,36 +56,58 @@ impl Extractor for Fields<'_> {
     }
 }
 
-fn extract(fields: &Fields<'_>) -> Option<Context> {
+/// The context `fields` carry; their `tracestate` only when `keep_state`.
+fn extract(mut fields: Fields<'_>, keep_state: bool) -> Option<Context> {
     fields.traceparent.as_ref()?;
-    let cx = TraceContextPropagator::new().extract_with_context(&Context::new(), fields);
+    if !keep_state {
+        fields.tracestate = None;
+    }
+    let cx = TraceContextPropagator::new().extract_with_context(&Context::new(), &fields);
     cx.span().span_context().is_valid().then_some(cx)
 }
 
-/// The client's context from HTTP headers, if they carry a valid `traceparent`.
+/// Whether clients' `tracestate` is kept.
+fn keep_state() -> bool {
+    FORWARD_STATE.load(Ordering::Relaxed)
+}
+
+/// The client's context from HTTP headers, if they carry a valid `traceparent` (its
+/// `tracestate` only when the server forwards it).
 pub fn from_headers(headers: &http::HeaderMap) -> Option<Context> {
+    from_headers_with(headers, keep_state())
+}
+
+fn from_headers_with(headers: &http::HeaderMap, keep_state: bool) -> Option<Context> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(Cow::Borrowed);
-    extract(&Fields {
-        traceparent: text("traceparent"),
-        tracestate: text("tracestate"),
-    })
+    extract(
+        Fields {
+            traceparent: text("traceparent"),
+            tracestate: text("tracestate"),
+        },
+        keep_state,
+    )
 }
 
 /// The client's context from a request's `params._meta`, if it carries a valid
-/// `traceparent`. Reads the params only as far as serde must to find `_meta`.
+/// `traceparent` (its `tracestate` only when the server forwards it). Reads the params only
+/// as far as serde must to find `_meta`.
 pub fn from_meta(params: Option<&RawValue>) -> Option<Context> {
     from_meta_str(params?.get())
 }
 
 /// [`from_meta`] of the params' raw JSON text.
 pub fn from_meta_str(params: &str) -> Option<Context> {
+    from_meta_with(params, keep_state())
+}
+
+fn from_meta_with(params: &str, keep_state: bool) -> Option<Context> {
     #[derive(Deserialize)]
     struct Params<'a> {
         #[serde(borrow, default, rename = "_meta")]
         meta: Option<Fields<'a>>,
     }
     let p: Params<'_> = serde_json::from_str(params).ok()?;
-    extract(&p.meta?)
+    extract(p.meta?, keep_state)
 }
 
 /// The `traceparent` (and `tracestate`, when not empty) of the span of `cx`, to send on.
@@ -127,7 +160,7 @@ mod tests {
             r#"{{"name":"t","arguments":{{"x":[1,2]}},"_meta":{{"progressToken":1,"traceparent":"{PARENT}","tracestate":"k=v"}}}}"#
         ))
         .unwrap();
-        let cx = from_meta(Some(&raw)).unwrap();
+        let cx = from_meta_with(raw.get(), true).unwrap();
         let sc = cx.span().span_context().clone();
         assert_eq!(sc.trace_id().to_string(), "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(sc.span_id().to_string(), "b7ad6b7169203331");
@@ -136,10 +169,43 @@ mod tests {
 
         let mut h = http::HeaderMap::new();
         h.insert("traceparent", PARENT.parse().unwrap());
-        let cx = from_headers(&h).unwrap();
+        h.insert("tracestate", "k=v".parse().unwrap());
+        let cx = from_headers_with(&h, true).unwrap();
         assert_eq!(
             cx.span().span_context().trace_id().to_string(),
             "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert_eq!(cx.span().span_context().trace_state().header(), "k=v");
+    }
+
+    #[test]
+    fn a_clients_tracestate_is_dropped_unless_forwarded() {
+        let raw = format!(r#"{{"_meta":{{"traceparent":"{PARENT}","tracestate":"vendor=client-secret"}}}}"#);
+        let mut h = http::HeaderMap::new();
+        h.insert("traceparent", PARENT.parse().unwrap());
+        h.insert("tracestate", "vendor=client-secret".parse().unwrap());
+        // By default (as the server starts unless told otherwise) and when off: the trace
+        // continues, its state is gone, and nothing of it goes out.
+        for cx in [
+            from_meta_str(&raw).unwrap(),
+            from_headers(&h).unwrap(),
+            from_meta_with(&raw, false).unwrap(),
+            from_headers_with(&h, false).unwrap(),
+        ] {
+            let sc = cx.span().span_context().clone();
+            assert_eq!(sc.trace_id().to_string(), "0af7651916cd43dd8448eb211c80319c");
+            assert_eq!(sc.trace_state().header(), "");
+            assert_eq!(fields(&cx), Some((PARENT.to_owned(), None)));
+            let mut out = http::HeaderMap::new();
+            out.insert("tracestate", "vendor=client-secret".parse().unwrap());
+            inject_headers(&cx, &mut out);
+            assert!(out.get("tracestate").is_none(), "{out:?}");
+        }
+        // Forwarded when configured.
+        let cx = from_headers_with(&h, true).unwrap();
+        assert_eq!(
+            fields(&cx),
+            Some((PARENT.to_owned(), Some("vendor=client-secret".to_owned())))
         );
     }
 
@@ -166,7 +232,7 @@ mod tests {
             r#"{{"_meta":{{"traceparent":"{PARENT}","tracestate":"{long_state}"}}}}"#
         ))
         .unwrap();
-        let cx = from_meta(Some(&raw)).unwrap();
+        let cx = from_meta_with(raw.get(), true).unwrap();
         assert_eq!(cx.span().span_context().trace_state().header(), "");
         let mut h = http::HeaderMap::new();
         h.insert("traceparent", "00-zz".parse().unwrap());

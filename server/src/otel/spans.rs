@@ -21,18 +21,20 @@ pub async fn under_headers<F: Future>(headers: &http::HeaderMap, f: F) -> F::Out
 }
 
 /// Runs the authentication of an HTTP request (`f`) in an `auth` span below the client's
-/// context, when tracing is on and the client sent a sampled `traceparent`. The span says
-/// `quiver.auth.outcome` (`allowed` or `denied`); a denial is its error.
+/// context, when tracing is on, the client sent a `traceparent`, and it is sampled: by the
+/// client's flag when every client's is trusted, else by the server's own decision (the
+/// caller is not known yet). The span says `quiver.auth.outcome` (`allowed` or `denied`);
+/// a denial is its error.
 pub async fn auth<T, E, F: Future<Output = Result<T, E>>>(headers: &http::HeaderMap, f: F) -> Result<T, E> {
     if !enabled() {
         return f.await;
     }
-    let Some((tracer, parent)) = tracer().zip(propagate::from_headers(headers)) else {
+    let Some((tracer, client)) = tracer().zip(propagate::from_headers(headers)) else {
         return f.await;
     };
-    if !parent.span().span_context().is_sampled() {
+    let Some(parent) = super::sample::before_auth(&client) else {
         return f.await;
-    }
+    };
     let span = tracer
         .span_builder("auth")
         .with_kind(SpanKind::Internal)

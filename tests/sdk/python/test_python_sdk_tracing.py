@@ -75,7 +75,8 @@ upstreams:
   - {{name: sdk, http: {{url: "http://127.0.0.1:{up_port}/mcp"}}, tools: {{prefix: up_}}}}
 """)
     env = {**os.environ, "OTEL_SERVICE_NAME": "quiver-under-test", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"}
-    sp = start_server(config, tmp / "server.log", "--otlp-endpoint", endpoint, "--trace-sample-ratio", "1", env=env)
+    sp = start_server(config, tmp / "server.log", "--otlp-endpoint", endpoint, "--trace-sample-ratio", "1",
+                      "--trace-forward-tracestate", env=env)
     try:
         wait_until(lambda: all(u["state"] == "ready" for u in sp.status()["upstreams"]), timeout=30)
         yield sp
