@@ -358,6 +358,11 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
                               needs=["axum-fixed"], expect=answer, h2c=False))
         servers.append(quiver("quiver→openapi", args.quiver, imported, "quiver, the same request as an operation imported from an OpenAPI document",
                               needs=["axum-fixed"], expect=answer, h2c=False))
+        if args.baseline:
+            servers.append(quiver("baseline→http", args.baseline, hand, "the `--baseline` build, the hand-written `http` tool",
+                                  needs=["axum-fixed"], expect=answer, h2c=False))
+            servers.append(quiver("baseline→openapi", args.baseline, imported, "the `--baseline` build, the imported operation",
+                                  needs=["axum-fixed"], expect=answer, h2c=False))
     only = set(args.only or [])
     keep = only | {n for s in servers if s.name in only for n in s.needs}
     return {s.name: s for s in servers if not only or s.name in keep}
