@@ -113,6 +113,7 @@ const CTX: Ctx<'static> = Ctx {
     era: Era::Legacy,
     caller: None,
     opens: Opens::Minted,
+    client: None,
 };
 
 /// Polls a future that completes without waiting (builtins, templates, lists) exactly once,

@@ -23,13 +23,17 @@ const TOOLS_CALL: usize = method_index("tools/call");
 const RESOURCES_READ: usize = method_index("resources/read");
 const PROMPTS_GET: usize = method_index("prompts/get");
 
-/// Who a call is counted against: the authenticated subject; for an anonymous caller its
-/// session, or (without one) every sessionless anonymous caller together.
+/// Who a call is counted against: the authenticated subject; for a caller without
+/// credentials its network address (whatever sessions it opens), or where no address is
+/// known (stdio) its session, or else every such caller together.
 pub(super) fn who<'a>(ctx: &Ctx<'a>) -> Who<'a> {
     match ctx.caller {
         Some(p) if !p.subject.is_empty() => Who::Subject(&p.subject),
-        _ if !ctx.session.is_empty() => Who::Session(ctx.session),
-        _ => Who::Anonymous,
+        _ => match ctx.client {
+            Some(a) => Who::Address(a),
+            None if !ctx.session.is_empty() => Who::Session(ctx.session),
+            None => Who::Anonymous,
+        },
     }
 }
 

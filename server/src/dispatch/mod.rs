@@ -342,6 +342,8 @@ fn not_found(method: &str, entry: Option<&Method>, meta: Option<crate::modern::M
 }
 
 #[cfg(test)]
+mod anonymous_tests;
+#[cfg(test)]
 mod task_input_tests;
 #[cfg(test)]
 mod tasks_core_tests;
