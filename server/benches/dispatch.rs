@@ -258,6 +258,7 @@ fn governed(policy: bool, limit: bool, audit: bool) -> Arc<Server> {
         quiver_server::audit::AuditLog::start(
             &sink,
             1 << 16,
+            quiver_server::audit::OnFull::Drop,
             quiver_server::secrets::Secrets::new(),
             gov.clone(),
         )

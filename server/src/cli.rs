@@ -299,9 +299,15 @@ pub struct ServeArgs {
     #[arg(long, env = "QUIVER_AUDIT")]
     audit: Option<crate::audit::Sink>,
     /// Audit records queued for the writer; a record that finds the queue full is dropped
-    /// and counted (quiver_audit_dropped_total).
+    /// and counted (quiver_audit_dropped_total), or with --audit-on-full refuse its call is
+    /// refused.
     #[arg(long, env = "QUIVER_AUDIT_QUEUE", default_value_t = crate::audit::DEFAULT_QUEUE)]
     audit_queue: usize,
+    /// What a call whose audit record cannot be queued gets: `drop` runs it and drops the
+    /// record (counted in quiver_audit_dropped_total); `refuse` refuses it (-32004, counted in
+    /// quiver_audit_refused_total), so that every call that ran has its record.
+    #[arg(long, env = "QUIVER_AUDIT_ON_FULL", default_value = "drop")]
+    audit_on_full: crate::audit::OnFull,
     /// Most (limit, caller) budgets kept in memory; idle ones are forgotten first.
     #[arg(long, env = "QUIVER_LIMITS_MAX_KEYS", default_value_t = crate::limits::DEFAULT_MAX_KEYS)]
     limits_max_keys: usize,
@@ -637,9 +643,16 @@ async fn serve(
     .await?;
 
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
+    let audit = server.audit.clone();
     match listener {
         None => serve_stdio(server, &args, &load, &shutdown).await?,
         Some(listener) => serve_http(listener, state, &server, &args, &shutdown, metrics).await?,
+    }
+    // Under --audit-on-full refuse, the records of the calls that ran are written before exit.
+    if let Some(a) = audit
+        && !a.settle(Duration::from_secs(2)).await
+    {
+        tracing::warn!("shutdown: audit records still waiting for the sink are lost");
     }
     tasks_stop.cancel();
     admin_stop.cancel();
@@ -766,8 +779,14 @@ fn governance(server: Arc<Server>, args: &ServeArgs) -> anyhow::Result<Arc<Serve
             anyhow::bail!("--audit stdout: with --stdio, stdout carries the protocol; use file:PATH")
         }
         Some(sink) => Some(
-            crate::audit::AuditLog::start(sink, args.audit_queue, server.exec.secrets.clone(), gov)
-                .with_context(|| format!("--audit {sink:?}"))?,
+            crate::audit::AuditLog::start(
+                sink,
+                args.audit_queue,
+                args.audit_on_full,
+                server.exec.secrets.clone(),
+                gov,
+            )
+            .with_context(|| format!("--audit {sink:?}"))?,
         ),
     };
     Ok(server.with_governance(limiter, audit))
