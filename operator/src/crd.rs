@@ -198,6 +198,19 @@ pub struct McpServerSpec {
     /// proxy (an Ingress controller) share an IP: use a sticky Ingress for those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<SessionAffinity>,
+    /// Networks of the proxies in front of the pods (an Ingress controller, a gateway, a
+    /// mesh ingress), as CIDRs such as `10.0.0.0/8` or single addresses; at most 64. Clients
+    /// without credentials are counted by their address (their per-caller limits, tasks and
+    /// task polling): one that reaches a pod through a listed proxy is counted by the
+    /// address that proxy appends to `X-Forwarded-For` instead of by the proxy's own. From
+    /// any other peer the header is ignored. Empty: every client is counted by the address
+    /// its connection comes from (behind a proxy, all of them share the proxy's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 2, max = 43), regex(pattern = r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$"))
+    )]
+    pub trusted_proxies: Vec<String>,
     /// Rate and concurrency limits on every tool call of the server (tools and upstreams
     /// have `limits` of their own); see docs/governance.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -851,6 +864,12 @@ pub struct TasksSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000))]
     pub per_caller: Option<u32>,
+    /// Tasks all clients without credentials together may hold at once (each is counted by
+    /// its address under `perCaller` too); default 1024, a quarter of the server's 4096, so
+    /// that they never take every place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub anonymous_max: Option<u32>,
 }
 
 /// The Redis holding the tasks of every replica.
@@ -894,8 +913,27 @@ pub enum FailMode {
 #[serde(rename_all = "camelCase")]
 pub struct AuditOptions {
     /// Records queued for the writer (default 8192); a record that finds the queue full is
-    /// dropped and counted in `quiver_audit_dropped_total`.
+    /// dropped and counted in `quiver_audit_dropped_total`, or with `onFull: refuse` its call
+    /// is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 16, max = 1_000_000))]
     pub queue: Option<u32>,
+    /// What a call whose record finds the queue full gets (`drop` or `refuse`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_full: Option<AuditOnFull>,
+}
+
+/// What a call whose audit record finds the queue full gets: `drop` (default) runs it and
+/// drops the record (counted in `quiver_audit_dropped_total`); `refuse` refuses it before it
+/// runs with `-32004` (HTTP 429, `data.audit: "queue_full"`, counted in
+/// `quiver_audit_refused_total`), so that every call that ran has its record. With `refuse`
+/// a record holds its place from the call's arrival until it is written: size `queue` above
+/// the calls in flight at once.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditOnFull {
+    /// The call runs; its record is dropped and counted.
+    Drop,
+    /// The call is refused before it runs.
+    Refuse,
 }

@@ -113,6 +113,7 @@ const CTX: Ctx<'static> = Ctx {
     era: Era::Legacy,
     caller: None,
     opens: Opens::Minted,
+    client: None,
 };
 
 /// Polls a future that completes without waiting (builtins, templates, lists) exactly once,
@@ -257,6 +258,7 @@ fn governed(policy: bool, limit: bool, audit: bool) -> Arc<Server> {
         quiver_server::audit::AuditLog::start(
             &sink,
             1 << 16,
+            quiver_server::audit::OnFull::Drop,
             quiver_server::secrets::Secrets::new(),
             gov.clone(),
         )

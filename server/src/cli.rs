@@ -193,6 +193,13 @@ pub struct ServeArgs {
     /// clients use Service names, pod IPs and Ingress hosts).
     #[arg(long = "allowed-host", env = "QUIVER_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
+    /// Networks of the proxies in front of the server (an Ingress controller, a gateway),
+    /// comma-separated CIDRs such as 10.0.0.0/8: a caller without credentials reaching the
+    /// server through one of them is counted by the client address that proxy appends to
+    /// `X-Forwarded-For`, instead of by the proxy's. From any other peer the header is
+    /// ignored. At most 64.
+    #[arg(long, env = "QUIVER_TRUSTED_PROXIES", value_delimiter = ',')]
+    trusted_proxies: Vec<crate::transport::forwarded::Cidr>,
     /// Requests handled at once: over HTTP more get 503; over stdio reading pauses.
     #[arg(long, env = "QUIVER_MAX_CONCURRENCY", default_value_t = 4096)]
     max_concurrency: usize,
@@ -241,6 +248,11 @@ pub struct ServeArgs {
     /// Tasks all callers together may hold at once.
     #[arg(long, env = "QUIVER_TASKS_MAX", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     tasks_max: u32,
+    /// Tasks all callers without credentials together may hold at once (each is counted by
+    /// its address under --tasks-per-caller as well); default a quarter of --tasks-max, so
+    /// that they can never take every place.
+    #[arg(long, env = "QUIVER_TASKS_ANONYMOUS_MAX", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    tasks_anonymous_max: Option<u32>,
     /// How long a task and its result are kept after it was created (a task still running
     /// then is stopped); a 2025-11-25 client may ask for less.
     #[arg(long, env = "QUIVER_TASKS_TTL", default_value = "10m", value_parser = duration)]
@@ -287,9 +299,15 @@ pub struct ServeArgs {
     #[arg(long, env = "QUIVER_AUDIT")]
     audit: Option<crate::audit::Sink>,
     /// Audit records queued for the writer; a record that finds the queue full is dropped
-    /// and counted (quiver_audit_dropped_total).
+    /// and counted (quiver_audit_dropped_total), or with --audit-on-full refuse its call is
+    /// refused.
     #[arg(long, env = "QUIVER_AUDIT_QUEUE", default_value_t = crate::audit::DEFAULT_QUEUE)]
     audit_queue: usize,
+    /// What a call whose audit record cannot be queued gets: `drop` runs it and drops the
+    /// record (counted in quiver_audit_dropped_total); `refuse` refuses it (-32004, counted in
+    /// quiver_audit_refused_total), so that every call that ran has its record.
+    #[arg(long, env = "QUIVER_AUDIT_ON_FULL", default_value = "drop")]
+    audit_on_full: crate::audit::OnFull,
     /// Most (limit, caller) budgets kept in memory; idle ones are forgotten first.
     #[arg(long, env = "QUIVER_LIMITS_MAX_KEYS", default_value_t = crate::limits::DEFAULT_MAX_KEYS)]
     limits_max_keys: usize,
@@ -597,29 +615,7 @@ async fn serve(
 
     follow_source(&source, &reloader)?;
 
-    let fd_limit = listen::fd_limit();
-    let (max_connections, lowered) = listen::connection_cap(args.max_connections, fd_limit);
-    if lowered {
-        tracing::warn!(
-            wanted = args.max_connections,
-            used = max_connections,
-            fd_limit = ?fd_limit,
-            "--max-connections lowered to leave file descriptors for the admin port and tool calls"
-        );
-    }
-    let options = HttpOptions {
-        max_body_bytes: args.max_body_bytes,
-        allowed_origins: std::mem::take(&mut args.allowed_origins),
-        allowed_hosts: host_policy(args.listen, std::mem::take(&mut args.allowed_hosts)),
-        max_concurrency: args.max_concurrency,
-        max_streams: args.max_streams,
-        max_connections,
-        body_read_timeout: args.body_read_timeout,
-        auth: auth.clone(),
-        resume: args
-            .sse_poll_after
-            .map(crate::transport::resume::ResumeOptions::with_poll),
-    };
+    let (options, max_connections) = http_options(&mut args, auth.clone())?;
     let state = HttpState::new(server.clone(), options, shutdown.clone());
     let load: Arc<Load> = state.load();
 
@@ -650,9 +646,16 @@ async fn serve(
     .await?;
 
     tracing::info!(workers = tuning.worker_threads, pinned = tuning.pinned, cpus = ?tuning.allowed_cpus, "runtime ready");
+    let audit = server.audit.clone();
     match listener {
         None => serve_stdio(server, &args, &load, &shutdown).await?,
         Some(listener) => serve_http(listener, state, &server, &args, &shutdown, metrics).await?,
+    }
+    // Under --audit-on-full refuse, the records of the calls that ran are written before exit.
+    if let Some(a) = audit
+        && !a.settle(Duration::from_secs(2)).await
+    {
+        tracing::warn!("shutdown: audit records still waiting for the sink are lost");
     }
     tasks_stop.cancel();
     admin_stop.cancel();
@@ -663,6 +666,48 @@ async fn serve(
         t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// The HTTP transport's options of `args` (taken out of it), and the connection cap in force.
+fn http_options(
+    args: &mut ServeArgs,
+    auth: Option<Arc<crate::transport::auth::Auth>>,
+) -> anyhow::Result<(HttpOptions, usize)> {
+    let fd_limit = listen::fd_limit();
+    let (max_connections, lowered) = listen::connection_cap(args.max_connections, fd_limit);
+    if lowered {
+        tracing::warn!(
+            wanted = args.max_connections,
+            used = max_connections,
+            fd_limit = ?fd_limit,
+            "--max-connections lowered to leave file descriptors for the admin port and tool calls"
+        );
+    }
+    let options = HttpOptions {
+        max_body_bytes: args.max_body_bytes,
+        allowed_origins: std::mem::take(&mut args.allowed_origins),
+        allowed_hosts: host_policy(args.listen, std::mem::take(&mut args.allowed_hosts)),
+        max_concurrency: args.max_concurrency,
+        max_streams: args.max_streams,
+        max_connections,
+        body_read_timeout: args.body_read_timeout,
+        auth,
+        resume: args
+            .sse_poll_after
+            .map(crate::transport::resume::ResumeOptions::with_poll),
+        trusted_proxies: crate::transport::forwarded::TrustedProxies::new(std::mem::take(
+            &mut args.trusted_proxies,
+        ))
+        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?,
+    };
+    Ok((options, max_connections))
+}
+
+/// Tasks callers without credentials may hold together: `given`, else a quarter of `max`;
+/// at least 1, at most `max`.
+fn anonymous_tasks(max: u32, given: Option<u32>) -> usize {
+    let max = max as usize;
+    given.map_or(max / 4, |n| n as usize).clamp(1, max.max(1))
 }
 
 /// The dispatcher of `args`: its limits, request-state key, governance and secrets.
@@ -680,6 +725,7 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
     let bounds = crate::dispatch::TaskBounds {
         per_caller: args.tasks_per_caller as usize,
         total: args.tasks_max as usize,
+        anonymous: anonymous_tasks(args.tasks_max, args.tasks_anonymous_max),
         ttl: args.tasks_ttl,
         max_result_bytes: args.tasks_max_result_bytes,
         total_result_bytes: args.tasks_max_results_bytes,
@@ -736,8 +782,14 @@ fn governance(server: Arc<Server>, args: &ServeArgs) -> anyhow::Result<Arc<Serve
             anyhow::bail!("--audit stdout: with --stdio, stdout carries the protocol; use file:PATH")
         }
         Some(sink) => Some(
-            crate::audit::AuditLog::start(sink, args.audit_queue, server.exec.secrets.clone(), gov)
-                .with_context(|| format!("--audit {sink:?}"))?,
+            crate::audit::AuditLog::start(
+                sink,
+                args.audit_queue,
+                args.audit_on_full,
+                server.exec.secrets.clone(),
+                gov,
+            )
+            .with_context(|| format!("--audit {sink:?}"))?,
         ),
     };
     Ok(server.with_governance(limiter, audit))
@@ -972,6 +1024,14 @@ mod tests {
             host_policy(at("0.0.0.0:8080"), vec!["mcp.example".into()]),
             Some(vec!["mcp.example".into()])
         );
+    }
+
+    #[test]
+    fn callers_without_credentials_get_a_quarter_of_the_tasks_unless_told() {
+        assert_eq!(anonymous_tasks(4096, None), 1024);
+        assert_eq!(anonymous_tasks(3, None), 1);
+        assert_eq!(anonymous_tasks(4096, Some(10)), 10);
+        assert_eq!(anonymous_tasks(100, Some(5000)), 100);
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct GovMetrics {
     pub audit_records: Counter,
     /// Audit records dropped (queue full, or the sink failed).
     pub audit_dropped: Counter,
+    /// Calls refused because their audit record could not be queued (`--audit-on-full
+    /// refuse`).
+    pub audit_refused: Counter,
     /// Tools a listing left unjudged because its policy evaluation budget was spent.
     pub policy_unjudged: Counter,
 }
@@ -58,6 +61,11 @@ impl GovMetrics {
             "audit_dropped",
             "Audit records dropped because the queue was full or the sink failed",
             m.audit_dropped.clone(),
+        );
+        root.register(
+            "audit_refused",
+            "Calls refused before they ran because their audit record could not be queued (--audit-on-full refuse)",
+            m.audit_refused.clone(),
         );
         root.register(
             "policy_list_unjudged",

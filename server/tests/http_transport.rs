@@ -460,6 +460,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
             era: Era::Legacy,
             caller: None,
             opens: Opens::Minted,
+            client: None,
         };
         let mut call = Box::pin(server.handle(body, ctx, false));
         let registered = usize::from(!session.is_empty());
@@ -485,6 +486,7 @@ async fn dropping_a_request_mid_call_releases_its_state() {
                 era: Era::Legacy,
                 caller: None,
                 opens: Opens::Minted,
+                client: None,
             },
             false,
         ),

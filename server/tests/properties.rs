@@ -475,6 +475,7 @@ fn check_message(
         era: Era::Detect,
         caller: None,
         opens: Opens::Given,
+        client: None,
     };
     let handled = rt.block_on(server.handle(body, ctx, batches));
     // A slow call comes back to be run where it could stream; run it without a client.

@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 
-use crate::crd::{FailMode, McpServer, SecretKey, TasksSpec};
+use crate::crd::{AuditOnFull, FailMode, McpServer, SecretKey, TasksSpec};
 
 /// `--limits-redis*` and `--audit*` for the spec.
 pub(super) fn args(mcp: &McpServer) -> Vec<String> {
@@ -28,6 +28,13 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
         // (each line of the container log names its stream).
         args.push("--audit=stdout".to_owned());
         args.extend(a.queue.map(|q| format!("--audit-queue={q}")));
+        args.extend(a.on_full.map(|o| {
+            let mode = match o {
+                AuditOnFull::Drop => "drop",
+                AuditOnFull::Refuse => "refuse",
+            };
+            format!("--audit-on-full={mode}")
+        }));
     }
     args
 }
@@ -37,6 +44,7 @@ fn task_args(mcp: &McpServer, t: &TasksSpec) -> Vec<String> {
     let mut args = Vec::new();
     args.extend(t.ttl.as_ref().map(|v| format!("--tasks-ttl={v}")));
     args.extend(t.per_caller.map(|v| format!("--tasks-per-caller={v}")));
+    args.extend(t.anonymous_max.map(|v| format!("--tasks-anonymous-max={v}")));
     if let Some(r) = &t.redis {
         args.push(format!("--tasks-redis={}", r.address));
         // The tasks of this McpServer only, in a Redis other McpServers may share.
@@ -108,7 +116,7 @@ metadata: {name: calc}
 spec:
   limits: [{rate: 100/s, per: all}]
   limitsRedis: {address: "redis.infra.svc:6379", passwordSecretRef: {name: redis, key: password}, timeout: 80ms, failMode: Closed}
-  audit: {queue: 1024}
+  audit: {queue: 1024, onFull: refuse}
   tools:
     - {name: add, limits: [{rate: 5/s, shared: true}], audit: {arguments: true}, handler: {builtin: add}}
 "#;
@@ -136,6 +144,7 @@ spec:
             "--limits-redis-fail=closed",
             "--audit=stdout",
             "--audit-queue=1024",
+            "--audit-on-full=refuse",
         ] {
             assert!(args.contains(&a), "{a} in {args:?}");
         }
@@ -168,12 +177,15 @@ spec:
     #[test]
     fn shared_tasks_reach_the_pod_and_their_drain_fits_in_its_grace_period() {
         let with = |tasks: &str| {
-            let m = mcp(&GOVERNED.replace("  audit: {queue: 1024}\n", &format!("  tasks: {tasks}\n")));
+            let m = mcp(&GOVERNED.replace(
+                "  audit: {queue: 1024, onFull: refuse}\n",
+                &format!("  tasks: {tasks}\n"),
+            ));
             let r = render(&m, &Vec::new()).unwrap();
             serde_json::to_value(&children_of(&m, &r).deployment).unwrap()["spec"]["template"]["spec"].clone()
         };
         let pod = with(
-            "{redis: {address: \"redis.infra.svc:6379\", passwordSecretRef: {name: tr, key: pw}, timeout: 2s}, drain: 3m, ttl: 30m, perCaller: 8}",
+            "{redis: {address: \"redis.infra.svc:6379\", passwordSecretRef: {name: tr, key: pw}, timeout: 2s}, drain: 3m, ttl: 30m, perCaller: 8, anonymousMax: 100}",
         );
         let ctr = &pod["containers"][0];
         let args: Vec<&str> = ctr["args"]
@@ -189,6 +201,7 @@ spec:
             "--tasks-drain=3m",
             "--tasks-ttl=30m",
             "--tasks-per-caller=8",
+            "--tasks-anonymous-max=100",
         ] {
             assert!(args.contains(&a), "{a} in {args:?}");
         }
@@ -217,6 +230,29 @@ spec:
                 && !args.contains("--tasks-redis"),
             "{args}"
         );
+    }
+
+    #[test]
+    fn the_audit_full_queue_mode_reaches_the_pod_only_when_set() {
+        let args_of = |audit: &str| {
+            let m = mcp(&GOVERNED.replace(
+                "  audit: {queue: 1024, onFull: refuse}\n",
+                &format!("  audit: {audit}\n"),
+            ));
+            let r = render(&m, &Vec::new()).unwrap();
+            let d = serde_json::to_value(&children_of(&m, &r).deployment).unwrap();
+            d["spec"]["template"]["spec"]["containers"][0]["args"].to_string()
+        };
+        assert!(args_of("{onFull: refuse}").contains("\"--audit-on-full=refuse\""));
+        assert!(args_of("{onFull: drop}").contains("\"--audit-on-full=drop\""));
+        let default = args_of("{}");
+        assert!(
+            default.contains("--audit=stdout") && !default.contains("--audit-on-full"),
+            "{default}"
+        );
+        // Anything else is refused by the schema's enum: the type has no other value.
+        assert!(serde_json::from_value::<crate::crd::AuditOnFull>(json!("block")).is_err());
+        assert!(serde_json::from_value::<crate::crd::AuditOnFull>(json!("Refuse")).is_err());
     }
 
     #[test]

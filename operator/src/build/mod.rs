@@ -36,7 +36,7 @@ pub use monitor::service_monitor_resource;
 pub use netpol::ApiServer;
 pub use serving::{
     STATE_KEY_ANNOTATION, STATE_KEY_BYTES, STATE_KEY_ENV, log_level_problems, state_key_secret,
-    state_key_secret_name, wants_service_monitor, with_state_key,
+    state_key_secret_name, trusted_proxy_problems, wants_service_monitor, with_state_key,
 };
 pub use sidecar::{check as check_sidecars, served as served_upstream};
 pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};

@@ -89,6 +89,12 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
     if !mcp.spec.allowed_origins.is_empty() {
         args.push(format!("--allowed-origin={}", mcp.spec.allowed_origins.join(",")));
     }
+    if !mcp.spec.trusted_proxies.is_empty() {
+        args.push(format!(
+            "--trusted-proxies={}",
+            mcp.spec.trusted_proxies.join(",")
+        ));
+    }
     // Secrets are fetched by name as the served ToolSet references them; the Role lists the names.
     args.push(format!("--secrets=kube:{ns}"));
     if let Some(r) = bearer_secret(mcp) {

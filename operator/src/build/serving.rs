@@ -36,6 +36,41 @@ pub fn state_key_secret_name(server: &str) -> String {
     format!("{server}-state-key")
 }
 
+/// Most networks `spec.trustedProxies` may list (the server's bound).
+pub const MAX_TRUSTED_PROXIES: usize = 64;
+
+/// Problems of `spec.trustedProxies`: each must be an address or `ADDRESS/BITS` the server
+/// reads (the schema's pattern lets through some it does not, e.g. `1.2.3/8` or `::/200`).
+pub fn trusted_proxy_problems(mcp: &McpServer) -> Vec<String> {
+    let nets = &mcp.spec.trusted_proxies;
+    if nets.len() > MAX_TRUSTED_PROXIES {
+        return vec![format!(
+            "spec.trustedProxies: at most {MAX_TRUSTED_PROXIES} networks"
+        )];
+    }
+    nets.iter()
+        .enumerate()
+        .filter(|(_, n)| !is_cidr(n))
+        .map(|(i, n)| {
+            let shown: String = n.chars().take(64).collect();
+            format!("spec.trustedProxies[{i}]: `{shown}` is not an address or ADDRESS/BITS (e.g. 10.0.0.0/8, fd00::/8)")
+        })
+        .collect()
+}
+
+/// Whether `s` is an IP address, or one with a prefix length no longer than its own.
+fn is_cidr(s: &str) -> bool {
+    let (addr, bits) = match s.split_once('/') {
+        Some((a, b)) => (a, Some(b)),
+        None => (s, None),
+    };
+    let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    bits.is_none_or(|b| b.parse::<u8>().is_ok_and(|b| b <= max))
+}
+
 /// Problems of `spec.logLevel` (the schema bounds it too; objects stored before are checked here).
 pub fn log_level_problems(mcp: &McpServer) -> Vec<String> {
     let Some(level) = mcp.spec.log_level.as_deref() else {
@@ -218,6 +253,54 @@ mod tests {
         // With both, logLevel is last, so it wins.
         let both = built(&format!("{env}  logLevel: warn\n"), false);
         assert_eq!(rust_logs(&both), ["debug", "warn"]);
+    }
+
+    fn args(c: &Children) -> Vec<String> {
+        let d = serde_json::to_value(&c.deployment).unwrap();
+        d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn trusted_proxies_reach_the_pod_and_bad_ones_are_refused_naming_the_field() {
+        let c = built("  trustedProxies: [10.0.0.0/8, \"fd00::/8\", 192.0.2.7]\n", false);
+        let a = args(&c);
+        assert!(
+            a.contains(&"--trusted-proxies=10.0.0.0/8,fd00::/8,192.0.2.7".to_owned()),
+            "{a:?}"
+        );
+        assert!(
+            !args(&built("", false))
+                .iter()
+                .any(|a| a.starts_with("--trusted-proxies"))
+        );
+        for (bad, at) in [
+            ("10.0.0/8", 0),
+            ("10.0.0.0/33", 0),
+            ("::/129", 0),
+            ("1.2.3.4,5.6.7.8", 0),
+        ] {
+            let mut m =
+                mcp("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: calc}\nspec: {}\n");
+            m.spec.trusted_proxies = vec![bad.to_owned()];
+            let invalid = render(&m, &Vec::new()).unwrap_err();
+            assert_eq!(invalid.reason, "InvalidTrustedProxies", "{bad}");
+            assert!(
+                invalid.problems[0].starts_with(&format!("spec.trustedProxies[{at}]: ")),
+                "{invalid:?}"
+            );
+        }
+        let mut m =
+            mcp("apiVersion: quiver.dev/v1alpha1\nkind: McpServer\nmetadata: {name: calc}\nspec: {}\n");
+        m.spec.trusted_proxies = vec!["10.0.0.0/8".to_owned(); MAX_TRUSTED_PROXIES + 1];
+        assert_eq!(
+            render(&m, &Vec::new()).unwrap_err().reason,
+            "InvalidTrustedProxies"
+        );
     }
 
     #[test]

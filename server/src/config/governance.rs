@@ -41,7 +41,7 @@ pub struct LimitSpec {
     #[schemars(range(min = 1, max = 1_000_000))]
     pub concurrency: Option<u32>,
     /// Whose calls share one budget: `caller` (default: each authenticated caller its own;
-    /// an anonymous caller is its session, or all sessionless anonymous callers together) or
+    /// a caller without credentials is its network address, whatever sessions it opens) or
     /// `all` (every caller together).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<LimitPer>,

@@ -24,13 +24,17 @@ const TOOLS_CALL: usize = method_index("tools/call");
 const RESOURCES_READ: usize = method_index("resources/read");
 const PROMPTS_GET: usize = method_index("prompts/get");
 
-/// Who a call is counted against: the authenticated subject; for an anonymous caller its
-/// session, or (without one) every sessionless anonymous caller together.
+/// Who a call is counted against: the authenticated subject; for a caller without
+/// credentials its network address (whatever sessions it opens), or where no address is
+/// known (stdio) its session, or else every such caller together.
 pub(super) fn who<'a>(ctx: &Ctx<'a>) -> Who<'a> {
     match ctx.caller {
         Some(p) if !p.subject.is_empty() => Who::Subject(&p.subject),
-        _ if !ctx.session.is_empty() => Who::Session(ctx.session),
-        _ => Who::Anonymous,
+        _ => match ctx.client {
+            Some(a) => Who::Address(a),
+            None if !ctx.session.is_empty() => Who::Session(ctx.session),
+            None => Who::Anonymous,
+        },
     }
 }
 
@@ -181,6 +185,24 @@ fn refused(tool: &str, r: &crate::limits::Refusal) -> RpcError {
     }))
 }
 
+/// How long a call refused for a full audit queue is told to wait: the writer drains the
+/// queue every 10 ms, but a refusal also means a sink that does not take records.
+const AUDIT_RETRY_SECS: u64 = 1;
+
+/// The error of a call refused because its audit record could not be queued
+/// (`--audit-on-full refuse`): `-32004` (HTTP 429 with `Retry-After`), `data.audit:
+/// "queue_full"`.
+pub(super) fn audit_full() -> RpcError {
+    let ms = AUDIT_RETRY_SECS * 1000;
+    RpcError::new(
+        RATE_LIMITED,
+        format!(
+            "Audit trail full: this server records every call before running it, and its audit queue has no room; retry after {ms} ms"
+        ),
+    )
+    .with_data(json!({"retryAfterMs": ms, "retryAfter": AUDIT_RETRY_SECS, "audit": "queue_full"}))
+}
+
 /// What a `tools/call` learned for its audit record while it ran.
 #[derive(Debug, Default)]
 pub(super) struct Trail {
@@ -222,6 +244,9 @@ impl Trail {
 #[derive(Debug)]
 pub(super) struct Pending {
     log: Arc<crate::audit::AuditLog>,
+    /// The record's place in the queue, taken before the request ran (`--audit-on-full
+    /// refuse`); `None` otherwise.
+    place: Option<crate::audit::Place>,
     /// The record so far; taken when it is written.
     record: Option<Box<Record>>,
     start: Instant,
@@ -260,7 +285,10 @@ impl Pending {
         r.reason = reason;
         r.duration = r.end.saturating_duration_since(self.start);
         r.bytes_out = bytes_out;
-        self.log.record(*r);
+        match self.place.take() {
+            Some(place) => self.log.record_in(place, *r),
+            None => self.log.record(*r),
+        }
     }
 }
 
@@ -281,14 +309,26 @@ struct Target<'a> {
 impl Server {
     /// The start of an audit record for a request of the method at `metric`, if the trail
     /// is on and records it.
-    pub(super) fn audit_start(&self, metric: usize, req: &Request<'_>, bytes_in: usize) -> Option<Pending> {
-        let log = self.audit.as_ref()?;
+    ///
+    /// # Errors
+    /// With `--audit-on-full refuse`, the queue has no place for the record: the request
+    /// must not run ([`audit_full`]).
+    pub(super) fn audit_start(
+        &self,
+        metric: usize,
+        req: &Request<'_>,
+        bytes_in: usize,
+    ) -> Result<Option<Pending>, RpcError> {
+        let Some(log) = self.audit.as_ref() else {
+            return Ok(None);
+        };
         let event = match metric {
             TOOLS_CALL => "tools/call",
             RESOURCES_READ => "resources/read",
             PROMPTS_GET => "prompts/get",
-            _ => return None,
+            _ => return Ok(None),
         };
+        let place = log.place().map_err(|_| audit_full())?;
         // What was asked for, as the client named it. A tool call notes its tool itself
         // (`Trail`), from the parameters it reads anyway: they are not read twice.
         let target = match metric {
@@ -304,12 +344,13 @@ impl Server {
         r.caller = Caller::of(req.ctx.caller);
         r.target = target;
         r.bytes_in = bytes_in;
-        Some(Pending {
+        Ok(Some(Pending {
             log: log.clone(),
+            place,
             record: Some(Box::new(r)),
             start: req.start,
             trail: Trail::default(),
-        })
+        }))
     }
 
     /// Ends an audited request: `error` is its JSON-RPC error, if it ended with one (`None`

@@ -244,8 +244,13 @@ impl Server {
         };
         // Set for a request the audit trail records; before the `_meta` check, so that a
         // 2026-07-28 call refused for its `_meta` is recorded too.
-        let mut pending = self.audit_start(metric, &req, bytes);
-        let done = match meta {
+        // With `--audit-on-full refuse`, a request whose record has no place is refused here,
+        // before anything of it runs.
+        let (mut pending, full) = match self.audit_start(metric, &req, bytes) {
+            Ok(p) => (p, None),
+            Err(e) => (None, Some(e)),
+        };
+        let done = match full.map_or(meta, Err) {
             Err(e) => {
                 if let Some(p) = pending.as_mut().filter(|_| metric == TOOLS_CALL) {
                     p.asked_before_refusal(params);
@@ -341,6 +346,10 @@ fn not_found(method: &str, entry: Option<&Method>, meta: Option<crate::modern::M
     }
 }
 
+#[cfg(test)]
+mod anonymous_tests;
+#[cfg(test)]
+mod audit_tests;
 #[cfg(test)]
 mod govern_tests;
 #[cfg(test)]

@@ -41,6 +41,10 @@ pub struct Ctx<'a> {
     pub caller: Option<&'a Principal>,
     /// Which session a successful `initialize` opens.
     pub opens: Opens,
+    /// The caller's network address, when the transport knows it (HTTP: the TCP peer, or
+    /// the client a trusted proxy names). A caller without credentials is counted by it:
+    /// its limits, its tasks and its task requests. `None` over stdio.
+    pub client: Option<crate::limits::ClientAddr>,
 }
 
 /// How a transport tells the handshake era from the stateless revision (2026-07-28).

@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use super::error::RpcError;
 use super::task_shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
-use super::task_store::{MemoryTasks, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
+use super::task_store::{MemoryTasks, Quota, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
 use crate::protocol;
 use crate::task_metrics::TaskMetrics;
 
@@ -62,18 +62,19 @@ impl Tasks {
         RpcError::new(protocol::INTERNAL_ERROR, e.to_string())
     }
 
-    /// Creates a working task of `owner`, cancelled through `token`, kept for `ttl` (at most
-    /// the store's TTL; `Duration::MAX` for that).
+    /// Creates a working task of `owner` within the bounds of `quota`, cancelled through
+    /// `token`, kept for `ttl` (at most the store's TTL; `Duration::MAX` for that).
     pub(super) async fn create(
         &self,
         owner: &str,
+        quota: &Quota<'_>,
         token: CancellationToken,
         ttl: Duration,
     ) -> Result<TaskView, RpcError> {
         let refused = |e: Refused| RpcError::new(protocol::RATE_LIMITED, e.to_string());
         let t = match &self.store {
-            Store::Memory(m) => m.create_for(owner, token, ttl).map_err(refused)?,
-            Store::Shared(s) => s.create(owner, token, ttl).await.map_err(|e| match e {
+            Store::Memory(m) => m.create_for(owner, quota, token, ttl).map_err(refused)?,
+            Store::Shared(s) => s.create(owner, quota, token, ttl).await.map_err(|e| match e {
                 NotCreated::Refused(r) => refused(r),
                 NotCreated::Unavailable(u) => self.unavailable("create", &u),
             })?,

@@ -78,6 +78,7 @@ const MODERN: Ctx<'static> = Ctx {
     era: Era::Modern("2026-07-28"),
     caller: None,
     opens: Opens::Minted,
+    client: None,
 };
 
 fn server() -> Arc<Server> {
@@ -329,6 +330,7 @@ async fn in_the_handshake_era_a_pipeline_is_a_task_at_once_and_asks_through_it()
         version: "2025-11-25",
         era: Era::Legacy,
         opens: Opens::Given,
+        client: None,
         ..MODERN
     };
     let init = body(

@@ -14,6 +14,14 @@ pub(super) const BURST: f64 = 40.0;
 /// Callers tracked at once; past it, idle ones are forgotten (a full bucket is no state).
 pub(super) const MAX_CALLERS: usize = 8192;
 
+/// A wait as the whole milliseconds a client is told to wait (rounded up: a client that waits
+/// what it is told is served), at least 1.
+pub(super) fn retry_ms(wait: Duration) -> u64 {
+    u64::try_from(wait.as_micros().div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     tokens: f64,
@@ -101,6 +109,23 @@ mod tests {
         // After the wait told, one more.
         assert!(p.take_at("a", t0 + wait).is_ok());
         assert!(p.take_at("a", t0 + wait).is_err());
+    }
+
+    #[test]
+    fn a_caller_that_waits_the_milliseconds_it_is_told_is_served() {
+        let p = Polls::new(20.0, 1.0, 16);
+        let t0 = Instant::now();
+        p.take_at("a", t0).unwrap();
+        // 49.7 ms to go: told 50, never 49.
+        let wait = p.take_at("a", t0 + Duration::from_micros(300)).unwrap_err();
+        let ms = retry_ms(wait);
+        assert_eq!(ms, 50, "{wait:?}");
+        assert!(
+            p.take_at("a", t0 + Duration::from_micros(300) + Duration::from_millis(ms))
+                .is_ok()
+        );
+        assert_eq!(retry_ms(Duration::ZERO), 1);
+        assert_eq!(retry_ms(Duration::from_millis(7)), 7);
     }
 
     #[test]

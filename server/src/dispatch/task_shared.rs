@@ -5,8 +5,10 @@
 //! Each task is one Redis hash, `<prefix>task:<id>`, that expires with the task's TTL:
 //! `o` its owner, `s` its status, `c`/`u` created/updated (ms since the epoch, on Redis's
 //! clock), `t`/`p` its TTL and poll interval (ms), `r` its result (JSON) or `ec`/`em` its
-//! error. Two sorted sets of ids scored by expiry, `<prefix>tasks` and
-//! `<prefix>owner:<owner>`, bound the tasks in total and per caller. Every change is one Lua
+//! error. Sorted sets of ids scored by expiry bound the tasks: `<prefix>tasks` in total,
+//! `<prefix>owner:<owner>` per caller with credentials (and pages its `tasks/list`), and for
+//! callers without credentials `<prefix>anon:<digest of the address>` each and
+//! `<prefix>anonymous` together. Every change is one Lua
 //! script, atomic in Redis: a finished task never changes again, and a task cancelled through
 //! another replica stays cancelled whatever its work does afterwards.
 //!
@@ -23,7 +25,7 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::task_store::{MAX_TASK_ID, Refused, Status, TaskBounds, TaskView, UpdateError};
+use super::task_store::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::resp::{Client, Reply};
 
 /// How often the end of a task is tried before it is given up (about 1.5 s of back-off).
@@ -33,26 +35,39 @@ const FINISH_TRIES: u32 = 5;
 const MAX_REPLY: usize = 2 << 20;
 
 /// Creates a task if its caller and the server are within their bounds.
-/// KEYS: the task, all tasks, the owner's tasks, the sequence. ARGV: owner, ttl, per-caller,
-/// total, poll, id. Answers the creation time, or -1 (per caller), -2 (total), -3 (id taken).
-/// The owner's set is scored by expiry × 1024 + a sequence number, so that each score is
-/// unique (a cursor of `tasks/list`).
+/// KEYS: the task, all tasks, the owner's tasks, the sequence, the tasks counted against the
+/// caller's bound, the tasks of callers without credentials. ARGV: owner, ttl, per-caller,
+/// total, poll, id, the bound of callers without credentials (0: the caller has credentials).
+/// Answers the creation time, or -1 (per caller), -2 (total), -3 (id taken), -4 (callers
+/// without credentials together).
+/// The owner's set and the caller's are scored by expiry × 1024 + a sequence number, so that
+/// each score is unique (a cursor of `tasks/list`); for a caller with credentials they are
+/// one set. A task without an owner (reachable by its id alone) is in no owner's set.
 const CREATE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
+local anon = tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now * 1024)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now * 1024)
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return -2 end
-if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then return -1 end
+if anon > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  if redis.call('ZCARD', KEYS[6]) >= anon then return -4 end
+end
+if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[3]) then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return -3 end
 local n = string.format('%d', now)
 redis.call('HSET', KEYS[1], 'o', ARGV[1], 's', 'working', 'c', n, 'u', n, 't', ARGV[2], 'p', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ttl)
 local seq = redis.call('INCR', KEYS[4]) % 1024
+local score = string.format('%d', (now + ttl) * 1024 + seq)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
-redis.call('ZADD', KEYS[3], string.format('%d', (now + ttl) * 1024 + seq), ARGV[6])
-for i = 2, 3 do
+if ARGV[1] ~= '' then redis.call('ZADD', KEYS[3], score, ARGV[6]) end
+redis.call('ZADD', KEYS[5], score, ARGV[6])
+if anon > 0 then redis.call('ZADD', KEYS[6], now + ttl, ARGV[6]) end
+for _, i in ipairs({2, 3, 5, 6}) do
   if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return now
@@ -191,6 +206,20 @@ pub(super) struct SharedTasks {
     local: Mutex<FxHashMap<Box<str>, Running>>,
 }
 
+/// The key of the set bounding one caller without credentials: a digest of its address (or
+/// session), so that Redis holds no client address.
+fn anonymous_key(prefix: &str, caller: &str) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(caller.as_bytes());
+    let mut key = Vec::with_capacity(prefix.len() + 5 + 32);
+    key.extend_from_slice(prefix.as_bytes());
+    key.extend_from_slice(b"anon:");
+    for b in &d[..16] {
+        key.extend_from_slice(format!("{b:02x}").as_bytes());
+    }
+    key
+}
+
 fn unavailable(e: &std::io::Error) -> Unavailable {
     Unavailable(e.to_string())
 }
@@ -236,11 +265,12 @@ impl SharedTasks {
         }
     }
 
-    /// Creates a working task of `owner`, cancelled through `token`, kept for `ttl` (at
-    /// most the store's).
+    /// Creates a working task of `owner` within the bounds of `quota`, cancelled through
+    /// `token`, kept for `ttl` (at most the store's).
     pub(super) async fn create(
         &self,
         owner: &str,
+        quota: &Quota<'_>,
         token: CancellationToken,
         ttl: Duration,
     ) -> Result<TaskView, NotCreated> {
@@ -248,24 +278,36 @@ impl SharedTasks {
         let ttl = ttl.min(b.ttl);
         let (ttl_ms, poll) = (ms(ttl).to_string(), ms(b.poll_interval).to_string());
         let (per, total) = (b.per_caller.to_string(), b.total.to_string());
+        let anonymous = if quota.anonymous { b.anonymous.max(1) } else { 0 }.to_string();
         let owners = self.owners(owner);
+        // A caller with credentials is bounded by its owner's set; one without by its own
+        // (its sessions, each an owner, are one caller).
+        let counted = if quota.anonymous {
+            anonymous_key(&self.prefix, &quota.key)
+        } else {
+            self.owners(&quota.key)
+        };
+        let pool = [self.prefix.as_bytes(), b"anonymous"].concat();
         let all = [self.prefix.as_bytes(), b"tasks"].concat();
         let seq = [self.prefix.as_bytes(), b"seq"].concat();
         // A collision of 128 random bits is not expected; one retry covers a broken generator.
         for _ in 0..2 {
             let id = super::task_store::mint();
             let key = self.key(&id);
-            let args: [&[u8]; 6] = [
+            let args: [&[u8]; 7] = [
                 owner.as_bytes(),
                 ttl_ms.as_bytes(),
                 per.as_bytes(),
                 total.as_bytes(),
                 poll.as_bytes(),
                 id.as_bytes(),
+                anonymous.as_bytes(),
             ];
-            let at = match self.eval(CREATE, &[&key, &all, &owners, &seq], &args).await {
+            let keys: [&[u8]; 6] = [&key, &all, &owners, &seq, &counted, &pool];
+            let at = match self.eval(CREATE, &keys, &args).await {
                 Ok(Reply::Int(-1)) => return Err(NotCreated::Refused(Refused::PerCaller(b.per_caller))),
                 Ok(Reply::Int(-2)) => return Err(NotCreated::Refused(Refused::Total(b.total))),
+                Ok(Reply::Int(-4)) => return Err(NotCreated::Refused(Refused::Anonymous(b.anonymous))),
                 Ok(Reply::Int(-3)) => continue,
                 Ok(Reply::Int(at)) => epoch_ms(at),
                 Ok(other) => return Err(NotCreated::Unavailable(Unavailable(format!("redis: {other:?}")))),
@@ -808,7 +850,10 @@ mod tests {
         };
         let (a, b) = (replica(&r, bounds), replica(&r, bounds));
         let token = CancellationToken::new();
-        let t = a.create("alice", token.clone(), Duration::MAX).await.unwrap();
+        let t = a
+            .create("alice", &Quota::caller("alice"), token.clone(), Duration::MAX)
+            .await
+            .unwrap();
         let seen = b
             .get("alice", &t.id)
             .await
@@ -835,7 +880,10 @@ mod tests {
         // Cancelled through b: the work on a stops when a next reconciles, and its late end
         // does not undo the cancel.
         let token = CancellationToken::new();
-        let t = a.create("alice", token.clone(), Duration::MAX).await.unwrap();
+        let t = a
+            .create("alice", &Quota::caller("alice"), token.clone(), Duration::MAX)
+            .await
+            .unwrap();
         assert!(b.cancel("alice", &t.id).await.unwrap());
         assert!(!token.is_cancelled());
         a.reconcile().await;
@@ -848,7 +896,12 @@ mod tests {
 
         // A failure keeps its code and message.
         let t = a
-            .create("alice", CancellationToken::new(), Duration::MAX)
+            .create(
+                "alice",
+                &Quota::caller("alice"),
+                CancellationToken::new(),
+                Duration::MAX,
+            )
             .await
             .unwrap();
         a.finish(
@@ -877,7 +930,12 @@ mod tests {
             replica(&r, TaskBounds::default()),
         );
         let t = a
-            .create("alice", CancellationToken::new(), Duration::MAX)
+            .create(
+                "alice",
+                &Quota::caller("alice"),
+                CancellationToken::new(),
+                Duration::MAX,
+            )
             .await
             .unwrap();
         let form = |m: &str| json!({"method": "elicitation/create", "params": {"mode": "form", "message": m, "requestedSchema": {"type": "object"}}});
@@ -969,19 +1027,34 @@ mod tests {
         for i in 0..7 {
             let at = if i % 2 == 0 { &a } else { &b };
             mine.push(
-                at.create("alice", CancellationToken::new(), Duration::MAX)
-                    .await
-                    .unwrap()
-                    .id,
+                at.create(
+                    "alice",
+                    &Quota::caller("alice"),
+                    CancellationToken::new(),
+                    Duration::MAX,
+                )
+                .await
+                .unwrap()
+                .id,
             );
         }
         let theirs = a
-            .create("bob", CancellationToken::new(), Duration::MAX)
+            .create(
+                "bob",
+                &Quota::caller("bob"),
+                CancellationToken::new(),
+                Duration::MAX,
+            )
             .await
             .unwrap()
             .id;
         let short = a
-            .create("alice", CancellationToken::new(), Duration::from_secs(5))
+            .create(
+                "alice",
+                &Quota::caller("alice"),
+                CancellationToken::new(),
+                Duration::from_secs(5),
+            )
             .await
             .unwrap();
         assert_eq!(short.ttl, Duration::from_secs(5));
@@ -1026,20 +1099,45 @@ mod tests {
             ..TaskBounds::default()
         };
         let (a, b) = (replica(&r, bounds), replica(&r, bounds));
-        a.create("alice", CancellationToken::new(), Duration::MAX)
-            .await
-            .unwrap();
-        b.create("alice", CancellationToken::new(), Duration::MAX)
-            .await
-            .unwrap();
+        a.create(
+            "alice",
+            &Quota::caller("alice"),
+            CancellationToken::new(),
+            Duration::MAX,
+        )
+        .await
+        .unwrap();
+        b.create(
+            "alice",
+            &Quota::caller("alice"),
+            CancellationToken::new(),
+            Duration::MAX,
+        )
+        .await
+        .unwrap();
         assert!(matches!(
-            a.create("alice", CancellationToken::new(), Duration::MAX).await,
+            a.create(
+                "alice",
+                &Quota::caller("alice"),
+                CancellationToken::new(),
+                Duration::MAX
+            )
+            .await,
             Err(NotCreated::Refused(Refused::PerCaller(2)))
         ));
         let token = CancellationToken::new();
-        let t = b.create("bob", token.clone(), Duration::MAX).await.unwrap();
+        let t = b
+            .create("bob", &Quota::caller("bob"), token.clone(), Duration::MAX)
+            .await
+            .unwrap();
         assert!(matches!(
-            a.create("carol", CancellationToken::new(), Duration::MAX).await,
+            a.create(
+                "carol",
+                &Quota::caller("carol"),
+                CancellationToken::new(),
+                Duration::MAX
+            )
+            .await,
             Err(NotCreated::Refused(Refused::Total(3)))
         ));
         // After the TTL: gone everywhere, its work stopped, its slots free.
@@ -1050,12 +1148,84 @@ mod tests {
         }
         b.reconcile().await;
         assert!(token.is_cancelled());
-        a.create("carol", CancellationToken::new(), Duration::MAX)
+        a.create(
+            "carol",
+            &Quota::caller("carol"),
+            CancellationToken::new(),
+            Duration::MAX,
+        )
+        .await
+        .unwrap();
+        a.create(
+            "alice",
+            &Quota::caller("alice"),
+            CancellationToken::new(),
+            Duration::MAX,
+        )
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn callers_without_credentials_are_bounded_each_and_together_across_replicas() {
+        let r = redis().await;
+        let bounds = TaskBounds {
+            per_caller: 1,
+            total: 10,
+            anonymous: 2,
+            ..TaskBounds::default()
+        };
+        let (a, b) = (replica(&r, bounds), replica(&r, bounds));
+        let anon = |key: &'static str| Quota {
+            key: std::borrow::Cow::Borrowed(key),
+            anonymous: true,
+        };
+        let new = CancellationToken::new;
+        // One address in two sessions (two owners) is one caller.
+        a.create("session-1", &anon("@192.0.2.1"), new(), Duration::MAX)
             .await
             .unwrap();
-        a.create("alice", CancellationToken::new(), Duration::MAX)
+        assert!(matches!(
+            b.create("session-2", &anon("@192.0.2.1"), new(), Duration::MAX)
+                .await,
+            Err(NotCreated::Refused(Refused::PerCaller(1)))
+        ));
+        // A task without an owner is reachable by its id, through any replica.
+        let t = b
+            .create("", &anon("@192.0.2.2"), new(), Duration::MAX)
             .await
             .unwrap();
+        assert!(a.get("", &t.id).await.unwrap().is_some());
+        assert!(a.get("session-1", &t.id).await.unwrap().is_none());
+        // Together they hold at most their pool; callers with credentials are not in it,
+        // even one whose subject reads like an address's key.
+        assert!(matches!(
+            a.create("", &anon("@192.0.2.3"), new(), Duration::MAX).await,
+            Err(NotCreated::Refused(Refused::Anonymous(2)))
+        ));
+        for who in ["alice", "@192.0.2.3"] {
+            b.create(who, &Quota::caller(who), new(), Duration::MAX)
+                .await
+                .unwrap();
+        }
+        // `tasks/list` pages an owner's own tasks only.
+        let (page, _) = a.list("session-1", None, 10).await.unwrap();
+        assert_eq!(page.len(), 1);
+        // Redis holds no client address.
+        let Reply::Array(keys) = a.redis.call(&[b"KEYS", b"*"]).await.unwrap() else {
+            panic!("KEYS");
+        };
+        let keys: Vec<String> = keys
+            .into_iter()
+            .filter_map(|k| match k {
+                Reply::Bulk(k) => Some(String::from_utf8_lossy(&k).into_owned()),
+                _ => None,
+            })
+            .collect();
+        assert!(keys.iter().any(|k| k.contains("anon:")), "{keys:?}");
+        for address in ["192.0.2.1", "192.0.2.2"] {
+            assert!(!keys.iter().any(|k| k.contains(address)), "{keys:?}");
+        }
     }
 
     #[tokio::test]
@@ -1063,7 +1233,12 @@ mod tests {
         let r = redis().await;
         let a = replica(&r, TaskBounds::default());
         let t = a
-            .create("o:wner\r\n*1", CancellationToken::new(), Duration::MAX)
+            .create(
+                "o:wner\r\n*1",
+                &Quota::caller("o:wner\r\n*1"),
+                CancellationToken::new(),
+                Duration::MAX,
+            )
             .await
             .unwrap();
         assert!(a.get("o:wner\r\n*1", &t.id).await.unwrap().is_some());
@@ -1079,7 +1254,8 @@ mod tests {
         let e = a.get("o:wner\r\n*1", &t.id).await.unwrap_err();
         assert!(e.to_string().contains("task store is unavailable"), "{e}");
         assert!(matches!(
-            a.create("x", CancellationToken::new(), Duration::MAX).await,
+            a.create("x", &Quota::caller("x"), CancellationToken::new(), Duration::MAX)
+                .await,
             Err(NotCreated::Unavailable(_))
         ));
     }

@@ -1,5 +1,6 @@
 //! The task store of the `io.modelcontextprotocol/tasks` extension: tasks by id, each owned
-//! by the caller that created it, bounded per caller and in total, forgotten after a TTL.
+//! by the caller that created it, bounded per caller, for callers without credentials
+//! together, and in total, forgotten after a TTL.
 //!
 //! The store sits behind [`TaskStore`] so that a store shared by replicas can take the place
 //! of the in-memory one. A task's id is 128 random bits; a lookup by an id of another caller
@@ -57,6 +58,9 @@ pub struct TaskBounds {
     pub per_caller: usize,
     /// Tasks all callers together may hold.
     pub total: usize,
+    /// Tasks all callers without credentials together may hold (part of `total`, so that
+    /// they never take every place).
+    pub anonymous: usize,
     /// How long a task is kept after it was created.
     pub ttl: Duration,
     /// How often a client is told to poll.
@@ -74,10 +78,33 @@ impl Default for TaskBounds {
         TaskBounds {
             per_caller: 64,
             total: 4096,
+            anonymous: 1024,
             ttl: Duration::from_secs(600),
             poll_interval: Duration::from_millis(500),
             max_result_bytes: 1 << 20,
             total_result_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Whose bounds a new task counts against: its caller's own (`per_caller`) and, for a
+/// caller without credentials, the pool all such callers share (`anonymous`). Who may see
+/// the task is its owner, a separate matter.
+#[derive(Debug, Clone)]
+pub(super) struct Quota<'a> {
+    /// The caller as bounds count it: an authenticated caller's subject; one without
+    /// credentials by its address, or without one by its session.
+    pub key: std::borrow::Cow<'a, str>,
+    /// The caller has no credentials.
+    pub anonymous: bool,
+}
+
+impl<'a> Quota<'a> {
+    /// The bounds of the authenticated caller `subject`.
+    pub(super) fn caller(subject: &'a str) -> Self {
+        Quota {
+            key: std::borrow::Cow::Borrowed(subject),
+            anonymous: false,
         }
     }
 }
@@ -89,6 +116,8 @@ pub(super) enum Refused {
     PerCaller(usize),
     /// The server holds its maximum of tasks.
     Total(usize),
+    /// Callers without credentials together hold their maximum of tasks.
+    Anonymous(usize),
 }
 
 impl std::fmt::Display for Refused {
@@ -99,6 +128,10 @@ impl std::fmt::Display for Refused {
                 "too many tasks: a caller may hold {n}; wait for some to finish and expire, or cancel them"
             ),
             Refused::Total(n) => write!(f, "too many tasks on this server (at most {n}); try again later"),
+            Refused::Anonymous(n) => write!(
+                f,
+                "too many tasks of callers without credentials on this server (at most {n} together); try again later"
+            ),
         }
     }
 }
@@ -250,7 +283,9 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// A task store. `owner` is the caller: its authenticated subject, or else its session.
+/// A task store. `owner` is who may see and act on a task: its caller's authenticated
+/// subject, or else its session; empty for a caller with neither, whose task is reachable by
+/// its id alone (128 random bits, shown to nobody else).
 pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// Creates a working task of `owner`, cancelled through `token`.
     #[cfg(test)]
@@ -276,8 +311,15 @@ pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// [`TaskStore::get`] shows them taken). Answers to keys that are not pending, and any
     /// answer to a task that waits for none, are ignored.
     fn update(&self, owner: &str, id: &str, responses: Map<String, Value>) -> Result<(), UpdateError>;
-    /// [`TaskStore::create`] with a TTL of `ttl`, at most the store's own.
-    fn create_for(&self, owner: &str, token: CancellationToken, ttl: Duration) -> Result<TaskView, Refused>;
+    /// Creates a working task of `owner` within the bounds of `quota`, with a TTL of `ttl`
+    /// (at most the store's own).
+    fn create_for(
+        &self,
+        owner: &str,
+        quota: &Quota<'_>,
+        token: CancellationToken,
+        ttl: Duration,
+    ) -> Result<TaskView, Refused>;
     /// What turns once the task `id` of `owner` is terminal; `None` for an unknown, expired
     /// or foreign id.
     fn finished(&self, owner: &str, id: &str) -> Option<Finished>;
@@ -301,6 +343,10 @@ impl Finished {
 #[derive(Debug)]
 struct Entry {
     owner: Box<str>,
+    /// Whose bounds it counts against ([`Quota::key`]).
+    quota: Box<str>,
+    /// Its caller has no credentials.
+    anonymous: bool,
     status: Status,
     created: SystemTime,
     updated: SystemTime,
@@ -400,26 +446,39 @@ pub(super) fn mint() -> String {
 impl TaskStore for MemoryTasks {
     #[cfg(test)]
     fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, Refused> {
-        self.create_for(owner, token, self.bounds.ttl)
+        self.create_for(owner, &Quota::caller(owner), token, self.bounds.ttl)
     }
 
-    fn create_for(&self, owner: &str, token: CancellationToken, ttl: Duration) -> Result<TaskView, Refused> {
+    fn create_for(
+        &self,
+        owner: &str,
+        quota: &Quota<'_>,
+        token: CancellationToken,
+        ttl: Duration,
+    ) -> Result<TaskView, Refused> {
         let ttl = ttl.min(self.bounds.ttl);
         let Ok(mut map) = self.map.lock() else {
             return Err(Refused::Total(self.bounds.total));
         };
         let now = Instant::now();
         Self::purge(&mut map, now);
-        if map.len() >= self.bounds.total {
-            return Err(Refused::Total(self.bounds.total));
+        let b = &self.bounds;
+        if map.len() >= b.total {
+            return Err(Refused::Total(b.total));
         }
-        if map.values().filter(|e| &*e.owner == owner).count() >= self.bounds.per_caller {
-            return Err(Refused::PerCaller(self.bounds.per_caller));
+        if quota.anonymous && map.values().filter(|e| e.anonymous).count() >= b.anonymous {
+            return Err(Refused::Anonymous(b.anonymous));
+        }
+        let same = |e: &&Entry| e.anonymous == quota.anonymous && *e.quota == *quota.key;
+        if map.values().filter(same).count() >= b.per_caller {
+            return Err(Refused::PerCaller(b.per_caller));
         }
         let at = SystemTime::now();
         let id = mint();
         let e = Entry {
             owner: owner.into(),
+            quota: (*quota.key).into(),
+            anonymous: quota.anonymous,
             status: Status::Working,
             created: at,
             updated: at,
@@ -959,11 +1018,16 @@ mod core_wire {
     fn a_task_ttl_is_at_most_the_store_s_and_the_core_shape_follows_its_status() {
         let s = MemoryTasks::new(TaskBounds::default());
         let short = s
-            .create_for("a", CancellationToken::new(), Duration::from_secs(5))
+            .create_for(
+                "a",
+                &Quota::caller("a"),
+                CancellationToken::new(),
+                Duration::from_secs(5),
+            )
             .unwrap();
         assert_eq!(short.core()["ttl"], 5000);
         let long = s
-            .create_for("a", CancellationToken::new(), Duration::MAX)
+            .create_for("a", &Quota::caller("a"), CancellationToken::new(), Duration::MAX)
             .unwrap();
         assert_eq!(long.core()["ttl"], 600_000);
         let c = short.core();

@@ -12,7 +12,7 @@ use super::envelope::parse_params;
 use super::error::RpcError;
 use super::request::{Done, Request};
 use super::server::Server;
-use super::task_store::UpdateError;
+use super::task_store::{Quota, UpdateError};
 use crate::protocol;
 
 const EXTENSION: &str = "io.modelcontextprotocol/tasks";
@@ -23,11 +23,31 @@ struct TaskParams<'a> {
     task_id: Cow<'a, str>,
 }
 
-/// The caller a task belongs to: its authenticated subject, or else its session.
+/// The caller a task belongs to (who may see and act on it): its authenticated subject, or
+/// else its session. Empty for a caller with neither (2026-07-28 without credentials): its
+/// task is reachable by its id alone, 128 random bits that only the creating request is shown.
 pub(super) fn owner<'a>(req: &Request<'a>) -> &'a str {
     match req.ctx.caller {
         Some(p) if !p.subject.is_empty() => &p.subject,
         _ => req.ctx.session,
+    }
+}
+
+/// Whose bounds the request's tasks (and its task requests' pace) count against: the
+/// authenticated subject; a caller without credentials by its network address, whatever
+/// sessions it opens (a session is free to mint, an address is not), or without a known
+/// address (stdio) by its session.
+pub(super) fn quota<'a>(req: &Request<'a>) -> Quota<'a> {
+    match req.ctx.caller {
+        Some(p) if !p.subject.is_empty() => Quota::caller(&p.subject),
+        _ => Quota {
+            key: match req.ctx.client {
+                // `@` keeps addresses apart from sessions.
+                Some(a) => Cow::Owned(format!("@{a}")),
+                None => Cow::Borrowed(req.ctx.session),
+            },
+            anonymous: true,
+        },
     }
 }
 

@@ -26,7 +26,7 @@ use super::error::RpcError;
 use super::request::{Done, Request};
 use super::server::Server;
 use super::task_store::{Status, TaskView};
-use super::tasks::owner;
+use super::tasks::{owner, quota};
 use crate::config::TaskSupport;
 use crate::peer::CallCtx;
 use crate::protocol;
@@ -119,7 +119,10 @@ pub(super) async fn start(
     out: &mut Vec<u8>,
 ) -> Result<(), RpcError> {
     let token = CancellationToken::new();
-    let task = server.tasks.create(owner(req), token.clone(), ttl).await?;
+    let task = server
+        .tasks
+        .create(owner(req), &quota(req), token.clone(), ttl)
+        .await?;
     let id = task.id.clone();
     let s = server.clone();
     let ttl = task.ttl;
@@ -195,7 +198,7 @@ pub(super) async fn ended(
         .ok_or_else(|| RpcError::new(protocol::INTERNAL_ERROR, "the call's answer could not be read"))?;
     let task = server
         .tasks
-        .create(owner(req), CancellationToken::new(), ttl)
+        .create(owner(req), &quota(req), CancellationToken::new(), ttl)
         .await?;
     server.tasks.finish(&task.id, Status::Completed(result)).await;
     write(req, &json!({"task": task.core()}), out);
@@ -250,16 +253,17 @@ async fn task_of(s: &Server, req: &Request<'_>) -> Result<TaskView, RpcError> {
     s.tasks.get(owner(req), &p.task_id).await?.ok_or_else(not_found)
 }
 
-/// Refuses a task request over the caller's budget (`-32004`, with when to retry). Callers
-/// with neither a session nor credentials are not told apart, so they are not paced here
-/// (the server's rate limits still apply to them).
+/// Refuses a task request over the caller's budget (`-32004`, with when to retry). A caller
+/// without credentials is paced by its address ([`quota`]); one with neither an address nor
+/// a session (no transport tells it apart) is not paced here (the server's rate limits still
+/// apply to it).
 fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
-    let who = owner(req);
+    let who = quota(req).key;
     if who.is_empty() {
         return Ok(());
     }
-    s.polls.take(who).map_err(|wait| {
-        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+    s.polls.take(&who).map_err(|wait| {
+        let ms = super::task_polls::retry_ms(wait);
         RpcError::new(
             protocol::RATE_LIMITED,
             format!(

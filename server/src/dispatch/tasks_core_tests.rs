@@ -44,6 +44,7 @@ fn at(session: &'static str) -> Ctx<'static> {
         era: Era::Legacy,
         caller: None,
         opens: Opens::Given,
+        client: None,
     }
 }
 

@@ -48,6 +48,7 @@ const LEGACY: Ctx<'static> = Ctx {
     era: Era::Legacy,
     caller: None,
     opens: Opens::Minted,
+    client: None,
 };
 
 /// The handshake era before 2025-11-25 (no core tasks).
@@ -403,6 +404,7 @@ fn initialize_opens_its_session_in_dispatch() {
     let given = Ctx {
         session: "stdio",
         opens: Opens::Given,
+        client: None,
         ..LEGACY
     };
     let (_, _, r) = reply(&s, &init, given);
@@ -440,6 +442,7 @@ fn ping_discover_and_listen() {
         session: "stdio",
         era: Era::Detect,
         opens: Opens::Given,
+        client: None,
         ..LEGACY
     };
     let Outcome::Listen(l) = run(&s, &listen, in_session) else {

@@ -667,6 +667,7 @@ struct Detached {
 /// Who a task's concurrency places are counted against (a [`Who`], owned).
 enum Holder {
     Subject(Box<str>),
+    Address(crate::limits::ClientAddr),
     Session(Box<str>),
     Anonymous,
 }
@@ -675,6 +676,7 @@ impl Holder {
     fn of(who: Who<'_>) -> Self {
         match who {
             Who::Subject(s) => Holder::Subject(s.into()),
+            Who::Address(a) => Holder::Address(a),
             Who::Session(s) => Holder::Session(s.into()),
             Who::Anonymous => Holder::Anonymous,
         }
@@ -683,6 +685,7 @@ impl Holder {
     fn who(&self) -> Who<'_> {
         match self {
             Holder::Subject(s) => Who::Subject(s),
+            Holder::Address(a) => Who::Address(*a),
             Holder::Session(s) => Who::Session(s),
             Holder::Anonymous => Who::Anonymous,
         }
@@ -842,7 +845,12 @@ async fn start_task(
     let token = CancellationToken::new();
     let task = server
         .tasks
-        .create(super::tasks::owner(req), token.clone(), Duration::MAX)
+        .create(
+            super::tasks::owner(req),
+            &super::tasks::quota(req),
+            token.clone(),
+            Duration::MAX,
+        )
         .await?;
     // The caller's token goes with the call as it would without a task (identity to an
     // upstream or API, `{{caller.CLAIM}}`), and so does the caller for step policies.

@@ -12,6 +12,7 @@ pub mod redis;
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,23 +38,79 @@ pub enum FailMode {
     Closed,
 }
 
+/// The network address an anonymous caller is counted by: an IPv4 address, or the /64
+/// network of an IPv6 address (what one subscriber is usually given, so rotating addresses
+/// inside it gains nothing). An IPv4 client reaching an IPv6 socket (`::ffff:a.b.c.d`) is
+/// its IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientAddr(IpAddr);
+
+impl ClientAddr {
+    /// The address `ip` is counted by.
+    pub fn of(ip: IpAddr) -> Self {
+        match ip.to_canonical() {
+            IpAddr::V6(v6) => {
+                let net = u128::from(v6) & !((1u128 << 64) - 1);
+                Self(IpAddr::V6(Ipv6Addr::from(net)))
+            }
+            v4 => Self(v4),
+        }
+    }
+
+    /// The 16 bytes that key it (an IPv4 address as its IPv4-mapped IPv6 form).
+    fn octets(self) -> [u8; 16] {
+        match self.0 {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        }
+    }
+}
+
+impl std::fmt::Display for ClientAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V4(v4) => write!(f, "{v4}"),
+            IpAddr::V6(v6) => write!(f, "{v6}/64"),
+        }
+    }
+}
+
 /// Who a call is counted against.
 #[derive(Debug, Clone, Copy)]
 pub enum Who<'a> {
     /// An authenticated caller: its subject.
     Subject(&'a str),
-    /// An anonymous caller in a session: its session id.
+    /// An anonymous caller whose network address is known (over HTTP, with or without a
+    /// session): that address. A session id is free to mint; an address is not.
+    Address(ClientAddr),
+    /// An anonymous caller in a session whose address is not known (stdio): its session id.
     Session(&'a str),
-    /// An anonymous caller without a session: every such caller together.
+    /// An anonymous caller with neither: every such caller together.
     Anonymous,
 }
 
-impl<'a> Who<'a> {
-    fn parts(self) -> (u8, &'static str, &'a str) {
+/// The bytes that name a caller inside its kind.
+enum Id<'a> {
+    Text(&'a str),
+    Addr([u8; 16]),
+}
+
+impl Id<'_> {
+    fn bytes(&self) -> &[u8] {
         match self {
-            Who::Subject(s) => (1, "sub", s),
-            Who::Session(s) => (2, "session", s),
-            Who::Anonymous => (3, "anonymous", ""),
+            Id::Text(s) => s.as_bytes(),
+            Id::Addr(b) => b,
+        }
+    }
+}
+
+impl<'a> Who<'a> {
+    fn parts(self) -> (u8, &'static str, Id<'a>) {
+        match self {
+            Who::Subject(s) => (1, "sub", Id::Text(s)),
+            Who::Session(s) => (2, "session", Id::Text(s)),
+            Who::Anonymous => (3, "anonymous", Id::Text("")),
+            Who::Address(a) => (4, "addr", Id::Addr(a.octets())),
         }
     }
 }
@@ -151,7 +208,7 @@ impl Limiter {
         let (kind, _, id) = who.parts();
         if limit.per_caller {
             self.hasher
-                .hash_one((limit.scope.label(), &*limit.name, &*limit.at, kind, id))
+                .hash_one((limit.scope.label(), &*limit.name, &*limit.at, kind, id.bytes()))
         } else {
             self.hasher
                 .hash_one((limit.scope.label(), &*limit.name, &*limit.at))
@@ -264,7 +321,7 @@ fn shared_key(prefix: &str, limit: &Limit, who: Who<'_>) -> String {
         let (_, kind, id) = who.parts();
         h.update(kind.as_bytes());
         h.update([0]);
-        h.update(id.as_bytes());
+        h.update(id.bytes());
     }
     let d = h.finalize();
     let mut key = String::with_capacity(11 + 32);
@@ -386,6 +443,31 @@ mod tests {
                 .is_ok()
         );
         assert!(l.keys() <= SHARDS * 16 + 1, "{} keys", l.keys());
+    }
+
+    #[tokio::test]
+    async fn anonymous_callers_are_counted_by_address_an_ipv6_one_by_its_64() {
+        let of = |s: &str| ClientAddr::of(s.parse().unwrap());
+        assert_eq!(of("2001:db8:1:2::1"), of("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_ne!(of("2001:db8:1:2::1"), of("2001:db8:1:3::1"));
+        assert_eq!(of("::ffff:192.0.2.1"), of("192.0.2.1"));
+        assert_ne!(of("192.0.2.1"), of("192.0.2.2"));
+        assert_eq!(of("2001:db8:1:2:3:4:5:6").to_string(), "2001:db8:1:2::/64");
+        assert_eq!(of("::ffff:192.0.2.1").to_string(), "192.0.2.1");
+        let l = limiter(1000);
+        let per = [limit(Some((60_000_000_000, 1)), None, true)];
+        let a = Who::Address(of("192.0.2.1"));
+        assert!(l.admit(&per, a).await.is_ok());
+        assert!(l.admit(&per, a).await.is_err());
+        assert!(l.admit(&per, Who::Address(of("192.0.2.2"))).await.is_ok());
+        // An address is no subject, session or the sessionless crowd, whatever its bytes.
+        assert!(l.admit(&per, Who::Anonymous).await.is_ok());
+        assert!(l.admit(&per, Who::Subject("192.0.2.1")).await.is_ok());
+        let lim = limit(Some((1, 1)), None, true);
+        let k = shared_key("ns/a", &lim, a);
+        assert_ne!(k, shared_key("ns/a", &lim, Who::Address(of("192.0.2.2"))));
+        assert_ne!(k, shared_key("ns/a", &lim, Who::Anonymous));
+        assert!(!k.contains("192.0.2.1"));
     }
 
     #[test]

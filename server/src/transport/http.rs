@@ -69,6 +69,9 @@ pub struct HttpOptions {
     pub auth: Option<Arc<super::auth::Auth>>,
     /// Resumable answer streams (2025-11-25 polling with `Last-Event-ID`); `None`: off.
     pub resume: Option<ResumeOptions>,
+    /// Proxies whose `X-Forwarded-For` names the client a caller without credentials is
+    /// counted by; from any other peer the header is ignored.
+    pub trusted_proxies: super::forwarded::TrustedProxies,
 }
 
 impl Default for HttpOptions {
@@ -83,6 +86,7 @@ impl Default for HttpOptions {
             body_read_timeout: Duration::from_secs(30),
             auth: None,
             resume: None,
+            trusted_proxies: super::forwarded::TrustedProxies::default(),
         }
     }
 }
@@ -356,6 +360,9 @@ pub(crate) struct Caller {
     principal: Option<Arc<Principal>>,
     /// The revision the request names, and whether it is the stateless one (2026-07-28).
     version: Result<(&'static str, bool), Reject>,
+    /// The address a caller without credentials is counted by (`None` for one with
+    /// credentials, whose subject counts, and without a socket).
+    client: Option<crate::limits::ClientAddr>,
 }
 
 impl Caller {
@@ -385,9 +392,17 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
                 }
             },
         };
+        // Only a caller without credentials is counted by its address.
+        let client = match principal {
+            Some(_) => None,
+            None => super::listen::peer().map(|peer| {
+                crate::limits::ClientAddr::of(state.options.trusted_proxies.client(peer, headers))
+            }),
+        };
         Ok(Self {
             principal,
             version: version(headers),
+            client,
         })
     }
 }
@@ -765,6 +780,7 @@ async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller, req: Requ
         era: if modern { Era::Modern(version) } else { Era::Legacy },
         caller: caller.principal(),
         opens: Opens::Minted,
+        client: caller.client,
     };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26");
     match crate::otel::spans::under_headers(headers, handled).await {

@@ -58,6 +58,17 @@ const MAX_H2_STREAMS: u32 = 128;
 /// How an HTTP/2 connection starts (RFC 9113, 3.4). No HTTP/1 method begins with "PRI".
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
+tokio::task_local! {
+    /// The TCP peer of the connection the request being served arrived on.
+    static PEER: std::net::IpAddr;
+}
+
+/// The TCP peer of the connection the request being served arrived on; `None` for a
+/// request that did not come through [`serve`] (a router driven without a socket).
+pub fn peer() -> Option<std::net::IpAddr> {
+    PEER.try_with(|p| *p).ok()
+}
+
 /// The connection builders of one listener.
 struct Builders {
     h1: http1::Builder,
@@ -86,7 +97,13 @@ impl Builders {
     }
 
     /// Serves one accepted connection until it ends or `stop` (then gracefully).
-    async fn serve(&self, stream: tokio::net::TcpStream, router: Router, stop: CancellationToken) {
+    async fn serve(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: std::net::IpAddr,
+        router: Router,
+        stop: CancellationToken,
+    ) {
         let h2 = match &self.h2 {
             None => None,
             Some(builder) => tokio::select! {
@@ -107,7 +124,9 @@ impl Builders {
             let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 let guard = tracked.begin();
                 authority_as_host(&mut req);
-                let answer = tower::Service::call(&mut router.clone(), req);
+                // HTTP/2 streams are served on tasks of their own: each carries the peer.
+                let mut router = router.clone();
+                let answer = PEER.scope(peer, async move { tower::Service::call(&mut router, req).await });
                 async move {
                     let r = answer.await?;
                     Ok::<_, std::convert::Infallible>(
@@ -121,7 +140,12 @@ impl Builders {
         } else {
             let conn = self.h1.serve_connection(io, TowerToHyperService::new(router));
             let idle = std::future::pending();
-            drive(conn, stop, idle, self.sniff_timeout, |c| c.graceful_shutdown()).await;
+            // HTTP/1.1 requests are served inside the connection's own future.
+            PEER.scope(
+                peer,
+                drive(conn, stop, idle, self.sniff_timeout, |c| c.graceful_shutdown()),
+            )
+            .await;
         }
     }
 }
@@ -307,9 +331,9 @@ pub async fn serve(
                 }
             }
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok((s, addr)) => (s, addr.ip()),
                 Err(e) => {
                     if !is_connection_error(&e) {
                         tracing::warn!(error = %e, "accept failed; pausing");
@@ -330,7 +354,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             let _open = metrics.as_ref().map(OpenConnection::new);
-            builders.serve(stream, router, stop).await;
+            builders.serve(stream, peer, router, stop).await;
         });
     }
     drop(listener);

@@ -2,6 +2,7 @@
 //! limits they enforce.
 
 pub mod auth;
+pub mod forwarded;
 pub mod http;
 pub mod jwt;
 pub mod limits;
@@ -9,3 +10,6 @@ pub mod listen;
 pub mod resume;
 pub mod sessions;
 pub mod stdio;
+
+#[cfg(test)]
+mod client_addr_tests;

@@ -25,6 +25,7 @@ const CTX: Ctx<'static> = Ctx {
     era: Era::Detect,
     caller: None,
     opens: Opens::Given,
+    client: None,
 };
 use crate::metrics::Refusal;
 use crate::protocol::{self, INVALID_REQUEST};

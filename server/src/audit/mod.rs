@@ -3,23 +3,23 @@
 //! where the logs are not: they go to stderr; or a file).
 //!
 //! A request only hands its [`Record`] to a bounded queue ([`AuditLog::record`], which never
-//! blocks); the writer thread serializes, scrubs and writes it. A record that finds the
-//! queue full, or that the sink fails to take, is dropped: counted in
-//! `quiver_audit_dropped_total` and logged (at most every [`DROP_LOG_EVERY`]), never silently.
+//! blocks); the writer thread serializes, scrubs and writes it ([`queue`]). What a full
+//! queue means is [`OnFull`]: by default a record that finds the queue full, or that the
+//! sink fails to take, is dropped: counted in `quiver_audit_dropped_total` and logged (at
+//! most every [`DROP_LOG_EVERY`]), never silently; with `refuse` a call whose record has no
+//! place is refused before it runs, and the sink's failures are retried.
 
-use std::fs::OpenOptions;
-use std::io::{BufWriter, Write};
+mod queue;
+
+use std::io::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
 
+pub use self::queue::{AuditLog, NoRoom, Place};
 use crate::config::access::Principal;
-use crate::gov_metrics::GovMetrics;
 use crate::secrets::Secrets;
 
 /// Records the queue holds by default.
@@ -33,6 +33,17 @@ pub const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 const MAX_TEXT: usize = 1024;
 /// Most values (strings, numbers, keys) of the arguments kept in one record.
 const MAX_VALUES: usize = 256;
+
+/// What a call gets when its record cannot be queued.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnFull {
+    /// The call runs; its record is dropped (counted in `quiver_audit_dropped_total`).
+    #[default]
+    Drop,
+    /// The call is refused before it runs (`-32004`, counted in
+    /// `quiver_audit_refused_total`): every call that ran has its record.
+    Refuse,
+}
 
 /// Where records go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -471,137 +482,6 @@ fn line(r: &Record, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
     out.push(b'}');
 }
 
-/// The queue to the audit writer.
-#[derive(Debug)]
-pub struct AuditLog {
-    tx: SyncSender<Record>,
-    metrics: Arc<GovMetrics>,
-    /// Drops not yet logged, and when the last was logged (seconds since `epoch`, +1).
-    unlogged: AtomicU64,
-    logged_at: AtomicU64,
-    epoch: Instant,
-}
-
-impl AuditLog {
-    /// Opens `sink` and starts the writer thread with a queue of `queue` records.
-    ///
-    /// # Errors
-    /// The file cannot be opened for appending, or the thread cannot start.
-    pub fn start(
-        sink: &Sink,
-        queue: usize,
-        secrets: Arc<Secrets>,
-        metrics: Arc<GovMetrics>,
-    ) -> std::io::Result<Arc<Self>> {
-        let out: Box<dyn Write + Send> = match sink {
-            Sink::Stdout => Box::new(std::io::stdout()),
-            Sink::File(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
-        };
-        let (tx, rx) = sync_channel(queue.max(1));
-        let log = Arc::new(Self {
-            tx,
-            metrics: metrics.clone(),
-            unlogged: AtomicU64::new(0),
-            logged_at: AtomicU64::new(0),
-            epoch: Instant::now(),
-        });
-        let weak = Arc::downgrade(&log);
-        std::thread::Builder::new()
-            .name("quiver-audit".into())
-            .spawn(move || write_all(&rx, out, &secrets, &metrics, &weak))?;
-        Ok(log)
-    }
-
-    /// Queues a record; never blocks. A full queue drops it (counted and logged).
-    pub fn record(&self, r: Record) {
-        match self.tx.try_send(r) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped(1),
-        }
-    }
-
-    /// Counts `n` dropped records and logs them, at most every [`DROP_LOG_EVERY`].
-    fn dropped(&self, n: u64) {
-        self.metrics.audit_dropped.inc_by(n);
-        let pending = self.unlogged.fetch_add(n, Ordering::Relaxed) + n;
-        let now = self.epoch.elapsed().as_secs() + 1;
-        let last = self.logged_at.load(Ordering::Relaxed);
-        if (last == 0 || now >= last + DROP_LOG_EVERY.as_secs())
-            && self
-                .logged_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let n = self.unlogged.swap(0, Ordering::Relaxed).max(pending.min(1));
-            tracing::warn!(
-                dropped = n,
-                "audit records dropped: the audit queue was full or its sink failed (see quiver_audit_dropped_total)"
-            );
-        }
-    }
-}
-
-/// The writer thread: records to lines, flushed whenever the queue is empty.
-fn write_all(
-    rx: &Receiver<Record>,
-    out: Box<dyn Write + Send>,
-    secrets: &Secrets,
-    metrics: &GovMetrics,
-    log: &std::sync::Weak<AuditLog>,
-) {
-    let mut out = BufWriter::with_capacity(64 << 10, out);
-    let mut buf = Vec::with_capacity(512);
-    let mut clock = Clock::new();
-    let mut unflushed = 0u64;
-    let fail = |n: u64, e: &std::io::Error| {
-        match log.upgrade() {
-            Some(l) => l.dropped(n),
-            None => {
-                metrics.audit_dropped.inc_by(n);
-            }
-        }
-        tracing::debug!(error = %e, "audit sink write failed");
-    };
-    loop {
-        let r = match rx.try_recv() {
-            Ok(r) => r,
-            Err(std::sync::mpsc::TryRecvError::Empty) => {
-                if unflushed > 0 {
-                    match out.flush() {
-                        Ok(()) => {
-                            metrics.audit_records.inc_by(unflushed);
-                        }
-                        Err(e) => fail(unflushed, &e),
-                    }
-                    unflushed = 0;
-                }
-                // Poll instead of blocking in `recv`: a writer that waits on the channel makes
-                // every request's send wake it (a futex call and a context switch per record);
-                // one that sleeps is woken by nobody and drains a batch per period.
-                std::thread::sleep(POLL);
-                clock.reset();
-                continue;
-            }
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
-        };
-        buf.clear();
-        line(&r, secrets, &mut clock, &mut buf);
-        buf.push(b'\n');
-        match out.write_all(&buf) {
-            Ok(()) => unflushed += 1,
-            Err(e) => fail(1, &e),
-        }
-    }
-    if unflushed > 0 {
-        match out.flush() {
-            Ok(()) => {
-                metrics.audit_records.inc_by(unflushed);
-            }
-            Err(e) => fail(unflushed, &e),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,55 +649,5 @@ mod tests {
         let a = v["arguments"].as_array().unwrap();
         assert_eq!(a.len(), MAX_VALUES + 1);
         assert_eq!(a[MAX_VALUES], "…");
-    }
-
-    #[test]
-    fn a_full_queue_counts_every_drop() {
-        let m = GovMetrics::unregistered();
-        // A writer that never reads: a queue of 2 with a record taken by the thread at most.
-        let (tx, _rx) = sync_channel(2);
-        let log = AuditLog {
-            tx,
-            metrics: m.clone(),
-            unlogged: AtomicU64::new(0),
-            logged_at: AtomicU64::new(0),
-            epoch: Instant::now(),
-        };
-        for _ in 0..10 {
-            log.record(Record::new("tools/call", "ok"));
-        }
-        assert_eq!(m.audit_dropped.get(), 8);
-    }
-
-    #[test]
-    fn records_reach_a_file_one_line_each() {
-        let dir = std::env::temp_dir().join(format!("quiver-audit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("audit.jsonl");
-        let m = GovMetrics::unregistered();
-        let log = AuditLog::start(&Sink::File(path.clone()), 16, Secrets::new(), m.clone()).unwrap();
-        for i in 0..100 {
-            let mut r = Record::new("tools/call", "ok");
-            r.request_id = Some(i.to_string().into());
-            while log.tx.try_send(r.clone()).is_err() {
-                std::thread::yield_now();
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while m.audit_records.get() < 100 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let ids: Vec<i64> = text
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<Value>(l).unwrap()["requestId"]
-                    .as_i64()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(ids, (0..100).collect::<Vec<_>>());
-        assert_eq!(m.audit_dropped.get(), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
