@@ -45,6 +45,7 @@ const LEGACY: Ctx<'static> = Ctx {
     era: Era::Legacy,
     caller: None,
     opens: Opens::Minted,
+    client: None,
 };
 
 const MODERN: Ctx<'static> = Ctx {
@@ -257,6 +258,7 @@ async fn resource_reads_and_prompt_gets_are_audited_with_outcome_and_caller() {
     let log = crate::audit::AuditLog::start(
         &crate::audit::Sink::File(path.clone()),
         64,
+        crate::audit::OnFull::Drop,
         crate::secrets::Secrets::new(),
         gov.clone(),
     )

@@ -205,6 +205,7 @@ mod tests {
             era,
             caller,
             opens: super::super::server::Opens::Minted,
+            client: None,
         };
         assert!(!authenticated(&ctx(Era::Legacy, None)));
         assert!(!authenticated(&ctx(Era::Modern("2026-07-28"), None)));
