@@ -740,6 +740,17 @@ fn request(
         project: &[],
     };
     let mut call = http::assemble(request, &mut cx);
+    // Whatever the document's text, requests go to the origin checked in `target`.
+    if !call.origin.is_empty() && !call.origin.eq_ignore_ascii_case(&sh.trust.origin) {
+        local.push(
+            format!("{op_at}.url"),
+            format!(
+                "requests would go to `{}`, not the server's origin `{}`",
+                shown(&call.origin),
+                shown(&sh.trust.origin)
+            ),
+        );
+    }
     call.args = Some(Box::new(parts));
     call.guarded = sh.guarded;
     if let Some(auth) = applied.auth {
@@ -821,6 +832,11 @@ fn share(sh: &Shared<'_>, auth: http::auth::Auth) -> http::auth::Auth {
 /// The URL of a path: the base and the path's text are literal (whatever they contain);
 /// each `{name}` of a path parameter is the argument (percent-encoded when rendered).
 fn url_template(base: &str, path: &str, path_params: &[String]) -> Result<crate::template::TemplateBuilder, String> {
+    // The base may end at its host: a path's text right after it would continue the host
+    // (`.attacker.example`), add user information (`@attacker.example`) or a port.
+    if !path.starts_with('/') {
+        return Err(format!("the path `{}` does not start with `/`", shown(path)));
+    }
     let mut out = Template::builder().lit(base);
     let mut rest = path;
     while let Some(open) = rest.find('{') {

@@ -33,6 +33,8 @@ fn doc(edit: impl FnOnce(&mut Value)) -> Value {
         "openapi": "3.0.3",
         "info": {"title": "t", "version": "1"},
         "servers": [{"url": format!("{PINNED}/v1")}],
+        // Operations require a scheme: the author's credential is attached, then checked.
+        "security": [{"Key": []}, {"Cc": []}],
         "paths": {"/items/{id}": {"get": {
             "operationId": "getItem",
             "summary": "Read",
@@ -51,6 +53,16 @@ fn doc(edit: impl FnOnce(&mut Value)) -> Value {
     d
 }
 
+/// [`doc`] served at the pinned origin itself (no base path), its one path replaced by
+/// `path` without its leading `/`: the path's text then follows the host.
+fn at_origin(path: &str) -> Value {
+    doc(|d| {
+        d["servers"][0]["url"] = json!(PINNED);
+        let o = d["paths"]["/items/{id}"].take();
+        d["paths"] = json!({&path[1..]: o});
+    })
+}
+
 fn op(d: &mut Value) -> &mut Value {
     &mut d["paths"]["/items/{id}"]["get"]
 }
@@ -64,7 +76,8 @@ fn document_rows() -> Vec<(&'static str, Value)> {
             "paths": {"/items/{id}": {"get": {"operationId": "getItem",
                 "parameters": [{"name": "id", "in": "path", "required": true, "type": "string"}],
                 "responses": {"200": {"description": "ok"}}}}},
-            "securityDefinitions": {"Key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+            "securityDefinitions": {"Key": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+            "security": [{"Key": []}]
         })
     };
     vec![
@@ -108,6 +121,16 @@ fn document_rows() -> Vec<(&'static str, Value)> {
         ("the tokenUrl is http", doc(|d| {
             d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["tokenUrl"] = json!("http://api.example.com/token");
         })),
+        ("a path continues the server's host", at_origin("/.attacker.example/items/{id}")),
+        ("a path adds user information before another host", at_origin("/@attacker.example/items/{id}")),
+        ("a path sets another port", at_origin("/:8443/items/{id}")),
+        ("a path starts with a path parameter", at_origin("/{id}")),
+        ("Swagger 2.0 path continues the host", {
+            let mut d = swagger("api.example.com", "");
+            let o = d["paths"]["/items/{id}"].take();
+            d["paths"] = json!({".attacker.example/items/{id}": o});
+            d
+        }),
         ("Swagger 2.0 host is a template", swagger(SECRET, "/v1")),
         ("Swagger 2.0 host is foreign", swagger("attacker.example", "/v1")),
         ("Swagger 2.0 basePath reads a Secret", swagger("api.example.com", &format!("/{SECRET}"))),
@@ -127,6 +150,8 @@ fn author_rows() -> Vec<(&'static str, Value)> {
         ("an API key, pinned by server", json!({"security": key, "server": format!("{PINNED}/v1")})),
         ("client credentials, pinned by server", json!({"security": cc, "server": format!("{PINNED}/v1")})),
         ("an API key, pinned by allowedOrigins", json!({"security": key, "allowedOrigins": [PINNED]})),
+        ("an API key, pinned by server at the origin", json!({"security": key, "server": PINNED})),
+        ("a header reading a Secret, pinned by allowedOrigins", json!({"headers": {"x-billing": "{{secret.billing.api-key}}"}, "allowedOrigins": [PINNED]})),
         ("client credentials, pinned by allowedOrigins", json!({"security": cc, "allowedOrigins": [PINNED]})),
     ]
 }
