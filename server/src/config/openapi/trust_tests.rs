@@ -315,3 +315,33 @@ fn an_http_token_url_needs_the_authors_opt_in() {
     assert!(e.contains("sends the client secret in clear text"), "{e}");
     assert!(compile(&serde_json::from_value(source(true)).unwrap()).is_ok());
 }
+
+/// A header parameter of the document is a header the caller writes: never one that says
+/// which server the request is for (`Host`), frames it, or carries a credential the author
+/// configured (the source's `headers`, a scheme's API key header, `Cookie`).
+#[test]
+fn callers_write_no_header_that_routes_frames_or_carries_the_authors_credential() {
+    let d = doc(|d| {
+        let header = |name: &str| json!({"name": name, "in": "header", "schema": {"type": "string"}});
+        let params = op(d)["parameters"].as_array_mut().unwrap();
+        for name in [
+            "Host", "transfer-encoding", "Content-Length", "Connection", "Cookie",
+            "Proxy-Authorization", "X-Api-Key", "x-billing", "X-Request-Id",
+        ] {
+            params.push(header(name));
+        }
+    });
+    let mut ts: ToolSet = serde_json::from_value(json!({"openapi": [{
+        "name": "api", "document": d.to_string(), "allowedOrigins": [PINNED],
+        "security": {"Key": {"secret": "billing", "key": "api-key"}},
+        "headers": {"X-Billing": "{{secret.billing.id}}"}
+    }]}))
+    .unwrap();
+    ts.openapi[0].fetched = true;
+    let c = compile(&ts).unwrap_or_else(|e| panic!("{e}"));
+    let CompiledHandler::Http(call) = &c.tools[0].handler else {
+        panic!("an http tool")
+    };
+    let taken: Vec<&str> = call.args.as_ref().unwrap().params.iter().map(|p| &*p.name).collect();
+    assert_eq!(taken, ["q", "X-Request-Id"]);
+}
