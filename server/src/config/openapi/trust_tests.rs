@@ -147,6 +147,7 @@ fn author_rows() -> Vec<(&'static str, Value)> {
         ("client credentials, unpinned", json!({"security": cc})),
         ("a header reading a Secret, unpinned", json!({"headers": {"x-billing": "{{secret.billing.api-key}}"}})),
         ("a header reading a claim, unpinned", json!({"headers": {"x-user": "{{caller.sub}}"}})),
+        ("a client certificate, unpinned", json!({"tls": {"clientCertSecret": "billing"}})),
         ("an API key, pinned by server", json!({"security": key, "server": format!("{PINNED}/v1")})),
         ("client credentials, pinned by server", json!({"security": cc, "server": format!("{PINNED}/v1")})),
         ("an API key, pinned by allowedOrigins", json!({"security": key, "allowedOrigins": [PINNED]})),
