@@ -7,10 +7,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Metadata endpoints outside the link-local ranges (AWS's IPv6 one, Alibaba Cloud's).
-const METADATA: [IpAddr; 2] = [
+/// Metadata endpoints outside the link-local ranges (AWS's IPv6 one, Alibaba Cloud's, and
+/// Azure's WireServer, which hands a node's provisioning data, bootstrap tokens included, to
+/// whoever on the node asks).
+const METADATA: [IpAddr; 3] = [
     IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
     IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
 ];
 
 /// Why a call chosen by a document may not go to `ip` (`None`: it may). Addresses of this
@@ -126,6 +129,7 @@ mod tests {
             "http://[fe80::1]",
             "http://[fd00:ec2::254]",
             "http://100.100.100.200",
+            "http://168.63.129.16:32526",
             "http://224.0.0.1",
             "http://255.255.255.255",
             "http://user@127.0.0.1:9",
