@@ -85,3 +85,44 @@ async fn an_api_echoing_the_request_does_not_hand_the_caller_a_built_credential(
         assert!(!shown.contains(sent), "{tool}: the caller reads {sent}: {shown}");
     }
 }
+
+/// A server a fetched document chose is refused when it is this host in any spelling the
+/// system's resolver reads as an address (decimal, hex, octal, short forms, a trailing dot):
+/// the resolver's answer is checked, so no connection is made.
+#[tokio::test]
+async fn a_fetched_documents_server_is_never_this_host_in_any_spelling() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let client = HttpClient::new();
+    let outbound = Outbound {
+        authorization: None,
+        caller: &Value::Null,
+    };
+    for host in ["2130706433", "0x7f000001", "017700000001", "127.1", "127.0.0.1.", "localhost6"] {
+        let document = json!({
+            "openapi": "3.0.3", "info": {"title": "t", "version": "1"},
+            "servers": [{"url": format!("http://{host}:{port}")}],
+            "paths": {"/x": {"get": {"operationId": "x", "responses": {"200": {"description": "ok"}}}}}
+        });
+        let mut ts: ToolSet =
+            serde_json::from_value(json!({"openapi": [{"name": "t", "document": document.to_string()}]})).unwrap();
+        ts.openapi[0].fetched = true;
+        let Ok(compiled) = compile(&ts) else {
+            continue; // refused when compiled: no call at all
+        };
+        let CompiledHandler::Http(call) = &compiled.tools[0].handler else {
+            panic!("an http tool")
+        };
+        assert!(call.guarded, "{host}");
+        let out = client.call(call, &json!({}), &Value::Null, &outbound).await;
+        assert!(out.is_error, "{host}: {}", out.text);
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "a call reached this host");
+}
