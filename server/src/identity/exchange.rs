@@ -267,11 +267,18 @@ mod tests {
     fn a_discovered_token_endpoint_is_https_when_the_issuer_is() {
         let meta = |e: &str| serde_json::json!({"token_endpoint": e});
         let https = meta("https://oauth2.example/token");
-        assert_eq!(discovered("https://id.example", &https), Some("https://oauth2.example/token"));
-        assert_eq!(discovered("https://id.example", &meta("http://id.example/token")), None);
-        assert_eq!(discovered("https://id.example", &meta("ftp://id.example/t")), None);
+        assert_eq!(
+            discovered("https://id.example", &https),
+            Some("https://oauth2.example/token")
+        );
+        for downgraded in ["http://id.example/token", "ftp://id.example/t"] {
+            assert_eq!(discovered("https://id.example", &meta(downgraded)), None);
+        }
         let plain = meta("http://127.0.0.1:8080/token");
-        assert_eq!(discovered("http://127.0.0.1:8080", &plain), Some("http://127.0.0.1:8080/token"));
+        assert_eq!(
+            discovered("http://127.0.0.1:8080", &plain),
+            Some("http://127.0.0.1:8080/token")
+        );
     }
 
     #[test]

@@ -354,7 +354,14 @@ fn compile_op(
 /// (`Host`: a shared front end would hand it, with the author's credential, to another), or
 /// one that carries a credential (`Authorization`, `Cookie`).
 fn reserved_header(name: &str) -> bool {
-    let more = ["host", "cookie", "authorization", "proxy-authorization", "accept", "content-type"];
+    let more = [
+        "host",
+        "cookie",
+        "authorization",
+        "proxy-authorization",
+        "accept",
+        "content-type",
+    ];
     crate::config::checks::header_name_problem(name, &more).is_some()
 }
 

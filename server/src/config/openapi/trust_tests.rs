@@ -326,8 +326,15 @@ fn callers_write_no_header_that_routes_frames_or_carries_the_authors_credential(
         let header = |name: &str| json!({"name": name, "in": "header", "schema": {"type": "string"}});
         let params = op(d)["parameters"].as_array_mut().unwrap();
         for name in [
-            "Host", "transfer-encoding", "Content-Length", "Connection", "Cookie",
-            "Proxy-Authorization", "X-Api-Key", "x-billing", "X-Request-Id",
+            "Host",
+            "transfer-encoding",
+            "Content-Length",
+            "Connection",
+            "Cookie",
+            "Proxy-Authorization",
+            "X-Api-Key",
+            "x-billing",
+            "X-Request-Id",
         ] {
             params.push(header(name));
         }
@@ -343,6 +350,7 @@ fn callers_write_no_header_that_routes_frames_or_carries_the_authors_credential(
     let CompiledHandler::Http(call) = &c.tools[0].handler else {
         panic!("an http tool")
     };
-    let taken: Vec<&str> = call.args.as_ref().unwrap().params.iter().map(|p| &*p.name).collect();
+    let args = call.args.as_ref().unwrap();
+    let taken: Vec<&str> = args.params.iter().map(|p| &*p.name).collect();
     assert_eq!(taken, ["q", "X-Request-Id"]);
 }

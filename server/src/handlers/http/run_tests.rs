@@ -80,7 +80,11 @@ async fn an_api_echoing_the_request_does_not_hand_the_caller_a_built_credential(
         };
         let out = client.call(call, &json!({}), &secrets, &outbound).await;
         assert!(!out.is_error, "{tool}: {}", out.text);
-        assert!(out.text.to_ascii_lowercase().contains("authorization"), "{tool}: {}", out.text);
+        assert!(
+            out.text.to_ascii_lowercase().contains("authorization"),
+            "{tool}: {}",
+            out.text
+        );
         let shown = format!("{} {:?}", out.text, out.structured);
         assert!(!shown.contains(sent), "{tool}: the caller reads {sent}: {shown}");
     }
@@ -105,14 +109,22 @@ async fn a_fetched_documents_server_is_never_this_host_in_any_spelling() {
         authorization: None,
         caller: &Value::Null,
     };
-    for host in ["2130706433", "0x7f000001", "017700000001", "127.1", "127.0.0.1.", "localhost6"] {
+    for host in [
+        "2130706433",
+        "0x7f000001",
+        "017700000001",
+        "127.1",
+        "127.0.0.1.",
+        "localhost6",
+    ] {
         let document = json!({
             "openapi": "3.0.3", "info": {"title": "t", "version": "1"},
             "servers": [{"url": format!("http://{host}:{port}")}],
             "paths": {"/x": {"get": {"operationId": "x", "responses": {"200": {"description": "ok"}}}}}
         });
         let mut ts: ToolSet =
-            serde_json::from_value(json!({"openapi": [{"name": "t", "document": document.to_string()}]})).unwrap();
+            serde_json::from_value(json!({"openapi": [{"name": "t", "document": document.to_string()}]}))
+                .unwrap();
         ts.openapi[0].fetched = true;
         let Ok(compiled) = compile(&ts) else {
             continue; // refused when compiled: no call at all
@@ -124,5 +136,9 @@ async fn a_fetched_documents_server_is_never_this_host_in_any_spelling() {
         let out = client.call(call, &json!({}), &Value::Null, &outbound).await;
         assert!(out.is_error, "{host}: {}", out.text);
     }
-    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "a call reached this host");
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a call reached this host"
+    );
 }
