@@ -7,10 +7,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Metadata endpoints outside the link-local ranges (AWS's IPv6 one, Alibaba Cloud's).
-const METADATA: [IpAddr; 2] = [
+/// Metadata endpoints outside the link-local ranges (AWS's IPv6 one, Alibaba Cloud's, and
+/// Azure's WireServer, which hands a node's provisioning data, bootstrap tokens included, to
+/// whoever on the node asks).
+const METADATA: [IpAddr; 3] = [
     IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
     IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
 ];
 
 /// Why a call chosen by a document may not go to `ip` (`None`: it may). Addresses of this
@@ -18,7 +21,11 @@ const METADATA: [IpAddr; 2] = [
 pub fn refused(ip: IpAddr) -> Option<&'static str> {
     let ip = match ip {
         // `::ffff:127.0.0.1` and `::127.0.0.1` reach what their IPv4 part reaches.
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().or_else(|| compat(v6)).map_or(ip, IpAddr::V4),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .or_else(|| compat(v6))
+            .or_else(|| translated(v6))
+            .map_or(ip, IpAddr::V4),
         v4 => v4,
     };
     if METADATA.contains(&ip) {
@@ -58,6 +65,21 @@ fn compat(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = v6.segments();
     (s[..6].iter().all(|x| *x == 0) && (s[6] != 0 || s[7] > 1))
         .then(|| Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8))
+}
+
+/// The IPv4 address a translator reaches for an IPv6 address: the well-known NAT64 prefix
+/// `64:ff9b::/96` (RFC 6052; a NAT64 on the node reaches the node's own link-local metadata
+/// endpoint) and 6to4 `2002::/16` (RFC 3056).
+fn translated(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        Some(v4(s[6], s[7]))
+    } else if s[0] == 0x2002 {
+        Some(v4(s[1], s[2]))
+    } else {
+        None
+    }
 }
 
 /// Whether `ip` is an address of this host's own interfaces (the pod's own address): a
@@ -107,9 +129,15 @@ mod tests {
             "http://[fe80::1]",
             "http://[fd00:ec2::254]",
             "http://100.100.100.200",
+            "http://168.63.129.16:32526",
             "http://224.0.0.1",
             "http://255.255.255.255",
             "http://user@127.0.0.1:9",
+            "http://[64:ff9b::7f00:1]",
+            "http://[64:ff9b::169.254.169.254]",
+            "http://[64:ff9b::6464:64c8]",
+            "http://[2002:a9fe:a9fe::1]",
+            "http://[2002:7f00:1::]",
         ] {
             assert!(host_refused(origin).is_some(), "{origin} was allowed");
         }
@@ -122,6 +150,8 @@ mod tests {
             "https://10.0.0.5:8443",
             "http://[2001:db8::1]",
             "http://[::2.2.2.2]",
+            "http://[64:ff9b::808:808]",
+            "http://[2002:808:808::1]",
             "https://127.example.com",
             "https://kubernetes.default.svc",
         ] {

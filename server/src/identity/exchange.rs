@@ -126,6 +126,16 @@ fn parse_answer(body: &[u8]) -> Result<(HeaderValue, Duration), String> {
     Ok((header, lifetime.saturating_sub(margin)))
 }
 
+/// The `token_endpoint` of an issuer's metadata: an http(s) URL, and `https` when the
+/// issuer's is (callers' tokens and the client secret go there; the metadata does not
+/// downgrade them to clear text).
+fn discovered<'a>(issuer: &str, meta: &'a Value) -> Option<&'a str> {
+    let plain_ok = issuer.starts_with("http://");
+    meta.get("token_endpoint")
+        .and_then(Value::as_str)
+        .filter(|u| u.starts_with("https://") || (plain_ok && u.starts_with("http://")))
+}
+
 impl Exchanger {
     /// An exchanger; the client secret is pinned in `secrets` (fetched and kept current).
     pub fn new(cfg: ExchangeConfig, http: HttpClient, secrets: Arc<Secrets>) -> Self {
@@ -173,11 +183,7 @@ impl Exchanger {
                 tls.as_ref().map(|t| (t, &*secrets)),
             )
             .await?;
-        let found = meta
-            .get("token_endpoint")
-            .and_then(Value::as_str)
-            .filter(|u| u.starts_with("https://") || u.starts_with("http://"))
-            .ok_or_else(|| format!("{url} names no token_endpoint"))?;
+        let found = discovered(issuer, &meta).ok_or_else(|| format!("{url} names no token_endpoint"))?;
         *known = Some(found.to_owned());
         Ok(found.to_owned())
     }
@@ -256,6 +262,24 @@ impl Exchanger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_discovered_token_endpoint_is_https_when_the_issuer_is() {
+        let meta = |e: &str| serde_json::json!({"token_endpoint": e});
+        let https = meta("https://oauth2.example/token");
+        assert_eq!(
+            discovered("https://id.example", &https),
+            Some("https://oauth2.example/token")
+        );
+        for downgraded in ["http://id.example/token", "ftp://id.example/t"] {
+            assert_eq!(discovered("https://id.example", &meta(downgraded)), None);
+        }
+        let plain = meta("http://127.0.0.1:8080/token");
+        assert_eq!(
+            discovered("http://127.0.0.1:8080", &plain),
+            Some("http://127.0.0.1:8080/token")
+        );
+    }
 
     #[test]
     fn form_encoding_keeps_unreserved_characters_only() {

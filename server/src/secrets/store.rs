@@ -352,15 +352,19 @@ impl Secrets {
     }
 }
 
-/// The values of `refs` long enough to redact, longest first (so a value that contains
-/// another is replaced whole).
+/// The values of `refs` (as stored and trimmed) long enough to redact, longest first (so a
+/// value that contains another is replaced whole).
 fn redacted_values<'a>(values: &'a Value, refs: &[SecretRef]) -> Vec<&'a str> {
     let mut secrets: Vec<&str> = refs
         .iter()
         .filter_map(|r| values.get(&r.name)?.get(&r.key)?.as_str())
+        // A request sends a value trimmed (`| trim`, a security scheme's credential): a
+        // Secret read from a file ends with a line break the echoed text does not have.
+        .flat_map(|v| [v, v.trim()])
         .filter(|v| v.len() >= MIN_REDACTED_LEN)
         .collect();
     secrets.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    secrets.dedup();
     secrets
 }
 
@@ -477,6 +481,33 @@ mod tests {
             Some(serde_json::json!({"h": ["Bearer [redacted]"], "[redacted]": 1}))
         );
         assert_eq!(out.content.unwrap()[0]["text"], "x [redacted]");
+    }
+
+    /// A Secret written from a file usually ends with a line break, and what a request sends
+    /// is trimmed (`| trim`, a security scheme's credential): that is the text an API echoes.
+    #[test]
+    fn a_value_is_redacted_as_it_is_sent_trimmed_too() {
+        let s = Secrets::new();
+        s.set(
+            "api",
+            Some(vec![
+                ("token".into(), b"tok-123456\n".to_vec()),
+                ("padded".into(), b"  pw-98765 \r\n".to_vec()),
+            ]),
+            Presence::Loaded,
+        );
+        let mut out = ToolOutput {
+            text: "x-api-key: tok-123456; pw-98765".into(),
+            structured: Some(serde_json::json!({"h": "Bearer tok-123456", "k": "pw-98765"})),
+            content: None,
+            is_error: false,
+        };
+        s.redact(&[r("api", "token"), r("api", "padded")], &mut out);
+        assert_eq!(out.text, "x-api-key: [redacted]; [redacted]");
+        assert_eq!(
+            out.structured,
+            Some(serde_json::json!({"h": "Bearer [redacted]", "k": "[redacted]"}))
+        );
     }
 
     #[test]

@@ -418,10 +418,12 @@ pub(crate) fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Probl
 pub const MAX_ALLOWED_ORIGINS: usize = 16;
 
 /// Whether requests of the source carry a credential: a `security` scheme's, `headers` that
-/// read a Secret or a claim, or the caller's token (`identity`).
+/// read a Secret or a claim, the caller's token (`identity`), or a TLS client certificate
+/// (whichever server trusts it would take the document's requests as the author's).
 pub(crate) fn has_credentials(s: &OpenApiSpec) -> bool {
     use crate::template::{Authored, Template};
     !s.security.is_empty()
+        || s.tls.as_ref().is_some_and(|t| t.client_cert_secret.is_some())
         || s.identity
             .as_ref()
             .is_some_and(|i| i.mode != super::identity::IdentityMode::Server)
@@ -478,7 +480,8 @@ pub(crate) fn check_pinning(s: &OpenApiSpec, at: &str, p: &mut super::context::P
         p.push(
             format!("{at}.server"),
             "required (or `allowedOrigins`) when a document read from `url` or `configMap` gets \
-             credentials (`security`, `headers` reading a Secret or claim, `identity`): \
+             credentials (`security`, `headers` reading a Secret or claim, `identity`, a TLS client \
+             certificate): \
              such a document does not choose where they go",
         );
     }

@@ -360,6 +360,22 @@ fn compile_op(
     })
 }
 
+/// Whether a header parameter is one its caller may not write: one the client sets
+/// (`Accept`, `Content-Type`), one that frames the request or says which server it is for
+/// (`Host`: a shared front end would hand it, with the author's credential, to another), or
+/// one that carries a credential (`Authorization`, `Cookie`).
+fn reserved_header(name: &str) -> bool {
+    let more = [
+        "host",
+        "cookie",
+        "authorization",
+        "proxy-authorization",
+        "accept",
+        "content-type",
+    ];
+    crate::config::checks::header_name_problem(name, &more).is_some()
+}
+
 /// The input of an operation: its schema, the path parameters the URL names, and the
 /// parts of the request taken from the arguments.
 struct Inputs {
@@ -416,12 +432,7 @@ fn inputs(conv: &mut Converter<'_>, root: &Value, op: &Op<'_>) -> Result<Inputs,
                 None
             }
             "query" => Some(ParamPlace::Query),
-            "header"
-                if ["accept", "content-type", "authorization"]
-                    .contains(&pname.to_ascii_lowercase().as_str()) =>
-            {
-                continue;
-            }
+            "header" if reserved_header(pname) => continue,
             "header" => Some(ParamPlace::Header),
             "cookie" => Some(ParamPlace::Cookie),
             "body" if swagger => {
@@ -716,7 +727,7 @@ fn request(
     sh: &Shared<'_>,
     op: &Op<'_>,
     path_params: &[String],
-    parts: ArgParts,
+    mut parts: ArgParts,
     applied: Applied,
     op_at: &str,
     local: &mut Problems,
@@ -735,6 +746,10 @@ fn request(
         url = url.lit(sep).append(q);
     }
     let headers = headers(s, applied.headers, &applied.cookies, op_at, local);
+    // A header the author sets (a credential, say) is not the caller's to send a second time.
+    parts.params.retain(|a| {
+        a.place != ParamPlace::Header || !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(&a.name))
+    });
     let names = Names::arguments(path_params.iter().map(String::as_str).collect());
     let index = FxHashMap::default();
     let mut cx = Cx {
@@ -755,6 +770,17 @@ fn request(
         project: &[],
     };
     let mut call = http::assemble(request, &mut cx);
+    // Whatever the document's text, requests go to the origin checked in `target`.
+    if !call.origin.is_empty() && !call.origin.eq_ignore_ascii_case(&sh.trust.origin) {
+        local.push(
+            format!("{op_at}.url"),
+            format!(
+                "requests would go to `{}`, not the server's origin `{}`",
+                shown(&call.origin),
+                shown(&sh.trust.origin)
+            ),
+        );
+    }
     call.args = Some(Box::new(parts));
     call.guarded = sh.guarded;
     if let Some(auth) = applied.auth {
@@ -840,6 +866,11 @@ fn url_template(
     path: &str,
     path_params: &[String],
 ) -> Result<crate::template::TemplateBuilder, String> {
+    // The base may end at its host: a path's text right after it would continue the host
+    // (`.attacker.example`), add user information (`@attacker.example`) or a port.
+    if !path.starts_with('/') {
+        return Err(format!("the path `{}` does not start with `/`", shown(path)));
+    }
     let mut out = Template::builder().lit(base);
     let mut rest = path;
     while let Some(open) = rest.find('{') {

@@ -33,6 +33,8 @@ fn doc(edit: impl FnOnce(&mut Value)) -> Value {
         "openapi": "3.0.3",
         "info": {"title": "t", "version": "1"},
         "servers": [{"url": format!("{PINNED}/v1")}],
+        // Operations require a scheme: the author's credential is attached, then checked.
+        "security": [{"Key": []}, {"Cc": []}],
         "paths": {"/items/{id}": {"get": {
             "operationId": "getItem",
             "summary": "Read",
@@ -51,11 +53,21 @@ fn doc(edit: impl FnOnce(&mut Value)) -> Value {
     d
 }
 
+/// [`doc`] served at the pinned origin itself (no base path), its one path replaced by
+/// `path` without its leading `/`: the path's text then follows the host.
+fn at_origin(path: &str) -> Value {
+    doc(|d| {
+        d["servers"][0]["url"] = json!(PINNED);
+        let o = d["paths"]["/items/{id}"].take();
+        d["paths"] = json!({&path[1..]: o});
+    })
+}
+
 fn op(d: &mut Value) -> &mut Value {
     &mut d["paths"]["/items/{id}"]["get"]
 }
 
-/// A Swagger 2.0 document of one operation and an API key scheme.
+/// A Swagger 2.0 document of one operation that needs its API key.
 fn swagger(host: &str, base: &str) -> Value {
     json!({
         "swagger": "2.0", "info": {"title": "t", "version": "1"},
@@ -63,7 +75,8 @@ fn swagger(host: &str, base: &str) -> Value {
         "paths": {"/items/{id}": {"get": {"operationId": "getItem",
             "parameters": [{"name": "id", "in": "path", "required": true, "type": "string"}],
             "responses": {"200": {"description": "ok"}}}}},
-        "securityDefinitions": {"Key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+        "securityDefinitions": {"Key": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+        "security": [{"Key": []}]
     })
 }
 
@@ -139,8 +152,8 @@ fn document_rows() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// Every field of a document's security schemes (and Swagger 2.0's host and basePath) that
-/// could meet a template, a URL or a header builder.
+/// Every field of a document's security schemes, its paths and Swagger 2.0's host and
+/// basePath that could meet a template, a URL or a header builder.
 fn scheme_rows() -> Vec<(&'static str, Value)> {
     vec![
         (
@@ -175,6 +188,22 @@ fn scheme_rows() -> Vec<(&'static str, Value)> {
                     json!("http://api.example.com/token");
             }),
         ),
+        (
+            "a path continues the server's host",
+            at_origin("/.attacker.example/items/{id}"),
+        ),
+        (
+            "a path adds user information before another host",
+            at_origin("/@attacker.example/items/{id}"),
+        ),
+        ("a path sets another port", at_origin("/:8443/items/{id}")),
+        ("a path starts with a path parameter", at_origin("/{id}")),
+        ("Swagger 2.0 path continues the host", {
+            let mut d = swagger("api.example.com", "");
+            let o = d["paths"]["/items/{id}"].take();
+            d["paths"] = json!({".attacker.example/items/{id}": o});
+            d
+        }),
         ("Swagger 2.0 host is a template", swagger(SECRET, "/v1")),
         ("Swagger 2.0 host is foreign", swagger("attacker.example", "/v1")),
         (
@@ -201,6 +230,10 @@ fn author_rows() -> Vec<(&'static str, Value)> {
             json!({"headers": {"x-user": "{{caller.sub}}"}}),
         ),
         (
+            "a client certificate, unpinned",
+            json!({"tls": {"clientCertSecret": "billing"}}),
+        ),
+        (
             "an API key, pinned by server",
             json!({"security": key, "server": format!("{PINNED}/v1")}),
         ),
@@ -211,6 +244,14 @@ fn author_rows() -> Vec<(&'static str, Value)> {
         (
             "an API key, pinned by allowedOrigins",
             json!({"security": key, "allowedOrigins": [PINNED]}),
+        ),
+        (
+            "an API key, pinned by server at the origin",
+            json!({"security": key, "server": PINNED}),
+        ),
+        (
+            "a header reading a Secret, pinned by allowedOrigins",
+            json!({"headers": {"x-billing": "{{secret.billing.api-key}}"}, "allowedOrigins": [PINNED]}),
         ),
         (
             "client credentials, pinned by allowedOrigins",
@@ -406,4 +447,42 @@ fn an_http_token_url_needs_the_authors_opt_in() {
         .to_string();
     assert!(e.contains("sends the client secret in clear text"), "{e}");
     assert!(compile(&serde_json::from_value(source(true)).unwrap()).is_ok());
+}
+
+/// A header parameter of the document is a header the caller writes: never one that says
+/// which server the request is for (`Host`), frames it, or carries a credential the author
+/// configured (the source's `headers`, a scheme's API key header, `Cookie`).
+#[test]
+fn callers_write_no_header_that_routes_frames_or_carries_the_authors_credential() {
+    let d = doc(|d| {
+        let header = |name: &str| json!({"name": name, "in": "header", "schema": {"type": "string"}});
+        let params = op(d)["parameters"].as_array_mut().unwrap();
+        for name in [
+            "Host",
+            "transfer-encoding",
+            "Content-Length",
+            "Connection",
+            "Cookie",
+            "Proxy-Authorization",
+            "X-Api-Key",
+            "x-billing",
+            "X-Request-Id",
+        ] {
+            params.push(header(name));
+        }
+    });
+    let mut ts: ToolSet = serde_json::from_value(json!({"openapi": [{
+        "name": "api", "document": d.to_string(), "allowedOrigins": [PINNED],
+        "security": {"Key": {"secret": "billing", "key": "api-key"}},
+        "headers": {"X-Billing": "{{secret.billing.id}}"}
+    }]}))
+    .unwrap();
+    ts.openapi[0].fetched = true;
+    let c = compile(&ts).unwrap_or_else(|e| panic!("{e}"));
+    let CompiledHandler::Http(call) = &c.tools[0].handler else {
+        panic!("an http tool")
+    };
+    let args = call.args.as_ref().unwrap();
+    let taken: Vec<&str> = args.params.iter().map(|p| &*p.name).collect();
+    assert_eq!(taken, ["q", "X-Request-Id"]);
 }

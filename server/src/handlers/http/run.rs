@@ -370,9 +370,13 @@ impl HttpClient {
             }
             None => Bytes::new(),
         };
+        let mut built = None;
         if let Some(auth) = &spec.auth {
             match auth.authorization(self, secrets, spec.timeout).await {
-                Ok(v) => req = req.header(header::AUTHORIZATION, v),
+                Ok(v) => {
+                    req = req.header(header::AUTHORIZATION, v.clone());
+                    built = Some(v);
+                }
                 Err(e) => return ToolOutput::error(e),
             }
         }
@@ -432,7 +436,9 @@ impl HttpClient {
         {
             return Box::pin(self.call_with(spec, args, secrets, outbound, true)).await;
         }
-        if !parts.status.is_success() {
+        let mut out = if parts.status.is_success() {
+            answer(&parts.headers, &bytes, spec.project.as_deref())
+        } else {
             let mut text = String::from_utf8_lossy(&bytes);
             // An imported operation's error answer is cut short: an API's error page is not
             // worth a model's context.
@@ -441,9 +447,15 @@ impl HttpClient {
             {
                 text = format!("{}…", &text[..cut]).into();
             }
-            return ToolOutput::error(format!("{} {url} answered {}: {text}", spec.method, parts.status));
+            ToolOutput::error(format!("{} {url} answered {}: {text}", spec.method, parts.status))
+        };
+        // A credential built for the call (basic's base64, an OAuth2 token) is redacted like
+        // the Secrets it is made of: an API that echoes the request does not hand it over.
+        if let Some(v) = built.as_ref().and_then(|v| v.to_str().ok()) {
+            let token = v.split_once(' ').map_or(v, |(_, t)| t);
+            crate::identity::redact(&mut out, &[token]);
         }
-        answer(&parts.headers, &bytes, spec.project.as_deref())
+        out
     }
 }
 
@@ -595,3 +607,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;

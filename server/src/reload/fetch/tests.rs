@@ -91,8 +91,10 @@ fn responder(script: &Script) -> String {
     format!("http://{addr}")
 }
 
+/// A document of one operation; its server is a documentation address (a fetched document
+/// may not choose this host, and no test calls it).
 fn doc(op: &str) -> String {
-    json!({"openapi": "3.0.3", "servers": [{"url": "http://127.0.0.1:9"}], "paths": {"/x": {"get": {"operationId": op, "responses": {}}}}}).to_string()
+    json!({"openapi": "3.0.3", "servers": [{"url": "http://192.0.2.1:9"}], "paths": {"/x": {"get": {"operationId": op, "responses": {}}}}}).to_string()
 }
 
 fn source(url: &str, fetch: serde_json::Value) -> OpenApiSpec {
