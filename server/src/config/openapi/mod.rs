@@ -418,7 +418,8 @@ pub(crate) fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Probl
 pub const MAX_ALLOWED_ORIGINS: usize = 16;
 
 /// Whether requests of the source carry a credential: a `security` scheme's, `headers` that
-/// read a Secret or a claim, the caller's token (`identity`), or a TLS client certificate
+/// read a Secret or a claim or whose name says they carry one (`Authorization`, `Cookie`,
+/// `X-Api-Key`, ...), the caller's token (`identity`), or a TLS client certificate
 /// (whichever server trusts it would take the document's requests as the author's).
 pub(crate) fn has_credentials(s: &OpenApiSpec) -> bool {
     use crate::template::{Authored, Template};
@@ -427,9 +428,27 @@ pub(crate) fn has_credentials(s: &OpenApiSpec) -> bool {
         || s.identity
             .as_ref()
             .is_some_and(|i| i.mode != super::identity::IdentityMode::Server)
-        || s.headers
-            .values()
-            .any(|v| Template::compile(Authored::new(v)).map_or(true, |t| !t.is_literal()))
+        || s.headers.iter().any(|(k, v)| {
+            credential_header(k) || Template::compile(Authored::new(v)).map_or(true, |t| !t.is_literal())
+        })
+}
+
+/// Whether a header of this name carries a credential even when its value is literal
+/// (`Authorization`, `Cookie`, an API key or token header).
+fn credential_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(n.as_str(), "authorization" | "proxy-authorization" | "cookie")
+        || [
+            "key",
+            "token",
+            "secret",
+            "auth",
+            "session",
+            "password",
+            "signature",
+        ]
+        .iter()
+        .any(|w| n.contains(w))
 }
 
 /// `scheme://authority` of an absolute http(s) URL, lower case (what `allowedOrigins` holds).

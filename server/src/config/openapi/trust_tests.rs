@@ -230,6 +230,10 @@ fn author_rows() -> Vec<(&'static str, Value)> {
             json!({"headers": {"x-user": "{{caller.sub}}"}}),
         ),
         (
+            "a literal credential header, unpinned",
+            json!({"headers": {"Authorization": "Bearer abc", "Accept": "application/json"}}),
+        ),
+        (
             "a client certificate, unpinned",
             json!({"tls": {"clientCertSecret": "billing"}}),
         ),

@@ -14,6 +14,14 @@ use crate::config::context::{Problems, valid_tool_name};
 use crate::schema::Schema;
 
 impl CompiledUpstream {
+    /// The annotations of remote tool `remote` that the author gave (`tools.annotations`):
+    /// the only ones a policy may trust, since an upstream's own are its claims.
+    pub fn authors_annotations(&self, remote: &str) -> Option<&Value> {
+        self.annotations.get(remote)
+    }
+}
+
+impl CompiledUpstream {
     /// The name a tool of this upstream is served under.
     pub fn served_name(&self, remote: &str) -> String {
         self.names.served_name(remote)
