@@ -448,6 +448,9 @@ fn apply(
                 .map_err(|e| format!("security scheme `{}`: {e}", shown(name)))?;
             let scopes: Vec<String> = match &c.scopes {
                 Some(s) => s.clone(),
+                // A fetched document does not choose what the author's client asks for: no
+                // scope is sent, and the token endpoint grants the client's defaults.
+                None if trust.fetched => Vec::new(),
                 None => scopes
                     .as_array()
                     .into_iter()

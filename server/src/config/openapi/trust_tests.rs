@@ -490,3 +490,38 @@ fn callers_write_no_header_that_routes_frames_or_carries_the_authors_credential(
     let taken: Vec<&str> = args.params.iter().map(|p| &*p.name).collect();
     assert_eq!(taken, ["q", "X-Request-Id"]);
 }
+
+#[test]
+fn a_fetched_document_does_not_choose_the_scopes_the_authors_client_asks_for() {
+    let d = doc(|d| {
+        d["components"]["securitySchemes"]["Cc"]["flows"]["clientCredentials"]["scopes"] =
+            json!({"admin": "all"});
+        op(d)["security"] = json!([{"Cc": ["admin"]}]);
+    });
+    let compiled = |fetched: bool, scopes: Option<Value>| {
+        let mut cc = json!({"secret": "billing", "clientIdKey": "id", "clientSecretKey": "sec"});
+        if let Some(s) = scopes {
+            cc["scopes"] = s;
+        }
+        let mut ts: ToolSet = serde_json::from_value(json!({"openapi": [{
+            "name": "api", "document": d.to_string(), "server": format!("{PINNED}/v1"), "security": {"Cc": cc}
+        }]}))
+        .unwrap();
+        ts.openapi[0].fetched = fetched;
+        let c = compile(&ts).unwrap();
+        let CompiledHandler::Http(call) = &c.tools[0].handler else {
+            panic!()
+        };
+        let Some(Auth::OAuth2(g)) = call.auth.as_deref() else {
+            panic!()
+        };
+        g.scope.clone()
+    };
+    assert_eq!(
+        compiled(false, None),
+        "admin",
+        "the author's own document chooses"
+    );
+    assert_eq!(compiled(true, None), "", "a fetched one does not");
+    assert_eq!(compiled(true, Some(json!(["read"]))), "read", "the author does");
+}
