@@ -382,20 +382,11 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     result.map(|()| 0)
 }
 
-/// A duration flag: `250ms`, `10s`, `1.5s`, `5m`.
+/// A duration flag: `250ms`, `10s`, `1.5s`, `5m`, `1h`, in the grammar of every other
+/// duration ([`crate::config::parse_duration`]), so whatever an McpServer field accepts, the
+/// flag it becomes accepts too.
 fn duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        return Err(format!("`{s}` needs a unit: ms, s or m"));
-    };
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration"))?;
-    Duration::try_from_secs_f64(n * scale).map_err(|_| format!("`{s}` is out of range"))
+    crate::config::parse_duration(s)
 }
 
 fn check(source: &Source) -> i32 {
@@ -1008,10 +999,29 @@ mod tests {
         assert_eq!(duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(duration("24h"), Ok(Duration::from_secs(24 * 3600)));
         assert!(duration("10").is_err());
         assert!(duration("-1s").is_err());
         assert!(duration("1e300m").is_err());
         assert!(duration("ten s").is_err());
+    }
+
+    /// What the operator renders for `spec.tasks.ttl` at its documented maximum starts the
+    /// server (it once refused `1h`, which the McpServer accepted).
+    #[test]
+    fn every_duration_flag_takes_hours() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "quiver-server",
+            "--config=file:/etc/quiver/tools.yaml",
+            "--tasks-ttl=24h",
+            "--request-timeout=1h",
+            "--shutdown-grace=1h",
+        ])
+        .map_err(|e| e.to_string());
+        let cli = cli.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.serve.tasks_ttl, Duration::from_secs(24 * 3600));
     }
 
     #[test]

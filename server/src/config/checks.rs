@@ -13,26 +13,28 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_MAX_BYTES: usize = 1 << 20;
 
-/// Parses a duration such as `250ms`, `2s`, `1.5s`, `1m`. Never panics: values too large for a
-/// [`Duration`] are errors (callers then apply their own upper bound).
+/// Parses a duration such as `250ms`, `2s`, `1.5s`, `1m`, `24h`: the one grammar of every
+/// duration of a ToolSet, a server flag and an McpServer field. Never panics: values too
+/// large for a [`Duration`] are errors (callers then apply their own upper bound).
 ///
 /// # Errors
 /// Anything else, including more than 32 characters.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.len() > 32 {
-        return Err("a duration has at most 32 characters (e.g. `250ms`, `2s`, `1m`)".to_owned());
+        return Err("a duration has at most 32 characters (e.g. `250ms`, `2s`, `1m`, `1h`)".to_owned());
     }
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => s.split_at(i),
-        None => return Err(format!("`{s}` has no unit (use ms, s or m)")),
+        None => return Err(format!("`{s}` has no unit (use ms, s, m or h)")),
     };
     let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration"))?;
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s or m)")),
+        "h" => n * 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
     };
     Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
 }
