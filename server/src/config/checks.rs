@@ -237,7 +237,8 @@ mod tests {
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("5").is_err());
-        assert!(parse_duration("5h").is_err());
+        assert_eq!(parse_duration("5h").unwrap(), Duration::from_secs(5 * 3600));
+        assert!(parse_duration("5d").is_err());
         // Out of range or malformed: errors, never a panic.
         for bad in [
             "99999999999999999999s",

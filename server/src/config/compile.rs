@@ -1024,7 +1024,7 @@ tools:
 tools:
   - {name: "bad name", handler: {builtin: nope}}
   - {name: t, input: {x: strnig}, handler: {template: "{{y}}"}}
-  - {name: t, handler: {http: {url: "ftp://x", timeout: 9h, headers: {Content-Length: "0", Content-Type: text/plain}}}}
+  - {name: t, handler: {http: {url: "ftp://x", timeout: 9d, headers: {Content-Length: "0", Content-Type: text/plain}}}}
   - {name: e, handler: {exec: {command: [wc]}}}
   - {name: p, handler: {pipeline: [{tool: missing}]}}
 "#,
@@ -1035,7 +1035,7 @@ tools:
             "tools[1].input.x: unknown type `strnig`",
             "tools[2].name: duplicate tool name `t` (also tools[1])",
             "tools[2].handler.http.url: must start with http:// or https://",
-            "tools[2].handler.http.timeout: `9h`: unknown unit",
+            "tools[2].handler.http.timeout: `9d`: unknown unit",
             "tools[2].handler.http.headers.Content-Length: `Content-Length` is set by quiver-server",
             "tools[3].handler.exec.command[0]: must be an absolute path",
             "tools[4].handler.pipeline[0].tool: no tool named `missing`",
