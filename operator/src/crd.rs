@@ -15,9 +15,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
-use quiver_server::config::governance::LimitSpec;
-use quiver_server::config::upstream::UpstreamSpec;
-use quiver_server::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
+use quiver_model::config::governance::LimitSpec;
+use quiver_model::config::upstream::UpstreamSpec;
+use quiver_model::config::{PromptSpec, ResourceSpec, ServerInfo, ToolSpec};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -129,7 +129,7 @@ pub struct McpServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
-    pub openapi: Vec<quiver_server::config::openapi::OpenApiSpec>,
+    pub openapi: Vec<quiver_model::config::openapi::OpenApiSpec>,
     /// Named policies: CEL conditions on the caller, the request and its arguments that a
     /// tool call, resource read or prompt get must meet: without selectors on every one of
     /// them, else on the tools picked by `tools` (names, or prefixes ending in `*`) and
@@ -139,7 +139,7 @@ pub struct McpServerSpec {
     /// naming the field, and the last good ConfigMap stays.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
-    pub policies: Vec<quiver_server::config::policy::PolicySpec>,
+    pub policies: Vec<quiver_model::config::policy::PolicySpec>,
     /// Compute resources of the server container. With `tuning.cpuPinning`, CPU comes from
     /// `tuning.cpus` and requests are set equal to limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,7 +234,7 @@ pub struct McpServerSpec {
     /// their schemas; every tool stays callable by name under the same checks (see
     /// docs/toolset.md). A `toolsFrom` document's `toolSearch` applies when this is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_search: Option<quiver_server::config::search::ToolSearchSpec>,
+    pub tool_search: Option<quiver_model::config::search::ToolSearchSpec>,
 }
 
 /// Client-IP session affinity of the Service.

@@ -3,13 +3,13 @@
 //! `panic = "abort"`) and with it every McpServer of the cluster.
 //!
 //! - Timeouts whose number would not fit a `Duration` (e.g. `timeout:
-//!   100000000000000000000s`). `quiver_server::config::parse_duration` reports them as errors
+//!   100000000000000000000s`). `quiver_model::config::parse_duration` reports them as errors
 //!   itself now (`Duration::try_from_secs_f64`; it used `from_secs_f64`, which panicked):
 //!   this check stays as a second line, and names the field in the operator's own words.
 //! - The McpServer's name becomes a Service name and a label value: it must be a DNS-1035
 //!   label, or every apply would be rejected and retried.
 
-use quiver_server::config::{Handler, ToolSet};
+use quiver_model::config::{Handler, ToolSet};
 
 /// Longest McpServer name: Service names are DNS-1035 labels.
 pub const MAX_NAME: usize = 63;

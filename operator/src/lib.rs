@@ -15,4 +15,4 @@ pub mod reconcile;
 pub mod render;
 pub mod telemetry;
 
-pub use quiver_server::config::ToolSet;
+pub use quiver_model::config::ToolSet;

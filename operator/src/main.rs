@@ -54,7 +54,7 @@ struct Args {
     default_service_monitor: bool,
     /// Traces of reconciles (OTLP/HTTP; off without an endpoint): see docs/observability.md.
     #[command(flatten)]
-    tracing: quiver_server::otel::TraceArgs,
+    tracing: quiver_otel::TraceArgs,
 }
 
 #[tokio::main]

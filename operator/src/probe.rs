@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use quiver_server::redact::untrusted;
+use quiver_model::redact::untrusted;
 
 use crate::build;
 

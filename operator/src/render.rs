@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use quiver_server::config::{self, ServerInfo, ToolSet};
+use quiver_model::config::{self, ServerInfo, ToolSet};
 
 pub use crate::build::{Rendered, is_dns_label};
 use crate::crd::{McpServer, TOOLS_LABEL};
@@ -129,7 +129,7 @@ fn identity_needs(
     let endpoint = auth.and_then(|a| {
         let e = a.token_exchange.as_ref()?.token_endpoint.as_ref()?;
         let issuer = &a.oidc.as_ref()?.issuer;
-        (!quiver_server::config::identity::same_origin(e, issuer)).then(|| {
+        (!quiver_model::config::identity::same_origin(e, issuer)).then(|| {
             format!(
                 "spec.auth.tokenExchange.tokenEndpoint: must be on the issuer's origin ({issuer}), or left out to use the issuer's discovered token_endpoint"
             )
@@ -346,7 +346,7 @@ pub fn key_of(data: Option<&BTreeMap<String, String>>, key: &str) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quiver_server::config::compile;
+    use quiver_model::config::compile;
 
     fn mcp(yaml: &str) -> McpServer {
         serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
@@ -528,7 +528,7 @@ spec:
   prompts: [{name: p, messages: [{role: user, text: hi}]}]
 "#);
         let r = render(&m, &vec![]).unwrap();
-        let reparsed = quiver_server::config::parse("cm", &r.yaml).unwrap();
+        let reparsed = quiver_model::config::parse("cm", &r.yaml).unwrap();
         assert_eq!(compile(&reparsed).unwrap().hash, r.hash, "{}", r.yaml);
         assert_eq!(r.tool_count, 2);
     }

@@ -9,7 +9,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 ///
 /// # Errors
 /// The tracing configuration is invalid.
-pub fn init(args: &quiver_server::otel::TraceArgs) -> anyhow::Result<Option<quiver_server::otel::Guard>> {
+pub fn init(args: &quiver_otel::TraceArgs) -> anyhow::Result<Option<quiver_otel::Guard>> {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
     // Resolved first: its log line must find the subscriber, so it comes after init.
@@ -21,7 +21,7 @@ pub fn init(args: &quiver_server::otel::TraceArgs) -> anyhow::Result<Option<quiv
         registry.init();
         return Ok(None);
     }
-    let guard = quiver_server::otel::start(
+    let guard = quiver_otel::start(
         args,
         prometheus_client::metrics::counter::Counter::default(),
         "quiver-operator",

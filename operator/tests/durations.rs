@@ -74,7 +74,7 @@ fn every_duration_the_crd_admits_is_one_quiver_server_parses() {
     }
     for (path, pattern) in &durations {
         for v in samples(pattern, 512) {
-            let parsed = quiver_server::config::parse_duration(&v);
+            let parsed = quiver_model::config::parse_duration(&v);
             assert!(
                 parsed.is_ok(),
                 "{path}: the CRD admits `{v}`, quiver-server says {parsed:?}"
@@ -86,6 +86,6 @@ fn every_duration_the_crd_admits_is_one_quiver_server_parses() {
 #[test]
 fn each_duration_fields_documented_maximum_parses() {
     for v in ["24h", "60m", "5s", "9999ms", "1h"] {
-        assert!(quiver_server::config::parse_duration(v).is_ok(), "{v}");
+        assert!(quiver_model::config::parse_duration(v).is_ok(), "{v}");
     }
 }

@@ -356,7 +356,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
                 .enable_all()
                 .build()?;
             rt.block_on(async {
-                crate::handlers::start_reaper();
+                crate::exec::start_reaper();
                 crate::upstream::bridge::serve(&socket, &command, max_processes.max(1)).await
             })?;
             return Ok(0);
@@ -502,7 +502,7 @@ fn client_auth(
                     groups_claim: args.auth_groups_claim.clone(),
                     ca,
                 },
-                crate::handlers::HttpClient::new(),
+                crate::exec::HttpClient::new(),
             );
             oidc.start();
             Some(oidc)
@@ -561,7 +561,7 @@ fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
             client_secret: secret.clone(),
             ca,
         },
-        crate::handlers::HttpClient::new(),
+        crate::exec::HttpClient::new(),
         server.exec.secrets.clone(),
     );
     server
@@ -585,7 +585,7 @@ async fn serve(
         "release"
     };
     // Exec tools' orphans are re-parented to this process (PID 1 in its image): reap them.
-    crate::handlers::start_reaper();
+    crate::exec::start_reaper();
     let metrics = Metrics::new(profile, allocator);
     let dropped = metrics.trace_spans_dropped.clone();
     let traces = crate::otel::init(&args.tracing, &args.client_tracing, dropped)?;

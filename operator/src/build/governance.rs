@@ -125,7 +125,7 @@ spec:
     fn limits_reach_the_toolset_and_redis_and_audit_reach_the_pod() {
         let m = mcp(GOVERNED);
         let r = render(&m, &Vec::new()).unwrap();
-        let ts: quiver_server::config::ToolSet = serde_saphyr::from_str(&r.yaml).unwrap();
+        let ts: quiver_model::config::ToolSet = serde_saphyr::from_str(&r.yaml).unwrap();
         assert_eq!(ts.limits[0].rate.as_deref(), Some("100/s"));
         assert!(ts.tools[0].limits[0].shared && ts.tools[0].audit.as_ref().unwrap().arguments);
         let c = children_of(&m, &r);

@@ -262,11 +262,11 @@ fn reader_rules(mcp: &McpServer, rendered: &Rendered, cm_name: &str) -> Vec<Poli
         .secrets
         .iter()
         .cloned()
-        .partition(|n| n.starts_with(quiver_server::config::CONFIG_MAP_PREFIX));
+        .partition(|n| n.starts_with(quiver_model::config::CONFIG_MAP_PREFIX));
     let mut config_maps = vec![cm_name.to_owned()];
     config_maps.extend(
         maps.iter()
-            .filter_map(|n| n.strip_prefix(quiver_server::config::CONFIG_MAP_PREFIX))
+            .filter_map(|n| n.strip_prefix(quiver_model::config::CONFIG_MAP_PREFIX))
             .chain(pod::issuer_ca(mcp))
             .filter(|n| *n != cm_name)
             .map(str::to_owned),

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
     VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use quiver_server::config::upstream::{StdioSpec, UpstreamSpec};
+use quiver_model::config::upstream::{StdioSpec, UpstreamSpec};
 
 use super::confine::restricted;
 use crate::crd::McpServer;

@@ -100,7 +100,7 @@ fn basic_children_are_owned_and_restricted() {
         tools.contains(r#"{"handler":{"builtin":"add"},"name":"add"}"#),
         "{tools}"
     );
-    let ts = quiver_server::config::parse("cm", tools).unwrap();
+    let ts = quiver_model::config::parse("cm", tools).unwrap();
     assert_eq!(
         ts.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
         ["add"]
@@ -634,7 +634,7 @@ fn an_upstream_image_becomes_a_sidecar_behind_a_socket() {
     let r = render(&m, &Vec::new()).unwrap();
     // The served ToolSet connects to the sidecar's socket; the command and the Secret stay
     // in the pod spec, the filter in the ConfigMap.
-    let ts = quiver_server::config::parse("cm", &r.yaml).unwrap();
+    let ts = quiver_model::config::parse("cm", &r.yaml).unwrap();
     let github = ts.upstreams[0].stdio.as_ref().unwrap();
     assert_eq!(github.socket.as_deref(), Some("/quiver/run/github/bridge.sock"));
     assert!(github.command.is_empty() && github.env.is_empty() && github.image.is_none());

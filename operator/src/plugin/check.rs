@@ -39,7 +39,7 @@ fn yaml_options() -> serde_saphyr::Options {
     options.strict_booleans = true;
     options.with_snippet = false;
     let mut budget = serde_saphyr::Budget::default();
-    budget.max_depth = quiver_server::config::MAX_YAML_DEPTH;
+    budget.max_depth = quiver_model::config::MAX_YAML_DEPTH;
     budget.max_reader_input_bytes = Some(MAX_FILE_BYTES);
     budget.max_total_scalar_bytes = MAX_FILE_BYTES;
     budget.max_events = 1_000_000;

@@ -3,7 +3,7 @@
 //! patterns, each problem naming its field (`spec.replicas: ...`). CEL rules are left to the
 //! API server (`kubectl apply --dry-run=server` runs them).
 
-use quiver_server::schema::type_name;
+use quiver_model::schema::type_name;
 use serde_json::Value;
 
 /// Most problems reported.

@@ -81,8 +81,7 @@ pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Do
         };
         // Under 2026-07-28 asking never waits: answers are in the request or the question
         // is recorded.
-        let o =
-            futures_util::FutureExt::now_or_never(crate::handlers::ask_questions(&prompt.ask, &args, &cx));
+        let o = futures_util::FutureExt::now_or_never(crate::exec::ask_questions(&prompt.ask, &args, &cx));
         let call = m.call;
         let round = m.inputs.finish();
         if s.interrupted(round, &call, &snap, req.id, out)? {

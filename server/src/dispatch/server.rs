@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cancel::Cancels;
 use crate::config::access::Principal;
-use crate::handlers::Executor;
+use crate::exec::Executor;
 use crate::metrics::Metrics;
 use crate::peer::Pending;
 use crate::protocol;

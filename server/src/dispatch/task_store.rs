@@ -170,11 +170,11 @@ impl TaskView {
         m.insert("status".into(), json!(self.status.name()));
         m.insert(
             "createdAt".into(),
-            json!(crate::handlers::builtin::run::rfc3339(self.created)),
+            json!(crate::exec::builtin::rfc3339(self.created)),
         );
         m.insert(
             "lastUpdatedAt".into(),
-            json!(crate::handlers::builtin::run::rfc3339(self.updated)),
+            json!(crate::exec::builtin::rfc3339(self.updated)),
         );
         m.insert("ttlMs".into(), json!(millis(self.ttl)));
         m.insert("pollIntervalMs".into(), json!(millis(self.poll_interval)));
@@ -266,11 +266,11 @@ impl TaskView {
         }
         m.insert(
             "createdAt".into(),
-            json!(crate::handlers::builtin::run::rfc3339(self.created)),
+            json!(crate::exec::builtin::rfc3339(self.created)),
         );
         m.insert(
             "lastUpdatedAt".into(),
-            json!(crate::handlers::builtin::run::rfc3339(self.updated)),
+            json!(crate::exec::builtin::rfc3339(self.updated)),
         );
         m.insert("ttl".into(), json!(millis(self.ttl)));
         m.insert("pollInterval".into(), json!(millis(self.poll_interval)));

@@ -23,7 +23,7 @@ use super::server::{InflightGuard, Server};
 use crate::config::access::Principal;
 use crate::config::caller::Credential;
 use crate::config::governance::Limit;
-use crate::handlers::{ToolOutput, check_output};
+use crate::exec::{ToolOutput, check_output};
 use crate::limits::Who;
 use crate::metrics::{Refusal, outcome_index};
 use crate::peer::{CallCtx, Peer};
@@ -601,7 +601,7 @@ async fn as_task(
     };
     let prefix = match (&modern, &c.snap.tools[c.index].def.handler) {
         (Some(_), crate::config::CompiledHandler::Pipeline(steps)) => {
-            crate::handlers::pipeline::run::first_long_step(&c.snap, steps).filter(|&b| b > 0)
+            crate::exec::pipeline::first_long_step(&c.snap, steps).filter(|&b| b > 0)
         }
         _ => None,
     };

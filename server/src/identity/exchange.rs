@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::config::SecretRef;
 use crate::config::caller::Credential;
-use crate::handlers::http::run::{HttpClient, USER_AGENT};
+use crate::exec::http::{HttpClient, USER_AGENT};
 use crate::secrets::Secrets;
 
 /// The whole exchange (connect, send, read) must finish within this.

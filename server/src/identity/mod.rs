@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::caller::Credential;
 use crate::config::identity::{Identity, IdentityMode};
-use crate::handlers::ToolOutput;
+use crate::exec::ToolOutput;
 pub use exchange::{ExchangeConfig, Exchanger};
 
 /// Most exchanged tokens kept at once.

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use crate::config::context::{CONFIG_MAP_PREFIX, SecretRef};
-use crate::handlers::output::ToolOutput;
+use crate::exec::output::ToolOutput;
 
 /// Values shorter than this are not searched for in outputs (every `a` would go).
 pub use crate::redact::MIN_KNOWN_LEN as MIN_REDACTED_LEN;

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use super::jwt::{self, Jwk};
 use crate::config::SecretRef;
 use crate::config::access::Principal;
-use crate::handlers::HttpClient;
+use crate::exec::HttpClient;
 use crate::secrets::Secrets;
 
 /// Tokens shorter than this are ignored (and logged): a guessable token is no protection.

@@ -20,9 +20,9 @@ use super::{
     initialize_params,
 };
 use crate::config::upstream::Transport;
+use crate::exec::http::{HttpClient, USER_AGENT};
+use crate::exec::output::WithSecrets;
 use crate::handlers::http::TlsRefs;
-use crate::handlers::http::run::{HttpClient, USER_AGENT};
-use crate::handlers::output::WithSecrets;
 use crate::template::Template;
 
 const SESSION_HEADER: &str = "mcp-session-id";

@@ -22,7 +22,7 @@ use super::{
     initialize_params,
 };
 use crate::config::upstream::Transport;
-use crate::handlers::{WithSecrets, process};
+use crate::exec::{WithSecrets, process};
 
 /// Lines queued towards one process's stdin.
 const QUEUE: usize = 256;

@@ -1,0 +1,166 @@
+//! Where a call may go when a fetched document, not the ToolSet's author, chose its server:
+//! never to this host (loopback, the unspecified address, or an address of its own
+//! interfaces), never to a link-local address (cloud metadata endpoints live there), never to
+//! a multicast or broadcast address. Names are checked after they resolve, when the
+//! connection is made (`handlers::http::run`); literal addresses are also refused when the
+//! document is compiled.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Metadata endpoints outside the link-local ranges (AWS's IPv6 one, Alibaba Cloud's, and
+/// Azure's WireServer, which hands a node's provisioning data, bootstrap tokens included, to
+/// whoever on the node asks).
+const METADATA: [IpAddr; 3] = [
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
+];
+
+/// Why a call chosen by a document may not go to `ip` (`None`: it may). Addresses of this
+/// host's own interfaces are told by [`is_own`], which needs the system.
+pub fn refused(ip: IpAddr) -> Option<&'static str> {
+    let ip = match ip {
+        // `::ffff:127.0.0.1` and `::127.0.0.1` reach what their IPv4 part reaches.
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .or_else(|| compat(v6))
+            .or_else(|| translated(v6))
+            .map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    if METADATA.contains(&ip) {
+        return Some("a cloud metadata address");
+    }
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            if v4.is_loopback() || v4.is_unspecified() || o[0] == 0 {
+                Some("a loopback or unspecified address (this host)")
+            } else if v4.is_link_local() {
+                Some("a link-local address (where cloud metadata endpoints are)")
+            } else if v4.is_multicast() || v4.is_broadcast() {
+                Some("a multicast or broadcast address")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            if v6.is_loopback() || v6.is_unspecified() {
+                Some("a loopback or unspecified address (this host)")
+            } else if first & 0xffc0 == 0xfe80 {
+                Some("a link-local address (where cloud metadata endpoints are)")
+            } else if v6.is_multicast() {
+                Some("a multicast or broadcast address")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// The IPv4 address of an IPv4-compatible IPv6 address (`::a.b.c.d`, deprecated but still
+/// routed by some stacks to the IPv4 host), except `::` and `::1`.
+fn compat(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    (s[..6].iter().all(|x| *x == 0) && (s[6] != 0 || s[7] > 1))
+        .then(|| Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8))
+}
+
+/// The IPv4 address a translator reaches for an IPv6 address: the well-known NAT64 prefix
+/// `64:ff9b::/96` (RFC 6052; a NAT64 on the node reaches the node's own link-local metadata
+/// endpoint) and 6to4 `2002::/16` (RFC 3056).
+fn translated(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        Some(v4(s[6], s[7]))
+    } else if s[0] == 0x2002 {
+        Some(v4(s[1], s[2]))
+    } else {
+        None
+    }
+}
+
+/// Whether `ip` is an address of this host's own interfaces (the pod's own address): a
+/// socket can be bound to it. Costs a system call; used only when a connection is made.
+pub fn is_own(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// Why the host of `origin` (`scheme://host[:port]`) may not be called when a document chose
+/// it: a literal address that [`refused`] refuses, or a name that always means this host.
+pub fn host_refused(origin: &str) -> Option<&'static str> {
+    let authority = origin.split_once("://").map_or(origin, |(_, a)| a);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if host == "localhost" || host.ends_with(".localhost") {
+        return Some("a loopback or unspecified address (this host)");
+    }
+    host.parse::<IpAddr>().ok().and_then(refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_host_link_local_and_metadata_are_refused_in_every_spelling() {
+        for origin in [
+            "http://127.0.0.1",
+            "http://127.1.2.3:8080",
+            "https://localhost",
+            "https://LOCALHOST.:443",
+            "http://api.localhost",
+            "http://0.0.0.0",
+            "http://0.1.2.3",
+            "http://[::1]:80",
+            "http://[::]",
+            "http://[::ffff:127.0.0.1]",
+            "http://[::ffff:169.254.169.254]",
+            "http://[::127.0.0.1]",
+            "http://169.254.169.254",
+            "http://169.254.0.1:80",
+            "http://[fe80::1]",
+            "http://[fd00:ec2::254]",
+            "http://100.100.100.200",
+            "http://168.63.129.16:32526",
+            "http://224.0.0.1",
+            "http://255.255.255.255",
+            "http://user@127.0.0.1:9",
+            "http://[64:ff9b::7f00:1]",
+            "http://[64:ff9b::169.254.169.254]",
+            "http://[64:ff9b::6464:64c8]",
+            "http://[2002:a9fe:a9fe::1]",
+            "http://[2002:7f00:1::]",
+        ] {
+            assert!(host_refused(origin).is_some(), "{origin} was allowed");
+        }
+    }
+
+    #[test]
+    fn other_hosts_and_names_pass_the_literal_check() {
+        for origin in [
+            "https://api.example.com",
+            "https://10.0.0.5:8443",
+            "http://[2001:db8::1]",
+            "http://[::2.2.2.2]",
+            "http://[64:ff9b::808:808]",
+            "http://[2002:808:808::1]",
+            "https://127.example.com",
+            "https://kubernetes.default.svc",
+        ] {
+            assert_eq!(host_refused(origin), None, "{origin}");
+        }
+    }
+
+    #[test]
+    fn loopback_is_an_own_address_and_a_documentation_address_is_not() {
+        assert!(is_own(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(!is_own(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))));
+    }
+}

@@ -1,0 +1,19 @@
+//! quiver-model: the ToolSet document and everything that turns it into typed, checked
+//! values, with no runtime (no tokio, no hyper): what the operator links to validate what it
+//! renders, and what the server compiles its registry from.
+//!
+//! - [`config`]: the document, its compile driver ([`config::compile()`]), the compiled
+//!   form, access, governance, identity, upstream and OpenAPI specs, and policies;
+//! - [`handlers`]: each handler kind's spec and compile step;
+//! - [`schema`]: the JSON Schema subset arguments are checked against;
+//! - [`template`]: `{{...}}` templates, made only from author text;
+//! - [`search`]: the tool search index built at compile time;
+//! - [`redact`]: how secrets and untrusted text are shown.
+
+pub mod config;
+pub mod handlers;
+pub mod redact;
+pub mod schema;
+pub mod search;
+pub mod slot;
+pub mod template;

@@ -1,0 +1,283 @@
+//! The [`Executor`] that runs a compiled tool against validated arguments, and the result
+//! type every kind returns.
+
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
+
+use serde_json::Value;
+
+use super::http::{HttpClient, Outbound};
+use super::output::{OutputFuture, ToolOutput};
+use super::{ask, builtin, command, content, pipeline, template};
+use crate::config::compiled::CompiledHandler;
+use crate::config::context::SecretRef;
+use crate::handlers::builtin::Builtin;
+use crate::handlers::http::HttpCall;
+use crate::peer::CallCtx;
+use crate::registry::Snapshot;
+use crate::secrets::Secrets;
+
+/// The secret scope of handlers that read none.
+static EMPTY: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Object(serde_json::Map::new())));
+
+/// Runs tools. Holds what handlers share: the pooled HTTP client, the secret values and
+/// the upstream connections.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    http: HttpClient,
+    /// Values of `{{secret.NAME.KEY}}`.
+    pub secrets: Arc<Secrets>,
+    /// Connections to upstream MCP servers.
+    pub upstreams: Arc<crate::upstream::Hub>,
+    /// The credentials of calls that act as their caller (`identity`).
+    pub identity: Arc<crate::identity::Broker>,
+}
+
+/// Pipelines may nest at most this deep. Cycles and deeper nesting are rejected when a
+/// ToolSet is compiled; this bounds the rest.
+pub const MAX_DEPTH: usize = crate::handlers::pipeline::MAX_PIPELINE_NESTING;
+
+impl Executor {
+    /// An executor with a fresh HTTP connection pool and an empty secret store.
+    pub fn new() -> Self {
+        let http = HttpClient::new();
+        let secrets = Secrets::new();
+        Self {
+            upstreams: crate::upstream::Hub::new(Arc::clone(&secrets), http.clone()),
+            http,
+            secrets,
+            identity: Arc::default(),
+        }
+    }
+
+    /// Runs a handler that reads secrets: fails naming the first one missing, and redacts
+    /// the values it used from what it returns.
+    async fn with_secrets<F: Future<Output = ToolOutput>>(
+        &self,
+        refs: &[SecretRef],
+        run: impl FnOnce(Arc<Value>) -> F,
+    ) -> ToolOutput {
+        if refs.is_empty() {
+            return run(Arc::clone(&EMPTY)).await;
+        }
+        if let Some(why) = self.secrets.unavailable(refs) {
+            return ToolOutput::error(why);
+        }
+        let mut out = run(self.secrets.snapshot()).await;
+        self.secrets.redact(refs, &mut out);
+        out
+    }
+
+    /// Runs the tool synchronously when its handler never waits (most builtins, templates):
+    /// no future is boxed, no task is spawned. `None` means "use [`Executor::run`]".
+    #[inline]
+    pub fn run_now(&self, snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
+        match &snap.tools[tool].def.handler {
+            CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run(*b, args)),
+            CompiledHandler::Template(t) => Some(template::run(t, args)),
+            CompiledHandler::Content(blocks) => Some(content::run(blocks, args)),
+            CompiledHandler::Error(t) => Some(template::fail(t, args)),
+            _ => None,
+        }
+    }
+
+    /// Runs a tool whose arguments have been validated; `cx` reaches the caller's client.
+    pub fn run<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a> {
+        self.run_within(snap, tool, args, depth, None, cx)
+    }
+
+    /// Runs a tool as a step of a pipeline call, which shares one [`pipeline::Budget`]
+    /// across all its nested steps (`None`: the tool is the call itself).
+    pub(crate) fn run_within<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: Option<&'a pipeline::Budget>,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a> {
+        Box::pin(async move {
+            if let Some(out) = self.run_now(snap, tool, &args) {
+                return out;
+            }
+            match &snap.tools[tool].def.handler {
+                CompiledHandler::Builtin(_) => builtin::sleep(&args).await,
+                CompiledHandler::Http(h) => self.http_call(snap, tool, h, &args, cx).await,
+                CompiledHandler::Exec(e) => {
+                    self.with_secrets(&e.secrets, |s| async move { command::run(e, &args, &s).await })
+                        .await
+                }
+                CompiledHandler::Sample(s) => ask::sample(s, &args, cx).await,
+                CompiledHandler::Elicit(e) => ask::elicit(e, &args, cx).await,
+                CompiledHandler::Ask(q) => ask::ask(q, &args, cx).await,
+                CompiledHandler::Pipeline(steps) if depth < MAX_DEPTH => {
+                    let fresh;
+                    let budget = match budget {
+                        Some(b) => b,
+                        None => {
+                            fresh = pipeline::Budget::new();
+                            &fresh
+                        }
+                    };
+                    pipeline::run(self, snap, steps, args, depth, budget, cx).await
+                }
+                CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
+                CompiledHandler::Upstream(u) => match snap.upstreams.get(u.upstream) {
+                    Some(link) => {
+                        let auth = match link.identity() {
+                            None => None,
+                            Some(id) => {
+                                let what = format!("upstream `{}`", link.name);
+                                match self.identity.authorization(id, cx.credential, &what).await {
+                                    Ok(a) => Some(a),
+                                    Err(e) => return ToolOutput::error(e),
+                                }
+                            }
+                        };
+                        let mut out = self
+                            .with_secrets(&link.secrets, |_| {
+                                link.call_tool(&u.remote, args, cx, auth.as_ref())
+                            })
+                            .await;
+                        if let Some(a) = &auth {
+                            crate::identity::redact(&mut out, &[bearer_value(a)]);
+                        }
+                        out
+                    }
+                    None => ToolOutput::error("this tool's upstream is not connected"),
+                },
+                // Answered by the dispatcher, which knows the caller; no pipeline can name it.
+                CompiledHandler::FindTools => ToolOutput::error("find_tools cannot run here"),
+                CompiledHandler::Template(_) | CompiledHandler::Content(_) | CompiledHandler::Error(_) => {
+                    unreachable!("templates, content and errors run synchronously")
+                }
+            }
+        })
+    }
+}
+
+/// The token of a `Bearer TOKEN` value.
+fn bearer_value(h: &http::HeaderValue) -> &str {
+    h.to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+}
+
+impl Executor {
+    /// An http tool's request, with the credential of its `identity` and the caller's claims
+    /// its templates use; the values of both are redacted from the result, like Secrets.
+    async fn http_call(
+        &self,
+        snap: &Snapshot,
+        tool: usize,
+        h: &HttpCall,
+        args: &Value,
+        cx: &CallCtx<'_>,
+    ) -> ToolOutput {
+        let what = || format!("tool `{}`", snap.tools[tool].def.name);
+        let auth = match &h.identity {
+            None => None,
+            Some(id) => match self.identity.authorization(id, cx.credential, &what()).await {
+                Ok(a) => Some(a),
+                Err(e) => return ToolOutput::error(e),
+            },
+        };
+        let caller = cx.credential.map_or(&Value::Null, |c| c.claims());
+        let mut used: Vec<&str> = Vec::new();
+        for name in &h.claims {
+            match caller.get(&**name) {
+                None if cx.credential.is_none() => {
+                    return ToolOutput::error(format!(
+                        "{}'s request uses the caller's claims, and the caller presented no OAuth/OIDC access token; refused",
+                        what()
+                    ));
+                }
+                None => {
+                    return ToolOutput::error(format!(
+                        "{}'s request uses the caller's `{name}` claim, which the caller's token does not have; refused",
+                        what()
+                    ));
+                }
+                Some(Value::String(v)) => used.push(v),
+                Some(_) => {}
+            }
+        }
+        let outbound = Outbound {
+            authorization: auth.as_ref(),
+            caller,
+        };
+        let mut out = self
+            .with_secrets(&h.secrets, |s| async move {
+                self.http.call(h, args, &s, &outbound).await
+            })
+            .await;
+        used.extend(auth.as_ref().map(bearer_value));
+        crate::identity::redact(&mut out, &used);
+        out
+    }
+}
+
+impl pipeline::RunStep for Executor {
+    #[inline]
+    fn run_step<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: &'a pipeline::Budget,
+        cx: &'a CallCtx<'a>,
+    ) -> OutputFuture<'a> {
+        self.run_within(snap, tool, args, depth, Some(budget), cx)
+    }
+}
+
+impl Default for Executor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Asks `questions` (an `ask` handler's, or a prompt's): the answers by key as structured
+/// content (see the `ask` handler).
+pub async fn ask_questions(
+    questions: &[crate::handlers::ask::Question],
+    args: &Value,
+    cx: &CallCtx<'_>,
+) -> ToolOutput {
+    ask::ask(questions, args, cx).await
+}
+
+/// Checks a successful result against the tool's output schema.
+pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> ToolOutput {
+    let Some(schema) = &snap.tools[tool].def.output else {
+        return out;
+    };
+    if out.is_error {
+        return out;
+    }
+    match &out.structured {
+        None => ToolOutput::error("the tool declares an outputSchema but produced no structured content"),
+        Some(s) => {
+            let mut errs = Vec::new();
+            schema.validate(s, &mut errs);
+            if errs.is_empty() {
+                out
+            } else {
+                ToolOutput::error(format!(
+                    "the result does not match the tool's outputSchema: {}",
+                    errs.join("; ").replace("arguments", "result")
+                ))
+            }
+        }
+    }
+}
