@@ -14,7 +14,12 @@ not a layering problem (and a `mod` declaration is no dependency). A cycle betwe
 subsystems is reported however it runs, e.g. `config::compile` calling
 `handlers::http`'s compile step while `handlers::http` uses `config::compile`'s context.
 
-Usage: scripts/check-cycles.py [CRATE_SRC_DIR ...]   (default: server/src operator/src)
+The same graph collapsed to a crate's top-level folders (`dispatch`, `exec`, `transport`, a
+top-level file being its own folder) must be acyclic too: that is where layers hold or do
+not. Test files (`tests.rs`, `*_tests.rs`, `#[cfg(test)]` items) are not counted.
+
+Usage: scripts/check-cycles.py [CRATE_SRC_DIR ...]
+       (default: model/src otel/src server/src operator/src)
 Exit status 1 and each cycle printed when there is one.
 """
 
@@ -48,8 +53,8 @@ def modules(src):
                 parts = []
             if parts and parts[0] == "bin":
                 continue  # binaries are their own crates
-            if parts and parts[-1] == "tests" and len(parts) > 1:
-                continue  # a tests.rs child module is test code
+            if parts and (parts[-1] == "tests" or parts[-1].endswith("_tests")) and len(parts) > 1:
+                continue  # a tests.rs child module or an x_tests.rs file is test code
             mods[tuple(parts)] = os.path.join(dirpath, f)
     return mods
 
@@ -202,19 +207,44 @@ def one_cycle(graph, comp):
     return comp
 
 
+def folders(graph):
+    """The module graph collapsed to top-level folders, and one module edge per folder edge."""
+    out, why = {}, {}
+    for here, targets in graph.items():
+        if not here:
+            continue
+        out.setdefault((here[0],), set())
+        for to in targets:
+            if to and to[0] != here[0]:
+                out[(here[0],)].add((to[0],))
+                why.setdefault(((here[0],), (to[0],)), (here, to))
+    return out, why
+
+
+def report(src, kind, graph, why=None):
+    found = cycles(graph)
+    for comp in found:
+        print(f"{src}: import cycle among {len(comp)} {kind}: {', '.join(name(m) for m in comp)}")
+        path = one_cycle(graph, comp)
+        print("  e.g. " + " -> ".join(name(m) for m in path))
+        if why:
+            for a, b in zip(path, path[1:]):
+                print(f"    {name(a)} -> {name(b)}: {name(why[(a, b)][0])} uses {name(why[(a, b)][1])}")
+    return bool(found)
+
+
 def main(argv):
-    srcs = argv or ["server/src", "operator/src"]
+    srcs = argv or ["model/src", "otel/src", "server/src", "operator/src"]
     bad = False
     for src in srcs:
         mods = modules(src)
         graph = edges(mods)
-        found = cycles(graph)
-        for comp in found:
-            bad = True
-            print(f"{src}: import cycle among {len(comp)} modules: {', '.join(name(m) for m in comp)}")
-            print("  e.g. " + " -> ".join(name(m) for m in one_cycle(graph, comp)))
-        if not found:
-            print(f"{src}: {len(mods)} modules, no import cycle")
+        top, why = folders(graph)
+        bad_mods = report(src, "modules", graph)
+        bad_folders = report(src, "top-level folders", top, why)
+        bad = bad or bad_mods or bad_folders
+        if not (bad_mods or bad_folders):
+            print(f"{src}: {len(mods)} modules in {len(top)} top-level folders, no import cycle")
     return 1 if bad else 0
 
 

@@ -16,4 +16,5 @@ pub mod redact;
 pub mod schema;
 pub mod search;
 pub mod slot;
+pub mod spec;
 pub mod template;

@@ -99,7 +99,7 @@ fn identity_needs(
     api_origins: &[String],
     openapi: &[config::openapi::OpenApiSpec],
 ) -> Vec<String> {
-    use config::identity::IdentityMode;
+    use quiver_model::spec::identity::IdentityMode;
     let auth = mcp.spec.auth.as_ref();
     let (oidc, exchange) = (
         auth.is_some_and(|a| a.oidc.is_some()),
@@ -129,7 +129,7 @@ fn identity_needs(
     let endpoint = auth.and_then(|a| {
         let e = a.token_exchange.as_ref()?.token_endpoint.as_ref()?;
         let issuer = &a.oidc.as_ref()?.issuer;
-        (!quiver_model::config::identity::same_origin(e, issuer)).then(|| {
+        (!quiver_model::spec::identity::same_origin(e, issuer)).then(|| {
             format!(
                 "spec.auth.tokenExchange.tokenEndpoint: must be on the issuer's origin ({issuer}), or left out to use the issuer's discovered token_endpoint"
             )

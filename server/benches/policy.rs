@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use quiver_server::config::access::Principal;
 use quiver_server::config::policy::{Policy, ToolFacts, Verdict};
+use quiver_server::spec::access::Principal;
 use serde_json::{Value, json};
 
 struct Counting;
@@ -48,7 +48,7 @@ const EXISTS: &str = "!args.items.exists(i, i.kind == 'Secret')";
 
 fn benches(c: &mut Criterion) {
     let mut who = Principal::new(["read", "deploy:write"], ["dev", "ops", "oncall", "sre"]);
-    who.credential = Some(Arc::new(quiver_server::config::caller::Credential::new(
+    who.credential = Some(Arc::new(quiver_server::spec::caller::Credential::new(
         "token",
         json!({"sub": "alice", "iss": "https://idp.example", "azp": "cli", "department": "sre"}),
     )));

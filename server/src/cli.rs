@@ -539,7 +539,7 @@ fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
         anyhow::bail!("--token-exchange-client-id must be 1-1024 printable characters");
     }
     if let (Some(e), Some(issuer)) = (&args.token_exchange_endpoint, &args.auth_issuer)
-        && !crate::config::identity::same_origin(e, issuer)
+        && !crate::spec::identity::same_origin(e, issuer)
     {
         // The endpoint receives callers' tokens: only the issuer's own host may.
         anyhow::bail!(

@@ -367,7 +367,7 @@ pub struct CallId {
 
 impl CallId {
     /// The identity of `method` on `name` with `args`, called by `caller` (a
-    /// [`crate::config::access::Principal::subject`]; empty when the caller is not known).
+    /// [`crate::spec::access::Principal::subject`]; empty when the caller is not known).
     pub fn new(method: &str, name: &str, args: &Value, caller: &str) -> Self {
         let mut h = Sha256::new();
         h.update(method.as_bytes());

@@ -138,10 +138,10 @@ pub struct CallCtx<'a> {
     pub dropped: Option<&'a prometheus_client::metrics::counter::Counter>,
     /// The caller's validated access token (OIDC), for identity to upstreams and
     /// `{{caller.CLAIM}}`; `None`: it presented none.
-    pub credential: Option<&'a crate::config::caller::Credential>,
+    pub credential: Option<&'a crate::spec::caller::Credential>,
     /// Who is calling, for the policies of a pipeline's steps; `None`: an anonymous caller
     /// (or a deferred call of a tool that needs no caller).
-    pub caller: Option<&'a crate::config::access::Principal>,
+    pub caller: Option<&'a crate::spec::access::Principal>,
     /// A pipeline called directly stops before this step (its result is the step before's):
     /// the part of a call that runs in the request before the call becomes a task.
     pub until_step: Option<usize>,

@@ -76,7 +76,7 @@ fn hex(b: &[u8]) -> String {
 /// The owner part of callers without an identity (no client authentication).
 static ANONYMOUS: LazyLock<String> = LazyLock::new(|| owner_tag(""));
 
-/// A new session id for the caller whose [`crate::config::access::Principal::subject`] is
+/// A new session id for the caller whose [`crate::spec::access::Principal::subject`] is
 /// `subject` (empty: not authenticated).
 pub fn mint(subject: &str) -> String {
     let mut b = [0u8; 16];

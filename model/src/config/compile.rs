@@ -6,14 +6,9 @@ use std::collections::BTreeSet;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 
-use super::checks::shallow;
 use super::compiled::{
     CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ResourceKind,
     UriPattern,
-};
-use super::context::{
-    ConfigError, Cx, MAX_SECRETS, Names, Problems, SecretRef, check_template, checked_template, template,
-    valid_tool_name,
 };
 use super::governance;
 use super::model::{
@@ -28,6 +23,11 @@ use crate::handlers::http;
 use crate::handlers::pipeline;
 use crate::handlers::template;
 use crate::schema::{Schema, expand_shorthand};
+use crate::spec::checks::shallow;
+use crate::spec::context::{
+    ConfigError, Cx, MAX_SECRETS, Names, Problems, SecretRef, check_template, checked_template, template,
+    valid_tool_name,
+};
 use crate::template::{Authored, Template};
 
 const MAX_PAGE_SIZE: u32 = 10_000;
@@ -47,7 +47,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .enumerate()
         .map(|(i, t)| compile_tool(t, i, &index, &mut p))
         .collect();
-    pipeline::check::check(&mut tools, &mut p);
+    super::pipelines::check(&mut tools, &mut p);
     let mut taken: rustc_hash::FxHashSet<String> = index.keys().map(|k| (*k).to_owned()).collect();
     let api = super::openapi::compile(&ts.openapi, &mut taken, &mut p);
     tools.extend(api.tools);

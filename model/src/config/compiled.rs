@@ -5,11 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::access::Access;
-use super::checks::percent_decode;
-use super::context::SecretRef;
 use super::model::ToolSet;
-use super::shared::Role;
 use super::upstream::{CompiledUpstream, UpstreamCall};
 use crate::handlers::ask::{ElicitCall, Question, SampleCall};
 use crate::handlers::builtin::Builtin;
@@ -18,6 +14,10 @@ use crate::handlers::exec::ExecCall;
 use crate::handlers::http::HttpCall;
 use crate::handlers::pipeline::Step;
 use crate::schema::Schema;
+use crate::spec::access::Access;
+use crate::spec::checks::percent_decode;
+use crate::spec::context::SecretRef;
+use crate::spec::shared::Role;
 use crate::template::Template;
 
 /// A validated, compiled ToolSet.

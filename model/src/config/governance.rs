@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::context::Problems;
+use crate::spec::context::Problems;
 
 /// Most limits one place (the ToolSet, a tool, an upstream) may list.
 pub const MAX_LIMITS: usize = 4;

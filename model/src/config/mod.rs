@@ -2,26 +2,20 @@
 //!
 //! This module is the facade the runtime above it (registry, dispatch, transports, reload)
 //! and the operator use: it re-exports the model, the compiled form and each handler kind's
-//! types. Nothing below it imports it: the compile steps share [`context`] and `checks`, and
-//! each handler kind and the upstreams import those and their own types directly.
+//! types. Nothing below it imports it: the compile steps share the compile context and field
+//! checks of [`crate::spec`], and each handler kind imports those and its own types directly.
 
-pub mod access;
-pub mod caller;
-pub mod checks;
 pub mod compile;
 pub mod compiled;
-pub mod context;
 pub mod egress;
 pub mod governance;
-pub mod identity;
 mod json_doc;
-pub mod json_field;
 pub mod model;
 pub mod openapi;
+mod pipelines;
 pub mod policy;
 pub mod search;
 mod search_build;
-pub mod shared;
 pub mod upstream;
 
 pub use crate::handlers::content;
@@ -33,19 +27,19 @@ pub use crate::handlers::builtin::Builtin;
 pub use crate::handlers::exec::{ExecArg, ExecCall};
 pub use crate::handlers::http::{HttpCall, TlsRefs};
 pub use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, Step};
-pub use checks::parse_duration;
+pub use crate::spec::checks::parse_duration;
+pub use crate::spec::context::{
+    CONFIG_MAP_PREFIX, ConfigError, MAX_SECRETS, Problem, SECRET_ROOT, SecretRef, valid_config_map_name,
+};
+pub use crate::spec::json_field::MAX_VALUE_DEPTH;
+pub use crate::spec::shared::{LogLevel, Role, ToolAnnotations};
 pub use compile::compile;
 pub use compiled::{
     CompiledHandler, CompiledPrompt, CompiledResource, CompiledTool, CompiledToolSet, ResourceKind,
     UriPattern,
 };
-pub use context::{
-    CONFIG_MAP_PREFIX, ConfigError, MAX_SECRETS, Problem, SECRET_ROOT, SecretRef, valid_config_map_name,
-};
 pub use json_doc::write as write_document;
-pub use json_field::MAX_VALUE_DEPTH;
 pub use model::*;
-pub use shared::{LogLevel, Role, ToolAnnotations};
 
 /// Largest ToolSet document accepted, in bytes (a ConfigMap holds at most 1 MiB; files may be
 /// larger, up to this).

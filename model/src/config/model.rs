@@ -13,8 +13,8 @@ pub use crate::handlers::exec::ExecHandler;
 pub use crate::handlers::http::{HttpHandler, TlsSpec};
 pub use crate::handlers::pipeline::PipelineStep;
 
-use super::json_field;
-use super::shared::{Role, ToolAnnotations};
+use crate::spec::json_field;
+use crate::spec::shared::{Role, ToolAnnotations};
 
 /// The only `apiVersion` a ToolSet document may carry.
 pub const API_VERSION: &str = "quiver.dev/v1alpha1";
@@ -175,7 +175,7 @@ pub struct ToolSpec {
     /// Who may call it: scopes and groups from the caller's credentials. Omitted: every
     /// caller the server lets in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access: Option<super::access::AccessSpec>,
+    pub access: Option<crate::spec::access::AccessSpec>,
     /// A CEL condition this tool's calls must meet, besides the ToolSet's `policies` (see
     /// docs/governance.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]

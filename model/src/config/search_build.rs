@@ -5,13 +5,13 @@ use rustc_hash::FxHashMap;
 use serde_json::json;
 
 use super::compiled::{CompiledHandler, CompiledTool};
-use super::context::{Problems, valid_tool_name};
 use super::governance::ToolGovernance;
 use super::search::{
     DEFAULT_LIMIT, DEFAULT_MAX_LIMIT, FIND_TOOLS, MAX_CORE_TOOLS, MAX_LIMIT, MAX_QUERY_CHARS, SearchSettings,
     ToolSearchSpec,
 };
 use crate::schema::Schema;
+use crate::spec::context::{Problems, valid_tool_name};
 
 /// Compiles `toolSearch` and, when it is on, appends `find_tools` to `tools`.
 /// `has_upstreams`: a core name that no local tool has may be an imported one.

@@ -2,7 +2,7 @@
 //! `error` handler (a template over the arguments is the error message of a failed call,
 //! e.g. a retired tool that tells the model what to use instead). Both run synchronously.
 
-use crate::config::context::{Cx, checked_template};
+use crate::spec::context::{Cx, checked_template};
 use crate::template::Template;
 
 /// Compiles the template of a `template` or `error` handler.

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Map, Value, json};
 
 pub use self::queue::{AuditLog, NoRoom, Place};
-use crate::config::access::Principal;
 use crate::secrets::Secrets;
+use crate::spec::access::Principal;
 
 /// Records the queue holds by default.
 pub const DEFAULT_QUEUE: usize = 8192;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::config::access::Principal;
 use crate::limits::ClientAddr;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::reload::Reloader;
+use crate::spec::access::Principal;
 
 const CONFIG: &str = r#"
 tools:

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::config::access::Principal;
 use crate::metrics::Metrics;
 use crate::protocol::FORBIDDEN;
 use crate::registry::Registry;
 use crate::reload::Reloader;
+use crate::spec::access::Principal;
 
 const BASE: &str = r#"
 tools:

@@ -32,7 +32,7 @@ struct RetryParams<'a> {
 /// What a call gets from a 2026-07-28 request besides the call itself.
 pub(super) struct ModernArgs<'a> {
     meta: Meta<'a>,
-    /// The caller's [`crate::config::access::Principal::subject`] (empty: not known), which
+    /// The caller's [`crate::spec::access::Principal::subject`] (empty: not known), which
     /// `requestState` is bound to.
     caller: &'a str,
     answers: Option<&'a RawValue>,

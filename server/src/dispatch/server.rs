@@ -12,13 +12,13 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::cancel::Cancels;
-use crate::config::access::Principal;
 use crate::exec::Executor;
 use crate::metrics::Metrics;
 use crate::peer::Pending;
 use crate::protocol;
 use crate::registry::Registry;
 use crate::session::Sessions;
+use crate::spec::access::Principal;
 
 /// Per-request facts supplied by the transport.
 #[derive(Debug, Clone, Copy)]

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::config::access::Principal;
 use crate::metrics::Metrics;
 use crate::protocol::{FORBIDDEN, INVALID_PARAMS, MISSING_CAPABILITY, RESOURCE_NOT_FOUND};
 use crate::registry::Registry;
 use crate::reload::Reloader;
+use crate::spec::access::Principal;
 
 const CONFIG: &str = r#"
 tools:

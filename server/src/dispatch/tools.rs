@@ -20,8 +20,6 @@ use super::request::{Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
-use crate::config::access::Principal;
-use crate::config::caller::Credential;
 use crate::config::governance::Limit;
 use crate::exec::{ToolOutput, check_output};
 use crate::limits::Who;
@@ -30,6 +28,8 @@ use crate::peer::{CallCtx, Peer};
 use crate::protocol;
 use crate::registry::{ListKind, Snapshot};
 use crate::session::LogLevel;
+use crate::spec::access::Principal;
+use crate::spec::caller::Credential;
 
 /// The `tools/call` slot in [`crate::metrics::METHODS`].
 const TOOLS_CALL: usize = crate::metrics::method_index("tools/call");

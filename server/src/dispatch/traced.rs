@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn callers_with_credentials_and_stdios_client_count_as_authenticated() {
-        let principal = crate::config::access::Principal::default();
+        let principal = crate::spec::access::Principal::default();
         let ctx = |era, caller| Ctx {
             session: "",
             version: "2025-11-25",

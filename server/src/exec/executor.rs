@@ -10,12 +10,12 @@ use super::http::{HttpClient, Outbound};
 use super::output::{OutputFuture, ToolOutput};
 use super::{ask, builtin, command, content, pipeline, template};
 use crate::config::compiled::CompiledHandler;
-use crate::config::context::SecretRef;
 use crate::handlers::builtin::Builtin;
 use crate::handlers::http::HttpCall;
 use crate::peer::CallCtx;
 use crate::registry::Snapshot;
 use crate::secrets::Secrets;
+use crate::spec::context::SecretRef;
 
 /// The secret scope of handlers that read none.
 static EMPTY: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Object(serde_json::Map::new())));

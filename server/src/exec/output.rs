@@ -6,7 +6,7 @@ use std::pin::Pin;
 
 use serde_json::Value;
 
-use crate::config::context::SECRET_ROOT;
+use crate::spec::context::SECRET_ROOT;
 
 /// What the templates of an http request or an exec environment see: the arguments, and
 /// the secret store under `secret` (which no argument can shadow).

@@ -14,9 +14,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::Value;
 
 use crate::config::SecretRef;
-use crate::config::caller::Credential;
 use crate::exec::http::{HttpClient, USER_AGENT};
 use crate::secrets::Secrets;
+use crate::spec::caller::Credential;
 
 /// The whole exchange (connect, send, read) must finish within this.
 pub const TIMEOUT: Duration = Duration::from_secs(5);

@@ -16,9 +16,9 @@ use http::HeaderValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::config::caller::Credential;
-use crate::config::identity::{Identity, IdentityMode};
 use crate::exec::ToolOutput;
+use crate::spec::caller::Credential;
+use crate::spec::identity::{Identity, IdentityMode};
 pub use exchange::{ExchangeConfig, Exchanger};
 
 /// Most exchanged tokens kept at once.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::context::SecretRef;
+use crate::spec::context::SecretRef;
 
 /// One secret's keys and raw values (the store's `Keys`).
 type Keys = Vec<(String, Vec<u8>)>;

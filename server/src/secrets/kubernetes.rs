@@ -12,7 +12,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
 use super::store::{Presence, Secrets};
-use crate::config::context::CONFIG_MAP_PREFIX;
+use crate::spec::context::CONFIG_MAP_PREFIX;
 
 /// The keys and values of a watched object.
 trait Keyed: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static {

@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::config::context::SecretRef;
+use crate::spec::context::SecretRef;
 
 mod dir;
 mod env;
@@ -24,7 +24,7 @@ mod env;
 mod kubernetes;
 mod store;
 
-pub use crate::config::context::{CONFIG_MAP_PREFIX, valid_config_map_name};
+pub use crate::spec::context::{CONFIG_MAP_PREFIX, valid_config_map_name};
 pub use dir::watch_dir;
 pub use env::env_var;
 #[cfg(feature = "kube")]

@@ -8,8 +8,8 @@ use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
-use crate::config::context::{CONFIG_MAP_PREFIX, SecretRef};
 use crate::exec::output::ToolOutput;
+use crate::spec::context::{CONFIG_MAP_PREFIX, SecretRef};
 
 /// Values shorter than this are not searched for in outputs (every `a` would go).
 pub use crate::redact::MIN_KNOWN_LEN as MIN_REDACTED_LEN;
@@ -397,7 +397,7 @@ fn redact_value(v: &mut Value, secrets: &[&str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::context::SecretRef;
+    use crate::spec::context::SecretRef;
 
     fn r(name: &str, key: &str) -> SecretRef {
         SecretRef {

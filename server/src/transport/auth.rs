@@ -22,9 +22,9 @@ use sha2::{Digest, Sha256};
 
 use super::jwt::{self, Jwk};
 use crate::config::SecretRef;
-use crate::config::access::Principal;
 use crate::exec::HttpClient;
 use crate::secrets::Secrets;
+use crate::spec::access::Principal;
 
 /// Tokens shorter than this are ignored (and logged): a guessable token is no protection.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -422,7 +422,7 @@ impl Oidc {
             };
             p.identity = identity(&claims);
             // Kept for identity to upstreams and `{{caller.CLAIM}}`; never logged.
-            p.credential = Some(Arc::new(crate::config::caller::Credential::new(token, claims)));
+            p.credential = Some(Arc::new(crate::spec::caller::Credential::new(token, claims)));
             p
         })
         .map_err(|e| {
@@ -433,17 +433,17 @@ impl Oidc {
 }
 
 /// The claims that name a caller in the audit trail, each cut to a bounded length.
-fn identity(claims: &Value) -> crate::config::access::Identity {
+fn identity(claims: &Value) -> crate::spec::access::Identity {
     let claim = |name: &str| -> Box<str> {
         let v = claims.get(name).and_then(Value::as_str).unwrap_or("");
-        let mut end = v.len().min(crate::config::access::MAX_ACCESS_NAME);
+        let mut end = v.len().min(crate::spec::access::MAX_ACCESS_NAME);
         while !v.is_char_boundary(end) {
             end -= 1;
         }
         v[..end].into()
     };
     let azp = claim("azp");
-    crate::config::access::Identity {
+    crate::spec::access::Identity {
         sub: claim("sub"),
         issuer: claim("iss"),
         client_id: if azp.is_empty() { claim("client_id") } else { azp },

@@ -34,11 +34,11 @@ use tokio_util::sync::CancellationToken;
 use super::limits::Load;
 use super::resume::{Buffer, Next, Resumable, ResumeOptions};
 use super::sessions::EndedSessions;
-use crate::config::access::Principal;
 use crate::dispatch::{Ctx, Deferred, Era, Listen, Opens, Outcome, Reply, Server};
 use crate::metrics::Refusal;
 use crate::peer::Peer;
 use crate::protocol::{self, INVALID_REQUEST};
+use crate::spec::access::Principal;
 
 /// Session id header.
 pub const SESSION_HEADER: &str = "mcp-session-id";

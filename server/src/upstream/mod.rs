@@ -34,14 +34,14 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::compiled::CompiledToolSet;
-use crate::config::context::SecretRef;
-use crate::config::shared::LogLevel;
 use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
 use crate::exec::http::HttpClient;
 use crate::exec::output::ToolOutput;
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::peer::CallCtx;
 use crate::secrets::Secrets;
+use crate::spec::context::SecretRef;
+use crate::spec::shared::LogLevel;
 
 /// Requests in flight per link (per process for stdio); more are refused at once.
 pub const MAX_IN_FLIGHT: usize = 1024;
@@ -439,7 +439,7 @@ pub struct Link {
     /// Secret values its connection uses (redacted from results).
     pub secrets: Vec<SecretRef>,
     /// The caller's credential its tool calls carry (`None`: the server's own).
-    identity: Option<crate::config::identity::Identity>,
+    identity: Option<crate::spec::identity::Identity>,
     shared: Arc<Shared>,
     conn: Conn,
     listed: ArcSwap<Listed>,
@@ -562,7 +562,7 @@ impl Link {
     }
 
     /// The credential its tool calls carry as their caller (`None`: the server's own).
-    pub fn identity(&self) -> Option<&crate::config::identity::Identity> {
+    pub fn identity(&self) -> Option<&crate::spec::identity::Identity> {
         self.identity.as_ref()
     }
 

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::identity::IdentitySpec;
 use super::upstream::{Glob, ImportSpec};
 use crate::handlers::http::TlsSpec;
+use crate::spec::identity::IdentitySpec;
 
 mod document;
 mod operation;
@@ -144,16 +144,16 @@ pub struct ConfigMapKey {
 
 impl ConfigMapKey {
     /// The store reference of the key (ConfigMaps are kept under their prefix).
-    pub fn store_ref(&self) -> super::context::SecretRef {
-        super::context::SecretRef {
-            name: format!("{}{}", super::context::CONFIG_MAP_PREFIX, self.name),
+    pub fn store_ref(&self) -> crate::spec::context::SecretRef {
+        crate::spec::context::SecretRef {
+            name: format!("{}{}", crate::spec::context::CONFIG_MAP_PREFIX, self.name),
             key: self.key.clone(),
         }
     }
 
     /// Problems of the name and key, at `at`.
-    pub fn check(&self, at: &str, p: &mut super::context::Problems) {
-        if !super::context::valid_config_map_name(&self.name) {
+    pub fn check(&self, at: &str, p: &mut crate::spec::context::Problems) {
+        if !crate::spec::context::valid_config_map_name(&self.name) {
             p.push(
                 format!("{at}.configMap.name"),
                 "not a ConfigMap name (1-253 lower-case letters, digits, `-` and `.`)",
@@ -218,11 +218,11 @@ pub const MAX_FETCH_HEADERS: usize = 32;
 #[derive(Debug, Default)]
 pub struct FetchCredentials {
     /// The Secret or ConfigMap holding the CAs to trust.
-    pub ca: Option<super::context::SecretRef>,
+    pub ca: Option<crate::spec::context::SecretRef>,
     /// The headers, as templates over `secret`.
     pub headers: Vec<(String, crate::template::Template)>,
     /// Every Secret and ConfigMap read.
-    pub refs: Vec<super::context::SecretRef>,
+    pub refs: Vec<crate::spec::context::SecretRef>,
 }
 
 /// Default time limit of a document fetch.
@@ -255,8 +255,10 @@ impl FetchSpec {
 
     /// The CA and headers of a fetch, compiled: the Secrets (and ConfigMaps, under their
     /// prefix) they read, in `refs`; their problems in `p`, at `at.fetch`.
-    pub fn credentials(&self, at: &str, p: &mut super::context::Problems) -> FetchCredentials {
-        use super::context::{CONFIG_MAP_PREFIX, Names, SecretRef, valid_config_map_name, valid_secret_part};
+    pub fn credentials(&self, at: &str, p: &mut crate::spec::context::Problems) -> FetchCredentials {
+        use crate::spec::context::{
+            CONFIG_MAP_PREFIX, Names, SecretRef, valid_config_map_name, valid_secret_part,
+        };
         let at = format!("{at}.fetch");
         let mut out = FetchCredentials::default();
         let cas = [
@@ -303,7 +305,7 @@ impl FetchSpec {
         }
         for (name, value) in &self.headers {
             let hat = format!("{at}.headers.{}", document::shown(name));
-            if !super::checks::valid_header_name(name) {
+            if !crate::spec::checks::valid_header_name(name) {
                 p.push(&hat, "not a header name");
                 continue;
             }
@@ -321,21 +323,23 @@ impl FetchSpec {
                     continue;
                 }
             };
-            if t.roots().any(|(root, _)| root != super::context::SECRET_ROOT) {
+            if t.roots()
+                .any(|(root, _)| root != crate::spec::context::SECRET_ROOT)
+            {
                 p.push(&hat, "literal text and `{{secret.NAME.KEY}}` references only");
             }
             let names = Names {
                 props: None,
                 steps: None,
             };
-            super::context::check_secret_template(&t, &names, &hat, p, &mut out.refs);
+            crate::spec::context::check_secret_template(&t, &names, &hat, p, &mut out.refs);
             out.headers.push((name.clone(), t));
         }
         out
     }
 
     /// Problems of the settings and of `url`, at `at`.
-    fn check(&self, url: Option<&str>, at: &str, p: &mut super::context::Problems) {
+    fn check(&self, url: Option<&str>, at: &str, p: &mut crate::spec::context::Problems) {
         if let Some(t) = &self.timeout
             && !super::parse_duration(t).is_ok_and(|d| !d.is_zero() && d <= MAX_FETCH_TIMEOUT)
         {
@@ -366,7 +370,7 @@ impl FetchSpec {
 
 /// Problems of a `url` (and its `fetch`) at `at`: https (http only with `allowHttp`), an
 /// authority, no credentials or fragment, at most 2048 characters.
-pub fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
+pub fn check_url(s: &OpenApiSpec, at: &str, p: &mut crate::spec::context::Problems) {
     let fetch = s.fetch.clone().unwrap_or_default();
     if let Some(f) = &s.fetch {
         f.check(s.url.as_deref(), at, p);
@@ -377,11 +381,11 @@ pub fn check_url(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
     if let Some(id) = s
         .identity
         .as_ref()
-        .filter(|i| i.mode != super::identity::IdentityMode::Server)
+        .filter(|i| i.mode != crate::spec::identity::IdentityMode::Server)
     {
         match &s.server {
             Some(server) => {
-                super::identity::compile(id, &format!("{at}.identity"), server, p);
+                crate::spec::identity::compile(id, &format!("{at}.identity"), server, p);
             }
             None => p.push(
                 format!("{at}.server"),
@@ -427,7 +431,7 @@ pub fn has_credentials(s: &OpenApiSpec) -> bool {
         || s.tls.as_ref().is_some_and(|t| t.client_cert_secret.is_some())
         || s.identity
             .as_ref()
-            .is_some_and(|i| i.mode != super::identity::IdentityMode::Server)
+            .is_some_and(|i| i.mode != crate::spec::identity::IdentityMode::Server)
         || s.headers.iter().any(|(k, v)| {
             credential_header(k) || Template::compile(Authored::new(v)).map_or(true, |t| !t.is_literal())
         })
@@ -460,7 +464,7 @@ pub fn origin_of(url: &str) -> Option<String> {
 }
 
 /// The origins of `allowedOrigins`; problems of the list at `at.allowedOrigins`.
-pub fn allowed_origins(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) -> Vec<String> {
+pub fn allowed_origins(s: &OpenApiSpec, at: &str, p: &mut crate::spec::context::Problems) -> Vec<String> {
     if s.allowed_origins.len() > MAX_ALLOWED_ORIGINS {
         p.push(
             format!("{at}.allowedOrigins"),
@@ -486,7 +490,7 @@ pub fn allowed_origins(s: &OpenApiSpec, at: &str, p: &mut super::context::Proble
 
 /// Problems of where a source's credentials may go, known before its document is read: a
 /// `url` or `configMap` source with credentials names `server` or `allowedOrigins`.
-pub fn check_pinning(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
+pub fn check_pinning(s: &OpenApiSpec, at: &str, p: &mut crate::spec::context::Problems) {
     let allowed = allowed_origins(s, at, p);
     if let Some(server) = &s.server
         && !allowed.is_empty()
@@ -508,7 +512,7 @@ pub fn check_pinning(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems
 
 /// Problems of `serverIndex` and `serverVariables` at `at` (their fit with the document is
 /// checked when it is compiled).
-pub fn check_server_choice(s: &OpenApiSpec, at: &str, p: &mut super::context::Problems) {
+pub fn check_server_choice(s: &OpenApiSpec, at: &str, p: &mut crate::spec::context::Problems) {
     if s.server.is_some() && (s.server_index.is_some() || !s.server_variables.is_empty()) {
         p.push(
             format!("{at}.server"),

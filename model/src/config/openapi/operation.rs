@@ -11,12 +11,12 @@ use super::schema::{Converter, Reached, bounded};
 use super::security::{self, Applied};
 use super::{MAX_OPENAPI_BYTES, MAX_OPENAPI_SOURCES, OpenApiSpec, valid_source_name};
 use crate::config::compiled::{CompiledHandler, CompiledTool};
-use crate::config::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
 use crate::config::governance::{self, ToolGovernance};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
 use crate::handlers::http::project::Projection;
 use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, ParamPlace, RequestParts};
 use crate::schema::Schema;
+use crate::spec::context::{Cx, Names, Problems, SecretRef, valid_tool_name};
 use crate::template::{Authored, Template};
 
 /// Longest tool description made from an operation's summary and description, in characters.
@@ -28,7 +28,7 @@ struct Shared<'a> {
     base: String,
     include: Vec<Glob>,
     exclude: Vec<Glob>,
-    access: Option<Arc<crate::config::access::Access>>,
+    access: Option<Arc<crate::spec::access::Access>>,
     limits: Arc<[Arc<governance::Limit>]>,
     /// OAuth2 grants of the operations so far: operations of one grant share its token.
     grants: std::cell::RefCell<Vec<Arc<http::auth::OAuth2>>>,
@@ -373,7 +373,7 @@ fn reserved_header(name: &str) -> bool {
         "accept",
         "content-type",
     ];
-    crate::config::checks::header_name_problem(name, &more).is_some()
+    crate::spec::checks::header_name_problem(name, &more).is_some()
 }
 
 /// The input of an operation: its schema, the path parameters the URL names, and the
@@ -786,7 +786,7 @@ fn request(
     if let Some(auth) = applied.auth {
         if s.identity
             .as_ref()
-            .is_some_and(|i| i.mode != crate::config::identity::IdentityMode::Server)
+            .is_some_and(|i| i.mode != crate::spec::identity::IdentityMode::Server)
         {
             local.push(
                 format!("{op_at}.security"),

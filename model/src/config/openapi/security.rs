@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::document::{Version, deref, shown};
-use crate::config::context::{Problems, SECRET_ROOT, SecretRef, valid_secret_part};
 use crate::handlers::http::auth::{Auth, OAuth2};
+use crate::spec::context::{Problems, SECRET_ROOT, SecretRef, valid_secret_part};
 use crate::template::{Filter, Template};
 
 /// At most this many entries in `security`.

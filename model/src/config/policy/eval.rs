@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value};
 
 use super::expr::{Arith, Cmp, Lit, Node, Quant, StrTest, Var};
-use crate::config::access::Principal;
+use crate::spec::access::Principal;
 
 /// Steps one evaluation may take (each node, each element visited, each 32 bytes a string
 /// operation reads): at a few nanoseconds a step, well under a millisecond.
@@ -123,7 +123,7 @@ pub fn evaluate(
 ) -> Verdict {
     let claims = caller
         .and_then(|c| c.credential.as_deref())
-        .map(crate::config::caller::Credential::claims)
+        .map(crate::spec::caller::Credential::claims)
         .filter(|c| c.is_object())
         .unwrap_or(&EMPTY);
     let mut env = Env {

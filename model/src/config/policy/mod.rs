@@ -18,8 +18,8 @@ use serde_json::Value;
 
 pub use eval::{MAX_COST, Target, ToolFacts, Verdict};
 
-use super::access::Principal;
-use super::context::Problems;
+use crate::spec::access::Principal;
+use crate::spec::context::Problems;
 
 /// Most named policies of one ToolSet.
 pub const MAX_POLICIES: usize = 64;
@@ -387,7 +387,7 @@ fn selector(spec: &PolicySpec, at: &str, d: &Declared<'_>, p: &mut Problems) -> 
             &spec.tools,
             &format!("{at}.tools"),
             ("tool name", "no tool is named"),
-            super::context::valid_tool_name,
+            crate::spec::context::valid_tool_name,
             &tools,
             !d.upstreams.is_empty(),
             p,

@@ -5,11 +5,11 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::config::access::Principal;
+use crate::spec::access::Principal;
 
 fn caller(groups: &[&str], claims: Value) -> Principal {
     let mut p = Principal::new(["read", "deploy:write"], groups.iter().copied());
-    p.credential = Some(Arc::new(crate::config::caller::Credential::new("token", claims)));
+    p.credential = Some(Arc::new(crate::spec::caller::Credential::new("token", claims)));
     p
 }
 

@@ -8,10 +8,10 @@ use super::{
     CompiledUpstream, ImportReport, MAX_DESCRIPTOR_BYTES, MAX_UPSTREAM_PATTERNS, MAX_UPSTREAM_TOOLS,
     Namespace, UpstreamCall,
 };
-use crate::config::checks::shallow;
 use crate::config::compiled::{CompiledHandler, CompiledTool};
-use crate::config::context::{Problems, valid_tool_name};
 use crate::schema::Schema;
+use crate::spec::checks::shallow;
+use crate::spec::context::{Problems, valid_tool_name};
 
 impl CompiledUpstream {
     /// The annotations of remote tool `remote` that the author gave (`tools.annotations`):

@@ -16,10 +16,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::checks::{duration_or, header_name_problem, literal_origin, valid_env_name};
-use super::context::{Names, Problems, SecretRef, check_secret_template, valid_tool_name};
-use super::shared::ToolAnnotations;
 use crate::handlers::http::{TlsRefs, TlsSpec, compile_tls};
+use crate::spec::checks::{duration_or, header_name_problem, literal_origin, valid_env_name};
+use crate::spec::context::{Names, Problems, SecretRef, check_secret_template, valid_tool_name};
+use crate::spec::shared::ToolAnnotations;
 use crate::template::{Authored, Template};
 
 mod import;
@@ -81,7 +81,7 @@ pub struct UpstreamSpec {
     /// notifications) keeps `http.headers`; each caller's calls go in a session opened with
     /// that caller's credential. See docs/governance.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub identity: Option<super::identity::IdentitySpec>,
+    pub identity: Option<crate::spec::identity::IdentitySpec>,
 }
 
 /// A remote MCP server (Streamable HTTP).
@@ -162,7 +162,7 @@ pub struct ImportSpec {
     /// Who may call the tools served from it (every one of them): scopes and groups from
     /// the caller's credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access: Option<super::access::AccessSpec>,
+    pub access: Option<crate::spec::access::AccessSpec>,
     /// Rate and concurrency limits counted over every call of the tools served from it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4))]
@@ -257,7 +257,7 @@ pub struct CompiledUpstream {
     /// connection or processes (only `tools` changed).
     pub key: u64,
     /// The caller's credential its tool calls carry (`None`: the server's own).
-    pub identity: Option<super::identity::Identity>,
+    pub identity: Option<crate::spec::identity::Identity>,
     names: Namespace,
     /// Every upstream's names (this one's at `at`): a listed name another upstream could
     /// serve is served by neither.
@@ -266,7 +266,7 @@ pub struct CompiledUpstream {
     descriptions: BTreeMap<String, String>,
     annotations: BTreeMap<String, Value>,
     tasks: BTreeMap<String, super::TaskSupport>,
-    access: Option<Arc<super::access::Access>>,
+    access: Option<Arc<crate::spec::access::Access>>,
     /// The limits of a call of its tools: its own, then (once the ToolSet's are added) the
     /// ToolSet's.
     pub limits: Arc<[Arc<super::governance::Limit>]>,
@@ -383,7 +383,7 @@ fn compile_upstream(
     let (names, access) = compile_namespace(u, &format!("{at}.tools"), local, p);
     let identity = u.identity.as_ref().and_then(|i| {
         let target = u.http.as_ref().map_or("", |h| h.url.as_str());
-        super::identity::compile(i, &format!("{at}.identity"), target, p)
+        crate::spec::identity::compile(i, &format!("{at}.identity"), target, p)
     });
     if identity.is_some() && u.stdio.is_some() {
         p.push(
@@ -549,7 +549,7 @@ fn compile_namespace(
     tp: &str,
     local: &FxHashSet<&str>,
     p: &mut Problems,
-) -> (Namespace, Option<Arc<super::access::Access>>) {
+) -> (Namespace, Option<Arc<crate::spec::access::Access>>) {
     let t = &u.tools;
     let prefix = t.prefix.clone().unwrap_or_default();
     if t.prefix.is_some()
@@ -1266,7 +1266,7 @@ upstreams:
         let u = upstream(yaml);
         let listed = vec![json!({"name": "a"}), json!({"name": "b"})];
         let (tools, _) = u.import(0, &listed, &mut FxHashSet::default());
-        let caller = crate::config::access::Principal::new(["repo"], []);
+        let caller = crate::spec::access::Principal::new(["repo"], []);
         for t in &tools {
             let need = t.access.as_deref().expect("access on every imported tool");
             assert!(need.check(None).is_err() && need.check(Some(&caller)).is_ok());

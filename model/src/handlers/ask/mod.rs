@@ -9,10 +9,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::checks::shallow;
-use crate::config::context::{Cx, Names, Problems, checked_template};
-use crate::config::json_field;
 use crate::schema::Schema;
+use crate::spec::checks::shallow;
+use crate::spec::context::{Cx, Names, Problems, checked_template};
+use crate::spec::json_field;
 use crate::template::{Authored, Template};
 
 /// One question of an `ask` handler: exactly one of `sample`, `elicit`, `roots`.

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::context::{Cx, Names, Problems, checked_template};
+use crate::spec::context::{Cx, Names, Problems, checked_template};
 use crate::template::{Authored, Budget, Scope, Template};
 
 /// One block of MCP content. Every string in it is a template over the arguments (of the

@@ -8,8 +8,8 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::checks::{byte_cap, duration, valid_env_name};
-use crate::config::context::{
+use crate::spec::checks::{byte_cap, duration, valid_env_name};
+use crate::spec::context::{
     Cx, Names, SECRET_ROOT, SecretRef, check_secret_template, check_template, template,
 };
 use crate::template::{Authored, Template};

@@ -3,7 +3,7 @@
 //! whose token quiver-server fetches, keeps until shortly before it expires, and fetches
 //! again on expiry or when the API answers 401.
 
-use crate::config::context::SecretRef;
+use crate::spec::context::SecretRef;
 
 /// A credential sent as `Authorization`.
 #[derive(Debug, Clone)]

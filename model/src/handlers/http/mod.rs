@@ -9,15 +9,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::checks::{
+use crate::spec::checks::{
     byte_cap, duration, has_dot_segment, header_name_problem, literal_origin, path_of, shallow,
 };
-use crate::config::context::{
+use crate::spec::context::{
     CONFIG_MAP_PREFIX, Cx, Problems, SecretRef, check_request_template, template, valid_config_map_name,
     valid_secret_part,
 };
-use crate::config::identity::{Identity, IdentitySpec};
-use crate::config::json_field;
+use crate::spec::identity::{Identity, IdentitySpec};
+use crate::spec::json_field;
 use crate::template::{Authored, JsonTemplate, Template};
 
 pub mod auth;
@@ -293,7 +293,7 @@ pub fn assemble(r: RequestParts<'_>, cx: &mut Cx<'_>) -> HttpCall {
     let identity = r.identity.and_then(|i| {
         // Up to the first placeholder: what of the URL is known before a call.
         let literal = r.url.as_ref().map_or("", Template::literal_prefix);
-        crate::config::identity::compile(i, &format!("{hp}.identity"), literal, p)
+        crate::spec::identity::compile(i, &format!("{hp}.identity"), literal, p)
     });
     if identity.is_some()
         && let Some((k, _)) = r

@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::context::Problems;
+use crate::spec::context::Problems;
 
 /// Most paths one tool may name.
 pub const MAX_PROJECT_PATHS: usize = 64;

@@ -5,13 +5,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::checks::shallow;
-use crate::config::context::{Cx, Names, check_template, checked_template};
-use crate::config::json_field;
-use crate::config::shared::LogLevel;
+use crate::spec::checks::shallow;
+use crate::spec::context::{Cx, Names, check_template, checked_template};
+use crate::spec::json_field;
+use crate::spec::shared::LogLevel;
 use crate::template::{JsonTemplate, Template};
 
-pub mod check;
 /// Pipelines may nest at most this deep (a pipeline whose step is a pipeline is 2 deep).
 pub const MAX_PIPELINE_NESTING: usize = 16;
 

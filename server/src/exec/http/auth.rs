@@ -10,8 +10,8 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::Value;
 
-use quiver_model::config::context::SecretRef;
 use quiver_model::handlers::http::auth::{Auth, OAuth2};
+use quiver_model::spec::context::SecretRef;
 
 use super::{HttpClient, USER_AGENT};
 

@@ -17,12 +17,12 @@ pub(crate) mod trust;
 
 use self::args as from_args;
 use self::auth::AuthRun as _;
-use crate::config::checks::{has_dot_segment, path_of};
-use crate::config::context::{CALLER_ROOT, SECRET_ROOT};
 use crate::exec::output::ToolOutput;
 use crate::handlers::content::to_base64;
 use crate::handlers::http::project::Projection;
 use crate::handlers::http::{HttpCall, TlsRefs};
+use crate::spec::checks::{has_dot_segment, path_of};
+use crate::spec::context::{CALLER_ROOT, SECRET_ROOT};
 
 /// What a call adds to an http tool's request beyond its arguments and Secrets.
 #[derive(Debug, Clone, Copy)]

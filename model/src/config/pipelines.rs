@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use super::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS};
-use crate::config::access::Access;
 use crate::config::compiled::{CompiledHandler, CompiledTool};
-use crate::config::context::Problems;
+use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS};
+use crate::spec::access::Access;
+use crate::spec::context::Problems;
 
 /// Rejects pipeline cycles, nesting deeper than [`MAX_PIPELINE_NESTING`] and pipelines one
 /// call of which would run more than [`MAX_PIPELINE_STEPS`] steps, and gives each pipeline
@@ -104,7 +104,7 @@ fn walk(tools: &[CompiledTool], p: &mut Problems) -> Option<Walk> {
 impl Walk {
     /// Records pipeline `i` once all its steps are done: its nesting, its cost, and the access
     /// it needs (what each of its steps needs too).
-    fn finish(&mut self, i: usize, steps: &[super::Step]) {
+    fn finish(&mut self, i: usize, steps: &[crate::handlers::pipeline::Step]) {
         self.nesting[i] = 1 + steps.iter().map(|s| self.nesting[s.tool]).max().unwrap_or(0);
         self.cost[i] = steps.iter().fold(0usize, |acc, s| {
             acc.saturating_add(1).saturating_add(self.cost[s.tool])
