@@ -96,7 +96,7 @@ async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
         "upstreams": s.server.exec.upstreams.status(),
         "auth": s.auth,
         // What stdio upstreams and exec tools are kept from.
-        "childIsolation": crate::sandbox::policy().status(),
+        "childIsolation": crate::sys::sandbox::policy().status(),
         "uptimeSeconds": s.started.elapsed().as_secs(),
         "tuning": s.tuning,
         "load": {

@@ -288,7 +288,7 @@ pub struct ServeArgs {
     /// tree, --hide-from-children paths. Where the kernel has no Landlock, `strict` refuses to
     /// start them and `best-effort` starts them unconfined (see docs/security.md).
     #[arg(long, env = "QUIVER_CHILD_ISOLATION", default_value = "strict")]
-    child_isolation: crate::sandbox::Mode,
+    child_isolation: crate::sys::sandbox::Mode,
     /// Another path (file or directory) that stdio upstreams and exec tools may not read
     /// (repeatable), e.g. a mounted key the server alone uses; a path inside a Kubernetes
     /// Secret, ConfigMap or projected volume hides the whole volume.
@@ -336,7 +336,7 @@ pub struct ServeArgs {
 /// Parses the command line and runs; returns the process exit code.
 pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     // Before any secret is read: no process of this uid may read this one's memory.
-    crate::sandbox::deny_dumping();
+    crate::sys::sandbox::deny_dumping();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check { config }) => return Ok(check(&config)),
@@ -351,12 +351,12 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
             command,
         }) => {
             init_logging("text", true);
-            crate::sandbox::init(crate::sandbox::Policy::for_bridge());
+            crate::sys::sandbox::init(crate::sys::sandbox::Policy::for_bridge());
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             rt.block_on(async {
-                crate::exec::start_reaper();
+                crate::sys::process::start_reaper();
                 crate::upstream::bridge::serve(&socket, &command, max_processes.max(1)).await
             })?;
             return Ok(0);
@@ -369,7 +369,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     if let Some(SecretSource::Dir(root)) = &args.secrets {
         hidden.push(root.clone());
     }
-    crate::sandbox::init(crate::sandbox::Policy::new(args.child_isolation, &hidden));
+    crate::sys::sandbox::init(crate::sys::sandbox::Policy::new(args.child_isolation, &hidden));
     let source = args
         .config
         .clone()
@@ -502,7 +502,7 @@ fn client_auth(
                     groups_claim: args.auth_groups_claim.clone(),
                     ca,
                 },
-                crate::exec::HttpClient::new(),
+                crate::net::http::HttpClient::new(),
             );
             oidc.start();
             Some(oidc)
@@ -561,7 +561,7 @@ fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
             client_secret: secret.clone(),
             ca,
         },
-        crate::exec::HttpClient::new(),
+        crate::net::http::HttpClient::new(),
         server.exec.secrets.clone(),
     );
     server
@@ -585,7 +585,7 @@ async fn serve(
         "release"
     };
     // Exec tools' orphans are re-parented to this process (PID 1 in its image): reap them.
-    crate::exec::start_reaper();
+    crate::sys::process::start_reaper();
     let metrics = Metrics::new(profile, allocator);
     let dropped = metrics.trace_spans_dropped.clone();
     let traces = crate::otel::init(&args.tracing, &args.client_tracing, dropped)?;
@@ -735,7 +735,7 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
         });
     let mut server = Server::with_limits(registry, metrics.clone(), limits).with_tasks(bounds, shared);
     if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
-        let key = crate::modern::StateKey::from_secret(secret.as_bytes())
+        let key = crate::dispatch::stateless::StateKey::from_secret(secret.as_bytes())
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
         server = server.with_state_key(key);
     }

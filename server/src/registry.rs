@@ -220,7 +220,7 @@ fn handshake(server: &ServerInfo) -> Handshake {
     let discover = serde_json::to_vec(&discover)
         .unwrap_or_default()
         .into_boxed_slice();
-    let result_stamp = crate::modern::result_fields(&info).into_boxed_slice();
+    let result_stamp = crate::protocol::stateless_result_fields(&info).into_boxed_slice();
     Handshake {
         info,
         initialize,

@@ -12,7 +12,7 @@ use axum::body::Body;
 use common::{Harness, harness_with, post};
 use http::Request;
 use quiver_server::config::SecretRef;
-use quiver_server::exec::HttpClient;
+use quiver_server::net::http::HttpClient;
 use quiver_server::secrets::{Presence, Secrets};
 use quiver_server::transport::auth::{Auth, BearerAuth, Oidc, OidcConfig};
 use quiver_server::transport::http::HttpOptions;

@@ -339,3 +339,16 @@ pub fn checked_template(
     check_template(&t, names, path, p);
     Some(t)
 }
+
+/// The value of `r` in a snapshot of the secret store (`{NAME: {KEY: value}}`), or why there is none
+/// (never a value).
+///
+/// # Errors
+/// The Secret or ConfigMap, or its key, is not in the snapshot.
+pub fn value_in<'a>(snapshot: &'a serde_json::Value, r: &SecretRef) -> Result<&'a str, String> {
+    snapshot
+        .get(&r.name)
+        .and_then(|s| s.get(&r.key))
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("{r} is not available"))
+}

@@ -384,7 +384,7 @@ impl Clock {
         let d = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         if self.second != Some(d.as_secs()) {
             let whole = std::time::UNIX_EPOCH + Duration::from_secs(d.as_secs());
-            let mut full = crate::exec::builtin::rfc3339(whole);
+            let mut full = crate::net::time::rfc3339(whole);
             full.truncate(full.rfind('.').unwrap_or(full.len()));
             self.prefix = full;
             self.second = Some(d.as_secs());
@@ -606,7 +606,7 @@ mod tests {
     fn times_are_wall_clock_and_request_ids_stay_bounded() {
         let secrets = Secrets::new();
         let mut clock = Clock::new();
-        let now = crate::exec::builtin::rfc3339(SystemTime::now());
+        let now = crate::net::time::rfc3339(SystemTime::now());
         let mut lines = Vec::new();
         for (ago, id) in [
             (1500, "12345".to_owned()),

@@ -31,14 +31,16 @@ impl Server {
                 let snap = self.registry.load();
                 if a.stamp == Stamp::Cached {
                     let mut f = snap.result_stamp.to_vec();
-                    f.extend_from_slice(&crate::modern::cache_fields(self.limits.cache_ttl_ms));
+                    f.extend_from_slice(&crate::dispatch::stateless::cache_fields(
+                        self.limits.cache_ttl_ms,
+                    ));
                     // A tool list rendered for its caller is no one else's to reuse.
                     if snap.tool_entries.is_some() && a.metric == crate::metrics::method_index("tools/list") {
-                        crate::modern::make_private(&mut f);
+                        crate::dispatch::stateless::make_private(&mut f);
                     }
-                    crate::modern::stamp(&mut out, &f);
+                    crate::dispatch::stateless::stamp(&mut out, &f);
                 } else {
-                    crate::modern::stamp(&mut out, &snap.result_stamp);
+                    crate::dispatch::stateless::stamp(&mut out, &snap.result_stamp);
                 }
             }
             if out.len() > self.limits.max_response_bytes {

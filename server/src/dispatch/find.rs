@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::request::Request;
 use super::visible::{Seen, Spend};
 use crate::config::CompiledHandler;
-use crate::exec::ToolOutput;
+use crate::protocol::output::ToolOutput;
 use crate::registry::Snapshot;
 use crate::search::Scratch;
 

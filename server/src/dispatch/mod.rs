@@ -24,6 +24,7 @@ mod revision;
 mod rounds;
 mod server;
 mod sessions;
+pub mod stateless;
 mod table;
 mod task_backend;
 mod task_polls;
@@ -232,7 +233,7 @@ impl Server {
         let mut out = Vec::with_capacity(256);
         let meta = match stateless {
             None => Ok(None),
-            Some(header) => crate::modern::meta(params, header).map(Some),
+            Some(header) => crate::dispatch::stateless::meta(params, header).map(Some),
         };
         let req = Request {
             id,
@@ -322,7 +323,9 @@ fn revision_of<'a>(
     let stateless = match era {
         Era::Legacy => None,
         Era::Modern(h) => Some(Some(h)),
-        Era::Detect => (method != "initialize" && crate::modern::names_version(params)).then_some(None),
+        Era::Detect => {
+            (method != "initialize" && crate::dispatch::stateless::names_version(params)).then_some(None)
+        }
     };
     let rev: &'static Revision = if stateless.is_some() {
         &STATELESS
@@ -333,7 +336,11 @@ fn revision_of<'a>(
 }
 
 /// `Method not found`, naming the revision that removed a handshake-era method.
-fn not_found(method: &str, entry: Option<&Method>, meta: Option<crate::modern::Meta<'_>>) -> RpcError {
+fn not_found(
+    method: &str,
+    entry: Option<&Method>,
+    meta: Option<crate::dispatch::stateless::Meta<'_>>,
+) -> RpcError {
     match (entry, meta) {
         (Some(_), Some(meta)) => RpcError::new(
             METHOD_NOT_FOUND,

@@ -120,7 +120,7 @@ pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Do
     }
     protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
     if stamped {
-        crate::modern::stamp(out, &snap.result_stamp);
+        crate::dispatch::stateless::stamp(out, &snap.result_stamp);
     }
     Ok(Done::Written)
 }

@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 use super::error::RpcError;
 use super::listen::Listen;
 use super::server::{Ctx, Server};
-use crate::modern::Meta;
+use crate::dispatch::stateless::Meta;
 use crate::session::ClientCaps;
 
 /// One request, read and checked, as its handler sees it.

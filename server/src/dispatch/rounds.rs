@@ -12,7 +12,7 @@ use super::envelope::present;
 use super::error::RpcError;
 use super::request::Request;
 use super::server::Server;
-use crate::modern::{CallId, Meta};
+use crate::dispatch::stateless::{CallId, Meta};
 use crate::peer::{Inputs, Round};
 use crate::protocol::{self, MISSING_CAPABILITY};
 use crate::registry::Snapshot;

@@ -114,7 +114,7 @@ pub struct Server {
     pub(super) cancels: Cancels,
     pub(super) limits: Limits,
     /// Signs 2026-07-28 `requestState`.
-    pub(super) state_key: crate::modern::StateKey,
+    pub(super) state_key: crate::dispatch::stateless::StateKey,
     /// Resource URIs watched by open `subscriptions/listen` streams.
     pub(super) watched: Arc<Mutex<FxHashMap<Box<str>, usize>>>,
     /// The budgets of rate and concurrency limits.
@@ -146,7 +146,7 @@ impl Server {
             pending: Pending::default(),
             cancels: Cancels::default(),
             limits,
-            state_key: crate::modern::StateKey::random(),
+            state_key: crate::dispatch::stateless::StateKey::random(),
             watched: Arc::default(),
             limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
             audit: None,
@@ -215,7 +215,7 @@ impl Server {
     /// Signs `requestState` with `key` instead of this process's random key: replicas that
     /// share a key accept each other's state.
     #[must_use]
-    pub fn with_state_key(self: Arc<Self>, key: crate::modern::StateKey) -> Arc<Self> {
+    pub fn with_state_key(self: Arc<Self>, key: crate::dispatch::stateless::StateKey) -> Arc<Self> {
         match Arc::try_unwrap(self) {
             Ok(mut s) => {
                 s.state_key = key;

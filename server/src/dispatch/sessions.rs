@@ -44,7 +44,7 @@ pub(super) fn initialize(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Re
     let p: InitializeParams<'_> = parse_params(req.params)?;
     let version = protocol::supported(&p.protocol_version).unwrap_or(protocol::LATEST_VERSION);
     protocol::write_result(out, req.id, s.registry.load().initialize_result(version));
-    let mut caps = crate::modern::client_caps(p.capabilities);
+    let mut caps = crate::dispatch::stateless::client_caps(p.capabilities);
     caps.core_tasks = version == crate::registry::CORE_TASKS_VERSION;
     Ok(Done::Initialized(caps))
 }
@@ -60,7 +60,7 @@ pub(super) fn discover(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Resu
     let snap = s.registry.load();
     let mut result = snap.discover.to_vec();
     result.pop();
-    result.extend_from_slice(&crate::modern::cache_fields(s.limits.cache_ttl_ms));
+    result.extend_from_slice(&crate::dispatch::stateless::cache_fields(s.limits.cache_ttl_ms));
     result.push(b'}');
     protocol::write_result(out, req.id, &result);
     Ok(Done::Written)

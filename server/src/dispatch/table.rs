@@ -136,7 +136,7 @@ mod tests {
             .copied()
             .filter(|n| lookup(n).is_some_and(|m| m.eras == Eras::Handshake))
             .collect();
-        let mut removed = crate::modern::REMOVED_METHODS.to_vec();
+        let mut removed = crate::dispatch::stateless::REMOVED_METHODS.to_vec();
         handshake.sort_unstable();
         removed.sort_unstable();
         assert_eq!(handshake, removed);

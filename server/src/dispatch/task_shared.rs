@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::task_store::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
-use crate::resp::{Client, Reply};
+use crate::net::resp::{Client, Reply};
 
 /// How often the end of a task is tried before it is given up (about 1.5 s of back-off).
 const FINISH_TRIES: u32 = 5;
@@ -231,7 +231,7 @@ fn ms(d: Duration) -> u64 {
 impl SharedTasks {
     pub(super) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
         SharedTasks {
-            redis: Client::new(crate::resp::Options {
+            redis: Client::new(crate::net::resp::Options {
                 addr: opts.addr,
                 password: opts.password,
                 timeout: opts.timeout,
@@ -525,7 +525,7 @@ impl SharedTasks {
             }
             Err(_) => return,
         };
-        for chunk in ids.chunks(crate::resp::MAX_ELEMENTS) {
+        for chunk in ids.chunks(crate::net::resp::MAX_ELEMENTS) {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|id| self.key(id)).collect();
             let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
             let Ok(Reply::Array(statuses)) = self.eval(STATUSES, &refs, &[]).await else {

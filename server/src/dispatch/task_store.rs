@@ -168,13 +168,10 @@ impl TaskView {
         let mut m = Map::new();
         m.insert("taskId".into(), json!(self.id));
         m.insert("status".into(), json!(self.status.name()));
-        m.insert(
-            "createdAt".into(),
-            json!(crate::exec::builtin::rfc3339(self.created)),
-        );
+        m.insert("createdAt".into(), json!(crate::net::time::rfc3339(self.created)));
         m.insert(
             "lastUpdatedAt".into(),
-            json!(crate::exec::builtin::rfc3339(self.updated)),
+            json!(crate::net::time::rfc3339(self.updated)),
         );
         m.insert("ttlMs".into(), json!(millis(self.ttl)));
         m.insert("pollIntervalMs".into(), json!(millis(self.poll_interval)));
@@ -264,13 +261,10 @@ impl TaskView {
         if let Some(message) = message {
             m.insert("statusMessage".into(), json!(message));
         }
-        m.insert(
-            "createdAt".into(),
-            json!(crate::exec::builtin::rfc3339(self.created)),
-        );
+        m.insert("createdAt".into(), json!(crate::net::time::rfc3339(self.created)));
         m.insert(
             "lastUpdatedAt".into(),
-            json!(crate::exec::builtin::rfc3339(self.updated)),
+            json!(crate::net::time::rfc3339(self.updated)),
         );
         m.insert("ttl".into(), json!(millis(self.ttl)));
         m.insert("pollInterval".into(), json!(millis(self.poll_interval)));

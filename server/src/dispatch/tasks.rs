@@ -73,7 +73,7 @@ pub(super) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
     req.params
         .and_then(|p| serde_json::from_str::<Env<'_>>(p.get()).ok())
         .and_then(|e| e.meta?.caps)
-        .is_some_and(|c| crate::modern::client_caps(Some(c)).tasks)
+        .is_some_and(|c| crate::dispatch::stateless::client_caps(Some(c)).tasks)
 }
 
 /// The `-32021` of a client that did not declare the tasks extension.

@@ -207,7 +207,12 @@ pub(super) async fn ended(
 
 /// The end of a task's call: its result checked against the tool's output schema, and its
 /// duration recorded by outcome (as a call without a task).
-fn concluded(snap: &Snapshot, index: usize, o: crate::exec::ToolOutput, start: Instant) -> Status {
+fn concluded(
+    snap: &Snapshot,
+    index: usize,
+    o: crate::protocol::output::ToolOutput,
+    start: Instant,
+) -> Status {
     let o = crate::exec::check_output(snap, index, o);
     let tool = &snap.tools[index];
     let h = if o.is_error {

@@ -21,7 +21,6 @@ use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{ModernCall, modern_args};
 use super::server::{InflightGuard, Server};
 use crate::config::governance::Limit;
-use crate::exec::{ToolOutput, check_output};
 use crate::limits::Who;
 use crate::metrics::{Refusal, outcome_index};
 use crate::peer::{CallCtx, Peer};
@@ -30,6 +29,7 @@ use crate::registry::{ListKind, Snapshot};
 use crate::session::LogLevel;
 use crate::spec::access::Principal;
 use crate::spec::caller::Credential;
+use crate::{exec::check_output, protocol::output::ToolOutput};
 
 /// The `tools/call` slot in [`crate::metrics::METHODS`].
 const TOOLS_CALL: usize = crate::metrics::method_index("tools/call");
@@ -164,7 +164,7 @@ pub(super) async fn call(
         let failed = conclude(&guard, index, req.id, output, start, out);
         noted(trail, failed);
         if modern.is_some() {
-            crate::modern::stamp(out, &guard.result_stamp);
+            crate::dispatch::stateless::stamp(out, &guard.result_stamp);
         }
         return Ok(None);
     }
@@ -229,7 +229,7 @@ async fn refused_arguments(
         super::tasks_core::ended(server, req, ttl, out).await?;
     }
     if let Some(stamp) = stamp {
-        crate::modern::stamp(out, stamp);
+        crate::dispatch::stateless::stamp(out, stamp);
     }
     Ok(())
 }
@@ -470,7 +470,7 @@ impl Server {
             return Ok(false);
         }
         let failed = conclude(snap, index, id, o, start, out);
-        crate::modern::stamp(out, &snap.result_stamp);
+        crate::dispatch::stateless::stamp(out, &snap.result_stamp);
         Ok(failed)
     }
 
@@ -638,7 +638,7 @@ async fn as_task(
     if o.is_error {
         // The steps before the task ended the call (a declined form): its result, at once.
         conclude(&c.snap, c.index, req.id, o, c.start, out);
-        crate::modern::stamp(out, &c.snap.result_stamp);
+        crate::dispatch::stateless::stamp(out, &c.snap.result_stamp);
         return Ok(());
     }
     start_task(server, req, c, permits, used, caps, out).await

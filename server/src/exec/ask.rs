@@ -6,9 +6,9 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::exec::output::ToolOutput;
 use crate::handlers::ask::{ElicitCall, Question, QuestionKind, SampleCall};
 use crate::peer::{Asked, CallCtx, Need};
+use crate::protocol::output::ToolOutput;
 
 /// The output of a call stopped for input (2026-07-28). Dispatch answers with the
 /// `InputRequiredResult` (or the error) the round gathered instead; this never reaches a

@@ -8,9 +8,10 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use crate::exec::output::{ToolOutput, WithSecrets};
-use crate::exec::process;
 use crate::handlers::exec::ExecCall;
+use crate::protocol::output::ToolOutput;
+use crate::secrets::WithSecrets;
+use crate::sys::process;
 use crate::template::Budget;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use crate::exec::output::ToolOutput;
 use crate::handlers::content::Content;
+use crate::protocol::output::ToolOutput;
 use crate::template::Budget;
 
 /// Renders the blocks; the result's `text` (what a later pipeline step sees as

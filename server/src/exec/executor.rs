@@ -6,13 +6,14 @@ use std::sync::{Arc, LazyLock};
 
 use serde_json::Value;
 
-use super::http::{HttpClient, Outbound};
-use super::output::{OutputFuture, ToolOutput};
+use super::http::Outbound;
 use super::{ask, builtin, command, content, pipeline, template};
 use crate::config::compiled::CompiledHandler;
 use crate::handlers::builtin::Builtin;
 use crate::handlers::http::HttpCall;
+use crate::net::http::HttpClient;
 use crate::peer::CallCtx;
+use crate::protocol::output::{OutputFuture, ToolOutput};
 use crate::registry::Snapshot;
 use crate::secrets::Secrets;
 use crate::spec::context::SecretRef;
@@ -217,7 +218,7 @@ impl Executor {
         };
         let mut out = self
             .with_secrets(&h.secrets, |s| async move {
-                self.http.call(h, args, &s, &outbound).await
+                super::http::call(&self.http, h, args, &s, &outbound).await
             })
             .await;
         used.extend(auth.as_ref().map(bearer_value));

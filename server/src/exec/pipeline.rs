@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Map, Value};
 
-use crate::exec::output::{OutputFuture, ToolOutput};
 use crate::handlers::pipeline::{MAX_PIPELINE_STEPS as MAX_STEPS, Step};
 use crate::peer::CallCtx;
+use crate::protocol::output::{OutputFuture, ToolOutput};
 use crate::registry::Snapshot;
 use crate::template::{Scope, approx_size};
 

@@ -3,7 +3,7 @@
 
 use quiver_model::template::Template;
 
-use crate::exec::output::ToolOutput;
+use crate::protocol::output::ToolOutput;
 
 /// The result of a `template` handler.
 pub fn run(t: &Template, args: &serde_json::Value) -> ToolOutput {

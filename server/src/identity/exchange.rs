@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::Value;
 
 use crate::config::SecretRef;
-use crate::exec::http::{HttpClient, USER_AGENT};
+use crate::net::http::{HttpClient, USER_AGENT};
 use crate::secrets::Secrets;
 use crate::spec::caller::Credential;
 

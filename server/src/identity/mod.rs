@@ -16,7 +16,7 @@ use http::HeaderValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::exec::ToolOutput;
+use crate::protocol::output::ToolOutput;
 use crate::spec::caller::Credential;
 use crate::spec::identity::{Identity, IdentityMode};
 pub use exchange::{ExchangeConfig, Exchanger};

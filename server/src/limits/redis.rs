@@ -1,6 +1,6 @@
 //! Shared rate limits in Redis: the same GCRA as the local limits, as one Lua script run
 //! atomically by Redis (`EVALSHA`), on Redis's clock, so every replica counts against one
-//! budget, over the [`crate::resp`] client.
+//! budget, over the [`crate::net::resp`] client.
 //!
 //! When Redis fails (refused, timed out, an error answer), the call is decided by the
 //! [`FailMode`], and Redis is not tried again for [`BACKOFF`]: a Redis that is down costs one
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::FailMode;
 use crate::config::governance::Rate;
 use crate::gov_metrics::GovMetrics;
-use crate::resp::{Client, Reply};
+use crate::net::resp::{Client, Reply};
 
 /// How long Redis is left alone after a failure.
 pub const BACKOFF: Duration = Duration::from_secs(1);
@@ -70,7 +70,7 @@ pub struct Shared {
 impl Shared {
     /// A client for `opts` (connecting on first use).
     pub fn new(opts: Options, metrics: Arc<GovMetrics>) -> Self {
-        let redis = Client::new(crate::resp::Options {
+        let redis = Client::new(crate::net::resp::Options {
             addr: opts.addr.clone(),
             password: opts.password.clone(),
             timeout: opts.timeout,

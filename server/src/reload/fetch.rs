@@ -190,7 +190,7 @@ fn read_small(path: &str, what: &str) -> Result<String, String> {
 
 /// The TLS settings: the CA file's, Secret's or ConfigMap's certificates, or the public roots.
 fn tls_config(f: &Fetch<'_>) -> Result<rustls::ClientConfig, String> {
-    use crate::exec::http::trust::{public_roots, roots_from_pem};
+    use crate::net::trust::{public_roots, roots_from_pem};
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -209,8 +209,8 @@ fn request(f: &Fetch<'_>) -> Result<Request<Empty<Bytes>>, String> {
     let uri: http::Uri = url.parse().map_err(|_| "not a URL".to_owned())?;
     let mut req = Request::get(uri)
         .header(header::ACCEPT, "application/json, application/yaml;q=0.9")
-        .header(header::USER_AGENT, crate::exec::http::USER_AGENT);
-    let scope = crate::exec::output::WithSecrets {
+        .header(header::USER_AGENT, crate::net::http::USER_AGENT);
+    let scope = crate::secrets::WithSecrets {
         args: &Value::Null,
         secrets: f.secrets,
     };

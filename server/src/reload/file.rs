@@ -8,8 +8,8 @@ use std::sync::Arc;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::events::{classify, settle};
 use super::reloader::Reloader;
+use crate::net::events::{classify, settle};
 
 /// Reads the config text at `path`: the file, or every non-hidden `*.yaml`/`*.yml` file of
 /// the directory in name order.

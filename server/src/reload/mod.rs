@@ -4,7 +4,6 @@
 
 #[cfg(feature = "kube")]
 mod configmap;
-pub(crate) mod events;
 pub(crate) mod fetch;
 mod file;
 mod reloader;

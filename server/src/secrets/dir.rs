@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::store::{Keys, MAX_DIR_SECRETS, MAX_KEYS, MAX_VALUE_BYTES, Secrets};
-use crate::reload::events::{classify, settle};
+use crate::net::events::{classify, settle};
 
 /// Every secret under `root`: its directories, and their files as keys (hidden names, and
 /// files over [`MAX_VALUE_BYTES`], skipped).

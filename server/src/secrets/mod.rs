@@ -30,7 +30,8 @@ pub use env::env_var;
 #[cfg(feature = "kube")]
 pub use kubernetes::watch_kube;
 pub use store::{
-    Keys, MAX_DIR_SECRETS, MAX_KEYS, MAX_VALUE_BYTES, MIN_REDACTED_LEN, Presence, REDACTED, Secrets, value_in,
+    Keys, MAX_DIR_SECRETS, MAX_KEYS, MAX_VALUE_BYTES, MIN_REDACTED_LEN, Presence, REDACTED, Secrets,
+    WithSecrets, value_in,
 };
 
 /// Where secret values come from.

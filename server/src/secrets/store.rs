@@ -8,8 +8,9 @@ use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
-use crate::exec::output::ToolOutput;
-use crate::spec::context::{CONFIG_MAP_PREFIX, SecretRef};
+use crate::protocol::output::ToolOutput;
+pub use crate::spec::context::value_in;
+use crate::spec::context::{CONFIG_MAP_PREFIX, SECRET_ROOT, SecretRef};
 
 /// Values shorter than this are not searched for in outputs (every `a` would go).
 pub use crate::redact::MIN_KNOWN_LEN as MIN_REDACTED_LEN;
@@ -38,17 +39,21 @@ pub enum Presence {
     Unreadable,
 }
 
-/// The value of `r` in a snapshot of the store ([`Secrets::snapshot`]), or why there is none
-/// (never a value).
-///
-/// # Errors
-/// The Secret or ConfigMap, or its key, is not in the snapshot.
-pub fn value_in<'a>(snapshot: &'a Value, r: &SecretRef) -> Result<&'a str, String> {
-    snapshot
-        .get(&r.name)
-        .and_then(|s| s.get(&r.key))
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("{r} is not available"))
+/// What the templates of an http request or an exec environment see: the arguments, and
+/// the secret store under `secret` (which no argument can shadow).
+pub struct WithSecrets<'a> {
+    pub args: &'a Value,
+    pub secrets: &'a Value,
+}
+
+impl crate::template::Scope for WithSecrets<'_> {
+    fn get(&self, name: &str) -> Option<&Value> {
+        if name == SECRET_ROOT {
+            Some(self.secrets)
+        } else {
+            self.args.get(name)
+        }
+    }
 }
 
 /// The store.

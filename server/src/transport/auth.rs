@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::jwt::{self, Jwk};
 use crate::config::SecretRef;
-use crate::exec::HttpClient;
+use crate::net::http::HttpClient;
 use crate::secrets::Secrets;
 use crate::spec::access::Principal;
 

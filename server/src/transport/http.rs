@@ -493,7 +493,7 @@ fn unsupported_version(headers: &HeaderMap, body: &[u8]) -> Response {
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default();
     let mut out = Vec::with_capacity(192);
-    crate::modern::unsupported(&requested).write(&mut out, protocol::peek_id(body));
+    crate::dispatch::stateless::unsupported(&requested).write(&mut out, protocol::peek_id(body));
     json_response(StatusCode::BAD_REQUEST, out)
 }
 

@@ -26,7 +26,7 @@ use tokio::net::UnixListener;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::exec::process;
+use crate::sys::process;
 
 /// Longest first line of a connection (the token and its newline).
 const MAX_TOKEN_LINE: u64 = 256;

@@ -35,10 +35,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::compiled::CompiledToolSet;
 use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
-use crate::exec::http::HttpClient;
-use crate::exec::output::ToolOutput;
 use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::net::http::HttpClient;
 use crate::peer::CallCtx;
+use crate::protocol::output::ToolOutput;
 use crate::secrets::Secrets;
 use crate::spec::context::SecretRef;
 use crate::spec::shared::LogLevel;

@@ -20,9 +20,9 @@ use super::{
     initialize_params,
 };
 use crate::config::upstream::Transport;
-use crate::exec::http::{HttpClient, USER_AGENT};
-use crate::exec::output::WithSecrets;
 use crate::handlers::http::TlsRefs;
+use crate::net::http::{HttpClient, USER_AGENT};
+use crate::secrets::WithSecrets;
 use crate::template::Template;
 
 const SESSION_HEADER: &str = "mcp-session-id";

@@ -22,7 +22,7 @@ use super::{
     initialize_params,
 };
 use crate::config::upstream::Transport;
-use crate::exec::{WithSecrets, process};
+use crate::{secrets::WithSecrets, sys::process};
 
 /// Lines queued towards one process's stdin.
 const QUEUE: usize = 256;

@@ -3,8 +3,9 @@
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{HttpClient, Outbound};
+use super::Outbound;
 use crate::config::{CompiledHandler, ToolSet, compile};
+use crate::net::http::HttpClient;
 
 /// An API on a loopback port: `/token` issues `tok-secret-1`; any other path answers the
 /// request head it received (as a debug page or an error quoting the request would).
@@ -78,7 +79,7 @@ async fn an_api_echoing_the_request_does_not_hand_the_caller_a_built_credential(
         let CompiledHandler::Http(call) = &t.handler else {
             panic!("an http tool")
         };
-        let out = client.call(call, &json!({}), &secrets, &outbound).await;
+        let out = super::call(&client, call, &json!({}), &secrets, &outbound).await;
         assert!(!out.is_error, "{tool}: {}", out.text);
         assert!(
             out.text.to_ascii_lowercase().contains("authorization"),
@@ -133,7 +134,7 @@ async fn a_fetched_documents_server_is_never_this_host_in_any_spelling() {
             panic!("an http tool")
         };
         assert!(call.guarded, "{host}");
-        let out = client.call(call, &json!({}), &Value::Null, &outbound).await;
+        let out = super::call(&client, call, &json!({}), &Value::Null, &outbound).await;
         assert!(out.is_error, "{host}: {}", out.text);
     }
     assert_eq!(

@@ -1,5 +1,7 @@
 //! JSON-RPC 2.0 framing and MCP protocol constants, written straight into byte buffers.
 
+pub mod output;
+
 use serde_json::value::RawValue;
 
 /// Handshake-era ("legacy") revisions this server speaks, newest first: a client opens with
@@ -8,7 +10,7 @@ pub const SUPPORTED_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-
 /// The newest handshake-era revision; offered when `initialize` asks for one we do not speak.
 pub const LATEST_VERSION: &str = SUPPORTED_VERSIONS[0];
 /// Stateless ("modern") revisions: every request carries its version, client capabilities
-/// and log level in `_meta`; there is no handshake and no session (see [`crate::modern`]).
+/// and log level in `_meta`; there is no handshake and no session (see [`crate::dispatch::stateless`]).
 pub const MODERN_VERSIONS: [&str; 1] = ["2026-07-28"];
 /// Every revision this server speaks, newest first (`server/discover`, and the `supported`
 /// list of an unsupported-version error).
@@ -155,6 +157,15 @@ pub fn is_answer_or_notification(body: &[u8]) -> bool {
         method: Option<&'a RawValue>,
     }
     serde_json::from_slice::<Shape<'_>>(body).is_ok_and(|m| m.id.is_none() || m.method.is_none())
+}
+
+/// The fields every 2026-07-28 result carries: `resultType` and the server's identity.
+pub fn stateless_result_fields(server_info: &serde_json::Value) -> Vec<u8> {
+    let mut f = Vec::with_capacity(128);
+    f.extend_from_slice(b"\"resultType\":\"complete\",\"_meta\":{\"io.modelcontextprotocol/serverInfo\":");
+    let _ = serde_json::to_writer(&mut f, server_info);
+    f.push(b'}');
+    f
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ fn owned() -> MutexGuard<'static, Vec<u32>> {
 pub struct Group {
     pgid: Option<u32>,
     /// Dropped after the group is killed.
-    _home: Option<crate::sandbox::ChildDir>,
+    _home: Option<crate::sys::sandbox::ChildDir>,
 }
 
 impl Group {
@@ -75,10 +75,10 @@ impl Drop for Group {
 /// configuration sets them), removed when the group is dropped.
 ///
 /// # Errors
-/// The program could not be started, or may not be (see [`crate::sandbox`]).
+/// The program could not be started, or may not be (see [`crate::sys::sandbox`]).
 pub fn spawn(cmd: &mut Command) -> io::Result<(Child, Group)> {
     cmd.process_group(0);
-    let home = crate::sandbox::child_dir()?;
+    let home = crate::sys::sandbox::child_dir()?;
     if let Some(h) = &home {
         for var in ["HOME", "TMPDIR"] {
             if !cmd.as_std().get_envs().any(|(k, v)| k == var && v.is_some()) {
@@ -88,7 +88,7 @@ pub fn spawn(cmd: &mut Command) -> io::Result<(Child, Group)> {
     }
     // Every child of the server starts here, confined from the server's secrets and from
     // the other children.
-    let _ruleset = crate::sandbox::confine(cmd, home.as_ref().map(crate::sandbox::ChildDir::path))?;
+    let _ruleset = crate::sys::sandbox::confine(cmd, home.as_ref().map(crate::sys::sandbox::ChildDir::path))?;
     let mut owned = owned();
     let child = cmd.spawn()?;
     let pgid = child.id();

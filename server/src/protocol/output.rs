@@ -1,29 +1,10 @@
-//! What every handler kind returns ([`ToolOutput`]), and the scope the templates of handlers
-//! that read Secrets render in ([`WithSecrets`]).
+//! What every tool call returns ([`ToolOutput`], the MCP `CallToolResult`), whoever runs it:
+//! a handler kind, an upstream server, or a policy or limit that refused the call.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use serde_json::Value;
-
-use crate::spec::context::SECRET_ROOT;
-
-/// What the templates of an http request or an exec environment see: the arguments, and
-/// the secret store under `secret` (which no argument can shadow).
-pub(crate) struct WithSecrets<'a> {
-    pub args: &'a Value,
-    pub secrets: &'a Value,
-}
-
-impl crate::template::Scope for WithSecrets<'_> {
-    fn get(&self, name: &str) -> Option<&Value> {
-        if name == SECRET_ROOT {
-            Some(self.secrets)
-        } else {
-            self.args.get(name)
-        }
-    }
-}
 
 /// The result of a tool call (MCP `CallToolResult`): one text block (or rich content blocks),
 /// optional structured content, and whether the tool reported an error.

@@ -218,15 +218,6 @@ pub fn stamp(out: &mut Vec<u8>, fields: &[u8]) {
     out.splice(at..at, tail);
 }
 
-/// The fields every 2026-07-28 result carries: `resultType` and the server's identity.
-pub fn result_fields(server_info: &Value) -> Vec<u8> {
-    let mut f = Vec::with_capacity(128);
-    f.extend_from_slice(b"\"resultType\":\"complete\",\"_meta\":{\"io.modelcontextprotocol/serverInfo\":");
-    let _ = serde_json::to_writer(&mut f, server_info);
-    f.push(b'}');
-    f
-}
-
 /// The cache hints of a cacheable result (lists, reads, discovery).
 pub fn cache_fields(ttl_ms: u64) -> Vec<u8> {
     format!(",\"ttlMs\":{ttl_ms},\"cacheScope\":\"public\"").into_bytes()
