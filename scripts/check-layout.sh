@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The layering checks of make test: no import cycle between the modules of a crate, no
-# non-test function over 100 lines that does not say why. Each check first proves on a small
+# The layering checks of make test: no import cycle between the modules of a crate nor
+# between its top-level folders, no non-test function over 100 lines that does not say why. Each check first proves on a small
 # synthetic crate that it fails when it should, so a broken check cannot pass silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +25,29 @@ if python3 scripts/check-cycles.py "$fixture/bad/src" > /dev/null; then
 fi
 python3 scripts/check-cycles.py "$fixture/good/src" > /dev/null \
   || { echo "check-cycles.py failed an acyclic crate" >&2; exit 1; }
+# Folders: a::x -> b -> a::y is no cycle between modules, but one between folders `a` and `b`;
+# the same edge back from a `b_tests.rs` file is test code, no cycle.
+mkdir -p "$fixture/folders/src/a" "$fixture/tests-only/src/a"
+printf 'mod a;\nmod b;\n' > "$fixture/folders/src/lib.rs"
+printf 'pub mod x;\npub mod y;\n' > "$fixture/folders/src/a/mod.rs"
+printf 'use crate::b::Thing;\n' > "$fixture/folders/src/a/x.rs"
+printf 'pub struct Other;\n' > "$fixture/folders/src/a/y.rs"
+printf 'pub struct Thing(crate::a::y::Other);\n' > "$fixture/folders/src/b.rs"
+if python3 scripts/check-cycles.py "$fixture/folders/src" > /dev/null; then
+  echo "check-cycles.py passed a crate whose folders form a cycle (a -> b -> a)" >&2; exit 1
+fi
+printf 'mod a;\nmod b;\n#[cfg(test)]\n#[path = "b_tests.rs"]\nmod b_tests;\n' > "$fixture/tests-only/src/lib.rs"
+cp "$fixture/folders/src/a/mod.rs" "$fixture/folders/src/a/x.rs" "$fixture/folders/src/a/y.rs" "$fixture/tests-only/src/a/"
+printf 'pub struct Thing;\n' > "$fixture/tests-only/src/b.rs"
+printf 'use crate::a::y::Other;\n' > "$fixture/tests-only/src/b_tests.rs"
+python3 scripts/check-cycles.py "$fixture/tests-only/src" > /dev/null \
+  || { echo "check-cycles.py counted a *_tests.rs file as production code" >&2; exit 1; }
 if python3 scripts/check-fn-length.py "$fixture/bad/src" > /dev/null; then
   echo "check-fn-length.py passed a 122-line function" >&2; exit 1
 fi
 python3 scripts/check-fn-length.py "$fixture/good/src" > /dev/null \
   || { echo "check-fn-length.py failed a long function that says why" >&2; exit 1; }
 
-python3 scripts/check-cycles.py server/src operator/src
-python3 scripts/check-fn-length.py server/src operator/src
+crates=(model/src otel/src server/src operator/src)
+python3 scripts/check-cycles.py "${crates[@]}"
+python3 scripts/check-fn-length.py "${crates[@]}"

@@ -17,8 +17,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log "layering: no import cycle between modules, no long function without a reason"
 "$ROOT/scripts/check-layout.sh"
 
-log "server library without default features (what the operator links)"
-cargo check -p quiver-server --no-default-features --locked
+log "the model crate (what the operator links) has no runtime: no tokio, no hyper"
+model_deps="$(cargo tree -p quiver-model -e normal --prefix none --locked)"
+if grep -E '^(tokio|hyper|hyper-util|axum) ' <<<"$model_deps"; then
+  echo "quiver-model depends on a runtime crate (above); keep the runtime in quiver-server" >&2; exit 1
+fi
 
 log "crds/ is what crdgen generates"
 cargo run -q -p quiver-operator --bin crdgen --locked | diff -u crds/mcpservers.quiver.dev.yaml - \

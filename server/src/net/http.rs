@@ -271,9 +271,6 @@ impl Default for HttpClient {
     }
 }
 
-/// Adds a header of an argument; a cookie joins the `Cookie` a template set (a security
-/// scheme's), as a request carries one `Cookie` header.
-
 /// A URL as messages show it: scheme, host, port and path (no userinfo, query or fragment).
 pub(crate) fn redacted(uri: &Uri) -> String {
     let host = uri

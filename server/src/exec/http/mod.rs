@@ -215,6 +215,8 @@ async fn call_with(
     out
 }
 
+/// Adds a header of an argument; a cookie joins the `Cookie` a template set (a security
+/// scheme's), as a request carries one `Cookie` header.
 fn add_header(mut req: http::request::Builder, n: HeaderName, v: HeaderValue) -> http::request::Builder {
     if n == header::COOKIE
         && let Some(m) = req.headers_mut()
