@@ -369,4 +369,5 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
+#[path = "fetch_tests.rs"]
 mod tests;

@@ -269,4 +269,5 @@ fn shape(node: &Node, s: &Value, defs: Option<&Value>) -> Option<Value> {
 }
 
 #[cfg(test)]
+#[path = "project_tests.rs"]
 mod tests;

@@ -336,5 +336,4 @@ fn target(spec: &HttpCall, scope: &RequestScope<'_>, args: &Value) -> Result<Uri
 }
 
 #[cfg(test)]
-#[path = "run_tests.rs"]
 mod tests;
