@@ -54,8 +54,6 @@ pub mod secrets;
 #[cfg(feature = "runtime")]
 pub mod session;
 #[cfg(feature = "runtime")]
-pub mod task_metrics;
-#[cfg(feature = "runtime")]
 pub mod transport;
 #[cfg(feature = "runtime")]
 pub mod tuning;

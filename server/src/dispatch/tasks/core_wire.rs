@@ -2,13 +2,13 @@
 //! asks for a task with `params.task` on `tools/call` and gets a `CreateTaskResult`, then
 //! polls `tasks/get`, waits with `tasks/result`, pages `tasks/list` and stops one with
 //! `tasks/cancel`. The tasks are those of the extension's [`TaskStore`], owned the same way
-//! ([`super::tasks::owner`]); only the wire differs.
+//! ([`super::owner`]); only the wire differs.
 //!
 //! This wire is in force for a request read in the handshake era at revision 2025-11-25
 //! from a client that did not declare the `io.modelcontextprotocol/tasks` extension (one
 //! that did gets the extension's tasks, in any revision).
 //!
-//! [`TaskStore`]: super::task_store::TaskStore
+//! [`TaskStore`]: super::memory::TaskStore
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -21,22 +21,22 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::envelope::parse_params;
-use super::error::RpcError;
-use super::request::{Done, Request};
-use super::server::Server;
-use super::task_store::{Status, TaskView};
-use super::tasks::{owner, quota};
+use super::memory::{Status, TaskView};
+use super::{owner, quota};
 use crate::config::TaskSupport;
+use crate::dispatch::envelope::parse_params;
+use crate::dispatch::error::RpcError;
+use crate::dispatch::request::{Done, Request};
+use crate::dispatch::server::Server;
 use crate::peer::CallCtx;
 use crate::protocol;
 use crate::registry::Snapshot;
 
 /// The revision whose core has tasks.
-pub(super) const REVISION: &str = "2025-11-25";
+pub(in crate::dispatch) const REVISION: &str = "2025-11-25";
 
 /// Tasks in one `tasks/list` page.
-pub(super) const LIST_PAGE: usize = 50;
+pub(in crate::dispatch) const LIST_PAGE: usize = 50;
 
 /// The `_meta` key tying a message to its task.
 const RELATED: &str = "io.modelcontextprotocol/related-task";
@@ -44,13 +44,13 @@ const RELATED: &str = "io.modelcontextprotocol/related-task";
 /// Whether the request is read with this wire (see the module's documentation): by what
 /// its session negotiated when this server saw its `initialize` (over stdio the transport
 /// names no revision per message), else by the revision the request names.
-pub(super) fn in_force(s: &Server, req: &Request<'_>) -> bool {
+pub(in crate::dispatch) fn in_force(s: &Server, req: &Request<'_>) -> bool {
     if req.meta.is_some() || req.ctx.version != REVISION {
         return false;
     }
     match s.sessions.caps(req.ctx.session) {
         Some(c) => c.core_tasks && !c.tasks,
-        None => !super::tasks::negotiated(s, req),
+        None => !super::extension::negotiated(s, req),
     }
 }
 
@@ -65,7 +65,7 @@ struct TaskMetadata {
 /// to answer it with a task kept `ttl` (the store shortens it to its own), `None` to answer
 /// it as usual. In this wire a task for a tool that runs none, and a call without one of a
 /// tool that runs only as a task, are `-32601`; elsewhere the extension's rule applies.
-pub(super) fn asked(
+pub(in crate::dispatch) fn asked(
     s: &Server,
     tool: &crate::registry::Tool,
     req: &Request<'_>,
@@ -75,7 +75,7 @@ pub(super) fn asked(
     // whether the client declared the extension is only looked up when it matters.
     let plain = task.is_none() && tool.def.task != TaskSupport::Required;
     if plain || !in_force(s, req) {
-        super::tasks::required(s, tool, req)?;
+        super::extension::required(s, tool, req)?;
         return Ok(None);
     }
     let Some(task) = task else {
@@ -108,7 +108,7 @@ pub(super) fn asked(
 /// TTL), runs the call detached from the request (`tasks/cancel` or the task's TTL stops
 /// it), and writes the `CreateTaskResult`.
 #[allow(clippy::too_many_arguments)] // the call's parts, as `tools/call` holds them
-pub(super) async fn start(
+pub(in crate::dispatch) async fn start(
     server: &Arc<Server>,
     req: &Request<'_>,
     snap: Arc<Snapshot>,
@@ -175,17 +175,17 @@ async fn told(s: &Server, session: &str, owner: &str, id: &str) {
         return;
     };
     let message = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t.core()});
-    let _ = s.events.send(Arc::new(super::server::Event {
+    let _ = s.events.send(Arc::new(crate::dispatch::server::Event {
         session: Some(session.into()),
         message: message.to_string().into(),
-        kind: super::server::EventKind::Other,
+        kind: crate::dispatch::server::EventKind::Other,
     }));
 }
 
 /// Turns the answer in `out` (a `tools/call` response refusing the arguments, a tool error)
 /// into the `CreateTaskResult` of a task that has already ended with it: a client that
 /// asked for a task finds the call's outcome where it looks for it, with `tasks/result`.
-pub(super) async fn ended(
+pub(in crate::dispatch) async fn ended(
     server: &Server,
     req: &Request<'_>,
     ttl: Duration,
@@ -263,12 +263,12 @@ fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
         return Ok(());
     }
     s.polls.take(&who).map_err(|wait| {
-        let ms = super::task_polls::retry_ms(wait);
+        let ms = super::polls::retry_ms(wait);
         RpcError::new(
             protocol::RATE_LIMITED,
             format!(
                 "Rate limited: more than {} task requests a second from this caller; retry after {ms} ms (poll at the task's pollInterval)",
-                super::task_polls::RATE
+                super::polls::RATE
             ),
         )
         .with_data(json!({"retryAfterMs": ms, "retryAfter": ms.div_ceil(1000)}))
@@ -276,11 +276,15 @@ fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
 }
 
 /// `tasks/get`: the task (flat) in this wire, else the extension's answer.
-pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn get<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(async move {
         paced(s, req)?;
         if !in_force(s, req) {
-            return super::tasks::get(s, req, out).await;
+            return super::extension::get(s, req, out).await;
         }
         write(req, &task_of(s, req).await?.core(), out);
         Ok(Done::Written)
@@ -288,20 +292,28 @@ pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec
 }
 
 /// `tasks/update` (the extension's: answers to a task's questions), paced like the others.
-pub(super) fn update<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn update<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(async move {
         paced(s, req)?;
-        super::tasks::update(s, req, out).await
+        super::extension::update(s, req, out).await
     })
 }
 
 /// `tasks/cancel`: the cancelled task (flat) in this wire, `-32602` for one already ended;
 /// else the extension's answer.
-pub(super) fn cancel<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn cancel<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(async move {
         paced(s, req)?;
         if !in_force(s, req) {
-            return super::tasks::cancel(s, req, out).await;
+            return super::extension::cancel(s, req, out).await;
         }
         let t = task_of(s, req).await?;
         if t.ended() {
@@ -326,7 +338,11 @@ fn terminal(t: &TaskView) -> RpcError {
 }
 
 /// `tasks/list`: a page of the caller's tasks (only in this wire).
-pub(super) fn list<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn list<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(list_now(s, req, out))
 }
 
@@ -377,12 +393,16 @@ fn absent(method: &str) -> RpcError {
 }
 
 /// The future of a handler that may wait.
-pub(super) type Waiting<'a> = Pin<Box<dyn Future<Output = Result<Done, RpcError>> + Send + 'a>>;
+pub(in crate::dispatch) type Waiting<'a> = Pin<Box<dyn Future<Output = Result<Done, RpcError>> + Send + 'a>>;
 
 /// `tasks/result` (only in this wire): waits until the task ends, within the request's
 /// deadline, then answers exactly what the call answered (its result, with the task in
 /// `_meta`, or its error).
-pub(super) fn result<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn result<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(async move {
         if !in_force(s, req) {
             return Err(absent("tasks/result"));
@@ -449,3 +469,7 @@ fn payload(t: &TaskView, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, R
         )),
     }
 }
+
+#[cfg(test)]
+#[path = "core_wire_tests.rs"]
+mod tests;

@@ -1,6 +1,6 @@
 //! The methods of the `io.modelcontextprotocol/tasks` extension (`tasks/get`,
 //! `tasks/cancel`, `tasks/update`) and who may use them; the tasks live in a
-//! [`TaskStore`](super::task_store::TaskStore), and `tools/call` creates them.
+//! [`TaskStore`](super::memory::TaskStore), and `tools/call` creates them.
 
 use std::borrow::Cow;
 
@@ -8,11 +8,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::envelope::parse_params;
-use super::error::RpcError;
-use super::request::{Done, Request};
-use super::server::Server;
-use super::task_store::{Quota, UpdateError};
+use super::memory::UpdateError;
+use super::owner;
+use crate::dispatch::envelope::parse_params;
+use crate::dispatch::error::RpcError;
+use crate::dispatch::request::{Done, Request};
+use crate::dispatch::server::Server;
 use crate::protocol;
 
 const EXTENSION: &str = "io.modelcontextprotocol/tasks";
@@ -23,37 +24,9 @@ struct TaskParams<'a> {
     task_id: Cow<'a, str>,
 }
 
-/// The caller a task belongs to (who may see and act on it): its authenticated subject, or
-/// else its session. Empty for a caller with neither (2026-07-28 without credentials): its
-/// task is reachable by its id alone, 128 random bits that only the creating request is shown.
-pub(super) fn owner<'a>(req: &Request<'a>) -> &'a str {
-    match req.ctx.caller {
-        Some(p) if !p.subject.is_empty() => &p.subject,
-        _ => req.ctx.session,
-    }
-}
-
-/// Whose bounds the request's tasks (and its task requests' pace) count against: the
-/// authenticated subject; a caller without credentials by its network address, whatever
-/// sessions it opens (a session is free to mint, an address is not), or without a known
-/// address (stdio) by its session.
-pub(super) fn quota<'a>(req: &Request<'a>) -> Quota<'a> {
-    match req.ctx.caller {
-        Some(p) if !p.subject.is_empty() => Quota::caller(&p.subject),
-        _ => Quota {
-            key: match req.ctx.client {
-                // `@` keeps addresses apart from sessions.
-                Some(a) => Cow::Owned(format!("@{a}")),
-                None => Cow::Borrowed(req.ctx.session),
-            },
-            anonymous: true,
-        },
-    }
-}
-
 /// Whether the request's client declared the tasks extension: in its session's
 /// `initialize`, or in the request's own `_meta` client capabilities.
-pub(super) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
+pub(in crate::dispatch) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
     if let Some(m) = &req.meta {
         return m.caps.tasks;
     }
@@ -77,7 +50,7 @@ pub(super) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
 }
 
 /// The `-32021` of a client that did not declare the tasks extension.
-pub(super) fn missing_extension(what: &str) -> RpcError {
+pub(in crate::dispatch) fn missing_extension(what: &str) -> RpcError {
     RpcError::new(
         protocol::MISSING_CAPABILITY,
         format!("{what} needs the client capability extensions[\"{EXTENSION}\"]"),
@@ -110,14 +83,22 @@ fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
 }
 
 /// `tasks/get`.
-pub(super) async fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(in crate::dispatch) async fn get(
+    s: &Server,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/get")?;
     let t = s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
     Ok(write(req, t.detailed(), out))
 }
 
 /// `tasks/cancel`: an empty acknowledgement; the next `tasks/get` shows `cancelled`.
-pub(super) async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(in crate::dispatch) async fn cancel(
+    s: &Server,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<Done, RpcError> {
     let id = task_id(s, req, "tasks/cancel")?;
     if !s.tasks.cancel(owner(req), &id).await? {
         return Err(unknown());
@@ -129,7 +110,11 @@ pub(super) async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> 
 /// of its `inputRequests`), taken before the acknowledgement, so the next `tasks/get` shows
 /// them. Answers to keys the task does not wait for are ignored; a malformed answer to one
 /// it waits for is refused (-32602) and changes nothing.
-pub(super) async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+pub(in crate::dispatch) async fn update(
+    s: &Server,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<Done, RpcError> {
     #[derive(Deserialize)]
     struct UpdateParams<'a> {
         #[serde(borrow, rename = "taskId")]
@@ -158,15 +143,23 @@ pub(super) async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> 
 /// Whether calls of `tool` are answered with a task when the client negotiated tasks: its
 /// `task` setting (by default the kinds that may run long: a process, an HTTP request, an
 /// upstream call; a tool that asks the client, or a pipeline, when it declares `task`).
-pub(super) fn wanted(tool: &crate::registry::Tool) -> bool {
+pub(in crate::dispatch) fn wanted(tool: &crate::registry::Tool) -> bool {
     tool.def.task != crate::config::TaskSupport::Forbidden
 }
 
 /// Refuses a call of a tool that runs only as a task from a client that did not declare the
 /// tasks extension (-32021, naming the extension).
-pub(super) fn required(s: &Server, tool: &crate::registry::Tool, req: &Request<'_>) -> Result<(), RpcError> {
+pub(in crate::dispatch) fn required(
+    s: &Server,
+    tool: &crate::registry::Tool,
+    req: &Request<'_>,
+) -> Result<(), RpcError> {
     if tool.def.task == crate::config::TaskSupport::Required && !negotiated(s, req) {
         return Err(missing_extension("tools/call"));
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "extension_tests.rs"]
+mod tests;

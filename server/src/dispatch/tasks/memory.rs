@@ -17,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 use crate::peer::Need;
 
 /// The longest task id looked up; longer ones are unknown without hashing them.
-pub(super) const MAX_TASK_ID: usize = 64;
+pub(in crate::dispatch) const MAX_TASK_ID: usize = 64;
 
 /// Where a task stands.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Status {
+pub(in crate::dispatch) enum Status {
     /// Running.
     Working,
     /// Waiting for the client's answers to these questions (`inputRequests`: key →
@@ -46,7 +46,7 @@ impl Status {
         }
     }
 
-    pub(super) fn terminal(&self) -> bool {
+    pub(in crate::dispatch) fn terminal(&self) -> bool {
         !matches!(self, Status::Working | Status::InputRequired(_))
     }
 }
@@ -91,7 +91,7 @@ impl Default for TaskBounds {
 /// caller without credentials, the pool all such callers share (`anonymous`). Who may see
 /// the task is its owner, a separate matter.
 #[derive(Debug, Clone)]
-pub(super) struct Quota<'a> {
+pub(in crate::dispatch) struct Quota<'a> {
     /// The caller as bounds count it: an authenticated caller's subject; one without
     /// credentials by its address, or without one by its session.
     pub key: std::borrow::Cow<'a, str>,
@@ -101,7 +101,7 @@ pub(super) struct Quota<'a> {
 
 impl<'a> Quota<'a> {
     /// The bounds of the authenticated caller `subject`.
-    pub(super) fn caller(subject: &'a str) -> Self {
+    pub(in crate::dispatch) fn caller(subject: &'a str) -> Self {
         Quota {
             key: std::borrow::Cow::Borrowed(subject),
             anonymous: false,
@@ -111,7 +111,7 @@ impl<'a> Quota<'a> {
 
 /// Why a task was not created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refused {
+pub(in crate::dispatch) enum Refused {
     /// The caller holds its maximum of tasks.
     PerCaller(usize),
     /// The server holds its maximum of tasks.
@@ -138,7 +138,7 @@ impl std::fmt::Display for Refused {
 
 /// Why `tasks/update` was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum UpdateError {
+pub(in crate::dispatch) enum UpdateError {
     /// An unknown, expired or foreign task id.
     Unknown,
     /// An answer to a pending question that is not a result of its request (or answers too
@@ -153,7 +153,7 @@ pub(super) enum UpdateError {
 
 /// What a store knows of one task, as a client sees it.
 #[derive(Debug, Clone)]
-pub(super) struct TaskView {
+pub(in crate::dispatch) struct TaskView {
     pub id: String,
     pub status: Status,
     pub created: SystemTime,
@@ -182,7 +182,7 @@ impl TaskView {
     }
 
     /// The `CreateTaskResult` of a `tools/call` answered by this task.
-    pub(super) fn created(&self) -> Value {
+    pub(in crate::dispatch) fn created(&self) -> Value {
         let mut m = self.base();
         m.insert("resultType".into(), json!("task"));
         Value::Object(m)
@@ -190,7 +190,7 @@ impl TaskView {
 
     /// The `tasks/get` answer (`resultType` is the caller's to add): the task, with its
     /// result or error once it has one.
-    pub(super) fn detailed(&self) -> Value {
+    pub(in crate::dispatch) fn detailed(&self) -> Value {
         let mut m = self.base();
         match &self.status {
             Status::Completed(r) => {
@@ -211,7 +211,7 @@ impl TaskView {
 /// The pending keys `responses` answers, after checking each answer is a result of its
 /// request (only pending keys are looked at: unknown keys cost nothing however many), and the
 /// size of the answers the task would then hold (`held`: those it holds now).
-pub(super) fn checked(
+pub(in crate::dispatch) fn checked(
     pending: &Map<String, Value>,
     responses: &Map<String, Value>,
     held: usize,
@@ -239,14 +239,14 @@ pub(super) fn checked(
 
 impl TaskView {
     /// Whether it reached a terminal status.
-    pub(super) fn ended(&self) -> bool {
+    pub(in crate::dispatch) fn ended(&self) -> bool {
         self.status.terminal()
     }
 
     /// The `Task` of the 2025-11-25 core wire (`tasks/get`, `tasks/list`, `tasks/cancel`,
     /// and under `task` in a `CreateTaskResult`): `ttl` and `pollInterval` in ms, and a tool
     /// error (`isError`) is `failed` there, with a `statusMessage`.
-    pub(super) fn core(&self) -> Value {
+    pub(in crate::dispatch) fn core(&self) -> Value {
         let tool_error =
             matches!(&self.status, Status::Completed(r) if r.get("isError") == Some(&Value::Bool(true)));
         let mut m = Map::new();
@@ -286,7 +286,7 @@ fn millis(d: Duration) -> u64 {
 /// A task store. `owner` is who may see and act on a task: its caller's authenticated
 /// subject, or else its session; empty for a caller with neither, whose task is reachable by
 /// its id alone (128 random bits, shown to nobody else).
-pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
+pub(in crate::dispatch) trait TaskStore: Send + Sync + std::fmt::Debug {
     /// Creates a working task of `owner`, cancelled through `token`.
     #[cfg(test)]
     fn create(&self, owner: &str, token: CancellationToken) -> Result<TaskView, Refused>;
@@ -331,11 +331,11 @@ pub(super) trait TaskStore: Send + Sync + std::fmt::Debug {
 
 /// The end of a task, to wait for.
 #[derive(Debug)]
-pub(super) struct Finished(tokio::sync::watch::Receiver<bool>);
+pub(in crate::dispatch) struct Finished(tokio::sync::watch::Receiver<bool>);
 
 impl Finished {
     /// Waits until the task is terminal, or forgotten (its TTL ended).
-    pub(super) async fn wait(mut self) {
+    pub(in crate::dispatch) async fn wait(mut self) {
         let _ = self.0.wait_for(|done| *done).await;
     }
 }
@@ -368,7 +368,7 @@ struct Entry {
 
 /// The in-memory [`TaskStore`] of one replica.
 #[derive(Debug)]
-pub(super) struct MemoryTasks {
+pub(in crate::dispatch) struct MemoryTasks {
     bounds: TaskBounds,
     map: Mutex<FxHashMap<Box<str>, Entry>>,
     /// The next task's [`Entry::seq`].
@@ -376,7 +376,7 @@ pub(super) struct MemoryTasks {
 }
 
 impl MemoryTasks {
-    pub(super) fn new(bounds: TaskBounds) -> Self {
+    pub(in crate::dispatch) fn new(bounds: TaskBounds) -> Self {
         MemoryTasks {
             bounds,
             map: Mutex::new(FxHashMap::default()),
@@ -409,7 +409,7 @@ impl MemoryTasks {
 
 /// The end of a task within `bounds`, with the bytes its result holds: a result larger
 /// than one task may keep, or than the results `held` already leave room for, fails it.
-pub(super) fn within_bounds(status: Status, held: usize, b: &TaskBounds) -> (Status, usize) {
+pub(in crate::dispatch) fn within_bounds(status: Status, held: usize, b: &TaskBounds) -> (Status, usize) {
     let size = match &status {
         Status::Completed(r) => crate::template::approx_size(r),
         _ => return (status, 0),
@@ -431,7 +431,7 @@ pub(super) fn within_bounds(status: Status, held: usize, b: &TaskBounds) -> (Sta
 }
 
 /// A fresh task id: 128 random bits, hex.
-pub(super) fn mint() -> String {
+pub(in crate::dispatch) fn mint() -> String {
     let mut b = [0u8; 16];
     if getrandom::getrandom(&mut b).is_err() {
         // Unreachable on Linux; the process-random hasher still gives an unpredictable id.

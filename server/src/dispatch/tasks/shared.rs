@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::task_store::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
+use super::memory::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::resp::{Client, Reply};
 
 /// How often the end of a task is tried before it is given up (about 1.5 s of back-off).
@@ -166,7 +166,7 @@ pub struct SharedOptions {
 
 /// Why the shared store could not answer.
 #[derive(Debug)]
-pub(super) struct Unavailable(pub String);
+pub(in crate::dispatch) struct Unavailable(pub String);
 
 impl std::fmt::Display for Unavailable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,7 +176,7 @@ impl std::fmt::Display for Unavailable {
 
 /// Why a task was not created.
 #[derive(Debug)]
-pub(super) enum NotCreated {
+pub(in crate::dispatch) enum NotCreated {
     Refused(Refused),
     Unavailable(Unavailable),
 }
@@ -197,9 +197,9 @@ struct Running {
 /// What resumes a parked run, and the answers it had already.
 type Parked = (oneshot::Sender<Map<String, Value>>, Map<String, Value>);
 
-/// The [`TaskStore`](super::task_store::TaskStore) shared by replicas, in Redis.
+/// The [`TaskStore`](super::memory::TaskStore) shared by replicas, in Redis.
 #[derive(Debug)]
-pub(super) struct SharedTasks {
+pub(in crate::dispatch) struct SharedTasks {
     redis: Client,
     prefix: String,
     bounds: TaskBounds,
@@ -229,7 +229,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl SharedTasks {
-    pub(super) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
+    pub(in crate::dispatch) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
         SharedTasks {
             redis: Client::new(crate::resp::Options {
                 addr: opts.addr,
@@ -267,7 +267,7 @@ impl SharedTasks {
 
     /// Creates a working task of `owner` within the bounds of `quota`, cancelled through
     /// `token`, kept for `ttl` (at most the store's).
-    pub(super) async fn create(
+    pub(in crate::dispatch) async fn create(
         &self,
         owner: &str,
         quota: &Quota<'_>,
@@ -292,7 +292,7 @@ impl SharedTasks {
         let seq = [self.prefix.as_bytes(), b"seq"].concat();
         // A collision of 128 random bits is not expected; one retry covers a broken generator.
         for _ in 0..2 {
-            let id = super::task_store::mint();
+            let id = super::memory::mint();
             let key = self.key(&id);
             let args: [&[u8]; 7] = [
                 owner.as_bytes(),
@@ -360,7 +360,11 @@ impl SharedTasks {
     }
 
     /// The task `id` of `owner`: `None` for an unknown, expired or foreign id.
-    pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, Unavailable> {
+    pub(in crate::dispatch) async fn get(
+        &self,
+        owner: &str,
+        id: &str,
+    ) -> Result<Option<TaskView>, Unavailable> {
         if !issued_shape(id) {
             return Ok(None);
         }
@@ -374,7 +378,7 @@ impl SharedTasks {
     /// A page of `owner`'s tasks in the order they expire, after the cursor `after` (one
     /// this store gave), at most `limit` (≤ 500), with the cursor of the next page when there
     /// is one.
-    pub(super) async fn list(
+    pub(in crate::dispatch) async fn list(
         &self,
         owner: &str,
         after: Option<u64>,
@@ -422,7 +426,7 @@ impl SharedTasks {
 
     /// Waits until the task `id` of `owner` has ended (or is gone), looking every poll
     /// interval: `false` at once for an unknown, expired or foreign id.
-    pub(super) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
+    pub(in crate::dispatch) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
         let every = self.bounds.poll_interval.max(Duration::from_millis(100));
         let mut known = false;
         loop {
@@ -438,13 +442,13 @@ impl SharedTasks {
     /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
     /// cancelled). A result over the bounds fails the task instead. `false` if Redis could
     /// not be told (logged).
-    pub(super) async fn finish(&self, id: &str, status: Status) -> bool {
+    pub(in crate::dispatch) async fn finish(&self, id: &str, status: Status) -> bool {
         let (status, size) = {
             let Ok(mut local) = self.local.lock() else {
                 return false;
             };
             let held: usize = local.values().map(|r| r.size).sum();
-            let (status, size) = super::task_store::within_bounds(status, held, &self.bounds);
+            let (status, size) = super::memory::within_bounds(status, held, &self.bounds);
             if let Some(r) = local.get_mut(id) {
                 r.size = size;
                 r.done = true;
@@ -486,7 +490,7 @@ impl SharedTasks {
 
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. Its
     /// work stops at once when this replica runs it, else when its replica next looks.
-    pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
+    pub(in crate::dispatch) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
         if !issued_shape(id) {
             return Ok(false);
         }
@@ -506,7 +510,7 @@ impl SharedTasks {
 
     /// Stops the work of this replica's tasks that were cancelled through another replica or
     /// are gone from Redis (expired, flushed); forgets the tasks whose TTL ended.
-    pub(super) async fn reconcile(&self) {
+    pub(in crate::dispatch) async fn reconcile(&self) {
         let ids: Vec<Box<str>> = match self.local.lock() {
             Ok(mut local) => {
                 let now = Instant::now();
@@ -561,7 +565,7 @@ impl SharedTasks {
     /// Parks the working task `id` (run here) until the client answers `asked`; the receiver
     /// yields `used` and every answer once the last is in, through whichever replica they
     /// came. `None` when the task no longer works (cancelled, expired) or Redis failed.
-    pub(super) async fn park(
+    pub(in crate::dispatch) async fn park(
         &self,
         id: &str,
         asked: Map<String, Value>,
@@ -599,7 +603,7 @@ impl SharedTasks {
     /// replica runs it: answers to keys it does not wait for are ignored, a malformed answer
     /// to one it waits for is refused with nothing changed. The last answer resumes the run
     /// (at once when it runs here, else within the poll interval of its replica).
-    pub(super) async fn update(
+    pub(in crate::dispatch) async fn update(
         &self,
         owner: &str,
         id: &str,
@@ -621,7 +625,7 @@ impl SharedTasks {
             .filter(|(k, _)| k.starts_with(b"a:"))
             .map(|(_, v)| v.len())
             .sum();
-        let (answered, size) = super::task_store::checked(&pending, &responses, held)?;
+        let (answered, size) = super::memory::checked(&pending, &responses, held)?;
         if size > self.bounds.max_result_bytes {
             return Err(UpdateError::Invalid(format!(
                 "Invalid params: the answers are about {size} bytes; a task keeps at most {}",
@@ -684,7 +688,7 @@ impl SharedTasks {
 
     /// Stops the work of every task this replica still runs and records each as failed with
     /// `message`; answers how many.
-    pub(super) async fn abandon(&self, message: &str) -> usize {
+    pub(in crate::dispatch) async fn abandon(&self, message: &str) -> usize {
         let ids: Vec<Box<str>> = match self.local.lock() {
             Ok(local) => local
                 .iter()
@@ -704,7 +708,7 @@ impl SharedTasks {
     }
 
     /// Runs [`Self::reconcile`] every poll interval until `stop`.
-    pub(super) async fn follow(&self, stop: CancellationToken) {
+    pub(in crate::dispatch) async fn follow(&self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.bounds.poll_interval.max(Duration::from_millis(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -717,7 +721,7 @@ impl SharedTasks {
 }
 
 /// Whether `id` has the shape of an id this store issues (32 hex digits, see
-/// [`super::task_store::mint`]); any other is unknown without asking Redis.
+/// [`super::memory::mint`]); any other is unknown without asking Redis.
 fn issued_shape(id: &str) -> bool {
     id.len() == 32 && id.len() <= MAX_TASK_ID && id.bytes().all(|b| b.is_ascii_hexdigit())
 }

@@ -11,14 +11,14 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::error::RpcError;
-use super::task_shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
-use super::task_store::{MemoryTasks, Quota, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
+use super::memory::{MemoryTasks, Quota, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
+use super::metrics::{Running, TaskMetrics};
+use super::shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
+use crate::dispatch::error::RpcError;
 use crate::protocol;
-use crate::task_metrics::TaskMetrics;
 
 /// The message of a task whose replica stopped before the task finished.
-pub(super) fn stopped_message(drain: Duration) -> String {
+pub(in crate::dispatch) fn stopped_message(drain: Duration) -> String {
     format!(
         "the server running this task stopped before the task finished (a stopping server lets its tasks run for {}s); start it again",
         drain.as_secs()
@@ -34,14 +34,14 @@ enum Store {
 
 /// A server's tasks.
 #[derive(Debug)]
-pub(super) struct Tasks {
+pub(in crate::dispatch) struct Tasks {
     store: Store,
     metrics: Arc<TaskMetrics>,
 }
 
 impl Tasks {
     /// Tasks in this process's memory.
-    pub(super) fn memory(bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
+    pub(in crate::dispatch) fn memory(bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
         Tasks {
             store: Store::Memory(MemoryTasks::new(bounds)),
             metrics,
@@ -49,7 +49,11 @@ impl Tasks {
     }
 
     /// Tasks in the Redis of `opts`, shared with every replica that names it.
-    pub(super) fn shared(opts: SharedOptions, bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
+    pub(in crate::dispatch) fn shared(
+        opts: SharedOptions,
+        bounds: TaskBounds,
+        metrics: Arc<TaskMetrics>,
+    ) -> Self {
         Tasks {
             store: Store::Shared(SharedTasks::new(opts, bounds)),
             metrics,
@@ -64,7 +68,7 @@ impl Tasks {
 
     /// Creates a working task of `owner` within the bounds of `quota`, cancelled through
     /// `token`, kept for `ttl` (at most the store's TTL; `Duration::MAX` for that).
-    pub(super) async fn create(
+    pub(in crate::dispatch) async fn create(
         &self,
         owner: &str,
         quota: &Quota<'_>,
@@ -84,7 +88,7 @@ impl Tasks {
     }
 
     /// The task `id` of `owner`; `None` for an unknown, expired or foreign id.
-    pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, RpcError> {
+    pub(in crate::dispatch) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, RpcError> {
         match &self.store {
             Store::Memory(m) => Ok(m.get(owner, id)),
             Store::Shared(s) => s.get(owner, id).await.map_err(|e| self.unavailable("get", &e)),
@@ -93,7 +97,7 @@ impl Tasks {
 
     /// Waits until the task `id` of `owner` has ended (or is forgotten): `false` at once for
     /// an unknown, expired or foreign id. In Redis the task is looked at every poll interval.
-    pub(super) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
+    pub(in crate::dispatch) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
         match &self.store {
             Store::Memory(m) => match m.finished(owner, id) {
                 None => Ok(false),
@@ -111,7 +115,7 @@ impl Tasks {
 
     /// A page of `owner`'s tasks after the cursor `after`, at most `limit`, with the cursor of
     /// the next page; `None` for a cursor this store would never give.
-    pub(super) async fn list(
+    pub(in crate::dispatch) async fn list(
         &self,
         owner: &str,
         after: Option<u64>,
@@ -128,7 +132,7 @@ impl Tasks {
     }
 
     /// Records the end of a task this replica ran (no effect on a task already ended).
-    pub(super) async fn finish(&self, id: &str, status: Status) {
+    pub(in crate::dispatch) async fn finish(&self, id: &str, status: Status) {
         self.metrics.ended(match &status {
             Status::Completed(r) if r.get("isError") == Some(&Value::Bool(true)) => "tool_error",
             Status::Completed(_) => "completed",
@@ -145,7 +149,7 @@ impl Tasks {
     }
 
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id.
-    pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
+    pub(in crate::dispatch) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
         match &self.store {
             Store::Memory(m) => Ok(m.cancel(owner, id)),
             Store::Shared(s) => s
@@ -158,7 +162,7 @@ impl Tasks {
     /// Parks the working task `id` until the client answers `asked` (`used`: the answers its
     /// run had already); the receiver yields every answer once the last one is in. `None`
     /// when the task no longer works.
-    pub(super) async fn park(
+    pub(in crate::dispatch) async fn park(
         &self,
         id: &str,
         asked: Map<String, Value>,
@@ -171,7 +175,7 @@ impl Tasks {
     }
 
     /// Records answers to the questions of the task `id` of `owner`, before answering.
-    pub(super) async fn update(
+    pub(in crate::dispatch) async fn update(
         &self,
         owner: &str,
         id: &str,
@@ -188,19 +192,19 @@ impl Tasks {
     }
 
     /// Counts a task's work as running on this replica while the guard is held.
-    pub(super) fn running(&self) -> crate::task_metrics::Running {
+    pub(in crate::dispatch) fn running(&self) -> Running {
         self.metrics.running()
     }
 
     /// Counts a task's work stopped before it ended (cancelled, expired, or its server
     /// stopping).
-    pub(super) fn stopped(&self) {
+    pub(in crate::dispatch) fn stopped(&self) {
         self.metrics.ended("stopped");
     }
 
     /// Follows the shared store until `stop` (a task cancelled through another replica stops
     /// here); nothing to follow in memory.
-    pub(super) async fn follow(&self, stop: CancellationToken) {
+    pub(in crate::dispatch) async fn follow(&self, stop: CancellationToken) {
         if let Store::Shared(s) = &self.store {
             s.follow(stop).await;
         }
@@ -210,7 +214,7 @@ impl Tasks {
     /// tasks still running as failed (with [`stopped_message`]) and stops them. In memory
     /// there is nothing to wait for: the tasks end with the process, and nobody could read a
     /// result after it.
-    pub(super) async fn drain(&self, running: &TaskTracker, drain: Duration) {
+    pub(in crate::dispatch) async fn drain(&self, running: &TaskTracker, drain: Duration) {
         running.close();
         let Store::Shared(s) = &self.store else {
             return;
