@@ -1,14 +1,14 @@
 //! The tasks of protocol 2025-11-25, where they are part of the core protocol: a client
 //! asks for a task with `params.task` on `tools/call` and gets a `CreateTaskResult`, then
 //! polls `tasks/get`, waits with `tasks/result`, pages `tasks/list` and stops one with
-//! `tasks/cancel`. The tasks are those of the extension's [`TaskStore`], owned the same way
+//! `tasks/cancel`. The tasks are those of the extension (one [`Tasks`] store), owned the same way
 //! ([`super::owner`]); only the wire differs.
 //!
 //! This wire is in force for a request read in the handshake era at revision 2025-11-25
 //! from a client that did not declare the `io.modelcontextprotocol/tasks` extension (one
 //! that did gets the extension's tasks, in any revision).
 //!
-//! [`TaskStore`]: super::memory::TaskStore
+//! [`Tasks`]: super::store::Tasks
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::memory::{Status, TaskView};
+use super::task::{Status, TaskView};
 use super::{owner, quota};
 use crate::config::TaskSupport;
 use crate::dispatch::envelope::parse_params;

@@ -1,6 +1,6 @@
 //! The methods of the `io.modelcontextprotocol/tasks` extension (`tasks/get`,
 //! `tasks/cancel`, `tasks/update`) and who may use them; the tasks live in a
-//! [`TaskStore`](super::memory::TaskStore), and `tools/call` creates them.
+//! [`Tasks`](super::store::Tasks) store, and `tools/call` creates them.
 
 use std::borrow::Cow;
 
@@ -8,8 +8,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::memory::UpdateError;
 use super::owner;
+use super::task::UpdateError;
 use crate::dispatch::envelope::parse_params;
 use crate::dispatch::error::RpcError;
 use crate::dispatch::request::{Done, Request};

@@ -10,8 +10,8 @@
 
 use std::borrow::Cow;
 
+use self::task::Quota;
 use super::request::Request;
-use memory::Quota;
 
 pub(super) mod core_wire;
 pub(super) mod extension;
@@ -20,10 +20,11 @@ pub mod metrics;
 pub(super) mod polls;
 mod shared;
 pub(super) mod store;
+mod task;
 
-pub(super) use self::memory::Status;
-pub use self::memory::TaskBounds;
 pub use self::shared::SharedOptions;
+pub(super) use self::task::Status;
+pub use self::task::TaskBounds;
 
 /// The caller a task belongs to (who may see and act on it): its authenticated subject, or
 /// else its session. Empty for a caller with neither (2026-07-28 without credentials): its

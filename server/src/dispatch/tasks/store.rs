@@ -1,7 +1,8 @@
-//! Where a server's tasks live: in its own memory (one replica; a task ends with its
-//! process), or in Redis shared by every replica ([`SharedTasks`]). The dispatcher sees one
-//! interface, with the store's failures as JSON-RPC errors (and counted); the work of the
-//! tasks this replica runs is tracked, so that a stopping server can let it finish.
+//! The one interface to a server's tasks ([`Tasks`]), whichever store keeps them: this
+//! process's memory ([`MemoryTasks`]: one replica, a task ends with its process) or Redis
+//! shared by every replica ([`SharedTasks`]). The store's failures come out as JSON-RPC
+//! errors, counted; the work of the tasks this replica runs is tracked, so that a stopping
+//! server can let it finish.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,14 +12,15 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::memory::{MemoryTasks, Quota, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
+use super::memory::MemoryTasks;
 use super::metrics::{Running, TaskMetrics};
 use super::shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
+use super::task::{Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::dispatch::error::RpcError;
 use crate::protocol;
 
 /// The message of a task whose replica stopped before the task finished.
-pub(in crate::dispatch) fn stopped_message(drain: Duration) -> String {
+fn stopped_message(drain: Duration) -> String {
     format!(
         "the server running this task stopped before the task finished (a stopping server lets its tasks run for {}s); start it again",
         drain.as_secs()
@@ -33,6 +35,10 @@ enum Store {
 }
 
 /// A server's tasks.
+///
+/// `owner` is who may see and act on a task: its caller's authenticated subject, or else its
+/// session; empty for a caller with neither, whose task is reachable by its id alone (128
+/// random bits, shown to nobody else). An unknown, expired and foreign id answer alike.
 #[derive(Debug)]
 pub(in crate::dispatch) struct Tasks {
     store: Store,
@@ -88,7 +94,7 @@ impl Tasks {
     }
 
     /// The task `id` of `owner`; `None` for an unknown, expired or foreign id.
-    pub(in crate::dispatch) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, RpcError> {
+    pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, RpcError> {
         match &self.store {
             Store::Memory(m) => Ok(m.get(owner, id)),
             Store::Shared(s) => s.get(owner, id).await.map_err(|e| self.unavailable("get", &e)),
@@ -97,7 +103,7 @@ impl Tasks {
 
     /// Waits until the task `id` of `owner` has ended (or is forgotten): `false` at once for
     /// an unknown, expired or foreign id. In Redis the task is looked at every poll interval.
-    pub(in crate::dispatch) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
+    pub(super) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
         match &self.store {
             Store::Memory(m) => match m.finished(owner, id) {
                 None => Ok(false),
@@ -114,8 +120,9 @@ impl Tasks {
     }
 
     /// A page of `owner`'s tasks after the cursor `after`, at most `limit`, with the cursor of
-    /// the next page; `None` for a cursor this store would never give.
-    pub(in crate::dispatch) async fn list(
+    /// the next page; `None` for a cursor this store would never give. In memory the pages
+    /// follow the order of creation, in Redis the order of expiry.
+    pub(super) async fn list(
         &self,
         owner: &str,
         after: Option<u64>,
@@ -131,7 +138,8 @@ impl Tasks {
         }
     }
 
-    /// Records the end of a task this replica ran (no effect on a task already ended).
+    /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
+    /// cancelled); a result over the store's bounds fails the task instead.
     pub(in crate::dispatch) async fn finish(&self, id: &str, status: Status) {
         self.metrics.ended(match &status {
             Status::Completed(r) if r.get("isError") == Some(&Value::Bool(true)) => "tool_error",
@@ -148,8 +156,10 @@ impl Tasks {
         }
     }
 
-    /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id.
-    pub(in crate::dispatch) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
+    /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. A task
+    /// already ended stays as it is (cancelling it again is no error). Its work stops at once
+    /// when this replica runs it, else when its replica next looks ([`Tasks::follow`]).
+    pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
         match &self.store {
             Store::Memory(m) => Ok(m.cancel(owner, id)),
             Store::Shared(s) => s
@@ -160,8 +170,9 @@ impl Tasks {
     }
 
     /// Parks the working task `id` until the client answers `asked` (`used`: the answers its
-    /// run had already); the receiver yields every answer once the last one is in. `None`
-    /// when the task no longer works.
+    /// run had already): the task shows `input_required`, and the receiver yields every
+    /// answer once the last one is in, through whichever replica it came. `None` when the
+    /// task no longer works (cancelled, expired) or the store failed.
     pub(in crate::dispatch) async fn park(
         &self,
         id: &str,
@@ -174,8 +185,11 @@ impl Tasks {
         }
     }
 
-    /// Records answers to the questions of the task `id` of `owner`, before answering.
-    pub(in crate::dispatch) async fn update(
+    /// Records answers to the questions of the task `id` of `owner`, before answering (the
+    /// next [`Tasks::get`] shows them taken). Answers to keys it does not wait for, and any
+    /// answer to a task that waits for none, are ignored; a malformed answer to one it waits
+    /// for is refused with nothing changed. The last answer resumes the task's run.
+    pub(super) async fn update(
         &self,
         owner: &str,
         id: &str,
