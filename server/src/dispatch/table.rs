@@ -9,7 +9,7 @@ use super::request::{Answer, Later};
 use super::resources;
 use super::revision::Stamp;
 use super::sessions;
-use super::tasks::core_wire;
+use super::tasks;
 use super::tools;
 use crate::metrics::method_index;
 
@@ -100,11 +100,11 @@ table! {
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);
     "subscriptions/listen"     => Stateless, Own,    Now(sessions::listen);
-    "tasks/get"                => Both,      Plain,  Wait(core_wire::get);
-    "tasks/cancel"             => Both,      Plain,  Wait(core_wire::cancel);
-    "tasks/update"             => Both,      Plain,  Wait(core_wire::update);
-    "tasks/result"             => Handshake, Own,    Wait(core_wire::result);
-    "tasks/list"               => Handshake, Own,    Wait(core_wire::list);
+    "tasks/get"                => Both,      Plain,  Wait(tasks::get);
+    "tasks/cancel"             => Both,      Plain,  Wait(tasks::cancel);
+    "tasks/update"             => Both,      Plain,  Wait(tasks::update);
+    "tasks/result"             => Handshake, Own,    Wait(tasks::result);
+    "tasks/list"               => Handshake, Own,    Wait(tasks::list);
 }
 
 #[cfg(test)]

@@ -11,8 +11,6 @@
 //! [`Tasks`]: super::store::Tasks
 
 use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +20,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::task::{Status, TaskView};
-use super::{owner, quota};
+use super::{TaskParams, Waiting, owner, paced, quota};
 use crate::config::TaskSupport;
 use crate::dispatch::envelope::parse_params;
 use crate::dispatch::error::RpcError;
@@ -228,106 +226,35 @@ fn concluded(snap: &Snapshot, index: usize, o: crate::handlers::ToolOutput, star
 }
 
 #[derive(Deserialize)]
-struct TaskParams<'a> {
-    #[serde(borrow, rename = "taskId")]
-    task_id: Cow<'a, str>,
-}
-
-#[derive(Deserialize)]
 struct ListParams<'a> {
     #[serde(borrow, default)]
     cursor: Option<Cow<'a, str>>,
 }
 
-fn not_found() -> RpcError {
+/// The error for a task id the caller has no task of (unknown, expired or another's).
+pub(super) fn not_found() -> RpcError {
     RpcError::invalid_params("Failed to retrieve task: Task not found (it may have expired)")
 }
 
-fn write(req: &Request<'_>, v: &Value, out: &mut Vec<u8>) {
+/// Writes the result `v` as it is.
+pub(super) fn write(req: &Request<'_>, v: &Value, out: &mut Vec<u8>) {
     protocol::write_result(out, req.id, &serde_json::to_vec(v).unwrap_or_default());
 }
 
-/// The caller's task named by the request's `taskId`.
-async fn task_of(s: &Server, req: &Request<'_>) -> Result<TaskView, RpcError> {
-    let p: TaskParams<'_> = parse_params(req.params)?;
-    s.tasks.get(owner(req), &p.task_id).await?.ok_or_else(not_found)
-}
-
-/// Refuses a task request over the caller's budget (`-32004`, with when to retry). A caller
-/// without credentials is paced by its address ([`quota`]); one with neither an address nor
-/// a session (no transport tells it apart) is not paced here (the server's rate limits still
-/// apply to it).
-fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
-    let who = quota(req).key;
-    if who.is_empty() {
-        return Ok(());
+/// Cancels the working task `id` of `owner` (`tasks/cancel` in this wire): the task, now
+/// cancelled; `-32602` for a task that has ended, before the cancel or just as it came.
+pub(super) async fn cancelled(s: &Server, owner: &str, id: &str) -> Result<TaskView, RpcError> {
+    let t = s.tasks.get(owner, id).await?.ok_or_else(not_found)?;
+    if t.ended() {
+        return Err(terminal(&t));
     }
-    s.polls.take(&who).map_err(|wait| {
-        let ms = super::polls::retry_ms(wait);
-        RpcError::new(
-            protocol::RATE_LIMITED,
-            format!(
-                "Rate limited: more than {} task requests a second from this caller; retry after {ms} ms (poll at the task's pollInterval)",
-                super::polls::RATE
-            ),
-        )
-        .with_data(json!({"retryAfterMs": ms, "retryAfter": ms.div_ceil(1000)}))
-    })
-}
-
-/// `tasks/get`: the task (flat) in this wire, else the extension's answer.
-pub(in crate::dispatch) fn get<'a>(
-    s: &'a Arc<Server>,
-    req: &'a Request<'a>,
-    out: &'a mut Vec<u8>,
-) -> Waiting<'a> {
-    Box::pin(async move {
-        paced(s, req)?;
-        if !in_force(s, req) {
-            return super::extension::get(s, req, out).await;
-        }
-        write(req, &task_of(s, req).await?.core(), out);
-        Ok(Done::Written)
-    })
-}
-
-/// `tasks/update` (the extension's: answers to a task's questions), paced like the others.
-pub(in crate::dispatch) fn update<'a>(
-    s: &'a Arc<Server>,
-    req: &'a Request<'a>,
-    out: &'a mut Vec<u8>,
-) -> Waiting<'a> {
-    Box::pin(async move {
-        paced(s, req)?;
-        super::extension::update(s, req, out).await
-    })
-}
-
-/// `tasks/cancel`: the cancelled task (flat) in this wire, `-32602` for one already ended;
-/// else the extension's answer.
-pub(in crate::dispatch) fn cancel<'a>(
-    s: &'a Arc<Server>,
-    req: &'a Request<'a>,
-    out: &'a mut Vec<u8>,
-) -> Waiting<'a> {
-    Box::pin(async move {
-        paced(s, req)?;
-        if !in_force(s, req) {
-            return super::extension::cancel(s, req, out).await;
-        }
-        let t = task_of(s, req).await?;
-        if t.ended() {
-            return Err(terminal(&t));
-        }
-        s.tasks.cancel(owner(req), &t.id).await?;
-        // Read again: the task may have ended on its own just before the cancel.
-        let t = s.tasks.get(owner(req), &t.id).await?.ok_or_else(not_found)?;
-        if t.status != Status::Cancelled {
-            return Err(terminal(&t));
-        }
-        write(req, &t.core(), out);
-        Ok(Done::Written)
-    })
+    s.tasks.cancel(owner, &t.id).await?;
+    // Read again: the task may have ended on its own just before the cancel.
+    let t = s.tasks.get(owner, &t.id).await?.ok_or_else(not_found)?;
+    if t.status != Status::Cancelled {
+        return Err(terminal(&t));
+    }
+    Ok(t)
 }
 
 fn terminal(t: &TaskView) -> RpcError {
@@ -391,9 +318,6 @@ fn absent(method: &str) -> RpcError {
         format!("Method not found: {method} (tasks of protocol {REVISION} only)"),
     )
 }
-
-/// The future of a handler that may wait.
-pub(in crate::dispatch) type Waiting<'a> = Pin<Box<dyn Future<Output = Result<Done, RpcError>> + Send + 'a>>;
 
 /// `tasks/result` (only in this wire): waits until the task ends, within the request's
 /// deadline, then answers exactly what the call answered (its result, with the task in

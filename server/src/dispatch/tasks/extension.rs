@@ -1,15 +1,18 @@
-//! The methods of the `io.modelcontextprotocol/tasks` extension (`tasks/get`,
-//! `tasks/cancel`, `tasks/update`) and who may use them; the tasks live in a
-//! [`Tasks`](super::store::Tasks) store, and `tools/call` creates them.
+//! The `io.modelcontextprotocol/tasks` extension, in any revision: who may use it (a client
+//! that declares it), which calls it answers with a task, how its answers and errors read,
+//! and its own method, `tasks/update` (a task's questions answered). `tasks/get` and
+//! `tasks/cancel`, which both wires have, are answered in [`super::wire`]; the tasks live in
+//! the server's [`Tasks`](super::store::Tasks), and `tools/call` creates them.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::owner;
 use super::task::UpdateError;
+use super::{Waiting, owner, paced};
 use crate::dispatch::envelope::parse_params;
 use crate::dispatch::error::RpcError;
 use crate::dispatch::request::{Done, Request};
@@ -17,12 +20,6 @@ use crate::dispatch::server::Server;
 use crate::protocol;
 
 const EXTENSION: &str = "io.modelcontextprotocol/tasks";
-
-#[derive(Deserialize)]
-struct TaskParams<'a> {
-    #[serde(borrow, rename = "taskId")]
-    task_id: Cow<'a, str>,
-}
 
 /// Whether the request's client declared the tasks extension: in its session's
 /// `initialize`, or in the request's own `_meta` client capabilities.
@@ -58,21 +55,14 @@ pub(in crate::dispatch) fn missing_extension(what: &str) -> RpcError {
     .with_data(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}}))
 }
 
-/// The checked `taskId` of a `tasks/*` request from a client that negotiated tasks.
-fn task_id<'a>(s: &Server, req: &Request<'a>, method: &str) -> Result<Cow<'a, str>, RpcError> {
-    if !negotiated(s, req) {
-        return Err(missing_extension(method));
-    }
-    Ok(parse_params::<TaskParams<'a>>(req.params)?.task_id)
-}
-
-fn unknown() -> RpcError {
+/// The error for a task id the caller has no task of (unknown, expired or another's).
+pub(super) fn unknown() -> RpcError {
     RpcError::invalid_params("Invalid params: unknown taskId (it may have expired)")
 }
 
 /// Writes a tasks/* result object, with `resultType` in the handshake era (the 2026-07-28
 /// stamp adds it there).
-fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
+pub(super) fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
     if req.meta.is_none()
         && let Value::Object(m) = &mut v
     {
@@ -82,39 +72,19 @@ fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
     Done::Written
 }
 
-/// `tasks/get`.
-pub(in crate::dispatch) async fn get(
-    s: &Server,
-    req: &Request<'_>,
-    out: &mut Vec<u8>,
-) -> Result<Done, RpcError> {
-    let id = task_id(s, req, "tasks/get")?;
-    let t = s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
-    Ok(write(req, t.detailed(), out))
-}
-
-/// `tasks/cancel`: an empty acknowledgement; the next `tasks/get` shows `cancelled`.
-pub(in crate::dispatch) async fn cancel(
-    s: &Server,
-    req: &Request<'_>,
-    out: &mut Vec<u8>,
-) -> Result<Done, RpcError> {
-    let id = task_id(s, req, "tasks/cancel")?;
-    if !s.tasks.cancel(owner(req), &id).await? {
-        return Err(unknown());
-    }
-    Ok(write(req, json!({}), out))
-}
-
 /// `tasks/update`: the client's answers to a task's questions (`inputResponses`, by the keys
 /// of its `inputRequests`), taken before the acknowledgement, so the next `tasks/get` shows
 /// them. Answers to keys the task does not wait for are ignored; a malformed answer to one
-/// it waits for is refused (-32602) and changes nothing.
-pub(in crate::dispatch) async fn update(
-    s: &Server,
-    req: &Request<'_>,
-    out: &mut Vec<u8>,
-) -> Result<Done, RpcError> {
+/// it waits for is refused (-32602) and changes nothing. Paced as the other task requests.
+pub(in crate::dispatch) fn update<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
+    Box::pin(update_now(s, req, out))
+}
+
+async fn update_now(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     #[derive(Deserialize)]
     struct UpdateParams<'a> {
         #[serde(borrow, rename = "taskId")]
@@ -122,6 +92,7 @@ pub(in crate::dispatch) async fn update(
         #[serde(rename = "inputResponses")]
         input_responses: Value,
     }
+    paced(s, req)?;
     if !negotiated(s, req) {
         return Err(missing_extension("tasks/update"));
     }
