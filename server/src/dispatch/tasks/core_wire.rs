@@ -31,10 +31,10 @@ use crate::protocol;
 use crate::registry::Snapshot;
 
 /// The revision whose core has tasks.
-pub(in crate::dispatch) const REVISION: &str = "2025-11-25";
+pub(super) const REVISION: &str = "2025-11-25";
 
 /// Tasks in one `tasks/list` page.
-pub(in crate::dispatch) const LIST_PAGE: usize = 50;
+pub(super) const LIST_PAGE: usize = 50;
 
 /// The `_meta` key tying a message to its task.
 const RELATED: &str = "io.modelcontextprotocol/related-task";

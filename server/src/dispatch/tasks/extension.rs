@@ -47,7 +47,7 @@ pub(in crate::dispatch) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
 }
 
 /// The `-32021` of a client that did not declare the tasks extension.
-pub(in crate::dispatch) fn missing_extension(what: &str) -> RpcError {
+pub(super) fn missing_extension(what: &str) -> RpcError {
     RpcError::new(
         protocol::MISSING_CAPABILITY,
         format!("{what} needs the client capability extensions[\"{EXTENSION}\"]"),
@@ -120,11 +120,7 @@ pub(in crate::dispatch) fn wanted(tool: &crate::registry::Tool) -> bool {
 
 /// Refuses a call of a tool that runs only as a task from a client that did not declare the
 /// tasks extension (-32021, naming the extension).
-pub(in crate::dispatch) fn required(
-    s: &Server,
-    tool: &crate::registry::Tool,
-    req: &Request<'_>,
-) -> Result<(), RpcError> {
+pub(super) fn required(s: &Server, tool: &crate::registry::Tool, req: &Request<'_>) -> Result<(), RpcError> {
     if tool.def.task == crate::config::TaskSupport::Required && !negotiated(s, req) {
         return Err(missing_extension("tools/call"));
     }

@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 /// Task requests one caller may make per second, sustained.
-pub(in crate::dispatch) const RATE: f64 = 20.0;
+pub(super) const RATE: f64 = 20.0;
 /// Task requests one caller may make at once after a pause.
 pub(in crate::dispatch) const BURST: f64 = 40.0;
 /// Callers tracked at once; past it, idle ones are forgotten (a full bucket is no state).
-pub(in crate::dispatch) const MAX_CALLERS: usize = 8192;
+pub(super) const MAX_CALLERS: usize = 8192;
 
 /// A wait as the whole milliseconds a client is told to wait (rounded up: a client that waits
 /// what it is told is served), at least 1.
-pub(in crate::dispatch) fn retry_ms(wait: Duration) -> u64 {
+pub(super) fn retry_ms(wait: Duration) -> u64 {
     u64::try_from(wait.as_micros().div_ceil(1000))
         .unwrap_or(u64::MAX)
         .max(1)
@@ -44,7 +44,7 @@ impl Default for Polls {
 }
 
 impl Polls {
-    pub(in crate::dispatch) fn new(rate: f64, burst: f64, max: usize) -> Self {
+    pub(super) fn new(rate: f64, burst: f64, max: usize) -> Self {
         Self {
             rate,
             burst,
@@ -54,7 +54,7 @@ impl Polls {
     }
 
     /// Takes one request of `owner`'s budget, or tells how long until it has one.
-    pub(in crate::dispatch) fn take(&self, owner: &str) -> Result<(), Duration> {
+    pub(super) fn take(&self, owner: &str) -> Result<(), Duration> {
         self.take_at(owner, Instant::now())
     }
 

@@ -166,7 +166,7 @@ pub struct SharedOptions {
 
 /// Why the shared store could not answer.
 #[derive(Debug)]
-pub(in crate::dispatch) struct Unavailable(pub String);
+pub(super) struct Unavailable(pub String);
 
 impl std::fmt::Display for Unavailable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,7 +176,7 @@ impl std::fmt::Display for Unavailable {
 
 /// Why a task was not created.
 #[derive(Debug)]
-pub(in crate::dispatch) enum NotCreated {
+pub(super) enum NotCreated {
     Refused(Refused),
     Unavailable(Unavailable),
 }
@@ -199,7 +199,7 @@ type Parked = (oneshot::Sender<Map<String, Value>>, Map<String, Value>);
 
 /// The tasks shared by replicas, in Redis.
 #[derive(Debug)]
-pub(in crate::dispatch) struct SharedTasks {
+pub(super) struct SharedTasks {
     redis: Client,
     prefix: String,
     bounds: TaskBounds,
@@ -229,7 +229,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl SharedTasks {
-    pub(in crate::dispatch) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
+    pub(super) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
         SharedTasks {
             redis: Client::new(crate::resp::Options {
                 addr: opts.addr,
@@ -267,7 +267,7 @@ impl SharedTasks {
 
     /// Creates a working task of `owner` within the bounds of `quota`, cancelled through
     /// `token`, kept for `ttl` (at most the store's).
-    pub(in crate::dispatch) async fn create(
+    pub(super) async fn create(
         &self,
         owner: &str,
         quota: &Quota<'_>,
@@ -360,11 +360,7 @@ impl SharedTasks {
     }
 
     /// The task `id` of `owner`: `None` for an unknown, expired or foreign id.
-    pub(in crate::dispatch) async fn get(
-        &self,
-        owner: &str,
-        id: &str,
-    ) -> Result<Option<TaskView>, Unavailable> {
+    pub(super) async fn get(&self, owner: &str, id: &str) -> Result<Option<TaskView>, Unavailable> {
         if !issued_shape(id) {
             return Ok(None);
         }
@@ -378,7 +374,7 @@ impl SharedTasks {
     /// A page of `owner`'s tasks in the order they expire, after the cursor `after` (one
     /// this store gave), at most `limit` (≤ 500), with the cursor of the next page when there
     /// is one.
-    pub(in crate::dispatch) async fn list(
+    pub(super) async fn list(
         &self,
         owner: &str,
         after: Option<u64>,
@@ -426,7 +422,7 @@ impl SharedTasks {
 
     /// Waits until the task `id` of `owner` has ended (or is gone), looking every poll
     /// interval: `false` at once for an unknown, expired or foreign id.
-    pub(in crate::dispatch) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
+    pub(super) async fn wait_end(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
         let every = self.bounds.poll_interval.max(Duration::from_millis(100));
         let mut known = false;
         loop {
@@ -442,7 +438,7 @@ impl SharedTasks {
     /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
     /// cancelled). A result over the bounds fails the task instead. `false` if Redis could
     /// not be told (logged).
-    pub(in crate::dispatch) async fn finish(&self, id: &str, status: Status) -> bool {
+    pub(super) async fn finish(&self, id: &str, status: Status) -> bool {
         let (status, size) = {
             let Ok(mut local) = self.local.lock() else {
                 return false;
@@ -490,7 +486,7 @@ impl SharedTasks {
 
     /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. Its
     /// work stops at once when this replica runs it, else when its replica next looks.
-    pub(in crate::dispatch) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
+    pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, Unavailable> {
         if !issued_shape(id) {
             return Ok(false);
         }
@@ -510,7 +506,7 @@ impl SharedTasks {
 
     /// Stops the work of this replica's tasks that were cancelled through another replica or
     /// are gone from Redis (expired, flushed); forgets the tasks whose TTL ended.
-    pub(in crate::dispatch) async fn reconcile(&self) {
+    pub(super) async fn reconcile(&self) {
         let ids: Vec<Box<str>> = match self.local.lock() {
             Ok(mut local) => {
                 let now = Instant::now();
@@ -565,7 +561,7 @@ impl SharedTasks {
     /// Parks the working task `id` (run here) until the client answers `asked`; the receiver
     /// yields `used` and every answer once the last is in, through whichever replica they
     /// came. `None` when the task no longer works (cancelled, expired) or Redis failed.
-    pub(in crate::dispatch) async fn park(
+    pub(super) async fn park(
         &self,
         id: &str,
         asked: Map<String, Value>,
@@ -603,7 +599,7 @@ impl SharedTasks {
     /// replica runs it: answers to keys it does not wait for are ignored, a malformed answer
     /// to one it waits for is refused with nothing changed. The last answer resumes the run
     /// (at once when it runs here, else within the poll interval of its replica).
-    pub(in crate::dispatch) async fn update(
+    pub(super) async fn update(
         &self,
         owner: &str,
         id: &str,
@@ -688,7 +684,7 @@ impl SharedTasks {
 
     /// Stops the work of every task this replica still runs and records each as failed with
     /// `message`; answers how many.
-    pub(in crate::dispatch) async fn abandon(&self, message: &str) -> usize {
+    pub(super) async fn abandon(&self, message: &str) -> usize {
         let ids: Vec<Box<str>> = match self.local.lock() {
             Ok(local) => local
                 .iter()
@@ -708,7 +704,7 @@ impl SharedTasks {
     }
 
     /// Runs [`Self::reconcile`] every poll interval until `stop`.
-    pub(in crate::dispatch) async fn follow(&self, stop: CancellationToken) {
+    pub(super) async fn follow(&self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.bounds.poll_interval.max(Duration::from_millis(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
