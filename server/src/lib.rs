@@ -28,7 +28,6 @@ pub mod reload;
 pub mod secrets;
 pub mod session;
 pub mod sys;
-pub mod task_metrics;
 pub mod transport;
 pub mod tuning;
 pub mod upstream;

@@ -520,7 +520,7 @@ pub struct Metrics {
     /// Counters of limits and the audit trail.
     pub gov: Arc<crate::gov_metrics::GovMetrics>,
     /// Counters of tasks.
-    pub tasks: Arc<crate::task_metrics::TaskMetrics>,
+    pub tasks: Arc<crate::dispatch::tasks::metrics::TaskMetrics>,
 }
 
 impl Metrics {
@@ -679,7 +679,7 @@ impl Metrics {
             ProcessRss,
         );
         let gov = crate::gov_metrics::GovMetrics::register(&mut root);
-        let tasks = crate::task_metrics::TaskMetrics::register(&mut root);
+        let tasks = crate::dispatch::tasks::metrics::TaskMetrics::register(&mut root);
         root.register(
             "build",
             "Build information",

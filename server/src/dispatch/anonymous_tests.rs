@@ -241,7 +241,7 @@ async fn task_requests_of_sessionless_anonymous_callers_are_paced_per_address() 
         }
         assert!(answered < 10_000, "never paced");
     }
-    assert!(answered >= super::task_polls::BURST as usize, "{answered}");
+    assert!(answered >= super::tasks::polls::BURST as usize, "{answered}");
     // Another address is not held back.
     assert_eq!(get(stateless("198.51.100.10")).await, -32602);
 }

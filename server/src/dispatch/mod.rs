@@ -5,7 +5,7 @@
 //! One router serves both protocol eras: the method [`table`] names each method's handler,
 //! the eras that have it and how its 2026-07-28 result is stamped; what else differs
 //! between the eras is data in [`revision`]. Handlers live with their family ([`tools`],
-//! [`resources`], [`prompts`], [`completion`], [`sessions`]).
+//! [`resources`], [`prompts`], [`completion`], [`sessions`], [`tasks`]).
 
 mod answer;
 mod cancel;
@@ -26,12 +26,7 @@ mod server;
 mod sessions;
 pub mod stateless;
 mod table;
-mod task_backend;
-mod task_polls;
-mod task_shared;
-mod task_store;
-mod tasks;
-mod tasks_core;
+pub(crate) mod tasks;
 mod tools;
 mod traced;
 mod visible;
@@ -52,8 +47,7 @@ use self::revision::{HANDSHAKE, Revision, STATELESS, Stamp};
 use self::server::InflightGuard;
 pub use self::server::{Ctx, Era, Event, EventKind, Limits, Opens, Server};
 use self::table::{Handler, Method};
-pub use self::task_shared::SharedOptions;
-pub use self::task_store::TaskBounds;
+pub use self::tasks::{SharedOptions, TaskBounds};
 pub use self::tools::Deferred;
 use crate::metrics::{Refusal, method_index, outcome_index};
 use crate::protocol::{self, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
@@ -359,9 +353,5 @@ mod anonymous_tests;
 mod audit_tests;
 #[cfg(test)]
 mod govern_tests;
-#[cfg(test)]
-mod task_input_tests;
-#[cfg(test)]
-mod tasks_core_tests;
 #[cfg(test)]
 mod tests;

@@ -122,11 +122,11 @@ pub struct Server {
     /// The audit trail, when it is on.
     pub audit: Option<Arc<crate::audit::AuditLog>>,
     /// Tasks of the `io.modelcontextprotocol/tasks` extension.
-    pub(super) tasks: super::task_backend::Tasks,
+    pub(super) tasks: super::tasks::store::Tasks,
     /// The work of the tasks this replica runs (a stopping server lets it finish).
     pub(super) running: tokio_util::task::TaskTracker,
     /// How often each caller may ask about its tasks.
-    pub(super) polls: super::task_polls::Polls,
+    pub(super) polls: super::tasks::polls::Polls,
 }
 
 impl Server {
@@ -150,12 +150,9 @@ impl Server {
             watched: Arc::default(),
             limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
             audit: None,
-            tasks: super::task_backend::Tasks::memory(
-                super::task_store::TaskBounds::default(),
-                metrics.tasks.clone(),
-            ),
+            tasks: super::tasks::store::Tasks::memory(super::TaskBounds::default(), metrics.tasks.clone()),
             running: tokio_util::task::TaskTracker::new(),
-            polls: super::task_polls::Polls::default(),
+            polls: super::tasks::polls::Polls::default(),
             metrics,
         })
     }
@@ -182,10 +179,10 @@ impl Server {
     #[must_use]
     pub fn with_tasks(
         self: Arc<Self>,
-        bounds: super::task_store::TaskBounds,
-        shared: Option<super::task_shared::SharedOptions>,
+        bounds: super::TaskBounds,
+        shared: Option<super::SharedOptions>,
     ) -> Arc<Self> {
-        use super::task_backend::Tasks;
+        use super::tasks::store::Tasks;
         match Arc::try_unwrap(self) {
             Ok(mut s) => {
                 let m = s.metrics.tasks.clone();

@@ -9,7 +9,7 @@ use super::request::{Answer, Later};
 use super::resources;
 use super::revision::Stamp;
 use super::sessions;
-use super::tasks_core;
+use super::tasks;
 use super::tools;
 use crate::metrics::method_index;
 
@@ -100,11 +100,11 @@ table! {
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);
     "subscriptions/listen"     => Stateless, Own,    Now(sessions::listen);
-    "tasks/get"                => Both,      Plain,  Wait(tasks_core::get);
-    "tasks/cancel"             => Both,      Plain,  Wait(tasks_core::cancel);
-    "tasks/update"             => Both,      Plain,  Wait(tasks_core::update);
-    "tasks/result"             => Handshake, Own,    Wait(tasks_core::result);
-    "tasks/list"               => Handshake, Own,    Wait(tasks_core::list);
+    "tasks/get"                => Both,      Plain,  Wait(tasks::get);
+    "tasks/cancel"             => Both,      Plain,  Wait(tasks::cancel);
+    "tasks/update"             => Both,      Plain,  Wait(tasks::update);
+    "tasks/result"             => Handshake, Own,    Wait(tasks::result);
+    "tasks/list"               => Handshake, Own,    Wait(tasks::list);
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ struct CursorParams<'a> {
 /// `tools/list`.
 pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     // 2025-11-25 lists each tool's `execution.taskSupport`.
-    let core = super::tasks_core::in_force(s, req);
+    let core = super::tasks::core_wire::in_force(s, req);
     if let Some(page) = super::visible::page(&s.registry.load(), req, &s.metrics.gov, core) {
         protocol::write_result(out, req.id, &page?);
         return Ok(Done::Written);
@@ -137,7 +137,7 @@ pub(super) async fn call(
     // nothing from it.
     allowed(server, tool, req)?;
     super::visible::permitted(server, tool, req, &args)?;
-    let core_task = super::tasks_core::asked(server, tool, req, p.task)?;
+    let core_task = super::tasks::core_wire::asked(server, tool, req, p.task)?;
     // No limits: one branch (in `admit`).
     let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
     let start = Instant::now();
@@ -172,11 +172,12 @@ pub(super) async fn call(
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
     if let Some(ttl) = core_task {
-        return super::tasks_core::start(server, req, snap, index, args, permits, ttl, out)
+        return super::tasks::core_wire::start(server, req, snap, index, args, permits, ttl, out)
             .await
             .map(|()| None);
     }
-    if super::tasks::wanted(&snap.tools[index]) && super::tasks::negotiated(server, req) {
+    if super::tasks::extension::wanted(&snap.tools[index]) && super::tasks::extension::negotiated(server, req)
+    {
         let call = Called::new(snap, index, args, start);
         return as_task(server, req, call, modern, permits, out)
             .await
@@ -226,7 +227,7 @@ async fn refused_arguments(
 ) -> Result<(), RpcError> {
     invalid(tool, problems, req.id, start, out);
     if let Some(ttl) = core_task {
-        super::tasks_core::ended(server, req, ttl, out).await?;
+        super::tasks::core_wire::ended(server, req, ttl, out).await?;
     }
     if let Some(stamp) = stamp {
         crate::dispatch::stateless::stamp(out, stamp);
@@ -719,7 +720,7 @@ impl Detached {
     /// again with the answers `tasks/update` brings. Ends on its result, its error, its
     /// cancellation or its TTL.
     async fn run(self, mut answers: Map<String, Value>, mut permits: Option<crate::limits::Permits>) {
-        use super::task_store::Status;
+        use super::tasks::Status;
         let c = &self.call;
         for n in 0..=MAX_INPUT_ROUNDS {
             // The tool's duration is that of its last run, without the waits for input.
@@ -804,14 +805,14 @@ impl Detached {
         }
     }
 
-    async fn end(&self, status: super::task_store::Status) {
+    async fn end(&self, status: super::tasks::Status) {
         self.server.tasks.finish(&self.id, status).await;
     }
 }
 
 /// The status of a task whose run (begun at `start`) gave `o`: its result (checked against
 /// the output schema, recorded in the tool's metrics).
-fn completed(c: &Called, o: ToolOutput, start: Instant) -> super::task_store::Status {
+fn completed(c: &Called, o: ToolOutput, start: Instant) -> super::tasks::Status {
     let mut buf = Vec::new();
     let zero = RawValue::from_string("0".to_owned()).ok();
     if let Some(zero) = zero {
@@ -821,8 +822,8 @@ fn completed(c: &Called, o: ToolOutput, start: Instant) -> super::task_store::St
         .ok()
         .and_then(|mut v| v.get_mut("result").map(Value::take))
     {
-        Some(r) => super::task_store::Status::Completed(r),
-        None => super::task_store::Status::Failed(
+        Some(r) => super::tasks::Status::Completed(r),
+        None => super::tasks::Status::Failed(
             i64::from(protocol::INTERNAL_ERROR),
             "the tool's result could not be read".into(),
         ),

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 /// Task requests one caller may make per second, sustained.
 pub(super) const RATE: f64 = 20.0;
 /// Task requests one caller may make at once after a pause.
-pub(super) const BURST: f64 = 40.0;
+pub(in crate::dispatch) const BURST: f64 = 40.0;
 /// Callers tracked at once; past it, idle ones are forgotten (a full bucket is no state).
 pub(super) const MAX_CALLERS: usize = 8192;
 
@@ -30,7 +30,7 @@ struct Bucket {
 
 /// The task-request budgets of one server.
 #[derive(Debug)]
-pub(super) struct Polls {
+pub(in crate::dispatch) struct Polls {
     rate: f64,
     burst: f64,
     max: usize,

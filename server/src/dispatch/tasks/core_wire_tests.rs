@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::*;
+use crate::dispatch::*;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::reload::Reloader;
@@ -328,7 +328,7 @@ async fn tasks_are_their_owners_alone_and_foreign_ids_answer_like_unknown_ones()
 #[tokio::test]
 async fn tasks_list_pages_and_refuses_cursors_it_did_not_give() {
     let s = server();
-    let n = super::tasks_core::LIST_PAGE + 3;
+    let n = super::LIST_PAGE + 3;
     let mut made = Vec::new();
     for _ in 0..n {
         made.push(create(&s, at(ALICE), "echo", json!({})).await);
@@ -481,9 +481,9 @@ async fn a_caller_polling_in_a_tight_loop_is_told_when_to_retry() {
 #[tokio::test]
 async fn a_wait_ends_when_the_task_s_ttl_does() {
     let s = server().with_tasks(
-        super::task_store::TaskBounds {
+        crate::dispatch::TaskBounds {
             ttl: Duration::from_millis(300),
-            ..super::task_store::TaskBounds::default()
+            ..crate::dispatch::TaskBounds::default()
         },
         None,
     );

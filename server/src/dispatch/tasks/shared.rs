@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::task_store::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
+use super::task::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::net::resp::{Client, Reply};
 
 /// How often the end of a task is tried before it is given up (about 1.5 s of back-off).
@@ -197,7 +197,7 @@ struct Running {
 /// What resumes a parked run, and the answers it had already.
 type Parked = (oneshot::Sender<Map<String, Value>>, Map<String, Value>);
 
-/// The [`TaskStore`](super::task_store::TaskStore) shared by replicas, in Redis.
+/// The tasks shared by replicas, in Redis.
 #[derive(Debug)]
 pub(super) struct SharedTasks {
     redis: Client,
@@ -292,7 +292,7 @@ impl SharedTasks {
         let seq = [self.prefix.as_bytes(), b"seq"].concat();
         // A collision of 128 random bits is not expected; one retry covers a broken generator.
         for _ in 0..2 {
-            let id = super::task_store::mint();
+            let id = super::task::mint();
             let key = self.key(&id);
             let args: [&[u8]; 7] = [
                 owner.as_bytes(),
@@ -444,7 +444,7 @@ impl SharedTasks {
                 return false;
             };
             let held: usize = local.values().map(|r| r.size).sum();
-            let (status, size) = super::task_store::within_bounds(status, held, &self.bounds);
+            let (status, size) = super::task::within_bounds(status, held, &self.bounds);
             if let Some(r) = local.get_mut(id) {
                 r.size = size;
                 r.done = true;
@@ -621,7 +621,7 @@ impl SharedTasks {
             .filter(|(k, _)| k.starts_with(b"a:"))
             .map(|(_, v)| v.len())
             .sum();
-        let (answered, size) = super::task_store::checked(&pending, &responses, held)?;
+        let (answered, size) = super::task::checked(&pending, &responses, held)?;
         if size > self.bounds.max_result_bytes {
             return Err(UpdateError::Invalid(format!(
                 "Invalid params: the answers are about {size} bytes; a task keeps at most {}",
@@ -717,7 +717,7 @@ impl SharedTasks {
 }
 
 /// Whether `id` has the shape of an id this store issues (32 hex digits, see
-/// [`super::task_store::mint`]); any other is unknown without asking Redis.
+/// [`super::task::mint`]); any other is unknown without asking Redis.
 fn issued_shape(id: &str) -> bool {
     id.len() == 32 && id.len() <= MAX_TASK_ID && id.bytes().all(|b| b.is_ascii_hexdigit())
 }

@@ -1,7 +1,8 @@
-//! Where a server's tasks live: in its own memory (one replica; a task ends with its
-//! process), or in Redis shared by every replica ([`SharedTasks`]). The dispatcher sees one
-//! interface, with the store's failures as JSON-RPC errors (and counted); the work of the
-//! tasks this replica runs is tracked, so that a stopping server can let it finish.
+//! The one interface to a server's tasks ([`Tasks`]), whichever store keeps them: this
+//! process's memory ([`MemoryTasks`]: one replica, a task ends with its process) or Redis
+//! shared by every replica ([`SharedTasks`]). The store's failures come out as JSON-RPC
+//! errors, counted; the work of the tasks this replica runs is tracked, so that a stopping
+//! server can let it finish.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,14 +12,15 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::error::RpcError;
-use super::task_shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
-use super::task_store::{MemoryTasks, Quota, Refused, Status, TaskBounds, TaskStore, TaskView, UpdateError};
+use super::memory::MemoryTasks;
+use super::metrics::{Running, TaskMetrics};
+use super::shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
+use super::task::{Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
+use crate::dispatch::error::RpcError;
 use crate::protocol;
-use crate::task_metrics::TaskMetrics;
 
 /// The message of a task whose replica stopped before the task finished.
-pub(super) fn stopped_message(drain: Duration) -> String {
+fn stopped_message(drain: Duration) -> String {
     format!(
         "the server running this task stopped before the task finished (a stopping server lets its tasks run for {}s); start it again",
         drain.as_secs()
@@ -33,15 +35,19 @@ enum Store {
 }
 
 /// A server's tasks.
+///
+/// `owner` is who may see and act on a task: its caller's authenticated subject, or else its
+/// session; empty for a caller with neither, whose task is reachable by its id alone (128
+/// random bits, shown to nobody else). An unknown, expired and foreign id answer alike.
 #[derive(Debug)]
-pub(super) struct Tasks {
+pub(in crate::dispatch) struct Tasks {
     store: Store,
     metrics: Arc<TaskMetrics>,
 }
 
 impl Tasks {
     /// Tasks in this process's memory.
-    pub(super) fn memory(bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
+    pub(in crate::dispatch) fn memory(bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
         Tasks {
             store: Store::Memory(MemoryTasks::new(bounds)),
             metrics,
@@ -49,7 +55,11 @@ impl Tasks {
     }
 
     /// Tasks in the Redis of `opts`, shared with every replica that names it.
-    pub(super) fn shared(opts: SharedOptions, bounds: TaskBounds, metrics: Arc<TaskMetrics>) -> Self {
+    pub(in crate::dispatch) fn shared(
+        opts: SharedOptions,
+        bounds: TaskBounds,
+        metrics: Arc<TaskMetrics>,
+    ) -> Self {
         Tasks {
             store: Store::Shared(SharedTasks::new(opts, bounds)),
             metrics,
@@ -64,7 +74,7 @@ impl Tasks {
 
     /// Creates a working task of `owner` within the bounds of `quota`, cancelled through
     /// `token`, kept for `ttl` (at most the store's TTL; `Duration::MAX` for that).
-    pub(super) async fn create(
+    pub(in crate::dispatch) async fn create(
         &self,
         owner: &str,
         quota: &Quota<'_>,
@@ -110,7 +120,8 @@ impl Tasks {
     }
 
     /// A page of `owner`'s tasks after the cursor `after`, at most `limit`, with the cursor of
-    /// the next page; `None` for a cursor this store would never give.
+    /// the next page; `None` for a cursor this store would never give. In memory the pages
+    /// follow the order of creation, in Redis the order of expiry.
     pub(super) async fn list(
         &self,
         owner: &str,
@@ -127,8 +138,9 @@ impl Tasks {
         }
     }
 
-    /// Records the end of a task this replica ran (no effect on a task already ended).
-    pub(super) async fn finish(&self, id: &str, status: Status) {
+    /// Records the end of a task this replica ran (no effect on a task already ended, e.g.
+    /// cancelled); a result over the store's bounds fails the task instead.
+    pub(in crate::dispatch) async fn finish(&self, id: &str, status: Status) {
         self.metrics.ended(match &status {
             Status::Completed(r) if r.get("isError") == Some(&Value::Bool(true)) => "tool_error",
             Status::Completed(_) => "completed",
@@ -144,7 +156,9 @@ impl Tasks {
         }
     }
 
-    /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id.
+    /// Cancels the task `id` of `owner`: `false` for an unknown, expired or foreign id. A task
+    /// already ended stays as it is (cancelling it again is no error). Its work stops at once
+    /// when this replica runs it, else when its replica next looks ([`Tasks::follow`]).
     pub(super) async fn cancel(&self, owner: &str, id: &str) -> Result<bool, RpcError> {
         match &self.store {
             Store::Memory(m) => Ok(m.cancel(owner, id)),
@@ -156,9 +170,10 @@ impl Tasks {
     }
 
     /// Parks the working task `id` until the client answers `asked` (`used`: the answers its
-    /// run had already); the receiver yields every answer once the last one is in. `None`
-    /// when the task no longer works.
-    pub(super) async fn park(
+    /// run had already): the task shows `input_required`, and the receiver yields every
+    /// answer once the last one is in, through whichever replica it came. `None` when the
+    /// task no longer works (cancelled, expired) or the store failed.
+    pub(in crate::dispatch) async fn park(
         &self,
         id: &str,
         asked: Map<String, Value>,
@@ -170,7 +185,10 @@ impl Tasks {
         }
     }
 
-    /// Records answers to the questions of the task `id` of `owner`, before answering.
+    /// Records answers to the questions of the task `id` of `owner`, before answering (the
+    /// next [`Tasks::get`] shows them taken). Answers to keys it does not wait for, and any
+    /// answer to a task that waits for none, are ignored; a malformed answer to one it waits
+    /// for is refused with nothing changed. The last answer resumes the task's run.
     pub(super) async fn update(
         &self,
         owner: &str,
@@ -188,19 +206,19 @@ impl Tasks {
     }
 
     /// Counts a task's work as running on this replica while the guard is held.
-    pub(super) fn running(&self) -> crate::task_metrics::Running {
+    pub(in crate::dispatch) fn running(&self) -> Running {
         self.metrics.running()
     }
 
     /// Counts a task's work stopped before it ended (cancelled, expired, or its server
     /// stopping).
-    pub(super) fn stopped(&self) {
+    pub(in crate::dispatch) fn stopped(&self) {
         self.metrics.ended("stopped");
     }
 
     /// Follows the shared store until `stop` (a task cancelled through another replica stops
     /// here); nothing to follow in memory.
-    pub(super) async fn follow(&self, stop: CancellationToken) {
+    pub(in crate::dispatch) async fn follow(&self, stop: CancellationToken) {
         if let Store::Shared(s) = &self.store {
             s.follow(stop).await;
         }
@@ -210,7 +228,7 @@ impl Tasks {
     /// tasks still running as failed (with [`stopped_message`]) and stops them. In memory
     /// there is nothing to wait for: the tasks end with the process, and nobody could read a
     /// result after it.
-    pub(super) async fn drain(&self, running: &TaskTracker, drain: Duration) {
+    pub(in crate::dispatch) async fn drain(&self, running: &TaskTracker, drain: Duration) {
         running.close();
         let Store::Shared(s) = &self.store else {
             return;

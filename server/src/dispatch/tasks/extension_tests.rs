@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::*;
+use crate::dispatch::*;
 use crate::metrics::Metrics;
 use crate::protocol::{INVALID_PARAMS, MISSING_CAPABILITY};
 use crate::registry::Registry;

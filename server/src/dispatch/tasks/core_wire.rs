@@ -1,18 +1,16 @@
 //! The tasks of protocol 2025-11-25, where they are part of the core protocol: a client
 //! asks for a task with `params.task` on `tools/call` and gets a `CreateTaskResult`, then
 //! polls `tasks/get`, waits with `tasks/result`, pages `tasks/list` and stops one with
-//! `tasks/cancel`. The tasks are those of the extension's [`TaskStore`], owned the same way
-//! ([`super::tasks::owner`]); only the wire differs.
+//! `tasks/cancel`. The tasks are those of the extension (one [`Tasks`] store), owned the same way
+//! ([`super::owner`]); only the wire differs.
 //!
 //! This wire is in force for a request read in the handshake era at revision 2025-11-25
 //! from a client that did not declare the `io.modelcontextprotocol/tasks` extension (one
 //! that did gets the extension's tasks, in any revision).
 //!
-//! [`TaskStore`]: super::task_store::TaskStore
+//! [`Tasks`]: super::store::Tasks
 
 use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,13 +19,13 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::envelope::parse_params;
-use super::error::RpcError;
-use super::request::{Done, Request};
-use super::server::Server;
-use super::task_store::{Status, TaskView};
-use super::tasks::{owner, quota};
+use super::task::{Status, TaskView};
+use super::{TaskParams, Waiting, owner, paced, quota};
 use crate::config::TaskSupport;
+use crate::dispatch::envelope::parse_params;
+use crate::dispatch::error::RpcError;
+use crate::dispatch::request::{Done, Request};
+use crate::dispatch::server::Server;
 use crate::peer::CallCtx;
 use crate::protocol;
 use crate::registry::Snapshot;
@@ -44,13 +42,13 @@ const RELATED: &str = "io.modelcontextprotocol/related-task";
 /// Whether the request is read with this wire (see the module's documentation): by what
 /// its session negotiated when this server saw its `initialize` (over stdio the transport
 /// names no revision per message), else by the revision the request names.
-pub(super) fn in_force(s: &Server, req: &Request<'_>) -> bool {
+pub(in crate::dispatch) fn in_force(s: &Server, req: &Request<'_>) -> bool {
     if req.meta.is_some() || req.ctx.version != REVISION {
         return false;
     }
     match s.sessions.caps(req.ctx.session) {
         Some(c) => c.core_tasks && !c.tasks,
-        None => !super::tasks::negotiated(s, req),
+        None => !super::extension::negotiated(s, req),
     }
 }
 
@@ -65,7 +63,7 @@ struct TaskMetadata {
 /// to answer it with a task kept `ttl` (the store shortens it to its own), `None` to answer
 /// it as usual. In this wire a task for a tool that runs none, and a call without one of a
 /// tool that runs only as a task, are `-32601`; elsewhere the extension's rule applies.
-pub(super) fn asked(
+pub(in crate::dispatch) fn asked(
     s: &Server,
     tool: &crate::registry::Tool,
     req: &Request<'_>,
@@ -75,7 +73,7 @@ pub(super) fn asked(
     // whether the client declared the extension is only looked up when it matters.
     let plain = task.is_none() && tool.def.task != TaskSupport::Required;
     if plain || !in_force(s, req) {
-        super::tasks::required(s, tool, req)?;
+        super::extension::required(s, tool, req)?;
         return Ok(None);
     }
     let Some(task) = task else {
@@ -108,7 +106,7 @@ pub(super) fn asked(
 /// TTL), runs the call detached from the request (`tasks/cancel` or the task's TTL stops
 /// it), and writes the `CreateTaskResult`.
 #[allow(clippy::too_many_arguments)] // the call's parts, as `tools/call` holds them
-pub(super) async fn start(
+pub(in crate::dispatch) async fn start(
     server: &Arc<Server>,
     req: &Request<'_>,
     snap: Arc<Snapshot>,
@@ -175,17 +173,17 @@ async fn told(s: &Server, session: &str, owner: &str, id: &str) {
         return;
     };
     let message = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t.core()});
-    let _ = s.events.send(Arc::new(super::server::Event {
+    let _ = s.events.send(Arc::new(crate::dispatch::server::Event {
         session: Some(session.into()),
         message: message.to_string().into(),
-        kind: super::server::EventKind::Other,
+        kind: crate::dispatch::server::EventKind::Other,
     }));
 }
 
 /// Turns the answer in `out` (a `tools/call` response refusing the arguments, a tool error)
 /// into the `CreateTaskResult` of a task that has already ended with it: a client that
 /// asked for a task finds the call's outcome where it looks for it, with `tasks/result`.
-pub(super) async fn ended(
+pub(in crate::dispatch) async fn ended(
     server: &Server,
     req: &Request<'_>,
     ttl: Duration,
@@ -233,94 +231,35 @@ fn concluded(
 }
 
 #[derive(Deserialize)]
-struct TaskParams<'a> {
-    #[serde(borrow, rename = "taskId")]
-    task_id: Cow<'a, str>,
-}
-
-#[derive(Deserialize)]
 struct ListParams<'a> {
     #[serde(borrow, default)]
     cursor: Option<Cow<'a, str>>,
 }
 
-fn not_found() -> RpcError {
+/// The error for a task id the caller has no task of (unknown, expired or another's).
+pub(super) fn not_found() -> RpcError {
     RpcError::invalid_params("Failed to retrieve task: Task not found (it may have expired)")
 }
 
-fn write(req: &Request<'_>, v: &Value, out: &mut Vec<u8>) {
+/// Writes the result `v` as it is.
+pub(super) fn write(req: &Request<'_>, v: &Value, out: &mut Vec<u8>) {
     protocol::write_result(out, req.id, &serde_json::to_vec(v).unwrap_or_default());
 }
 
-/// The caller's task named by the request's `taskId`.
-async fn task_of(s: &Server, req: &Request<'_>) -> Result<TaskView, RpcError> {
-    let p: TaskParams<'_> = parse_params(req.params)?;
-    s.tasks.get(owner(req), &p.task_id).await?.ok_or_else(not_found)
-}
-
-/// Refuses a task request over the caller's budget (`-32004`, with when to retry). A caller
-/// without credentials is paced by its address ([`quota`]); one with neither an address nor
-/// a session (no transport tells it apart) is not paced here (the server's rate limits still
-/// apply to it).
-fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
-    let who = quota(req).key;
-    if who.is_empty() {
-        return Ok(());
+/// Cancels the working task `id` of `owner` (`tasks/cancel` in this wire): the task, now
+/// cancelled; `-32602` for a task that has ended, before the cancel or just as it came.
+pub(super) async fn cancelled(s: &Server, owner: &str, id: &str) -> Result<TaskView, RpcError> {
+    let t = s.tasks.get(owner, id).await?.ok_or_else(not_found)?;
+    if t.ended() {
+        return Err(terminal(&t));
     }
-    s.polls.take(&who).map_err(|wait| {
-        let ms = super::task_polls::retry_ms(wait);
-        RpcError::new(
-            protocol::RATE_LIMITED,
-            format!(
-                "Rate limited: more than {} task requests a second from this caller; retry after {ms} ms (poll at the task's pollInterval)",
-                super::task_polls::RATE
-            ),
-        )
-        .with_data(json!({"retryAfterMs": ms, "retryAfter": ms.div_ceil(1000)}))
-    })
-}
-
-/// `tasks/get`: the task (flat) in this wire, else the extension's answer.
-pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
-    Box::pin(async move {
-        paced(s, req)?;
-        if !in_force(s, req) {
-            return super::tasks::get(s, req, out).await;
-        }
-        write(req, &task_of(s, req).await?.core(), out);
-        Ok(Done::Written)
-    })
-}
-
-/// `tasks/update` (the extension's: answers to a task's questions), paced like the others.
-pub(super) fn update<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
-    Box::pin(async move {
-        paced(s, req)?;
-        super::tasks::update(s, req, out).await
-    })
-}
-
-/// `tasks/cancel`: the cancelled task (flat) in this wire, `-32602` for one already ended;
-/// else the extension's answer.
-pub(super) fn cancel<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
-    Box::pin(async move {
-        paced(s, req)?;
-        if !in_force(s, req) {
-            return super::tasks::cancel(s, req, out).await;
-        }
-        let t = task_of(s, req).await?;
-        if t.ended() {
-            return Err(terminal(&t));
-        }
-        s.tasks.cancel(owner(req), &t.id).await?;
-        // Read again: the task may have ended on its own just before the cancel.
-        let t = s.tasks.get(owner(req), &t.id).await?.ok_or_else(not_found)?;
-        if t.status != Status::Cancelled {
-            return Err(terminal(&t));
-        }
-        write(req, &t.core(), out);
-        Ok(Done::Written)
-    })
+    s.tasks.cancel(owner, &t.id).await?;
+    // Read again: the task may have ended on its own just before the cancel.
+    let t = s.tasks.get(owner, &t.id).await?.ok_or_else(not_found)?;
+    if t.status != Status::Cancelled {
+        return Err(terminal(&t));
+    }
+    Ok(t)
 }
 
 fn terminal(t: &TaskView) -> RpcError {
@@ -331,7 +270,11 @@ fn terminal(t: &TaskView) -> RpcError {
 }
 
 /// `tasks/list`: a page of the caller's tasks (only in this wire).
-pub(super) fn list<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn list<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(list_now(s, req, out))
 }
 
@@ -381,13 +324,14 @@ fn absent(method: &str) -> RpcError {
     )
 }
 
-/// The future of a handler that may wait.
-pub(super) type Waiting<'a> = Pin<Box<dyn Future<Output = Result<Done, RpcError>> + Send + 'a>>;
-
 /// `tasks/result` (only in this wire): waits until the task ends, within the request's
 /// deadline, then answers exactly what the call answered (its result, with the task in
 /// `_meta`, or its error).
-pub(super) fn result<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+pub(in crate::dispatch) fn result<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
     Box::pin(async move {
         if !in_force(s, req) {
             return Err(absent("tasks/result"));
@@ -454,3 +398,7 @@ fn payload(t: &TaskView, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, R
         )),
     }
 }
+
+#[cfg(test)]
+#[path = "core_wire_tests.rs"]
+mod tests;

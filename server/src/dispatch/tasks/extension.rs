@@ -1,59 +1,29 @@
-//! The methods of the `io.modelcontextprotocol/tasks` extension (`tasks/get`,
-//! `tasks/cancel`, `tasks/update`) and who may use them; the tasks live in a
-//! [`TaskStore`](super::task_store::TaskStore), and `tools/call` creates them.
+//! The `io.modelcontextprotocol/tasks` extension, in any revision: who may use it (a client
+//! that declares it), which calls it answers with a task, how its answers and errors read,
+//! and its own method, `tasks/update` (a task's questions answered). `tasks/get` and
+//! `tasks/cancel`, which both wires have, are answered in [`super::wire`]; the tasks live in
+//! the server's [`Tasks`](super::store::Tasks), and `tools/call` creates them.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::envelope::parse_params;
-use super::error::RpcError;
-use super::request::{Done, Request};
-use super::server::Server;
-use super::task_store::{Quota, UpdateError};
+use super::task::UpdateError;
+use super::{Waiting, owner, paced};
+use crate::dispatch::envelope::parse_params;
+use crate::dispatch::error::RpcError;
+use crate::dispatch::request::{Done, Request};
+use crate::dispatch::server::Server;
 use crate::protocol;
 
 const EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
-#[derive(Deserialize)]
-struct TaskParams<'a> {
-    #[serde(borrow, rename = "taskId")]
-    task_id: Cow<'a, str>,
-}
-
-/// The caller a task belongs to (who may see and act on it): its authenticated subject, or
-/// else its session. Empty for a caller with neither (2026-07-28 without credentials): its
-/// task is reachable by its id alone, 128 random bits that only the creating request is shown.
-pub(super) fn owner<'a>(req: &Request<'a>) -> &'a str {
-    match req.ctx.caller {
-        Some(p) if !p.subject.is_empty() => &p.subject,
-        _ => req.ctx.session,
-    }
-}
-
-/// Whose bounds the request's tasks (and its task requests' pace) count against: the
-/// authenticated subject; a caller without credentials by its network address, whatever
-/// sessions it opens (a session is free to mint, an address is not), or without a known
-/// address (stdio) by its session.
-pub(super) fn quota<'a>(req: &Request<'a>) -> Quota<'a> {
-    match req.ctx.caller {
-        Some(p) if !p.subject.is_empty() => Quota::caller(&p.subject),
-        _ => Quota {
-            key: match req.ctx.client {
-                // `@` keeps addresses apart from sessions.
-                Some(a) => Cow::Owned(format!("@{a}")),
-                None => Cow::Borrowed(req.ctx.session),
-            },
-            anonymous: true,
-        },
-    }
-}
-
 /// Whether the request's client declared the tasks extension: in its session's
 /// `initialize`, or in the request's own `_meta` client capabilities.
-pub(super) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
+pub(in crate::dispatch) fn negotiated(s: &Server, req: &Request<'_>) -> bool {
     if let Some(m) = &req.meta {
         return m.caps.tasks;
     }
@@ -85,21 +55,14 @@ pub(super) fn missing_extension(what: &str) -> RpcError {
     .with_data(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}}))
 }
 
-/// The checked `taskId` of a `tasks/*` request from a client that negotiated tasks.
-fn task_id<'a>(s: &Server, req: &Request<'a>, method: &str) -> Result<Cow<'a, str>, RpcError> {
-    if !negotiated(s, req) {
-        return Err(missing_extension(method));
-    }
-    Ok(parse_params::<TaskParams<'a>>(req.params)?.task_id)
-}
-
-fn unknown() -> RpcError {
+/// The error for a task id the caller has no task of (unknown, expired or another's).
+pub(super) fn unknown() -> RpcError {
     RpcError::invalid_params("Invalid params: unknown taskId (it may have expired)")
 }
 
 /// Writes a tasks/* result object, with `resultType` in the handshake era (the 2026-07-28
 /// stamp adds it there).
-fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
+pub(super) fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
     if req.meta.is_none()
         && let Value::Object(m) = &mut v
     {
@@ -109,27 +72,19 @@ fn write(req: &Request<'_>, mut v: Value, out: &mut Vec<u8>) -> Done {
     Done::Written
 }
 
-/// `tasks/get`.
-pub(super) async fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    let id = task_id(s, req, "tasks/get")?;
-    let t = s.tasks.get(owner(req), &id).await?.ok_or_else(unknown)?;
-    Ok(write(req, t.detailed(), out))
-}
-
-/// `tasks/cancel`: an empty acknowledgement; the next `tasks/get` shows `cancelled`.
-pub(super) async fn cancel(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    let id = task_id(s, req, "tasks/cancel")?;
-    if !s.tasks.cancel(owner(req), &id).await? {
-        return Err(unknown());
-    }
-    Ok(write(req, json!({}), out))
-}
-
 /// `tasks/update`: the client's answers to a task's questions (`inputResponses`, by the keys
 /// of its `inputRequests`), taken before the acknowledgement, so the next `tasks/get` shows
 /// them. Answers to keys the task does not wait for are ignored; a malformed answer to one
-/// it waits for is refused (-32602) and changes nothing.
-pub(super) async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+/// it waits for is refused (-32602) and changes nothing. Paced as the other task requests.
+pub(in crate::dispatch) fn update<'a>(
+    s: &'a Arc<Server>,
+    req: &'a Request<'a>,
+    out: &'a mut Vec<u8>,
+) -> Waiting<'a> {
+    Box::pin(update_now(s, req, out))
+}
+
+async fn update_now(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     #[derive(Deserialize)]
     struct UpdateParams<'a> {
         #[serde(borrow, rename = "taskId")]
@@ -137,6 +92,7 @@ pub(super) async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> 
         #[serde(rename = "inputResponses")]
         input_responses: Value,
     }
+    paced(s, req)?;
     if !negotiated(s, req) {
         return Err(missing_extension("tasks/update"));
     }
@@ -158,7 +114,7 @@ pub(super) async fn update(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> 
 /// Whether calls of `tool` are answered with a task when the client negotiated tasks: its
 /// `task` setting (by default the kinds that may run long: a process, an HTTP request, an
 /// upstream call; a tool that asks the client, or a pipeline, when it declares `task`).
-pub(super) fn wanted(tool: &crate::registry::Tool) -> bool {
+pub(in crate::dispatch) fn wanted(tool: &crate::registry::Tool) -> bool {
     tool.def.task != crate::config::TaskSupport::Forbidden
 }
 
@@ -170,3 +126,7 @@ pub(super) fn required(s: &Server, tool: &crate::registry::Tool, req: &Request<'
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "extension_tests.rs"]
+mod tests;
