@@ -15,7 +15,6 @@ pub mod audit;
 pub mod cli;
 pub mod dispatch;
 pub mod exec;
-pub mod gov_metrics;
 pub mod identity;
 pub mod limits;
 pub mod metrics;

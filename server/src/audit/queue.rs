@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Clock, DROP_LOG_EVERY, OnFull, POLL, Record, Sink, line};
-use crate::gov_metrics::GovMetrics;
+use crate::metrics::governance::GovMetrics;
 use crate::secrets::Secrets;
 
 /// The writer's buffer.

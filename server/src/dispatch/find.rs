@@ -25,7 +25,7 @@ pub(super) fn run(
     index: usize,
     args: &Value,
     req: &Request<'_>,
-    gov: &crate::gov_metrics::GovMetrics,
+    gov: &crate::metrics::governance::GovMetrics,
 ) -> Option<ToolOutput> {
     matches!(snap.tools[index].def.handler, CompiledHandler::FindTools).then(|| {
         let spend = Spend::new();

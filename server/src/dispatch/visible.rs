@@ -73,7 +73,7 @@ impl Spend {
     }
 
     /// Counts what it left unjudged.
-    pub(super) fn record(&self, gov: &crate::gov_metrics::GovMetrics) {
+    pub(super) fn record(&self, gov: &crate::metrics::governance::GovMetrics) {
         if self.unjudged.get() > 0 {
             gov.policy_unjudged.inc_by(self.unjudged.get());
             tracing::debug!(
@@ -139,7 +139,7 @@ pub(super) fn visible(snap: &Snapshot, tool: &Tool, req: &Request<'_>, spend: &S
 pub(super) fn page(
     snap: &Snapshot,
     req: &Request<'_>,
-    gov: &crate::gov_metrics::GovMetrics,
+    gov: &crate::metrics::governance::GovMetrics,
     core: bool,
 ) -> Option<Result<Vec<u8>, RpcError>> {
     if !snap.per_caller {

@@ -20,7 +20,7 @@ use rustc_hash::FxHashMap;
 use sha2::{Digest, Sha256};
 
 use crate::config::governance::{Limit, Rate};
-use crate::gov_metrics::GovMetrics;
+use crate::metrics::governance::GovMetrics;
 
 /// Shards of the key map (a power of two).
 const SHARDS: usize = 64;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::FailMode;
 use crate::config::governance::Rate;
-use crate::gov_metrics::GovMetrics;
+use crate::metrics::governance::GovMetrics;
 use crate::net::resp::{Client, Reply};
 
 /// How long Redis is left alone after a failure.

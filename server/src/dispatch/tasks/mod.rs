@@ -28,7 +28,6 @@ use crate::protocol;
 pub(super) mod core_wire;
 pub(super) mod extension;
 mod memory;
-pub mod metrics;
 pub(super) mod polls;
 mod shared;
 pub(super) mod store;

@@ -13,10 +13,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::memory::MemoryTasks;
-use super::metrics::{Running, TaskMetrics};
 use super::shared::{NotCreated, SharedOptions, SharedTasks, Unavailable};
 use super::task::{Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
 use crate::dispatch::error::RpcError;
+use crate::metrics::tasks::{Running, TaskMetrics};
 use crate::protocol;
 
 /// The message of a task whose replica stopped before the task finished.

@@ -161,10 +161,7 @@ impl TaskView {
         let mut m = Map::new();
         m.insert("taskId".into(), json!(self.id));
         m.insert("status".into(), json!(self.status.name()));
-        m.insert(
-            "createdAt".into(),
-            json!(crate::net::time::rfc3339(self.created)),
-        );
+        m.insert("createdAt".into(), json!(crate::net::time::rfc3339(self.created)));
         m.insert(
             "lastUpdatedAt".into(),
             json!(crate::net::time::rfc3339(self.updated)),
@@ -226,10 +223,7 @@ impl TaskView {
         if let Some(message) = message {
             m.insert("statusMessage".into(), json!(message));
         }
-        m.insert(
-            "createdAt".into(),
-            json!(crate::net::time::rfc3339(self.created)),
-        );
+        m.insert("createdAt".into(), json!(crate::net::time::rfc3339(self.created)));
         m.insert(
             "lastUpdatedAt".into(),
             json!(crate::net::time::rfc3339(self.updated)),

@@ -2,6 +2,9 @@
 //! once (per tool, when a registry snapshot is built; per method, at start-up), so recording
 //! a request does no label hashing and takes no lock.
 
+pub mod governance;
+pub mod tasks;
+
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -518,9 +521,9 @@ pub struct Metrics {
     refusals: Vec<Counter>,
     upstreams: UpstreamFamilies,
     /// Counters of limits and the audit trail.
-    pub gov: Arc<crate::gov_metrics::GovMetrics>,
+    pub gov: Arc<crate::metrics::governance::GovMetrics>,
     /// Counters of tasks.
-    pub tasks: Arc<crate::dispatch::tasks::metrics::TaskMetrics>,
+    pub tasks: Arc<crate::metrics::tasks::TaskMetrics>,
 }
 
 impl Metrics {
@@ -678,8 +681,8 @@ impl Metrics {
             Unit::Bytes,
             ProcessRss,
         );
-        let gov = crate::gov_metrics::GovMetrics::register(&mut root);
-        let tasks = crate::dispatch::tasks::metrics::TaskMetrics::register(&mut root);
+        let gov = crate::metrics::governance::GovMetrics::register(&mut root);
+        let tasks = crate::metrics::tasks::TaskMetrics::register(&mut root);
         root.register(
             "build",
             "Build information",
