@@ -264,14 +264,14 @@ fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
     }
     s.polls.take(&who).map_err(|wait| {
         let ms = super::task_polls::retry_ms(wait);
-        RpcError::new(
-            protocol::RATE_LIMITED,
+        RpcError::rate_limited(
             format!(
                 "Rate limited: more than {} task requests a second from this caller; retry after {ms} ms (poll at the task's pollInterval)",
                 super::task_polls::RATE
             ),
+            ms,
+            super::error::Limiter::TaskRequests,
         )
-        .with_data(json!({"retryAfterMs": ms, "retryAfter": ms.div_ceil(1000)}))
     })
 }
 

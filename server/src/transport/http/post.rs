@@ -17,7 +17,7 @@ use super::session::{check_session, session_id};
 use super::sse::{HeldPass, answer_call};
 use super::subscription::listen_stream;
 use super::{HttpState, SESSION_HEADER, VERSION_HEADER};
-use crate::dispatch::{Ctx, Era, Opens, Outcome, Reply};
+use crate::dispatch::{Ctx, Era, ErrorData, Opens, Outcome, Reply};
 use crate::metrics::Refusal;
 use crate::protocol;
 
@@ -207,22 +207,28 @@ fn post_target<'h>(
     Ok((version, modern, session))
 }
 
-/// An answer as an HTTP response: its status, the scope challenge of a refused call, the id
-/// of the session it opened.
+/// An answer as an HTTP response: its status, the headers of its error's typed data (the
+/// scope challenge of a forbidden call, the `Retry-After` of a rate-limited one), the id of
+/// the session it opened.
 fn reply_response(state: &HttpState, r: Reply) -> Response {
     let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::OK);
     let mut resp = json_response(status, r.body);
-    if let Some(scopes) = r.challenge.filter(|s| !s.is_empty())
-        && let Some(auth) = &state.options.auth
-    {
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
-        );
-    }
-    if let Some(secs) = r.retry_after {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    match &r.error {
+        Some(ErrorData::Forbidden(f)) => {
+            if let Some(scopes) = f.scope_challenge().filter(|s| !s.is_empty())
+                && let Some(auth) = &state.options.auth
+            {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    auth.scope_challenge(state.options.allowed_hosts.as_deref(), &scopes),
+                );
+            }
+        }
+        Some(ErrorData::RateLimited(l)) => {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(l.retry_after_secs()));
+        }
+        Some(ErrorData::Json(_)) | None => {}
     }
     if let Some(id) = r.session
         && let Ok(v) = HeaderValue::from_str(&id)
@@ -230,4 +236,148 @@ fn reply_response(state: &HttpState, r: Reply) -> Response {
         resp.headers_mut().insert(SESSION_HEADER, v);
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use serde_json::value::RawValue;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::config::access::Denial;
+    use crate::config::governance::{Limit, Scope};
+    use crate::dispatch::{Limiter, RpcError, Server};
+    use crate::transport::auth::Auth;
+    use crate::transport::http::HttpOptions;
+
+    /// A transport that authenticates its clients (`auth`) or not.
+    fn state(auth: bool) -> Arc<HttpState> {
+        let metrics = crate::metrics::Metrics::new("test", "system");
+        let server = Server::new(crate::registry::Registry::new(&metrics), metrics);
+        let options = HttpOptions {
+            auth: auth.then(|| {
+                Arc::new(Auth {
+                    bearer: None,
+                    oidc: None,
+                })
+            }),
+            ..HttpOptions::default()
+        };
+        HttpState::new(server, options, CancellationToken::new())
+    }
+
+    /// The response to request 7 that `e` comes to with `status`, as dispatch answers it,
+    /// checked byte for byte against the error written with `data` as JSON: the status, the
+    /// named header's value (if any) and whether the response has any other header.
+    async fn answered(
+        state: &HttpState,
+        e: RpcError,
+        status: u16,
+        data: serde_json::Value,
+        header: header::HeaderName,
+    ) -> Option<String> {
+        let id = RawValue::from_string("7".into()).unwrap();
+        let mut want = Vec::new();
+        protocol::write_error(&mut want, Some(&id), e.code, &e.message, Some(&data));
+        let resp = reply_response(state, Reply::failed(e, Some(&id), status, Vec::new()));
+        assert_eq!(resp.status().as_u16(), status);
+        let (parts, body) = resp.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&body), String::from_utf8_lossy(&want));
+        let others: Vec<_> = parts
+            .headers
+            .keys()
+            .filter(|k| **k != header && **k != header::CONTENT_TYPE)
+            .collect();
+        assert!(others.is_empty(), "{others:?}");
+        parts.headers.get(&header).map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_call_a_limit_refused_says_when_to_retry_in_its_data_and_retry_after() {
+        let limit = Arc::new(Limit {
+            scope: Scope::Tool,
+            name: "deploy".into(),
+            at: "tools[0].limits[0]".into(),
+            rate: None,
+            concurrency: Some(1),
+            per_caller: true,
+            shared: false,
+        });
+        let e = RpcError::rate_limited(
+            "limited",
+            59_001,
+            Limiter::Limit {
+                limit,
+                kind: "concurrency",
+            },
+        );
+        let data = json!({
+            "retryAfterMs": 59_001,
+            "retryAfter": 60,
+            "limit": {"scope": "tool", "name": "deploy", "kind": "concurrency", "perCaller": true},
+        });
+        let got = answered(&state(false), e, 429, data, header::RETRY_AFTER).await;
+        assert_eq!(got.as_deref(), Some("60"));
+    }
+
+    #[tokio::test]
+    async fn a_task_request_over_budget_says_when_to_retry() {
+        let e = RpcError::rate_limited("limited", 1, Limiter::TaskRequests);
+        let data = json!({"retryAfterMs": 1, "retryAfter": 1});
+        let got = answered(&state(false), e, 429, data, header::RETRY_AFTER).await;
+        assert_eq!(got.as_deref(), Some("1"));
+    }
+
+    #[tokio::test]
+    async fn a_call_refused_for_a_full_audit_queue_says_so_and_when_to_retry() {
+        let e = RpcError::rate_limited("full", 2500, Limiter::AuditQueue);
+        let data = json!({"retryAfterMs": 2500, "retryAfter": 3, "audit": "queue_full"});
+        let got = answered(&state(false), e, 429, data, header::RETRY_AFTER).await;
+        assert_eq!(got.as_deref(), Some("3"));
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_call_challenges_for_scopes_only_when_scopes_would_help() {
+        let denial = |missing: &[&str], groups: Option<&[&str]>| Denial {
+            missing_scopes: missing.iter().map(|&s| s.into()).collect(),
+            required_scopes: vec!["read".into(), "deploy:write".into()],
+            not_in_groups: groups.map(|g| g.iter().map(|&s| s.into()).collect()),
+            anonymous: false,
+        };
+        let data = |missing: &[&str], groups: Option<&[&str]>| {
+            json!({
+                "tool": "deploy",
+                "missingScopes": missing,
+                "requiredScopes": ["read", "deploy:write"],
+                "allowedGroups": groups,
+            })
+        };
+        let auth = state(true);
+        let cases = [
+            // A missing scope: the challenge asks for every scope the tool requires.
+            (&auth, &["deploy:write"][..], None, true),
+            // Only the groups are wrong: no scope would help.
+            (&auth, &[][..], Some(&["ops"][..]), false),
+            // A server that does not authenticate its clients has no challenge to make.
+            (&state(false), &["deploy:write"][..], None, false),
+        ];
+        for (state, missing, groups, challenged) in cases {
+            let e = RpcError::forbidden("no", "deploy", denial(missing, groups));
+            let got = answered(state, e, 403, data(missing, groups), header::WWW_AUTHENTICATE).await;
+            let want = challenged
+                .then_some("Bearer realm=\"mcp\", error=\"insufficient_scope\", scope=\"read deploy:write\"");
+            assert_eq!(got.as_deref(), want, "{missing:?} {groups:?}");
+        }
+    }
+
+    /// Data only the client reads (a policy's refusal, say) adds no header.
+    #[tokio::test]
+    async fn json_data_adds_no_header() {
+        let data = json!({"tool": "deploy", "policy": "weekdays"});
+        let e = RpcError::new(protocol::FORBIDDEN, "no").with_data(data.clone());
+        let got = answered(&state(true), e, 403, data, header::WWW_AUTHENTICATE).await;
+        assert_eq!(got, None);
+    }
 }
