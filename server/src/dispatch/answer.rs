@@ -65,12 +65,10 @@ impl Server {
                 let e = a.rev.refine(e);
                 out.clear();
                 out.shrink_to(256);
-                e.write(&mut out, Some(a.id));
+                let code = e.code;
+                let r = Reply::failed(e, Some(a.id), a.rev.status(code), out);
                 self.metrics
-                    .record(a.metric, outcome_index(e.code), a.start.elapsed());
-                let mut r = Reply::new(out, a.rev.status(e.code));
-                r.challenge = e.scope_challenge();
-                r.retry_after = e.retry_after();
+                    .record(a.metric, outcome_index(code), a.start.elapsed());
                 r
             }
         }

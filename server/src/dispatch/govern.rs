@@ -9,14 +9,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::error::RpcError;
+use super::error::{Limiter, RpcError};
 use super::request::Request;
 use super::server::{Ctx, Server};
 use crate::audit::{Caller, Record, Text};
 use crate::config::CompiledHandler;
 use crate::limits::{Permits, Who};
 use crate::metrics::{OUTCOMES, method_index, outcome_index};
-use crate::protocol::RATE_LIMITED;
 use crate::registry::Snapshot;
 
 /// The methods the audit trail records (besides refused credentials).
@@ -161,7 +160,6 @@ fn refused(tool: &str, r: &crate::limits::Refusal) -> RpcError {
     let ms = u64::try_from(r.retry_after.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
-    let secs = ms.div_ceil(1000);
     let place = match r.limit.scope {
         crate::config::governance::Scope::Server => "the server's".to_owned(),
         crate::config::governance::Scope::Upstream => format!("upstream {}'s", r.limit.name),
@@ -173,16 +171,11 @@ fn refused(tool: &str, r: &crate::limits::Refusal) -> RpcError {
         _ => "rate limit",
     };
     let message = format!("Rate limited: {place} {what} refused this call of {tool}; retry after {ms} ms");
-    RpcError::new(RATE_LIMITED, message).with_data(json!({
-        "retryAfterMs": ms,
-        "retryAfter": secs,
-        "limit": {
-            "scope": r.limit.scope.label(),
-            "name": &*r.limit.name,
-            "kind": r.kind,
-            "perCaller": r.limit.per_caller,
-        },
-    }))
+    let by = Limiter::Limit {
+        limit: r.limit.clone(),
+        kind: r.kind,
+    };
+    RpcError::rate_limited(message, ms, by)
 }
 
 /// How long a call refused for a full audit queue is told to wait: the writer drains the
@@ -194,13 +187,13 @@ const AUDIT_RETRY_SECS: u64 = 1;
 /// "queue_full"`.
 pub(super) fn audit_full() -> RpcError {
     let ms = AUDIT_RETRY_SECS * 1000;
-    RpcError::new(
-        RATE_LIMITED,
+    RpcError::rate_limited(
         format!(
             "Audit trail full: this server records every call before running it, and its audit queue has no room; retry after {ms} ms"
         ),
+        ms,
+        Limiter::AuditQueue,
     )
-    .with_data(json!({"retryAfterMs": ms, "retryAfter": AUDIT_RETRY_SECS, "audit": "queue_full"}))
 }
 
 /// What a `tools/call` learned for its audit record while it ran.

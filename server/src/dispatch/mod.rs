@@ -38,7 +38,7 @@ use serde_json::value::RawValue;
 
 use self::answer::Answering;
 use self::envelope::{Batch, Malformed, Message};
-pub use self::error::RpcError;
+pub use self::error::{ErrorData, Forbidden, Limiter, RateLimited, RpcError};
 pub use self::listen::{Listen, ListenFilter, ListenRegistration, MAX_LISTEN_URIS};
 pub use self::outcome::Outcome;
 pub use self::reply::Reply;

@@ -78,6 +78,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::dispatch::error::ErrorData;
 
     #[test]
     fn an_unknown_resource_is_reported_per_era() {
@@ -85,7 +86,10 @@ mod tests {
         let h = HANDSHAKE.refine(e());
         assert_eq!((h.code, h.data), (RESOURCE_NOT_FOUND, None));
         let s = STATELESS.refine(e());
-        assert_eq!((s.code, s.data), (INVALID_PARAMS, Some(json!({"uri": "x"}))));
+        assert_eq!(
+            (s.code, s.data),
+            (INVALID_PARAMS, Some(ErrorData::Json(json!({"uri": "x"}))))
+        );
         let other = RpcError::invalid_params("y");
         assert_eq!(HANDSHAKE.refine(other.clone()), other);
     }

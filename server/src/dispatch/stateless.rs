@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(code(v999, Some("2026-07-28")), HEADER_MISMATCH);
         let RpcError { code: c, data, .. } = meta(Some(&raw(v999)), None).unwrap_err();
         assert_eq!(c, UNSUPPORTED_VERSION);
-        assert_eq!(data.unwrap()["requested"], "v999");
+        assert_eq!(data.unwrap().to_json()["requested"], "v999");
         assert_eq!(
             code(
                 r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/logLevel":"loud"}}"#,

@@ -226,7 +226,10 @@ fn a_call_the_caller_may_not_make_is_forbidden_in_both_eras() {
         let (status, v, r) = reply(&s, &body, ctx);
         assert_eq!((status, code(&v)), (403, i64::from(FORBIDDEN)));
         assert_eq!(v["error"]["data"]["missingScopes"], json!(["deploy:write"]));
-        assert_eq!(r.challenge.as_deref(), Some("deploy:write"));
+        let Some(ErrorData::Forbidden(f)) = &r.error else {
+            panic!("no typed refusal: {:?}", r.error)
+        };
+        assert_eq!(f.scope_challenge().as_deref(), Some("deploy:write"));
     }
     assert!(!counted(&s, "tools/call", "internal_error"));
     assert!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::answer::Answering;
@@ -309,12 +309,7 @@ fn allowed(server: &Server, tool: &crate::registry::Tool, req: &Request<'_>) -> 
     };
     need.check(req.ctx.caller).map_err(|denied| {
         server.metrics.refused(Refusal::Forbidden);
-        RpcError::new(protocol::FORBIDDEN, denied.message(&tool.def.name)).with_data(json!({
-            "tool": tool.def.name,
-            "missingScopes": denied.missing_scopes,
-            "requiredScopes": denied.required_scopes,
-            "allowedGroups": denied.not_in_groups,
-        }))
+        RpcError::forbidden(denied.message(&tool.def.name), &tool.def.name, denied)
     })
 }
 

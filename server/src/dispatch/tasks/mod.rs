@@ -17,13 +17,11 @@ use std::future::Future;
 use std::pin::Pin;
 
 use serde::Deserialize;
-use serde_json::json;
 
 use self::task::Quota;
 use super::error::RpcError;
 use super::request::{Done, Request};
 use super::server::Server;
-use crate::protocol;
 
 pub(super) mod core_wire;
 pub(super) mod extension;
@@ -90,13 +88,13 @@ fn paced(s: &Server, req: &Request<'_>) -> Result<(), RpcError> {
     }
     s.polls.take(&who).map_err(|wait| {
         let ms = polls::retry_ms(wait);
-        RpcError::new(
-            protocol::RATE_LIMITED,
+        RpcError::rate_limited(
             format!(
                 "Rate limited: more than {} task requests a second from this caller; retry after {ms} ms (poll at the task's pollInterval)",
                 polls::RATE
             ),
+            ms,
+            crate::dispatch::error::Limiter::TaskRequests,
         )
-        .with_data(json!({"retryAfterMs": ms, "retryAfter": ms.div_ceil(1000)}))
     })
 }
