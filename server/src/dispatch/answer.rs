@@ -16,7 +16,7 @@ use crate::protocol::INTERNAL_ERROR;
 #[derive(Clone, Copy)]
 pub(super) struct Answering<'a> {
     pub rev: &'static Revision,
-    /// The method's slot in [`crate::metrics::METHODS`].
+    /// The method's slot in [`super::LABELS`].
     pub metric: usize,
     pub stamp: Stamp,
     pub id: &'a RawValue,
@@ -33,7 +33,7 @@ impl Server {
                     let mut f = snap.result_stamp.to_vec();
                     f.extend_from_slice(&crate::modern::cache_fields(self.limits.cache_ttl_ms));
                     // A tool list rendered for its caller is no one else's to reuse.
-                    if snap.tool_entries.is_some() && a.metric == crate::metrics::method_index("tools/list") {
+                    if snap.tool_entries.is_some() && a.metric == super::TOOLS_LIST {
                         crate::modern::make_private(&mut f);
                     }
                     crate::modern::stamp(&mut out, &f);
@@ -56,7 +56,7 @@ impl Server {
         });
         match result {
             Ok(()) => {
-                self.metrics.record(a.metric, 0, a.start.elapsed());
+                self.by_method.record(a.metric, 0, a.start.elapsed());
                 Reply::new(out, 200)
             }
             Err(e) => {
@@ -64,7 +64,7 @@ impl Server {
                 out.clear();
                 out.shrink_to(256);
                 e.write(&mut out, Some(a.id));
-                self.metrics
+                self.by_method
                     .record(a.metric, outcome_index(e.code), a.start.elapsed());
                 let mut r = Reply::new(out, a.rev.status(e.code));
                 r.challenge = e.scope_challenge();

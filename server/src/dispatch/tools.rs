@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::TOOLS_CALL;
 use super::answer::Answering;
 use super::envelope::parse_params;
 use super::error::RpcError;
@@ -30,9 +31,6 @@ use crate::peer::{CallCtx, Peer};
 use crate::protocol;
 use crate::registry::{ListKind, Snapshot};
 use crate::session::LogLevel;
-
-/// The `tools/call` slot in [`crate::metrics::METHODS`].
-const TOOLS_CALL: usize = crate::metrics::method_index("tools/call");
 
 #[derive(Deserialize)]
 struct CallParams<'a> {
@@ -408,7 +406,7 @@ impl Deferred {
         let mut audit = d.audit;
         let metric = TOOLS_CALL;
         let Some(o) = result else {
-            server.metrics.record(
+            server.by_method.record(
                 metric,
                 outcome_index(protocol::REQUEST_CANCELLED),
                 d.start.elapsed(),
