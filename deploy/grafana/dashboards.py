@@ -194,8 +194,9 @@ def operator():
         ], 0, 0, unit="ops"),
         panel(2, "Reconcile duration (p50 / p99)", "timeseries", [
             target(q(0.5, h, "le", sel), "p50", "A"),
-            target(q(0.99, h, "le", sel), "p99", "B"),
-        ], 12, 0, unit="s", thresholds=[(1, "orange"), (5, "red")]),
+            target(q(0.99, h, "le", sel), "p99", "B", exemplar=True),
+        ], 12, 0, unit="s", thresholds=[(1, "orange"), (5, "red")],
+            description="With tracing on, the dots are exemplars: sampled reconciles, each linking to its trace."),
         panel(3, "Reconcile errors by category", "timeseries", [
             target(f"sum by (category) (rate(quiver_operator_reconcile_errors_total{{{sel}}}[{RI}]))", "{{category}}"),
         ], 0, 8, unit="ops", thresholds=[(0.01, "orange"), (0.1, "red")]),

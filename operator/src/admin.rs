@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kube::runtime::reflector::Store;
 
@@ -57,6 +58,19 @@ impl Health {
     }
 }
 
+/// `/metrics`: the OpenMetrics text (its exemplars are OpenMetrics only; Prometheus reads
+/// them from this content type).
+async fn metrics(State(h): State<Arc<Health>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics_text(&h),
+    )
+        .into_response()
+}
+
 fn metrics_text(h: &Health) -> String {
     let stores = h.stores.lock().map(|s| s.clone()).unwrap_or_default();
     if !stores.is_empty() {
@@ -81,11 +95,35 @@ async fn readyz(State(h): State<Arc<Health>>) -> (StatusCode, &'static str) {
 /// The admin router: /metrics, /healthz, /readyz.
 pub fn router(health: Arc<Health>) -> Router {
     Router::new()
-        .route(
-            "/metrics",
-            get(|State(h): State<Arc<Health>>| async move { metrics_text(&h) }),
-        )
+        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(health)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_are_served_as_openmetrics_text() {
+        let health = Arc::new(Health::default());
+        let r = metrics(State(health)).await;
+        assert_eq!(
+            r.headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        );
+        let body = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(
+            text.contains("# TYPE quiver_operator_reconcile_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }

@@ -1,12 +1,15 @@
 //! Operator metrics (prefix `quiver_operator_`). Error labels are static categories, never
-//! formatted errors, so the series count stays bounded.
+//! formatted errors, so the series count stays bounded. With tracing on, each bucket of the
+//! reconcile duration keeps the trace id of the latest sampled reconcile that landed in it
+//! (an OpenMetrics exemplar).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use opentelemetry::trace::TraceId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,6 +53,12 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// The label of an exemplar: the trace of the reconcile it measured.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TraceLabels {
+    trace_id: String,
+}
+
 /// How one reconcile ended: exactly one of these is counted per reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -73,7 +82,7 @@ pub enum Outcome {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    duration: Histogram,
+    duration: HistogramWithExemplars<TraceLabels>,
     reconciles: Family<ResultLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     stage_errors: Family<StageLabels, Counter>,
@@ -85,9 +94,12 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("quiver_operator");
-        let duration = Histogram::new([
-            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-        ]);
+        let duration = HistogramWithExemplars::new(
+            [
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]
+            .into_iter(),
+        );
         registry.register_with_unit(
             "reconcile_duration",
             "Time of one reconcile",
@@ -146,9 +158,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Records one reconcile with its one outcome.
-    pub fn observe(&self, d: Duration, outcome: Outcome) {
-        self.duration.observe(d.as_secs_f64());
+    /// Records one reconcile with its one outcome; `trace` is the trace of its span when
+    /// that was sampled (tracing on), kept as the exemplar of the bucket it lands in.
+    pub fn observe(&self, d: Duration, outcome: Outcome, trace: Option<TraceId>) {
+        let exemplar = trace.map(|t| TraceLabels {
+            trace_id: t.to_string(),
+        });
+        // When (a clock before 1970 gives none: the encoder could not write it).
+        let at = exemplar
+            .as_ref()
+            .map(|_| SystemTime::now())
+            .filter(|t| t.duration_since(UNIX_EPOCH).is_ok());
+        self.duration.observe(d.as_secs_f64(), exemplar, at);
         let result = match outcome {
             Outcome::Ok => "ok",
             Outcome::InvalidSpec => "invalid_spec",

@@ -71,6 +71,7 @@ fn observability_md_lists_every_operator_metric() {
             stage: "apply",
             kind: "Deployment",
         },
+        None,
     );
     let text = m.encode();
     let names: BTreeSet<String> = text

@@ -94,11 +94,22 @@ pub async fn reconcile(mcp: Arc<McpServer>, ctx: Arc<Context>) -> Result<Action,
             }
         }
     };
-    ctx.metrics.observe(start.elapsed(), outcome);
+    ctx.metrics
+        .observe(start.elapsed(), outcome, sampled_trace(&span));
     if result.is_ok() {
         ctx.backoff.reset(&ObjectRef::from_obj(&*mcp));
     }
     result.map(|(_, action)| action)
+}
+
+/// The trace id of `span` when it is exported and sampled (tracing on); `None` otherwise.
+fn sampled_trace(span: &tracing::Span) -> Option<opentelemetry::trace::TraceId> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let cx = span.context();
+    let span = cx.span();
+    let sc = span.span_context();
+    (sc.is_valid() && sc.is_sampled()).then(|| sc.trace_id())
 }
 
 /// dereference -> validate (render) -> build -> apply -> status.
@@ -540,6 +551,83 @@ mod tests {
             .find(|s| s.name == "apply" && s.attributes.iter().any(|kv| kv.value.to_string() == "Deployment"))
             .expect("an apply span for the Deployment");
         assert_eq!(apply.parent_span_id, root.span_context.span_id());
+    }
+
+    /// The buckets of the reconcile duration in an OpenMetrics text: their count and the
+    /// trace id of their exemplar, if they have one.
+    fn duration_buckets(text: &str) -> Vec<(u64, Option<String>)> {
+        assert!(text.ends_with("# EOF\n"), "not OpenMetrics: {text}");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("quiver_operator_reconcile_duration_seconds_bucket{"))
+            .map(|l| {
+                let (sample, exemplar) = l.split_once(" # ").map_or((l, None), |(s, e)| (s, Some(e)));
+                let count = sample.rsplit(' ').next().and_then(|c| c.parse().ok());
+                let trace = exemplar.map(|e| {
+                    let id = e.strip_prefix("{trace_id=\"").and_then(|e| e.split_once("\"} "));
+                    let (id, rest) = id.unwrap_or_else(|| panic!("exemplar {e}"));
+                    // The observed value and when it was observed.
+                    let mut rest = rest.split(' ').map(str::parse::<f64>);
+                    assert!(
+                        matches!(
+                            (rest.next(), rest.next(), rest.next()),
+                            (Some(Ok(_)), Some(Ok(_)), None)
+                        ),
+                        "{e}"
+                    );
+                    id.to_owned()
+                });
+                (count.unwrap_or_else(|| panic!("sample {l}")), trace)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_sampled_reconcile_leaves_its_trace_id_on_its_duration_bucket() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt;
+        let spec = json!({"tools": [{"name": "add", "handler": {"builtin": "add"}}]});
+        // Tracing off (spans, but none exported): no exemplar.
+        let spans = Spans::default();
+        let off = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+        let (result, text) = run(spec.clone(), false, (Method::PATCH, "/none"), |_| None).await;
+        drop(off);
+        result.unwrap();
+        assert!(
+            spans
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(name, ..)| name == "reconcile")
+        );
+        let buckets = duration_buckets(&text);
+        assert_eq!(buckets.len(), 14, "{text}");
+        assert!(buckets.iter().all(|(_, trace)| trace.is_none()), "{text}");
+        // Tracing on: the bucket the reconcile landed in names its trace.
+        let exported = Exported::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(exported.clone())
+            .build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+        let _on = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+        let (result, text) = run(spec, false, (Method::PATCH, "/none"), |_| None).await;
+        result.unwrap();
+        let trace = exported
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.name == "reconcile")
+            .map(|s| s.span_context.trace_id().to_string())
+            .expect("a reconcile span");
+        let buckets = duration_buckets(&text);
+        let landed = buckets
+            .iter()
+            .position(|(count, _)| *count == 1)
+            .expect("a bucket counts it");
+        let with_exemplar: Vec<usize> = (0..buckets.len()).filter(|i| buckets[*i].1.is_some()).collect();
+        assert_eq!(with_exemplar, [landed], "{text}");
+        assert_eq!(buckets[landed].1.as_deref(), Some(trace.as_str()), "{text}");
     }
 
     fn ours(path: &str) -> Option<Value> {

@@ -16,7 +16,7 @@ use crate::protocol::INTERNAL_ERROR;
 #[derive(Clone, Copy)]
 pub(super) struct Answering<'a> {
     pub rev: &'static Revision,
-    /// The method's slot in [`crate::metrics::METHODS`].
+    /// The method's slot in [`super::LABELS`].
     pub metric: usize,
     pub stamp: Stamp,
     pub id: &'a RawValue,
@@ -35,7 +35,7 @@ impl Server {
                         self.limits.cache_ttl_ms,
                     ));
                     // A tool list rendered for its caller is no one else's to reuse.
-                    if snap.tool_entries.is_some() && a.metric == crate::metrics::method_index("tools/list") {
+                    if snap.tool_entries.is_some() && a.metric == super::TOOLS_LIST {
                         crate::dispatch::stateless::make_private(&mut f);
                     }
                     crate::dispatch::stateless::stamp(&mut out, &f);
@@ -58,7 +58,7 @@ impl Server {
         });
         match result {
             Ok(()) => {
-                self.metrics.record(a.metric, 0, a.start.elapsed());
+                self.by_method.record(a.metric, 0, a.start.elapsed());
                 Reply::new(out, 200)
             }
             Err(e) => {
@@ -67,7 +67,7 @@ impl Server {
                 out.shrink_to(256);
                 let code = e.code;
                 let r = Reply::failed(e, Some(a.id), a.rev.status(code), out);
-                self.metrics
+                self.by_method
                     .record(a.metric, outcome_index(code), a.start.elapsed());
                 r
             }

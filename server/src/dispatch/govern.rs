@@ -12,16 +12,12 @@ use serde_json::{Value, json};
 use super::error::{Limiter, RpcError};
 use super::request::Request;
 use super::server::{Ctx, Server};
+use super::{PROMPTS_GET, RESOURCES_READ, TOOLS_CALL};
 use crate::audit::{Caller, Record, Text};
 use crate::config::CompiledHandler;
 use crate::limits::{Permits, Who};
-use crate::metrics::{OUTCOMES, method_index, outcome_index};
+use crate::metrics::{OUTCOMES, outcome_index};
 use crate::registry::Snapshot;
-
-/// The methods the audit trail records (besides refused credentials).
-const TOOLS_CALL: usize = method_index("tools/call");
-const RESOURCES_READ: usize = method_index("resources/read");
-const PROMPTS_GET: usize = method_index("prompts/get");
 
 /// Who a call is counted against: the authenticated subject; for a caller without
 /// credentials its network address (whatever sessions it opens), or where no address is

@@ -46,18 +46,26 @@ use self::request::{Done, Request};
 use self::revision::{HANDSHAKE, Revision, STATELESS, Stamp};
 use self::server::InflightGuard;
 pub use self::server::{Ctx, Era, Event, EventKind, Limits, Opens, Server};
-use self::table::{Handler, Method};
+use self::table::{Handler, LABELS, Method, slot};
 pub use self::tasks::{SharedOptions, TaskBounds};
 pub use self::tools::Deferred;
-use crate::metrics::{Refusal, method_index, outcome_index};
+use crate::metrics::{Refusal, outcome_index};
 use crate::protocol::{self, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
 
-/// The metric slots of messages that are not requests.
-const NOTIFICATION: usize = method_index("notification");
-const RESPONSE: usize = method_index("response");
-const TOOLS_CALL: usize = method_index("tools/call");
-const INVALID: usize = method_index("invalid");
-const BATCH: usize = method_index("batch");
+// The metric slots (places in `LABELS`) dispatch names, here for every module of dispatch
+// (the methods' own modules cannot reach into the table, which refers to them).
+/// Messages that are not requests.
+const NOTIFICATION: usize = slot("notification");
+const RESPONSE: usize = slot("response");
+const INVALID: usize = slot("invalid");
+const BATCH: usize = slot("batch");
+/// A request of a method the table does not have.
+const OTHER: usize = slot("other");
+/// Methods whose requests are recorded or answered apart from the rest.
+const TOOLS_CALL: usize = slot("tools/call");
+const TOOLS_LIST: usize = slot("tools/list");
+const RESOURCES_READ: usize = slot("resources/read");
+const PROMPTS_GET: usize = slot("prompts/get");
 
 impl Server {
     /// Handles one transport message: a single JSON-RPC message, or a batch when `batches` is
@@ -163,14 +171,15 @@ impl Server {
 
     /// A message refused before dispatch, answered without an id (HTTP 400).
     fn rejected(&self, start: Instant, metric: usize, code: i32, msg: &str) -> Outcome {
-        self.metrics.record(metric, outcome_index(code), start.elapsed());
+        self.by_method
+            .record(metric, outcome_index(code), start.elapsed());
         Outcome::Reply(Reply::new(protocol::error_response(None, code, msg), 400))
     }
 
     /// An invalid message answered with an error; with the message's id when it could be
     /// read (then the client can match the error to its request: HTTP 200), else 400.
     fn malformed(&self, start: Instant, m: Malformed<'_>) -> Outcome {
-        self.metrics
+        self.by_method
             .record(INVALID, outcome_index(m.error.code), start.elapsed());
         let mut body = Vec::with_capacity(96 + m.error.message.len());
         m.error.write(&mut body, m.id);
@@ -187,12 +196,12 @@ impl Server {
                 // The answer to a request this server sent (sampling, elicitation). Answers
                 // match only requests of the same session; anything else is dropped.
                 self.pending.answer(ctx.session, id, result, error);
-                self.metrics.record(RESPONSE, 0, start.elapsed());
+                self.by_method.record(RESPONSE, 0, start.elapsed());
                 return Outcome::Accepted;
             }
             Ok(Message::Notification { method, params }) => {
                 sessions::notification(self, &method, params, ctx);
-                self.metrics.record(NOTIFICATION, 0, start.elapsed());
+                self.by_method.record(NOTIFICATION, 0, start.elapsed());
                 return Outcome::Accepted;
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
@@ -221,7 +230,7 @@ impl Server {
     ) -> Outcome {
         let (stateless, rev) = revision_of(ctx.era, method, params);
         let entry = table::lookup(method);
-        let metric = entry.map_or_else(|| method_index(method), |e| e.metric);
+        let metric = entry.map_or(OTHER, |e| e.metric);
         // Decremented on drop: a request future dropped mid-call (client gone) still counts down.
         let inflight = InflightGuard::enter(&self.metrics.inflight);
         let mut out = Vec::with_capacity(256);
@@ -280,7 +289,7 @@ impl Server {
         drop(inflight);
         let (result, opened) = match done {
             Ok(Done::Listen(l)) => {
-                self.metrics.record(metric, 0, start.elapsed());
+                self.by_method.record(metric, 0, start.elapsed());
                 return Outcome::Listen(l);
             }
             Ok(Done::Initialized(caps)) => (Ok(()), Some(caps)),

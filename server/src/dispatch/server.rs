@@ -104,6 +104,8 @@ pub struct Server {
     pub registry: Arc<Registry>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The request metrics of each method label ([`super::LABELS`]), by slot.
+    pub(super) by_method: crate::metrics::MethodMetrics,
     /// Runs tools.
     pub exec: Executor,
     pub(super) events: broadcast::Sender<Arc<Event>>,
@@ -153,6 +155,7 @@ impl Server {
             tasks: super::tasks::store::Tasks::memory(super::TaskBounds::default(), metrics.tasks.clone()),
             running: tokio_util::task::TaskTracker::new(),
             polls: super::tasks::polls::Polls::default(),
+            by_method: metrics.methods(&super::LABELS),
             metrics,
         })
     }

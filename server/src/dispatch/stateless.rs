@@ -11,7 +11,9 @@
 //!
 //! This module holds the revision's envelope: reading and checking `_meta`, stamping results
 //! (`resultType`, `serverInfo`, cache hints) and sealing/opening `requestState`. Dispatch
-//! ([`crate::dispatch`]) routes the methods; the transports choose the era per request.
+//! ([`crate::dispatch`]) routes the methods; its method table says which ones this revision
+//! removed (the handshake-only entries: `Method not found`, over HTTP 404). The transports
+//! choose the era per request.
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,16 +35,6 @@ pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 pub const STATE_TTL: Duration = Duration::from_secs(600);
 /// Longest `requestState` accepted, in characters.
 pub const MAX_STATE_LEN: usize = 256 << 10;
-/// Methods of the handshake era that this revision removed: over HTTP they are 404.
-pub const REMOVED_METHODS: [&str; 7] = [
-    "initialize",
-    "ping",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "tasks/result",
-    "tasks/list",
-];
 
 #[derive(Deserialize)]
 struct Envelope<'a> {

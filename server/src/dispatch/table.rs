@@ -1,5 +1,7 @@
 //! The method table: every JSON-RPC method this server answers, with the eras that have it,
 //! how a 2026-07-28 result of it is stamped, and its handler. Both eras route through it.
+//! It is also the one list of method names: the `method` label values of the request metrics
+//! ([`LABELS`]) and the methods 2026-07-28 removed (the `Handshake` entries) come from it.
 //!
 //! A new method is one handler function in its family's module and one line here.
 
@@ -11,7 +13,6 @@ use super::revision::Stamp;
 use super::sessions;
 use super::tasks;
 use super::tools;
-use crate::metrics::method_index;
 
 /// Which protocol eras have a method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,7 @@ pub(super) enum Handler {
 /// One method's entry.
 #[derive(Debug)]
 pub(super) struct Method {
-    /// Its slot in [`crate::metrics::METHODS`] (`other` for methods without their own).
+    /// Its slot in [`LABELS`]: its place in the table.
     pub metric: usize,
     pub eras: Eras,
     pub stamp: Stamp,
@@ -59,13 +60,16 @@ pub(super) struct Method {
 
 macro_rules! table {
     ($($name:literal => $eras:ident, $stamp:ident, $handler:expr;)*) => {
+        /// Every method of the table, in its order.
+        pub(super) const NAMES: &[&str] = &[$($name),*];
+
         /// The entry of `method`, if this server has it in any era.
         #[inline]
         pub(super) fn lookup(method: &str) -> Option<&'static Method> {
             match method {
                 $($name => {
                     static M: Method = Method {
-                        metric: method_index($name),
+                        metric: slot($name),
                         eras: Eras::$eras,
                         stamp: Stamp::$stamp,
                         handler: $handler,
@@ -75,11 +79,56 @@ macro_rules! table {
                 _ => None,
             }
         }
-
-        /// Every method of the table, in its order.
-        #[cfg(test)]
-        pub(super) const NAMES: &[&str] = &[$($name),*];
     };
+}
+
+/// The `method` labels of messages that are not a request of a method in the table:
+/// notifications, answers to the server's requests, unreadable messages, refused batches,
+/// and requests of methods this server does not have.
+const NOT_METHODS: [&str; 5] = ["notification", "response", "invalid", "batch", "other"];
+
+/// Every `method` label value of the request metrics: the table's methods, then
+/// [`NOT_METHODS`]. A message is counted in the slot of its label's place here.
+pub(super) const LABELS: [&str; NAMES.len() + NOT_METHODS.len()] = {
+    let mut all = [""; NAMES.len() + NOT_METHODS.len()];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = if i < NAMES.len() {
+            NAMES[i]
+        } else {
+            NOT_METHODS[i - NAMES.len()]
+        };
+        i += 1;
+    }
+    all
+};
+
+/// The place of `label` in [`LABELS`]. For constants only (`const X: usize = slot(..)`):
+/// evaluated while compiling, a name that is not a label fails the build.
+pub(super) const fn slot(label: &str) -> usize {
+    let mut i = 0;
+    while i < LABELS.len() {
+        if str_eq(LABELS[i], label) {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("not a method label")
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 use Handler::{Later as Wait, Now, ToolCall};
@@ -112,10 +161,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_name_finds_its_entry_and_nothing_else_matches() {
+    fn every_method_of_the_table_has_its_own_metric_label() {
         for name in NAMES {
             let m = lookup(name).unwrap_or_else(|| panic!("{name}"));
-            assert_eq!(m.metric, method_index(name));
+            assert_eq!(LABELS[m.metric], *name);
+        }
+    }
+
+    #[test]
+    fn no_two_series_share_a_label_and_a_label_of_no_method_finds_no_entry() {
+        for (i, label) in LABELS.iter().enumerate() {
+            assert!(!LABELS[..i].contains(label), "{label} twice");
+        }
+        for label in NOT_METHODS {
+            assert!(lookup(label).is_none(), "{label}");
         }
         for other in [
             "",
@@ -123,29 +182,28 @@ mod tests {
             "tools/call ",
             "TOOLS/CALL",
             "notifications/cancelled",
-            "batch",
         ] {
             assert!(lookup(other).is_none(), "{other}");
         }
+        assert_eq!(LABELS[slot("other")], "other");
     }
 
     #[test]
-    fn the_methods_2026_07_28_removed_are_exactly_the_handshake_only_ones() {
-        let mut handshake: Vec<&str> = NAMES
-            .iter()
-            .copied()
-            .filter(|n| lookup(n).is_some_and(|m| m.eras == Eras::Handshake))
-            .collect();
-        let mut removed = crate::dispatch::stateless::REMOVED_METHODS.to_vec();
-        handshake.sort_unstable();
-        removed.sort_unstable();
-        assert_eq!(handshake, removed);
-    }
-
-    #[test]
-    fn eras() {
-        assert!(Eras::Both.has(true) && Eras::Both.has(false));
-        assert!(Eras::Handshake.has(false) && !Eras::Handshake.has(true));
-        assert!(Eras::Stateless.has(true) && !Eras::Stateless.has(false));
+    fn observability_md_lists_every_method_label() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/observability.md");
+        let doc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let start = doc
+            .find("The `method` label is")
+            .expect("the paragraph of method labels");
+        let paragraph = doc[start..].split("\n\n").next().unwrap_or_default();
+        let named: Vec<&str> = paragraph.split('`').skip(1).step_by(2).skip(1).collect();
+        let mut labels = LABELS.to_vec();
+        let mut listed = named.clone();
+        labels.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(
+            listed, labels,
+            "docs/observability.md's method labels and the table differ"
+        );
     }
 }

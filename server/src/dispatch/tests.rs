@@ -627,3 +627,78 @@ fn a_tool_that_runs_only_as_a_task_refuses_a_client_without_the_extension() {
     let (_, v, _) = reply(&s, &request("tools/call", call), LEGACY);
     assert_ne!(code(&v), i64::from(MISSING_CAPABILITY), "{v}");
 }
+
+/// How many requests of `method` the request counter holds, whatever their outcome.
+fn requests_of(s: &Server, method: &str) -> u64 {
+    let prefix = format!("quiver_requests_total{{method=\"{method}\",");
+    s.metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn every_method_of_the_table_is_counted_under_its_own_label() {
+    let s = server();
+    for name in table::NAMES {
+        let era = table::lookup(name).map(|m| m.eras);
+        let (body, ctx) = if era == Some(table::Eras::Stateless) {
+            (modern(name, json!({}), json!({})), MODERN)
+        } else {
+            (request(name, json!({})), LEGACY)
+        };
+        let _ = run(&s, &body, ctx);
+        assert_eq!(requests_of(&s, name), 1, "{name}");
+    }
+    assert_eq!(requests_of(&s, "other"), 0);
+    // A client cannot name a label of what is not a request: those are unknown methods.
+    for name in ["nope", "other", "batch", "notification", "response", "invalid"] {
+        let (_, v, _) = reply(&s, &request(name, json!({})), LEGACY);
+        assert_eq!(code(&v), -32601, "{name}");
+    }
+    assert_eq!(requests_of(&s, "other"), 6);
+    assert_eq!(requests_of(&s, "batch"), 0);
+}
+
+#[test]
+fn each_method_is_served_in_its_eras_and_not_found_in_the_other() {
+    let s = server();
+    for name in table::NAMES {
+        let eras = table::lookup(name).map(|m| m.eras);
+        for stateless in [false, true] {
+            let (body, ctx) = if stateless {
+                (modern(name, json!({}), json!({})), MODERN)
+            } else {
+                (request(name, json!({})), LEGACY)
+            };
+            let answer = match run(&s, &body, ctx) {
+                Outcome::Reply(r) => Some((
+                    r.status,
+                    serde_json::from_slice::<Value>(&r.body).unwrap_or_default(),
+                )),
+                _ => None,
+            };
+            let not_found = answer
+                .as_ref()
+                .is_some_and(|(_, v)| v["error"]["code"] == json!(-32601));
+            let served = match eras {
+                Some(table::Eras::Both) => true,
+                Some(table::Eras::Handshake) => !stateless,
+                Some(table::Eras::Stateless) => stateless,
+                None => false,
+            };
+            assert_eq!(not_found, !served, "{name}, 2026-07-28: {stateless}: {answer:?}");
+            // 2026-07-28 says which methods it removed (over HTTP, 404).
+            if stateless && !served {
+                let (status, v) = answer.unwrap_or_default();
+                assert_eq!(status, 404, "{name}");
+                assert_eq!(
+                    v["error"]["message"],
+                    format!("Method not found: {name} is not part of protocol 2026-07-28")
+                );
+            }
+        }
+    }
+}

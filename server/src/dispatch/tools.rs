@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::TOOLS_CALL;
 use super::answer::Answering;
 use super::envelope::parse_params;
 use super::error::RpcError;
@@ -30,9 +31,6 @@ use crate::session::LogLevel;
 use crate::spec::access::Principal;
 use crate::spec::caller::Credential;
 use crate::{exec::check_output, protocol::output::ToolOutput};
-
-/// The `tools/call` slot in [`crate::metrics::METHODS`].
-const TOOLS_CALL: usize = crate::metrics::method_index("tools/call");
 
 #[derive(Deserialize)]
 struct CallParams<'a> {
@@ -404,7 +402,7 @@ impl Deferred {
         let mut audit = d.audit;
         let metric = TOOLS_CALL;
         let Some(o) = result else {
-            server.metrics.record(
+            server.by_method.record(
                 metric,
                 outcome_index(protocol::REQUEST_CANCELLED),
                 d.start.elapsed(),

@@ -1,6 +1,7 @@
 //! Prometheus metrics. Hot-path instruments are lock-free atomics whose handles are resolved
-//! once (per tool, when a registry snapshot is built; per method, at start-up), so recording
-//! a request does no label hashing and takes no lock.
+//! once (per tool, when a registry snapshot is built; per method, when the dispatcher is
+//! built, from the method labels it hands over), so recording a request does no label
+//! hashing and takes no lock.
 
 pub mod governance;
 pub mod tasks;
@@ -230,14 +231,14 @@ pub struct ToolLabels {
 /// Labels of per-method instruments.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
-    /// JSON-RPC method (unknown methods are `other`).
+    /// JSON-RPC method, one of the labels given to [`Metrics::methods`].
     pub method: &'static str,
 }
 
 /// Labels of the request counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// JSON-RPC method (unknown methods are `other`).
+    /// JSON-RPC method, one of the labels given to [`Metrics::methods`].
     pub method: &'static str,
     /// `ok` or the JSON-RPC error class.
     pub outcome: &'static str,
@@ -365,28 +366,6 @@ impl Refusal {
     }
 }
 
-/// The methods with their own series; everything else is `other`.
-pub const METHODS: [&str; 18] = [
-    "initialize",
-    "ping",
-    "tools/list",
-    "tools/call",
-    "resources/list",
-    "resources/templates/list",
-    "resources/read",
-    "prompts/list",
-    "prompts/get",
-    "completion/complete",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "notification",
-    "response",
-    "invalid",
-    "batch",
-    "other",
-];
-
 /// Outcomes of a request (the `outcome` label of `requests_total`), by JSON-RPC error code
 /// ([`outcome_index`]).
 pub const OUTCOMES: [&str; 12] = [
@@ -423,32 +402,28 @@ pub const fn outcome_index(code: i32) -> usize {
     }
 }
 
-/// Index of a method in [`METHODS`] (`other` for the rest). A `const fn`, so that the
-/// method table holds each method's index.
-pub const fn method_index(method: &str) -> usize {
-    let mut i = 0;
-    while i < METHODS.len() {
-        if str_eq(METHODS[i], method) {
-            return i;
-        }
-        i += 1;
-    }
-    METHODS.len() - 1
+/// The request instruments of each `method` label, by slot: the label's place in the list
+/// given to [`Metrics::methods`].
+#[derive(Debug)]
+pub struct MethodMetrics {
+    /// `quiver_request_duration_seconds`, one per label.
+    durations: Box<[Histogram]>,
+    /// `quiver_requests_total`, [`OUTCOMES`] per label.
+    requests: Box<[Counter]>,
 }
 
-const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
+impl MethodMetrics {
+    /// Records a handled message of the label at `method`, answered with `outcome` (an index
+    /// in [`OUTCOMES`]).
+    #[inline]
+    pub fn record(&self, method: usize, outcome: usize, elapsed: Duration) {
+        if let Some(h) = self.durations.get(method) {
+            h.observe(elapsed);
         }
-        i += 1;
+        if let Some(c) = self.requests.get(method * OUTCOMES.len() + outcome) {
+            c.inc();
+        }
     }
-    true
 }
 
 /// Handles of a tool's dispatch histogram, by outcome, each created by the first call that
@@ -499,8 +474,8 @@ fn series(family: &Family<ToolLabels, Histogram>, tool: &str, outcome: &'static 
 pub struct Metrics {
     registry: Registry,
     dispatch: Family<ToolLabels, Histogram>,
-    request_duration: Vec<Histogram>,
-    requests: Vec<Counter>,
+    request_duration: Family<MethodLabels, Histogram>,
+    requests: Family<RequestLabels, Counter>,
     /// Requests being handled now.
     pub inflight: Gauge<i64, AtomicI64>,
     /// Tools in the current registry.
@@ -539,40 +514,19 @@ impl Metrics {
             Unit::Seconds,
             dispatch.clone(),
         );
-        let request_duration_family = Family::<MethodLabels, Histogram>::default();
+        let request_duration = Family::<MethodLabels, Histogram>::default();
         root.register_with_unit(
             "request_duration",
             "Time to answer a JSON-RPC message, by method",
             Unit::Seconds,
-            request_duration_family.clone(),
+            request_duration.clone(),
         );
-        let requests_family = Family::<RequestLabels, Counter>::default();
+        let requests = Family::<RequestLabels, Counter>::default();
         root.register(
             "requests",
             "JSON-RPC messages handled, by method and outcome",
-            requests_family.clone(),
+            requests.clone(),
         );
-        let request_duration = METHODS
-            .iter()
-            .map(|m| {
-                request_duration_family
-                    .get_or_create(&MethodLabels { method: m })
-                    .clone()
-            })
-            .collect();
-        let mut requests = Vec::with_capacity(METHODS.len() * OUTCOMES.len());
-        for m in METHODS {
-            for o in OUTCOMES {
-                requests.push(
-                    requests_family
-                        .get_or_create(&RequestLabels {
-                            method: m,
-                            outcome: o,
-                        })
-                        .clone(),
-                );
-            }
-        }
         let inflight = Gauge::default();
         root.register("inflight_requests", "Requests being handled", inflight.clone());
         let registry_tools = Gauge::default();
@@ -777,11 +731,27 @@ impl Metrics {
         }
     }
 
-    /// Records a handled message.
-    #[inline]
-    pub fn record(&self, method: usize, outcome: usize, elapsed: Duration) {
-        self.request_duration[method].observe(elapsed);
-        self.requests[method * OUTCOMES.len() + outcome].inc();
+    /// The request instruments of each of `labels` (the `method` label values, which the
+    /// dispatcher names), their series made at zero; slot `i` is `labels[i]`.
+    pub fn methods(&self, labels: &'static [&'static str]) -> MethodMetrics {
+        let durations = labels
+            .iter()
+            .map(|method| {
+                self.request_duration
+                    .get_or_create(&MethodLabels { method })
+                    .clone()
+            })
+            .collect();
+        let requests = labels
+            .iter()
+            .flat_map(|method| OUTCOMES.iter().map(move |outcome| (method, outcome)))
+            .map(|(method, outcome)| {
+                self.requests
+                    .get_or_create(&RequestLabels { method, outcome })
+                    .clone()
+            })
+            .collect();
+        MethodMetrics { durations, requests }
     }
 
     /// Counts work turned away by a limit.
@@ -883,10 +853,6 @@ mod tests {
             assert_eq!(OUTCOMES[outcome_index(code)], label, "{code}");
         }
         assert_eq!(OUTCOMES[0], "ok");
-        for (i, m) in METHODS.iter().enumerate() {
-            assert_eq!(method_index(m), i);
-        }
-        assert_eq!(METHODS[method_index("server/discover")], "other");
     }
 
     #[test]
@@ -910,7 +876,13 @@ mod tests {
         assert!(!m.encode().contains("tool=\"add\""), "no series before a call");
         t.ok("add").observe(Duration::from_micros(3));
         t.ok("add").observe(Duration::from_millis(2));
-        m.record(method_index("tools/call"), 0, Duration::from_micros(40));
+        let methods = m.methods(&["ping", "tools/call"]);
+        assert!(
+            m.encode()
+                .contains("quiver_requests_total{method=\"tools/call\",outcome=\"rate_limited\"} 0"),
+            "every outcome of a method has its series before the first request"
+        );
+        methods.record(1, 0, Duration::from_micros(40));
         let text = m.encode();
         assert!(
             text.contains("quiver_dispatch_duration_seconds_count{tool=\"add\",outcome=\"ok\"} 2"),
