@@ -110,7 +110,7 @@ const CTX: Ctx<'static> = Ctx {
     session: "",
     version: "2025-11-25",
     stream: false,
-    era: Era::Legacy,
+    era: Era::Handshake,
     caller: None,
     opens: Opens::Minted,
     client: None,

@@ -164,7 +164,7 @@ async fn session_ids_are_the_servers_and_bound_to_the_caller() {
     assert_eq!(h.send(as_caller(rpc("ping"), BOB, Some(&elsewhere))).await.0, 404);
 }
 
-fn modern_call(tool: &str, extra: Value) -> Request<Body> {
+fn stateless_call(tool: &str, extra: Value) -> Request<Body> {
     let mut params = json!({
         "name": tool,
         "arguments": {},
@@ -189,7 +189,7 @@ fn modern_call(tool: &str, extra: Value) -> Request<Body> {
 async fn request_state_is_refused_to_another_caller() {
     let h = with_tokens();
     let (status, asked) = h
-        .raw(as_caller(modern_call("form", json!({})), ALICE, None))
+        .raw(as_caller(stateless_call("form", json!({})), ALICE, None))
         .await;
     assert_eq!(status, 200, "{asked}");
     let r = &asked["result"];
@@ -205,7 +205,7 @@ async fn request_state_is_refused_to_another_caller() {
     let answer = |name: &str| json!({"requestState": state, "inputResponses": {key.clone(): {"action": "accept", "content": {"name": name}}}});
     // Bob retries Alice's call with her state: a JSON-RPC error saying why.
     let (_, v) = h
-        .raw(as_caller(modern_call("form", answer("bob")), BOB, None))
+        .raw(as_caller(stateless_call("form", answer("bob")), BOB, None))
         .await;
     assert_eq!(v["error"]["code"], -32602, "{v}");
     assert!(
@@ -217,7 +217,7 @@ async fn request_state_is_refused_to_another_caller() {
     );
     // Alice's own retry completes.
     let (_, v) = h
-        .raw(as_caller(modern_call("form", answer("alice")), ALICE, None))
+        .raw(as_caller(stateless_call("form", answer("alice")), ALICE, None))
         .await;
     assert_eq!(
         v["result"]["structuredContent"]["content"]["name"], "alice",

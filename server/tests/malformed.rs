@@ -835,9 +835,9 @@ tools:
         assert_eq!(r.json()["id"], 9);
     }
     // The headers belong to 2026-07-28: an older revision's call needs none.
-    let legacy = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"}}}"#;
+    let handshake = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"}}}"#;
     assert_eq!(
-        post(s.mcp, legacy).await.json()["result"]["content"][0]["text"],
+        post(s.mcp, handshake).await.json()["result"]["content"][0]["text"],
         "region=eu"
     );
 }

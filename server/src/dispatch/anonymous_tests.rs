@@ -52,7 +52,7 @@ fn stateless(ip: &str) -> Ctx<'static> {
         session: "",
         version: "2026-07-28",
         stream: false,
-        era: Era::Modern("2026-07-28"),
+        era: Era::Stateless("2026-07-28"),
         caller: None,
         opens: Opens::Minted,
         client: addr(ip),
@@ -65,7 +65,7 @@ fn in_session(session: &'static str, ip: &str) -> Ctx<'static> {
         session,
         version: "2025-11-25",
         stream: false,
-        era: Era::Legacy,
+        era: Era::Handshake,
         caller: None,
         opens: Opens::Given,
         client: addr(ip),
@@ -84,7 +84,7 @@ fn authenticated<'a>(caller: &'a Principal, session: &'a str) -> Ctx<'a> {
         session,
         version: "2025-11-25",
         stream: false,
-        era: Era::Legacy,
+        era: Era::Handshake,
         caller: Some(caller),
         opens: Opens::Given,
         client: None,
@@ -92,7 +92,7 @@ fn authenticated<'a>(caller: &'a Principal, session: &'a str) -> Ctx<'a> {
 }
 
 async fn rpc(s: &Arc<Server>, ctx: Ctx<'_>, method: &str, mut params: Value) -> Value {
-    if ctx.session.is_empty() && ctx.era != Era::Legacy {
+    if ctx.session.is_empty() && ctx.era != Era::Handshake {
         params["_meta"] = json!({
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},

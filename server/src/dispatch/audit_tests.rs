@@ -96,11 +96,11 @@ fn audited(queue: usize, on_full: OnFull, sink: &Gated) -> Arc<Server> {
     server
 }
 
-const MODERN: Ctx<'static> = Ctx {
+const STATELESS_CX: Ctx<'static> = Ctx {
     session: "",
     version: "2026-07-28",
     stream: false,
-    era: Era::Modern("2026-07-28"),
+    era: Era::Stateless("2026-07-28"),
     caller: None,
     opens: Opens::Minted,
     client: None,
@@ -116,7 +116,7 @@ async fn flood(s: &Arc<Server>, first: u64, n: u64) -> (BTreeSet<u64>, Vec<Value
                 "name": "greet", "arguments": {},
                 "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                           "io.modelcontextprotocol/clientCapabilities": {}}}});
-            match s.handle(body.to_string().as_bytes(), MODERN, false).await {
+            match s.handle(body.to_string().as_bytes(), STATELESS_CX, false).await {
                 Outcome::Reply(r) => {
                     serde_json::from_slice::<Value>(&r.body).unwrap_or_else(|e| panic!("{e}"))
                 }

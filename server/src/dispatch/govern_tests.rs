@@ -38,25 +38,25 @@ fn server_with(policies: &str) -> Arc<Server> {
     server
 }
 
-const LEGACY: Ctx<'static> = Ctx {
+const HANDSHAKE_CX: Ctx<'static> = Ctx {
     session: "",
     version: "2025-11-25",
     stream: false,
-    era: Era::Legacy,
+    era: Era::Handshake,
     caller: None,
     opens: Opens::Minted,
     client: None,
 };
 
-const MODERN: Ctx<'static> = Ctx {
-    era: Era::Modern("2026-07-28"),
+const STATELESS_CX: Ctx<'static> = Ctx {
+    era: Era::Stateless("2026-07-28"),
     version: "2026-07-28",
-    ..LEGACY
+    ..HANDSHAKE_CX
 };
 
-fn body(method: &str, params: Value, modern: bool) -> String {
+fn body(method: &str, params: Value, stateless: bool) -> String {
     let mut params = params;
-    if modern {
+    if stateless {
         params["_meta"] = json!({
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},
@@ -71,13 +71,13 @@ fn ask(
     caller: Option<&Principal>,
     method: &str,
     params: Value,
-    modern: bool,
+    stateless: bool,
 ) -> (u16, Value) {
     let ctx = Ctx {
         caller,
-        ..if modern { MODERN } else { LEGACY }
+        ..if stateless { STATELESS_CX } else { HANDSHAKE_CX }
     };
-    let text = body(method, params, modern);
+    let text = body(method, params, stateless);
     let out = futures_util::FutureExt::now_or_never(s.handle(text.as_bytes(), ctx, false))
         .unwrap_or_else(|| panic!("did not answer at once: {text}"));
     match out {
@@ -144,13 +144,13 @@ fn a_policy_denying_a_prompt_refuses_prompts_get_like_a_denied_tool_call() {
         tool.1["error"]["data"],
         json!({"tool": "add", "policy": "admins-only"})
     );
-    for modern in [false, true] {
+    for stateless in [false, true] {
         let (status, v) = ask(
             &s,
             Some(&r),
             "prompts/get",
             json!({"name": "trip", "arguments": {"to": "Rome"}}),
-            modern,
+            stateless,
         );
         assert_eq!(
             (status, v["error"]["code"].as_i64()),

@@ -324,8 +324,8 @@ fn revision_of<'a>(
     params: Option<&serde_json::value::RawValue>,
 ) -> (Option<Option<&'a str>>, &'static Revision) {
     let stateless = match era {
-        Era::Legacy => None,
-        Era::Modern(h) => Some(Some(h)),
+        Era::Handshake => None,
+        Era::Stateless(h) => Some(Some(h)),
         Era::Detect => {
             (method != "initialize" && crate::dispatch::stateless::names_version(params)).then_some(None)
         }

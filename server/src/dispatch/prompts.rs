@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::envelope::parse_params;
 use super::error::RpcError;
 use super::request::{Done, Request};
-use super::rounds::modern_args;
+use super::rounds::stateless_args;
 use super::server::Server;
 use super::tools::page;
 use crate::config::Role;
@@ -35,14 +35,14 @@ pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<D
 /// only: until every answer is in, the answer is an `InputRequiredResult`. Stamps its own
 /// 2026-07-28 results.
 pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    let modern = modern_args(req)?;
+    let stateless = stateless_args(req)?;
     let p: PromptParams<'_> = parse_params(req.params)?;
     let snap = s.registry.load();
     let Some(i) = snap.prompt_index(&p.name) else {
         return Err(RpcError::invalid_params(format!("Unknown prompt: {}", p.name)));
     };
     let prompt = &snap.config.prompts[i];
-    let stamped = modern.is_some();
+    let stamped = stateless.is_some();
     let mut args = Value::Object(p.arguments.unwrap_or_default());
     // Before the arguments are checked: a refused caller learns nothing of them.
     super::govern::permitted(
@@ -66,13 +66,13 @@ pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Do
         )));
     }
     if !prompt.ask.is_empty() {
-        let Some(m) = modern else {
+        let Some(m) = stateless else {
             return Err(RpcError::invalid_params(format!(
                 "Prompt {} asks the client for input, which needs protocol 2026-07-28 (input-required results)",
                 p.name
             )));
         };
-        let m = s.modern_call("prompts/get", &p.name, &args, m)?;
+        let m = s.stateless_call("prompts/get", &p.name, &args, m)?;
         let cx = CallCtx {
             level: None,
             caps: Some(m.inputs.caps),

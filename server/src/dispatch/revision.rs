@@ -31,7 +31,7 @@ pub(super) const STATELESS: Revision = Revision {
     stateless: true,
     unknown_resource: INVALID_PARAMS,
     unknown_resource_data: true,
-    status: protocol::modern_http_status,
+    status: protocol::stateless_http_status,
 };
 
 /// Errors are answers (200), except a refused call (403, for its `WWW-Authenticate`) and a

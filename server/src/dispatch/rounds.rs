@@ -30,7 +30,7 @@ struct RetryParams<'a> {
 }
 
 /// What a call gets from a 2026-07-28 request besides the call itself.
-pub(super) struct ModernArgs<'a> {
+pub(super) struct StatelessArgs<'a> {
     meta: Meta<'a>,
     /// The caller's [`crate::spec::access::Principal::subject`] (empty: not known), which
     /// `requestState` is bound to.
@@ -42,7 +42,7 @@ pub(super) struct ModernArgs<'a> {
 /// A 2026-07-28 call in progress: the round's questions and answers, what its state is
 /// bound to, and the per-request log level and progress token.
 #[derive(Debug)]
-pub(super) struct ModernCall {
+pub(super) struct StatelessCall {
     pub inputs: Inputs,
     pub call: CallId,
     pub level: Option<LogLevel>,
@@ -53,7 +53,7 @@ pub(super) struct ModernCall {
 ///
 /// # Errors
 /// `-32602` when the params do not read.
-pub(super) fn modern_args<'a>(req: &Request<'a>) -> Result<Option<ModernArgs<'a>>, RpcError> {
+pub(super) fn stateless_args<'a>(req: &Request<'a>) -> Result<Option<StatelessArgs<'a>>, RpcError> {
     let Some(meta) = req.meta else {
         return Ok(None);
     };
@@ -66,7 +66,7 @@ pub(super) fn modern_args<'a>(req: &Request<'a>) -> Result<Option<ModernArgs<'a>
         None => None,
     };
     let (answers, state) = retry.map_or((None, None), |r| (r.input_responses, r.request_state));
-    Ok(Some(ModernArgs {
+    Ok(Some(StatelessArgs {
         meta,
         caller: req.ctx.caller.map_or("", |c| &c.subject),
         answers,
@@ -76,13 +76,13 @@ pub(super) fn modern_args<'a>(req: &Request<'a>) -> Result<Option<ModernArgs<'a>
 
 impl Server {
     /// Opens a 2026-07-28 call's `requestState` and gathers the answers of its retry.
-    pub(super) fn modern_call(
+    pub(super) fn stateless_call(
         &self,
         method: &str,
         name: &str,
         args: &Value,
-        m: ModernArgs<'_>,
-    ) -> Result<ModernCall, RpcError> {
+        m: StatelessArgs<'_>,
+    ) -> Result<StatelessCall, RpcError> {
         let call = CallId::new(method, name, args, m.caller);
         let mut answers = match m.state.as_deref() {
             Some(s) => self
@@ -101,7 +101,7 @@ impl Server {
                 }
             }
         }
-        Ok(ModernCall {
+        Ok(StatelessCall {
             inputs: Inputs::new(m.meta.caps, answers),
             call,
             level: m.meta.level,

@@ -51,9 +51,9 @@ pub struct Ctx<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Era<'a> {
     /// Handshake era (`initialize`, sessions): HTTP without a 2026-07-28 version header.
-    Legacy,
+    Handshake,
     /// 2026-07-28: HTTP with this `MCP-Protocol-Version`, which `_meta` must repeat.
-    Modern(&'a str),
+    Stateless(&'a str),
     /// Per message (stdio): 2026-07-28 when the params' `_meta` names a protocol version
     /// (and the method is not `initialize`), the handshake era otherwise.
     Detect,

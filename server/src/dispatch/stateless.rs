@@ -100,7 +100,7 @@ pub fn client_caps(raw: Option<&RawValue>) -> ClientCaps {
 /// A request's per-request protocol fields, checked.
 #[derive(Debug, Clone, Copy)]
 pub struct Meta<'a> {
-    /// The revision in force (one of [`protocol::MODERN_VERSIONS`]).
+    /// The revision in force (one of [`protocol::STATELESS_VERSIONS`]).
     pub version: &'static str,
     /// What the client can answer.
     pub caps: ClientCaps,
@@ -156,7 +156,7 @@ pub fn meta<'a>(params: Option<&'a RawValue>, header: Option<&str>) -> Result<Me
             ),
         ));
     }
-    let Some(v) = protocol::modern(&version) else {
+    let Some(v) = protocol::stateless(&version) else {
         return Err(unsupported(&version));
     };
     let level = match m.level {

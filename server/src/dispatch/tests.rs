@@ -41,11 +41,11 @@ fn server() -> Arc<Server> {
     server
 }
 
-const LEGACY: Ctx<'static> = Ctx {
+const HANDSHAKE_CX: Ctx<'static> = Ctx {
     session: "",
     version: "2025-11-25",
     stream: false,
-    era: Era::Legacy,
+    era: Era::Handshake,
     caller: None,
     opens: Opens::Minted,
     client: None,
@@ -54,13 +54,13 @@ const LEGACY: Ctx<'static> = Ctx {
 /// The handshake era before 2025-11-25 (no core tasks).
 const OLDER: Ctx<'static> = Ctx {
     version: "2025-06-18",
-    ..LEGACY
+    ..HANDSHAKE_CX
 };
 
-const MODERN: Ctx<'static> = Ctx {
-    era: Era::Modern("2026-07-28"),
+const STATELESS_CX: Ctx<'static> = Ctx {
+    era: Era::Stateless("2026-07-28"),
     version: "2026-07-28",
-    ..LEGACY
+    ..HANDSHAKE_CX
 };
 
 fn run(s: &Arc<Server>, body: &str, ctx: Ctx<'_>) -> Outcome {
@@ -84,7 +84,7 @@ fn request(method: &str, params: Value) -> String {
 }
 
 /// A 2026-07-28 request: `params` with the `_meta` that revision requires.
-fn modern(method: &str, mut params: Value, caps: Value) -> String {
+fn stateless(method: &str, mut params: Value, caps: Value) -> String {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": caps,
@@ -118,12 +118,12 @@ fn counted(s: &Server, method: &str, outcome: &str) -> bool {
 #[test]
 fn envelope_refusals_name_the_id_when_they_can() {
     let s = server();
-    let (status, v, _) = reply(&s, "{nope", LEGACY);
+    let (status, v, _) = reply(&s, "{nope", HANDSHAKE_CX);
     assert_eq!((status, code(&v)), (400, -32700));
     assert!(v["id"].is_null());
-    let (status, v, _) = reply(&s, r#"{"jsonrpc":"1.0","id":9,"method":"ping"}"#, LEGACY);
+    let (status, v, _) = reply(&s, r#"{"jsonrpc":"1.0","id":9,"method":"ping"}"#, HANDSHAKE_CX);
     assert_eq!((status, code(&v), v["id"].clone()), (200, -32600, json!(9)));
-    let (status, v, _) = reply(&s, r#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#, LEGACY);
+    let (status, v, _) = reply(&s, r#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#, HANDSHAKE_CX);
     assert_eq!((status, code(&v)), (400, -32600));
     assert!(counted(&s, "invalid", "parse_error"));
     // Notifications and answers are accepted, not answered.
@@ -131,12 +131,12 @@ fn envelope_refusals_name_the_id_when_they_can() {
         run(
             &s,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-            LEGACY
+            HANDSHAKE_CX
         ),
         Outcome::Accepted
     ));
     assert!(matches!(
-        run(&s, r#"{"jsonrpc":"2.0","id":"x","result":{}}"#, LEGACY),
+        run(&s, r#"{"jsonrpc":"2.0","id":"x","result":{}}"#, HANDSHAKE_CX),
         Outcome::Accepted
     ));
 }
@@ -144,25 +144,25 @@ fn envelope_refusals_name_the_id_when_they_can() {
 #[test]
 fn unknown_methods_per_era() {
     let s = server();
-    let (status, v, _) = reply(&s, &request("nope", json!({})), LEGACY);
+    let (status, v, _) = reply(&s, &request("nope", json!({})), HANDSHAKE_CX);
     assert_eq!((status, code(&v)), (200, -32601));
     assert_eq!(v["error"]["message"], "Method not found: nope");
     // A 2026-07-28 method is unknown to the handshake era, and the other way round.
-    let (_, v, _) = reply(&s, &request("server/discover", json!({})), LEGACY);
+    let (_, v, _) = reply(&s, &request("server/discover", json!({})), HANDSHAKE_CX);
     assert_eq!(v["error"]["message"], "Method not found: server/discover");
-    let (status, v, _) = reply(&s, &modern("ping", json!({}), json!({})), MODERN);
+    let (status, v, _) = reply(&s, &stateless("ping", json!({}), json!({})), STATELESS_CX);
     assert_eq!((status, code(&v)), (404, -32601));
     assert_eq!(
         v["error"]["message"],
         "Method not found: ping is not part of protocol 2026-07-28"
     );
-    let (status, v, _) = reply(&s, &modern("nope", json!({}), json!({})), MODERN);
+    let (status, v, _) = reply(&s, &stateless("nope", json!({}), json!({})), STATELESS_CX);
     assert_eq!(
         (status, v["error"]["message"].clone()),
         (404, json!("Method not found: nope"))
     );
     // `_meta` is checked before the method is looked up.
-    let (status, v, _) = reply(&s, &request("nope", json!({})), MODERN);
+    let (status, v, _) = reply(&s, &request("nope", json!({})), STATELESS_CX);
     assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
 }
 
@@ -173,19 +173,19 @@ fn tools_answer_and_refuse() {
     let (status, v, _) = reply(
         &s,
         &request("tools/call", call("add", json!({"a": 1, "b": 2}))),
-        LEGACY,
+        HANDSHAKE_CX,
     );
     assert_eq!(status, 200);
     assert_eq!(v["result"]["content"][0]["text"], "3");
     assert!(v["result"].get("resultType").is_none());
     let (_, v, _) = reply(
         &s,
-        &modern("tools/call", call("add", json!({"a": 1, "b": 2})), json!({})),
-        MODERN,
+        &stateless("tools/call", call("add", json!({"a": 1, "b": 2})), json!({})),
+        STATELESS_CX,
     );
     assert_eq!(v["result"]["resultType"], "complete");
     // `deploy` needs a scope an anonymous caller cannot have: not listed for it.
-    let (_, v, _) = reply(&s, &request("tools/list", json!({})), LEGACY);
+    let (_, v, _) = reply(&s, &request("tools/list", json!({})), HANDSHAKE_CX);
     assert!(
         v["result"]["tools"].as_array().is_some_and(|t| t.len() == 3),
         "{v}"
@@ -193,20 +193,24 @@ fn tools_answer_and_refuse() {
     let deployer = Principal::new(["deploy:write"], []);
     let ctx = Ctx {
         caller: Some(&deployer),
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let (_, v, _) = reply(&s, &request("tools/list", json!({})), ctx);
     assert!(
         v["result"]["tools"].as_array().is_some_and(|t| t.len() == 4),
         "{v}"
     );
-    let (_, v, _) = reply(&s, &modern("tools/list", json!({}), json!({})), MODERN);
+    let (_, v, _) = reply(&s, &stateless("tools/list", json!({}), json!({})), STATELESS_CX);
     assert!(v["result"]["ttlMs"].is_number(), "cache hints: {v}");
     // Rendered for its caller: no shared cache may keep it.
     assert_eq!(v["result"]["cacheScope"], "private", "{v}");
-    let (_, v, _) = reply(&s, &request("tools/call", call("none", json!({}))), LEGACY);
+    let (_, v, _) = reply(&s, &request("tools/call", call("none", json!({}))), HANDSHAKE_CX);
     assert_eq!(code(&v), i64::from(INVALID_PARAMS));
-    let (_, v, _) = reply(&s, &request("tools/list", json!({"cursor": "forged"})), LEGACY);
+    let (_, v, _) = reply(
+        &s,
+        &request("tools/list", json!({"cursor": "forged"})),
+        HANDSHAKE_CX,
+    );
     assert_eq!(code(&v), i64::from(INVALID_PARAMS));
 }
 
@@ -216,8 +220,8 @@ fn a_call_the_caller_may_not_make_is_forbidden_in_both_eras() {
     let reader = Principal::new(["read"], []);
     let args = json!({"name": "deploy", "arguments": {"service": "x"}});
     for (ctx, body) in [
-        (LEGACY, request("tools/call", args.clone())),
-        (MODERN, modern("tools/call", args.clone(), json!({}))),
+        (HANDSHAKE_CX, request("tools/call", args.clone())),
+        (STATELESS_CX, stateless("tools/call", args.clone(), json!({}))),
     ] {
         let ctx = Ctx {
             caller: Some(&reader),
@@ -242,12 +246,12 @@ fn a_call_the_caller_may_not_make_is_forbidden_in_both_eras() {
 #[tokio::test]
 async fn a_missing_client_capability_is_its_own_outcome() {
     let s = server();
-    let body = modern(
+    let body = stateless(
         "tools/call",
         json!({"name": "ask", "arguments": {"q": "?"}}),
         json!({}),
     );
-    let out = s.handle(body.as_bytes(), MODERN, false).await;
+    let out = s.handle(body.as_bytes(), STATELESS_CX, false).await;
     let Outcome::Reply(r) = out else { panic!("{out:?}") };
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!((r.status, code(&v)), (400, i64::from(MISSING_CAPABILITY)));
@@ -265,7 +269,7 @@ async fn a_slow_call_is_deferred_when_the_transport_streams_and_cancellable_in_i
     let ctx = Ctx {
         session: "s1",
         stream: true,
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let Outcome::Deferred(d) = s.handle(body.as_bytes(), ctx, false).await else {
         panic!("not deferred")
@@ -284,32 +288,40 @@ async fn a_slow_call_is_deferred_when_the_transport_streams_and_cancellable_in_i
 #[test]
 fn resources_answer_and_refuse_per_era() {
     let s = server();
-    let (_, v, _) = reply(&s, &request("resources/read", json!({"uri": "doc://a"})), LEGACY);
+    let (_, v, _) = reply(
+        &s,
+        &request("resources/read", json!({"uri": "doc://a"})),
+        HANDSHAKE_CX,
+    );
     assert_eq!(v["result"]["contents"][0]["text"], "first");
     let (_, v, _) = reply(
         &s,
         &request("resources/read", json!({"uri": "city://Oslo"})),
-        LEGACY,
+        HANDSHAKE_CX,
     );
     assert_eq!(v["result"]["contents"][0]["text"], "Oslo");
-    let (status, v, _) = reply(&s, &request("resources/read", json!({"uri": "doc://z"})), LEGACY);
+    let (status, v, _) = reply(
+        &s,
+        &request("resources/read", json!({"uri": "doc://z"})),
+        HANDSHAKE_CX,
+    );
     assert_eq!((status, code(&v)), (200, i64::from(RESOURCE_NOT_FOUND)));
     assert!(v["error"].get("data").is_none());
     let (status, v, _) = reply(
         &s,
-        &modern("resources/read", json!({"uri": "doc://z"}), json!({})),
-        MODERN,
+        &stateless("resources/read", json!({"uri": "doc://z"}), json!({})),
+        STATELESS_CX,
     );
     assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
     assert_eq!(v["error"]["data"], json!({"uri": "doc://z"}));
-    let (_, v, _) = reply(&s, &request("resources/templates/list", json!({})), LEGACY);
+    let (_, v, _) = reply(&s, &request("resources/templates/list", json!({})), HANDSHAKE_CX);
     assert_eq!(
         v["result"]["resourceTemplates"][0]["uriTemplate"],
         "city://{name}"
     );
     let session = Ctx {
         session: "s1",
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let (_, v, _) = reply(
         &s,
@@ -341,22 +353,22 @@ fn prompts_answer_and_refuse() {
             "prompts/get",
             json!({"name": "trip", "arguments": {"to": "Rome"}}),
         ),
-        LEGACY,
+        HANDSHAKE_CX,
     );
     assert_eq!(v["result"]["messages"][0]["content"]["text"], "Plan Rome");
-    let (_, v, _) = reply(&s, &request("prompts/get", json!({"name": "trip"})), LEGACY);
+    let (_, v, _) = reply(&s, &request("prompts/get", json!({"name": "trip"})), HANDSHAKE_CX);
     assert_eq!(code(&v), i64::from(INVALID_PARAMS));
     let (_, v, _) = reply(
         &s,
-        &modern(
+        &stateless(
             "prompts/get",
             json!({"name": "trip", "arguments": {"to": "Lima"}}),
             json!({}),
         ),
-        MODERN,
+        STATELESS_CX,
     );
     assert_eq!(v["result"]["resultType"], "complete");
-    let (_, v, _) = reply(&s, &request("prompts/list", json!({})), LEGACY);
+    let (_, v, _) = reply(&s, &request("prompts/list", json!({})), HANDSHAKE_CX);
     assert_eq!(v["result"]["prompts"][0]["name"], "trip");
 }
 
@@ -365,18 +377,30 @@ fn completion_and_logging_answer_and_refuse() {
     let s = server();
     let complete =
         json!({"ref": {"type": "ref/prompt", "name": "trip"}, "argument": {"name": "to", "value": "ro"}});
-    let (_, v, _) = reply(&s, &request("completion/complete", complete.clone()), LEGACY);
+    let (_, v, _) = reply(
+        &s,
+        &request("completion/complete", complete.clone()),
+        HANDSHAKE_CX,
+    );
     assert_eq!(v["result"]["completion"]["values"], json!(["Rome", "Rotterdam"]));
-    let (_, v, _) = reply(&s, &modern("completion/complete", complete, json!({})), MODERN);
+    let (_, v, _) = reply(
+        &s,
+        &stateless("completion/complete", complete, json!({})),
+        STATELESS_CX,
+    );
     assert_eq!(v["result"]["resultType"], "complete");
     let unknown =
         json!({"ref": {"type": "ref/resource", "uri": "nope://"}, "argument": {"name": "x", "value": ""}});
-    let (_, v, _) = reply(&s, &modern("completion/complete", unknown, json!({})), MODERN);
+    let (_, v, _) = reply(
+        &s,
+        &stateless("completion/complete", unknown, json!({})),
+        STATELESS_CX,
+    );
     assert_eq!(code(&v), i64::from(INVALID_PARAMS));
     assert!(v["error"].get("data").is_none());
     let session = Ctx {
         session: "s1",
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let (_, v, _) = reply(
         &s,
@@ -399,7 +423,7 @@ fn initialize_opens_its_session_in_dispatch() {
         "initialize",
         json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}}),
     );
-    let (_, v, r) = reply(&s, &init, LEGACY);
+    let (_, v, r) = reply(&s, &init, HANDSHAKE_CX);
     assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
     let id = r.session.expect("a minted session id");
     assert!(crate::session::owned_by(&id, ""));
@@ -408,21 +432,21 @@ fn initialize_opens_its_session_in_dispatch() {
         session: "stdio",
         opens: Opens::Given,
         client: None,
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let (_, _, r) = reply(&s, &init, given);
     assert!(r.session.is_none());
     assert!(s.sessions.caps("stdio").is_some_and(|c| c.sampling));
     // A failed initialize opens nothing; a batch's does.
     let before = s.sessions.len();
-    let (_, v, r) = reply(&s, &request("initialize", json!({})), LEGACY);
+    let (_, v, r) = reply(&s, &request("initialize", json!({})), HANDSHAKE_CX);
     assert_eq!(
         (code(&v), r.session, s.sessions.len()),
         (i64::from(INVALID_PARAMS), None, before)
     );
     let batch = format!("[{init}]");
     let Outcome::Reply(r) =
-        futures_util::FutureExt::now_or_never(s.handle(batch.as_bytes(), LEGACY, true)).unwrap()
+        futures_util::FutureExt::now_or_never(s.handle(batch.as_bytes(), HANDSHAKE_CX, true)).unwrap()
     else {
         panic!()
     };
@@ -432,11 +456,15 @@ fn initialize_opens_its_session_in_dispatch() {
 #[test]
 fn ping_discover_and_listen() {
     let s = server();
-    let (_, v, _) = reply(&s, &request("ping", json!({})), LEGACY);
+    let (_, v, _) = reply(&s, &request("ping", json!({})), HANDSHAKE_CX);
     assert_eq!(v["result"], json!({}));
-    let (_, v, _) = reply(&s, &modern("server/discover", json!({}), json!({})), MODERN);
+    let (_, v, _) = reply(
+        &s,
+        &stateless("server/discover", json!({}), json!({})),
+        STATELESS_CX,
+    );
     assert!(v["result"]["ttlMs"].is_number(), "{v}");
-    let listen = modern(
+    let listen = stateless(
         "subscriptions/listen",
         json!({"notifications": {"toolsListChanged": true}}),
         json!({}),
@@ -446,7 +474,7 @@ fn ping_discover_and_listen() {
         era: Era::Detect,
         opens: Opens::Given,
         client: None,
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let Outcome::Listen(l) = run(&s, &listen, in_session) else {
         panic!("not a listen")
@@ -459,12 +487,12 @@ fn ping_discover_and_listen() {
     let too_many: Vec<String> = (0..=MAX_LISTEN_URIS).map(|i| format!("doc://{i}")).collect();
     let (status, v, _) = reply(
         &s,
-        &modern(
+        &stateless(
             "subscriptions/listen",
             json!({"notifications": {"resourceSubscriptions": too_many}}),
             json!({}),
         ),
-        MODERN,
+        STATELESS_CX,
     );
     assert_eq!((status, code(&v)), (400, i64::from(INVALID_PARAMS)));
 }
@@ -503,7 +531,7 @@ fn unjudged(s: &Server) -> u64 {
 fn pages(s: &Arc<Server>, caller: &Principal) -> Vec<Vec<String>> {
     let ctx = Ctx {
         caller: Some(caller),
-        ..LEGACY
+        ..HANDSHAKE_CX
     };
     let mut out = Vec::new();
     let mut params = json!({});
@@ -563,8 +591,8 @@ fn tasks_methods_are_gated_unknown_ids_refused_and_removed_methods_absent() {
     let s = server();
     let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
     for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
-        let body = modern(method, json!({"taskId": "x", "inputResponses": {}}), json!({}));
-        let (_, v, _) = reply(&s, &body, MODERN);
+        let body = stateless(method, json!({"taskId": "x", "inputResponses": {}}), json!({}));
+        let (_, v, _) = reply(&s, &body, STATELESS_CX);
         assert_eq!(code(&v), i64::from(MISSING_CAPABILITY), "{method}");
         assert!(
             v["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"]
@@ -576,24 +604,28 @@ fn tasks_methods_are_gated_unknown_ids_refused_and_removed_methods_absent() {
             "00000000000000000000000000000000",
             huge.as_str(),
         ] {
-            let body = modern(method, json!({"taskId": id, "inputResponses": {}}), tasks.clone());
-            let (_, v, _) = reply(&s, &body, MODERN);
+            let body = stateless(method, json!({"taskId": id, "inputResponses": {}}), tasks.clone());
+            let (_, v, _) = reply(&s, &body, STATELESS_CX);
             assert_eq!(code(&v), i64::from(INVALID_PARAMS), "{method}");
         }
     }
     for method in ["tasks/result", "tasks/list"] {
-        let (_, v, _) = reply(&s, &modern(method, json!({"taskId": "x"}), tasks.clone()), MODERN);
+        let (_, v, _) = reply(
+            &s,
+            &stateless(method, json!({"taskId": "x"}), tasks.clone()),
+            STATELESS_CX,
+        );
         assert_eq!(code(&v), -32601, "{method}");
         let (_, v, _) = reply(&s, &request(method, json!({"taskId": "x"})), OLDER);
         assert_eq!(code(&v), -32601, "{method}");
     }
     // A fast kind answers at once even to a client that polls tasks.
-    let body = modern(
+    let body = stateless(
         "tools/call",
         json!({"name": "add", "arguments": {"a": 1, "b": 2}}),
         tasks,
     );
-    let (_, v, _) = reply(&s, &body, MODERN);
+    let (_, v, _) = reply(&s, &body, STATELESS_CX);
     assert_eq!(v["result"]["resultType"], "complete");
     assert!(v["result"].get("taskId").is_none());
 }
@@ -608,7 +640,7 @@ fn a_tool_that_runs_only_as_a_task_refuses_a_client_without_the_extension() {
         .unwrap_or_else(|e| panic!("{e}"));
     let call = json!({"name": "job", "arguments": {}});
     for (body, ctx) in [
-        (modern("tools/call", call.clone(), json!({})), MODERN),
+        (stateless("tools/call", call.clone(), json!({})), STATELESS_CX),
         (request("tools/call", call.clone()), OLDER),
     ] {
         let (_, v, _) = reply(&s, &body, ctx);
@@ -624,7 +656,7 @@ fn a_tool_that_runs_only_as_a_task_refuses_a_client_without_the_extension() {
     Reloader::new(s.clone())
         .apply(&[("t.yaml".into(), refused.into())])
         .unwrap_or_else(|e| panic!("{e}"));
-    let (_, v, _) = reply(&s, &request("tools/call", call), LEGACY);
+    let (_, v, _) = reply(&s, &request("tools/call", call), HANDSHAKE_CX);
     assert_ne!(code(&v), i64::from(MISSING_CAPABILITY), "{v}");
 }
 
@@ -645,9 +677,9 @@ fn every_method_of_the_table_is_counted_under_its_own_label() {
     for name in table::NAMES {
         let era = table::lookup(name).map(|m| m.eras);
         let (body, ctx) = if era == Some(table::Eras::Stateless) {
-            (modern(name, json!({}), json!({})), MODERN)
+            (stateless(name, json!({}), json!({})), STATELESS_CX)
         } else {
-            (request(name, json!({})), LEGACY)
+            (request(name, json!({})), HANDSHAKE_CX)
         };
         let _ = run(&s, &body, ctx);
         assert_eq!(requests_of(&s, name), 1, "{name}");
@@ -655,7 +687,7 @@ fn every_method_of_the_table_is_counted_under_its_own_label() {
     assert_eq!(requests_of(&s, "other"), 0);
     // A client cannot name a label of what is not a request: those are unknown methods.
     for name in ["nope", "other", "batch", "notification", "response", "invalid"] {
-        let (_, v, _) = reply(&s, &request(name, json!({})), LEGACY);
+        let (_, v, _) = reply(&s, &request(name, json!({})), HANDSHAKE_CX);
         assert_eq!(code(&v), -32601, "{name}");
     }
     assert_eq!(requests_of(&s, "other"), 6);
@@ -667,11 +699,11 @@ fn each_method_is_served_in_its_eras_and_not_found_in_the_other() {
     let s = server();
     for name in table::NAMES {
         let eras = table::lookup(name).map(|m| m.eras);
-        for stateless in [false, true] {
-            let (body, ctx) = if stateless {
-                (modern(name, json!({}), json!({})), MODERN)
+        for in_stateless in [false, true] {
+            let (body, ctx) = if in_stateless {
+                (stateless(name, json!({}), json!({})), STATELESS_CX)
             } else {
-                (request(name, json!({})), LEGACY)
+                (request(name, json!({})), HANDSHAKE_CX)
             };
             let answer = match run(&s, &body, ctx) {
                 Outcome::Reply(r) => Some((
@@ -685,13 +717,16 @@ fn each_method_is_served_in_its_eras_and_not_found_in_the_other() {
                 .is_some_and(|(_, v)| v["error"]["code"] == json!(-32601));
             let served = match eras {
                 Some(table::Eras::Both) => true,
-                Some(table::Eras::Handshake) => !stateless,
-                Some(table::Eras::Stateless) => stateless,
+                Some(table::Eras::Handshake) => !in_stateless,
+                Some(table::Eras::Stateless) => in_stateless,
                 None => false,
             };
-            assert_eq!(not_found, !served, "{name}, 2026-07-28: {stateless}: {answer:?}");
+            assert_eq!(
+                not_found, !served,
+                "{name}, 2026-07-28: {in_stateless}: {answer:?}"
+            );
             // 2026-07-28 says which methods it removed (over HTTP, 404).
-            if stateless && !served {
+            if in_stateless && !served {
                 let (status, v) = answer.unwrap_or_default();
                 assert_eq!(status, 404, "{name}");
                 assert_eq!(

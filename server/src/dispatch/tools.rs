@@ -19,7 +19,7 @@ use super::govern::{self, Pending, Trail};
 use super::reply::Reply;
 use super::request::{Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
-use super::rounds::{ModernCall, modern_args};
+use super::rounds::{StatelessCall, stateless_args};
 use super::server::{InflightGuard, Server};
 use crate::config::governance::Limit;
 use crate::limits::Who;
@@ -117,7 +117,7 @@ pub(super) async fn call(
     out: &mut Vec<u8>,
     mut trail: Option<&mut Trail>,
 ) -> Result<Option<Deferred>, RpcError> {
-    let modern = modern_args(req)?;
+    let stateless = stateless_args(req)?;
     let p: CallParams<'_> = parse_params(req.params)?;
     if let Some(t) = trail.as_deref_mut() {
         t.asked(&p.name);
@@ -142,18 +142,23 @@ pub(super) async fn call(
     let mut problems = Vec::new();
     tool.def.input.validate(&args, &mut problems);
     if !problems.is_empty() {
-        let stamp = modern.is_some().then_some(&*guard.result_stamp);
+        let stamp = stateless.is_some().then_some(&*guard.result_stamp);
         refused_arguments(server, req, tool, &problems, start, core_task, stamp, out).await?;
         if let Some(t) = trail {
             t.outcome = Some("invalid_arguments");
         }
         return Ok(None);
     }
-    let modern = match modern {
+    let stateless = match stateless {
         None => None,
-        Some(m) => Some(Box::new(server.modern_call("tools/call", &p.name, &args, m)?)),
+        Some(m) => Some(Box::new(server.stateless_call(
+            "tools/call",
+            &p.name,
+            &args,
+            m,
+        )?)),
     };
-    let progress = match &modern {
+    let progress = match &stateless {
         Some(m) => m.progress.clone(),
         None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
     };
@@ -161,7 +166,7 @@ pub(super) async fn call(
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let failed = conclude(&guard, index, req.id, output, start, out);
         noted(trail, failed);
-        if modern.is_some() {
+        if stateless.is_some() {
             crate::dispatch::stateless::stamp(out, &guard.result_stamp);
         }
         return Ok(None);
@@ -177,30 +182,30 @@ pub(super) async fn call(
     if super::tasks::extension::wanted(&snap.tools[index]) && super::tasks::extension::negotiated(server, req)
     {
         let call = Called::new(snap, index, args, start);
-        return as_task(server, req, call, modern, permits, out)
+        return as_task(server, req, call, stateless, permits, out)
             .await
             .map(|()| None);
     }
     if req.ctx.stream {
         return Ok(Some(deferred(
-            server, req, snap, index, args, progress, modern, permits,
+            server, req, snap, index, args, progress, stateless, permits,
         )));
     }
     let cx = CallCtx {
         session: req.ctx.session,
         credential: credential(req).map(|c| &**c),
         caller: req.ctx.caller,
-        level: modern.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
-        caps: modern.as_ref().map(|m| m.inputs.caps),
-        inputs: modern.as_ref().map(|m| &m.inputs),
+        level: stateless.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
+        caps: stateless.as_ref().map(|m| m.inputs.caps),
+        inputs: stateless.as_ref().map(|m| &m.inputs),
         ..CallCtx::DETACHED
     };
     let result = server
         .run_cancellable(&snap, index, args, req.ctx.session, req.id, req.deadline, &cx)
         .await;
     drop(permits);
-    match (result, modern) {
-        (Some(o), Some(m)) => server.conclude_modern(&snap, index, req.id, o, *m, start, out),
+    match (result, stateless) {
+        (Some(o), Some(m)) => server.conclude_stateless(&snap, index, req.id, o, *m, start, out),
         (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
         (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
     }
@@ -242,7 +247,7 @@ fn deferred(
     index: usize,
     args: Value,
     progress: Option<Box<RawValue>>,
-    modern: Option<Box<ModernCall>>,
+    stateless: Option<Box<StatelessCall>>,
     permits: Option<crate::limits::Permits>,
 ) -> Deferred {
     Deferred {
@@ -255,7 +260,7 @@ fn deferred(
         id: req.id.to_owned(),
         progress,
         start: req.start,
-        modern,
+        stateless,
         permits,
         audit: None,
         credential: credential(req).cloned(),
@@ -323,7 +328,7 @@ pub struct Deferred {
     id: Box<RawValue>,
     progress: Option<Box<RawValue>>,
     start: Instant,
-    modern: Option<Box<ModernCall>>,
+    stateless: Option<Box<StatelessCall>>,
     /// In-flight places under concurrency limits, held until the call ends.
     permits: Option<crate::limits::Permits>,
     /// The call's audit record, until it ends.
@@ -379,15 +384,15 @@ impl Deferred {
             session,
             peer,
             progress_token: d.progress.as_deref(),
-            level: match &d.modern {
+            level: match &d.stateless {
                 Some(m) => m.level,
                 None => Some(server.sessions.level(session)),
             },
-            caps: match &d.modern {
+            caps: match &d.stateless {
                 Some(m) => Some(m.inputs.caps),
                 None => server.sessions.caps(session),
             },
-            inputs: d.modern.as_ref().map(|m| &m.inputs),
+            inputs: d.stateless.as_ref().map(|m| &m.inputs),
             pending: Some(&server.pending),
             dropped: Some(&server.metrics.peer_dropped),
             credential: d.credential.as_deref(),
@@ -413,14 +418,14 @@ impl Deferred {
             return None;
         };
         let mut out = Vec::with_capacity(256);
-        let (rev, r) = match d.modern {
+        let (rev, r) = match d.stateless {
             None => (
                 &HANDSHAKE,
                 Ok(conclude(&d.snap, d.index, &d.id, o, d.start, &mut out)),
             ),
             Some(m) => (
                 &STATELESS,
-                server.conclude_modern(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
+                server.conclude_stateless(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
             ),
         };
         if let (Some(p), Ok(failed)) = (audit.as_deref_mut(), &r) {
@@ -447,13 +452,13 @@ impl Server {
     /// Ends a 2026-07-28 call: its result, or what its round gathered instead (an
     /// `InputRequiredResult`, a refused answer, a missing capability).
     #[allow(clippy::too_many_arguments)] // the call's parts, borrowed from its two callers
-    fn conclude_modern(
+    fn conclude_stateless(
         &self,
         snap: &Snapshot,
         index: usize,
         id: &RawValue,
         o: ToolOutput,
-        m: ModernCall,
+        m: StatelessCall,
         start: Instant,
         out: &mut Vec<u8>,
     ) -> Result<bool, RpcError> {
@@ -585,21 +590,21 @@ async fn as_task(
     server: &Arc<Server>,
     req: &Request<'_>,
     c: Called,
-    modern: Option<Box<ModernCall>>,
+    stateless: Option<Box<StatelessCall>>,
     permits: Option<crate::limits::Permits>,
     out: &mut Vec<u8>,
 ) -> Result<(), RpcError> {
-    let caps = match &modern {
+    let caps = match &stateless {
         Some(m) => m.inputs.caps,
         None => server.sessions.caps(req.ctx.session).unwrap_or_default(),
     };
-    let prefix = match (&modern, &c.snap.tools[c.index].def.handler) {
+    let prefix = match (&stateless, &c.snap.tools[c.index].def.handler) {
         (Some(_), crate::config::CompiledHandler::Pipeline(steps)) => {
             crate::exec::pipeline::first_long_step(&c.snap, steps).filter(|&b| b > 0)
         }
         _ => None,
     };
-    let (Some(until), Some(m)) = (prefix, modern) else {
+    let (Some(until), Some(m)) = (prefix, stateless) else {
         return start_task(server, req, c, permits, Map::new(), caps, out).await;
     };
     let m = *m;

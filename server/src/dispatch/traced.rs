@@ -207,9 +207,9 @@ mod tests {
             opens: super::super::server::Opens::Minted,
             client: None,
         };
-        assert!(!authenticated(&ctx(Era::Legacy, None)));
-        assert!(!authenticated(&ctx(Era::Modern("2026-07-28"), None)));
-        assert!(authenticated(&ctx(Era::Legacy, Some(&principal))));
+        assert!(!authenticated(&ctx(Era::Handshake, None)));
+        assert!(!authenticated(&ctx(Era::Stateless("2026-07-28"), None)));
+        assert!(authenticated(&ctx(Era::Handshake, Some(&principal))));
         assert!(authenticated(&ctx(Era::Detect, None)));
     }
 

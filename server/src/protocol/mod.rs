@@ -4,14 +4,14 @@ pub mod output;
 
 use serde_json::value::RawValue;
 
-/// Handshake-era ("legacy") revisions this server speaks, newest first: a client opens with
+/// Handshake-era revisions this server speaks, newest first: a client opens with
 /// `initialize` and (over HTTP) gets a session.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
 /// The newest handshake-era revision; offered when `initialize` asks for one we do not speak.
 pub const LATEST_VERSION: &str = SUPPORTED_VERSIONS[0];
-/// Stateless ("modern") revisions: every request carries its version, client capabilities
+/// Stateless-era revisions: every request carries its version, client capabilities
 /// and log level in `_meta`; there is no handshake and no session (see [`crate::dispatch::stateless`]).
-pub const MODERN_VERSIONS: [&str; 1] = ["2026-07-28"];
+pub const STATELESS_VERSIONS: [&str; 1] = ["2026-07-28"];
 /// Every revision this server speaks, newest first (`server/discover`, and the `supported`
 /// list of an unsupported-version error).
 pub const ALL_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"];
@@ -60,8 +60,8 @@ pub fn supported(v: &str) -> Option<&'static str> {
 }
 
 /// The stateless revision equal to `v`, if any.
-pub fn modern(v: &str) -> Option<&'static str> {
-    MODERN_VERSIONS.iter().copied().find(|s| *s == v)
+pub fn stateless(v: &str) -> Option<&'static str> {
+    STATELESS_VERSIONS.iter().copied().find(|s| *s == v)
 }
 
 /// The `UnsupportedProtocolVersionError` data: every version spoken, and the one asked for.
@@ -71,7 +71,7 @@ pub fn unsupported_version_data(requested: &str) -> serde_json::Value {
 
 /// The HTTP status of a 2026-07-28 error answer, by JSON-RPC code (200 for the rest: a tool
 /// or resource failure is an answer, not a transport refusal).
-pub fn modern_http_status(code: i32) -> u16 {
+pub fn stateless_http_status(code: i32) -> u16 {
     match code {
         PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS | HEADER_MISMATCH | MISSING_CAPABILITY
         | UNSUPPORTED_VERSION => 400,

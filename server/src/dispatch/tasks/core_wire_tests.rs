@@ -41,7 +41,7 @@ fn at(session: &'static str) -> Ctx<'static> {
         session,
         version: "2025-11-25",
         stream: false,
-        era: Era::Legacy,
+        era: Era::Handshake,
         caller: None,
         opens: Opens::Given,
         client: None,
@@ -143,14 +143,14 @@ async fn tools_list_tells_task_support_in_2025_11_25_only() {
             let v = rpc(&s, ctx, "tools/list", json!({})).await;
             assert!(support(&v).iter().all(|(_, e)| e.is_null()), "{v}");
         }
-        let modern = json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}});
+        let stateless = json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}});
         let ctx = Ctx {
-            era: Era::Modern("2026-07-28"),
+            era: Era::Stateless("2026-07-28"),
             version: "2026-07-28",
             session: "",
             ..at(ALICE)
         };
-        let v = rpc(&s, ctx, "tools/list", modern).await;
+        let v = rpc(&s, ctx, "tools/list", stateless).await;
         assert!(support(&v).iter().all(|(_, e)| e.is_null()), "{v}");
     }
 }

@@ -71,11 +71,11 @@ tools:
         - {tool: greet, input: {name: "{{steps.0.structured.content.name}}"}}
 "#;
 
-const MODERN: Ctx<'static> = Ctx {
+const STATELESS_CX: Ctx<'static> = Ctx {
     session: "",
     version: "2026-07-28",
     stream: false,
-    era: Era::Modern("2026-07-28"),
+    era: Era::Stateless("2026-07-28"),
     caller: None,
     opens: Opens::Minted,
     client: None,
@@ -112,8 +112,8 @@ async fn send(s: &Arc<Server>, body: &str, ctx: Ctx<'_>) -> Value {
     }
 }
 
-async fn modern(s: &Arc<Server>, method: &str, params: Value) -> Value {
-    send(s, &body(method, params, Some(&caps())), MODERN).await
+async fn stateless(s: &Arc<Server>, method: &str, params: Value) -> Value {
+    send(s, &body(method, params, Some(&caps())), STATELESS_CX).await
 }
 
 fn code(v: &Value) -> i64 {
@@ -136,7 +136,7 @@ async fn until(s: &Arc<Server>, id: &str, status: &str, ctx: Ctx<'_>, caps: Opti
 }
 
 async fn created(s: &Arc<Server>, tool: &str, args: Value) -> String {
-    let v = modern(s, "tools/call", json!({"name": tool, "arguments": args})).await;
+    let v = stateless(s, "tools/call", json!({"name": tool, "arguments": args})).await;
     assert_eq!(v["result"]["resultType"], "task", "{v}");
     v["result"]["taskId"].as_str().unwrap().to_owned()
 }
@@ -149,7 +149,7 @@ fn accept(content: Value) -> Value {
 async fn a_task_waits_for_its_answer_and_completes_with_it() {
     let s = server();
     let id = created(&s, "confirm_delete", json!({"filename": "a.txt"})).await;
-    let t = until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+    let t = until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await;
     let q = &t["inputRequests"]["confirm"];
     assert_eq!(q["method"], "elicitation/create", "{t}");
     assert_eq!(q["params"]["message"], "Delete a.txt?");
@@ -159,7 +159,7 @@ async fn a_task_waits_for_its_answer_and_completes_with_it() {
     );
     // Not pending: ignored with an acknowledgement.
     let ignored = json!({"taskId": id, "inputResponses": {"unknown-key": {"ignored": true}}});
-    let v = modern(&s, "tasks/update", ignored).await;
+    let v = stateless(&s, "tasks/update", ignored).await;
     assert_eq!(v["result"]["resultType"], "complete", "{v}");
     // Malformed answers to the pending key, and malformed params: -32602, nothing changes.
     for params in [
@@ -170,29 +170,29 @@ async fn a_task_waits_for_its_answer_and_completes_with_it() {
         json!({"taskId": id}),
         json!({"taskId": 7, "inputResponses": {}}),
     ] {
-        let v = modern(&s, "tasks/update", params.clone()).await;
+        let v = stateless(&s, "tasks/update", params.clone()).await;
         assert_eq!(code(&v), i64::from(INVALID_PARAMS), "{params}: {v}");
     }
     // Another caller's update is an unknown task, and reaches nothing.
     let other = Ctx {
         session: "other",
-        ..MODERN
+        ..STATELESS_CX
     };
     let answer = json!({"taskId": id, "inputResponses": {"confirm": accept(json!({"confirm": true}))}});
     let v = send(&s, &body("tasks/update", answer.clone(), Some(&caps())), other).await;
     assert_eq!(code(&v), i64::from(INVALID_PARAMS), "{v}");
     assert_eq!(
-        until(&s, &id, "input_required", MODERN, Some(&caps())).await["inputRequests"],
+        until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await["inputRequests"],
         t["inputRequests"]
     );
     // Many unknown keys cost nothing and change nothing.
     let many: serde_json::Map<String, Value> = (0..10_000).map(|i| (format!("k{i}"), json!({}))).collect();
-    let v = modern(&s, "tasks/update", json!({"taskId": id, "inputResponses": many})).await;
+    let v = stateless(&s, "tasks/update", json!({"taskId": id, "inputResponses": many})).await;
     assert_eq!(v["result"]["resultType"], "complete", "{v}");
-    let v = modern(&s, "tasks/update", answer).await;
+    let v = stateless(&s, "tasks/update", answer).await;
     let ack = v["result"].as_object().unwrap();
     assert!(ack.keys().all(|k| k == "resultType" || k == "_meta"), "{v}");
-    let done = until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    let done = until(&s, &id, "completed", STATELESS_CX, Some(&caps())).await;
     assert_eq!(
         done["result"]["structuredContent"],
         accept(json!({"confirm": true})),
@@ -204,24 +204,24 @@ async fn a_task_waits_for_its_answer_and_completes_with_it() {
 async fn partial_answers_keep_the_task_waiting_for_the_rest() {
     let s = server();
     let id = created(&s, "multi_input", json!({})).await;
-    let t = until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+    let t = until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await;
     let keys: Vec<&String> = t["inputRequests"].as_object().unwrap().keys().collect();
     assert_eq!(keys, ["confirm", "name"]);
     let one =
         json!({"taskId": id, "inputResponses": {"name": accept(json!({"name": "p1", "confirm": true}))}});
     assert_eq!(
-        modern(&s, "tasks/update", one).await["result"]["resultType"],
+        stateless(&s, "tasks/update", one).await["result"]["resultType"],
         "complete"
     );
     // At once: the next get shows the answered key gone.
-    let v = modern(&s, "tasks/get", json!({"taskId": id})).await;
+    let v = stateless(&s, "tasks/get", json!({"taskId": id})).await;
     assert_eq!(v["result"]["status"], "input_required", "{v}");
     assert!(v["result"]["inputRequests"].get("name").is_none(), "{v}");
     assert!(v["result"]["inputRequests"].get("confirm").is_some(), "{v}");
     let two =
         json!({"taskId": id, "inputResponses": {"confirm": accept(json!({"name": "p2", "confirm": true}))}});
-    modern(&s, "tasks/update", two).await;
-    let done = until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    stateless(&s, "tasks/update", two).await;
+    let done = until(&s, &id, "completed", STATELESS_CX, Some(&caps())).await;
     assert_eq!(
         done["result"]["structuredContent"]["name"]["content"]["name"], "p1",
         "{done}"
@@ -232,10 +232,10 @@ async fn partial_answers_keep_the_task_waiting_for_the_rest() {
 async fn a_declined_form_completes_the_task_with_a_tool_error() {
     let s = server();
     let id = created(&s, "confirm_delete", json!({"filename": "b"})).await;
-    until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+    until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await;
     let no = json!({"taskId": id, "inputResponses": {"confirm": {"action": "decline"}}});
-    modern(&s, "tasks/update", no).await;
-    let done = until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    stateless(&s, "tasks/update", no).await;
+    let done = until(&s, &id, "completed", STATELESS_CX, Some(&caps())).await;
     assert_eq!(done["result"]["isError"], true, "{done}");
 }
 
@@ -243,16 +243,16 @@ async fn a_declined_form_completes_the_task_with_a_tool_error() {
 async fn a_parked_task_can_be_cancelled() {
     let s = server();
     let id = created(&s, "confirm_delete", json!({"filename": "c"})).await;
-    until(&s, &id, "input_required", MODERN, Some(&caps())).await;
-    modern(&s, "tasks/cancel", json!({"taskId": id})).await;
-    until(&s, &id, "cancelled", MODERN, Some(&caps())).await;
+    until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await;
+    stateless(&s, "tasks/cancel", json!({"taskId": id})).await;
+    until(&s, &id, "cancelled", STATELESS_CX, Some(&caps())).await;
     let late = json!({"taskId": id, "inputResponses": {"confirm": accept(json!({"confirm": true}))}});
     assert_eq!(
-        modern(&s, "tasks/update", late).await["result"]["resultType"],
+        stateless(&s, "tasks/update", late).await["result"]["resultType"],
         "complete"
     );
     assert_eq!(
-        until(&s, &id, "cancelled", MODERN, Some(&caps())).await["status"],
+        until(&s, &id, "cancelled", STATELESS_CX, Some(&caps())).await["status"],
         "cancelled"
     );
 }
@@ -266,9 +266,9 @@ async fn a_task_asking_without_the_capability_fails_with_32021() {
         json!({"name": "confirm_delete", "arguments": {"filename": "d"}}),
         Some(&no_elicitation),
     );
-    let v = send(&s, &call, MODERN).await;
+    let v = send(&s, &call, STATELESS_CX).await;
     let id = v["result"]["taskId"].as_str().unwrap();
-    let t = until(&s, id, "failed", MODERN, Some(&no_elicitation)).await;
+    let t = until(&s, id, "failed", STATELESS_CX, Some(&no_elicitation)).await;
     assert_eq!(t["error"]["code"], i64::from(MISSING_CAPABILITY), "{t}");
     assert!(
         t["error"]["message"].as_str().unwrap().contains("elicitation"),
@@ -279,7 +279,7 @@ async fn a_task_asking_without_the_capability_fails_with_32021() {
 #[tokio::test]
 async fn a_pipeline_asks_in_input_rounds_then_becomes_a_task() {
     let s = server();
-    let round1 = modern(&s, "tools/call", json!({"name": "with_task", "arguments": {}})).await;
+    let round1 = stateless(&s, "tools/call", json!({"name": "with_task", "arguments": {}})).await;
     let r = &round1["result"];
     assert_eq!(r["resultType"], "input_required", "{round1}");
     assert!(r.get("taskId").is_none());
@@ -288,7 +288,7 @@ async fn a_pipeline_asks_in_input_rounds_then_becomes_a_task() {
     let answer = json!({"user_name": accept(json!({"name": "Alice"}))});
     let retry =
         json!({"name": "with_task", "arguments": {}, "inputResponses": answer, "requestState": state});
-    let round2 = modern(&s, "tools/call", retry).await;
+    let round2 = stateless(&s, "tools/call", retry).await;
     let r = &round2["result"];
     assert_eq!(r["resultType"], "task", "{round2}");
     assert!(
@@ -296,7 +296,7 @@ async fn a_pipeline_asks_in_input_rounds_then_becomes_a_task() {
         "{round2}"
     );
     let id = r["taskId"].as_str().unwrap();
-    let done = until(&s, id, "completed", MODERN, Some(&caps())).await;
+    let done = until(&s, id, "completed", STATELESS_CX, Some(&caps())).await;
     assert!(
         done["result"]["content"][0]["text"]
             .as_str()
@@ -308,12 +308,12 @@ async fn a_pipeline_asks_in_input_rounds_then_becomes_a_task() {
     let forged =
         json!({"name": "with_task", "arguments": {}, "inputResponses": answer, "requestState": "forged"});
     assert_eq!(
-        code(&modern(&s, "tools/call", forged).await),
+        code(&stateless(&s, "tools/call", forged).await),
         i64::from(INVALID_PARAMS)
     );
     let declined =
         json!({"name": "with_task", "arguments": {}, "inputResponses": {"user_name": {"action": "decline"}}});
-    let v = modern(&s, "tools/call", declined).await;
+    let v = stateless(&s, "tools/call", declined).await;
     assert_eq!(
         (v["result"]["isError"].clone(), v["result"]["resultType"].clone()),
         (json!(true), json!("complete")),
@@ -328,10 +328,10 @@ async fn in_the_handshake_era_a_pipeline_is_a_task_at_once_and_asks_through_it()
     let ctx = Ctx {
         session: "stdio",
         version: "2025-11-25",
-        era: Era::Legacy,
+        era: Era::Handshake,
         opens: Opens::Given,
         client: None,
-        ..MODERN
+        ..STATELESS_CX
     };
     let init = body(
         "initialize",
@@ -373,9 +373,9 @@ async fn a_waiting_task_frees_its_concurrency_place_and_takes_it_again_to_run_on
     // The limit allows one call in flight: the second task exists only because the first
     // one, waiting for its answer, holds no place.
     let first = created(&s, "confirm_once", json!({})).await;
-    until(&s, &first, "input_required", MODERN, Some(&caps())).await;
+    until(&s, &first, "input_required", STATELESS_CX, Some(&caps())).await;
     let second = created(&s, "confirm_once", json!({})).await;
-    until(&s, &second, "input_required", MODERN, Some(&caps())).await;
+    until(&s, &second, "input_required", STATELESS_CX, Some(&caps())).await;
     // Someone else holds the place: the answered task waits for it, working.
     let snap = s.registry.load();
     let index = snap.tool_index("confirm_once").unwrap();
@@ -386,14 +386,14 @@ async fn a_waiting_task_frees_its_concurrency_place_and_takes_it_again_to_run_on
         .await
         .unwrap();
     let answer = json!({"taskId": first, "inputResponses": {"ok": accept(json!({"ok": true}))}});
-    modern(&s, "tasks/update", answer).await;
+    stateless(&s, "tasks/update", answer).await;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let v = modern(&s, "tasks/get", json!({"taskId": first})).await;
+        let v = stateless(&s, "tasks/get", json!({"taskId": first})).await;
         assert_eq!(v["result"]["status"], "working", "ran without its place: {v}");
     }
     drop(held);
-    until(&s, &first, "completed", MODERN, Some(&caps())).await;
+    until(&s, &first, "completed", STATELESS_CX, Some(&caps())).await;
     // Its place is free again once it ended.
     drop(
         s.limiter
@@ -432,20 +432,20 @@ async fn a_task_may_wait_for_input_32_times_and_fails_on_the_33rd() {
         let s = s.clone();
         async move {
             for i in 0..32 {
-                let t = until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+                let t = until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await;
                 let key = format!("k{i}");
                 assert!(t["inputRequests"].get(&key).is_some(), "{t}");
                 let answer = json!({"taskId": id, "inputResponses": {key: accept(json!({"x": "y"}))}});
-                modern(&s, "tasks/update", answer).await;
+                stateless(&s, "tasks/update", answer).await;
             }
         }
     };
     let id = created(&s, "enough", json!({})).await;
     answer_all(id.clone()).await;
-    until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    until(&s, &id, "completed", STATELESS_CX, Some(&caps())).await;
     let id = created(&s, "many", json!({})).await;
     answer_all(id.clone()).await;
-    let t = until(&s, &id, "failed", MODERN, Some(&caps())).await;
+    let t = until(&s, &id, "failed", STATELESS_CX, Some(&caps())).await;
     assert_eq!(t["error"]["code"], -32603, "{t}");
     assert!(
         t["error"]["message"]
@@ -461,14 +461,14 @@ async fn a_pipeline_whose_first_step_may_run_long_is_a_task_at_once() {
     let s = server();
     // The first step is a pipeline with a process in it: nothing runs in the request.
     let id = created(&s, "long_first", json!({})).await;
-    let t = until(&s, &id, "input_required", MODERN, Some(&caps())).await;
+    let t = until(&s, &id, "input_required", STATELESS_CX, Some(&caps())).await;
     assert_eq!(
         t["inputRequests"]["user_name"]["method"], "elicitation/create",
         "{t}"
     );
     let answer = json!({"taskId": id, "inputResponses": {"user_name": accept(json!({"name": "Eve"}))}});
-    modern(&s, "tasks/update", answer).await;
-    let done = until(&s, &id, "completed", MODERN, Some(&caps())).await;
+    stateless(&s, "tasks/update", answer).await;
+    let done = until(&s, &id, "completed", STATELESS_CX, Some(&caps())).await;
     assert_eq!(
         done["result"]["structuredContent"]["content"]["name"], "Eve",
         "{done}"
@@ -478,7 +478,7 @@ async fn a_pipeline_whose_first_step_may_run_long_is_a_task_at_once() {
 #[tokio::test]
 async fn a_nested_pipeline_with_a_process_is_a_long_step() {
     let s = server();
-    let v = modern(
+    let v = stateless(
         &s,
         "tools/call",
         json!({"name": "ask_then_nested", "arguments": {}}),
@@ -488,9 +488,9 @@ async fn a_nested_pipeline_with_a_process_is_a_long_step() {
     let retry = json!({"name": "ask_then_nested", "arguments": {},
         "inputResponses": {"user_name": accept(json!({"name": "Zed"}))},
         "requestState": v["result"]["requestState"]});
-    let v = modern(&s, "tools/call", retry).await;
+    let v = stateless(&s, "tools/call", retry).await;
     let id = v["result"]["taskId"].as_str().unwrap_or_else(|| panic!("{v}"));
-    let done = until(&s, id, "completed", MODERN, Some(&caps())).await;
+    let done = until(&s, id, "completed", STATELESS_CX, Some(&caps())).await;
     assert!(
         done["result"]["content"][0]["text"]
             .as_str()

@@ -79,7 +79,7 @@ fn version(headers: &HeaderMap) -> Result<(&'static str, bool), Reject> {
         return Ok((protocol::DEFAULT_HTTP_VERSION, false));
     };
     let text = v.to_str().unwrap_or("");
-    if let Some(m) = protocol::modern(text) {
+    if let Some(m) = protocol::stateless(text) {
         return Ok((m, true));
     }
     protocol::supported(text).map(|l| (l, false)).ok_or_else(|| {

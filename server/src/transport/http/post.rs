@@ -92,7 +92,7 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
         Ok(b) => b,
         Err(r) => return r,
     };
-    let (version, modern, session) = match post_target(&state, &caller, headers, &body) {
+    let (version, stateless, session) = match post_target(&state, &caller, headers, &body) {
         Ok(t) => t,
         Err(r) => return *r,
     };
@@ -112,7 +112,11 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
         session,
         version,
         stream: true,
-        era: if modern { Era::Modern(version) } else { Era::Legacy },
+        era: if stateless {
+            Era::Stateless(version)
+        } else {
+            Era::Handshake
+        },
         caller: caller.principal(),
         opens: Opens::Minted,
         client: caller.client,
@@ -136,7 +140,7 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
             let resume = state
                 .resume
                 .as_ref()
-                .filter(|_| !modern && !session.is_empty())
+                .filter(|_| !stateless && !session.is_empty())
                 .map(|r| (r, session));
             answer_call(d, held, resume).await
         }
@@ -195,16 +199,16 @@ fn post_target<'h>(
     body: &[u8],
 ) -> Result<(&'static str, bool, &'h str), Box<Response>> {
     post_content(headers).map_err(|r| Box::new(r.for_body(body)))?;
-    let Ok((version, modern)) = caller.version else {
+    let Ok((version, stateless)) = caller.version else {
         return Err(Box::new(unsupported_version(headers, body)));
     };
     let session = session_id(headers).map_err(|r| Box::new(r.for_body(body)))?;
-    if modern {
+    if stateless {
         check_mirrored(state, headers, body)?;
-        return Ok((version, modern, ""));
+        return Ok((version, stateless, ""));
     }
     check_session(state, session, caller.principal()).map_err(|r| Box::new(r.for_body(body)))?;
-    Ok((version, modern, session))
+    Ok((version, stateless, session))
 }
 
 /// An answer as an HTTP response: its status, the headers of its error's typed data (the

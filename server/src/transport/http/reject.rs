@@ -50,7 +50,7 @@ pub(super) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
 }
 
 /// 405 for the handshake era's GET stream and DELETE under 2026-07-28.
-pub(super) fn not_in_modern(method: &str) -> Response {
+pub(super) fn not_in_stateless(method: &str) -> Response {
     let mut resp = http_error(
         StatusCode::METHOD_NOT_ALLOWED,
         &format!("{method} /mcp is not part of protocol 2026-07-28 (use subscriptions/listen)"),

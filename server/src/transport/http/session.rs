@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::caller::Caller;
-use super::reject::{Reject, http_error, not_in_modern};
+use super::reject::{Reject, http_error, not_in_stateless};
 use super::{HttpState, SESSION_HEADER};
 use crate::protocol;
 use crate::spec::access::Principal;
@@ -64,7 +64,7 @@ pub(super) async fn delete_mcp(
     headers: HeaderMap,
 ) -> Response {
     if matches!(caller.version, Ok((_, true))) {
-        return not_in_modern("DELETE");
+        return not_in_stateless("DELETE");
     }
     let session = match session_id(&headers) {
         Ok("") => {

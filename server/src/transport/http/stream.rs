@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::HttpState;
 use super::caller::Caller;
-use super::reject::{http_error, not_in_modern};
+use super::reject::{http_error, not_in_stateless};
 use super::resumable::resume_stream;
 use super::session::{check_session, session_id};
 use crate::metrics::Refusal;
@@ -37,7 +37,7 @@ pub(super) async fn get_mcp(
     }
     match &caller.version {
         Err(r) => return r.clone().into_response(),
-        Ok((_, true)) => return not_in_modern("GET"),
+        Ok((_, true)) => return not_in_stateless("GET"),
         Ok(_) => {}
     }
     let session =
