@@ -2,8 +2,8 @@
 //! never to this host (loopback, the unspecified address, or an address of its own
 //! interfaces), never to a link-local address (cloud metadata endpoints live there), never to
 //! a multicast or broadcast address. Names are checked after they resolve, when the
-//! connection is made (the server's guarded resolver, `quiver_server::net::http`); literal addresses are also refused when the
-//! document is compiled.
+//! connection is made (the server's guarded resolver, `quiver_server::net::http`); literal
+//! addresses are also refused when the document is compiled.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
