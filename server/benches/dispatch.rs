@@ -265,7 +265,10 @@ fn governed(policy: bool, limit: bool, audit: bool) -> Arc<Server> {
         .unwrap_or_else(|e| panic!("{e}"))
     });
     let limiter = quiver_server::limits::Limiter::new(quiver_server::limits::DEFAULT_MAX_KEYS, None, gov);
-    Server::new(registry, metrics).with_governance(limiter, log)
+    Server::builder(registry, metrics)
+        .limiter(limiter)
+        .audit(log)
+        .build()
 }
 
 /// This process's CPU time (user + system) so far, from /proc (clock ticks).

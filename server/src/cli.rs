@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
-use crate::dispatch::{Limits, Server};
+use crate::dispatch::{Limits, Server, ServerBuilder};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::reload::{self, Reloader, Source};
@@ -733,13 +733,15 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
                 .filter(|p| !p.is_empty()),
             timeout: args.tasks_redis_timeout,
         });
-    let mut server = Server::with_limits(registry, metrics.clone(), limits).with_tasks(bounds, shared);
+    let mut builder = Server::builder(registry, metrics.clone())
+        .limits(limits)
+        .tasks(bounds, shared);
     if let Ok(secret) = std::env::var(STATE_KEY_ENV) {
         let key = crate::dispatch::stateless::StateKey::from_secret(secret.as_bytes())
             .map_err(|e| anyhow::anyhow!("{STATE_KEY_ENV}: {e}"))?;
-        server = server.with_state_key(key);
+        builder = builder.state_key(key);
     }
-    server = governance(server, args)?;
+    let server = governance(builder, args)?.build();
     start_secrets(args.secrets.clone(), &server)?;
     Ok(server)
 }
@@ -751,8 +753,8 @@ const TASKS_REDIS_PASSWORD_ENV: &str = "QUIVER_TASKS_REDIS_PASSWORD";
 const REDIS_PASSWORD_ENV: &str = "QUIVER_LIMITS_REDIS_PASSWORD";
 
 /// The limiter (with Redis, if configured) and the audit trail of `--limits-*` and `--audit`.
-fn governance(server: Arc<Server>, args: &ServeArgs) -> anyhow::Result<Arc<Server>> {
-    let gov = server.metrics.gov.clone();
+fn governance(server: ServerBuilder, args: &ServeArgs) -> anyhow::Result<ServerBuilder> {
+    let gov = server.metrics().gov.clone();
     let shared = args.limits_redis.as_ref().map(|addr| {
         crate::limits::redis::Shared::new(
             crate::limits::redis::Options {
@@ -777,13 +779,13 @@ fn governance(server: Arc<Server>, args: &ServeArgs) -> anyhow::Result<Arc<Serve
                 sink,
                 args.audit_queue,
                 args.audit_on_full,
-                server.exec.secrets.clone(),
+                server.secrets().clone(),
                 gov,
             )
             .with_context(|| format!("--audit {sink:?}"))?,
         ),
     };
-    Ok(server.with_governance(limiter, audit))
+    Ok(server.limiter(limiter).audit(audit))
 }
 
 /// How clients authenticate, as `/status` names it.

@@ -135,9 +135,9 @@ impl std::fmt::Debug for Text {
     }
 }
 
-/// Who made a call, as the record names it.
+/// Who made a call, as the record names it (the `caller` field of a record).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Caller {
+pub struct Actor {
     /// The token's `sub`, or for a static token the digest that stands for it.
     pub subject: Box<str>,
     /// The token's `azp` or `client_id`.
@@ -146,7 +146,7 @@ pub struct Caller {
     pub issuer: Box<str>,
 }
 
-impl Caller {
+impl Actor {
     /// The caller of `p`, if any.
     pub fn of(p: Option<&Principal>) -> Option<Self> {
         p.map(|p| Self {
@@ -175,7 +175,7 @@ pub struct Record {
     /// The session (empty: none).
     pub session: Text,
     /// The caller; `None` when the server does not authenticate clients.
-    pub caller: Option<Caller>,
+    pub caller: Option<Actor>,
     /// The tool, resource URI or prompt name asked for.
     pub target: Option<Text>,
     /// `target` is the name of a tool the call resolved to (from the config, written as it

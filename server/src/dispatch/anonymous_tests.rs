@@ -23,8 +23,10 @@ tools:
 
 fn served(bounds: TaskBounds) -> Arc<Server> {
     let metrics = Metrics::new("test", "system");
-    let server =
-        Server::with_limits(Registry::new(&metrics), metrics, Limits::default()).with_tasks(bounds, None);
+    let server = Server::builder(Registry::new(&metrics), metrics)
+        .limits(Limits::default())
+        .tasks(bounds, None)
+        .build();
     Reloader::new(server.clone())
         .apply(&[("t.yaml".into(), CONFIG.into())])
         .unwrap_or_else(|e| panic!("{e}"));

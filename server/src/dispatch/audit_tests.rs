@@ -86,7 +86,10 @@ fn audited(queue: usize, on_full: OnFull, sink: &Gated) -> Arc<Server> {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let limiter = crate::limits::Limiter::new(1000, None, gov);
-    let server = Server::new(Registry::new(&metrics), metrics).with_governance(limiter, Some(log));
+    let server = Server::builder(Registry::new(&metrics), metrics)
+        .limiter(limiter)
+        .audit(Some(log))
+        .build();
     Reloader::new(server.clone())
         .apply(&[(
             "t.yaml".into(),

@@ -13,7 +13,7 @@ use super::error::{Limiter, RpcError};
 use super::request::Request;
 use super::server::{Ctx, Server};
 use super::{PROMPTS_GET, RESOURCES_READ, TOOLS_CALL};
-use crate::audit::{Caller, Record, Text};
+use crate::audit::{Actor, Record, Text};
 use crate::config::CompiledHandler;
 use crate::limits::{Permits, Who};
 use crate::metrics::{OUTCOMES, outcome_index};
@@ -330,7 +330,7 @@ impl Server {
         let mut r = Record::new(event, "ok");
         r.request_id = Some(req.id.get().into());
         r.session = req.ctx.session.into();
-        r.caller = Caller::of(req.ctx.caller);
+        r.caller = Actor::of(req.ctx.caller);
         r.target = target;
         r.bytes_in = bytes_in;
         Ok(Some(Pending {
@@ -383,7 +383,7 @@ impl Server {
         let mut r = Record::new(event, outcome);
         r.request_id = id.map(|i| i.get().into());
         r.session = ctx.session.into();
-        r.caller = Caller::of(ctx.caller);
+        r.caller = Actor::of(ctx.caller);
         r.reason = reason;
         log.record(r);
     }

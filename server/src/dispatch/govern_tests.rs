@@ -30,8 +30,16 @@ prompts:
 "#;
 
 fn server_with(policies: &str) -> Arc<Server> {
+    server_by(policies, |b| b)
+}
+
+/// A server of `policies` and the base tools, with the settings `set` gives.
+fn server_by(
+    policies: &str,
+    set: impl FnOnce(crate::dispatch::ServerBuilder) -> crate::dispatch::ServerBuilder,
+) -> Arc<Server> {
     let metrics = Metrics::new("test", "system");
-    let server = Server::new(Registry::new(&metrics), metrics);
+    let server = set(Server::builder(Registry::new(&metrics), metrics)).build();
     Reloader::new(server.clone())
         .apply(&[("t.yaml".into(), format!("policies:\n{policies}{BASE}"))])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -253,18 +261,19 @@ fn policies_read_the_method_the_uri_the_prompt_and_its_arguments() {
 async fn resource_reads_and_prompt_gets_are_audited_with_outcome_and_caller() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
-    let s = server_with("  - {name: admins, expression: \"'admin' in caller.groups\", prompts: [trip]}\n");
+    let policies = "  - {name: admins, expression: \"'admin' in caller.groups\", prompts: [trip]}\n";
+    let s = server_by(policies, |b| {
+        let log = crate::audit::AuditLog::start(
+            &crate::audit::Sink::File(path.clone()),
+            64,
+            crate::audit::OnFull::Drop,
+            crate::secrets::Secrets::new(),
+            b.metrics().gov.clone(),
+        )
+        .unwrap();
+        b.audit(Some(log))
+    });
     let gov = s.metrics.gov.clone();
-    let log = crate::audit::AuditLog::start(
-        &crate::audit::Sink::File(path.clone()),
-        64,
-        crate::audit::OnFull::Drop,
-        crate::secrets::Secrets::new(),
-        gov.clone(),
-    )
-    .unwrap();
-    let limiter = s.limiter.clone();
-    let s = s.with_governance(limiter, Some(log));
     let mut who = reader();
     who.subject = "reader-digest".into();
     assert!(ok(&read(&s, Some(&who), "city://Oslo")));

@@ -45,7 +45,7 @@ pub use self::reply::Reply;
 use self::request::{Done, Request};
 use self::revision::{HANDSHAKE, Revision, STATELESS, Stamp};
 use self::server::InflightGuard;
-pub use self::server::{Ctx, Era, Event, EventKind, Limits, Opens, Server};
+pub use self::server::{Ctx, Era, Event, EventKind, Limits, Opens, Server, ServerBuilder};
 use self::table::{Handler, LABELS, Method, slot};
 pub use self::tasks::{SharedOptions, TaskBounds};
 pub use self::tools::Deferred;

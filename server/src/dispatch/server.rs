@@ -131,72 +131,123 @@ pub struct Server {
     pub(super) polls: super::tasks::polls::Polls,
 }
 
-impl Server {
-    /// A server over a registry, with the default [`Limits`].
-    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::with_limits(registry, metrics, Limits::default())
+/// How a [`Server`] is put together. Every setting has a default; [`ServerBuilder::build`]
+/// makes the server once, so a setting can never be lost on a server already shared.
+#[derive(Debug)]
+#[must_use]
+pub struct ServerBuilder {
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    exec: Executor,
+    limits: Limits,
+    limiter: Option<Arc<crate::limits::Limiter>>,
+    audit: Option<Arc<crate::audit::AuditLog>>,
+    tasks: (super::TaskBounds, Option<super::SharedOptions>),
+    state_key: Option<crate::dispatch::stateless::StateKey>,
+}
+
+impl ServerBuilder {
+    /// The metrics the server will record to.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
-    /// A server over a registry with the given limits.
-    pub fn with_limits(registry: Arc<Registry>, metrics: Arc<Metrics>, limits: Limits) -> Arc<Self> {
+    /// The secret store the server's tools (and its audit trail's redaction) will read.
+    pub fn secrets(&self) -> &Arc<crate::secrets::Secrets> {
+        &self.exec.secrets
+    }
+
+    /// The limits of requests, sessions and answers (default: [`Limits::default`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Counts rate and concurrency limits in `limiter` (default: one with no shared store).
+    pub fn limiter(mut self, limiter: Arc<crate::limits::Limiter>) -> Self {
+        self.limiter = Some(limiter);
+        self
+    }
+
+    /// Records calls to `audit` (default: no audit trail; see docs/governance.md).
+    pub fn audit(mut self, audit: Option<Arc<crate::audit::AuditLog>>) -> Self {
+        self.audit = audit;
+        self
+    }
+
+    /// Keeps tasks within `bounds`, in this process's memory or, with `shared`, in Redis
+    /// shared by every replica (default: the default bounds, in memory; see docs/protocol.md).
+    pub fn tasks(mut self, bounds: super::TaskBounds, shared: Option<super::SharedOptions>) -> Self {
+        self.tasks = (bounds, shared);
+        self
+    }
+
+    /// Signs `requestState` with `key` (default: a random key of this process): replicas
+    /// that share a key accept each other's state.
+    pub fn state_key(mut self, key: crate::dispatch::stateless::StateKey) -> Self {
+        self.state_key = Some(key);
+        self
+    }
+
+    /// The server.
+    #[must_use]
+    pub fn build(self) -> Arc<Server> {
+        use super::tasks::store::Tasks;
         let (events, _) = broadcast::channel(64);
-        Arc::new(Self {
-            registry,
-            exec: Executor::new(),
+        let metrics = self.metrics;
+        let (bounds, shared) = self.tasks;
+        let tasks = match shared {
+            None => Tasks::memory(bounds, metrics.tasks.clone()),
+            Some(o) => Tasks::shared(o, bounds, metrics.tasks.clone()),
+        };
+        Arc::new(Server {
+            registry: self.registry,
+            exec: self.exec,
             events,
             sessions: Sessions::default(),
             pending: Pending::default(),
             cancels: Cancels::default(),
-            limits,
-            state_key: crate::dispatch::stateless::StateKey::random(),
+            limits: self.limits,
+            state_key: self
+                .state_key
+                .unwrap_or_else(crate::dispatch::stateless::StateKey::random),
             watched: Arc::default(),
-            limiter: crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone()),
-            audit: None,
-            tasks: super::tasks::store::Tasks::memory(super::TaskBounds::default(), metrics.tasks.clone()),
+            limiter: self.limiter.unwrap_or_else(|| {
+                crate::limits::Limiter::new(crate::limits::DEFAULT_MAX_KEYS, None, metrics.gov.clone())
+            }),
+            audit: self.audit,
+            tasks,
             running: tokio_util::task::TaskTracker::new(),
             polls: super::tasks::polls::Polls::default(),
             by_method: metrics.methods(&super::LABELS),
             metrics,
         })
     }
+}
 
-    /// Counts limits in `limiter` and records to `audit` (see docs/governance.md).
-    #[must_use]
-    pub fn with_governance(
-        self: Arc<Self>,
-        limiter: Arc<crate::limits::Limiter>,
-        audit: Option<Arc<crate::audit::AuditLog>>,
-    ) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut s) => {
-                s.limiter = limiter;
-                s.audit = audit;
-                Arc::new(s)
-            }
-            Err(shared) => shared,
+impl Server {
+    /// The settings of a server over a registry, each at its default until set.
+    pub fn builder(registry: Arc<Registry>, metrics: Arc<Metrics>) -> ServerBuilder {
+        ServerBuilder {
+            registry,
+            metrics,
+            exec: Executor::new(),
+            limits: Limits::default(),
+            limiter: None,
+            audit: None,
+            tasks: (super::TaskBounds::default(), None),
+            state_key: None,
         }
     }
 
-    /// Keeps tasks within `bounds` instead of the defaults, in this process's memory or,
-    /// with `shared`, in Redis shared by every replica (see docs/protocol.md, Tasks).
-    #[must_use]
-    pub fn with_tasks(
-        self: Arc<Self>,
-        bounds: super::TaskBounds,
-        shared: Option<super::SharedOptions>,
-    ) -> Arc<Self> {
-        use super::tasks::store::Tasks;
-        match Arc::try_unwrap(self) {
-            Ok(mut s) => {
-                let m = s.metrics.tasks.clone();
-                s.tasks = match shared {
-                    None => Tasks::memory(bounds, m),
-                    Some(o) => Tasks::shared(o, bounds, m),
-                };
-                Arc::new(s)
-            }
-            Err(shared) => shared,
-        }
+    /// A server over a registry, every setting at its default.
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::builder(registry, metrics).build()
+    }
+
+    /// A server over a registry with the given limits, every other setting at its default.
+    pub fn with_limits(registry: Arc<Registry>, metrics: Arc<Metrics>, limits: Limits) -> Arc<Self> {
+        Self::builder(registry, metrics).limits(limits).build()
     }
 
     /// Follows the task store until `stop`: a task cancelled through another replica stops
@@ -210,19 +261,6 @@ impl Server {
     /// failed, saying why.
     pub async fn drain_tasks(&self, drain: std::time::Duration) {
         self.tasks.drain(&self.running, drain).await;
-    }
-
-    /// Signs `requestState` with `key` instead of this process's random key: replicas that
-    /// share a key accept each other's state.
-    #[must_use]
-    pub fn with_state_key(self: Arc<Self>, key: crate::dispatch::stateless::StateKey) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut s) => {
-                s.state_key = key;
-                Arc::new(s)
-            }
-            Err(shared) => shared,
-        }
     }
 
     /// The limits in force.

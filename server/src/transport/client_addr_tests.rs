@@ -23,7 +23,9 @@ async fn started(trusted: TrustedProxies) -> (SocketAddr, CancellationToken) {
         per_caller: 1,
         ..TaskBounds::default()
     };
-    let server = Server::new(Registry::new(&metrics), metrics).with_tasks(bounds, None);
+    let server = Server::builder(Registry::new(&metrics), metrics)
+        .tasks(bounds, None)
+        .build();
     Reloader::new(server.clone())
         .apply(&[(
             "t.yaml".into(),

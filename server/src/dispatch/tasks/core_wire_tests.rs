@@ -23,8 +23,16 @@ tools:
 "#;
 
 fn served(config: &str, limits: Limits) -> Arc<Server> {
+    served_by(config, |b| b.limits(limits))
+}
+
+/// A server of `config`, with the settings `set` gives.
+fn served_by(
+    config: &str,
+    set: impl FnOnce(crate::dispatch::ServerBuilder) -> crate::dispatch::ServerBuilder,
+) -> Arc<Server> {
     let metrics = Metrics::new("test", "system");
-    let server = Server::with_limits(Registry::new(&metrics), metrics, limits);
+    let server = set(Server::builder(Registry::new(&metrics), metrics)).build();
     Reloader::new(server.clone())
         .apply(&[("t.yaml".into(), config.into())])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -480,13 +488,15 @@ async fn a_caller_polling_in_a_tight_loop_is_told_when_to_retry() {
 
 #[tokio::test]
 async fn a_wait_ends_when_the_task_s_ttl_does() {
-    let s = server().with_tasks(
-        crate::dispatch::TaskBounds {
-            ttl: Duration::from_millis(300),
-            ..crate::dispatch::TaskBounds::default()
-        },
-        None,
-    );
+    let s = served_by(CONFIG, |b| {
+        b.tasks(
+            crate::dispatch::TaskBounds {
+                ttl: Duration::from_millis(300),
+                ..crate::dispatch::TaskBounds::default()
+            },
+            None,
+        )
+    });
     let id = create(&s, at(ALICE), "nap", json!({})).await;
     let r = tokio::time::timeout(
         Duration::from_secs(10),
