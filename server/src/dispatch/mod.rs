@@ -7,6 +7,7 @@
 //! between the eras is data in [`revision`]. Handlers live with their family ([`tools`],
 //! [`resources`], [`prompts`], [`completion`], [`sessions`], [`tasks`]).
 
+mod admit;
 mod answer;
 mod cancel;
 mod completion;

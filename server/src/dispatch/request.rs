@@ -1,13 +1,16 @@
 //! What a method handler is given ([`Request`]) and what it hands back ([`Done`]).
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::error::RpcError;
 use super::listen::Listen;
 use super::server::{Ctx, Server};
 use crate::dispatch::stateless::Meta;
+use crate::registry::Snapshot;
 use crate::session::ClientCaps;
 
 /// One request, read and checked, as its handler sees it.
@@ -48,3 +51,23 @@ pub(super) type Later = for<'a> fn(
 ) -> std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Done, RpcError>> + Send + 'a>,
 >;
+
+/// A `tools/call` admitted to run (`admit.rs`): the snapshot it runs against, its tool, its
+/// validated arguments and when it was admitted.
+pub(super) struct Called {
+    pub(super) snap: Arc<Snapshot>,
+    pub(super) index: usize,
+    pub(super) args: Value,
+    pub(super) start: Instant,
+}
+
+impl Called {
+    pub(super) fn new(snap: Arc<Snapshot>, index: usize, args: Value, start: Instant) -> Self {
+        Called {
+            snap,
+            index,
+            args,
+            start,
+        }
+    }
+}

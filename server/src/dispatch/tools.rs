@@ -12,12 +12,13 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::TOOLS_CALL;
+use super::admit::{Admission, Admitted};
 use super::answer::Answering;
 use super::envelope::parse_params;
 use super::error::RpcError;
 use super::govern::{self, Pending, Trail};
 use super::reply::Reply;
-use super::request::{Done, Request};
+use super::request::{Called, Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{StatelessCall, stateless_args};
 use super::server::{InflightGuard, Server};
@@ -131,24 +132,18 @@ pub(super) async fn call(
     if let Some(t) = trail.as_deref_mut() {
         t.resolve(&guard, index, &args);
     }
-    // Before the arguments are looked at: a caller that may not call the tool learns
-    // nothing from it.
-    allowed(server, tool, req)?;
-    super::visible::permitted(server, tool, req, &args)?;
-    let core_task = super::tasks::core_wire::asked(server, tool, req, p.task)?;
-    // No limits: one branch (in `admit`).
-    let permits = govern::admit(server, &tool.def.governance.limits, &tool.def.name, req).await?;
-    let start = Instant::now();
-    let mut problems = Vec::new();
-    tool.def.input.validate(&args, &mut problems);
-    if !problems.is_empty() {
-        let stamp = stateless.is_some().then_some(&*guard.result_stamp);
-        refused_arguments(server, req, tool, &problems, start, core_task, stamp, out).await?;
-        if let Some(t) = trail {
-            t.outcome = Some("invalid_arguments");
+    let admitted = match super::admit::admit(server, req, tool, &args, p.task).await? {
+        Admission::Run(a) => a,
+        Admission::InvalidArguments(a, problems) => {
+            let stamp = stateless.is_some().then_some(&*guard.result_stamp);
+            refused_arguments(server, req, tool, &problems, &a, stamp, out).await?;
+            if let Some(t) = trail {
+                t.outcome = Some("invalid_arguments");
+            }
+            return Ok(None);
         }
-        return Ok(None);
-    }
+    };
+    let (start, permits) = (admitted.start, admitted.permits);
     let stateless = match stateless {
         None => None,
         Some(m) => Some(Box::new(server.stateless_call(
@@ -174,8 +169,9 @@ pub(super) async fn call(
     // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and make the
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);
-    if let Some(ttl) = core_task {
-        return super::tasks::core_wire::start(server, req, snap, index, args, permits, ttl, out)
+    if let Some(ttl) = admitted.task {
+        let call = Called::new(snap, index, args, start);
+        return super::tasks::core_wire::start(server, req, call, permits, ttl, out)
             .await
             .map(|()| None);
     }
@@ -187,9 +183,8 @@ pub(super) async fn call(
             .map(|()| None);
     }
     if req.ctx.stream {
-        return Ok(Some(deferred(
-            server, req, snap, index, args, progress, stateless, permits,
-        )));
+        let call = Called::new(snap, index, args, start);
+        return Ok(Some(deferred(server, req, call, progress, stateless, permits)));
     }
     let cx = CallCtx {
         session: req.ctx.session,
@@ -216,20 +211,18 @@ pub(super) async fn call(
 }
 
 /// Answers a call whose arguments the tool's schema refuses: the tool error, as the ended
-/// task a 2025-11-25 client asked for (`core_task`), stamped for 2026-07-28 (`stamp`).
-#[allow(clippy::too_many_arguments)] // the parts of the refused call
+/// task a 2025-11-25 client asked for, stamped for 2026-07-28 (`stamp`).
 async fn refused_arguments(
     server: &Server,
     req: &Request<'_>,
     tool: &crate::registry::Tool,
     problems: &[String],
-    start: Instant,
-    core_task: Option<Duration>,
+    admitted: &Admitted,
     stamp: Option<&[u8]>,
     out: &mut Vec<u8>,
 ) -> Result<(), RpcError> {
-    invalid(tool, problems, req.id, start, out);
-    if let Some(ttl) = core_task {
+    invalid(tool, problems, req.id, admitted.start, out);
+    if let Some(ttl) = admitted.task {
         super::tasks::core_wire::ended(server, req, ttl, out).await?;
     }
     if let Some(stamp) = stamp {
@@ -238,18 +231,18 @@ async fn refused_arguments(
     Ok(())
 }
 
-/// The [`Deferred`] of a slow call the transport streams.
-#[allow(clippy::too_many_arguments)]
+/// The [`Deferred`] of a slow call the transport streams (timed from the request's start).
 fn deferred(
     server: &Arc<Server>,
     req: &Request<'_>,
-    snap: Arc<Snapshot>,
-    index: usize,
-    args: Value,
+    call: Called,
     progress: Option<Box<RawValue>>,
     stateless: Option<Box<StatelessCall>>,
     permits: Option<crate::limits::Permits>,
 ) -> Deferred {
+    let Called {
+        snap, index, args, ..
+    } = call;
     Deferred {
         server: server.clone(),
         session: req.ctx.session.into(),
@@ -303,17 +296,6 @@ fn noted(trail: Option<&mut Trail>, failed: bool) {
     if let Some(t) = trail {
         t.outcome = Some(if failed { "tool_error" } else { "ok" });
     }
-}
-
-/// Refuses a call the caller's credentials do not allow (the tool's `access`).
-fn allowed(server: &Server, tool: &crate::registry::Tool, req: &Request<'_>) -> Result<(), RpcError> {
-    let Some(need) = &tool.def.access else {
-        return Ok(());
-    };
-    need.check(req.ctx.caller).map_err(|denied| {
-        server.metrics.refused(Refusal::Forbidden);
-        RpcError::forbidden(denied.message(&tool.def.name), &tool.def.name, denied)
-    })
 }
 
 /// A slow tool call handed back to the transport (see [`super::Ctx::stream`]): everything it
@@ -560,25 +542,6 @@ fn observe(tool: &crate::registry::Tool, o: &ToolOutput, start: Instant) {
         tool.metrics.ok(&tool.def.name)
     };
     h.observe(start.elapsed());
-}
-
-/// A call that got past its checks: the tool, its validated arguments and when it began.
-struct Called {
-    snap: Arc<Snapshot>,
-    index: usize,
-    args: Value,
-    start: Instant,
-}
-
-impl Called {
-    fn new(snap: Arc<Snapshot>, index: usize, args: Value, start: Instant) -> Self {
-        Called {
-            snap,
-            index,
-            args,
-            start,
-        }
-    }
 }
 
 /// Answers a `tools/call` of a tool that runs as a task. A 2026-07-28 call of a pipeline

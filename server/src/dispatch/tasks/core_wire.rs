@@ -105,17 +105,17 @@ pub(in crate::dispatch) fn asked(
 /// Answers a task-augmented `tools/call`: creates the task (kept `ttl`, at most the store's
 /// TTL), runs the call detached from the request (`tasks/cancel` or the task's TTL stops
 /// it), and writes the `CreateTaskResult`.
-#[allow(clippy::too_many_arguments)] // the call's parts, as `tools/call` holds them
 pub(in crate::dispatch) async fn start(
     server: &Arc<Server>,
     req: &Request<'_>,
-    snap: Arc<Snapshot>,
-    index: usize,
-    args: Value,
+    call: crate::dispatch::request::Called,
     permits: Option<crate::limits::Permits>,
     ttl: Duration,
     out: &mut Vec<u8>,
 ) -> Result<(), RpcError> {
+    let crate::dispatch::request::Called {
+        snap, index, args, ..
+    } = call;
     let token = CancellationToken::new();
     let task = server
         .tasks
