@@ -14,8 +14,9 @@ use tracing_subscriber::registry::LookupSpan;
 #[derive(Debug)]
 pub struct WithTraceIds<F>(pub F);
 
-/// The ids of the current sampled span, as hex.
-fn current_ids() -> Option<(String, String)> {
+/// The ids of the current sampled span, as hex (what log lines and audit records name, so
+/// that a trace backend finds the request); `None` when tracing is off or it is not sampled.
+pub fn current_ids() -> Option<(String, String)> {
     if !super::enabled() {
         return None;
     }

@@ -308,6 +308,11 @@ pub struct ServeArgs {
     /// quiver_audit_refused_total), so that every call that ran has its record.
     #[arg(long, env = "QUIVER_AUDIT_ON_FULL", default_value = "drop")]
     audit_on_full: crate::audit::OnFull,
+    /// The McpServer this server runs for, NAMESPACE/NAME (the operator sets it): every
+    /// audit record names it in `mcpServer`, so records of many servers in one log pipeline
+    /// tell where they come from.
+    #[arg(long, env = "QUIVER_INSTANCE")]
+    instance: Option<crate::audit::Instance>,
     /// Most (limit, caller) budgets kept in memory; idle ones are forgotten first.
     #[arg(long, env = "QUIVER_LIMITS_MAX_KEYS", default_value_t = crate::limits::DEFAULT_MAX_KEYS)]
     limits_max_keys: usize,
@@ -785,6 +790,9 @@ fn governance(server: ServerBuilder, args: &ServeArgs) -> anyhow::Result<ServerB
             .with_context(|| format!("--audit {sink:?}"))?,
         ),
     };
+    if let (Some(log), Some(instance)) = (&audit, &args.instance) {
+        log.name_instance(instance);
+    }
     Ok(server.limiter(limiter).audit(audit))
 }
 

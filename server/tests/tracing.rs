@@ -223,3 +223,54 @@ fn an_authenticated_clients_flag_decides_and_its_tracestate_travels_when_configu
         "`never` trusts no client's flag"
     );
 }
+
+#[test]
+fn an_audit_record_names_its_mcp_server_and_the_trace_of_its_call() {
+    let collector =
+        Sink::start("HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n");
+    let api = Sink::start(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}",
+    );
+    let tools = format!(
+        "tools:\n  - {{name: weather, handler: {{http: {{url: 'http://127.0.0.1:{}/w', timeout: 5s}}}}}}\n",
+        api.port
+    );
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = format!("file:{}", dir.path().join("audit.jsonl").display());
+    let args = [
+        "--otlp-endpoint",
+        &endpoint,
+        "--trace-sample-ratio",
+        "0",
+        "--audit",
+        &audit,
+        "--instance",
+        "team-a/weather",
+    ];
+    let (mut p, _secrets) = with_tokens(&args, &tools);
+    // Sampled by the authenticated client; then one the client did not sample (ratio 0).
+    assert!(call(&p, TRUSTED, "01", TOKEN, "weather", "{}").contains("ok"));
+    assert!(call(&p, NEVER, "00", TOKEN, "weather", "{}").contains("ok"));
+    terminate(&p);
+    wait_exit(&mut p, PATIENCE).expect("the server exits on SIGTERM");
+    let text = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 2, "{text}");
+    for r in &records {
+        assert_eq!(r["mcpServer"]["namespace"], "team-a", "{r}");
+        assert_eq!(r["mcpServer"]["name"], "weather", "{r}");
+    }
+    assert_eq!(records[0]["traceId"], TRUSTED, "{}", records[0]);
+    assert_eq!(
+        records[0]["spanId"].as_str().map(str::len),
+        Some(16),
+        "{}",
+        records[0]
+    );
+    assert!(
+        records[1].get("traceId").is_none(),
+        "an unsampled call names no trace: {}",
+        records[1]
+    );
+}

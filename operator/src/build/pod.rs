@@ -187,6 +187,9 @@ fn container(
         Allocator::System => "system",
     };
     let (image, pull_policy) = server_image(mcp, defaults);
+    // Named in every audit record (`mcpServer`), so records of many servers in one log
+    // pipeline tell where they come from.
+    let instance = format!("{ns}/{}", mcp.metadata.name.as_deref().unwrap_or_default());
     Container {
         name: "server".to_owned(),
         image: Some(image),
@@ -209,6 +212,7 @@ fn container(
                     env("QUIVER_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
                     env("QUIVER_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
                     env("TMPDIR", SCRATCH_DIR),
+                    env("QUIVER_INSTANCE", &instance),
                 ])
                 .chain(super::governance::env(mcp))
                 .chain(super::tracing::env(mcp, ns))

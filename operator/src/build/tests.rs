@@ -79,6 +79,8 @@ fn basic_children_are_owned_and_restricted() {
     assert_eq!(env("QUIVER_SHUTDOWN_GRACE"), Some(json!("20s")));
     // The programs it starts get private directories in a writable scratch space.
     assert_eq!(env("TMPDIR"), Some(json!("/quiver/tmp")));
+    // Audit records name the McpServer they come from.
+    assert_eq!(env("QUIVER_INSTANCE"), Some(json!("ns/calc")));
     assert!(
         ctr["volumeMounts"]
             .as_array()

@@ -197,6 +197,8 @@ pub struct Record {
     /// The arguments, for tools that opt in, with sensitive properties already replaced
     /// ([`redact_arguments`]); every string is scrubbed before it is written.
     pub arguments: Option<Value>,
+    /// The trace and span ids (hex) of the request's span, when tracing sampled it.
+    pub trace: Option<Box<(String, String)>>,
 }
 
 impl Record {
@@ -217,6 +219,7 @@ impl Record {
             bytes_in: 0,
             bytes_out: 0,
             arguments: None,
+            trace: None,
         }
     }
 }
@@ -479,7 +482,61 @@ fn line(r: &Record, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
         key(out, "arguments");
         let _ = serde_json::to_writer(&mut *out, &scrub(a, secrets, &mut MAX_VALUES.clone()));
     }
+    if let Some(ids) = &r.trace {
+        key(out, "traceId");
+        string(out, &ids.0);
+        key(out, "spanId");
+        string(out, &ids.1);
+    }
     out.push(b'}');
+}
+
+/// The McpServer a server runs for (`--instance NAMESPACE/NAME`), named in every audit
+/// record so that records from many servers in one log pipeline tell where they come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// The namespace.
+    pub namespace: String,
+    /// The McpServer's name.
+    pub name: String,
+}
+
+impl FromStr for Instance {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (namespace, name) = s
+            .split_once('/')
+            .ok_or_else(|| "expected NAMESPACE/NAME".to_owned())?;
+        let dns = |part: &str, max: usize, dots: bool| {
+            !part.is_empty()
+                && part.len() <= max
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.'))
+        };
+        if !dns(namespace, 63, false) {
+            return Err("the namespace must be a DNS label (a-z, 0-9, '-', at most 63)".into());
+        }
+        if !dns(name, 253, true) {
+            return Err("the name must be a DNS subdomain (a-z, 0-9, '-', '.', at most 253)".into());
+        }
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl Instance {
+    /// The record field naming it: `,"mcpServer":{"namespace":..,"name":..}`.
+    fn field(&self) -> Vec<u8> {
+        let mut out = b",\"mcpServer\":{\"namespace\":".to_vec();
+        string(&mut out, &self.namespace);
+        key(&mut out, "name");
+        string(&mut out, &self.name);
+        out.push(b'}');
+        out
+    }
 }
 
 #[cfg(test)]

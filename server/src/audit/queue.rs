@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Clock, DROP_LOG_EVERY, OnFull, POLL, Record, Sink, line};
@@ -94,9 +94,16 @@ pub struct AuditLog {
     unlogged: AtomicU64,
     logged_at: AtomicU64,
     epoch: Instant,
+    /// The `mcpServer` field every record carries, once named ([`AuditLog::name_instance`]).
+    instance: Arc<OnceLock<Vec<u8>>>,
 }
 
 impl AuditLog {
+    /// Names the McpServer every record comes from (once; before the first request).
+    pub fn name_instance(&self, instance: &super::Instance) {
+        let _ = self.instance.set(instance.field());
+    }
+
     /// Opens `sink` and starts the writer thread with a queue of `queue` records.
     ///
     /// # Errors
@@ -141,6 +148,7 @@ impl AuditLog {
             unlogged: AtomicU64::new(0),
             logged_at: AtomicU64::new(0),
             epoch: Instant::now(),
+            instance: Arc::default(),
         });
         let writer = Writer {
             out: BufWriter::with_capacity(BUFFER, out),
@@ -151,6 +159,7 @@ impl AuditLog {
             metrics,
             log: Arc::downgrade(&log),
             failing_since: None,
+            instance: log.instance.clone(),
         };
         std::thread::Builder::new()
             .name("quiver-audit".into())
@@ -263,6 +272,8 @@ struct Writer {
     log: Weak<AuditLog>,
     /// Since when the sink has been failing (`refuse`), for the warning.
     failing_since: Option<Instant>,
+    /// The `mcpServer` field of every record, when the server names its McpServer.
+    instance: Arc<OnceLock<Vec<u8>>>,
 }
 
 impl Writer {
@@ -286,6 +297,13 @@ impl Writer {
             };
             self.buf.clear();
             line(&r, secrets, &mut self.clock, &mut self.buf);
+            if let Some(field) = self.instance.get()
+                && self.buf.last() == Some(&b'}')
+            {
+                self.buf.pop();
+                self.buf.extend_from_slice(field);
+                self.buf.push(b'}');
+            }
             self.buf.push(b'\n');
             self.put();
             if self.places.is_some() && self.unflushed >= FLUSH_EVERY {
@@ -404,6 +422,7 @@ mod tests {
             unlogged: AtomicU64::new(0),
             logged_at: AtomicU64::new(0),
             epoch: Instant::now(),
+            instance: Arc::default(),
         }
     }
 
@@ -544,6 +563,79 @@ mod tests {
         assert_eq!(ids, (0..40).collect::<Vec<_>>());
         // Every place is back.
         assert!(log.place().unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_named_instance_and_the_trace_ids_are_in_every_record() {
+        let m = GovMetrics::unregistered();
+        let sink = Flaky {
+            failures: Arc::new(AtomicUsize::new(0)),
+            bytes: Arc::default(),
+        };
+        let log = AuditLog::start_with(
+            Box::new(sink.clone()),
+            16,
+            OnFull::Drop,
+            Secrets::new(),
+            m.clone(),
+        )
+        .unwrap();
+        log.name_instance(&"team-a/tools.v2".parse().unwrap());
+        let mut traced = Record::new("tools/call", "ok");
+        traced.trace = Some(Box::new((
+            "0af7651916cd43dd8448eb211c80319c".into(),
+            "b7ad6b7169203331".into(),
+        )));
+        log.record(traced);
+        log.record(Record::new("prompts/get", "forbidden"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while m.audit_records.get() < 2 {
+            assert!(Instant::now() < deadline, "records not written in 10 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(log.settle(Duration::from_secs(10)).await);
+        let bytes = sink.bytes.lock().unwrap().clone();
+        let lines: Vec<Value> = String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        for l in &lines {
+            assert_eq!(
+                l["mcpServer"],
+                serde_json::json!({"namespace": "team-a", "name": "tools.v2"}),
+                "{l}"
+            );
+        }
+        assert_eq!(lines[0]["traceId"], "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(lines[0]["spanId"], "b7ad6b7169203331");
+        assert!(lines[1].get("traceId").is_none(), "{}", lines[1]);
+    }
+
+    #[test]
+    fn an_instance_is_a_namespace_and_a_name_and_nothing_else() {
+        let ok: super::super::Instance = "default/weather".parse().unwrap();
+        assert_eq!((ok.namespace.as_str(), ok.name.as_str()), ("default", "weather"));
+        let long_label = format!("{}/x", "a".repeat(64));
+        let long_name = format!("a/{}", "b".repeat(254));
+        for bad in [
+            "",
+            "weather",
+            "/weather",
+            "default/",
+            "a/b/c",
+            "Default/x",
+            "a/B",
+            "a b/x",
+            "a/x\"",
+            "../etc/passwd",
+            "a/é",
+            long_label.as_str(),
+            long_name.as_str(),
+        ] {
+            assert!(bad.parse::<super::super::Instance>().is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -333,6 +333,8 @@ impl Server {
         r.caller = Actor::of(req.ctx.caller);
         r.target = target;
         r.bytes_in = bytes_in;
+        // The request's span is current here when tracing sampled it.
+        r.trace = crate::otel::logs::current_ids().map(Box::new);
         Ok(Some(Pending {
             log: log.clone(),
             place,
