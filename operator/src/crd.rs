@@ -708,6 +708,14 @@ pub struct Monitoring {
     /// operator's default (the chart's `mcpServerDefaults.serviceMonitor`, off unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_monitor: Option<bool>,
+    /// Labels of the ServiceMonitor, added to the operator's default ones (the chart's
+    /// `server.serviceMonitorLabels`); a key both set takes this value. A Prometheus picks
+    /// its ServiceMonitors by label: kube-prometheus-stack's default selects
+    /// `release: <its release name>`. Keys under `app.kubernetes.io/` and `quiver.dev/` are
+    /// the operator's.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub service_monitor_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Where and how much the server pods trace.

@@ -52,6 +52,10 @@ struct Args {
     /// Give McpServers whose `monitoring.serviceMonitor` is unset a ServiceMonitor.
     #[arg(long, env = "QUIVER_DEFAULT_SERVICE_MONITOR", default_value_t = false, action = clap::ArgAction::Set)]
     default_service_monitor: bool,
+    /// A label of every McpServer's ServiceMonitor, KEY=VALUE (repeat it, or separate with
+    /// commas), e.g. `release=kube-prometheus-stack` for the Prometheus that selects by it.
+    #[arg(long = "service-monitor-label", env = "QUIVER_SERVICE_MONITOR_LABELS", value_delimiter = ',', value_parser = service_monitor_label)]
+    service_monitor_labels: Vec<(String, String)>,
     /// Traces of reconciles (OTLP/HTTP; off without an endpoint): see docs/observability.md.
     #[command(flatten)]
     tracing: quiver_otel::TraceArgs,
@@ -77,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
         server_image: args.server_image,
         image_pull_policy: args.image_pull_policy,
         service_monitors: args.default_service_monitor,
+        service_monitor_labels: args.service_monitor_labels.into_iter().collect(),
     };
     let namespaces: Vec<String> = args
         .watch_namespaces
@@ -122,4 +127,13 @@ async fn main() -> anyhow::Result<()> {
         t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// One `--service-monitor-label` KEY=VALUE.
+fn service_monitor_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or("expected KEY=VALUE")?;
+    match quiver_operator::build::service_monitor_label_problem(k, v) {
+        Some(why) => Err(why),
+        None => Ok((k.to_owned(), v.to_owned())),
+    }
 }

@@ -55,6 +55,10 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     refuse("InvalidPodTemplate", crate::build::check_pod(mcp))?;
     refuse("InvalidLogLevel", crate::build::log_level_problems(mcp))?;
     refuse("InvalidTrustedProxies", crate::build::trusted_proxy_problems(mcp))?;
+    refuse(
+        "InvalidServiceMonitorLabels",
+        crate::build::service_monitor_label_problems(mcp),
+    )?;
     refuse("InvalidToolConfig", crate::build::check_sidecars(mcp))?;
     refuse("InvalidToolConfig", merged.read(mcp, fetched))?;
     refuse("InvalidToolConfig", guard::timeouts(&merged.ts, &merged.origins))?;

@@ -534,6 +534,7 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
         server_image: "quiver-server:t".into(),
         image_pull_policy: "IfNotPresent".into(),
         service_monitors: false,
+        service_monitor_labels: Default::default(),
     };
     // Build does not depend on the tools being valid: try it with whatever render gave.
     let (rendered, reached) = match render(&mcp, &fetched) {

@@ -119,6 +119,7 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),
             service_monitors: false,
+            service_monitor_labels: Default::default(),
         },
         recorder: Recorder::new(
             client,

@@ -97,6 +97,15 @@ def test_optional_objects_and_overrides():
     assert "--default-service-monitor=false" in find(render(), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_mcp_servers_service_monitors_get_the_labels_a_prometheus_selects_by():
+    args = find(render("server.serviceMonitorLabels.release=kube-prometheus-stack", "server.serviceMonitorLabels.team=ml"),
+                "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--service-monitor-label=release=kube-prometheus-stack" in args
+    assert "--service-monitor-label=team=ml" in args
+    plain = find(render(), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--service-monitor-label") for a in plain)
+
+
 def test_a_namespace_scoped_install_has_roles_in_the_watched_namespaces_and_nothing_cluster_wide():
     cluster = render()
     docs = render("operator.watchNamespaces={team-a,team-b}")
@@ -119,7 +128,8 @@ def test_crd_keep_can_be_turned_off():
     assert "annotations" not in crd["metadata"] or "helm.sh/resource-policy" not in crd["metadata"]["annotations"]
 
 
-@pytest.mark.parametrize("bad", ["unknownKey=1", "image.colour=red", "replicaCount=-1", "image.pullPolicy=Sometimes", "operator.watchNamespaces={Bad_NS}"])
+@pytest.mark.parametrize("bad", ["unknownKey=1", "image.colour=red", "replicaCount=-1", "image.pullPolicy=Sometimes", "operator.watchNamespaces={Bad_NS}",
+                                 "server.serviceMonitorLabels.release=" + "x" * 64])
 def test_schema_rejects_unknown_and_invalid_values(bad):
     r = subprocess.run(["helm", "template", "quiver", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad], capture_output=True, text=True)
     assert r.returncode != 0, f"{bad} was accepted"

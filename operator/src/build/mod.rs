@@ -32,7 +32,10 @@ use crate::crd::McpServer;
 
 pub use confine::{check as check_pod, consent as service_account_consent, named_service_account};
 pub use expose::http_route_resource;
-pub use monitor::service_monitor_resource;
+pub use monitor::{
+    label_pair_problem as service_monitor_label_problem, label_problems as service_monitor_label_problems,
+    service_monitor_resource,
+};
 pub use netpol::ApiServer;
 pub use serving::{
     STATE_KEY_ANNOTATION, STATE_KEY_BYTES, STATE_KEY_ENV, log_level_problems, state_key_secret,
@@ -61,6 +64,9 @@ pub struct Defaults {
     pub image_pull_policy: String,
     /// Whether an McpServer whose `monitoring.serviceMonitor` is unset gets a ServiceMonitor.
     pub service_monitors: bool,
+    /// Labels of every ServiceMonitor (an McpServer's own `monitoring.serviceMonitorLabels`
+    /// add to them).
+    pub service_monitor_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The rendered, validated ToolSet (made by `crate::render::render`): what the children
@@ -227,8 +233,11 @@ pub fn build(
     };
     let hpa = hpa(mcp, &name, meta(mcp, name.clone(), &owner));
     let pdb = pdb(mcp, &name, meta(mcp, name.clone(), &owner));
-    let service_monitor = wants_service_monitor(mcp, defaults)
-        .then(|| monitor::service_monitor(&name, meta(mcp, name.clone(), &owner)));
+    let service_monitor = wants_service_monitor(mcp, defaults).then(|| {
+        let mut m = meta(mcp, name.clone(), &owner);
+        monitor::add_labels(&mut m, mcp, defaults);
+        monitor::service_monitor(&name, m)
+    });
     let network_policy = netpol::network_policy(mcp, &name, api_server, meta(mcp, name.clone(), &owner));
     let ingress = expose::ingress(mcp, &name, meta(mcp, name.clone(), &owner));
     let http_route = expose::http_route(mcp, &name, meta(mcp, name.clone(), &owner));

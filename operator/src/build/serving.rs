@@ -218,6 +218,7 @@ mod tests {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),
             service_monitors,
+            service_monitor_labels: Default::default(),
         }
     }
 

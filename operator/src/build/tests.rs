@@ -27,6 +27,7 @@ pub(crate) fn children_of(m: &McpServer, r: &Rendered) -> Children {
             server_image: "quiver-server:test".into(),
             image_pull_policy: "IfNotPresent".into(),
             service_monitors: false,
+            service_monitor_labels: Default::default(),
         },
         &ApiServer {
             endpoints: vec![("172.18.0.2".into(), 6443)],
@@ -231,6 +232,71 @@ fn every_child_carries_the_label_the_owned_watches_select() {
 }
 
 #[test]
+fn a_service_monitor_carries_the_default_labels_then_the_mcpservers_own() {
+    let spec = BASIC.replace(
+        "spec:\n",
+        "spec:\n  monitoring: {serviceMonitor: true, serviceMonitorLabels: {team: ml, release: mine}}\n",
+    );
+    let m = mcp(&spec);
+    let r = render(&m, &vec![]).unwrap();
+    let defaults = Defaults {
+        server_image: "s".into(),
+        image_pull_policy: "Never".into(),
+        service_monitors: false,
+        service_monitor_labels: [
+            ("release".to_owned(), "kube-prometheus-stack".to_owned()),
+            ("env".to_owned(), "prod".to_owned()),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    let c = build(&m, &r, &defaults, &ApiServer::default()).unwrap();
+    let labels = c.service_monitor.unwrap().metadata.labels.unwrap();
+    assert_eq!(labels["release"], "mine", "the McpServer's own value wins");
+    assert_eq!(labels["env"], "prod");
+    assert_eq!(labels["team"], "ml");
+    assert_eq!(labels[MANAGED_BY.0], MANAGED_BY.1, "the operator's labels stay");
+    // Only the ServiceMonitor carries them.
+    assert!(!c.deployment.metadata.labels.unwrap().contains_key("release"));
+}
+
+#[test]
+fn service_monitor_labels_that_are_not_labels_or_are_the_operators_are_refused() {
+    for (labels, want) in [
+        ("{app.kubernetes.io/managed-by: me}", "the operator's"),
+        ("{quiver.dev/tools: x}", "the operator's"),
+        ("{'bad key': x}", "not a label key"),
+        ("{'Example.com/x': y}", "not a label key"),
+        ("{release: 'has space'}", "not a label value"),
+        ("{release: -x}", "not a label value"),
+    ] {
+        let spec = BASIC.replace(
+            "spec:\n",
+            &format!("spec:\n  monitoring: {{serviceMonitorLabels: {labels}}}\n"),
+        );
+        let problems = crate::build::service_monitor_label_problems(&mcp(&spec));
+        assert!(
+            problems.len() == 1 && problems[0].contains(want),
+            "{labels}: {problems:?}"
+        );
+    }
+    let many: Vec<String> = (0..17).map(|i| format!("k{i}: v")).collect();
+    let spec = BASIC.replace(
+        "spec:\n",
+        &format!(
+            "spec:\n  monitoring: {{serviceMonitorLabels: {{{}}}}}\n",
+            many.join(", ")
+        ),
+    );
+    assert!(crate::build::service_monitor_label_problems(&mcp(&spec))[0].contains("at most 16"));
+    let ok = BASIC.replace(
+        "spec:\n",
+        "spec:\n  monitoring: {serviceMonitorLabels: {example.com/team: ml-1, release: ''}}\n",
+    );
+    assert!(crate::build::service_monitor_label_problems(&mcp(&ok)).is_empty());
+}
+
+#[test]
 fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
     let mut m = mcp(BASIC);
     m.metadata.uid = None;
@@ -239,6 +305,7 @@ fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
         server_image: "s".into(),
         image_pull_policy: "Never".into(),
         service_monitors: false,
+        service_monitor_labels: Default::default(),
     };
     assert_eq!(
         build(&m, &r, &defaults, &ApiServer::default()).unwrap_err(),

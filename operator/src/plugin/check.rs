@@ -182,6 +182,7 @@ fn one(
         server_image: "quiver-server".to_owned(),
         image_pull_policy: "IfNotPresent".to_owned(),
         service_monitors: false,
+        service_monitor_labels: Default::default(),
     };
     if let Err(e) = build::build(&mcp, &rendered, &defaults, &ApiServer::default()) {
         report.problems.push(e.to_string());

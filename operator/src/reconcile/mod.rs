@@ -405,6 +405,7 @@ mod tests {
                 server_image: "quiver-server:test".into(),
                 image_pull_policy: "IfNotPresent".into(),
                 service_monitors: false,
+                service_monitor_labels: Default::default(),
             },
             recorder: Recorder::new(
                 client,
