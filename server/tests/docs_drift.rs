@@ -1,5 +1,6 @@
-//! The README's table of quiver-server flags is checked against the command line the binary
-//! parses: a flag renamed, added or removed without its row fails here.
+//! The table of quiver-server flags (docs/operator.md, `## Running the server`) is checked
+//! against the command line the binary parses: a flag renamed, added or removed without its
+//! row fails here.
 
 use std::collections::BTreeSet;
 
@@ -7,7 +8,7 @@ use clap::CommandFactory;
 use quiver_server::cli::Cli;
 
 #[test]
-fn the_readme_lists_every_server_flag_and_no_other() {
+fn operator_md_lists_every_server_flag_and_no_other() {
     let code: BTreeSet<String> = Cli::command()
         .get_arguments()
         .filter_map(|a| a.get_long())
@@ -15,11 +16,11 @@ fn the_readme_lists_every_server_flag_and_no_other() {
         .map(|l| format!("--{l}"))
         .collect();
     assert!(code.contains("--listen") && code.len() > 20, "{code:?}");
-    let readme = std::fs::read_to_string(format!("{}/../README.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let section = readme
+    let doc = std::fs::read_to_string(format!("{}/../docs/operator.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let section = doc
         .split("\n## ")
         .find(|s| s.starts_with("Running the server"))
-        .expect("README has a `## Running the server` section");
+        .expect("docs/operator.md has a `## Running the server` section");
     let documented: BTreeSet<String> = section
         .lines()
         .filter_map(|l| l.strip_prefix("| `--"))
@@ -28,6 +29,6 @@ fn the_readme_lists_every_server_flag_and_no_other() {
         .collect();
     assert_eq!(
         documented, code,
-        "README's server flag table and `quiver-server --help` differ"
+        "docs/operator.md's server flag table and `quiver-server --help` differ"
     );
 }
