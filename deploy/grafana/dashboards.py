@@ -181,8 +181,59 @@ def dispatch():
             target(f"sum by (upstream) (increase(quiver_upstream_restarts_total{{{SEL}}}[{RI}]))", "restarts {{upstream}}", "C"),
         ], 16, 48, w=8, unit="short",
             description="up: 1 on every pod that reaches the upstream (min over pods); connections: ready processes or sessions; restarts of stdio processes."),
+        # Governance: limits, access and policies, the audit trail.
+        panel(17, "Refusals by limit", "timeseries", [
+            target(f"sum by (limit) (rate(quiver_refusals_total{{{SEL}}}[{RI}]))", "{{limit}}"),
+        ], 0, 56, w=8, unit="ops",
+            description="Work turned away by a server limit (connections, inflight, streams, body and response size, "
+                        "batch, request timeout) or refused credentials and access (unauthenticated, forbidden)."),
+        panel(18, "Calls refused by rate and concurrency limits", "timeseries", [
+            target(f"sum by (tool, scope, kind) (rate(quiver_limited_total{{{TOOL_SEL}}}[{RI}]))", "{{tool}} {{scope}} {{kind}}"),
+        ], 8, 56, w=8, unit="reqps",
+            description="Tool calls answered rate_limited, by tool, where the limit is declared (tool, upstream, server) "
+                        "and why (rate, concurrency; unavailable: a shared limit failing closed while its Redis is down)."),
+        panel(19, "Denied by access and policies", "timeseries", [
+            target(f'sum by (method) (rate(quiver_requests_total{{{SEL}, outcome="forbidden"}}[{RI}]))', "denied {{method}}", "A"),
+            target(f"sum(rate(quiver_policy_list_unjudged_total{{{SEL}}}[{RI}]))", "left out of listings (policy budget spent)", "B"),
+        ], 16, 56, w=8, unit="ops",
+            description="Requests refused because the caller's credentials lack a tool's access or a policy denied them; "
+                        "and tools left out of tools/list pages and find_tools searches because the request's budget of policy evaluations was spent."),
+        panel(20, "Audit records", "timeseries", [
+            target(f"sum(rate(quiver_audit_records_total{{{SEL}}}[{RI}]))", "written", "A"),
+            target(f"sum(rate(quiver_audit_dropped_total{{{SEL}}}[{RI}]))", "dropped", "B"),
+            target(f"sum(rate(quiver_audit_refused_total{{{SEL}}}[{RI}]))", "calls refused (queue full)", "C"),
+        ], 0, 64, w=8, unit="ops",
+            description="Records written to the sink; dropped (onFull: drop, queue full or sink failing: the trail has gaps); "
+                        "calls refused because their record found no place (onFull: refuse). Only written is normal."),
+        panel(21, "Shared limits: Redis failures by kind", "timeseries", [
+            target(f"sum by (kind) (rate(quiver_limits_shared_failures_total{{{SEL}}}[{RI}]))", "{{kind}}"),
+        ], 8, 64, w=8, unit="ops",
+            description="Shared (Redis) rate-limit checks Redis did not decide: error, timeout, or backoff (skipped while Redis is "
+                        "left alone after a failure). Each call then follows spec.limitsRedis.failMode. Empty until the first failure."),
+        panel(22, "Dropped spans and notifications", "timeseries", [
+            target(f"sum(rate(quiver_trace_spans_dropped_total{{{SEL}}}[{RI}]))", "trace spans", "A"),
+            target(f"sum(rate(quiver_peer_messages_dropped_total{{{SEL}}}[{RI}]))", "progress and log notifications", "B"),
+        ], 16, 64, w=8, unit="ops",
+            description="Trace spans dropped because the export queue was full (the collector is slow or down); progress and log "
+                        "notifications dropped because a client read its stream too slowly. Requests are never slowed by either."),
+        # Tasks: tool calls answered with a task the client polls.
+        panel(23, "Tasks created and ended", "timeseries", [
+            target(f"sum(rate(quiver_tasks_created_total{{{SEL}}}[{RI}]))", "created", "A"),
+            target(f"sum by (status) (rate(quiver_tasks_ended_total{{{SEL}}}[{RI}]))", "ended {{status}}", "B"),
+        ], 0, 72, w=8, unit="ops",
+            description="Tasks created through the selected pods, and tasks whose work ended there by status "
+                        "(completed, tool_error, failed; stopped: cancelled, expired or stopped with the server)."),
+        panel(24, "Tasks running", "timeseries", [
+            target(f"sum by (pod) (quiver_tasks_running{{{SEL}}})", "{{pod}}"),
+        ], 8, 72, w=8, unit="short",
+            description="Tasks whose work runs on each pod now, those waiting for input included: what a stopping pod drains."),
+        panel(25, "Task store failures by operation", "timeseries", [
+            target(f"sum by (op) (rate(quiver_task_store_failures_total{{{SEL}}}[{RI}]))", "{{op}}"),
+        ], 16, 72, w=8, unit="ops", thresholds=[(0.001, "red")],
+            description="Task operations the shared task store (the Redis of spec.tasks.redis) did not answer; "
+                        "each is a -32603 to the client. Anything above zero is a failing store."),
     ]
-    return dashboard("quiver-dispatch", "Quiver / Dispatch", "Latency and traffic of Quiver MCP servers.", p, True)
+    return dashboard("quiver-dispatch", "Quiver / Dispatch", "Latency, traffic, governance, tasks and upstreams of Quiver MCP servers.", p, True)
 
 
 def operator():

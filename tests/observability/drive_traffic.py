@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Bounded MCP traffic against quiver-servers on loopback, for the Prometheus checks:
 successful calls of several tools with varied latency, tool errors, invalid arguments,
-malformed JSON and unknown methods, plus one valid and one invalid config reload.
+calls refused by a rate limit, malformed JSON and unknown methods, plus one valid and one
+invalid config reload.
 
     drive_traffic.py --seconds 30 --config PATH URL [URL ...]
 """
@@ -44,7 +45,9 @@ def main():
         i += 1
         url = a.urls[i % len(a.urls)]
         r = rng.random()
-        if r < 0.45:
+        if r < 0.02:
+            call(url, i, "scarce", {})                           # over its rate limit: refused
+        elif r < 0.45:
             call(url, i, "add", {"a": rng.randint(0, 99), "b": rng.randint(0, 99)})
         elif r < 0.65:
             call(url, i, "greet", {"name": rng.choice(["Ada", "Grace", "Linus"])})
