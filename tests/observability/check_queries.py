@@ -6,10 +6,8 @@ the way Grafana would with "All" selected ($namespace, $mcpserver, $tool -> .*) 
 $__rate_interval by a window suited to the short test. Variable queries
 (label_values(metric, label)) must find the label. Alerting rules must be valid and their
 left-hand side (the expression without its threshold) must return series; recording rules
-must return series. The only exceptions are the metrics in MAY_BE_EMPTY, whose series
-appear only after an event the test traffic cannot cause: expressions over them must still
-be valid, but may return nothing. With --previews DIR, renders each dashboard's main
-panels from query_range results to PNG files.
+must return series. With --previews DIR, renders each dashboard's main panels from
+query_range results to PNG files.
 """
 
 import argparse
@@ -22,17 +20,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# Metrics whose series the test servers cannot have, each with the reason.
-MAY_BE_EMPTY = {
-    "quiver_limits_shared_failures_total":
-        "a series appears with the first shared-limit check Redis did not decide; the test servers have no Redis",
-}
-
-
-def may_be_empty(expr):
-    """Why `expr` may return no series here, or None when it must return some."""
-    return next((why for metric, why in MAY_BE_EMPTY.items() if re.search(rf"\b{metric}\b", expr)), None)
 
 
 def api(base, path, **params):
@@ -96,10 +83,9 @@ def main():
             for t in p["targets"]:
                 checked += 1
                 expr = substitute(t["expr"], args.rate_window)
-                why = may_be_empty(expr)
-                res = check_expr(args.prometheus, expr, f"{d['title']} / {p['title']} [{t['refId']}]", failures, require_data=not why)
-                if res or (why and res is not None):
-                    print(f"ok  {d['title']} / {p['title']} [{t['refId']}]: {len(res)} series" + (f" (may be empty: {why})" if why else ""))
+                res = check_expr(args.prometheus, expr, f"{d['title']} / {p['title']} [{t['refId']}]", failures)
+                if res:
+                    print(f"ok  {d['title']} / {p['title']} [{t['refId']}]: {len(res)} series")
     import yaml
 
     groups = yaml.safe_load((ROOT / "deploy" / "prometheus" / "quiver-rules.yaml").read_text())["groups"]
@@ -112,10 +98,9 @@ def main():
                 print(f"ok  record {r['record']}: {len(res)} series")
         else:
             check_expr(args.prometheus, r["expr"], f"alert {r['alert']} (full)", failures, require_data=False)
-            why = may_be_empty(r["expr"])
-            res = check_expr(args.prometheus, lhs_of_alert(r["expr"]), f"alert {r['alert']} (lhs)", failures, require_data=not why)
-            if res or (why and res is not None):
-                print(f"ok  alert {r['alert']}: lhs {len(res)} series" + (f" (may be empty: {why})" if why else ""))
+            res = check_expr(args.prometheus, lhs_of_alert(r["expr"]), f"alert {r['alert']} (lhs)", failures)
+            if res:
+                print(f"ok  alert {r['alert']}: lhs {len(res)} series")
     if args.previews:
         previews(args, dashboards)
     print(f"\n{checked} expressions checked, {len(failures)} failed")

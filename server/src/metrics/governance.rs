@@ -20,6 +20,10 @@ struct KindLabels {
     kind: &'static str,
 }
 
+/// Why a shared limit check was not decided by Redis: it answered an error, it did not
+/// answer in time, or the limiter was backing off after one of those.
+pub const SHARED_FAILURE_KINDS: [&str; 3] = ["error", "timeout", "backoff"];
+
 /// Counters of limits and the audit trail.
 #[derive(Debug, Default)]
 pub struct GovMetrics {
@@ -56,6 +60,10 @@ impl GovMetrics {
             "Shared (Redis) limit checks Redis did not decide, by kind (error, timeout, backoff)",
             m.shared_failures.clone(),
         );
+        // Every kind at 0 from the start: a rate over it is 0, not absent, until Redis fails.
+        for kind in SHARED_FAILURE_KINDS {
+            m.shared_failures.get_or_create(&KindLabels { kind });
+        }
         root.register("audit_records", "Audit records written", m.audit_records.clone());
         root.register(
             "audit_dropped",

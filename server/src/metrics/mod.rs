@@ -856,6 +856,15 @@ mod tests {
     }
 
     #[test]
+    fn shared_limit_failure_series_exist_at_zero_before_any_failure() {
+        let text = Metrics::new("test", "system").encode();
+        for kind in crate::metrics::governance::SHARED_FAILURE_KINDS {
+            let series = format!("quiver_limits_shared_failures_total{{kind=\"{kind}\"}} 0");
+            assert!(text.contains(&series), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
     fn task_series_exist_at_zero_before_any_task() {
         let text = Metrics::new("test", "system").encode();
         for series in [
