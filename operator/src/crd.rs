@@ -380,7 +380,9 @@ pub struct OidcAuth {
     /// `/.well-known/oauth-authorization-server` names the key set.
     #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
     pub issuer: String,
-    /// The audience accepted tokens must name: the URL clients use for this server.
+    /// The audience accepted tokens must name (`aud`): the URL clients use for this server,
+    /// or another value the issuer puts there (e.g. `quiver`); with one that is not a URL,
+    /// set `resource` so that clients that sign in by themselves find the issuer.
     #[schemars(length(min = 1, max = 1024))]
     pub audience: String,
     /// The issuer's JWK set URL, to skip discovery.
