@@ -62,7 +62,7 @@ impl GovMetrics {
         );
         // Every kind at 0 from the start: a rate over it is 0, not absent, until Redis fails.
         for kind in SHARED_FAILURE_KINDS {
-            m.shared_failures.get_or_create(&KindLabels { kind });
+            let _ = m.shared_failures.get_or_create(&KindLabels { kind });
         }
         root.register("audit_records", "Audit records written", m.audit_records.clone());
         root.register(
