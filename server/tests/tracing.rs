@@ -179,8 +179,9 @@ const TOKEN: &str = "Authorization: Bearer client-token-0123456789\r\n";
 const TRUSTED: &str = "7e57c0de00000005fffffffffffffff0";
 const NEVER: &str = "7e57c0de00000006fffffffffffffff0";
 
-#[test]
-fn an_authenticated_clients_flag_decides_and_its_tracestate_travels_when_configured() {
+/// A trace collector, an API answering `{"ok":true}`, the ToolSet of a `weather` tool
+/// calling it, and the collector's OTLP endpoint.
+fn weather_behind_a_collector() -> (Sink, Sink, String, String) {
     let collector =
         Sink::start("HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n");
     let api = Sink::start(
@@ -191,6 +192,12 @@ fn an_authenticated_clients_flag_decides_and_its_tracestate_travels_when_configu
         api.port
     );
     let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    (collector, api, tools, endpoint)
+}
+
+#[test]
+fn an_authenticated_clients_flag_decides_and_its_tracestate_travels_when_configured() {
+    let (collector, api, tools, endpoint) = weather_behind_a_collector();
     // Ratio 0: the server itself would trace nothing.
     let common = ["--otlp-endpoint", &endpoint, "--trace-sample-ratio", "0"];
     let mut forwarding = common.to_vec();
@@ -226,16 +233,7 @@ fn an_authenticated_clients_flag_decides_and_its_tracestate_travels_when_configu
 
 #[test]
 fn an_audit_record_names_its_mcp_server_and_the_trace_of_its_call() {
-    let collector =
-        Sink::start("HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n");
-    let api = Sink::start(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}",
-    );
-    let tools = format!(
-        "tools:\n  - {{name: weather, handler: {{http: {{url: 'http://127.0.0.1:{}/w', timeout: 5s}}}}}}\n",
-        api.port
-    );
-    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let (_collector, _api, tools, endpoint) = weather_behind_a_collector();
     let dir = tempfile::tempdir().unwrap();
     let audit = format!("file:{}", dir.path().join("audit.jsonl").display());
     let args = [
@@ -252,9 +250,14 @@ fn an_audit_record_names_its_mcp_server_and_the_trace_of_its_call() {
     // Sampled by the authenticated client; then one the client did not sample (ratio 0).
     assert!(call(&p, TRUSTED, "01", TOKEN, "weather", "{}").contains("ok"));
     assert!(call(&p, NEVER, "00", TOKEN, "weather", "{}").contains("ok"));
+    // The writer drains its queue on its own beat: wait for both records, then stop.
+    let path = dir.path().join("audit.jsonl");
+    wait_for("both audit records", || {
+        std::fs::read_to_string(&path).is_ok_and(|t| t.lines().count() >= 2)
+    });
     terminate(&p);
     wait_exit(&mut p, PATIENCE).expect("the server exits on SIGTERM");
-    let text = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
     let records: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(records.len(), 2, "{text}");
     for r in &records {
