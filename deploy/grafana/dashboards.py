@@ -209,7 +209,7 @@ def dispatch():
             target(f"sum by (kind) (rate(quiver_limits_shared_failures_total{{{SEL}}}[{RI}]))", "{{kind}}"),
         ], 8, 64, w=8, unit="ops",
             description="Shared (Redis) rate-limit checks Redis did not decide: error, timeout, or backoff (skipped while Redis is "
-                        "left alone after a failure). Each call then follows spec.limitsRedis.failMode. Empty until the first failure."),
+                        "left alone after a failure). Each call then follows spec.limitsRedis.failMode. Zero while Redis decides every check."),
         panel(22, "Dropped spans and notifications", "timeseries", [
             target(f"sum(rate(quiver_trace_spans_dropped_total{{{SEL}}}[{RI}]))", "trace spans", "A"),
             target(f"sum(rate(quiver_peer_messages_dropped_total{{{SEL}}}[{RI}]))", "progress and log notifications", "B"),
