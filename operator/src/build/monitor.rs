@@ -95,15 +95,9 @@ fn label_key(key: &str) -> bool {
             label_name(name)
                 && !prefix.is_empty()
                 && prefix.len() <= 253
-                && prefix.split('.').all(|part| {
-                    let b = part.as_bytes();
-                    !b.is_empty()
-                        && b.len() <= 63
-                        && b[0].is_ascii_alphanumeric()
-                        && b[b.len() - 1].is_ascii_alphanumeric()
-                        && b.iter()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-                })
+                && prefix
+                    .split('.')
+                    .all(|part| part.len() <= 63 && super::is_dns_label(part))
         }
     }
 }

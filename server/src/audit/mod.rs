@@ -507,17 +507,12 @@ impl FromStr for Instance {
         let (namespace, name) = s
             .split_once('/')
             .ok_or_else(|| "expected NAMESPACE/NAME".to_owned())?;
-        let dns = |part: &str, max: usize, dots: bool| {
-            !part.is_empty()
-                && part.len() <= max
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.'))
-        };
-        if !dns(namespace, 63, false) {
+        // Kubernetes object names: a namespace is a DNS label, an McpServer's name a subdomain.
+        let object_name = crate::spec::context::valid_config_map_name;
+        if !(object_name(namespace) && namespace.len() <= 63 && !namespace.contains('.')) {
             return Err("the namespace must be a DNS label (a-z, 0-9, '-', at most 63)".into());
         }
-        if !dns(name, 253, true) {
+        if !object_name(name) {
             return Err("the name must be a DNS subdomain (a-z, 0-9, '-', '.', at most 253)".into());
         }
         Ok(Self {
