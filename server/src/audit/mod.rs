@@ -401,11 +401,12 @@ impl Clock {
 /// Longest numeric request id copied as it was sent (a longer one is read as a number).
 const MAX_RAW_ID: usize = 32;
 
-/// A record as its JSON line (without the newline), appended to `out`. What a client chose
-/// (a string request id, a name that did not resolve, a reason quoting the request, the
-/// arguments) is scrubbed; what the server or a verified token says (the session id it
-/// minted, the resolved tool, the caller's claims) is only escaped.
-fn line(r: &Record, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
+/// A record as its JSON line (without the newline), appended to `out`, naming `instance`
+/// when the server names its McpServer. What a client chose (a string request id, a name
+/// that did not resolve, a reason quoting the request, the arguments) is scrubbed; what the
+/// server or a verified token says (the session id it minted, the resolved tool, the
+/// caller's claims) is only escaped.
+fn line(r: &Record, instance: Option<&[u8]>, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"time\":");
     clock.write(r.end, out);
     key(out, "event");
@@ -488,6 +489,8 @@ fn line(r: &Record, secrets: &Secrets, clock: &mut Clock, out: &mut Vec<u8>) {
         key(out, "spanId");
         string(out, &ids.1);
     }
+    // The server's McpServer ([`Instance::field`]), the same in every record.
+    out.extend_from_slice(instance.unwrap_or_default());
     out.push(b'}');
 }
 
@@ -566,7 +569,7 @@ mod tests {
         let mut r = Record::new("tools/call", "ok");
         r.session = id.as_str().into();
         let mut out = Vec::new();
-        line(&r, &Secrets::new(), &mut Clock::new(), &mut out);
+        line(&r, None, &Secrets::new(), &mut Clock::new(), &mut out);
         let text = String::from_utf8(out).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["session"], crate::session::tag(&id));
@@ -576,6 +579,7 @@ mod tests {
         let mut out = Vec::new();
         line(
             &Record::new("authentication", "unauthenticated"),
+            None,
             &Secrets::new(),
             &mut Clock::new(),
             &mut out,
@@ -613,7 +617,7 @@ mod tests {
         r.request_id = Some("\"req-1\"".into());
         r.target = Some("login".into());
         let mut out = Vec::new();
-        line(&r, &secrets, &mut Clock::new(), &mut out);
+        line(&r, None, &secrets, &mut Clock::new(), &mut out);
         let v: Value = serde_json::from_slice(&out).unwrap();
         let a = &v["arguments"];
         assert_eq!(a["user"], "ann");
@@ -670,7 +674,7 @@ mod tests {
             r.end = Instant::now() - Duration::from_millis(ago);
             r.request_id = Some(Text::new(&id));
             let mut out = Vec::new();
-            line(&r, &secrets, &mut clock, &mut out);
+            line(&r, None, &secrets, &mut clock, &mut out);
             assert!(out.len() < 300, "{}", String::from_utf8_lossy(&out));
             lines.push(serde_json::from_slice::<Value>(&out).unwrap());
         }
@@ -696,7 +700,7 @@ mod tests {
         let mut r = Record::new("tools/call", "ok");
         r.arguments = Some(args);
         let mut out = Vec::new();
-        line(&r, &secrets, &mut Clock::new(), &mut out);
+        line(&r, None, &secrets, &mut Clock::new(), &mut out);
         let v: Value = serde_json::from_slice(&out).unwrap();
         let a = v["arguments"].as_array().unwrap();
         assert_eq!(a.len(), MAX_VALUES + 1);

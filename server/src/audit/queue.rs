@@ -296,14 +296,8 @@ impl Writer {
                 Err(TryRecvError::Disconnected) => break,
             };
             self.buf.clear();
-            line(&r, secrets, &mut self.clock, &mut self.buf);
-            if let Some(field) = self.instance.get()
-                && self.buf.last() == Some(&b'}')
-            {
-                self.buf.pop();
-                self.buf.extend_from_slice(field);
-                self.buf.push(b'}');
-            }
+            let instance = self.instance.get().map(Vec::as_slice);
+            line(&r, instance, secrets, &mut self.clock, &mut self.buf);
             self.buf.push(b'\n');
             self.put();
             if self.places.is_some() && self.unflushed >= FLUSH_EVERY {
