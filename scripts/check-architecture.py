@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-CRATES = {"quiver-model": "model/src", "quiver-otel": "otel/src",
+CRATES = {"quiver-model": "model/src", "quiver-otel": "otel/src", "quiver-flags": "flags/src",
           "quiver-server": "server/src", "quiver-operator": "operator/src"}
 
 

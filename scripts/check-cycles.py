@@ -19,7 +19,7 @@ top-level file being its own folder) must be acyclic too: that is where layers h
 not. Test files (`tests.rs`, `*_tests.rs`, `#[cfg(test)]` items) are not counted.
 
 Usage: scripts/check-cycles.py [CRATE_SRC_DIR ...]
-       (default: model/src otel/src server/src operator/src)
+       (default: model/src otel/src flags/src server/src operator/src)
 Exit status 1 and each cycle printed when there is one.
 """
 
@@ -234,7 +234,7 @@ def report(src, kind, graph, why=None):
 
 
 def main(argv):
-    srcs = argv or ["model/src", "otel/src", "server/src", "operator/src"]
+    srcs = argv or ["model/src", "otel/src", "flags/src", "server/src", "operator/src"]
     bad = False
     for src in srcs:
         mods = modules(src)

@@ -6,7 +6,7 @@ machine read top to bottom); it says so in a comment among the lines just above 
 comment or attributes) that starts with `// Long:` followed by the reason.
 
 Usage: scripts/check-fn-length.py [--max N] [--list] [SRC_DIR ...]
-       (default: --max 100, model/src otel/src server/src operator/src)
+       (default: --max 100, model/src otel/src flags/src server/src operator/src)
 """
 
 import os
@@ -73,7 +73,7 @@ def main(argv):
             listing = True
         else:
             srcs.append(a)
-    srcs = srcs or ["model/src", "otel/src", "server/src", "operator/src"]
+    srcs = srcs or ["model/src", "otel/src", "flags/src", "server/src", "operator/src"]
     bad, rows = [], []
     for src in srcs:
         for dirpath, _, files in os.walk(src):

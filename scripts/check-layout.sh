@@ -49,10 +49,10 @@ python3 scripts/check-fn-length.py "$fixture/good/src" > /dev/null \
   || { echo "check-fn-length.py failed a long function that says why" >&2; exit 1; }
 
 # The architecture map: a module it does not name, and a test file out of the layout.
-mkdir -p "$fixture/doc/model/src" "$fixture/doc/otel/src" "$fixture/doc/server/src/a" "$fixture/doc/operator/src" "$fixture/doc/docs"
-for c in model otel server operator; do echo '//! x' > "$fixture/doc/$c/src/lib.rs"; done
+mkdir -p "$fixture/doc/model/src" "$fixture/doc/otel/src" "$fixture/doc/flags/src" "$fixture/doc/server/src/a" "$fixture/doc/operator/src" "$fixture/doc/docs"
+for c in model otel flags server operator; do echo '//! x' > "$fixture/doc/$c/src/lib.rs"; done
 echo '//! y' > "$fixture/doc/server/src/a/b.rs"
-printf '# `quiver-model`\n`lib.rs`\n# `quiver-otel`\n`lib.rs`\n# `quiver-server`\n`lib.rs`\n# `quiver-operator`\n`lib.rs`\n' > "$fixture/doc/docs/architecture.md"
+printf '# `quiver-model`\n`lib.rs`\n# `quiver-otel`\n`lib.rs`\n# `quiver-flags`\n`lib.rs`\n# `quiver-server`\n`lib.rs`\n# `quiver-operator`\n`lib.rs`\n' > "$fixture/doc/docs/architecture.md"
 if (cd "$fixture/doc" && python3 "$OLDPWD/scripts/check-architecture.py") > /dev/null; then
   echo "check-architecture.py passed a map that does not name server/src/a/b.rs" >&2; exit 1
 fi
@@ -64,7 +64,7 @@ if (cd "$fixture/doc" && python3 "$OLDPWD/scripts/check-architecture.py") > /dev
   echo "check-architecture.py passed a tests/ folder under src/" >&2; exit 1
 fi
 
-crates=(model/src otel/src server/src operator/src)
+crates=(model/src otel/src flags/src server/src operator/src)
 python3 scripts/check-cycles.py "${crates[@]}"
 python3 scripts/check-fn-length.py "${crates[@]}"
 python3 scripts/check-architecture.py

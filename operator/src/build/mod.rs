@@ -37,6 +37,7 @@ pub use monitor::{
     service_monitor_resource,
 };
 pub use netpol::ApiServer;
+pub use pod::server_args_problems;
 pub use serving::{
     STATE_KEY_ANNOTATION, STATE_KEY_BYTES, STATE_KEY_ENV, log_level_problems, state_key_secret,
     state_key_secret_name, trusted_proxy_problems, wants_service_monitor, with_state_key,

@@ -243,6 +243,31 @@ fn container(
     }
 }
 
+/// What the server would refuse at start in the arguments and literal environment rendered
+/// for its container (`deployment`'s first), parsed by the server's own command line: a value
+/// the McpServer accepts but the server does not is reported on the McpServer, instead of
+/// crashing its pods.
+pub fn server_args_problems(deployment: &Deployment) -> Vec<String> {
+    let Some(server) = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+    else {
+        return vec!["the Deployment has no server container".to_owned()];
+    };
+    let args = server.args.clone().unwrap_or_default();
+    let env = server
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)));
+    match quiver_flags::parse_serve(&args, env) {
+        Ok(_) => Vec::new(),
+        Err(e) => vec![format!("the server would refuse to start: {e}")],
+    }
+}
+
 /// The Deployment of quiver-server pods serving the ConfigMap `cm_name`.
 pub(super) fn deployment(
     mcp: &McpServer,

@@ -50,25 +50,12 @@ pub fn trusted_proxy_problems(mcp: &McpServer) -> Vec<String> {
     }
     nets.iter()
         .enumerate()
-        .filter(|(_, n)| !is_cidr(n))
+        .filter(|(_, n)| n.parse::<quiver_flags::Cidr>().is_err())
         .map(|(i, n)| {
             let shown: String = n.chars().take(64).collect();
             format!("spec.trustedProxies[{i}]: `{shown}` is not an address or ADDRESS/BITS (e.g. 10.0.0.0/8, fd00::/8)")
         })
         .collect()
-}
-
-/// Whether `s` is an IP address, or one with a prefix length no longer than its own.
-fn is_cidr(s: &str) -> bool {
-    let (addr, bits) = match s.split_once('/') {
-        Some((a, b)) => (a, Some(b)),
-        None => (s, None),
-    };
-    let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
-        return false;
-    };
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    bits.is_none_or(|b| b.parse::<u8>().is_ok_and(|b| b <= max))
 }
 
 /// Problems of `spec.logLevel` (the schema bounds it too; objects stored before are checked here).

@@ -1459,3 +1459,43 @@ fn tracing_says_whose_sampled_flag_is_trusted_and_whether_tracestate_travels() {
         );
     }
 }
+
+#[test]
+fn the_server_parses_the_arguments_rendered_for_its_container_and_refusals_are_reported() {
+    let c = children(BASIC);
+    assert_eq!(server_args_problems(&c.deployment), Vec::<String>::new());
+    // A value the server refuses, as an argument and as a literal variable: reported with
+    // the flag's name. A variable from a Secret is not read (its value is not known).
+    for (args, env) in [
+        (vec!["--tasks-ttl=2d".to_owned()], None),
+        (Vec::new(), Some(("QUIVER_LIMITS_REDIS_FAIL", "sometimes"))),
+    ] {
+        let mut c = children(BASIC);
+        let pod = c
+            .deployment
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap();
+        pod.containers[0].args.get_or_insert_default().extend(args);
+        if let Some((name, value)) = env {
+            pod.containers[0]
+                .env
+                .get_or_insert_default()
+                .push(k8s_openapi::api::core::v1::EnvVar {
+                    name: name.into(),
+                    value: Some(value.into()),
+                    value_from: None,
+                });
+        }
+        let problems = server_args_problems(&c.deployment);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("--tasks-ttl") || problems[0].contains("--limits-redis-fail"),
+            "{problems:?}"
+        );
+    }
+}

@@ -184,8 +184,13 @@ fn one(
         service_monitors: false,
         service_monitor_labels: Default::default(),
     };
-    if let Err(e) = build::build(&mcp, &rendered, &defaults, &ApiServer::default()) {
-        report.problems.push(e.to_string());
+    match build::build(&mcp, &rendered, &defaults, &ApiServer::default()) {
+        Ok(children) => report.problems.extend(
+            build::server_args_problems(&children.deployment)
+                .into_iter()
+                .map(|p| format!("{p} (InvalidServerArgs)")),
+        ),
+        Err(e) => report.problems.push(e.to_string()),
     }
     let unsafe_keys: Vec<&String> = mcp
         .spec

@@ -145,6 +145,14 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     };
     let mut children =
         info_span!("render").in_scope(|| build::build(mcp, &rendered, &ctx.defaults, &api_server))?;
+    let refused = build::server_args_problems(&children.deployment);
+    if !refused.is_empty() {
+        let invalid = Invalid {
+            reason: "InvalidServerArgs",
+            problems: refused,
+        };
+        return invalid_spec(mcp, ctx, &ns, &name, &invalid, unwatched).await;
+    }
     let key = state_key::ensure(ctx, &ns, mcp, &name, &uid)
         .instrument(info_span!("apply", kind = "Secret"))
         .await?;

@@ -12,8 +12,6 @@
 mod queue;
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -23,7 +21,7 @@ use crate::secrets::Secrets;
 use crate::spec::access::Principal;
 
 /// Records the queue holds by default.
-pub const DEFAULT_QUEUE: usize = 8192;
+pub use quiver_flags::DEFAULT_AUDIT_QUEUE as DEFAULT_QUEUE;
 /// How long the writer sleeps when it finds the queue empty (records reach the sink within
 /// about this long; the queue must hold what arrives meanwhile).
 const POLL: Duration = Duration::from_millis(10);
@@ -34,38 +32,7 @@ const MAX_TEXT: usize = 1024;
 /// Most values (strings, numbers, keys) of the arguments kept in one record.
 const MAX_VALUES: usize = 256;
 
-/// What a call gets when its record cannot be queued.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnFull {
-    /// The call runs; its record is dropped (counted in `quiver_audit_dropped_total`).
-    #[default]
-    Drop,
-    /// The call is refused before it runs (`-32004`, counted in
-    /// `quiver_audit_refused_total`): every call that ran has its record.
-    Refuse,
-}
-
-/// Where records go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sink {
-    /// The process's standard output (the logs are on standard error).
-    Stdout,
-    /// A file, appended to.
-    File(PathBuf),
-}
-
-impl FromStr for Sink {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stdout" => Ok(Self::Stdout),
-            _ => match s.strip_prefix("file:") {
-                Some(p) if !p.is_empty() => Ok(Self::File(p.into())),
-                _ => Err(format!("`{s}`: use stdout or file:PATH")),
-            },
-        }
-    }
-}
+pub use quiver_flags::{AuditSink as Sink, OnFull};
 
 /// Bytes a [`Text`] holds without allocating.
 const INLINE: usize = 30;
@@ -489,52 +456,21 @@ fn line(r: &Record, instance: Option<&[u8]>, secrets: &Secrets, clock: &mut Cloc
         key(out, "spanId");
         string(out, &ids.1);
     }
-    // The server's McpServer ([`Instance::field`]), the same in every record.
+    // The server's McpServer ([`instance_field`]), the same in every record.
     out.extend_from_slice(instance.unwrap_or_default());
     out.push(b'}');
 }
 
-/// The McpServer a server runs for (`--instance NAMESPACE/NAME`), named in every audit
-/// record so that records from many servers in one log pipeline tell where they come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Instance {
-    /// The namespace.
-    pub namespace: String,
-    /// The McpServer's name.
-    pub name: String,
-}
+pub use quiver_flags::Instance;
 
-impl FromStr for Instance {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (namespace, name) = s
-            .split_once('/')
-            .ok_or_else(|| "expected NAMESPACE/NAME".to_owned())?;
-        // Kubernetes object names: a namespace is a DNS label, an McpServer's name a subdomain.
-        let object_name = crate::spec::context::valid_config_map_name;
-        if !(object_name(namespace) && namespace.len() <= 63 && !namespace.contains('.')) {
-            return Err("the namespace must be a DNS label (a-z, 0-9, '-', at most 63)".into());
-        }
-        if !object_name(name) {
-            return Err("the name must be a DNS subdomain (a-z, 0-9, '-', '.', at most 253)".into());
-        }
-        Ok(Self {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        })
-    }
-}
-
-impl Instance {
-    /// The record field naming it: `,"mcpServer":{"namespace":..,"name":..}`.
-    fn field(&self) -> Vec<u8> {
-        let mut out = b",\"mcpServer\":{\"namespace\":".to_vec();
-        string(&mut out, &self.namespace);
-        key(&mut out, "name");
-        string(&mut out, &self.name);
-        out.push(b'}');
-        out
-    }
+/// The record field naming `instance`: `,"mcpServer":{"namespace":..,"name":..}`.
+fn instance_field(instance: &Instance) -> Vec<u8> {
+    let mut out = b",\"mcpServer\":{\"namespace\":".to_vec();
+    string(&mut out, &instance.namespace);
+    key(&mut out, "name");
+    string(&mut out, &instance.name);
+    out.push(b'}');
+    out
 }
 
 #[cfg(test)]

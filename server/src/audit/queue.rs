@@ -101,7 +101,7 @@ pub struct AuditLog {
 impl AuditLog {
     /// Names the McpServer every record comes from (once; before the first request).
     pub fn name_instance(&self, instance: &super::Instance) {
-        let _ = self.instance.set(instance.field());
+        let _ = self.instance.set(super::instance_field(instance));
     }
 
     /// Opens `sink` and starts the writer thread with a queue of `queue` records.

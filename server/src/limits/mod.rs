@@ -25,18 +25,11 @@ use crate::metrics::governance::GovMetrics;
 /// Shards of the key map (a power of two).
 const SHARDS: usize = 64;
 /// Keys kept at most by default (about 64 bytes each).
-pub const DEFAULT_MAX_KEYS: usize = 100_000;
+pub use quiver_flags::DEFAULT_MAX_LIMIT_KEYS as DEFAULT_MAX_KEYS;
 /// The retry hint of a call refused by a concurrency limit (nothing says when a slot frees).
 const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
 
-/// What Redis being unreachable (or slow) means for a shared limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum FailMode {
-    /// Count the limit on this replica instead (each replica then allows the whole rate).
-    Open,
-    /// Refuse the call (a retry hint of one second).
-    Closed,
-}
+pub use quiver_flags::FailMode;
 
 /// The network address an anonymous caller is counted by: an IPv4 address, or the /64
 /// network of an IPv6 address (what one subscriber is usually given, so rotating addresses

@@ -62,27 +62,7 @@ pub const UPSTREAM_SOCKETS: &str = "/quiver/run";
 /// Where processes' directories are.
 const PROC: &str = "/proc";
 
-/// `--child-isolation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Refuse to start a child that cannot be confined while there is something to hide.
-    #[default]
-    Strict,
-    /// Start it anyway (with a warning at start and on `/status`).
-    BestEffort,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "strict" => Ok(Self::Strict),
-            "best-effort" => Ok(Self::BestEffort),
-            _ => Err(format!("`{s}`: expected strict or best-effort")),
-        }
-    }
-}
+pub use quiver_flags::ChildIsolation as Mode;
 
 /// Whose children these are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

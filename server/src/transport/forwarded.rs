@@ -3,7 +3,6 @@
 //! A header from any other peer is the client's own claim and is ignored.
 
 use std::net::IpAddr;
-use std::str::FromStr;
 
 use axum::http::HeaderMap;
 
@@ -13,71 +12,7 @@ pub const MAX_TRUSTED: usize = 64;
 /// this ends at the last one looked at).
 const MAX_HOPS: usize = 16;
 
-/// A network: an address and how many of its leading bits count (`10.0.0.0/8`,
-/// `fd00::/8`; a bare address is the whole length).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    net: IpAddr,
-    bits: u8,
-}
-
-impl FromStr for Cidr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("`{}`: use an address or ADDRESS/BITS, e.g. 10.0.0.0/8", clip(s));
-        let (addr, bits) = match s.split_once('/') {
-            Some((a, b)) => (a, Some(b)),
-            None => (s, None),
-        };
-        let net: IpAddr = addr.trim().parse().map_err(|_| bad())?;
-        let max = if net.is_ipv4() { 32 } else { 128 };
-        let bits = match bits {
-            None => max,
-            Some(b) => b
-                .trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|b| *b <= max)
-                .ok_or_else(bad)?,
-        };
-        Ok(Self {
-            net: masked(net, bits),
-            bits,
-        })
-    }
-}
-
-/// At most 64 characters of `s`, for an error message.
-fn clip(s: &str) -> &str {
-    match s.char_indices().nth(64) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
-}
-
-/// `ip` with all but its first `bits` bits cleared.
-fn masked(ip: IpAddr, bits: u8) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => {
-            let keep = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
-            IpAddr::V4((u32::from(v4) & keep).into())
-        }
-        IpAddr::V6(v6) => {
-            let keep = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
-            IpAddr::V6((u128::from(v6) & keep).into())
-        }
-    }
-}
-
-impl Cidr {
-    /// Whether `ip` is in this network (an IPv4 client seen on an IPv6 socket as
-    /// `::ffff:a.b.c.d` is in the IPv4 networks).
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        ip.is_ipv4() == self.net.is_ipv4() && masked(ip, self.bits) == self.net
-    }
-}
+pub use quiver_flags::Cidr;
 
 /// The proxies whose `X-Forwarded-For` names the client (none by default).
 #[derive(Debug, Clone, Default)]
