@@ -10,6 +10,8 @@
 #  - the ServiceMonitors of McpServers selected by the prometheus-operator's Prometheus
 #    objects as their labels say, their jobs scraping the servers' admin port
 #    (tests/observability/test_service_monitors.py);
+#  - the audit recipe (deploy/otelcol/audit-pipeline.yaml) in a real OpenTelemetry Collector
+#    reading a real server's output as the kubelet writes it (tests/observability/test_audit_pipeline.py);
 #  - Prometheus (Debian) scraping three quiver-servers and that operator while bounded
 #    traffic runs; every dashboard and rule expression must return data
 #    (tests/observability/check_queries.py); promtool checks and unit-tests the rules;
@@ -120,6 +122,11 @@ wait_condition demo ConfigValid False 60 broken
 log "ServiceMonitors selected by the real prometheus-operator (tests/observability/test_service_monitors.py)"
 "$PY" -m pytest -q -p no:cacheprovider tests/observability/test_service_monitors.py
 kill "$promop_pid"; wait "$promop_pid" 2>/dev/null || true
+
+log "audit records and logs through deploy/otelcol/audit-pipeline.yaml (tests/observability/test_audit_pipeline.py)"
+"$ROOT/scripts/otelcol.sh" build >/dev/null
+"$ROOT/scripts/otelcol.sh" build-agent >/dev/null
+QUIVER_SERVER_BIN="$BIN/quiver-server" "$PY" -m pytest -q -p no:cacheprovider tests/observability/test_audit_pipeline.py
 if grep -q "forbidden" "$STATE/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$STATE/operator.log" | head -5 >&2; exit 1; fi
 
 log "quiver-servers and Prometheus"
