@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # The Helm chart and the observability stack, checked for real:
 #  - helm lint --strict; template tests (tests/chart) with real helm;
+#  - the real prometheus-operator (scripts/prometheus-operator.sh) and its CRDs;
 #  - `helm template | kubectl apply --dry-run=server` against a real kube-apiserver;
-#  - `helm install` into it, then the operator binary running with the chart's own
-#    ServiceAccount token (so the chart's RBAC is exactly what it gets) reconciles samples;
+#  - `helm install` into it with the monitoring values docs/observability.md gives
+#    kube-prometheus-stack users, then the operator binary running with the chart's own
+#    ServiceAccount token (so the chart's RBAC is exactly what it gets) and the chart's
+#    arguments reconciles samples;
+#  - the ServiceMonitors of McpServers selected by the prometheus-operator's Prometheus
+#    objects as their labels say, their jobs scraping the servers' admin port
+#    (tests/observability/test_service_monitors.py);
+#  - the audit recipe (deploy/otelcol/audit-pipeline.yaml) in a real OpenTelemetry Collector
+#    reading a real server's output as the kubelet writes it (tests/observability/test_audit_pipeline.py);
 #  - Prometheus (Debian) scraping three quiver-servers and that operator while bounded
 #    traffic runs; every dashboard and rule expression must return data
 #    (tests/observability/check_queries.py); promtool checks and unit-tests the rules;
@@ -41,13 +49,36 @@ helm lint --strict charts/quiver
 log "chart template tests (real helm)"
 "$PY" -m pytest -q tests/chart
 
+log "prometheus-operator (built from its Go module) and its CRDs"
+mapfile -t promop < <("$ROOT/scripts/prometheus-operator.sh")
+# Server-side: the CRDs are too large for the last-applied annotation of a client-side apply.
+kubectl apply --server-side -f "${promop[1]}" >/dev/null
+established() { [ "$(kubectl get crd "$1" -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ]; }
+for crd in servicemonitors prometheuses prometheusrules; do
+  for _ in $(seq 1 300); do established "$crd.monitoring.coreos.com" && break; sleep 0.1; done
+  established "$crd.monitoring.coreos.com" || { echo "CRD $crd.monitoring.coreos.com not Established after 30 s" >&2; exit 1; }
+done
+promop_port="$(free_port)"
+# The admin kubeconfig: it only writes Secrets, ConfigMaps, Services and StatefulSets (whose
+# Prometheus pods kwok pretends to run); the tests read the configuration it generates.
+"${promop[0]}" --web.listen-address "127.0.0.1:$promop_port" > "$STATE/prometheus-operator.log" 2>&1 &
+promop_pid=$!
+BG_PIDS+=($promop_pid)
+wait_http "http://127.0.0.1:$promop_port/healthz"
+
+# What docs/observability.md tells kube-prometheus-stack users to set.
+export KPS_RELEASE=kube-prometheus-stack
+monitoring_values=(--set metrics.serviceMonitor.enabled=true --set "metrics.serviceMonitor.labels.release=$KPS_RELEASE"
+  --set prometheusRules.enabled=true --set "prometheusRules.labels.release=$KPS_RELEASE"
+  --set "server.serviceMonitorLabels.release=$KPS_RELEASE")
+
 log "helm template | kubectl apply --dry-run=server"
 kubectl create namespace quiver-system >/dev/null
-helm template quiver charts/quiver -n quiver-system --kube-version 1.33.13 | kubectl apply --dry-run=server -f - >/dev/null
-echo "every rendered object accepted by the API server (dry run)"
+helm template quiver charts/quiver -n quiver-system --kube-version 1.33.13 "${monitoring_values[@]}" | kubectl apply --dry-run=server -f - >/dev/null
+echo "every rendered object accepted by the API server (dry run), the ServiceMonitor and PrometheusRule by their real CRDs"
 
-log "helm install"
-helm install quiver charts/quiver -n quiver-system --wait --timeout 3m
+log "helm install (with the monitoring values)"
+helm install quiver charts/quiver -n quiver-system "${monitoring_values[@]}" --wait --timeout 3m
 kubectl get crd mcpservers.quiver.dev >/dev/null
 
 log "operator with the chart's ServiceAccount token"
@@ -63,8 +94,12 @@ contexts: [{name: quiver, context: {cluster: local, user: quiver, namespace: qui
 current-context: quiver
 KC
 op_admin="$(free_port)"
+# The chart's ServiceMonitor arguments, as its Deployment passes them.
+mapfile -t chart_args < <(kubectl get deploy quiver -n quiver-system -o jsonpath='{range .spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}' \
+  | grep -E '^--(default-service-monitor|service-monitor-label)=')
+[ "${#chart_args[@]}" -ge 2 ] || { echo "the chart's Deployment passes no ServiceMonitor arguments" >&2; exit 1; }
 KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system "$BIN/quiver-operator" \
-  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false > "$STATE/operator.log" 2>&1 &
+  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false "${chart_args[@]}" > "$STATE/operator.log" 2>&1 &
 op_pid=$!
 BG_PIDS+=($op_pid)
 wait_http "http://127.0.0.1:$op_admin/readyz"
@@ -83,6 +118,16 @@ spec:
   tools: [{name: x, handler: {builtin: nope}}]
 YAML
 wait_condition demo ConfigValid False 60 broken
+
+log "ServiceMonitors selected by the real prometheus-operator (tests/observability/test_service_monitors.py)"
+"$PY" -m pytest -q -p no:cacheprovider tests/observability/test_service_monitors.py
+kill "$promop_pid"; wait "$promop_pid" 2>/dev/null || true
+
+log "audit records and logs through deploy/otelcol/audit-pipeline.yaml (tests/observability/test_audit_pipeline.py)"
+"$ROOT/scripts/otelcol.sh" build >/dev/null
+"$ROOT/scripts/otelcol.sh" build-agent >/dev/null
+QUIVER_SERVER_BIN="$BIN/quiver-server" "$PY" -m pytest -q -p no:cacheprovider tests/observability/test_audit_pipeline.py
+if grep -q "forbidden" "$STATE/operator.log"; then echo "the chart's RBAC is missing a permission:" >&2; grep forbidden "$STATE/operator.log" | head -5 >&2; exit 1; fi
 
 log "quiver-servers and Prometheus"
 mkdir -p "$STATE/servers"

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The test command's trace backend: an OpenTelemetry Collector with only the OTLP receiver
-# and the file exporter, built by the collector builder (ocb) from Go modules and cached
-# under ~/.cache/quiver/otelcol (keyed by tests/otelcol/builder.yaml).
+# The test command's OpenTelemetry Collectors, built by the collector builder (ocb) from Go
+# modules and cached under ~/.cache/quiver/otelcol (keyed by their manifest):
+#  - the trace backend (tests/otelcol/builder.yaml): only the OTLP receiver and the file
+#    exporter; it is also the backend the audit recipe's test sends logs to;
+#  - the node agent of the audit recipe (deploy/otelcol/builder.yaml: filelog receiver,
+#    k8sattributes, filter and transform processors, routing connector, OTLP/HTTP exporter,
+#    file_storage). Its components are served here at one release only, older than the
+#    trace backend's (whose file exporter that release lacks): hence two builds.
 #
 #   scripts/otelcol.sh build          prints the binary's path (builds it when missing)
+#   scripts/otelcol.sh build-agent    the same for the node agent
 #   scripts/otelcol.sh start DIR [OUT]  starts it on 127.0.0.1 (OTLP/HTTP on a free port),
 #                                     writing what it receives to OUT (default
 #                                     DIR/traces.jsonl, one JSON document per line); prints
@@ -11,25 +17,34 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-OCB_VERSION=v0.161.0
-manifest="$ROOT/tests/otelcol/builder.yaml"
 cache="$QUIVER_CACHE/otelcol"
 
-build() {
-  local key bin
+# ocb_build MANIFEST OCB_VERSION NAME WHAT: the collector MANIFEST describes (its dist.name
+# is NAME), built by ocb OCB_VERSION once; prints its path.
+ocb_build() {
+  local manifest="$1" version="$2" name="$3" what="$4" key bin builder
   key="$(sha256sum "$manifest" | cut -c1-16)"
-  bin="$cache/$key/quiver-otelcol"
+  bin="$cache/$key/$name"
+  # The trace backend's builder stays where earlier runs cached it.
+  builder="$cache/bin/builder"
+  [ "$version" = v0.161.0 ] || builder="$cache/bin-$version/builder"
   if [ ! -x "$bin" ]; then
-    log "building the OpenTelemetry Collector (ocb $OCB_VERSION: otlpreceiver + fileexporter) into $cache/$key"
+    log "building the OpenTelemetry Collector (ocb $version: $what) into $cache/$key"
     mkdir -p "$cache/$key"
-    [ -x "$cache/bin/builder" ] || GOBIN="$cache/bin" go install "go.opentelemetry.io/collector/cmd/builder@$OCB_VERSION"
+    [ -x "$builder" ] || GOBIN="$(dirname "$builder")" go install "go.opentelemetry.io/collector/cmd/builder@$version"
     cp "$manifest" "$cache/$key/builder.yaml"
-    (cd "$cache/$key" && CGO_ENABLED=0 "$cache/bin/builder" --config builder.yaml --ldflags="-s -w" >build.log 2>&1) \
+    (cd "$cache/$key" && CGO_ENABLED=0 "$builder" --config builder.yaml --ldflags="-s -w" >build.log 2>&1) \
       || { tail -40 "$cache/$key/build.log" >&2; exit 1; }
-    mv "$cache/$key/build/quiver-otelcol" "$bin"
+    mv "$cache/$key/build/$name" "$bin"
     rm -rf "$cache/$key/build"
   fi
   echo "$bin"
+}
+
+build() { ocb_build "$ROOT/tests/otelcol/builder.yaml" v0.161.0 quiver-otelcol "otlpreceiver + fileexporter"; }
+build_agent() {
+  ocb_build "$ROOT/deploy/otelcol/builder.yaml" v0.149.0 quiver-otelcol-agent \
+    "filelog, k8sattributes, filter, transform, routing, otlphttp, file_storage"
 }
 
 start() {
@@ -70,6 +85,7 @@ YAML
 
 case "${1:-}" in
   build) build ;;
+  build-agent) build_agent ;;
   start) start "${2:?usage: otelcol.sh start DIR [OUT]}" "${3:-}" ;;
-  *) echo "usage: $0 build | start DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 build | build-agent | start DIR [OUT]" >&2; exit 2 ;;
 esac
