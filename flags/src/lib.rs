@@ -11,8 +11,8 @@ use clap::{CommandFactory, FromArgMatches};
 
 pub use self::cli::{AdminListen, Cli, Command, ServeArgs};
 pub use self::values::{
-    AuditSink, ChildIsolation, Cidr, DEFAULT_AUDIT_QUEUE, DEFAULT_MAX_LIMIT_KEYS, FailMode, Instance, OnFull,
-    SecretSource, Source, parse_ref,
+    AuditSink, ChildIsolation, Cidr, DEFAULT_AUDIT_QUEUE, DEFAULT_MAX_LIMIT_KEYS, FailMode, Instance,
+    MAX_AUDIT_QUEUE, OnFull, SecretSource, Source, parse_ref,
 };
 
 /// Values clap reads as `false` for a flag without a value set through its environment

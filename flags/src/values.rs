@@ -9,7 +9,11 @@ use std::str::FromStr;
 use quiver_model::spec::context::{SecretRef, valid_config_map_name};
 
 /// Records the audit queue holds by default (`--audit-queue`).
-pub const DEFAULT_AUDIT_QUEUE: usize = 8192;
+pub const DEFAULT_AUDIT_QUEUE: u32 = 8192;
+/// Most records the audit queue may hold: its places are allocated at start (about 350
+/// bytes each, so 23 MB at this bound; a million would not fit the pod's default memory
+/// limit).
+pub const MAX_AUDIT_QUEUE: u32 = 65_536;
 /// (limit, caller) budgets kept in memory by default (`--limits-max-keys`; about 64 bytes
 /// each).
 pub const DEFAULT_MAX_LIMIT_KEYS: usize = 100_000;

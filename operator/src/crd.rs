@@ -922,11 +922,11 @@ pub enum FailMode {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditOptions {
-    /// Records queued for the writer (default 8192); a record that finds the queue full is
-    /// dropped and counted in `quiver_audit_dropped_total`, or with `onFull: refuse` its call
-    /// is refused.
+    /// Records queued for the writer (default 8192, at most 65536; each place is allocated
+    /// when the pod starts, about 350 bytes); a record that finds the queue full is dropped and
+    /// counted in `quiver_audit_dropped_total`, or with `onFull: refuse` its call is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 16, max = 1_000_000))]
+    #[schemars(range(min = 16, max = 65_536))]
     pub queue: Option<u32>,
     /// What a call whose record finds the queue full gets (`drop` or `refuse`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

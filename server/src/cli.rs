@@ -480,7 +480,7 @@ fn governance(server: ServerBuilder, args: &ServeArgs) -> anyhow::Result<ServerB
         Some(sink) => Some(
             crate::audit::AuditLog::start(
                 sink,
-                args.audit_queue,
+                args.audit_queue as usize,
                 args.audit_on_full,
                 server.secrets().clone(),
                 gov,

@@ -27,7 +27,7 @@ def mcp_server(redis: str) -> dict:
         "spec": {
             "replicas": 1,
             "sessionAffinity": {"timeoutSeconds": 86400},
-            "audit": {"onFull": "refuse", "queue": 1_000_000},
+            "audit": {"onFull": "refuse", "queue": 65_536},
             "tasks": {"ttl": "24h", "drain": "60m", "perCaller": 10_000, "anonymousMax": 4096,
                       "redis": {"address": redis, "timeout": "5s"}},
             "limitsRedis": {"address": redis, "timeout": "5s", "failMode": "Closed"},
