@@ -399,10 +399,16 @@ fn replicas_share_tasks_over_mutual_tls_as_an_acl_user_and_an_untrusted_redis_is
             "--tasks-redis-username=quiver".to_owned(),
         ]
     };
+    // A tool reading the CA and the client key: the key is the server's alone.
+    let tools = format!(
+        "{TOOLS}  - {{name: peek, handler: {{exec: {{command: [/bin/sh, -c, 'cat {} {} || true']}}}}}}\n",
+        p("ca.crt"),
+        p("client.key")
+    );
     let replica = |ca: &str| {
         let flags = flags(ca);
         let args: Vec<&str> = flags.iter().map(String::as_str).collect();
-        start_http_env(TOOLS, &args, &[("QUIVER_TASKS_REDIS_PASSWORD", "tasks-pw")])
+        start_http_env(&tools, &args, &[("QUIVER_TASKS_REDIS_PASSWORD", "tasks-pw")])
     };
     let (a, b) = (replica("ca.crt"), replica("ca.crt"));
     let id = start(&a, "brief");
@@ -412,6 +418,11 @@ fn replicas_share_tasks_over_mutual_tls_as_an_acl_user_and_an_untrusted_redis_is
         done["result"]["content"][0]["text"].as_str().map(str::trim),
         Some("brief-done"),
         "{done}"
+    );
+    let peeked = ended(&a, &start(&b, "peek")).to_string();
+    assert!(
+        peeked.contains("BEGIN CERTIFICATE") && !peeked.contains("PRIVATE KEY"),
+        "{peeked}"
     );
     assert_eq!(
         metric(a.admin, "quiver_task_store_failures_total{op=\"create\"}"),
