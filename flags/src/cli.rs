@@ -251,6 +251,31 @@ pub struct ServeArgs {
     /// Longest wait for Redis per task operation (connecting included).
     #[arg(long, env = "QUIVER_TASKS_REDIS_TIMEOUT", default_value = "500ms", value_parser = duration)]
     pub tasks_redis_timeout: Duration,
+    /// With --tasks-redis: connect over TLS, Redis's certificate checked against the public
+    /// roots (or --tasks-redis-ca) for the address's host (or --tasks-redis-server-name). A
+    /// failed handshake is a Redis that does not answer.
+    #[arg(long, env = "QUIVER_TASKS_REDIS_TLS")]
+    pub tasks_redis_tls: bool,
+    /// With --tasks-redis-tls: a PEM file of the CAs to trust instead of the public roots.
+    #[arg(long, env = "QUIVER_TASKS_REDIS_CA")]
+    pub tasks_redis_ca: Option<std::path::PathBuf>,
+    /// With --tasks-redis-tls: the name Redis's certificate must carry, when it is not the
+    /// host of the address.
+    #[arg(long, env = "QUIVER_TASKS_REDIS_SERVER_NAME")]
+    pub tasks_redis_server_name: Option<String>,
+    /// With --tasks-redis-tls: a PEM certificate chain presented to Redis (mutual TLS), with
+    /// --tasks-redis-client-key.
+    #[arg(long, env = "QUIVER_TASKS_REDIS_CLIENT_CERT")]
+    pub tasks_redis_client_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tasks-redis-client-cert (hidden from stdio upstreams and exec
+    /// tools).
+    #[arg(long, env = "QUIVER_TASKS_REDIS_CLIENT_KEY")]
+    pub tasks_redis_client_key: Option<std::path::PathBuf>,
+    /// The ACL user (Redis 6 and later) to authenticate as, with the password in the
+    /// QUIVER_TASKS_REDIS_PASSWORD environment variable (`AUTH user password`); without it,
+    /// `AUTH password` (the `default` user).
+    #[arg(long, env = "QUIVER_TASKS_REDIS_USERNAME")]
+    pub tasks_redis_username: Option<String>,
     /// With --tasks-redis: on SIGTERM, how long the tasks this replica runs may go on; those
     /// still running then are recorded as failed, saying so.
     #[arg(long, env = "QUIVER_TASKS_DRAIN", default_value = "20s", value_parser = duration)]
@@ -312,6 +337,31 @@ pub struct ServeArgs {
     /// refuses the call.
     #[arg(long, env = "QUIVER_LIMITS_REDIS_FAIL", default_value = "open")]
     pub limits_redis_fail: crate::values::FailMode,
+    /// With --limits-redis: connect over TLS, Redis's certificate checked against the public
+    /// roots (or --limits-redis-ca) for the address's host (or --limits-redis-server-name). A
+    /// failed handshake is a Redis that does not answer.
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_TLS")]
+    pub limits_redis_tls: bool,
+    /// With --limits-redis-tls: a PEM file of the CAs to trust instead of the public roots.
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_CA")]
+    pub limits_redis_ca: Option<std::path::PathBuf>,
+    /// With --limits-redis-tls: the name Redis's certificate must carry, when it is not the
+    /// host of the address.
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_SERVER_NAME")]
+    pub limits_redis_server_name: Option<String>,
+    /// With --limits-redis-tls: a PEM certificate chain presented to Redis (mutual TLS), with
+    /// --limits-redis-client-key.
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_CLIENT_CERT")]
+    pub limits_redis_client_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --limits-redis-client-cert (hidden from stdio upstreams and exec
+    /// tools).
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_CLIENT_KEY")]
+    pub limits_redis_client_key: Option<std::path::PathBuf>,
+    /// The ACL user (Redis 6 and later) to authenticate as, with the password in the
+    /// QUIVER_LIMITS_REDIS_PASSWORD environment variable (`AUTH user password`); without it,
+    /// `AUTH password` (the `default` user).
+    #[arg(long, env = "QUIVER_LIMITS_REDIS_USERNAME")]
+    pub limits_redis_username: Option<String>,
     /// Traces of the server's own spans.
     #[command(flatten)]
     pub tracing: quiver_otel::TraceArgs,

@@ -830,14 +830,11 @@ pub struct McpServerStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitsRedis {
-    /// `host:port`, e.g. `redis.infra.svc:6379` (plain TCP).
-    #[schemars(length(min = 3, max = 261), regex(pattern = r"^[A-Za-z0-9.-]+:[0-9]{1,5}$"))]
-    pub address: String,
-    /// The Secret key holding Redis's password (`AUTH`), if it has one; read when a pod
-    /// starts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_secret_ref: Option<SecretKey>,
-    /// Longest wait for Redis per call, e.g. `50ms` (default), at most `5s`.
+    /// Where Redis is, who the pods are to it, and TLS.
+    #[serde(flatten)]
+    pub connection: RedisConnection,
+    /// Longest wait for Redis per call, e.g. `50ms` (default), at most `5s`; the TLS
+    /// handshake included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}ms|[1-5]s)$"))]
     pub timeout: Option<String>,
@@ -845,6 +842,72 @@ pub struct LimitsRedis {
     /// alone, `Closed` refuses the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_mode: Option<FailMode>,
+}
+
+/// How the pods reach a Redis (the same for shared limits and shared tasks).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisConnection {
+    /// `host:port`, e.g. `redis.infra.svc:6379`: plain TCP, or TLS with `tls`.
+    #[schemars(length(min = 3, max = 261), regex(pattern = r"^[A-Za-z0-9.-]+:[0-9]{1,5}$"))]
+    pub address: String,
+    /// The Redis ACL user (Redis 6 and later) the pods authenticate as, with the password
+    /// of `passwordSecretRef` (`AUTH username password`); without it, the password is the
+    /// `default` user's. A user name is not a secret (Redis shows it in `ACL LIST`, `CLIENT
+    /// LIST` and its logs), so it is given here; the password stays in its Secret. See
+    /// docs/governance.md for the commands and keys the user needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[!-~]+$"))]
+    pub username: Option<String>,
+    /// The Secret key holding Redis's password (`AUTH`), if it has one; read when a pod
+    /// starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKey>,
+    /// Connect over TLS (plain TCP when unset). Set (even `{}`), the pods check Redis's
+    /// certificate against the public roots, or the CAs of `caSecret` or `caConfigMap`, for
+    /// the host of `address` (or `serverName`). The Secrets and the ConfigMap it names are
+    /// mounted into the server container and read when a pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.caSecret) && has(self.caConfigMap))").message("caSecret and caConfigMap both name the CAs to trust: set one"))]
+pub struct RedisTls {
+    /// A Secret of this namespace whose `ca.crt` key holds the PEM certificates of the CAs
+    /// to trust instead of the public roots (e.g. the Secret cert-manager wrote for Redis's
+    /// certificate). Exclusive with `caConfigMap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub ca_secret: Option<String>,
+    /// A ConfigMap of this namespace whose `ca.crt` key holds the PEM certificates of the
+    /// CAs to trust instead of the public roots: a CA bundle is not a secret (e.g. a
+    /// trust-manager Bundle's target). Exclusive with `caSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub ca_config_map: Option<String>,
+    /// The name Redis's certificate must carry, when it is not the host of `address` (e.g.
+    /// an address by IP, or a Service name the certificate does not list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[A-Za-z0-9.:-]+$"))]
+    pub server_name: Option<String>,
+    /// A `kubernetes.io/tls` Secret of this namespace (keys `tls.crt` and `tls.key`, PEM)
+    /// whose certificate the pods present to Redis, for a Redis that requires client
+    /// certificates (`tls-auth-clients yes`). Hidden from stdio upstreams and exec tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub client_cert_secret: Option<String>,
 }
 
 /// Where tasks live and how long they last.
@@ -886,14 +949,11 @@ pub struct TasksSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TasksRedis {
-    /// `host:port`, e.g. `redis.infra.svc:6379` (plain TCP).
-    #[schemars(length(min = 3, max = 261), regex(pattern = r"^[A-Za-z0-9.-]+:[0-9]{1,5}$"))]
-    pub address: String,
-    /// The Secret key holding Redis's password (`AUTH`), if it has one; read when a pod
-    /// starts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_secret_ref: Option<SecretKey>,
-    /// Longest wait for Redis per operation, e.g. `500ms` (default), at most `5s`.
+    /// Where Redis is, who the pods are to it, and TLS.
+    #[serde(flatten)]
+    pub connection: RedisConnection,
+    /// Longest wait for Redis per operation, e.g. `500ms` (default), at most `5s`; the TLS
+    /// handshake included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}ms|[1-5]s)$"))]
     pub timeout: Option<String>,

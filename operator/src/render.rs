@@ -55,6 +55,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     refuse("InvalidPodTemplate", crate::build::check_pod(mcp))?;
     refuse("InvalidLogLevel", crate::build::log_level_problems(mcp))?;
     refuse("InvalidTrustedProxies", crate::build::trusted_proxy_problems(mcp))?;
+    refuse("InvalidRedis", crate::build::redis_problems(mcp))?;
     refuse(
         "InvalidServiceMonitorLabels",
         crate::build::service_monitor_label_problems(mcp),

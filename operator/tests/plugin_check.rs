@@ -77,6 +77,14 @@ fn each_class_of_problem_names_its_field_and_exits_1() {
             "spec: {sessionAffinity: {timeoutSeconds: 0}}",
             "spec.sessionAffinity.timeoutSeconds: must be at least 1",
         ),
+        (
+            "spec: {tasks: {redis: {address: 'redis:6379', username: quiver}}}",
+            "spec.tasks.redis.username: an ACL user needs its password",
+        ),
+        (
+            "spec: {limitsRedis: {address: 'redis:6379', tls: {caSecret: a, caConfigMap: b}}}",
+            "spec.limitsRedis.tls: caSecret and caConfigMap both name the CAs to trust",
+        ),
     ] {
         let (code, text) = check(&format!("{HEAD}{spec}\n"));
         assert_eq!(code, 1, "{spec}: {text}");

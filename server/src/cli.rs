@@ -76,6 +76,9 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     let args = cli.serve;
     init_logging(&args.log_format, args.stdio);
     let mut hidden = args.hide_from_children.clone();
+    // The Redis client keys are the server's alone.
+    hidden.extend(args.limits_redis_client_key.iter().cloned());
+    hidden.extend(args.tasks_redis_client_key.iter().cloned());
     if let Some(SecretSource::Dir(root)) = &args.secrets {
         hidden.push(root.clone());
     }
@@ -428,14 +431,14 @@ fn dispatcher(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Se
     let shared = args
         .tasks_redis
         .as_ref()
-        .map(|addr| crate::dispatch::SharedOptions {
-            addr: addr.clone(),
-            prefix: args.tasks_redis_prefix.clone(),
-            password: std::env::var(TASKS_REDIS_PASSWORD_ENV)
-                .ok()
-                .filter(|p| !p.is_empty()),
-            timeout: args.tasks_redis_timeout,
-        });
+        .map(|addr| {
+            anyhow::Ok(crate::dispatch::SharedOptions {
+                endpoint: redis_endpoint(addr, &tasks_redis_flags(args))?,
+                prefix: args.tasks_redis_prefix.clone(),
+                timeout: args.tasks_redis_timeout,
+            })
+        })
+        .transpose()?;
     let mut builder = Server::builder(registry, metrics.clone())
         .limits(limits)
         .tasks(bounds, shared);
@@ -455,22 +458,104 @@ const TASKS_REDIS_PASSWORD_ENV: &str = "QUIVER_TASKS_REDIS_PASSWORD";
 /// The environment variable holding the password of `--limits-redis`.
 const REDIS_PASSWORD_ENV: &str = "QUIVER_LIMITS_REDIS_PASSWORD";
 
+/// The flags of one Redis connection (`--limits-redis*` or `--tasks-redis*`), as given.
+#[derive(Debug)]
+struct RedisFlags<'a> {
+    /// What they start with (`--limits-redis`), for errors.
+    flag: &'static str,
+    /// The variable holding the password.
+    password_env: &'static str,
+    tls: bool,
+    files: crate::net::resp::TlsFiles,
+    username: Option<&'a str>,
+}
+
+/// The flags of the shared limits' Redis.
+fn limits_redis_flags(args: &ServeArgs) -> RedisFlags<'_> {
+    RedisFlags {
+        flag: "--limits-redis",
+        password_env: REDIS_PASSWORD_ENV,
+        tls: args.limits_redis_tls,
+        files: crate::net::resp::TlsFiles {
+            ca: args.limits_redis_ca.clone(),
+            server_name: args.limits_redis_server_name.clone(),
+            client_cert: args.limits_redis_client_cert.clone(),
+            client_key: args.limits_redis_client_key.clone(),
+        },
+        username: args.limits_redis_username.as_deref(),
+    }
+}
+
+/// The flags of the shared tasks' Redis.
+fn tasks_redis_flags(args: &ServeArgs) -> RedisFlags<'_> {
+    RedisFlags {
+        flag: "--tasks-redis",
+        password_env: TASKS_REDIS_PASSWORD_ENV,
+        tls: args.tasks_redis_tls,
+        files: crate::net::resp::TlsFiles {
+            ca: args.tasks_redis_ca.clone(),
+            server_name: args.tasks_redis_server_name.clone(),
+            client_cert: args.tasks_redis_client_cert.clone(),
+            client_key: args.tasks_redis_client_key.clone(),
+        },
+        username: args.tasks_redis_username.as_deref(),
+    }
+}
+
+/// The Redis at `addr` as `f` describes it, its password from the environment and its TLS
+/// files read now.
+fn redis_endpoint(addr: &str, f: &RedisFlags<'_>) -> anyhow::Result<crate::net::resp::Endpoint> {
+    let password = std::env::var(f.password_env).ok().filter(|p| !p.is_empty());
+    redis_endpoint_with(addr, f, password)
+}
+
+fn redis_endpoint_with(
+    addr: &str,
+    f: &RedisFlags<'_>,
+    password: Option<String>,
+) -> anyhow::Result<crate::net::resp::Endpoint> {
+    let flag = f.flag;
+    if !f.tls && f.files != crate::net::resp::TlsFiles::default() {
+        anyhow::bail!(
+            "{flag}-ca, {flag}-server-name, {flag}-client-cert and {flag}-client-key need {flag}-tls"
+        );
+    }
+    let username = f.username.filter(|u| !u.is_empty()).map(str::to_owned);
+    if username.is_some() && password.is_none() {
+        anyhow::bail!("{flag}-username needs the user's password in {}", f.password_env);
+    }
+    let tls = f
+        .tls
+        .then(|| crate::net::resp::Tls::load(addr, &f.files))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{flag}-tls: {e}"))?;
+    Ok(crate::net::resp::Endpoint {
+        addr: addr.to_owned(),
+        username,
+        password,
+        tls: tls.map(Arc::new),
+    })
+}
+
 /// The limiter (with Redis, if configured) and the audit trail of `--limits-*` and `--audit`.
 fn governance(server: ServerBuilder, args: &ServeArgs) -> anyhow::Result<ServerBuilder> {
     let gov = server.metrics().gov.clone();
-    let shared = args.limits_redis.as_ref().map(|addr| {
-        crate::limits::redis::Shared::new(
-            crate::limits::redis::Options {
-                addr: addr.clone(),
-                prefix: args.limits_redis_prefix.clone(),
-                password: std::env::var(REDIS_PASSWORD_ENV).ok().filter(|p| !p.is_empty()),
-                timeout: args.limits_redis_timeout,
-                max_connections: 16,
-                fail: args.limits_redis_fail,
-            },
-            gov.clone(),
-        )
-    });
+    let shared = args
+        .limits_redis
+        .as_ref()
+        .map(|addr| {
+            anyhow::Ok(crate::limits::redis::Shared::new(
+                crate::limits::redis::Options {
+                    endpoint: redis_endpoint(addr, &limits_redis_flags(args))?,
+                    prefix: args.limits_redis_prefix.clone(),
+                    timeout: args.limits_redis_timeout,
+                    max_connections: 16,
+                    fail: args.limits_redis_fail,
+                },
+                gov.clone(),
+            ))
+        })
+        .transpose()?;
     let limiter = crate::limits::Limiter::new(args.limits_max_keys, shared, gov.clone());
     let audit = match &args.audit {
         None => None,
@@ -699,6 +784,79 @@ async fn signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_connection_flags_make_an_endpoint_or_name_what_is_wrong() {
+        use clap::Parser as _;
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "quiver-server",
+                "--config=file:/t.yaml",
+                "--limits-redis=redis.infra.svc:6380",
+            ];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}")).serve
+        };
+        let pw = || Some("pw".to_owned());
+        // Plain, as before: no TLS, `AUTH password` when there is one.
+        let a = parse(&["--tasks-redis=t:6379"]);
+        let e = redis_endpoint_with("redis.infra.svc:6380", &limits_redis_flags(&a), pw()).unwrap();
+        assert!(e.tls.is_none() && e.username.is_none() && e.password.as_deref() == Some("pw"));
+        // TLS with the public roots, an ACL user, a server name of its own.
+        let a = parse(&[
+            "--limits-redis-tls",
+            "--limits-redis-username=quiver",
+            "--limits-redis-server-name=cache.example",
+        ]);
+        let e = redis_endpoint_with("10.0.0.7:6380", &limits_redis_flags(&a), pw()).unwrap();
+        assert_eq!(e.username.as_deref(), Some("quiver"));
+        assert!(format!("{:?}", e.tls).contains("cache.example"), "{e:?}");
+        assert!(!format!("{e:?}").contains("\"pw\""), "{e:?}");
+        // Each mistake, named by its flag.
+        let err = |extra: &[&str], password: Option<String>, flags: fn(&ServeArgs) -> RedisFlags<'_>| {
+            let a = parse(extra);
+            redis_endpoint_with("r:6379", &flags(&a), password)
+                .unwrap_err()
+                .to_string()
+        };
+        let limits: fn(&ServeArgs) -> RedisFlags<'_> = limits_redis_flags;
+        let tasks: fn(&ServeArgs) -> RedisFlags<'_> = tasks_redis_flags;
+        let e = err(&["--limits-redis-ca=/ca.pem"], None, limits);
+        assert!(e.contains("need --limits-redis-tls"), "{e}");
+        let e = err(
+            &["--tasks-redis-tls", "--tasks-redis-username=quiver"],
+            None,
+            tasks,
+        );
+        assert!(
+            e.contains("--tasks-redis-username needs") && e.contains("QUIVER_TASKS_REDIS_PASSWORD"),
+            "{e}"
+        );
+        let e = err(
+            &["--tasks-redis-tls", "--tasks-redis-client-cert=/c.pem"],
+            None,
+            tasks,
+        );
+        assert!(
+            e.starts_with("--tasks-redis-tls: a client certificate needs its key"),
+            "{e}"
+        );
+        let e = err(
+            &["--limits-redis-tls", "--limits-redis-ca=/nonexistent/ca.pem"],
+            None,
+            limits,
+        );
+        assert!(
+            e.starts_with("--limits-redis-tls: the CA file `/nonexistent/ca.pem`"),
+            "{e}"
+        );
+        let e = err(
+            &["--limits-redis-tls", "--limits-redis-server-name=not a name"],
+            None,
+            limits,
+        );
+        assert!(e.contains("`not a name` is not a DNS name"), "{e}");
+    }
 
     #[test]
     fn hosts_are_checked_by_default_only_on_loopback() {

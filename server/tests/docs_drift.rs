@@ -32,3 +32,25 @@ fn operator_md_lists_every_server_flag_and_no_other() {
         "docs/operator.md's server flag table and `quiver-server --help` differ"
     );
 }
+
+/// The Redis ACLs docs/governance.md gives a Quiver user are the commands the code sends (the
+/// shared-limit and shared-task tests run as users with exactly these).
+#[test]
+fn governance_md_gives_the_redis_acl_users_the_commands_the_code_sends() {
+    let doc =
+        std::fs::read_to_string(format!("{}/../docs/governance.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let limits = quiver_server::limits::redis::ACL_COMMANDS;
+    let tasks = quiver_server::dispatch::TASKS_REDIS_ACL_COMMANDS;
+    for (acl, keys) in [
+        (limits, quiver_server::limits::redis::ACL_KEYS),
+        (tasks, "~payments/billing/*"),
+    ] {
+        let acl = acl.split_whitespace().collect::<Vec<_>>().join(" ");
+        let line = format!("resetkeys {keys} resetchannels -@all {acl}");
+        assert!(
+            doc.lines()
+                .any(|l| l.starts_with("ACL SETUSER ") && l.ends_with(&line)),
+            "docs/governance.md has no `ACL SETUSER ... {line}`"
+        );
+    }
+}

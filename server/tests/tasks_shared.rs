@@ -1,13 +1,17 @@
 //! Tasks shared by replicas: two real servers over one real Redis (Debian's redis-server,
 //! `QUIVER_REDIS_SERVER` or scripts/redis.sh). A task started through one is read and
 //! cancelled through the other, and a stopping server finishes its tasks within its drain or
-//! records why it could not.
+//! records why it could not. Over TLS with client certificates (made by the openssl
+//! command) and an ACL user limited to the documented commands, the same holds; a server
+//! that does not trust Redis's certificate answers a clear, counted error.
 
 mod real_binary;
 
 use std::process::{Child, Command, Stdio};
 
-use real_binary::{PATIENCE, Proc, free_port, http_with, start_http_env, terminate, wait_exit, wait_for};
+use real_binary::{
+    PATIENCE, Proc, free_port, http_with, metric, start_http_env, terminate, wait_exit, wait_for,
+};
 use serde_json::{Value, json};
 
 const TOOLS: &str = "tools:
@@ -32,6 +36,11 @@ impl Drop for Redis {
 }
 
 fn redis() -> Redis {
+    start_redis(|port| vec!["--port".into(), port.to_string()])
+}
+
+/// A redis-server on loopback listening as `listen(port)` says.
+fn start_redis(listen: impl FnOnce(u16) -> Vec<String>) -> Redis {
     let bin = std::env::var("QUIVER_REDIS_SERVER").unwrap_or_else(|_| {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/redis.sh");
         let out = Command::new(script).output().expect("scripts/redis.sh");
@@ -45,16 +54,8 @@ fn redis() -> Redis {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(bin)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
+        .args(listen(port))
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .current_dir(dir.path())
         .stdout(Stdio::null())
         .spawn()
@@ -66,6 +67,76 @@ fn redis() -> Redis {
         child,
         port,
         _dir: dir,
+    }
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the openssl command");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Throwaway certificates in `dir`: `ca.crt`, `other-ca.crt`, and signed by the first,
+/// `server.crt` for localhost and `client.crt` (EC P-256, one day).
+fn make_pki(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "1",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let (key, crt, subj) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=it {ca}"));
+        let mut args = vec!["req", "-x509", "-subj", &subj, "-keyout", &key, "-out", &crt];
+        args.extend(ec);
+        openssl(dir, &args);
+    }
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (leaf, serial) in [("server", "11"), ("client", "12")] {
+        let (key, csr, crt, ext, subj) = (
+            format!("{leaf}.key"),
+            format!("{leaf}.csr"),
+            format!("{leaf}.crt"),
+            format!("{leaf}.ext"),
+            format!("/CN=it-{leaf}"),
+        );
+        let mut args = vec!["req", "-new", "-subj", &subj, "-keyout", &key, "-out", &csr];
+        args.extend(&ec[..5]);
+        openssl(dir, &args);
+        let sign = [
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            serial,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ];
+        openssl(dir, &sign);
     }
 }
 
@@ -274,4 +345,106 @@ fn without_redis_the_server_says_so_and_keeps_its_working_answers() {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "brief", "arguments": {}}});
     let plain = http_with(p.mcp, "POST", "/mcp", "", &body.to_string()).expect("an answer");
     assert!(plain.contains("brief-done"), "{plain}");
+}
+
+#[test]
+fn replicas_share_tasks_over_mutual_tls_as_an_acl_user_and_an_untrusted_redis_is_a_counted_error() {
+    let pki = tempfile::tempdir().unwrap();
+    make_pki(pki.path());
+    let p = |n: &str| pki.path().join(n).to_string_lossy().into_owned();
+    // TLS only, client certificates required, and a user allowed the documented commands on
+    // this server's keys alone.
+    let acl = quiver_server::dispatch::TASKS_REDIS_ACL_COMMANDS;
+    let r = start_redis(|port| {
+        let mut args: Vec<String> = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-auth-clients",
+            "yes",
+        ]
+        .map(String::from)
+        .to_vec();
+        for (flag, file) in [
+            ("--tls-cert-file", "server.crt"),
+            ("--tls-key-file", "server.key"),
+            ("--tls-ca-cert-file", "ca.crt"),
+        ] {
+            args.extend([flag.to_owned(), p(file)]);
+        }
+        args.extend(
+            [
+                "--user",
+                "quiver",
+                "on",
+                ">tasks-pw",
+                "~it/ns/srv/*",
+                "resetchannels",
+                "-@all",
+            ]
+            .map(String::from),
+        );
+        args.extend(acl.split_whitespace().map(String::from));
+        args
+    });
+    let flags = |ca: &str| {
+        vec![
+            format!("--tasks-redis=localhost:{}", r.port),
+            "--tasks-redis-prefix=it/ns/srv/".to_owned(),
+            "--tasks-redis-tls".to_owned(),
+            format!("--tasks-redis-ca={}", p(ca)),
+            format!("--tasks-redis-client-cert={}", p("client.crt")),
+            format!("--tasks-redis-client-key={}", p("client.key")),
+            "--tasks-redis-username=quiver".to_owned(),
+        ]
+    };
+    // A tool reading the CA and the client key: the key is the server's alone.
+    let tools = format!(
+        "{TOOLS}  - {{name: peek, handler: {{exec: {{command: [/bin/sh, -c, 'cat {} {} || true']}}}}}}\n",
+        p("ca.crt"),
+        p("client.key")
+    );
+    let replica = |ca: &str| {
+        let flags = flags(ca);
+        let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        start_http_env(&tools, &args, &[("QUIVER_TASKS_REDIS_PASSWORD", "tasks-pw")])
+    };
+    let (a, b) = (replica("ca.crt"), replica("ca.crt"));
+    let id = start(&a, "brief");
+    let done = ended(&b, &id);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["content"][0]["text"].as_str().map(str::trim),
+        Some("brief-done"),
+        "{done}"
+    );
+    let peeked = ended(&a, &start(&b, "peek")).to_string();
+    assert!(
+        peeked.contains("BEGIN CERTIFICATE") && !peeked.contains("PRIVATE KEY"),
+        "{peeked}"
+    );
+    assert_eq!(
+        metric(a.admin, "quiver_task_store_failures_total{op=\"create\"}"),
+        Some(0.0)
+    );
+
+    // Redis's certificate from a CA this replica does not trust: the store is unavailable,
+    // the error says why, and the failure is counted.
+    let untrusting = replica("other-ca.crt");
+    let refused = rpc(
+        &untrusting,
+        "tools/call",
+        json!({"name": "brief", "arguments": {}}),
+    );
+    assert_eq!(refused["error"]["code"], -32603, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("TLS handshake failed"), "{refused}");
+    assert_eq!(
+        metric(
+            untrusting.admin,
+            "quiver_task_store_failures_total{op=\"create\"}"
+        ),
+        Some(1.0)
+    );
 }

@@ -1,14 +1,187 @@
-//! The server flags and environment of `limitsRedis`, `tasks` and `audit`.
+//! The server flags, environment and mounts of `limitsRedis`, `tasks` and `audit`, and the
+//! checks of their Redis connections.
 
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
+use k8s_openapi::api::core::v1::{
+    ConfigMapProjection, EnvVar, EnvVarSource, KeyToPath, ProjectedVolumeSource, SecretKeySelector,
+    SecretProjection, Volume, VolumeMount, VolumeProjection,
+};
 
-use crate::crd::{AuditOnFull, FailMode, McpServer, SecretKey, TasksSpec};
+use crate::crd::{AuditOnFull, FailMode, McpServer, RedisConnection, RedisTls, SecretKey, TasksSpec};
+
+/// One of the pod's Redis connections: its flags, password variable and TLS mount.
+struct Redis {
+    /// Where it is in the spec (for problems).
+    at: &'static str,
+    /// What its flags start with.
+    flag: &'static str,
+    /// The variable holding its password.
+    password_env: &'static str,
+    /// The projected volume of its TLS files, and where the server container mounts it.
+    volume: &'static str,
+    dir: &'static str,
+}
+
+const LIMITS: Redis = Redis {
+    at: "spec.limitsRedis",
+    flag: "--limits-redis",
+    password_env: "QUIVER_LIMITS_REDIS_PASSWORD",
+    volume: "quiver-limits-redis-tls",
+    dir: "/quiver/redis/limits",
+};
+
+const TASKS: Redis = Redis {
+    at: "spec.tasks.redis",
+    flag: "--tasks-redis",
+    password_env: "QUIVER_TASKS_REDIS_PASSWORD",
+    volume: "quiver-tasks-redis-tls",
+    dir: "/quiver/redis/tasks",
+};
+
+/// The spec's Redis connections.
+fn connections(mcp: &McpServer) -> impl Iterator<Item = (&'static Redis, &RedisConnection)> {
+    let limits = mcp.spec.limits_redis.as_ref().map(|r| (&LIMITS, &r.connection));
+    let tasks = mcp
+        .spec
+        .tasks
+        .as_ref()
+        .and_then(|t| t.redis.as_ref())
+        .map(|r| (&TASKS, &r.connection));
+    limits.into_iter().chain(tasks)
+}
+
+/// The flags of connection `c` beyond its address: the ACL user and TLS, with the files
+/// where [`volumes`] mounts them.
+fn connection_args(r: &Redis, c: &RedisConnection) -> Vec<String> {
+    let flag = r.flag;
+    let mut args = Vec::new();
+    args.extend(c.username.as_ref().map(|u| format!("{flag}-username={u}")));
+    if let Some(t) = &c.tls {
+        args.push(format!("{flag}-tls"));
+        args.extend(t.server_name.as_ref().map(|n| format!("{flag}-server-name={n}")));
+        if t.ca_secret.is_some() || t.ca_config_map.is_some() {
+            args.push(format!("{flag}-ca={}/ca.crt", r.dir));
+        }
+        if t.client_cert_secret.is_some() {
+            args.push(format!("{flag}-client-cert={}/tls.crt", r.dir));
+            args.push(format!("{flag}-client-key={}/tls.key", r.dir));
+        }
+    }
+    args
+}
+
+/// The projected volume of `t`'s files (the CA bundle, the client certificate and key), if
+/// it names any.
+fn tls_volume(r: &Redis, t: &RedisTls) -> Option<Volume> {
+    let items = |pairs: &[&str]| {
+        Some(
+            pairs
+                .iter()
+                .map(|k| KeyToPath {
+                    key: (*k).to_owned(),
+                    path: (*k).to_owned(),
+                    mode: None,
+                })
+                .collect(),
+        )
+    };
+    let secret = |name: &String, keys: &[&str]| VolumeProjection {
+        secret: Some(SecretProjection {
+            name: name.clone(),
+            items: items(keys),
+            optional: None,
+        }),
+        ..VolumeProjection::default()
+    };
+    let mut sources: Vec<VolumeProjection> = Vec::new();
+    sources.extend(t.ca_secret.as_ref().map(|n| secret(n, &["ca.crt"])));
+    sources.extend(t.ca_config_map.as_ref().map(|n| VolumeProjection {
+        config_map: Some(ConfigMapProjection {
+            name: n.clone(),
+            items: items(&["ca.crt"]),
+            optional: None,
+        }),
+        ..VolumeProjection::default()
+    }));
+    sources.extend(
+        t.client_cert_secret
+            .as_ref()
+            .map(|n| secret(n, &["tls.crt", "tls.key"])),
+    );
+    (!sources.is_empty()).then(|| Volume {
+        name: r.volume.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            // Read by the server through the pod's fsGroup; no one else.
+            default_mode: Some(0o440),
+            sources: Some(sources),
+        }),
+        ..Volume::default()
+    })
+}
+
+/// The volumes of the Redis connections' TLS files, with their mounts in the server
+/// container (the server hides the client keys from the programs it starts).
+pub(super) fn volumes(mcp: &McpServer) -> Vec<(Volume, VolumeMount)> {
+    connections(mcp)
+        .filter_map(|(r, c)| {
+            let v = tls_volume(r, c.tls.as_ref()?)?;
+            let m = VolumeMount {
+                name: r.volume.to_owned(),
+                mount_path: r.dir.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            };
+            Some((v, m))
+        })
+        .collect()
+}
+
+/// A name the server can check a certificate against: an IP address, or DNS labels.
+fn certificate_name(n: &str) -> bool {
+    n.parse::<std::net::IpAddr>().is_ok()
+        || ((1..=253).contains(&n.len())
+            && n.trim_end_matches('.').split('.').all(|l| {
+                (1..=63).contains(&l.len())
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            }))
+}
+
+/// What keeps the spec's Redis connections from working, each naming its field (the
+/// server would refuse to start with them).
+pub fn problems(mcp: &McpServer) -> Vec<String> {
+    let mut out = Vec::new();
+    for (r, c) in connections(mcp) {
+        let at = r.at;
+        if c.username.is_some() && c.password_secret_ref.is_none() {
+            out.push(format!(
+                "{at}.username: an ACL user needs its password: set passwordSecretRef"
+            ));
+        }
+        let Some(t) = &c.tls else { continue };
+        if t.ca_secret.is_some() && t.ca_config_map.is_some() {
+            out.push(format!(
+                "{at}.tls: caSecret and caConfigMap both name the CAs to trust: set one"
+            ));
+        }
+        let (field, name) = match &t.server_name {
+            Some(n) => ("tls.serverName", n.as_str()),
+            None => ("address", c.address.rsplit_once(':').map_or("", |(h, _)| h)),
+        };
+        if !certificate_name(name) {
+            out.push(format!(
+                "{at}.{field}: `{name}` is not a DNS name or an IP address to check Redis's certificate against"
+            ));
+        }
+    }
+    out
+}
 
 /// `--limits-redis*` and `--audit*` for the spec.
 pub(super) fn args(mcp: &McpServer) -> Vec<String> {
     let mut args = Vec::new();
     if let Some(r) = &mcp.spec.limits_redis {
-        args.push(format!("--limits-redis={}", r.address));
+        args.push(format!("--limits-redis={}", r.connection.address));
         // Budgets of this McpServer only, in a Redis other McpServers may share.
         args.push(format!(
             "--limits-redis-prefix={}/{}",
@@ -19,6 +192,7 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
         if r.fail_mode == Some(FailMode::Closed) {
             args.push("--limits-redis-fail=closed".to_owned());
         }
+        args.extend(connection_args(&LIMITS, &r.connection));
     }
     if let Some(t) = &mcp.spec.tasks {
         args.extend(task_args(mcp, t));
@@ -46,7 +220,7 @@ fn task_args(mcp: &McpServer, t: &TasksSpec) -> Vec<String> {
     args.extend(t.per_caller.map(|v| format!("--tasks-per-caller={v}")));
     args.extend(t.anonymous_max.map(|v| format!("--tasks-anonymous-max={v}")));
     if let Some(r) = &t.redis {
-        args.push(format!("--tasks-redis={}", r.address));
+        args.push(format!("--tasks-redis={}", r.connection.address));
         // The tasks of this McpServer only, in a Redis other McpServers may share.
         args.push(format!(
             "--tasks-redis-prefix={}/{}/",
@@ -55,6 +229,7 @@ fn task_args(mcp: &McpServer, t: &TasksSpec) -> Vec<String> {
         ));
         args.extend(r.timeout.as_ref().map(|v| format!("--tasks-redis-timeout={v}")));
         args.extend(t.drain.as_ref().map(|v| format!("--tasks-drain={v}")));
+        args.extend(connection_args(&TASKS, &r.connection));
     }
     args
 }
@@ -69,22 +244,11 @@ pub(super) fn termination_grace(mcp: &McpServer, base: i64) -> i64 {
 
 /// The Redis passwords, from their Secret keys, when they are named.
 pub(super) fn env(mcp: &McpServer) -> impl Iterator<Item = EnvVar> {
-    let limits = mcp
-        .spec
-        .limits_redis
-        .as_ref()
-        .and_then(|r| r.password_secret_ref.as_ref());
-    let tasks = mcp
-        .spec
-        .tasks
-        .as_ref()
-        .and_then(|t| t.redis.as_ref()?.password_secret_ref.as_ref());
-    [
-        limits.map(|r| secret_env("QUIVER_LIMITS_REDIS_PASSWORD", r)),
-        tasks.map(|r| secret_env("QUIVER_TASKS_REDIS_PASSWORD", r)),
-    ]
-    .into_iter()
-    .flatten()
+    connections(mcp).filter_map(|(r, c)| {
+        c.password_secret_ref
+            .as_ref()
+            .map(|s| secret_env(r.password_env, s))
+    })
 }
 
 fn secret_env(name: &str, r: &SecretKey) -> EnvVar {
@@ -253,6 +417,175 @@ spec:
         // Anything else is refused by the schema's enum: the type has no other value.
         assert!(serde_json::from_value::<crate::crd::AuditOnFull>(json!("block")).is_err());
         assert!(serde_json::from_value::<crate::crd::AuditOnFull>(json!("Refuse")).is_err());
+    }
+
+    const REDIS_TLS: &str = r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: calc}
+spec:
+  limitsRedis:
+    address: "cache.example.com:6380"
+    username: quiver-limits
+    passwordSecretRef: {name: redis, key: password}
+    tls: {caConfigMap: redis-ca, clientCertSecret: redis-client}
+  tasks:
+    redis:
+      address: "10.0.0.7:6380"
+      username: quiver-tasks
+      passwordSecretRef: {name: tr, key: pw}
+      tls: {caSecret: redis-tls, serverName: redis.infra.svc}
+  tools:
+    - {name: add, limits: [{rate: 5/s, shared: true}], handler: {builtin: add}}
+"#;
+
+    fn pod_of(yaml: &str) -> Value {
+        let m = mcp(yaml);
+        let r = render(&m, &Vec::new()).unwrap_or_else(|e| panic!("{e:?}"));
+        serde_json::to_value(&children_of(&m, &r).deployment).unwrap()["spec"]["template"]["spec"].clone()
+    }
+
+    #[test]
+    fn redis_acl_users_and_tls_reach_the_pod_with_their_files_mounted_in_the_server_only() {
+        let pod = pod_of(REDIS_TLS);
+        let ctr = &pod["containers"][0];
+        let args: Vec<&str> = ctr["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for a in [
+            "--limits-redis=cache.example.com:6380",
+            "--limits-redis-username=quiver-limits",
+            "--limits-redis-tls",
+            "--limits-redis-ca=/quiver/redis/limits/ca.crt",
+            "--limits-redis-client-cert=/quiver/redis/limits/tls.crt",
+            "--limits-redis-client-key=/quiver/redis/limits/tls.key",
+            "--tasks-redis=10.0.0.7:6380",
+            "--tasks-redis-username=quiver-tasks",
+            "--tasks-redis-tls",
+            "--tasks-redis-server-name=redis.infra.svc",
+            "--tasks-redis-ca=/quiver/redis/tasks/ca.crt",
+        ] {
+            assert!(args.contains(&a), "{a} in {args:?}");
+        }
+        let joined = args.join(" ");
+        assert!(
+            !joined.contains("--limits-redis-server-name") && !joined.contains("--tasks-redis-client-"),
+            "{joined}"
+        );
+        // The passwords stay in their Secrets.
+        let env = ctr["env"].as_array().unwrap();
+        for (name, secret) in [
+            (
+                "QUIVER_LIMITS_REDIS_PASSWORD",
+                json!({"name": "redis", "key": "password"}),
+            ),
+            ("QUIVER_TASKS_REDIS_PASSWORD", json!({"name": "tr", "key": "pw"})),
+        ] {
+            let e = env.iter().find(|e| e["name"] == name).unwrap();
+            assert_eq!(e["valueFrom"]["secretKeyRef"], secret);
+        }
+        // One projected volume per Redis: its CA bundle and client certificate, readable by
+        // the pod's group alone.
+        let volume = |name: &str| {
+            pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .unwrap_or_else(|| panic!("volume {name}"))["projected"]
+                .clone()
+        };
+        let limits = volume("quiver-limits-redis-tls");
+        assert_eq!(limits["defaultMode"], 0o440);
+        assert_eq!(
+            limits["sources"],
+            json!([
+                {"configMap": {"name": "redis-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"secret": {"name": "redis-client", "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}},
+            ])
+        );
+        assert_eq!(
+            volume("quiver-tasks-redis-tls")["sources"],
+            json!([{"secret": {"name": "redis-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}])
+        );
+        let mounts = ctr["volumeMounts"].as_array().unwrap();
+        for (name, dir) in [
+            ("quiver-limits-redis-tls", "/quiver/redis/limits"),
+            ("quiver-tasks-redis-tls", "/quiver/redis/tasks"),
+        ] {
+            let m = mounts.iter().find(|m| m["name"] == name).unwrap();
+            assert_eq!((&m["mountPath"], &m["readOnly"]), (&json!(dir), &json!(true)));
+        }
+
+        // `tls: {}`: TLS with the public roots, nothing to mount; no user, no username flag.
+        let public = pod_of(
+            &REDIS_TLS
+                .replace(
+                    "tls: {caSecret: redis-tls, serverName: redis.infra.svc}",
+                    "tls: {}",
+                )
+                .replace("      username: quiver-tasks\n", ""),
+        );
+        let args = public["containers"][0]["args"].to_string();
+        assert!(
+            args.contains("\"--tasks-redis-tls\"")
+                && !args.contains("--tasks-redis-ca")
+                && !args.contains("--tasks-redis-username"),
+            "{args}"
+        );
+        assert!(!public["volumes"].to_string().contains("quiver-tasks-redis-tls"));
+        // Without tls: plain TCP, as before.
+        let plain = pod_of(GOVERNED);
+        let args = plain["containers"][0]["args"].to_string();
+        assert!(!args.contains("-tls") && !args.contains("-username"), "{args}");
+        assert!(!plain["volumes"].to_string().contains("redis"));
+    }
+
+    #[test]
+    fn redis_connections_the_server_would_refuse_are_invalid_specs_naming_their_field() {
+        let invalid = |from: &str, to: &str| {
+            let m = mcp(&REDIS_TLS.replace(from, to));
+            let e = render(&m, &Vec::new()).unwrap_err();
+            assert_eq!(e.reason, "InvalidRedis", "{e:?}");
+            e.message()
+        };
+        let e = invalid("      passwordSecretRef: {name: tr, key: pw}\n", "");
+        assert_eq!(
+            e,
+            "spec.tasks.redis.username: an ACL user needs its password: set passwordSecretRef"
+        );
+        let e = invalid(
+            "tls: {caConfigMap: redis-ca,",
+            "tls: {caSecret: s, caConfigMap: redis-ca,",
+        );
+        assert!(
+            e.starts_with("spec.limitsRedis.tls: caSecret and caConfigMap both name"),
+            "{e}"
+        );
+        let e = invalid("cache.example.com:6380", "-cache.example:6380");
+        assert!(
+            e.starts_with("spec.limitsRedis.address: `-cache.example` is not a DNS name"),
+            "{e}"
+        );
+        let e = invalid("serverName: redis.infra.svc", "serverName: redis..svc");
+        assert!(
+            e.starts_with("spec.tasks.redis.tls.serverName: `redis..svc`"),
+            "{e}"
+        );
+        // Without TLS there is no certificate: the address's host is not checked.
+        let m = mcp(&REDIS_TLS
+            .replace(
+                "cache.example.com:6380\"\n    username: quiver-limits",
+                "-plain:6379\"",
+            )
+            .replace(
+                "    tls: {caConfigMap: redis-ca, clientCertSecret: redis-client}\n",
+                "",
+            ));
+        render(&m, &Vec::new()).unwrap_or_else(|e| panic!("{e:?}"));
     }
 
     #[test]

@@ -32,6 +32,7 @@ use crate::crd::McpServer;
 
 pub use confine::{check as check_pod, consent as service_account_consent, named_service_account};
 pub use expose::http_route_resource;
+pub use governance::problems as redis_problems;
 pub use monitor::{
     label_pair_problem as service_monitor_label_problem, label_problems as service_monitor_label_problems,
     service_monitor_resource,

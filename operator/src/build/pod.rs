@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SELinuxOptions, SeccompProfile, Sysctl, VolumeMount,
+    SELinuxOptions, SeccompProfile, Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -12,7 +12,7 @@ use super::confine::restricted;
 use super::governance::termination_grace;
 use super::tuning::{pinned, resources, sysctls};
 use super::{ADMIN_PORT, Defaults, MCP_PORT, labels, selector};
-use crate::crd::{Allocator, McpServer, SecretKey};
+use crate::crd::{Allocator, McpServer, PodVolume, SecretKey};
 
 /// How long a stopping server keeps serving with readiness off: endpoint removal reaches
 /// kube-proxy on every node within a second or two; 5 s leaves room for a loaded node.
@@ -225,6 +225,7 @@ fn container(
                 .iter()
                 .cloned()
                 .chain(extra_mounts)
+                .chain(super::governance::volumes(mcp).into_iter().map(|(_, m)| m))
                 .chain([VolumeMount {
                     name: SCRATCH_VOLUME.to_owned(),
                     mount_path: SCRATCH_DIR.to_owned(),
@@ -266,6 +267,18 @@ pub fn server_args_problems(deployment: &Deployment) -> Vec<String> {
         Ok(_) => Vec::new(),
         Err(e) => vec![format!("the server would refuse to start: {e}")],
     }
+}
+
+/// The pod's volumes: the spec's, the upstreams', the Redis TLS files', the scratch space
+/// and the server container's API access.
+fn pod_volumes(mcp: &McpServer, spec: &[PodVolume], upstreams: Vec<Volume>) -> Vec<Volume> {
+    spec.iter()
+        .map(super::confine::volume)
+        .chain(upstreams)
+        .chain(super::governance::volumes(mcp).into_iter().map(|(v, _)| v))
+        .chain([super::sidecar::sized_empty_dir(SCRATCH_VOLUME, SCRATCH_SIZE)])
+        .chain([super::confine::token_volume()])
+        .collect()
 }
 
 /// The Deployment of quiver-server pods serving the ConfigMap `cm_name`.
@@ -328,16 +341,7 @@ pub(super) fn deployment(
         image_pull_secrets: some_unless_empty(overrides.image_pull_secrets),
         priority_class_name: overrides.priority_class_name,
         topology_spread_constraints: some_unless_empty(overrides.topology_spread_constraints),
-        volumes: some_unless_empty(
-            overrides
-                .volumes
-                .iter()
-                .map(super::confine::volume)
-                .chain(upstreams.volumes)
-                .chain([super::sidecar::sized_empty_dir(SCRATCH_VOLUME, SCRATCH_SIZE)])
-                .chain([super::confine::token_volume()])
-                .collect::<Vec<_>>(),
-        ),
+        volumes: some_unless_empty(pod_volumes(mcp, &overrides.volumes, upstreams.volumes)),
         ..PodSpec::default()
     };
     Deployment {

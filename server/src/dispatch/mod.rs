@@ -48,7 +48,7 @@ use self::revision::{HANDSHAKE, Revision, STATELESS, Stamp};
 use self::server::InflightGuard;
 pub use self::server::{Ctx, Era, Event, EventKind, Limits, Opens, Server, ServerBuilder};
 use self::table::{Handler, LABELS, Method, slot};
-pub use self::tasks::{SharedOptions, TaskBounds};
+pub use self::tasks::{REDIS_ACL_COMMANDS as TASKS_REDIS_ACL_COMMANDS, SharedOptions, TaskBounds};
 pub use self::tools::Deferred;
 use crate::metrics::{Refusal, outcome_index};
 use crate::protocol::{self, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};

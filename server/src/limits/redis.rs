@@ -13,12 +13,19 @@ use std::time::{Duration, Instant};
 use super::FailMode;
 use crate::config::governance::Rate;
 use crate::metrics::governance::GovMetrics;
-use crate::net::resp::{Client, Reply};
+use crate::net::resp::{Client, Endpoint, Reply};
 
 /// How long Redis is left alone after a failure.
 pub const BACKOFF: Duration = Duration::from_secs(1);
 /// Largest reply read (the replies of the script are short).
 const MAX_REPLY: usize = 4096;
+
+/// What shared limits need of a Redis ACL user (`ACL SETUSER`): the script is loaded
+/// (`SCRIPT LOAD`) and run by its digest (`EVALSHA`), and it calls `TIME`, `GET` and `SET`.
+pub const ACL_COMMANDS: &str = "+evalsha +script|load +time +get +set";
+/// The keys of shared limits, as an ACL key pattern (whatever the prefix: it is hashed into
+/// each key).
+pub const ACL_KEYS: &str = "~quiver:rl:*";
 
 /// The GCRA of [`super::gcra`] in Redis: `KEYS[1]` the budget, `ARGV[1]` the interval and
 /// `ARGV[2]` the burst window, in microseconds. Answers 0 when the call is admitted, else
@@ -40,13 +47,11 @@ return 0
 /// Where the shared limits live and how to treat it.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `host:port`.
-    pub addr: String,
+    /// Which Redis (address, ACL user and password, TLS).
+    pub endpoint: Endpoint,
     /// Part of every key: whose budgets these are (`--limits-redis-prefix`).
     pub prefix: String,
-    /// Sent with `AUTH` on every new connection.
-    pub password: Option<String>,
-    /// Longest exchange (connecting included).
+    /// Longest exchange (connecting, the TLS handshake and `AUTH` included).
     pub timeout: Duration,
     /// Connections at most.
     pub max_connections: usize,
@@ -71,8 +76,7 @@ impl Shared {
     /// A client for `opts` (connecting on first use).
     pub fn new(opts: Options, metrics: Arc<GovMetrics>) -> Self {
         let redis = Client::new(crate::net::resp::Options {
-            addr: opts.addr.clone(),
-            password: opts.password.clone(),
+            endpoint: opts.endpoint.clone(),
             timeout: opts.timeout,
             max_connections: opts.max_connections,
             max_reply: MAX_REPLY,
@@ -130,7 +134,7 @@ impl Shared {
         let until = self.millis() + u64::try_from(BACKOFF.as_millis()).unwrap_or(1000);
         let was = self.down_until.swap(until, Ordering::Relaxed);
         if was <= self.millis() {
-            tracing::warn!(addr = %self.opts.addr, error = %why, fail = ?self.opts.fail, "shared rate limits: Redis failed; not tried again for {}s", BACKOFF.as_secs());
+            tracing::warn!(addr = %self.opts.endpoint.addr, error = %why, fail = ?self.opts.fail, "shared rate limits: Redis failed; not tried again for {}s", BACKOFF.as_secs());
         }
     }
 
@@ -191,9 +195,8 @@ mod tests {
         let m = GovMetrics::unregistered();
         let s = Shared::new(
             Options {
-                addr,
+                endpoint: Endpoint::plain(addr),
                 prefix: String::new(),
-                password: None,
                 timeout: Duration::from_millis(200),
                 max_connections: 2,
                 fail: FailMode::Open,
@@ -208,5 +211,75 @@ mod tests {
         assert!(s.gcra("k", r).await.is_err());
         assert_eq!(m.shared_failures("error"), 1);
         assert_eq!(m.shared_failures("backoff"), 1);
+    }
+
+    #[tokio::test]
+    async fn over_tls_an_acl_user_with_the_documented_commands_shares_the_budget_and_failures_count() {
+        use crate::net::resp::{Reply, Tls, TlsFiles};
+        let r = crate::net::resp_tls::tests::TlsRedis::start().await;
+        let mut acl = vec![
+            "ACL",
+            "SETUSER",
+            "limits",
+            "on",
+            ">limits-pw",
+            ACL_KEYS,
+            "resetchannels",
+            "-@all",
+        ];
+        acl.extend(ACL_COMMANDS.split_whitespace());
+        assert_eq!(r.admin(&acl).await, Reply::Status("OK".into()));
+        let shared = |endpoint: Endpoint, timeout: Duration| {
+            let m = GovMetrics::unregistered();
+            let s = Shared::new(
+                Options {
+                    endpoint,
+                    prefix: "ns/a".into(),
+                    timeout,
+                    max_connections: 2,
+                    fail: FailMode::Open,
+                },
+                m.clone(),
+            );
+            (s, m)
+        };
+        let hourly = Rate {
+            interval_ns: 3_600_000_000_000,
+            burst: 1,
+        };
+        let user = Some(("limits", "limits-pw"));
+        let ((a, ma), (b, mb)) = (
+            shared(r.endpoint("ca.crt", false, user), Duration::from_secs(5)),
+            shared(r.endpoint("ca.crt", false, user), Duration::from_secs(5)),
+        );
+        // One budget for both: the first call is admitted, the other replica's refused.
+        assert_eq!(a.gcra("quiver:rl:tls", hourly).await, Ok(Ok(())));
+        assert!(matches!(b.gcra("quiver:rl:tls", hourly).await, Ok(Err(_))));
+        assert_eq!(ma.shared_failures("error") + mb.shared_failures("error"), 0);
+
+        // Each failure to reach Redis is one the limits already know, counted as such.
+        let failing = [
+            r.endpoint("other-ca.crt", false, user),
+            r.endpoint("ca.crt", false, Some(("limits", "wrong-pw"))),
+        ];
+        for endpoint in failing {
+            let (s, m) = shared(endpoint, Duration::from_secs(5));
+            assert_eq!(s.gcra("quiver:rl:tls", hourly).await, Err(()));
+            assert_eq!(m.shared_failures("error"), 1);
+        }
+        // A listener that never answers the handshake: a timeout.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let tls = Tls::load(&addr, &TlsFiles::default()).unwrap();
+        let (s, m) = shared(
+            Endpoint {
+                tls: Some(Arc::new(tls)),
+                ..Endpoint::plain(addr)
+            },
+            Duration::from_millis(200),
+        );
+        assert_eq!(s.gcra("quiver:rl:tls", hourly).await, Err(()));
+        assert_eq!(m.shared_failures("timeout"), 1);
+        drop(l);
     }
 }

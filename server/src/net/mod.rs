@@ -1,9 +1,10 @@
 //! What the server talks to the outside with, below everything that uses it: the shared
-//! outbound HTTP client and its trust roots, the Redis (RESP2) client, file-change events,
+//! outbound HTTP client and its trust roots, the Redis (RESP2) client and its TLS, file-change events,
 //! and time formatting.
 
 pub mod events;
 pub mod http;
 pub mod resp;
+pub mod resp_tls;
 pub mod time;
 pub mod trust;

@@ -1,26 +1,73 @@
 //! A minimal Redis (RESP2) client over tokio, shared by what keeps state in Redis (shared rate
 //! limits, tasks): a bounded set of connections, every exchange under one time limit
-//! (connecting included), an optional password (`AUTH`), and replies bounded in size so a
+//! (connecting, the TLS handshake and `AUTH` included), optional TLS ([`super::resp_tls`]), an
+//! optional password or ACL user and password (`AUTH`), and replies bounded in size so a
 //! misbehaving Redis (or something else on its port) cannot make the server allocate at will.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+
+pub use super::resp_tls::{Stream, Tls, TlsFiles};
 
 /// Longest reply line read (status, error and length lines).
 const MAX_LINE: usize = 4096;
 
+/// Which Redis, and who this client is to it.
+#[derive(Clone, Default)]
+pub struct Endpoint {
+    /// `host:port`.
+    pub addr: String,
+    /// The ACL user (Redis 6 and later) sent with the password; without it, `AUTH` names
+    /// only the password (the `default` user).
+    pub username: Option<String>,
+    /// Sent with `AUTH` on every new connection.
+    pub password: Option<String>,
+    /// TLS on every connection, when set.
+    pub tls: Option<Arc<Tls>>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("Endpoint")
+            .field("addr", &self.addr)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// A plain-TCP Redis at `addr`, without `AUTH`.
+    pub fn plain(addr: impl Into<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The `AUTH` command of a new connection, if it needs one.
+    pub(crate) fn auth(&self) -> Option<Vec<u8>> {
+        let p = self.password.as_ref()?.as_bytes();
+        Some(match &self.username {
+            Some(u) => command(&[b"AUTH", u.as_bytes(), p]),
+            None => command(&[b"AUTH", p]),
+        })
+    }
+}
+
 /// Where Redis is and how it is used.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `host:port`.
-    pub addr: String,
-    /// Sent with `AUTH` on every new connection.
-    pub password: Option<String>,
-    /// Longest exchange (waiting for a connection and connecting included).
+    /// Which Redis, and who this client is to it.
+    pub endpoint: Endpoint,
+    /// Longest exchange (waiting for a connection, connecting, the TLS handshake and `AUTH`
+    /// included).
     pub timeout: Duration,
     /// Connections at most.
     pub max_connections: usize,
@@ -53,7 +100,7 @@ pub enum Reply {
 #[derive(Debug)]
 pub struct Client {
     opts: Options,
-    idle: Mutex<Vec<BufReader<TcpStream>>>,
+    idle: Mutex<Vec<BufReader<Stream>>>,
     slots: Semaphore,
 }
 
@@ -69,7 +116,7 @@ pub(crate) fn command(args: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-async fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<String> {
     let mut line = Vec::new();
     let n = (&mut *r)
         .take(MAX_LINE as u64)
@@ -84,7 +131,10 @@ async fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
 
 /// Reads one reply: a bulk one of at most `max_reply` bytes, an array of at most
 /// [`MAX_ELEMENTS`] scalars whose bulk bytes together are at most `max_reply`.
-pub(crate) async fn read_reply(r: &mut BufReader<TcpStream>, max_reply: usize) -> std::io::Result<Reply> {
+pub(crate) async fn read_reply<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max_reply: usize,
+) -> std::io::Result<Reply> {
     let line = read_line(r).await?;
     if let Some(n) = line.strip_prefix('*') {
         let n: i64 = n
@@ -115,7 +165,11 @@ pub(crate) async fn read_reply(r: &mut BufReader<TcpStream>, max_reply: usize) -
 }
 
 /// The scalar reply whose first line is `line`.
-async fn read_scalar(r: &mut BufReader<TcpStream>, line: &str, max_reply: usize) -> std::io::Result<Reply> {
+async fn read_scalar<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    line: &str,
+    max_reply: usize,
+) -> std::io::Result<Reply> {
     let (kind, rest) = line.split_at(line.len().min(1));
     let bad = || std::io::Error::other("redis: unexpected reply");
     Ok(match kind {
@@ -167,7 +221,7 @@ impl Client {
 
     /// `host:port` of the Redis.
     pub fn addr(&self) -> &str {
-        &self.opts.addr
+        &self.opts.endpoint.addr
     }
 
     /// Sends `args` and reads the reply, within the time limit. A connection whose exchange
@@ -193,7 +247,10 @@ impl Client {
             Some(c) => c,
             None => self.connect().await?,
         };
-        c.get_mut().write_all(&command(args)).await?;
+        let s = c.get_mut();
+        s.write_all(&command(args)).await?;
+        // TLS holds written records until flushed; on plain TCP this does nothing.
+        s.flush().await?;
         let reply = read_reply(&mut c, self.opts.max_reply).await?;
         if let Ok(mut v) = self.idle.lock() {
             v.push(c);
@@ -201,15 +258,22 @@ impl Client {
         Ok(reply)
     }
 
-    async fn connect(&self) -> std::io::Result<BufReader<TcpStream>> {
-        let s = TcpStream::connect(&self.opts.addr).await?;
+    async fn connect(&self) -> std::io::Result<BufReader<Stream>> {
+        let e = &self.opts.endpoint;
+        let s = TcpStream::connect(&e.addr).await?;
         s.set_nodelay(true)?;
+        let s = match &e.tls {
+            None => Stream::Plain(s),
+            Some(tls) => tls.connect(s).await?,
+        };
         let mut c = BufReader::new(s);
-        if let Some(p) = &self.opts.password {
-            c.get_mut().write_all(&command(&[b"AUTH", p.as_bytes()])).await?;
+        if let Some(auth) = e.auth() {
+            let s = c.get_mut();
+            s.write_all(&auth).await?;
+            s.flush().await?;
             match read_reply(&mut c, MAX_LINE).await? {
                 Reply::Status(_) => {}
-                // Never the password; Redis's own words only.
+                // Never the password; Redis's own words only (WRONGPASS, NOPERM, ...).
                 Reply::Error(e) => return Err(std::io::Error::other(format!("redis: AUTH refused: {e}"))),
                 _ => return Err(std::io::Error::other("redis: AUTH: unexpected reply")),
             }
@@ -221,6 +285,18 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auth_names_the_acl_user_when_there_is_one_and_debug_hides_the_password() {
+        let mut e = Endpoint::plain("r:6379");
+        assert_eq!(e.auth(), None, "no password, no AUTH");
+        e.password = Some("s3cret-pw".into());
+        assert_eq!(e.auth().unwrap(), command(&[b"AUTH", b"s3cret-pw"]));
+        e.username = Some("quiver".into());
+        assert_eq!(e.auth().unwrap(), command(&[b"AUTH", b"quiver", b"s3cret-pw"]));
+        let shown = format!("{e:?}");
+        assert!(!shown.contains("s3cret") && shown.contains("quiver"), "{shown}");
+    }
 
     #[test]
     fn commands_are_resp_arrays_of_bulk_strings() {
@@ -322,8 +398,7 @@ mod tests {
             drop(s);
         });
         let c = Client::new(Options {
-            addr,
-            password: None,
+            endpoint: Endpoint::plain(addr),
             timeout: Duration::from_millis(100),
             max_connections: 1,
             max_reply: 64,

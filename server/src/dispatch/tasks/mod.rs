@@ -34,7 +34,7 @@ mod wire;
 
 pub(super) use self::core_wire::{list, result};
 pub(super) use self::extension::update;
-pub use self::shared::SharedOptions;
+pub use self::shared::{ACL_COMMANDS as REDIS_ACL_COMMANDS, SharedOptions};
 pub(super) use self::task::Status;
 pub use self::task::TaskBounds;
 pub(super) use self::wire::{cancel, get};

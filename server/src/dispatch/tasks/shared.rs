@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::task::{MAX_TASK_ID, Quota, Refused, Status, TaskBounds, TaskView, UpdateError};
-use crate::net::resp::{Client, Reply};
+use crate::net::resp::{Client, Endpoint, Reply};
 
 /// How often the end of a task is tried before it is given up (about 1.5 s of back-off).
 const FINISH_TRIES: u32 = 5;
@@ -151,16 +151,20 @@ for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 's') end
 return out
 ";
 
+/// What shared tasks need of a Redis ACL user (`ACL SETUSER`), on the keys that start with
+/// their prefix (`~PREFIX*`): the scripts run by `EVAL`, the reads `HGETALL` and
+/// `ZRANGEBYSCORE`, and what the scripts call.
+pub const ACL_COMMANDS: &str = "+eval +hgetall +zrangebyscore +time +exists +incr +pexpire +pttl \
+                                +hget +hset +hdel +hkeys +zadd +zcard +zremrangebyscore";
+
 /// Where the shared tasks live.
 #[derive(Debug, Clone)]
 pub struct SharedOptions {
-    /// `host:port`.
-    pub addr: String,
+    /// Which Redis (address, ACL user and password, TLS).
+    pub endpoint: Endpoint,
     /// Part of every key: whose tasks these are (several servers may share one Redis).
     pub prefix: String,
-    /// Sent with `AUTH` on every new connection.
-    pub password: Option<String>,
-    /// Longest exchange with Redis.
+    /// Longest exchange with Redis (connecting, the TLS handshake and `AUTH` included).
     pub timeout: Duration,
 }
 
@@ -232,8 +236,7 @@ impl SharedTasks {
     pub(super) fn new(opts: SharedOptions, bounds: TaskBounds) -> Self {
         SharedTasks {
             redis: Client::new(crate::net::resp::Options {
-                addr: opts.addr,
-                password: opts.password,
+                endpoint: opts.endpoint,
                 timeout: opts.timeout,
                 max_connections: 16,
                 max_reply: MAX_REPLY.max(bounds.max_result_bytes + 4096),
@@ -832,9 +835,8 @@ mod tests {
     fn replica(r: &Redis, bounds: TaskBounds) -> SharedTasks {
         SharedTasks::new(
             SharedOptions {
-                addr: format!("127.0.0.1:{}", r.port),
+                endpoint: Endpoint::plain(format!("127.0.0.1:{}", r.port)),
                 prefix: "test/ns/name/".into(),
-                password: None,
                 timeout: Duration::from_secs(2),
             },
             bounds,
@@ -1225,6 +1227,84 @@ mod tests {
         assert!(keys.iter().any(|k| k.contains("anon:")), "{keys:?}");
         for address in ["192.0.2.1", "192.0.2.2"] {
             assert!(!keys.iter().any(|k| k.contains(address)), "{keys:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn over_mutual_tls_an_acl_user_with_the_documented_commands_runs_every_script() {
+        let r = crate::net::resp_tls::tests::TlsRedis::start().await;
+        let ok = Reply::Status("OK".into());
+        assert_eq!(r.admin(&["CONFIG", "SET", "tls-auth-clients", "yes"]).await, ok);
+        let mut acl = vec![
+            "ACL",
+            "SETUSER",
+            "tasks",
+            "on",
+            ">tasks-pw",
+            "~test/ns/name/*",
+            "resetchannels",
+            "-@all",
+        ];
+        acl.extend(ACL_COMMANDS.split_whitespace());
+        assert_eq!(r.admin(&acl).await, ok);
+        let replica = |ca: &str| {
+            SharedTasks::new(
+                SharedOptions {
+                    endpoint: r.endpoint(ca, true, Some(("tasks", "tasks-pw"))),
+                    prefix: "test/ns/name/".into(),
+                    timeout: Duration::from_secs(5),
+                },
+                TaskBounds::default(),
+            )
+        };
+        let (a, b) = (replica("ca.crt"), replica("ca.crt"));
+        let new = CancellationToken::new;
+        // CREATE, for a caller with credentials and one without.
+        let t = a
+            .create("alice", &Quota::caller("alice"), new(), Duration::MAX)
+            .await
+            .unwrap();
+        let anon = Quota {
+            key: std::borrow::Cow::Borrowed("@192.0.2.9"),
+            anonymous: true,
+        };
+        let other = b.create("", &anon, new(), Duration::MAX).await.unwrap();
+        // HGETALL and ZRANGEBYSCORE, through the other replica.
+        assert_eq!(
+            b.get("alice", &t.id).await.unwrap().unwrap().status,
+            Status::Working
+        );
+        assert_eq!(b.list("alice", None, 10).await.unwrap().0.len(), 1);
+        // PARK on a, ANSWER through b, STATUSES and TAKE when a reconciles.
+        let form = json!({"method": "elicitation/create", "params": {"mode": "form", "message": "ok?", "requestedSchema": {"type": "object"}}});
+        let mut rx = a
+            .park(&t.id, obj(json!({"ok": form})), Map::new())
+            .await
+            .expect("parked");
+        let yes = json!({"action": "accept", "content": {"ok": true}});
+        b.update("alice", &t.id, obj(json!({"ok": yes}))).await.unwrap();
+        a.reconcile().await;
+        assert_eq!(rx.try_recv().expect("resumed")["ok"], yes);
+        // FINISH on a, CANCEL through a.
+        assert!(a.finish(&t.id, Status::Completed(json!({"content": []}))).await);
+        assert!(matches!(
+            b.get("alice", &t.id).await.unwrap().unwrap().status,
+            Status::Completed(_)
+        ));
+        assert!(a.cancel("", &other.id).await.unwrap());
+        assert_eq!(
+            b.get("", &other.id).await.unwrap().unwrap().status,
+            Status::Cancelled
+        );
+
+        // A Redis whose certificate is not trusted: unavailable, saying why.
+        let untrusting = replica("other-ca.crt");
+        match untrusting
+            .create("alice", &Quota::caller("alice"), new(), Duration::MAX)
+            .await
+        {
+            Err(NotCreated::Unavailable(u)) => assert!(u.0.contains("TLS handshake failed"), "{u}"),
+            other => panic!("{other:?}"),
         }
     }
 
