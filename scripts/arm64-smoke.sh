@@ -30,6 +30,7 @@ for b in quiver-server quiver-operator kubectl-quiver; do
 done
 if [ "${1:-}" = --binaries ]; then echo "$bins"; exit 0; fi
 
+command -v file >/dev/null || apt_install file
 for b in quiver-server quiver-operator kubectl-quiver; do
   desc="$(file -b "$bins/$b")"
   [[ "$desc" == *"ARM aarch64"* && "$desc" == *"static"* ]] || { echo "$b: $desc" >&2; exit 1; }

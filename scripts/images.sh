@@ -27,7 +27,7 @@ else
   operator_dir="$server_dir"
 fi
 bins="${QUIVER_IMAGE_BINS:-$bins}"   # QUIVER_IMAGE_BINS: where the stripped binaries go
-mkdir -p "$bins"
+mkdir -p "$bins" "$QUIVER_CACHE/images"
 
 # release_build TARGET_DIR RUSTFLAGS PACKAGE: a static release build of one binary,
 # copied to $bins. Each flag set has its own target directory: sharing one would rebuild
@@ -50,8 +50,10 @@ if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ] && [ "$triple" = "$IMAGE
   [ -f "$profile" ] || { mkdir -p "$(dirname "$profile")" && cp "$PGO_PROFILE" "$profile"; }
   server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$profile -Cllvm-args=-no-pgo-warn-mismatch"
 fi
-log "quiver-server release build for $platform (fat LTO, static${server_flags/*profile-use*/, PGO})"
-server_log="$QUIVER_CACHE/images/server-build.log"
+pgo_note=""
+[ "$server_flags" = "$IMAGE_RUSTFLAGS" ] || pgo_note=", PGO"
+log "quiver-server release build for $platform (fat LTO, static$pgo_note)"
+server_log="$QUIVER_CACHE/images/server-build-${platform#linux/}.log"
 if ! release_build "$server_dir" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
   if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qiE 'profile|pgo' "$server_log"; then
     log "the PGO profile could not be used (see above): building quiver-server without it"

@@ -42,6 +42,14 @@ version="$1" registry="${2%/}"
   || { echo "REGISTRY must be host[:port][/path], not '$registry'" >&2; exit 2; }
 [ -n "${COSIGN_KEY:-}" ] && [ -f "$COSIGN_KEY" ] \
   || { echo "COSIGN_KEY must name a cosign private key (make one with: cosign generate-key-pair)" >&2; exit 2; }
+platforms=()
+wanted="${QUIVER_RELEASE_PLATFORMS:-$RELEASE_PLATFORMS}"
+for p in ${wanted//,/ }; do
+  platform_triple "$p" >/dev/null || exit 2
+  [[ " ${platforms[*]} " != *" $p "* ]] || { echo "QUIVER_RELEASE_PLATFORMS names $p twice" >&2; exit 2; }
+  platforms+=("$p")
+done
+[ "${#platforms[@]}" -gt 0 ] || { echo "QUIVER_RELEASE_PLATFORMS names no platform" >&2; exit 2; }
 export COSIGN_PASSWORD="${COSIGN_PASSWORD-}"
 HELM="${HELM:-$(command -v helm || ls "$QUIVER_CACHE"/k8s/*/bin/helm 2>/dev/null | head -1)}"
 [ -x "$HELM" ] || { echo "no helm: run scripts/k8s-binaries.sh" >&2; exit 1; }
@@ -60,15 +68,6 @@ if [ "${QUIVER_PLAIN_HTTP:-0}" = 1 ]; then
   oras_flags+=(--plain-http) cosign_flags+=(--allow-http-registry) helm_flags+=(--plain-http)
 fi
 [ "${QUIVER_COSIGN_TLOG:-0}" = 1 ] && cosign_flags=("${cosign_flags[@]:1}")
-
-platforms=()
-wanted="${QUIVER_RELEASE_PLATFORMS:-$RELEASE_PLATFORMS}"
-for p in ${wanted//,/ }; do
-  platform_triple "$p" >/dev/null || exit 2
-  [[ " ${platforms[*]} " != *" $p "* ]] || { echo "QUIVER_RELEASE_PLATFORMS names $p twice" >&2; exit 2; }
-  platforms+=("$p")
-done
-[ "${#platforms[@]}" -gt 0 ] || { echo "QUIVER_RELEASE_PLATFORMS names no platform" >&2; exit 2; }
 
 release_tools
 
