@@ -66,7 +66,7 @@ source "$ROOT/scripts/release-tools.sh"
 release_tools
 host="$("$ROOT/deploy/kind/registry.sh" up "$QUIVER_CLUSTER")"
 # What tests/e2e/test_upgrade.py needs to upgrade as docs/install.md says.
-export PATH="$(dirname "$COSIGN"):$PATH" QUIVER_RELEASE_REGISTRY="$host/quiver" \
+export PATH="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-cosign/bin:$(dirname "$COSIGN"):$PATH" QUIVER_RELEASE_REGISTRY="$host/quiver" \
   QUIVER_RELEASE_VERSION="$version" QUIVER_UPGRADE_VERSION="$next" \
   QUIVER_COSIGN_PUB="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-cosign/cosign.pub" \
   HELM_CONFIG_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/config" \

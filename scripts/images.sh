@@ -6,15 +6,28 @@
 #   quiver-operator:$TAG  /usr/local/bin/quiver-operator
 # Cargo output is cached in ~/.cache/quiver/target-images* so a warm run only relinks what
 # changed. Prints the two image names (with --binaries: only builds the binaries).
+# QUIVER_PLATFORM=linux/arm64 (with --binaries only): the binaries for arm64, cross-built
+# (lib.sh's cross_toolchain) without PGO, whose profile is trained on amd64; in
+# ~/.cache/quiver/target-images-arm64, copied to ~/.cache/quiver/images/bin-arm64.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 TAG="${QUIVER_IMAGE_TAG:-$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)}"
 DOCKER="${DOCKER:-docker}"
-triple="$IMAGE_TRIPLE"
-bins="${QUIVER_IMAGE_BINS:-$QUIVER_CACHE/images/bin}"   # QUIVER_IMAGE_BINS: where the stripped binaries go
-mkdir -p "$bins"
+platform="${QUIVER_PLATFORM:-linux/amd64}"
+triple="$(platform_triple "$platform")"
+cross_toolchain "$triple"
+if [ "$triple" = "$IMAGE_TRIPLE" ]; then
+  bins="$QUIVER_CACHE/images/bin" server_dir="$QUIVER_CACHE/target-images-server" operator_dir="$QUIVER_CACHE/target-images"
+else
+  [ "${1:-}" = --binaries ] || { echo "$platform: only --binaries (scripts/release.sh makes its images)" >&2; exit 2; }
+  # No PGO here, so one target directory serves both binaries (same flags).
+  bins="$QUIVER_CACHE/images/bin-${platform#linux/}" server_dir="$QUIVER_CACHE/target-images-${platform#linux/}"
+  operator_dir="$server_dir"
+fi
+bins="${QUIVER_IMAGE_BINS:-$bins}"   # QUIVER_IMAGE_BINS: where the stripped binaries go
+mkdir -p "$bins" "$QUIVER_CACHE/images"
 
 # release_build TARGET_DIR RUSTFLAGS PACKAGE: a static release build of one binary,
 # copied to $bins. Each flag set has its own target directory: sharing one would rebuild
@@ -32,14 +45,16 @@ release_build() {
 # The profile is used from a copy named by its content: the flags (and so Cargo's cache)
 # change exactly when the profile does, wherever the clone is.
 server_flags="$IMAGE_RUSTFLAGS"
-if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ]; then
+if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ] && [ "$triple" = "$IMAGE_TRIPLE" ]; then
   profile="$QUIVER_CACHE/pgo/quiver-server-$(sha256sum "$PGO_PROFILE" | cut -c1-16).profdata"
   [ -f "$profile" ] || { mkdir -p "$(dirname "$profile")" && cp "$PGO_PROFILE" "$profile"; }
   server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$profile -Cllvm-args=-no-pgo-warn-mismatch"
 fi
-log "quiver-server release build (fat LTO, static${server_flags/*profile-use*/, PGO})"
-server_log="$QUIVER_CACHE/images/server-build.log"
-if ! release_build "$QUIVER_CACHE/target-images-server" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
+pgo_note=""
+[ "$server_flags" = "$IMAGE_RUSTFLAGS" ] || pgo_note=", PGO"
+log "quiver-server release build for $platform (fat LTO, static$pgo_note)"
+server_log="$QUIVER_CACHE/images/server-build-${platform#linux/}.log"
+if ! release_build "$server_dir" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
   if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qiE 'profile|pgo' "$server_log"; then
     log "the PGO profile could not be used (see above): building quiver-server without it"
     release_build "$QUIVER_CACHE/target-images-server-nopgo" "$IMAGE_RUSTFLAGS" quiver-server
@@ -47,11 +62,11 @@ if ! release_build "$QUIVER_CACHE/target-images-server" "$server_flags" quiver-s
     exit 1
   fi
 fi
-log "quiver-operator release build (fat LTO, static)"
-release_build "$QUIVER_CACHE/target-images" "$IMAGE_RUSTFLAGS" quiver-operator
+log "quiver-operator release build for $platform (fat LTO, static)"
+release_build "$operator_dir" "$IMAGE_RUSTFLAGS" quiver-operator
 for b in quiver-server quiver-operator; do
-  strip --strip-debug "$bins/$b"   # keep the symbol table (backtraces), drop the line tables
-  if readelf -d "$bins/$b" | grep -q NEEDED; then echo "$b links shared libraries: not fit for a scratch image" >&2; exit 1; fi
+  "$STRIP" --strip-debug "$bins/$b"   # keep the symbol table (backtraces), drop the line tables
+  check_static "$bins/$b" "$triple"
 done
 # --binaries: stop here and print the directory holding the two binaries (scripts/release.sh
 # lays out its own images from them).

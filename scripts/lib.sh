@@ -19,6 +19,62 @@ PGO_PROFILE="$ROOT/deploy/images/pgo/quiver-server.profdata"
 
 log() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
+# The platforms a release is built for (QUIVER_RELEASE_PLATFORMS narrows them), in the order
+# their manifests appear in each image index.
+RELEASE_PLATFORMS="linux/amd64 linux/arm64"
+
+# platform_triple linux/ARCH: the Rust target the binaries of that image platform are built for.
+platform_triple() {
+  case "$1" in
+    linux/amd64) echo x86_64-unknown-linux-gnu ;;
+    linux/arm64) echo aarch64-unknown-linux-gnu ;;
+    *) echo "unknown platform '$1': linux/amd64 or linux/arm64" >&2; return 1 ;;
+  esac
+}
+
+# cross_toolchain TRIPLE: what a static build for TRIPLE needs on this (amd64) machine,
+# installed once: the target's standard library (rustup) and, for aarch64, Debian's cross
+# gcc and static glibc, named to cargo, cc and jemalloc through the environment only (no
+# .cargo/config, so native builds are untouched). Sets STRIP to the strip for TRIPLE.
+# jemalloc is built for pages of up to 64 KiB (lg-page 16): arm64 kernels use 4, 16 or
+# 64 KiB pages, and a jemalloc built for smaller pages than the kernel's cannot start.
+cross_toolchain() {
+  local triple="$1"
+  STRIP=strip
+  [ "$triple" = "$IMAGE_TRIPLE" ] && return 0
+  [ "$triple" = aarch64-unknown-linux-gnu ] || { echo "no cross toolchain for $triple" >&2; return 1; }
+  if ! rustup target list --installed | grep -qx "$triple"; then
+    log "rustup target add $triple (once)"
+    rustup target add "$triple" >&2
+  fi
+  if ! command -v aarch64-linux-gnu-gcc >/dev/null || [ ! -f /usr/aarch64-linux-gnu/lib/libc.a ]; then
+    log "installing Debian's aarch64 cross compiler and static glibc (once)"
+    apt_install --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+  fi
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+    AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
+    AARCH64_UNKNOWN_LINUX_GNU_JEMALLOC_SYS_WITH_LG_PAGE=16
+  STRIP=aarch64-linux-gnu-strip
+}
+
+# check_static BINARY TRIPLE: fails unless BINARY is an ELF executable for TRIPLE's machine
+# with no program interpreter and no shared library (what a FROM-scratch image can run).
+check_static() {
+  local bin="$1" want headers
+  case "$2" in
+    x86_64-*) want="Advanced Micro Devices X86-64" ;;
+    aarch64-*) want="AArch64" ;;
+    *) echo "check_static: unknown target $2" >&2; return 1 ;;
+  esac
+  headers="$(readelf -h -l -d "$bin")"
+  grep -qE "^ +Machine: +$want\$" <<<"$headers" \
+    || { echo "$bin is not a $2 binary: $(grep Machine: <<<"$headers")" >&2; return 1; }
+  if grep -qE 'NEEDED|INTERP' <<<"$headers"; then
+    echo "$bin links shared libraries or names an interpreter: not a static binary" >&2; return 1
+  fi
+}
+
 # A Python virtualenv in the cache with the SDK-test requirements installed.
 # Reinstalls only when requirements.txt changes.
 # apt_install PKG... : Debian packages, as root or through sudo.

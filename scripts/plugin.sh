@@ -4,20 +4,25 @@
 # directory and flags of the operator image's build (scripts/images.sh), so after an image
 # build only the plugin's own code is compiled and linked.
 # Usage: scripts/plugin.sh [DEST_DIR]   (default ~/.cache/quiver/plugin/bin)
+# QUIVER_PLATFORM=linux/arm64: the arm64 plugin, cross-built as scripts/images.sh builds the
+# arm64 operator (default DEST_DIR ~/.cache/quiver/plugin/bin-arm64).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-dest="${1:-$QUIVER_CACHE/plugin/bin}"
-dir="$QUIVER_CACHE/target-images"
-mkdir -p "$dest"
-log "kubectl-quiver release build (static)"
-CARGO_TARGET_DIR="$dir" RUSTFLAGS="$IMAGE_RUSTFLAGS" \
-  cargo build --release --locked --target "$IMAGE_TRIPLE" -p quiver-operator --bin kubectl-quiver
-cp "$dir/$IMAGE_TRIPLE/release/kubectl-quiver" "$dest/"
-strip --strip-debug "$dest/kubectl-quiver"
-if readelf -d "$dest/kubectl-quiver" | grep -q NEEDED; then
-  echo "kubectl-quiver links shared libraries: not a static binary" >&2
-  exit 1
+platform="${QUIVER_PLATFORM:-linux/amd64}"
+triple="$(platform_triple "$platform")"
+cross_toolchain "$triple"
+if [ "$triple" = "$IMAGE_TRIPLE" ]; then
+  dest="${1:-$QUIVER_CACHE/plugin/bin}" dir="$QUIVER_CACHE/target-images"
+else
+  dest="${1:-$QUIVER_CACHE/plugin/bin-${platform#linux/}}" dir="$QUIVER_CACHE/target-images-${platform#linux/}"
 fi
+mkdir -p "$dest"
+log "kubectl-quiver release build for $platform (static)"
+CARGO_TARGET_DIR="$dir" RUSTFLAGS="$IMAGE_RUSTFLAGS" \
+  cargo build --release --locked --target "$triple" -p quiver-operator --bin kubectl-quiver
+cp "$dir/$triple/release/kubectl-quiver" "$dest/"
+"$STRIP" --strip-debug "$dest/kubectl-quiver"
+check_static "$dest/kubectl-quiver" "$triple"
 echo "$dest/kubectl-quiver"

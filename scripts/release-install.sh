@@ -17,6 +17,9 @@ host="$1" version="$2" next="${3:-}"
 : "${QUIVER_CLUSTER:?QUIVER_CLUSTER must name the kind cluster}"
 # The registry speaks plain HTTP on 127.0.0.1 (deploy/kind/registry.sh says why).
 export QUIVER_PLAIN_HTTP=1
+# The kind nodes are amd64: the e2e releases are amd64 only, which spares the test command a
+# second fat-LTO build; scripts/release-it.sh releases both platforms.
+export QUIVER_RELEASE_PLATFORMS="${QUIVER_RELEASE_PLATFORMS:-linux/amd64}"
 export HELM_CONFIG_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/config" \
   HELM_CACHE_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/cache" \
   HELM_DATA_HOME="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-helm/data"
@@ -24,6 +27,10 @@ release_tools
 export PATH="$(dirname "$COSIGN"):$PATH"
 
 keys="$QUIVER_CACHE/kind/$QUIVER_CLUSTER-cosign"
+# The page lists an image's platforms with oras: its commands get one that speaks plain HTTP
+# (release-tools.sh; scripts/e2e.sh puts it on the PATH of tests/e2e/test_upgrade.py too).
+oras_plain_http "$keys/bin"
+export PATH="$keys/bin:$PATH"
 if [ ! -f "$keys/cosign.key" ]; then
   mkdir -p "$keys"
   (cd "$keys" && COSIGN_PASSWORD=quiver-test cosign generate-key-pair >/dev/null 2>&1)

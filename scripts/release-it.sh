@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# The chart's release path through a real OCI registry: the CNCF distribution registry
-# (built from its Go module, cached in ~/.cache/quiver/registry) on 127.0.0.1, two releases
-# pushed by scripts/release-chart.sh, and each installed the way docs/install.md says
-# (`helm show chart` / `helm template` of oci://…, with the registry stamped as the chart's
-# imageRegistry). Needs go and helm (scripts/k8s-binaries.sh builds helm).
+# The release path through a real OCI registry: the CNCF distribution registry (built from
+# its Go module, cached in ~/.cache/quiver/registry) on 127.0.0.1.
+#   - two chart releases pushed by scripts/release-chart.sh, each installed the way
+#     docs/install.md says (`helm show chart` / `helm template` of oci://…, with the registry
+#     stamped as the chart's imageRegistry);
+#   - scripts/oci-image.py: reproducible single-platform images and image indexes;
+#   - `make release` for linux/amd64 and linux/arm64 (scripts/release.sh): an image index
+#     per image with both platforms' manifests, every platform's SBOM attestation, the
+#     signatures of the indexes and of each platform's image, the plugin artifact with both
+#     binaries and their checksums. The arm64 binaries are scripts/arm64-smoke.sh's cheaper
+#     build (no fat LTO; the e2e release is amd64 only); the amd64 ones are the release
+#     build scripts/e2e.sh uses too, so the test command builds them once.
+# Needs go and helm (scripts/k8s-binaries.sh builds helm).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${QUIVER_CACHE:-$HOME/.cache/quiver}"
@@ -92,4 +100,108 @@ ORAS="$(go_tool oras oras.land/oras/cmd/oras "$ORAS_VERSION")"
 "$ORAS" cp --from-oci-layout --to-plain-http "$oci/la:1.0.0" "127.0.0.1:$port/quiver/layout-test:1.0.0" >/dev/null
 [ "$("$ORAS" resolve --plain-http "127.0.0.1:$port/quiver/layout-test:1.0.0")" = "$d1" ] || fail "pushed digest differs"
 echo "ok: oci-image.py is reproducible ($d1), annotated, and pushes unchanged"
+
+# An index over two platforms' images: one digest for the same images, whatever order their
+# blobs were written in; each manifest carries its platform; one platform twice is refused.
+python3 "$ROOT/scripts/oci-image.py" --rootfs "$oci/a" --out "$oci/arm" --tag 1.0.0 --created 1700000000 \
+  --entrypoint /usr/local/bin/true --arch arm64 --variant v8 >/dev/null
+i1="$(python3 "$ROOT/scripts/oci-image.py" index --out "$oci/i1" --tag 1.0.0 --image "$oci/la" --image "$oci/arm" --annotation k=v)"
+i2="$(python3 "$ROOT/scripts/oci-image.py" index --out "$oci/i2" --tag 1.0.0 --image "$oci/la" --image "$oci/arm" --annotation k=v)"
+[ "$i1" = "$i2" ] || fail "one pair of images, two index digests: $i1 $i2"
+python3 "$ROOT/scripts/oci-image.py" index --out "$oci/i3" --tag 1.0.0 --image "$oci/la" --image "$oci/lb" 2>/dev/null \
+  && fail "an index with two linux/amd64 images was written"
+python3 - "$oci/i1" "$i1" <<'PY' || fail "index platforms"
+import json, sys
+layout, digest = sys.argv[1], sys.argv[2]
+blob = lambda d: json.load(open(f"{layout}/blobs/sha256/{d.split(':')[1]}"))
+index = blob(digest)
+assert index["mediaType"] == "application/vnd.oci.image.index.v1+json" and index["annotations"] == {"k": "v"}, index
+platforms = [(m["platform"]["architecture"], m["platform"].get("variant")) for m in index["manifests"]]
+assert platforms == [("amd64", None), ("arm64", "v8")], platforms
+for m in index["manifests"]:
+    config = blob(blob(m["digest"])["config"]["digest"])
+    assert (config["architecture"], config.get("variant")) == (m["platform"]["architecture"], m["platform"].get("variant")), config
+PY
+"$ORAS" cp --from-oci-layout --to-plain-http "$oci/i1:1.0.0" "127.0.0.1:$port/quiver/index-test:1.0.0" >/dev/null
+[ "$("$ORAS" resolve --plain-http "127.0.0.1:$port/quiver/index-test:1.0.0")" = "$i1" ] || fail "pushed index digest differs"
+echo "ok: oci-image.py index is reproducible ($i1), with each image's platform"
+
+# make release for linux/amd64 and linux/arm64 into this registry, signed with a key pair
+# made here; then what a user pulls is checked with the user's tools.
+release_tools
+export PATH="$(dirname "$COSIGN"):$PATH"
+(cd "$work" && COSIGN_PASSWORD=quiver-test cosign generate-key-pair >/dev/null 2>&1)
+arm64="$("$ROOT/scripts/arm64-smoke.sh" --binaries | tail -n 1)"
+rv=0.0.0-it
+QUIVER_PLAIN_HTTP=1 COSIGN_KEY="$work/cosign.key" COSIGN_PASSWORD=quiver-test \
+  QUIVER_RELEASE_PLATFORMS="linux/amd64 linux/arm64" QUIVER_RELEASE_BINS_ARM64="$arm64" \
+  "$ROOT/scripts/release.sh" "$rv" "$registry" > "$work/release.txt"
+# cosign verify also tries to refresh Sigstore's trust root from the internet: send that to a
+# closed loopback port (as scripts/release-install.sh does).
+export HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY=127.0.0.1,localhost
+verify() { cosign verify --key "$work/cosign.pub" --insecure-ignore-tlog=true "$1" >/dev/null 2>&1 || fail "signature of $1"; }
+for name in quiver-server quiver-operator; do
+  ref="$registry/$name"
+  index="$("$ORAS" resolve --plain-http "$ref:$rv")"
+  grep -qx "$ref:$rv@$index" "$work/release.txt" || fail "release.txt lacks $ref:$rv@$index"
+  verify "$ref:$rv"
+  platforms="$("$ORAS" manifest fetch --plain-http "$ref:$rv" | python3 -c '
+import json, sys
+index = json.load(sys.stdin)
+assert index["mediaType"] == "application/vnd.oci.image.index.v1+json", index
+for m in index["manifests"]:
+    print(m["platform"]["os"] + "/" + m["platform"]["architecture"], m["digest"])')"
+  [ "$(cut -d' ' -f1 <<<"$platforms" | xargs)" = "linux/amd64 linux/arm64" ] || fail "$ref:$rv platforms: $platforms"
+  while read -r platform digest; do
+    # Each platform's image holds that platform's static binary (the arm64 one is the binary given).
+    manifest="$("$ORAS" manifest fetch --plain-http "$ref@$digest")"
+    layer="$(python3 -c 'import json, sys; print(json.load(sys.stdin)["layers"][0]["digest"])' <<<"$manifest")"
+    "$ORAS" blob fetch --plain-http --output "$work/layer.tgz" "$ref@$layer"
+    rm -rf "$work/layer" && mkdir "$work/layer" && tar -xzf "$work/layer.tgz" -C "$work/layer"
+    check_static "$work/layer/usr/local/bin/$name" "$(platform_triple "$platform")" || fail "$name for $platform"
+    [ "$platform" != linux/arm64 ] || cmp -s "$work/layer/usr/local/bin/$name" "$arm64/$name" \
+      || fail "$ref@$digest does not hold $arm64/$name"
+    verify "$ref@$digest"
+    cosign verify-attestation --key "$work/cosign.pub" --insecure-ignore-tlog=true --type cyclonedx \
+      "$ref@$digest" 2>/dev/null > "$work/att.json" || fail "SBOM attestation of $ref@$digest ($platform)"
+    python3 - "$work/att.json" "$digest" "$platform" "$(platform_triple "$platform")" <<'PY' || fail "SBOM of $ref@$digest ($platform)"
+import base64, json, sys
+att, digest, platform, triple = sys.argv[1:]
+statement = json.loads(base64.b64decode(json.loads(open(att).readline())["payload"]))
+assert "sha256:" + statement["subject"][0]["digest"]["sha256"] == digest, statement["subject"]
+bom = statement["predicate"]
+props = {p["name"]: p["value"] for p in bom["metadata"].get("properties", [])}
+assert props.get("quiver:platform") == platform and props.get("cdx:rustc:sbom:target:triple") == triple, props
+assert len(bom["components"]) > 10, len(bom["components"])
+PY
+    grep -qx "  $platform $ref@$digest" "$work/release.txt" || fail "release.txt lacks $platform $ref@$digest"
+    echo "ok: $ref:$rv $platform $digest: static binary, signed, SBOM attested"
+  done <<<"$platforms"
+done
+# The user's commands, as written: install.md's `verify` block over both platforms (the e2e
+# suite runs it on its amd64-only releases), and kubectl-plugin.md's `plugin` block, which
+# fetches the signed plugin artifact and checks its checksums.
+mkdir -p "$work/user" && cp "$work/cosign.pub" "$work/user/"
+oras_plain_http "$work/bin"
+doc_block() {
+  (cd "$work/user" && PATH="$work/bin:$PATH" REGISTRY="$registry" VERSION="$rv" \
+    bash -euo pipefail -c "$(python3 "$ROOT/scripts/doc-block.py" "$ROOT/docs/$1" "$2")" > "$work/block.log" 2>&1) \
+    || { cat "$work/block.log" >&2; fail "docs/$1's $2 block"; }
+}
+doc_block install.md verify
+for name in quiver-server quiver-operator; do
+  for arch in amd64 arm64; do
+    grep -qx "$registry/$name $arch: [0-9]* components" "$work/block.log" \
+      || { cat "$work/block.log" >&2; fail "install.md's verify block printed no SBOM of $name for $arch"; }
+  done
+done
+echo "ok: docs/install.md's verify block: both platforms' signatures and SBOMs"
+doc_block kubectl-plugin.md plugin
+plugin="$work/user/kubectl-quiver"
+[ "$(ls "$plugin" | xargs)" = "SHA256SUMS kubectl-quiver-linux-amd64 kubectl-quiver-linux-arm64" ] \
+  || fail "plugin artifact holds: $(ls "$plugin" | xargs)"
+check_static "$plugin/kubectl-quiver-linux-amd64" x86_64-unknown-linux-gnu || fail "amd64 plugin"
+cmp -s "$plugin/kubectl-quiver-linux-arm64" "$arm64/kubectl-quiver" || fail "arm64 plugin is not $arm64/kubectl-quiver"
+echo "ok: $registry/kubectl-quiver:$rv: both plugin binaries, checksums, signed (docs/kubectl-plugin.md)"
+rm -rf "$QUIVER_CACHE/release/$rv"
 echo "release path through a real OCI registry: ok"

@@ -37,3 +37,12 @@ release_tools() {
   fi
   export COSIGN ORAS CARGO_CYCLONEDX REGISTRY_BIN
 }
+
+# oras_plain_http DIR: writes DIR/oras, the release's oras always given --plain-http, for the
+# docs' commands run as written against the tests' registries on 127.0.0.1 (oras assumes
+# plain HTTP only for a registry named localhost; cosign, helm and docker do for loopback).
+oras_plain_http() {
+  mkdir -p "$1"
+  printf '#!/bin/sh\nexec %q "$@" --plain-http\n' "$ORAS" > "$1/oras"
+  chmod +x "$1/oras"
+}

@@ -67,7 +67,10 @@ log "OpenAPI import against a real kube-apiserver (its own core/v1 and apps/v1 d
 log "Helm chart, dashboards and alerts against a real API server and a real Prometheus"
 "$ROOT/scripts/chart-it.sh"
 
-log "chart release through a real OCI registry (distribution, built from its Go module)"
+log "linux/arm64: the cross-built binaries under qemu-user (a real MCP tools/call, the plugin, static aarch64 ELF)"
+"$ROOT/scripts/arm64-smoke.sh"
+
+log "release through a real OCI registry (distribution, built from its Go module): the chart, and make release for linux/amd64 and linux/arm64"
 "$ROOT/scripts/release-it.sh"
 
 log "end to end on a real kind cluster (node image, make release to a registry beside it, helm install from oci://, tests/e2e)"
