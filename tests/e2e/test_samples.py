@@ -5,8 +5,9 @@ one with upstreams connects to them (`UpstreamsReady`).
 A sample that needs something outside the cluster (an OpenID provider, a Redis, an API on the
 internet) or a node this cluster does not have says so in a comment line of its own,
 `# quiver.dev/e2e: skip — REASON`; it is reported as skipped with that reason, so the list of
-what is not run here lives in the samples themselves. `kubectl quiver check` covers every
-sample, skipped or not (operator/tests/plugin_check.rs)."""
+what is not run here lives in the samples themselves. Every sample, skipped or not, passes
+the API server's strict validation in a server-side dry run here, and `kubectl quiver check`
+offline (operator/tests/plugin_check.rs)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def test_every_skip_marker_has_its_form():
         for line in path.read_text().splitlines():
             if "quiver.dev/e2e" in line:
                 assert SKIP.match(line), f"{path.name}: {line!r} is not `# quiver.dev/e2e: skip — REASON`"
+
+
+def test_every_sample_passes_the_api_servers_strict_validation(ns: Namespace):
+    """Skipped samples included: `kubectl apply --dry-run=server` (strict field validation)
+    refuses a field the CRD's schema would prune, which no offline check sees."""
+    names = sorted(p.name for p in SAMPLES.glob("*.yaml"))
+    assert len(names) >= 18, names
+    for name in names:
+        ns.k("apply", "--dry-run=server", "-f", "-", stdin=(SAMPLES / name).read_text())
 
 
 @pytest.mark.parametrize("sample", params())
