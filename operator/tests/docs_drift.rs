@@ -97,3 +97,50 @@ fn observability_md_lists_every_operator_metric() {
         "docs/observability.md's operator table and the operator's /metrics differ"
     );
 }
+
+/// The top-level fields of `spec` in the committed CRD (crds/mcpservers.quiver.dev.yaml).
+fn crd_spec_fields() -> BTreeSet<String> {
+    let crd: serde_json::Value = serde_saphyr::from_str(&doc("crds/mcpservers.quiver.dev.yaml")).unwrap();
+    let versions = crd["spec"]["versions"].as_array().unwrap();
+    versions
+        .iter()
+        .flat_map(|v| {
+            v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+        })
+        .collect()
+}
+
+/// The code spans (`` `…` ``) of `text`.
+fn code_spans(text: &str) -> BTreeSet<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// A user upgrading reads CHANGELOG.md to learn what the API gained: every top-level field
+/// of the McpServer spec is named there (as `` `FIELD` `` or `` `spec.FIELD` ``) under a
+/// version heading.
+#[test]
+fn changelog_names_every_top_level_spec_field() {
+    let fields = crd_spec_fields();
+    assert!(
+        fields.len() >= 30 && fields.contains("tools") && fields.contains("sessionAffinity"),
+        "{fields:?}"
+    );
+    let changelog = doc("CHANGELOG.md");
+    let versions = changelog
+        .split_once("\n## ")
+        .map(|(_, rest)| rest)
+        .expect("CHANGELOG.md has no `## VERSION` section");
+    let named = code_spans(versions);
+    let missing: Vec<&String> = fields
+        .iter()
+        .filter(|f| !named.contains(f.as_str()) && !named.contains(format!("spec.{f}").as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "CHANGELOG.md does not name these McpServer spec fields under a version: {missing:?}"
+    );
+}

@@ -1,4 +1,4 @@
-"""Upstream MCP servers on a real kind cluster, with the sample deploy/samples/upstream-gateway.yaml:
+"""Upstream MCP servers on a real kind cluster, with tests/e2e/go-gateway.yaml:
 one McpServer serves local YAML tools, the tools of a stdio MCP server image built here (go-mcp,
 on the official Go SDK) run as a sidecar, and the tools of a remote go-mcp over Streamable HTTP,
 through one endpoint, driven by the official Python SDK client. A tools filter change
@@ -15,7 +15,7 @@ from conftest import Namespace, eventually
 from mcp import Client
 
 # scripts/e2e.sh pushes the go-mcp image to the cluster's registry and names it here.
-SAMPLE = (Path(__file__).parents[2] / "deploy" / "samples" / "upstream-gateway.yaml").read_text().replace(
+SAMPLE = (Path(__file__).parent / "go-gateway.yaml").read_text().replace(
     "quiver-e2e/go-mcp:dev", os.environ.get("QUIVER_E2E_GO_MCP_IMAGE", "quiver-e2e/go-mcp:dev")
 )
 
