@@ -1,4 +1,4 @@
-//! One duration grammar: every duration field of the McpServer CRD admits only values that
+//! One duration grammar, and schemas that keep what they admit: every duration field of the McpServer CRD admits only values that
 //! quiver-server parses (the flags and ToolSet fields the operator renders from them use the
 //! same parser), so a value the API server accepts never keeps a pod from starting.
 //!
@@ -88,4 +88,38 @@ fn each_duration_fields_documented_maximum_parses() {
     for v in ["24h", "60m", "5s", "9999ms", "1h"] {
         assert!(quiver_model::config::parse_duration(v).is_ok(), "{v}");
     }
+}
+
+/// A map whose values may be any JSON (a type name or a whole JSON Schema under `input`)
+/// keeps what is inside each value: `additionalProperties: true` would let the API server
+/// prune a value's fields (an `enum` of a shorthand input property was stored as `{}`).
+#[test]
+fn no_map_of_any_values_lets_the_api_server_prune_them() {
+    fn walk(schema: &Value, path: &str, out: &mut Vec<String>) {
+        match schema {
+            Value::Object(m) => {
+                if m.get("additionalProperties") == Some(&Value::Bool(true)) {
+                    out.push(path.to_owned());
+                }
+                for (k, v) in m {
+                    walk(v, &format!("{path}/{k}"), out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, path, out)),
+            _ => {}
+        }
+    }
+    let crd = serde_json::to_value(McpServer::crd()).unwrap();
+    let mut found = Vec::new();
+    walk(&crd, "", &mut found);
+    assert!(
+        found.is_empty(),
+        "maps whose values the API server would prune: {found:?}"
+    );
+    let input = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["tools"]["items"]["properties"]["input"];
+    assert_eq!(
+        input["additionalProperties"]["x-kubernetes-preserve-unknown-fields"], true,
+        "{input}"
+    );
 }

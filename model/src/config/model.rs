@@ -151,7 +151,12 @@ pub struct ToolSpec {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "json_field::optional_map"
     )]
-    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    // Each value is a type name or a whole JSON Schema: the API server must keep what is
+    // inside it (a bare `additionalProperties: true` would let it prune a schema's fields).
+    #[schemars(extend(
+        "x-kubernetes-preserve-unknown-fields" = true,
+        "additionalProperties" = {"x-kubernetes-preserve-unknown-fields": true}
+    ))]
     pub input: Option<BTreeMap<String, Value>>,
     /// Full JSON Schema (an object schema) of the arguments. Exclusive with `input`.
     #[serde(
