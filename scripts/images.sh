@@ -39,14 +39,20 @@ if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ]; then
 fi
 log "quiver-server release build (fat LTO, static${server_flags/*profile-use*/, PGO})"
 server_log="$QUIVER_CACHE/images/server-build.log"
+pgo="none"
+[ "$server_flags" = "$IMAGE_RUSTFLAGS" ] || pgo="profile sha256 $(sha256sum "$PGO_PROFILE" | cut -c1-16)"
 if ! release_build "$QUIVER_CACHE/target-images-server" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
   if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qiE 'profile|pgo' "$server_log"; then
     log "the PGO profile could not be used (see above): building quiver-server without it"
     release_build "$QUIVER_CACHE/target-images-server-nopgo" "$IMAGE_RUSTFLAGS" quiver-server
+    pgo="none (the profile could not be used)"
   else
     exit 1
   fi
 fi
+# How the server binary was built, beside it: the per-request cost guard (bench/guard.py)
+# compares it with its baseline's, since the PGO profile alone moves the instruction count.
+printf '{"pgo": "%s"}\n' "$pgo" > "$bins/quiver-server.build.json"
 log "quiver-operator release build (fat LTO, static)"
 release_build "$QUIVER_CACHE/target-images" "$IMAGE_RUSTFLAGS" quiver-operator
 for b in quiver-server quiver-operator; do
