@@ -20,7 +20,7 @@ jemalloc's time-driven housekeeping (the tcache GC every 10 ms of wall time, dir
 muzzy page decay) would make the count depend on how fast the machine ran the program:
 under valgrind's slowdown it would fire dozens of times more often per request than at
 full speed. `_RJEM_MALLOC_CONF` switches it to the byte-driven GC and no decay, which makes
-the count repeatable (spread across runs: under 0.1%).
+the count repeatable (spread across runs: a few tenths of a percent at most).
 """
 
 from __future__ import annotations
