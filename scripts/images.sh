@@ -51,17 +51,22 @@ if [ "${QUIVER_PGO:-1}" != 0 ] && [ -f "$PGO_PROFILE" ] && [ "$triple" = "$IMAGE
   server_flags="$IMAGE_RUSTFLAGS -Cprofile-use=$profile -Cllvm-args=-no-pgo-warn-mismatch"
 fi
 pgo_note=""
-[ "$server_flags" = "$IMAGE_RUSTFLAGS" ] || pgo_note=", PGO"
+pgo="none"
+[ "$server_flags" = "$IMAGE_RUSTFLAGS" ] || { pgo_note=", PGO"; pgo="profile sha256 $(sha256sum "$PGO_PROFILE" | cut -c1-16)"; }
 log "quiver-server release build for $platform (fat LTO, static$pgo_note)"
 server_log="$QUIVER_CACHE/images/server-build-${platform#linux/}.log"
 if ! release_build "$server_dir" "$server_flags" quiver-server 2> >(tee "$server_log" >&2); then
   if [ "$server_flags" != "$IMAGE_RUSTFLAGS" ] && grep -qiE 'profile|pgo' "$server_log"; then
     log "the PGO profile could not be used (see above): building quiver-server without it"
     release_build "$QUIVER_CACHE/target-images-server-nopgo" "$IMAGE_RUSTFLAGS" quiver-server
+    pgo="none (the profile could not be used)"
   else
     exit 1
   fi
 fi
+# How the server binary was built, beside it: the per-request cost guard (bench/guard.py)
+# compares it with its baseline's, since the PGO profile alone moves the instruction count.
+printf '{"pgo": "%s"}\n' "$pgo" > "$bins/quiver-server.build.json"
 log "quiver-operator release build for $platform (fat LTO, static)"
 release_build "$operator_dir" "$IMAGE_RUSTFLAGS" quiver-operator
 for b in quiver-server quiver-operator; do

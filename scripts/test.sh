@@ -2,8 +2,9 @@
 # The test command (README, .ci/run): formatting, lints, unit and integration tests, the
 # official MCP SDK clients (Python and TypeScript) and the official conformance suite
 # against the real server binary, the
-# operator and chart on a real control plane, the e2e suite on a real kind cluster, and a
-# smoke run of the quick-start demo. Installs what it needs; caches under ~/.cache/quiver.
+# operator and chart on a real control plane, the e2e suite on a real kind cluster, the
+# per-request cost guard (instruction counts of the release server), and a smoke run of the
+# quick-start demo. Installs what it needs; caches under ~/.cache/quiver.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -75,6 +76,9 @@ log "release through a real OCI registry (distribution, built from its Go module
 
 log "end to end on a real kind cluster (node image, make release to a registry beside it, helm install from oci://, tests/e2e)"
 "$ROOT/scripts/e2e.sh"
+
+log "per-request cost guard: instructions and allocations per request of the release server under callgrind, against bench/cost-baseline.json"
+"$ROOT/scripts/cost-guard.sh"
 
 log "quick-start demo (one-shot)"
 "$ROOT/scripts/demo.sh" --once
