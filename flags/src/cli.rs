@@ -298,14 +298,14 @@ pub struct ServeArgs {
     /// `stdout` (the logs are on stderr) or `file:PATH`. Off when not set.
     #[arg(long, env = "QUIVER_AUDIT")]
     pub audit: Option<crate::values::AuditSink>,
-    /// Audit records queued for the writer (16 to 65536; each place is allocated at start,
+    /// Audit records queued for the writer (at most 65536; each place is allocated at start,
     /// about 350 bytes); a record that finds the queue full is dropped and counted
     /// (quiver_audit_dropped_total), or with --audit-on-full refuse its call is refused.
     #[arg(
         long,
         env = "QUIVER_AUDIT_QUEUE",
         default_value_t = crate::values::DEFAULT_AUDIT_QUEUE,
-        value_parser = clap::value_parser!(u32).range(16..=i64::from(crate::values::MAX_AUDIT_QUEUE))
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::values::MAX_AUDIT_QUEUE))
     )]
     pub audit_queue: u32,
     /// What a call whose audit record cannot be queued gets: `drop` runs it and drops the

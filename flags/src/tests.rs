@@ -95,6 +95,7 @@ fn parse_serve_reports_what_the_server_would_refuse() {
         (vec!["--no-such-flag"], "--no-such-flag"),
         (vec!["--listen=localhost"], "--listen"),
         (vec!["--audit-queue=1000000"], "--audit-queue"),
+        (vec!["--audit-queue=0"], "--audit-queue"),
     ] {
         let err = parse_serve(&args(&given), []).expect_err(given[0]);
         assert!(err.contains(flag), "{given:?}: {err}");
