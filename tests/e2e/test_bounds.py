@@ -34,7 +34,10 @@ def mcp_server(redis: str) -> dict:
             "tuning": {"workerThreads": 256},
             "tools": [{
                 "name": "add", "description": "Add two numbers", "handler": {"builtin": "add"},
-                "limits": [{"rate": "1000/s", "shared": True}],
+                # One call an hour: the budget's key in Redis lives as long as the hour it
+                # covers, so the test finds it there after the call (at a fast rate the key
+                # expires within milliseconds).
+                "limits": [{"rate": "1/h", "shared": True}],
             }],
         },
     }
