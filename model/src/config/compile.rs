@@ -112,6 +112,7 @@ fn compile_policies(
             upstreams: &upstreams,
             resources: &declared,
             prompts: &names,
+            openapi: !ts.openapi.is_empty(),
         },
         p,
     );

@@ -334,6 +334,8 @@ pub struct Declared<'a> {
     pub resources: &'a [&'a str],
     /// Its prompts' names.
     pub prompts: &'a [&'a str],
+    /// It has OpenAPI sources, whose tools are named only once their documents are fetched.
+    pub openapi: bool,
 }
 
 fn valid_policy_name(n: &str) -> bool {
@@ -382,14 +384,15 @@ fn selector(spec: &PolicySpec, at: &str, d: &Declared<'_>, p: &mut Problems) -> 
     // Resource URIs and prompt names are free text in the ToolSet: any line of it.
     let text = |u: &str| (1..=MAX_SELECTOR_TEXT).contains(&u.len()) && !u.chars().any(char::is_control);
     let mut sel = Selector {
-        // A tool may be imported from an upstream: a name is checked only without any.
+        // A tool may be imported from an upstream or an OpenAPI document: a name is checked
+        // only when the ToolSet has neither.
         tools: names(
             &spec.tools,
             &format!("{at}.tools"),
             ("tool name", "no tool is named"),
             crate::spec::context::valid_tool_name,
             &tools,
-            !d.upstreams.is_empty(),
+            !d.upstreams.is_empty() || d.openapi,
             p,
         ),
         resources: names(

@@ -404,3 +404,31 @@ proptest! {
         }
     }
 }
+
+/// Tools an OpenAPI document brings are named only once it is read (at the server, and again
+/// whenever it changes), so with an OpenAPI source a policy may name any valid tool name, as
+/// with an upstream; without either, a name no tool has is a typo and refused.
+#[test]
+fn a_policy_may_name_the_tools_of_an_openapi_source() {
+    let src = |openapi: &str| {
+        format!(
+            "{openapi}policies: [{{name: reads, expression: 'true', tools: [listCoreV1Namespace, 'read*']}}]\ntools: [{{name: t, handler: {{builtin: echo}}}}]\n"
+        )
+    };
+    let with = src("openapi: [{name: k8s, url: 'https://kubernetes.default.svc/openapi/v3/api/v1'}]\n");
+    let compile = |text: &str| crate::config::compile(&crate::config::parse("t.yaml", text).unwrap());
+    let compiled = compile(&with).unwrap();
+    assert!(
+        compiled
+            .policies
+            .for_tool("listCoreV1Namespace", "", None)
+            .is_some()
+    );
+    assert!(compiled.policies.for_tool("t", "", None).is_none());
+    let err = compile(&src("")).unwrap_err();
+    assert!(
+        err.problems.iter().any(|p| p.path == "policies[0].tools[0]"
+            && p.message.contains("no tool is named `listCoreV1Namespace`")),
+        "{err:?}"
+    );
+}
