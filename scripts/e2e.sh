@@ -30,6 +30,20 @@ otelcol_image() {
   kind load docker-image --name "$QUIVER_CLUSTER" "$image"
 }
 
+# tests/e2e/test_kube_prometheus_stack.py: prometheus-operator, its config reloader and
+# Prometheus as images built here (tests/e2e/kube-prometheus-stack/images.sh), loaded into
+# the nodes, and the operator's monitoring.coreos.com CRDs.
+prometheus_stack_images() {
+  local images crds
+  mapfile -t images < <("$ROOT/tests/e2e/kube-prometheus-stack/images.sh")
+  crds="$("$ROOT/scripts/prometheus-operator.sh" | sed -n 2p)"
+  kind load docker-image --name "$QUIVER_CLUSTER" "${images[@]}"
+  export QUIVER_E2E_PROMETHEUS_OPERATOR_IMAGE="${images[0]}" \
+    QUIVER_E2E_PROMETHEUS_CONFIG_RELOADER_IMAGE="${images[1]}" \
+    QUIVER_E2E_PROMETHEUS_IMAGE="${images[2]}" \
+    QUIVER_E2E_PROMETHEUS_OPERATOR_CRDS="$crds"
+}
+
 cleanup() {
   [ "${QUIVER_KEEP_CLUSTER:-0}" = 1 ] || "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 }
@@ -51,6 +65,7 @@ if [ "${QUIVER_E2E_INSTALL:-registry}" = local ]; then
   go_image="$("$ROOT/tests/e2e/upstream-go/build.sh" | tail -n 1)"
   kind load docker-image --name "$QUIVER_CLUSTER" "$go_image"
   otelcol_image
+  prometheus_stack_images
   governance_deps
   log "e2e suite on kind cluster $QUIVER_CLUSTER (local install)"
   "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
@@ -78,6 +93,7 @@ export QUIVER_E2E_GO_MCP_IMAGE="$host/$go_image"
 docker tag "$go_image" "$QUIVER_E2E_GO_MCP_IMAGE"
 docker push "$QUIVER_E2E_GO_MCP_IMAGE" >/dev/null
 otelcol_image
+prometheus_stack_images
 governance_deps
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
 "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"

@@ -39,6 +39,12 @@ def lhs_of_alert(expr):
     return m.group(1) if m else expr
 
 
+def has_data(result):
+    """A query result with at least one series whose value is a number (a series of NaN is
+    no data, e.g. histogram_quantile without a +Inf bucket)."""
+    return any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in result)
+
+
 def check_expr(base, expr, what, failures, require_data=True):
     try:
         r = api(base, "query", query=expr)
@@ -51,10 +57,36 @@ def check_expr(base, expr, what, failures, require_data=True):
     result = r["data"]["result"]
     if require_data and not result:
         failures.append(f"{what}: no series for {expr}")
-    # A series of NaN is no data either (e.g. histogram_quantile without a +Inf bucket).
-    elif require_data and all(s["value"][1] in ("NaN", "+Inf", "-Inf") for s in result):
+    elif require_data and not has_data(result):
         failures.append(f"{what}: only NaN/Inf values for {expr}")
     return result
+
+
+def check_dashboard(base, d, rate_window, failures, require_data=True):
+    """Runs every variable query and panel target of dashboard `d` (its parsed JSON). Returns
+    {"$variable": series having its label, "panel title [refId]": query result}; a query
+    that is invalid (or, with require_data, empty) is added to `failures`."""
+    results = {}
+    for var in d["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        definition = var["query"]["query"]
+        m = re.match(r"label_values\((.*),\s*(\w+)\)$", definition)
+        assert m, definition
+        metric, label = substitute(m.group(1), rate_window), m.group(2)
+        series = api(base, "series", **{"match[]": metric})["data"]
+        results[f"${var['name']}"] = found = [s for s in series if label in s]
+        if require_data and not found:
+            failures.append(f"{d['title']} variable {var['name']}: no {label} on {metric}")
+    for p in d["panels"]:
+        for t in p["targets"]:
+            what = f"{p['title']} [{t['refId']}]"
+            expr = substitute(t["expr"], rate_window)
+            res = check_expr(base, expr, f"{d['title']} / {what}", failures, require_data)
+            results[what] = res
+            if res:
+                print(f"ok  {d['title']} / {what}: {len(res)} series")
+    return results
 
 
 def main():
@@ -67,25 +99,8 @@ def main():
     failures, checked = [], 0
     dashboards = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
     for path in dashboards:
-        d = json.loads(path.read_text())
-        for var in d["templating"]["list"]:
-            if var["type"] != "query":
-                continue
-            definition = var["query"]["query"]
-            m = re.match(r"label_values\((.*),\s*(\w+)\)$", definition)
-            assert m, definition
-            metric, label = substitute(m.group(1), args.rate_window), m.group(2)
-            series = api(args.prometheus, "series", **{"match[]": metric})["data"]
-            checked += 1
-            if not any(label in s for s in series):
-                failures.append(f"{d['title']} variable {var['name']}: no {label} on {metric}")
-        for p in d["panels"]:
-            for t in p["targets"]:
-                checked += 1
-                expr = substitute(t["expr"], args.rate_window)
-                res = check_expr(args.prometheus, expr, f"{d['title']} / {p['title']} [{t['refId']}]", failures)
-                if res:
-                    print(f"ok  {d['title']} / {p['title']} [{t['refId']}]: {len(res)} series")
+        results = check_dashboard(args.prometheus, json.loads(path.read_text()), args.rate_window, failures)
+        checked += len(results)
     import yaml
 
     groups = yaml.safe_load((ROOT / "deploy" / "prometheus" / "quiver-rules.yaml").read_text())["groups"]
