@@ -123,7 +123,7 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
     };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26");
     // Tracing off, the dispatch future is awaited where it is: handing it to the tracing
-    // wrapper would copy the whole (several-KiB) future twice per request.
+    // wrapper would move the whole future twice per request (two copies of it).
     let outcome = if crate::otel::enabled() {
         crate::otel::spans::under_headers(headers, handled).await
     } else {
