@@ -74,7 +74,53 @@ pub(super) fn stateless_args<'a>(req: &Request<'a>) -> Result<Option<StatelessAr
     }))
 }
 
+/// A 2026-07-28 tool call's round, checked before the tool runs: a retry's `requestState`
+/// and `inputResponses` are opened at once (so that a bad one is refused before anything
+/// runs); a first round carries neither and cannot fail, so it is opened only when the call
+/// needs it ([`CallRound::open`]): a tool that answers at once never pays for its identity.
+pub(super) enum CallRound<'a> {
+    /// A retry, opened.
+    Opened(Box<StatelessCall>),
+    /// A first round, not opened yet.
+    First(StatelessArgs<'a>),
+}
+
+impl CallRound<'_> {
+    /// The round, opened.
+    ///
+    /// # Errors
+    /// None for a first round; a retry was opened (and checked) by [`Server::call_round`].
+    pub(super) fn open(
+        self,
+        server: &Server,
+        name: &str,
+        args: &Value,
+    ) -> Result<Box<StatelessCall>, RpcError> {
+        match self {
+            Self::Opened(c) => Ok(c),
+            Self::First(m) => server.stateless_call("tools/call", name, args, m).map(Box::new),
+        }
+    }
+}
+
 impl Server {
+    /// The round of a 2026-07-28 `tools/call` of `name` with `args`: see [`CallRound`].
+    ///
+    /// # Errors
+    /// `-32602` when a retry's `requestState` or `inputResponses` are refused.
+    pub(super) fn call_round<'a>(
+        &self,
+        name: &str,
+        args: &Value,
+        m: StatelessArgs<'a>,
+    ) -> Result<CallRound<'a>, RpcError> {
+        if m.state.is_none() && m.answers.is_none() {
+            return Ok(CallRound::First(m));
+        }
+        self.stateless_call("tools/call", name, args, m)
+            .map(|c| CallRound::Opened(Box::new(c)))
+    }
+
     /// Opens a 2026-07-28 call's `requestState` and gathers the answers of its retry.
     pub(super) fn stateless_call(
         &self,

@@ -200,14 +200,17 @@ pub fn stamp(out: &mut Vec<u8>, fields: &[u8]) {
     if out.len() < 3 || !out.ends_with(b"}}") {
         return;
     }
+    // The closing `}}` is cut and written again after the fields: no second buffer, and
+    // nothing moved but those two bytes.
     let at = out.len() - 2;
     let empty = out[at - 1] == b'{';
-    let mut tail = Vec::with_capacity(fields.len() + 3);
+    out.truncate(at);
+    out.reserve(fields.len() + 3);
     if !empty {
-        tail.push(b',');
+        out.push(b',');
     }
-    tail.extend_from_slice(fields);
-    out.splice(at..at, tail);
+    out.extend_from_slice(fields);
+    out.extend_from_slice(b"}}");
 }
 
 /// The cache hints of a cacheable result (lists, reads, discovery).
@@ -454,6 +457,16 @@ mod tests {
         stamp(&mut out, br#""a":1"#);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["result"], json!({"x": [], "a": 1}));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"x":[],"a":1}}"#
+        );
+        // Anything that does not end as a result object is left as it is.
+        for other in [&b"}}"[..], b"{\"a\":[1]}", b""] {
+            let mut out = other.to_vec();
+            stamp(&mut out, br#""a":1"#);
+            assert_eq!(out, other);
+        }
     }
 
     #[test]

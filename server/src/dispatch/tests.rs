@@ -214,6 +214,43 @@ fn tools_answer_and_refuse() {
     assert_eq!(code(&v), i64::from(INVALID_PARAMS));
 }
 
+/// A 2026-07-28 retry's `requestState` and `inputResponses` are checked before the tool
+/// runs, also for a tool that answers at once (whose first round is opened only if needed).
+#[test]
+fn a_retry_of_a_tool_that_answers_at_once_is_checked_before_it_runs() {
+    let s = server();
+    let call = |extra: Value| {
+        let mut params = json!({"name": "add", "arguments": {"a": 1, "b": 2}});
+        if let (Some(p), Value::Object(e)) = (params.as_object_mut(), extra) {
+            p.extend(e);
+        }
+        stateless("tools/call", params, json!({}))
+    };
+    for (extra, refusal) in [
+        (json!({"requestState": "forged.state"}), "integrity check"),
+        (
+            json!({"inputResponses": ["not", "an", "object"]}),
+            "`inputResponses` must be an object",
+        ),
+    ] {
+        let (status, v, _) = reply(&s, &call(extra.clone()), STATELESS_CX);
+        assert_eq!(
+            (status, code(&v)),
+            (400, i64::from(INVALID_PARAMS)),
+            "{extra}: {v}"
+        );
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(refusal), "{extra}: {v}");
+    }
+    // An empty answer set is a retry too, and a valid one: the call runs.
+    for extra in [json!({}), json!({"inputResponses": {}})] {
+        let (status, v, _) = reply(&s, &call(extra.clone()), STATELESS_CX);
+        assert_eq!(status, 200, "{extra}: {v}");
+        assert_eq!(v["result"]["content"][0]["text"], "3", "{extra}: {v}");
+        assert_eq!(v["result"]["resultType"], "complete", "{extra}: {v}");
+    }
+}
+
 #[test]
 fn a_call_the_caller_may_not_make_is_forbidden_in_both_eras() {
     let s = server();

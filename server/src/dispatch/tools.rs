@@ -144,28 +144,23 @@ pub(super) async fn call(
         }
     };
     let (start, permits) = (admitted.start, admitted.permits);
-    let stateless = match stateless {
-        None => None,
-        Some(m) => Some(Box::new(server.stateless_call(
-            "tools/call",
-            &p.name,
-            &args,
-            m,
-        )?)),
-    };
-    let progress = match &stateless {
-        Some(m) => m.progress.clone(),
-        None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
-    };
+    let round = stateless
+        .map(|m| server.call_round(&p.name, &args, m))
+        .transpose()?;
     let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let failed = conclude(&guard, index, req.id, output, start, out);
         noted(trail, failed);
-        if stateless.is_some() {
+        if round.is_some() {
             crate::dispatch::stateless::stamp(out, &guard.result_stamp);
         }
         return Ok(None);
     }
+    let stateless = round.map(|r| r.open(server, &p.name, &args)).transpose()?;
+    let progress = match &stateless {
+        Some(m) => m.progress.clone(),
+        None => p.meta.and_then(|m| m.progress_token).map(ToOwned::to_owned),
+    };
     // A slow handler: hold the snapshot by Arc (a reload may swap meanwhile) and make the
     // call cancellable by `notifications/cancelled`.
     let snap: Arc<Snapshot> = arc_swap::Guard::into_inner(guard);

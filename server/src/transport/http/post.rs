@@ -122,7 +122,14 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
         client: caller.client,
     };
     let handled = state.server.handle(&body, ctx, version == "2025-03-26");
-    match crate::otel::spans::under_headers(headers, handled).await {
+    // Tracing off, the dispatch future is awaited where it is: handing it to the tracing
+    // wrapper would move the whole future twice per request (two copies of it).
+    let outcome = if crate::otel::enabled() {
+        crate::otel::spans::under_headers(headers, handled).await
+    } else {
+        handled.await
+    };
+    match outcome {
         Outcome::Listen(listen) => {
             drop(pass);
             listen_stream(&state, listen)
