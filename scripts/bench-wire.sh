@@ -8,8 +8,7 @@
 # ~/.cache/quiver/images/bin/quiver-server). QUIVER_BENCH_WRITE=0: print only.
 # `--baseline PATH` measures another build (say the previous commit's) side by side, as
 # rows "baseline" and "baseline→rmcp". QUIVER_BENCH_TRACING=1 adds tracing rows (below).
-# The gateways users pick instead of quiver front the same rmcp peer: ToolHive's vMCP
-# (always) and agentgateway (with AGENTGATEWAY_GIT, below), next to the TCP relay.
+# ToolHive's vMCP fronts the same rmcp peer as quiver→rmcp and the TCP relay (vmcp→rmcp).
 # Everything installed goes under ~/.cache/quiver; nothing is written into the clone but
 # the table.
 set -euo pipefail
@@ -53,11 +52,6 @@ if [ ! -x "$vmcp" ]; then
     "github.com/stacklok/toolhive/cmd/vmcp@$TOOLHIVE_VERSION"
 fi
 gateways=(--vmcp "$vmcp")
-# AGENTGATEWAY_GIT=DIR (a clone of github.com/agentgateway/agentgateway; it is not on
-# crates.io) adds the agentgateway→rmcp row, built by scripts/agentgateway.sh.
-if [ -n "${AGENTGATEWAY_GIT:-}" ]; then
-  gateways+=(--agentgateway "$("$ROOT/scripts/agentgateway.sh" "$AGENTGATEWAY_GIT")")
-fi
 
 log "TypeScript SDK peers (npm, from their lockfiles)"
 node="$ROOT/tests/conformance/node_modules/node/bin/node"   # Node 22, installed by scripts/conformance.sh
