@@ -110,6 +110,8 @@ class Server:
     reload_every: float | None = None  # rewrite the ToolSet this often during the window
     proc: subprocess.Popen | None = None
     expect: str = "hello"  # the text of the verified reply's content block
+    body: bytes = BODY  # the request every call of this server's windows sends
+    headers: dict = field(default_factory=lambda: dict(HEADERS))
     reply_size: int = 0
     idle_rss: float = 0.0
 
@@ -118,8 +120,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}/mcp"
 
 
-def post_once(url: str) -> tuple[int, bytes, str]:
-    req = urllib.request.Request(url, data=BODY, headers=HEADERS, method="POST")
+def post_once(url: str, body: bytes = BODY, headers: dict | None = None) -> tuple[int, bytes, str]:
+    req = urllib.request.Request(url, data=body, headers=headers or HEADERS, method="POST")
     with urllib.request.urlopen(req, timeout=5) as r:
         return r.status, r.read(), r.headers.get("Content-Type", "")
 
@@ -132,7 +134,7 @@ def verify(s: Server, timeout: float = 30.0) -> None:
         if s.proc and s.proc.poll() is not None:
             raise SystemExit(f"{s.name} exited with {s.proc.returncode} before answering")
         try:
-            status, body, ctype = post_once(s.url)
+            status, body, ctype = post_once(s.url, s.body, s.headers)
         except OSError as e:
             last = e
             time.sleep(0.05)
@@ -156,14 +158,14 @@ def verify(s: Server, timeout: float = 30.0) -> None:
     s.reply_size = len(body)
 
 
-def oha(oha_bin: str, url: str, conns: int, seconds: float | None = None, requests: int | None = None, http2: bool = False) -> dict:
-    cmd = ["taskset", "-c", LOAD_CPU, oha_bin, "--no-tui", "--output-format", "json", "-m", "POST", "-d", BODY.decode(), "-c", str(conns)]
-    for k, v in HEADERS.items():
+def oha(oha_bin: str, s: Server, conns: int, seconds: float | None = None, requests: int | None = None, http2: bool = False) -> dict:
+    cmd = ["taskset", "-c", LOAD_CPU, oha_bin, "--no-tui", "--output-format", "json", "-m", "POST", "-d", s.body.decode(), "-c", str(conns)]
+    for k, v in s.headers.items():
         cmd += ["-H", f"{k}: {v}"]
     if http2:
         cmd += ["--http2", "-p", str(H2_STREAMS)]
     cmd += ["-z", f"{seconds}s"] if seconds else ["-n", str(requests)]
-    out = subprocess.run(cmd + [url], check=True, capture_output=True, text=True, timeout=(seconds or 60) + 60)
+    out = subprocess.run(cmd + [s.url], check=True, capture_output=True, text=True, timeout=(seconds or 60) + 60)
     return json.loads(out.stdout)
 
 
@@ -201,7 +203,7 @@ def window(oha_bin: str, s: Server, servers: dict[str, Server], conns: int, seco
     if rewriter:
         rewriter.start()
     try:
-        r = oha(oha_bin, s.url, conns, seconds=seconds, http2=http2)
+        r = oha(oha_bin, s, conns, seconds=seconds, http2=http2)
     finally:
         if rewriter:
             rewriter.stop.set()
@@ -257,6 +259,35 @@ def versions(args) -> dict[str, str]:
     v["oha"] = subprocess.run([args.oha, "--version"], capture_output=True, text=True).stdout.strip().removeprefix("oha ")
     v["quiver"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return v
+
+
+# The 2026-07-28 (stateless) form of the same call: vMCP serves a call without a session
+# only in this revision, which names the method and the tool in headers too.
+MODERN_BODY = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"},'
+               b'"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}')
+MODERN_HEADERS = {**HEADERS, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
+
+
+def gateway_peers(args, tmp: Path, rmcp: Server) -> list[Server]:
+    """The gateways a user would put in front of an MCP server instead of quiver, each
+    fronting the same rmcp peer with authentication, telemetry and audit off. (agentgateway
+    cannot be built here: see "Other gateways" in docs/performance.md.)"""
+    out = []
+    if args.vmcp:
+        # ToolHive's Virtual MCP server, standalone: one static backend, anonymous clients,
+        # no outgoing auth, no telemetry section (so no exporter and no /metrics), no audit,
+        # no optimizer (which would keep it on session-bound calls).
+        cfg = tmp / "vmcp.yaml"
+        cfg.write_text("name: bench\ngroupRef: bench\n"
+                       f"backends:\n  - {{name: rmcp, url: '{rmcp.url}', transport: streamable-http}}\n"
+                       "incomingAuth: {type: anonymous}\n"
+                       "outgoingAuth: {source: inline, default: {type: unauthenticated}}\n"
+                       "aggregation: {conflictResolution: priority, conflictResolutionConfig: {priorityOrder: [rmcp]}}\n")
+        s = Server("vmcp→rmcp", [], "ToolHive vMCP (`vmcp serve`) fronting the rmcp peer; 2026-07-28 stateless calls",
+                   needs=["rmcp"], body=MODERN_BODY, headers=dict(MODERN_HEADERS))
+        s.argv = [args.vmcp, "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(s.port)]
+        out.append(s)
+    return out
 
 
 def build_servers(args, tmp: Path) -> dict[str, Server]:
@@ -338,6 +369,7 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         # its own upstream connection, parsing nothing.
         servers.append(server("relay→rmcp", lambda port: [f"{args.peers}/tcp-relay", "--port", str(port), "--to", f"127.0.0.1:{rmcp.port}"],
                               "floor of a hop: TCP byte relay in front of the rmcp peer", needs=["rmcp"]))
+        servers += gateway_peers(args, tmp, rmcp)
     if args.http_tools:
         # A hand-written http tool and the same request imported from an OpenAPI document,
         # side by side: each POSTs `/mcp?text=hello` to the axum-fixed peer and returns its
@@ -366,6 +398,33 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
     only = set(args.only or [])
     keep = only | {n for s in servers if s.name in only for n in s.needs}
     return {s.name: s for s in servers if not only or s.name in keep}
+
+
+def gateway_lines(results, servers, loads) -> list[str]:
+    """One row per hop in front of rmcp: what the hop adds per call, that is its own CPU plus
+    what the upstream spent in its window, minus what rmcp spends on the call served directly."""
+    hops = [n for n, s in servers.items() if s.needs == ["rmcp"]]
+    if not hops or "rmcp" not in servers:
+        return []
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    lines = ["**Gateways in front of rmcp: forwarding overhead per call** (own CPU + upstream CPU − rmcp's CPU "
+             "for the call served directly, same load)", "",
+             "| hop | connections | overhead/call | own CPU | upstream CPU | vs relay | p50 | p99 | RSS after |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label in loads:
+        direct = results.get(("rmcp", label))
+        if label.startswith("h2c") or not direct:
+            continue
+        base = med(direct, "cpu_us")
+        over = {n: med(results[(n, label)], "cpu_us") + med(results[(n, label)], "upstream_cpu_us") - base
+                for n in hops if (n, label) in results}
+        relay = over.get("relay→rmcp")
+        for n, o in over.items():
+            rs = results[(n, label)]
+            ratio = f"{o / relay:.1f}x" if relay and relay > 0 else ""
+            lines.append(f"| {n} | {label} | {o:.1f} µs | {med(rs, 'cpu_us'):.1f} µs | {med(rs, 'upstream_cpu_us'):.1f} µs | {ratio} | "
+                         f"{med(rs, 'p50_us'):.0f} µs | {med(rs, 'p99_us'):.0f} µs | {med(rs, 'rss'):.1f} MiB |")
+    return lines + [""]
 
 
 def table(results, servers, loads, args, v) -> str:
@@ -400,6 +459,7 @@ def table(results, servers, loads, args, v) -> str:
             lines.append(f"| {name} | {c:.1f} µs{extra} | {ratio(b)} | {ratio(q)} | {med(rs, 'rps'):,.0f} | "
                          f"{med(rs, 'p50_us'):.0f} µs | {med(rs, 'p99_us'):.0f} µs | {med(rs, 'rss'):.1f} MiB |")
         lines.append("")
+    lines += gateway_lines(results, servers, loads)
     lines += ["| server | what it is | idle RSS | reply bytes |", "|---|---|---|---|"]
     lines += [f"| {s.name} | {s.note} | {s.idle_rss:.1f} MiB | {s.reply_size} |" for s in servers.values()]
     return "\n".join(lines) + "\n"
@@ -413,6 +473,7 @@ def main() -> int:
     ap.add_argument("--baseline", help="another quiver-server build (e.g. the previous commit's), measured as rows of its own")
     ap.add_argument("--peers", required=True, help="directory of the Rust peers (axum-fixed, axum-serde, rmcp-echo, tcp-relay)")
     ap.add_argument("--go-mcp", required=True, help="the go-mcp binary (tests/e2e/upstream-go)")
+    ap.add_argument("--vmcp", help="ToolHive's vmcp binary: adds the vmcp→rmcp row")
     ap.add_argument("--node", default="node")
     ap.add_argument("--python", required=True, help="a Python with the mcp package (the peer)")
     ap.add_argument("--oha", required=True)
@@ -440,7 +501,7 @@ def main() -> int:
         time.sleep(1.0)  # let start-up work (JIT, imports, GC) settle before idle RSS is read
         for s in servers.values():
             s.idle_rss = rss_mib([s.proc.pid])
-            oha(args.oha, s.url, 16, requests=2000)  # warm-up: JITs, pools, caches
+            oha(args.oha, s, 16, requests=2000)  # warm-up: JITs, pools, caches
             print(f"{s.name}: ready, reply {s.reply_size} bytes, idle RSS {s.idle_rss:.1f} MiB", file=sys.stderr)
         loads = [(f"{c}", c, False) for c in args.connections]
         if args.h2c:

@@ -8,6 +8,7 @@
 # ~/.cache/quiver/images/bin/quiver-server). QUIVER_BENCH_WRITE=0: print only.
 # `--baseline PATH` measures another build (say the previous commit's) side by side, as
 # rows "baseline" and "baseline→rmcp". QUIVER_BENCH_TRACING=1 adds tracing rows (below).
+# ToolHive's vMCP fronts the same rmcp peer as quiver→rmcp and the TCP relay (vmcp→rmcp).
 # Everything installed goes under ~/.cache/quiver; nothing is written into the clone but
 # the table.
 set -euo pipefail
@@ -39,6 +40,19 @@ go_mcp="$QUIVER_CACHE/upstream-go/go-mcp"
 mkdir -p "$(dirname "$go_mcp")"
 (cd tests/e2e/upstream-go && GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 go build -trimpath -o "$go_mcp" .)
 
+# ToolHive's vMCP (the vmcp→rmcp row). v0.47.0 is the newest release that builds from the Go
+# module proxy here: every later one (v0.55.1 ... v0.63.0) needs Go 1.27 and modules the
+# proxy does not serve (github.com/jwx-go/jwkfetch/v4, github.com/stacklok/toolhive-core/
+# redisconn, github.com/getsentry/sentry-go/otel/otlp, a golang.org/x/exp/jsonrpc2 snapshot).
+TOOLHIVE_VERSION=v0.47.0
+vmcp="$QUIVER_CACHE/peers/toolhive-$TOOLHIVE_VERSION/vmcp"
+if [ ! -x "$vmcp" ]; then
+  log "ToolHive vmcp $TOOLHIVE_VERSION (Go module; once, cached in $(dirname "$vmcp"))"
+  GOBIN="$(dirname "$vmcp")" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+    "github.com/stacklok/toolhive/cmd/vmcp@$TOOLHIVE_VERSION"
+fi
+gateways=(--vmcp "$vmcp")
+
 log "TypeScript SDK peers (npm, from their lockfiles)"
 node="$ROOT/tests/conformance/node_modules/node/bin/node"   # Node 22, installed by scripts/conformance.sh
 if [ ! -x "$node" ]; then
@@ -68,5 +82,5 @@ if [ "${QUIVER_BENCH_TRACING:-0}" = 1 ]; then
 fi
 
 log "measuring (bench/wire.py)"
-"$PY" bench/wire.py --quiver "$quiver" "${pgo[@]}" "${tracing[@]}" --peers "$peers_target/release" --go-mcp "$go_mcp" \
+"$PY" bench/wire.py --quiver "$quiver" "${pgo[@]}" "${tracing[@]}" "${gateways[@]}" --peers "$peers_target/release" --go-mcp "$go_mcp" \
   --node "$node" --python "$PY" --oha "$oha" "${write[@]}" "$@"
