@@ -29,6 +29,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -321,7 +322,10 @@ def main() -> int:
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="quiver-scale-"))
-    rows = [measure(a, tmp, n) for n in sizes]
+    try:
+        rows = [measure(a, tmp, n) for n in sizes]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     base = rows[0]
