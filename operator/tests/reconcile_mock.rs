@@ -299,6 +299,7 @@ async fn a_valid_spec_applies_every_child_then_the_status() {
     let (ctx, mut api) = setup();
     let m = mcp(add());
     let name = m.name_any();
+    let period = quiver_operator::reconcile::resync(&m);
     let server = tokio::spawn(async move {
         let cm = expect_applies(&mut api).await;
         assert!(
@@ -320,10 +321,14 @@ async fn a_valid_spec_applies_every_child_then_the_status() {
     assert_eq!(status["observedGeneration"], 3);
     assert_eq!(status["replicasSummary"], "1/1");
     assert_eq!(condition(&status, "Ready")["status"], "True");
+    assert!(
+        (Duration::from_secs(240)..=Duration::from_secs(300)).contains(&period),
+        "{period:?}"
+    );
     assert_eq!(
         action,
-        Action::requeue(Duration::from_secs(300)),
-        "a settled object is re-checked every 5 minutes ({name})"
+        Action::requeue(period),
+        "a settled object is re-checked within 4 to 5 minutes, by its own period ({name})"
     );
     assert_eq!((reconciles(&ctx, "ok"), reconciles(&ctx, "invalid_spec")), (1, 0));
 }
@@ -878,9 +883,10 @@ async fn once_the_foreign_object_is_gone_the_mcpserver_recovers() {
     })
     .await;
     let conflicted = status_of(&seen);
-    let (result, seen, _) =
-        reconcile_with(mcp_with(json!({"tools": add()}), Some(conflicted)), |_| None).await;
-    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(300)));
+    let m = mcp_with(json!({"tools": add()}), Some(conflicted));
+    let period = quiver_operator::reconcile::resync(&m);
+    let (result, seen, _) = reconcile_with(m, |_| None).await;
+    assert_eq!(result.unwrap(), Action::requeue(period));
     assert!(writes(&seen).contains(&format!("PATCH {SVC}")));
     let status = status_of(&seen);
     assert_eq!(condition(&status, "Degraded")["reason"], "AsExpected");

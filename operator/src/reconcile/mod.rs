@@ -36,8 +36,16 @@ pub use status::{CHILD_CONFLICT, set_condition, status_from, warnings};
 /// Field manager of every server-side apply.
 pub const MANAGER: &str = "quiver-operator";
 /// How often a settled McpServer is re-checked (drift of unwatched objects, unlabelled
-/// `toolsFrom` ConfigMaps).
+/// `toolsFrom` ConfigMaps), at most; each one's interval is shortened by its own
+/// [`RESYNC_SPREAD`] share.
 pub const RESYNC: Duration = Duration::from_secs(300);
+/// How far apart the resync periods of McpServers are spread: each one's period is
+/// `RESYNC` minus a fixed share of this, chosen by its uid. With one period for all, 1,000
+/// McpServers created (or started on) together came back together every `RESYNC`, as
+/// bursts of API requests (141 per second measured at 1,000); with periods that differ,
+/// they come back spread over this window at first and over the whole period within a few
+/// resyncs.
+const RESYNC_SPREAD: Duration = Duration::from_secs(60);
 /// How often an McpServer whose pods are still loading a new config is re-checked.
 const CONVERGE_POLL: Duration = Duration::from_secs(10);
 /// How often an McpServer with upstreams is looked at again (their health is polled).
@@ -180,7 +188,10 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
             name: c.name,
         });
     }
-    Ok((Outcome::Ok, next_look(ctx, &status, upstream_down, &rendered)))
+    Ok((
+        Outcome::Ok,
+        next_look(mcp, ctx, &status, upstream_down, &rendered),
+    ))
 }
 
 /// The spec cannot be served: the condition and events say why; looked at again only when
@@ -200,7 +211,7 @@ async fn invalid_spec(
     let action = if mcp.spec.tools_from.is_empty() && build::named_service_account(mcp).is_none() {
         Action::await_change()
     } else {
-        Action::requeue(RESYNC)
+        Action::requeue(resync(mcp))
     };
     Ok((Outcome::InvalidSpec, action))
 }
@@ -261,8 +272,30 @@ async fn write_status(
     Ok(())
 }
 
+/// The resync interval of `mcp`: [`RESYNC`] less a share of [`RESYNC_SPREAD`] that depends
+/// only on its uid (else its namespace and name), so it is the same at every look and from
+/// one operator to the next, and different McpServers spread evenly over the window.
+pub fn resync(mcp: &McpServer) -> Duration {
+    let key = mcp.metadata.uid.as_deref().map_or_else(
+        || format!("{}/{}", mcp.namespace().unwrap_or_default(), mcp.name_any()),
+        str::to_owned,
+    );
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let spread = u64::try_from(RESYNC_SPREAD.as_millis()).unwrap_or(u64::MAX);
+    RESYNC - Duration::from_millis(hash % spread)
+}
+
 /// When a reconciled McpServer is looked at again.
-fn next_look(ctx: &Context, status: &McpServerStatus, upstream_down: bool, rendered: &Rendered) -> Action {
+fn next_look(
+    mcp: &McpServer,
+    ctx: &Context,
+    status: &McpServerStatus,
+    upstream_down: bool,
+    rendered: &Rendered,
+) -> Action {
     // Deployment status changes arrive through the owned-Deployment watch, so an unready
     // object needs no fast polling (1,000 of them at 5 s flooded the API server in the scale
     // test). Pods loading a new config are not watched: poll those briefly.
@@ -273,7 +306,7 @@ fn next_look(ctx: &Context, status: &McpServerStatus, upstream_down: bool, rende
         (true, true) => UPSTREAM_POLL,
         // Upstream health is not watched: look again within UPSTREAM_POLL.
         (true, false) if rendered.upstream_count > 0 => UPSTREAM_POLL,
-        (true, false) => RESYNC,
+        (true, false) => resync(mcp),
     })
 }
 
@@ -339,6 +372,33 @@ pub fn error_policy(mcp: Arc<McpServer>, err: &Error, ctx: Arc<Context>) -> Acti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Resyncs fall within `RESYNC - RESYNC_SPREAD ..= RESYNC`, the same for one object at
+    /// every look, and a thousand objects fill the window evenly: no tenth of it holds more
+    /// than twice its share.
+    #[test]
+    fn resyncs_are_spread_over_the_window_and_stable_per_object() {
+        let with_uid = |uid: &str| {
+            let mut m = McpServer::new("calc", serde_json::from_value(json!({})).unwrap());
+            m.metadata.namespace = Some("ns".into());
+            m.metadata.uid = Some(uid.into());
+            m
+        };
+        let mut buckets = [0_u32; 10];
+        for i in 0..1000 {
+            let m = with_uid(&format!("0b8f2c1e-5d1a-4c7e-9a3b-{i:012}"));
+            let r = resync(&m);
+            assert!(r <= RESYNC && r > RESYNC - RESYNC_SPREAD, "{r:?}");
+            assert_eq!(r, resync(&m.clone()));
+            let offset = (RESYNC - r).as_millis() * 10 / RESYNC_SPREAD.as_millis();
+            buckets[usize::try_from(offset).unwrap()] += 1;
+        }
+        assert!(buckets.iter().all(|&b| (50..=200).contains(&b)), "{buckets:?}");
+        // Without a uid (an object built offline), its namespace and name decide.
+        let mut m = with_uid("x");
+        m.metadata.uid = None;
+        assert_eq!(resync(&m), resync(&m.clone()));
+    }
     use http::{Method, Request, Response, StatusCode};
     use http_body_util::BodyExt;
     use kube::client::Body;
