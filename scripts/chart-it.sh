@@ -186,7 +186,7 @@ done
 since="$(date +%s)"
 
 log "bounded traffic (30 s)"
-"$PY" tests/observability/drive_traffic.py --seconds 30 --config "$STATE/servers/tools-0.yaml" "${urls[@]}"
+"$PY" tests/observability/drive_traffic.py --seconds 30 --config "$STATE/servers/tools-0.yaml" "${urls[@]}" 2>&1 | tee "$STATE/failure.txt"
 # Wait until every target has been scraped after the traffic ended, so its last samples are in.
 done_at="$(date +%s)"
 for _ in $(seq 1 150); do
@@ -197,7 +197,7 @@ done
 [ "$last" -gt "$done_at" ] || { echo "Prometheus did not scrape every target after the traffic ended" >&2; exit 1; }
 preview_args=()
 [ -n "${QUIVER_PREVIEWS:-}" ] && preview_args=(--previews "$QUIVER_PREVIEWS" --since "$since")
-"$PY" tests/observability/check_queries.py --prometheus "http://127.0.0.1:$prom_port" "${preview_args[@]}"
+"$PY" tests/observability/check_queries.py --prometheus "http://127.0.0.1:$prom_port" "${preview_args[@]}" 2>&1 | tee "$STATE/failure.txt"
 
 log "helm upgrade (2 replicas: leader election, a rolling update that waits for Ready)"
 helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=2 --wait --timeout 3m

@@ -151,10 +151,16 @@ quiet_build() {
 # control_plane_session NAME: a state directory ($STATE) holding a local control plane
 # ($STATE/cp, scripts/control-plane.sh) whose env is sourced, and one EXIT trap for the
 # session: kill the processes listed in BG_PIDS, print the tail of every log under $STATE
-# when the script fails, stop the control plane, remove $STATE.
+# when the script fails (then the failing line, and $STATE/failure.txt, which a step may tee
+# its output into), stop the control plane, remove $STATE.
 BG_PIDS=()
 control_plane_session() {
   STATE="$(mktemp -d "${TMPDIR:-/tmp}/quiver-$1.XXXXXX")"
+  SESSION_FAILED_AT=""
+  # The failing line and command, printed after the logs so that the end of the output
+  # (all a CI summary may show) says what failed.
+  set -o errtrace
+  trap 'SESSION_FAILED_AT="${BASH_SOURCE[0]##*/}:$LINENO: $BASH_COMMAND"' ERR
   trap _control_plane_session_end EXIT
   "$ROOT/scripts/control-plane.sh" up "$STATE/cp"
   source "$STATE/cp/env"
@@ -164,6 +170,8 @@ _control_plane_session_end() {
   for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   if [ "$status" != 0 ]; then
     while read -r f; do echo "--- ${f#"$STATE"/} (last 40 lines)"; tail -40 "$f"; done < <(find "$STATE" -name '*.log' | sort)
+    echo "=== failed (exit $status) at ${SESSION_FAILED_AT:-an unknown line}" >&2
+    [ ! -s "$STATE/failure.txt" ] || { echo "=== output of the last step that saves it (failure.txt):" >&2; tail -30 "$STATE/failure.txt" >&2; }
   fi
   "$ROOT/scripts/control-plane.sh" down "$STATE/cp" || true
   rm -rf "$STATE"

@@ -16,15 +16,25 @@ import urllib.request
 from pathlib import Path
 
 
+ERRORS = {}
+
+
 def post(url, body):
+    """The HTTP status, or None when the request got no answer (counted in ERRORS by kind:
+    a loaded machine may time one out; main() fails when more than 1% do)."""
     req = urllib.request.Request(url, data=body.encode(), method="POST", headers={
         "content-type": "application/json", "accept": "application/json, text/event-stream",
         "mcp-protocol-version": "2025-11-25"})
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+    except (urllib.error.URLError, OSError) as e:
+        kind = f"{url}: {type(e).__name__}: {getattr(e, 'reason', e)}"
+        ERRORS[kind] = ERRORS.get(kind, 0) + 1
+        return None
 
 
 def call(url, i, tool, args):
@@ -73,7 +83,12 @@ def main():
         if reloaded and not broke and left < a.seconds * 0.3:
             a.config.write_text(original.replace("builtin: add", "builtin: nope"))  # rejected, old tools keep serving
             broke = True
-    print(f"sent {sent} messages in {a.seconds:.0f} s")
+    failed = sum(ERRORS.values())
+    print(f"sent {sent} messages in {a.seconds:.0f} s, {failed} without an answer")
+    for kind, n in sorted(ERRORS.items()):
+        print(f"  {n} x {kind}")
+    if failed * 100 > sent:
+        raise SystemExit(f"more than 1% of the messages got no answer ({failed} of {sent})")
 
 
 if __name__ == "__main__":
