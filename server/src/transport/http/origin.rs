@@ -127,11 +127,15 @@ impl FromRequestParts<Arc<HttpState>> for Allowed {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
-        check_origin(state, &parts.headers)
-            .and_then(|()| check_host(state, &parts.headers))
-            .map(|()| Allowed)
-            .map_err(IntoResponse::into_response)
+        allowed(state, &parts.headers).map(|()| Allowed)
     }
+}
+
+/// The Origin check, then the Host check; the first refusal as a response.
+pub(super) fn allowed(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
+    check_origin(state, headers)
+        .and_then(|()| check_host(state, headers))
+        .map_err(IntoResponse::into_response)
 }
 
 #[cfg(test)]
