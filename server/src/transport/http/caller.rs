@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::reject::{Reject, http_error};
 use super::{HttpState, VERSION_HEADER};
@@ -40,7 +40,7 @@ impl Caller {
     /// refusal as a response. Both the router's extractor and the lean `POST /mcp` path
     /// ([`super::lean`]) call this, so the two cannot drift apart.
     pub(super) async fn check(state: &HttpState, headers: &HeaderMap) -> Result<Self, Response> {
-        super::origin::allowed(state, headers)?;
+        super::origin::allowed(state, headers).map_err(IntoResponse::into_response)?;
         let principal = match &state.options.auth {
             None => None,
             Some(auth) => match crate::otel::spans::auth(headers, auth.check(headers)).await {

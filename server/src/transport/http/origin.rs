@@ -127,15 +127,15 @@ impl FromRequestParts<Arc<HttpState>> for Allowed {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
-        allowed(state, &parts.headers).map(|()| Allowed)
+        allowed(state, &parts.headers)
+            .map(|()| Allowed)
+            .map_err(IntoResponse::into_response)
     }
 }
 
-/// The Origin check, then the Host check; the first refusal as a response.
-pub(super) fn allowed(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
-    check_origin(state, headers)
-        .and_then(|()| check_host(state, headers))
-        .map_err(IntoResponse::into_response)
+/// The Origin check, then the Host check; the first refusal.
+pub(super) fn allowed(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
+    check_origin(state, headers).and_then(|()| check_host(state, headers))
 }
 
 #[cfg(test)]
