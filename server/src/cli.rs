@@ -632,7 +632,7 @@ async fn serve_http(
     };
     let mcp = tokio::spawn(listen::serve(
         listener,
-        http::app(state),
+        http::Mcp::new(state),
         load.connections.clone(),
         conn_options,
         shutdown.clone(),

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, HttpBody};
+use axum::response::Response;
+use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +70,35 @@ pub fn peer() -> Option<std::net::IpAddr> {
     PEER.try_with(|p| *p).ok()
 }
 
+/// What a listener answers each request with: a [`Router`] (the admin port), or the MCP
+/// port's service, which answers `POST /mcp` itself and hands the rest to its router.
+pub trait App: Clone + Send + Sync + 'static {
+    /// The answer to `req`. The future must not read [`peer`] before it is first polled:
+    /// HTTP/2 requests are polled inside the scope that sets it, not called there.
+    fn answer(&self, req: http::Request<Incoming>) -> impl Future<Output = Response> + Send + use<Self>;
+}
+
+impl App for Router {
+    fn answer(&self, req: http::Request<Incoming>) -> impl Future<Output = Response> + Send + use<> {
+        let call = tower::ServiceExt::oneshot(self.clone(), req);
+        async move {
+            match call.await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
+        }
+    }
+}
+
+/// `app`'s answer as a hyper service's future.
+fn answer<A: App>(
+    app: &A,
+    req: http::Request<Incoming>,
+) -> impl Future<Output = Result<Response, std::convert::Infallible>> + Send + use<A> {
+    let answer = app.answer(req);
+    async move { Ok(answer.await) }
+}
+
 /// The connection builders of one listener.
 struct Builders {
     h1: http1::Builder,
@@ -101,7 +131,7 @@ impl Builders {
         &self,
         stream: tokio::net::TcpStream,
         peer: std::net::IpAddr,
-        router: Router,
+        app: impl App,
         stop: CancellationToken,
     ) {
         let h2 = match &self.h2 {
@@ -121,12 +151,11 @@ impl Builders {
             // requests in flight and close the connection once it has had none for as long.
             let activity = Arc::new(Activity::new());
             let tracked = activity.clone();
-            let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                 let guard = tracked.begin();
                 authority_as_host(&mut req);
                 // HTTP/2 streams are served on tasks of their own: each carries the peer.
-                let mut router = router.clone();
-                let answer = PEER.scope(peer, async move { tower::Service::call(&mut router, req).await });
+                let answer = PEER.scope(peer, answer(&app, req));
                 async move {
                     let r = answer.await?;
                     Ok::<_, std::convert::Infallible>(
@@ -138,7 +167,8 @@ impl Builders {
             let idle = activity.idle_for(self.sniff_timeout);
             drive(conn, stop, idle, self.sniff_timeout, |c| c.graceful_shutdown()).await;
         } else {
-            let conn = self.h1.serve_connection(io, TowerToHyperService::new(router));
+            let service = hyper::service::service_fn(move |req| answer(&app, req));
+            let conn = self.h1.serve_connection(io, service);
             let idle = std::future::pending();
             // HTTP/1.1 requests are served inside the connection's own future.
             PEER.scope(
@@ -303,7 +333,7 @@ async fn drive<C>(
     }
 }
 
-/// Serves `router` on `listener` until `stop` is cancelled, then stops accepting, lets every
+/// Serves `app` on `listener` until `stop` is cancelled, then stops accepting, lets every
 /// connection finish its in-flight request (idle ones close at once), and returns when all
 /// are closed. Bound the wait from outside (a timeout around this future): connection tasks
 /// are detached and end with the runtime.
@@ -311,7 +341,7 @@ async fn drive<C>(
 /// `metrics`, when given, counts open connections and pauses at the cap.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    app: impl App,
     conns: Arc<Connections>,
     options: ConnOptions,
     stop: CancellationToken,
@@ -349,12 +379,12 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let slot = conns.opened(slot);
-        let (builders, router, stop) = (builders.clone(), router.clone(), stop.clone());
+        let (builders, app, stop) = (builders.clone(), app.clone(), stop.clone());
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let _open = metrics.as_ref().map(OpenConnection::new);
-            builders.serve(stream, peer, router, stop).await;
+            builders.serve(stream, peer, app, stop).await;
         });
     }
     drop(listener);

@@ -13,7 +13,7 @@ use quiver_server::dispatch::{Limits, Server};
 use quiver_server::metrics::Metrics;
 use quiver_server::registry::Registry;
 use quiver_server::reload::Reloader;
-use quiver_server::transport::http::{HttpOptions, HttpState, app};
+use quiver_server::transport::http::{HttpOptions, HttpState, Mcp};
 use quiver_server::transport::limits::{Connections, Load};
 use quiver_server::transport::listen::{ConnOptions, serve};
 use serde_json::Value;
@@ -59,7 +59,7 @@ pub async fn serve_app(yaml: &str, options: HttpOptions, conn: ConnOptions, limi
     let mcp = listener.local_addr().unwrap();
     tokio::spawn(serve(
         listener,
-        app(state),
+        Mcp::new(state),
         load.connections.clone(),
         conn,
         stop.clone(),

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
-use super::origin::Allowed;
 use super::reject::{Reject, http_error};
 use super::{HttpState, VERSION_HEADER};
 use crate::metrics::Refusal;
@@ -16,7 +15,7 @@ use crate::protocol;
 use crate::spec::access::Principal;
 
 /// The caller of an `/mcp` request, checked before anything else is read: its Origin and
-/// Host are allowed ([`Allowed`]) and its credentials accepted. Carries who it is and what
+/// Host are allowed ([`super::origin::Allowed`]) and its credentials accepted. Carries who it is and what
 /// its credentials grant, and the protocol revision its `MCP-Protocol-Version` names (each
 /// route answers a version it does not speak in its own way and order).
 pub(crate) struct Caller {
@@ -36,12 +35,12 @@ impl Caller {
     }
 }
 
-impl FromRequestParts<Arc<HttpState>> for Caller {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
-        Allowed::from_request_parts(parts, state).await?;
-        let headers = &parts.headers;
+impl Caller {
+    /// The checks of [`Caller`], in their order: Origin and Host, then credentials; the
+    /// refusal as a response. Both the router's extractor and the lean `POST /mcp` path
+    /// ([`super::lean`]) call this, so the two cannot drift apart.
+    pub(super) async fn check(state: &HttpState, headers: &HeaderMap) -> Result<Self, Response> {
+        super::origin::allowed(state, headers).map_err(IntoResponse::into_response)?;
         let principal = match &state.options.auth {
             None => None,
             Some(auth) => match crate::otel::spans::auth(headers, auth.check(headers)).await {
@@ -69,6 +68,14 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
             version: version(headers),
             client,
         })
+    }
+}
+
+impl FromRequestParts<Arc<HttpState>> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
+        Self::check(state, &parts.headers).await
     }
 }
 

@@ -12,9 +12,11 @@
 //! accept loop in [`super::listen`] bounds connections and header time.
 //!
 //! This module holds the options, the shared state and the router; each route and each
-//! check is a child module.
+//! check is a child module. The MCP listener serves [`Mcp`], which answers `POST /mcp`
+//! without the router and hands every other request to it.
 
 mod caller;
+mod lean;
 mod metadata;
 mod mirror;
 mod origin;
@@ -42,6 +44,8 @@ use super::limits::Load;
 use super::resume::{Resumable, ResumeOptions};
 use super::sessions::EndedSessions;
 use crate::dispatch::Server;
+
+pub use lean::Mcp;
 
 /// Session id header.
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -163,11 +167,16 @@ pub fn app(state: Arc<HttpState>) -> Router {
 /// the Service sends to a pod that is not stopping, before this pod closes its idle
 /// connections (a request racing such a close is the one a client could lose).
 async fn close_when_draining(State(state): State<Arc<HttpState>>, mut resp: Response) -> Response {
+    close_if_draining(&state, &mut resp);
+    resp
+}
+
+/// `Connection: close` on `resp` while the server drains (see `close_when_draining`).
+fn close_if_draining(state: &HttpState, resp: &mut Response) {
     if state.load.draining() {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    resp
 }
 
 /// Releases the place of a stream counted against the stream cap (a `subscriptions/listen`

@@ -127,11 +127,15 @@ impl FromRequestParts<Arc<HttpState>> for Allowed {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<HttpState>) -> Result<Self, Response> {
-        check_origin(state, &parts.headers)
-            .and_then(|()| check_host(state, &parts.headers))
+        allowed(state, &parts.headers)
             .map(|()| Allowed)
             .map_err(IntoResponse::into_response)
     }
+}
+
+/// The Origin check, then the Host check; the first refusal.
+pub(super) fn allowed(state: &HttpState, headers: &HeaderMap) -> Result<(), Reject> {
+    check_origin(state, headers).and_then(|()| check_host(state, headers))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -28,7 +28,11 @@ enum BodyError {
 }
 
 /// Reads the whole body within `deadline`, refusing more than `max` bytes.
-async fn read_body(body: Body, max: usize, deadline: Duration) -> Result<Bytes, BodyError> {
+async fn read_body<B>(body: B, max: usize, deadline: Duration) -> Result<Bytes, BodyError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     match tokio::time::timeout(deadline, Limited::new(body, max).collect()).await {
         Err(_) => Err(BodyError::Timeout),
         Ok(Ok(c)) => Ok(c.to_bytes()),
@@ -87,12 +91,21 @@ fn post_content(headers: &HeaderMap) -> Result<(), Reject> {
 
 pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let headers = &parts.headers;
-    let body = match post_body(&state, headers, body).await {
+    post(&state, caller, &parts.headers, body).await
+}
+
+/// A `POST /mcp` whose caller passed its checks: the rest of the route, for the router's
+/// handler above and for the lean path ([`super::lean`]), which hands it hyper's body as is.
+pub(super) async fn post<B>(state: &Arc<HttpState>, caller: Caller, headers: &HeaderMap, body: B) -> Response
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    let body = match post_body(state, headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let (version, stateless, session) = match post_target(&state, &caller, headers, &body) {
+    let (version, stateless, session) = match post_target(state, &caller, headers, &body) {
         Ok(t) => t,
         Err(r) => return *r,
     };
@@ -132,7 +145,7 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
     match outcome {
         Outcome::Listen(listen) => {
             drop(pass);
-            listen_stream(&state, listen)
+            listen_stream(state, listen)
         }
         Outcome::Deferred(d) => {
             // The call holds its place in the in-flight gate until it ends, also when that is
@@ -152,7 +165,7 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
             answer_call(d, held, resume).await
         }
         Outcome::Accepted => StatusCode::ACCEPTED.into_response(),
-        Outcome::Reply(r) => reply_response(&state, r),
+        Outcome::Reply(r) => reply_response(state, r),
     }
 }
 
@@ -160,7 +173,11 @@ pub(super) async fn post_mcp(State(state): State<Arc<HttpState>>, caller: Caller
 /// is held while it arrives: a slow body costs a connection slot for at most the body
 /// timeout, never dispatch capacity. It is read before the header checks so that their
 /// errors can name the request's id.
-async fn post_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+async fn post_body<B>(state: &HttpState, headers: &HeaderMap, body: B) -> Result<Bytes, Response>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     let max = state.options.max_body_bytes;
     let too_large = || {
         state.server.metrics.refused(Refusal::BodyBytes);
