@@ -146,6 +146,12 @@ pub struct ServeArgs {
     /// Worker threads (0 = one per CPU available to the process).
     #[arg(long, env = "QUIVER_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+    /// Serve the MCP port from one single-threaded runtime per worker, each with its own
+    /// listening socket on the port (SO_REUSEPORT: the kernel spreads new connections over
+    /// them), instead of the shared work-stealing runtime. Cheaper per request; a
+    /// connection stays on the thread that accepted it.
+    #[arg(long, env = "QUIVER_PER_CORE_LISTENERS")]
+    pub per_core_listeners: bool,
     /// Largest accepted request body (HTTP, else 413) or stdio line (else -32600), in bytes.
     #[arg(long, env = "QUIVER_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,

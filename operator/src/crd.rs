@@ -653,6 +653,12 @@ pub struct Tuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 256))]
     pub worker_threads: Option<u32>,
+    /// Serve the MCP port from one single-threaded runtime per worker thread, each with its
+    /// own socket on the port (SO_REUSEPORT), instead of one work-stealing runtime: less CPU
+    /// per call; a connection stays on the core that accepted it, so it suits many client
+    /// connections (or a proxy in front) more than a few busy ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_core_listeners: Option<bool>,
     /// Namespaced sysctls from the kubelet's safe set (e.g. net.ipv4.ip_local_port_range,
     /// net.ipv4.tcp_keepalive_time). Overrides the profile's values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

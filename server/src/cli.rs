@@ -87,7 +87,8 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
         .config
         .clone()
         .context("--config is required (file:PATH or configmap:NAMESPACE/NAME)")?;
-    let tuning = tuning::plan(args.worker_threads, args.pin_workers);
+    let mut tuning = tuning::plan(args.worker_threads, args.pin_workers);
+    tuning.per_core_listeners = args.per_core_listeners && !args.stdio;
     let rt = tuning::runtime(&tuning).context("building the tokio runtime")?;
     let result = rt.block_on(serve(args, source, tuning, allocator));
     // Tasks still running after the grace (and a blocked stdin read) must not hold up exit.
@@ -329,11 +330,7 @@ async fn serve(
     let listener = if args.stdio {
         None
     } else {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, max_connections, "MCP Streamable HTTP listening on /mcp");
-        Some(listener)
+        Some(bind_mcp(&args, &tuning, max_connections).await?)
     };
     let admin = start_admin(
         args.admin_listen.unwrap_or(admin_default(args.stdio)),
@@ -346,7 +343,7 @@ async fn serve(
     let audit = server.audit.clone();
     match listener {
         None => serve_stdio(server, &args, &load, &shutdown).await?,
-        Some(listener) => serve_http(listener, state, &server, &args, &shutdown, metrics).await?,
+        Some(listener) => serve_http(listener, state, &server, &args, &tuning, &shutdown, metrics).await?,
     }
     // Under --audit-on-full refuse, the records of the calls that ran are written before exit.
     if let Some(a) = audit
@@ -616,12 +613,40 @@ async fn serve_stdio(
     Ok(())
 }
 
+/// The MCP port's listening sockets: one on the main runtime, or one per worker thread
+/// (`--per-core-listeners`).
+enum McpListener {
+    Shared(tokio::net::TcpListener),
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+/// Binds the MCP port as `--per-core-listeners` asks.
+async fn bind_mcp(args: &ServeArgs, tuning: &Tuning, max_connections: usize) -> anyhow::Result<McpListener> {
+    let binding = || format!("binding {}", args.listen);
+    let (listener, addr) = if tuning.per_core_listeners {
+        let bound = crate::transport::per_core::bind(args.listen, tuning.worker_threads)
+            .await
+            .with_context(binding)?;
+        let addr = bound[0].local_addr()?;
+        (McpListener::PerCore(bound), addr)
+    } else {
+        let l = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(binding)?;
+        let addr = l.local_addr()?;
+        (McpListener::Shared(l), addr)
+    };
+    tracing::info!(%addr, max_connections, per_core = tuning.per_core_listeners, "MCP Streamable HTTP listening on /mcp");
+    Ok(listener)
+}
+
 /// Serves MCP Streamable HTTP until a signal, then drains.
 async fn serve_http(
-    listener: tokio::net::TcpListener,
+    listener: McpListener,
     state: Arc<HttpState>,
     server: &Server,
     args: &ServeArgs,
+    tuning: &Tuning,
     shutdown: &CancellationToken,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
@@ -630,20 +655,53 @@ async fn serve_http(
         header_read_timeout: args.header_read_timeout,
         http2: args.http2,
     };
-    let mcp = tokio::spawn(listen::serve(
-        listener,
-        http::Mcp::new(state),
-        load.connections.clone(),
-        conn_options,
-        shutdown.clone(),
-        Some(metrics),
-    ));
+    let app = http::Mcp::new(state);
+    let (shared, mut per_core) = match listener {
+        McpListener::Shared(l) => {
+            let serving = listen::serve(
+                l,
+                app,
+                load.connections.clone(),
+                conn_options,
+                shutdown.clone(),
+                Some(metrics),
+            );
+            (Some(tokio::spawn(serving)), None)
+        }
+        McpListener::PerCore(ls) => {
+            let serve = crate::transport::per_core::Serve {
+                app,
+                conns: load.connections.clone(),
+                options: conn_options,
+                stop: shutdown.clone(),
+                metrics: Some(metrics),
+                cpus: if tuning.pinned {
+                    tuning.allowed_cpus.clone()
+                } else {
+                    Vec::new()
+                },
+            };
+            (
+                None,
+                Some(crate::transport::per_core::start(ls, &serve).context("starting per-core listeners")?),
+            )
+        }
+    };
+    let served = async {
+        match (shared, per_core.as_mut()) {
+            (Some(task), _) => drop(task.await),
+            (None, Some(p)) => p.served().await,
+            (None, None) => {}
+        }
+    };
     signal().await;
     let tasks = server.drain_tasks(args.tasks_drain);
     tokio::join!(
-        drain(&load, shutdown, mcp, args.shutdown_delay, args.shutdown_grace),
+        drain(&load, shutdown, served, args.shutdown_delay, args.shutdown_grace),
         tasks
     );
+    // Per-core runtimes end here, after the tasks they ran have drained.
+    drop(per_core);
     Ok(())
 }
 
@@ -742,7 +800,7 @@ async fn start_admin(
 async fn drain(
     load: &Load,
     shutdown: &CancellationToken,
-    mcp: tokio::task::JoinHandle<()>,
+    mcp: impl Future<Output = ()>,
     delay: Duration,
     grace: Duration,
 ) {

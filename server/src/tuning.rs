@@ -19,6 +19,9 @@ pub struct Tuning {
     pub available_parallelism: usize,
     /// Whether workers are pinned.
     pub pinned: bool,
+    /// Whether the MCP port is served by one single-threaded runtime per worker
+    /// (`--per-core-listeners`).
+    pub per_core_listeners: bool,
 }
 
 /// CPUs this process may run on.
@@ -46,6 +49,7 @@ pub fn plan(requested: usize, pin: bool) -> Tuning {
         allowed_cpus: allowed,
         available_parallelism: avail,
         pinned: pin,
+        per_core_listeners: false,
     }
 }
 

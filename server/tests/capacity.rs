@@ -53,7 +53,22 @@ fn the_connection_cap_leaves_file_descriptors_for_the_admin_port() {
 
 #[test]
 fn a_saturated_mcp_port_leaves_the_admin_port_answering() {
-    let p = start_http(&["--max-connections=8", "--header-read-timeout=60s"]);
+    saturates(&[]);
+}
+
+/// Per-core listeners share one cap: eight connections spread over three sockets
+/// saturate the port as eight on one do.
+#[test]
+fn per_core_listeners_share_the_connection_cap() {
+    let p = saturates(&["--per-core-listeners", "--worker-threads=3"]);
+    assert_eq!(status(&p)["tuning"]["perCoreListeners"], true);
+    assert_eq!(status(&p)["tuning"]["workerThreads"], 3);
+}
+
+fn saturates(mode: &[&str]) -> Proc {
+    let mut args = vec!["--max-connections=8", "--header-read-timeout=60s"];
+    args.extend_from_slice(mode);
+    let p = start_http(&args);
     assert_eq!(status(&p)["load"]["maxConnections"], 8);
     let held: Vec<TcpStream> = (0..8)
         .map(|_| TcpStream::connect(("127.0.0.1", p.mcp)).unwrap())
@@ -73,6 +88,10 @@ fn a_saturated_mcp_port_leaves_the_admin_port_answering() {
         http(p.admin, "GET", "/readyz", "").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
     });
     let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add","arguments":{"a":40,"b":2}}}"#;
-    let r = http(p.mcp, "POST", "/mcp", call).unwrap();
-    assert!(r.contains(r#""text":"42""#), "{r}");
+    // Each of many new connections is answered, whichever socket the kernel gives it to.
+    for _ in 0..16 {
+        let r = http(p.mcp, "POST", "/mcp", call).unwrap();
+        assert!(r.contains(r#""text":"42""#), "{r}");
+    }
+    p
 }

@@ -53,7 +53,20 @@ fn keep_alive_ping(s: &mut TcpStream) -> (String, bool) {
 
 #[test]
 fn sigterm_fails_readiness_first_then_drains_in_flight_calls() {
-    let mut p = start_http(&["--shutdown-delay=5s", "--shutdown-grace=20s"]);
+    drains_in_flight_calls(&[]);
+}
+
+/// The same with the MCP port on per-core runtimes, two sockets sharing it: each
+/// thread's connections are drained and closed alike.
+#[test]
+fn per_core_listeners_drain_the_same_way() {
+    drains_in_flight_calls(&["--per-core-listeners", "--worker-threads=2"]);
+}
+
+fn drains_in_flight_calls(mode: &[&str]) {
+    let mut args = vec!["--shutdown-delay=5s", "--shutdown-grace=20s"];
+    args.extend_from_slice(mode);
+    let mut p = start_http(&args);
     // A keep-alive client: before SIGTERM its connection stays open.
     let mut kept = TcpStream::connect(("127.0.0.1", p.mcp)).unwrap();
     kept.set_read_timeout(Some(PATIENCE)).unwrap();

@@ -86,6 +86,9 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
     if let Some(w) = workers {
         args.push(format!("--worker-threads={w}"));
     }
+    if mcp.spec.tuning.as_ref().and_then(|t| t.per_core_listeners) == Some(true) {
+        args.push("--per-core-listeners".into());
+    }
     if !mcp.spec.allowed_origins.is_empty() {
         args.push(format!("--allowed-origin={}", mcp.spec.allowed_origins.join(",")));
     }

@@ -120,7 +120,7 @@ metadata: {name: fast}
 spec:
   replicas: 3
   resources: {limits: {cpu: "4", memory: 512Mi}, requests: {cpu: 500m}}
-  tuning: {profile: throughput, cpuPinning: true, cpus: 2, allocator: system, sysctls: {net.ipv4.tcp_fin_timeout: "10"}, unsafeSysctls: {net.core.somaxconn: "4096"}}
+  tuning: {profile: throughput, cpuPinning: true, cpus: 2, perCoreListeners: true, allocator: system, sysctls: {net.ipv4.tcp_fin_timeout: "10"}, unsafeSysctls: {net.core.somaxconn: "4096"}}
   tools: [{name: add, handler: {builtin: add}}]
 "#,
     );
@@ -133,7 +133,9 @@ spec:
     assert_eq!(ctr["resources"]["limits"], ctr["resources"]["requests"]);
     let args = ctr["args"].as_array().unwrap();
     assert!(
-        args.contains(&json!("--pin-workers")) && args.contains(&json!("--worker-threads=2")),
+        args.contains(&json!("--pin-workers"))
+            && args.contains(&json!("--worker-threads=2"))
+            && args.contains(&json!("--per-core-listeners")),
         "{args:?}"
     );
     assert_eq!(

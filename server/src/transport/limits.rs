@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Connection slots of one listener: the accept loop takes a slot before accepting, so at
-/// the cap it stops accepting (new connections wait in the kernel's backlog).
+/// Connection slots of the MCP port (shared by its listeners): an accept loop takes a slot
+/// for each connection it accepts, so at the cap it holds that connection unserved and
+/// accepts no more (new connections wait in the kernel's backlog).
 #[derive(Debug)]
 pub struct Connections {
     slots: Arc<Semaphore>,
     max: usize,
-    /// Accepted connections not yet closed (the accept loop also holds a slot while it
-    /// waits in `accept`, so free slots alone would be off by one).
+    /// Accepted connections being served and not yet closed.
     open: AtomicUsize,
 }
 

@@ -349,18 +349,6 @@ pub async fn serve(
 ) {
     let builders = Arc::new(Builders::new(options));
     loop {
-        let slot = match conns.try_take() {
-            Some(s) => s,
-            None => {
-                if let Some(m) = &metrics {
-                    m.refused(Refusal::Connections);
-                }
-                tokio::select! {
-                    s = conns.take() => s,
-                    () = stop.cancelled() => break,
-                }
-            }
-        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, addr)) => (s, addr.ip()),
@@ -376,6 +364,22 @@ pub async fn serve(
                 }
             },
             () = stop.cancelled() => break,
+        };
+        // The slot is taken after the accept, not before: listeners sharing one cap
+        // (per-core listeners) must not each hold a slot while they wait for a connection
+        // that may never come to them. At the cap, the one connection accepted waits here,
+        // unserved, and the rest wait in the kernel's backlog.
+        let slot = match conns.try_take() {
+            Some(s) => s,
+            None => {
+                if let Some(m) = &metrics {
+                    m.refused(Refusal::Connections);
+                }
+                tokio::select! {
+                    s = conns.take() => s,
+                    () = stop.cancelled() => break,
+                }
+            }
         };
         let _ = stream.set_nodelay(true);
         let slot = conns.opened(slot);

@@ -7,6 +7,7 @@ pub mod http;
 pub mod jwt;
 pub mod limits;
 pub mod listen;
+pub mod per_core;
 pub mod resume;
 pub mod sessions;
 pub mod stdio;
