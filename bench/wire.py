@@ -310,8 +310,12 @@ def build_servers(args, tmp: Path) -> dict[str, Server]:
         return server(name, lambda port: [*cmd, "--port", str(port)], note, **kw)
 
     servers: list[Server] = [quiver("quiver", args.quiver, echo, "quiver-server, `template` tool, fat LTO")]
+    servers.append(quiver("quiver per-core", args.quiver, echo, "the same with `--per-core-listeners` (a current-thread runtime per CPU, its own SO_REUSEPORT socket)",
+                          flags=("--per-core-listeners",)))
     if args.quiver_pgo:
         servers.append(quiver("quiver-pgo", args.quiver_pgo, echo, "the same, built with PGO"))
+        servers.append(quiver("quiver-pgo per-core", args.quiver_pgo, echo, "the PGO build with `--per-core-listeners`",
+                              flags=("--per-core-listeners",)))
     if args.baseline:
         servers.append(quiver("baseline", args.baseline, echo, "another quiver-server build (`--baseline`), for a side-by-side comparison"))
     if args.governance:
