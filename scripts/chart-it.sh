@@ -66,11 +66,24 @@ promop_pid=$!
 BG_PIDS+=($promop_pid)
 wait_http "http://127.0.0.1:$promop_port/healthz"
 
-# What docs/observability.md tells kube-prometheus-stack users to set.
+# What docs/observability.md tells kube-prometheus-stack users to set: the `--set` flags of
+# its block marked `tested: kube-prometheus-stack`, read from the page (imageRegistry aside:
+# nothing is pulled here), so the page and this check cannot drift apart.
 export KPS_RELEASE=kube-prometheus-stack
-monitoring_values=(--set metrics.serviceMonitor.enabled=true --set "metrics.serviceMonitor.labels.release=$KPS_RELEASE"
-  --set prometheusRules.enabled=true --set "prometheusRules.labels.release=$KPS_RELEASE"
-  --set "server.serviceMonitorLabels.release=$KPS_RELEASE")
+mapfile -t monitoring_values < <("$PY" scripts/doc-block.py docs/observability.md kube-prometheus-stack | "$PY" -c '
+import shlex, sys
+words = shlex.split(sys.stdin.read().replace("\\\n", " "))
+for i, w in enumerate(words[1:], 1):
+    if words[i - 1] == "--set" and not w.startswith("imageRegistry="):
+        print("--set"); print(w)
+')
+printf '%s\n' "${monitoring_values[@]}" | grep -qx "server.serviceMonitorLabels.release=$KPS_RELEASE" \
+  || { echo "docs/observability.md's kube-prometheus-stack block sets no server.serviceMonitorLabels.release=$KPS_RELEASE: ${monitoring_values[*]}" >&2; exit 1; }
+if printf '%s\n' "${monitoring_values[@]}" | grep -qx "server.serviceMonitor=true"; then
+  export QUIVER_DEFAULT_SERVICE_MONITOR=true   # every McpServer gets a ServiceMonitor
+fi
+# The block installs the dashboards' ConfigMaps where kube-prometheus-stack's Grafana runs.
+kubectl create namespace monitoring >/dev/null 2>&1 || true
 
 log "helm template | kubectl apply --dry-run=server"
 kubectl create namespace quiver-system >/dev/null

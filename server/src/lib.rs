@@ -19,6 +19,7 @@ pub mod identity;
 pub mod limits;
 pub mod metrics;
 pub mod net;
+pub mod oauth;
 pub mod peer;
 pub mod policies;
 pub mod protocol;

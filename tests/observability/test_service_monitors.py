@@ -33,6 +33,9 @@ RELEASE = os.environ.get("KPS_RELEASE", "kube-prometheus-stack")
 STACK = ("monitoring", f"{RELEASE}-prometheus")
 TEAM = ("payments", "payments")
 CHART_NS = os.environ.get("QUIVER_CHART_NAMESPACE", "quiver-system")
+# Whether the chart was installed with `server.serviceMonitor=true` (as the page tells
+# kube-prometheus-stack users): then every McpServer has a ServiceMonitor unless it opts out.
+DEFAULT_MONITOR = os.environ.get("QUIVER_DEFAULT_SERVICE_MONITOR") == "true"
 
 TOOLS = {"tools": [{"name": "add", "handler": {"builtin": "add"}}]}
 # (namespace, name, spec.monitoring) of the McpServers under test.
@@ -139,8 +142,27 @@ def test_the_chart_label_puts_every_mcp_server_in_the_stack_prometheus(cluster):
         labels = get("servicemonitor", ns, name)["metadata"]["labels"]
         want = {"release": RELEASE, **monitoring.get("serviceMonitorLabels", {})}
         assert {k: labels.get(k) for k in want} == want, f"{ns}/{name}: {labels}"
-    jobs = wait_for_jobs(STACK, {"shop/catalog", "payments/ledger", f"{CHART_NS}/quiver"}, {"shop/legacy"})
-    assert set(jobs) == {"shop/catalog", "payments/ledger", f"{CHART_NS}/quiver"}, sorted(jobs)
+    want = {f"{CHART_NS}/quiver"} | {
+        f"{m['metadata']['namespace']}/{m['metadata']['name']}"
+        for m in json.loads(kubectl("get", "mcpservers", "-A", "-o", "json"))["items"]
+        if stack_selects(m["spec"].get("monitoring") or {}) and config_valid(m)
+    }
+    assert {"shop/catalog", "payments/ledger"} <= want and "shop/legacy" not in want, sorted(want)
+    jobs = wait_for_jobs(STACK, want, {"shop/legacy"})
+    assert set(jobs) == want, sorted(jobs)
+
+
+def config_valid(mcp: dict) -> bool:
+    """Whether the operator built the McpServer's objects (an invalid spec gets none)."""
+    return any(c["type"] == "ConfigValid" and c["status"] == "True" for c in (mcp.get("status") or {}).get("conditions", []))
+
+
+def stack_selects(monitoring: dict) -> bool:
+    """Whether an McpServer's ServiceMonitor exists and carries the stack's `release` label:
+    it has one when it asks (or by default, DEFAULT_MONITOR), and the chart's label applies
+    unless its own `release` overrides it."""
+    has_one = monitoring.get("serviceMonitor", DEFAULT_MONITOR)
+    return bool(has_one) and monitoring.get("serviceMonitorLabels", {}).get("release", RELEASE) == RELEASE
 
 
 def test_an_mcp_servers_own_labels_put_it_in_another_prometheus(cluster):

@@ -1,0 +1,1 @@
+//! The sign-in flow toward an upstream's authorization server (see [`super`]).

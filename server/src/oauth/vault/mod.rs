@@ -1,0 +1,1 @@
+//! The token vault: what each caller holds for each upstream (see [`super`]).
