@@ -33,11 +33,20 @@ where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<axum::BoxError>,
 {
-    match tokio::time::timeout(deadline, Limited::new(body, max).collect()).await {
-        Err(_) => Err(BodyError::Timeout),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge),
-        Ok(Err(_)) => Err(BodyError::Broken),
+    let mut collect = std::pin::pin!(Limited::new(body, max).collect());
+    // Most bodies arrive with their request's head: read at once, they never arm the
+    // deadline's timer (a timer-wheel entry registered and cancelled per request).
+    let read = match futures_util::FutureExt::now_or_never(collect.as_mut()) {
+        Some(read) => read,
+        None => match tokio::time::timeout(deadline, collect).await {
+            Err(_) => return Err(BodyError::Timeout),
+            Ok(read) => read,
+        },
+    };
+    match read {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge),
+        Err(_) => Err(BodyError::Broken),
     }
 }
 
