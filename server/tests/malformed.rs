@@ -517,11 +517,6 @@ async fn idle_connections_up_to_the_cap_fail_readiness_not_the_admin_port() {
         s.load.connections.open() == CAP
     })
     .await;
-    // At the cap the accept loop pauses, and says so.
-    wait_for("the pause is counted", || {
-        s.server.metrics.refusals(Refusal::Connections) >= 1
-    })
-    .await;
     // The admin port still answers, and readiness reports the saturation.
     let r = get(s.admin, "/readyz").await;
     assert_eq!(r.status, 503);
@@ -532,9 +527,16 @@ async fn idle_connections_up_to_the_cap_fail_readiness_not_the_admin_port() {
         metrics.contains(&format!("quiver_open_connections {CAP}")),
         "{metrics}"
     );
-    // One more client waits in the backlog; it is served once an idle connection goes away.
+    assert_eq!(s.server.metrics.refusals(Refusal::Connections), 0);
+    // One more client waits, unserved (the accept loop counts it and pauses); it is served
+    // once an idle connection goes away.
     let addr = s.mcp;
     let waiting = tokio::spawn(async move { assert_still_serves(addr).await });
+    wait_for("the client over the cap is counted", || {
+        s.server.metrics.refusals(Refusal::Connections) == 1
+    })
+    .await;
+    assert!(!waiting.is_finished(), "served over the cap");
     drop(idle.pop());
     tokio::time::timeout(PATIENCE, waiting)
         .await

@@ -242,7 +242,7 @@ mod tests {
         for (text, want) in [
             (String::new(), "holds no key"),
             ("# only a comment\n".into(), "holds no key"),
-            (format!("{secret}"), "line 1: want KID:BASE64"),
+            (secret.clone(), "line 1: want KID:BASE64"),
             (format!("a:{secret}\nb c:{secret}"), "line 2: the key id"),
             (format!("a:{secret}\na:{}", key(8)), "line 2: key id a repeats"),
             ("a:not-base64!".into(), "line 1: the key is not base64"),
