@@ -4,6 +4,7 @@
 //! hashing and takes no lock.
 
 pub mod governance;
+pub mod oauth;
 pub mod tasks;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -499,6 +500,8 @@ pub struct Metrics {
     pub gov: Arc<crate::metrics::governance::GovMetrics>,
     /// Counters of tasks.
     pub tasks: Arc<crate::metrics::tasks::TaskMetrics>,
+    /// Metrics of users' upstream authorization (the token vault).
+    pub oauth: Arc<crate::metrics::oauth::OAuthMetrics>,
 }
 
 impl Metrics {
@@ -637,6 +640,7 @@ impl Metrics {
         );
         let gov = crate::metrics::governance::GovMetrics::register(&mut root);
         let tasks = crate::metrics::tasks::TaskMetrics::register(&mut root);
+        let oauth = crate::metrics::oauth::OAuthMetrics::register(&mut root);
         root.register(
             "build",
             "Build information",
@@ -664,6 +668,7 @@ impl Metrics {
             upstreams,
             gov,
             tasks,
+            oauth,
         })
     }
 
@@ -876,6 +881,25 @@ mod tests {
         ] {
             assert!(text.contains(series), "{series} in\n{text}");
         }
+    }
+
+    #[test]
+    fn oauth_vault_series_exist_at_zero_before_any_token() {
+        let m = Metrics::new("test", "system");
+        let text = m.encode();
+        assert!(text.contains("quiver_oauth_vault_tokens 0"), "{text}");
+        for reason in crate::metrics::oauth::VAULT_ERROR_REASONS {
+            let series = format!("quiver_oauth_vault_errors_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series} in\n{text}");
+        }
+        m.oauth.vault_error("forged");
+        m.oauth.vault_tokens_add(2);
+        let text = m.encode();
+        assert!(
+            text.contains("quiver_oauth_vault_errors_total{reason=\"forged\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("quiver_oauth_vault_tokens 2"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,150 @@
+//! [`TokenSet`]: what one user holds for one upstream, its bounds, when it is still usable
+//! and how long the vault keeps it. Its `Debug` shows no token.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Tokens one user holds for one upstream. Debug prints no token.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenSet {
+    /// Sent to the upstream as `Authorization: Bearer`.
+    pub access_token: String,
+    /// Exchanged at `token_endpoint` for a new access token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_token: Option<String>,
+    /// When the access token expires (`expires_in` at receipt); `None`: the authorization
+    /// server did not say, and the token is used until the upstream refuses it.
+    #[serde(default, with = "unix_seconds", skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<SystemTime>,
+    /// The scope granted, as the authorization server wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The authorization server that issued it (its RFC 8414 `issuer`).
+    pub issuer: String,
+    /// Where to refresh it.
+    pub token_endpoint: String,
+    /// The client that obtained it (a refresh needs it).
+    pub client_id: String,
+    /// The upstream account, when known (the id token's `sub`, userinfo), for the audit trail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+}
+
+impl std::fmt::Debug for TokenSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const HIDDEN: &str = "<redacted>";
+        f.debug_struct("TokenSet")
+            .field("access_token", &HIDDEN)
+            .field("refresh_token", &self.refresh_token.as_ref().map(|_| HIDDEN))
+            .field("expires_at", &self.expires_at)
+            .field("scope", &self.scope)
+            .field("issuer", &self.issuer)
+            .field("token_endpoint", &self.token_endpoint)
+            .field("client_id", &self.client_id)
+            .field("account", &self.account)
+            .finish()
+    }
+}
+
+/// Whether `t`'s access token can still be sent at `now`: not within `skew` of its expiry
+/// (a token without an expiry is usable until the upstream refuses it).
+pub fn usable(t: &TokenSet, now: SystemTime, skew: Duration) -> bool {
+    match t.expires_at {
+        None => true,
+        Some(at) => at.duration_since(now).is_ok_and(|left| left > skew),
+    }
+}
+
+/// Longest fields of a [`TokenSet`] the vault keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldBounds {
+    /// The access and the refresh token, each, in bytes.
+    pub max_token: usize,
+    /// Every other field, each, in bytes.
+    pub max_field: usize,
+}
+
+impl Default for FieldBounds {
+    fn default() -> Self {
+        Self {
+            max_token: 8 * 1024,
+            max_field: 2048,
+        }
+    }
+}
+
+/// A field over its bound or empty where it must not be: its name, its length, the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BadField {
+    pub(super) field: &'static str,
+    pub(super) len: usize,
+    pub(super) max: usize,
+}
+
+impl TokenSet {
+    /// Checks every field against `b`: tokens within `max_token`, the others within
+    /// `max_field`, an access token, issuer, token endpoint and client id present.
+    pub(super) fn check(&self, b: FieldBounds) -> Result<(), BadField> {
+        let opt = |o: &Option<String>| o.as_deref().map_or(0, str::len);
+        let fields: [(&'static str, usize, usize, bool); 7] = [
+            ("access_token", self.access_token.len(), b.max_token, true),
+            ("refresh_token", opt(&self.refresh_token), b.max_token, false),
+            ("scope", opt(&self.scope), b.max_field, false),
+            ("issuer", self.issuer.len(), b.max_field, true),
+            ("token_endpoint", self.token_endpoint.len(), b.max_field, true),
+            ("client_id", self.client_id.len(), b.max_field, true),
+            ("account", opt(&self.account), b.max_field, false),
+        ];
+        for (field, len, max, required) in fields {
+            if len > max || (required && len == 0) {
+                return Err(BadField { field, len, max });
+            }
+        }
+        Ok(())
+    }
+
+    /// How long the vault keeps it from `now`, at most `max`: while it can be refreshed, the
+    /// longest (the refresh token's lifetime is not told); without a refresh token, until
+    /// its access token expires.
+    pub(super) fn keep_for(&self, now: SystemTime, max: Duration) -> Duration {
+        let keep = match (&self.refresh_token, self.expires_at) {
+            (None, Some(at)) => at.duration_since(now).unwrap_or(Duration::ZERO),
+            _ => max,
+        };
+        keep.clamp(Duration::from_millis(1), max.max(Duration::from_millis(1)))
+    }
+
+    /// The result of a refresh, completed from the tokens it replaces: an authorization
+    /// server that issued no new refresh token (RFC 6749 section 6) keeps the old one valid;
+    /// the account and scope stay what they were when the answer does not say.
+    pub(super) fn refreshed_from(mut self, old: &TokenSet) -> Self {
+        if self.refresh_token.is_none() {
+            self.refresh_token.clone_from(&old.refresh_token);
+        }
+        if self.account.is_none() {
+            self.account.clone_from(&old.account);
+        }
+        if self.scope.is_none() {
+            self.scope.clone_from(&old.scope);
+        }
+        self
+    }
+}
+
+/// `Option<SystemTime>` as whole seconds since the Unix epoch.
+mod unix_seconds {
+    use super::{Duration, SystemTime, UNIX_EPOCH};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_u64(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.and_then(|s| UNIX_EPOCH.checked_add(Duration::from_secs(s))))
+    }
+}
