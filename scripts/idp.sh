@@ -5,10 +5,11 @@
 # own, so runs never share state.
 #
 #   scripts/idp.sh install        download, unpack and build once (kc.sh build), and import
-#                                 the realm into a template database
-#   scripts/idp.sh start DIR      start on 127.0.0.1 and a free port with the realm of
-#                                 scripts/idp/realm.json; writes DIR/env (KEY=VALUE lines:
-#                                 QUIVER_IDP_ISSUER, QUIVER_IDP_PID, ...) once it answers.
+#                                 the realms into a template database
+#   scripts/idp.sh start DIR      start on 127.0.0.1 and a free port with the realms of
+#                                 scripts/idp/*.json; writes DIR/env (KEY=VALUE lines:
+#                                 QUIVER_IDP_ISSUER, QUIVER_IDP_UPSTREAM_ISSUER,
+#                                 QUIVER_IDP_PID, ...) once it answers.
 #                                 QUIVER_IDP_HOST=ADDR listens on that address of this
 #                                 machine instead (the kind network's gateway, for the e2e
 #                                 suite: the pods and the tests then name the same issuer)
@@ -17,6 +18,12 @@
 # The realm `quiver`: users alice and bob; client `quiver` (confidential, standard token
 # exchange on, may exchange for the audience `notes-upstream`); public clients `agent`
 # (tokens addressed to `quiver`) and `agent-forward` (to `quiver` and `notes-upstream`).
+#
+# The realm `upstream` (scripts/idp/upstream-realm.json): the authorization server of a
+# third-party MCP server whose users sign in themselves (`auth: {mode: user}`). User carol;
+# no client: Quiver registers itself (RFC 7591), anonymously, which the realm allows only
+# from 127.0.0.1 and for redirect URIs on 127.0.0.1 (the "Trusted Hosts" policy), without a
+# consent screen. One instance serves both realms.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -24,6 +31,7 @@ KC_VERSION=26.5.6
 KC_CACHE="$QUIVER_CACHE/keycloak"
 KC_HOME="$KC_CACHE/keycloak-$KC_VERSION"
 REALM="$ROOT/scripts/idp/realm.json"
+UPSTREAM_REALM="$ROOT/scripts/idp/upstream-realm.json"
 
 install() {
   local start=$SECONDS
@@ -40,15 +48,16 @@ install() {
     "$KC_HOME/bin/kc.sh" build --db=dev-file >&2
     touch "$KC_HOME/.built-file-local"
   fi
-  # The database with the realm imported, made once per realm file: each start copies it
-  # instead of creating the schema and importing again.
-  local template="$KC_CACHE/data-$(sha256sum "$REALM" | cut -c1-16)"
+  # The database with the realms imported, made once per version of the realm files: each
+  # start copies it instead of creating the schema and importing again.
+  local template="$KC_CACHE/data-$(cat "$REALM" "$UPSTREAM_REALM" | sha256sum | cut -c1-16)"
   if [ ! -d "$template" ]; then
-    log "importing scripts/idp/realm.json into a template database"
+    log "importing scripts/idp/realm.json and upstream-realm.json into a template database"
     local work="$KC_CACHE/import-work"
     rm -rf "$work" "$KC_HOME/data"
     mkdir -p "$work"
     cp "$REALM" "$work/quiver-realm.json"
+    cp "$UPSTREAM_REALM" "$work/upstream-realm.json"
     "$KC_HOME/bin/kc.sh" import --optimized --cache=local --dir "$work" >"$KC_CACHE/import.log" 2>&1 \
       || { tail -n 40 "$KC_CACHE/import.log" >&2; exit 1; }
     mv "$KC_HOME/data" "$template.tmp"
@@ -92,6 +101,7 @@ start() {
       cat >"$dir/env" <<EOF
 QUIVER_IDP_ISSUER=$issuer
 QUIVER_IDP_TOKEN_ENDPOINT=$issuer/protocol/openid-connect/token
+QUIVER_IDP_UPSTREAM_ISSUER=http://$host:$port/realms/upstream
 QUIVER_IDP_PID=$pid
 QUIVER_IDP_START_SECONDS=$((SECONDS - started))
 EOF

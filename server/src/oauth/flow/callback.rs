@@ -1,0 +1,211 @@
+//! The redirect back from the authorization server: an `error` answer refused with its
+//! (sanitized) reason; the `state` opened (forged, expired, for another callback URL: refused)
+//! and used once; the issuer checked (RFC 9207: the mix-up defence); the code exchanged
+//! with the PKCE verifier, and the tokens checked.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::authorize::{STATE_AAD, State, now_secs};
+use super::token::{Asked, read_tokens};
+use super::wire::{self, parse_query, said};
+use super::{Error, Flow, Result, Tokens};
+use crate::oauth::keyring::OpenError;
+
+/// Longest `state` opened.
+const MAX_STATE: usize = 8192;
+/// Longest authorization code accepted.
+const MAX_CODE: usize = 4096;
+/// A used state is remembered this much longer than it lives (clocks of replicas differ).
+const USED_MARGIN: Duration = Duration::from_secs(60);
+
+/// Marks the state of a sign-in used, so that a redirect cannot be replayed. Backed by
+/// memory ([`MemoryGuard`], one replica) or by a store every replica shares.
+pub trait StateGuard: Send + Sync {
+    /// `true` the first time `nonce` is presented within `ttl`, `false` after, and `false`
+    /// when it cannot tell (a store that failed refuses rather than allow a replay).
+    fn first_use(&self, nonce: &str, ttl: Duration) -> impl Future<Output = bool> + Send;
+}
+
+/// A [`StateGuard`] in one replica's memory, bounded: full of states that have not yet
+/// expired, it refuses new ones rather than forget a used one.
+#[derive(Debug)]
+pub struct MemoryGuard {
+    max: usize,
+    seen: Mutex<HashMap<String, Instant>>,
+}
+
+impl MemoryGuard {
+    /// A guard remembering at most `max` states.
+    pub fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            seen: Mutex::default(),
+        }
+    }
+}
+
+impl Default for MemoryGuard {
+    fn default() -> Self {
+        Self::new(100_000)
+    }
+}
+
+impl StateGuard for MemoryGuard {
+    fn first_use(&self, nonce: &str, ttl: Duration) -> impl Future<Output = bool> + Send {
+        let now = Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let fresh = match seen.get(nonce) {
+            Some(until) if *until > now => false,
+            _ => {
+                if seen.len() >= self.max {
+                    seen.retain(|_, until| *until > now);
+                }
+                if seen.len() >= self.max {
+                    false
+                } else {
+                    seen.insert(nonce.to_owned(), super::cache::later(now, ttl));
+                    true
+                }
+            }
+        };
+        std::future::ready(fresh)
+    }
+}
+
+/// A finished sign-in: whose tokens, for which upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The caller the sign-in began for (`issuer|sub`).
+    pub subject: String,
+    /// The upstream's name.
+    pub upstream: String,
+    /// What the authorization server issued.
+    pub tokens: Tokens,
+}
+
+impl Flow {
+    /// Opens a `state` this server sealed and checks it is current and for this callback.
+    fn open_state(&self, sealed: &str) -> Result<State> {
+        if sealed.len() > MAX_STATE {
+            return Err(Error::State("is not one this server began"));
+        }
+        let (plain, _) = self.keys.open(STATE_AAD, sealed).map_err(|e| match e {
+            OpenError::UnknownKey => {
+                Error::State("was sealed under a key no longer in the ring: sign in again")
+            }
+            OpenError::Malformed | OpenError::Forged => {
+                Error::State("is not one this server began (forged or altered)")
+            }
+        })?;
+        let state: State =
+            serde_json::from_slice(&plain).map_err(|_| Error::State("is not one this server began"))?;
+        if state.version != 1 {
+            return Err(Error::State(
+                "is of a layout this server does not read: sign in again",
+            ));
+        }
+        if now_secs() >= state.expiry {
+            return Err(Error::State("has expired: sign in again"));
+        }
+        if state.redirect_uri != self.cfg.redirect_uri {
+            return Err(Error::State("was begun for another callback URL"));
+        }
+        Ok(state)
+    }
+
+    /// Finishes a sign-in from the query of the redirect to the callback URL (with or without
+    /// its `?`); `guard` marks its state used.
+    ///
+    /// # Errors
+    /// [`Error::Denied`]: the server (or the user) refused, [`Error::Redirect`]: a malformed
+    /// redirect, [`Error::State`]: forged, expired, used, [`Error::Issuer`]: another
+    /// server's answer; then as the token endpoint's exchange.
+    pub async fn finish<G: StateGuard>(&self, query: &str, guard: &G) -> Result<Completed> {
+        let params = parse_query(query).map_err(Error::Redirect)?;
+        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let (sealed, code) = (get("state").unwrap_or_default(), get("code").unwrap_or_default());
+        if let Some(error) = get("error") {
+            return Err(Error::Denied(said(
+                Some(error),
+                get("error_description"),
+                &[sealed, code],
+            )));
+        }
+        if sealed.is_empty() {
+            return Err(Error::State("is missing from the redirect"));
+        }
+        let state = self.open_state(sealed)?;
+        match get("iss") {
+            Some(iss) if iss != state.issuer => {
+                return Err(Error::Issuer(
+                    "the redirect comes from another authorization server than the sign-in began at",
+                ));
+            }
+            None if state.iss_required => {
+                return Err(Error::Issuer(
+                    "the authorization server says it names itself in redirects, and this one has no `iss`",
+                ));
+            }
+            _ => {}
+        }
+        if !(1..=MAX_CODE).contains(&code.len()) || !code.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Error::Redirect("the redirect has no usable `code`"));
+        }
+        let ttl = Duration::from_secs(state.expiry.saturating_sub(now_secs())) + USED_MARGIN;
+        if !guard.first_use(&state.nonce, ttl).await {
+            return Err(Error::State("was used already (or cannot be marked used)"));
+        }
+        let tokens = self.redeem(&state, code).await?;
+        Ok(Completed {
+            subject: state.subject,
+            upstream: state.upstream,
+            tokens,
+        })
+    }
+
+    /// The code exchanged for tokens at the token endpoint the state names.
+    async fn redeem(&self, state: &State, code: &str) -> Result<Tokens> {
+        let asked = Asked {
+            issuer: &state.issuer,
+            token_endpoint: &state.token_endpoint,
+            client_id: &state.client.client_id,
+            scope: state.scope.as_deref(),
+            refresh_token: None,
+            account: None,
+        };
+        let params = vec![
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", state.redirect_uri.as_str()),
+            ("code_verifier", state.verifier.as_str()),
+            ("resource", state.resource.as_str()),
+        ];
+        let trusted = wire::parse_url(&state.resource)
+            .map(|u| wire::origin(&u))
+            .unwrap_or_default();
+        let sent = self
+            .token_request(&asked, &state.client, params, &trusted, &[code, &state.verifier])
+            .await;
+        let body = match sent {
+            Err(Error::Denied(why)) if why.starts_with("invalid_client") => {
+                // A registration this server forgot: the next sign-in registers again.
+                if self
+                    .registered(&state.issuer)
+                    .is_some_and(|c| c.client_id == state.client.client_id)
+                {
+                    self.forget_registration(&state.issuer);
+                }
+                return Err(Error::Denied(why));
+            }
+            other => other?,
+        };
+        read_tokens(&body, &asked)
+    }
+}
+
+#[cfg(test)]
+#[path = "callback_tests.rs"]
+mod tests;
