@@ -34,16 +34,8 @@ cargo run -q -p quiver-operator --bin crdgen --locked -- --reference | diff -u d
 QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
 export QUIVER_REDIS_SERVER
 
-# Keycloak: the OpenID provider of the identity tests and the authorization server of the
-# upstream sign-in test. One instance serves both realms to every test that needs it
-# (server/tests/oauth_flow.rs, tests/sdk/python/test_python_sdk_identity.py), so those tests
-# add no start of their own.
-log "OpenID provider (Keycloak from Maven Central, cached): one instance for the cargo and SDK tests"
+log "OpenID provider of the identity tests (Keycloak from Maven Central, cached; the tests start it)"
 "$ROOT/scripts/idp.sh" install
-IDP_DIR="$(mktemp -d "${TMPDIR:-/tmp}/quiver-idp.XXXXXX")"
-trap '[ ! -f "$IDP_DIR/env" ] || "$ROOT/scripts/idp.sh" stop "$IDP_DIR"; rm -rf "$IDP_DIR"' EXIT
-"$ROOT/scripts/idp.sh" start "$IDP_DIR"
-export QUIVER_IDP_ENV="$IDP_DIR/env"
 
 log "cargo test (unit, integration, doc)"
 cargo test --workspace --locked
@@ -59,10 +51,6 @@ command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test
 log "Python MCP SDK client tests"
 python_env
 "$PY" -m pytest -q -s tests/sdk/python
-
-"$ROOT/scripts/idp.sh" stop "$IDP_DIR"
-rm -rf "$IDP_DIR"
-unset QUIVER_IDP_ENV
 
 log "TypeScript MCP SDK client tests"
 node_env

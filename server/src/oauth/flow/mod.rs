@@ -26,7 +26,7 @@ mod token;
 mod wire;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::net::http::HttpClient;
 use crate::oauth::keyring::KeyRing;
@@ -172,41 +172,9 @@ impl FlowConfig {
     }
 }
 
-/// Tokens one user holds for one upstream. `Debug` prints no token.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Tokens {
-    /// The access token to send the upstream.
-    pub access_token: String,
-    /// The refresh token, when the authorization server issued one.
-    pub refresh_token: Option<String>,
-    /// When the access token expires (from `expires_in` at receipt, capped).
-    pub expires_at: Option<SystemTime>,
-    /// The scopes granted.
-    pub scope: Option<String>,
-    /// The authorization server that issued them (its RFC 8414 issuer).
-    pub issuer: String,
-    /// Where to refresh them.
-    pub token_endpoint: String,
-    /// The client that obtained them (refreshing needs it).
-    pub client_id: String,
-    /// The upstream account, when the server said (the ID token's `sub`), for audit.
-    pub account: Option<String>,
-}
-
-impl std::fmt::Debug for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens")
-            .field("access_token", &"…")
-            .field("refresh_token", &self.refresh_token.as_ref().map(|_| "…"))
-            .field("expires_at", &self.expires_at)
-            .field("scope", &self.scope)
-            .field("issuer", &self.issuer)
-            .field("token_endpoint", &self.token_endpoint)
-            .field("client_id", &self.client_id)
-            .field("account", &self.account)
-            .finish()
-    }
-}
+/// Tokens one user holds for one upstream: the vault's [`TokenSet`](super::vault::TokenSet),
+/// what a finished sign-in or a refresh hands it.
+pub use super::vault::TokenSet as Tokens;
 
 /// The flow: shared by every sign-in of a server.
 #[derive(Debug)]
