@@ -236,6 +236,20 @@ impl Client {
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "redis: no answer in time"))?
     }
 
+    /// `EVAL script numkeys keys... args...` through [`call`](Self::call): a Redis error
+    /// reply comes back as `Ok(Reply::Error)`, for the caller to name.
+    ///
+    /// # Errors
+    /// As [`call`](Self::call).
+    pub async fn eval(&self, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> std::io::Result<Reply> {
+        let n = keys.len().to_string();
+        let mut all: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
+        all.extend([b"EVAL".as_slice(), script.as_bytes(), n.as_bytes()]);
+        all.extend_from_slice(keys);
+        all.extend_from_slice(args);
+        self.call(&all).await
+    }
+
     async fn exchange(&self, args: &[&[u8]]) -> std::io::Result<Reply> {
         let _slot = self
             .slots

@@ -256,12 +256,7 @@ impl SharedTasks {
     }
 
     async fn eval(&self, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Result<Reply, Unavailable> {
-        let n = keys.len().to_string();
-        let mut all: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
-        all.extend([b"EVAL".as_slice(), script.as_bytes(), n.as_bytes()]);
-        all.extend_from_slice(keys);
-        all.extend_from_slice(args);
-        match self.redis.call(&all).await {
+        match self.redis.eval(script, keys, args).await {
             Ok(Reply::Error(e)) => Err(Unavailable(format!("redis: {e}"))),
             Ok(r) => Ok(r),
             Err(e) => Err(unavailable(&e)),

@@ -198,12 +198,7 @@ impl RedisStore {
     }
 
     async fn eval(&self, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Result<Reply, String> {
-        let n = keys.len().to_string();
-        let mut all: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
-        all.extend([b"EVAL".as_slice(), script.as_bytes(), n.as_bytes()]);
-        all.extend_from_slice(keys);
-        all.extend_from_slice(args);
-        match self.redis.call(&all).await {
+        match self.redis.eval(script, keys, args).await {
             // Redis's words (NOPERM, OOM, WRONGTYPE, ...), never a value of ours.
             Ok(Reply::Error(e)) => Err(format!("redis: {e}")),
             Ok(r) => Ok(r),
