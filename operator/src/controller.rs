@@ -75,7 +75,9 @@ pub fn slim<K>(o: &mut PartialObjectMeta<K>) {
 }
 
 /// Drives a metadata-only watch into `feed` (store and watch state); its items trigger the
-/// owners' reconciles.
+/// owners' reconciles. Its errors stay here, in the watch state and its own backoff: the
+/// controller backs off every trigger after an error of any one, and the watch of a kind
+/// whose CRD is absent fails for as long as it is absent.
 fn follow<K>(
     events: impl Stream<Item = Result<watcher::Event<PartialObjectMeta<K>>, watcher::Error>> + Send + 'static,
     mut feed: Feed<K>,
@@ -89,8 +91,12 @@ where
         .modify(slim)
         .map(move |item| {
             feed.observe(&item);
+            if let Err(e) = &item {
+                tracing::debug!(error = %e, "watch of owned children");
+            }
             item
         })
+        .filter(|item| std::future::ready(item.is_ok()))
         .touched_objects()
 }
 
@@ -324,6 +330,39 @@ mod tests {
             serde_json::from_value(json!({"metadata": {"name": "shared", "namespace": "a"}})).unwrap();
         let names: Vec<String> = referencing(&all, &cm).into_iter().map(|r| r.name).collect();
         assert_eq!(names, ["one", "two"]);
+    }
+
+    /// The watch of a kind whose CRD is absent fails until it is installed: its errors go to
+    /// its state, never to the controller (which would back off every trigger after one).
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_watch_reports_to_its_state_not_to_the_controller() {
+        use crate::reconcile::WatchState;
+        let (stores, writers) = reconcile::stores(None);
+        let status = kube::core::Status {
+            code: 404,
+            ..kube::core::Status::default()
+        };
+        let route: PartialObjectMeta<DynamicObject> = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "calc", "namespace": "ns", "resourceVersion": "5",
+                "ownerReferences": [{"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "name": "calc", "uid": "u", "controller": true}]},
+        }))
+        .unwrap();
+        let events = futures_util::stream::iter([
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+                status,
+            )))),
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(route)),
+            Ok(watcher::Event::InitDone),
+        ]);
+        let mut out = std::pin::pin!(follow(events, writers.http_routes));
+        let first = out.next().await.expect("the listed route");
+        assert_eq!(first.unwrap().metadata.name.as_deref(), Some("calc"));
+        assert_eq!(stores.http_routes.health.state(), WatchState::Listing);
+        assert!(out.next().await.is_none(), "the error is not passed on");
+        assert_eq!(stores.http_routes.health.state(), WatchState::Current);
+        assert!(stores.http_routes.get("ns", "calc").is_some());
     }
 
     #[test]
