@@ -42,8 +42,8 @@ NODE
     sleep 0.1
   done
   if [ "$ready" != True ]; then
-    echo "kwok node $name is not Ready after 60 s (Ready=${ready:-none}): is kwok running? Its log:" >&2
-    [ -z "${QUIVER_CONTROL_PLANE:-}" ] || tail -20 "$QUIVER_CONTROL_PLANE/logs/kwok.log" >&2 || true
+    [ -z "${QUIVER_CONTROL_PLANE:-}" ] || { echo "--- kwok.log (last 20 lines)" >&2; tail -20 "$QUIVER_CONTROL_PLANE/logs/kwok.log" >&2 || true; }
+    echo "kwok node $name is not Ready after 60 s (Ready=${ready:-none}): is kwok running?" >&2
     return 1
   fi
   deadline=$((SECONDS + 60))
