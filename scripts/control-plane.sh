@@ -3,14 +3,66 @@
 # CEL admission) + kube-controller-manager (garbage collection, Deployments) +
 # kube-scheduler + kwok (fake nodes that turn scheduled pods Running and Ready).
 #
-#   scripts/control-plane.sh up DIR     start it; writes DIR/kubeconfig, DIR/env, DIR/*.pid
+#   scripts/control-plane.sh up DIR     start it with one kwok node (32 CPUs, 256Gi, 2000 pods);
+#                                       writes DIR/kubeconfig, DIR/env, DIR/*.pid
 #   scripts/control-plane.sh down DIR   stop it and remove DIR
+#   scripts/control-plane.sh node NAME [CPU [MEMORY [PODS]]]
+#                                       one more kwok node (default: the capacity of the first)
+#                                       on the control plane of DIR/env (source it first: it sets
+#                                       KUBECONFIG); waits until it is Ready and untainted, fails
+#                                       after 60 s each
 #
 # Binaries come from scripts/k8s-binaries.sh (built from Go modules, cached).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-cmd="${1:?up|down}"
+usage="up DIR | down DIR | node NAME [CPU [MEMORY [PODS]]]"
+cmd="${1:?$usage}"
+
+# kwok_node NAME CPU MEMORY PODS: a Node that kwok manages (its annotation selects it), then
+# waits until it is Ready and the node controller has lifted its not-ready taint (pods that
+# race that taint stay Pending). Fails, saying which, when either takes over 60 s.
+kwok_node() {
+  local name="$1" cpu="$2" mem="$3" pods="$4" deadline ready="" taints="?"
+  kubectl apply -f - >/dev/null <<NODE
+apiVersion: v1
+kind: Node
+metadata:
+  name: $name
+  annotations: {node.alpha.kubernetes.io/ttl: "0", kwok.x-k8s.io/node: fake}
+  labels: {type: kwok, kubernetes.io/hostname: $name, kubernetes.io/os: linux}
+status:
+  allocatable: {cpu: "$cpu", memory: $mem, pods: "$pods"}
+  capacity: {cpu: "$cpu", memory: $mem, pods: "$pods"}
+NODE
+  deadline=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    ready="$(kubectl get node "$name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)"
+    [ "$ready" = True ] && break
+    sleep 0.1
+  done
+  if [ "$ready" != True ]; then
+    [ -z "${QUIVER_CONTROL_PLANE:-}" ] || { echo "--- kwok.log (last 20 lines)" >&2; tail -20 "$QUIVER_CONTROL_PLANE/logs/kwok.log" >&2 || true; }
+    echo "kwok node $name is not Ready after 60 s (Ready=${ready:-none}): is kwok running?" >&2
+    return 1
+  fi
+  deadline=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    taints="$(kubectl get node "$name" -o jsonpath='{.spec.taints}' 2>/dev/null || echo '?')"
+    [ -z "$taints" ] && return 0
+    sleep 0.1
+  done
+  echo "kwok node $name is Ready but still tainted after 60 s: $taints (is kube-controller-manager running?)" >&2
+  return 1
+}
+
+if [ "$cmd" = node ]; then
+  name="${2:?node NAME [CPU [MEMORY [PODS]]]}"
+  [ -n "${KUBECONFIG:-}" ] || { echo "node: KUBECONFIG is not set (source the control plane's DIR/env first)" >&2; exit 2; }
+  kwok_node "$name" "${3:-32}" "${4:-256Gi}" "${5:-2000}"
+  exit 0
+fi
+case "$cmd" in up|down) ;; *) echo "usage: $0 $usage" >&2; exit 2 ;; esac
 dir="${2:?state directory}"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -120,32 +172,11 @@ start kwok "$bin/kwok" --kubeconfig "$dir/kubeconfig" --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --manage-nodes-with-label-selector= --disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom \
   --cidr=10.244.0.0/16 --node-ip=127.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" "${stage_args[@]}"
-$K apply -f - >/dev/null <<NODE
-apiVersion: v1
-kind: Node
-metadata:
-  name: kwok-node-0
-  annotations: {node.alpha.kubernetes.io/ttl: "0", kwok.x-k8s.io/node: fake}
-  labels: {type: kwok, kubernetes.io/hostname: kwok-node-0, kubernetes.io/os: linux}
-status:
-  allocatable: {cpu: "32", memory: 256Gi, pods: "2000"}
-  capacity: {cpu: "32", memory: 256Gi, pods: "2000"}
-NODE
-for i in $(seq 1 300); do
-  [ "$($K get node kwok-node-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && break
-  sleep 0.1
-done
-[ "$($K get node kwok-node-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ] \
-  || { echo "kwok node never became Ready" >&2; tail -20 "$dir/logs/kwok.log" >&2; exit 1; }
-# The node controller lifts the not-ready taint on its next pass; waiting for it keeps the
-# first test from racing it.
-for i in $(seq 1 300); do
-  [ -z "$($K get node kwok-node-0 -o jsonpath='{.spec.taints}')" ] && break
-  sleep 0.1
-done
+KUBECONFIG="$dir/kubeconfig" PATH="$bin:$PATH" QUIVER_CONTROL_PLANE="$dir" kwok_node kwok-node-0 32 256Gi 2000
 
 cat > "$dir/env" <<ENV
 export KUBECONFIG="$dir/kubeconfig"
+export QUIVER_CONTROL_PLANE="$dir"
 export QUIVER_TEST_CLUSTER=1
 export PATH="$bin:\$PATH"
 ENV

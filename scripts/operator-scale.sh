@@ -20,22 +20,7 @@ control_plane_session scale
 # The control plane's kwok node has 32 CPUs: room for 320 server pods of 100m. A second one
 # holds the rest, so that every Deployment can become ready (a pending pod would keep the
 # scheduler retrying and the Deployments' status changing: not the operator at rest).
-kubectl apply -f - >/dev/null <<NODE
-apiVersion: v1
-kind: Node
-metadata:
-  name: kwok-node-1
-  annotations: {node.alpha.kubernetes.io/ttl: "0", kwok.x-k8s.io/node: fake}
-  labels: {type: kwok, kubernetes.io/hostname: kwok-node-1, kubernetes.io/os: linux}
-status:
-  allocatable: {cpu: "1000", memory: 4Ti, pods: "5000"}
-  capacity: {cpu: "1000", memory: 4Ti, pods: "5000"}
-NODE
-for _ in $(seq 1 300); do
-  [ "$(kubectl get node kwok-node-1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] \
-    && [ -z "$(kubectl get node kwok-node-1 -o jsonpath='{.spec.taints}')" ] && break
-  sleep 0.1
-done
+"$ROOT/scripts/control-plane.sh" node kwok-node-1 1000 4Ti 5000
 install_crd
 admin_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 "$(target_dir)/release/quiver-operator" --admin-listen "127.0.0.1:$admin_port" --concurrency 16 --probe-pods=false > "$STATE/operator.log" 2>&1 &

@@ -239,43 +239,68 @@ impl LeaseLock {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => drop(s.recv().await),
-            Err(_) => std::future::pending().await,
+/// Resolves on SIGTERM or SIGINT sent after this call. The listeners are registered here,
+/// not at the first poll: a signal sent before the future is polled is not lost.
+fn shutdown_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (term, int) = (
+        signal(SignalKind::terminate()).ok(),
+        signal(SignalKind::interrupt()).ok(),
+    );
+    async move {
+        let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => drop(s.recv().await),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = recv(term) => {}
+            () = recv(int) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
     }
 }
 
 /// Stands by until `lock` is held, then runs `work` while renewing it. Returns when `work`
 /// ends (a graceful shutdown: the lease is released) or when a standby is asked to shut down.
 ///
+/// A signal is listened for from the start, also while `work` starts: the controller's own
+/// listener exists only once it runs, and a leader that missed the signal would keep
+/// renewing the lease. On a signal `work` gets the renew deadline to finish its reconciles
+/// (the lease is renewed meanwhile); then the lease is released.
+///
 /// # Errors
 /// The lease was lost while leading: the caller must stop acting at once (exit), since
 /// another replica may already reconcile.
 pub async fn lead(lock: &LeaseLock, health: &Health, work: impl Future<Output = ()>) -> Result<(), Lost> {
+    let mut stop = std::pin::pin!(shutdown_signal());
     health.set_leading(false);
     tracing::info!(identity = %lock.identity, "standing by for the leader lease");
     tokio::select! {
         () = lock.acquire(health) => {}
-        () = shutdown_signal() => return Ok(()),
+        () = &mut stop => return Ok(()),
     }
     health.set_leading(true);
     tracing::info!(identity = %lock.identity, "leading");
-    tokio::select! {
-        () = work => {
+    let mut work = Box::pin(work);
+    let finished = tokio::select! {
+        () = &mut work => Ok(()),
+        () = &mut stop => tokio::select! {
+            _ = tokio::time::timeout(lock.timing.renew_deadline, &mut work) => Ok(()),
+            lost = lock.hold() => Err(lost),
+        },
+        lost = lock.hold() => Err(lost),
+    };
+    // Whatever is left of it (a signal it missed) stops before another replica may lead.
+    drop(work);
+    match finished {
+        Ok(()) => {
             if let Err(e) = lock.release().await {
                 tracing::warn!(error = %e, "could not release the leader lease; a standby takes over when it expires");
             }
             Ok(())
         }
-        lost = lock.hold() => {
+        Err(lost) => {
             health.set_leading(false);
             Err(lost)
         }

@@ -12,12 +12,13 @@ use http_body_util::BodyExt;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::Event;
 use kube::{Client, ResourceExt};
 use quiver_operator::backoff::Backoff;
 use quiver_operator::build::Defaults;
 use quiver_operator::crd::McpServer;
 use quiver_operator::metrics::Metrics;
-use quiver_operator::reconcile::{Context, Owned, error_policy, reconcile};
+use quiver_operator::reconcile::{Context, Memo, Owned, error_policy, reconcile};
 use serde_json::{Value, json};
 use tower_test::mock::{self, Handle};
 
@@ -132,6 +133,7 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
         probe_pods: false,
         backoff: Backoff::default(),
         owned: Owned::default(),
+        memo: Memo::default(),
     };
     (Arc::new(ctx), ApiServerVerifier(handle))
 }
@@ -896,14 +898,12 @@ async fn once_the_foreign_object_is_gone_the_mcpserver_recovers() {
 /// The watch stores of namespace `ns` holding, for each always-present child, the metadata
 /// `meta(kind, name)` returns.
 fn filled_stores(meta: impl Fn(&str, &str) -> Value) -> Owned {
-    use kube::core::PartialObjectMeta;
-    use kube::runtime::reflector::store::Writer;
-    use kube::runtime::watcher::Event;
-    fn put<K>(w: &mut Writer<PartialObjectMeta<K>>, v: Value)
+    use quiver_operator::reconcile::Feed;
+    fn put<K>(w: &mut Feed<K>, v: Value)
     where
-        K: kube::Resource<DynamicType = ()> + Clone,
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
     {
-        w.apply_watcher_event(&Event::Apply(serde_json::from_value(v).unwrap()));
+        w.observe(&Ok(Event::Apply(serde_json::from_value(v).unwrap())));
     }
     let (stores, mut w) = quiver_operator::reconcile::stores(Some("ns".into()));
     put(&mut w.service_accounts, meta("ServiceAccount", "calc"));
@@ -1047,4 +1047,302 @@ async fn a_state_key_secret_of_another_owner_is_a_conflict_and_not_mounted() {
             .unwrap()
             .contains("Secret ns/calc-state-key")
     );
+}
+
+// At rest: an apply that would change nothing is not sent, and the watch stores say which
+// optional children are left to delete.
+
+/// Every request a reconcile made, each with what the API server answered.
+type Log = Arc<std::sync::Mutex<Seen>>;
+
+/// An API server that answers GETs with what `existing` says is at the path (`None`: 404) and
+/// writes with their body under a new `resourceVersion`, as the real one does (the Deployment
+/// also with a rolled-out status). Each request is logged before it is answered, so all of a
+/// finished reconcile's requests are in the log.
+fn versioning(
+    mut api: ApiServerVerifier,
+    existing: impl Fn(&str) -> Option<Value> + Send + 'static,
+) -> (Log, tokio::task::JoinHandle<()>) {
+    let log = Log::default();
+    let kept = log.clone();
+    let task = tokio::spawn(async move {
+        let mut version = 100;
+        while let Some((req, send)) = api.0.next_request().await {
+            let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let (status, out) = match method {
+                Method::GET => existing(&path).map_or_else(not_found, |o| (StatusCode::OK, o)),
+                _ if path == STATUS => patched(body),
+                _ => {
+                    version += 1;
+                    let mut o = body;
+                    o["metadata"]["resourceVersion"] = json!(version.to_string());
+                    if path == DEPLOY {
+                        o["metadata"]["generation"] = json!(1);
+                        o["status"] = json!({"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1});
+                    }
+                    (StatusCode::OK, o)
+                }
+            };
+            kept.lock().unwrap().push((method, path, out.clone()));
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    (log, task)
+}
+
+/// The requests logged since the last call, as `METHOD path`.
+fn requests(log: &Log) -> Vec<String> {
+    std::mem::take(&mut *log.lock().unwrap())
+        .into_iter()
+        .map(|(m, p, _)| format!("{m} {p}"))
+        .collect()
+}
+
+/// `ours(kind, name)` at `version`.
+fn ours_at(kind: &str, name: &str, version: &str) -> Value {
+    let mut o = ours(kind, name);
+    o["metadata"]["resourceVersion"] = json!(version);
+    o
+}
+
+/// A watch event for one object's metadata, as its watch delivers it.
+fn event<K>(feed: &mut quiver_operator::reconcile::Feed<K>, e: Event<Value>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let meta = |v: Value| serde_json::from_value(v).unwrap();
+    feed.observe(&Ok(match e {
+        Event::Apply(v) => Event::Apply(meta(v)),
+        Event::Delete(v) => Event::Delete(meta(v)),
+        Event::InitApply(v) => Event::InitApply(meta(v)),
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+    }));
+}
+
+/// A completed list of `objects`: the store is current.
+fn listed<K>(feed: &mut quiver_operator::reconcile::Feed<K>, objects: Vec<Value>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    event(feed, Event::Init);
+    for o in objects {
+        event(feed, Event::InitApply(o));
+    }
+    event(feed, Event::InitDone);
+}
+
+/// The watch of a kind the API server answers 404 for (its CRD is not installed).
+fn not_served(feed: &mut quiver_operator::reconcile::Feed<kube::api::DynamicObject>) {
+    let status = kube::core::Status {
+        code: 404,
+        ..kube::core::Status::default()
+    };
+    feed.observe(&Err(kube::runtime::watcher::Error::InitialListFailed(
+        kube::Error::Api(Box::new(status)),
+    )));
+}
+
+/// Stores of namespace `ns`, every watch listed: the always-present children and the
+/// state-key Secret exist as this McpServer's at version 1, `hpa` is the only optional child,
+/// and the ServiceMonitor and HTTPRoute CRDs are not installed.
+fn current_stores(hpa: Option<Value>) -> (Owned, quiver_operator::reconcile::Writers) {
+    let (stores, mut w) = quiver_operator::reconcile::stores(Some("ns".into()));
+    listed(
+        &mut w.service_accounts,
+        vec![ours_at("ServiceAccount", "calc", "1")],
+    );
+    listed(&mut w.roles, vec![ours_at("Role", "calc-config-reader", "1")]);
+    listed(
+        &mut w.role_bindings,
+        vec![ours_at("RoleBinding", "calc-config-reader", "1")],
+    );
+    listed(&mut w.config_maps, vec![ours_at("ConfigMap", "calc-tools", "1")]);
+    listed(&mut w.deployments, vec![ours_at("Deployment", "calc", "1")]);
+    listed(&mut w.services, vec![ours_at("Service", "calc", "1")]);
+    listed(&mut w.secrets, vec![ours_at("Secret", "calc-state-key", "1")]);
+    listed(&mut w.autoscalers, hpa.into_iter().collect());
+    listed(&mut w.disruption_budgets, vec![]);
+    listed(&mut w.network_policies, vec![]);
+    listed(&mut w.ingresses, vec![]);
+    not_served(&mut w.service_monitors);
+    not_served(&mut w.http_routes);
+    (Owned::new(vec![stores]), w)
+}
+
+/// What the watches deliver after the writes in `log`: each applied child at the version its
+/// apply answered with.
+fn watch_the_writes(w: &mut quiver_operator::reconcile::Writers, log: &Log) {
+    for (method, path, answer) in log.lock().unwrap().iter() {
+        if *method != Method::PATCH {
+            continue;
+        }
+        let e = Event::Apply(answer.clone());
+        match path.as_str() {
+            SA => event(&mut w.service_accounts, e),
+            ROLE => event(&mut w.roles, e),
+            BINDING => event(&mut w.role_bindings, e),
+            CM => event(&mut w.config_maps, e),
+            DEPLOY => event(&mut w.deployments, e),
+            SVC => event(&mut w.services, e),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unchanged_mcpserver_is_not_applied_again_and_every_change_is() {
+    let (owned, mut feeds) = current_stores(None);
+    let (ctx, api) = with_stores(owned);
+    let (log, server) = versioning(api, |_| None);
+    let spec = json!({"tools": add()});
+
+    // The first reconcile of this operator applies every child (it has no record of them),
+    // and asks for nothing: the stores answer who owns each child, and that no optional one
+    // is left to delete (no GET of an HPA, PDB, NetworkPolicy, Ingress, ServiceMonitor or
+    // HTTPRoute).
+    reconcile(mcp_with(spec.clone(), None), ctx.clone())
+        .await
+        .unwrap();
+    let status = log
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, p, _)| p == STATUS)
+        .unwrap()
+        .2["status"]
+        .clone();
+    watch_the_writes(&mut feeds, &log);
+    let patches = |paths: &[&str]| paths.iter().map(|p| format!("PATCH {p}")).collect::<Vec<_>>();
+    assert_eq!(
+        requests(&log),
+        patches(&[SA, ROLE, BINDING, CM, DEPLOY, SVC, STATUS])
+    );
+
+    // (a) The same McpServer again (its resync): nothing changed, nothing is sent.
+    let settled = || mcp_with(spec.clone(), Some(status.clone()));
+    reconcile(settled(), ctx.clone()).await.unwrap();
+    assert_eq!(requests(&log), Vec::<String>::new());
+
+    // (b) The Deployment written by someone else (a new version in its store): re-applied,
+    // and only it.
+    event(
+        &mut feeds.deployments,
+        Event::Apply(ours_at("Deployment", "calc", "500")),
+    );
+    reconcile(settled(), ctx.clone()).await.unwrap();
+    watch_the_writes(&mut feeds, &log);
+    assert_eq!(requests(&log), patches(&[DEPLOY]));
+
+    // (c) The ConfigMap deleted: gone from its store, so its owner is asked and it is made
+    // again.
+    event(
+        &mut feeds.config_maps,
+        Event::Delete(ours_at("ConfigMap", "calc-tools", "102")),
+    );
+    reconcile(settled(), ctx.clone()).await.unwrap();
+    watch_the_writes(&mut feeds, &log);
+    assert_eq!(requests(&log), [format!("GET {CM}"), format!("PATCH {CM}")]);
+    reconcile(settled(), ctx.clone()).await.unwrap();
+    assert_eq!(requests(&log), Vec::<String>::new(), "settled again");
+
+    // (d) A spec change: what it changes is applied (a tools change is the ConfigMap only),
+    // and the status says so.
+    let two = json!({"tools": [
+        {"name": "add", "handler": {"builtin": "add"}},
+        {"name": "greet", "handler": {"template": "hi"}},
+    ]});
+    reconcile(mcp_with(two, Some(status.clone())), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(requests(&log), patches(&[CM, STATUS]));
+
+    // An invalid spec leaves the children alone and drops their records.
+    assert_eq!(ctx.memo.len(), 1);
+    let invalid = json!({"tools": [{"name": "add", "handler": {"builtin": "nope"}}]});
+    reconcile(mcp_with(invalid, Some(status.clone())), ctx.clone())
+        .await
+        .unwrap();
+    assert!(ctx.memo.is_empty());
+    assert!(
+        !requests(&log)
+            .iter()
+            .any(|r| r.starts_with("PATCH") && r != &format!("PATCH {STATUS}")),
+        "no child written"
+    );
+
+    drop(ctx);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_child_turned_off_is_looked_up_only_when_its_store_shows_it_or_is_not_current() {
+    let hpa = ours_at("HorizontalPodAutoscaler", "calc", "3");
+    let (owned, mut feeds) = current_stores(Some(hpa.clone()));
+    let (ctx, api) = with_stores(owned);
+    let found = hpa.clone();
+    let (log, server) = versioning(api, move |path| (path == HPA).then(|| found.clone()));
+    let spec = json!({"tools": add()});
+    let others = [PDB, NP, ING, SM, ROUTE];
+    let looked_up = |r: &Vec<String>, path: &str| r.contains(&format!("GET {path}"));
+
+    // The store shows this McpServer's HPA, no longer wanted: it is deleted (read first, to
+    // delete exactly what was read). The other kinds' stores show none: no request.
+    reconcile(mcp_with(spec.clone(), None), ctx.clone())
+        .await
+        .unwrap();
+    let r = requests(&log);
+    assert!(
+        looked_up(&r, HPA) && r.contains(&format!("DELETE {HPA}")),
+        "{r:?}"
+    );
+    assert!(!others.iter().any(|p| r.iter().any(|x| x.ends_with(p))), "{r:?}");
+
+    // The HPA watch failed (events may have been missed): until it lists again, one GET
+    // decides, as without a store.
+    feeds
+        .autoscalers
+        .observe(&Err(kube::runtime::watcher::Error::WatchFailed(
+            kube::Error::Api(Box::new(kube::core::Status {
+                code: 500,
+                ..kube::core::Status::default()
+            })),
+        )));
+    event(&mut feeds.autoscalers, Event::Delete(hpa));
+    reconcile(mcp_with(spec.clone(), None), ctx.clone())
+        .await
+        .unwrap();
+    assert!(looked_up(&requests(&log), HPA));
+    listed(&mut feeds.autoscalers, vec![]);
+    reconcile(mcp_with(spec.clone(), None), ctx.clone())
+        .await
+        .unwrap();
+    assert!(!looked_up(&requests(&log), HPA), "listed again: none left");
+
+    // The HTTPRoute CRD counted as absent until the operator writes one: then it is served,
+    // and once turned off, the route is looked up until its watch lists the kind.
+    let routed = json!({"tools": add(), "httpRoute": {"parentRefs": [{"name": "gw"}]}});
+    reconcile(mcp_with(routed, None), ctx.clone()).await.unwrap();
+    assert!(requests(&log).contains(&format!("PATCH {ROUTE}")));
+    reconcile(mcp_with(spec.clone(), None), ctx.clone())
+        .await
+        .unwrap();
+    let r = requests(&log);
+    assert!(looked_up(&r, ROUTE), "{r:?}");
+    assert!(
+        !looked_up(&r, SM),
+        "the ServiceMonitor CRD is still absent: {r:?}"
+    );
+
+    drop(ctx);
+    server.await.unwrap();
 }

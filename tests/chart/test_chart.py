@@ -45,12 +45,14 @@ def test_defaults_install_crd_operator_rbac_and_dashboards():
     verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert verbs[("quiver.dev", "mcpservers/status")] == {"patch"}
     assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}, "get: the owner check of a child missing from the watch"
-    assert verbs[("monitoring.coreos.com", "servicemonitors")] == {"get", "create", "patch", "delete"}
     assert "delete" not in verbs[("", "configmaps")], "the operator never deletes ConfigMaps"
     assert verbs[("", "secrets")] == {"get", "list", "watch", "create"}, "grant pods their Secrets; create the state keys; never patch or delete"
-    assert verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch", "delete"}
-    assert verbs[("networking.k8s.io", "ingresses")] == {"get", "create", "patch", "delete"}
-    assert verbs[("gateway.networking.k8s.io", "httproutes")] == {"get", "create", "patch", "delete"}
+    # The optional children: watched (so a disabled one needs no GET to find none is left),
+    # applied, checked and deleted when no longer wanted.
+    for optional in [("autoscaling", "horizontalpodautoscalers"), ("policy", "poddisruptionbudgets"),
+                     ("networking.k8s.io", "networkpolicies"), ("networking.k8s.io", "ingresses"),
+                     ("gateway.networking.k8s.io", "httproutes"), ("monitoring.coreos.com", "servicemonitors")]:
+        assert verbs[optional] == {"get", "list", "watch", "create", "patch", "delete"}, optional
     assert verbs[("discovery.k8s.io", "endpointslices")] == {"get"}
     assert not any("*" in v for v in verbs.values()), "no wildcard verbs"
     assert not find(docs, "Role"), "no leader-election Role with one replica"

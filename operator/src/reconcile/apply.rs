@@ -80,7 +80,8 @@ pub async fn delete_owned(
 }
 
 /// Applies a child whose CRD may be absent (ServiceMonitor, HTTPRoute); a missing CRD is a
-/// Warning event (`reason`, `note`), not an error.
+/// Warning event (`reason`, `note`), not an error. Returns the applied object's
+/// `resourceVersion`; `None` when the CRD is missing.
 ///
 /// # Errors
 /// [`Error::Apply`] naming the object when the patch fails otherwise.
@@ -91,7 +92,7 @@ pub async fn apply_served(
     kind: &'static str,
     obj: &DynamicObject,
     (reason, note): (&str, &str),
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     match api
         .patch(
             &obj.name_any(),
@@ -100,10 +101,10 @@ pub async fn apply_served(
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(applied) => Ok(applied.metadata.resource_version),
         Err(kube::Error::Api(s)) if s.code == 404 => {
             publish(ctx, mcp, EventType::Warning, reason, note.to_owned()).await;
-            Ok(())
+            Ok(None)
         }
         Err(source) => Err(Error::Apply {
             kind,

@@ -6,7 +6,13 @@
 //!
 //! The children are one list ([`list`]), in apply order, each with the kinds it needs to be
 //! this McpServer's; [`apply_all`] walks it once. A new child kind is a build function (a
-//! field of [`Children`]) and one line in [`list`].
+//! field of [`Children`]), a watch store (`stores.rs`, `controller.rs`) and one line in
+//! [`list`].
+//!
+//! What the watch stores know saves requests: a child applied before whose desired object
+//! and stored `resourceVersion` are both unchanged is not applied again (`memo.rs`), and a
+//! child no longer wanted is deleted only when its store shows it (a GET decides only while the
+//! store is not current).
 
 use std::any::Any;
 
@@ -17,10 +23,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::Client;
 use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::ObjectRef;
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::owned::{self, ChildKind, Holder, MetaStore, Stores};
+use super::memo::Memo;
+use super::owned::{self, ChildKind, Holder};
+use super::stores::{Seen, Stores, View, WatchState};
 use super::{Context, Error, apply};
 use crate::build::{self, Children};
 use crate::crd::McpServer;
@@ -50,15 +59,15 @@ fn list<'a>(c: &'a Children, name: &str) -> Vec<Child<'a>> {
         Child::stored(&c.deployment, |s| &s.deployments, &[SERVICE_ACCOUNT, CONFIG_MAP]),
         Child::stored(&c.service, |s| &s.services, &[]),
         // The HPA scales the Deployment of its name: only this McpServer's.
-        Child::optional::<HorizontalPodAutoscaler>(c.hpa.as_ref(), name, &[DEPLOYMENT]),
-        Child::optional(c.pdb.as_ref(), name, &[]),
-        Child::optional(c.network_policy.as_ref(), name, &[]),
+        Child::optional::<HorizontalPodAutoscaler>(c.hpa.as_ref(), name, |s| &s.autoscalers, &[DEPLOYMENT]),
+        Child::optional(c.pdb.as_ref(), name, |s| &s.disruption_budgets, &[]),
+        Child::optional(c.network_policy.as_ref(), name, |s| &s.network_policies, &[]),
         // Routes lead to the Service of their name: only this McpServer's.
-        Child::optional(c.ingress.as_ref(), name, &[SERVICE]),
+        Child::optional(c.ingress.as_ref(), name, |s| &s.ingresses, &[SERVICE]),
         Child::served(
             (SERVICE_MONITOR, build::service_monitor_resource()),
             c.service_monitor.as_ref(),
-            name,
+            (name, |s| &s.service_monitors),
             (
                 "ServiceMonitorUnavailable",
                 "monitoring.serviceMonitor is set but the monitoring.coreos.com/v1 ServiceMonitor CRD is not installed",
@@ -68,7 +77,7 @@ fn list<'a>(c: &'a Children, name: &str) -> Vec<Child<'a>> {
         Child::served(
             (HTTP_ROUTE, build::http_route_resource()),
             c.http_route.as_ref(),
-            name,
+            (name, |s| &s.http_routes),
             (
                 "HTTPRouteUnavailable",
                 "httpRoute is set but the gateway.networking.k8s.io/v1 HTTPRoute CRD is not installed",
@@ -95,28 +104,38 @@ pub struct Applied {
     pub conflicts: Vec<Conflict>,
 }
 
+/// What an apply answered.
+struct Written {
+    /// The applied object's `resourceVersion`; `None`: not applied (a CRD that is absent).
+    version: Option<String>,
+    /// The applied object when it is the Deployment (the status reads it).
+    deployment: Option<Deployment>,
+}
+
 /// A built-in kind, applied as its typed struct.
 trait Typed: Sync {
-    /// Applies it; the applied object when it is the Deployment (the status reads it).
-    fn apply<'a>(
-        &'a self,
-        client: &'a Client,
-        ns: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Deployment>, Error>>;
+    /// The digest of the object as it is sent.
+    fn digest(&self, memo: &Memo) -> Option<u64>;
+
+    /// Applies it.
+    fn apply<'a>(&'a self, client: &'a Client, ns: &'a str) -> BoxFuture<'a, Result<Written, Error>>;
 }
 
 impl<K: ChildKind + Serialize> Typed for K {
-    fn apply<'a>(
-        &'a self,
-        client: &'a Client,
-        ns: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Deployment>, Error>> {
+    fn digest(&self, memo: &Memo) -> Option<u64> {
+        memo.digest(self)
+    }
+
+    fn apply<'a>(&'a self, client: &'a Client, ns: &'a str) -> BoxFuture<'a, Result<Written, Error>> {
         Box::pin(async move {
             let applied = apply::apply(client, ns, self).await?;
-            Ok((Box::new(applied) as Box<dyn Any>)
-                .downcast::<Deployment>()
-                .ok()
-                .map(|d| *d))
+            Ok(Written {
+                version: applied.meta().resource_version.clone(),
+                deployment: (Box::new(applied) as Box<dyn Any>)
+                    .downcast::<Deployment>()
+                    .ok()
+                    .map(|d| *d),
+            })
         })
     }
 }
@@ -129,8 +148,17 @@ enum Write<'a> {
     Served(&'a DynamicObject, (&'static str, &'static str)),
 }
 
-/// Who holds a child's name, as the controller's watch store has it (`None`: not in it).
-type Lookup = Box<dyn Fn(&Stores, &str, &str, &str) -> Option<Holder> + Send + Sync>;
+impl Write<'_> {
+    fn digest(&self, memo: &Memo) -> Option<u64> {
+        match self {
+            Self::Typed(obj) => obj.digest(memo),
+            Self::Served(obj, _) => memo.digest(*obj),
+        }
+    }
+}
+
+/// The watch store of a child's kind.
+type Store = fn(&Stores) -> &dyn View;
 
 /// One entry of the list.
 struct Child<'a> {
@@ -140,29 +168,26 @@ struct Child<'a> {
     name: String,
     /// The child, when wanted; `None`: removed if this McpServer controls it.
     write: Option<Write<'a>>,
-    /// For the kinds the controller watches: their names are checked before any child is
-    /// applied (a child may need a later one's). The others are checked just before their apply.
-    lookup: Option<Lookup>,
+    /// The watch store of its kind.
+    store: Store,
+    /// An always-present kind: its name is checked before any child is applied (a child may
+    /// need a later one's). The others are checked just before their apply.
+    early: bool,
     /// Kinds whose objects must be this McpServer's for this child to be applied: applied
     /// (an earlier child) or free (a later one).
     needs: &'static [&'static str],
 }
 
 impl<'a> Child<'a> {
-    /// A child every McpServer has, of a kind the controller watches.
-    fn stored<K: ChildKind + Serialize>(
-        obj: &'a K,
-        store: fn(&Stores) -> &MetaStore<K>,
-        needs: &'static [&'static str],
-    ) -> Self {
+    /// A child every McpServer has.
+    fn stored<K: ChildKind + Serialize>(obj: &'a K, store: Store, needs: &'static [&'static str]) -> Self {
         Self {
             kind: <K as k8s_openapi::Resource>::KIND,
             resource: ApiResource::erase::<K>(&()),
             name: obj.meta().name.clone().unwrap_or_default(),
             write: Some(Write::Typed(obj)),
-            lookup: Some(Box::new(move |s: &Stores, ns: &str, name: &str, uid: &str| {
-                owned::in_store(store(s), ns, name, uid)
-            })),
+            store,
+            early: true,
             needs,
         }
     }
@@ -171,6 +196,7 @@ impl<'a> Child<'a> {
     fn optional<K: ChildKind + Serialize>(
         obj: Option<&'a K>,
         name: &str,
+        store: Store,
         needs: &'static [&'static str],
     ) -> Self {
         Self {
@@ -180,7 +206,8 @@ impl<'a> Child<'a> {
                 .and_then(|o| o.meta().name.clone())
                 .unwrap_or_else(|| name.to_owned()),
             write: obj.map(|o| Write::Typed(o as &dyn Typed)),
-            lookup: None,
+            store,
+            early: false,
             needs,
         }
     }
@@ -189,7 +216,7 @@ impl<'a> Child<'a> {
     fn served(
         (kind, resource): (&'static str, ApiResource),
         obj: Option<&'a DynamicObject>,
-        name: &str,
+        (name, store): (&str, Store),
         unavailable: (&'static str, &'static str),
         needs: &'static [&'static str],
     ) -> Self {
@@ -200,7 +227,8 @@ impl<'a> Child<'a> {
                 .and_then(|o| o.metadata.name.clone())
                 .unwrap_or_else(|| name.to_owned()),
             write: obj.map(|o| Write::Served(o, unavailable)),
-            lookup: None,
+            store,
+            early: false,
             needs,
         }
     }
@@ -227,6 +255,8 @@ enum State {
 struct Walk<'a> {
     ctx: &'a Context,
     mcp: &'a McpServer,
+    /// The McpServer's key in the memo of applied children.
+    owner: ObjectRef<McpServer>,
     ns: &'a str,
     uid: &'a str,
     states: Vec<State>,
@@ -235,14 +265,17 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// What the watch store of `child`'s kind says of it.
+    fn seen(&self, child: &Child<'_>) -> Seen {
+        self.ctx.owned.scope(self.ns).map_or(Seen::UNKNOWN, |s| {
+            (child.store)(s).seen(self.ns, &child.name, self.uid)
+        })
+    }
+
     /// Who holds `child`'s name: the watch store's copy when it has one, else one GET. A
     /// taken name is recorded as a conflict.
     async fn check(&mut self, child: &Child<'_>) -> Result<State, Error> {
-        let scope = self.ctx.owned.scope(self.ns);
-        let known = scope
-            .zip(child.lookup.as_ref())
-            .and_then(|(s, lookup)| lookup(s, self.ns, &child.name, self.uid));
-        let holder = match known {
+        let holder = match self.seen(child).holder {
             Some(h) => h,
             None => {
                 let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
@@ -268,15 +301,91 @@ impl Walk<'_> {
         })
     }
 
-    /// Applies or removes `list[i]`.
-    async fn step(&mut self, list: &[Child<'_>], i: usize) -> Result<State, Error> {
-        let child = &list[i];
-        let Some(write) = &child.write else {
+    /// Removes `child`, no longer wanted, if this McpServer controls it. A current store that
+    /// does not show it as this McpServer's, or a kind the API server does not serve, means
+    /// there is nothing to remove; otherwise one GET decides.
+    async fn remove(&self, child: &Child<'_>) -> Result<State, Error> {
+        let seen = self.seen(child);
+        let gone = match seen.state {
+            WatchState::Current => seen.holder != Some(Holder::Ours),
+            WatchState::Unserved => true,
+            WatchState::Listing => false,
+        };
+        if !gone {
             let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
             apply::delete_owned(&api, child.kind, &child.name, self.uid)
                 .instrument(tracing::info_span!("delete", kind = child.kind))
                 .await?;
-            return Ok(State::Removed);
+        }
+        self.ctx.memo.forget_child(&self.owner, child.kind);
+        Ok(State::Removed)
+    }
+
+    /// Whether `child` was applied as `digest` before and its store shows it unwritten since
+    /// (then the Deployment as then applied is the status's).
+    fn unchanged(&mut self, child: &Child<'_>, digest: Option<u64>) -> bool {
+        let seen = self.seen(child);
+        let (Some(digest), Some(version), WatchState::Current, Some(Holder::Ours)) =
+            (digest, seen.version, seen.state, seen.holder)
+        else {
+            return false;
+        };
+        if !self.ctx.memo.unchanged(&self.owner, child.kind, digest, &version) {
+            return false;
+        }
+        if child.kind != DEPLOYMENT {
+            return true;
+        }
+        self.deployment = self.ctx.memo.deployment(&self.owner);
+        self.deployment.is_some()
+    }
+
+    /// Applies `write`, the object of `child`, and records what the API server answered.
+    async fn write(
+        &mut self,
+        child: &Child<'_>,
+        write: &Write<'_>,
+        digest: Option<u64>,
+    ) -> Result<(), Error> {
+        let span = tracing::info_span!("apply", kind = child.kind);
+        // Forgotten first: a failed apply may still have changed the object.
+        self.ctx.memo.forget_child(&self.owner, child.kind);
+        let written = match write {
+            Write::Typed(obj) => obj.apply(&self.ctx.client, self.ns).instrument(span).await?,
+            Write::Served(obj, unavailable) => {
+                let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
+                let version = apply::apply_served(self.ctx, self.mcp, &api, child.kind, obj, *unavailable)
+                    .instrument(span)
+                    .await?;
+                if version.is_some() {
+                    // The kind is served now, whatever its watch last heard.
+                    if let Some(s) = self.ctx.owned.scope(self.ns) {
+                        (child.store)(s).health().served();
+                    }
+                }
+                Written {
+                    version,
+                    deployment: None,
+                }
+            }
+        };
+        if let Some(d) = &written.deployment {
+            self.ctx.memo.record_deployment(&self.owner, d);
+        }
+        if let (Some(digest), Some(version)) = (digest, written.version) {
+            self.ctx.memo.record(&self.owner, child.kind, digest, version);
+        }
+        if written.deployment.is_some() {
+            self.deployment = written.deployment;
+        }
+        Ok(())
+    }
+
+    /// Applies or removes `list[i]`.
+    async fn step(&mut self, list: &[Child<'_>], i: usize) -> Result<State, Error> {
+        let child = &list[i];
+        let Some(write) = &child.write else {
+            return self.remove(child).await;
         };
         if self.states[i] == State::Taken {
             return Ok(State::Taken);
@@ -293,27 +402,17 @@ impl Walk<'_> {
                 return Ok(State::Taken);
             }
         }
-        let span = tracing::info_span!("apply", kind = child.kind);
-        match write {
-            Write::Typed(obj) => {
-                if let Some(d) = obj.apply(&self.ctx.client, self.ns).instrument(span).await? {
-                    self.deployment = Some(d);
-                }
-            }
-            Write::Served(obj, unavailable) => {
-                let api = owned::dynamic(&self.ctx.client, self.ns, &child.resource);
-                apply::apply_served(self.ctx, self.mcp, &api, child.kind, obj, *unavailable)
-                    .instrument(span)
-                    .await?;
-            }
+        let digest = write.digest(&self.ctx.memo);
+        if !self.unchanged(child, digest) {
+            self.write(child, write, digest).await?;
         }
         Ok(State::Applied)
     }
 }
 
 /// Applies (or, for optional children turned off, deletes) every child whose name is free
-/// and whose dependencies are this McpServer's: first the names of the watched kinds are
-/// checked, then the list is walked in order.
+/// and whose dependencies are this McpServer's: first the names of the always-present kinds
+/// are checked, then the list is walked in order.
 ///
 /// # Errors
 /// An API call failed (the error names the stage, kind and object). Taken names are not
@@ -330,6 +429,7 @@ pub async fn apply_all(
     let mut walk = Walk {
         ctx,
         mcp,
+        owner: ObjectRef::new(name).within(ns),
         ns,
         uid,
         states: vec![State::Unchecked; list.len()],
@@ -337,7 +437,7 @@ pub async fn apply_all(
         deployment: None,
     };
     for (i, child) in list.iter().enumerate() {
-        if child.lookup.is_some() {
+        if child.early {
             walk.states[i] = walk
                 .check(child)
                 .instrument(tracing::info_span!("owner", kind = child.kind))

@@ -5,9 +5,11 @@ mod apply;
 mod children;
 mod error;
 mod fetch;
+mod memo;
 mod owned;
 mod state_key;
 mod status;
+mod stores;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,8 +32,12 @@ use fetch::Dereferenced;
 
 pub use children::Conflict;
 pub use error::{Error, Stage};
-pub use owned::{Holder, MetaStore, MetaWriter, Owned, Stores, Writers, controlled_by, stores};
+pub use memo::Memo;
+pub use owned::{Holder, controlled_by};
 pub use status::{CHILD_CONFLICT, set_condition, status_from, warnings};
+pub use stores::{
+    Feed, MetaStore, MetaWriter, Owned, Seen, Stores, View, WatchHealth, WatchState, Watched, Writers, stores,
+};
 
 /// Field manager of every server-side apply.
 pub const MANAGER: &str = "quiver-operator";
@@ -67,6 +73,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// The watch stores of owned children, checked before a child is applied.
     pub owned: Owned,
+    /// What was last applied of each child, to skip applies that would change nothing.
+    pub memo: Memo,
 }
 
 /// One reconcile, in a span `reconcile` carrying the object's namespace, name and generation
@@ -204,6 +212,9 @@ async fn invalid_spec(
     invalid: &Invalid,
     unwatched: Vec<String>,
 ) -> Result<(Outcome, Action), Error> {
+    // Its children are left as they are and no longer looked after: their records go (an
+    // invalid McpServer deleted while it waits for a change would otherwise keep them).
+    ctx.memo.forget(&ObjectRef::new(name).within(ns));
     report_invalid(mcp, ctx, ns, name, invalid, unwatched).await?;
     // Nothing to retry until the spec or a watched ConfigMap changes; specs reading
     // ConfigMaps are re-read anyway, as those may be unlabelled (unwatched) or not exist yet;
@@ -486,6 +497,7 @@ mod tests {
             probe_pods,
             backoff: Backoff::default(),
             owned: Owned::default(),
+            memo: Memo::default(),
         });
         let mcp: McpServer = serde_json::from_value(json!({
             "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer",

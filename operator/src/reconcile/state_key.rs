@@ -8,7 +8,6 @@
 use k8s_openapi::api::core::v1::Secret;
 use kube::Error as KubeError;
 use kube::api::{Api, PostParams};
-use kube::runtime::reflector::ObjectRef;
 
 use super::{Conflict, Context, Error, controlled_by};
 use crate::build::{self, STATE_KEY_BYTES};
@@ -51,7 +50,7 @@ pub async fn ensure(
     let stored = ctx
         .owned
         .scope(ns)
-        .and_then(|s| s.secrets.get(&ObjectRef::new(&secret).within(ns)))
+        .and_then(|s| s.secrets.get(ns, &secret))
         .map(|m| m.metadata.clone());
     let found = match stored {
         Some(m) => Some(m),
