@@ -190,6 +190,26 @@ impl Drop for ListenGuard {
     }
 }
 
+/// A transport over an empty registry, for the tests of this folder's modules: one that
+/// authenticates its clients (`auth`, accepting no credential) or not, with `edit` applied to
+/// its options.
+#[cfg(test)]
+fn test_state(auth: bool, edit: impl FnOnce(&mut HttpOptions)) -> Arc<HttpState> {
+    let metrics = crate::metrics::Metrics::new("test", "system");
+    let server = crate::dispatch::Server::new(crate::registry::Registry::new(&metrics), metrics);
+    let mut options = HttpOptions {
+        auth: auth.then(|| {
+            Arc::new(crate::transport::auth::Auth {
+                bearer: None,
+                oidc: None,
+            })
+        }),
+        ..HttpOptions::default()
+    };
+    edit(&mut options);
+    HttpState::new(server, options, tokio_util::sync::CancellationToken::new())
+}
+
 #[cfg(test)]
 mod tests {
     use axum::body::Body;
