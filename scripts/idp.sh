@@ -20,7 +20,7 @@
 # (tokens addressed to `quiver`) and `agent-forward` (to `quiver` and `notes-upstream`).
 #
 # The realm `upstream` (scripts/idp/upstream-realm.json): the authorization server of a
-# third-party MCP server whose users sign in themselves (`auth: {mode: user}`). Users carol
+# third-party MCP server whose users sign in themselves (`identity: {mode: user}`). Users carol
 # and dave. Quiver registers itself (RFC 7591), anonymously, which the realm allows only
 # from 127.0.0.1 and for redirect URIs on 127.0.0.1 (the "Trusted Hosts" policy), without a
 # consent screen. One pre-registered client, `loopback-app` (public, PKCE S256 required, a
