@@ -368,6 +368,67 @@ pub struct ServeArgs {
     /// `AUTH password` (the `default` user).
     #[arg(long, env = "QUIVER_LIMITS_REDIS_USERNAME")]
     pub limits_redis_username: Option<String>,
+    /// Each user's own sign-in to upstreams with `identity.mode: user`: the public base URL
+    /// browsers reach this server at (https; http only for a loopback host). The sign-in
+    /// routes are under it: `/oauth/start`, `/oauth/callback` and `/oauth/client.json`.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_URL")]
+    pub upstream_sign_in_url: Option<String>,
+    /// The secret value `SECRET.KEY` (from `--secrets`) holding the key ring that seals users'
+    /// upstream tokens and sign-ins in flight: `KID:BASE64` lines of 32-byte AES keys, the
+    /// first sealing, all opening; a rotation applies to the next read.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_KEYS", value_parser = crate::values::parse_ref)]
+    pub upstream_sign_in_keys: Option<quiver_model::spec::context::SecretRef>,
+    /// This server's browser client id at the issuer of --auth-issuer: a user opening a
+    /// sign-in link signs in there first, so that the link is completed only by the caller
+    /// it was made for.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_CLIENT_ID")]
+    pub upstream_sign_in_client_id: Option<String>,
+    /// The secret value `SECRET.KEY` (from `--secrets`) holding that browser client's secret.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_CLIENT_SECRET", value_parser = crate::values::parse_ref)]
+    pub upstream_sign_in_client_secret: Option<quiver_model::spec::context::SecretRef>,
+    /// Users holding upstream tokens, at most.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_MAX_USERS", default_value_t = 10_000)]
+    pub upstream_sign_in_max_users: usize,
+    /// Upstreams one user holds tokens for, at most.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_MAX_PER_USER", default_value_t = 32)]
+    pub upstream_sign_in_max_per_user: usize,
+    /// Redis `host:port` holding users' upstream tokens (sealed) and used sign-in states,
+    /// shared by every replica (password, if any, in the QUIVER_UPSTREAM_SIGN_IN_REDIS_PASSWORD
+    /// environment variable); without it, they are in this replica's memory.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS")]
+    pub upstream_sign_in_redis: Option<String>,
+    /// Whose tokens these are, in a Redis several servers share: part of every key.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_PREFIX", default_value = "")]
+    pub upstream_sign_in_redis_prefix: String,
+    /// Longest wait for Redis per vault operation (connecting included).
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_TIMEOUT", default_value = "500ms", value_parser = duration)]
+    pub upstream_sign_in_redis_timeout: Duration,
+    /// With --upstream-sign-in-redis: connect over TLS, Redis's certificate checked against
+    /// the public roots (or --upstream-sign-in-redis-ca) for the address's host (or
+    /// --upstream-sign-in-redis-server-name).
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_TLS")]
+    pub upstream_sign_in_redis_tls: bool,
+    /// With --upstream-sign-in-redis-tls: a PEM file of the CAs to trust instead of the public
+    /// roots.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_CA")]
+    pub upstream_sign_in_redis_ca: Option<std::path::PathBuf>,
+    /// With --upstream-sign-in-redis-tls: the name Redis's certificate must carry, when it is
+    /// not the host of the address.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_SERVER_NAME")]
+    pub upstream_sign_in_redis_server_name: Option<String>,
+    /// With --upstream-sign-in-redis-tls: a PEM certificate chain presented to Redis (mutual
+    /// TLS), with --upstream-sign-in-redis-client-key.
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_CLIENT_CERT")]
+    pub upstream_sign_in_redis_client_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --upstream-sign-in-redis-client-cert (hidden from stdio
+    /// upstreams and exec tools).
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_CLIENT_KEY")]
+    pub upstream_sign_in_redis_client_key: Option<std::path::PathBuf>,
+    /// The ACL user (Redis 6 and later) to authenticate as, with the password in the
+    /// QUIVER_UPSTREAM_SIGN_IN_REDIS_PASSWORD environment variable; without it, `AUTH
+    /// password` (the `default` user).
+    #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_USERNAME")]
+    pub upstream_sign_in_redis_username: Option<String>,
     /// Traces of the server's own spans.
     #[command(flatten)]
     pub tracing: quiver_otel::TraceArgs,

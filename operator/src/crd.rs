@@ -335,6 +335,7 @@ pub struct NetworkPolicyOptions {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.tokenExchange) || has(self.oidc)").message("tokenExchange needs oidc: only callers' validated access tokens are exchanged").field_path(".tokenExchange"))]
+#[x_kube(validation = Rule::new("!has(self.upstreamSignIn) || has(self.oidc)").message("upstreamSignIn needs oidc: each user's upstream tokens are kept under the identity of their validated access token").field_path(".upstreamSignIn"))]
 pub struct Auth {
     /// Require `Authorization: Bearer TOKEN`, with the accepted tokens (one per line, `#`
     /// comments allowed, at least 16 characters each) in this Secret key. Editing the Secret
@@ -353,6 +354,13 @@ pub struct Auth {
     /// addressed to the upstream, as this client. Needs `oidc`. See docs/governance.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_exchange: Option<TokenExchange>,
+    /// Each user's own sign-in to third-party upstreams (upstreams with `identity.mode:
+    /// user`, such as a SaaS MCP server with its own OAuth authorization server): a caller
+    /// without a token for such an upstream gets a sign-in link, signs in there in a browser,
+    /// and the pods keep that user's tokens (sealed with the key ring) and refresh them.
+    /// Needs `oidc`. See docs/upstreams.md and docs/operator.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_sign_in: Option<UpstreamSignIn>,
 }
 
 /// This server's client at the OIDC issuer, for token exchange. The client secret stays in
@@ -370,6 +378,74 @@ pub struct TokenExchange {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
     pub token_endpoint: Option<String>,
+}
+
+/// Where users sign in to upstreams, what seals their tokens, and where the tokens are kept.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamSignIn {
+    /// The public base URL browsers reach this server at, without a path: `https://HOST` or
+    /// `https://HOST:PORT` (`http` only for a loopback host: `localhost`, `127.x.x.x`,
+    /// `[::1]`, e.g. through `kubectl port-forward`). Sign-in links and the upstreams'
+    /// redirects go to `/oauth/start`, `/oauth/callback` and `/oauth/client.json` under it;
+    /// the McpServer's Ingress or HTTPRoute routes `/oauth` to the pods, so with either, the
+    /// host must be one it serves.
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^https?://[^\s/?#@]+/?$"))]
+    #[x_kube(validation = Rule::new(SIGN_IN_URL_RULE).message("url must be https (http only for a loopback host: localhost, 127.x.x.x or [::1]): browsers carry users' authorization codes to it"))]
+    pub url: String,
+    /// The Secret key holding the key ring that seals users' upstream tokens: lines of
+    /// `KID:BASE64`, each a 32-byte AES key in base64 under a short key id; the first line
+    /// seals, every line opens. To rotate, add a new first line and keep the old ones until
+    /// the tokens sealed under them are gone: the pods read the Secret through the API, so
+    /// an edit applies without a restart. A token no key opens is dropped (its user signs
+    /// in again).
+    pub keys_secret_ref: SecretKey,
+    /// This server's browser client at the `oidc` issuer: whoever opens a sign-in link signs
+    /// in there first, so a link completes only for the caller it was made for.
+    pub browser_client: BrowserClient,
+    /// The Redis keeping users' upstream tokens (sealed) for every replica, and surviving
+    /// pod restarts. Without it each pod keeps the tokens of the users it served in memory:
+    /// a user signs in again on another replica or after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<SignInRedis>,
+    /// Users holding upstream tokens, at most (default 10000). In memory the least recently
+    /// used user is forgotten for a new one; in Redis a new user is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_users: Option<u32>,
+    /// Upstreams one user holds tokens for, at most (default 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 512))]
+    pub max_per_user: Option<u32>,
+}
+
+/// The rule of `upstreamSignIn.url` beyond its pattern: https, or http to a loopback host.
+pub const SIGN_IN_URL_RULE: &str = r"self.startsWith('https://') || self.matches('^http://(localhost|127\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}|\\[::1\\])(:[0-9]{1,5})?/?$')";
+
+/// The gateway's own client at the client-facing issuer, for sign-in links.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BrowserClient {
+    /// The client id (a confidential client whose redirect URI is the sign-in `url`
+    /// followed by `/oauth/callback`).
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^[^\s]+$"))]
+    pub client_id: String,
+    /// The Secret key holding the client secret; read through the API like the key ring.
+    pub client_secret_ref: SecretKey,
+}
+
+/// The Redis keeping users' upstream tokens.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SignInRedis {
+    /// Where Redis is, who the pods are to it, and TLS.
+    #[serde(flatten)]
+    pub connection: RedisConnection,
+    /// Longest wait for Redis per token operation, e.g. `500ms` (default), at most `5s`;
+    /// the TLS handshake included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}ms|[1-5]s)$"))]
+    pub timeout: Option<String>,
 }
 
 /// An OAuth 2.1 / OIDC issuer.

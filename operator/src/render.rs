@@ -56,6 +56,7 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
     refuse("InvalidLogLevel", crate::build::log_level_problems(mcp))?;
     refuse("InvalidTrustedProxies", crate::build::trusted_proxy_problems(mcp))?;
     refuse("InvalidRedis", crate::build::redis_problems(mcp))?;
+    refuse("InvalidUpstreamSignIn", crate::build::sign_in_problems(mcp))?;
     refuse(
         "InvalidServiceMonitorLabels",
         crate::build::service_monitor_label_problems(mcp),
@@ -97,18 +98,19 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
 }
 
 /// Tools and upstreams whose `identity` the server's auth cannot serve: acting as the caller
-/// needs OIDC (a validated access token to pass on), exchanging needs the exchange client.
+/// needs OIDC (a validated access token to pass on), exchanging needs the exchange client,
+/// and a user's own sign-in (`user`) needs `auth.upstreamSignIn`.
 fn identity_needs(
     mcp: &McpServer,
     compiled: &config::CompiledToolSet,
     api_origins: &[String],
     openapi: &[config::openapi::OpenApiSpec],
 ) -> Vec<String> {
-    use quiver_model::spec::identity::IdentityMode;
     let auth = mcp.spec.auth.as_ref();
-    let (oidc, exchange) = (
+    let (oidc, exchange, sign_in) = (
         auth.is_some_and(|a| a.oidc.is_some()),
         auth.is_some_and(|a| a.token_exchange.is_some()),
+        auth.is_some_and(|a| a.upstream_sign_in.is_some()),
     );
     let tools = compiled.tools.iter().filter_map(|t| match &t.handler {
         config::CompiledHandler::Http(h) => h
@@ -143,20 +145,32 @@ fn identity_needs(
     endpoint
         .into_iter()
         .chain(tools.chain(upstreams).filter_map(|(what, mode)| {
+            let mode = mode_name(mode);
             if !oidc {
                 Some(format!(
-                    "{what}: identity.mode `{}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)",
-                    if mode == IdentityMode::Forward { "forward" } else { "exchange" }
+                    "{what}: identity.mode `{mode}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)"
                 ))
-            } else if mode == IdentityMode::Exchange && !exchange {
+            } else if mode == "exchange" && !exchange {
                 Some(format!(
                     "{what}: identity.mode `exchange` needs spec.auth.tokenExchange (this server's client at the issuer)"
+                ))
+            } else if mode == "user" && !sign_in {
+                Some(format!(
+                    "{what}: identity.mode `user` needs spec.auth.upstreamSignIn (where users sign in to the upstream and their tokens are kept)"
                 ))
             } else {
                 None
             }
         }))
         .collect()
+}
+
+/// An identity mode as a ToolSet spells it (`forward`, `exchange`, ...).
+fn mode_name(mode: quiver_model::spec::identity::IdentityMode) -> String {
+    match serde_json::to_value(mode) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{mode:?}").to_ascii_lowercase(),
+    }
 }
 
 /// `Err` with `reason` when there are `problems`.

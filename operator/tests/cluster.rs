@@ -242,6 +242,9 @@ async fn invalid_tools_are_refused_naming_the_field_and_the_last_good_config_sta
 async fn cel_rules_reject_bad_specs_at_admission() {
     with_ns("q-cel", |ns| async move {
         let api = ns.api::<McpServer>();
+        let oidc = json!({"issuer": "https://login.example.com/realms/corp", "audience": "quiver"});
+        let sign_in = |url: &str| json!({"url": url, "keysSecretRef": {"name": "keys", "key": "ring"},
+            "browserClient": {"clientId": "quiver-browser", "clientSecretRef": {"name": "browser", "key": "secret"}}});
         let cases = [
             (json!({"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}), "set either replicas or autoscaling, not both"),
             (json!({"tools": [{"name": "a", "handler": {"builtin": "add"}}, {"name": "a", "handler": {"builtin": "echo"}}]}), "Duplicate value"),
@@ -250,6 +253,10 @@ async fn cel_rules_reject_bad_specs_at_admission() {
             (json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}), "minReplicas must not exceed maxReplicas"),
             (json!({"podTemplate": {"security": {"runAsUser": 0}}}), "should be greater than or equal to 1"),
             (json!({"auth": {"bearerTokenSecretRef": {"name": "Not_A_Secret", "key": "tokens"}}}), "should match"),
+            (json!({"auth": {"upstreamSignIn": sign_in("https://mcp.example.com")}}), "upstreamSignIn needs oidc"),
+            (json!({"auth": {"oidc": oidc.clone(), "upstreamSignIn": sign_in("http://mcp.example.com")}}), "url must be https (http only for a loopback host"),
+            (json!({"auth": {"oidc": oidc.clone(), "upstreamSignIn": sign_in("http://127.0.0.1.evil.example")}}), "url must be https"),
+            (json!({"auth": {"oidc": oidc.clone(), "upstreamSignIn": sign_in("https://mcp.example.com/team")}}), "should match"),
         ];
         for (i, (spec, expected)) in cases.into_iter().enumerate() {
             let obj: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": format!("bad-{i}")}, "spec": spec})).unwrap_or_else(|e| {
@@ -260,9 +267,14 @@ async fn cel_rules_reject_bad_specs_at_admission() {
             let msg = err.to_string();
             assert!(msg.contains(expected), "case {i}: {msg}");
         }
-        // A pinned spec with whole CPUs is accepted.
+        // A pinned spec with whole CPUs is accepted, and so is sign-in with oidc at an https
+        // URL or an http one to a loopback host.
         let ok: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "pinned"}, "spec": {"tuning": {"cpuPinning": true, "cpus": 2}}})).unwrap();
         api.create(&PostParams::default(), &ok).await.unwrap();
+        for (i, url) in ["https://mcp.example.com", "http://127.0.0.1:8080/", "http://[::1]:8080", "http://localhost"].into_iter().enumerate() {
+            let ok: McpServer = serde_json::from_value(json!({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": format!("sign-in-{i}")}, "spec": {"auth": {"oidc": oidc.clone(), "upstreamSignIn": sign_in(url)}}})).unwrap();
+            api.create(&PostParams::default(), &ok).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
     })
     .await;
 }

@@ -110,6 +110,18 @@ fn each_class_of_problem_names_its_field_and_exits_1() {
             "spec: {limitsRedis: {address: 'redis:6379', tls: {caSecret: a, caConfigMap: b}}}",
             "spec.limitsRedis.tls: caSecret and caConfigMap both name the CAs to trust",
         ),
+        (
+            "spec: {auth: {oidc: {issuer: 'https://idp.example', audience: q}, upstreamSignIn: {url: 'http://mcp.example.com', keysSecretRef: {name: k, key: ring}, browserClient: {clientId: q, clientSecretRef: {name: c, key: s}}}}}",
+            "spec.auth.upstreamSignIn.url: `http://mcp.example.com` is http to a host that is not loopback",
+        ),
+        (
+            "spec: {auth: {upstreamSignIn: {url: 'https://mcp.example.com', keysSecretRef: {name: k, key: ring}, browserClient: {clientId: q, clientSecretRef: {name: c, key: s}}}}}",
+            "spec.auth.upstreamSignIn: needs spec.auth.oidc",
+        ),
+        (
+            "spec: {auth: {oidc: {issuer: 'https://idp.example', audience: q}, upstreamSignIn: {url: 'https://mcp.example.com/team', keysSecretRef: {name: k, key: ring}, browserClient: {clientId: q, clientSecretRef: {name: c, key: s}}}}}",
+            "spec.auth.upstreamSignIn.url: must match",
+        ),
     ] {
         let (code, text) = check(&format!("{HEAD}{spec}\n"));
         assert_eq!(code, 1, "{spec}: {text}");

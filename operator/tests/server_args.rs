@@ -41,6 +41,17 @@ spec:
       clientId: quiver
       clientSecretRef: {name: exchange, key: secret}
       tokenEndpoint: https://idp.example/realms/team/token
+    upstreamSignIn:
+      url: https://mcp.example
+      keysSecretRef: {name: sign-in-keys, key: ring}
+      browserClient: {clientId: quiver-browser, clientSecretRef: {name: browser, key: secret}}
+      maxUsers: 10000
+      maxPerUser: 32
+      redis:
+        address: redis.infra:6379
+        timeout: 500ms
+        username: quiver-sign-in
+        passwordSecretRef: {name: redis, key: password}
   limitsRedis:
     address: redis.infra:6379
     failMode: Open
@@ -198,6 +209,17 @@ fn every_accepted_mcpserver_renders_arguments_the_server_accepts() {
             "spec.auth.oidc.groupsClaim",
             json!(["realm_access.roles", "https://example.com/groups"]),
         ),
+        (
+            "spec.auth.upstreamSignIn.url",
+            json!([
+                "https://mcp.example.com/",
+                "https://mcp.example.com:8443",
+                "https://[2001:db8::1]:443",
+                "http://127.0.0.1:8080",
+                "http://localhost",
+                "http://[::1]:65535/"
+            ]),
+        ),
     ] {
         let field = all.iter_mut().find(|f| f.path.join(".") == path).unwrap();
         field.values.extend(values.as_array().unwrap().iter().cloned());
@@ -246,6 +268,12 @@ fn every_accepted_mcpserver_renders_arguments_the_server_accepts() {
         "spec.tracing.trustClientSampling",
         "spec.trustedProxies.[]",
         "spec.auth.oidc.groupsClaim",
+        "spec.auth.upstreamSignIn.url",
+        "spec.auth.upstreamSignIn.maxUsers",
+        "spec.auth.upstreamSignIn.maxPerUser",
+        "spec.auth.upstreamSignIn.browserClient.clientId",
+        "spec.auth.upstreamSignIn.redis.timeout",
+        "spec.auth.upstreamSignIn.redis.username",
     ] {
         assert!(
             all.iter().any(|f| f.path.join(".") == must) && !untried.iter().any(|u| u == must),
@@ -266,6 +294,7 @@ fn every_duration_at_its_maximum_renders_arguments_the_server_accepts() {
     doc["spec"]["tasks"]["drain"] = json!("60m");
     doc["spec"]["tasks"]["redis"]["timeout"] = json!("5s");
     doc["spec"]["limitsRedis"]["timeout"] = json!("5s");
+    doc["spec"]["auth"]["upstreamSignIn"]["redis"]["timeout"] = json!("5s");
     let reports = check(&serde_json::to_string(&doc).unwrap()).unwrap();
     assert_eq!(reports[0].problems, Vec::<String>::new());
 }

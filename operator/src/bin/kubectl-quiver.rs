@@ -1,4 +1,4 @@
-//! kubectl-quiver: the `kubectl quiver` plugin (tools, call, status, check). Exit codes:
+//! kubectl-quiver: the `kubectl quiver` plugin (tools, call, status, revoke, check). Exit codes:
 //! 0 success, 1 a negative answer, 2 usage, 3 Kubernetes, 4 the MCP server.
 
 use std::process::ExitCode;

@@ -1,6 +1,7 @@
 //! Exposure outside the cluster: an Ingress, or a Gateway API HTTPRoute (whose CRD may be
-//! absent, so it is a `DynamicObject` like the ServiceMonitor), routing `/mcp` and the
-//! protected-resource metadata to the Service's MCP port.
+//! absent, so it is a `DynamicObject` like the ServiceMonitor), routing `/mcp`, the
+//! protected-resource metadata and, with `auth.upstreamSignIn`, the sign-in routes `/oauth`
+//! to the Service's MCP port.
 
 use k8s_openapi::api::networking::v1::{
     HTTPIngressPath, HTTPIngressRuleValue, Ingress, IngressBackend, IngressRule, IngressServiceBackend,
@@ -11,10 +12,17 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
 use super::MCP_PORT;
+use super::sign_in::{OAUTH_PATH, sign_in};
 use crate::crd::McpServer;
 
-/// Paths routed to the server: the MCP endpoint and the OAuth protected-resource metadata.
-const PATHS: [&str; 2] = ["/mcp", "/.well-known/oauth-protected-resource"];
+/// Paths routed to the server: the MCP endpoint and the OAuth protected-resource metadata,
+/// and the sign-in routes (where browsers come back from upstreams) when users sign in to
+/// upstreams.
+fn paths(mcp: &McpServer) -> impl Iterator<Item = &'static str> {
+    ["/mcp", "/.well-known/oauth-protected-resource"]
+        .into_iter()
+        .chain(sign_in(mcp).map(|_| OAUTH_PATH))
+}
 
 /// `gateway.networking.k8s.io/v1` `HTTPRoute`.
 pub fn http_route_resource() -> ApiResource {
@@ -51,10 +59,9 @@ pub(super) fn ingress(mcp: &McpServer, name: &str, mut metadata: ObjectMeta) -> 
             rules: Some(vec![IngressRule {
                 host: Some(spec.host.clone()),
                 http: Some(HTTPIngressRuleValue {
-                    paths: PATHS
-                        .iter()
+                    paths: paths(mcp)
                         .map(|p| HTTPIngressPath {
-                            path: Some((*p).to_owned()),
+                            path: Some(p.to_owned()),
                             path_type: "Prefix".to_owned(),
                             backend: backend.clone(),
                         })
@@ -76,8 +83,7 @@ pub(super) fn ingress(mcp: &McpServer, name: &str, mut metadata: ObjectMeta) -> 
 /// The HTTPRoute, when `spec.httpRoute` is set.
 pub(super) fn http_route(mcp: &McpServer, name: &str, metadata: ObjectMeta) -> Option<DynamicObject> {
     let spec = mcp.spec.http_route.as_ref()?;
-    let matches: Vec<_> = PATHS
-        .iter()
+    let matches: Vec<_> = paths(mcp)
         .map(|p| json!({"path": {"type": "PathPrefix", "value": p}}))
         .collect();
     let mut route = DynamicObject::new(name, &http_route_resource()).data(json!({

@@ -1,12 +1,15 @@
 //! The server flags, environment and mounts of `limitsRedis`, `tasks` and `audit`, and the
-//! checks of their Redis connections.
+//! checks of their Redis connections (and of `auth.upstreamSignIn.redis`, whose other flags
+//! `sign_in.rs` renders).
 
 use k8s_openapi::api::core::v1::{
     ConfigMapProjection, EnvVar, EnvVarSource, KeyToPath, ProjectedVolumeSource, SecretKeySelector,
     SecretProjection, Volume, VolumeMount, VolumeProjection,
 };
 
-use crate::crd::{AuditOnFull, FailMode, McpServer, RedisConnection, RedisTls, SecretKey, TasksSpec};
+use crate::crd::{
+    AuditOnFull, FailMode, McpServer, RedisConnection, RedisTls, SecretKey, SignInRedis, TasksSpec,
+};
 
 /// One of the pod's Redis connections: its flags, password variable and TLS mount.
 struct Redis {
@@ -37,6 +40,19 @@ const TASKS: Redis = Redis {
     dir: "/quiver/redis/tasks",
 };
 
+const SIGN_IN: Redis = Redis {
+    at: "spec.auth.upstreamSignIn.redis",
+    flag: "--upstream-sign-in-redis",
+    password_env: "QUIVER_UPSTREAM_SIGN_IN_REDIS_PASSWORD",
+    volume: "quiver-sign-in-redis-tls",
+    dir: "/quiver/redis/sign-in",
+};
+
+/// The Redis of `auth.upstreamSignIn`, when set.
+fn sign_in_redis(mcp: &McpServer) -> Option<&SignInRedis> {
+    mcp.spec.auth.as_ref()?.upstream_sign_in.as_ref()?.redis.as_ref()
+}
+
 /// The spec's Redis connections.
 fn connections(mcp: &McpServer) -> impl Iterator<Item = (&'static Redis, &RedisConnection)> {
     let limits = mcp.spec.limits_redis.as_ref().map(|r| (&LIMITS, &r.connection));
@@ -46,7 +62,8 @@ fn connections(mcp: &McpServer) -> impl Iterator<Item = (&'static Redis, &RedisC
         .as_ref()
         .and_then(|t| t.redis.as_ref())
         .map(|r| (&TASKS, &r.connection));
-    limits.into_iter().chain(tasks)
+    let sign_in = sign_in_redis(mcp).map(|r| (&SIGN_IN, &r.connection));
+    limits.into_iter().chain(tasks).chain(sign_in)
 }
 
 /// The flags of connection `c` beyond its address: the ACL user and TLS, with the files
@@ -136,7 +153,7 @@ pub(super) fn volumes(mcp: &McpServer) -> Vec<(Volume, VolumeMount)> {
 }
 
 /// A name the server can check a certificate against: an IP address, or DNS labels.
-fn certificate_name(n: &str) -> bool {
+pub(super) fn certificate_name(n: &str) -> bool {
     n.parse::<std::net::IpAddr>().is_ok()
         || ((1..=253).contains(&n.len())
             && n.trim_end_matches('.').split('.').all(|l| {
@@ -210,6 +227,29 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
             format!("--audit-on-full={mode}")
         }));
     }
+    args
+}
+
+/// `--upstream-sign-in-redis*` for `auth.upstreamSignIn.redis`, when set.
+pub(super) fn sign_in_redis_args(mcp: &McpServer) -> Vec<String> {
+    let Some(r) = sign_in_redis(mcp) else {
+        return Vec::new();
+    };
+    let mut args = vec![
+        format!("--upstream-sign-in-redis={}", r.connection.address),
+        // This McpServer's users' tokens only, in a Redis other McpServers may share.
+        format!(
+            "--upstream-sign-in-redis-prefix={}/{}/",
+            mcp.metadata.namespace.as_deref().unwrap_or_default(),
+            mcp.metadata.name.as_deref().unwrap_or_default()
+        ),
+    ];
+    args.extend(
+        r.timeout
+            .as_ref()
+            .map(|v| format!("--upstream-sign-in-redis-timeout={v}")),
+    );
+    args.extend(connection_args(&SIGN_IN, &r.connection));
     args
 }
 

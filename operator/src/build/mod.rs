@@ -10,6 +10,7 @@ mod netpol;
 mod pod;
 mod serving;
 mod sidecar;
+mod sign_in;
 mod tracing;
 mod tuning;
 
@@ -44,6 +45,7 @@ pub use serving::{
     state_key_secret_name, trusted_proxy_problems, wants_service_monitor, with_state_key,
 };
 pub use sidecar::{check as check_sidecars, served as served_upstream};
+pub use sign_in::problems as sign_in_problems;
 pub use tuning::{SAFE_SYSCTLS, pinned, sysctls, unsafe_in_safe_list};
 
 /// Key of the ToolSet in the tools ConfigMap.
@@ -260,7 +262,8 @@ pub fn build(
 }
 
 /// The rules of the pods' Role: reading the tools ConfigMap and the ConfigMaps of CA bundles
-/// (`tls.caConfigMap`), and exactly the Secrets the tools and client auth read.
+/// (`tls.caConfigMap`), and exactly the Secrets the tools, client auth and upstream sign-in
+/// read.
 fn reader_rules(mcp: &McpServer, rendered: &Rendered, cm_name: &str) -> Vec<PolicyRule> {
     let read = |resource: &str, names: Vec<String>| PolicyRule {
         api_groups: strings(&[""]),
@@ -289,6 +292,7 @@ fn reader_rules(mcp: &McpServer, rendered: &Rendered, cm_name: &str) -> Vec<Poli
     // written when there are none.
     secrets.extend(pod::bearer_secret(mcp).map(|r| r.name.clone()));
     secrets.extend(pod::token_exchange(mcp).map(|x| x.client_secret_ref.name.clone()));
+    secrets.extend(sign_in::secret_names(mcp).map(str::to_owned));
     if !secrets.is_empty() {
         rules.push(read("secrets", secrets.into_iter().collect()));
     }

@@ -131,6 +131,7 @@ fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<Stri
                 .map(|u| format!("--token-exchange-endpoint={u}")),
         );
     }
+    args.extend(super::sign_in::args(mcp));
     args.extend(super::confine::token_mounts(mcp).map(|path| format!("--hide-from-children={path}")));
     args.extend(super::governance::args(mcp));
     args

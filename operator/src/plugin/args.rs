@@ -80,6 +80,23 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Forget the upstream tokens a user got by signing in through an McpServer
+    /// (`spec.auth.upstreamSignIn`), on every ready pod it owns: `kubectl quiver revoke
+    /// github --subject 'https://login.example.com/realms/corp|8f2c0b9e'`.
+    Revoke {
+        /// McpServer name.
+        name: String,
+        /// The user: the issuer of their access tokens (`iss`, exactly), `|`, and their
+        /// `sub` claim.
+        #[arg(long, value_name = "ISSUER|SUBJECT")]
+        subject: String,
+        /// Only this upstream's tokens (default: every upstream the user signed in to).
+        #[arg(long, value_name = "UPSTREAM")]
+        upstream: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Validate an McpServer manifest offline with the operator's own checks and the
     /// server's compiler (ConfigMaps in the same file serve its `toolsFrom`).
     Check {

@@ -1,12 +1,14 @@
 //! `kubectl quiver` (the `kubectl-quiver` binary): list and call an McpServer's tools, read
-//! its status from the cluster and its pods, and check a manifest offline with the operator's
-//! own render and the server's compiler. The binary's `main` only parses and calls [`run`].
+//! its status from the cluster and its pods, revoke a user's upstream sign-ins, and check a
+//! manifest offline with the operator's own render and the server's compiler. The binary's
+//! `main` only parses and calls [`run`].
 
 pub mod args;
 pub mod check;
 pub mod mcp;
 pub mod owner;
 pub mod reach;
+pub mod revoke;
 pub mod schema;
 pub mod status;
 pub mod term;
@@ -139,6 +141,12 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 Err(Failure::Negative("not Ready".to_owned()))
             }
         }
+        Command::Revoke {
+            name,
+            subject,
+            upstream,
+            output,
+        } => revoke_command(&cli, name, subject, upstream.as_deref(), *output).await,
         Command::Tools { name, conn, output } => {
             let (client, ns) = client(&cli).await?;
             let (mut reach, token) = connect(client, &ns, name, conn).await?;
@@ -182,6 +190,34 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 Ok(())
             }
         }
+    }
+}
+
+/// `kubectl quiver revoke`: prints what each pod removed; an incomplete revocation is a
+/// failure of the MCP server (exit 4).
+async fn revoke_command(
+    cli: &Cli,
+    name: &str,
+    subject: &str,
+    upstream: Option<&str>,
+    output: Output,
+) -> Result<(), Failure> {
+    let request = revoke::Request::new(subject, upstream)?;
+    let (client, ns) = client(cli).await?;
+    let r = revoke::revoke(&client, &ns, name, request).await?;
+    match output {
+        Output::Json => println!(
+            "{}",
+            term::json(&serde_json::to_string_pretty(&revoke::as_json(&r)).unwrap_or_default())
+        ),
+        Output::Text => print!("{}", term::text(&revoke::as_text(&r))),
+    }
+    if r.complete() {
+        Ok(())
+    } else {
+        Err(Failure::Server(format!(
+            "the revocation on McpServer {ns}/{name} is incomplete: a pod did not confirm it (above); run it again"
+        )))
     }
 }
 

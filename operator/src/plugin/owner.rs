@@ -26,17 +26,28 @@ fn is_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// The first (by name) ready pod, not being deleted, that the Deployment of metadata
-/// `deployment` runs for the McpServer of uid `mcp_uid`: owned by one of the ReplicaSets of
-/// metadata `replica_sets` that the Deployment owns, the Deployment owned by the McpServer. `None` when there is none, or the Deployment is not
-/// the McpServer's.
-pub fn chosen_pod(
+/// One pod the McpServer owns, and whether it is ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedPod {
+    /// Pod name.
+    pub name: String,
+    /// Its Ready condition is true.
+    pub ready: bool,
+}
+
+/// The pods, not being deleted, that the Deployment of metadata `deployment` runs for the
+/// McpServer of uid `mcp_uid`, by name: owned by one of the ReplicaSets of metadata
+/// `replica_sets` that the Deployment owns, the Deployment owned by the McpServer. None when
+/// the Deployment is not the McpServer's.
+pub fn owned_pods(
     mcp_uid: &str,
     deployment: &ObjectMeta,
     replica_sets: &[ObjectMeta],
     pods: &[Pod],
-) -> Option<String> {
-    controlled_by(deployment, "quiver.dev", "McpServer", mcp_uid)?;
+) -> Vec<OwnedPod> {
+    if controlled_by(deployment, "quiver.dev", "McpServer", mcp_uid).is_none() {
+        return Vec::new();
+    }
     let deployment_uid = deployment.uid.as_deref().unwrap_or_default();
     let owned_sets: Vec<&str> = replica_sets
         .iter()
@@ -44,18 +55,37 @@ pub fn chosen_pod(
         .filter_map(|rs| rs.uid.as_deref())
         .filter(|uid| !uid.is_empty())
         .collect();
-    let mut ready: Vec<&str> = pods
+    let mut owned: Vec<OwnedPod> = pods
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
             owned_sets
                 .iter()
                 .any(|uid| controlled_by(&p.metadata, "apps", "ReplicaSet", uid).is_some())
         })
-        .filter_map(|p| p.metadata.name.as_deref())
+        .filter_map(|p| {
+            Some(OwnedPod {
+                name: p.metadata.name.clone()?,
+                ready: is_ready(p),
+            })
+        })
         .collect();
-    ready.sort_unstable();
-    ready.first().map(|s| (*s).to_owned())
+    owned.sort_by(|a, b| a.name.cmp(&b.name));
+    owned
+}
+
+/// The first (by name) ready pod of [`owned_pods`]. `None` when there is none, or the
+/// Deployment is not the McpServer's.
+pub fn chosen_pod(
+    mcp_uid: &str,
+    deployment: &ObjectMeta,
+    replica_sets: &[ObjectMeta],
+    pods: &[Pod],
+) -> Option<String> {
+    owned_pods(mcp_uid, deployment, replica_sets, pods)
+        .into_iter()
+        .find(|p| p.ready)
+        .map(|p| p.name)
 }
 
 #[cfg(test)]
@@ -153,6 +183,11 @@ mod tests {
         );
         // Without the real pod: nothing, rather than a lookalike.
         assert_eq!(chosen_pod("mcp-uid", &ours(), &sets(), &pods[..5]), None);
+        let names: Vec<String> = owned_pods("mcp-uid", &ours(), &sets(), &pods)
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(names, ["calc-5d8f-real"]);
     }
 
     #[test]
@@ -199,6 +234,19 @@ mod tests {
         assert_eq!(
             chosen_pod("mcp-uid", &ours(), &sets(), &pods).as_deref(),
             Some("calc-5d8f-c")
+        );
+        // Every owned pod not being deleted, ready or not, by name.
+        let ready = |name: &str, ready| OwnedPod {
+            name: name.to_owned(),
+            ready,
+        };
+        assert_eq!(
+            owned_pods("mcp-uid", &ours(), &sets(), &pods),
+            [
+                ready("calc-5d8f-b", false),
+                ready("calc-5d8f-c", true),
+                ready("calc-5d8f-d", true)
+            ]
         );
     }
 }

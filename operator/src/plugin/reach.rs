@@ -17,6 +17,7 @@ use kube::api::{Api, ListParams};
 
 use super::Failure;
 use super::mcp::{Answer, Request as McpRequest};
+use super::owner::OwnedPod;
 use crate::build::{MCP_PORT, selector_string};
 use crate::crd::McpServer;
 
@@ -187,6 +188,30 @@ async fn owned_ready_pod(client: &Client, ns: &str, name: &str) -> Result<String
         .get_metadata(name)
         .await
         .map_err(|e| kube_failure(&format!("McpServer {ns}/{name}"), &e))?;
+    let uid = mcp.metadata.uid.as_deref().unwrap_or_default();
+    owned_pods(client, ns, name, uid)
+        .await?
+        .into_iter()
+        .find(|p| p.ready)
+        .map(|p| p.name)
+        .ok_or_else(|| {
+            Failure::Kube(format!(
+                "no ready pod of McpServer {ns}/{name} owned by its Deployment (kubectl quiver status {name} -n {ns})"
+            ))
+        })
+}
+
+/// The pods of the McpServer `name` (of uid `uid`), not being deleted, found down its owner
+/// chain: its Deployment (of the same name), that Deployment's ReplicaSets, their pods.
+///
+/// # Errors
+/// [`Failure::Kube`] when one of them cannot be read.
+pub(super) async fn owned_pods(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Vec<OwnedPod>, Failure> {
     let deployment = Api::<Deployment>::namespaced(client.clone(), ns)
         .get_metadata(name)
         .await
@@ -200,13 +225,13 @@ async fn owned_ready_pod(client: &Client, ns: &str, name: &str) -> Result<String
         .list(&labels)
         .await
         .map_err(|e| kube_failure(&format!("pods of McpServer {ns}/{name}"), &e))?;
-    let uid = mcp.metadata.uid.as_deref().unwrap_or_default();
     let replica_sets: Vec<_> = replica_sets.items.into_iter().map(|rs| rs.metadata).collect();
-    super::owner::chosen_pod(uid, &deployment.metadata, &replica_sets, &pods.items).ok_or_else(|| {
-        Failure::Kube(format!(
-            "no ready pod of McpServer {ns}/{name} owned by its Deployment (kubectl quiver status {name} -n {ns})"
-        ))
-    })
+    Ok(super::owner::owned_pods(
+        uid,
+        &deployment.metadata,
+        &replica_sets,
+        &pods.items,
+    ))
 }
 
 pub(super) async fn read<B>(response: http::Response<B>) -> Result<Answer, Failure>
@@ -238,20 +263,31 @@ where
     })
 }
 
+/// The message of a `Status` the API server wrote itself instead of proxying (no ready
+/// endpoints, the pod unreachable, forbidden), if `a` is one.
+pub(super) fn api_server_status(a: &Answer) -> Option<String> {
+    if (200..300).contains(&a.status) || !a.content_type.starts_with("application/json") {
+        return None;
+    }
+    let v = serde_json::from_slice::<serde_json::Value>(&a.body).ok()?;
+    if v.get("kind").and_then(|k| k.as_str()) != Some("Status") || v.get("apiVersion").is_none() {
+        return None;
+    }
+    Some(
+        v.get("message")
+            .and_then(|m| m.as_str())
+            .unwrap_or("refused")
+            .to_owned(),
+    )
+}
+
 /// A `Status` the API server wrote itself (it could not proxy: no ready endpoints, forbidden).
 fn refused_by_api_server(a: &Answer) -> Result<(), Failure> {
-    if (200..300).contains(&a.status) || !a.content_type.starts_with("application/json") {
-        return Ok(());
+    match api_server_status(a) {
+        None => Ok(()),
+        Some(message) => Err(Failure::Kube(format!(
+            "the API server's service proxy answered {}: {message}",
+            a.status
+        ))),
     }
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&a.body) else {
-        return Ok(());
-    };
-    if v.get("kind").and_then(|k| k.as_str()) != Some("Status") || v.get("apiVersion").is_none() {
-        return Ok(());
-    }
-    let message = v.get("message").and_then(|m| m.as_str()).unwrap_or("refused");
-    Err(Failure::Kube(format!(
-        "the API server's service proxy answered {}: {message}",
-        a.status
-    )))
 }
