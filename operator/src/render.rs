@@ -146,7 +146,7 @@ fn identity_needs(
             if !oidc {
                 Some(format!(
                     "{what}: identity.mode `{}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)",
-                    if mode == IdentityMode::Forward { "forward" } else { "exchange" }
+                    mode.as_str()
                 ))
             } else if mode == IdentityMode::Exchange && !exchange {
                 Some(format!(

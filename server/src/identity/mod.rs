@@ -191,6 +191,8 @@ mod tests {
             mode,
             audience: audience.into(),
             scopes: "".into(),
+            issuer: None,
+            client: None,
         }
     }
 
