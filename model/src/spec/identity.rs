@@ -32,8 +32,8 @@ pub enum IdentityMode {
     Exchange,
     /// Remote upstreams only: the token each user obtained by signing in at the upstream's
     /// own OAuth authorization server (GitHub's, Atlassian's, ...) through this server. A
-    /// user without one is sent a sign-in link; needs the server's upstream sign-in
-    /// (`--upstream-sign-in-url`, McpServer `spec.auth.upstreamSignIn`).
+    /// user without one is sent a sign-in link; needs the server's upstream sign-in (its
+    /// `--upstream-sign-in-*` flags; see docs/upstreams.md).
     User,
 }
 

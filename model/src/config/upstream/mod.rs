@@ -23,6 +23,7 @@ use crate::spec::shared::ToolAnnotations;
 use crate::template::{Authored, Template};
 
 mod import;
+pub mod sign_out;
 
 /// At most this many upstreams per ToolSet.
 pub const MAX_UPSTREAMS: usize = 64;
