@@ -145,16 +145,16 @@ fn identity_needs(
     endpoint
         .into_iter()
         .chain(tools.chain(upstreams).filter_map(|(what, mode)| {
-            let mode = mode_name(mode);
             if !oidc {
                 Some(format!(
-                    "{what}: identity.mode `{mode}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)"
+                    "{what}: identity.mode `{}` acts as the caller and needs spec.auth.oidc (only validated access tokens are passed on)",
+                    mode.as_str()
                 ))
-            } else if mode == "exchange" && !exchange {
+            } else if mode == IdentityMode::Exchange && !exchange {
                 Some(format!(
                     "{what}: identity.mode `exchange` needs spec.auth.tokenExchange (this server's client at the issuer)"
                 ))
-            } else if mode == "user" && !sign_in {
+            } else if mode == IdentityMode::User && !sign_in {
                 Some(format!(
                     "{what}: identity.mode `user` needs spec.auth.upstreamSignIn (where users sign in to the upstream and their tokens are kept)"
                 ))
@@ -163,14 +163,6 @@ fn identity_needs(
             }
         }))
         .collect()
-}
-
-/// An identity mode as a ToolSet spells it (`forward`, `exchange`, ...).
-fn mode_name(mode: quiver_model::spec::identity::IdentityMode) -> String {
-    match serde_json::to_value(mode) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => format!("{mode:?}").to_ascii_lowercase(),
-    }
 }
 
 /// `Err` with `reason` when there are `problems`.

@@ -1,14 +1,15 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/status`. Kept off the MCP port
-//! so probes and scrapes never queue behind tool calls.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/status`, and `DELETE
+//! /oauth/tokens` (an administrator revoking a user's upstream sign-ins). Kept off the MCP
+//! port so probes and scrapes never queue behind tool calls.
 
 use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
-use axum::routing::get;
+use axum::routing::{delete, get};
 use serde_json::json;
 
 use crate::dispatch::Server;
@@ -52,6 +53,7 @@ pub fn app(state: Arc<AdminState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
+        .route("/oauth/tokens", delete(revoke))
         .with_state(state)
 }
 
@@ -75,6 +77,34 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
     match s.load.unready_reason() {
         None => (StatusCode::OK, "ready").into_response(),
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+    }
+}
+
+/// `DELETE /oauth/tokens?subject=ISS%7CSUB[&upstream=NAME]`: forgets the upstream tokens
+/// the user `ISS|SUB` (the issuer and `sub` of their access tokens) holds, for one upstream
+/// or all; answers `{"removed": N}`. 404 when the server has no upstream sign-in.
+async fn revoke(State(s): State<Arc<AdminState>>, RawQuery(q): RawQuery) -> Response {
+    let Some(sign_in) = s.server.exec.identity.sign_in() else {
+        return (StatusCode::NOT_FOUND, "this server has no upstream sign-in").into_response();
+    };
+    let params = crate::oauth::flow::parse_query(q.as_deref().unwrap_or_default()).unwrap_or_default();
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let subject =
+        get("subject").filter(|s| s.contains('|') && s.len() <= 1024 && !s.chars().any(char::is_control));
+    let Some(subject) = subject else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "want ?subject=ISS|SUB (the user's issuer and sub, `|` written %7C) and optionally &upstream=NAME",
+        )
+            .into_response();
+    };
+    let upstream = get("upstream").filter(|u| !u.is_empty());
+    if upstream.is_some_and(|u| u.len() > 63) {
+        return (StatusCode::BAD_REQUEST, "not an upstream name").into_response();
+    }
+    match sign_in.revoke(subject, upstream).await {
+        Ok(n) => Json(json!({"removed": n})).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }
 }
 

@@ -79,6 +79,7 @@ pub fn main(allocator: &'static str) -> anyhow::Result<i32> {
     // The Redis client keys are the server's alone.
     hidden.extend(args.limits_redis_client_key.iter().cloned());
     hidden.extend(args.tasks_redis_client_key.iter().cloned());
+    hidden.extend(args.upstream_sign_in_redis_client_key.iter().cloned());
     if let Some(SecretSource::Dir(root)) = &args.secrets {
         hidden.push(root.clone());
     }
@@ -280,6 +281,88 @@ fn token_exchange(args: &ServeArgs, server: &Server) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Each user's own sign-in to upstreams (`identity.mode: user`), when `--upstream-sign-in-url`
+/// is set: checked whole here, so that a server that starts can sign users in.
+fn upstream_sign_in(
+    args: &ServeArgs,
+    server: &Server,
+    auth: Option<&crate::transport::auth::Auth>,
+) -> anyhow::Result<()> {
+    use crate::oauth::sign_in::{IdTokens, SignIn, SignInConfig};
+    use crate::oauth::vault;
+    let Some(url) = &args.upstream_sign_in_url else {
+        if args.upstream_sign_in_keys.is_some()
+            || args.upstream_sign_in_client_id.is_some()
+            || args.upstream_sign_in_client_secret.is_some()
+            || args.upstream_sign_in_redis.is_some()
+        {
+            anyhow::bail!(
+                "the --upstream-sign-in-* flags need --upstream-sign-in-url (the URL browsers reach this server at)"
+            );
+        }
+        return Ok(());
+    };
+    let keys = args
+        .upstream_sign_in_keys
+        .clone()
+        .context("--upstream-sign-in-url needs --upstream-sign-in-keys (SECRET.KEY of the key ring that seals users' tokens)")?;
+    if args.secrets.is_none() {
+        anyhow::bail!("--upstream-sign-in-keys needs --secrets to read the key ring from");
+    }
+    let client_id = args
+        .upstream_sign_in_client_id
+        .clone()
+        .context("--upstream-sign-in-url needs --upstream-sign-in-client-id (this server's browser client at --auth-issuer)")?;
+    if client_id.is_empty() || client_id.len() > 1024 || client_id.chars().any(|c| c.is_control() || c == ' ')
+    {
+        anyhow::bail!("--upstream-sign-in-client-id must be 1-1024 printable characters without spaces");
+    }
+    let oidc: Arc<dyn IdTokens> = auth
+        .and_then(|a| a.oidc.clone())
+        .context("--upstream-sign-in-url needs --auth-issuer: a sign-in link is completed only by the caller it was made for, who signs in there")?;
+    if args.upstream_sign_in_max_users == 0 || !(1..=512).contains(&args.upstream_sign_in_max_per_user) {
+        anyhow::bail!(
+            "--upstream-sign-in-max-users must be at least 1, --upstream-sign-in-max-per-user 1 to 512"
+        );
+    }
+    let backend = match &args.upstream_sign_in_redis {
+        None => vault::Backend::Memory,
+        Some(addr) => vault::Backend::Redis(vault::RedisOptions {
+            endpoint: redis_endpoint(addr, &sign_in_redis_flags(args))?,
+            timeout: args.upstream_sign_in_redis_timeout,
+            max_connections: 16,
+        }),
+    };
+    let cfg = SignInConfig {
+        url: url.clone(),
+        keys,
+        client_id,
+        client_secret: args.upstream_sign_in_client_secret.clone(),
+        vault: vault::Options {
+            namespace: args.upstream_sign_in_redis_prefix.clone(),
+            max_users: args.upstream_sign_in_max_users,
+            max_per_user: args.upstream_sign_in_max_per_user,
+            ..vault::Options::default()
+        },
+        backend,
+    };
+    let sign_in = SignIn::new(
+        cfg,
+        crate::net::http::HttpClient::new(),
+        server.exec.secrets.clone(),
+        oidc,
+        server.metrics.oauth.clone(),
+        server.audit.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("--upstream-sign-in-url: {e}"))?;
+    tracing::info!(url = %sign_in.url(), vault = if args.upstream_sign_in_redis.is_some() { "redis" } else { "memory" }, "each user's own sign-in to upstreams (identity.mode: user) configured");
+    server
+        .exec
+        .identity
+        .set_sign_in(Arc::new(sign_in))
+        .map_err(anyhow::Error::msg)
+}
+
 async fn serve(
     mut args: ServeArgs,
     source: Source,
@@ -299,6 +382,7 @@ async fn serve(
     let server = dispatcher(&args, &metrics)?;
     let auth = client_auth(&args, &server)?;
     token_exchange(&args, &server)?;
+    upstream_sign_in(&args, &server, auth.as_deref())?;
     let reloader = Reloader::new(server.clone());
     reloader.follow_upstreams();
     reloader.follow_openapi();
@@ -455,7 +539,11 @@ const TASKS_REDIS_PASSWORD_ENV: &str = "QUIVER_TASKS_REDIS_PASSWORD";
 /// The environment variable holding the password of `--limits-redis`.
 const REDIS_PASSWORD_ENV: &str = "QUIVER_LIMITS_REDIS_PASSWORD";
 
-/// The flags of one Redis connection (`--limits-redis*` or `--tasks-redis*`), as given.
+/// The environment variable holding the password of `--upstream-sign-in-redis`.
+const SIGN_IN_REDIS_PASSWORD_ENV: &str = "QUIVER_UPSTREAM_SIGN_IN_REDIS_PASSWORD";
+
+/// The flags of one Redis connection (`--limits-redis*`, `--tasks-redis*` or
+/// `--upstream-sign-in-redis*`), as given.
 #[derive(Debug)]
 struct RedisFlags<'a> {
     /// What they start with (`--limits-redis`), for errors.
@@ -496,6 +584,22 @@ fn tasks_redis_flags(args: &ServeArgs) -> RedisFlags<'_> {
             client_key: args.tasks_redis_client_key.clone(),
         },
         username: args.tasks_redis_username.as_deref(),
+    }
+}
+
+/// The flags of the upstream sign-in's Redis (users' tokens and used sign-in states).
+fn sign_in_redis_flags(args: &ServeArgs) -> RedisFlags<'_> {
+    RedisFlags {
+        flag: "--upstream-sign-in-redis",
+        password_env: SIGN_IN_REDIS_PASSWORD_ENV,
+        tls: args.upstream_sign_in_redis_tls,
+        files: crate::net::resp::TlsFiles {
+            ca: args.upstream_sign_in_redis_ca.clone(),
+            server_name: args.upstream_sign_in_redis_server_name.clone(),
+            client_cert: args.upstream_sign_in_redis_client_cert.clone(),
+            client_key: args.upstream_sign_in_redis_client_key.clone(),
+        },
+        username: args.upstream_sign_in_redis_username.as_deref(),
     }
 }
 

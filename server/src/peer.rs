@@ -9,8 +9,8 @@
 //! `quiver_peer_messages_dropped_total`). A request to the client waits for its answer
 //! within the call's own timeout.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -115,6 +115,23 @@ impl Pending {
     }
 }
 
+/// A URL the user must open before a call can succeed (URL-mode elicitation, 2025-11-25):
+/// set by the call's run (an upstream the user has not signed in to), read by the
+/// dispatcher, which answers `URLElicitationRequired` (`-32042`) with it to a client that
+/// declared `elicitation.url`; any other client gets the call's tool error, which names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlNeeded {
+    /// `elicitationId`: names nothing of the user.
+    pub id: String,
+    /// The URL.
+    pub url: String,
+    /// Why, for the user.
+    pub message: String,
+}
+
+/// Where a call's run leaves the first [`UrlNeeded`] it meets.
+pub type UrlSlot = OnceLock<UrlNeeded>;
+
 /// What a running call may use to reach its client.
 #[derive(Debug)]
 pub struct CallCtx<'a> {
@@ -145,6 +162,9 @@ pub struct CallCtx<'a> {
     /// A pipeline called directly stops before this step (its result is the step before's):
     /// the part of a call that runs in the request before the call becomes a task.
     pub until_step: Option<usize>,
+    /// Where the call says the user must open a URL first; `None`: the dispatcher would not
+    /// use it (the call's tool error says it all).
+    pub url_needed: Option<&'a UrlSlot>,
 }
 
 impl CallCtx<'_> {
@@ -161,6 +181,7 @@ impl CallCtx<'_> {
         credential: None,
         caller: None,
         until_step: None,
+        url_needed: None,
     };
 
     fn push(&self, msg: Vec<u8>) {
@@ -169,6 +190,14 @@ impl CallCtx<'_> {
             && let Some(c) = self.dropped
         {
             c.inc();
+        }
+    }
+
+    /// Notes that the user must open `needed.url` before the call can succeed (the first
+    /// such URL of a call is kept).
+    pub fn need_url(&self, needed: impl FnOnce() -> UrlNeeded) {
+        if let Some(slot) = self.url_needed {
+            let _ = slot.get_or_init(needed);
         }
     }
 

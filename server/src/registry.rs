@@ -251,7 +251,8 @@ pub fn may_run_long(tools: &[Tool], tool: usize, depth: usize) -> bool {
         return false;
     };
     match &t.def.handler {
-        H::Exec(_) | H::Http(_) | H::Upstream(_) => true,
+        // Sign-out: one vault operation (Redis), bounded by its timeout.
+        H::Exec(_) | H::Http(_) | H::Upstream(_) | H::SignOut => true,
         H::Builtin(b) => *b == crate::handlers::builtin::Builtin::Sleep,
         // Deeper than a pipeline may nest, the step fails at once.
         H::Pipeline(steps) => {

@@ -40,6 +40,9 @@ pub struct ClientCaps {
     pub sampling: bool,
     /// `capabilities.elicitation` (form mode): it answers `elicitation/create`.
     pub elicitation: bool,
+    /// `capabilities.elicitation.url` (2025-11-25): it opens URLs the server names, so a call
+    /// may answer `URLElicitationRequired` (`-32042`), e.g. to send the user to sign in.
+    pub elicitation_url: bool,
     /// `capabilities.roots`: it answers `roots/list`.
     pub roots: bool,
     /// `capabilities.extensions["io.modelcontextprotocol/tasks"]`: it polls tasks, so a
@@ -413,6 +416,7 @@ mod tests {
             ClientCaps {
                 sampling: true,
                 elicitation: false,
+                elicitation_url: false,
                 roots: false,
                 tasks: false,
                 core_tasks: false,

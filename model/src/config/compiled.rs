@@ -100,6 +100,9 @@ pub enum CompiledHandler {
     Upstream(UpstreamCall),
     /// `find_tools`, answered by the dispatcher (it sees the caller and the registry).
     FindTools,
+    /// `sign_out_upstream`: forgets the caller's own token for an upstream with
+    /// `identity.mode: user` (run by the server, which holds the tokens).
+    SignOut,
 }
 
 impl CompiledHandler {

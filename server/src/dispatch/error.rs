@@ -165,6 +165,19 @@ impl RpcError {
         }
     }
 
+    /// `-32042`: the user must open `needed.url` (URL-mode elicitation) before the call can
+    /// succeed; the client retries it after.
+    pub fn url_required(needed: &crate::peer::UrlNeeded) -> Self {
+        Self::new(protocol::URL_ELICITATION_REQUIRED, needed.message.clone()).with_data(json!({
+            "elicitations": [{
+                "mode": "url",
+                "elicitationId": needed.id,
+                "url": needed.url,
+                "message": needed.message,
+            }]
+        }))
+    }
+
     /// The same error carrying `data`.
     #[must_use]
     pub fn with_data(mut self, data: Value) -> Self {

@@ -56,15 +56,22 @@ struct RawMeta<'a> {
 
 /// What a client declared (present means supported).
 #[derive(Deserialize, Default)]
-struct CapsParams {
+struct CapsParams<'a> {
     #[serde(default, deserialize_with = "present")]
     sampling: bool,
-    #[serde(default, deserialize_with = "present")]
-    elicitation: bool,
+    #[serde(borrow, default)]
+    elicitation: Option<&'a RawValue>,
     #[serde(default, deserialize_with = "present")]
     roots: bool,
     #[serde(default)]
     extensions: Option<ExtensionsParams>,
+}
+
+/// The modes of elicitation a client declared besides form (`capabilities.elicitation`).
+#[derive(Deserialize, Default)]
+struct ElicitationParams {
+    #[serde(default, deserialize_with = "present")]
+    url: bool,
 }
 
 /// The extensions a client declared (`capabilities.extensions`).
@@ -85,12 +92,16 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
 /// Reads declared client capabilities from a `capabilities` object (of `initialize`, or of
 /// a request's `_meta`); anything unreadable declares nothing.
 pub fn client_caps(raw: Option<&RawValue>) -> ClientCaps {
-    let c: CapsParams = raw
+    let c: CapsParams<'_> = raw
         .and_then(|r| serde_json::from_str(r.get()).ok())
         .unwrap_or_default();
     ClientCaps {
         sampling: c.sampling,
-        elicitation: c.elicitation,
+        elicitation: c.elicitation.is_some(),
+        elicitation_url: c
+            .elicitation
+            .and_then(|e| serde_json::from_str::<ElicitationParams>(e.get()).ok())
+            .is_some_and(|e| e.url),
         roots: c.roots,
         tasks: c.extensions.is_some_and(|e| e.tasks),
         core_tasks: false,

@@ -25,7 +25,7 @@ use super::server::{InflightGuard, Server};
 use crate::config::governance::Limit;
 use crate::limits::Who;
 use crate::metrics::{Refusal, outcome_index};
-use crate::peer::{CallCtx, Peer};
+use crate::peer::{CallCtx, Peer, UrlSlot};
 use crate::protocol;
 use crate::registry::{ListKind, Snapshot};
 use crate::session::LogLevel;
@@ -181,19 +181,25 @@ pub(super) async fn call(
         let call = Called::new(snap, index, args, start);
         return Ok(Some(deferred(server, req, call, progress, stateless, permits)));
     }
+    let caps = stateless.as_ref().map(|m| m.inputs.caps);
+    let url = UrlSlot::new();
     let cx = CallCtx {
         session: req.ctx.session,
         credential: credential(req).map(|c| &**c),
         caller: req.ctx.caller,
         level: stateless.as_ref().map_or(Some(LogLevel::Info), |m| m.level),
-        caps: stateless.as_ref().map(|m| m.inputs.caps),
+        caps,
         inputs: stateless.as_ref().map(|m| &m.inputs),
+        url_needed: caps.is_some_and(|c| c.elicitation_url).then_some(&url),
         ..CallCtx::DETACHED
     };
     let result = server
         .run_cancellable(&snap, index, args, req.ctx.session, req.id, req.deadline, &cx)
         .await;
     drop(permits);
+    if let Some(needed) = url.get() {
+        return Err(RpcError::url_required(needed));
+    }
     match (result, stateless) {
         (Some(o), Some(m)) => server.conclude_stateless(&snap, index, req.id, o, *m, start, out),
         (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
@@ -357,6 +363,11 @@ impl Deferred {
         let server = &*d.server;
         let session = &*d.session;
         let inflight = InflightGuard::enter(&server.metrics.inflight);
+        let caps = match &d.stateless {
+            Some(m) => Some(m.inputs.caps),
+            None => server.sessions.caps(session),
+        };
+        let url = UrlSlot::new();
         let cx = CallCtx {
             session,
             peer,
@@ -365,16 +376,14 @@ impl Deferred {
                 Some(m) => m.level,
                 None => Some(server.sessions.level(session)),
             },
-            caps: match &d.stateless {
-                Some(m) => Some(m.inputs.caps),
-                None => server.sessions.caps(session),
-            },
+            caps,
             inputs: d.stateless.as_ref().map(|m| &m.inputs),
             pending: Some(&server.pending),
             dropped: Some(&server.metrics.peer_dropped),
             credential: d.credential.as_deref(),
             caller: d.caller.as_deref(),
             until_step: None,
+            url_needed: caps.is_some_and(|c| c.elicitation_url).then_some(&url),
         };
         let result = server
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
@@ -395,12 +404,16 @@ impl Deferred {
             return None;
         };
         let mut out = Vec::with_capacity(256);
-        let (rev, r) = match d.stateless {
-            None => (
+        let (rev, r) = match (d.stateless, url.get()) {
+            (m, Some(needed)) => (
+                if m.is_some() { &STATELESS } else { &HANDSHAKE },
+                Err(RpcError::url_required(needed)),
+            ),
+            (None, None) => (
                 &HANDSHAKE,
                 Ok(conclude(&d.snap, d.index, &d.id, o, d.start, &mut out)),
             ),
-            Some(m) => (
+            (Some(m), None) => (
                 &STATELESS,
                 server.conclude_stateless(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
             ),

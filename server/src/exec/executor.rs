@@ -17,6 +17,7 @@ use crate::protocol::output::{OutputFuture, ToolOutput};
 use crate::registry::Snapshot;
 use crate::secrets::Secrets;
 use crate::spec::context::SecretRef;
+use crate::spec::identity::IdentityMode;
 
 /// The secret scope of handlers that read none.
 static EMPTY: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Object(serde_json::Map::new())));
@@ -135,6 +136,9 @@ impl Executor {
                     Some(link) => {
                         let auth = match link.identity() {
                             None => None,
+                            Some(id) if id.mode == IdentityMode::User => {
+                                return self.user_call(link, id, &u.remote, &args, cx).await;
+                            }
                             Some(id) => {
                                 let what = format!("upstream `{}`", link.name);
                                 match self.identity.authorization(id, cx.credential, &what).await {
@@ -157,6 +161,7 @@ impl Executor {
                 },
                 // Answered by the dispatcher, which knows the caller; no pipeline can name it.
                 CompiledHandler::FindTools => ToolOutput::error("find_tools cannot run here"),
+                CompiledHandler::SignOut => self.sign_out(&args, cx).await,
                 CompiledHandler::Template(_) | CompiledHandler::Content(_) | CompiledHandler::Error(_) => {
                     unreachable!("templates, content and errors run synchronously")
                 }
@@ -166,7 +171,7 @@ impl Executor {
 }
 
 /// The token of a `Bearer TOKEN` value.
-fn bearer_value(h: &http::HeaderValue) -> &str {
+pub(super) fn bearer_value(h: &http::HeaderValue) -> &str {
     h.to_str()
         .ok()
         .and_then(|v| v.strip_prefix("Bearer "))

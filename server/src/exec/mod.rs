@@ -8,5 +8,6 @@ mod executor;
 pub(crate) mod http;
 pub(crate) mod pipeline;
 pub(crate) mod template;
+mod user;
 
 pub use self::executor::*;

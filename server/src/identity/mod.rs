@@ -9,13 +9,14 @@
 pub mod cache;
 pub mod exchange;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::oauth::sign_in::SignIn;
 use crate::protocol::output::ToolOutput;
 use crate::spec::caller::Credential;
 use crate::spec::identity::{Identity, IdentityMode};
@@ -32,6 +33,8 @@ const NO_TOKEN: &str = "acts as its caller, who presented no OAuth/OIDC access t
 pub struct Broker {
     exchanger: OnceLock<Exchanger>,
     cache: cache::Cache,
+    /// Each user's own sign-in to upstreams (`user`), when configured.
+    sign_in: OnceLock<Arc<SignIn>>,
 }
 
 impl Default for Broker {
@@ -39,6 +42,7 @@ impl Default for Broker {
         Self {
             exchanger: OnceLock::new(),
             cache: cache::Cache::new(MAX_CACHED_TOKENS),
+            sign_in: OnceLock::new(),
         }
     }
 }
@@ -74,6 +78,21 @@ impl Broker {
         self.exchanger
             .set(e)
             .map_err(|_| "the token-exchange client is set once")
+    }
+
+    /// Sets each user's own sign-in to upstreams (once, at start).
+    ///
+    /// # Errors
+    /// One was set already.
+    pub fn set_sign_in(&self, s: Arc<SignIn>) -> Result<(), &'static str> {
+        self.sign_in
+            .set(s)
+            .map_err(|_| "the upstream sign-in is set once")
+    }
+
+    /// Each user's own sign-in to upstreams, when configured.
+    pub fn sign_in(&self) -> Option<&Arc<SignIn>> {
+        self.sign_in.get()
     }
 
     /// Whether token exchange is configured.
@@ -130,6 +149,11 @@ impl Broker {
         };
         match id.mode {
             IdentityMode::Server => Err(format!("{what} sends the server's own credential")),
+            // Upstream calls of mode `user` go through `SignIn` (exec/user.rs); no other
+            // target compiles with it.
+            IdentityMode::User => Err(format!(
+                "{what} uses each user's own sign-in, which only upstreams have"
+            )),
             IdentityMode::Forward => {
                 if !c.addressed_to(&id.audience) {
                     return Err(format!(
@@ -191,6 +215,8 @@ mod tests {
             mode,
             audience: audience.into(),
             scopes: "".into(),
+            issuer: None,
+            client: None,
         }
     }
 

@@ -264,12 +264,12 @@ pub struct UpstreamLabels {
 pub struct UpstreamErrorLabels {
     /// The upstream's name.
     pub upstream: String,
-    /// `timeout`, `down`, `rpc_error`, `protocol` or `busy`.
+    /// `timeout`, `down`, `rpc_error`, `protocol`, `busy` or `unauthorized`.
     pub kind: &'static str,
 }
 
 /// Error kinds of `quiver_upstream_errors_total`.
-pub const UPSTREAM_ERRORS: [&str; 5] = ["timeout", "down", "rpc_error", "protocol", "busy"];
+pub const UPSTREAM_ERRORS: [&str; 6] = ["timeout", "down", "rpc_error", "protocol", "busy", "unauthorized"];
 
 /// The instruments of one upstream.
 #[derive(Debug, Clone)]
@@ -607,7 +607,7 @@ impl Metrics {
         );
         root.register(
             "upstream_errors",
-            "Forwarded calls that failed, by upstream and kind (timeout, down, rpc_error, protocol, busy)",
+            "Forwarded calls that failed, by upstream and kind (timeout, down, rpc_error, protocol, busy, unauthorized)",
             upstreams.errors.clone(),
         );
         root.register(

@@ -7,10 +7,14 @@
 //! - [`vault`]: the tokens each caller holds for each upstream, encrypted, in memory or in
 //!   Redis, bounded, refreshed before they expire;
 //! - [`flow`]: discovery, client registration, authorization code with PKCE, the callback's
-//!   checks, token refresh.
+//!   checks, token refresh; the browser's sign-in at the client-facing issuer;
+//! - [`sign_in`]: the three put together as the server runs them: sign-in links bound to
+//!   their caller, the browser's routes, the authorization of calls, sign-out and revocation.
 //!
-//! Below dispatch, transports and upstreams (they call it); above `net/` and `secrets/`.
+//! Below dispatch, transports and upstreams (they call it); above `net/`, `secrets/` and
+//! `audit/`.
 
 pub mod flow;
 pub mod keyring;
+pub mod sign_in;
 pub mod vault;

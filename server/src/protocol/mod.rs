@@ -44,6 +44,9 @@ pub const FORBIDDEN: i32 = -32003;
 /// A limit refused the call (`data.retryAfterMs` says when to retry); over HTTP the answer
 /// is a 429 with `Retry-After`. Quiver's own code, in the range JSON-RPC leaves to servers.
 pub const RATE_LIMITED: i32 = -32004;
+/// The request needs the user to open a URL first (URL-mode elicitation, 2025-11-25):
+/// `data.elicitations` lists them; the client retries once they are done.
+pub const URL_ELICITATION_REQUIRED: i32 = -32042;
 
 /// Longest `Mcp-Session-Id` accepted (ids this server issues are 32 characters).
 pub const MAX_SESSION_ID_LEN: usize = 128;

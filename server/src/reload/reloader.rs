@@ -242,7 +242,10 @@ impl Reloader {
             }
             fetched.map(|_| ts)
         });
-        let mut compiled = match loaded.and_then(|ts| config::compile(&ts)) {
+        let compiled = loaded
+            .and_then(|ts| config::compile(&ts))
+            .and_then(|c| self.served(c));
+        let mut compiled = match compiled {
             Ok(c) => c,
             Err(e) => {
                 self.record("invalid", e.problems.iter().map(ToString::to_string).collect());
@@ -289,6 +292,33 @@ impl Reloader {
         #[cfg(feature = "jemalloc")]
         crate::alloc::release_free_memory();
         Ok(Reloaded::Swapped(next.generation))
+    }
+
+    /// Refuses what compiles but this server cannot serve: an upstream with
+    /// `identity.mode: user` without the server's upstream sign-in.
+    fn served(&self, c: config::CompiledToolSet) -> Result<config::CompiledToolSet, ConfigError> {
+        if self.server.exec.identity.sign_in().is_some() {
+            return Ok(c);
+        }
+        let problems: Vec<crate::spec::context::Problem> = c
+            .upstreams
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| {
+                u.identity
+                    .as_ref()
+                    .is_some_and(|i| i.mode == crate::spec::identity::IdentityMode::User)
+            })
+            .map(|(i, _)| crate::spec::context::Problem {
+                path: format!("upstreams[{i}].identity.mode"),
+                message: "`user` needs this server's upstream sign-in (--upstream-sign-in-url, --upstream-sign-in-keys and --upstream-sign-in-client-id, with --auth-issuer); see docs/upstreams.md".into(),
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(c)
+        } else {
+            Err(ConfigError { problems })
+        }
     }
 
     /// Counts a reload outcome and keeps it for `/status`.

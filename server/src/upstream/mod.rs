@@ -81,6 +81,9 @@ pub enum CallError {
     Protocol(String),
     /// Too many requests in flight.
     Busy,
+    /// Answered `401` to a request that carried a caller's credential (`identity`): the
+    /// credential was refused.
+    Unauthorized,
 }
 
 impl CallError {
@@ -92,6 +95,7 @@ impl CallError {
             Self::Rpc(..) => "rpc_error",
             Self::Protocol(_) => "protocol",
             Self::Busy => "busy",
+            Self::Unauthorized => "unauthorized",
         }
     }
 }
@@ -104,6 +108,7 @@ impl std::fmt::Display for CallError {
             Self::Rpc(code, msg) => write!(f, "error {code}: {msg}"),
             Self::Protocol(why) => write!(f, "broke the protocol: {why}"),
             Self::Busy => write!(f, "{MAX_IN_FLIGHT} requests are already in flight"),
+            Self::Unauthorized => write!(f, "refused the caller's credential (HTTP 401)"),
         }
     }
 }
@@ -636,6 +641,26 @@ impl Link {
         cx: &CallCtx<'_>,
         auth: Option<&http::HeaderValue>,
     ) -> ToolOutput {
+        match self.try_call_tool(remote, &args, cx, auth).await {
+            Ok(out) => out,
+            Err(e) => ToolOutput::error(format!("upstream `{}`: {e}", self.name)),
+        }
+    }
+
+    /// [`Link::call_tool`], with a failure of the upstream (not a tool error) as an error:
+    /// a caller's credential it refused ([`CallError::Unauthorized`]) can be renewed and the
+    /// call made again.
+    ///
+    /// # Errors
+    /// The upstream did not answer the call with a result.
+    // Long: the call's span, progress passed on while it runs, its metrics and its end.
+    pub async fn try_call_tool(
+        &self,
+        remote: &str,
+        args: &Value,
+        cx: &CallCtx<'_>,
+        auth: Option<&http::HeaderValue>,
+    ) -> Result<ToolOutput, CallError> {
         #[derive(serde::Serialize)]
         struct Params<'a> {
             name: &'a str,
@@ -664,7 +689,7 @@ impl Link {
         let log: LogSink<'_> = cx.wants_logs().then_some(&forward_log);
         let mut params = Params {
             name: remote,
-            arguments: &args,
+            arguments: args,
             meta: trace.map(|(parent, state)| Meta {
                 traceparent: Some(parent),
                 tracestate: state,
@@ -715,13 +740,10 @@ impl Link {
             };
             crate::otel::finish(cx, error);
         }
-        match r {
-            Ok(out) => out,
-            Err(e) => {
-                self.shared.metrics.error(e.kind());
-                ToolOutput::error(format!("upstream `{}`: {e}", self.name))
-            }
+        if let Err(e) = &r {
+            self.shared.metrics.error(e.kind());
         }
+        r
     }
 
     /// Passes an upstream's `notifications/message` of a call on to its client, at the

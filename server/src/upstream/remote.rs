@@ -275,6 +275,9 @@ impl Remote {
         if status == StatusCode::NOT_FOUND && session.is_some_and(|s| s.id.is_some()) {
             return Ok((Posted::SessionGone, None));
         }
+        if status == StatusCode::UNAUTHORIZED && auth.is_some() {
+            return Err(CallError::Unauthorized);
+        }
         if !status.is_success() {
             let hint = match status {
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => " (check the upstream's credentials)",

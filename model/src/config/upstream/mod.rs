@@ -23,6 +23,7 @@ use crate::spec::shared::ToolAnnotations;
 use crate::template::{Authored, Template};
 
 mod import;
+pub mod sign_out;
 
 /// At most this many upstreams per ToolSet.
 pub const MAX_UPSTREAMS: usize = 64;
@@ -76,10 +77,12 @@ pub struct UpstreamSpec {
     pub tools: ImportSpec,
     /// Which credential its tool calls carry as `Authorization: Bearer ...` (`http` only; a
     /// stdio program has no request headers): the server's own (`http.headers`, the
-    /// default), the caller's token (`forward`, only when addressed to `audience`) or one
-    /// exchanged for it (`exchange`). The server's own session (`initialize`, `tools/list`,
-    /// notifications) keeps `http.headers`; each caller's calls go in a session opened with
-    /// that caller's credential. See docs/governance.md.
+    /// default), the caller's token (`forward`, only when addressed to `audience`), one
+    /// exchanged for it (`exchange`), or the token each user got by signing in at the
+    /// upstream's own authorization server (`user`). The server's own session
+    /// (`initialize`, `tools/list`, notifications) keeps `http.headers`; each caller's calls
+    /// go in a session opened with that caller's credential. See docs/governance.md and
+    /// docs/upstreams.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<crate::spec::identity::IdentitySpec>,
 }
@@ -383,7 +386,7 @@ fn compile_upstream(
     let (names, access) = compile_namespace(u, &format!("{at}.tools"), local, p);
     let identity = u.identity.as_ref().and_then(|i| {
         let target = u.http.as_ref().map_or("", |h| h.url.as_str());
-        crate::spec::identity::compile(i, &format!("{at}.identity"), target, p)
+        crate::spec::identity::compile_upstream(i, &format!("{at}.identity"), target, p, &mut secrets)
     });
     if identity.is_some() && u.stdio.is_some() {
         p.push(

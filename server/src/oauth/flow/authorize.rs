@@ -172,7 +172,7 @@ impl Flow {
         };
         let plain =
             serde_json::to_vec(&state).map_err(|_| Error::Config("the state does not serialize".into()))?;
-        let sealed = self.keys.seal(STATE_AAD, &plain).map_err(Error::Config)?;
+        let sealed = self.keys.load().seal(STATE_AAD, &plain).map_err(Error::Config)?;
         let challenge = challenge_of(&state.verifier);
         let mut params = vec![
             ("response_type", "code"),

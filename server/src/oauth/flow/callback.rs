@@ -92,7 +92,7 @@ impl Flow {
         if sealed.len() > MAX_STATE {
             return Err(Error::State("is not one this server began"));
         }
-        let (plain, _) = self.keys.open(STATE_AAD, sealed).map_err(|e| match e {
+        let (plain, _) = self.keys.load().open(STATE_AAD, sealed).map_err(|e| match e {
             OpenError::UnknownKey => {
                 Error::State("was sealed under a key no longer in the ring: sign in again")
             }

@@ -331,7 +331,7 @@ impl Flow {
     }
 
     /// The metadata of the authorization server `issuer` (cached by issuer).
-    async fn server_metadata(&self, issuer: &str, up: &Uri) -> Result<Arc<ServerMetadata>> {
+    pub(super) async fn server_metadata(&self, issuer: &str, up: &Uri) -> Result<Arc<ServerMetadata>> {
         let plain_ok = up.scheme_str() == Some("http");
         let iu = parse_url(issuer)
             .ok()

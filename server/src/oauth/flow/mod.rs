@@ -21,12 +21,15 @@ mod cache;
 mod callback;
 mod challenge;
 mod discovery;
+mod login;
 mod register;
 mod token;
 mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use crate::net::http::HttpClient;
 use crate::oauth::keyring::KeyRing;
@@ -35,7 +38,9 @@ pub use authorize::Authorization;
 pub use callback::{Completed, MemoryGuard, StateGuard};
 pub use challenge::Challenge;
 pub use discovery::{Discovered, ResourceMetadata, ServerMetadata};
+pub use login::{Login, LoginRequest, random};
 pub use register::{AuthMethod, Client, client_metadata_document};
+pub(crate) use wire::{is_loopback, parse_query, parse_url};
 
 /// Largest JSON answer read from an upstream or an authorization server.
 pub const MAX_ANSWER_BYTES: usize = 64 << 10;
@@ -181,7 +186,7 @@ pub use super::vault::TokenSet as Tokens;
 pub struct Flow {
     cfg: FlowConfig,
     http: HttpClient,
-    keys: Arc<KeyRing>,
+    keys: ArcSwap<KeyRing>,
     /// Protected resource metadata by the URL it was read from.
     resources: cache::Cache<Arc<ResourceMetadata>>,
     /// Authorization server metadata by issuer.
@@ -219,7 +224,7 @@ impl Flow {
         Ok(Self {
             cfg,
             http,
-            keys,
+            keys: ArcSwap::new(keys),
             resources: cache::Cache::new(cache::MAX_ENTRIES, ttl),
             servers: cache::Cache::new(cache::MAX_ENTRIES, ttl),
             clients: cache::Cache::new(cache::MAX_ENTRIES, register::REGISTRATION_TTL),
@@ -231,7 +236,14 @@ impl Flow {
     pub fn config(&self) -> &FlowConfig {
         &self.cfg
     }
+
+    /// Seals the state of sign-ins begun from now on with `keys`, and opens with it (the
+    /// key ring's Secret changed): a sign-in in flight sealed under a key `keys` dropped is
+    /// refused, and the user starts again.
+    pub fn set_ring(&self, keys: Arc<KeyRing>) {
+        self.keys.store(keys);
+    }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -19,7 +19,7 @@ use super::authorize::challenge_of;
 use super::wire::{form, parse_query};
 use super::*;
 
-pub(super) const CALLBACK: &str = "http://127.0.0.1:9/oauth/callback";
+pub(crate) const CALLBACK: &str = "http://127.0.0.1:9/oauth/callback";
 
 /// What the authorization server remembers of a code it issued.
 #[derive(Clone, Debug)]
@@ -30,16 +30,19 @@ struct Issued {
     challenge: String,
     resource: String,
     scope: Option<String>,
+    /// The OpenID `nonce` of a sign-in asking for an ID token, and who signed in.
+    nonce: Option<String>,
+    sub: String,
 }
 
 #[derive(Default)]
-pub(super) struct Knobs {
+pub(crate) struct Knobs {
     /// GET answers by path: status and body.
     docs: HashMap<String, (u16, String)>,
     /// Paths that never answer.
     hang: Vec<String>,
     /// Registered clients: id and secret.
-    clients: HashMap<String, Option<String>>,
+    pub(crate) clients: HashMap<String, Option<String>>,
     /// The redirect URIs of registered clients.
     redirects: HashMap<String, Value>,
     registrations: usize,
@@ -48,18 +51,18 @@ pub(super) struct Knobs {
     codes: HashMap<String, Issued>,
     refresh_tokens: HashMap<String, Issued>,
     /// The token endpoint's answer instead of its own.
-    pub(super) token_answer: Option<(u16, String)>,
+    pub(crate) token_answer: Option<(u16, String)>,
     /// Whether a refresh issues a new refresh token.
     rotate: bool,
     /// Every form POSTed to a token endpoint, and its Authorization header.
-    pub(super) token_requests: Vec<(String, String)>,
+    pub(crate) token_requests: Vec<(String, String)>,
     issued: usize,
 }
 
 #[derive(Clone)]
-pub(super) struct Fake {
-    pub(super) base: String,
-    pub(super) knobs: Arc<Mutex<Knobs>>,
+pub(crate) struct Fake {
+    pub(crate) base: String,
+    pub(crate) knobs: Arc<Mutex<Knobs>>,
 }
 
 fn json_answer(status: u16, body: String) -> Response {
@@ -105,7 +108,7 @@ async fn serve(
 }
 
 impl Fake {
-    pub(super) async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
         let fake = Fake {
@@ -129,16 +132,16 @@ impl Fake {
         fake
     }
 
-    pub(super) fn upstream_url(&self) -> String {
+    pub(crate) fn upstream_url(&self) -> String {
         format!("{}/mcp", self.base)
     }
 
-    pub(super) fn issuer(&self, at: &str) -> String {
+    pub(crate) fn issuer(&self, at: &str) -> String {
         format!("{}{at}", self.base)
     }
 
     /// The metadata of the server at `at`, as a well-behaved one states it.
-    pub(super) fn meta(&self, at: &str) -> Value {
+    pub(crate) fn meta(&self, at: &str) -> Value {
         let i = self.issuer(at);
         json!({
             "issuer": i,
@@ -151,7 +154,7 @@ impl Fake {
         })
     }
 
-    pub(super) fn doc(&self, path: &str, status: u16, body: impl ToString) {
+    pub(crate) fn doc(&self, path: &str, status: u16, body: impl ToString) {
         self.knobs
             .lock()
             .unwrap()
@@ -159,15 +162,15 @@ impl Fake {
             .insert(path.to_owned(), (status, body.to_string()));
     }
 
-    pub(super) fn set(&self, f: impl FnOnce(&mut Knobs)) {
+    pub(crate) fn set(&self, f: impl FnOnce(&mut Knobs)) {
         f(&mut self.knobs.lock().unwrap());
     }
 
-    pub(super) fn registrations(&self) -> usize {
+    pub(crate) fn registrations(&self) -> usize {
         self.knobs.lock().unwrap().registrations
     }
 
-    pub(super) fn token_requests(&self) -> Vec<(String, String)> {
+    pub(crate) fn token_requests(&self) -> Vec<(String, String)> {
         self.knobs.lock().unwrap().token_requests.clone()
     }
 
@@ -193,7 +196,13 @@ impl Fake {
 
     /// The user signs in: the server reads the authorization request at `url` as a real one
     /// would, issues a code, and returns the query of its redirect back.
-    pub(super) fn login(&self, url: &str) -> String {
+    pub(crate) fn login(&self, url: &str) -> String {
+        self.login_as(url, "alice")
+    }
+
+    /// [`Fake::login`] as the user `sub`: a request with `nonce` gets an ID token
+    /// `SUB.NONCE` with its code (tests verify it with a fake verifier).
+    pub(crate) fn login_as(&self, url: &str, sub: &str) -> String {
         let (endpoint, query) = url.split_once('?').unwrap();
         let p: HashMap<String, String> = parse_query(query).unwrap().into_iter().collect();
         assert_eq!(p["response_type"], "code");
@@ -210,8 +219,10 @@ impl Fake {
             client_id: p["client_id"].clone(),
             redirect_uri: p["redirect_uri"].clone(),
             challenge: p["code_challenge"].clone(),
-            resource: p["resource"].clone(),
+            resource: p.get("resource").cloned().unwrap_or_default(),
             scope: p.get("scope").cloned(),
+            nonce: p.get("nonce").cloned(),
+            sub: sub.to_owned(),
         };
         k.codes.insert(code.clone(), issued);
         form(&[("code", &code), ("state", &p["state"]), ("iss", &issuer)])
@@ -248,7 +259,7 @@ impl Fake {
                 if i.issuer != issuer
                     || i.client_id != client_id
                     || Some(&i.redirect_uri) != p.get("redirect_uri")
-                    || Some(&i.resource) != p.get("resource")
+                    || i.resource != p.get("resource").cloned().unwrap_or_default()
                     || !(43..=128).contains(&verifier.len())
                     || challenge_of(verifier) != i.challenge
                 {
@@ -276,6 +287,9 @@ impl Fake {
             "access_token": format!("at-{n}"), "token_type": "bearer", "expires_in": 300,
             "scope": issued.scope,
         });
+        if let Some(nonce) = &issued.nonce {
+            answer["id_token"] = json!(format!("{}.{nonce}", issued.sub));
+        }
         if p["grant_type"] == "authorization_code" || k.rotate {
             answer["refresh_token"] = json!(format!("rt-{n}"));
             k.refresh_tokens.insert(format!("rt-{n}"), issued);
@@ -284,11 +298,11 @@ impl Fake {
     }
 }
 
-pub(super) fn keys(byte: u8) -> Arc<KeyRing> {
+pub(crate) fn keys(byte: u8) -> Arc<KeyRing> {
     Arc::new(KeyRing::parse(&format!("k{byte}:{}", STANDARD.encode([byte; 32]))).unwrap())
 }
 
-pub(super) fn config() -> FlowConfig {
+pub(crate) fn config() -> FlowConfig {
     let mut cfg = FlowConfig::new(CALLBACK);
     // The servers of these tests are on this host.
     cfg.guard_discovered = false;
@@ -296,11 +310,11 @@ pub(super) fn config() -> FlowConfig {
     cfg
 }
 
-pub(super) fn flow_with(cfg: FlowConfig) -> Flow {
+pub(crate) fn flow_with(cfg: FlowConfig) -> Flow {
     Flow::new(cfg, HttpClient::new(), keys(1)).unwrap()
 }
 
-pub(super) fn upstream(fake: &Fake) -> Upstream {
+pub(crate) fn upstream(fake: &Fake) -> Upstream {
     Upstream {
         name: "notes".into(),
         url: fake.upstream_url(),
@@ -310,10 +324,10 @@ pub(super) fn upstream(fake: &Fake) -> Upstream {
     }
 }
 
-pub(super) const ALICE: &str = "https://idp.example|alice";
+pub(crate) const ALICE: &str = "https://idp.example|alice";
 
 /// Begins a sign-in for alice and has the user sign in: the redirect's query.
-pub(super) async fn signed_in(flow: &Flow, fake: &Fake, up: &Upstream) -> String {
+pub(crate) async fn signed_in(flow: &Flow, fake: &Fake, up: &Upstream) -> String {
     let auth = flow.begin(ALICE, up, None).await.unwrap();
     fake.login(&auth.url)
 }

@@ -14,7 +14,7 @@ const MAX_QUERY: usize = 16 << 10;
 const MAX_PARAMS: usize = 32;
 
 /// An absolute `http(s)` URL without fragment or user information, at most [`MAX_URL`].
-pub(super) fn parse_url(s: &str) -> Result<Uri, String> {
+pub(crate) fn parse_url(s: &str) -> Result<Uri, String> {
     if s.is_empty() || s.len() > MAX_URL {
         return Err(format!("a URL of 1 to {MAX_URL} bytes is needed"));
     }
@@ -33,7 +33,7 @@ pub(super) fn parse_url(s: &str) -> Result<Uri, String> {
 }
 
 /// Whether `u` names this host by a loopback address or `localhost`.
-pub(super) fn is_loopback(u: &Uri) -> bool {
+pub(crate) fn is_loopback(u: &Uri) -> bool {
     let host = u.host().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
@@ -117,7 +117,7 @@ fn unform(s: &str) -> Option<String> {
 }
 
 /// The parameters of a redirect's query, each name at most once (RFC 6749 section 3.1).
-pub(super) fn parse_query(query: &str) -> Result<Vec<(String, String)>, &'static str> {
+pub(crate) fn parse_query(query: &str) -> Result<Vec<(String, String)>, &'static str> {
     let query = query.strip_prefix('?').unwrap_or(query);
     if query.len() > MAX_QUERY {
         return Err("the query is too long");

@@ -477,6 +477,27 @@ impl Vault {
             .map_err(|e| self.unavailable("*", e))
     }
 
+    /// Marks a sign-in state (or link) of `nonce` used for `ttl` where every replica sees it:
+    /// `Some(true)` the first time, `Some(false)` after (and when Redis fails: a state that
+    /// cannot be marked is not used). `None` when the vault is in memory: the caller keeps
+    /// used states itself, in this replica.
+    pub async fn mark_used(&self, nonce: &str, ttl: Duration) -> Option<bool> {
+        let Store::Redis(r) = &self.store else {
+            return None;
+        };
+        let mut h = Sha256::new();
+        h.update(self.opts.namespace.as_bytes());
+        h.update(b"\n");
+        h.update(nonce.as_bytes());
+        Some(match r.first_use(&hex(&h.finalize()), ttl).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                self.unavailable("*", e);
+                false
+            }
+        })
+    }
+
     fn open_quietly(&self, id: &str, sealed: &[u8]) -> Option<TokenSet> {
         let s = std::str::from_utf8(sealed).ok()?;
         let (plain, _) = self.ring.load().open(id.as_bytes(), s).ok()?;

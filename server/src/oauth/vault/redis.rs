@@ -326,6 +326,20 @@ impl RedisStore {
         }
     }
 
+    /// Marks the sign-in state (or link) of nonce hash `hash` used for `ttl`; answers
+    /// whether it was not yet.
+    pub(super) async fn first_use(&self, hash: &str, ttl: Duration) -> Result<bool, String> {
+        let key = format!("{KEY_PREFIX}used:{hash}");
+        let ttl = ms(ttl);
+        let args: [&[u8]; 6] = [b"SET", key.as_bytes(), b"1", b"NX", b"PX", ttl.as_bytes()];
+        match self.redis.call(&args).await.map_err(|e| e.to_string())? {
+            Reply::Status(s) if s == "OK" => Ok(true),
+            Reply::Nil => Ok(false),
+            Reply::Error(e) => Err(format!("redis: {e}")),
+            _ => Err(unexpected()),
+        }
+    }
+
     /// Releases the refresh lock of `slot` if `owner` still holds it; answers whether it did.
     pub(super) async fn unlock(&self, slot: &Slot, owner: &str) -> Result<bool, String> {
         match self

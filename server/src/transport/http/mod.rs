@@ -24,6 +24,7 @@ mod post;
 mod reject;
 mod resumable;
 mod session;
+mod sign_in;
 mod sse;
 mod stream;
 mod subscription;
@@ -155,6 +156,9 @@ pub fn app(state: Arc<HttpState>) -> Router {
             "/.well-known/oauth-protected-resource/mcp",
             get(metadata::protected_resource),
         )
+        .route("/oauth/start", get(sign_in::start))
+        .route("/oauth/callback", get(sign_in::callback))
+        .route("/oauth/client.json", get(sign_in::client_metadata))
         .layer(axum::middleware::map_response_with_state(
             state.clone(),
             close_when_draining,

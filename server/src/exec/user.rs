@@ -1,0 +1,109 @@
+//! The run step of a tool of an upstream with `identity.mode: user`: the call carries the
+//! token the caller got by signing in at the upstream's own authorization server. Without
+//! one the call answers with a sign-in link (and, to a client that declared URL-mode
+//! elicitation, the dispatcher makes it a `URLElicitationRequired` error); a token the
+//! upstream refuses (`401`) is refreshed once and the call made once more; refused again,
+//! it is forgotten and the user signs in again.
+
+use serde_json::Value;
+
+use super::Executor;
+use crate::oauth::sign_in::{CallAuth, SignInLink, subject_of};
+use crate::peer::{CallCtx, UrlNeeded};
+use crate::protocol::output::ToolOutput;
+use crate::spec::identity::Identity;
+use crate::upstream::{CallError, Link};
+
+/// The tool error of a call whose user must sign in first; the link goes to the dispatcher
+/// too, for a client that opens URLs itself.
+fn sign_in_first(link: &SignInLink, cx: &CallCtx<'_>) -> ToolOutput {
+    let upstream = &link.upstream;
+    cx.need_url(|| UrlNeeded {
+        id: link.id.clone(),
+        url: link.url.clone(),
+        message: format!("Sign in to upstream `{upstream}` so that its tools act as you there."),
+    });
+    ToolOutput::error(format!(
+        "upstream `{upstream}` acts as each user with their own account there, and you are not signed in to it (or your sign-in ended). Open this link in your browser to sign in, then retry the call: {}",
+        link.url
+    ))
+}
+
+impl Executor {
+    /// `sign_out_upstream`: forgets the caller's token for the upstream its arguments name.
+    pub(super) async fn sign_out(&self, args: &Value, cx: &CallCtx<'_>) -> ToolOutput {
+        let upstream = args.get("upstream").and_then(Value::as_str).unwrap_or_default();
+        let Some(sign_in) = self.identity.sign_in() else {
+            return ToolOutput::error("this server has no upstream sign-in");
+        };
+        let Some(subject) = cx.credential.and_then(subject_of) else {
+            return ToolOutput::error(
+                "signing out needs an OAuth/OIDC access token naming you (a static token or no authentication signs in nowhere)",
+            );
+        };
+        match sign_in.sign_out(&subject, upstream).await {
+            Ok(true) => ToolOutput::text(format!(
+                "Signed out of upstream `{upstream}`: its tools no longer act as you, and the next call of one asks you to sign in again."
+            )),
+            Ok(false) => ToolOutput::text(format!("You were not signed in to upstream `{upstream}`.")),
+            Err(e) => ToolOutput::error(format!("upstream `{upstream}`: {e}")),
+        }
+    }
+
+    /// Calls `remote` of `link` (mode `user`, `id`) as the caller of `cx`.
+    pub(super) async fn user_call(
+        &self,
+        link: &Link,
+        id: &Identity,
+        remote: &str,
+        args: &Value,
+        cx: &CallCtx<'_>,
+    ) -> ToolOutput {
+        let name = &link.name;
+        let Some(sign_in) = self.identity.sign_in() else {
+            return ToolOutput::error(format!(
+                "upstream `{name}` needs each user's own sign-in, which this server is not configured for"
+            ));
+        };
+        let Some(subject) = cx.credential.and_then(subject_of) else {
+            return ToolOutput::error(format!(
+                "upstream `{name}` acts as each signed-in user, and the caller presented no OAuth/OIDC access token naming one (a static token or no authentication cannot sign in); refused"
+            ));
+        };
+        if let Some(why) = self.secrets.unavailable(&link.secrets) {
+            return ToolOutput::error(why);
+        }
+        let refused = |e: String| ToolOutput::error(format!("upstream `{name}`: {e}"));
+        let mut auth = match sign_in.authorize(&subject, name, id).await {
+            CallAuth::Bearer(h) => h,
+            CallAuth::SignIn(l) => return sign_in_first(&l, cx),
+            CallAuth::Refused(e) => return refused(e),
+        };
+        let mut renewed = false;
+        loop {
+            match link.try_call_tool(remote, args, cx, Some(&auth)).await {
+                Ok(mut out) => {
+                    self.secrets.redact(&link.secrets, &mut out);
+                    crate::identity::redact(&mut out, &[super::executor::bearer_value(&auth)]);
+                    return out;
+                }
+                Err(CallError::Unauthorized) if !renewed => {
+                    renewed = true;
+                    auth = match sign_in.rejected(&subject, name, id, &auth).await {
+                        CallAuth::Bearer(h) => h,
+                        CallAuth::SignIn(l) => return sign_in_first(&l, cx),
+                        CallAuth::Refused(e) => return refused(e),
+                    };
+                }
+                Err(CallError::Unauthorized) => {
+                    return match sign_in.refused_again(&subject, name).await {
+                        CallAuth::SignIn(l) => sign_in_first(&l, cx),
+                        CallAuth::Refused(e) => refused(e),
+                        CallAuth::Bearer(_) => refused("refused the token again".into()),
+                    };
+                }
+                Err(e) => return refused(e.to_string()),
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! What a call of an upstream with `identity.mode: user` gets: the caller's token (refreshed
+//! first when it is about to expire, or when the upstream refused it), or a sign-in link;
+//! and the caller's sign-out, and an administrator's revocation.
+
+use http::HeaderValue;
+
+use super::ticket::{self, TICKET_AAD, Ticket};
+use super::{SignIn, flow};
+use crate::oauth::vault::{RefreshError, RefreshFailure, TokenSet};
+use crate::spec::identity::Identity;
+
+/// A link the user opens to sign in to an upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignInLink {
+    /// The upstream.
+    pub upstream: String,
+    /// `URL/oauth/start?t=TICKET`.
+    pub url: String,
+    /// An id for the client (the URL-mode elicitation's `elicitationId`): the link's nonce,
+    /// which names nothing.
+    pub id: String,
+}
+
+/// How a call authenticates to the upstream.
+#[derive(Debug)]
+pub enum CallAuth {
+    /// `Authorization: Bearer ...` with the caller's token.
+    Bearer(HeaderValue),
+    /// The caller has no usable token: it signs in first.
+    SignIn(SignInLink),
+    /// The call cannot go out now (the vault or the authorization server failed, no key
+    /// ring): why, for the caller.
+    Refused(String),
+}
+
+fn bearer(t: &TokenSet, upstream: &str) -> CallAuth {
+    match HeaderValue::try_from(format!("Bearer {}", t.access_token)) {
+        Ok(h) => CallAuth::Bearer(h),
+        Err(_) => CallAuth::Refused(format!(
+            "upstream `{upstream}`: the token its authorization server issued cannot be sent in a header"
+        )),
+    }
+}
+
+impl SignIn {
+    /// The authorization of a call by `subject` (`iss|sub`) to upstream `name` with `id`.
+    pub async fn authorize(&self, subject: &str, name: &str, id: &Identity) -> CallAuth {
+        if let Err(e) = self.ring() {
+            return CallAuth::Refused(e);
+        }
+        match self.vault.get(subject, name).await {
+            Err(e) => CallAuth::Refused(e.to_string()),
+            Ok(Some(t)) if self.vault.usable(&t) => bearer(&t, name),
+            Ok(Some(t)) if t.refresh_token.is_some() => self.refreshed(subject, name, id, None).await,
+            Ok(_) => self.link(subject, name),
+        }
+    }
+
+    /// The authorization after the upstream answered `401` to `sent` (the `Authorization`
+    /// value): the token refreshed once (whoever refreshes first, the others share it), or a
+    /// sign-in link.
+    pub async fn rejected(&self, subject: &str, name: &str, id: &Identity, sent: &HeaderValue) -> CallAuth {
+        if let Err(e) = self.ring() {
+            return CallAuth::Refused(e);
+        }
+        let token = sent
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        self.refreshed(subject, name, id, Some(token)).await
+    }
+
+    /// The upstream refused a token again right after it was refreshed: it is forgotten, and
+    /// the caller signs in again.
+    pub async fn refused_again(&self, subject: &str, name: &str) -> CallAuth {
+        match self.vault.remove(subject, name).await {
+            Ok(_) => {
+                self.audit(
+                    "oauth.sign_out",
+                    subject,
+                    name,
+                    "refused_by_upstream",
+                    Some("the upstream refused the token after a refresh; forgotten".into()),
+                );
+                self.link(subject, name)
+            }
+            Err(e) => CallAuth::Refused(e.to_string()),
+        }
+    }
+
+    async fn refreshed(&self, subject: &str, name: &str, id: &Identity, rejected: Option<&str>) -> CallAuth {
+        let up = match self.upstream(name, id) {
+            Ok(u) => u,
+            Err(e) => return CallAuth::Refused(e),
+        };
+        let flow = &self.flow;
+        let up = &up;
+        let r = self
+            .vault
+            .refresh_once(subject, name, rejected, |t| async move {
+                flow.refresh(&t, up).await.map_err(|e| match e {
+                    flow::Error::Denied(_) => RefreshFailure::InvalidGrant(e.to_string()),
+                    other => RefreshFailure::Other(other.to_string()),
+                })
+            })
+            .await;
+        let (result, reason) = match &r {
+            Ok(_) => ("ok", None),
+            Err(RefreshError::SignIn { .. }) => ("sign_in", None),
+            Err(e @ RefreshError::Revoked { .. }) => ("revoked", Some(e.to_string())),
+            Err(e @ RefreshError::Failed { .. }) => ("failed", Some(e.to_string())),
+            Err(e @ RefreshError::Busy { .. }) => ("busy", Some(e.to_string())),
+            Err(e @ RefreshError::Vault(_)) => ("vault", Some(e.to_string())),
+        };
+        self.metrics.refresh(name, result);
+        if result != "sign_in" {
+            self.audit("oauth.refresh", subject, name, result, reason);
+        }
+        match r {
+            Ok(t) => bearer(&t, name),
+            Err(RefreshError::SignIn { .. } | RefreshError::Revoked { .. }) => self.link(subject, name),
+            Err(e) => CallAuth::Refused(e.to_string()),
+        }
+    }
+
+    /// A sign-in link for `subject` and upstream `name`, good for ten minutes.
+    pub fn link(&self, subject: &str, name: &str) -> CallAuth {
+        let made = self.ring().and_then(|ring| {
+            let nonce = flow::random(16).map_err(|e| e.to_string())?;
+            let t = Ticket::new(subject, name, nonce);
+            Ok((ticket::seal(&ring, TICKET_AAD, &t)?, t.n))
+        });
+        match made {
+            Ok((sealed, nonce)) => CallAuth::SignIn(SignInLink {
+                upstream: name.to_owned(),
+                url: format!("{}/oauth/start?t={sealed}", self.base),
+                id: nonce,
+            }),
+            Err(e) => CallAuth::Refused(e),
+        }
+    }
+
+    /// Forgets what `subject` holds for upstream `name` (the user signs out); whether it
+    /// held something.
+    ///
+    /// # Errors
+    /// The vault failed.
+    pub async fn sign_out(&self, subject: &str, name: &str) -> Result<bool, String> {
+        let gone = self
+            .vault
+            .remove(subject, name)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.audit("oauth.sign_out", subject, name, "ok", None);
+        Ok(gone.is_some())
+    }
+
+    /// Forgets what `subject` holds for `upstream`, or for every upstream (an administrator
+    /// revoking a user); how many tokens were forgotten.
+    ///
+    /// # Errors
+    /// The vault failed.
+    pub async fn revoke(&self, subject: &str, upstream: Option<&str>) -> Result<usize, String> {
+        let n = match upstream {
+            Some(u) => usize::from(
+                self.vault
+                    .remove(subject, u)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some(),
+            ),
+            None => {
+                // Tokens that no longer open are forgotten too: counted by how many there were.
+                let held = self.vault.count(subject).await.map_err(|e| e.to_string())?;
+                let opened = self
+                    .vault
+                    .remove_subject(subject)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                held.max(opened.len())
+            }
+        };
+        self.audit(
+            "oauth.revoke",
+            subject,
+            upstream.unwrap_or("*"),
+            "ok",
+            Some(format!("{n} token(s) forgotten by an administrator")),
+        );
+        Ok(n)
+    }
+}

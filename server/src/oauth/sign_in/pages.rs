@@ -1,0 +1,115 @@
+//! What the sign-in routes answer a browser: a redirect (to a URL this server built, never
+//! one taken from the request), or a plain page whose every word from elsewhere is escaped.
+//! No page names a token, a code, a state, a ticket or a cookie.
+
+/// An answer of a sign-in route. The transport adds `Cache-Control: no-store`,
+/// `Referrer-Policy: no-referrer` and a content security policy that allows nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// HTTP status.
+    pub status: u16,
+    /// `Location` of a redirect.
+    pub location: Option<String>,
+    /// `Set-Cookie` values.
+    pub cookies: Vec<String>,
+    /// The HTML (empty for a redirect).
+    pub body: String,
+}
+
+/// `s` for HTML text and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl Page {
+    /// A page with `title` and `text` (escaped here).
+    pub fn plain(status: u16, title: &str, text: &str) -> Self {
+        let (title, text) = (escape(title), escape(text));
+        Self {
+            status,
+            location: None,
+            cookies: Vec::new(),
+            body: format!(
+                "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+                 <meta name=\"viewport\" content=\"width=device-width\"><title>{title}</title></head>\n\
+                 <body><h1>{title}</h1>\n<p>{text}</p></body></html>\n"
+            ),
+        }
+    }
+
+    /// A redirect to `url` (a URL this server built).
+    pub fn redirect(url: String) -> Self {
+        Self {
+            status: 302,
+            location: Some(url),
+            cookies: Vec::new(),
+            body: String::new(),
+        }
+    }
+
+    /// The same answer, setting `cookie` too.
+    pub fn with_cookie(mut self, cookie: String) -> Self {
+        self.cookies.push(cookie);
+        self
+    }
+
+    /// 400: a link, state or answer that cannot be used; the user starts again.
+    pub fn refused(what: &str) -> Self {
+        Self::plain(
+            400,
+            "Sign-in not completed",
+            &format!("{what} Nothing was stored. Retry the call in your client to get a new sign-in link."),
+        )
+    }
+
+    /// 403: the browser is not the caller's.
+    pub fn forbidden(what: &str) -> Self {
+        Self::plain(403, "Sign-in refused", &format!("{what} Nothing was stored."))
+    }
+
+    /// 502: a server the sign-in needs failed.
+    pub fn failed(what: &str) -> Self {
+        Self::plain(
+            502,
+            "Sign-in failed",
+            &format!("{what} Nothing was stored. Retry the call in your client to try again."),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_word_from_elsewhere_is_escaped() {
+        let p = Page::plain(400, "<t>", "a <script>alert('x')</script> & \"q\"\u{7}");
+        assert!(
+            !p.body.contains("<script>") && !p.body.contains("<t>"),
+            "{}",
+            p.body
+        );
+        assert!(
+            p.body
+                .contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot; ")
+        );
+        assert_eq!(p.status, 400);
+        let r = Page::redirect("https://as.example/authorize?x=1".into()).with_cookie("c=v".into());
+        assert_eq!(
+            (r.status, r.location.as_deref(), r.cookies.len()),
+            (302, Some("https://as.example/authorize?x=1"), 1)
+        );
+    }
+}

@@ -1,0 +1,462 @@
+//! The sign-in against the flow's in-test authorization server (one loopback port): it plays
+//! the client-facing issuer (`/as`, with the browser client `quiver-browser`) and the
+//! upstream's authorization server (`/as` too, where Quiver registers itself). ID tokens are
+//! `SUB.NONCE`, checked by a fake verifier; everything else is the real code. Each hostile
+//! input is refused with nothing stored.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::json;
+
+use super::*;
+use crate::oauth::flow::tests::Fake;
+use crate::secrets::Presence;
+use crate::spec::identity::IdentityMode;
+
+const BROWSER: &str = "quiver-browser";
+const BROWSER_SECRET: &str = "browser-secret-0123456789";
+
+#[derive(Debug)]
+struct FakeIdTokens(String);
+
+impl IdTokens for FakeIdTokens {
+    fn issuer(&self) -> &str {
+        &self.0
+    }
+
+    fn verify<'a>(&'a self, token: &'a str, audience: &'a str) -> Verified<'a> {
+        let r = match token.split_once('.') {
+            Some((sub, nonce)) if audience == BROWSER => {
+                Ok(json!({"iss": self.0, "sub": sub, "nonce": nonce}))
+            }
+            _ => Err("bad signature".to_owned()),
+        };
+        Box::pin(std::future::ready(r))
+    }
+}
+
+struct Setup {
+    fake: Fake,
+    sign_in: SignIn,
+    secrets: Arc<Secrets>,
+    metrics: Arc<OAuthMetrics>,
+    id: Identity,
+}
+
+fn ring_text(keys: &[(&str, u8)]) -> String {
+    keys.iter()
+        .map(|(k, b)| format!("{k}:{}\n", STANDARD.encode([*b; 32])))
+        .collect()
+}
+
+fn set_ring(secrets: &Secrets, text: &str) {
+    secrets.set(
+        "signin",
+        Some(vec![
+            ("keys".into(), text.as_bytes().to_vec()),
+            ("browser".into(), BROWSER_SECRET.as_bytes().to_vec()),
+        ]),
+        Presence::Loaded,
+    );
+}
+
+async fn setup() -> Setup {
+    let fake = Fake::start().await;
+    fake.set(|k| {
+        k.clients.insert(BROWSER.into(), Some(BROWSER_SECRET.into()));
+    });
+    let secrets = Secrets::new();
+    secrets.set_has_source();
+    set_ring(&secrets, &ring_text(&[("k1", 1)]));
+    let metrics = OAuthMetrics::unregistered();
+    let cfg = SignInConfig {
+        url: "http://127.0.0.1:9/".into(),
+        keys: SecretRef {
+            name: "signin".into(),
+            key: "keys".into(),
+        },
+        client_id: BROWSER.into(),
+        client_secret: Some(SecretRef {
+            name: "signin".into(),
+            key: "browser".into(),
+        }),
+        vault: vault::Options::default(),
+        backend: vault::Backend::Memory,
+    };
+    let verifier = Arc::new(FakeIdTokens(fake.issuer("/as")));
+    let sign_in = SignIn::new(
+        cfg,
+        HttpClient::new(),
+        secrets.clone(),
+        verifier,
+        metrics.clone(),
+        None,
+    )
+    .unwrap();
+    let id = Identity {
+        mode: IdentityMode::User,
+        audience: fake.upstream_url().into(),
+        scopes: "".into(),
+        issuer: None,
+        client: None,
+    };
+    Setup {
+        fake,
+        sign_in,
+        secrets,
+        metrics,
+        id,
+    }
+}
+
+impl Setup {
+    fn subject(&self, user: &str) -> String {
+        format!("{}|{user}", self.fake.issuer("/as"))
+    }
+
+    fn lookup(&self) -> impl Fn(&str) -> Option<Identity> + Sync + '_ {
+        |name: &str| (name == "notes").then(|| self.id.clone())
+    }
+
+    /// A sign-in link for `user`: its query.
+    async fn link(&self, user: &str) -> (SignInLink, String) {
+        match self
+            .sign_in
+            .authorize(&self.subject(user), "notes", &self.id)
+            .await
+        {
+            CallAuth::SignIn(l) => {
+                let q = l.url.split_once('?').unwrap().1.to_owned();
+                (l, q)
+            }
+            other => panic!("not a link: {other:?}"),
+        }
+    }
+
+    /// Opens the link's query: the redirect to the issuer and the cookie set.
+    async fn open(&self, query: &str) -> (String, String) {
+        let find = self.lookup();
+        let page = self.sign_in.start(query, &find).await;
+        assert_eq!(page.status, 302, "{}", page.body);
+        let cookie = page.cookies[0].split(';').next().unwrap().to_owned();
+        (page.location.unwrap(), cookie)
+    }
+
+    async fn callback(&self, query: &str, cookie: Option<&str>) -> Page {
+        let find = self.lookup();
+        self.sign_in.callback(query, cookie, &find).await
+    }
+
+    /// The whole sign-in of `user` in one browser; the last page.
+    async fn sign_in_as(&self, user: &str) -> Page {
+        let (_, q) = self.link(user).await;
+        let (to_issuer, cookie) = self.open(&q).await;
+        let back = self.fake.login_as(&to_issuer, user);
+        let bound = self.callback(&back, Some(&cookie)).await;
+        assert_eq!(bound.status, 302, "{}", bound.body);
+        let cookie = bound.cookies[0].split(';').next().unwrap().to_owned();
+        let back = self.fake.login(bound.location.as_deref().unwrap());
+        self.callback(&back, Some(&cookie)).await
+    }
+
+    async fn held(&self, user: &str) -> bool {
+        self.sign_in
+            .vault()
+            .get(&self.subject(user), "notes")
+            .await
+            .unwrap()
+            .is_some()
+    }
+}
+
+fn params(query: &str) -> HashMap<String, String> {
+    flow::parse_query(query.split_once('?').map_or(query, |(_, q)| q))
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_user_signs_in_through_the_link_and_calls_carry_their_token() {
+    let s = setup().await;
+    let (link, q) = s.link("alice").await;
+    assert!(
+        link.url.starts_with("http://127.0.0.1:9/oauth/start?t="),
+        "{}",
+        link.url
+    );
+    assert!(!link.url.contains("alice") && !link.url.contains(&link.id));
+    let (to_issuer, cookie) = s.open(&q).await;
+    let p = params(&to_issuer);
+    assert!(to_issuer.starts_with(&format!("{}/authorize?", s.fake.issuer("/as"))));
+    assert_eq!(
+        (p["client_id"].as_str(), p["scope"].as_str()),
+        (BROWSER, "openid")
+    );
+    assert_eq!(p["redirect_uri"], "http://127.0.0.1:9/oauth/callback");
+    assert!(p["state"].starts_with("b.") && p.contains_key("nonce") && p.contains_key("code_challenge"));
+    // The cookie: HttpOnly, SameSite, scoped to the sign-in routes; no Secure over loopback http.
+    let (_, q2) = s.link("alice").await;
+    let find = s.lookup();
+    let set = &s.sign_in.start(&q2, &find).await.cookies[0];
+    assert!(
+        set.contains("; Path=/oauth/; Max-Age=600; HttpOnly; SameSite=Lax") && !set.contains("Secure"),
+        "{set}"
+    );
+
+    let back = s.fake.login_as(&to_issuer, "alice");
+    let bound = s.callback(&back, Some(&cookie)).await;
+    assert_eq!(bound.status, 302, "{}", bound.body);
+    let to_upstream = bound.location.clone().unwrap();
+    let p = params(&to_upstream);
+    assert!(
+        !p["state"].starts_with("b."),
+        "the upstream gets the flow's own state"
+    );
+    assert_eq!(p["resource"], s.fake.upstream_url());
+    let bound_cookie = bound.cookies[0].split(';').next().unwrap().to_owned();
+    assert_eq!(
+        bound_cookie.split('=').next(),
+        cookie.split('=').next(),
+        "the same cookie, now bound"
+    );
+    let back = s.fake.login(&to_upstream);
+    let done = s.callback(&back, Some(&bound_cookie)).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Signed in to notes"), "{}", done.body);
+    assert!(done.cookies[0].contains("Max-Age=0"), "the cookie is cleared");
+    assert_eq!(s.metrics.sign_ins("notes", "ok"), 1);
+
+    match s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await {
+        CallAuth::Bearer(h) => assert!(h.to_str().unwrap().starts_with("Bearer at-")),
+        other => panic!("{other:?}"),
+    }
+    // Bob holds nothing: he gets a link of his own.
+    assert!(matches!(
+        s.sign_in.authorize(&s.subject("bob"), "notes", &s.id).await,
+        CallAuth::SignIn(_)
+    ));
+    // Signed out, alice is asked again.
+    assert!(s.sign_in.sign_out(&s.subject("alice"), "notes").await.unwrap());
+    assert!(!s.sign_in.sign_out(&s.subject("alice"), "notes").await.unwrap());
+    assert!(matches!(
+        s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await,
+        CallAuth::SignIn(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_link_opened_by_another_user_or_browser_stores_nothing() {
+    let s = setup().await;
+    // Bob's browser opens alice's link and signs in as bob: refused.
+    let (_, q) = s.link("alice").await;
+    let (to_issuer, cookie) = s.open(&q).await;
+    let back = s.fake.login_as(&to_issuer, "bob");
+    let page = s.callback(&back, Some(&cookie)).await;
+    assert_eq!(page.status, 403, "{}", page.body);
+    assert!(page.body.contains("made for another user"), "{}", page.body);
+    assert_eq!(s.metrics.sign_ins("notes", "wrong_user"), 1);
+    // Alice can still use her link: a browser that failed the check did not spend it.
+    let (to_issuer, cookie) = s.open(&q).await;
+    let back = s.fake.login_as(&to_issuer, "alice");
+    let bound = s.callback(&back, Some(&cookie)).await;
+    assert_eq!(bound.status, 302, "{}", bound.body);
+    let to_upstream = bound.location.unwrap();
+    // The redirect back from the issuer in a browser without the cookie: refused.
+    let (to_issuer, _) = s.open(&s.link("alice").await.1).await;
+    let back = s.fake.login_as(&to_issuer, "alice");
+    assert_eq!(s.callback(&back, None).await.status, 403);
+    assert_eq!(s.callback(&back, Some("quiver-oauth-x=forged")).await.status, 403);
+    // The upstream's authorization URL handed to bob: he finishes in his browser, with his
+    // own bound cookie (for his own sign-in) or none: nothing stored for alice.
+    let back = s.fake.login(&to_upstream);
+    let page = s.callback(&back, None).await;
+    assert_eq!(page.status, 403, "{}", page.body);
+    assert!(!s.held("alice").await);
+    // A page names nothing of what it was given.
+    let code = params(&back)["code"].clone();
+    for p in [&page.body, &s.callback(&back, Some("a=b")).await.body] {
+        assert!(!p.contains(&code) && !p.contains(&q[2..]), "{p}");
+    }
+}
+
+#[tokio::test]
+async fn forged_expired_replayed_and_swapped_states_are_refused() {
+    let s = setup().await;
+    let find = s.lookup();
+    // Not a link, a forged one, one of another kind.
+    for q in ["", "t=", "t=v1.k1.AAAA", "x=1", "t=a&t=b"] {
+        let page = s.sign_in.start(q, &find).await;
+        assert_eq!(page.status, 400, "{q}: {}", page.body);
+        assert!(page.location.is_none() && page.cookies.is_empty());
+    }
+    let huge = format!("t={}", "A".repeat(20_000));
+    assert_eq!(s.sign_in.start(&huge, &find).await.status, 400);
+    // An expired ticket.
+    let ring = s.sign_in.ring().unwrap();
+    let mut t = ticket::Ticket::new(&s.subject("alice"), "notes", "n".into());
+    t.e = ticket::now() - 1;
+    let sealed = ticket::seal(&ring, ticket::TICKET_AAD, &t).unwrap();
+    let page = s.sign_in.start(&format!("t={sealed}"), &find).await;
+    assert!(
+        page.status == 400 && page.body.contains("has expired"),
+        "{}",
+        page.body
+    );
+    // A ticket for an upstream no longer configured.
+    let t = ticket::Ticket::new(&s.subject("alice"), "gone", "n2".into());
+    let sealed = ticket::seal(&ring, ticket::TICKET_AAD, &t).unwrap();
+    assert_eq!(s.sign_in.start(&format!("t={sealed}"), &find).await.status, 404);
+
+    // A link used twice: the second binding is refused.
+    let (_, q) = s.link("alice").await;
+    let (first, c1) = s.open(&q).await;
+    let (second, c2) = s.open(&q).await;
+    let ok = s.callback(&s.fake.login_as(&first, "alice"), Some(&c1)).await;
+    assert_eq!(ok.status, 302);
+    let again = s.callback(&s.fake.login_as(&second, "alice"), Some(&c2)).await;
+    assert!(
+        again.status == 400 && again.body.contains("used already"),
+        "{}",
+        again.body
+    );
+
+    // The flow's state presented as a browser state, and a browser state as the flow's.
+    let flow_state = params(ok.location.as_deref().unwrap())["state"].clone();
+    let page = s
+        .callback(&format!("code=c&state=b.{flow_state}"), Some(&c1))
+        .await;
+    assert_eq!(page.status, 400, "{}", page.body);
+    let (to_issuer, c3) = s.open(&s.link("alice").await.1).await;
+    let browser_state = params(&to_issuer)["state"].clone();
+    let page = s
+        .callback(&format!("code=c&state={}", &browser_state[2..]), Some(&c3))
+        .await;
+    assert_eq!(page.status, 400, "{}", page.body);
+    // A callback with no sign-in in flight, or no state at all.
+    for q in [
+        "",
+        "code=c",
+        "code=c&state=nothing",
+        "error=access_denied&state=x",
+        "state=%zz",
+    ] {
+        let page = s.callback(q, None).await;
+        assert_eq!(page.status, 400, "{q}: {}", page.body);
+    }
+    // The redirect of the issuer replayed after it bound the browser: refused.
+    let back = s.fake.login_as(&to_issuer, "alice");
+    assert_eq!(s.callback(&back, Some(&c3)).await.status, 302);
+    assert_eq!(s.callback(&back, Some(&c3)).await.status, 400);
+    // Mix-up at the issuer's step: the redirect names another issuer.
+    let (to_issuer, c4) = s.open(&s.link("alice").await.1).await;
+    let back = s.fake.login_as(&to_issuer, "alice");
+    let mixed = format!("{back}&iss=https%3A%2F%2Fevil.example");
+    let page = s.callback(&mixed, Some(&c4)).await;
+    assert!(page.status == 400, "{}", page.body);
+    assert!(!s.held("alice").await, "nothing stored by any of it");
+}
+
+#[tokio::test]
+async fn a_ring_rotation_applies_on_the_next_use_and_no_ring_refuses() {
+    let s = setup().await;
+    let page = s.sign_in_as("alice").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    // A new first key, the old one kept: the token still opens (and is re-sealed).
+    set_ring(&s.secrets, &ring_text(&[("k2", 2), ("k1", 1)]));
+    assert!(matches!(
+        s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await,
+        CallAuth::Bearer(_)
+    ));
+    // A ring without the key the token is sealed under: it reads as absent, a link.
+    set_ring(&s.secrets, &ring_text(&[("k3", 3)]));
+    assert!(matches!(
+        s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await,
+        CallAuth::SignIn(_)
+    ));
+    // No ring, or a broken one: calls and pages say so, naming no key.
+    set_ring(&s.secrets, "not a ring");
+    let CallAuth::Refused(why) = s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await else {
+        panic!("not refused");
+    };
+    assert!(why.contains("key ring (secret `signin` key `keys`)"), "{why}");
+    let find = s.lookup();
+    assert_eq!(s.sign_in.start("t=x", &find).await.status, 502);
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
+    let s = setup().await;
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    let alice = s.subject("alice");
+    let v = s.sign_in.vault();
+    let mut t = v.get(&alice, "notes").await.unwrap().unwrap();
+    t.expires_at = Some(std::time::SystemTime::now());
+    v.put(&alice, "notes", &t).await.unwrap();
+    let CallAuth::Bearer(fresh) = s.sign_in.authorize(&alice, "notes", &s.id).await else {
+        panic!("not refreshed");
+    };
+    assert_ne!(fresh.to_str().unwrap(), format!("Bearer {}", t.access_token));
+    assert_eq!(s.metrics.refreshes("notes", "ok"), 1);
+    // The upstream refused the fresh token: refreshed once more.
+    let CallAuth::Bearer(again) = s.sign_in.rejected(&alice, "notes", &s.id, &fresh).await else {
+        panic!("not refreshed");
+    };
+    assert_ne!(again, fresh);
+    // Refused again: forgotten, and a link.
+    assert!(matches!(
+        s.sign_in.refused_again(&alice, "notes").await,
+        CallAuth::SignIn(_)
+    ));
+    assert!(!s.held("alice").await);
+    // A refresh token the server no longer knows: revoked, a link.
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    s.fake
+        .set(|k| k.token_answer = Some((400, json!({"error": "invalid_grant"}).to_string())));
+    let held = v.get(&alice, "notes").await.unwrap().unwrap();
+    let sent = http::HeaderValue::try_from(format!("Bearer {}", held.access_token)).unwrap();
+    assert!(matches!(
+        s.sign_in.rejected(&alice, "notes", &s.id, &sent).await,
+        CallAuth::SignIn(_)
+    ));
+    assert_eq!(s.metrics.refreshes("notes", "revoked"), 1);
+    // An administrator revokes every upstream of a user.
+    s.fake.set(|k| k.token_answer = None);
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    assert_eq!(s.sign_in.revoke(&alice, None).await.unwrap(), 1);
+    assert_eq!(s.sign_in.revoke(&alice, Some("notes")).await.unwrap(), 0);
+}
+
+#[test]
+fn the_public_url_must_be_https_or_loopback() {
+    assert_eq!(
+        check_url("https://mcp.example.com/").unwrap(),
+        "https://mcp.example.com"
+    );
+    assert_eq!(
+        check_url("http://127.0.0.1:8080").unwrap(),
+        "http://127.0.0.1:8080"
+    );
+    assert_eq!(
+        check_url("https://gw.example/tools/").unwrap(),
+        "https://gw.example/tools"
+    );
+    for bad in [
+        "http://mcp.example.com",
+        "mcp.example.com",
+        "https://x/?a=1",
+        "https://x/#f",
+        "ftp://x",
+    ] {
+        assert!(check_url(bad).is_err(), "{bad}");
+    }
+    let c = crate::spec::caller::Credential::new("t", json!({"iss": "https://idp", "sub": "alice"}));
+    assert_eq!(subject_of(&c).as_deref(), Some("https://idp|alice"));
+    let none = crate::spec::caller::Credential::new("t", json!({"sub": "alice"}));
+    assert_eq!(subject_of(&none), None);
+    let long = crate::spec::caller::Credential::new("t", json!({"iss": "i", "sub": "x".repeat(2000)}));
+    assert_eq!(subject_of(&long), None);
+}
