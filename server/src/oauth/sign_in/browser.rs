@@ -310,6 +310,7 @@ impl SignIn {
             );
         };
         let clear = self.cookie(name, None);
+        self.warm.forget(subject, Some(upstream));
         if let Err(e) = self.vault.put(subject, upstream, &done.tokens).await {
             self.metrics.sign_in(upstream, "vault");
             self.audit("oauth.sign_in", subject, upstream, "vault", Some(e.to_string()));

@@ -354,9 +354,14 @@ async fn forged_expired_replayed_and_swapped_states_are_refused() {
     // Mix-up at the issuer's step: the redirect names another issuer.
     let (to_issuer, c4) = s.open(&s.link("alice").await.1).await;
     let back = s.fake.login_as(&to_issuer, "alice");
-    let mixed = format!("{back}&iss=https%3A%2F%2Fevil.example");
+    let mixed = back.replace("iss=", "iss=https%3A%2F%2Fevil.example&was=");
     let page = s.callback(&mixed, Some(&c4)).await;
-    assert!(page.status == 400, "{}", page.body);
+    assert!(
+        page.status == 400 && page.body.contains("another identity provider"),
+        "{}",
+        page.body
+    );
+    assert_eq!(s.metrics.sign_ins("notes", "issuer"), 1);
     assert!(!s.held("alice").await, "nothing stored by any of it");
 }
 
