@@ -43,7 +43,7 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
 impl SignIn {
     /// `Set-Cookie` of cookie `name` holding `value` for the sign-in's lifetime (`None`:
     /// cleared).
-    fn cookie(&self, name: &str, value: Option<&str>) -> String {
+    pub(super) fn cookie(&self, name: &str, value: Option<&str>) -> String {
         let (value, age) = value.map_or(("", 0), |v| (v, LIFETIME));
         let secure = if self.secure { "; Secure" } else { "" };
         format!(
