@@ -326,8 +326,6 @@ impl SignIn {
             issuer: issuer.into(),
         });
         r.upstream = Some(Text::new(upstream));
-        r.target = Some(Text::new(upstream));
-        r.target_resolved = true;
         r.reason = reason;
         log.record(r);
     }
