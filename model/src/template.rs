@@ -790,6 +790,8 @@ mod tests {
             ("handlers/http/mod.rs", 3),
             ("handlers/pipeline/mod.rs", 2),
             ("handlers/template.rs", 1),
+            // `identity.client.secret` of an upstream: one `{{secret.NAME.KEY}}` the author wrote.
+            ("spec/identity.rs", 1),
         ];
         // In the importers, only these arguments: their own settings' values (`v`, `value`:
         // of `headers`, `fetch.headers`, `env`) and an upstream's literal `url`.

@@ -54,3 +54,57 @@ fn governance_md_gives_the_redis_acl_users_the_commands_the_code_sends() {
         );
     }
 }
+
+/// The metrics of users' upstream sign-in in docs/observability.md's table are the ones the
+/// server registers.
+#[test]
+fn observability_md_lists_every_oauth_metric() {
+    let m = quiver_server::metrics::Metrics::new("test", "system");
+    // Families whose series come with use.
+    m.oauth.sign_in("notes", "ok");
+    m.oauth.refresh("notes", "ok");
+    let code: BTreeSet<String> = m
+        .encode()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE quiver_oauth_"))
+        .map(|l| {
+            let mut parts = l.split_whitespace();
+            let (name, kind) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+            let suffix = if kind == "counter" { "_total" } else { "" };
+            format!("quiver_oauth_{name}{suffix}")
+        })
+        .collect();
+    assert!(code.len() >= 4, "{code:?}");
+    let doc =
+        std::fs::read_to_string(format!("{}/../docs/observability.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let documented: BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `quiver_oauth_"))
+        .filter_map(|l| l.split('`').next())
+        .map(|n| format!("quiver_oauth_{n}"))
+        .collect();
+    assert_eq!(
+        documented, code,
+        "docs/observability.md's oauth metrics and the server's differ"
+    );
+}
+
+/// The Redis ACL docs/upstreams.md gives the token vault's user is what the vault sends.
+#[test]
+fn upstreams_md_gives_the_vaults_redis_user_the_commands_the_code_sends() {
+    let doc =
+        std::fs::read_to_string(format!("{}/../docs/upstreams.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let acl = quiver_server::oauth::vault::ACL_COMMANDS
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let line = format!(
+        "resetkeys {} resetchannels -@all {acl}",
+        quiver_server::oauth::vault::ACL_KEYS
+    );
+    assert!(
+        doc.lines()
+            .any(|l| l.starts_with("ACL SETUSER ") && l.ends_with(&line)),
+        "docs/upstreams.md has no `ACL SETUSER ... {line}`"
+    );
+}

@@ -93,9 +93,13 @@ fn text(r: &Response<Bytes>) -> String {
     String::from_utf8_lossy(r.body()).into_owned()
 }
 
-/// The stand-in upstream: what it saw (the bearer tokens of calls) and its base URL.
+/// What the stand-in upstream saw: the endpoint, bearer token and user (when the token was
+/// accepted) of each request that carried one.
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<String>>>);
+struct Seen(Arc<Mutex<Vec<Bearer>>>);
+
+/// The endpoint a token was sent to, the token, and the user it names (`None`: refused).
+type Bearer = (String, String, Option<String>);
 
 /// Answers MCP on `/{name}/mcp`: `initialize`, `ping`, notifications, `tools/list` (tool
 /// `whoami`) to anyone; a request with a bearer token only when the realm's userinfo accepts it, and
@@ -116,13 +120,18 @@ async fn upstream(issuer: String, seen: Seen) -> String {
                 None => None,
                 Some(auth) => {
                     let token = auth.strip_prefix("Bearer ").unwrap_or_default().to_owned();
-                    seen.0.lock().unwrap().push(token.clone());
                     let req = Request::get(format!("{issuer}/protocol/openid-connect/userinfo"))
                         .header(header::AUTHORIZATION, format!("Bearer {token}"))
                         .body(Full::default())
                         .unwrap();
                     let r = send(&http, req).await;
                     let me: Value = serde_json::from_slice(r.body()).unwrap_or_default();
+                    let user = me["preferred_username"].as_str().map(str::to_owned);
+                    seen.0.lock().unwrap().push((
+                        name.clone(),
+                        token,
+                        user.clone().filter(|_| r.status() == 200),
+                    ));
                     match (r.status().as_u16(), me["preferred_username"].as_str()) {
                         (200, Some(u)) => Some(u.to_owned()),
                         _ => {
@@ -198,6 +207,8 @@ struct Browser {
     http: HttpClient,
     /// (host, path, name) -> value.
     jar: Vec<(String, String, String, String)>,
+    /// The `code` and `state` of every redirect it was sent, and every cookie it was given.
+    saw: Vec<String>,
 }
 
 impl Browser {
@@ -205,6 +216,7 @@ impl Browser {
         Self {
             http: http.clone(),
             jar: Vec::new(),
+            saw: Vec::new(),
         }
     }
 
@@ -254,6 +266,20 @@ impl Browser {
             .unwrap();
         let r = send(&self.http, req).await;
         self.keep(&uri, &r);
+        if let Some(to) = r.headers().get(header::LOCATION).and_then(|l| l.to_str().ok()) {
+            self.saw.extend(
+                ["code", "state"]
+                    .map(|k| query_value(to, k))
+                    .into_iter()
+                    .filter(|v| v.len() > 8),
+            );
+        }
+        self.saw.extend(
+            self.jar
+                .iter()
+                .map(|(_, _, _, v)| v.clone())
+                .filter(|v| v.len() > 8),
+        );
         r
     }
 
@@ -560,6 +586,35 @@ async fn run(idp: Idp, upstream_issuer: String) {
         "notes: you are carol"
     );
 
+    // The access token bob's calls carry is revoked at the upstream's authorization server:
+    // the upstream answers 401, the server refreshes the token once and calls again.
+    let (dcr_client, bobs_token) = {
+        let seen = seen.0.lock().unwrap();
+        let t = seen
+            .iter()
+            .rev()
+            .find(|(n, _, u)| n == "notes" && u.as_deref() == Some("dave"))
+            .map(|(_, t, _)| t.clone())
+            .expect("bob's token reached the upstream");
+        (jwt_claim(&t, "azp"), t)
+    };
+    let revoke = format!("token={bobs_token}&token_type_hint=access_token&client_id={dcr_client}");
+    let req = Request::post(format!("{upstream_issuer}/protocol/openid-connect/revoke"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from(revoke)))
+        .unwrap();
+    assert_eq!(send(&http, req).await.status(), 200);
+    assert_eq!(bob.call("notes_whoami", json!({})).await.0, "notes: you are dave");
+    let m = metrics(&http, server.admin).await;
+    assert!(
+        m.contains("quiver_upstream_errors_total{upstream=\"notes\",kind=\"unauthorized\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("quiver_oauth_refreshes_total{upstream=\"notes\",result=\"ok\"} 1"),
+        "{m}"
+    );
+
     // 4. Bob's browser completing a link made for alice: refused, nothing stored.
     let alices_wiki = alice.link("wiki_whoami").await;
     let refused = sign_in(&mut bobs, &alices_wiki, &base, "bob", "dave").await;
@@ -627,9 +682,16 @@ async fn run(idp: Idp, upstream_issuer: String) {
         (200, json!({"removed": 1}))
     );
     bob.link("notes_whoami").await;
+    let bad = format!("http://127.0.0.1:{}/oauth/tokens?upstream=notes", server.admin);
+    assert_eq!(
+        send(&http, Request::delete(bad).body(Full::default()).unwrap())
+            .await
+            .status(),
+        400
+    );
 
-    // 8. Sign-ins and refreshes are counted and audited; nothing of a token, a code, a state
-    // or a link is in the log or the audit trail.
+    // 8. Sign-ins and refreshes are counted and audited; nothing of a token, a code, a state,
+    // a cookie or a link is in the log (at debug level) or the audit trail.
     let m = metrics(&http, server.admin).await;
     assert!(
         m.contains("quiver_oauth_sign_ins_total{upstream=\"notes\",result=\"ok\"} 2"),
@@ -649,11 +711,12 @@ async fn run(idp: Idp, upstream_issuer: String) {
         assert!(trail.contains(event), "{event} missing from\n{trail}");
     }
     let logged = std::fs::read_to_string(&log).unwrap();
-    let mut secrets: Vec<String> = seen.0.lock().unwrap().clone();
+    let mut secrets: Vec<String> = seen.0.lock().unwrap().iter().map(|(_, t, _)| t.clone()).collect();
     secrets.push(query_value(&link, "t"));
     secrets.push(query_value(&alices_wiki, "t"));
     secrets.extend([alice.token.clone(), bob.token.clone()]);
-    assert!(secrets.len() > 4);
+    secrets.extend(alices.saw.iter().chain(&bobs.saw).cloned());
+    assert!(secrets.len() > 20, "{}", secrets.len());
     for s in &secrets {
         let probe = &s[s.len().saturating_sub(40)..];
         assert!(!logged.contains(probe), "the log holds a token or link");
@@ -708,4 +771,107 @@ fn wait_for_file(path: &Path, want: &str) -> String {
         text.contains(want)
     });
     text
+}
+
+/// What the server says when it refuses to start with `args` serving `tools`.
+fn refused_start(tools: &str, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tools.yaml");
+    std::fs::write(&config, tools).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quiver-server"))
+        .arg(format!("--config=file:{}", config.display()))
+        .arg("--listen=127.0.0.1:0")
+        .arg("--admin-listen=127.0.0.1:0")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_user_upstream_needs_the_servers_sign_in_and_its_flags_are_checked_at_start() {
+    const USER: &str =
+        "upstreams:\n  - {name: notes, http: {url: \"http://127.0.0.1:9/mcp\"}, identity: {mode: user}}\n";
+    let e = refused_start(USER, &[]);
+    assert!(
+        e.contains("upstreams[0].identity.mode") && e.contains("needs this server's upstream sign-in"),
+        "{e}"
+    );
+    let auth = [
+        "--auth-issuer=http://127.0.0.1:9/realms/q",
+        "--auth-audience=quiver",
+    ];
+    let full = |url: &'static str| {
+        let mut a = vec![
+            url,
+            "--upstream-sign-in-keys=signin.keys",
+            "--secrets=env",
+            "--upstream-sign-in-client-id=q",
+        ];
+        a.extend(auth);
+        a
+    };
+    for (args, want) in [
+        (
+            full("--upstream-sign-in-url=http://mcp.example.com"),
+            "must be https",
+        ),
+        (
+            full("--upstream-sign-in-url=https://mcp.example.com/?a=1"),
+            "must not have a query",
+        ),
+        (
+            vec!["--upstream-sign-in-url=https://mcp.example.com"],
+            "needs --upstream-sign-in-keys",
+        ),
+        (
+            vec![
+                "--upstream-sign-in-url=https://mcp.example.com",
+                "--upstream-sign-in-keys=s.k",
+            ],
+            "--upstream-sign-in-keys needs --secrets",
+        ),
+        (
+            vec![
+                "--upstream-sign-in-url=https://m.example",
+                "--upstream-sign-in-keys=s.k",
+                "--secrets=env",
+            ],
+            "needs --upstream-sign-in-client-id",
+        ),
+        (
+            vec![
+                "--upstream-sign-in-url=https://m.example",
+                "--upstream-sign-in-keys=s.k",
+                "--secrets=env",
+                "--upstream-sign-in-client-id=q",
+            ],
+            "needs --auth-issuer",
+        ),
+        (vec!["--upstream-sign-in-keys=s.k"], "need --upstream-sign-in-url"),
+        (
+            [
+                full("--upstream-sign-in-url=https://m.example"),
+                vec![
+                    "--upstream-sign-in-redis=r:6379",
+                    "--upstream-sign-in-redis-ca=/ca.pem",
+                ],
+            ]
+            .concat(),
+            "need --upstream-sign-in-redis-tls",
+        ),
+        (
+            [
+                full("--upstream-sign-in-url=https://m.example"),
+                vec!["--upstream-sign-in-max-per-user=0"],
+            ]
+            .concat(),
+            "--upstream-sign-in-max-per-user 1 to 512",
+        ),
+    ] {
+        let e = refused_start("tools: []\n", &args);
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
 }

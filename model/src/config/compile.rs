@@ -62,11 +62,12 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
 
     let mut resources = compile_resources(ts, &mut p);
     let mut prompts = compile_prompts(ts, &mut p);
-    let mut local: rustc_hash::FxHashSet<&str> = index.keys().copied().collect();
+    let local = index.keys().copied().collect();
     let signing_in = super::upstream::sign_out::signing_in(&ts.upstreams);
     if !signing_in.is_empty() {
-        // Listed only where there is something to sign out of; no upstream may take its name.
-        let taken = !local.insert(super::upstream::sign_out::SIGN_OUT);
+        // Listed only where there is something to sign out of (an upstream's tool of the
+        // same name is not imported: compiled tools win every name).
+        let taken = index.contains_key(super::upstream::sign_out::SIGN_OUT);
         tools.push(super::upstream::sign_out::tool(&signing_in, taken, &mut p));
     }
     let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);

@@ -134,8 +134,9 @@ pub struct Record {
     /// When it ended (the writer turns it into wall-clock time: one clock read per record
     /// on the request's path).
     pub end: Instant,
-    /// `tools/call`, `resources/read`, `prompts/get`, or `authentication` (a refused
-    /// credential).
+    /// `tools/call`, `resources/read`, `prompts/get`, `authentication` (a refused
+    /// credential), or a user's upstream sign-in: `oauth.sign_in`, `oauth.refresh`,
+    /// `oauth.sign_out`, `oauth.revoke`.
     pub event: &'static str,
     /// The JSON-RPC id, as sent (JSON text).
     pub request_id: Option<Text>,

@@ -214,6 +214,25 @@ mod tests {
         assert!(v["id"].is_null() && v["error"].get("data").is_none());
     }
 
+    #[test]
+    fn a_url_the_user_must_open_is_the_spec_s_elicitations() {
+        let needed = crate::peer::UrlNeeded {
+            id: "n0nce".into(),
+            url: "https://mcp.example/oauth/start?t=x".into(),
+            message: "Sign in to upstream `github`".into(),
+        };
+        let id = RawValue::from_string("7".into()).unwrap();
+        let mut out = Vec::new();
+        RpcError::url_required(&needed).write(&mut out, Some(&id));
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["error"]["code"], -32042);
+        assert_eq!(v["error"]["message"], "Sign in to upstream `github`");
+        assert_eq!(
+            v["error"]["data"],
+            json!({"elicitations": [{"mode": "url", "elicitationId": "n0nce", "url": "https://mcp.example/oauth/start?t=x", "message": "Sign in to upstream `github`"}]})
+        );
+    }
+
     fn denial(missing: &[&str]) -> Denial {
         Denial {
             missing_scopes: missing.iter().map(|&s| s.into()).collect(),

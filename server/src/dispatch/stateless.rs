@@ -410,6 +410,18 @@ mod tests {
     }
 
     #[test]
+    fn url_elicitation_is_declared_by_elicitation_url() {
+        let caps = |s: &str| client_caps(Some(&raw(s)));
+        let both = caps(r#"{"elicitation":{"form":{},"url":{}}}"#);
+        assert!(both.elicitation && both.elicitation_url);
+        let form = caps(r#"{"elicitation":{}}"#);
+        assert!(form.elicitation && !form.elicitation_url);
+        assert!(!caps(r#"{"sampling":{}}"#).elicitation_url);
+        // Anything unreadable declares no URL mode.
+        assert!(!caps(r#"{"elicitation":true}"#).elicitation_url);
+    }
+
+    #[test]
     fn meta_is_required_and_checked_against_the_header() {
         let ok = raw(
             r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"sampling":{}},"io.modelcontextprotocol/logLevel":"warning"}}"#,

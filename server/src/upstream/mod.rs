@@ -653,7 +653,6 @@ impl Link {
     ///
     /// # Errors
     /// The upstream did not answer the call with a result.
-    // Long: the call's span, progress passed on while it runs, its metrics and its end.
     pub async fn try_call_tool(
         &self,
         remote: &str,

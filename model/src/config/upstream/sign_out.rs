@@ -66,3 +66,42 @@ pub fn tool(upstreams: &[&str], taken: bool, p: &mut Problems) -> CompiledTool {
         task: crate::config::TaskSupport::Forbidden,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{compile, parse};
+
+    fn tools(yaml: &str) -> Result<Vec<(String, serde_json::Value)>, Vec<String>> {
+        let ts = parse("t.yaml", yaml).map_err(|e| vec![e.to_string()])?;
+        compile(&ts)
+            .map(|c| c.tools.into_iter().map(|t| (t.name, t.descriptor)).collect())
+            .map_err(|e| e.problems.iter().map(ToString::to_string).collect())
+    }
+
+    const USER: &str = "upstreams:\n  - {name: github, http: {url: \"https://api.example/mcp\"}, identity: {mode: user}, tools: {prefix: gh_}}\n  - {name: wiki, http: {url: \"https://wiki.example/mcp\"}, identity: {mode: user}, tools: {prefix: wiki_}}\n  - {name: notes, http: {url: \"https://notes.example/mcp\"}, tools: {prefix: notes_}}\n";
+
+    #[test]
+    fn the_sign_out_tool_is_listed_only_with_an_upstream_that_signs_users_in() {
+        let t = tools(USER).unwrap();
+        let (_, d) = t.iter().find(|(n, _)| n == super::SIGN_OUT).expect("listed");
+        assert_eq!(
+            d["inputSchema"]["properties"]["upstream"]["enum"],
+            serde_json::json!(["github", "wiki"])
+        );
+        assert_eq!(d["inputSchema"]["required"], serde_json::json!(["upstream"]));
+        let plain = "upstreams:\n  - {name: notes, http: {url: \"https://notes.example/mcp\"}}\n";
+        assert!(tools(plain).unwrap().iter().all(|(n, _)| n != super::SIGN_OUT));
+        // One upstream without a prefix: the tool does not make it clash.
+        let one = "upstreams:\n  - {name: github, http: {url: \"https://api.example/mcp\"}, identity: {mode: user}}\n";
+        assert!(tools(one).unwrap().iter().any(|(n, _)| n == super::SIGN_OUT));
+        let taken = format!(
+            "tools:\n  - {{name: {}, handler: {{template: hi}}}}\n{USER}",
+            super::SIGN_OUT
+        );
+        let problems = tools(&taken).unwrap_err();
+        assert!(
+            problems.iter().any(|p| p.contains("the tool a user signs out")),
+            "{problems:?}"
+        );
+    }
+}

@@ -58,7 +58,7 @@ pub struct HttpHandler {
     /// (`headers`, the default), the caller's token (`forward`, only when addressed to
     /// `audience`) or one exchanged for it (`exchange`). See docs/governance.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub identity: Option<IdentitySpec>,
+    pub identity: Option<Box<IdentitySpec>>,
     /// Keep only these fields of a JSON answer (for the model's text and the structured
     /// content), e.g. `[items[].metadata.name, items[].status.phase]`: names joined by `.`,
     /// `[]` for every element of an array. See docs/toolset.md.
@@ -210,7 +210,7 @@ pub fn compile(h: &HttpHandler, cx: &mut Cx<'_>) -> HttpCall {
         timeout: h.timeout.as_ref(),
         max_response_bytes: h.max_response_bytes,
         tls: h.tls.as_ref(),
-        identity: h.identity.as_ref(),
+        identity: h.identity.as_deref(),
         project: &h.project,
     };
     assemble(parts, cx)

@@ -43,7 +43,7 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
 impl SignIn {
     /// `Set-Cookie` of cookie `name` holding `value` for the sign-in's lifetime (`None`:
     /// cleared).
-    fn cookie(&self, name: &str, value: Option<&str>) -> String {
+    pub(super) fn cookie(&self, name: &str, value: Option<&str>) -> String {
         let (value, age) = value.map_or(("", 0), |v| (v, LIFETIME));
         let secure = if self.secure { "; Secure" } else { "" };
         format!(
@@ -310,6 +310,7 @@ impl SignIn {
             );
         };
         let clear = self.cookie(name, None);
+        self.warm.forget(subject, Some(upstream));
         if let Err(e) = self.vault.put(subject, upstream, &done.tokens).await {
             self.metrics.sign_in(upstream, "vault");
             self.audit("oauth.sign_in", subject, upstream, "vault", Some(e.to_string()));

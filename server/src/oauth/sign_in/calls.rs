@@ -33,24 +33,34 @@ pub enum CallAuth {
     Refused(String),
 }
 
-fn bearer(t: &TokenSet, upstream: &str) -> CallAuth {
-    match HeaderValue::try_from(format!("Bearer {}", t.access_token)) {
-        Ok(h) => CallAuth::Bearer(h),
-        Err(_) => CallAuth::Refused(format!(
-            "upstream `{upstream}`: the token its authorization server issued cannot be sent in a header"
-        )),
-    }
-}
-
 impl SignIn {
+    /// The `Authorization` of `t`, kept warm while it is usable.
+    fn bearer(&self, subject: &str, t: &TokenSet, upstream: &str) -> CallAuth {
+        match HeaderValue::try_from(format!("Bearer {}", t.access_token)) {
+            Ok(h) => {
+                let skew = self.vault.options().skew;
+                let until = t.expires_at.map(|at| at.checked_sub(skew).unwrap_or(at));
+                let max = self.shared.then_some(super::warm::SHARED_TTL);
+                self.warm.put(subject, upstream, &h, until, max);
+                CallAuth::Bearer(h)
+            }
+            Err(_) => CallAuth::Refused(format!(
+                "upstream `{upstream}`: the token its authorization server issued cannot be sent in a header"
+            )),
+        }
+    }
+
     /// The authorization of a call by `subject` (`iss|sub`) to upstream `name` with `id`.
     pub async fn authorize(&self, subject: &str, name: &str, id: &Identity) -> CallAuth {
         if let Err(e) = self.ring() {
             return CallAuth::Refused(e);
         }
+        if let Some(h) = self.warm.get(subject, name) {
+            return CallAuth::Bearer(h);
+        }
         match self.vault.get(subject, name).await {
             Err(e) => CallAuth::Refused(e.to_string()),
-            Ok(Some(t)) if self.vault.usable(&t) => bearer(&t, name),
+            Ok(Some(t)) if self.vault.usable(&t) => self.bearer(subject, &t, name),
             Ok(Some(t)) if t.refresh_token.is_some() => self.refreshed(subject, name, id, None).await,
             Ok(_) => self.link(subject, name),
         }
@@ -60,6 +70,7 @@ impl SignIn {
     /// value): the token refreshed once (whoever refreshes first, the others share it), or a
     /// sign-in link.
     pub async fn rejected(&self, subject: &str, name: &str, id: &Identity, sent: &HeaderValue) -> CallAuth {
+        self.warm.forget(subject, Some(name));
         if let Err(e) = self.ring() {
             return CallAuth::Refused(e);
         }
@@ -74,6 +85,7 @@ impl SignIn {
     /// The upstream refused a token again right after it was refreshed: it is forgotten, and
     /// the caller signs in again.
     pub async fn refused_again(&self, subject: &str, name: &str) -> CallAuth {
+        self.warm.forget(subject, Some(name));
         match self.vault.remove(subject, name).await {
             Ok(_) => {
                 self.audit(
@@ -118,7 +130,7 @@ impl SignIn {
             self.audit("oauth.refresh", subject, name, result, reason);
         }
         match r {
-            Ok(t) => bearer(&t, name),
+            Ok(t) => self.bearer(subject, &t, name),
             Err(RefreshError::SignIn { .. } | RefreshError::Revoked { .. }) => self.link(subject, name),
             Err(e) => CallAuth::Refused(e.to_string()),
         }
@@ -147,6 +159,7 @@ impl SignIn {
     /// # Errors
     /// The vault failed.
     pub async fn sign_out(&self, subject: &str, name: &str) -> Result<bool, String> {
+        self.warm.forget(subject, Some(name));
         let gone = self
             .vault
             .remove(subject, name)
@@ -162,6 +175,7 @@ impl SignIn {
     /// # Errors
     /// The vault failed.
     pub async fn revoke(&self, subject: &str, upstream: Option<&str>) -> Result<usize, String> {
+        self.warm.forget(subject, upstream);
         let n = match upstream {
             Some(u) => usize::from(
                 self.vault

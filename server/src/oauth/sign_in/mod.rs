@@ -22,6 +22,7 @@ mod browser;
 mod calls;
 mod pages;
 mod ticket;
+mod warm;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +101,10 @@ pub struct SignIn {
     vault: Vault,
     /// Used states and links, when the vault is in memory.
     used: MemoryGuard,
+    /// The `Authorization` of tokens read lately.
+    warm: warm::Warm,
+    /// The vault is shared by replicas (Redis): warm values live at most a few seconds.
+    shared: bool,
     id_tokens: Arc<dyn IdTokens>,
     metrics: Arc<OAuthMetrics>,
     audit: Option<Arc<AuditLog>>,
@@ -185,6 +190,7 @@ impl SignIn {
         // Nothing is sealed before the configured ring is read: this one only fills the place.
         let placeholder = Arc::new(placeholder_ring()?);
         let flow = Flow::new(fc, http, placeholder.clone()).map_err(|e| e.to_string())?;
+        let shared = matches!(cfg.backend, vault::Backend::Redis(_));
         let vault = Vault::new(placeholder, cfg.backend, cfg.vault, metrics.clone());
         secrets.pin(cfg.keys.clone());
         if let Some(s) = &cfg.client_secret {
@@ -202,6 +208,8 @@ impl SignIn {
             flow,
             vault,
             used: MemoryGuard::default(),
+            warm: warm::Warm::default(),
+            shared,
             id_tokens,
             metrics,
             audit,
@@ -236,6 +244,8 @@ impl SignIn {
         {
             return l.ring.clone().ok_or_else(|| self.no_ring());
         }
+        // Tokens under a key the new ring dropped must not be used from memory.
+        self.warm.clear();
         let ring = match self.secrets.get(&self.keys).map(|t| KeyRing::parse(&t)) {
             Some(Ok(r)) => {
                 let r = Arc::new(r);
@@ -316,8 +326,6 @@ impl SignIn {
             issuer: issuer.into(),
         });
         r.upstream = Some(Text::new(upstream));
-        r.target = Some(Text::new(upstream));
-        r.target_resolved = true;
         r.reason = reason;
         log.record(r);
     }

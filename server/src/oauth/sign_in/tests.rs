@@ -354,9 +354,14 @@ async fn forged_expired_replayed_and_swapped_states_are_refused() {
     // Mix-up at the issuer's step: the redirect names another issuer.
     let (to_issuer, c4) = s.open(&s.link("alice").await.1).await;
     let back = s.fake.login_as(&to_issuer, "alice");
-    let mixed = format!("{back}&iss=https%3A%2F%2Fevil.example");
+    let mixed = back.replace("iss=", "iss=https%3A%2F%2Fevil.example&was=");
     let page = s.callback(&mixed, Some(&c4)).await;
-    assert!(page.status == 400, "{}", page.body);
+    assert!(
+        page.status == 400 && page.body.contains("another identity provider"),
+        "{}",
+        page.body
+    );
+    assert_eq!(s.metrics.sign_ins("notes", "issuer"), 1);
     assert!(!s.held("alice").await, "nothing stored by any of it");
 }
 
@@ -428,6 +433,44 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
     assert_eq!(s.sign_in_as("alice").await.status, 200);
     assert_eq!(s.sign_in.revoke(&alice, None).await.unwrap(), 1);
     assert_eq!(s.sign_in.revoke(&alice, Some("notes")).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn the_client_metadata_document_is_served_only_over_https() {
+    let s = setup().await;
+    assert!(s.sign_in.client_metadata().is_none(), "http: no document");
+    let cfg = SignInConfig {
+        url: "https://mcp.example.com/tools/".into(),
+        keys: s.sign_in.keys.clone(),
+        client_id: BROWSER.into(),
+        client_secret: None,
+        vault: vault::Options::default(),
+        backend: vault::Backend::Memory,
+    };
+    let verifier = Arc::new(FakeIdTokens(s.fake.issuer("/as")));
+    let https = SignIn::new(
+        cfg,
+        HttpClient::new(),
+        s.secrets.clone(),
+        verifier,
+        s.metrics.clone(),
+        None,
+    )
+    .unwrap();
+    let doc = https.client_metadata().unwrap();
+    assert_eq!(
+        doc["client_id"],
+        "https://mcp.example.com/tools/oauth/client.json"
+    );
+    assert_eq!(
+        doc["redirect_uris"],
+        json!(["https://mcp.example.com/tools/oauth/callback"])
+    );
+    assert_eq!(doc["token_endpoint_auth_method"], "none");
+    assert_eq!(
+        https.cookie("quiver-oauth-x", Some("v")),
+        "quiver-oauth-x=v; Path=/tools/oauth/; Max-Age=600; HttpOnly; SameSite=Lax; Secure"
+    );
 }
 
 #[test]

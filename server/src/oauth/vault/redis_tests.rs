@@ -382,3 +382,60 @@ async fn an_unreachable_redis_is_an_error_naming_the_upstream_and_counted() {
     );
     assert_eq!(m.vault_errors("redis"), 3);
 }
+
+#[tokio::test]
+async fn a_state_used_on_one_replica_is_used_on_every_replica_and_a_failing_redis_refuses() {
+    let r = redis().await;
+    let c = admin(&r);
+    let opts = Options {
+        namespace: "team-a".into(),
+        ..Options::default()
+    };
+    let (a, _) = replica(&r, ring(&[("k1", 1)]), opts.clone());
+    let (b, _) = replica(&r, ring(&[("k1", 1)]), opts);
+    let ttl = Duration::from_secs(60);
+    assert_eq!(a.mark_used("nonce-1", ttl).await, Some(true));
+    assert_eq!(
+        b.mark_used("nonce-1", ttl).await,
+        Some(false),
+        "replayed on another replica"
+    );
+    assert_eq!(a.mark_used("nonce-1", ttl).await, Some(false));
+    assert_eq!(b.mark_used("nonce-2", ttl).await, Some(true));
+    // Kept under a hash of the nonce and the namespace, for as long as asked.
+    let Reply::Array(keys) = call(&c, &[b"KEYS", b"quiver:oauth:v1:used:*"]).await else {
+        panic!("no keys");
+    };
+    assert_eq!(keys.len(), 2);
+    for k in &keys {
+        let Reply::Bulk(k) = k else { panic!("{k:?}") };
+        assert!(!String::from_utf8_lossy(k).contains("nonce"), "{k:?}");
+        let Reply::Int(ms) = call(&c, &[b"PTTL", k]).await else {
+            panic!("no ttl")
+        };
+        assert!((1..=60_000).contains(&ms), "{ms}");
+    }
+    // Memory: the caller keeps used states itself.
+    let m = Vault::new(
+        ring(&[("k1", 1)]),
+        Backend::Memory,
+        Options::default(),
+        OAuthMetrics::unregistered(),
+    );
+    assert_eq!(m.mark_used("nonce-1", ttl).await, None);
+    // A Redis that does not answer: the state is not used (refused, not allowed).
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    let down = Vault::new(
+        ring(&[("k1", 1)]),
+        Backend::Redis(RedisOptions {
+            endpoint: crate::net::resp::Endpoint::plain(addr),
+            timeout: Duration::from_secs(2),
+            max_connections: 1,
+        }),
+        Options::default(),
+        OAuthMetrics::unregistered(),
+    );
+    assert_eq!(down.mark_used("nonce-3", ttl).await, Some(false));
+}

@@ -1,0 +1,138 @@
+//! The `Authorization` values of tokens read from the vault lately, so that a user's next call
+//! does not open the sealed token again (an AES-GCM open and a JSON parse of a token of a
+//! kilobyte or two): by upstream, then subject, looked up without allocating. An entry lives
+//! until its token is no longer usable, and with the vault in Redis at most [`SHARED_TTL`]
+//! (another replica may sign the user out meanwhile); this replica's own sign-in, refresh,
+//! sign-out and revocation replace or drop it at once, and a change of the key ring drops
+//! them all. Bounded: full, it starts over. Like the memory vault's key ring, these values
+//! are in the process's memory: whoever reads it reads them.
+
+use std::sync::{PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::HeaderValue;
+use rustc_hash::FxHashMap;
+
+/// Longest an entry is used when the vault is shared by replicas.
+pub(super) const SHARED_TTL: Duration = Duration::from_secs(10);
+/// Most entries kept.
+const MAX_ENTRIES: usize = 16_384;
+
+struct Entry {
+    header: HeaderValue,
+    until: Instant,
+}
+
+/// The entries of one upstream, by subject.
+type BySubject = FxHashMap<Box<str>, Entry>;
+
+/// The warm `Authorization` values.
+#[derive(Default)]
+pub(super) struct Warm {
+    /// Upstream, then subject.
+    map: RwLock<FxHashMap<Box<str>, BySubject>>,
+    len: std::sync::atomic::AtomicUsize,
+}
+
+impl Warm {
+    /// The value kept for `subject` and `upstream`, while it is good.
+    pub(super) fn get(&self, subject: &str, upstream: &str) -> Option<HeaderValue> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let e = map.get(upstream)?.get(subject)?;
+        (e.until > Instant::now()).then(|| e.header.clone())
+    }
+
+    /// Keeps `header` for `subject` and `upstream` until `usable_until` (wall clock: the
+    /// token's expiry less the refresh margin; `None`: no expiry), at most `max`.
+    pub(super) fn put(
+        &self,
+        subject: &str,
+        upstream: &str,
+        header: &HeaderValue,
+        usable_until: Option<SystemTime>,
+        max: Option<Duration>,
+    ) {
+        let now = Instant::now();
+        let mut left = usable_until
+            .map(|at| at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
+            .unwrap_or(Duration::MAX);
+        if let Some(m) = max {
+            left = left.min(m);
+        }
+        let Some(until) = now.checked_add(left.min(Duration::from_secs(86_400))) else {
+            return;
+        };
+        if left.is_zero() {
+            return;
+        }
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if self.len.load(std::sync::atomic::Ordering::Relaxed) >= MAX_ENTRIES {
+            map.clear();
+            self.len.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let entry = Entry {
+            header: header.clone(),
+            until,
+        };
+        let fresh = map
+            .entry(upstream.into())
+            .or_default()
+            .insert(subject.into(), entry)
+            .is_none();
+        if fresh {
+            self.len.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Drops everything (the key ring changed).
+    pub(super) fn clear(&self) {
+        self.map.write().unwrap_or_else(PoisonError::into_inner).clear();
+        self.len.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Drops what is kept for `subject`: for `upstream`, or for every upstream.
+    pub(super) fn forget(&self, subject: &str, upstream: Option<&str>) {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        let mut gone = 0;
+        for (name, subjects) in map.iter_mut() {
+            if upstream.is_none_or(|u| u == &**name) && subjects.remove(subject).is_some() {
+                gone += 1;
+            }
+        }
+        self.len.fetch_sub(gone, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_live_while_usable_within_the_bound_and_are_forgotten_on_demand() {
+        let w = Warm::default();
+        let h = HeaderValue::from_static("Bearer t");
+        let later = SystemTime::now() + Duration::from_secs(300);
+        w.put("alice", "notes", &h, Some(later), None);
+        w.put("alice", "wiki", &h, None, Some(SHARED_TTL));
+        w.put(
+            "bob",
+            "notes",
+            &h,
+            Some(SystemTime::now() - Duration::from_secs(1)),
+            None,
+        );
+        assert_eq!(w.get("alice", "notes"), Some(h.clone()));
+        assert_eq!(w.get("alice", "wiki"), Some(h.clone()));
+        assert_eq!(w.get("bob", "notes"), None, "not usable: not kept");
+        assert_eq!(w.get("carol", "notes"), None);
+        w.forget("alice", Some("notes"));
+        assert_eq!(w.get("alice", "notes"), None);
+        assert_eq!(w.get("alice", "wiki"), Some(h.clone()));
+        w.forget("alice", None);
+        assert_eq!(w.get("alice", "wiki"), None);
+        for i in 0..MAX_ENTRIES + 5 {
+            w.put(&format!("u{i}"), "notes", &h, None, None);
+        }
+        assert!(w.len.load(std::sync::atomic::Ordering::Relaxed) <= MAX_ENTRIES);
+    }
+}
