@@ -20,10 +20,12 @@
 # (tokens addressed to `quiver`) and `agent-forward` (to `quiver` and `notes-upstream`).
 #
 # The realm `upstream` (scripts/idp/upstream-realm.json): the authorization server of a
-# third-party MCP server whose users sign in themselves (`auth: {mode: user}`). User carol;
-# no client: Quiver registers itself (RFC 7591), anonymously, which the realm allows only
+# third-party MCP server whose users sign in themselves (`identity: {mode: user}`). Users carol
+# and dave. Quiver registers itself (RFC 7591), anonymously, which the realm allows only
 # from 127.0.0.1 and for redirect URIs on 127.0.0.1 (the "Trusted Hosts" policy), without a
-# consent screen. One instance serves both realms.
+# consent screen. One pre-registered client, `loopback-app` (public, PKCE S256 required, a
+# consent screen, redirect URI http://127.0.0.1/callback on any port), is the browser
+# tests' (tests/browser). One instance serves both realms.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 

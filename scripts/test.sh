@@ -52,6 +52,11 @@ log "Python MCP SDK client tests"
 python_env
 "$PY" -m pytest -q -s tests/sdk/python
 
+log "a real browser (Debian's chromium-headless-shell) signing users in at Keycloak"
+QUIVER_CHROMIUM="$("$ROOT/scripts/chromium.sh")"
+export QUIVER_CHROMIUM
+"$PY" -m pytest -q -s tests/browser
+
 log "TypeScript MCP SDK client tests"
 node_env
 (cd tests/sdk/typescript && npm test --silent)

@@ -100,12 +100,8 @@ mod tests {
     use axum::body::Body;
     use axum::http::header;
     use http_body_util::BodyExt;
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::dispatch::Server;
-    use crate::transport::auth::Auth;
-    use crate::transport::http::HttpOptions;
 
     #[test]
     fn only_post_to_exactly_mcp_takes_the_lean_path() {
@@ -128,20 +124,10 @@ mod tests {
     }
 
     fn state(auth: bool) -> Arc<HttpState> {
-        let metrics = crate::metrics::Metrics::new("test", "system");
-        let server = Server::new(crate::registry::Registry::new(&metrics), metrics);
-        let options = HttpOptions {
-            allowed_hosts: Some(vec!["mcp.example".into()]),
-            max_body_bytes: 256,
-            auth: auth.then(|| {
-                Arc::new(Auth {
-                    bearer: None,
-                    oidc: None,
-                })
-            }),
-            ..HttpOptions::default()
-        };
-        HttpState::new(server, options, CancellationToken::new())
+        super::super::test_state(auth, |o| {
+            o.allowed_hosts = Some(vec!["mcp.example".into()]);
+            o.max_body_bytes = 256;
+        })
     }
 
     /// A request to `POST /mcp` that passes every check, with `edit` applied.

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use rustc_hash::FxHashMap;
@@ -47,10 +47,14 @@ use crate::dispatch::Server;
 
 pub use lean::Mcp;
 
-/// Session id header.
-pub const SESSION_HEADER: &str = "mcp-session-id";
+/// Session id header. A `HeaderName`, not text: looking a header up by text parses and checks
+/// the name on every request.
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 /// Protocol version header.
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
+pub const VERSION_HEADER: HeaderName = HeaderName::from_static("mcp-protocol-version");
+/// The 2026-07-28 method and name mirrors of a request's body.
+pub(super) const METHOD_HEADER: HeaderName = HeaderName::from_static("mcp-method");
+pub(super) const NAME_HEADER: HeaderName = HeaderName::from_static("mcp-name");
 
 /// Options of the HTTP transport.
 #[derive(Debug, Clone)]
@@ -188,6 +192,26 @@ impl Drop for ListenGuard {
         self.0.server.metrics.streams.dec();
         self.0.load.streams.release();
     }
+}
+
+/// A transport over an empty registry, for the tests of this folder's modules: one that
+/// authenticates its clients (`auth`, accepting no credential) or not, with `edit` applied to
+/// its options.
+#[cfg(test)]
+fn test_state(auth: bool, edit: impl FnOnce(&mut HttpOptions)) -> Arc<HttpState> {
+    let metrics = crate::metrics::Metrics::new("test", "system");
+    let server = crate::dispatch::Server::new(crate::registry::Registry::new(&metrics), metrics);
+    let mut options = HttpOptions {
+        auth: auth.then(|| {
+            Arc::new(crate::transport::auth::Auth {
+                bearer: None,
+                oidc: None,
+            })
+        }),
+        ..HttpOptions::default()
+    };
+    edit(&mut options);
+    HttpState::new(server, options, tokio_util::sync::CancellationToken::new())
 }
 
 #[cfg(test)]

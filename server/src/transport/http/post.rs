@@ -279,29 +279,15 @@ fn reply_response(state: &HttpState, r: Reply) -> Response {
 mod tests {
     use serde_json::json;
     use serde_json::value::RawValue;
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::config::governance::{Limit, Scope};
-    use crate::dispatch::{Limiter, RpcError, Server};
+    use crate::dispatch::{Limiter, RpcError};
     use crate::spec::access::Denial;
-    use crate::transport::auth::Auth;
-    use crate::transport::http::HttpOptions;
 
     /// A transport that authenticates its clients (`auth`) or not.
     fn state(auth: bool) -> Arc<HttpState> {
-        let metrics = crate::metrics::Metrics::new("test", "system");
-        let server = Server::new(crate::registry::Registry::new(&metrics), metrics);
-        let options = HttpOptions {
-            auth: auth.then(|| {
-                Arc::new(Auth {
-                    bearer: None,
-                    oidc: None,
-                })
-            }),
-            ..HttpOptions::default()
-        };
-        HttpState::new(server, options, CancellationToken::new())
+        super::super::test_state(auth, |_| {})
     }
 
     /// The response to request 7 that `e` comes to with `status`, as dispatch answers it,
