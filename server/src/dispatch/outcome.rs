@@ -12,8 +12,10 @@ pub enum Outcome {
     Reply(Reply),
     /// Nothing to answer (notifications, answers to the server's requests): HTTP 202.
     Accepted,
-    /// A slow tool call: run it ([`Deferred::run`]) where its answer can be streamed.
-    Deferred(Deferred),
+    /// A slow tool call: run it ([`Deferred::run`]) where its answer can be streamed. Boxed:
+    /// the other outcomes (every fast answer) are moved through the transports' futures, and
+    /// a deferred call is several times their size.
+    Deferred(Box<Deferred>),
     /// A `subscriptions/listen`: serve its notification stream.
     Listen(Listen),
 }

@@ -117,7 +117,7 @@ pub(super) async fn call(
     req: &Request<'_>,
     out: &mut Vec<u8>,
     mut trail: Option<&mut Trail>,
-) -> Result<Option<Deferred>, RpcError> {
+) -> Result<Option<Box<Deferred>>, RpcError> {
     let stateless = stateless_args(req)?;
     let p: CallParams<'_> = parse_params(req.params)?;
     if let Some(t) = trail.as_deref_mut() {
@@ -179,7 +179,9 @@ pub(super) async fn call(
     }
     if req.ctx.stream {
         let call = Called::new(snap, index, args, start);
-        return Ok(Some(deferred(server, req, call, progress, stateless, permits)));
+        return Ok(Some(Box::new(deferred(
+            server, req, call, progress, stateless, permits,
+        ))));
     }
     let caps = stateless.as_ref().map(|m| m.inputs.caps);
     let url = UrlSlot::new();

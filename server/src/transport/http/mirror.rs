@@ -72,7 +72,7 @@ pub(super) fn check_mirrored(
         );
         Box::new(json_response(StatusCode::BAD_REQUEST, out))
     };
-    match headers.get("mcp-method").map(header_text) {
+    match headers.get(super::METHOD_HEADER).map(header_text) {
         None => {
             return Err(mismatch(
                 "Header mismatch: the Mcp-Method header is required".to_owned(),
@@ -105,7 +105,7 @@ pub(super) fn check_mirrored(
         // Missing in the body: dispatch reports the invalid params.
         return Ok(());
     };
-    match headers.get("mcp-name").map(header_text) {
+    match headers.get(super::NAME_HEADER).map(header_text) {
         None => Err(mismatch(
             "Header mismatch: the Mcp-Name header is required".to_owned(),
         )),

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use rustc_hash::FxHashMap;
@@ -48,10 +48,14 @@ use crate::dispatch::Server;
 
 pub use lean::Mcp;
 
-/// Session id header.
-pub const SESSION_HEADER: &str = "mcp-session-id";
+/// Session id header. A `HeaderName`, not text: looking a header up by text parses and checks
+/// the name on every request.
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 /// Protocol version header.
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
+pub const VERSION_HEADER: HeaderName = HeaderName::from_static("mcp-protocol-version");
+/// The 2026-07-28 method and name mirrors of a request's body.
+pub(super) const METHOD_HEADER: HeaderName = HeaderName::from_static("mcp-method");
+pub(super) const NAME_HEADER: HeaderName = HeaderName::from_static("mcp-name");
 
 /// Options of the HTTP transport.
 #[derive(Debug, Clone)]

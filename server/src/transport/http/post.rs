@@ -171,7 +171,7 @@ where
                 .as_ref()
                 .filter(|_| !stateless && !session.is_empty())
                 .map(|r| (r, session));
-            answer_call(d, held, resume).await
+            answer_call(*d, held, resume).await
         }
         Outcome::Accepted => StatusCode::ACCEPTED.into_response(),
         Outcome::Reply(r) => reply_response(state, r),
