@@ -106,6 +106,7 @@ fn identity_needs(
     api_origins: &[String],
     openapi: &[config::openapi::OpenApiSpec],
 ) -> Vec<String> {
+    use quiver_model::spec::identity::IdentityMode;
     let auth = mcp.spec.auth.as_ref();
     let (oidc, exchange, sign_in) = (
         auth.is_some_and(|a| a.oidc.is_some()),

@@ -1390,6 +1390,41 @@ spec:
 }
 
 #[test]
+fn a_users_own_sign_in_needs_the_servers_upstream_sign_in() {
+    let with = |auth: &str| {
+        mcp(&format!(
+            r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {{name: api}}
+spec:
+  {auth}
+  upstreams:
+    - {{name: gh, http: {{url: "https://api.githubcopilot.com/mcp/"}}, identity: {{mode: user}}}}
+"#
+        ))
+    };
+    for (auth, want) in [
+        (
+            "",
+            "upstream `gh`: identity.mode `user` acts as the caller and needs spec.auth.oidc",
+        ),
+        (
+            "auth: {oidc: {issuer: \"https://login.example\", audience: quiver}}",
+            "upstream `gh`: identity.mode `user` needs spec.auth.upstreamSignIn",
+        ),
+    ] {
+        let e = render(&with(auth), &Vec::new()).unwrap_err();
+        assert_eq!(e.reason, "InvalidToolConfig", "{}", e.message());
+        assert!(e.message().contains(want), "{}", e.message());
+    }
+    let signed = with(
+        "auth: {oidc: {issuer: \"https://login.example\", audience: quiver}, upstreamSignIn: {url: \"https://mcp.example.com\", keysSecretRef: {name: k, key: ring}, browserClient: {clientId: quiver-browser, clientSecretRef: {name: b, key: secret}}}}",
+    );
+    render(&signed, &Vec::new()).unwrap();
+}
+
+#[test]
 fn tracing_becomes_the_servers_otel_variables() {
     let env_of = |yaml: &str| -> Vec<serde_json::Value> {
         let c = children(yaml);
