@@ -410,7 +410,7 @@ async fn sign_in(
         .await
 }
 
-fn toolset(upstream: &str) -> String {
+fn toolset(upstream: &str, upstream_issuer: &str) -> String {
     format!(
         r#"upstreams:
   - name: notes
@@ -422,6 +422,7 @@ fn toolset(upstream: &str) -> String {
     identity:
       mode: user
       scopes: [openid, profile]
+      issuer: "{upstream_issuer}"
       client: {{id: notes-registered, secret: "{{{{secret.upstream-client.secret}}}}"}}
     tools: {{prefix: wiki_}}
 "#
@@ -441,10 +442,10 @@ fn each_user_signs_in_to_upstreams_and_calls_act_as_them() {
 }
 
 /// The server with the stand-in upstream, its audit file and its log file.
-fn start_server(upstream: &str, issuer: &str) -> (Proc, PathBuf, PathBuf) {
+fn start_server(upstream: &str, issuer: &str, upstream_issuer: &str) -> (Proc, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tools.yaml");
-    std::fs::write(&config, toolset(upstream)).unwrap();
+    std::fs::write(&config, toolset(upstream, upstream_issuer)).unwrap();
     let (audit, log) = (dir.path().join("audit.jsonl"), dir.path().join("server.log"));
     let (mcp, admin) = (free_port(), free_port());
     let ring = format!("k1:{}", STANDARD.encode([7u8; 32]));
@@ -492,7 +493,7 @@ async fn run(idp: Idp, upstream_issuer: String) {
     let up = upstream(upstream_issuer.clone(), seen.clone()).await;
     let issuer = idp.env["QUIVER_IDP_ISSUER"].clone();
     let token_endpoint = idp.env["QUIVER_IDP_TOKEN_ENDPOINT"].clone();
-    let (server, audit, log) = start_server(&up, &issuer);
+    let (server, audit, log) = start_server(&up, &issuer, &upstream_issuer);
     let base = format!("http://127.0.0.1:{}", server.mcp);
     let caller = |token: String| Caller {
         http: http.clone(),

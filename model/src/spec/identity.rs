@@ -66,13 +66,14 @@ pub struct IdentitySpec {
     /// without, those the upstream names).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
-    /// `user` only: the issuer identifier of the one authorization server to sign in at,
-    /// when the upstream names several (any other is refused).
+    /// `user` only: the issuer identifier of the one authorization server to sign in at
+    /// (any other the upstream names is refused). Required with `client`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issuer: Option<String>,
     /// `user` only: a client registered for this server at the upstream's authorization
-    /// server beforehand. Without, the server registers itself (Client ID Metadata Document
-    /// or Dynamic Client Registration) where the authorization server allows it.
+    /// server beforehand; needs `issuer` (its secret and codes go to that server only).
+    /// Without, the server registers itself (Client ID Metadata Document or Dynamic Client
+    /// Registration) where the authorization server allows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<UserClientSpec>,
 }
@@ -307,6 +308,12 @@ pub fn compile_upstream(
         }
         ok.then(|| i.into())
     });
+    if spec.client.is_some() && spec.issuer.is_none() {
+        p.push(
+            format!("{at}.issuer"),
+            "required with `client`: a client's secret and codes go only to the authorization server it was registered at, so name that server's issuer identifier (any other server the upstream names is refused)",
+        );
+    }
     let client = spec
         .client
         .as_ref()
@@ -489,7 +496,10 @@ mod tests {
         let (id, p, _) = run_upstream("{mode: user}", URL);
         assert!(p.is_empty() && id.is_some_and(|i| i.client.is_none() && i.scopes.is_empty()));
         // A public client: no secret.
-        let (id, p, secrets) = run_upstream("{mode: user, client: {id: quiver}}", URL);
+        let (id, p, secrets) = run_upstream(
+            "{mode: user, issuer: \"https://as.example\", client: {id: quiver}}",
+            URL,
+        );
         assert!(p.is_empty() && secrets.is_empty() && id.unwrap().client.unwrap().secret.is_none());
         for (yaml, want) in [
             (
@@ -501,7 +511,10 @@ mod tests {
                 "{mode: user, issuer: \"https://as.example/?tenant=1\"}",
                 "identity.issuer",
             ),
-            ("{mode: user, client: {id: \"a b\"}}", "identity.client.id"),
+            (
+                "{mode: user, issuer: \"https://as.example\", client: {id: \"a b\"}}",
+                "identity.client.id",
+            ),
             (
                 "{mode: user, client: {id: q, secret: plaintext}}",
                 "exactly one Secret reference",
@@ -519,11 +532,22 @@ mod tests {
                 "identity.client.secret",
             ),
             ("{mode: user, scopes: [\"a b\"]}", "identity.scopes[0]"),
+            // A client without the server it was registered at: its secret would go to
+            // whichever server the upstream names.
+            (
+                "{mode: user, client: {id: q}}",
+                "identity.issuer: required with `client`",
+            ),
         ] {
             let (_, p, secrets) = run_upstream(yaml, URL);
             assert!(p.iter().any(|m| m.contains(want)), "{yaml}: {p:?}");
             assert!(secrets.is_empty(), "{yaml}: {secrets:?}");
         }
+        let (_, p, _) = run_upstream("{mode: user, client: {id: q, secret: \"{{secret.a.b}}\"}}", URL);
+        assert!(
+            p.iter().any(|m| m.contains("identity.issuer: required with `client`")),
+            "{p:?}"
+        );
         assert!(serde_saphyr::from_str::<IdentitySpec>("{mode: user, client: {id: q, other: 1}}").is_err());
         // A stdio upstream, an http tool: refused with what `user` is for.
         let (id, p, _) = run_upstream("{mode: user}", "");

@@ -171,6 +171,14 @@ impl Flow {
             if !field_ok(&pre.client_id) {
                 return Err(Error::Config("the configured client id is not usable".into()));
             }
+            // A client registered out of band belongs to one server: its secret and codes go
+            // there, never to a server the upstream's metadata chose.
+            if upstream.issuer.as_deref() != Some(server.issuer.as_str()) {
+                return Err(Error::Config(
+                    "a configured client is used only at the authorization server `issuer` names"
+                        .into(),
+                ));
+            }
             return Ok(pre_registered(pre, &server.token_endpoint_auth_methods_supported));
         }
         if server.client_id_metadata_document_supported

@@ -56,6 +56,8 @@ pub(crate) struct Knobs {
     rotate: bool,
     /// Every form POSTed to a token endpoint, and its Authorization header.
     pub(crate) token_requests: Vec<(String, String)>,
+    /// The path of each of them.
+    pub(crate) token_paths: Vec<String>,
     issued: usize,
 }
 
@@ -99,6 +101,7 @@ async fn serve(
             .unwrap_or_default()
             .to_owned();
         let issuer = format!("{}{}", fake.base, path.trim_end_matches("/token"));
+        fake.knobs.lock().unwrap().token_paths.push(path.clone());
         return fake.token(&issuer, &body, &auth);
     }
     match fake.knobs.lock().unwrap().docs.get(&path) {
@@ -655,6 +658,7 @@ async fn metadata_is_reused_until_its_time_to_live_ends() {
 async fn a_configured_client_comes_first_then_a_metadata_document_then_registration() {
     let fake = Fake::start().await;
     let mut up = upstream(&fake);
+    up.issuer = Some(fake.issuer("/as"));
     up.client = Some(PreRegistered {
         client_id: "pre".into(),
         client_secret: Some("pre-secret-1234".into()),
@@ -790,4 +794,77 @@ fn a_callback_url_that_could_leak_codes_is_refused_at_start() {
     let mut cfg = FlowConfig::new("https://quiver.example/oauth/callback");
     cfg.client_metadata_url = Some("http://quiver.example/client".into());
     assert!(Flow::new(cfg, HttpClient::new(), keys(1)).is_err());
+}
+
+/// A client registered at `/as` beforehand, with its secret.
+fn pre_registered_at_as(fake: &Fake) -> Upstream {
+    fake.set(|k| {
+        k.clients.insert("pre".into(), Some("pre-secret-1234".into()));
+    });
+    let mut up = upstream(fake);
+    up.issuer = Some(fake.issuer("/as"));
+    up.client = Some(PreRegistered {
+        client_id: "pre".into(),
+        client_secret: Some("pre-secret-1234".into()),
+    });
+    up
+}
+
+#[tokio::test]
+async fn a_configured_client_goes_only_to_the_server_issuer_names() {
+    let fake = Fake::start().await;
+    // A hostile upstream names its own server `/b`, which sends users to `/as`'s sign-in page
+    // (so the user sees the real provider) and would collect the code and the secret.
+    let mut evil = fake.meta("/b");
+    evil["authorization_endpoint"] = json!(format!("{}/authorize", fake.issuer("/as")));
+    fake.doc("/.well-known/oauth-authorization-server/b", 200, &evil);
+    fake.doc(
+        "/.well-known/oauth-protected-resource/mcp",
+        200,
+        json!({"resource": fake.upstream_url(), "authorization_servers": [fake.issuer("/b")]}),
+    );
+    let mut up = pre_registered_at_as(&fake);
+    // With `issuer`: the upstream's choice is refused before anything is sent.
+    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    assert!(matches!(e, Error::Discovery(_)), "{e}");
+    // Without (a configuration the model refuses): the flow refuses the client there too.
+    up.issuer = None;
+    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("only at the authorization server `issuer` names")),
+        "{e}"
+    );
+    let found = flow_with(config()).discover(&up, None).await.unwrap();
+    assert_eq!(found.server.issuer, fake.issuer("/b"));
+    assert!(flow_with(config()).client(&up, &found.server).await.is_err());
+    assert!(fake.token_requests().is_empty() && fake.registrations() == 0);
+}
+
+#[tokio::test]
+async fn a_configured_client_refreshes_only_at_its_servers_token_endpoint() {
+    let fake = Fake::start().await;
+    let up = pre_registered_at_as(&fake);
+    let flow = flow_with(config());
+    let redirect = signed_in(&flow, &fake, &up).await;
+    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    // The stored token endpoint is not where the refresh goes: the server's metadata says.
+    let mut moved = done.tokens.clone();
+    moved.token_endpoint = format!("{}/token", fake.issuer("/b"));
+    flow.refresh(&moved, &up).await.unwrap();
+    assert_eq!(
+        fake.knobs.lock().unwrap().token_paths.last().map(String::as_str),
+        Some("/as/token")
+    );
+    // Tokens of another server than `issuer` names: nothing is sent.
+    let before = fake.token_requests().len();
+    let mut other = done.tokens.clone();
+    other.issuer = fake.issuer("/b");
+    other.token_endpoint = format!("{}/token", fake.issuer("/b"));
+    let e = flow.refresh(&other, &up).await.unwrap_err();
+    assert!(matches!(e, Error::Issuer(_)), "{e}");
+    let mut unpinned = up.clone();
+    unpinned.issuer = None;
+    let e = flow.refresh(&done.tokens, &unpinned).await.unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e}");
+    assert_eq!(fake.token_requests().len(), before);
 }

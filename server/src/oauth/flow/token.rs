@@ -188,22 +188,30 @@ impl Flow {
     }
 
     /// Renews `tokens` with their refresh token at the server that issued them. The refresh
-    /// token is kept when the server issues no new one (RFC 6749 section 6).
+    /// token is kept when the server issues no new one (RFC 6749 section 6). With a client
+    /// registered out of band, only at the server `issuer` names, at the token endpoint its
+    /// metadata names now.
     ///
     /// # Errors
     /// [`Error::Denied`]: there is no refresh token, or the server refused it (the user
-    /// signs in again); otherwise as the code exchange.
+    /// signs in again); [`Error::Issuer`]: the tokens are of another server than `issuer`
+    /// names; otherwise as the code exchange.
     pub async fn refresh(&self, tokens: &Tokens, upstream: &Upstream) -> Result<Tokens> {
         let refresh_token = tokens
             .refresh_token
             .as_deref()
             .ok_or_else(|| Error::Denied("no refresh token was issued: the user signs in again".into()))?;
         let up = parse_url(&upstream.url).map_err(|e| Error::Config(format!("the upstream's URL: {e}")))?;
+        if upstream.issuer.as_deref().is_some_and(|i| i != tokens.issuer) {
+            return Err(Error::Issuer(
+                "the tokens were issued by another authorization server than `issuer` names",
+            ));
+        }
         let resource = wire::canonical(&up);
-        let client = self.refreshing_client(tokens, upstream);
+        let (client, token_endpoint) = self.refreshing_client(tokens, upstream, &up).await?;
         let asked = Asked {
             issuer: &tokens.issuer,
-            token_endpoint: &tokens.token_endpoint,
+            token_endpoint: &token_endpoint,
             client_id: &tokens.client_id,
             scope: tokens.scope.as_deref(),
             refresh_token: Some(refresh_token),
@@ -226,27 +234,38 @@ impl Flow {
         read_tokens(&body, &asked)
     }
 
-    /// The client that obtained `tokens`: the configured one, the one this replica
-    /// registered, else a public client by that id.
-    fn refreshing_client(&self, tokens: &Tokens, upstream: &Upstream) -> Client {
+    /// The client that obtained `tokens` and the token endpoint to refresh them at: the
+    /// configured one at its server's current token endpoint, else the one this replica
+    /// registered, else a public client by that id, at the endpoint the tokens came from.
+    async fn refreshing_client(
+        &self,
+        tokens: &Tokens,
+        upstream: &Upstream,
+        up: &http::Uri,
+    ) -> Result<(Client, String)> {
         if let Some(pre) = upstream
             .client
             .as_ref()
             .filter(|c| c.client_id == tokens.client_id)
         {
-            let methods = self
-                .servers
-                .get(&tokens.issuer)
-                .map(|m| m.token_endpoint_auth_methods_supported.clone())
-                .unwrap_or_default();
-            return super::register::pre_registered(pre, &methods);
+            let Some(issuer) = upstream.issuer.as_deref() else {
+                return Err(Error::Config(
+                    "a configured client is used only at the authorization server `issuer` names"
+                        .into(),
+                ));
+            };
+            let meta = self.server_metadata(issuer, up).await?;
+            let client = super::register::pre_registered(pre, &meta.token_endpoint_auth_methods_supported);
+            return Ok((client, meta.token_endpoint.clone()));
         }
-        self.registered(&tokens.issuer)
+        let client = self
+            .registered(&tokens.issuer)
             .filter(|c| c.client_id == tokens.client_id)
             .unwrap_or_else(|| Client {
                 client_id: tokens.client_id.clone(),
                 client_secret: None,
                 auth: AuthMethod::None,
-            })
+            });
+        Ok((client, tokens.token_endpoint.clone()))
     }
 }
