@@ -25,7 +25,11 @@
 # from 127.0.0.1 and for redirect URIs on 127.0.0.1 (the "Trusted Hosts" policy), without a
 # consent screen. One pre-registered client, `loopback-app` (public, PKCE S256 required, a
 # consent screen, redirect URI http://127.0.0.1/callback on any port), is the browser
-# tests' (tests/browser). One instance serves both realms.
+# tests' (tests/browser). `notes-registered` (confidential, redirect URIs on 127.0.0.1,
+# access tokens of 30 s for the audience `notes-upstream`) is Quiver registered beforehand
+# (`identity.client`); `notes-lister` (client credentials, tokens of an hour for
+# `notes-upstream`) is the server's own credential at an upstream that lists its tools only
+# to a token of the realm (tests/e2e/test_user_sign_in.py). One instance serves both realms.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 

@@ -9,6 +9,12 @@
 // carry a bearer JWT signed by that OpenID provider (keys from its discovery document's
 // jwks_uri), issued by it, addressed to the audience and unexpired; anything else is answered
 // 401. The tool claims then reports whose token the call came with.
+//
+// With -resource URL besides, it tells clients where to sign in, as the MCP authorization
+// specification asks of a server: its protected resource metadata (RFC 9728: the resource
+// URL, the issuer as its one authorization server) at the well-known URL with the resource's
+// path inserted, and every 401 names that document in its challenge
+// (`WWW-Authenticate: Bearer resource_metadata="..."`).
 package main
 
 import (
@@ -19,14 +25,17 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
 )
 
 const maxSlow = 5 * time.Minute
@@ -88,11 +97,11 @@ func newServer(transport string, checksTokens bool) *mcp.Server {
 		})
 
 	if checksTokens {
-		mcp.AddTool(s, &mcp.Tool{Name: "claims", Description: "The subject, audience and authorized party of the token this call came with."},
+		mcp.AddTool(s, &mcp.Tool{Name: "claims", Description: "The subject, audience, authorized party and expiry of the token this call came with."},
 			func(_ context.Context, req *mcp.CallToolRequest, in claimsIn) (*mcp.CallToolResult, any, error) {
 				out := map[string]any{"label": in.Label}
 				if info := req.Extra.TokenInfo; info != nil {
-					for _, k := range []string{"sub", "aud", "azp", "preferred_username"} {
+					for _, k := range []string{"sub", "aud", "azp", "preferred_username", "exp"} {
 						out[k] = info.Extra[k]
 					}
 				}
@@ -107,12 +116,30 @@ func newServer(transport string, checksTokens bool) *mcp.Server {
 	return s
 }
 
+// resourceMetadata is the protected resource metadata of the server at resource, whose one
+// authorization server is issuer: the path it is served at on this server (RFC 9728 section
+// 3.1: the well-known prefix before the resource's path), its absolute URL, and the document.
+func resourceMetadata(resource, issuer string) (path, where string, doc *oauthex.ProtectedResourceMetadata, err error) {
+	u, err := url.Parse(resource)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return "", "", nil, fmt.Errorf("-resource %q: not an http(s) URL without query or fragment", resource)
+	}
+	path = "/.well-known/oauth-protected-resource" + strings.TrimRight(u.EscapedPath(), "/")
+	doc = &oauthex.ProtectedResourceMetadata{
+		Resource:               resource,
+		AuthorizationServers:   []string{issuer},
+		BearerMethodsSupported: []string{"header"},
+	}
+	return path, u.Scheme + "://" + u.Host + path, doc, nil
+}
+
 func main() {
 	addr := flag.String("http", "", "serve Streamable HTTP at `ADDR` (path /mcp) instead of stdio")
 	stateless := flag.Bool("stateless", false, "with -http: no sessions (no Mcp-Session-Id, no GET stream)")
 	jsonResp := flag.Bool("json", false, "with -http: answer POSTs with application/json instead of SSE")
 	issuer := flag.String("issuer", "", "with -http and -audience: accept only bearer tokens of this OpenID provider")
 	audience := flag.String("audience", "", "with -issuer: the audience accepted tokens must list")
+	resource := flag.String("resource", "", "with -issuer: this server's URL as clients name it (`URL`, e.g. http://notes.ns.svc:8080/mcp); serves its protected resource metadata (RFC 9728)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("go-mcp: ")
@@ -130,13 +157,25 @@ func main() {
 	if (*issuer == "") != (*audience == "") {
 		log.Fatal("-issuer and -audience go together")
 	}
+	if *resource != "" && *issuer == "" {
+		log.Fatal("-resource needs -issuer")
+	}
 	server := newServer("http", *issuer != "")
 	var handler http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{Stateless: *stateless, JSONResponse: *jsonResp})
-	if *issuer != "" {
-		handler = auth.RequireBearerToken(newVerifier(*issuer, *audience).verify, nil)(handler)
-	}
 	mux := http.NewServeMux()
+	if *issuer != "" {
+		var opts *auth.RequireBearerTokenOptions
+		if *resource != "" {
+			path, where, doc, err := resourceMetadata(*resource, *issuer)
+			if err != nil {
+				log.Fatal(err)
+			}
+			mux.Handle(path, auth.ProtectedResourceMetadataHandler(doc))
+			opts = &auth.RequireBearerTokenOptions{ResourceMetadataURL: where}
+		}
+		handler = auth.RequireBearerToken(newVerifier(*issuer, *audience).verify, opts)(handler)
+	}
 	mux.Handle("/mcp", handler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
