@@ -519,6 +519,54 @@ impl CallCtx<'_> {
     }
 }
 
+/// What a 2026-07-28 input round made of a URL the user must open (see
+/// [`CallCtx::open_in_round`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// The question is in the round's `InputRequiredResult` (asked for the first time, or
+    /// again because the user said they opened it and the call still lacks what it needs);
+    /// or the answer was malformed, which fails the request.
+    Asked,
+    /// The user declined or cancelled: the call ends with a tool error, asking nothing.
+    Declined,
+}
+
+impl CallCtx<'_> {
+    /// 2026-07-28: asks the client, as URL-mode `elicitation/create` in the round's
+    /// `InputRequiredResult` under `key`, to have the user open `needed.url`; the client's
+    /// retry runs the call again, which goes through once the user has done what the URL is
+    /// for. `None`: not a 2026-07-28 round, or the client did not declare
+    /// `elicitation.url` (the call's tool error carries the URL instead).
+    pub fn open_in_round(&self, key: &str, needed: &UrlNeeded) -> Option<Opened> {
+        let inputs = self.inputs.filter(|i| i.caps.elicitation_url)?;
+        if let Some(answer) = inputs.answers.get(key) {
+            if let Some(why) = Need::Elicitation.malformed(answer) {
+                inputs.with(|r| {
+                    r.invalid
+                        .get_or_insert_with(|| format!("Invalid params: inputResponses.{key} {why}"));
+                });
+                return Some(Opened::Asked);
+            }
+            if answer.get("action").and_then(Value::as_str) != Some("accept") {
+                return Some(Opened::Declined);
+            }
+        }
+        let params = json!({
+            "mode": "url",
+            "elicitationId": needed.id,
+            "url": needed.url,
+            "message": needed.message,
+        });
+        inputs.with(|r| {
+            r.asked.insert(
+                key.to_owned(),
+                json!({"method": Need::Elicitation.method(), "params": params}),
+            )
+        });
+        Some(Opened::Asked)
+    }
+}
+
 fn notification(method: &str, params: &Value) -> Vec<u8> {
     serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": method, "params": params})).unwrap_or_default()
 }
@@ -529,6 +577,67 @@ mod tests {
 
     fn raw(s: &str) -> Box<RawValue> {
         RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn a_url_to_open_is_a_question_of_the_round_until_declined() {
+        let needed = UrlNeeded {
+            id: "e1".into(),
+            url: "https://gw.example/oauth/start?t=x".into(),
+            message: "Sign in".into(),
+        };
+        let url_caps = crate::session::ClientCaps {
+            elicitation: true,
+            elicitation_url: true,
+            ..Default::default()
+        };
+        let round = |caps, answers: Value| {
+            let inputs = Inputs::new(caps, answers.as_object().cloned().unwrap_or_default());
+            let opened = CallCtx {
+                inputs: Some(&inputs),
+                ..CallCtx::DETACHED
+            }
+            .open_in_round("sign-in-notes", &needed);
+            (opened, inputs.finish())
+        };
+        // Not a round, or a client that opens no URLs: nothing asked here.
+        assert_eq!(CallCtx::DETACHED.open_in_round("k", &needed), None);
+        let form_only = crate::session::ClientCaps {
+            elicitation: true,
+            ..Default::default()
+        };
+        assert_eq!(round(form_only, json!({})).0, None);
+        // Asked: a URL-mode elicitation/create under the key.
+        let (opened, r) = round(url_caps, json!({}));
+        assert_eq!(opened, Some(Opened::Asked));
+        assert_eq!(
+            r.asked["sign-in-notes"],
+            json!({"method": "elicitation/create", "params": {"mode": "url", "elicitationId": "e1", "url": needed.url, "message": "Sign in"}})
+        );
+        // Accepted while the call still lacks what the URL is for: asked again.
+        let (opened, r) = round(url_caps, json!({"sign-in-notes": {"action": "accept"}}));
+        assert_eq!(opened, Some(Opened::Asked));
+        assert!(r.asked.contains_key("sign-in-notes") && r.invalid.is_none());
+        // Declined or cancelled: nothing asked, the call ends.
+        for action in ["decline", "cancel"] {
+            let (opened, r) = round(url_caps, json!({"sign-in-notes": {"action": action}}));
+            assert_eq!(opened, Some(Opened::Declined));
+            assert!(!r.interrupted());
+        }
+        // A malformed answer fails the request.
+        for bad in [
+            json!(1),
+            json!({"action": "maybe"}),
+            json!({"action": "accept", "content": 3}),
+        ] {
+            let (opened, r) = round(url_caps, json!({"sign-in-notes": bad}));
+            assert_eq!(opened, Some(Opened::Asked));
+            assert!(
+                r.invalid
+                    .as_deref()
+                    .is_some_and(|w| w.contains("inputResponses.sign-in-notes"))
+            );
+        }
     }
 
     #[tokio::test]

@@ -365,6 +365,41 @@ impl Caller {
         )
     }
 
+    /// A 2026-07-28 call of `tool` (no session) from a client that opens URLs, with `extra`
+    /// params (a retry's `requestState` and `inputResponses`).
+    async fn stateless_call(&self, tool: &str, extra: Value) -> Value {
+        let mut params = json!({
+            "name": tool,
+            "arguments": {},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}, "url": {}}},
+            },
+        });
+        if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+        let req = Request::post(&self.mcp)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header(header::AUTHORIZATION, format!("Bearer {}", self.token))
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", tool);
+        let r = send(
+            &self.http,
+            req.body(Full::new(Bytes::from(body.to_string()))).unwrap(),
+        )
+        .await;
+        let t = text(&r);
+        let json = t
+            .lines()
+            .find_map(|l| l.strip_prefix("data:"))
+            .map_or(t.as_str(), str::trim);
+        serde_json::from_str(json).unwrap_or_else(|_| panic!("{}: {t}", r.status()))
+    }
+
     /// The sign-in link a call of `tool` answers with.
     async fn link(&self, tool: &str) -> String {
         let (t, error) = self.call(tool, json!({})).await;
@@ -558,6 +593,33 @@ async fn run(idp: Idp, upstream_issuer: String) {
         "{e}"
     );
 
+    // A 2026-07-28 client that opens URLs gets the link as a URL-mode question of the call's
+    // input round; declining ends the call, asking nothing more.
+    let asked = alice.stateless_call("notes_whoami", json!({})).await;
+    let r = &asked["result"];
+    assert_eq!(r["resultType"], "input_required", "{asked}");
+    let q = &r["inputRequests"]["sign-in-notes"];
+    assert_eq!(q["method"], "elicitation/create", "{asked}");
+    assert_eq!(q["params"]["mode"], "url", "{asked}");
+    assert!(
+        q["params"]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{base}/oauth/start?t=")),
+        "{asked}"
+    );
+    let round_state = r["requestState"].as_str().unwrap().to_owned();
+    let answer = |action: &str| json!({"requestState": round_state, "inputResponses": {"sign-in-notes": {"action": action}}});
+    let declined = alice.stateless_call("notes_whoami", answer("decline")).await;
+    assert_eq!(declined["result"]["isError"], true, "{declined}");
+    assert!(
+        declined["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("you declined to sign in to upstream `notes`"),
+        "{declined}"
+    );
+
     // 2. Alice opens the link, signs in at the realm `quiver`, then upstream as carol.
     let mut alices = Browser::new(&http);
     let done = sign_in(&mut alices, &link, &base, "alice", "carol").await;
@@ -572,6 +634,12 @@ async fn run(idp: Idp, upstream_issuer: String) {
     assert_eq!(
         eliciting.call("notes_whoami", json!({})).await.0,
         "notes: you are carol"
+    );
+    // The 2026-07-28 client's retry, having opened the link, goes through.
+    let retried = alice.stateless_call("notes_whoami", answer("accept")).await;
+    assert_eq!(
+        retried["result"]["content"][0]["text"], "notes: you are carol",
+        "{retried}"
     );
 
     // 3. Bob separately, as dave; alice stays carol.

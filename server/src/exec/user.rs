@@ -1,7 +1,8 @@
 //! The run step of a tool of an upstream with `identity.mode: user`: the call carries the
 //! token the caller got by signing in at the upstream's own authorization server. Without
 //! one the call answers with a sign-in link (and, to a client that declared URL-mode
-//! elicitation, the dispatcher makes it a `URLElicitationRequired` error); a token the
+//! elicitation, the dispatcher makes it a `URLElicitationRequired` error, or at 2026-07-28 a
+//! URL-mode question of the call's input round); a token the
 //! upstream refuses (`401`) is refreshed once and the call made once more; refused again,
 //! it is forgotten and the user signs in again.
 
@@ -9,7 +10,7 @@ use serde_json::Value;
 
 use super::Executor;
 use crate::oauth::sign_in::{CallAuth, SignInLink, subject_of};
-use crate::peer::{CallCtx, UrlNeeded};
+use crate::peer::{CallCtx, Opened, UrlNeeded};
 use crate::protocol::output::ToolOutput;
 use crate::spec::identity::Identity;
 use crate::upstream::{CallError, Link};
@@ -18,15 +19,41 @@ use crate::upstream::{CallError, Link};
 /// too, for a client that opens URLs itself.
 fn sign_in_first(link: &SignInLink, cx: &CallCtx<'_>) -> ToolOutput {
     let upstream = &link.upstream;
-    cx.need_url(|| UrlNeeded {
+    let needed = || UrlNeeded {
         id: link.id.clone(),
         url: link.url.clone(),
         message: format!("Sign in to upstream `{upstream}` so that its tools act as you there."),
-    });
+    };
+    match cx.open_in_round(&round_key(upstream), &needed()) {
+        // The round's InputRequiredResult replaces this output.
+        Some(Opened::Asked) => return ToolOutput::error("sign-in asked for"),
+        Some(Opened::Declined) => {
+            return ToolOutput::error(format!(
+                "you declined to sign in to upstream `{upstream}`, whose tools act as each user with their own account there; the call was not made"
+            ));
+        }
+        None => cx.need_url(needed),
+    }
     ToolOutput::error(format!(
         "upstream `{upstream}` acts as each user with their own account there, and you are not signed in to it (or your sign-in ended). Open this link in your browser to sign in, then retry the call: {}",
         link.url
     ))
+}
+
+/// The key of the sign-in question of a 2026-07-28 round: `sign-in-UPSTREAM`, within the
+/// key's alphabet and length.
+fn round_key(upstream: &str) -> String {
+    "sign-in-"
+        .chars()
+        .chain(upstream.chars().map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        }))
+        .take(crate::peer::MAX_KEY_LEN)
+        .collect()
 }
 
 impl Executor {
@@ -105,5 +132,19 @@ impl Executor {
                 Err(e) => return refused(e.to_string()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_key;
+
+    #[test]
+    fn the_round_key_stays_within_the_keys_alphabet_and_length() {
+        assert_eq!(round_key("notes"), "sign-in-notes");
+        assert_eq!(round_key("a b/é"), "sign-in-a_b__");
+        let long = round_key(&"x".repeat(300));
+        assert_eq!(long.len(), crate::peer::MAX_KEY_LEN);
+        assert!(long.starts_with("sign-in-x"));
     }
 }
