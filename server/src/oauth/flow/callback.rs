@@ -169,6 +169,7 @@ impl Flow {
     /// The code exchanged for tokens at the token endpoint the state names.
     async fn redeem(&self, state: &State, code: &str) -> Result<Tokens> {
         let asked = Asked {
+            resource: &state.resource,
             issuer: &state.issuer,
             token_endpoint: &state.token_endpoint,
             client_id: &state.client.client_id,

@@ -107,6 +107,7 @@ impl Flow {
         let iu = parse_url(issuer).map_err(|e| Error::Config(format!("the issuer: {e}")))?;
         let server = self.server_metadata(issuer, &iu).await?;
         let asked = Asked {
+            resource: "",
             issuer,
             token_endpoint: &server.token_endpoint,
             client_id: &client.client_id,

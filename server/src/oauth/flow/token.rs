@@ -20,6 +20,8 @@ const MAX_ACCOUNT: usize = 255;
 
 /// Who asked for the tokens, to check and complete the answer with.
 pub(super) struct Asked<'a> {
+    /// The RFC 8707 `resource` asked for (the upstream's canonical URL; empty: none).
+    pub(super) resource: &'a str,
     pub(super) issuer: &'a str,
     pub(super) token_endpoint: &'a str,
     pub(super) client_id: &'a str,
@@ -118,6 +120,7 @@ pub(super) fn read_tokens(body: &[u8], asked: &Asked<'_>) -> Result<Tokens> {
         refresh_token: refresh_token.map(str::to_owned),
         expires_at,
         scope: scope.map(str::to_owned),
+        resource: asked.resource.to_owned(),
         issuer: asked.issuer.to_owned(),
         token_endpoint: asked.token_endpoint.to_owned(),
         client_id: asked.client_id.to_owned(),
@@ -210,6 +213,7 @@ impl Flow {
         let resource = wire::canonical(&up);
         let (client, token_endpoint) = self.refreshing_client(tokens, upstream, &up).await?;
         let asked = Asked {
+            resource: &resource,
             issuer: &tokens.issuer,
             token_endpoint: &token_endpoint,
             client_id: &tokens.client_id,

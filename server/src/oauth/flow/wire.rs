@@ -51,7 +51,7 @@ pub(super) fn origin(u: &Uri) -> String {
 }
 
 /// A URL as resources are compared: scheme and host in lower case, a bare `/` path dropped.
-pub(super) fn canonical(u: &Uri) -> String {
+pub(crate) fn canonical(u: &Uri) -> String {
     let path = match u.path() {
         "/" => "",
         p => p,

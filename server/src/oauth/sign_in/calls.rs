@@ -6,8 +6,18 @@ use http::HeaderValue;
 
 use super::ticket::{self, TICKET_AAD, Ticket};
 use super::{SignIn, flow};
-use crate::oauth::vault::{RefreshError, RefreshFailure, TokenSet};
+use crate::oauth::vault::{Held, RefreshError, RefreshFailure, TokenSet};
 use crate::spec::identity::Identity;
+
+/// Why a token held is not sent to the upstream as configured now.
+const MOVED: &str = "the upstream's URL or authorization server changed since the user signed in";
+
+/// Whether `t` may go to the upstream `id` describes now: it was asked for the upstream's
+/// URL (RFC 8707 `resource`), from the server `issuer` names when it names one.
+fn bound(t: &TokenSet, id: &Identity) -> bool {
+    id.issuer.as_deref().is_none_or(|i| i == t.issuer)
+        && flow::parse_url(&id.audience).is_ok_and(|u| flow::canonical(&u) == t.resource)
+}
 
 /// A link the user opens to sign in to an upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,14 +44,15 @@ pub enum CallAuth {
 }
 
 impl SignIn {
-    /// The `Authorization` of `t`, kept warm while it is usable.
-    fn bearer(&self, subject: &str, t: &TokenSet, upstream: &str) -> CallAuth {
+    /// The `Authorization` of `t` (checked against `id`), kept warm while it is usable.
+    fn bearer(&self, subject: &str, t: &TokenSet, upstream: &str, id: &Identity) -> CallAuth {
         match HeaderValue::try_from(format!("Bearer {}", t.access_token)) {
             Ok(h) => {
                 let skew = self.vault.options().skew;
                 let until = t.expires_at.map(|at| at.checked_sub(skew).unwrap_or(at));
                 let max = self.shared.then_some(super::warm::SHARED_TTL);
-                self.warm.put(subject, upstream, &h, until, max);
+                self.warm
+                    .put((subject, upstream), (&id.audience, &t.issuer), &h, until, max);
                 CallAuth::Bearer(h)
             }
             Err(_) => CallAuth::Refused(format!(
@@ -55,14 +66,31 @@ impl SignIn {
         if let Err(e) = self.ring() {
             return CallAuth::Refused(e);
         }
-        if let Some(h) = self.warm.get(subject, name) {
+        if let Some(h) = self.warm.get(subject, name, &id.audience, id.issuer.as_deref()) {
             return CallAuth::Bearer(h);
         }
-        match self.vault.get(subject, name).await {
+        match self.vault.held(subject, name).await {
             Err(e) => CallAuth::Refused(e.to_string()),
-            Ok(Some(t)) if self.vault.usable(&t) => self.bearer(subject, &t, name),
-            Ok(Some(t)) if t.refresh_token.is_some() => self.refreshed(subject, name, id, None).await,
+            Ok(Some(h)) if !bound(&h.tokens, id) => self.moved(subject, name, &h).await,
+            Ok(Some(h)) if self.vault.usable(&h.tokens) => self.bearer(subject, &h.tokens, name, id),
+            Ok(Some(h)) if h.tokens.refresh_token.is_some() => {
+                self.refreshed(subject, name, id, None).await
+            }
             Ok(_) => self.link(subject, name),
+        }
+    }
+
+    /// A token of an upstream that moved (another URL, another pinned authorization
+    /// server): forgotten unless a sign-in replaced it meanwhile, and a sign-in link.
+    async fn moved(&self, subject: &str, name: &str, held: &Held) -> CallAuth {
+        self.warm.forget(subject, Some(name));
+        match self.vault.discard(subject, name, held).await {
+            Ok(_) => {
+                tracing::info!(upstream = name, "upstream sign-in: {MOVED}; the user's token was forgotten");
+                self.audit("oauth.sign_out", subject, name, "moved", Some(MOVED.into()));
+                self.link(subject, name)
+            }
+            Err(e) => CallAuth::Refused(e.to_string()),
         }
     }
 
@@ -111,6 +139,9 @@ impl SignIn {
         let r = self
             .vault
             .refresh_once(subject, name, rejected, |t| async move {
+                if !bound(&t, id) {
+                    return Err(RefreshFailure::InvalidGrant(MOVED.into()));
+                }
                 flow.refresh(&t, up).await.map_err(|e| match e {
                     flow::Error::Denied(_) => RefreshFailure::InvalidGrant(e.to_string()),
                     other => RefreshFailure::Other(other.to_string()),
@@ -130,7 +161,13 @@ impl SignIn {
             self.audit("oauth.refresh", subject, name, result, reason);
         }
         match r {
-            Ok(t) => self.bearer(subject, &t, name),
+            // Usable without a refresh: checked here too.
+            Ok(t) if !bound(&t, id) => match self.vault.held(subject, name).await {
+                Ok(Some(h)) => self.moved(subject, name, &h).await,
+                Ok(None) => self.link(subject, name),
+                Err(e) => CallAuth::Refused(e.to_string()),
+            },
+            Ok(t) => self.bearer(subject, &t, name, id),
             Err(RefreshError::SignIn { .. } | RefreshError::Revoked { .. }) => self.link(subject, name),
             Err(e) => CallAuth::Refused(e.to_string()),
         }

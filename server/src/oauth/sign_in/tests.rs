@@ -436,6 +436,65 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
 }
 
 #[tokio::test]
+async fn a_token_goes_only_to_the_url_and_server_it_was_obtained_for() {
+    let s = setup().await;
+    let alice = s.subject("alice");
+    // What a call sends, by upstream configuration.
+    let send = |id: Identity| {
+        let (sign_in, alice) = (&s.sign_in, alice.clone());
+        async move {
+            match sign_in.authorize(&alice, "notes", &id).await {
+                CallAuth::Bearer(h) => Some(h),
+                CallAuth::SignIn(_) => None,
+                CallAuth::Refused(e) => panic!("{e}"),
+            }
+        }
+    };
+    let moved = |url: String, issuer: Option<String>| Identity {
+        audience: url.into(),
+        issuer: issuer.map(Into::into),
+        ..s.id.clone()
+    };
+    let elsewhere = [
+        // Another path, host or port, or the same URL with another server pinned.
+        moved(format!("{}/other/mcp", s.fake.base), None),
+        moved(s.fake.upstream_url().replace("127.0.0.1", "localhost"), None),
+        moved("https://evil.example/mcp".into(), None),
+        moved(s.fake.upstream_url(), Some(s.fake.issuer("/b"))),
+    ];
+    for to in elsewhere {
+        assert_eq!(s.sign_in_as("alice").await.status, 200);
+        // Warm (read once) and cold alike: the reloaded configuration gets a link.
+        assert!(send(s.id.clone()).await.is_some());
+        assert_eq!(send(to.clone()).await, None, "{}", to.audience);
+        assert!(!s.held("alice").await, "forgotten: {}", to.audience);
+        assert_eq!(send(s.id.clone()).await, None, "nothing left to send");
+        // After a 401, whether the token refused is the one held (a refresh) or not.
+        for refused in ["held", "other"] {
+            assert_eq!(s.sign_in_as("alice").await.status, 200);
+            let requests = s.fake.token_requests().len();
+            let held = s.sign_in.vault().get(&alice, "notes").await.unwrap().unwrap();
+            let sent = match refused {
+                "held" => format!("Bearer {}", held.access_token),
+                _ => "Bearer at-0".to_owned(),
+            };
+            let sent = http::HeaderValue::try_from(sent).unwrap();
+            assert!(matches!(
+                s.sign_in.rejected(&alice, "notes", &to, &sent).await,
+                CallAuth::SignIn(_)
+            ));
+            assert_eq!(s.fake.token_requests().len(), requests, "no refresh was sent");
+            assert!(!s.held("alice").await);
+        }
+    }
+    // The same URL spelled otherwise (case of scheme and host), or pinned to its own server.
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    let same = moved(s.fake.upstream_url().replace("http://", "HTTP://"), None);
+    assert!(send(same).await.is_some());
+    assert!(send(moved(s.fake.upstream_url(), Some(s.fake.issuer("/as")))).await.is_some());
+}
+
+#[tokio::test]
 async fn the_client_metadata_document_is_served_only_over_https() {
     let s = setup().await;
     assert!(s.sign_in.client_metadata().is_none(), "http: no document");

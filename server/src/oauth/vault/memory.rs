@@ -128,31 +128,37 @@ impl Memory {
         Ok(())
     }
 
-    /// Sets `new` where `old` still is.
-    pub(super) fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) {
+    /// Sets `new` where `old` still is; whether it did.
+    pub(super) fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> bool {
         let mut g = self.lock();
-        if let Some(h) = g
+        let Some(h) = g
             .users
             .get_mut(&slot.user)
             .and_then(|u| u.slots.get_mut(&slot.upstream))
             .filter(|h| h.sealed.as_bytes() == old)
-        {
-            h.sealed = String::from_utf8_lossy(new).into_owned();
-        }
+        else {
+            return false;
+        };
+        h.sealed = String::from_utf8_lossy(new).into_owned();
+        true
     }
 
-    /// Deletes the slot if it still holds `old`.
-    pub(super) fn discard(&self, slot: &Slot, old: &[u8]) {
-        let holds = {
-            let g = self.lock();
-            g.users
-                .get(&slot.user)
-                .and_then(|u| u.slots.get(&slot.upstream))
-                .is_some_and(|h| h.sealed.as_bytes() == old)
+    /// Deletes the slot if it still holds `old`; whether it did.
+    pub(super) fn discard(&self, slot: &Slot, old: &[u8]) -> bool {
+        let mut g = self.lock();
+        let Some(user) = g.users.get_mut(&slot.user) else {
+            return false;
         };
-        if holds {
-            self.remove(slot);
+        if !user.slots.get(&slot.upstream).is_some_and(|h| h.sealed.as_bytes() == old) {
+            return false;
         }
+        user.slots.remove(&slot.upstream);
+        if user.slots.is_empty() {
+            g.users.remove(&slot.user);
+        }
+        drop(g);
+        self.forget(1);
+        true
     }
 
     pub(super) fn remove(&self, slot: &Slot) -> Option<Vec<u8>> {

@@ -198,6 +198,20 @@ fn slot_id(upstream: &[u8; 32], user: &[u8; 32]) -> String {
     format!("{KEY_PREFIX}{}:{}", hex(upstream), hex(user))
 }
 
+/// What a slot held when it was read: its tokens, and its sealed bytes (so that it is
+/// changed only if nothing changed it since). `Debug` shows no token.
+pub struct Held {
+    /// The tokens.
+    pub tokens: TokenSet,
+    sealed: Vec<u8>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("tokens", &self.tokens).finish_non_exhaustive()
+    }
+}
+
 /// What a store holds in a slot.
 enum Loaded {
     Absent,
@@ -305,11 +319,37 @@ impl Vault {
     /// # Errors
     /// [`VaultError::Unavailable`]: Redis failed.
     pub async fn get(&self, subject: &str, upstream: &str) -> Result<Option<TokenSet>, VaultError> {
+        Ok(self.held(subject, upstream).await?.map(|h| h.tokens))
+    }
+
+    /// As [`get`](Self::get), with what the slot holds, so that it can be dropped only if
+    /// nothing changed it since ([`discard`](Self::discard)).
+    ///
+    /// # Errors
+    /// [`VaultError::Unavailable`]: Redis failed.
+    pub async fn held(&self, subject: &str, upstream: &str) -> Result<Option<Held>, VaultError> {
         let slot = self.slot(subject, upstream);
-        self.read(&slot, upstream).await
+        self.read_held(&slot, upstream).await
+    }
+
+    /// Forgets what `subject` holds for `upstream` if it is still `held` (a sign-in or a
+    /// refresh since is kept); whether it was forgotten.
+    ///
+    /// # Errors
+    /// [`VaultError::Unavailable`]: Redis failed.
+    pub async fn discard(&self, subject: &str, upstream: &str, held: &Held) -> Result<bool, VaultError> {
+        let slot = self.slot(subject, upstream);
+        self.store
+            .discard(&slot, &held.sealed)
+            .await
+            .map_err(|e| self.unavailable(upstream, e))
     }
 
     async fn read(&self, slot: &Slot, upstream: &str) -> Result<Option<TokenSet>, VaultError> {
+        Ok(self.read_held(slot, upstream).await?.map(|h| h.tokens))
+    }
+
+    async fn read_held(&self, slot: &Slot, upstream: &str) -> Result<Option<Held>, VaultError> {
         let sealed = match self.store.load(slot).await {
             Ok(Loaded::Sealed(b)) => b,
             Ok(Loaded::Absent) => return Ok(None),
@@ -333,10 +373,11 @@ impl Vault {
             });
         match opened {
             Ok((t, stale)) => {
-                if stale {
-                    self.reseal(slot, upstream, &ring, &sealed, &t).await;
-                }
-                Ok(Some(t))
+                let sealed = match stale {
+                    true => self.reseal(slot, upstream, &ring, sealed, &t).await,
+                    false => sealed,
+                };
+                Ok(Some(Held { tokens: t, sealed }))
             }
             Err(e) => {
                 let reason = if e == OpenError::UnknownKey {
@@ -359,17 +400,23 @@ impl Vault {
     }
 
     /// Writes `t`, read sealed under an older key, under the current one, unless the slot
-    /// changed since it was read. A failure leaves the old bytes (read again next time).
-    async fn reseal(&self, slot: &Slot, upstream: &str, ring: &KeyRing, old: &[u8], t: &TokenSet) {
-        let Ok(json) = serde_json::to_vec(t) else { return };
+    /// changed since it was read; answers what the slot holds now, as far as this call knows.
+    /// A failure leaves the old bytes (read again next time).
+    async fn reseal(&self, slot: &Slot, upstream: &str, ring: &KeyRing, old: Vec<u8>, t: &TokenSet) -> Vec<u8> {
+        let Ok(json) = serde_json::to_vec(t) else { return old };
         let Ok(new) = ring.seal(slot.id.as_bytes(), &json) else {
-            return;
+            return old;
         };
         if new.len() > self.opts.max_sealed {
-            return;
+            return old;
         }
-        if let Err(e) = self.store.replace(slot, old, new.as_bytes()).await {
-            self.unavailable(upstream, e);
+        match self.store.replace(slot, &old, new.as_bytes()).await {
+            Ok(true) => new.into_bytes(),
+            Ok(false) => old,
+            Err(e) => {
+                self.unavailable(upstream, e);
+                old
+            }
         }
     }
 
@@ -526,22 +573,18 @@ impl Store {
         }
     }
 
-    async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<(), String> {
+    /// Sets `new` where `old` still is; whether it did.
+    async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<bool, String> {
         match self {
-            Self::Memory(m) => {
-                m.replace(slot, old, new);
-                Ok(())
-            }
+            Self::Memory(m) => Ok(m.replace(slot, old, new)),
             Self::Redis(r) => r.replace(slot, old, new).await,
         }
     }
 
-    async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<(), String> {
+    /// Drops the slot if it still holds `old`; whether it did.
+    async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<bool, String> {
         match self {
-            Self::Memory(m) => {
-                m.discard(slot, old);
-                Ok(())
-            }
+            Self::Memory(m) => Ok(m.discard(slot, old)),
             Self::Redis(r) => r.discard(slot, old).await,
         }
     }

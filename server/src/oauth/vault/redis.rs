@@ -249,16 +249,16 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<(), String> {
+    pub(super) async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<bool, String> {
         match self.eval(REPLACE, &[slot.id.as_bytes()], &[old, new]).await? {
-            Reply::Int(_) => Ok(()),
+            Reply::Int(n) => Ok(n == 1),
             _ => Err(unexpected()),
         }
     }
 
-    pub(super) async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<(), String> {
+    pub(super) async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<bool, String> {
         match self.on_slot(DISCARD, slot, &[old]).await? {
-            Reply::Int(_) => Ok(()),
+            Reply::Int(n) => Ok(n == 1),
             _ => Err(unexpected()),
         }
     }

@@ -30,6 +30,7 @@ pub(super) fn tokens(tag: &str) -> TokenSet {
         refresh_token: Some(format!("{REFRESH}-{tag}")),
         expires_at: Some(SystemTime::now() + Duration::from_secs(3600)),
         scope: Some("repo read:user".into()),
+        resource: "https://api.example/mcp".into(),
         issuer: "https://as.example".into(),
         token_endpoint: "https://as.example/token".into(),
         client_id: "quiver-client".into(),

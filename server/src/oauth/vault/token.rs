@@ -20,6 +20,10 @@ pub struct TokenSet {
     /// The scope granted, as the authorization server wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// The resource it was asked for (RFC 8707): the upstream's URL, canonical. It is sent
+    /// to that URL only: a token whose upstream moved is forgotten.
+    #[serde(default)]
+    pub resource: String,
     /// The authorization server that issued it (its RFC 8414 `issuer`).
     pub issuer: String,
     /// Where to refresh it.
@@ -39,6 +43,7 @@ impl std::fmt::Debug for TokenSet {
             .field("refresh_token", &self.refresh_token.as_ref().map(|_| HIDDEN))
             .field("expires_at", &self.expires_at)
             .field("scope", &self.scope)
+            .field("resource", &self.resource)
             .field("issuer", &self.issuer)
             .field("token_endpoint", &self.token_endpoint)
             .field("client_id", &self.client_id)
@@ -84,13 +89,14 @@ pub(super) struct BadField {
 
 impl TokenSet {
     /// Checks every field against `b`: tokens within `max_token`, the others within
-    /// `max_field`, an access token, issuer, token endpoint and client id present.
+    /// `max_field`, an access token, resource, issuer, token endpoint and client id present.
     pub(super) fn check(&self, b: FieldBounds) -> Result<(), BadField> {
         let opt = |o: &Option<String>| o.as_deref().map_or(0, str::len);
-        let fields: [(&'static str, usize, usize, bool); 7] = [
+        let fields: [(&'static str, usize, usize, bool); 8] = [
             ("access_token", self.access_token.len(), b.max_token, true),
             ("refresh_token", opt(&self.refresh_token), b.max_token, false),
             ("scope", opt(&self.scope), b.max_field, false),
+            ("resource", self.resource.len(), b.max_field, true),
             ("issuer", self.issuer.len(), b.max_field, true),
             ("token_endpoint", self.token_endpoint.len(), b.max_field, true),
             ("client_id", self.client_id.len(), b.max_field, true),
