@@ -397,7 +397,11 @@ pub struct ServeArgs {
     /// environment variable); without it, they are in this replica's memory.
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS")]
     pub upstream_sign_in_redis: Option<String>,
-    /// Whose tokens these are, in a Redis several servers share: part of every key.
+    /// Whose tokens these are, in a Redis several servers share: its SHA-256 (hex) is in every
+    /// key of the vault (`quiver:oauth:v1:HASH:`), so servers with different prefixes never
+    /// see, count or remove each other's users, and a Redis ACL user limited to
+    /// `~quiver:oauth:v1:HASH:*` reaches one prefix's keys only (the operator sets
+    /// NAMESPACE/NAME/ of the McpServer).
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_PREFIX", default_value = "")]
     pub upstream_sign_in_redis_prefix: String,
     /// Longest wait for Redis per vault operation (connecting included).

@@ -356,6 +356,13 @@ fn upstream_sign_in(
     )
     .map_err(|e| anyhow::anyhow!("--upstream-sign-in-url: {e}"))?;
     tracing::info!(url = %sign_in.url(), vault = if args.upstream_sign_in_redis.is_some() { "redis" } else { "memory" }, "each user's own sign-in to upstreams (identity.mode: user) configured");
+    if args.upstream_sign_in_redis.is_some() {
+        // What an administrator gives this server's Redis ACL user (and no other server's).
+        tracing::info!(
+            acl_keys = %vault::acl_keys(&args.upstream_sign_in_redis_prefix),
+            "upstream sign-in: the token vault's Redis keys"
+        );
+    }
     server
         .exec
         .identity

@@ -98,10 +98,10 @@ fn upstreams_md_gives_the_vaults_redis_user_the_commands_the_code_sends() {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    let line = format!(
-        "resetkeys {} resetchannels -@all {acl}",
-        quiver_server::oauth::vault::ACL_KEYS
-    );
+    // The pattern of one prefix, its hash written `HASH` as the doc explains it.
+    let keys = quiver_server::oauth::vault::acl_keys("PREFIX")
+        .replace(&quiver_server::oauth::vault::prefix_hash("PREFIX"), "HASH");
+    let line = format!("resetkeys {keys} resetchannels -@all {acl}");
     assert!(
         doc.lines()
             .any(|l| l.starts_with("ACL SETUSER ") && l.ends_with(&line)),

@@ -545,7 +545,8 @@ mod tests {
         }
         let (_, p, _) = run_upstream("{mode: user, client: {id: q, secret: \"{{secret.a.b}}\"}}", URL);
         assert!(
-            p.iter().any(|m| m.contains("identity.issuer: required with `client`")),
+            p.iter()
+                .any(|m| m.contains("identity.issuer: required with `client`")),
             "{p:?}"
         );
         assert!(serde_saphyr::from_str::<IdentitySpec>("{mode: user, client: {id: q, other: 1}}").is_err());

@@ -175,8 +175,7 @@ impl Flow {
             // there, never to a server the upstream's metadata chose.
             if upstream.issuer.as_deref() != Some(server.issuer.as_str()) {
                 return Err(Error::Config(
-                    "a configured client is used only at the authorization server `issuer` names"
-                        .into(),
+                    "a configured client is used only at the authorization server `issuer` names".into(),
                 ));
             }
             return Ok(pre_registered(pre, &server.token_endpoint_auth_methods_supported));

@@ -254,8 +254,7 @@ impl Flow {
         {
             let Some(issuer) = upstream.issuer.as_deref() else {
                 return Err(Error::Config(
-                    "a configured client is used only at the authorization server `issuer` names"
-                        .into(),
+                    "a configured client is used only at the authorization server `issuer` names".into(),
                 ));
             };
             let meta = self.server_metadata(issuer, up).await?;

@@ -73,9 +73,7 @@ impl SignIn {
             Err(e) => CallAuth::Refused(e.to_string()),
             Ok(Some(h)) if !bound(&h.tokens, id) => self.moved(subject, name, &h).await,
             Ok(Some(h)) if self.vault.usable(&h.tokens) => self.bearer(subject, &h.tokens, name, id),
-            Ok(Some(h)) if h.tokens.refresh_token.is_some() => {
-                self.refreshed(subject, name, id, None).await
-            }
+            Ok(Some(h)) if h.tokens.refresh_token.is_some() => self.refreshed(subject, name, id, None).await,
             Ok(_) => self.link(subject, name),
         }
     }
@@ -86,7 +84,10 @@ impl SignIn {
         self.warm.forget(subject, Some(name));
         match self.vault.discard(subject, name, held).await {
             Ok(_) => {
-                tracing::info!(upstream = name, "upstream sign-in: {MOVED}; the user's token was forgotten");
+                tracing::info!(
+                    upstream = name,
+                    "upstream sign-in: {MOVED}; the user's token was forgotten"
+                );
                 self.audit("oauth.sign_out", subject, name, "moved", Some(MOVED.into()));
                 self.link(subject, name)
             }

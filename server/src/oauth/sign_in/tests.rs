@@ -491,7 +491,11 @@ async fn a_token_goes_only_to_the_url_and_server_it_was_obtained_for() {
     assert_eq!(s.sign_in_as("alice").await.status, 200);
     let same = moved(s.fake.upstream_url().replace("http://", "HTTP://"), None);
     assert!(send(same).await.is_some());
-    assert!(send(moved(s.fake.upstream_url(), Some(s.fake.issuer("/as")))).await.is_some());
+    assert!(
+        send(moved(s.fake.upstream_url(), Some(s.fake.issuer("/as"))))
+            .await
+            .is_some()
+    );
 }
 
 #[tokio::test]

@@ -149,7 +149,11 @@ impl Memory {
         let Some(user) = g.users.get_mut(&slot.user) else {
             return false;
         };
-        if !user.slots.get(&slot.upstream).is_some_and(|h| h.sealed.as_bytes() == old) {
+        if !user
+            .slots
+            .get(&slot.upstream)
+            .is_some_and(|h| h.sealed.as_bytes() == old)
+        {
             return false;
         }
         user.slots.remove(&slot.upstream);
@@ -173,8 +177,8 @@ impl Memory {
         Some(held.sealed.into_bytes())
     }
 
-    /// Removes every slot of `user`: each one's id and sealed bytes.
-    pub(super) fn remove_user(&self, user: &[u8; 32]) -> Vec<(String, Vec<u8>)> {
+    /// Removes every slot of `user`: each one's id (under `base`) and sealed bytes.
+    pub(super) fn remove_user(&self, user: &[u8; 32], base: &str) -> Vec<(String, Vec<u8>)> {
         let removed = self.lock().users.remove(user);
         let Some(u) = removed else { return Vec::new() };
         self.forget(u.slots.len());
@@ -182,7 +186,7 @@ impl Memory {
         u.slots
             .into_iter()
             .filter(|(_, h)| h.until > now)
-            .map(|(up, h)| (slot_id(&up, user), h.sealed.into_bytes()))
+            .map(|(up, h)| (slot_id(base, &up, user), h.sealed.into_bytes()))
             .collect()
     }
 

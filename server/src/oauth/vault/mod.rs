@@ -4,9 +4,12 @@
 //!
 //! A slot is one (subject, upstream) pair: `subject` is the caller's validated identity
 //! (`issuer|sub` of its client-facing token), `upstream` the upstream's name in the ToolSet.
-//! A slot's id is `quiver:oauth:v1:{upstream-hash}:{subject-hash}`, each hash the SHA-256 of
-//! the name in hex (the upstream's with [`Options::namespace`] when set), so neither name is
-//! ever stored in clear; in Redis the id is the key.
+//! A slot's id is `quiver:oauth:v1:{prefix-hash}:{upstream-hash}:{subject-hash}`, each hash
+//! the SHA-256 of the name in hex (the prefix is [`Options::namespace`]), so no name is ever
+//! stored in clear; in Redis the id is the key. Every other Redis key of the vault starts
+//! with `quiver:oauth:v1:{prefix-hash}:` too, so servers with different prefixes sharing a
+//! Redis never see, count or remove each other's users, and an ACL key pattern per prefix
+//! ([`acl_keys`]) keeps them apart.
 //!
 //! A [`TokenSet`] is kept sealed: its JSON sealed by the [`KeyRing`] (AES-256-GCM, a fresh
 //! nonce per write) with the slot id as additional data. Reading opens it; bytes sealed
@@ -56,21 +59,32 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 
-pub use self::redis::{ACL_COMMANDS, ACL_KEYS, RedisOptions};
+pub use self::redis::{ACL_COMMANDS, RedisOptions, acl_keys};
 pub use refresh::{RefreshError, RefreshFailure};
 pub use token::{FieldBounds, TokenSet, usable};
 
 use super::keyring::{KeyRing, OpenError};
 use crate::metrics::oauth::OAuthMetrics;
 
-/// The start of every slot id and Redis key of the vault.
+/// The start of every slot id and Redis key of the vault, before the prefix's hash.
 pub const KEY_PREFIX: &str = "quiver:oauth:v1:";
+
+/// The SHA-256 of a vault prefix ([`Options::namespace`]) in hex: the part of every key
+/// that tells whose it is.
+pub fn prefix_hash(prefix: &str) -> String {
+    hex(&Sha256::digest(prefix.as_bytes()))
+}
+
+/// The start of every key of prefix `prefix`: `quiver:oauth:v1:{prefix-hash}:`.
+fn key_base(prefix: &str) -> String {
+    format!("{KEY_PREFIX}{}:", prefix_hash(prefix))
+}
 
 /// How the vault is bounded and timed. `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Part of every upstream hash: whose tokens these are, when several servers share one
-    /// Redis (empty: none).
+    /// Whose tokens these are, when several servers share one Redis: its SHA-256 is part of
+    /// every key (empty is a prefix too).
     pub namespace: String,
     /// Users (subjects) holding tokens, at most. Memory: the least recently used user is
     /// forgotten whole for a new one; Redis: a new user is refused. Default 10,000.
@@ -193,9 +207,9 @@ fn hex(d: &[u8]) -> String {
     })
 }
 
-/// The id of the slot of `user` and `upstream` hashes.
-fn slot_id(upstream: &[u8; 32], user: &[u8; 32]) -> String {
-    format!("{KEY_PREFIX}{}:{}", hex(upstream), hex(user))
+/// The id of the slot of `user` and `upstream` hashes, under `base` ([`key_base`]).
+fn slot_id(base: &str, upstream: &[u8; 32], user: &[u8; 32]) -> String {
+    format!("{base}{}:{}", hex(upstream), hex(user))
 }
 
 /// What a slot held when it was read: its tokens, and its sealed bytes (so that it is
@@ -208,7 +222,9 @@ pub struct Held {
 
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held").field("tokens", &self.tokens).finish_non_exhaustive()
+        f.debug_struct("Held")
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
     }
 }
 
@@ -235,6 +251,8 @@ enum Store {
 /// The tokens each user holds for each upstream, sealed, in memory or Redis, bounded.
 pub struct Vault {
     ring: ArcSwap<KeyRing>,
+    /// `quiver:oauth:v1:{prefix-hash}:`.
+    base: String,
     store: Store,
     opts: Options,
     metrics: Arc<OAuthMetrics>,
@@ -262,12 +280,14 @@ impl Vault {
         opts.max_users = opts.max_users.max(1);
         opts.max_per_user = opts.max_per_user.clamp(1, 512);
         opts.max_sealed = opts.max_sealed.clamp(256, 256 * 1024);
+        let base = key_base(&opts.namespace);
         let store = match backend {
             Backend::Memory => Store::Memory(memory::Memory::new(metrics.clone())),
-            Backend::Redis(r) => Store::Redis(redis::RedisStore::new(r, &opts)),
+            Backend::Redis(r) => Store::Redis(redis::RedisStore::new(r, &opts, &base)),
         };
         Self {
             ring: ArcSwap::new(ring),
+            base,
             store,
             opts,
             metrics,
@@ -288,14 +308,8 @@ impl Vault {
 
     fn slot(&self, subject: &str, upstream: &str) -> Slot {
         let user: [u8; 32] = Sha256::digest(subject.as_bytes()).into();
-        let mut h = Sha256::new();
-        if !self.opts.namespace.is_empty() {
-            h.update(self.opts.namespace.as_bytes());
-            h.update(b"\n");
-        }
-        h.update(upstream.as_bytes());
-        let upstream: [u8; 32] = h.finalize().into();
-        let id = slot_id(&upstream, &user);
+        let upstream: [u8; 32] = Sha256::digest(upstream.as_bytes()).into();
+        let id = slot_id(&self.base, &upstream, &user);
         Slot { user, upstream, id }
     }
 
@@ -402,8 +416,17 @@ impl Vault {
     /// Writes `t`, read sealed under an older key, under the current one, unless the slot
     /// changed since it was read; answers what the slot holds now, as far as this call knows.
     /// A failure leaves the old bytes (read again next time).
-    async fn reseal(&self, slot: &Slot, upstream: &str, ring: &KeyRing, old: Vec<u8>, t: &TokenSet) -> Vec<u8> {
-        let Ok(json) = serde_json::to_vec(t) else { return old };
+    async fn reseal(
+        &self,
+        slot: &Slot,
+        upstream: &str,
+        ring: &KeyRing,
+        old: Vec<u8>,
+        t: &TokenSet,
+    ) -> Vec<u8> {
+        let Ok(json) = serde_json::to_vec(t) else {
+            return old;
+        };
         let Ok(new) = ring.seal(slot.id.as_bytes(), &json) else {
             return old;
         };
@@ -532,11 +555,8 @@ impl Vault {
         let Store::Redis(r) = &self.store else {
             return None;
         };
-        let mut h = Sha256::new();
-        h.update(self.opts.namespace.as_bytes());
-        h.update(b"\n");
-        h.update(nonce.as_bytes());
-        Some(match r.first_use(&hex(&h.finalize()), ttl).await {
+        let hash = hex(&Sha256::digest(nonce.as_bytes()));
+        Some(match r.first_use(&hash, ttl).await {
             Ok(fresh) => fresh,
             Err(e) => {
                 self.unavailable("*", e);
@@ -598,7 +618,7 @@ impl Store {
 
     async fn remove_user(&self, user: &[u8; 32], opts: &Options) -> Result<Vec<(String, Vec<u8>)>, String> {
         match self {
-            Self::Memory(m) => Ok(m.remove_user(user)),
+            Self::Memory(m) => Ok(m.remove_user(user, &key_base(&opts.namespace))),
             Self::Redis(r) => r.remove_user(user, opts).await,
         }
     }

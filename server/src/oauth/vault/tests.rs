@@ -110,21 +110,28 @@ async fn tokens_are_kept_per_user_and_upstream_and_counted() {
 }
 
 #[tokio::test]
-async fn the_upstream_hash_takes_the_namespace() {
+async fn the_slot_id_starts_with_the_hash_of_the_prefix() {
     let (a, _) = memory(Options::default());
     let (b, _) = memory(Options {
         namespace: "team-b/tools".into(),
         ..Options::default()
     });
     let (sa, sb) = (a.slot("idp|alice", "github"), b.slot("idp|alice", "github"));
-    assert_eq!(sa.user, sb.user);
-    assert_ne!(sa.upstream, sb.upstream);
-    assert!(
-        sa.id.starts_with(KEY_PREFIX) && sa.id.len() == KEY_PREFIX.len() + 64 + 1 + 64,
-        "{}",
-        sa.id
+    assert_eq!((sa.user, sa.upstream), (sb.user, sb.upstream));
+    assert_ne!(
+        sa.id, sb.id,
+        "a token sealed for one prefix does not open under another"
     );
-    assert!(!sa.id.contains("alice") && !sa.id.contains("github"));
+    for (s, prefix) in [(&sa, ""), (&sb, "team-b/tools")] {
+        let base = format!("{KEY_PREFIX}{}:", prefix_hash(prefix));
+        assert!(
+            s.id.starts_with(&base) && s.id.len() == base.len() + 64 + 1 + 64,
+            "{}",
+            s.id
+        );
+        assert_eq!(acl_keys(prefix), format!("~{base}*"));
+    }
+    assert!(!sb.id.contains("alice") && !sb.id.contains("github") && !sb.id.contains("team-b"));
 }
 
 #[tokio::test]
