@@ -433,6 +433,11 @@ pub struct ServeArgs {
     /// password` (the `default` user).
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_USERNAME")]
     pub upstream_sign_in_redis_username: Option<String>,
+    /// Tests only: the authorization servers that upstreams' metadata names (and the
+    /// endpoints their metadata names) may be on this host or a private address, as the
+    /// tests' servers on loopback ports are. Off, such servers are refused.
+    #[arg(long, hide = true)]
+    pub upstream_sign_in_local_servers: bool,
     /// Traces of the server's own spans.
     #[command(flatten)]
     pub tracing: quiver_otel::TraceArgs,

@@ -345,7 +345,13 @@ fn upstream_sign_in(
             ..vault::Options::default()
         },
         backend,
+        local_servers: args.upstream_sign_in_local_servers,
     };
+    if cfg.local_servers {
+        tracing::warn!(
+            "--upstream-sign-in-local-servers: upstreams' metadata may send this server to authorization servers on this host and private addresses (for tests only)"
+        );
+    }
     let sign_in = SignIn::new(
         cfg,
         crate::net::http::HttpClient::new(),

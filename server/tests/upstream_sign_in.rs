@@ -460,6 +460,8 @@ fn start_server(upstream: &str, issuer: &str, upstream_issuer: &str) -> (Proc, P
         .arg("--upstream-sign-in-keys=signin.keys")
         .arg("--upstream-sign-in-client-id=quiver-sign-in")
         .arg("--upstream-sign-in-client-secret=signin.browser")
+        // Keycloak is on a loopback port: metadata may name it.
+        .arg("--upstream-sign-in-local-servers")
         .arg(format!("--audit=file:{}", audit.display()))
         .env("QUIVER_SECRET_SIGNIN_KEYS", ring)
         .env("QUIVER_SECRET_SIGNIN_BROWSER", "quiver-sign-in-secret-0123456789")

@@ -19,15 +19,7 @@ const METADATA: [IpAddr; 3] = [
 /// Why a call chosen by a document may not go to `ip` (`None`: it may). Addresses of this
 /// host's own interfaces are told by [`is_own`], which needs the system.
 pub fn refused(ip: IpAddr) -> Option<&'static str> {
-    let ip = match ip {
-        // `::ffff:127.0.0.1` and `::127.0.0.1` reach what their IPv4 part reaches.
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .or_else(|| compat(v6))
-            .or_else(|| translated(v6))
-            .map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = unmapped(ip);
     if METADATA.contains(&ip) {
         return Some("a cloud metadata address");
     }
@@ -56,6 +48,33 @@ pub fn refused(ip: IpAddr) -> Option<&'static str> {
                 None
             }
         }
+    }
+}
+
+/// The address `ip` reaches: `::ffff:127.0.0.1`, `::127.0.0.1` and the translated forms
+/// reach what their IPv4 part reaches.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .or_else(|| compat(v6))
+            .or_else(|| translated(v6))
+            .map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is a private address, in any spelling: RFC 1918 (`10/8`, `172.16/12`,
+/// `192.168/16`), shared address space (`100.64/10`, RFC 6598) or an IPv6 unique local
+/// address (`fc00::/7`). Servers inside the cluster or the company's network live there;
+/// a server chosen by a third party's document (an upstream's authorization server) may not.
+pub fn is_private(ip: IpAddr) -> bool {
+    match unmapped(ip) {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_private() || (o[0] == 100 && (64..128).contains(&o[1]))
+        }
+        IpAddr::V6(v6) => v6.segments()[0] & 0xfe00 == 0xfc00,
     }
 }
 
@@ -155,6 +174,40 @@ mod tests {
             "https://kubernetes.default.svc",
         ] {
             assert_eq!(host_refused(origin), None, "{origin}");
+        }
+    }
+
+    #[test]
+    fn private_addresses_are_told_in_every_spelling() {
+        for ip in [
+            "10.0.0.5",
+            "10.255.255.255",
+            "172.16.0.1",
+            "172.31.255.254",
+            "192.168.1.1",
+            "100.64.0.1",
+            "100.127.255.255",
+            "fc00::1",
+            "fd12:3456::1",
+            "::ffff:10.1.2.3",
+            "::10.1.2.3",
+            "64:ff9b::a01:203",
+            "2002:c0a8:101::1",
+        ] {
+            assert!(is_private(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "172.32.0.1",
+            "172.15.255.255",
+            "100.128.0.1",
+            "100.63.255.255",
+            "8.8.8.8",
+            "192.0.2.1",
+            "2001:db8::1",
+            "fe80::1",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(!is_private(ip.parse().unwrap()), "{ip}");
         }
     }
 

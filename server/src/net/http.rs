@@ -19,12 +19,57 @@ pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VE
 
 pub(crate) type Pool = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
 
-/// Resolves host names for the client. A guarded one (a fetched document chose the server)
-/// keeps only addresses such a document may choose ([`crate::config::egress`]): a name that
-/// resolves to this host, a link-local or a metadata address is not connected to.
+/// Which addresses a call may go to, by who chose its server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Guard {
+    /// The configuration named the server: any address.
+    Off,
+    /// A document the configuration fetched chose it (an OpenAPI `servers` entry): not this
+    /// host, a link-local or a metadata address ([`may_connect`]).
+    Document,
+    /// A third party's metadata chose it (the authorization server an upstream names, the
+    /// endpoints that server's metadata names): not those, and not a private address either
+    /// ([`crate::config::egress::is_private`]: the cluster's and the company's networks).
+    ThirdParty,
+}
+
+impl Guard {
+    /// Whether a call guarded so may go to `ip`.
+    ///
+    /// # Errors
+    /// What `ip` is that it may not go to.
+    pub(crate) fn allows(self, ip: std::net::IpAddr) -> Result<(), &'static str> {
+        match self {
+            Self::Off => Ok(()),
+            Self::Document => may_connect(ip),
+            Self::ThirdParty if crate::config::egress::is_private(ip) => {
+                Err("a private address (the cluster's or the company's network)")
+            }
+            Self::ThirdParty => may_connect(ip),
+        }
+    }
+
+    /// Checks the host of `uri` when it is a literal address: the connector connects to one
+    /// without resolving it, so the guarded resolver never sees it. Names pass here (the
+    /// resolver checks what they resolve to).
+    ///
+    /// # Errors
+    /// What the address is that the call may not go to.
+    pub(crate) fn literal(self, uri: &Uri) -> Result<(), &'static str> {
+        let host = uri.host().unwrap_or_default();
+        match host.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(ip) => self.allows(ip),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Resolves host names for the client. A guarded one keeps only addresses its [`Guard`]
+/// allows: a name that resolves only to this host, a link-local or a metadata address (and
+/// for [`Guard::ThirdParty`], a private one) is not connected to.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Resolver {
-    guarded: bool,
+    guard: Guard,
 }
 
 type Resolved = std::io::Result<std::vec::IntoIter<std::net::SocketAddr>>;
@@ -39,7 +84,7 @@ impl tower::Service<Name> for Resolver {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        let guarded = self.guarded;
+        let guard = self.guard;
         Box::pin(async move {
             let host = name.as_str().to_owned();
             let addrs: Vec<std::net::SocketAddr> = tokio::task::spawn_blocking(move || {
@@ -47,18 +92,26 @@ impl tower::Service<Name> for Resolver {
             })
             .await
             .map_err(std::io::Error::other)??;
-            if !guarded {
+            if guard == Guard::Off {
                 return Ok(addrs.into_iter());
             }
             let kept: Vec<_> = addrs
                 .into_iter()
-                .filter(|a| may_connect(a.ip()).is_ok())
+                .filter(|a| guard.allows(a.ip()).is_ok())
                 .collect();
             if kept.is_empty() {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::PermissionDenied,
-                    "the server a fetched document chose resolves only to addresses it may not choose \
-                     (this host, link-local or cloud metadata); set `server` or `allowedOrigins`",
+                    match guard {
+                        Guard::ThirdParty => {
+                            "the server an upstream's metadata chose resolves only to addresses it may not \
+                             choose (this host, private, link-local or cloud metadata)"
+                        }
+                        _ => {
+                            "the server a fetched document chose resolves only to addresses it may not choose \
+                             (this host, link-local or cloud metadata); set `server` or `allowedOrigins`"
+                        }
+                    },
                 ));
             }
             Ok(kept.into_iter())
@@ -86,6 +139,8 @@ pub struct HttpClient {
     client: Pool,
     /// The pool of calls whose server a fetched document chose ([`HttpCall::guarded`]).
     guarded: Pool,
+    /// The pool of calls whose server a third party's metadata chose ([`Guard::ThirdParty`]).
+    third_party: Pool,
     /// By a hash of the PEM material: a rotated Secret makes a new client.
     tls: std::sync::Arc<std::sync::Mutex<rustc_hash::FxHashMap<u64, Pool>>>,
 }
@@ -97,8 +152,8 @@ fn pool(connector: HttpsConnector<HttpConnector<Resolver>>) -> Pool {
         .build(connector)
 }
 
-fn tcp(guarded: bool) -> HttpConnector<Resolver> {
-    let mut http = HttpConnector::new_with_resolver(Resolver { guarded });
+fn tcp(guard: Guard) -> HttpConnector<Resolver> {
+    let mut http = HttpConnector::new_with_resolver(Resolver { guard });
     http.enforce_http(false);
     http.set_nodelay(true);
     http
@@ -140,28 +195,29 @@ fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, St
 impl HttpClient {
     /// A client trusting the webpki root certificates.
     pub fn new() -> Self {
-        let connector = |guarded| {
+        let connector = |guard| {
             hyper_rustls::HttpsConnectorBuilder::new()
                 .with_provider_and_webpki_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
                 .unwrap_or_else(|e| panic!("ring supports rustls' default protocol versions: {e}"))
                 .https_or_http()
                 .enable_http1()
-                .wrap_connector(tcp(guarded))
+                .wrap_connector(tcp(guard))
         };
         Self {
-            client: pool(connector(false)),
-            guarded: pool(connector(true)),
+            client: pool(connector(Guard::Off)),
+            guarded: pool(connector(Guard::Document)),
+            third_party: pool(connector(Guard::ThirdParty)),
             tls: std::sync::Arc::default(),
         }
     }
 
     /// The client of a `tls:` setting with the Secrets' current values (built on first use
     /// of these values).
-    fn tls_client(&self, tls: &TlsRefs, secrets: &Value, guarded: bool) -> Result<Pool, String> {
+    fn tls_client(&self, tls: &TlsRefs, secrets: &Value, guard: Guard) -> Result<Pool, String> {
         use std::hash::{Hash, Hasher};
         let mut h = rustc_hash::FxHasher::default();
         tls.hash(&mut h);
-        guarded.hash(&mut h);
+        guard.hash(&mut h);
         for r in tls.ca.iter().chain(tls.client.iter().flat_map(|(c, k)| [c, k])) {
             crate::spec::context::value_in(secrets, r)?.hash(&mut h);
         }
@@ -173,7 +229,7 @@ impl HttpClient {
             .with_tls_config(tls_config(tls, secrets)?)
             .https_only()
             .enable_http1()
-            .wrap_connector(tcp(guarded));
+            .wrap_connector(tcp(guard));
         let client = pool(connector);
         if let Ok(mut m) = self.tls.lock() {
             if m.len() >= MAX_TLS_CLIENTS {
@@ -189,12 +245,13 @@ impl HttpClient {
         &self,
         tls: Option<&TlsRefs>,
         secrets: &Value,
-        guarded: bool,
+        guard: Guard,
     ) -> Result<Pool, String> {
-        match tls {
-            None if guarded => Ok(self.guarded.clone()),
-            None => Ok(self.client.clone()),
-            Some(t) => self.tls_client(t, secrets, guarded),
+        match (tls, guard) {
+            (None, Guard::Off) => Ok(self.client.clone()),
+            (None, Guard::Document) => Ok(self.guarded.clone()),
+            (None, Guard::ThirdParty) => Ok(self.third_party.clone()),
+            (Some(t), _) => self.tls_client(t, secrets, guard),
         }
     }
 
@@ -212,7 +269,7 @@ impl HttpClient {
         // The URL as errors show it is only written when there is an error.
         let uri = req.uri().clone();
         let client = self
-            .client_for(tls, secrets, false)
+            .client_for(tls, secrets, Guard::Off)
             .map_err(|e| format!("TLS settings of {}: {e}", redacted(&uri)))?;
         client
             .request(req)
@@ -234,7 +291,7 @@ impl HttpClient {
     ) -> Result<Value, String> {
         let client = match tls {
             None => self.client.clone(),
-            Some((t, secrets)) => self.tls_client(t, secrets, false)?,
+            Some((t, secrets)) => self.tls_client(t, secrets, Guard::Off)?,
         };
         let uri: Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
         let shown = redacted(&uri);

@@ -59,6 +59,10 @@ pub(super) struct State {
     pub(super) redirect_uri: String,
     #[serde(rename = "i")]
     pub(super) issuer: String,
+    /// Whether the configuration pinned that server (`identity.issuer`): its origin is then
+    /// one the configuration named, called unguarded.
+    #[serde(rename = "ip", default)]
+    pub(super) pinned: bool,
     /// Whether the server said it puts `iss` in its redirects.
     #[serde(rename = "ir")]
     pub(super) iss_required: bool,
@@ -163,6 +167,7 @@ impl Flow {
             expiry: created + STATE_LIFETIME.as_secs(),
             redirect_uri: self.cfg.redirect_uri.clone(),
             issuer: found.server.issuer.clone(),
+            pinned: upstream.issuer.is_some(),
             iss_required: found.server.authorization_response_iss_parameter_supported,
             token_endpoint: found.server.token_endpoint.clone(),
             resource: found.resource.resource.clone(),

@@ -184,9 +184,14 @@ impl Flow {
             ("code_verifier", state.verifier.as_str()),
             ("resource", state.resource.as_str()),
         ];
-        let trusted = wire::parse_url(&state.resource)
+        // The origins the configuration named: the upstream's, and a pinned server's.
+        let named = [Some(&state.resource), state.pinned.then_some(&state.issuer)];
+        let trusted: Vec<String> = named
+            .into_iter()
+            .flatten()
+            .filter_map(|u| wire::parse_url(u).ok())
             .map(|u| wire::origin(&u))
-            .unwrap_or_default();
+            .collect();
         let sent = self
             .token_request(&asked, &state.client, params, &trusted, &[code, &state.verifier])
             .await;

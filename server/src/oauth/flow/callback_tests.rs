@@ -46,6 +46,7 @@ fn sealed_state(fake: &Fake, edit: impl FnOnce(&mut State)) -> String {
         redirect_uri: CALLBACK.into(),
         token_endpoint: format!("{issuer}/token"),
         issuer,
+        pinned: false,
         iss_required: true,
         resource: fake.upstream_url(),
         client: Client {

@@ -63,7 +63,7 @@ impl Flow {
     /// authorization endpoint already carries a parameter of the request.
     pub async fn login_url(&self, req: &LoginRequest<'_>) -> Result<String> {
         let iu = parse_url(req.issuer).map_err(|e| Error::Config(format!("the issuer: {e}")))?;
-        let server = self.server_metadata(req.issuer, &iu).await?;
+        let server = self.server_metadata(req.issuer, &iu, &[origin(&iu)]).await?;
         let endpoint = parse_url(&server.authorization_endpoint)
             .map_err(|e| Error::Discovery(format!("the authorization endpoint: {e}")))?;
         let challenge = challenge_of(req.verifier);
@@ -105,7 +105,7 @@ impl Flow {
         verifier: &str,
     ) -> Result<Login> {
         let iu = parse_url(issuer).map_err(|e| Error::Config(format!("the issuer: {e}")))?;
-        let server = self.server_metadata(issuer, &iu).await?;
+        let server = self.server_metadata(issuer, &iu, &[origin(&iu)]).await?;
         let asked = Asked {
             resource: "",
             issuer,
@@ -122,7 +122,7 @@ impl Flow {
             ("code_verifier", verifier),
         ];
         let body = self
-            .token_request(&asked, client, params, &origin(&iu), &[code, verifier])
+            .token_request(&asked, client, params, &[origin(&iu)], &[code, verifier])
             .await?;
         let doc: Value = serde_json::from_slice(&body)
             .map_err(|_| Error::Token("the answer is not a JSON object".into()))?;

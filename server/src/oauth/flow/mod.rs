@@ -142,6 +142,19 @@ pub struct Upstream {
     pub scope: Option<String>,
 }
 
+impl Upstream {
+    /// The origins the configuration named: the upstream's, and the pinned authorization
+    /// server's. Calls elsewhere are guarded ([`FlowConfig::guard_discovered`]).
+    pub(super) fn trusted(&self) -> Vec<String> {
+        [Some(self.url.as_str()), self.issuer.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|u| wire::parse_url(u).ok())
+            .map(|u| wire::origin(&u))
+            .collect()
+    }
+}
+
 /// What the flow is configured with, the same on every replica.
 #[derive(Debug, Clone)]
 pub struct FlowConfig {
@@ -154,8 +167,9 @@ pub struct FlowConfig {
     /// The name authorization servers show users.
     pub client_name: String,
     /// Servers that documents chose (an authorization server an upstream names, the
-    /// endpoints its metadata names) are not called on this host's, link-local or cloud
-    /// metadata addresses. Off only where such a server is meant to be local (tests).
+    /// endpoints its metadata names) are called on public addresses only: not this host's,
+    /// private, link-local or cloud metadata addresses, whether named or literal. Off only
+    /// where such a server is meant to be local (tests).
     pub guard_discovered: bool,
     /// Limit of each HTTP exchange (connect, send, read the answer).
     pub timeout: Duration,

@@ -868,3 +868,100 @@ async fn a_configured_client_refreshes_only_at_its_servers_token_endpoint() {
     assert!(matches!(e, Error::Config(_)), "{e}");
     assert_eq!(fake.token_requests().len(), before);
 }
+
+const PRM: &str = "/.well-known/oauth-protected-resource/mcp";
+
+fn guarded() -> FlowConfig {
+    let mut cfg = config();
+    cfg.guard_discovered = true;
+    cfg
+}
+
+#[tokio::test]
+async fn servers_metadata_names_at_addresses_of_this_host_private_or_link_local_are_refused() {
+    let fake = Fake::start().await;
+    let up = upstream(&fake);
+    // Literal addresses: the connector does not resolve them, so they are checked as such.
+    for host in [
+        "169.254.169.254",
+        "127.0.0.1:1",
+        "[::1]",
+        "10.1.2.3",
+        "172.16.0.9",
+        "192.168.0.10",
+        "100.64.0.1",
+        "[fe80::1]",
+        "[fd00::5]",
+        "[::ffff:169.254.169.254]",
+        "[::ffff:10.0.0.1]",
+        "100.100.100.200",
+        "0.0.0.0",
+    ] {
+        let issuer = format!("http://{host}/as");
+        fake.doc(
+            PRM,
+            200,
+            json!({"resource": up.url, "authorization_servers": [issuer]}),
+        );
+        let e = flow_with(guarded()).discover(&up, None).await.unwrap_err();
+        assert!(matches!(e, Error::Discovery(_)), "{host}: {e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("a server an upstream's metadata chose is not called there")
+                && e.contains(&format!("http://{host}/")),
+            "{host}: {e}"
+        );
+    }
+    // The endpoints a server's metadata names: registration, and the token endpoint.
+    fake.doc(
+        PRM,
+        200,
+        json!({"resource": up.url, "authorization_servers": [fake.issuer("/as")]}),
+    );
+    let mut m = fake.meta("/as");
+    m["registration_endpoint"] = json!("http://10.0.0.1/register");
+    m["token_endpoint"] = json!("http://169.254.169.254/latest/token");
+    fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
+    let e = flow_with(guarded()).begin(ALICE, &up, None).await.unwrap_err();
+    assert!(
+        e.to_string().contains("10.0.0.1/register is a private address"),
+        "{e}"
+    );
+    let pre = pre_registered_at_as(&fake);
+    let flow = flow_with(guarded());
+    let redirect = signed_in(&flow, &fake, &pre).await;
+    let e = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("169.254.169.254/latest/token is a link-local address"),
+        "{e}"
+    );
+    assert!(fake.token_requests().is_empty() && fake.registrations() == 0);
+}
+
+#[tokio::test]
+async fn a_local_server_is_called_when_the_configuration_names_it() {
+    let fake = Fake::start().await;
+    let mut up = upstream(&fake);
+    // `localhost` is another origin than the upstream's 127.0.0.1: a name of this host.
+    let port = fake.base.rsplit(':').next().unwrap();
+    let local = format!("http://localhost:{port}/local");
+    let mut m = fake.meta("/local");
+    for v in m.as_object_mut().unwrap().values_mut() {
+        if let Some(s) = v.as_str() {
+            *v = json!(s.replace("127.0.0.1", "localhost"));
+        }
+    }
+    assert_eq!(m["issuer"], local);
+    fake.doc("/.well-known/oauth-authorization-server/local", 200, &m);
+    fake.doc(
+        PRM,
+        200,
+        json!({"resource": up.url, "authorization_servers": [local]}),
+    );
+    let e = flow_with(guarded()).discover(&up, None).await.unwrap_err();
+    assert!(e.to_string().contains("addresses it may not choose"), "{e}");
+    up.issuer = Some(local.clone());
+    let found = flow_with(guarded()).discover(&up, None).await.unwrap();
+    assert_eq!(found.server.issuer, local);
+}

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::challenge::scope_ok;
 use super::register::{AuthMethod, Client};
-use super::wire::{self, form, origin, parse_url, said_json, scheme_ok};
+use super::wire::{self, form, parse_url, said_json, scheme_ok};
 use super::{Error, Flow, MAX_TOKEN_BYTES, Result, Tokens, Upstream};
 
 /// Longest an access token is taken to live, whatever `expires_in` says.
@@ -140,7 +140,7 @@ impl Flow {
         asked: &Asked<'_>,
         client: &Client,
         mut params: Vec<(&str, &str)>,
-        trusted: &str,
+        trusted: &[String],
         known: &[&str],
     ) -> Result<bytes::Bytes> {
         let plain_ok = asked.issuer.starts_with("http://");
@@ -172,7 +172,7 @@ impl Flow {
                 "application/x-www-form-urlencoded",
                 body,
                 authorization,
-                self.guarded(&u, trusted),
+                self.guard(&u, trusted),
             )
             .await?;
         if a.status.is_success() {
@@ -231,7 +231,7 @@ impl Flow {
                 &asked,
                 &client,
                 params,
-                &origin(&up),
+                &upstream.trusted(),
                 &[refresh_token, &tokens.access_token],
             )
             .await?;
@@ -257,7 +257,7 @@ impl Flow {
                     "a configured client is used only at the authorization server `issuer` names".into(),
                 ));
             };
-            let meta = self.server_metadata(issuer, up).await?;
+            let meta = self.server_metadata(issuer, up, &upstream.trusted()).await?;
             let client = super::register::pre_registered(pre, &meta.token_endpoint_auth_methods_supported);
             return Ok((client, meta.token_endpoint.clone()));
         }

@@ -85,6 +85,7 @@ async fn setup() -> Setup {
         }),
         vault: vault::Options::default(),
         backend: vault::Backend::Memory,
+        local_servers: true,
     };
     let verifier = Arc::new(FakeIdTokens(fake.issuer("/as")));
     let sign_in = SignIn::new(
@@ -509,6 +510,7 @@ async fn the_client_metadata_document_is_served_only_over_https() {
         client_secret: None,
         vault: vault::Options::default(),
         backend: vault::Backend::Memory,
+        local_servers: true,
     };
     let verifier = Arc::new(FakeIdTokens(s.fake.issuer("/as")));
     let https = SignIn::new(
@@ -534,6 +536,42 @@ async fn the_client_metadata_document_is_served_only_over_https() {
         https.cookie("quiver-oauth-x", Some("v")),
         "quiver-oauth-x=v; Path=/tools/oauth/; Max-Age=600; HttpOnly; SameSite=Lax; Secure"
     );
+}
+
+#[tokio::test]
+async fn a_loopback_url_does_not_turn_the_guard_of_discovered_servers_off() {
+    let s = setup().await;
+    assert!(!s.sign_in.flow.config().guard_discovered, "the tests' flag");
+    let cfg = SignInConfig {
+        url: "http://127.0.0.1:9/".into(),
+        keys: s.sign_in.keys.clone(),
+        client_id: BROWSER.into(),
+        client_secret: None,
+        vault: vault::Options::default(),
+        backend: vault::Backend::Memory,
+        local_servers: false,
+    };
+    let verifier = Arc::new(FakeIdTokens(s.fake.issuer("/as")));
+    let local = SignIn::new(
+        cfg,
+        HttpClient::new(),
+        s.secrets.clone(),
+        verifier,
+        s.metrics.clone(),
+        None,
+    )
+    .unwrap();
+    assert!(local.flow.config().guard_discovered);
+    // Its sign-ins refuse the fake's servers on this host, a name other than the upstream's.
+    let port = s.fake.base.rsplit(':').next().unwrap();
+    s.fake.doc(
+        "/.well-known/oauth-protected-resource/mcp",
+        200,
+        json!({"resource": s.fake.upstream_url(), "authorization_servers": [format!("http://localhost:{port}/as")]}),
+    );
+    let up = local.upstream("notes", &s.id).unwrap();
+    let e = local.flow.begin("i|alice", &up, None).await.unwrap_err();
+    assert!(e.to_string().contains("may not choose"), "{e}");
 }
 
 #[test]
