@@ -1,7 +1,8 @@
-//! The redirect back from the authorization server: an `error` answer refused with its
-//! (sanitized) reason; the `state` opened (forged, expired, for another callback URL: refused)
-//! and used once; the issuer checked (RFC 9207: the mix-up defence); the code exchanged
-//! with the PKCE verifier, and the tokens checked.
+//! The redirect back from the authorization server: the `state` opened (forged, expired, for
+//! another callback URL: refused) and its browser checked, before anything the redirect says
+//! is read; an `error` answer refused with its (sanitized) reason; the issuer checked (RFC
+//! 9207: the mix-up defence); the state used once; the code exchanged with the PKCE
+//! verifier, and the tokens checked.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -82,6 +83,8 @@ pub struct Completed {
     pub subject: String,
     /// The upstream's name.
     pub upstream: String,
+    /// The browser binding it was begun and finished with.
+    pub browser: String,
     /// What the authorization server issued.
     pub tokens: Tokens,
 }
@@ -117,16 +120,28 @@ impl Flow {
     }
 
     /// Finishes a sign-in from the query of the redirect to the callback URL (with or without
-    /// its `?`); `guard` marks its state used.
+    /// its `?`), in a browser presenting the bindings `browser` (one must be the one the
+    /// sign-in began with); `guard` marks its state used. The state and the browser are
+    /// checked before anything else, and the state is marked used before the code is sent.
     ///
     /// # Errors
-    /// [`Error::Denied`]: the server (or the user) refused, [`Error::Redirect`]: a malformed
-    /// redirect, [`Error::State`]: forged, expired, used, [`Error::Issuer`]: another
-    /// server's answer; then as the token endpoint's exchange.
-    pub async fn finish<G: StateGuard>(&self, query: &str, guard: &G) -> Result<Completed> {
+    /// [`Error::State`]: missing, forged, expired, used; [`Error::Browser`]: another browser;
+    /// [`Error::Denied`]: the server (or the user) refused; [`Error::Redirect`]: a malformed
+    /// redirect; [`Error::Issuer`]: another server's answer; then as the token endpoint's
+    /// exchange.
+    pub async fn finish<G: StateGuard>(&self, query: &str, guard: &G, browser: &[&str]) -> Result<Completed> {
         let params = parse_query(query).map_err(Error::Redirect)?;
         let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         let (sealed, code) = (get("state").unwrap_or_default(), get("code").unwrap_or_default());
+        if sealed.is_empty() {
+            return Err(Error::State("is missing from the redirect"));
+        }
+        let state = self.open_state(sealed)?;
+        if !browser.contains(&state.browser.as_str()) {
+            return Err(Error::Browser(
+                "it was begun in another browser (or that browser's cookie is gone)",
+            ));
+        }
         if let Some(error) = get("error") {
             return Err(Error::Denied(said(
                 Some(error),
@@ -134,10 +149,6 @@ impl Flow {
                 &[sealed, code],
             )));
         }
-        if sealed.is_empty() {
-            return Err(Error::State("is missing from the redirect"));
-        }
-        let state = self.open_state(sealed)?;
         match get("iss") {
             Some(iss) if iss != state.issuer => {
                 return Err(Error::Issuer(
@@ -162,6 +173,7 @@ impl Flow {
         Ok(Completed {
             subject: state.subject,
             upstream: state.upstream,
+            browser: state.browser,
             tokens,
         })
     }

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::json;
 
 use super::super::authorize::{STATE_AAD, State, now_secs};
-use super::super::tests::{ALICE, CALLBACK, Fake, config, flow_with, keys, signed_in, upstream};
+use super::super::tests::{ALICE, BH, CALLBACK, Fake, config, flow_with, keys, signed_in, upstream};
 use super::super::wire::{form, parse_query};
 use super::super::*;
 
@@ -55,6 +55,7 @@ fn sealed_state(fake: &Fake, edit: impl FnOnce(&mut State)) -> String {
             auth: AuthMethod::None,
         },
         scope: None,
+        browser: BH.into(),
     };
     edit(&mut s);
     keys(1).seal(STATE_AAD, &serde_json::to_vec(&s).unwrap()).unwrap()
@@ -111,14 +112,14 @@ async fn forged_altered_expired_foreign_and_replayed_states_are_refused() {
         ),
     ];
     for (query, want) in cases {
-        let e = flow.finish(&query, &guard).await.unwrap_err();
+        let e = flow.finish(&query, &guard, &[BH]).await.unwrap_err();
         assert!(matches!(e, Error::State(_)), "{want}: {e}");
         assert!(e.to_string().contains(want), "{want}: {e}");
     }
     assert!(fake.token_requests().is_empty());
     // The real one works once; its replay is refused before the code is sent again.
-    flow.finish(&redirect, &guard).await.unwrap();
-    let e = flow.finish(&redirect, &guard).await.unwrap_err();
+    flow.finish(&redirect, &guard, &[BH]).await.unwrap();
+    let e = flow.finish(&redirect, &guard, &[BH]).await.unwrap_err();
     assert_eq!(e, Error::State("was used already (or cannot be marked used)"));
     assert_eq!(fake.token_requests().len(), 1);
 }
@@ -132,7 +133,7 @@ async fn the_callback_url_is_the_configured_one_never_one_a_request_names() {
     other.redirect_uri = "http://127.0.0.1:9/elsewhere".into();
     let redirect = signed_in(&flow_with(other), &fake, &up).await;
     let e = flow_with(config())
-        .finish(&redirect, &MemoryGuard::default())
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
         .await
         .unwrap_err();
     assert_eq!(e, Error::State("was begun for another callback URL"));
@@ -141,7 +142,9 @@ async fn the_callback_url_is_the_configured_one_never_one_a_request_names() {
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
     let redirect = with(&redirect, "redirect_uri", Some("https://evil.example/steal"));
-    flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    flow.finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     let (sent, _) = fake.token_requests().pop().unwrap();
     assert_eq!(param(&sent, "redirect_uri"), CALLBACK);
     // An authorization endpoint that carries request parameters of its own is refused.
@@ -151,7 +154,7 @@ async fn the_callback_url_is_the_configured_one_never_one_a_request_names() {
         fake.issuer("/as")
     ));
     fake.doc("/.well-known/oauth-authorization-server/as", 200, m);
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(e.to_string().contains("already carries a parameter"), "{e}");
 }
 
@@ -164,19 +167,19 @@ async fn the_issuer_of_the_redirect_must_be_the_server_the_sign_in_began_at() {
     let redirect = signed_in(&flow, &fake, &up).await;
     // The server promised `iss` (RFC 9207): missing, refused.
     let e = flow
-        .finish(&with(&redirect, "iss", None), &guard)
+        .finish(&with(&redirect, "iss", None), &guard, &[BH])
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Issuer(_)), "{e}");
     // Mix-up: an answer naming a second server (the upstream lists it too) is refused before
     // any code is sent anywhere.
     let e = flow
-        .finish(&with(&redirect, "iss", Some(&fake.issuer("/b"))), &guard)
+        .finish(&with(&redirect, "iss", Some(&fake.issuer("/b"))), &guard, &[BH])
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Issuer(_)), "{e}");
     assert!(fake.token_requests().is_empty());
-    flow.finish(&redirect, &guard).await.unwrap();
+    flow.finish(&redirect, &guard, &[BH]).await.unwrap();
 
     // A server that does not promise `iss`: its absence is accepted, a wrong one is not.
     let mut m = fake.meta("/as");
@@ -187,11 +190,13 @@ async fn the_issuer_of_the_redirect_must_be_the_server_the_sign_in_began_at() {
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
     let e = flow
-        .finish(&with(&redirect, "iss", Some(&fake.issuer("/b"))), &guard)
+        .finish(&with(&redirect, "iss", Some(&fake.issuer("/b"))), &guard, &[BH])
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Issuer(_)), "{e}");
-    flow.finish(&with(&redirect, "iss", None), &guard).await.unwrap();
+    flow.finish(&with(&redirect, "iss", None), &guard, &[BH])
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -213,7 +218,7 @@ async fn error_answers_and_malformed_redirects_are_refused_with_nothing_secret_i
         ("state", &state),
         ("code", &code),
     ]);
-    let e = flow.finish(&denied, &guard).await.unwrap_err().to_string();
+    let e = flow.finish(&denied, &guard, &[BH]).await.unwrap_err().to_string();
     assert!(e.contains("access_denied: you said no"), "{e}");
     assert!(
         !e.contains(&code) && !e.contains(&state) && !e.contains('\u{1b}'),
@@ -230,12 +235,12 @@ async fn error_answers_and_malformed_redirects_are_refused_with_nothing_secret_i
         ),
         ("code=%zz".to_owned(), "not well-formed"),
     ] {
-        let e = flow.finish(&query, &guard).await.unwrap_err();
+        let e = flow.finish(&query, &guard, &[BH]).await.unwrap_err();
         assert!(matches!(e, Error::Redirect(_)), "{query}: {e}");
         assert!(e.to_string().contains(want), "{e}");
     }
     // None of these used the state.
-    flow.finish(&redirect, &guard).await.unwrap();
+    flow.finish(&redirect, &guard, &[BH]).await.unwrap();
 }
 
 #[tokio::test]
@@ -296,7 +301,7 @@ async fn token_answers_that_cannot_be_used_are_refused() {
         let code = param(&redirect, "code");
         fake.set(|k| k.token_answer = Some((status, answer.replace("CODE", &code))));
         let e = flow
-            .finish(&redirect, &MemoryGuard::default())
+            .finish(&redirect, &MemoryGuard::default(), &[BH])
             .await
             .unwrap_err()
             .to_string();
@@ -316,7 +321,7 @@ async fn token_answers_that_cannot_be_used_are_refused() {
         let answer = json!({"access_token": "a", "token_type": "BEARER", "expires_in": expires_in});
         fake.set(|k| k.token_answer = Some((200, answer.to_string())));
         let t = flow
-            .finish(&redirect, &MemoryGuard::default())
+            .finish(&redirect, &MemoryGuard::default(), &[BH])
             .await
             .unwrap()
             .tokens;
@@ -366,7 +371,7 @@ async fn the_upstream_account_is_taken_from_an_id_token_issued_to_this_client_on
             json!({"access_token": "a", "token_type": "Bearer", "id_token": id_token(claims.clone())});
         fake.set(|k| k.token_answer = Some((200, answer.to_string())));
         let t = flow
-            .finish(&redirect, &MemoryGuard::default())
+            .finish(&redirect, &MemoryGuard::default(), &[BH])
             .await
             .unwrap()
             .tokens;
@@ -387,4 +392,24 @@ async fn the_memory_guard_is_bounded_and_refuses_when_full_rather_than_forget() 
     assert!(!guard.first_use("a", long).await && !guard.first_use("c", long).await);
     // A time to live past what a clock can say is kept, not a panic.
     assert!(MemoryGuard::new(1).first_use("x", Duration::MAX).await);
+}
+
+#[tokio::test]
+async fn a_redirect_in_another_browser_is_refused_before_its_state_is_used_or_its_code_sent() {
+    let fake = Fake::start().await;
+    let flow = flow_with(config());
+    let up = upstream(&fake);
+    let guard = MemoryGuard::default();
+    let redirect = signed_in(&flow, &fake, &up).await;
+    let other = BH.to_uppercase();
+    for browsers in [&[][..], &["other"], &[other.as_str()]] {
+        let e = flow.finish(&redirect, &guard, browsers).await.unwrap_err();
+        assert!(matches!(e, Error::Browser(_)), "{browsers:?}: {e}");
+    }
+    assert!(fake.token_requests().is_empty());
+    let done = flow.finish(&redirect, &guard, &["other", BH]).await.unwrap();
+    assert_eq!((done.browser.as_str(), done.subject.as_str()), (BH, ALICE));
+    // A state is begun for one browser: none is refused at the start.
+    let e = flow.begin(ALICE, &up, None, "").await.unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e}");
 }

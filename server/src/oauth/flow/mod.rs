@@ -9,9 +9,11 @@
 //!    Registration (RFC 7591), in that order.
 //! 3. [`Flow::begin`]: the authorization request (PKCE S256, RFC 8707 `resource`); its
 //!    `state` is sealed by the [`KeyRing`](crate::oauth::keyring::KeyRing), so any replica can
-//!    finish the sign-in without storage shared between them.
-//! 4. [`Flow::finish`]: the redirect back: the state opened and used once, the issuer checked
-//!    (RFC 9207), the code exchanged, the tokens checked. [`Flow::refresh`] renews them.
+//!    finish the sign-in without storage shared between them, and names the browser it was
+//!    begun in (the digest of a secret that browser holds).
+//! 4. [`Flow::finish`]: the redirect back: the state opened, its browser checked, used once,
+//!    the issuer checked (RFC 9207), the code exchanged, the tokens checked.
+//!    [`Flow::refresh`] renews them.
 //!
 //! Everything read from the network is hostile: sizes are bounded, every exchange is timed
 //! out, and no error names a token, a code, a verifier or a client secret.
@@ -80,6 +82,9 @@ pub enum Error {
     /// The `state` of the redirect is not one this server began, has expired or was used.
     #[error("sign-in state {0}")]
     State(&'static str),
+    /// The redirect came back to another browser than the one the sign-in began in.
+    #[error("sign-in browser: {0}")]
+    Browser(&'static str),
     /// The redirect names another authorization server than the one the sign-in began at.
     #[error("issuer check (RFC 9207): {0}")]
     Issuer(&'static str),
@@ -99,6 +104,7 @@ impl Error {
             Self::Denied(_) => "denied",
             Self::Redirect(_) => "redirect",
             Self::State(_) => "state",
+            Self::Browser(_) => "wrong_user",
             Self::Issuer(_) => "issuer",
             Self::Token(_) => "token",
         }

@@ -328,10 +328,12 @@ pub(crate) fn upstream(fake: &Fake) -> Upstream {
 }
 
 pub(crate) const ALICE: &str = "https://idp.example|alice";
+/// The browser binding the tests' sign-ins begin and finish with.
+pub(crate) const BH: &str = "browser-of-alice";
 
 /// Begins a sign-in for alice and has the user sign in: the redirect's query.
 pub(crate) async fn signed_in(flow: &Flow, fake: &Fake, up: &Upstream) -> String {
-    let auth = flow.begin(ALICE, up, None).await.unwrap();
+    let auth = flow.begin(ALICE, up, None, BH).await.unwrap();
     fake.login(&auth.url)
 }
 
@@ -340,7 +342,7 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
     let fake = Fake::start().await;
     let flow = flow_with(config());
     let up = upstream(&fake);
-    let auth = flow.begin(ALICE, &up, None).await.unwrap();
+    let auth = flow.begin(ALICE, &up, None, BH).await.unwrap();
     assert_eq!(auth.issuer, fake.issuer("/as"));
     assert_eq!(auth.client_id, "client-1");
     let (endpoint, query) = auth.url.split_once('?').unwrap();
@@ -355,7 +357,7 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
 
     let redirect = fake.login(&auth.url);
     let guard = MemoryGuard::default();
-    let done = flow.finish(&redirect, &guard).await.unwrap();
+    let done = flow.finish(&redirect, &guard, &[BH]).await.unwrap();
     assert_eq!((done.subject.as_str(), done.upstream.as_str()), (ALICE, "notes"));
     let t = &done.tokens;
     assert_eq!(t.access_token, "at-2");
@@ -388,7 +390,9 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
         "{stale}"
     );
     // One registration for the server, reused by the next sign-in.
-    flow.begin("https://idp.example|bob", &up, None).await.unwrap();
+    flow.begin("https://idp.example|bob", &up, None, BH)
+        .await
+        .unwrap();
     assert_eq!(fake.registrations(), 1);
 }
 
@@ -669,7 +673,10 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     assert!(!format!("{:?}", up.client).contains("pre-secret"));
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    let done = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     assert_eq!(done.tokens.client_id, "pre");
     let (body, auth) = fake.token_requests().pop().unwrap();
     assert_eq!(auth, format!("Basic {}", STANDARD.encode("pre:pre-secret-1234")));
@@ -680,7 +687,9 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    flow.finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     let (body, auth) = fake.token_requests().pop().unwrap();
     assert!(
         auth.is_empty() && body.contains("client_secret=pre-secret-1234"),
@@ -694,7 +703,7 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
     let mut cfg = config();
     cfg.client_metadata_url = Some("https://quiver.example/oauth/client".into());
-    let auth = flow_with(cfg.clone()).begin(ALICE, &up, None).await.unwrap();
+    let auth = flow_with(cfg.clone()).begin(ALICE, &up, None, BH).await.unwrap();
     assert_eq!(auth.client_id, "https://quiver.example/oauth/client");
     assert_eq!(fake.registrations(), 0);
     let doc = client_metadata_document(&cfg).unwrap();
@@ -706,7 +715,7 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     assert_eq!(doc["client_name"], "Quiver");
     assert_eq!(client_metadata_document(&config()), None);
     // Without a document of Quiver's own: registration.
-    let auth = flow_with(config()).begin(ALICE, &up, None).await.unwrap();
+    let auth = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap();
     assert_eq!((auth.client_id.as_str(), fake.registrations()), ("client-1", 1));
 }
 
@@ -745,7 +754,7 @@ async fn registration_answers_that_cannot_be_used_are_refused() {
         (201, json!("c"), "not a JSON object"),
     ] {
         fake.set(|k| k.register_answer = Some((status, answer.to_string())));
-        let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+        let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
         assert!(matches!(e, Error::Registration(_)), "{answer}: {e}");
         assert!(e.to_string().contains(want), "{answer}: {e}");
     }
@@ -759,7 +768,10 @@ async fn registration_answers_that_cannot_be_used_are_refused() {
     });
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    let done = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     assert_eq!(
         flow.registered(&done.tokens.issuer).unwrap().auth,
         AuthMethod::Basic
@@ -770,7 +782,7 @@ async fn registration_answers_that_cannot_be_used_are_refused() {
     let mut m = fake.meta("/as");
     m.as_object_mut().unwrap().remove("registration_endpoint");
     fake.doc("/.well-known/oauth-authorization-server/as", 200, m);
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(e.to_string().contains("configure a client"), "{e}");
 }
 
@@ -825,11 +837,11 @@ async fn a_configured_client_goes_only_to_the_server_issuer_names() {
     );
     let mut up = pre_registered_at_as(&fake);
     // With `issuer`: the upstream's choice is refused before anything is sent.
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(matches!(e, Error::Discovery(_)), "{e}");
     // Without (a configuration the model refuses): the flow refuses the client there too.
     up.issuer = None;
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(
         matches!(&e, Error::Config(m) if m.contains("only at the authorization server `issuer` names")),
         "{e}"
@@ -846,7 +858,10 @@ async fn a_configured_client_refreshes_only_at_its_servers_token_endpoint() {
     let up = pre_registered_at_as(&fake);
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    let done = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     // The stored token endpoint is not where the refresh goes: the server's metadata says.
     let mut moved = done.tokens.clone();
     moved.token_endpoint = format!("{}/token", fake.issuer("/b"));
@@ -922,7 +937,10 @@ async fn servers_metadata_names_at_addresses_of_this_host_private_or_link_local_
     m["registration_endpoint"] = json!("http://10.0.0.1/register");
     m["token_endpoint"] = json!("http://169.254.169.254/latest/token");
     fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
-    let e = flow_with(guarded()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(guarded())
+        .begin(ALICE, &up, None, BH)
+        .await
+        .unwrap_err();
     assert!(
         e.to_string().contains("10.0.0.1/register is a private address"),
         "{e}"
@@ -930,7 +948,10 @@ async fn servers_metadata_names_at_addresses_of_this_host_private_or_link_local_
     let pre = pre_registered_at_as(&fake);
     let flow = flow_with(guarded());
     let redirect = signed_in(&flow, &fake, &pre).await;
-    let e = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap_err();
+    let e = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap_err();
     assert!(
         e.to_string()
             .contains("169.254.169.254/latest/token is a link-local address"),

@@ -8,9 +8,9 @@
 //!   ([`calls`]).
 //! - The link binds the browser to that caller ([`browser`]): the browser signs in at the
 //!   client-facing issuer (OpenID Connect, PKCE, `nonce`) and the ID token must name the
-//!   ticket's caller; a cookie set when the link is opened ties every later step to that
-//!   browser, so a link, a redirect or an authorization URL handed to someone else
-//!   completes nothing. Then the upstream's own authorization server, and the tokens go to
+//!   ticket's caller; a secret set as a `__Host-` cookie when the link is opened, whose digest
+//!   every later state carries, ties every later step to that browser, so a link, a redirect
+//!   or an authorization URL handed to someone else completes nothing. Then the upstream's own authorization server, and the tokens go to
 //!   the vault under the caller.
 //! - Calls use the tokens, refresh them before they expire and once when the upstream
 //!   refuses one; sign-out and an administrator's revocation forget them.
@@ -92,10 +92,6 @@ struct Loaded {
 /// The upstream sign-in of a server: one per process, shared by calls and routes.
 pub struct SignIn {
     base: String,
-    /// The path cookies are scoped to (`BASE-PATH/oauth/`).
-    cookie_path: String,
-    /// Cookies only over https (a loopback http URL is for tests and development).
-    secure: bool,
     keys: SecretRef,
     client_id: String,
     client_secret: Option<SecretRef>,
@@ -186,8 +182,6 @@ impl SignIn {
     ) -> Result<Self, String> {
         let base = check_url(&cfg.url)?;
         let secure = base.starts_with("https://");
-        let path = flow::parse_url(&base).map_err(|e| format!("`{base}`: {e}"))?;
-        let cookie_path = format!("{}/oauth/", path.path().trim_end_matches('/'));
         let mut fc = FlowConfig::new(format!("{base}/oauth/callback"));
         fc.client_metadata_url = secure.then(|| format!("{base}/oauth/client.json"));
         fc.guard_discovered = !cfg.local_servers;
@@ -202,8 +196,6 @@ impl SignIn {
         }
         Ok(Self {
             base,
-            cookie_path,
-            secure,
             keys: cfg.keys,
             client_id: cfg.client_id,
             client_secret: cfg.client_secret,

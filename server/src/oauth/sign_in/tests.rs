@@ -199,12 +199,14 @@ async fn a_user_signs_in_through_the_link_and_calls_carry_their_token() {
     );
     assert_eq!(p["redirect_uri"], "http://127.0.0.1:9/oauth/callback");
     assert!(p["state"].starts_with("b.") && p.contains_key("nonce") && p.contains_key("code_challenge"));
-    // The cookie: HttpOnly, SameSite, scoped to the sign-in routes; no Secure over loopback http.
+    // The cookie: `__Host-` (Secure, Path=/, no Domain: loopback http too), HttpOnly, SameSite.
     let (_, q2) = s.link("alice").await;
     let find = s.lookup();
     let set = &s.sign_in.start(&q2, &find).await.cookies[0];
     assert!(
-        set.contains("; Path=/oauth/; Max-Age=600; HttpOnly; SameSite=Lax") && !set.contains("Secure"),
+        set.starts_with("__Host-quiver-oauth-")
+            && set.ends_with("; Path=/; Max-Age=600; HttpOnly; SameSite=Lax; Secure")
+            && !set.contains("Domain"),
         "{set}"
     );
 
@@ -220,9 +222,8 @@ async fn a_user_signs_in_through_the_link_and_calls_carry_their_token() {
     assert_eq!(p["resource"], s.fake.upstream_url());
     let bound_cookie = bound.cookies[0].split(';').next().unwrap().to_owned();
     assert_eq!(
-        bound_cookie.split('=').next(),
-        cookie.split('=').next(),
-        "the same cookie, now bound"
+        bound_cookie, cookie,
+        "the same secret, kept for the flow's lifetime"
     );
     let back = s.fake.login(&to_upstream);
     let done = s.callback(&back, Some(&bound_cookie)).await;
@@ -260,8 +261,17 @@ async fn a_link_opened_by_another_user_or_browser_stores_nothing() {
     assert_eq!(page.status, 403, "{}", page.body);
     assert!(page.body.contains("made for another user"), "{}", page.body);
     assert_eq!(s.metrics.sign_ins("notes", "wrong_user"), 1);
-    // Alice can still use her link: a browser that failed the check did not spend it.
+    // The link is spent (it is marked used before the issuer's code is exchanged): alice's
+    // client gives her a new one.
     let (to_issuer, cookie) = s.open(&q).await;
+    let back = s.fake.login_as(&to_issuer, "alice");
+    let again = s.callback(&back, Some(&cookie)).await;
+    assert!(
+        again.status == 400 && again.body.contains("used already"),
+        "{}",
+        again.body
+    );
+    let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
     let back = s.fake.login_as(&to_issuer, "alice");
     let bound = s.callback(&back, Some(&cookie)).await;
     assert_eq!(bound.status, 302, "{}", bound.body);
@@ -270,7 +280,12 @@ async fn a_link_opened_by_another_user_or_browser_stores_nothing() {
     let (to_issuer, _) = s.open(&s.link("alice").await.1).await;
     let back = s.fake.login_as(&to_issuer, "alice");
     assert_eq!(s.callback(&back, None).await.status, 403);
-    assert_eq!(s.callback(&back, Some("quiver-oauth-x=forged")).await.status, 403);
+    assert_eq!(
+        s.callback(&back, Some("__Host-quiver-oauth-x=forged"))
+            .await
+            .status,
+        403
+    );
     // The upstream's authorization URL handed to bob: he finishes in his browser, with his
     // own bound cookie (for his own sign-in) or none: nothing stored for alice.
     let back = s.fake.login(&to_upstream);
@@ -282,6 +297,85 @@ async fn a_link_opened_by_another_user_or_browser_stores_nothing() {
     for p in [&page.body, &s.callback(&back, Some("a=b")).await.body] {
         assert!(!p.contains(&code) && !p.contains(&q[2..]), "{p}");
     }
+}
+
+/// `user` signs in through a link up to the redirect back from the upstream's server: that
+/// redirect's query, and the browser's cookie (`name=secret`).
+async fn up_to_the_upstream(s: &Setup, user: &str) -> (String, String) {
+    let (to_issuer, cookie) = s.open(&s.link(user).await.1).await;
+    let bound = s
+        .callback(&s.fake.login_as(&to_issuer, user), Some(&cookie))
+        .await;
+    assert_eq!(bound.status, 302, "{}", bound.body);
+    (s.fake.login_as(bound.location.as_deref().unwrap(), user), cookie)
+}
+
+#[tokio::test]
+async fn a_redirect_finishes_only_in_the_browser_that_began_it() {
+    let s = setup().await;
+    // Mallory's upstream redirect (her state, her code) lands in alice's browser, which holds
+    // cookies of its own sign-in; or mallory planted her secret from a sibling subdomain,
+    // where she cannot set a `__Host-` cookie (any other name is not read).
+    let (mallorys, mallory_cookie) = up_to_the_upstream(&s, "mallory").await;
+    let (alices, alice_cookie) = up_to_the_upstream(&s, "alice").await;
+    let (name, secret) = mallory_cookie.split_once('=').unwrap();
+    let tossed = [
+        format!("{}={secret}", name.trim_start_matches("__Host-")),
+        format!("__Secure-{}={secret}", name.trim_start_matches("__Host-")),
+    ];
+    let sent = s.fake.token_requests().len();
+    for cookie in [
+        Some(alice_cookie.as_str()),
+        None,
+        Some(&tossed[0]),
+        Some(&tossed[1]),
+    ] {
+        let page = s.callback(&mallorys, cookie).await;
+        assert_eq!(page.status, 403, "{cookie:?}: {}", page.body);
+        assert!(page.body.contains("another browser"), "{}", page.body);
+    }
+    // Nothing was exchanged or stored, and nothing spent: each browser finishes its own.
+    assert_eq!(s.fake.token_requests().len(), sent, "no code was sent");
+    assert!(!s.held("mallory").await && !s.held("alice").await);
+    let both = format!("{alice_cookie}; {mallory_cookie}");
+    assert_eq!(s.callback(&mallorys, Some(&both)).await.status, 200);
+    assert_eq!(s.callback(&alices, Some(&alice_cookie)).await.status, 200);
+    assert!(s.held("mallory").await && s.held("alice").await);
+    // A replay of a finished redirect is refused before its code is sent again.
+    let sent = s.fake.token_requests().len();
+    let page = s.callback(&alices, Some(&alice_cookie)).await;
+    assert!(
+        page.status == 400 && page.body.contains("used already"),
+        "{}",
+        page.body
+    );
+    assert_eq!(s.fake.token_requests().len(), sent);
+}
+
+#[tokio::test]
+async fn the_issuers_redirect_is_used_once_before_its_code_is_exchanged() {
+    let s = setup().await;
+    let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
+    let back = s.fake.login_as(&to_issuer, "alice");
+    assert_eq!(s.callback(&back, Some(&cookie)).await.status, 302);
+    let sent = s.fake.token_requests().len();
+    let page = s.callback(&back, Some(&cookie)).await;
+    assert!(
+        page.status == 400 && page.body.contains("used already"),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        s.fake.token_requests().len(),
+        sent,
+        "the replayed code was not sent"
+    );
+    // Without the browser's cookie, nothing is spent nor sent either.
+    let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
+    let back = s.fake.login_as(&to_issuer, "alice");
+    assert_eq!(s.callback(&back, None).await.status, 403);
+    assert_eq!(s.fake.token_requests().len(), sent);
+    assert_eq!(s.callback(&back, Some(&cookie)).await.status, 302);
 }
 
 #[tokio::test]
@@ -533,8 +627,8 @@ async fn the_client_metadata_document_is_served_only_over_https() {
     );
     assert_eq!(doc["token_endpoint_auth_method"], "none");
     assert_eq!(
-        https.cookie("quiver-oauth-x", Some("v")),
-        "quiver-oauth-x=v; Path=/tools/oauth/; Max-Age=600; HttpOnly; SameSite=Lax; Secure"
+        https.cookie("__Host-quiver-oauth-x", Some("v")),
+        "__Host-quiver-oauth-x=v; Path=/; Max-Age=600; HttpOnly; SameSite=Lax; Secure"
     );
 }
 
@@ -570,7 +664,7 @@ async fn a_loopback_url_does_not_turn_the_guard_of_discovered_servers_off() {
         json!({"resource": s.fake.upstream_url(), "authorization_servers": [format!("http://localhost:{port}/as")]}),
     );
     let up = local.upstream("notes", &s.id).unwrap();
-    let e = local.flow.begin("i|alice", &up, None).await.unwrap_err();
+    let e = local.flow.begin("i|alice", &up, None, "b").await.unwrap_err();
     assert!(e.to_string().contains("may not choose"), "{e}");
 }
 
