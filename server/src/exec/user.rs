@@ -96,7 +96,7 @@ impl Executor {
                     };
                 }
                 Err(CallError::Unauthorized) => {
-                    return match sign_in.refused_again(&subject, name).await {
+                    return match sign_in.refused_again(&subject, name, &auth).await {
                         CallAuth::SignIn(l) => sign_in_first(&l, cx),
                         CallAuth::Refused(e) => refused(e),
                         CallAuth::Bearer(_) => refused("refused the token again".into()),

@@ -111,11 +111,27 @@ impl SignIn {
         self.refreshed(subject, name, id, Some(token)).await
     }
 
-    /// The upstream refused a token again right after it was refreshed: it is forgotten, and
-    /// the caller signs in again.
-    pub async fn refused_again(&self, subject: &str, name: &str) -> CallAuth {
+    /// The upstream refused the token `sent` (the `Authorization` value) again right after it
+    /// was refreshed: it is forgotten if the vault still holds it (a sign-in or a refresh
+    /// meanwhile is kept), and the caller signs in again.
+    pub async fn refused_again(&self, subject: &str, name: &str, sent: &HeaderValue) -> CallAuth {
         self.warm.forget(subject, Some(name));
-        match self.vault.remove(subject, name).await {
+        let token = sent
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        let held = match self.vault.held(subject, name).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return self.link(subject, name),
+            Err(e) => return CallAuth::Refused(e.to_string()),
+        };
+        if held.tokens.access_token != token {
+            return CallAuth::Refused(format!(
+                "upstream `{name}` refused the token, and a newer one is held now: retry the call"
+            ));
+        }
+        match self.vault.discard(subject, name, &held).await {
             Ok(_) => {
                 self.audit(
                     "oauth.sign_out",

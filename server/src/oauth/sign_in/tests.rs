@@ -506,9 +506,15 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
         panic!("not refreshed");
     };
     assert_ne!(again, fresh);
-    // Refused again: forgotten, and a link.
+    // Refused again: forgotten, and a link; but a token the call did not send (a newer one)
+    // is kept.
     assert!(matches!(
-        s.sign_in.refused_again(&alice, "notes").await,
+        s.sign_in.refused_again(&alice, "notes", &fresh).await,
+        CallAuth::Refused(_)
+    ));
+    assert!(s.held("alice").await);
+    assert!(matches!(
+        s.sign_in.refused_again(&alice, "notes", &again).await,
         CallAuth::SignIn(_)
     ));
     assert!(!s.held("alice").await);

@@ -85,11 +85,12 @@ impl Memory {
         }
     }
 
+    /// Keeps `sealed` in `slot`; with `expected`, only if the slot still holds those bytes.
     pub(super) fn store(
         &self,
         slot: &Slot,
         sealed: String,
-        ttl: Duration,
+        (ttl, expected): (Duration, Option<&[u8]>),
         opts: &Options,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
@@ -97,6 +98,16 @@ impl Memory {
             .checked_add(ttl)
             .unwrap_or_else(|| now + Duration::from_secs(86_400));
         let mut g = self.lock();
+        if let Some(old) = expected {
+            let holds = g
+                .users
+                .get(&slot.user)
+                .and_then(|u| u.slots.get(&slot.upstream))
+                .is_some_and(|h| h.until > now && h.sealed.as_bytes() == old);
+            if !holds {
+                return Err(StoreError::Changed);
+            }
+        }
         g.clock += 1;
         let tick = g.clock;
         let mut gone = 0;

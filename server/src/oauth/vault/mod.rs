@@ -27,7 +27,8 @@
 //!
 //! [`Vault::refresh_once`] refreshes a slot once at a time: in-process, concurrent callers
 //! share one result; across replicas, the one that takes a short Redis lock refreshes and the
-//! others wait for its result.
+//! others wait for its result. What it writes or deletes is a compare-and-set against the
+//! bytes it read, so a sign-out, a revocation or a newer sign-in meanwhile stands.
 //!
 //! # Threat model
 //!
@@ -241,6 +242,8 @@ enum StoreError {
     Io(String),
     TooManyUsers,
     TooManyUpstreams,
+    /// The slot no longer holds the bytes a compare-and-set expected.
+    Changed,
 }
 
 enum Store {
@@ -481,18 +484,28 @@ impl Vault {
     /// (counted), Redis failed.
     pub async fn put(&self, subject: &str, upstream: &str, t: &TokenSet) -> Result<(), VaultError> {
         let slot = self.slot(subject, upstream);
-        self.write(&slot, upstream, t).await
+        self.write(&slot, upstream, t, None).await.map(drop)
     }
 
-    async fn write(&self, slot: &Slot, upstream: &str, t: &TokenSet) -> Result<(), VaultError> {
+    /// Keeps `t` in `slot`; with `expected`, only if the slot still holds those bytes (a
+    /// refresh does not undo a sign-out, a revocation or a newer sign-in): `Ok(false)` if it
+    /// no longer does.
+    async fn write(
+        &self,
+        slot: &Slot,
+        upstream: &str,
+        t: &TokenSet,
+        expected: Option<&[u8]>,
+    ) -> Result<bool, VaultError> {
         let sealed = self.seal(slot, upstream, t)?;
         let ttl = t.keep_for(SystemTime::now(), self.opts.max_ttl);
         let bound = |e: VaultError| {
             self.metrics.vault_error("over_bound");
             e
         };
-        match self.store.store(slot, sealed, ttl, &self.opts).await {
-            Ok(()) => Ok(()),
+        match self.store.store(slot, sealed, (ttl, expected), &self.opts).await {
+            Ok(()) => Ok(true),
+            Err(StoreError::Changed) => Ok(false),
             Err(StoreError::Io(e)) => Err(self.unavailable(upstream, e)),
             Err(StoreError::TooManyUsers) => Err(bound(VaultError::TooManyUsers {
                 upstream: upstream.to_owned(),
@@ -584,12 +597,12 @@ impl Store {
         &self,
         slot: &Slot,
         sealed: String,
-        ttl: Duration,
+        at: (Duration, Option<&[u8]>),
         opts: &Options,
     ) -> Result<(), StoreError> {
         match self {
-            Self::Memory(m) => m.store(slot, sealed, ttl, opts),
-            Self::Redis(r) => r.store(slot, &sealed, ttl, opts).await,
+            Self::Memory(m) => m.store(slot, sealed, at, opts),
+            Self::Redis(r) => r.store(slot, &sealed, at, opts).await,
         }
     }
 

@@ -60,9 +60,11 @@ return v
 );
 
 /// Keeps a slot's sealed bytes. ARGV: U, S, the bytes, the TTL (ms), the bound of subjects,
-/// the bound of slots per subject. Answers 1, or -1 (a new subject over the bound), -2 (a
-/// new slot over the subject's bound).
+/// the bound of slots per subject, and optionally the bytes the slot must still hold.
+/// Answers 1, or -1 (a new subject over the bound), -2 (a new slot over the subject's bound),
+/// 0 (the slot no longer holds the bytes expected).
 const STORE: &str = r"
+if ARGV[7] and redis.call('GET', KEYS[1]) ~= ARGV[7] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[4])
@@ -237,22 +239,25 @@ impl RedisStore {
         }
     }
 
+    /// Keeps `sealed` in `slot`; with `expected`, only if the slot still holds those bytes.
     pub(super) async fn store(
         &self,
         slot: &Slot,
         sealed: &str,
-        ttl: Duration,
+        (ttl, expected): (Duration, Option<&[u8]>),
         opts: &Options,
     ) -> Result<(), StoreError> {
         let (ttl, users, per) = (ms(ttl), opts.max_users.to_string(), opts.max_per_user.to_string());
-        let args: [&[u8]; 4] = [
+        let mut args: Vec<&[u8]> = vec![
             sealed.as_bytes(),
             ttl.as_bytes(),
             users.as_bytes(),
             per.as_bytes(),
         ];
+        args.extend(expected);
         match self.on_slot(STORE, slot, &args).await.map_err(StoreError::Io)? {
             Reply::Int(1) => Ok(()),
+            Reply::Int(0) => Err(StoreError::Changed),
             Reply::Int(-1) => Err(StoreError::TooManyUsers),
             Reply::Int(-2) => Err(StoreError::TooManyUpstreams),
             _ => Err(StoreError::Io(unexpected())),

@@ -524,3 +524,11 @@ async fn two_prefixes_on_one_redis_neither_see_remove_nor_count_each_others_user
     }
     assert!(y.get("idp|carol", "github").await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn a_refresh_on_one_replica_never_undoes_a_change_made_through_another() {
+    let r = redis().await;
+    let (a, _) = replica(&r, ring(&[("k1", 1)]), Options::default());
+    let (b, _) = replica(&r, ring(&[("k1", 1)]), Options::default());
+    super::super::tests::a_refresh_never_undoes_what_happened_meanwhile(&a, &b).await;
+}

@@ -272,7 +272,9 @@ impl Vault {
     }
 
     /// The refresh itself, under the slot's lock: what is held is read again (another
-    /// replica may have refreshed it since it was last read).
+    /// replica may have refreshed it since it was last read). Every write and delete is a
+    /// compare-and-set against the bytes read: a sign-out, a revocation or a newer sign-in
+    /// meanwhile is never undone.
     async fn refresh_locked<F, Fut>(
         &self,
         slot: &Slot,
@@ -284,15 +286,16 @@ impl Vault {
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
     {
-        let current = self
-            .read(slot, upstream)
+        let held = self
+            .read_held(slot, upstream)
             .await?
             .ok_or_else(|| sign_in(upstream))?;
-        if !self.needs_refresh(&current, rejected) {
-            return Ok(current);
+        let current = &held.tokens;
+        if !self.needs_refresh(current, rejected) {
+            return Ok(held.tokens);
         }
         if current.refresh_token.is_none() {
-            self.forget(slot, upstream).await?;
+            self.forget(slot, upstream, &held).await?;
             return Err(sign_in(upstream));
         }
         let failed = |reason: String| RefreshError::Failed {
@@ -303,23 +306,31 @@ impl Vault {
             Err(_) => Err(failed("no answer in time".into())),
             Ok(Err(RefreshFailure::Other(reason))) => Err(failed(reason)),
             Ok(Err(RefreshFailure::InvalidGrant(reason))) => {
-                self.forget(slot, upstream).await?;
+                self.forget(slot, upstream, &held).await?;
                 Err(RefreshError::Revoked {
                     upstream: upstream.to_owned(),
                     reason: bounded(reason),
                 })
             }
             Ok(Ok(new)) => {
-                let new = new.refreshed_from(&current);
-                self.write(slot, upstream, &new).await?;
-                Ok(new)
+                let new = new.refreshed_from(current);
+                if self.write(slot, upstream, &new, Some(&held.sealed)).await? {
+                    return Ok(new);
+                }
+                // Signed out, revoked or signed in again while the refresh ran: what is
+                // held now stands, and the refreshed tokens are dropped.
+                match self.read(slot, upstream).await? {
+                    Some(t) if usable(&t, SystemTime::now(), self.opts.skew) => Ok(t),
+                    _ => Err(sign_in(upstream)),
+                }
             }
         }
     }
 
-    async fn forget(&self, slot: &Slot, upstream: &str) -> Result<(), VaultError> {
+    /// Drops `held` from `slot`, unless the slot changed since it was read.
+    async fn forget(&self, slot: &Slot, upstream: &str, held: &super::Held) -> Result<(), VaultError> {
         self.store
-            .remove(slot)
+            .discard(slot, &held.sealed)
             .await
             .map(drop)
             .map_err(|e| self.unavailable(upstream, e))

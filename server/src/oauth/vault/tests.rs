@@ -185,7 +185,7 @@ async fn bytes_moved_to_another_slot_or_altered_do_not_open_and_are_deleted() {
             unreachable!()
         };
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        assert!(mem.store(&slot, text, ttl, &opts).is_ok());
+        assert!(mem.store(&slot, text, (ttl, None), &opts).is_ok());
         assert_eq!(v.get(subject, upstream).await.unwrap(), None, "case {n}");
         assert_eq!(m.vault_errors("forged"), n as u64 + 1);
         assert_eq!(sealed(&v, subject, upstream).await, None, "case {n}: deleted");
@@ -738,4 +738,67 @@ async fn when_the_leading_call_is_cancelled_a_waiting_one_refreshes() {
     leader.abort();
     let t = follower.await.unwrap().unwrap();
     assert_eq!(t.access_token, format!("{ACCESS}-next"));
+}
+
+/// A refresh whose answer comes after the slot changed (through `b`, the same vault or
+/// another replica) never undoes the change: a sign-out, a revocation, a newer sign-in.
+pub(super) async fn a_refresh_never_undoes_what_happened_meanwhile(a: &Vault, b: &Vault) {
+    const ALICE: &str = "idp|alice";
+    let refreshed = |t: &str| Ok::<_, RefreshFailure>(tokens(t));
+    // Signed out, or revoked by an administrator, while the refresh ran.
+    for revoke in [false, true] {
+        a.put(ALICE, "github", &expired("old")).await.unwrap();
+        let r = a
+            .refresh_once(ALICE, "github", None, |_| async {
+                match revoke {
+                    true => drop(b.remove_subject(ALICE).await.unwrap()),
+                    false => drop(b.remove(ALICE, "github").await.unwrap()),
+                }
+                refreshed("late")
+            })
+            .await;
+        assert_eq!(
+            r,
+            Err(RefreshError::SignIn {
+                upstream: "github".into()
+            }),
+            "revoke: {revoke}"
+        );
+        assert_eq!(a.get(ALICE, "github").await.unwrap(), None);
+        assert_eq!(b.count(ALICE).await.unwrap(), 0);
+    }
+    // Signed in again while the refresh ran: the newer sign-in stays, and is what the call
+    // gets.
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let r = a
+        .refresh_once(ALICE, "github", None, |_| async {
+            b.put(ALICE, "github", &tokens("newer")).await.unwrap();
+            refreshed("late")
+        })
+        .await;
+    assert_eq!(r, Ok(as_stored(tokens("newer"))));
+    assert_eq!(
+        a.get(ALICE, "github").await.unwrap(),
+        Some(as_stored(tokens("newer")))
+    );
+    // A refused grant forgets only the tokens it was about.
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let r = a
+        .refresh_once(ALICE, "github", None, |_| async {
+            b.put(ALICE, "github", &tokens("newest")).await.unwrap();
+            Err(RefreshFailure::InvalidGrant("invalid_grant".into()))
+        })
+        .await;
+    assert!(matches!(r, Err(RefreshError::Revoked { .. })), "{r:?}");
+    assert_eq!(
+        b.get(ALICE, "github").await.unwrap(),
+        Some(as_stored(tokens("newest")))
+    );
+    b.remove_subject(ALICE).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refresh_never_undoes_a_sign_out_a_revocation_or_a_newer_sign_in() {
+    let (v, _) = memory(Options::default());
+    a_refresh_never_undoes_what_happened_meanwhile(&v, &v).await;
 }
