@@ -75,6 +75,10 @@ pub(super) struct State {
     pub(super) resource: String,
     #[serde(rename = "c")]
     pub(super) client: Client,
+    /// Whether the flow registered that client itself (RFC 7591): its secret is then kept
+    /// with the tokens (a configured client's is read from its Secret).
+    #[serde(rename = "cr", default)]
+    pub(super) registered: bool,
     #[serde(rename = "sc", default, skip_serializing_if = "Option::is_none")]
     pub(super) scope: Option<String>,
     /// The browser the sign-in was begun in: the digest of a secret only it holds (a
@@ -186,6 +190,7 @@ impl Flow {
             token_endpoint: found.server.token_endpoint.clone(),
             resource: found.resource.resource.clone(),
             client: client.clone(),
+            registered: upstream.client.is_none() && client.client_secret.is_some(),
             scope: found.scope.clone(),
             verifier,
             browser: browser.to_owned(),

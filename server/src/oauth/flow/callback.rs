@@ -10,6 +10,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::authorize::{STATE_AAD, State, now_secs};
+use super::register::AuthMethod;
 use super::token::{Asked, read_tokens};
 use super::wire::{self, parse_query, said};
 use super::{Error, Flow, Result, Tokens};
@@ -220,7 +221,18 @@ impl Flow {
             }
             other => other?,
         };
-        read_tokens(&body, &asked)
+        let mut tokens = read_tokens(&body, &asked)?;
+        if state.registered {
+            tokens.client_secret.clone_from(&state.client.client_secret);
+            tokens.client_auth = Some(
+                match state.client.auth {
+                    AuthMethod::Post => "client_secret_post",
+                    _ => "client_secret_basic",
+                }
+                .to_owned(),
+            );
+        }
+        Ok(tokens)
     }
 }
 

@@ -54,6 +54,7 @@ fn sealed_state(fake: &Fake, edit: impl FnOnce(&mut State)) -> String {
             client_secret: None,
             auth: AuthMethod::None,
         },
+        registered: false,
         scope: None,
         browser: BH.into(),
     };

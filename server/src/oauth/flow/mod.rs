@@ -76,6 +76,11 @@ pub enum Error {
     /// The authorization server (or the user) said no: an `error` answer.
     #[error("the authorization server refused: {0}")]
     Denied(String),
+    /// The token endpoint refused the grant itself (`invalid_grant`: the code or refresh
+    /// token is expired, revoked, used or not this client's): the user signs in again.
+    /// Other refusals (`invalid_client`, `invalid_request`, ...) are [`Error::Denied`].
+    #[error("the authorization server refused the grant: {0}")]
+    InvalidGrant(String),
     /// The redirect back is malformed: its query, or no usable `code`.
     #[error("the redirect: {0}")]
     Redirect(&'static str),
@@ -101,7 +106,7 @@ impl Error {
             Self::Unreachable(_) => "unreachable",
             Self::Discovery(_) => "discovery",
             Self::Registration(_) => "registration",
-            Self::Denied(_) => "denied",
+            Self::Denied(_) | Self::InvalidGrant(_) => "denied",
             Self::Redirect(_) => "redirect",
             Self::State(_) => "state",
             Self::Browser(_) => "wrong_user",

@@ -386,7 +386,7 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
     assert_eq!(rotated.refresh_token.as_deref(), Some("rt-4"));
     let stale = flow.refresh(&renewed, &up).await.unwrap_err();
     assert!(
-        matches!(&stale, Error::Denied(d) if d.starts_with("invalid_grant")),
+        matches!(&stale, Error::InvalidGrant(d) if d.starts_with("invalid_grant")),
         "{stale}"
     );
     // One registration for the server, reused by the next sign-in.
@@ -778,6 +778,16 @@ async fn registration_answers_that_cannot_be_used_are_refused() {
     );
     assert!(!format!("{:?}", flow.registered(&done.tokens.issuer)).contains("conf-secret"));
     flow.refresh(&done.tokens, &up).await.unwrap();
+    // The registration is kept with the tokens (sealed in the vault), so that another
+    // replica, which never registered, refreshes as that client too.
+    assert_eq!(done.tokens.client_secret.as_deref(), Some("conf-secret-99"));
+    assert!(!format!("{:?}", done.tokens).contains("conf-secret"));
+    let other_replica = flow_with(config());
+    assert_eq!(other_replica.registered(&done.tokens.issuer), None);
+    let renewed = other_replica.refresh(&done.tokens, &up).await.unwrap();
+    let (_, auth) = fake.token_requests().pop().unwrap();
+    assert_eq!(auth, format!("Basic {}", STANDARD.encode("conf:conf-secret-99")));
+    assert_eq!(renewed.client_secret.as_deref(), None, "completed by the vault");
     // No registration endpoint and no client configured.
     let mut m = fake.meta("/as");
     m.as_object_mut().unwrap().remove("registration_endpoint");

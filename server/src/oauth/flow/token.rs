@@ -124,6 +124,8 @@ pub(super) fn read_tokens(body: &[u8], asked: &Asked<'_>) -> Result<Tokens> {
         issuer: asked.issuer.to_owned(),
         token_endpoint: asked.token_endpoint.to_owned(),
         client_id: asked.client_id.to_owned(),
+        client_secret: None,
+        client_auth: None,
         account,
     })
 }
@@ -133,8 +135,9 @@ impl Flow {
     /// is a success. `known`: what was sent that must not come back in an error.
     ///
     /// # Errors
-    /// [`Error::Denied`] for an OAuth error answer (`invalid_grant`: sign in again),
-    /// [`Error::Token`] for another status, [`Error::Unreachable`].
+    /// [`Error::InvalidGrant`] for an `invalid_grant` answer (sign in again),
+    /// [`Error::Denied`] for another OAuth error answer, [`Error::Token`] for another
+    /// status, [`Error::Unreachable`].
     pub(super) async fn token_request(
         &self,
         asked: &Asked<'_>,
@@ -181,7 +184,13 @@ impl Flow {
         let mut known = known.to_vec();
         known.push(secret);
         if matches!(a.status.as_u16(), 400 | 401) {
-            return Err(Error::Denied(said_json(&a.body, &known)));
+            let said = said_json(&a.body, &known);
+            let code = serde_json::from_slice::<Value>(&a.body).ok();
+            let code = code.as_ref().and_then(|d| d.get("error")).and_then(Value::as_str);
+            return Err(match code {
+                Some("invalid_grant") => Error::InvalidGrant(said),
+                _ => Error::Denied(said),
+            });
         }
         Err(Error::Token(format!(
             "{} answered {}",
@@ -196,14 +205,13 @@ impl Flow {
     /// metadata names now.
     ///
     /// # Errors
-    /// [`Error::Denied`]: there is no refresh token, or the server refused it (the user
-    /// signs in again); [`Error::Issuer`]: the tokens are of another server than `issuer`
-    /// names; otherwise as the code exchange.
+    /// [`Error::InvalidGrant`]: there is no refresh token, or the server refused it (the
+    /// user signs in again); [`Error::Issuer`]: the tokens are of another server than
+    /// `issuer` names; otherwise as the code exchange.
     pub async fn refresh(&self, tokens: &Tokens, upstream: &Upstream) -> Result<Tokens> {
-        let refresh_token = tokens
-            .refresh_token
-            .as_deref()
-            .ok_or_else(|| Error::Denied("no refresh token was issued: the user signs in again".into()))?;
+        let refresh_token = tokens.refresh_token.as_deref().ok_or_else(|| {
+            Error::InvalidGrant("no refresh token was issued: the user signs in again".into())
+        })?;
         let up = parse_url(&upstream.url).map_err(|e| Error::Config(format!("the upstream's URL: {e}")))?;
         if upstream.issuer.as_deref().is_some_and(|i| i != tokens.issuer) {
             return Err(Error::Issuer(
@@ -239,8 +247,9 @@ impl Flow {
     }
 
     /// The client that obtained `tokens` and the token endpoint to refresh them at: the
-    /// configured one at its server's current token endpoint, else the one this replica
-    /// registered, else a public client by that id, at the endpoint the tokens came from.
+    /// configured one at its server's current token endpoint; else the registered one whose
+    /// secret the tokens keep (any replica has it), the one this replica registered, or a
+    /// public client by that id, at the endpoint the tokens came from.
     async fn refreshing_client(
         &self,
         tokens: &Tokens,
@@ -261,9 +270,19 @@ impl Flow {
             let client = super::register::pre_registered(pre, &meta.token_endpoint_auth_methods_supported);
             return Ok((client, meta.token_endpoint.clone()));
         }
-        let client = self
-            .registered(&tokens.issuer)
-            .filter(|c| c.client_id == tokens.client_id)
+        let kept = tokens.client_secret.as_ref().map(|secret| Client {
+            client_id: tokens.client_id.clone(),
+            client_secret: Some(secret.clone()),
+            auth: match tokens.client_auth.as_deref() {
+                Some("client_secret_post") => AuthMethod::Post,
+                _ => AuthMethod::Basic,
+            },
+        });
+        let client = kept
+            .or_else(|| {
+                self.registered(&tokens.issuer)
+                    .filter(|c| c.client_id == tokens.client_id)
+            })
             .unwrap_or_else(|| Client {
                 client_id: tokens.client_id.clone(),
                 client_secret: None,

@@ -294,7 +294,8 @@ impl SignIn {
                     flow::Error::State(_)
                     | flow::Error::Redirect(_)
                     | flow::Error::Issuer(_)
-                    | flow::Error::Denied(_) => {
+                    | flow::Error::Denied(_)
+                    | flow::Error::InvalidGrant(_) => {
                         Page::refused(&format!("The upstream's answer was refused: {e}."))
                     }
                     _ => Page::failed(&format!("The upstream's sign-in failed: {e}.")),

@@ -518,8 +518,30 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
         CallAuth::SignIn(_)
     ));
     assert!(!s.held("alice").await);
-    // A refresh token the server no longer knows: revoked, a link.
+    // Refusals that are not about the grant (a client another replica registered and this
+    // one does not know, a scope, a malformed request) keep the tokens for the next try.
     assert_eq!(s.sign_in_as("alice").await.status, 200);
+    for (status, error) in [
+        (401, "invalid_client"),
+        (400, "invalid_request"),
+        (400, "invalid_scope"),
+        (400, "unauthorized_client"),
+    ] {
+        s.fake
+            .set(|k| k.token_answer = Some((status, json!({"error": error}).to_string())));
+        let held = v.get(&alice, "notes").await.unwrap().unwrap();
+        let sent = http::HeaderValue::try_from(format!("Bearer {}", held.access_token)).unwrap();
+        assert!(
+            matches!(
+                s.sign_in.rejected(&alice, "notes", &s.id, &sent).await,
+                CallAuth::Refused(_)
+            ),
+            "{error}"
+        );
+        assert!(s.held("alice").await, "{error}: kept");
+    }
+    assert_eq!(s.metrics.refreshes("notes", "failed"), 4);
+    // A refresh token the server no longer knows: revoked, a link.
     s.fake
         .set(|k| k.token_answer = Some((400, json!({"error": "invalid_grant"}).to_string())));
     let held = v.get(&alice, "notes").await.unwrap().unwrap();

@@ -34,6 +34,8 @@ pub(super) fn tokens(tag: &str) -> TokenSet {
         issuer: "https://as.example".into(),
         token_endpoint: "https://as.example/token".into(),
         client_id: "quiver-client".into(),
+        client_secret: None,
+        client_auth: None,
         account: Some("octocat".into()),
     }
 }

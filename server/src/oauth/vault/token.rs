@@ -30,6 +30,14 @@ pub struct TokenSet {
     pub token_endpoint: String,
     /// The client that obtained it (a refresh needs it).
     pub client_id: String,
+    /// The secret of that client when the server registered it itself (RFC 7591): kept
+    /// sealed with the tokens so that every replica refreshes as that client. `None` for a
+    /// public client, and for one configured (its secret is read from its Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
+    /// How that client authenticates (`client_secret_basic` or `client_secret_post`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<String>,
     /// The upstream account, when known (the id token's `sub`, userinfo), for the audit trail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
@@ -47,6 +55,8 @@ impl std::fmt::Debug for TokenSet {
             .field("issuer", &self.issuer)
             .field("token_endpoint", &self.token_endpoint)
             .field("client_id", &self.client_id)
+            .field("client_secret", &self.client_secret.as_ref().map(|_| HIDDEN))
+            .field("client_auth", &self.client_auth)
             .field("account", &self.account)
             .finish()
     }
@@ -92,7 +102,7 @@ impl TokenSet {
     /// `max_field`, an access token, resource, issuer, token endpoint and client id present.
     pub(super) fn check(&self, b: FieldBounds) -> Result<(), BadField> {
         let opt = |o: &Option<String>| o.as_deref().map_or(0, str::len);
-        let fields: [(&'static str, usize, usize, bool); 8] = [
+        let fields: [(&'static str, usize, usize, bool); 10] = [
             ("access_token", self.access_token.len(), b.max_token, true),
             ("refresh_token", opt(&self.refresh_token), b.max_token, false),
             ("scope", opt(&self.scope), b.max_field, false),
@@ -100,6 +110,8 @@ impl TokenSet {
             ("issuer", self.issuer.len(), b.max_field, true),
             ("token_endpoint", self.token_endpoint.len(), b.max_field, true),
             ("client_id", self.client_id.len(), b.max_field, true),
+            ("client_secret", opt(&self.client_secret), b.max_field, false),
+            ("client_auth", opt(&self.client_auth), b.max_field, false),
             ("account", opt(&self.account), b.max_field, false),
         ];
         for (field, len, max, required) in fields {
@@ -133,6 +145,10 @@ impl TokenSet {
         }
         if self.scope.is_none() {
             self.scope.clone_from(&old.scope);
+        }
+        if self.client_secret.is_none() && self.client_id == old.client_id {
+            self.client_secret.clone_from(&old.client_secret);
+            self.client_auth.clone_from(&old.client_auth);
         }
         self
     }
