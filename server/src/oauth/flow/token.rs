@@ -88,13 +88,12 @@ pub(super) fn read_tokens(body: &[u8], asked: &Asked<'_>) -> Result<Tokens> {
         .and_then(Value::as_str)
         .filter(|t| token_ok(t))
         .ok_or_else(|| Error::Token("the answer has no usable `access_token`".into()))?;
+    let now = SystemTime::now();
     let expires_at = match doc.get("expires_in") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
-            SystemTime::now()
-                + lifetime(v).ok_or_else(|| {
-                    Error::Token("the answer's `expires_in` is not a number of seconds".into())
-                })?,
+            now + lifetime(v)
+                .ok_or_else(|| Error::Token("the answer's `expires_in` is not a number of seconds".into()))?,
         ),
     };
     let refresh_token = match doc.get("refresh_token") {
@@ -119,6 +118,7 @@ pub(super) fn read_tokens(body: &[u8], asked: &Asked<'_>) -> Result<Tokens> {
         access_token: access_token.to_owned(),
         refresh_token: refresh_token.map(str::to_owned),
         expires_at,
+        obtained_at: Some(now),
         scope: scope.map(str::to_owned),
         resource: asked.resource.to_owned(),
         issuer: asked.issuer.to_owned(),

@@ -48,8 +48,7 @@ impl SignIn {
     fn bearer(&self, subject: &str, t: &TokenSet, upstream: &str, id: &Identity) -> CallAuth {
         match HeaderValue::try_from(format!("Bearer {}", t.access_token)) {
             Ok(h) => {
-                let skew = self.vault.options().skew;
-                let until = t.expires_at.map(|at| at.checked_sub(skew).unwrap_or(at));
+                let until = t.refresh_at(self.vault.options().skew);
                 let max = self.shared.then_some(super::warm::SHARED_TTL);
                 self.warm
                     .put((subject, upstream), (&id.audience, &t.issuer), &h, until, max);

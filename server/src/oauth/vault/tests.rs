@@ -29,6 +29,7 @@ pub(super) fn tokens(tag: &str) -> TokenSet {
         access_token: format!("{ACCESS}-{tag}"),
         refresh_token: Some(format!("{REFRESH}-{tag}")),
         expires_at: Some(SystemTime::now() + Duration::from_secs(3600)),
+        obtained_at: None,
         scope: Some("repo read:user".into()),
         resource: "https://api.example/mcp".into(),
         issuer: "https://as.example".into(),
@@ -53,6 +54,9 @@ pub(super) fn as_stored(mut t: TokenSet) -> TokenSet {
     let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
     t.expires_at = t
         .expires_at
+        .map(|e| SystemTime::UNIX_EPOCH + Duration::from_secs(secs(e)));
+    t.obtained_at = t
+        .obtained_at
         .map(|e| SystemTime::UNIX_EPOCH + Duration::from_secs(secs(e)));
     t
 }
@@ -327,6 +331,35 @@ fn usable_keeps_a_margin_before_expiry_and_the_kept_time_follows_the_refresh_tok
         &TokenSet {
             expires_at: None,
             ..tokens("t")
+        },
+        now,
+        skew
+    ));
+    // A short-lived token: the margin is at most a quarter of its lifetime, so a token of
+    // 30 s (or 60 s, or 2 s) is sent for most of its life rather than refreshed at every use.
+    let lived = |ago: u64, left: u64| TokenSet {
+        obtained_at: Some(now - Duration::from_secs(ago)),
+        expires_at: Some(now + Duration::from_secs(left)),
+        ..tokens("t")
+    };
+    for (life, ago) in [(30, 0), (30, 20), (60, 0), (60, 40), (2, 1), (240, 100)] {
+        let left = life - ago;
+        let t = lived(ago, left);
+        let margin = Duration::from_secs(60).min(Duration::from_secs(life) / 4);
+        assert_eq!(t.refresh_at(skew), Some(now + Duration::from_secs(left) - margin));
+        assert!(usable(&t, now, skew), "{life} s, {ago} s old");
+    }
+    for (life, ago) in [(30, 23), (60, 46), (2, 2), (240, 181), (3600, 3541)] {
+        assert!(
+            !usable(&lived(ago, life - ago), now, skew),
+            "{life} s, {ago} s old"
+        );
+    }
+    // Not knowing when it was issued: the whole margin, as before.
+    assert!(!usable(
+        &TokenSet {
+            obtained_at: None,
+            ..at(30)
         },
         now,
         skew

@@ -17,6 +17,10 @@ pub struct TokenSet {
     /// server did not say, and the token is used until the upstream refuses it.
     #[serde(default, with = "unix_seconds", skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<SystemTime>,
+    /// When it was issued (received): with `expires_at`, its lifetime, which bounds how early
+    /// it is refreshed.
+    #[serde(default, with = "unix_seconds", skip_serializing_if = "Option::is_none")]
+    pub obtained_at: Option<SystemTime>,
     /// The scope granted, as the authorization server wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
@@ -50,6 +54,7 @@ impl std::fmt::Debug for TokenSet {
             .field("access_token", &HIDDEN)
             .field("refresh_token", &self.refresh_token.as_ref().map(|_| HIDDEN))
             .field("expires_at", &self.expires_at)
+            .field("obtained_at", &self.obtained_at)
             .field("scope", &self.scope)
             .field("resource", &self.resource)
             .field("issuer", &self.issuer)
@@ -62,13 +67,14 @@ impl std::fmt::Debug for TokenSet {
     }
 }
 
-/// Whether `t`'s access token can still be sent at `now`: not within `skew` of its expiry
+/// At most this share of a token's lifetime is cut off its end by the refresh margin: a token
+/// living 30 s is refreshed 7.5 s before it expires, not on every use.
+const MAX_SKEW_SHARE: u32 = 4;
+
+/// Whether `t`'s access token can still be sent at `now`: before [`TokenSet::refresh_at`]
 /// (a token without an expiry is usable until the upstream refuses it).
 pub fn usable(t: &TokenSet, now: SystemTime, skew: Duration) -> bool {
-    match t.expires_at {
-        None => true,
-        Some(at) => at.duration_since(now).is_ok_and(|left| left > skew),
-    }
+    t.refresh_at(skew).is_none_or(|at| now < at)
 }
 
 /// Longest fields of a [`TokenSet`] the vault keeps.
@@ -98,6 +104,17 @@ pub(super) struct BadField {
 }
 
 impl TokenSet {
+    /// When its access token is refreshed rather than sent: `skew` before it expires, but
+    /// never more than a quarter of its lifetime before (`None`: no expiry).
+    pub fn refresh_at(&self, skew: Duration) -> Option<SystemTime> {
+        let at = self.expires_at?;
+        let skew = match self.obtained_at.and_then(|o| at.duration_since(o).ok()) {
+            Some(life) => skew.min(life / MAX_SKEW_SHARE),
+            None => skew,
+        };
+        Some(at.checked_sub(skew).unwrap_or(at))
+    }
+
     /// Checks every field against `b`: tokens within `max_token`, the others within
     /// `max_field`, an access token, resource, issuer, token endpoint and client id present.
     pub(super) fn check(&self, b: FieldBounds) -> Result<(), BadField> {
