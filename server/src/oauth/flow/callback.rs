@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::authorize::{STATE_AAD, State, now_secs};
 use super::register::AuthMethod;
 use super::token::{Asked, read_tokens};
-use super::wire::{self, parse_query, said};
+use super::wire::{self, known_error, parse_query};
 use super::{Error, Flow, Result, Tokens};
 use crate::oauth::keyring::OpenError;
 
@@ -144,11 +144,8 @@ impl Flow {
             ));
         }
         if let Some(error) = get("error") {
-            return Err(Error::Denied(said(
-                Some(error),
-                get("error_description"),
-                &[sealed, code],
-            )));
+            // Its words are anyone's (a crafted link): the code only, if it is one.
+            return Err(Error::Denied(known_error(error).to_owned()));
         }
         match get("iss") {
             Some(iss) if iss != state.issuer => {

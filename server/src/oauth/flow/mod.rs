@@ -42,7 +42,7 @@ pub use challenge::Challenge;
 pub use discovery::{Discovered, ResourceMetadata, ServerMetadata};
 pub use login::{Login, LoginRequest, random};
 pub use register::{AuthMethod, Client, client_metadata_document};
-pub(crate) use wire::{canonical, is_loopback, parse_query, parse_url};
+pub(crate) use wire::{canonical, is_loopback, known_error, parse_query, parse_url};
 
 /// Largest JSON answer read from an upstream or an authorization server.
 pub const MAX_ANSWER_BYTES: usize = 64 << 10;

@@ -140,9 +140,41 @@ pub(crate) fn parse_query(query: &str) -> Result<Vec<(String, String)>, &'static
     Ok(out)
 }
 
+/// The error codes of OAuth (RFC 6749 sections 4.1.2.1 and 5.2) and OpenID Connect (Core
+/// section 3.1.2.6) that an authorization server answers with.
+const ERROR_CODES: [&str; 17] = [
+    "invalid_request",
+    "unauthorized_client",
+    "access_denied",
+    "unsupported_response_type",
+    "invalid_scope",
+    "server_error",
+    "temporarily_unavailable",
+    "invalid_client",
+    "invalid_grant",
+    "unsupported_grant_type",
+    "interaction_required",
+    "login_required",
+    "account_selection_required",
+    "consent_required",
+    "invalid_request_uri",
+    "invalid_request_object",
+    "registration_not_supported",
+];
+
+/// `code` when it is one of the known OAuth and OpenID error codes, else a fixed phrase: what
+/// a page shows of an error a redirect (anyone's link) or a server named. Nothing else of it
+/// (never its `error_description`) is shown on this server's pages.
+pub(crate) fn known_error(code: &str) -> &'static str {
+    ERROR_CODES
+        .into_iter()
+        .find(|c| *c == code)
+        .unwrap_or("an error code OAuth does not define")
+}
+
 /// What a server said in an OAuth error answer (`error`, `error_description`), or in the
 /// redirect's parameters: cut short, with nothing of `known` (what Quiver sent) and no
-/// credential-shaped word left in it.
+/// credential-shaped word left in it. For logs and errors, not for pages ([`known_error`]).
 pub(super) fn said(error: Option<&str>, description: Option<&str>, known: &[&str]) -> String {
     let known: Vec<&str> = known.iter().copied().filter(|k| !k.is_empty()).collect();
     // Redacted whole (the input is bounded), then cut: a value cut first would not match.

@@ -19,7 +19,7 @@
 //! treat loopback origins as secure contexts and keep them there; a client that does not
 //! cannot complete a sign-in on such a URL (meant for tests and development anyway).
 
-use super::pages::Page;
+use super::pages::{Page, flow_error};
 use super::ticket::{self, BROWSER_AAD, BROWSER_PREFIX, Browser, LIFETIME, TICKET_AAD, Ticket};
 use super::{SignIn, flow};
 use crate::oauth::flow::{AuthMethod, Client, LoginRequest, StateGuard};
@@ -166,7 +166,7 @@ impl SignIn {
             );
         };
         if let Some(e) = param(params, "error") {
-            let why = crate::redact::untrusted(e, &[], 100);
+            let why = flow::known_error(e);
             return fail(
                 "denied",
                 Page::refused(&format!("The identity provider refused the sign-in ({why}).")),
@@ -210,8 +210,9 @@ impl SignIn {
             .login_exchange(self.id_tokens.issuer(), &client, code, &b.pv)
             .await
             .map_err(|e| {
-                tracing::info!(upstream = %b.u, reason = e.kind(), "upstream sign-in: the identity provider's code exchange failed");
-                (e.kind(), Page::refused(&format!("The identity provider's answer was refused: {e}.")))
+                tracing::info!(upstream = %b.u, reason = e.kind(), error = %e, "upstream sign-in: the identity provider's code exchange failed");
+                let why = flow_error(&e);
+                (e.kind(), Page::refused(&format!("The identity provider's answer was refused: {why}.")))
             })?;
         let claims = self
             .id_tokens
@@ -265,7 +266,8 @@ impl SignIn {
             .map_err(|e| ("config", Page::failed(&format!("{e}."))))?;
         let auth = self.flow.begin(&b.s, &up, None, &b.bh).await.map_err(|e| {
             tracing::warn!(upstream = %b.u, reason = e.kind(), error = %e, "upstream sign-in: cannot begin at the upstream's authorization server");
-            (e.kind(), Page::failed(&format!("The upstream's authorization server cannot be used: {e}.")))
+            let why = flow_error(&e);
+            (e.kind(), Page::failed(&format!("The upstream's authorization server cannot be used: {why}.")))
         })?;
         Ok(Page::redirect(auth.url).with_cookie(self.cookie(&ticket::cookie_name(&b.n), Some(secret))))
     }
@@ -282,6 +284,8 @@ impl SignIn {
         let done = match self.flow.finish(query, &Used(self), &digests).await {
             Ok(d) => d,
             Err(e) => {
+                tracing::info!(reason = e.kind(), error = %e, "upstream sign-in: the redirect back from an upstream's authorization server was refused");
+                let why = flow_error(&e);
                 let page = match &e {
                     flow::Error::Browser(_) => {
                         tracing::warn!(
@@ -296,9 +300,9 @@ impl SignIn {
                     | flow::Error::Issuer(_)
                     | flow::Error::Denied(_)
                     | flow::Error::InvalidGrant(_) => {
-                        Page::refused(&format!("The upstream's answer was refused: {e}."))
+                        Page::refused(&format!("The upstream's answer was refused: {why}."))
                     }
-                    _ => Page::failed(&format!("The upstream's sign-in failed: {e}.")),
+                    _ => Page::failed(&format!("The upstream's sign-in failed: {why}.")),
                 };
                 return self.refused(e.kind(), &page);
             }

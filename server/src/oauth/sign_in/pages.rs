@@ -2,6 +2,23 @@
 //! one taken from the request), or a plain page whose every word from elsewhere is escaped.
 //! No page names a token, a code, a state, a ticket or a cookie.
 
+/// What a page says of an error of the flow: the step, and of a server's refusal its error
+/// code only (one OAuth defines). A server's own words (its `error_description`, a
+/// registration answer) are anyone's: they go to the log, never to a page of this origin.
+pub fn flow_error(e: &crate::oauth::flow::Error) -> String {
+    use crate::oauth::flow::{Error, known_error};
+    match e {
+        Error::Denied(m) | Error::InvalidGrant(m) => {
+            let code = m.split([':', ' ']).next().unwrap_or_default();
+            format!("the authorization server refused ({})", known_error(code))
+        }
+        Error::Registration(_) => {
+            "the authorization server did not register this server as a client".to_owned()
+        }
+        other => other.to_string(),
+    }
+}
+
 /// An answer of a sign-in route. The transport adds `Cache-Control: no-store`,
 /// `Referrer-Policy: no-referrer` and a content security policy that allows nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -353,6 +353,54 @@ async fn a_redirect_finishes_only_in_the_browser_that_began_it() {
 }
 
 #[tokio::test]
+async fn a_callbacks_error_shows_only_a_code_oauth_defines_and_only_with_a_valid_state() {
+    let s = setup().await;
+    let enc = crate::template::percent_encode;
+    let phish = "Your account is locked: call +1 555 0100 at https://evil.example <b>now</b>";
+    let errors = [
+        ("access_denied", "access_denied"),
+        ("consent_required", "consent_required"),
+        ("<script>alert(1)</script>", "an error code OAuth does not define"),
+        (phish, "an error code OAuth does not define"),
+        ("access_denied_or_call_555", "an error code OAuth does not define"),
+    ];
+    let clean = |page: &Page| {
+        for word in ["locked", "555", "evil", "script", "<b>"] {
+            assert!(!page.body.contains(word), "{word}: {}", page.body);
+        }
+    };
+    // No state, a forged one, a forged browser state: nothing of the redirect is shown.
+    for state in ["", "state=x&", "state=b.v1.k1.AAAA&", "state=v1.k1.AAAA&"] {
+        for (error, _) in errors {
+            let q = format!("{state}error={}&error_description={}", enc(error), enc(phish));
+            let page = s.callback(&q, None).await;
+            assert_eq!(page.status, 400, "{q}: {}", page.body);
+            clean(&page);
+            assert!(!page.body.contains("access_denied"), "{}", page.body);
+        }
+    }
+    // The states of sign-ins in flight, in their browsers: the code if OAuth defines it.
+    let (to_issuer, at_issuer) = s.open(&s.link("alice").await.1).await;
+    let issuer_state = params(&to_issuer)["state"].clone();
+    let (redirect, upstream_cookie) = up_to_the_upstream(&s, "alice").await;
+    let upstream_state = params(&redirect)["state"].clone();
+    for (state, cookie) in [(&issuer_state, &at_issuer), (&upstream_state, &upstream_cookie)] {
+        for (error, shown) in errors {
+            let q = format!(
+                "state={}&error={}&error_description={}",
+                enc(state),
+                enc(error),
+                enc(phish)
+            );
+            let page = s.callback(&q, Some(cookie)).await;
+            assert_eq!(page.status, 400, "{error}: {}", page.body);
+            assert!(page.body.contains(shown), "{error}: {}", page.body);
+            clean(&page);
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_issuers_redirect_is_used_once_before_its_code_is_exchanged() {
     let s = setup().await;
     let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
