@@ -63,6 +63,7 @@ fn observability_md_lists_every_oauth_metric() {
     // Families whose series come with use.
     m.oauth.sign_in("notes", "ok");
     m.oauth.refresh("notes", "ok");
+    m.oauth.revocation("notes", "ok");
     let code: BTreeSet<String> = m
         .encode()
         .lines()

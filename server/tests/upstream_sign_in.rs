@@ -565,6 +565,11 @@ async fn run(idp: Idp, upstream_issuer: String) {
     let done = sign_in(&mut alices, &link, &base, "alice", "carol").await;
     assert_eq!(done.status(), 200, "{}", text(&done));
     assert!(text(&done).contains("Signed in to notes"));
+    assert!(
+        text(&done).contains("signed in to notes as carol"),
+        "{}",
+        text(&done)
+    );
     assert_eq!(done.headers()[header::CACHE_CONTROL], "no-store");
     assert_eq!(done.headers()[header::REFERRER_POLICY], "no-referrer");
     assert_eq!(
@@ -679,12 +684,31 @@ async fn run(idp: Idp, upstream_issuer: String) {
         .unwrap_or(0);
     assert!(refreshed >= 1, "{m}");
 
-    // 6. Sign-out: the next call asks again.
+    // 6. Sign-out: the next call asks again, and the token is revoked at the authorization
+    // server (RFC 7009): its userinfo refuses it.
+    let carols_notes = {
+        let seen = seen.0.lock().unwrap();
+        seen.iter()
+            .rev()
+            .find(|(n, _, u)| n == "notes" && u.as_deref() == Some("carol"))
+            .map(|(_, t, _)| t.clone())
+            .expect("carol's token reached notes")
+    };
     let (t, error) = alice
         .call("sign_out_upstream", json!({"upstream": "notes"}))
         .await;
     assert!(!error && t.contains("Signed out of upstream `notes`"), "{t}");
     alice.link("notes_whoami").await;
+    let req = Request::get(format!("{upstream_issuer}/protocol/openid-connect/userinfo"))
+        .header(header::AUTHORIZATION, format!("Bearer {carols_notes}"))
+        .body(Full::default())
+        .unwrap();
+    assert_eq!(send(&http, req).await.status(), 401, "revoked upstream");
+    let m = metrics(&http, server.admin).await;
+    assert!(
+        m.contains("quiver_oauth_revocations_total{upstream=\"notes\",result=\"ok\"} 1"),
+        "{m}"
+    );
     assert_eq!(bob.call("notes_whoami", json!({})).await.0, "notes: you are dave");
 
     // 7. An administrator revokes bob everywhere.
@@ -703,6 +727,11 @@ async fn run(idp: Idp, upstream_issuer: String) {
         (200, json!({"removed": 1}))
     );
     bob.link("notes_whoami").await;
+    let m = metrics(&http, server.admin).await;
+    assert!(
+        m.contains("quiver_oauth_revocations_total{upstream=\"notes\",result=\"ok\"} 2"),
+        "{m}"
+    );
     let bad = format!("http://127.0.0.1:{}/oauth/tokens?upstream=notes", server.admin);
     assert_eq!(
         send(&http, Request::delete(bad).body(Full::default()).unwrap())

@@ -374,6 +374,19 @@ async fn the_upstream_account_is_taken_from_an_id_token_issued_to_this_client_on
             None,
         ),
         (json!({"iss": issuer, "aud": "client-1", "sub": "x\ny"}), None),
+        // A name a person recognizes comes first.
+        (
+            json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "email": "carol@example.com", "preferred_username": "carol"}),
+            Some("carol"),
+        ),
+        (
+            json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "email": "carol@example.com", "preferred_username": "ca\u{7}rol"}),
+            Some("carol@example.com"),
+        ),
+        (
+            json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "preferred_username": ""}),
+            Some("f3a1-77"),
+        ),
     ] {
         let redirect = signed_in(&flow, &fake, &up).await;
         let answer =

@@ -45,6 +45,8 @@ pub struct ServerMetadata {
     pub token_endpoint: String,
     /// Where clients register themselves (RFC 7591), when the server allows it.
     pub registration_endpoint: Option<String>,
+    /// Where tokens are revoked (RFC 7009), when the server says.
+    pub revocation_endpoint: Option<String>,
     /// Whether a client id may be the URL of a client metadata document.
     pub client_id_metadata_document_supported: bool,
     /// Whether the server puts `iss` in its redirects (RFC 9207).
@@ -194,6 +196,7 @@ pub(super) fn read_server(
         authorization_endpoint,
         token_endpoint,
         registration_endpoint: endpoint(&doc, "registration_endpoint", issuer_uri),
+        revocation_endpoint: endpoint(&doc, "revocation_endpoint", issuer_uri),
         client_id_metadata_document_supported: flag("client_id_metadata_document_supported"),
         authorization_response_iss_parameter_supported: flag(
             "authorization_response_iss_parameter_supported",

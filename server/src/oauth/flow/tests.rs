@@ -58,6 +58,10 @@ pub(crate) struct Knobs {
     pub(crate) token_requests: Vec<(String, String)>,
     /// The path of each of them.
     pub(crate) token_paths: Vec<String>,
+    /// Tokens revoked (RFC 7009): the token and its hint, and the Authorization header.
+    pub(crate) revoked: Vec<(String, String, String)>,
+    /// The revocation endpoint's answer instead of its own.
+    pub(crate) revoke_answer: Option<(u16, String)>,
     issued: usize,
 }
 
@@ -93,6 +97,14 @@ async fn serve(
     let body = String::from_utf8_lossy(&body).into_owned();
     if method == Method::POST && path.ends_with("/register") {
         return fake.register(&body);
+    }
+    if method == Method::POST && path.ends_with("/revoke") {
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        return fake.revoke(&body, auth);
     }
     if method == Method::POST && path.ends_with("/token") {
         let auth = headers
@@ -151,6 +163,7 @@ impl Fake {
             "authorization_endpoint": format!("{i}/authorize"),
             "token_endpoint": format!("{i}/token"),
             "registration_endpoint": format!("{i}/register"),
+            "revocation_endpoint": format!("{i}/revoke"),
             "code_challenge_methods_supported": ["S256"],
             "response_types_supported": ["code"],
             "authorization_response_iss_parameter_supported": true,
@@ -229,6 +242,33 @@ impl Fake {
         };
         k.codes.insert(code.clone(), issued);
         form(&[("code", &code), ("state", &p["state"]), ("iss", &issuer)])
+    }
+
+    /// RFC 7009: the client authenticated as at the token endpoint; a refresh token revoked
+    /// no longer refreshes.
+    fn revoke(&self, body: &str, auth: String) -> Response {
+        let mut k = self.knobs.lock().unwrap();
+        if let Some((status, text)) = k.revoke_answer.clone() {
+            return json_answer(status, text);
+        }
+        let p: HashMap<String, String> = parse_query(body).unwrap_or_default().into_iter().collect();
+        let client_id = match auth.strip_prefix("Basic ") {
+            Some(b) => String::from_utf8(STANDARD.decode(b).unwrap_or_default())
+                .unwrap_or_default()
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            None => p.get("client_id").cloned().unwrap_or_default(),
+        };
+        if !k.clients.contains_key(&client_id) {
+            return json_answer(401, json!({"error": "invalid_client"}).to_string());
+        }
+        let token = p.get("token").cloned().unwrap_or_default();
+        k.refresh_tokens.remove(&token);
+        let hint = p.get("token_type_hint").cloned().unwrap_or_default();
+        k.revoked.push((token, hint, auth));
+        json_answer(200, String::new())
     }
 
     fn token(&self, issuer: &str, body: &str, auth: &str) -> Response {
@@ -887,11 +927,20 @@ async fn a_configured_client_refreshes_only_at_its_servers_token_endpoint() {
     other.token_endpoint = format!("{}/token", fake.issuer("/b"));
     let e = flow.refresh(&other, &up).await.unwrap_err();
     assert!(matches!(e, Error::Issuer(_)), "{e}");
+    let e = flow.revoke(&other, &up).await.unwrap_err();
+    assert!(matches!(e, Error::Issuer(_)), "{e}");
+    assert!(fake.knobs.lock().unwrap().revoked.is_empty());
     let mut unpinned = up.clone();
     unpinned.issuer = None;
     let e = flow.refresh(&done.tokens, &unpinned).await.unwrap_err();
     assert!(matches!(e, Error::Config(_)), "{e}");
     assert_eq!(fake.token_requests().len(), before);
+    // Revoked at its server, as that client.
+    assert!(flow.revoke(&done.tokens, &up).await.unwrap());
+    let revoked = fake.knobs.lock().unwrap().revoked.clone();
+    let basic = format!("Basic {}", STANDARD.encode("pre:pre-secret-1234"));
+    assert_eq!(revoked.len(), 2);
+    assert!(revoked.iter().all(|(_, _, auth)| *auth == basic), "{revoked:?}");
 }
 
 const PRM: &str = "/.well-known/oauth-protected-resource/mcp";

@@ -54,8 +54,9 @@ fn lifetime(v: &Value) -> Option<Duration> {
     Some(Duration::from_secs(secs).min(MAX_LIFETIME))
 }
 
-/// The `sub` of an ID token from the token endpoint, when it was issued by `issuer` to
-/// `client_id` (read for audit only: the token came over the connection to the server).
+/// The account an ID token from the token endpoint names, when it was issued by `issuer` to
+/// `client_id`: its `preferred_username`, else its `email`, else its `sub` (read for the
+/// audit trail and the user's page only: the token came over the connection to the server).
 fn account_of(id_token: &str, issuer: &str, client_id: &str) -> Option<String> {
     if id_token.len() > MAX_TOKEN_BYTES {
         return None;
@@ -70,8 +71,11 @@ fn account_of(id_token: &str, issuer: &str, client_id: &str) -> Option<String> {
     if claims.get("iss")?.as_str()? != issuer || !aud_ok {
         return None;
     }
-    let sub = claims.get("sub")?.as_str()?;
-    ((1..=MAX_ACCOUNT).contains(&sub.len()) && !sub.chars().any(char::is_control)).then(|| sub.to_owned())
+    let usable = |s: &&str| (1..=MAX_ACCOUNT).contains(&s.len()) && !s.chars().any(char::is_control);
+    ["preferred_username", "email", "sub"]
+        .into_iter()
+        .find_map(|k| claims.get(k)?.as_str().filter(usable))
+        .map(str::to_owned)
 }
 
 /// The tokens of a successful answer of the token endpoint.
@@ -244,6 +248,50 @@ impl Flow {
             )
             .await?;
         read_tokens(&body, &asked)
+    }
+
+    /// Revokes `tokens` at the authorization server that issued them (RFC 7009): the refresh
+    /// token, then the access token, as the client that obtained them. `Ok(false)`: the
+    /// server names no revocation endpoint. Each request is timed out like every other.
+    ///
+    /// # Errors
+    /// [`Error::Issuer`]: the tokens are of another server than `issuer` names (nothing is
+    /// sent); otherwise as discovery and the token endpoint.
+    pub async fn revoke(&self, tokens: &Tokens, upstream: &Upstream) -> Result<bool> {
+        let up = parse_url(&upstream.url).map_err(|e| Error::Config(format!("the upstream's URL: {e}")))?;
+        if upstream.issuer.as_deref().is_some_and(|i| i != tokens.issuer) {
+            return Err(Error::Issuer(
+                "the tokens were issued by another authorization server than `issuer` names",
+            ));
+        }
+        let trusted = upstream.trusted();
+        let meta = self.server_metadata(&tokens.issuer, &up, &trusted).await?;
+        let Some(endpoint) = meta.revocation_endpoint.as_deref() else {
+            return Ok(false);
+        };
+        let (client, _) = self.refreshing_client(tokens, upstream, &up).await?;
+        let asked = Asked {
+            resource: "",
+            issuer: &tokens.issuer,
+            token_endpoint: endpoint,
+            client_id: &tokens.client_id,
+            scope: None,
+            refresh_token: None,
+            account: None,
+        };
+        let access = tokens.access_token.as_str();
+        let refresh = tokens.refresh_token.as_deref();
+        let known = [access, refresh.unwrap_or_default()];
+        let each = refresh
+            .map(|r| (r, "refresh_token"))
+            .into_iter()
+            .chain([(access, "access_token")]);
+        for (token, hint) in each {
+            let params = vec![("token", token), ("token_type_hint", hint)];
+            self.token_request(&asked, &client, params, &trusted, &known)
+                .await?;
+        }
+        Ok(true)
     }
 
     /// The client that obtained `tokens` and the token endpoint to refresh them at: the

@@ -327,12 +327,16 @@ impl SignIn {
             .map(|a| format!("upstream account {a}"));
         self.audit("oauth.sign_in", subject, upstream, "ok", account);
         tracing::info!(upstream, "upstream sign-in: a user signed in");
-        Page::plain(
-            200,
-            &format!("Signed in to {upstream}"),
-            &format!("You are signed in to {upstream}. Return to your client and retry: its calls now act as you there."),
-        )
-        .with_cookie(clear)
+        // The account linked, so that a user who signed in as someone else upstream notices.
+        let text = match &done.tokens.account {
+            Some(a) => format!(
+                "You are signed in to {upstream} as {a}. If that is not your account there, call sign_out_upstream now. Otherwise return to your client and retry: its calls now act as you there."
+            ),
+            None => format!(
+                "You are signed in to {upstream}. Return to your client and retry: its calls now act as you there."
+            ),
+        };
+        Page::plain(200, &format!("Signed in to {upstream}"), &text).with_cookie(clear)
     }
 
     /// A refused redirect or state, counted (the upstream is not known when the state does

@@ -9,6 +9,10 @@ use super::{SignIn, flow};
 use crate::oauth::vault::{Held, RefreshError, RefreshFailure, TokenSet};
 use crate::spec::identity::Identity;
 
+/// The longest a sign-out or a revocation waits for an authorization server to revoke a
+/// token.
+const REVOKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Why a token held is not sent to the upstream as configured now.
 const MOVED: &str = "the upstream's URL or authorization server changed since the user signed in";
 
@@ -208,37 +212,50 @@ impl SignIn {
         }
     }
 
-    /// Forgets what `subject` holds for upstream `name` (the user signs out); whether it
-    /// held something.
+    /// Forgets what `subject` holds for upstream `name` (the user signs out), and revokes it
+    /// at the authorization server (RFC 7009, best effort); whether it held something.
+    /// `upstreams`: the upstreams of mode `user` as configured now.
     ///
     /// # Errors
     /// The vault failed.
-    pub async fn sign_out(&self, subject: &str, name: &str) -> Result<bool, String> {
+    pub async fn sign_out(
+        &self,
+        subject: &str,
+        name: &str,
+        upstreams: &[(String, Identity)],
+    ) -> Result<bool, String> {
         self.warm.forget(subject, Some(name));
         let gone = self
             .vault
             .remove(subject, name)
             .await
             .map_err(|e| e.to_string())?;
-        self.audit("oauth.sign_out", subject, name, "ok", None);
+        let reason = match &gone {
+            Some(t) => Some(said_of(self.revoke_at_server(t, Some(name), upstreams).await).to_owned()),
+            None => None,
+        };
+        self.audit("oauth.sign_out", subject, name, "ok", reason);
         Ok(gone.is_some())
     }
 
     /// Forgets what `subject` holds for `upstream`, or for every upstream (an administrator
-    /// revoking a user); how many tokens were forgotten.
+    /// revoking a user), and revokes it at the authorization servers (best effort, at most
+    /// [`REVOKE_LIMIT`]); how many tokens were forgotten.
     ///
     /// # Errors
     /// The vault failed.
-    pub async fn revoke(&self, subject: &str, upstream: Option<&str>) -> Result<usize, String> {
+    pub async fn revoke(
+        &self,
+        subject: &str,
+        upstream: Option<&str>,
+        upstreams: &[(String, Identity)],
+    ) -> Result<usize, String> {
         self.warm.forget(subject, upstream);
-        let n = match upstream {
-            Some(u) => usize::from(
-                self.vault
-                    .remove(subject, u)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_some(),
-            ),
+        let (n, removed) = match upstream {
+            Some(u) => {
+                let gone = self.vault.remove(subject, u).await.map_err(|e| e.to_string())?;
+                (usize::from(gone.is_some()), gone.into_iter().collect())
+            }
             None => {
                 // Tokens that no longer open are forgotten too: counted by how many there were.
                 let held = self.vault.count(subject).await.map_err(|e| e.to_string())?;
@@ -247,16 +264,86 @@ impl SignIn {
                     .remove_subject(subject)
                     .await
                     .map_err(|e| e.to_string())?;
-                held.max(opened.len())
+                (held.max(opened.len()), opened)
             }
         };
+        let each = removed
+            .iter()
+            .map(|t| self.revoke_at_server(t, upstream, upstreams));
+        let results = futures_util::future::join_all(each).await;
+        let revoked = results.iter().filter(|r| **r == "ok").count();
         self.audit(
             "oauth.revoke",
             subject,
             upstream.unwrap_or("*"),
             "ok",
-            Some(format!("{n} token(s) forgotten by an administrator")),
+            Some(format!(
+                "{n} token(s) forgotten by an administrator, {revoked} of them revoked at the authorization server"
+            )),
         );
         Ok(n)
+    }
+
+    /// The upstream `t` is for, by `name` or else by what it is bound to, among `upstreams`
+    /// as configured now; else one made of the tokens alone (no server pinned, no client
+    /// configured: a configured client's secret goes nowhere it was not configured for).
+    fn upstream_of(
+        &self,
+        t: &TokenSet,
+        name: Option<&str>,
+        upstreams: &[(String, Identity)],
+    ) -> (String, flow::Upstream) {
+        let found = upstreams
+            .iter()
+            .filter(|(n, _)| name.is_none_or(|want| want == n))
+            .find(|(_, id)| bound(t, id))
+            .and_then(|(n, id)| Some((n.clone(), self.upstream(n, id).ok()?)));
+        found.unwrap_or_else(|| {
+            let name = name.unwrap_or("unknown").to_owned();
+            let up = flow::Upstream {
+                name: name.clone(),
+                url: t.resource.clone(),
+                issuer: None,
+                client: None,
+                scope: None,
+            };
+            (name, up)
+        })
+    }
+
+    /// Revokes `t` at its authorization server (RFC 7009), best effort and within
+    /// [`REVOKE_LIMIT`]: counted, and how it ended ([`REVOCATION_RESULTS`]).
+    ///
+    /// [`REVOCATION_RESULTS`]: crate::metrics::oauth::REVOCATION_RESULTS
+    async fn revoke_at_server(
+        &self,
+        t: &TokenSet,
+        name: Option<&str>,
+        upstreams: &[(String, Identity)],
+    ) -> &'static str {
+        let (name, up) = self.upstream_of(t, name, upstreams);
+        let result = match tokio::time::timeout(REVOKE_LIMIT, self.flow.revoke(t, &up)).await {
+            Ok(Ok(true)) => "ok",
+            Ok(Ok(false)) => "none",
+            Ok(Err(e)) => {
+                tracing::info!(upstream = %name, reason = e.kind(), error = %e, "upstream sign-in: a user's token could not be revoked at the authorization server; it is forgotten here");
+                "failed"
+            }
+            Err(_) => {
+                tracing::info!(upstream = %name, "upstream sign-in: the authorization server did not revoke a user's token in time; it is forgotten here");
+                "failed"
+            }
+        };
+        self.metrics.revocation(&name, result);
+        result
+    }
+}
+
+/// The audit reason of a revocation that ended with `result`.
+fn said_of(result: &str) -> &'static str {
+    match result {
+        "ok" => "revoked at the authorization server",
+        "none" => "the authorization server names no revocation endpoint: forgotten here only",
+        _ => "not revoked at the authorization server (it failed): forgotten here",
     }
 }

@@ -118,6 +118,11 @@ impl Setup {
         format!("{}|{user}", self.fake.issuer("/as"))
     }
 
+    /// The upstreams of mode `user` as configured.
+    fn ids(&self) -> Vec<(String, Identity)> {
+        vec![("notes".into(), self.id.clone())]
+    }
+
     fn lookup(&self) -> impl Fn(&str) -> Option<Identity> + Sync + '_ {
         |name: &str| (name == "notes").then(|| self.id.clone())
     }
@@ -242,8 +247,18 @@ async fn a_user_signs_in_through_the_link_and_calls_carry_their_token() {
         CallAuth::SignIn(_)
     ));
     // Signed out, alice is asked again.
-    assert!(s.sign_in.sign_out(&s.subject("alice"), "notes").await.unwrap());
-    assert!(!s.sign_in.sign_out(&s.subject("alice"), "notes").await.unwrap());
+    assert!(
+        s.sign_in
+            .sign_out(&s.subject("alice"), "notes", &s.ids())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.sign_in
+            .sign_out(&s.subject("alice"), "notes", &s.ids())
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await,
         CallAuth::SignIn(_)
@@ -602,8 +617,11 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
     // An administrator revokes every upstream of a user.
     s.fake.set(|k| k.token_answer = None);
     assert_eq!(s.sign_in_as("alice").await.status, 200);
-    assert_eq!(s.sign_in.revoke(&alice, None).await.unwrap(), 1);
-    assert_eq!(s.sign_in.revoke(&alice, Some("notes")).await.unwrap(), 0);
+    assert_eq!(s.sign_in.revoke(&alice, None, &s.ids()).await.unwrap(), 1);
+    assert_eq!(
+        s.sign_in.revoke(&alice, Some("notes"), &s.ids()).await.unwrap(),
+        0
+    );
 }
 
 #[tokio::test]
@@ -666,6 +684,80 @@ async fn a_token_goes_only_to_the_url_and_server_it_was_obtained_for() {
         send(moved(s.fake.upstream_url(), Some(s.fake.issuer("/as"))))
             .await
             .is_some()
+    );
+}
+
+#[tokio::test]
+async fn signing_out_and_revoking_revoke_at_the_authorization_server_best_effort() {
+    let s = setup().await;
+    let alice = s.subject("alice");
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    let held = s.sign_in.vault().get(&alice, "notes").await.unwrap().unwrap();
+    assert!(s.sign_in.sign_out(&alice, "notes", &s.ids()).await.unwrap());
+    // The refresh token, then the access token, as the client that obtained them.
+    let revoked = s.fake.knobs.lock().unwrap().revoked.clone();
+    let rt = held.refresh_token.clone().unwrap();
+    assert_eq!(
+        revoked
+            .iter()
+            .map(|(t, hint, _)| (t.as_str(), hint.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (rt.as_str(), "refresh_token"),
+            (held.access_token.as_str(), "access_token")
+        ]
+    );
+    assert_eq!(s.metrics.revocations("notes", "ok"), 1);
+    // The server no longer refreshes it.
+    let up = s.sign_in.upstream("notes", &s.id).unwrap();
+    let e = s.sign_in.flow.refresh(&held, &up).await.unwrap_err();
+    assert!(matches!(e, flow::Error::InvalidGrant(_)), "{e}");
+    // A server that refuses (or is down): forgotten here all the same, counted.
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    s.fake.set(|k| k.revoke_answer = Some((503, "{}".into())));
+    assert!(s.sign_in.sign_out(&alice, "notes", &s.ids()).await.unwrap());
+    assert!(!s.held("alice").await);
+    assert_eq!(s.metrics.revocations("notes", "failed"), 1);
+    // An administrator's revocation of every upstream revokes too, by what each token is
+    // bound to.
+    s.fake.set(|k| k.revoke_answer = None);
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    assert_eq!(s.sign_in.revoke(&alice, None, &s.ids()).await.unwrap(), 1);
+    assert_eq!(s.metrics.revocations("notes", "ok"), 2);
+    // A server whose metadata names no revocation endpoint: forgotten here only.
+    let t = setup().await;
+    let mut m = t.fake.meta("/as");
+    m.as_object_mut().unwrap().remove("revocation_endpoint");
+    t.fake.doc("/.well-known/oauth-authorization-server/as", 200, m);
+    assert_eq!(t.sign_in_as("alice").await.status, 200);
+    assert!(
+        t.sign_in
+            .sign_out(&t.subject("alice"), "notes", &t.ids())
+            .await
+            .unwrap()
+    );
+    assert_eq!(t.metrics.revocations("notes", "none"), 1);
+    assert!(t.fake.knobs.lock().unwrap().revoked.is_empty());
+}
+
+#[tokio::test]
+async fn the_page_after_a_sign_in_names_the_upstream_account_escaped() {
+    let s = setup().await;
+    let (redirect, cookie) = up_to_the_upstream(&s, "alice").await;
+    let issuer = s.fake.issuer("/as");
+    let claims = json!({"iss": issuer, "aud": "client-1", "sub": "f3a1", "preferred_username": "<img src=x onerror=alert(1)>"});
+    let id_token = format!(
+        "e30.{}.sig",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let answer = json!({"access_token": "at-x", "token_type": "Bearer", "id_token": id_token});
+    s.fake.set(|k| k.token_answer = Some((200, answer.to_string())));
+    let page = s.callback(&redirect, Some(&cookie)).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("as &lt;img src=x onerror=alert(1)&gt;") && !page.body.contains("<img"),
+        "{}",
+        page.body
     );
 }
 
