@@ -160,10 +160,10 @@ impl Memory {
         let Some(user) = g.users.get_mut(&slot.user) else {
             return false;
         };
-        if !user
+        if user
             .slots
             .get(&slot.upstream)
-            .is_some_and(|h| h.sealed.as_bytes() == old)
+            .is_none_or(|h| h.sealed.as_bytes() != old)
         {
             return false;
         }

@@ -248,7 +248,7 @@ enum StoreError {
 
 enum Store {
     Memory(memory::Memory),
-    Redis(redis::RedisStore),
+    Redis(Box<redis::RedisStore>),
 }
 
 /// The tokens each user holds for each upstream, sealed, in memory or Redis, bounded.
@@ -286,7 +286,7 @@ impl Vault {
         let base = key_base(&opts.namespace);
         let store = match backend {
             Backend::Memory => Store::Memory(memory::Memory::new(metrics.clone())),
-            Backend::Redis(r) => Store::Redis(redis::RedisStore::new(r, &opts, &base)),
+            Backend::Redis(r) => Store::Redis(Box::new(redis::RedisStore::new(r, &opts, &base))),
         };
         Self {
             ring: ArcSwap::new(ring),
