@@ -772,6 +772,39 @@ async fn run(idp: Idp, upstream_issuer: String) {
         assert!(!logged.contains(probe), "the log holds a token or link");
         assert!(!trail.contains(probe), "the audit trail holds a token or link");
     }
+
+    // 9. A reload moves the wiki to another URL: alice's token, obtained for the old one, is
+    // never sent to the new one; her next call there gets a sign-in link instead.
+    let config = audit.parent().unwrap().join("tools.yaml");
+    let moved = toolset(&up, &upstream_issuer).replace("/wiki/mcp", "/wiki-moved/mcp");
+    std::fs::write(&config, moved).unwrap();
+    let mut answer = Value::Null;
+    for _ in 0..600 {
+        answer = alice
+            .rpc("tools/call", json!({"name": "wiki_whoami", "arguments": {}}))
+            .await;
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        if text.contains("/oauth/start?t=") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Open this link in your browser")),
+        "{answer}"
+    );
+    let sent_there = seen
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, _, _)| n == "wiki-moved")
+        .count();
+    assert_eq!(sent_there, 0, "a token reached the wiki's new URL");
     drop(server);
 }
 
