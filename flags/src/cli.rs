@@ -433,6 +433,19 @@ pub struct ServeArgs {
     /// password` (the `default` user).
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_USERNAME")]
     pub upstream_sign_in_redis_username: Option<String>,
+    /// Networks the authorization servers that upstreams' metadata names (and the endpoints
+    /// their metadata names) may not be in, besides this host, private, link-local, cloud
+    /// metadata and other addresses not reachable on the internet, which they never may:
+    /// the cluster's pod and service networks when they are public addresses, other networks
+    /// of the company's (repeatable or comma-separated CIDRs, at most 64). Servers the
+    /// configuration names (an upstream's URL, its `identity.issuer`, --auth-issuer) are
+    /// not limited by it.
+    #[arg(
+        long = "upstream-sign-in-deny-cidr",
+        env = "QUIVER_UPSTREAM_SIGN_IN_DENY_CIDR",
+        value_delimiter = ','
+    )]
+    pub upstream_sign_in_deny_cidrs: Vec<crate::values::Cidr>,
     /// Tests only: the authorization servers that upstreams' metadata names (and the
     /// endpoints their metadata names) may be on this host or a private address, as the
     /// tests' servers on loopback ports are. Off, such servers are refused.

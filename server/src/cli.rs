@@ -295,6 +295,7 @@ fn upstream_sign_in(
             || args.upstream_sign_in_client_id.is_some()
             || args.upstream_sign_in_client_secret.is_some()
             || args.upstream_sign_in_redis.is_some()
+            || !args.upstream_sign_in_deny_cidrs.is_empty()
         {
             anyhow::bail!(
                 "the --upstream-sign-in-* flags need --upstream-sign-in-url (the URL browsers reach this server at)"
@@ -354,7 +355,7 @@ fn upstream_sign_in(
     }
     let sign_in = SignIn::new(
         cfg,
-        crate::net::http::HttpClient::new(),
+        sign_in_http(args)?,
         server.exec.secrets.clone(),
         oidc,
         server.metrics.oauth.clone(),
@@ -374,6 +375,17 @@ fn upstream_sign_in(
         .identity
         .set_sign_in(Arc::new(sign_in))
         .map_err(anyhow::Error::msg)
+}
+
+/// The HTTP client of the upstream sign-in: servers an upstream's metadata chose are denied
+/// the `--upstream-sign-in-deny-cidr` networks too.
+fn sign_in_http(args: &ServeArgs) -> anyhow::Result<crate::net::http::HttpClient> {
+    use crate::net::http::{HttpClient, MAX_DENIED};
+    let denied = &args.upstream_sign_in_deny_cidrs;
+    if denied.len() > MAX_DENIED {
+        anyhow::bail!("--upstream-sign-in-deny-cidr: at most {MAX_DENIED} networks");
+    }
+    Ok(HttpClient::new().deny_third_parties(denied.clone()))
 }
 
 async fn serve(

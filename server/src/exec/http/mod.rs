@@ -324,7 +324,7 @@ fn target(spec: &HttpCall, scope: &RequestScope<'_>, args: &Value) -> Result<Uri
     }
     // A literal address is connected to without resolving: checked here instead.
     if spec.guarded
-        && let Err(why) = Guard::Document.literal(&uri)
+        && let Err(why) = Guard::Document.literal(&uri, &[])
     {
         return Err(format!(
             "the server a fetched document chose is {why}; refused (set `server` or `allowedOrigins`)"

@@ -970,6 +970,10 @@ async fn servers_metadata_names_at_addresses_of_this_host_private_or_link_local_
         "[::ffff:10.0.0.1]",
         "100.100.100.200",
         "0.0.0.0",
+        "198.18.0.1",
+        "240.0.0.1",
+        "192.0.0.8",
+        "[64:ff9b:1::a00:1]",
     ] {
         let issuer = format!("http://{host}/as");
         fake.doc(
@@ -1017,6 +1021,26 @@ async fn servers_metadata_names_at_addresses_of_this_host_private_or_link_local_
         "{e}"
     );
     assert!(fake.token_requests().is_empty() && fake.registrations() == 0);
+}
+
+#[tokio::test]
+async fn servers_metadata_names_in_a_network_the_server_denies_are_refused() {
+    let fake = Fake::start().await;
+    let up = upstream(&fake);
+    fake.doc(
+        PRM,
+        200,
+        json!({"resource": up.url, "authorization_servers": ["http://11.1.2.3:8443/as"]}),
+    );
+    let http = HttpClient::new().deny_third_parties(vec!["11.0.0.0/8".parse().unwrap()]);
+    let flow = Flow::new(guarded(), http, keys(1)).unwrap();
+    let e = flow.discover(&up, None).await.unwrap_err();
+    assert!(matches!(e, Error::Discovery(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("http://11.1.2.3:8443/.well-known/oauth-authorization-server/as is in a network this server denies"),
+        "{e}"
+    );
 }
 
 #[tokio::test]

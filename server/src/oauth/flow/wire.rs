@@ -225,7 +225,7 @@ impl Flow {
         let shown = redacted(req.uri());
         // The connector does not resolve a literal address: the resolver's guard would not
         // see it.
-        if let Err(why) = guard.literal(req.uri()) {
+        if let Err(why) = guard.literal(req.uri(), self.http.denied()) {
             return Err(Error::Discovery(format!(
                 "{shown} is {why}: a server an upstream's metadata chose is not called there \
                  (name the authorization server in `identity.issuer` if it is meant to be there)"
