@@ -416,6 +416,45 @@ async fn a_callbacks_error_shows_only_a_code_oauth_defines_and_only_with_a_valid
 }
 
 #[tokio::test]
+async fn what_an_upstreams_metadata_says_reaches_no_page() {
+    let s = setup().await;
+    // The upstream names an authorization server whose identifier is a message of its own.
+    let words = format!("call-555-0100-at-evil-example-{}", "x".repeat(1500));
+    s.fake.doc(
+        "/.well-known/oauth-protected-resource/mcp",
+        200,
+        json!({"resource": s.fake.upstream_url(), "authorization_servers": [s.fake.issuer(&format!("/{words}"))]}),
+    );
+    let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
+    let page = s
+        .callback(&s.fake.login_as(&to_issuer, "alice"), Some(&cookie))
+        .await;
+    assert_eq!(page.status, 502, "{}", page.body);
+    assert!(
+        page.body.contains(
+            "cannot be used: the metadata of the upstream or of its authorization server is missing or was refused."
+        ) && !page.body.contains("555")
+            && !page.body.contains("127.0.0.1")
+            && page.body.len() < 1000,
+        "{}",
+        page.body
+    );
+    // A token endpoint that fails: its URL (the metadata's choice) is not shown either.
+    let s = setup().await;
+    let (redirect, cookie) = up_to_the_upstream(&s, "alice").await;
+    s.fake.set(|k| k.token_answer = Some((500, "{}".into())));
+    let page = s.callback(&redirect, Some(&cookie)).await;
+    assert_eq!(page.status, 502, "{}", page.body);
+    assert!(
+        page.body
+            .contains("the token endpoint&#39;s answer could not be used.")
+            && !page.body.contains("/token"),
+        "{}",
+        page.body
+    );
+}
+
+#[tokio::test]
 async fn the_issuers_redirect_is_used_once_before_its_code_is_exchanged() {
     let s = setup().await;
     let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
