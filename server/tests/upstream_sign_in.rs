@@ -566,7 +566,7 @@ async fn run(idp: Idp, upstream_issuer: String) {
     assert_eq!(done.status(), 200, "{}", text(&done));
     assert!(text(&done).contains("Signed in to notes"));
     assert!(
-        text(&done).contains("signed in to notes as carol"),
+        text(&done).contains("signed in to notes. Its authorization server reports the account carol."),
         "{}",
         text(&done)
     );

@@ -379,9 +379,22 @@ async fn the_upstream_account_is_taken_from_an_id_token_issued_to_this_client_on
             json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "email": "carol@example.com", "preferred_username": "carol"}),
             Some("carol"),
         ),
+        // A name that is not plain and short names no account (not the next claim either).
         (
             json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "email": "carol@example.com", "preferred_username": "ca\u{7}rol"}),
-            Some("carol@example.com"),
+            None,
+        ),
+        (
+            json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "preferred_username": "carol smith"}),
+            None,
+        ),
+        (
+            json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "email": format!("{}@example.com", "c".repeat(53))}),
+            None,
+        ),
+        (
+            json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "email": format!("{}@example.com", "c".repeat(52))}),
+            Some("cccccccccccccccccccccccccccccccccccccccccccccccccccc@example.com"),
         ),
         (
             json!({"iss": issuer, "aud": "client-1", "sub": "f3a1-77", "preferred_username": ""}),

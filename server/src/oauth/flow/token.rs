@@ -15,8 +15,8 @@ use super::{Error, Flow, MAX_TOKEN_BYTES, Result, Tokens, Upstream};
 
 /// Longest an access token is taken to live, whatever `expires_in` says.
 pub const MAX_LIFETIME: Duration = Duration::from_secs(30 * 86_400);
-/// Longest upstream account name kept.
-const MAX_ACCOUNT: usize = 255;
+/// Longest upstream account name kept (characters, all ASCII).
+const MAX_ACCOUNT: usize = 64;
 
 /// Who asked for the tokens, to check and complete the answer with.
 pub(super) struct Asked<'a> {
@@ -54,9 +54,21 @@ fn lifetime(v: &Value) -> Option<Duration> {
     Some(Duration::from_secs(secs).min(MAX_LIFETIME))
 }
 
+/// Whether `name` may be shown as an account: 1 to [`MAX_ACCOUNT`] characters a user name or
+/// an email address is made of (ASCII letters and digits, `.`, `_`, `-`, `+`, `@`). The
+/// name is the authorization server's word, shown on this server's page: no space, no
+/// markup, no look-alike letter, nothing long enough to make a message of.
+fn account_ok(name: &str) -> bool {
+    (1..=MAX_ACCOUNT).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+' | b'@'))
+}
+
 /// The account an ID token from the token endpoint names, when it was issued by `issuer` to
-/// `client_id`: its `preferred_username`, else its `email`, else its `sub` (read for the
-/// audit trail and the user's page only: the token came over the connection to the server).
+/// `client_id`: its `preferred_username`, else its `email`, else its `sub`, when
+/// [`account_ok`] allows it (else none: read for the audit trail and the user's page only,
+/// unverified: the token came over the connection to the server, which says what it likes).
 fn account_of(id_token: &str, issuer: &str, client_id: &str) -> Option<String> {
     if id_token.len() > MAX_TOKEN_BYTES {
         return None;
@@ -71,10 +83,10 @@ fn account_of(id_token: &str, issuer: &str, client_id: &str) -> Option<String> {
     if claims.get("iss")?.as_str()? != issuer || !aud_ok {
         return None;
     }
-    let usable = |s: &&str| (1..=MAX_ACCOUNT).contains(&s.len()) && !s.chars().any(char::is_control);
     ["preferred_username", "email", "sub"]
         .into_iter()
-        .find_map(|k| claims.get(k)?.as_str().filter(usable))
+        .find_map(|k| claims.get(k)?.as_str().filter(|a| !a.is_empty()))
+        .filter(|a| account_ok(a))
         .map(str::to_owned)
 }
 

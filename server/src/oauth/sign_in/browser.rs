@@ -324,13 +324,14 @@ impl SignIn {
             .tokens
             .account
             .as_deref()
-            .map(|a| format!("upstream account {a}"));
+            .map(|a| format!("upstream account {a}, as its authorization server reports it"));
         self.audit("oauth.sign_in", subject, upstream, "ok", account);
         tracing::info!(upstream, "upstream sign-in: a user signed in");
-        // The account linked, so that a user who signed in as someone else upstream notices.
+        // The account linked, so that a user who signed in as someone else upstream notices:
+        // the server's word (an ID token not verified), in a few plain characters.
         let text = match &done.tokens.account {
             Some(a) => format!(
-                "You are signed in to {upstream} as {a}. If that is not your account there, call sign_out_upstream now. Otherwise return to your client and retry: its calls now act as you there."
+                "You are signed in to {upstream}. Its authorization server reports the account {a}. If that is not your account there, call sign_out_upstream now. Otherwise return to your client and retry: its calls now act as that account there."
             ),
             None => format!(
                 "You are signed in to {upstream}. Return to your client and retry: its calls now act as you there."

@@ -780,24 +780,80 @@ async fn signing_out_and_revoking_revoke_at_the_authorization_server_best_effort
 }
 
 #[tokio::test]
-async fn the_page_after_a_sign_in_names_the_upstream_account_escaped() {
-    let s = setup().await;
-    let (redirect, cookie) = up_to_the_upstream(&s, "alice").await;
-    let issuer = s.fake.issuer("/as");
-    let claims = json!({"iss": issuer, "aud": "client-1", "sub": "f3a1", "preferred_username": "<img src=x onerror=alert(1)>"});
-    let id_token = format!(
-        "e30.{}.sig",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims.to_string())
-    );
-    let answer = json!({"access_token": "at-x", "token_type": "Bearer", "id_token": id_token});
-    s.fake.set(|k| k.token_answer = Some((200, answer.to_string())));
-    let page = s.callback(&redirect, Some(&cookie)).await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    assert!(
-        page.body.contains("as &lt;img src=x onerror=alert(1)&gt;") && !page.body.contains("<img"),
-        "{}",
-        page.body
-    );
+async fn the_page_after_a_sign_in_names_only_a_plain_short_account_as_the_server_reports_it() {
+    let issuer_of = |s: &Setup| s.fake.issuer("/as");
+    let id_token = |claims: serde_json::Value| {
+        format!(
+            "e30.{}.sig",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims.to_string())
+        )
+    };
+    let long = format!("{}@example.com", "a".repeat(53));
+    assert_eq!(long.len(), 65);
+    let cases = [
+        (
+            json!({"preferred_username": "alice.smith-2"}),
+            Some("alice.smith-2"),
+        ),
+        (
+            json!({"email": "a.b+tag_1@example.com"}),
+            Some("a.b+tag_1@example.com"),
+        ),
+        (json!({}), Some("f3a1")),
+        (
+            json!({"preferred_username": "<img src=x onerror=alert(1)>"}),
+            None,
+        ),
+        (
+            json!({"preferred_username": "Your account is locked: call +1 555 0100"}),
+            None,
+        ),
+        (json!({"preferred_username": "\u{430}lice"}), None),
+        (json!({"preferred_username": "alice\u{202e}moc.live"}), None),
+        (json!({"email": long.clone()}), None),
+        (
+            json!({"preferred_username": "", "email": "ok@example.com"}),
+            Some("ok@example.com"),
+        ),
+    ];
+    for (extra, shown) in cases {
+        let s = setup().await;
+        let (redirect, cookie) = up_to_the_upstream(&s, "alice").await;
+        let mut claims = json!({"iss": issuer_of(&s), "aud": "client-1", "sub": "f3a1"});
+        for (k, v) in extra.as_object().unwrap() {
+            claims[k] = v.clone();
+        }
+        let answer = json!({"access_token": "at-x", "token_type": "Bearer", "id_token": id_token(claims)});
+        s.fake.set(|k| k.token_answer = Some((200, answer.to_string())));
+        let page = s.callback(&redirect, Some(&cookie)).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let held = s
+            .sign_in
+            .vault()
+            .get(&s.subject("alice"), "notes")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(held.account.as_deref(), shown, "{extra}");
+        match shown {
+            Some(a) => assert!(
+                page.body
+                    .contains(&format!("Its authorization server reports the account {a}.")),
+                "{}",
+                page.body
+            ),
+            None => assert!(
+                !page.body.contains("account ")
+                    && !page.body.contains("img")
+                    && !page.body.contains("555")
+                    && page
+                        .body
+                        .contains("You are signed in to notes. Return to your client"),
+                "{}",
+                page.body
+            ),
+        }
+    }
 }
 
 #[tokio::test]
