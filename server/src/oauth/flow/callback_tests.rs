@@ -2,7 +2,7 @@
 //! answered badly, against the in-test servers of the flow's tests.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -12,6 +12,7 @@ use super::super::authorize::{STATE_AAD, State, now_secs};
 use super::super::tests::{ALICE, BH, CALLBACK, Fake, config, flow_with, keys, signed_in, upstream};
 use super::super::wire::{form, parse_query};
 use super::super::*;
+use super::PRUNE_PER_USE;
 
 /// The redirect query with `key` set to `value` (`None`: removed).
 fn with(query: &str, key: &str, value: Option<&str>) -> String {
@@ -418,15 +419,65 @@ async fn the_upstream_account_is_taken_from_an_id_token_issued_to_this_client_on
 async fn the_memory_guard_is_bounded_and_refuses_when_full_rather_than_forget() {
     let guard = MemoryGuard::new(2);
     let long = Duration::from_secs(60);
-    assert!(guard.first_use("a", long).await);
-    assert!(!guard.first_use("a", long).await);
-    assert!(guard.first_use("b", Duration::ZERO).await);
+    assert!(guard.first_use("a", "s", long).await);
+    assert!(!guard.first_use("a", "s", long).await);
+    assert!(guard.first_use("b", "s", Duration::ZERO).await);
     // Full, but "b" has expired: it makes room.
-    assert!(guard.first_use("c", long).await);
-    assert!(!guard.first_use("d", long).await);
-    assert!(!guard.first_use("a", long).await && !guard.first_use("c", long).await);
+    assert!(guard.first_use("c", "s", long).await);
+    assert!(!guard.first_use("d", "s", long).await);
+    assert!(!guard.first_use("a", "s", long).await && !guard.first_use("c", "s", long).await);
     // A time to live past what a clock can say is kept, not a panic.
-    assert!(MemoryGuard::new(1).first_use("x", Duration::MAX).await);
+    assert!(MemoryGuard::new(1).first_use("x", "s", Duration::MAX).await);
+}
+
+#[test]
+fn one_caller_holds_a_bounded_share_of_the_memory_guard() {
+    let guard = MemoryGuard::bounded(100, 3);
+    let t0 = Instant::now();
+    let ttl = Duration::from_secs(1800);
+    for i in 0..3 {
+        assert!(guard.first_use_at(&format!("m{i}"), "idp|mallory", ttl, t0));
+    }
+    // Her fourth link (a fresh one) is refused, not remembered; others are not affected.
+    assert!(!guard.first_use_at("m3", "idp|mallory", ttl, t0));
+    assert!(guard.first_use_at("a0", "idp|alice", ttl, t0));
+    assert_eq!(guard.len(), 4);
+    // What she marked stays used; when it expires, her share is hers again.
+    assert!(!guard.first_use_at("m0", "idp|mallory", ttl, t0 + Duration::from_secs(60)));
+    let later = t0 + ttl + Duration::from_secs(1);
+    assert!(!guard.first_use_at("a0", "idp|alice", ttl, t0 + Duration::from_secs(60)));
+    assert!(guard.first_use_at("m3", "idp|mallory", ttl, later));
+    assert!(guard.first_use_at("m4", "idp|mallory", ttl, later));
+}
+
+#[test]
+fn the_memory_guard_forgets_a_bounded_number_of_expired_states_per_use_nearest_first() {
+    let max = 1000;
+    let guard = MemoryGuard::bounded(max, max);
+    let t0 = Instant::now();
+    // Full: half expire after a second, half after an hour, marked alternately.
+    for i in 0..max {
+        let ttl = Duration::from_secs(if i % 2 == 0 { 1 } else { 3600 });
+        assert!(guard.first_use_at(&format!("n{i}"), &format!("idp|u{i}"), ttl, t0));
+    }
+    assert!(!guard.first_use_at("full", "idp|x", Duration::from_secs(60), t0));
+    // Later, one use forgets at most PRUNE_PER_USE expired states, not all of them at once,
+    // and none that has not expired.
+    let t1 = t0 + Duration::from_secs(2);
+    assert!(guard.first_use_at("new", "idp|x", Duration::from_secs(60), t1));
+    assert_eq!(guard.len(), max - PRUNE_PER_USE + 1);
+    for _ in 0..max {
+        guard.first_use_at("new", "idp|x", Duration::from_secs(60), t1);
+    }
+    assert_eq!(guard.len(), max / 2 + 1);
+    for i in (1..max).step_by(2) {
+        assert!(
+            !guard.first_use_at(&format!("n{i}"), "idp|y", Duration::from_secs(60), t1),
+            "n{i}"
+        );
+    }
+    // Expired states may be marked again.
+    assert!(guard.first_use_at("n0", "idp|u0", Duration::from_secs(60), t1));
 }
 
 #[tokio::test]

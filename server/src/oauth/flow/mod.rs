@@ -37,7 +37,7 @@ use crate::net::http::HttpClient;
 use crate::oauth::keyring::KeyRing;
 
 pub use authorize::Authorization;
-pub use callback::{Completed, MemoryGuard, StateGuard};
+pub use callback::{Completed, MAX_USED_PER_SUBJECT, MemoryGuard, StateGuard};
 pub use challenge::Challenge;
 pub use discovery::{Discovered, ResourceMetadata, ServerMetadata};
 pub use login::{Login, LoginRequest, random};

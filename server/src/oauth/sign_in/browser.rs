@@ -33,8 +33,8 @@ pub type Lookup<'a> = &'a (dyn Fn(&str) -> Option<Identity> + Sync);
 struct Used<'a>(&'a SignIn);
 
 impl StateGuard for Used<'_> {
-    async fn first_use(&self, nonce: &str, ttl: std::time::Duration) -> bool {
-        self.0.first_use(nonce, ttl).await
+    async fn first_use(&self, nonce: &str, subject: &str, ttl: std::time::Duration) -> bool {
+        self.0.first_use(nonce, subject, ttl).await
     }
 }
 
@@ -180,8 +180,13 @@ impl SignIn {
         }
         // Used before the code is sent anywhere: a replayed redirect exchanges nothing.
         let ttl = std::time::Duration::from_secs(b.te.saturating_sub(ticket::now()) + 2 * LIFETIME);
-        if !self.first_use(&b.n, ttl).await {
-            return fail("state", Page::refused("This sign-in link was used already."));
+        if !self.first_use(&b.n, &b.s, ttl).await {
+            return fail(
+                "state",
+                Page::refused(
+                    "This sign-in link was used already (or too many of your sign-ins are under way: finish or wait for them).",
+                ),
+            );
         }
         let subject = match self.who(&b, param(params, "code").unwrap_or_default()).await {
             Ok(s) => s,

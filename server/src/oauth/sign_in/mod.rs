@@ -296,11 +296,12 @@ impl SignIn {
         })
     }
 
-    /// Marks a state or link nonce used where the vault is: every replica sees Redis.
-    async fn first_use(&self, nonce: &str, ttl: Duration) -> bool {
+    /// Marks a state or link nonce of a sign-in for `subject` used where the vault is:
+    /// every replica sees Redis; in memory, each caller holds a bounded share.
+    async fn first_use(&self, nonce: &str, subject: &str, ttl: Duration) -> bool {
         match self.vault.mark_used(nonce, ttl).await {
             Some(fresh) => fresh,
-            None => self.used.first_use(nonce, ttl).await,
+            None => self.used.first_use(nonce, subject, ttl).await,
         }
     }
 

@@ -455,6 +455,44 @@ async fn what_an_upstreams_metadata_says_reaches_no_page() {
 }
 
 #[tokio::test]
+async fn one_caller_cannot_fill_the_memory_of_used_links() {
+    let s = setup().await;
+    let enc = crate::template::percent_encode;
+    // Mallory's client asks for link after link, opens each and comes back with a made-up
+    // code: each spends a used link of hers, up to her share.
+    let burn = |n: usize| {
+        let s = &s;
+        async move {
+            let (to_issuer, cookie) = s.open(&s.link("mallory").await.1).await;
+            let state = params(&to_issuer)["state"].clone();
+            let page = s
+                .callback(&format!("code=x&state={}", enc(&state)), Some(&cookie))
+                .await;
+            (n, page)
+        }
+    };
+    for n in 0..crate::oauth::flow::MAX_USED_PER_SUBJECT {
+        let (n, page) = burn(n).await;
+        assert_eq!(page.status, 400, "{n}: {}", page.body);
+        assert!(page.body.contains("answer was refused"), "{n}: {}", page.body);
+    }
+    let sent = s.fake.token_requests().len();
+    let (_, page) = burn(0).await;
+    assert!(
+        page.status == 400 && page.body.contains("too many of your sign-ins are under way"),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        s.fake.token_requests().len(),
+        sent,
+        "refused before its code was sent"
+    );
+    // Anyone else signs in as ever.
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+}
+
+#[tokio::test]
 async fn the_issuers_redirect_is_used_once_before_its_code_is_exchanged() {
     let s = setup().await;
     let (to_issuer, cookie) = s.open(&s.link("alice").await.1).await;
