@@ -106,6 +106,16 @@ impl Flow {
     ) -> Result<Login> {
         let iu = parse_url(issuer).map_err(|e| Error::Config(format!("the issuer: {e}")))?;
         let server = self.server_metadata(issuer, &iu, &[origin(&iu)]).await?;
+        // This server's own identity provider is the configuration's choice, and so is the
+        // token endpoint its metadata names, wherever it is (a host inside the network):
+        // not guarded like a server an upstream's metadata chose.
+        let configured: Vec<String> = [
+            Some(origin(&iu)),
+            parse_url(&server.token_endpoint).ok().map(|u| origin(&u)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let asked = Asked {
             resource: "",
             issuer,
@@ -122,7 +132,7 @@ impl Flow {
             ("code_verifier", verifier),
         ];
         let body = self
-            .token_request(&asked, client, params, &[origin(&iu)], &[code, verifier])
+            .token_request(&asked, client, params, &configured, &[code, verifier])
             .await?;
         let doc: Value = serde_json::from_slice(&body)
             .map_err(|_| Error::Token("the answer is not a JSON object".into()))?;

@@ -969,6 +969,51 @@ async fn a_loopback_url_does_not_turn_the_guard_of_discovered_servers_off() {
     assert!(e.to_string().contains("may not choose"), "{e}");
 }
 
+#[tokio::test]
+async fn this_servers_own_identity_provider_is_called_wherever_its_metadata_says() {
+    let s = setup().await;
+    // The identity provider of --auth-issuer (the fake's `/b`) names its token endpoint on
+    // another origin of this host: a guarded call would refuse it.
+    let port = s.fake.base.rsplit(':').next().unwrap();
+    let mut m = s.fake.meta("/b");
+    m["token_endpoint"] = json!(format!("http://localhost:{port}/b/token"));
+    s.fake.doc("/.well-known/oauth-authorization-server/b", 200, &m);
+    let cfg = SignInConfig {
+        url: "http://127.0.0.1:9/".into(),
+        keys: s.sign_in.keys.clone(),
+        client_id: BROWSER.into(),
+        client_secret: s.sign_in.client_secret.clone(),
+        vault: vault::Options::default(),
+        backend: vault::Backend::Memory,
+        local_servers: false,
+    };
+    let verifier = Arc::new(FakeIdTokens(s.fake.issuer("/b")));
+    let guarded = SignIn::new(
+        cfg,
+        HttpClient::new(),
+        s.secrets.clone(),
+        verifier,
+        s.metrics.clone(),
+        None,
+    )
+    .unwrap();
+    assert!(guarded.flow.config().guard_discovered);
+    let alice = format!("{}|alice", s.fake.issuer("/b"));
+    let CallAuth::SignIn(link) = guarded.authorize(&alice, "notes", &s.id).await else {
+        panic!("no link");
+    };
+    let find = s.lookup();
+    let page = guarded.start(link.url.split_once('?').unwrap().1, &find).await;
+    assert_eq!(page.status, 302, "{}", page.body);
+    let cookie = page.cookies[0].split(';').next().unwrap().to_owned();
+    let back = s.fake.login_as(page.location.as_deref().unwrap(), "alice");
+    let bound = guarded.callback(&back, Some(&cookie), &find).await;
+    assert_eq!(bound.status, 302, "{}", bound.body);
+    assert_eq!(s.fake.knobs.lock().unwrap().token_paths, ["/b/token"]);
+    // (Servers an upstream's metadata names there are still refused: see
+    // `a_loopback_url_does_not_turn_the_guard_of_discovered_servers_off`.)
+}
+
 #[test]
 fn the_public_url_must_be_https_or_loopback() {
     assert_eq!(
