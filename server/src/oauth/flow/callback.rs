@@ -276,19 +276,11 @@ impl Flow {
         let sent = self
             .token_request(&asked, &state.client, params, &trusted, &[code, &state.verifier])
             .await;
-        let body = match sent {
-            Err(Error::Denied(why)) if why.starts_with("invalid_client") => {
-                // A registration this server forgot: the next sign-in registers again.
-                if self
-                    .registered(&state.issuer)
-                    .is_some_and(|c| c.client_id == state.client.client_id)
-                {
-                    self.forget_registration(&state.issuer);
-                }
-                return Err(Error::Denied(why));
-            }
-            other => other?,
-        };
+        if let Err(Error::InvalidClient(_)) = &sent {
+            // A registration the server forgot: the next sign-in registers again.
+            self.forget_client(&state.issuer, &state.client.client_id);
+        }
+        let body = sent?;
         let mut tokens = read_tokens(&body, &asked)?;
         if state.registered {
             tokens.client_secret.clone_from(&state.client.client_secret);

@@ -78,9 +78,14 @@ pub enum Error {
     Denied(String),
     /// The token endpoint refused the grant itself (`invalid_grant`: the code or refresh
     /// token is expired, revoked, used or not this client's): the user signs in again.
-    /// Other refusals (`invalid_client`, `invalid_request`, ...) are [`Error::Denied`].
+    /// Other refusals (`invalid_request`, `invalid_scope`, ...) are [`Error::Denied`].
     #[error("the authorization server refused the grant: {0}")]
     InvalidGrant(String),
+    /// The token endpoint does not know the client (`invalid_client`: a registration it
+    /// dropped or another replica made, a secret it no longer takes): a registration of this
+    /// replica is forgotten, and the user signs in again.
+    #[error("the authorization server refused the client: {0}")]
+    InvalidClient(String),
     /// The redirect back is malformed: its query, or no usable `code`.
     #[error("the redirect: {0}")]
     Redirect(&'static str),
@@ -106,7 +111,7 @@ impl Error {
             Self::Unreachable(_) => "unreachable",
             Self::Discovery(_) => "discovery",
             Self::Registration(_) => "registration",
-            Self::Denied(_) | Self::InvalidGrant(_) => "denied",
+            Self::Denied(_) | Self::InvalidGrant(_) | Self::InvalidClient(_) => "denied",
             Self::Redirect(_) => "redirect",
             Self::State(_) => "state",
             Self::Browser(_) => "wrong_user",

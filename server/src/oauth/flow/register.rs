@@ -239,4 +239,12 @@ impl Flow {
     pub fn forget_registration(&self, issuer: &str) {
         self.clients.remove(issuer);
     }
+
+    /// Forgets the client registered at `issuer` if it is `client_id` (the server refused
+    /// it: `invalid_client`); a newer registration, or a configured client, stays.
+    pub(super) fn forget_client(&self, issuer: &str, client_id: &str) {
+        if self.registered(issuer).is_some_and(|c| c.client_id == client_id) {
+            self.forget_registration(issuer);
+        }
+    }
 }

@@ -152,7 +152,8 @@ impl Flow {
     ///
     /// # Errors
     /// [`Error::InvalidGrant`] for an `invalid_grant` answer (sign in again),
-    /// [`Error::Denied`] for another OAuth error answer, [`Error::Token`] for another
+    /// [`Error::InvalidClient`] for `invalid_client`, [`Error::Denied`] for another OAuth
+    /// error answer, [`Error::Token`] for another
     /// status, [`Error::Unreachable`].
     pub(super) async fn token_request(
         &self,
@@ -205,6 +206,7 @@ impl Flow {
             let code = code.as_ref().and_then(|d| d.get("error")).and_then(Value::as_str);
             return Err(match code {
                 Some("invalid_grant") => Error::InvalidGrant(said),
+                Some("invalid_client") => Error::InvalidClient(said),
                 _ => Error::Denied(said),
             });
         }
@@ -222,8 +224,10 @@ impl Flow {
     ///
     /// # Errors
     /// [`Error::InvalidGrant`]: there is no refresh token, or the server refused it (the
-    /// user signs in again); [`Error::Issuer`]: the tokens are of another server than
-    /// `issuer` names; otherwise as the code exchange.
+    /// user signs in again); [`Error::InvalidClient`]: the server does not know the client
+    /// (a registration of this replica is forgotten; the user signs in again);
+    /// [`Error::Issuer`]: the tokens are of another server than `issuer` names; otherwise as
+    /// the code exchange.
     pub async fn refresh(&self, tokens: &Tokens, upstream: &Upstream) -> Result<Tokens> {
         let refresh_token = tokens.refresh_token.as_deref().ok_or_else(|| {
             Error::InvalidGrant("no refresh token was issued: the user signs in again".into())
@@ -250,7 +254,7 @@ impl Flow {
             ("refresh_token", refresh_token),
             ("resource", resource.as_str()),
         ];
-        let body = self
+        let sent = self
             .token_request(
                 &asked,
                 &client,
@@ -258,8 +262,11 @@ impl Flow {
                 &upstream.trusted(),
                 &[refresh_token, &tokens.access_token],
             )
-            .await?;
-        read_tokens(&body, &asked)
+            .await;
+        if let Err(Error::InvalidClient(_)) = &sent {
+            self.forget_client(&tokens.issuer, &tokens.client_id);
+        }
+        read_tokens(&sent?, &asked)
     }
 
     /// Revokes `tokens` at the authorization server that issued them (RFC 7009): the refresh

@@ -304,7 +304,8 @@ impl SignIn {
                     | flow::Error::Redirect(_)
                     | flow::Error::Issuer(_)
                     | flow::Error::Denied(_)
-                    | flow::Error::InvalidGrant(_) => {
+                    | flow::Error::InvalidGrant(_)
+                    | flow::Error::InvalidClient(_) => {
                         Page::refused(&format!("The upstream's answer was refused: {why}."))
                     }
                     _ => Page::failed(&format!("The upstream's sign-in failed: {why}.")),

@@ -162,10 +162,14 @@ impl SignIn {
                 if !bound(&t, id) {
                     return Err(RefreshFailure::InvalidGrant(MOVED.into()));
                 }
-                // Only a refused grant forgets the tokens: a client the server does not know
-                // (invalid_client), a refused scope, an outage leave them for the next try.
+                // A refused grant or client forgets the tokens (no refresh will ever work:
+                // the user signs in again, registering again if the server forgot the
+                // client); a refused scope, a malformed request, an outage leave them for
+                // the next try.
                 flow.refresh(&t, up).await.map_err(|e| match e {
-                    flow::Error::InvalidGrant(_) => RefreshFailure::InvalidGrant(e.to_string()),
+                    flow::Error::InvalidGrant(_) | flow::Error::InvalidClient(_) => {
+                        RefreshFailure::InvalidGrant(e.to_string())
+                    }
                     other => RefreshFailure::Other(other.to_string()),
                 })
             })

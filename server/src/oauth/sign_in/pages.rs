@@ -10,7 +10,7 @@
 pub fn flow_error(e: &crate::oauth::flow::Error) -> String {
     use crate::oauth::flow::{Error, known_error};
     match e {
-        Error::Denied(m) | Error::InvalidGrant(m) => {
+        Error::Denied(m) | Error::InvalidGrant(m) | Error::InvalidClient(m) => {
             let code = m.split([':', ' ']).next().unwrap_or_default();
             format!("the authorization server refused ({})", known_error(code))
         }

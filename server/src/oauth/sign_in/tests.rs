@@ -658,14 +658,14 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
         CallAuth::SignIn(_)
     ));
     assert!(!s.held("alice").await);
-    // Refusals that are not about the grant (a client another replica registered and this
-    // one does not know, a scope, a malformed request) keep the tokens for the next try.
+    // Refusals that are not about the grant or the client (a scope, a malformed request)
+    // keep the tokens for the next try.
     assert_eq!(s.sign_in_as("alice").await.status, 200);
     for (status, error) in [
-        (401, "invalid_client"),
         (400, "invalid_request"),
         (400, "invalid_scope"),
         (400, "unauthorized_client"),
+        (503, "temporarily_unavailable"),
     ] {
         s.fake
             .set(|k| k.token_answer = Some((status, json!({"error": error}).to_string())));
@@ -699,6 +699,45 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
         s.sign_in.revoke(&alice, Some("notes"), &s.ids()).await.unwrap(),
         0
     );
+}
+
+#[tokio::test]
+async fn a_client_the_server_no_longer_knows_forgets_the_tokens_and_the_registration() {
+    let s = setup().await;
+    let alice = s.subject("alice");
+    let v = s.sign_in.vault();
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    assert_eq!(s.fake.registrations(), 1);
+    // The server dropped the client it registered: every refresh answers invalid_client.
+    s.fake
+        .set(|k| k.token_answer = Some((401, json!({"error": "invalid_client"}).to_string())));
+    let held = v.get(&alice, "notes").await.unwrap().unwrap();
+    let sent = http::HeaderValue::try_from(format!("Bearer {}", held.access_token)).unwrap();
+    assert!(matches!(
+        s.sign_in.rejected(&alice, "notes", &s.id, &sent).await,
+        CallAuth::SignIn(_)
+    ));
+    assert!(!s.held("alice").await, "forgotten: no refresh will ever work");
+    assert_eq!(s.metrics.refreshes("notes", "revoked"), 1);
+    // The next call gets a link at once, and the next sign-in registers again.
+    assert!(matches!(
+        s.sign_in.authorize(&alice, "notes", &s.id).await,
+        CallAuth::SignIn(_)
+    ));
+    s.fake.set(|k| k.token_answer = None);
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    assert_eq!(s.fake.registrations(), 2);
+    // An expired token refreshed at a server that answers invalid_client: the same.
+    let mut t = v.get(&alice, "notes").await.unwrap().unwrap();
+    t.expires_at = Some(std::time::SystemTime::now());
+    v.put(&alice, "notes", &t).await.unwrap();
+    s.fake
+        .set(|k| k.token_answer = Some((401, json!({"error": "invalid_client"}).to_string())));
+    assert!(matches!(
+        s.sign_in.authorize(&alice, "notes", &s.id).await,
+        CallAuth::SignIn(_)
+    ));
+    assert!(!s.held("alice").await);
 }
 
 #[tokio::test]

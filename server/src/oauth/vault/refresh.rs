@@ -24,7 +24,8 @@ const MAX_ROUNDS: usize = 8;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RefreshFailure {
     /// The authorization server refused the refresh token (`invalid_grant`: expired,
-    /// revoked, rotated): the tokens are forgotten and the user signs in again.
+    /// revoked, rotated) or the client (`invalid_client`): the tokens are forgotten and the
+    /// user signs in again.
     InvalidGrant(String),
     /// Anything else (unreachable, timed out, a server error): the tokens are kept and the
     /// refresh tried again later.
