@@ -53,7 +53,9 @@ pub(crate) struct Knobs {
     /// The token endpoint's answer instead of its own.
     pub(crate) token_answer: Option<(u16, String)>,
     /// Whether a refresh issues a new refresh token.
-    rotate: bool,
+    pub(crate) rotate: bool,
+    /// Holds the token endpoint's answers, once made, until the test releases them.
+    pub(crate) token_gate: Option<Arc<Gate>>,
     /// Every form POSTed to a token endpoint, and its Authorization header.
     pub(crate) token_requests: Vec<(String, String)>,
     /// The path of each of them.
@@ -63,6 +65,22 @@ pub(crate) struct Knobs {
     /// The revocation endpoint's answer instead of its own.
     pub(crate) revoke_answer: Option<(u16, String)>,
     issued: usize,
+}
+
+/// A gate on the token endpoint: each answer, once made (codes and refresh tokens already
+/// spent or issued), adds a permit to `arrived`, then waits for one of `release`.
+pub(crate) struct Gate {
+    pub(crate) arrived: tokio::sync::Semaphore,
+    pub(crate) release: tokio::sync::Semaphore,
+}
+
+impl Gate {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            arrived: tokio::sync::Semaphore::new(0),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -114,7 +132,15 @@ async fn serve(
             .to_owned();
         let issuer = format!("{}{}", fake.base, path.trim_end_matches("/token"));
         fake.knobs.lock().unwrap().token_paths.push(path.clone());
-        return fake.token(&issuer, &body, &auth);
+        let answer = fake.token(&issuer, &body, &auth);
+        let gate = fake.knobs.lock().unwrap().token_gate.clone();
+        if let Some(g) = gate {
+            g.arrived.add_permits(1);
+            if let Ok(p) = g.release.acquire().await {
+                p.forget();
+            }
+        }
+        return answer;
     }
     match fake.knobs.lock().unwrap().docs.get(&path) {
         Some((status, text)) => json_answer(*status, text.clone()),

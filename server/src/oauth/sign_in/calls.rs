@@ -12,6 +12,10 @@ use crate::spec::identity::Identity;
 /// The longest a sign-out or a revocation waits for an authorization server to revoke a
 /// token.
 const REVOKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Revocations run off the caller's path at once, at most (tokens a refresh could not keep,
+/// tokens of an upstream that moved); past it, a token is forgotten without one (counted
+/// `failed`).
+pub(super) const MAX_BACKGROUND_REVOCATIONS: usize = 16;
 
 /// Why a token held is not sent to the upstream as configured now.
 const MOVED: &str = "the upstream's URL or authorization server changed since the user signed in";
@@ -74,7 +78,7 @@ impl SignIn {
         }
         match self.vault.held(subject, name).await {
             Err(e) => CallAuth::Refused(e.to_string()),
-            Ok(Some(h)) if !bound(&h.tokens, id) => self.moved(subject, name, &h).await,
+            Ok(Some(h)) if !bound(&h.tokens, id) => self.moved(subject, name, id, &h).await,
             Ok(Some(h)) if self.vault.usable(&h.tokens) => self.bearer(subject, &h.tokens, name, id),
             Ok(Some(h)) if h.tokens.refresh_token.is_some() => self.refreshed(subject, name, id, None).await,
             Ok(_) => self.link(subject, name),
@@ -82,15 +86,21 @@ impl SignIn {
     }
 
     /// A token of an upstream that moved (another URL, another pinned authorization
-    /// server): forgotten unless a sign-in replaced it meanwhile, and a sign-in link.
-    async fn moved(&self, subject: &str, name: &str, held: &Held) -> CallAuth {
+    /// server, as `id` says now): forgotten unless a sign-in replaced it meanwhile, revoked
+    /// off the caller's path, and a sign-in link.
+    async fn moved(&self, subject: &str, name: &str, id: &Identity, held: &Held) -> CallAuth {
         self.warm.forget(subject, Some(name));
         match self.vault.discard(subject, name, held).await {
-            Ok(_) => {
+            Ok(forgotten) => {
                 tracing::info!(
                     upstream = name,
                     "upstream sign-in: {MOVED}; the user's token was forgotten"
                 );
+                if forgotten {
+                    let (_, up) =
+                        self.upstream_of(&held.tokens, Some(name), &[(name.to_owned(), id.clone())]);
+                    self.revoke_later(held.tokens.clone(), name, up);
+                }
                 self.audit("oauth.sign_out", subject, name, "moved", Some(MOVED.into()));
                 self.link(subject, name)
             }
@@ -156,23 +166,32 @@ impl SignIn {
         };
         let flow = &self.flow;
         let up = &up;
+        // Tokens the refresh obtained after a sign-out, a revocation or another sign-in are
+        // held by no one: revoked off the caller's path.
+        let dropped = |t: TokenSet| self.revoke_later(t, name, up.clone());
         let r = self
             .vault
-            .refresh_once(subject, name, rejected, |t| async move {
-                if !bound(&t, id) {
-                    return Err(RefreshFailure::InvalidGrant(MOVED.into()));
-                }
-                // A refused grant or client forgets the tokens (no refresh will ever work:
-                // the user signs in again, registering again if the server forgot the
-                // client); a refused scope, a malformed request, an outage leave them for
-                // the next try.
-                flow.refresh(&t, up).await.map_err(|e| match e {
-                    flow::Error::InvalidGrant(_) | flow::Error::InvalidClient(_) => {
-                        RefreshFailure::InvalidGrant(e.to_string())
+            .refresh_once_dropping(
+                subject,
+                name,
+                rejected,
+                |t| async move {
+                    if !bound(&t, id) {
+                        return Err(RefreshFailure::InvalidGrant(MOVED.into()));
                     }
-                    other => RefreshFailure::Other(other.to_string()),
-                })
-            })
+                    // A refused grant or client forgets the tokens (no refresh will ever work:
+                    // the user signs in again, registering again if the server forgot the
+                    // client); a refused scope, a malformed request, an outage leave them for
+                    // the next try.
+                    flow.refresh(&t, up).await.map_err(|e| match e {
+                        flow::Error::InvalidGrant(_) | flow::Error::InvalidClient(_) => {
+                            RefreshFailure::InvalidGrant(e.to_string())
+                        }
+                        other => RefreshFailure::Other(other.to_string()),
+                    })
+                },
+                dropped,
+            )
             .await;
         let (result, reason) = match &r {
             Ok(_) => ("ok", None),
@@ -189,7 +208,7 @@ impl SignIn {
         match r {
             // Usable without a refresh: checked here too.
             Ok(t) if !bound(&t, id) => match self.vault.held(subject, name).await {
-                Ok(Some(h)) => self.moved(subject, name, &h).await,
+                Ok(Some(h)) => self.moved(subject, name, id, &h).await,
                 Ok(None) => self.link(subject, name),
                 Err(e) => CallAuth::Refused(e.to_string()),
             },
@@ -304,15 +323,46 @@ impl SignIn {
             .and_then(|(n, id)| Some((n.clone(), self.upstream(n, id).ok()?)));
         found.unwrap_or_else(|| {
             let name = name.unwrap_or("unknown").to_owned();
+            // The server still pinned for this upstream issued them: its configured client
+            // (when it is theirs) revokes them there.
+            let pinned = upstreams
+                .iter()
+                .find(|(n, id)| *n == name && id.issuer.as_deref() == Some(t.issuer.as_str()))
+                .and_then(|(n, id)| self.upstream(n, id).ok());
+            let (issuer, client) = pinned.map_or((None, None), |p| (p.issuer, p.client));
             let up = flow::Upstream {
                 name: name.clone(),
                 url: t.resource.clone(),
-                issuer: None,
-                client: None,
+                issuer,
+                client,
                 scope: None,
             };
             (name, up)
         })
+    }
+
+    /// Revokes `t` (held by no one any longer) at its authorization server as `up` says,
+    /// off the caller's path: best effort, within [`REVOKE_LIMIT`], at most
+    /// [`MAX_BACKGROUND_REVOCATIONS`] at once (past that, not revoked), counted.
+    fn revoke_later(&self, t: TokenSet, name: &str, up: flow::Upstream) {
+        let Ok(permit) = self.revoking.clone().try_acquire_owned() else {
+            tracing::info!(upstream = %name, "upstream sign-in: too many revocations under way; a token nothing holds is forgotten without one");
+            self.metrics.revocation(name, "failed");
+            return;
+        };
+        let (flow, metrics, name) = (self.flow.clone(), self.metrics.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let result = revoke_within(&flow, &t, &up, &name).await;
+            metrics.revocation(&name, result);
+            drop(permit);
+        });
+    }
+
+    /// Resolves when no revocation runs off a caller's path (tests).
+    #[cfg(test)]
+    pub(super) async fn revocations_done(&self) {
+        let all = u32::try_from(MAX_BACKGROUND_REVOCATIONS).unwrap_or(u32::MAX);
+        drop(self.revoking.acquire_many(all).await);
     }
 
     /// Revokes `t` at its authorization server (RFC 7009), best effort and within
@@ -326,20 +376,28 @@ impl SignIn {
         upstreams: &[(String, Identity)],
     ) -> &'static str {
         let (name, up) = self.upstream_of(t, name, upstreams);
-        let result = match tokio::time::timeout(REVOKE_LIMIT, self.flow.revoke(t, &up)).await {
-            Ok(Ok(true)) => "ok",
-            Ok(Ok(false)) => "none",
-            Ok(Err(e)) => {
-                tracing::info!(upstream = %name, reason = e.kind(), error = %e, "upstream sign-in: a user's token could not be revoked at the authorization server; it is forgotten here");
-                "failed"
-            }
-            Err(_) => {
-                tracing::info!(upstream = %name, "upstream sign-in: the authorization server did not revoke a user's token in time; it is forgotten here");
-                "failed"
-            }
-        };
+        let result = revoke_within(&self.flow, t, &up, &name).await;
         self.metrics.revocation(&name, result);
         result
+    }
+}
+
+/// Revokes `t` at its authorization server as `up` says, within [`REVOKE_LIMIT`]: how it
+/// ended ([`REVOCATION_RESULTS`]), logged when it failed.
+///
+/// [`REVOCATION_RESULTS`]: crate::metrics::oauth::REVOCATION_RESULTS
+async fn revoke_within(flow: &flow::Flow, t: &TokenSet, up: &flow::Upstream, name: &str) -> &'static str {
+    match tokio::time::timeout(REVOKE_LIMIT, flow.revoke(t, up)).await {
+        Ok(Ok(true)) => "ok",
+        Ok(Ok(false)) => "none",
+        Ok(Err(e)) => {
+            tracing::info!(upstream = %name, reason = e.kind(), error = %e, "upstream sign-in: a user's token could not be revoked at the authorization server; it is forgotten here");
+            "failed"
+        }
+        Err(_) => {
+            tracing::info!(upstream = %name, "upstream sign-in: the authorization server did not revoke a user's token in time; it is forgotten here");
+            "failed"
+        }
     }
 }
 

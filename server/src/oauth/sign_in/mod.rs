@@ -97,8 +97,11 @@ pub struct SignIn {
     client_secret: Option<SecretRef>,
     secrets: Arc<Secrets>,
     ring: ArcSwapOption<Loaded>,
-    flow: Flow,
+    flow: Arc<Flow>,
     vault: Vault,
+    /// Revocations of tokens nothing holds any longer, run off the caller's path: at most
+    /// [`calls::MAX_BACKGROUND_REVOCATIONS`] at once.
+    revoking: Arc<tokio::sync::Semaphore>,
     /// Used states and links, when the vault is in memory.
     used: MemoryGuard,
     /// The `Authorization` of tokens read lately.
@@ -201,8 +204,9 @@ impl SignIn {
             client_secret: cfg.client_secret,
             secrets,
             ring: ArcSwapOption::empty(),
-            flow,
+            flow: Arc::new(flow),
             vault,
+            revoking: Arc::new(tokio::sync::Semaphore::new(calls::MAX_BACKGROUND_REVOCATIONS)),
             used: MemoryGuard::default(),
             warm: warm::Warm::default(),
             shared,

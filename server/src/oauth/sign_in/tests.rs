@@ -856,6 +856,141 @@ async fn signing_out_and_revoking_revoke_at_the_authorization_server_best_effort
     assert!(t.fake.knobs.lock().unwrap().revoked.is_empty());
 }
 
+/// The tokens the fake revoked: each token and its hint.
+fn revoked(s: &Setup) -> Vec<(String, String)> {
+    let k = s.fake.knobs.lock().unwrap();
+    k.revoked.iter().map(|(t, h, _)| (t.clone(), h.clone())).collect()
+}
+
+#[tokio::test]
+async fn tokens_a_refresh_obtains_after_a_sign_out_are_revoked() {
+    let s = setup().await;
+    let alice = s.subject("alice");
+    let v = s.sign_in.vault();
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    let mut old = v.get(&alice, "notes").await.unwrap().unwrap();
+    old.expires_at = Some(std::time::SystemTime::now());
+    v.put(&alice, "notes", &old).await.unwrap();
+    // The refresh's answer (a rotated refresh token) is made, then held back while alice
+    // signs out.
+    let gate = crate::oauth::flow::tests::Gate::new();
+    s.fake.set(|k| {
+        k.rotate = true;
+        k.token_gate = Some(gate.clone());
+    });
+    let call = s.sign_in.authorize(&alice, "notes", &s.id);
+    let sign_out = async {
+        gate.arrived.acquire().await.unwrap().forget();
+        assert!(s.sign_in.sign_out(&alice, "notes", &s.ids()).await.unwrap());
+        gate.release.add_permits(1);
+    };
+    let (auth, ()) = tokio::join!(call, sign_out);
+    assert!(matches!(auth, CallAuth::SignIn(_)), "{auth:?}");
+    assert!(!s.held("alice").await, "the sign-out stands");
+    s.sign_in.revocations_done().await;
+    let all = revoked(&s);
+    let rt = old.refresh_token.clone().unwrap();
+    assert_eq!(
+        all[..2],
+        [
+            (rt.clone(), "refresh_token".to_owned()),
+            (old.access_token.clone(), "access_token".to_owned())
+        ],
+        "the sign-out's"
+    );
+    // Then, off the call's path, the tokens the refresh obtained and nothing holds.
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert_eq!(all[2].1, "refresh_token");
+    assert_eq!(all[3].1, "access_token");
+    assert!(all[2].0 != rt && all[3].0 != old.access_token, "{all:?}");
+    assert_eq!(s.metrics.revocations("notes", "ok"), 2);
+}
+
+#[tokio::test]
+async fn a_token_forgotten_because_its_upstream_moved_is_revoked() {
+    let s = setup().await;
+    let alice = s.subject("alice");
+    assert_eq!(s.sign_in_as("alice").await.status, 200);
+    let held = s.sign_in.vault().get(&alice, "notes").await.unwrap().unwrap();
+    let moved = Identity {
+        audience: format!("{}/other/mcp", s.fake.base).into(),
+        ..s.id.clone()
+    };
+    assert!(matches!(
+        s.sign_in.authorize(&alice, "notes", &moved).await,
+        CallAuth::SignIn(_)
+    ));
+    assert!(!s.held("alice").await);
+    s.sign_in.revocations_done().await;
+    assert_eq!(
+        revoked(&s),
+        [
+            (held.refresh_token.clone().unwrap(), "refresh_token".to_owned()),
+            (held.access_token.clone(), "access_token".to_owned())
+        ]
+    );
+    assert_eq!(s.metrics.revocations("notes", "ok"), 1);
+    // A client configured for the server still pinned revokes there as itself.
+    let t = setup().await;
+    t.fake.set(|k| {
+        k.clients.insert("pre".into(), Some(BROWSER_SECRET.into()));
+    });
+    let pinned = Identity {
+        issuer: Some(t.fake.issuer("/as").into()),
+        client: Some(crate::spec::identity::UserClient {
+            id: "pre".into(),
+            secret: Some(SecretRef {
+                name: "signin".into(),
+                key: "browser".into(),
+            }),
+        }),
+        ..t.id.clone()
+    };
+    let t_alice = t.subject("alice");
+    let (to_issuer, cookie) = {
+        let CallAuth::SignIn(l) = t.sign_in.authorize(&t_alice, "notes", &pinned).await else {
+            panic!("no link")
+        };
+        t.open(l.url.split_once('?').unwrap().1).await
+    };
+    let find = |name: &str| (name == "notes").then(|| pinned.clone());
+    let bound = t
+        .sign_in
+        .callback(&t.fake.login_as(&to_issuer, "alice"), Some(&cookie), &find)
+        .await;
+    assert_eq!(bound.status, 302, "{}", bound.body);
+    let cookie = bound.cookies[0].split(';').next().unwrap().to_owned();
+    let back = t.fake.login(bound.location.as_deref().unwrap());
+    assert_eq!(t.sign_in.callback(&back, Some(&cookie), &find).await.status, 200);
+    assert_eq!(
+        t.sign_in
+            .vault()
+            .get(&t_alice, "notes")
+            .await
+            .unwrap()
+            .unwrap()
+            .client_id,
+        "pre"
+    );
+    let elsewhere = Identity {
+        audience: format!("{}/other/mcp", t.fake.base).into(),
+        ..pinned.clone()
+    };
+    assert!(matches!(
+        t.sign_in.authorize(&t_alice, "notes", &elsewhere).await,
+        CallAuth::SignIn(_)
+    ));
+    t.sign_in.revocations_done().await;
+    let basic = format!("Basic {}", STANDARD.encode(format!("pre:{BROWSER_SECRET}")));
+    let k = t.fake.knobs.lock().unwrap();
+    assert_eq!(k.revoked.len(), 2, "{:?}", k.revoked);
+    assert!(
+        k.revoked.iter().all(|(_, _, auth)| *auth == basic),
+        "{:?}",
+        k.revoked
+    );
+}
+
 #[tokio::test]
 async fn the_page_after_a_sign_in_names_only_a_plain_short_account_as_the_server_reports_it() {
     let issuer_of = |s: &Setup| s.fake.issuer("/as");

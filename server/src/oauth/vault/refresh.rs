@@ -198,11 +198,37 @@ impl Vault {
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
     {
+        self.refresh_once_dropping(subject, upstream, rejected, f, drop)
+            .await
+    }
+
+    /// [`refresh_once`](Self::refresh_once), handing `dropped` the tokens `f` answered when
+    /// they are not kept: the slot was emptied (a sign-out, a revocation) or holds another
+    /// sign-in's tokens by the time they would be written. Nothing else holds them then, so
+    /// the caller revokes them. Tokens that share an access or refresh token with what the
+    /// slot holds, or a slot that still holds the tokens refreshed (sealed anew meanwhile),
+    /// are not handed over. Called at most once, by the caller that ran `f`.
+    ///
+    /// # Errors
+    /// See [`RefreshError`].
+    pub async fn refresh_once_dropping<F, Fut, D>(
+        &self,
+        subject: &str,
+        upstream: &str,
+        rejected: Option<&str>,
+        f: F,
+        dropped: D,
+    ) -> Result<TokenSet, RefreshError>
+    where
+        F: FnOnce(TokenSet) -> Fut,
+        Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
+        D: FnOnce(TokenSet),
+    {
         let slot = self.slot(subject, upstream);
         for _ in 0..MAX_ROUNDS {
             match self.flights.join(&slot.id) {
                 Role::Lead(lead) => {
-                    let outcome = self.lead(&slot, upstream, rejected, f).await;
+                    let outcome = self.lead(&slot, upstream, rejected, f, dropped).await;
                     lead.finish(&outcome);
                     return outcome;
                 }
@@ -225,10 +251,18 @@ impl Vault {
         !usable(t, SystemTime::now(), self.opts.skew) || rejected.is_some_and(|r| r == t.access_token)
     }
 
-    async fn lead<F, Fut>(&self, slot: &Slot, upstream: &str, rejected: Option<&str>, f: F) -> Outcome
+    async fn lead<F, Fut, D>(
+        &self,
+        slot: &Slot,
+        upstream: &str,
+        rejected: Option<&str>,
+        f: F,
+        dropped: D,
+    ) -> Outcome
     where
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
+        D: FnOnce(TokenSet),
     {
         let owner = owner();
         let hold = self.opts.refresh_timeout + Duration::from_secs(5);
@@ -253,7 +287,7 @@ impl Vault {
                     .map_err(|e| self.unavailable(upstream, e))?,
             };
             if locked {
-                let outcome = self.refresh_locked(slot, upstream, rejected, f).await;
+                let outcome = self.refresh_locked(slot, upstream, rejected, f, dropped).await;
                 if let Some(r) = redis
                     && let Err(e) = r.unlock(slot, &owner).await
                 {
@@ -276,16 +310,18 @@ impl Vault {
     /// replica may have refreshed it since it was last read). Every write and delete is a
     /// compare-and-set against the bytes read: a sign-out, a revocation or a newer sign-in
     /// meanwhile is never undone.
-    async fn refresh_locked<F, Fut>(
+    async fn refresh_locked<F, Fut, D>(
         &self,
         slot: &Slot,
         upstream: &str,
         rejected: Option<&str>,
         f: F,
+        dropped: D,
     ) -> Outcome
     where
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
+        D: FnOnce(TokenSet),
     {
         let held = self
             .read_held(slot, upstream)
@@ -319,8 +355,13 @@ impl Vault {
                     return Ok(new);
                 }
                 // Signed out, revoked or signed in again while the refresh ran: what is
-                // held now stands, and the refreshed tokens are dropped.
-                match self.read(slot, upstream).await? {
+                // held now stands, and the refreshed tokens are dropped (handed over to be
+                // revoked when nothing held shares them).
+                let now = self.read(slot, upstream).await?;
+                if now.as_ref().is_none_or(|t| unrelated(t, current, &new)) {
+                    dropped(new);
+                }
+                match now {
                     Some(t) if usable(&t, SystemTime::now(), self.opts.skew) => Ok(t),
                     _ => Err(sign_in(upstream)),
                 }
@@ -336,6 +377,16 @@ impl Vault {
             .map(drop)
             .map_err(|e| self.unavailable(upstream, e))
     }
+}
+
+/// Whether `held` (what the slot holds after a refresh's write was refused) has nothing to
+/// do with the tokens `refreshed` that were refreshed into `new`: not those tokens sealed
+/// anew, and no access or refresh token in common with `new` (a server that keeps the refresh
+/// token on a refresh answers the same one).
+fn unrelated(held: &TokenSet, refreshed: &TokenSet, new: &TokenSet) -> bool {
+    held.access_token != refreshed.access_token
+        && held.access_token != new.access_token
+        && (held.refresh_token.is_none() || held.refresh_token != new.refresh_token)
 }
 
 fn sign_in(upstream: &str) -> RefreshError {

@@ -776,21 +776,32 @@ async fn when_the_leading_call_is_cancelled_a_waiting_one_refreshes() {
 }
 
 /// A refresh whose answer comes after the slot changed (through `b`, the same vault or
-/// another replica) never undoes the change: a sign-out, a revocation, a newer sign-in.
+/// another replica) never undoes the change: a sign-out, a revocation, a newer sign-in. The
+/// refreshed tokens it drops are handed over (to be revoked), unless what the slot holds
+/// shares them.
 pub(super) async fn a_refresh_never_undoes_what_happened_meanwhile(a: &Vault, b: &Vault) {
     const ALICE: &str = "idp|alice";
     let refreshed = |t: &str| Ok::<_, RefreshFailure>(tokens(t));
+    let dropped = std::sync::Mutex::new(Vec::new());
+    let keep = |t: TokenSet| dropped.lock().unwrap().push(t.access_token);
+    let taken = || std::mem::take(&mut *dropped.lock().unwrap());
     // Signed out, or revoked by an administrator, while the refresh ran.
     for revoke in [false, true] {
         a.put(ALICE, "github", &expired("old")).await.unwrap();
         let r = a
-            .refresh_once(ALICE, "github", None, |_| async {
-                match revoke {
-                    true => drop(b.remove_subject(ALICE).await.unwrap()),
-                    false => drop(b.remove(ALICE, "github").await.unwrap()),
-                }
-                refreshed("late")
-            })
+            .refresh_once_dropping(
+                ALICE,
+                "github",
+                None,
+                |_| async {
+                    match revoke {
+                        true => drop(b.remove_subject(ALICE).await.unwrap()),
+                        false => drop(b.remove(ALICE, "github").await.unwrap()),
+                    }
+                    refreshed("late")
+                },
+                keep,
+            )
             .await;
         assert_eq!(
             r,
@@ -801,21 +812,70 @@ pub(super) async fn a_refresh_never_undoes_what_happened_meanwhile(a: &Vault, b:
         );
         assert_eq!(a.get(ALICE, "github").await.unwrap(), None);
         assert_eq!(b.count(ALICE).await.unwrap(), 0);
+        assert_eq!(taken(), [format!("{ACCESS}-late")], "revoke: {revoke}");
     }
     // Signed in again while the refresh ran: the newer sign-in stays, and is what the call
     // gets.
     a.put(ALICE, "github", &expired("old")).await.unwrap();
     let r = a
-        .refresh_once(ALICE, "github", None, |_| async {
-            b.put(ALICE, "github", &tokens("newer")).await.unwrap();
-            refreshed("late")
-        })
+        .refresh_once_dropping(
+            ALICE,
+            "github",
+            None,
+            |_| async {
+                b.put(ALICE, "github", &tokens("newer")).await.unwrap();
+                refreshed("late")
+            },
+            keep,
+        )
         .await;
     assert_eq!(r, Ok(as_stored(tokens("newer"))));
     assert_eq!(
         a.get(ALICE, "github").await.unwrap(),
         Some(as_stored(tokens("newer")))
     );
+    assert_eq!(taken(), [format!("{ACCESS}-late")]);
+    // Held meanwhile: tokens sharing the refresh token the server kept, or the very tokens
+    // refreshed, sealed anew under a rotated key: nothing is handed over.
+    let kept_refresh = |tag: &str| TokenSet {
+        refresh_token: tokens("newer").refresh_token,
+        ..tokens(tag)
+    };
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let r = a
+        .refresh_once_dropping(
+            ALICE,
+            "github",
+            None,
+            |_| async {
+                b.put(ALICE, "github", &kept_refresh("other")).await.unwrap();
+                Ok(kept_refresh("late"))
+            },
+            keep,
+        )
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    assert!(taken().is_empty());
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let rotated = ring(&[("k2", 2), ("k1", 1)]);
+    let r = a
+        .refresh_once_dropping(
+            ALICE,
+            "github",
+            None,
+            |_| async {
+                a.set_ring(rotated.clone());
+                b.set_ring(rotated.clone());
+                // Read through `b`: sealed anew under k2.
+                assert!(b.get(ALICE, "github").await.unwrap().is_some());
+                refreshed("late")
+            },
+            keep,
+        )
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(taken().is_empty(), "the tokens refreshed are still held");
+    assert!(a.get(ALICE, "github").await.unwrap().is_some());
     // A refused grant forgets only the tokens it was about.
     a.put(ALICE, "github", &expired("old")).await.unwrap();
     let r = a
