@@ -397,7 +397,11 @@ pub struct ServeArgs {
     /// environment variable); without it, they are in this replica's memory.
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS")]
     pub upstream_sign_in_redis: Option<String>,
-    /// Whose tokens these are, in a Redis several servers share: part of every key.
+    /// Whose tokens these are, in a Redis several servers share: its SHA-256 (hex) is in every
+    /// key of the vault (`quiver:oauth:v1:HASH:`), so servers with different prefixes never
+    /// see, count or remove each other's users, and a Redis ACL user limited to
+    /// `~quiver:oauth:v1:HASH:*` reaches one prefix's keys only (the operator sets
+    /// NAMESPACE/NAME/ of the McpServer).
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_PREFIX", default_value = "")]
     pub upstream_sign_in_redis_prefix: String,
     /// Longest wait for Redis per vault operation (connecting included).
@@ -429,6 +433,24 @@ pub struct ServeArgs {
     /// password` (the `default` user).
     #[arg(long, env = "QUIVER_UPSTREAM_SIGN_IN_REDIS_USERNAME")]
     pub upstream_sign_in_redis_username: Option<String>,
+    /// Networks the authorization servers that upstreams' metadata names (and the endpoints
+    /// their metadata names) may not be in, besides this host, private, link-local, cloud
+    /// metadata and other addresses not reachable on the internet, which they never may:
+    /// the cluster's pod and service networks when they are public addresses, other networks
+    /// of the company's (repeatable or comma-separated CIDRs, at most 64). Servers the
+    /// configuration names (an upstream's URL, its `identity.issuer`, --auth-issuer) are
+    /// not limited by it.
+    #[arg(
+        long = "upstream-sign-in-deny-cidr",
+        env = "QUIVER_UPSTREAM_SIGN_IN_DENY_CIDR",
+        value_delimiter = ','
+    )]
+    pub upstream_sign_in_deny_cidrs: Vec<crate::values::Cidr>,
+    /// Tests only: the authorization servers that upstreams' metadata names (and the
+    /// endpoints their metadata names) may be on this host or a private address, as the
+    /// tests' servers on loopback ports are. Off, such servers are refused.
+    #[arg(long, hide = true)]
+    pub upstream_sign_in_local_servers: bool,
     /// Traces of the server's own spans.
     #[command(flatten)]
     pub tracing: quiver_otel::TraceArgs,

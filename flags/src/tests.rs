@@ -172,3 +172,22 @@ fn parses_sources() {
     assert!("configmap:ns".parse::<Source>().is_err());
     assert!("http://x".parse::<Source>().is_err());
 }
+
+#[test]
+fn upstream_sign_in_deny_cidr_repeats_and_refuses_what_is_not_a_network() {
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["quiver-server", "--config=file:/t.yaml"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|c| c.serve.upstream_sign_in_deny_cidrs)
+    };
+    let nets = parse(&[
+        "--upstream-sign-in-deny-cidr=11.0.0.0/8",
+        "--upstream-sign-in-deny-cidr=2600:1f00::/24,203.0.114.7",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(nets.len(), 3);
+    assert!(nets[0].contains("11.2.3.4".parse().unwrap()) && !nets[0].contains("12.0.0.1".parse().unwrap()));
+    assert!(parse(&["--upstream-sign-in-deny-cidr=11.0.0.0/33"]).is_err());
+    assert!(parse(&["--upstream-sign-in-deny-cidr=pods"]).is_err());
+    assert!(parse(&[]).unwrap().is_empty());
+}

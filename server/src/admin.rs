@@ -102,7 +102,8 @@ async fn revoke(State(s): State<Arc<AdminState>>, RawQuery(q): RawQuery) -> Resp
     if upstream.is_some_and(|u| u.len() > 63) {
         return (StatusCode::BAD_REQUEST, "not an upstream name").into_response();
     }
-    match sign_in.revoke(subject, upstream).await {
+    let upstreams = s.server.exec.upstreams.user_identities();
+    match sign_in.revoke(subject, upstream, &upstreams).await {
         Ok(n) => Json(json!({"removed": n})).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }

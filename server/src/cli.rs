@@ -295,6 +295,7 @@ fn upstream_sign_in(
             || args.upstream_sign_in_client_id.is_some()
             || args.upstream_sign_in_client_secret.is_some()
             || args.upstream_sign_in_redis.is_some()
+            || !args.upstream_sign_in_deny_cidrs.is_empty()
         {
             anyhow::bail!(
                 "the --upstream-sign-in-* flags need --upstream-sign-in-url (the URL browsers reach this server at)"
@@ -345,10 +346,16 @@ fn upstream_sign_in(
             ..vault::Options::default()
         },
         backend,
+        local_servers: args.upstream_sign_in_local_servers,
     };
+    if cfg.local_servers {
+        tracing::warn!(
+            "--upstream-sign-in-local-servers: upstreams' metadata may send this server to authorization servers on this host and private addresses (for tests only)"
+        );
+    }
     let sign_in = SignIn::new(
         cfg,
-        crate::net::http::HttpClient::new(),
+        sign_in_http(args)?,
         server.exec.secrets.clone(),
         oidc,
         server.metrics.oauth.clone(),
@@ -356,11 +363,29 @@ fn upstream_sign_in(
     )
     .map_err(|e| anyhow::anyhow!("--upstream-sign-in-url: {e}"))?;
     tracing::info!(url = %sign_in.url(), vault = if args.upstream_sign_in_redis.is_some() { "redis" } else { "memory" }, "each user's own sign-in to upstreams (identity.mode: user) configured");
+    if args.upstream_sign_in_redis.is_some() {
+        // What an administrator gives this server's Redis ACL user (and no other server's).
+        tracing::info!(
+            acl_keys = %vault::acl_keys(&args.upstream_sign_in_redis_prefix),
+            "upstream sign-in: the token vault's Redis keys"
+        );
+    }
     server
         .exec
         .identity
         .set_sign_in(Arc::new(sign_in))
         .map_err(anyhow::Error::msg)
+}
+
+/// The HTTP client of the upstream sign-in: servers an upstream's metadata chose are denied
+/// the `--upstream-sign-in-deny-cidr` networks too.
+fn sign_in_http(args: &ServeArgs) -> anyhow::Result<crate::net::http::HttpClient> {
+    use crate::net::http::{HttpClient, MAX_DENIED};
+    let denied = &args.upstream_sign_in_deny_cidrs;
+    if denied.len() > MAX_DENIED {
+        anyhow::bail!("--upstream-sign-in-deny-cidr: at most {MAX_DENIED} networks");
+    }
+    Ok(HttpClient::new().deny_third_parties(denied.clone()))
 }
 
 async fn serve(

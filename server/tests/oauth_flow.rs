@@ -27,6 +27,9 @@ use quiver_server::oauth::flow::{Error, Flow, FlowConfig, MemoryGuard, Upstream}
 use quiver_server::oauth::keyring::KeyRing;
 use serde_json::{Value, json};
 
+/// The browser the sign-ins are begun and finished in (the digest of its cookie's secret).
+const BROWSER: &str = "digest-of-carols-browser";
+
 /// Bound on any one request of the test (never a pass/fail timing).
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -214,7 +217,7 @@ async fn sign_in_and_refresh(issuer: String) {
     assert_eq!(found.scope.as_deref(), Some("openid profile"));
 
     let subject = "https://idp.example|carol-at-quiver";
-    let auth = flow.begin(subject, &up, Some(&challenge)).await.unwrap();
+    let auth = flow.begin(subject, &up, Some(&challenge), BROWSER).await.unwrap();
     assert!(
         auth.url
             .starts_with(&format!("{issuer}/protocol/openid-connect/auth?")),
@@ -224,7 +227,7 @@ async fn sign_in_and_refresh(issuer: String) {
     let redirect = sign_in(&http, &auth.url, "carol", "carol-password", callback).await;
 
     let guard = MemoryGuard::default();
-    let done = flow.finish(&redirect, &guard).await.unwrap();
+    let done = flow.finish(&redirect, &guard, &[BROWSER]).await.unwrap();
     assert_eq!(
         (done.subject.as_str(), done.upstream.as_str()),
         (subject, "notes")
@@ -236,10 +239,10 @@ async fn sign_in_and_refresh(issuer: String) {
     let (status, me) = userinfo(&http, &issuer, &tokens.access_token).await;
     assert_eq!(status, 200, "{me}");
     assert_eq!(me["preferred_username"], "carol");
-    // The account is the ID token's subject: the same user the userinfo endpoint names.
-    assert_eq!(tokens.account.as_deref(), me["sub"].as_str());
+    // The account is the one the ID token names, as the userinfo endpoint names it.
+    assert_eq!(tokens.account.as_deref(), me["preferred_username"].as_str());
     // The same redirect again: refused before the (used) code is sent.
-    let again = flow.finish(&redirect, &guard).await.unwrap_err();
+    let again = flow.finish(&redirect, &guard, &[BROWSER]).await.unwrap_err();
     assert!(matches!(again, Error::State(_)), "{again}");
 
     let renewed = flow.refresh(&tokens, &up).await.unwrap();
@@ -250,11 +253,22 @@ async fn sign_in_and_refresh(issuer: String) {
 
     // A second sign-in whose redirect is altered to name another server is refused (mix-up);
     // Keycloak's own answer is then accepted: registration was kept, not repeated.
-    let auth2 = flow.begin(subject, &up, None).await.unwrap();
+    let auth2 = flow.begin(subject, &up, None, BROWSER).await.unwrap();
     assert_eq!(auth2.client_id, auth.client_id);
     let redirect = sign_in(&http, &auth2.url, "carol", "carol-password", callback).await;
     let forged = redirect.replace("iss=", "iss=https%3A%2F%2Fevil.example&was=");
-    let e = flow.finish(&forged, &guard).await.unwrap_err();
+    let e = flow.finish(&forged, &guard, &[BROWSER]).await.unwrap_err();
     assert!(matches!(e, Error::Issuer(_)), "{e}");
-    flow.finish(&redirect, &guard).await.unwrap();
+    // In another browser, Keycloak's own answer is refused before its code is sent.
+    let e = flow.finish(&redirect, &guard, &["another"]).await.unwrap_err();
+    assert!(matches!(e, Error::Browser(_)), "{e}");
+    flow.finish(&redirect, &guard, &[BROWSER]).await.unwrap();
+
+    // Revoked at the realm (RFC 7009): its userinfo refuses the token, and it no longer
+    // refreshes (invalid_grant).
+    assert!(flow.revoke(&renewed, &up).await.unwrap());
+    let (status, _) = userinfo(&http, &issuer, &renewed.access_token).await;
+    assert_eq!(status, 401);
+    let e = flow.refresh(&renewed, &up).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidGrant(_)), "{e}");
 }

@@ -3,9 +3,9 @@
 //! browser in (client `quiver-sign-in`), its realm `upstream` is the third party's own
 //! authorization server (scripts/idp/*.json). A stand-in upstream MCP server on a loopback
 //! port serves two endpoints, `/notes/mcp` (Quiver registers itself at the realm, RFC 7591)
-//! and `/wiki/mcp` (a client registered beforehand, whose access tokens live 30 s); it lists
-//! its tool to anyone, and answers a call only with a token the realm's userinfo endpoint
-//! accepts, naming the user it names.
+//! and `/wiki/mcp` (a confidential client registered beforehand, its issuer configured, whose
+//! access tokens live 30 s); it lists its tool to anyone, and answers a call only with a
+//! token the realm's userinfo endpoint accepts, naming the user it names.
 //!
 //! The browser is played over plain HTTP: cookies by host and path, redirects followed one by
 //! one, Keycloak's login form posted. Alice is carol upstream, Bob is dave.
@@ -495,6 +495,8 @@ fn start_server(upstream: &str, issuer: &str, upstream_issuer: &str) -> (Proc, P
         .arg("--upstream-sign-in-keys=signin.keys")
         .arg("--upstream-sign-in-client-id=quiver-sign-in")
         .arg("--upstream-sign-in-client-secret=signin.browser")
+        // Keycloak is on a loopback port: metadata may name it.
+        .arg("--upstream-sign-in-local-servers")
         .arg(format!("--audit=file:{}", audit.display()))
         .env("QUIVER_SECRET_SIGNIN_KEYS", ring)
         .env("QUIVER_SECRET_SIGNIN_BROWSER", "quiver-sign-in-secret-0123456789")
@@ -625,6 +627,11 @@ async fn run(idp: Idp, upstream_issuer: String) {
     let done = sign_in(&mut alices, &link, &base, "alice", "carol").await;
     assert_eq!(done.status(), 200, "{}", text(&done));
     assert!(text(&done).contains("Signed in to notes"));
+    assert!(
+        text(&done).contains("signed in to notes. Its authorization server reports the account carol."),
+        "{}",
+        text(&done)
+    );
     assert_eq!(done.headers()[header::CACHE_CONTROL], "no-store");
     assert_eq!(done.headers()[header::REFERRER_POLICY], "no-referrer");
     assert_eq!(
@@ -698,8 +705,10 @@ async fn run(idp: Idp, upstream_issuer: String) {
         "alice is not signed in to wiki"
     );
 
-    // 5. A client registered beforehand whose tokens live 30 s: every use refreshes them
-    // (they are within a minute of expiring), and the calls go through.
+    // 5. A client registered beforehand (confidential, its `issuer` configured) whose tokens
+    // live 30 s. Its access token revoked at the authorization server: the upstream answers
+    // 401, the server refreshes as that client (its secret, at the configured issuer's token
+    // endpoint) and calls again.
     let link = alice.link("wiki_whoami").await;
     assert_eq!(
         sign_in(&mut alices, &link, &base, "alice", "carol")
@@ -711,6 +720,22 @@ async fn run(idp: Idp, upstream_issuer: String) {
         alice.call("wiki_whoami", json!({})).await.0,
         "wiki: you are carol"
     );
+    let carols = {
+        let seen = seen.0.lock().unwrap();
+        seen.iter()
+            .rev()
+            .find(|(n, _, u)| n == "wiki" && u.as_deref() == Some("carol"))
+            .map(|(_, t, _)| t.clone())
+            .expect("carol's token reached the wiki")
+    };
+    let revoke = format!(
+        "token={carols}&token_type_hint=access_token&client_id=notes-registered&client_secret=notes-registered-secret-0123456789"
+    );
+    let req = Request::post(format!("{upstream_issuer}/protocol/openid-connect/revoke"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from(revoke)))
+        .unwrap();
+    assert_eq!(send(&http, req).await.status(), 200);
     assert_eq!(
         alice.call("wiki_whoami", json!({})).await.0,
         "wiki: you are carol"
@@ -725,14 +750,33 @@ async fn run(idp: Idp, upstream_issuer: String) {
         })
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .unwrap_or(0);
-    assert!(refreshed >= 2, "{m}");
+    assert!(refreshed >= 1, "{m}");
 
-    // 6. Sign-out: the next call asks again.
+    // 6. Sign-out: the next call asks again, and the token is revoked at the authorization
+    // server (RFC 7009): its userinfo refuses it.
+    let carols_notes = {
+        let seen = seen.0.lock().unwrap();
+        seen.iter()
+            .rev()
+            .find(|(n, _, u)| n == "notes" && u.as_deref() == Some("carol"))
+            .map(|(_, t, _)| t.clone())
+            .expect("carol's token reached notes")
+    };
     let (t, error) = alice
         .call("sign_out_upstream", json!({"upstream": "notes"}))
         .await;
     assert!(!error && t.contains("Signed out of upstream `notes`"), "{t}");
     alice.link("notes_whoami").await;
+    let req = Request::get(format!("{upstream_issuer}/protocol/openid-connect/userinfo"))
+        .header(header::AUTHORIZATION, format!("Bearer {carols_notes}"))
+        .body(Full::default())
+        .unwrap();
+    assert_eq!(send(&http, req).await.status(), 401, "revoked upstream");
+    let m = metrics(&http, server.admin).await;
+    assert!(
+        m.contains("quiver_oauth_revocations_total{upstream=\"notes\",result=\"ok\"} 1"),
+        "{m}"
+    );
     assert_eq!(bob.call("notes_whoami", json!({})).await.0, "notes: you are dave");
 
     // 7. An administrator revokes bob everywhere.
@@ -751,6 +795,11 @@ async fn run(idp: Idp, upstream_issuer: String) {
         (200, json!({"removed": 1}))
     );
     bob.link("notes_whoami").await;
+    let m = metrics(&http, server.admin).await;
+    assert!(
+        m.contains("quiver_oauth_revocations_total{upstream=\"notes\",result=\"ok\"} 2"),
+        "{m}"
+    );
     let bad = format!("http://127.0.0.1:{}/oauth/tokens?upstream=notes", server.admin);
     assert_eq!(
         send(&http, Request::delete(bad).body(Full::default()).unwrap())
@@ -791,6 +840,39 @@ async fn run(idp: Idp, upstream_issuer: String) {
         assert!(!logged.contains(probe), "the log holds a token or link");
         assert!(!trail.contains(probe), "the audit trail holds a token or link");
     }
+
+    // 9. A reload moves the wiki to another URL: alice's token, obtained for the old one, is
+    // never sent to the new one; her next call there gets a sign-in link instead.
+    let config = audit.parent().unwrap().join("tools.yaml");
+    let moved = toolset(&up, &upstream_issuer).replace("/wiki/mcp", "/wiki-moved/mcp");
+    std::fs::write(&config, moved).unwrap();
+    let mut answer = Value::Null;
+    for _ in 0..600 {
+        answer = alice
+            .rpc("tools/call", json!({"name": "wiki_whoami", "arguments": {}}))
+            .await;
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        if text.contains("/oauth/start?t=") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Open this link in your browser")),
+        "{answer}"
+    );
+    let sent_there = seen
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, _, _)| n == "wiki-moved")
+        .count();
+    assert_eq!(sent_there, 0, "a token reached the wiki's new URL");
     drop(server);
 }
 

@@ -19,15 +19,7 @@ const METADATA: [IpAddr; 3] = [
 /// Why a call chosen by a document may not go to `ip` (`None`: it may). Addresses of this
 /// host's own interfaces are told by [`is_own`], which needs the system.
 pub fn refused(ip: IpAddr) -> Option<&'static str> {
-    let ip = match ip {
-        // `::ffff:127.0.0.1` and `::127.0.0.1` reach what their IPv4 part reaches.
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .or_else(|| compat(v6))
-            .or_else(|| translated(v6))
-            .map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = unmapped(ip);
     if METADATA.contains(&ip) {
         return Some("a cloud metadata address");
     }
@@ -57,6 +49,101 @@ pub fn refused(ip: IpAddr) -> Option<&'static str> {
             }
         }
     }
+}
+
+/// The address `ip` reaches: `::ffff:127.0.0.1`, `::127.0.0.1` and the translated forms
+/// reach what their IPv4 part reaches.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .or_else(|| compat(v6))
+            .or_else(|| translated(v6))
+            .map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The address `ip` reaches, as [`is_private`] and deny lists judge it: the IPv4 address of
+/// an IPv4-mapped, IPv4-compatible, NAT64 (`64:ff9b::/96`) or 6to4 address, else `ip`.
+pub fn reached(ip: IpAddr) -> IpAddr {
+    unmapped(ip)
+}
+
+/// IPv4 blocks of the IANA IPv4 Special-Purpose Address Registry that are not globally
+/// reachable, besides those [`refused`] and [`is_private`] tell otherwise (this host,
+/// link-local, RFC 1918, shared address space, broadcast): a network, its prefix length.
+/// Clusters use some of them for pods and services (198.18/15, 240/4).
+const SPECIAL_V4: [([u8; 4], u8); 6] = [
+    // IETF Protocol Assignments (RFC 6890); its two globally reachable anycast addresses
+    // (192.0.0.9, 192.0.0.10) serve no authorization server.
+    ([192, 0, 0, 0], 24),
+    // Documentation (RFC 5737).
+    ([192, 0, 2, 0], 24),
+    ([198, 51, 100, 0], 24),
+    ([203, 0, 113, 0], 24),
+    // Benchmarking (RFC 2544).
+    ([198, 18, 0, 0], 15),
+    // Reserved, formerly class E (RFC 1112).
+    ([240, 0, 0, 0], 4),
+];
+
+/// IPv6 blocks of the IANA IPv6 Special-Purpose Address Registry that are not globally
+/// reachable, besides loopback, unspecified, link-local and the IPv4 forms (told apart
+/// elsewhere): a network, its prefix length.
+const SPECIAL_V6: [([u16; 8], u8); 7] = [
+    // Local-use IPv4/IPv6 translation (RFC 8215): a NAT64 of this network, whose IPv4
+    // address's place depends on its prefix length.
+    ([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
+    // Discard-only (RFC 6666).
+    ([0x100, 0, 0, 0, 0, 0, 0, 0], 64),
+    // IETF Protocol Assignments (RFC 2928), Teredo and benchmarking among them; its
+    // globally reachable exceptions (anycast services, AMT, AS112, ORCHIDv2) serve no
+    // authorization server.
+    ([0x2001, 0, 0, 0, 0, 0, 0, 0], 23),
+    // Documentation (RFC 3849, RFC 9637).
+    ([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32),
+    ([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20),
+    // Segment Routing SIDs (RFC 9602).
+    ([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16),
+    // Site-local, deprecated (RFC 3879) but still routed by some networks.
+    ([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10),
+];
+
+/// Whether `ip` is a private or otherwise not globally reachable address, in any spelling:
+/// RFC 1918 (`10/8`, `172.16/12`, `192.168/16`), shared address space (`100.64/10`, RFC
+/// 6598), an IPv6 unique local address (`fc00::/7`), and the blocks of the IANA
+/// special-purpose registries that are not globally reachable (`SPECIAL_V4`, `SPECIAL_V6`). Servers inside the cluster or the company's network live there; a server
+/// chosen by a third party's document (an upstream's authorization server) may not.
+pub fn is_private(ip: IpAddr) -> bool {
+    match unmapped(ip) {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_private()
+                || (o[0] == 100 && (64..128).contains(&o[1]))
+                || SPECIAL_V4
+                    .iter()
+                    .any(|(net, bits)| in_v4(u32::from(v4), u32::from(Ipv4Addr::from(*net)), *bits))
+        }
+        IpAddr::V6(v6) => {
+            v6.segments()[0] & 0xfe00 == 0xfc00
+                || SPECIAL_V6
+                    .iter()
+                    .any(|(net, bits)| in_v6(u128::from(v6), u128::from(Ipv6Addr::from(*net)), *bits))
+        }
+    }
+}
+
+/// Whether `ip` is in `net/bits` (IPv4, `bits` at most 32).
+fn in_v4(ip: u32, net: u32, bits: u8) -> bool {
+    let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+    ip & mask == net & mask
+}
+
+/// Whether `ip` is in `net/bits` (IPv6, `bits` at most 128).
+fn in_v6(ip: u128, net: u128, bits: u8) -> bool {
+    let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+    ip & mask == net & mask
 }
 
 /// The IPv4 address of an IPv4-compatible IPv6 address (`::a.b.c.d`, deprecated but still
@@ -155,6 +242,77 @@ mod tests {
             "https://kubernetes.default.svc",
         ] {
             assert_eq!(host_refused(origin), None, "{origin}");
+        }
+    }
+
+    #[test]
+    fn private_addresses_are_told_in_every_spelling() {
+        for ip in [
+            "10.0.0.5",
+            "10.255.255.255",
+            "172.16.0.1",
+            "172.31.255.254",
+            "192.168.1.1",
+            "100.64.0.1",
+            "100.127.255.255",
+            "fc00::1",
+            "fd12:3456::1",
+            "::ffff:10.1.2.3",
+            "::10.1.2.3",
+            "64:ff9b::a01:203",
+            "2002:c0a8:101::1",
+            // The IANA special-purpose blocks that are not globally reachable.
+            "192.0.0.1",
+            "192.0.0.255",
+            "192.0.2.1",
+            "198.51.100.7",
+            "203.0.113.200",
+            "198.18.0.1",
+            "198.19.255.254",
+            "240.0.0.1",
+            "254.255.255.255",
+            "::ffff:198.18.3.4",
+            "64:ff9b::c612:1",
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1:ffff::1",
+            "100::1",
+            "2001::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "2001:2::1",
+            "2001:1ff::1",
+            "2001:db8::1",
+            "3fff::1",
+            "3fff:fff::1",
+            "5f00::1",
+            "fec0::1",
+        ] {
+            assert!(is_private(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "172.32.0.1",
+            "172.15.255.255",
+            "100.128.0.1",
+            "100.63.255.255",
+            "8.8.8.8",
+            "191.255.255.255",
+            "192.0.1.1",
+            "192.0.3.1",
+            "198.17.255.255",
+            "198.20.0.1",
+            "198.51.101.1",
+            "203.0.112.1",
+            "239.255.255.255",
+            "2001:200::1",
+            "2001:4860:4860::8888",
+            "2001:db9::1",
+            "3fff:1000::1",
+            "5f01::1",
+            "64:ff9b:2::1",
+            "101::1",
+            "fe80::1",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(!is_private(ip.parse().unwrap()), "{ip}");
         }
     }
 

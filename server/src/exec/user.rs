@@ -68,7 +68,8 @@ impl Executor {
                 "signing out needs an OAuth/OIDC access token naming you (a static token or no authentication signs in nowhere)",
             );
         };
-        match sign_in.sign_out(&subject, upstream).await {
+        let upstreams = self.upstreams.user_identities();
+        match sign_in.sign_out(&subject, upstream, &upstreams).await {
             Ok(true) => ToolOutput::text(format!(
                 "Signed out of upstream `{upstream}`: its tools no longer act as you, and the next call of one asks you to sign in again."
             )),
@@ -123,7 +124,7 @@ impl Executor {
                     };
                 }
                 Err(CallError::Unauthorized) => {
-                    return match sign_in.refused_again(&subject, name).await {
+                    return match sign_in.refused_again(&subject, name, &auth).await {
                         CallAuth::SignIn(l) => sign_in_first(&l, cx),
                         CallAuth::Refused(e) => refused(e),
                         CallAuth::Bearer(_) => refused("refused the token again".into()),

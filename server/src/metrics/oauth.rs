@@ -1,5 +1,6 @@
-//! The metrics of users' upstream authorization: sign-ins and refreshes by upstream and
-//! result, the tokens the vault holds on this replica and what it refused or could not read.
+//! The metrics of users' upstream authorization: sign-ins, refreshes and revocations by
+//! upstream and result, the tokens the vault holds on this replica and what it refused or
+//! could not read.
 //! No series carries a caller or a token; the upstream is a name from the ToolSet.
 
 use std::sync::Arc;
@@ -46,6 +47,12 @@ pub const SIGN_IN_RESULTS: [&str; 12] = [
 /// failed and is tried again later (`failed`, `busy`); or the vault failed (`vault`).
 pub const REFRESH_RESULTS: [&str; 6] = ["ok", "revoked", "sign_in", "failed", "busy", "vault"];
 
+/// How revoking a user's tokens at the authorization server (RFC 7009) ended, at sign-out or
+/// an administrator's revocation: `ok`; the server names no revocation endpoint (`none`: the
+/// tokens are only forgotten here); it refused, did not answer in time or could not be
+/// reached (`failed`).
+pub const REVOCATION_RESULTS: [&str; 3] = ["ok", "none", "failed"];
+
 /// Why the vault refused to keep a token or dropped one it read: it did not open (`forged`),
 /// it was sealed under a key no longer in the ring (`unknown_key`), Redis failed (`redis`),
 /// it was over a size bound (`too_large`), or keeping it would pass the bound of users or
@@ -59,6 +66,7 @@ pub struct OAuthMetrics {
     vault_errors: Family<ReasonLabels, Counter>,
     sign_ins: Family<UpstreamLabels, Counter>,
     refreshes: Family<UpstreamLabels, Counter>,
+    revocations: Family<UpstreamLabels, Counter>,
 }
 
 impl OAuthMetrics {
@@ -84,6 +92,11 @@ impl OAuthMetrics {
             "oauth_refreshes",
             "Refreshes of users' upstream tokens, by upstream and result",
             m.refreshes.clone(),
+        );
+        root.register(
+            "oauth_revocations",
+            "Users' upstream tokens revoked at the authorization server (RFC 7009) at sign-out or an administrator's revocation, by upstream and result (ok, none, failed)",
+            m.revocations.clone(),
         );
         // Every reason at 0 from the start, so a rate over it is 0, not absent.
         for reason in VAULT_ERROR_REASONS {
@@ -136,6 +149,27 @@ impl OAuthMetrics {
     /// Refreshes for `upstream` that ended with `result` so far.
     pub fn refreshes(&self, upstream: &str, result: &'static str) -> u64 {
         self.refreshes
+            .get_or_create(&UpstreamLabels {
+                upstream: upstream.to_owned(),
+                result,
+            })
+            .get()
+    }
+
+    /// Counts a revocation at the authorization server of a token for `upstream` that ended
+    /// with `result` (one of [`REVOCATION_RESULTS`]).
+    pub fn revocation(&self, upstream: &str, result: &'static str) {
+        self.revocations
+            .get_or_create(&UpstreamLabels {
+                upstream: upstream.to_owned(),
+                result,
+            })
+            .inc();
+    }
+
+    /// Revocations for `upstream` that ended with `result` so far.
+    pub fn revocations(&self, upstream: &str, result: &'static str) -> u64 {
+        self.revocations
             .get_or_create(&UpstreamLabels {
                 upstream: upstream.to_owned(),
                 result,

@@ -13,18 +13,78 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::handlers::http::TlsRefs;
+use quiver_flags::Cidr;
 
 /// The `User-Agent` of every outbound request.
 pub(crate) const USER_AGENT: &str = concat!("quiver-server/", env!("CARGO_PKG_VERSION"));
 
 pub(crate) type Pool = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
 
-/// Resolves host names for the client. A guarded one (a fetched document chose the server)
-/// keeps only addresses such a document may choose ([`crate::config::egress`]): a name that
-/// resolves to this host, a link-local or a metadata address is not connected to.
-#[derive(Clone, Copy, Debug)]
+/// Which addresses a call may go to, by who chose its server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Guard {
+    /// The configuration named the server: any address.
+    Off,
+    /// A document the configuration fetched chose it (an OpenAPI `servers` entry): not this
+    /// host, a link-local or a metadata address ([`may_connect`]).
+    Document,
+    /// A third party's metadata chose it (the authorization server an upstream names, the
+    /// endpoints that server's metadata names): not those, not a private or otherwise not
+    /// globally reachable address ([`crate::config::egress::is_private`]: the cluster's and
+    /// the company's networks), nor one of the networks the client was told to deny
+    /// ([`HttpClient::deny_third_parties`]).
+    ThirdParty,
+}
+
+/// Most networks [`HttpClient::deny_third_parties`] takes.
+pub const MAX_DENIED: usize = 64;
+
+impl Guard {
+    /// Whether a call guarded so may go to `ip`; `denied`: networks a
+    /// [`Guard::ThirdParty`] call may not go to besides the private ones.
+    ///
+    /// # Errors
+    /// What `ip` is that it may not go to.
+    pub(crate) fn allows(self, ip: std::net::IpAddr, denied: &[Cidr]) -> Result<(), &'static str> {
+        match self {
+            Self::Off => Ok(()),
+            Self::Document => may_connect(ip),
+            Self::ThirdParty if crate::config::egress::is_private(ip) => Err(
+                "a private address (the cluster's or the company's network, or a range not reachable on the internet)",
+            ),
+            Self::ThirdParty
+                if denied
+                    .iter()
+                    .any(|n| n.contains(ip) || n.contains(crate::config::egress::reached(ip))) =>
+            {
+                Err("in a network this server denies to them (--upstream-sign-in-deny-cidr)")
+            }
+            Self::ThirdParty => may_connect(ip),
+        }
+    }
+
+    /// Checks the host of `uri` when it is a literal address: the connector connects to one
+    /// without resolving it, so the guarded resolver never sees it. Names pass here (the
+    /// resolver checks what they resolve to).
+    ///
+    /// # Errors
+    /// What the address is that the call may not go to.
+    pub(crate) fn literal(self, uri: &Uri, denied: &[Cidr]) -> Result<(), &'static str> {
+        let host = uri.host().unwrap_or_default();
+        match host.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(ip) => self.allows(ip, denied),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Resolves host names for the client. A guarded one keeps only addresses its [`Guard`]
+/// allows: a name that resolves only to this host, a link-local or a metadata address (and
+/// for [`Guard::ThirdParty`], a private one or one in `denied`) is not connected to.
+#[derive(Clone, Debug)]
 pub(crate) struct Resolver {
-    guarded: bool,
+    guard: Guard,
+    denied: std::sync::Arc<[Cidr]>,
 }
 
 type Resolved = std::io::Result<std::vec::IntoIter<std::net::SocketAddr>>;
@@ -39,7 +99,7 @@ impl tower::Service<Name> for Resolver {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        let guarded = self.guarded;
+        let (guard, denied) = (self.guard, self.denied.clone());
         Box::pin(async move {
             let host = name.as_str().to_owned();
             let addrs: Vec<std::net::SocketAddr> = tokio::task::spawn_blocking(move || {
@@ -47,18 +107,26 @@ impl tower::Service<Name> for Resolver {
             })
             .await
             .map_err(std::io::Error::other)??;
-            if !guarded {
+            if guard == Guard::Off {
                 return Ok(addrs.into_iter());
             }
             let kept: Vec<_> = addrs
                 .into_iter()
-                .filter(|a| may_connect(a.ip()).is_ok())
+                .filter(|a| guard.allows(a.ip(), &denied).is_ok())
                 .collect();
             if kept.is_empty() {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::PermissionDenied,
-                    "the server a fetched document chose resolves only to addresses it may not choose \
-                     (this host, link-local or cloud metadata); set `server` or `allowedOrigins`",
+                    match guard {
+                        Guard::ThirdParty => {
+                            "the server an upstream's metadata chose resolves only to addresses it may not \
+                             choose (this host, private, link-local, cloud metadata or denied)"
+                        }
+                        _ => {
+                            "the server a fetched document chose resolves only to addresses it may not choose \
+                             (this host, link-local or cloud metadata); set `server` or `allowedOrigins`"
+                        }
+                    },
                 ));
             }
             Ok(kept.into_iter())
@@ -86,8 +154,22 @@ pub struct HttpClient {
     client: Pool,
     /// The pool of calls whose server a fetched document chose ([`HttpCall::guarded`]).
     guarded: Pool,
+    /// The pool of calls whose server a third party's metadata chose ([`Guard::ThirdParty`]).
+    third_party: Pool,
     /// By a hash of the PEM material: a rotated Secret makes a new client.
     tls: std::sync::Arc<std::sync::Mutex<rustc_hash::FxHashMap<u64, Pool>>>,
+    /// Networks [`Guard::ThirdParty`] calls may not go to besides the private ones.
+    denied: std::sync::Arc<[Cidr]>,
+}
+
+/// The connector of `guard`: the webpki roots, `https` or plain `http`.
+fn connector(guard: Guard, denied: &std::sync::Arc<[Cidr]>) -> HttpsConnector<HttpConnector<Resolver>> {
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .unwrap_or_else(|e| panic!("ring supports rustls' default protocol versions: {e}"))
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(tcp(guard, denied))
 }
 
 fn pool(connector: HttpsConnector<HttpConnector<Resolver>>) -> Pool {
@@ -97,8 +179,9 @@ fn pool(connector: HttpsConnector<HttpConnector<Resolver>>) -> Pool {
         .build(connector)
 }
 
-fn tcp(guarded: bool) -> HttpConnector<Resolver> {
-    let mut http = HttpConnector::new_with_resolver(Resolver { guarded });
+fn tcp(guard: Guard, denied: &std::sync::Arc<[Cidr]>) -> HttpConnector<Resolver> {
+    let denied = denied.clone();
+    let mut http = HttpConnector::new_with_resolver(Resolver { guard, denied });
     http.enforce_http(false);
     http.set_nodelay(true);
     http
@@ -140,28 +223,41 @@ fn tls_config(tls: &TlsRefs, secrets: &Value) -> Result<rustls::ClientConfig, St
 impl HttpClient {
     /// A client trusting the webpki root certificates.
     pub fn new() -> Self {
-        let connector = |guarded| {
-            hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-                .unwrap_or_else(|e| panic!("ring supports rustls' default protocol versions: {e}"))
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(tcp(guarded))
-        };
+        let denied: std::sync::Arc<[Cidr]> = std::sync::Arc::new([]);
         Self {
-            client: pool(connector(false)),
-            guarded: pool(connector(true)),
+            client: pool(connector(Guard::Off, &denied)),
+            guarded: pool(connector(Guard::Document, &denied)),
+            third_party: pool(connector(Guard::ThirdParty, &denied)),
             tls: std::sync::Arc::default(),
+            denied,
         }
+    }
+
+    /// This client, its [`Guard::ThirdParty`] calls denied `nets` too (at most
+    /// [`MAX_DENIED`]): the cluster's pod and service networks when they are public
+    /// addresses, other networks of the company's.
+    #[must_use]
+    pub fn deny_third_parties(mut self, mut nets: Vec<Cidr>) -> Self {
+        nets.truncate(MAX_DENIED);
+        self.denied = nets.into();
+        self.third_party = pool(connector(Guard::ThirdParty, &self.denied));
+        // TLS clients are built again, with the list.
+        self.tls = std::sync::Arc::default();
+        self
+    }
+
+    /// The networks [`Guard::ThirdParty`] calls may not go to besides the private ones.
+    pub(crate) fn denied(&self) -> &[Cidr] {
+        &self.denied
     }
 
     /// The client of a `tls:` setting with the Secrets' current values (built on first use
     /// of these values).
-    fn tls_client(&self, tls: &TlsRefs, secrets: &Value, guarded: bool) -> Result<Pool, String> {
+    fn tls_client(&self, tls: &TlsRefs, secrets: &Value, guard: Guard) -> Result<Pool, String> {
         use std::hash::{Hash, Hasher};
         let mut h = rustc_hash::FxHasher::default();
         tls.hash(&mut h);
-        guarded.hash(&mut h);
+        guard.hash(&mut h);
         for r in tls.ca.iter().chain(tls.client.iter().flat_map(|(c, k)| [c, k])) {
             crate::spec::context::value_in(secrets, r)?.hash(&mut h);
         }
@@ -173,7 +269,7 @@ impl HttpClient {
             .with_tls_config(tls_config(tls, secrets)?)
             .https_only()
             .enable_http1()
-            .wrap_connector(tcp(guarded));
+            .wrap_connector(tcp(guard, &self.denied));
         let client = pool(connector);
         if let Ok(mut m) = self.tls.lock() {
             if m.len() >= MAX_TLS_CLIENTS {
@@ -189,12 +285,13 @@ impl HttpClient {
         &self,
         tls: Option<&TlsRefs>,
         secrets: &Value,
-        guarded: bool,
+        guard: Guard,
     ) -> Result<Pool, String> {
-        match tls {
-            None if guarded => Ok(self.guarded.clone()),
-            None => Ok(self.client.clone()),
-            Some(t) => self.tls_client(t, secrets, guarded),
+        match (tls, guard) {
+            (None, Guard::Off) => Ok(self.client.clone()),
+            (None, Guard::Document) => Ok(self.guarded.clone()),
+            (None, Guard::ThirdParty) => Ok(self.third_party.clone()),
+            (Some(t), _) => self.tls_client(t, secrets, guard),
         }
     }
 
@@ -212,7 +309,7 @@ impl HttpClient {
         // The URL as errors show it is only written when there is an error.
         let uri = req.uri().clone();
         let client = self
-            .client_for(tls, secrets, false)
+            .client_for(tls, secrets, Guard::Off)
             .map_err(|e| format!("TLS settings of {}: {e}", redacted(&uri)))?;
         client
             .request(req)
@@ -234,7 +331,7 @@ impl HttpClient {
     ) -> Result<Value, String> {
         let client = match tls {
             None => self.client.clone(),
-            Some((t, secrets)) => self.tls_client(t, secrets, false)?,
+            Some((t, secrets)) => self.tls_client(t, secrets, Guard::Off)?,
         };
         let uri: Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
         let shown = redacted(&uri);
@@ -292,4 +389,53 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn third_parties_are_denied_the_networks_named_in_every_spelling_and_configured_servers_are_not() {
+        let denied: Vec<Cidr> = ["11.0.0.0/8", "2600:1f00::/24"]
+            .into_iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        for ip in [
+            "11.1.2.3",
+            "::ffff:11.1.2.3",
+            "::11.1.2.3",
+            "64:ff9b::b01:203",
+            "2002:b01:203::1",
+            "2600:1f00::5",
+        ] {
+            let ip = ip.parse().unwrap();
+            let e = Guard::ThirdParty.allows(ip, &denied).unwrap_err();
+            assert!(e.contains("--upstream-sign-in-deny-cidr"), "{ip}: {e}");
+            assert_eq!(
+                Guard::ThirdParty.allows(ip, &[]),
+                Ok(()),
+                "{ip}: not denied without the list"
+            );
+            assert_eq!(
+                Guard::Off.allows(ip, &denied),
+                Ok(()),
+                "{ip}: the configuration's choice"
+            );
+        }
+        assert_eq!(
+            Guard::ThirdParty.allows("12.0.0.1".parse().unwrap(), &denied),
+            Ok(())
+        );
+        let uri: Uri = "http://11.0.0.9:8080/as".parse().unwrap();
+        assert!(Guard::ThirdParty.literal(&uri, &denied).is_err());
+        let client = HttpClient::new().deny_third_parties(vec!["0.0.0.0/0".parse().unwrap(); MAX_DENIED + 1]);
+        assert_eq!(client.denied().len(), MAX_DENIED);
+        // The special-purpose ranges clusters use for pods and services are private to every
+        // third party, listed or not.
+        for ip in ["198.18.0.10", "240.1.2.3", "192.0.0.8", "64:ff9b:1::a00:1"] {
+            let e = Guard::ThirdParty.allows(ip.parse().unwrap(), &[]).unwrap_err();
+            assert!(e.starts_with("a private address"), "{ip}: {e}");
+        }
+    }
 }

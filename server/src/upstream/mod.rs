@@ -852,6 +852,23 @@ impl Hub {
         })
     }
 
+    /// The upstreams whose users sign in themselves (`identity.mode: user`): name and
+    /// identity (for sign-out and revocation; not on the call path).
+    pub fn user_identities(&self) -> Vec<(String, crate::spec::identity::Identity)> {
+        use crate::spec::identity::IdentityMode;
+        let links = self
+            .links
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        links
+            .iter()
+            .filter_map(|l| {
+                let id = l.identity().filter(|i| i.mode == IdentityMode::User)?;
+                Some((l.name.clone(), id.clone()))
+            })
+            .collect()
+    }
+
     /// Starts, keeps or stops links to match `ups` (a compiled config about to serve);
     /// returns them in the order of `ups`. A link whose key is unchanged is kept as it is.
     pub fn configure(&self, ups: &[CompiledUpstream], metrics: &Metrics) -> Vec<Arc<Link>> {

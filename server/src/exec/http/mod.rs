@@ -15,7 +15,7 @@ use self::auth::AuthRun as _;
 use crate::handlers::content::to_base64;
 use crate::handlers::http::HttpCall;
 use crate::handlers::http::project::Projection;
-use crate::net::http::{HttpClient, USER_AGENT, error_chain, may_connect, redacted};
+use crate::net::http::{Guard, HttpClient, USER_AGENT, error_chain, redacted};
 use crate::protocol::output::ToolOutput;
 use crate::spec::checks::{has_dot_segment, path_of};
 use crate::spec::context::{CALLER_ROOT, SECRET_ROOT};
@@ -144,7 +144,8 @@ async fn call_with(
         Ok(r) => r,
         Err(e) => return ToolOutput::error(format!("invalid request to {url}: {e}")),
     };
-    let pool = match client.client_for(spec.tls.as_ref(), secrets, spec.guarded) {
+    let guard = if spec.guarded { Guard::Document } else { Guard::Off };
+    let pool = match client.client_for(spec.tls.as_ref(), secrets, guard) {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("TLS settings of {url}: {e}")),
     };
@@ -323,10 +324,7 @@ fn target(spec: &HttpCall, scope: &RequestScope<'_>, args: &Value) -> Result<Uri
     }
     // A literal address is connected to without resolving: checked here instead.
     if spec.guarded
-        && let Some(ip) = uri
-            .host()
-            .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok())
-        && let Err(why) = may_connect(ip)
+        && let Err(why) = Guard::Document.literal(&uri, &[])
     {
         return Err(format!(
             "the server a fetched document chose is {why}; refused (set `server` or `allowedOrigins`)"

@@ -20,6 +20,8 @@ const STATE_VERSION: u8 = 1;
 /// Longest subject (the caller's `issuer|sub`) and upstream name a state carries.
 pub(super) const MAX_SUBJECT: usize = 1024;
 const MAX_UPSTREAM: usize = 256;
+/// Longest browser binding.
+const MAX_BROWSER: usize = 128;
 /// Parameters Quiver sets in the authorization request: an endpoint that already carries
 /// one of them is refused (a parameter must not be sent twice, RFC 6749 section 3.1).
 const PARAMS: [&str; 8] = [
@@ -59,6 +61,10 @@ pub(super) struct State {
     pub(super) redirect_uri: String,
     #[serde(rename = "i")]
     pub(super) issuer: String,
+    /// Whether the configuration pinned that server (`identity.issuer`): its origin is then
+    /// one the configuration named, called unguarded.
+    #[serde(rename = "ip", default)]
+    pub(super) pinned: bool,
     /// Whether the server said it puts `iss` in its redirects.
     #[serde(rename = "ir")]
     pub(super) iss_required: bool,
@@ -69,8 +75,16 @@ pub(super) struct State {
     pub(super) resource: String,
     #[serde(rename = "c")]
     pub(super) client: Client,
+    /// Whether the flow registered that client itself (RFC 7591): its secret is then kept
+    /// with the tokens (a configured client's is read from its Secret).
+    #[serde(rename = "cr", default)]
+    pub(super) registered: bool,
     #[serde(rename = "sc", default, skip_serializing_if = "Option::is_none")]
     pub(super) scope: Option<String>,
+    /// The browser the sign-in was begun in: the digest of a secret only it holds (a
+    /// cookie); the redirect is finished only where that secret is presented.
+    #[serde(rename = "bh")]
+    pub(super) browser: String,
 }
 
 /// Where to send the user to sign in.
@@ -107,8 +121,9 @@ pub(super) fn challenge_of(verifier: &str) -> String {
 
 impl Flow {
     /// Discovers `upstream`'s authorization server, takes a client there, and returns where
-    /// to send `subject` (the caller's `issuer|sub`) to sign in. `challenge`: the
-    /// `WWW-Authenticate` value of the upstream's `401`, when there was one.
+    /// to send `subject` (the caller's `issuer|sub`) to sign in, in the browser `browser`
+    /// names (see [`State`]: the same value must be given to [`finish`](Self::finish)).
+    /// `challenge`: the `WWW-Authenticate` value of the upstream's `401`, when there was one.
     ///
     /// # Errors
     /// As [`discover`](Self::discover), [`client`](Self::client) and
@@ -118,27 +133,34 @@ impl Flow {
         subject: &str,
         upstream: &Upstream,
         challenge: Option<&str>,
+        browser: &str,
     ) -> Result<Authorization> {
         let found = self.discover(upstream, challenge).await?;
         let client = self.client(upstream, &found.server).await?;
-        self.authorize(subject, upstream, &found, &client)
+        self.authorize((subject, browser), upstream, &found, &client)
     }
 
-    /// The authorization request for `subject` at a discovered server with `client`.
+    /// The authorization request for `subject` in `browser` at a discovered server with
+    /// `client`.
     ///
     /// # Errors
-    /// [`Error::Config`]: the subject or upstream name is too long, the authorization
-    /// endpoint already carries one of the request's parameters, or no randomness.
+    /// [`Error::Config`]: the subject, browser or upstream name is empty or too long, the
+    /// authorization endpoint already carries one of the request's parameters, or no
+    /// randomness.
     pub fn authorize(
         &self,
-        subject: &str,
+        (subject, browser): (&str, &str),
         upstream: &Upstream,
         found: &Discovered,
         client: &Client,
     ) -> Result<Authorization> {
-        if subject.is_empty() || subject.len() > MAX_SUBJECT || upstream.name.len() > MAX_UPSTREAM {
+        if subject.is_empty()
+            || subject.len() > MAX_SUBJECT
+            || upstream.name.len() > MAX_UPSTREAM
+            || !(1..=MAX_BROWSER).contains(&browser.len())
+        {
             return Err(Error::Config(
-                "the subject or the upstream name is empty or too long".into(),
+                "the subject, the browser or the upstream name is empty or too long".into(),
             ));
         }
         let endpoint = wire::parse_url(&found.server.authorization_endpoint)
@@ -163,12 +185,15 @@ impl Flow {
             expiry: created + STATE_LIFETIME.as_secs(),
             redirect_uri: self.cfg.redirect_uri.clone(),
             issuer: found.server.issuer.clone(),
+            pinned: upstream.issuer.is_some(),
             iss_required: found.server.authorization_response_iss_parameter_supported,
             token_endpoint: found.server.token_endpoint.clone(),
             resource: found.resource.resource.clone(),
             client: client.clone(),
+            registered: upstream.client.is_none() && client.client_secret.is_some(),
             scope: found.scope.clone(),
             verifier,
+            browser: browser.to_owned(),
         };
         let plain =
             serde_json::to_vec(&state).map_err(|_| Error::Config("the state does not serialize".into()))?;

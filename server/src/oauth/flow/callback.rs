@@ -1,16 +1,19 @@
-//! The redirect back from the authorization server: an `error` answer refused with its
-//! (sanitized) reason; the `state` opened (forged, expired, for another callback URL: refused)
-//! and used once; the issuer checked (RFC 9207: the mix-up defence); the code exchanged
-//! with the PKCE verifier, and the tokens checked.
+//! The redirect back from the authorization server: the `state` opened (forged, expired, for
+//! another callback URL: refused) and its browser checked, before anything the redirect says
+//! is read; an `error` answer refused with its (sanitized) reason; the issuer checked (RFC
+//! 9207: the mix-up defence); the state used once; the code exchanged with the PKCE
+//! verifier, and the tokens checked.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::authorize::{STATE_AAD, State, now_secs};
+use super::register::AuthMethod;
 use super::token::{Asked, read_tokens};
-use super::wire::{self, parse_query, said};
+use super::wire::{self, known_error, parse_query};
 use super::{Error, Flow, Result, Tokens};
 use crate::oauth::keyring::OpenError;
 
@@ -25,25 +28,111 @@ const USED_MARGIN: Duration = Duration::from_secs(60);
 /// memory ([`MemoryGuard`], one replica) or by a store every replica shares.
 pub trait StateGuard: Send + Sync {
     /// `true` the first time `nonce` is presented within `ttl`, `false` after, and `false`
-    /// when it cannot tell (a store that failed refuses rather than allow a replay).
-    fn first_use(&self, nonce: &str, ttl: Duration) -> impl Future<Output = bool> + Send;
+    /// when it cannot tell (a store that failed, or one full, refuses rather than allow a
+    /// replay). `subject`: the caller the sign-in was begun for (`iss|sub`), whose states a
+    /// guard may bound.
+    fn first_use(&self, nonce: &str, subject: &str, ttl: Duration) -> impl Future<Output = bool> + Send;
 }
 
-/// A [`StateGuard`] in one replica's memory, bounded: full of states that have not yet
-/// expired, it refuses new ones rather than forget a used one.
+/// States one caller may hold in a [`MemoryGuard`] at once (each sign-in marks two, each
+/// for at most half an hour).
+pub const MAX_USED_PER_SUBJECT: usize = 32;
+/// Expired states a [`MemoryGuard`] forgets per use, at most: the work of one request is
+/// bounded, and each use frees more than it takes.
+const PRUNE_PER_USE: usize = 64;
+
+/// A [`StateGuard`] in one replica's memory, bounded in all and per caller: full of states
+/// that have not yet expired (or the caller holding its share), it refuses new ones rather
+/// than forget a used one. States expire in the order of their deadlines, a few per use.
 #[derive(Debug)]
 pub struct MemoryGuard {
     max: usize,
-    seen: Mutex<HashMap<String, Instant>>,
+    per_subject: usize,
+    used: Mutex<Used>,
+}
+
+/// What a [`MemoryGuard`] remembers.
+#[derive(Debug, Default)]
+struct Used {
+    /// Each state's deadline.
+    seen: HashMap<String, Instant>,
+    /// States by deadline, the nearest first: one per mark (a state marked again after it
+    /// expired has an older entry whose deadline is no longer its own).
+    queue: BinaryHeap<Reverse<(Instant, String, Arc<str>)>>,
+    /// Entries of `queue` per caller.
+    per_subject: HashMap<Arc<str>, usize>,
+}
+
+impl Used {
+    /// Forgets at most [`PRUNE_PER_USE`] states expired at `now`, nearest deadline first.
+    fn prune(&mut self, now: Instant) {
+        for _ in 0..PRUNE_PER_USE {
+            match self.queue.peek() {
+                Some(Reverse((until, _, _))) if *until <= now => {}
+                _ => return,
+            }
+            let Some(Reverse((until, nonce, subject))) = self.queue.pop() else {
+                return;
+            };
+            if self.seen.get(&nonce) == Some(&until) {
+                self.seen.remove(&nonce);
+            }
+            if let Some(n) = self.per_subject.get_mut(&subject) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.per_subject.remove(&subject);
+                }
+            }
+        }
+    }
 }
 
 impl MemoryGuard {
-    /// A guard remembering at most `max` states.
+    /// A guard remembering at most `max` states, [`MAX_USED_PER_SUBJECT`] of one caller.
     pub fn new(max: usize) -> Self {
+        Self::bounded(max, MAX_USED_PER_SUBJECT)
+    }
+
+    /// A guard remembering at most `max` states, `per_subject` of one caller.
+    pub fn bounded(max: usize, per_subject: usize) -> Self {
         Self {
             max: max.max(1),
-            seen: Mutex::default(),
+            per_subject: per_subject.max(1),
+            used: Mutex::default(),
         }
+    }
+
+    /// [`StateGuard::first_use`] at the instant `now`.
+    fn first_use_at(&self, nonce: &str, subject: &str, ttl: Duration, now: Instant) -> bool {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        used.prune(now);
+        if used.seen.get(nonce).is_some_and(|until| *until > now) {
+            return false;
+        }
+        let held = used.per_subject.get(subject).copied().unwrap_or(0);
+        if used.queue.len() >= self.max || held >= self.per_subject {
+            return false;
+        }
+        let until = super::cache::later(now, ttl);
+        let subject: Arc<str> = match used.per_subject.get_key_value(subject) {
+            Some((s, _)) => s.clone(),
+            None => subject.into(),
+        };
+        used.seen.insert(nonce.to_owned(), until);
+        used.queue
+            .push(Reverse((until, nonce.to_owned(), subject.clone())));
+        *used.per_subject.entry(subject).or_default() += 1;
+        true
+    }
+
+    /// States remembered now (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .queue
+            .len()
     }
 }
 
@@ -54,24 +143,8 @@ impl Default for MemoryGuard {
 }
 
 impl StateGuard for MemoryGuard {
-    fn first_use(&self, nonce: &str, ttl: Duration) -> impl Future<Output = bool> + Send {
-        let now = Instant::now();
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let fresh = match seen.get(nonce) {
-            Some(until) if *until > now => false,
-            _ => {
-                if seen.len() >= self.max {
-                    seen.retain(|_, until| *until > now);
-                }
-                if seen.len() >= self.max {
-                    false
-                } else {
-                    seen.insert(nonce.to_owned(), super::cache::later(now, ttl));
-                    true
-                }
-            }
-        };
-        std::future::ready(fresh)
+    fn first_use(&self, nonce: &str, subject: &str, ttl: Duration) -> impl Future<Output = bool> + Send {
+        std::future::ready(self.first_use_at(nonce, subject, ttl, Instant::now()))
     }
 }
 
@@ -82,6 +155,8 @@ pub struct Completed {
     pub subject: String,
     /// The upstream's name.
     pub upstream: String,
+    /// The browser binding it was begun and finished with.
+    pub browser: String,
     /// What the authorization server issued.
     pub tokens: Tokens,
 }
@@ -117,27 +192,32 @@ impl Flow {
     }
 
     /// Finishes a sign-in from the query of the redirect to the callback URL (with or without
-    /// its `?`); `guard` marks its state used.
+    /// its `?`), in a browser presenting the bindings `browser` (one must be the one the
+    /// sign-in began with); `guard` marks its state used. The state and the browser are
+    /// checked before anything else, and the state is marked used before the code is sent.
     ///
     /// # Errors
-    /// [`Error::Denied`]: the server (or the user) refused, [`Error::Redirect`]: a malformed
-    /// redirect, [`Error::State`]: forged, expired, used, [`Error::Issuer`]: another
-    /// server's answer; then as the token endpoint's exchange.
-    pub async fn finish<G: StateGuard>(&self, query: &str, guard: &G) -> Result<Completed> {
+    /// [`Error::State`]: missing, forged, expired, used; [`Error::Browser`]: another browser;
+    /// [`Error::Denied`]: the server (or the user) refused; [`Error::Redirect`]: a malformed
+    /// redirect; [`Error::Issuer`]: another server's answer; then as the token endpoint's
+    /// exchange.
+    pub async fn finish<G: StateGuard>(&self, query: &str, guard: &G, browser: &[&str]) -> Result<Completed> {
         let params = parse_query(query).map_err(Error::Redirect)?;
         let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         let (sealed, code) = (get("state").unwrap_or_default(), get("code").unwrap_or_default());
-        if let Some(error) = get("error") {
-            return Err(Error::Denied(said(
-                Some(error),
-                get("error_description"),
-                &[sealed, code],
-            )));
-        }
         if sealed.is_empty() {
             return Err(Error::State("is missing from the redirect"));
         }
         let state = self.open_state(sealed)?;
+        if !browser.contains(&state.browser.as_str()) {
+            return Err(Error::Browser(
+                "it was begun in another browser (or that browser's cookie is gone)",
+            ));
+        }
+        if let Some(error) = get("error") {
+            // Its words are anyone's (a crafted link): the code only, if it is one.
+            return Err(Error::Denied(known_error(error).to_owned()));
+        }
         match get("iss") {
             Some(iss) if iss != state.issuer => {
                 return Err(Error::Issuer(
@@ -155,13 +235,14 @@ impl Flow {
             return Err(Error::Redirect("the redirect has no usable `code`"));
         }
         let ttl = Duration::from_secs(state.expiry.saturating_sub(now_secs())) + USED_MARGIN;
-        if !guard.first_use(&state.nonce, ttl).await {
+        if !guard.first_use(&state.nonce, &state.subject, ttl).await {
             return Err(Error::State("was used already (or cannot be marked used)"));
         }
         let tokens = self.redeem(&state, code).await?;
         Ok(Completed {
             subject: state.subject,
             upstream: state.upstream,
+            browser: state.browser,
             tokens,
         })
     }
@@ -169,6 +250,7 @@ impl Flow {
     /// The code exchanged for tokens at the token endpoint the state names.
     async fn redeem(&self, state: &State, code: &str) -> Result<Tokens> {
         let asked = Asked {
+            resource: &state.resource,
             issuer: &state.issuer,
             token_endpoint: &state.token_endpoint,
             client_id: &state.client.client_id,
@@ -183,26 +265,34 @@ impl Flow {
             ("code_verifier", state.verifier.as_str()),
             ("resource", state.resource.as_str()),
         ];
-        let trusted = wire::parse_url(&state.resource)
+        // The origins the configuration named: the upstream's, and a pinned server's.
+        let named = [Some(&state.resource), state.pinned.then_some(&state.issuer)];
+        let trusted: Vec<String> = named
+            .into_iter()
+            .flatten()
+            .filter_map(|u| wire::parse_url(u).ok())
             .map(|u| wire::origin(&u))
-            .unwrap_or_default();
+            .collect();
         let sent = self
             .token_request(&asked, &state.client, params, &trusted, &[code, &state.verifier])
             .await;
-        let body = match sent {
-            Err(Error::Denied(why)) if why.starts_with("invalid_client") => {
-                // A registration this server forgot: the next sign-in registers again.
-                if self
-                    .registered(&state.issuer)
-                    .is_some_and(|c| c.client_id == state.client.client_id)
-                {
-                    self.forget_registration(&state.issuer);
+        if let Err(Error::InvalidClient(_)) = &sent {
+            // A registration the server forgot: the next sign-in registers again.
+            self.forget_client(&state.issuer, &state.client.client_id);
+        }
+        let body = sent?;
+        let mut tokens = read_tokens(&body, &asked)?;
+        if state.registered {
+            tokens.client_secret.clone_from(&state.client.client_secret);
+            tokens.client_auth = Some(
+                match state.client.auth {
+                    AuthMethod::Post => "client_secret_post",
+                    _ => "client_secret_basic",
                 }
-                return Err(Error::Denied(why));
-            }
-            other => other?,
-        };
-        read_tokens(&body, &asked)
+                .to_owned(),
+            );
+        }
+        Ok(tokens)
     }
 }
 

@@ -45,6 +45,8 @@ pub struct ServerMetadata {
     pub token_endpoint: String,
     /// Where clients register themselves (RFC 7591), when the server allows it.
     pub registration_endpoint: Option<String>,
+    /// Where tokens are revoked (RFC 7009), when the server says.
+    pub revocation_endpoint: Option<String>,
     /// Whether a client id may be the URL of a client metadata document.
     pub client_id_metadata_document_supported: bool,
     /// Whether the server puts `iss` in its redirects (RFC 9207).
@@ -194,6 +196,7 @@ pub(super) fn read_server(
         authorization_endpoint,
         token_endpoint,
         registration_endpoint: endpoint(&doc, "registration_endpoint", issuer_uri),
+        revocation_endpoint: endpoint(&doc, "revocation_endpoint", issuer_uri),
         client_id_metadata_document_supported: flag("client_id_metadata_document_supported"),
         authorization_response_iss_parameter_supported: flag(
             "authorization_response_iss_parameter_supported",
@@ -225,11 +228,12 @@ impl Flow {
             ));
         }
         let challenge = challenge.and_then(Challenge::parse).unwrap_or_default();
+        let trusted = upstream.trusted();
         // Every exchange is timed out; the whole walk is too (several URLs, several servers).
         let limit = self.cfg.timeout * 4;
         let walk = async {
-            let resource = self.resource_metadata(&up, &challenge).await?;
-            let server = self.pick_server(upstream, &up, &resource).await?;
+            let resource = self.resource_metadata(&up, &challenge, &trusted).await?;
+            let server = self.pick_server(upstream, &up, &resource, &trusted).await?;
             Ok::<_, Error>((resource, server))
         };
         let (resource, server) = tokio::time::timeout(limit, walk).await.unwrap_or_else(|_| {
@@ -250,7 +254,12 @@ impl Flow {
         })
     }
 
-    async fn resource_metadata(&self, up: &Uri, challenge: &Challenge) -> Result<Arc<ResourceMetadata>> {
+    async fn resource_metadata(
+        &self,
+        up: &Uri,
+        challenge: &Challenge,
+        trusted: &[String],
+    ) -> Result<Arc<ResourceMetadata>> {
         let plain_ok = up.scheme_str() == Some("http");
         let urls = match &challenge.resource_metadata {
             Some(given) => {
@@ -281,11 +290,10 @@ impl Flow {
         if let Some(found) = self.resources.get(&key) {
             return Ok(found);
         }
-        let trusted = origin(up);
         let mut tried = Vec::new();
         for u in &urls {
             let shown = redacted(u);
-            match self.get(u, self.guarded(u, &trusted)).await {
+            match self.get(u, self.guard(u, trusted)).await {
                 Ok(a) if a.status.is_success() => {
                     let found = Arc::new(read_resource(&a.body, &shown, up)?);
                     self.resources.put(key, found.clone());
@@ -303,6 +311,7 @@ impl Flow {
         upstream: &Upstream,
         up: &Uri,
         resource: &ResourceMetadata,
+        trusted: &[String],
     ) -> Result<Arc<ServerMetadata>> {
         let candidates: Vec<&String> = match &upstream.issuer {
             Some(pinned) => {
@@ -319,7 +328,7 @@ impl Flow {
         };
         let mut failed = Vec::new();
         for issuer in candidates {
-            match self.server_metadata(issuer, up).await {
+            match self.server_metadata(issuer, up, trusted).await {
                 Ok(m) => return Ok(m),
                 Err(e) => failed.push(e.to_string()),
             }
@@ -330,8 +339,15 @@ impl Flow {
         )))
     }
 
-    /// The metadata of the authorization server `issuer` (cached by issuer).
-    pub(super) async fn server_metadata(&self, issuer: &str, up: &Uri) -> Result<Arc<ServerMetadata>> {
+    /// The metadata of the authorization server `issuer` (cached by issuer), read for the
+    /// resource `up` (an `http` one may name `http` servers); calls off the `trusted`
+    /// origins are guarded.
+    pub(super) async fn server_metadata(
+        &self,
+        issuer: &str,
+        up: &Uri,
+        trusted: &[String],
+    ) -> Result<Arc<ServerMetadata>> {
         let plain_ok = up.scheme_str() == Some("http");
         let iu = parse_url(issuer)
             .ok()
@@ -352,11 +368,10 @@ impl Flow {
         if has_path {
             urls.push(well_known(&iu, "openid-configuration", true));
         }
-        let trusted = origin(up);
         let mut tried = Vec::new();
         for u in urls.iter().filter_map(|u| wire::parse_url(u).ok()) {
             let shown = redacted(&u);
-            match self.get(&u, self.guarded(&u, &trusted)).await {
+            match self.get(&u, self.guard(&u, trusted)).await {
                 Ok(a) if a.status.is_success() => {
                     let found = Arc::new(read_server(&a.body, &shown, issuer, &iu)?);
                     self.servers.put(issuer.to_owned(), found.clone());

@@ -63,7 +63,7 @@ impl Flow {
     /// authorization endpoint already carries a parameter of the request.
     pub async fn login_url(&self, req: &LoginRequest<'_>) -> Result<String> {
         let iu = parse_url(req.issuer).map_err(|e| Error::Config(format!("the issuer: {e}")))?;
-        let server = self.server_metadata(req.issuer, &iu).await?;
+        let server = self.server_metadata(req.issuer, &iu, &[origin(&iu)]).await?;
         let endpoint = parse_url(&server.authorization_endpoint)
             .map_err(|e| Error::Discovery(format!("the authorization endpoint: {e}")))?;
         let challenge = challenge_of(req.verifier);
@@ -105,8 +105,19 @@ impl Flow {
         verifier: &str,
     ) -> Result<Login> {
         let iu = parse_url(issuer).map_err(|e| Error::Config(format!("the issuer: {e}")))?;
-        let server = self.server_metadata(issuer, &iu).await?;
+        let server = self.server_metadata(issuer, &iu, &[origin(&iu)]).await?;
+        // This server's own identity provider is the configuration's choice, and so is the
+        // token endpoint its metadata names, wherever it is (a host inside the network):
+        // not guarded like a server an upstream's metadata chose.
+        let configured: Vec<String> = [
+            Some(origin(&iu)),
+            parse_url(&server.token_endpoint).ok().map(|u| origin(&u)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let asked = Asked {
+            resource: "",
             issuer,
             token_endpoint: &server.token_endpoint,
             client_id: &client.client_id,
@@ -121,7 +132,7 @@ impl Flow {
             ("code_verifier", verifier),
         ];
         let body = self
-            .token_request(&asked, client, params, &origin(&iu), &[code, verifier])
+            .token_request(&asked, client, params, &configured, &[code, verifier])
             .await?;
         let doc: Value = serde_json::from_slice(&body)
             .map_err(|_| Error::Token("the answer is not a JSON object".into()))?;

@@ -9,9 +9,11 @@
 //!    Registration (RFC 7591), in that order.
 //! 3. [`Flow::begin`]: the authorization request (PKCE S256, RFC 8707 `resource`); its
 //!    `state` is sealed by the [`KeyRing`](crate::oauth::keyring::KeyRing), so any replica can
-//!    finish the sign-in without storage shared between them.
-//! 4. [`Flow::finish`]: the redirect back: the state opened and used once, the issuer checked
-//!    (RFC 9207), the code exchanged, the tokens checked. [`Flow::refresh`] renews them.
+//!    finish the sign-in without storage shared between them, and names the browser it was
+//!    begun in (the digest of a secret that browser holds).
+//! 4. [`Flow::finish`]: the redirect back: the state opened, its browser checked, used once,
+//!    the issuer checked (RFC 9207), the code exchanged, the tokens checked.
+//!    [`Flow::refresh`] renews them.
 //!
 //! Everything read from the network is hostile: sizes are bounded, every exchange is timed
 //! out, and no error names a token, a code, a verifier or a client secret.
@@ -35,12 +37,12 @@ use crate::net::http::HttpClient;
 use crate::oauth::keyring::KeyRing;
 
 pub use authorize::Authorization;
-pub use callback::{Completed, MemoryGuard, StateGuard};
+pub use callback::{Completed, MAX_USED_PER_SUBJECT, MemoryGuard, StateGuard};
 pub use challenge::Challenge;
 pub use discovery::{Discovered, ResourceMetadata, ServerMetadata};
 pub use login::{Login, LoginRequest, random};
 pub use register::{AuthMethod, Client, client_metadata_document};
-pub(crate) use wire::{is_loopback, parse_query, parse_url};
+pub(crate) use wire::{canonical, is_loopback, known_error, parse_query, parse_url};
 
 /// Largest JSON answer read from an upstream or an authorization server.
 pub const MAX_ANSWER_BYTES: usize = 64 << 10;
@@ -74,12 +76,25 @@ pub enum Error {
     /// The authorization server (or the user) said no: an `error` answer.
     #[error("the authorization server refused: {0}")]
     Denied(String),
+    /// The token endpoint refused the grant itself (`invalid_grant`: the code or refresh
+    /// token is expired, revoked, used or not this client's): the user signs in again.
+    /// Other refusals (`invalid_request`, `invalid_scope`, ...) are [`Error::Denied`].
+    #[error("the authorization server refused the grant: {0}")]
+    InvalidGrant(String),
+    /// The token endpoint does not know the client (`invalid_client`: a registration it
+    /// dropped or another replica made, a secret it no longer takes): a registration of this
+    /// replica is forgotten, and the user signs in again.
+    #[error("the authorization server refused the client: {0}")]
+    InvalidClient(String),
     /// The redirect back is malformed: its query, or no usable `code`.
     #[error("the redirect: {0}")]
     Redirect(&'static str),
     /// The `state` of the redirect is not one this server began, has expired or was used.
     #[error("sign-in state {0}")]
     State(&'static str),
+    /// The redirect came back to another browser than the one the sign-in began in.
+    #[error("sign-in browser: {0}")]
+    Browser(&'static str),
     /// The redirect names another authorization server than the one the sign-in began at.
     #[error("issuer check (RFC 9207): {0}")]
     Issuer(&'static str),
@@ -96,9 +111,10 @@ impl Error {
             Self::Unreachable(_) => "unreachable",
             Self::Discovery(_) => "discovery",
             Self::Registration(_) => "registration",
-            Self::Denied(_) => "denied",
+            Self::Denied(_) | Self::InvalidGrant(_) | Self::InvalidClient(_) => "denied",
             Self::Redirect(_) => "redirect",
             Self::State(_) => "state",
+            Self::Browser(_) => "wrong_user",
             Self::Issuer(_) => "issuer",
             Self::Token(_) => "token",
         }
@@ -142,6 +158,19 @@ pub struct Upstream {
     pub scope: Option<String>,
 }
 
+impl Upstream {
+    /// The origins the configuration named: the upstream's, and the pinned authorization
+    /// server's. Calls elsewhere are guarded ([`FlowConfig::guard_discovered`]).
+    pub(super) fn trusted(&self) -> Vec<String> {
+        [Some(self.url.as_str()), self.issuer.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|u| wire::parse_url(u).ok())
+            .map(|u| wire::origin(&u))
+            .collect()
+    }
+}
+
 /// What the flow is configured with, the same on every replica.
 #[derive(Debug, Clone)]
 pub struct FlowConfig {
@@ -154,8 +183,9 @@ pub struct FlowConfig {
     /// The name authorization servers show users.
     pub client_name: String,
     /// Servers that documents chose (an authorization server an upstream names, the
-    /// endpoints its metadata names) are not called on this host's, link-local or cloud
-    /// metadata addresses. Off only where such a server is meant to be local (tests).
+    /// endpoints its metadata names) are called on public addresses only: not this host's,
+    /// private, link-local or cloud metadata addresses, whether named or literal. Off only
+    /// where such a server is meant to be local (tests).
     pub guard_discovered: bool,
     /// Limit of each HTTP exchange (connect, send, read the answer).
     pub timeout: Duration,

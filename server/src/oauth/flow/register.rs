@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::wire::{self, origin, parse_url, said_json};
+use super::wire::{self, said_json};
 use super::{Error, Flow, FlowConfig, PreRegistered, Result, ServerMetadata, Upstream};
 
 /// How long a registered client is reused (unless its secret expires sooner).
@@ -196,13 +196,12 @@ impl Flow {
                     .into(),
             ));
         };
-        let trusted = parse_url(&upstream.url).map(|u| origin(&u)).unwrap_or_default();
-        self.register(&server.issuer, endpoint, &trusted).await
+        self.register(&server.issuer, endpoint, &upstream.trusted()).await
     }
 
     /// The client registered at `issuer` by this replica, registering it first when there is
     /// none (one registration per server at a time).
-    async fn register(&self, issuer: &str, endpoint: &str, trusted: &str) -> Result<Client> {
+    async fn register(&self, issuer: &str, endpoint: &str, trusted: &[String]) -> Result<Client> {
         if let Some(c) = self.clients.get(issuer) {
             return Ok(c);
         }
@@ -214,7 +213,7 @@ impl Flow {
         let u = wire::parse_url(endpoint).map_err(|e| Error::Registration(format!("the endpoint: {e}")))?;
         let body = registration_request(&self.cfg).to_string();
         let a = self
-            .post(&u, "application/json", body, None, self.guarded(&u, trusted))
+            .post(&u, "application/json", body, None, self.guard(&u, trusted))
             .await?;
         if !a.status.is_success() {
             return Err(Error::Registration(format!(
@@ -239,5 +238,13 @@ impl Flow {
     /// sign-in registers again).
     pub fn forget_registration(&self, issuer: &str) {
         self.clients.remove(issuer);
+    }
+
+    /// Forgets the client registered at `issuer` if it is `client_id` (the server refused
+    /// it: `invalid_client`); a newer registration, or a configured client, stays.
+    pub(super) fn forget_client(&self, issuer: &str, client_id: &str) {
+        if self.registered(issuer).is_some_and(|c| c.client_id == client_id) {
+            self.forget_registration(issuer);
+        }
     }
 }

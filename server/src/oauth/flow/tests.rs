@@ -53,12 +53,34 @@ pub(crate) struct Knobs {
     /// The token endpoint's answer instead of its own.
     pub(crate) token_answer: Option<(u16, String)>,
     /// Whether a refresh issues a new refresh token.
-    rotate: bool,
+    pub(crate) rotate: bool,
+    /// Holds the token endpoint's answers, once made, until the test releases them.
+    pub(crate) token_gate: Option<Arc<Gate>>,
     /// Every form POSTed to a token endpoint, and its Authorization header.
     pub(crate) token_requests: Vec<(String, String)>,
     /// The path of each of them.
     pub(crate) token_paths: Vec<String>,
+    /// Tokens revoked (RFC 7009): the token and its hint, and the Authorization header.
+    pub(crate) revoked: Vec<(String, String, String)>,
+    /// The revocation endpoint's answer instead of its own.
+    pub(crate) revoke_answer: Option<(u16, String)>,
     issued: usize,
+}
+
+/// A gate on the token endpoint: each answer, once made (codes and refresh tokens already
+/// spent or issued), adds a permit to `arrived`, then waits for one of `release`.
+pub(crate) struct Gate {
+    pub(crate) arrived: tokio::sync::Semaphore,
+    pub(crate) release: tokio::sync::Semaphore,
+}
+
+impl Gate {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            arrived: tokio::sync::Semaphore::new(0),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -94,6 +116,14 @@ async fn serve(
     if method == Method::POST && path.ends_with("/register") {
         return fake.register(&body);
     }
+    if method == Method::POST && path.ends_with("/revoke") {
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        return fake.revoke(&body, auth);
+    }
     if method == Method::POST && path.ends_with("/token") {
         let auth = headers
             .get("authorization")
@@ -102,7 +132,15 @@ async fn serve(
             .to_owned();
         let issuer = format!("{}{}", fake.base, path.trim_end_matches("/token"));
         fake.knobs.lock().unwrap().token_paths.push(path.clone());
-        return fake.token(&issuer, &body, &auth);
+        let answer = fake.token(&issuer, &body, &auth);
+        let gate = fake.knobs.lock().unwrap().token_gate.clone();
+        if let Some(g) = gate {
+            g.arrived.add_permits(1);
+            if let Ok(p) = g.release.acquire().await {
+                p.forget();
+            }
+        }
+        return answer;
     }
     match fake.knobs.lock().unwrap().docs.get(&path) {
         Some((status, text)) => json_answer(*status, text.clone()),
@@ -151,6 +189,7 @@ impl Fake {
             "authorization_endpoint": format!("{i}/authorize"),
             "token_endpoint": format!("{i}/token"),
             "registration_endpoint": format!("{i}/register"),
+            "revocation_endpoint": format!("{i}/revoke"),
             "code_challenge_methods_supported": ["S256"],
             "response_types_supported": ["code"],
             "authorization_response_iss_parameter_supported": true,
@@ -229,6 +268,33 @@ impl Fake {
         };
         k.codes.insert(code.clone(), issued);
         form(&[("code", &code), ("state", &p["state"]), ("iss", &issuer)])
+    }
+
+    /// RFC 7009: the client authenticated as at the token endpoint; a refresh token revoked
+    /// no longer refreshes.
+    fn revoke(&self, body: &str, auth: String) -> Response {
+        let mut k = self.knobs.lock().unwrap();
+        if let Some((status, text)) = k.revoke_answer.clone() {
+            return json_answer(status, text);
+        }
+        let p: HashMap<String, String> = parse_query(body).unwrap_or_default().into_iter().collect();
+        let client_id = match auth.strip_prefix("Basic ") {
+            Some(b) => String::from_utf8(STANDARD.decode(b).unwrap_or_default())
+                .unwrap_or_default()
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            None => p.get("client_id").cloned().unwrap_or_default(),
+        };
+        if !k.clients.contains_key(&client_id) {
+            return json_answer(401, json!({"error": "invalid_client"}).to_string());
+        }
+        let token = p.get("token").cloned().unwrap_or_default();
+        k.refresh_tokens.remove(&token);
+        let hint = p.get("token_type_hint").cloned().unwrap_or_default();
+        k.revoked.push((token, hint, auth));
+        json_answer(200, String::new())
     }
 
     fn token(&self, issuer: &str, body: &str, auth: &str) -> Response {
@@ -328,10 +394,12 @@ pub(crate) fn upstream(fake: &Fake) -> Upstream {
 }
 
 pub(crate) const ALICE: &str = "https://idp.example|alice";
+/// The browser binding the tests' sign-ins begin and finish with.
+pub(crate) const BH: &str = "browser-of-alice";
 
 /// Begins a sign-in for alice and has the user sign in: the redirect's query.
 pub(crate) async fn signed_in(flow: &Flow, fake: &Fake, up: &Upstream) -> String {
-    let auth = flow.begin(ALICE, up, None).await.unwrap();
+    let auth = flow.begin(ALICE, up, None, BH).await.unwrap();
     fake.login(&auth.url)
 }
 
@@ -340,7 +408,7 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
     let fake = Fake::start().await;
     let flow = flow_with(config());
     let up = upstream(&fake);
-    let auth = flow.begin(ALICE, &up, None).await.unwrap();
+    let auth = flow.begin(ALICE, &up, None, BH).await.unwrap();
     assert_eq!(auth.issuer, fake.issuer("/as"));
     assert_eq!(auth.client_id, "client-1");
     let (endpoint, query) = auth.url.split_once('?').unwrap();
@@ -355,7 +423,7 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
 
     let redirect = fake.login(&auth.url);
     let guard = MemoryGuard::default();
-    let done = flow.finish(&redirect, &guard).await.unwrap();
+    let done = flow.finish(&redirect, &guard, &[BH]).await.unwrap();
     assert_eq!((done.subject.as_str(), done.upstream.as_str()), (ALICE, "notes"));
     let t = &done.tokens;
     assert_eq!(t.access_token, "at-2");
@@ -384,11 +452,13 @@ async fn a_sign_in_discovers_registers_exchanges_the_code_and_refreshes() {
     assert_eq!(rotated.refresh_token.as_deref(), Some("rt-4"));
     let stale = flow.refresh(&renewed, &up).await.unwrap_err();
     assert!(
-        matches!(&stale, Error::Denied(d) if d.starts_with("invalid_grant")),
+        matches!(&stale, Error::InvalidGrant(d) if d.starts_with("invalid_grant")),
         "{stale}"
     );
     // One registration for the server, reused by the next sign-in.
-    flow.begin("https://idp.example|bob", &up, None).await.unwrap();
+    flow.begin("https://idp.example|bob", &up, None, BH)
+        .await
+        .unwrap();
     assert_eq!(fake.registrations(), 1);
 }
 
@@ -669,7 +739,10 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     assert!(!format!("{:?}", up.client).contains("pre-secret"));
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    let done = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     assert_eq!(done.tokens.client_id, "pre");
     let (body, auth) = fake.token_requests().pop().unwrap();
     assert_eq!(auth, format!("Basic {}", STANDARD.encode("pre:pre-secret-1234")));
@@ -680,7 +753,9 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    flow.finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     let (body, auth) = fake.token_requests().pop().unwrap();
     assert!(
         auth.is_empty() && body.contains("client_secret=pre-secret-1234"),
@@ -694,7 +769,7 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
     let mut cfg = config();
     cfg.client_metadata_url = Some("https://quiver.example/oauth/client".into());
-    let auth = flow_with(cfg.clone()).begin(ALICE, &up, None).await.unwrap();
+    let auth = flow_with(cfg.clone()).begin(ALICE, &up, None, BH).await.unwrap();
     assert_eq!(auth.client_id, "https://quiver.example/oauth/client");
     assert_eq!(fake.registrations(), 0);
     let doc = client_metadata_document(&cfg).unwrap();
@@ -706,7 +781,7 @@ async fn a_configured_client_comes_first_then_a_metadata_document_then_registrat
     assert_eq!(doc["client_name"], "Quiver");
     assert_eq!(client_metadata_document(&config()), None);
     // Without a document of Quiver's own: registration.
-    let auth = flow_with(config()).begin(ALICE, &up, None).await.unwrap();
+    let auth = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap();
     assert_eq!((auth.client_id.as_str(), fake.registrations()), ("client-1", 1));
 }
 
@@ -745,7 +820,7 @@ async fn registration_answers_that_cannot_be_used_are_refused() {
         (201, json!("c"), "not a JSON object"),
     ] {
         fake.set(|k| k.register_answer = Some((status, answer.to_string())));
-        let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+        let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
         assert!(matches!(e, Error::Registration(_)), "{answer}: {e}");
         assert!(e.to_string().contains(want), "{answer}: {e}");
     }
@@ -759,18 +834,31 @@ async fn registration_answers_that_cannot_be_used_are_refused() {
     });
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    let done = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     assert_eq!(
         flow.registered(&done.tokens.issuer).unwrap().auth,
         AuthMethod::Basic
     );
     assert!(!format!("{:?}", flow.registered(&done.tokens.issuer)).contains("conf-secret"));
     flow.refresh(&done.tokens, &up).await.unwrap();
+    // The registration is kept with the tokens (sealed in the vault), so that another
+    // replica, which never registered, refreshes as that client too.
+    assert_eq!(done.tokens.client_secret.as_deref(), Some("conf-secret-99"));
+    assert!(!format!("{:?}", done.tokens).contains("conf-secret"));
+    let other_replica = flow_with(config());
+    assert_eq!(other_replica.registered(&done.tokens.issuer), None);
+    let renewed = other_replica.refresh(&done.tokens, &up).await.unwrap();
+    let (_, auth) = fake.token_requests().pop().unwrap();
+    assert_eq!(auth, format!("Basic {}", STANDARD.encode("conf:conf-secret-99")));
+    assert_eq!(renewed.client_secret.as_deref(), None, "completed by the vault");
     // No registration endpoint and no client configured.
     let mut m = fake.meta("/as");
     m.as_object_mut().unwrap().remove("registration_endpoint");
     fake.doc("/.well-known/oauth-authorization-server/as", 200, m);
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(e.to_string().contains("configure a client"), "{e}");
 }
 
@@ -825,11 +913,11 @@ async fn a_configured_client_goes_only_to_the_server_issuer_names() {
     );
     let mut up = pre_registered_at_as(&fake);
     // With `issuer`: the upstream's choice is refused before anything is sent.
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(matches!(e, Error::Discovery(_)), "{e}");
     // Without (a configuration the model refuses): the flow refuses the client there too.
     up.issuer = None;
-    let e = flow_with(config()).begin(ALICE, &up, None).await.unwrap_err();
+    let e = flow_with(config()).begin(ALICE, &up, None, BH).await.unwrap_err();
     assert!(
         matches!(&e, Error::Config(m) if m.contains("only at the authorization server `issuer` names")),
         "{e}"
@@ -846,7 +934,10 @@ async fn a_configured_client_refreshes_only_at_its_servers_token_endpoint() {
     let up = pre_registered_at_as(&fake);
     let flow = flow_with(config());
     let redirect = signed_in(&flow, &fake, &up).await;
-    let done = flow.finish(&redirect, &MemoryGuard::default()).await.unwrap();
+    let done = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap();
     // The stored token endpoint is not where the refresh goes: the server's metadata says.
     let mut moved = done.tokens.clone();
     moved.token_endpoint = format!("{}/token", fake.issuer("/b"));
@@ -862,9 +953,145 @@ async fn a_configured_client_refreshes_only_at_its_servers_token_endpoint() {
     other.token_endpoint = format!("{}/token", fake.issuer("/b"));
     let e = flow.refresh(&other, &up).await.unwrap_err();
     assert!(matches!(e, Error::Issuer(_)), "{e}");
+    let e = flow.revoke(&other, &up).await.unwrap_err();
+    assert!(matches!(e, Error::Issuer(_)), "{e}");
+    assert!(fake.knobs.lock().unwrap().revoked.is_empty());
     let mut unpinned = up.clone();
     unpinned.issuer = None;
     let e = flow.refresh(&done.tokens, &unpinned).await.unwrap_err();
     assert!(matches!(e, Error::Config(_)), "{e}");
     assert_eq!(fake.token_requests().len(), before);
+    // Revoked at its server, as that client.
+    assert!(flow.revoke(&done.tokens, &up).await.unwrap());
+    let revoked = fake.knobs.lock().unwrap().revoked.clone();
+    let basic = format!("Basic {}", STANDARD.encode("pre:pre-secret-1234"));
+    assert_eq!(revoked.len(), 2);
+    assert!(revoked.iter().all(|(_, _, auth)| *auth == basic), "{revoked:?}");
+}
+
+const PRM: &str = "/.well-known/oauth-protected-resource/mcp";
+
+fn guarded() -> FlowConfig {
+    let mut cfg = config();
+    cfg.guard_discovered = true;
+    cfg
+}
+
+#[tokio::test]
+async fn servers_metadata_names_at_addresses_of_this_host_private_or_link_local_are_refused() {
+    let fake = Fake::start().await;
+    let up = upstream(&fake);
+    // Literal addresses: the connector does not resolve them, so they are checked as such.
+    for host in [
+        "169.254.169.254",
+        "127.0.0.1:1",
+        "[::1]",
+        "10.1.2.3",
+        "172.16.0.9",
+        "192.168.0.10",
+        "100.64.0.1",
+        "[fe80::1]",
+        "[fd00::5]",
+        "[::ffff:169.254.169.254]",
+        "[::ffff:10.0.0.1]",
+        "100.100.100.200",
+        "0.0.0.0",
+        "198.18.0.1",
+        "240.0.0.1",
+        "192.0.0.8",
+        "[64:ff9b:1::a00:1]",
+    ] {
+        let issuer = format!("http://{host}/as");
+        fake.doc(
+            PRM,
+            200,
+            json!({"resource": up.url, "authorization_servers": [issuer]}),
+        );
+        let e = flow_with(guarded()).discover(&up, None).await.unwrap_err();
+        assert!(matches!(e, Error::Discovery(_)), "{host}: {e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("a server an upstream's metadata chose is not called there")
+                && e.contains(&format!("http://{host}/")),
+            "{host}: {e}"
+        );
+    }
+    // The endpoints a server's metadata names: registration, and the token endpoint.
+    fake.doc(
+        PRM,
+        200,
+        json!({"resource": up.url, "authorization_servers": [fake.issuer("/as")]}),
+    );
+    let mut m = fake.meta("/as");
+    m["registration_endpoint"] = json!("http://10.0.0.1/register");
+    m["token_endpoint"] = json!("http://169.254.169.254/latest/token");
+    fake.doc("/.well-known/oauth-authorization-server/as", 200, &m);
+    let e = flow_with(guarded())
+        .begin(ALICE, &up, None, BH)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("10.0.0.1/register is a private address"),
+        "{e}"
+    );
+    let pre = pre_registered_at_as(&fake);
+    let flow = flow_with(guarded());
+    let redirect = signed_in(&flow, &fake, &pre).await;
+    let e = flow
+        .finish(&redirect, &MemoryGuard::default(), &[BH])
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("169.254.169.254/latest/token is a link-local address"),
+        "{e}"
+    );
+    assert!(fake.token_requests().is_empty() && fake.registrations() == 0);
+}
+
+#[tokio::test]
+async fn servers_metadata_names_in_a_network_the_server_denies_are_refused() {
+    let fake = Fake::start().await;
+    let up = upstream(&fake);
+    fake.doc(
+        PRM,
+        200,
+        json!({"resource": up.url, "authorization_servers": ["http://11.1.2.3:8443/as"]}),
+    );
+    let http = HttpClient::new().deny_third_parties(vec!["11.0.0.0/8".parse().unwrap()]);
+    let flow = Flow::new(guarded(), http, keys(1)).unwrap();
+    let e = flow.discover(&up, None).await.unwrap_err();
+    assert!(matches!(e, Error::Discovery(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("http://11.1.2.3:8443/.well-known/oauth-authorization-server/as is in a network this server denies"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_local_server_is_called_when_the_configuration_names_it() {
+    let fake = Fake::start().await;
+    let mut up = upstream(&fake);
+    // `localhost` is another origin than the upstream's 127.0.0.1: a name of this host.
+    let port = fake.base.rsplit(':').next().unwrap();
+    let local = format!("http://localhost:{port}/local");
+    let mut m = fake.meta("/local");
+    for v in m.as_object_mut().unwrap().values_mut() {
+        if let Some(s) = v.as_str() {
+            *v = json!(s.replace("127.0.0.1", "localhost"));
+        }
+    }
+    assert_eq!(m["issuer"], local);
+    fake.doc("/.well-known/oauth-authorization-server/local", 200, &m);
+    fake.doc(
+        PRM,
+        200,
+        json!({"resource": up.url, "authorization_servers": [local]}),
+    );
+    let e = flow_with(guarded()).discover(&up, None).await.unwrap_err();
+    assert!(e.to_string().contains("addresses it may not choose"), "{e}");
+    up.issuer = Some(local.clone());
+    let found = flow_with(guarded()).discover(&up, None).await.unwrap();
+    assert_eq!(found.server.issuer, local);
 }

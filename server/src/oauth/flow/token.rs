@@ -10,16 +10,18 @@ use serde_json::Value;
 
 use super::challenge::scope_ok;
 use super::register::{AuthMethod, Client};
-use super::wire::{self, form, origin, parse_url, said_json, scheme_ok};
+use super::wire::{self, form, parse_url, said_json, scheme_ok};
 use super::{Error, Flow, MAX_TOKEN_BYTES, Result, Tokens, Upstream};
 
 /// Longest an access token is taken to live, whatever `expires_in` says.
 pub const MAX_LIFETIME: Duration = Duration::from_secs(30 * 86_400);
-/// Longest upstream account name kept.
-const MAX_ACCOUNT: usize = 255;
+/// Longest upstream account name kept (characters, all ASCII).
+const MAX_ACCOUNT: usize = 64;
 
 /// Who asked for the tokens, to check and complete the answer with.
 pub(super) struct Asked<'a> {
+    /// The RFC 8707 `resource` asked for (the upstream's canonical URL; empty: none).
+    pub(super) resource: &'a str,
     pub(super) issuer: &'a str,
     pub(super) token_endpoint: &'a str,
     pub(super) client_id: &'a str,
@@ -52,8 +54,21 @@ fn lifetime(v: &Value) -> Option<Duration> {
     Some(Duration::from_secs(secs).min(MAX_LIFETIME))
 }
 
-/// The `sub` of an ID token from the token endpoint, when it was issued by `issuer` to
-/// `client_id` (read for audit only: the token came over the connection to the server).
+/// Whether `name` may be shown as an account: 1 to [`MAX_ACCOUNT`] characters a user name or
+/// an email address is made of (ASCII letters and digits, `.`, `_`, `-`, `+`, `@`). The
+/// name is the authorization server's word, shown on this server's page: no space, no
+/// markup, no look-alike letter, nothing long enough to make a message of.
+fn account_ok(name: &str) -> bool {
+    (1..=MAX_ACCOUNT).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+' | b'@'))
+}
+
+/// The account an ID token from the token endpoint names, when it was issued by `issuer` to
+/// `client_id`: its `preferred_username`, else its `email`, else its `sub`, when
+/// [`account_ok`] allows it (else none: read for the audit trail and the user's page only,
+/// unverified: the token came over the connection to the server, which says what it likes).
 fn account_of(id_token: &str, issuer: &str, client_id: &str) -> Option<String> {
     if id_token.len() > MAX_TOKEN_BYTES {
         return None;
@@ -68,8 +83,11 @@ fn account_of(id_token: &str, issuer: &str, client_id: &str) -> Option<String> {
     if claims.get("iss")?.as_str()? != issuer || !aud_ok {
         return None;
     }
-    let sub = claims.get("sub")?.as_str()?;
-    ((1..=MAX_ACCOUNT).contains(&sub.len()) && !sub.chars().any(char::is_control)).then(|| sub.to_owned())
+    ["preferred_username", "email", "sub"]
+        .into_iter()
+        .find_map(|k| claims.get(k)?.as_str().filter(|a| !a.is_empty()))
+        .filter(|a| account_ok(a))
+        .map(str::to_owned)
 }
 
 /// The tokens of a successful answer of the token endpoint.
@@ -86,13 +104,12 @@ pub(super) fn read_tokens(body: &[u8], asked: &Asked<'_>) -> Result<Tokens> {
         .and_then(Value::as_str)
         .filter(|t| token_ok(t))
         .ok_or_else(|| Error::Token("the answer has no usable `access_token`".into()))?;
+    let now = SystemTime::now();
     let expires_at = match doc.get("expires_in") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
-            SystemTime::now()
-                + lifetime(v).ok_or_else(|| {
-                    Error::Token("the answer's `expires_in` is not a number of seconds".into())
-                })?,
+            now + lifetime(v)
+                .ok_or_else(|| Error::Token("the answer's `expires_in` is not a number of seconds".into()))?,
         ),
     };
     let refresh_token = match doc.get("refresh_token") {
@@ -117,10 +134,14 @@ pub(super) fn read_tokens(body: &[u8], asked: &Asked<'_>) -> Result<Tokens> {
         access_token: access_token.to_owned(),
         refresh_token: refresh_token.map(str::to_owned),
         expires_at,
+        obtained_at: Some(now),
         scope: scope.map(str::to_owned),
+        resource: asked.resource.to_owned(),
         issuer: asked.issuer.to_owned(),
         token_endpoint: asked.token_endpoint.to_owned(),
         client_id: asked.client_id.to_owned(),
+        client_secret: None,
+        client_auth: None,
         account,
     })
 }
@@ -130,14 +151,16 @@ impl Flow {
     /// is a success. `known`: what was sent that must not come back in an error.
     ///
     /// # Errors
-    /// [`Error::Denied`] for an OAuth error answer (`invalid_grant`: sign in again),
-    /// [`Error::Token`] for another status, [`Error::Unreachable`].
+    /// [`Error::InvalidGrant`] for an `invalid_grant` answer (sign in again),
+    /// [`Error::InvalidClient`] for `invalid_client`, [`Error::Denied`] for another OAuth
+    /// error answer, [`Error::Token`] for another
+    /// status, [`Error::Unreachable`].
     pub(super) async fn token_request(
         &self,
         asked: &Asked<'_>,
         client: &Client,
         mut params: Vec<(&str, &str)>,
-        trusted: &str,
+        trusted: &[String],
         known: &[&str],
     ) -> Result<bytes::Bytes> {
         let plain_ok = asked.issuer.starts_with("http://");
@@ -169,7 +192,7 @@ impl Flow {
                 "application/x-www-form-urlencoded",
                 body,
                 authorization,
-                self.guarded(&u, trusted),
+                self.guard(&u, trusted),
             )
             .await?;
         if a.status.is_success() {
@@ -178,7 +201,14 @@ impl Flow {
         let mut known = known.to_vec();
         known.push(secret);
         if matches!(a.status.as_u16(), 400 | 401) {
-            return Err(Error::Denied(said_json(&a.body, &known)));
+            let said = said_json(&a.body, &known);
+            let code = serde_json::from_slice::<Value>(&a.body).ok();
+            let code = code.as_ref().and_then(|d| d.get("error")).and_then(Value::as_str);
+            return Err(match code {
+                Some("invalid_grant") => Error::InvalidGrant(said),
+                Some("invalid_client") => Error::InvalidClient(said),
+                _ => Error::Denied(said),
+            });
         }
         Err(Error::Token(format!(
             "{} answered {}",
@@ -193,14 +223,15 @@ impl Flow {
     /// metadata names now.
     ///
     /// # Errors
-    /// [`Error::Denied`]: there is no refresh token, or the server refused it (the user
-    /// signs in again); [`Error::Issuer`]: the tokens are of another server than `issuer`
-    /// names; otherwise as the code exchange.
+    /// [`Error::InvalidGrant`]: there is no refresh token, or the server refused it (the
+    /// user signs in again); [`Error::InvalidClient`]: the server does not know the client
+    /// (a registration of this replica is forgotten; the user signs in again);
+    /// [`Error::Issuer`]: the tokens are of another server than `issuer` names; otherwise as
+    /// the code exchange.
     pub async fn refresh(&self, tokens: &Tokens, upstream: &Upstream) -> Result<Tokens> {
-        let refresh_token = tokens
-            .refresh_token
-            .as_deref()
-            .ok_or_else(|| Error::Denied("no refresh token was issued: the user signs in again".into()))?;
+        let refresh_token = tokens.refresh_token.as_deref().ok_or_else(|| {
+            Error::InvalidGrant("no refresh token was issued: the user signs in again".into())
+        })?;
         let up = parse_url(&upstream.url).map_err(|e| Error::Config(format!("the upstream's URL: {e}")))?;
         if upstream.issuer.as_deref().is_some_and(|i| i != tokens.issuer) {
             return Err(Error::Issuer(
@@ -210,6 +241,7 @@ impl Flow {
         let resource = wire::canonical(&up);
         let (client, token_endpoint) = self.refreshing_client(tokens, upstream, &up).await?;
         let asked = Asked {
+            resource: &resource,
             issuer: &tokens.issuer,
             token_endpoint: &token_endpoint,
             client_id: &tokens.client_id,
@@ -222,21 +254,69 @@ impl Flow {
             ("refresh_token", refresh_token),
             ("resource", resource.as_str()),
         ];
-        let body = self
+        let sent = self
             .token_request(
                 &asked,
                 &client,
                 params,
-                &origin(&up),
+                &upstream.trusted(),
                 &[refresh_token, &tokens.access_token],
             )
-            .await?;
-        read_tokens(&body, &asked)
+            .await;
+        if let Err(Error::InvalidClient(_)) = &sent {
+            self.forget_client(&tokens.issuer, &tokens.client_id);
+        }
+        read_tokens(&sent?, &asked)
+    }
+
+    /// Revokes `tokens` at the authorization server that issued them (RFC 7009): the refresh
+    /// token, then the access token, as the client that obtained them. `Ok(false)`: the
+    /// server names no revocation endpoint. Each request is timed out like every other.
+    ///
+    /// # Errors
+    /// [`Error::Issuer`]: the tokens are of another server than `issuer` names (nothing is
+    /// sent); otherwise as discovery and the token endpoint.
+    pub async fn revoke(&self, tokens: &Tokens, upstream: &Upstream) -> Result<bool> {
+        let up = parse_url(&upstream.url).map_err(|e| Error::Config(format!("the upstream's URL: {e}")))?;
+        if upstream.issuer.as_deref().is_some_and(|i| i != tokens.issuer) {
+            return Err(Error::Issuer(
+                "the tokens were issued by another authorization server than `issuer` names",
+            ));
+        }
+        let trusted = upstream.trusted();
+        let meta = self.server_metadata(&tokens.issuer, &up, &trusted).await?;
+        let Some(endpoint) = meta.revocation_endpoint.as_deref() else {
+            return Ok(false);
+        };
+        let (client, _) = self.refreshing_client(tokens, upstream, &up).await?;
+        let asked = Asked {
+            resource: "",
+            issuer: &tokens.issuer,
+            token_endpoint: endpoint,
+            client_id: &tokens.client_id,
+            scope: None,
+            refresh_token: None,
+            account: None,
+        };
+        let access = tokens.access_token.as_str();
+        let refresh = tokens.refresh_token.as_deref();
+        let known = [access, refresh.unwrap_or_default()];
+        let each = refresh
+            .map(|r| (r, "refresh_token"))
+            .into_iter()
+            .chain([(access, "access_token")]);
+        for (token, hint) in each {
+            let params = vec![("token", token), ("token_type_hint", hint)];
+            self.token_request(&asked, &client, params, &trusted, &known)
+                .await?;
+        }
+        Ok(true)
     }
 
     /// The client that obtained `tokens` and the token endpoint to refresh them at: the
-    /// configured one at its server's current token endpoint, else the one this replica
-    /// registered, else a public client by that id, at the endpoint the tokens came from.
+    /// configured one at its server's current token endpoint; else the registered one whose
+    /// secret the tokens keep (any replica has it), the one this replica registered, or a
+    /// public client by that id, at the endpoint the tokens came from.
     async fn refreshing_client(
         &self,
         tokens: &Tokens,
@@ -253,13 +333,23 @@ impl Flow {
                     "a configured client is used only at the authorization server `issuer` names".into(),
                 ));
             };
-            let meta = self.server_metadata(issuer, up).await?;
+            let meta = self.server_metadata(issuer, up, &upstream.trusted()).await?;
             let client = super::register::pre_registered(pre, &meta.token_endpoint_auth_methods_supported);
             return Ok((client, meta.token_endpoint.clone()));
         }
-        let client = self
-            .registered(&tokens.issuer)
-            .filter(|c| c.client_id == tokens.client_id)
+        let kept = tokens.client_secret.as_ref().map(|secret| Client {
+            client_id: tokens.client_id.clone(),
+            client_secret: Some(secret.clone()),
+            auth: match tokens.client_auth.as_deref() {
+                Some("client_secret_post") => AuthMethod::Post,
+                _ => AuthMethod::Basic,
+            },
+        });
+        let client = kept
+            .or_else(|| {
+                self.registered(&tokens.issuer)
+                    .filter(|c| c.client_id == tokens.client_id)
+            })
             .unwrap_or_else(|| Client {
                 client_id: tokens.client_id.clone(),
                 client_secret: None,

@@ -6,7 +6,7 @@ use http::{Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::{Error, Flow, MAX_ANSWER_BYTES, MAX_URL, Result};
-use crate::net::http::{USER_AGENT, error_chain, redacted};
+use crate::net::http::{Guard, USER_AGENT, error_chain, redacted};
 
 /// Longest redirect query read.
 const MAX_QUERY: usize = 16 << 10;
@@ -51,7 +51,7 @@ pub(super) fn origin(u: &Uri) -> String {
 }
 
 /// A URL as resources are compared: scheme and host in lower case, a bare `/` path dropped.
-pub(super) fn canonical(u: &Uri) -> String {
+pub(crate) fn canonical(u: &Uri) -> String {
     let path = match u.path() {
         "/" => "",
         p => p,
@@ -140,9 +140,41 @@ pub(crate) fn parse_query(query: &str) -> Result<Vec<(String, String)>, &'static
     Ok(out)
 }
 
+/// The error codes of OAuth (RFC 6749 sections 4.1.2.1 and 5.2) and OpenID Connect (Core
+/// section 3.1.2.6) that an authorization server answers with.
+const ERROR_CODES: [&str; 17] = [
+    "invalid_request",
+    "unauthorized_client",
+    "access_denied",
+    "unsupported_response_type",
+    "invalid_scope",
+    "server_error",
+    "temporarily_unavailable",
+    "invalid_client",
+    "invalid_grant",
+    "unsupported_grant_type",
+    "interaction_required",
+    "login_required",
+    "account_selection_required",
+    "consent_required",
+    "invalid_request_uri",
+    "invalid_request_object",
+    "registration_not_supported",
+];
+
+/// `code` when it is one of the known OAuth and OpenID error codes, else a fixed phrase: what
+/// a page shows of an error a redirect (anyone's link) or a server named. Nothing else of it
+/// (never its `error_description`) is shown on this server's pages.
+pub(crate) fn known_error(code: &str) -> &'static str {
+    ERROR_CODES
+        .into_iter()
+        .find(|c| *c == code)
+        .unwrap_or("an error code OAuth does not define")
+}
+
 /// What a server said in an OAuth error answer (`error`, `error_description`), or in the
 /// redirect's parameters: cut short, with nothing of `known` (what Quiver sent) and no
-/// credential-shaped word left in it.
+/// credential-shaped word left in it. For logs and errors, not for pages ([`known_error`]).
 pub(super) fn said(error: Option<&str>, description: Option<&str>, known: &[&str]) -> String {
     let known: Vec<&str> = known.iter().copied().filter(|k| !k.is_empty()).collect();
     // Redacted whole (the input is bounded), then cut: a value cut first would not match.
@@ -173,21 +205,35 @@ pub(super) struct Answer {
 }
 
 impl Flow {
-    /// Whether a call to `u` goes through the guarded pool: a document chose it, and it is
-    /// not on the origin the configuration named (`trusted`).
-    pub(super) fn guarded(&self, u: &Uri, trusted: &str) -> bool {
-        self.cfg.guard_discovered && origin(u) != trusted
+    /// How a call to `u` is guarded: a document chose it unless it is on an origin the
+    /// configuration named (`trusted`), and then it goes only to public addresses.
+    pub(super) fn guard(&self, u: &Uri, trusted: &[String]) -> Guard {
+        let named = trusted.iter().any(|t| *t == origin(u));
+        if self.cfg.guard_discovered && !named {
+            Guard::ThirdParty
+        } else {
+            Guard::Off
+        }
     }
 
     /// Sends `req` and reads the answer within the flow's timeout.
     ///
     /// # Errors
+    /// [`Error::Discovery`]: a guarded call to a literal address it may not go to;
     /// [`Error::Unreachable`]: no answer in time, an unreadable or oversized one.
-    pub(super) async fn exchange(&self, req: Request<Full<Bytes>>, guarded: bool) -> Result<Answer> {
+    pub(super) async fn exchange(&self, req: Request<Full<Bytes>>, guard: Guard) -> Result<Answer> {
         let shown = redacted(req.uri());
+        // The connector does not resolve a literal address: the resolver's guard would not
+        // see it.
+        if let Err(why) = guard.literal(req.uri(), self.http.denied()) {
+            return Err(Error::Discovery(format!(
+                "{shown} is {why}: a server an upstream's metadata chose is not called there \
+                 (name the authorization server in `identity.issuer` if it is meant to be there)"
+            )));
+        }
         let pool = self
             .http
-            .client_for(None, &serde_json::Value::Null, guarded)
+            .client_for(None, &serde_json::Value::Null, guard)
             .map_err(Error::Unreachable)?;
         let work = async {
             let resp = pool
@@ -215,14 +261,14 @@ impl Flow {
     }
 
     /// GETs `u` asking for JSON.
-    pub(super) async fn get(&self, u: &Uri, guarded: bool) -> Result<Answer> {
+    pub(super) async fn get(&self, u: &Uri, guard: Guard) -> Result<Answer> {
         let req = Request::builder()
             .uri(u.clone())
             .header(header::ACCEPT, "application/json")
             .header(header::USER_AGENT, USER_AGENT)
             .body(Full::new(Bytes::new()))
             .map_err(|_| Error::Config(format!("{} is not a usable URL", redacted(u))))?;
-        self.exchange(req, guarded).await
+        self.exchange(req, guard).await
     }
 
     /// POSTs `body` of `content_type` to `u`, with an `Authorization` value when given.
@@ -232,7 +278,7 @@ impl Flow {
         content_type: &'static str,
         body: String,
         authorization: Option<String>,
-        guarded: bool,
+        guard: Guard,
     ) -> Result<Answer> {
         let mut req = Request::builder()
             .method(Method::POST)
@@ -246,7 +292,7 @@ impl Flow {
         let req = req
             .body(Full::new(Bytes::from(body)))
             .map_err(|_| Error::Config(format!("{} is not a usable URL", redacted(u))))?;
-        self.exchange(req, guarded).await
+        self.exchange(req, guard).await
     }
 }
 

@@ -2,22 +2,25 @@
 //! (twice: back from the client-facing issuer, then back from the upstream's authorization
 //! server).
 //!
-//! 1. `start`: the ticket opened; a random cookie set for this browser; a redirect to the
-//!    client-facing issuer (OpenID Connect code flow, PKCE, `nonce`) with a browser state
-//!    that carries the ticket's facts and the cookie's digest.
-//! 2. `callback` with a browser state: the cookie must be there; the code is exchanged, the
-//!    ID token verified, and its `iss|sub` must be the ticket's caller (else 403: the link
-//!    was made for another user); the ticket is marked used; the flow begins for that
-//!    caller and upstream; the cookie now holds what the browser proved (sealed); a redirect
-//!    to the upstream's authorization server.
-//! 3. `callback` with the flow's state: the flow finishes (state used once, issuer checked,
-//!    code exchanged), the cookie must name the same caller and upstream, and the tokens go
-//!    to the vault.
+//! 1. `start`: the ticket opened; a random secret set as a `__Host-` cookie for this browser;
+//!    a redirect to the client-facing issuer (OpenID Connect code flow, PKCE, `nonce`) with a
+//!    browser state that carries the ticket's facts and the secret's digest.
+//! 2. `callback` with a browser state: the state opened and the secret must be there, then
+//!    the ticket is marked used, then the code is exchanged, the ID token verified, and its
+//!    `iss|sub` must be the ticket's caller (else 403: the link was made for another user);
+//!    the flow begins for that caller and upstream, its state carrying the secret's digest;
+//!    a redirect to the upstream's authorization server.
+//! 3. `callback` with the flow's state: the flow finishes (state opened, the browser's
+//!    secret checked against it, used once, issuer checked, then the code exchanged), and the
+//!    tokens go to the vault. A cookie of another sign-in, or one a sibling subdomain tried
+//!    to plant, completes nothing.
+//!
+//! The cookies are `Secure` even when the URL is plain http to a loopback host: browsers
+//! treat loopback origins as secure contexts and keep them there; a client that does not
+//! cannot complete a sign-in on such a URL (meant for tests and development anyway).
 
-use super::pages::Page;
-use super::ticket::{
-    self, BOUND_AAD, BROWSER_AAD, BROWSER_PREFIX, Bound, Browser, LIFETIME, TICKET_AAD, Ticket,
-};
+use super::pages::{Page, flow_error};
+use super::ticket::{self, BROWSER_AAD, BROWSER_PREFIX, Browser, LIFETIME, TICKET_AAD, Ticket};
 use super::{SignIn, flow};
 use crate::oauth::flow::{AuthMethod, Client, LoginRequest, StateGuard};
 use crate::spec::identity::{Identity, IdentityMode};
@@ -30,8 +33,8 @@ pub type Lookup<'a> = &'a (dyn Fn(&str) -> Option<Identity> + Sync);
 struct Used<'a>(&'a SignIn);
 
 impl StateGuard for Used<'_> {
-    async fn first_use(&self, nonce: &str, ttl: std::time::Duration) -> bool {
-        self.0.first_use(nonce, ttl).await
+    async fn first_use(&self, nonce: &str, subject: &str, ttl: std::time::Duration) -> bool {
+        self.0.first_use(nonce, subject, ttl).await
     }
 }
 
@@ -41,15 +44,11 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 impl SignIn {
-    /// `Set-Cookie` of cookie `name` holding `value` for the sign-in's lifetime (`None`:
-    /// cleared).
+    /// `Set-Cookie` of the `__Host-` cookie `name` holding `value` for the sign-in's
+    /// lifetime (`None`: cleared): `Secure`, `Path=/` and no `Domain`, as the prefix needs.
     pub(super) fn cookie(&self, name: &str, value: Option<&str>) -> String {
         let (value, age) = value.map_or(("", 0), |v| (v, LIFETIME));
-        let secure = if self.secure { "; Secure" } else { "" };
-        format!(
-            "{name}={value}; Path={}; Max-Age={age}; HttpOnly; SameSite=Lax{secure}",
-            self.cookie_path
-        )
+        format!("{name}={value}; Path=/; Max-Age={age}; HttpOnly; SameSite=Lax; Secure")
     }
 
     /// This server's browser client at the client-facing issuer.
@@ -156,17 +155,18 @@ impl SignIn {
             );
             page
         };
-        if !ticket::cookies(cookie)
-            .iter()
-            .any(|(_, v)| ticket::digest(v) == b.bh)
-        {
+        let secret = ticket::cookies(cookie)
+            .into_iter()
+            .map(|(_, v)| v)
+            .find(|v| ticket::digest(v) == b.bh);
+        let Some(secret) = secret else {
             return fail(
                 "wrong_user",
                 Page::forbidden("This sign-in was started in another browser (or its cookie is gone)."),
             );
-        }
+        };
         if let Some(e) = param(params, "error") {
-            let why = crate::redact::untrusted(e, &[], 100);
+            let why = flow::known_error(e);
             return fail(
                 "denied",
                 Page::refused(&format!("The identity provider refused the sign-in ({why}).")),
@@ -176,6 +176,16 @@ impl SignIn {
             return fail(
                 "issuer",
                 Page::refused("The redirect comes from another identity provider."),
+            );
+        }
+        // Used before the code is sent anywhere: a replayed redirect exchanges nothing.
+        let ttl = std::time::Duration::from_secs(b.te.saturating_sub(ticket::now()) + 2 * LIFETIME);
+        if !self.first_use(&b.n, &b.s, ttl).await {
+            return fail(
+                "state",
+                Page::refused(
+                    "This sign-in link was used already (or too many of your sign-ins are under way: finish or wait for them).",
+                ),
             );
         }
         let subject = match self.who(&b, param(params, "code").unwrap_or_default()).await {
@@ -191,11 +201,7 @@ impl SignIn {
                 ),
             );
         }
-        let ttl = std::time::Duration::from_secs(b.te.saturating_sub(ticket::now()) + 2 * LIFETIME);
-        if !self.first_use(&b.n, ttl).await {
-            return fail("state", Page::refused("This sign-in link was used already."));
-        }
-        self.begin(&b, lookup, &ring)
+        self.begin(&b, secret, lookup)
             .await
             .unwrap_or_else(|(r, p)| fail(r, p))
     }
@@ -209,8 +215,9 @@ impl SignIn {
             .login_exchange(self.id_tokens.issuer(), &client, code, &b.pv)
             .await
             .map_err(|e| {
-                tracing::info!(upstream = %b.u, reason = e.kind(), "upstream sign-in: the identity provider's code exchange failed");
-                (e.kind(), Page::refused(&format!("The identity provider's answer was refused: {e}.")))
+                tracing::info!(upstream = %b.u, reason = e.kind(), error = %e, "upstream sign-in: the identity provider's code exchange failed");
+                let why = flow_error(&e);
+                (e.kind(), Page::refused(&format!("The identity provider's answer was refused: {why}.")))
             })?;
         let claims = self
             .id_tokens
@@ -239,13 +246,13 @@ impl SignIn {
         Ok(format!("{iss}|{sub}"))
     }
 
-    /// The flow begun for the bound caller: a redirect to the upstream's authorization server,
-    /// the cookie now naming the caller and upstream.
+    /// The flow begun for the bound caller in this browser (its `secret`): a redirect to the
+    /// upstream's authorization server, the cookie kept for the sign-in's lifetime again.
     async fn begin(
         &self,
         b: &Browser,
+        secret: &str,
         lookup: Lookup<'_>,
-        ring: &crate::oauth::keyring::KeyRing,
     ) -> Result<Page, (&'static str, Page)> {
         let id = lookup(&b.u)
             .filter(|i| i.mode == IdentityMode::User)
@@ -262,53 +269,55 @@ impl SignIn {
         let up = self
             .upstream(&b.u, &id)
             .map_err(|e| ("config", Page::failed(&format!("{e}."))))?;
-        let auth = self.flow.begin(&b.s, &up, None).await.map_err(|e| {
+        let auth = self.flow.begin(&b.s, &up, None, &b.bh).await.map_err(|e| {
             tracing::warn!(upstream = %b.u, reason = e.kind(), error = %e, "upstream sign-in: cannot begin at the upstream's authorization server");
-            (e.kind(), Page::failed(&format!("The upstream's authorization server cannot be used: {e}.")))
+            let why = flow_error(&e);
+            (e.kind(), Page::failed(&format!("The upstream's authorization server cannot be used: {why}.")))
         })?;
-        let bound = ticket::seal(ring, BOUND_AAD, &Bound::new(&b.s, &b.u))
-            .map_err(|e| ("config", Page::failed(&format!("{e}."))))?;
-        Ok(Page::redirect(auth.url).with_cookie(self.cookie(&ticket::cookie_name(&b.n), Some(&bound))))
+        Ok(Page::redirect(auth.url).with_cookie(self.cookie(&ticket::cookie_name(&b.n), Some(secret))))
     }
 
-    /// Back from the upstream's authorization server: the flow finished, checked against the
-    /// browser's cookie, the tokens kept.
+    /// Back from the upstream's authorization server: the flow finished in the browser it
+    /// began in (a secret of this browser's cookies is the one its state names), the tokens
+    /// kept.
     async fn finished(&self, query: &str, cookie: Option<&str>) -> Page {
-        let ring = match self.ring() {
-            Ok(r) => r,
-            Err(e) => return Page::failed(&format!("{e}.")),
-        };
-        let done = match self.flow.finish(query, &Used(self)).await {
+        let held: Vec<(&str, String)> = ticket::cookies(cookie)
+            .into_iter()
+            .map(|(name, secret)| (name, ticket::digest(secret)))
+            .collect();
+        let digests: Vec<&str> = held.iter().map(|(_, d)| d.as_str()).collect();
+        let done = match self.flow.finish(query, &Used(self), &digests).await {
             Ok(d) => d,
             Err(e) => {
+                tracing::info!(reason = e.kind(), error = %e, "upstream sign-in: the redirect back from an upstream's authorization server was refused");
+                let why = flow_error(&e);
                 let page = match &e {
+                    flow::Error::Browser(_) => {
+                        tracing::warn!(
+                            "upstream sign-in: a redirect came back to another browser than the one that began it; nothing stored"
+                        );
+                        Page::forbidden(
+                            "This sign-in was finished in another browser than the one that began it.",
+                        )
+                    }
                     flow::Error::State(_)
                     | flow::Error::Redirect(_)
                     | flow::Error::Issuer(_)
-                    | flow::Error::Denied(_) => {
-                        Page::refused(&format!("The upstream's answer was refused: {e}."))
+                    | flow::Error::Denied(_)
+                    | flow::Error::InvalidGrant(_)
+                    | flow::Error::InvalidClient(_) => {
+                        Page::refused(&format!("The upstream's answer was refused: {why}."))
                     }
-                    _ => Page::failed(&format!("The upstream's sign-in failed: {e}.")),
+                    _ => Page::failed(&format!("The upstream's sign-in failed: {why}.")),
                 };
                 return self.refused(e.kind(), &page);
             }
         };
-        let holder = ticket::cookies(cookie).into_iter().find(|(_, v)| {
-            ticket::open::<Bound>(&ring, BOUND_AAD, v)
-                .is_ok_and(|b| b.s == done.subject && b.u == done.upstream)
-        });
         let (subject, upstream) = (done.subject.as_str(), done.upstream.as_str());
-        let Some((name, _)) = holder else {
-            tracing::warn!(
-                upstream,
-                "upstream sign-in: finished in a browser that did not begin it; nothing stored"
-            );
-            self.metrics.sign_in(upstream, "wrong_user");
-            self.audit("oauth.sign_in", subject, upstream, "wrong_user", None);
-            return Page::forbidden(
-                "This sign-in was finished in another browser than the one that began it.",
-            );
-        };
+        let name = held
+            .iter()
+            .find(|(_, d)| *d == done.browser)
+            .map_or("", |(n, _)| *n);
         let clear = self.cookie(name, None);
         self.warm.forget(subject, Some(upstream));
         if let Err(e) = self.vault.put(subject, upstream, &done.tokens).await {
@@ -321,15 +330,20 @@ impl SignIn {
             .tokens
             .account
             .as_deref()
-            .map(|a| format!("upstream account {a}"));
+            .map(|a| format!("upstream account {a}, as its authorization server reports it"));
         self.audit("oauth.sign_in", subject, upstream, "ok", account);
         tracing::info!(upstream, "upstream sign-in: a user signed in");
-        Page::plain(
-            200,
-            &format!("Signed in to {upstream}"),
-            &format!("You are signed in to {upstream}. Return to your client and retry: its calls now act as you there."),
-        )
-        .with_cookie(clear)
+        // The account linked, so that a user who signed in as someone else upstream notices:
+        // the server's word (an ID token not verified), in a few plain characters.
+        let text = match &done.tokens.account {
+            Some(a) => format!(
+                "You are signed in to {upstream}. Its authorization server reports the account {a}. If that is not your account there, call sign_out_upstream now. Otherwise return to your client and retry: its calls now act as that account there."
+            ),
+            None => format!(
+                "You are signed in to {upstream}. Return to your client and retry: its calls now act as you there."
+            ),
+        };
+        Page::plain(200, &format!("Signed in to {upstream}"), &text).with_cookie(clear)
     }
 
     /// A refused redirect or state, counted (the upstream is not known when the state does

@@ -8,9 +8,9 @@
 //!   ([`calls`]).
 //! - The link binds the browser to that caller ([`browser`]): the browser signs in at the
 //!   client-facing issuer (OpenID Connect, PKCE, `nonce`) and the ID token must name the
-//!   ticket's caller; a cookie set when the link is opened ties every later step to that
-//!   browser, so a link, a redirect or an authorization URL handed to someone else
-//!   completes nothing. Then the upstream's own authorization server, and the tokens go to
+//!   ticket's caller; a secret set as a `__Host-` cookie when the link is opened, whose digest
+//!   every later state carries, ties every later step to that browser, so a link, a redirect
+//!   or an authorization URL handed to someone else completes nothing. Then the upstream's own authorization server, and the tokens go to
 //!   the vault under the caller.
 //! - Calls use the tokens, refresh them before they expire and once when the upstream
 //!   refuses one; sign-out and an administrator's revocation forget them.
@@ -75,6 +75,10 @@ pub struct SignInConfig {
     pub vault: vault::Options,
     /// Where the vault keeps tokens.
     pub backend: vault::Backend,
+    /// Authorization servers that upstreams' metadata names may be on this host or a
+    /// private address (tests, which run them on loopback ports; a hidden flag). Never
+    /// inferred from the URL.
+    pub local_servers: bool,
 }
 
 /// The key ring as last read from the secret store.
@@ -88,17 +92,16 @@ struct Loaded {
 /// The upstream sign-in of a server: one per process, shared by calls and routes.
 pub struct SignIn {
     base: String,
-    /// The path cookies are scoped to (`BASE-PATH/oauth/`).
-    cookie_path: String,
-    /// Cookies only over https (a loopback http URL is for tests and development).
-    secure: bool,
     keys: SecretRef,
     client_id: String,
     client_secret: Option<SecretRef>,
     secrets: Arc<Secrets>,
     ring: ArcSwapOption<Loaded>,
-    flow: Flow,
+    flow: Arc<Flow>,
     vault: Vault,
+    /// Revocations of tokens nothing holds any longer, run off the caller's path: at most
+    /// [`calls::MAX_BACKGROUND_REVOCATIONS`] at once.
+    revoking: Arc<tokio::sync::Semaphore>,
     /// Used states and links, when the vault is in memory.
     used: MemoryGuard,
     /// The `Authorization` of tokens read lately.
@@ -182,11 +185,9 @@ impl SignIn {
     ) -> Result<Self, String> {
         let base = check_url(&cfg.url)?;
         let secure = base.starts_with("https://");
-        let path = flow::parse_url(&base).map_err(|e| format!("`{base}`: {e}"))?;
-        let cookie_path = format!("{}/oauth/", path.path().trim_end_matches('/'));
         let mut fc = FlowConfig::new(format!("{base}/oauth/callback"));
         fc.client_metadata_url = secure.then(|| format!("{base}/oauth/client.json"));
-        fc.guard_discovered = !flow::is_loopback(&path);
+        fc.guard_discovered = !cfg.local_servers;
         // Nothing is sealed before the configured ring is read: this one only fills the place.
         let placeholder = Arc::new(placeholder_ring()?);
         let flow = Flow::new(fc, http, placeholder.clone()).map_err(|e| e.to_string())?;
@@ -198,15 +199,14 @@ impl SignIn {
         }
         Ok(Self {
             base,
-            cookie_path,
-            secure,
             keys: cfg.keys,
             client_id: cfg.client_id,
             client_secret: cfg.client_secret,
             secrets,
             ring: ArcSwapOption::empty(),
-            flow,
+            flow: Arc::new(flow),
             vault,
+            revoking: Arc::new(tokio::sync::Semaphore::new(calls::MAX_BACKGROUND_REVOCATIONS)),
             used: MemoryGuard::default(),
             warm: warm::Warm::default(),
             shared,
@@ -300,11 +300,12 @@ impl SignIn {
         })
     }
 
-    /// Marks a state or link nonce used where the vault is: every replica sees Redis.
-    async fn first_use(&self, nonce: &str, ttl: Duration) -> bool {
+    /// Marks a state or link nonce of a sign-in for `subject` used where the vault is:
+    /// every replica sees Redis; in memory, each caller holds a bounded share.
+    async fn first_use(&self, nonce: &str, subject: &str, ttl: Duration) -> bool {
         match self.vault.mark_used(nonce, ttl).await {
             Some(fresh) => fresh,
-            None => self.used.first_use(nonce, ttl).await,
+            None => self.used.first_use(nonce, subject, ttl).await,
         }
     }
 

@@ -2,6 +2,42 @@
 //! one taken from the request), or a plain page whose every word from elsewhere is escaped.
 //! No page names a token, a code, a state, a ticket or a cookie.
 
+/// What a page says of an error of the flow: a fixed sentence of its kind, the fixed words
+/// this server's own checks chose (a state, a redirect, a browser or an issuer refused), or
+/// of a server's refusal its error code only (one OAuth defines). Nothing a server or a
+/// document wrote reaches a page of this origin (the URLs an upstream's metadata names, an
+/// `error_description`, a registration answer): the log has the detail.
+pub fn flow_error(e: &crate::oauth::flow::Error) -> String {
+    use crate::oauth::flow::{Error, known_error};
+    match e {
+        Error::Denied(m) | Error::InvalidGrant(m) | Error::InvalidClient(m) => {
+            let code = m.split([':', ' ']).next().unwrap_or_default();
+            format!("the authorization server refused ({})", known_error(code))
+        }
+        Error::State(_) | Error::Redirect(_) | Error::Browser(_) | Error::Issuer(_) => e.to_string(),
+        Error::Config(_)
+        | Error::Unreachable(_)
+        | Error::Discovery(_)
+        | Error::Registration(_)
+        | Error::Token(_) => sentence(e.kind()).to_owned(),
+    }
+}
+
+/// The sentence a page shows for an error of `kind` ([`crate::oauth::flow::Error::kind`])
+/// whose own words came from elsewhere.
+fn sentence(kind: &str) -> &'static str {
+    match kind {
+        "config" => "the sign-in settings of this server or of the upstream are unusable",
+        "unreachable" => "a server the sign-in needs did not answer in time, or its answer could not be read",
+        "discovery" => {
+            "the metadata of the upstream or of its authorization server is missing or was refused"
+        }
+        "registration" => "the authorization server did not register this server as a client",
+        "token" => "the token endpoint's answer could not be used",
+        _ => "the sign-in failed",
+    }
+}
+
 /// An answer of a sign-in route. The transport adds `Cache-Control: no-store`,
 /// `Referrer-Policy: no-referrer` and a content security policy that allows nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +128,40 @@ impl Page {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::oauth::flow::Error;
+
+    #[test]
+    fn a_flow_error_shows_fixed_words_only() {
+        let hostile = format!("https://evil.example/<b>{}", "x".repeat(2000));
+        for e in [
+            Error::Config(hostile.clone()),
+            Error::Unreachable(hostile.clone()),
+            Error::Discovery(hostile.clone()),
+            Error::Registration(hostile.clone()),
+            Error::Token(hostile.clone()),
+            Error::Denied(format!("invalid_scope: {hostile}")),
+            Error::InvalidGrant(hostile.clone()),
+        ] {
+            let shown = flow_error(&e);
+            assert!(
+                !shown.contains("evil") && !shown.contains('<') && shown.len() < 120,
+                "{}: {shown}",
+                e.kind()
+            );
+        }
+        assert_eq!(
+            flow_error(&Error::Discovery(hostile.clone())),
+            "the metadata of the upstream or of its authorization server is missing or was refused"
+        );
+        assert_eq!(
+            flow_error(&Error::Denied(format!("invalid_scope: {hostile}"))),
+            "the authorization server refused (invalid_scope)"
+        );
+        assert_eq!(
+            flow_error(&Error::State("was used already (or cannot be marked used)")),
+            "sign-in state was used already (or cannot be marked used)"
+        );
+    }
 
     #[test]
     fn every_word_from_elsewhere_is_escaped() {

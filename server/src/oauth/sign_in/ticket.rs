@@ -4,11 +4,11 @@
 //!
 //! - the [`Ticket`] of a sign-in link: who asked, for which upstream, until when, a nonce;
 //! - the [`Browser`] state of the sign-in at the client-facing issuer (the ticket's facts, the
-//!   PKCE verifier, the OpenID `nonce`, the digest of the cookie set when the link was
-//!   opened);
-//! - the [`Bound`] cookie a browser holds once it proved to be the ticket's caller.
+//!   PKCE verifier, the OpenID `nonce`, the digest of the browser's secret).
 //!
-//! And the cookies a request carries, read within bounds.
+//! And the cookies a request carries, read within bounds: `__Host-` cookies holding a secret
+//! drawn for the browser that opened a link, whose digest the browser state and then the
+//! upstream flow's state carry.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,7 +21,6 @@ use crate::oauth::keyring::{KeyRing, OpenError};
 /// The additional data of each kind.
 pub(super) const TICKET_AAD: &[u8] = b"quiver-oauth-ticket";
 pub(super) const BROWSER_AAD: &[u8] = b"quiver-oauth-browser";
-pub(super) const BOUND_AAD: &[u8] = b"quiver-oauth-bound";
 /// Layout version of every kind.
 const VERSION: u8 = 1;
 /// Longest sealed value opened (ticket, state, cookie).
@@ -30,8 +29,10 @@ pub(super) const MAX_SEALED: usize = 8192;
 pub(super) const LIFETIME: u64 = 600;
 /// What a browser state is marked as, so the callback tells it from the flow's.
 pub(super) const BROWSER_PREFIX: &str = "b.";
-/// The names of the cookies of sign-ins in flight start with this.
-pub(super) const COOKIE_PREFIX: &str = "quiver-oauth-";
+/// The names of the cookies of sign-ins in flight start with this. `__Host-`: browsers keep
+/// such a cookie only when it is `Secure`, has `Path=/` and no `Domain`, set by this very
+/// host, so a sibling subdomain cannot plant one (cookie tossing).
+pub(super) const COOKIE_PREFIX: &str = "__Host-quiver-oauth-";
 /// Most cookies read from one request, and the longest value read.
 const MAX_COOKIES: usize = 16;
 
@@ -70,17 +71,8 @@ pub(super) struct Browser {
     pub(super) pv: String,
     /// The OpenID `nonce` the ID token must carry.
     pub(super) on: String,
-    /// SHA-256 (hex) of the cookie set when the link was opened.
+    /// SHA-256 (hex) of the secret set as a cookie when the link was opened.
     pub(super) bh: String,
-}
-
-/// What a browser that proved to be the caller holds, as a cookie.
-#[derive(Serialize, Deserialize)]
-pub(super) struct Bound {
-    pub(super) v: u8,
-    pub(super) s: String,
-    pub(super) u: String,
-    pub(super) e: u64,
 }
 
 /// A sealed kind with a version and an expiry.
@@ -99,15 +91,6 @@ impl Sealed for Ticket {
 }
 
 impl Sealed for Browser {
-    fn version(&self) -> u8 {
-        self.v
-    }
-    fn expiry(&self) -> u64 {
-        self.e
-    }
-}
-
-impl Sealed for Bound {
     fn version(&self) -> u8 {
         self.v
     }
@@ -140,17 +123,6 @@ impl Browser {
             pv: verifier,
             on: nonce,
             bh: digest(cookie),
-        }
-    }
-}
-
-impl Bound {
-    pub(super) fn new(subject: &str, upstream: &str) -> Self {
-        Self {
-            v: VERSION,
-            s: subject.to_owned(),
-            u: upstream.to_owned(),
-            e: now() + LIFETIME,
         }
     }
 }
@@ -209,8 +181,8 @@ pub(super) fn open<T: Sealed>(ring: &KeyRing, aad: &[u8], sealed: &str) -> Resul
     Ok(v)
 }
 
-/// The sign-in cookies of a `Cookie` header (`quiver-oauth-*`): at most a few, each value
-/// within [`MAX_SEALED`] bytes.
+/// The sign-in cookies of a `Cookie` header (`__Host-quiver-oauth-*`; no other name is
+/// read): at most a few, each value within [`MAX_SEALED`] bytes.
 pub(super) fn cookies(header: Option<&str>) -> Vec<(&str, &str)> {
     header
         .unwrap_or_default()
@@ -256,12 +228,11 @@ mod tests {
             ("https://idp|alice", "github")
         );
         assert!(!sealed.contains("alice") && !sealed.contains("github"));
-        // A ticket is not a browser state, nor a bound cookie; another ring opens nothing.
+        // A ticket is not a browser state; another ring opens nothing.
         assert_eq!(
             open::<Browser>(&r, BROWSER_AAD, &sealed).err(),
             Some(Refused::Forged)
         );
-        assert_eq!(open::<Bound>(&r, BOUND_AAD, &sealed).err(), Some(Refused::Forged));
         assert_eq!(
             open::<Ticket>(&ring(2), TICKET_AAD, &sealed).err(),
             Some(Refused::Forged)
@@ -302,18 +273,24 @@ mod tests {
     fn only_sign_in_cookies_are_read_and_within_bounds() {
         let long = "x".repeat(MAX_SEALED + 1);
         let header = format!(
-            "a=1; quiver-oauth-abc=v1; quiver-oauth-empty=; quiver-oauth-long={long};  quiver-oauth-d=two=parts"
+            "a=1; __Host-quiver-oauth-abc=v1; __Host-quiver-oauth-empty=; __Host-quiver-oauth-long={long};  __Host-quiver-oauth-d=two=parts"
         );
         assert_eq!(
             cookies(Some(&header)),
-            vec![("quiver-oauth-abc", "v1"), ("quiver-oauth-d", "two=parts")]
+            vec![
+                ("__Host-quiver-oauth-abc", "v1"),
+                ("__Host-quiver-oauth-d", "two=parts")
+            ]
         );
         assert!(cookies(None).is_empty());
-        let many: String = (0..40).map(|i| format!("quiver-oauth-{i}=v; ")).collect();
+        // Without the prefix (a sibling subdomain can set those for this host): not read.
+        let tossed = "quiver-oauth-abc=v1; __Secure-quiver-oauth-x=v; __host-quiver-oauth-y=v";
+        assert!(cookies(Some(tossed)).is_empty());
+        let many: String = (0..40).map(|i| format!("__Host-quiver-oauth-{i}=v; ")).collect();
         assert_eq!(cookies(Some(&many)).len(), MAX_COOKIES);
         assert_eq!(
             cookie_name("a-b_c.DEF0123456789xyzXYZ"),
-            "quiver-oauth-abcDEF0123456789"
+            "__Host-quiver-oauth-abcDEF0123456789"
         );
     }
 }

@@ -21,6 +21,10 @@ const MAX_ENTRIES: usize = 16_384;
 struct Entry {
     header: HeaderValue,
     until: Instant,
+    /// The upstream's URL as configured when the token was checked against it, and the
+    /// token's issuer: a reload that moves the upstream or pins another server misses.
+    audience: Box<str>,
+    issuer: Box<str>,
 }
 
 /// The entries of one upstream, by subject.
@@ -35,19 +39,28 @@ pub(super) struct Warm {
 }
 
 impl Warm {
-    /// The value kept for `subject` and `upstream`, while it is good.
-    pub(super) fn get(&self, subject: &str, upstream: &str) -> Option<HeaderValue> {
-        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-        let e = map.get(upstream)?.get(subject)?;
-        (e.until > Instant::now()).then(|| e.header.clone())
-    }
-
-    /// Keeps `header` for `subject` and `upstream` until `usable_until` (wall clock: the
-    /// token's expiry less the refresh margin; `None`: no expiry), at most `max`.
-    pub(super) fn put(
+    /// The value kept for `subject` and `upstream`, while it is good and the upstream is
+    /// still at `audience` with no other `issuer` pinned.
+    pub(super) fn get(
         &self,
         subject: &str,
         upstream: &str,
+        audience: &str,
+        issuer: Option<&str>,
+    ) -> Option<HeaderValue> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let e = map.get(upstream)?.get(subject)?;
+        let same = *e.audience == *audience && issuer.is_none_or(|i| *e.issuer == *i);
+        (same && e.until > Instant::now()).then(|| e.header.clone())
+    }
+
+    /// Keeps `header` for `subject` and `upstream` at `audience`, of a token of `issuer`,
+    /// until `usable_until` (wall clock: the token's expiry less the refresh margin; `None`:
+    /// no expiry), at most `max`.
+    pub(super) fn put(
+        &self,
+        (subject, upstream): (&str, &str),
+        (audience, issuer): (&str, &str),
         header: &HeaderValue,
         usable_until: Option<SystemTime>,
         max: Option<Duration>,
@@ -73,6 +86,8 @@ impl Warm {
         let entry = Entry {
             header: header.clone(),
             until,
+            audience: audience.into(),
+            issuer: issuer.into(),
         };
         let fresh = map
             .entry(upstream.into())
@@ -109,29 +124,35 @@ mod tests {
 
     #[test]
     fn entries_live_while_usable_within_the_bound_and_are_forgotten_on_demand() {
+        const A: &str = "https://a.example/mcp";
+        const AS: &str = "https://as.example";
         let w = Warm::default();
         let h = HeaderValue::from_static("Bearer t");
         let later = SystemTime::now() + Duration::from_secs(300);
-        w.put("alice", "notes", &h, Some(later), None);
-        w.put("alice", "wiki", &h, None, Some(SHARED_TTL));
+        w.put(("alice", "notes"), (A, AS), &h, Some(later), None);
+        w.put(("alice", "wiki"), (A, AS), &h, None, Some(SHARED_TTL));
         w.put(
-            "bob",
-            "notes",
+            ("bob", "notes"),
+            (A, AS),
             &h,
             Some(SystemTime::now() - Duration::from_secs(1)),
             None,
         );
-        assert_eq!(w.get("alice", "notes"), Some(h.clone()));
-        assert_eq!(w.get("alice", "wiki"), Some(h.clone()));
-        assert_eq!(w.get("bob", "notes"), None, "not usable: not kept");
-        assert_eq!(w.get("carol", "notes"), None);
+        assert_eq!(w.get("alice", "notes", A, None), Some(h.clone()));
+        assert_eq!(w.get("alice", "notes", A, Some(AS)), Some(h.clone()));
+        assert_eq!(w.get("alice", "wiki", A, None), Some(h.clone()));
+        assert_eq!(w.get("bob", "notes", A, None), None, "not usable: not kept");
+        assert_eq!(w.get("carol", "notes", A, None), None);
+        // The upstream moved, or another server is pinned: not this token.
+        assert_eq!(w.get("alice", "notes", "https://b.example/mcp", None), None);
+        assert_eq!(w.get("alice", "notes", A, Some("https://evil.example")), None);
         w.forget("alice", Some("notes"));
-        assert_eq!(w.get("alice", "notes"), None);
-        assert_eq!(w.get("alice", "wiki"), Some(h.clone()));
+        assert_eq!(w.get("alice", "notes", A, None), None);
+        assert_eq!(w.get("alice", "wiki", A, None), Some(h.clone()));
         w.forget("alice", None);
-        assert_eq!(w.get("alice", "wiki"), None);
+        assert_eq!(w.get("alice", "wiki", A, None), None);
         for i in 0..MAX_ENTRIES + 5 {
-            w.put(&format!("u{i}"), "notes", &h, None, None);
+            w.put((&format!("u{i}"), "notes"), (A, AS), &h, None, None);
         }
         assert!(w.len.load(std::sync::atomic::Ordering::Relaxed) <= MAX_ENTRIES);
     }

@@ -85,11 +85,12 @@ impl Memory {
         }
     }
 
+    /// Keeps `sealed` in `slot`; with `expected`, only if the slot still holds those bytes.
     pub(super) fn store(
         &self,
         slot: &Slot,
         sealed: String,
-        ttl: Duration,
+        (ttl, expected): (Duration, Option<&[u8]>),
         opts: &Options,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
@@ -97,6 +98,16 @@ impl Memory {
             .checked_add(ttl)
             .unwrap_or_else(|| now + Duration::from_secs(86_400));
         let mut g = self.lock();
+        if let Some(old) = expected {
+            let holds = g
+                .users
+                .get(&slot.user)
+                .and_then(|u| u.slots.get(&slot.upstream))
+                .is_some_and(|h| h.until > now && h.sealed.as_bytes() == old);
+            if !holds {
+                return Err(StoreError::Changed);
+            }
+        }
         g.clock += 1;
         let tick = g.clock;
         let mut gone = 0;
@@ -128,31 +139,41 @@ impl Memory {
         Ok(())
     }
 
-    /// Sets `new` where `old` still is.
-    pub(super) fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) {
+    /// Sets `new` where `old` still is; whether it did.
+    pub(super) fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> bool {
         let mut g = self.lock();
-        if let Some(h) = g
+        let Some(h) = g
             .users
             .get_mut(&slot.user)
             .and_then(|u| u.slots.get_mut(&slot.upstream))
             .filter(|h| h.sealed.as_bytes() == old)
-        {
-            h.sealed = String::from_utf8_lossy(new).into_owned();
-        }
+        else {
+            return false;
+        };
+        h.sealed = String::from_utf8_lossy(new).into_owned();
+        true
     }
 
-    /// Deletes the slot if it still holds `old`.
-    pub(super) fn discard(&self, slot: &Slot, old: &[u8]) {
-        let holds = {
-            let g = self.lock();
-            g.users
-                .get(&slot.user)
-                .and_then(|u| u.slots.get(&slot.upstream))
-                .is_some_and(|h| h.sealed.as_bytes() == old)
+    /// Deletes the slot if it still holds `old`; whether it did.
+    pub(super) fn discard(&self, slot: &Slot, old: &[u8]) -> bool {
+        let mut g = self.lock();
+        let Some(user) = g.users.get_mut(&slot.user) else {
+            return false;
         };
-        if holds {
-            self.remove(slot);
+        if user
+            .slots
+            .get(&slot.upstream)
+            .is_none_or(|h| h.sealed.as_bytes() != old)
+        {
+            return false;
         }
+        user.slots.remove(&slot.upstream);
+        if user.slots.is_empty() {
+            g.users.remove(&slot.user);
+        }
+        drop(g);
+        self.forget(1);
+        true
     }
 
     pub(super) fn remove(&self, slot: &Slot) -> Option<Vec<u8>> {
@@ -167,8 +188,8 @@ impl Memory {
         Some(held.sealed.into_bytes())
     }
 
-    /// Removes every slot of `user`: each one's id and sealed bytes.
-    pub(super) fn remove_user(&self, user: &[u8; 32]) -> Vec<(String, Vec<u8>)> {
+    /// Removes every slot of `user`: each one's id (under `base`) and sealed bytes.
+    pub(super) fn remove_user(&self, user: &[u8; 32], base: &str) -> Vec<(String, Vec<u8>)> {
         let removed = self.lock().users.remove(user);
         let Some(u) = removed else { return Vec::new() };
         self.forget(u.slots.len());
@@ -176,7 +197,7 @@ impl Memory {
         u.slots
             .into_iter()
             .filter(|(_, h)| h.until > now)
-            .map(|(up, h)| (slot_id(&up, user), h.sealed.into_bytes()))
+            .map(|(up, h)| (slot_id(base, &up, user), h.sealed.into_bytes()))
             .collect()
     }
 

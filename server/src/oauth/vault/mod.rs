@@ -4,9 +4,12 @@
 //!
 //! A slot is one (subject, upstream) pair: `subject` is the caller's validated identity
 //! (`issuer|sub` of its client-facing token), `upstream` the upstream's name in the ToolSet.
-//! A slot's id is `quiver:oauth:v1:{upstream-hash}:{subject-hash}`, each hash the SHA-256 of
-//! the name in hex (the upstream's with [`Options::namespace`] when set), so neither name is
-//! ever stored in clear; in Redis the id is the key.
+//! A slot's id is `quiver:oauth:v1:{prefix-hash}:{upstream-hash}:{subject-hash}`, each hash
+//! the SHA-256 of the name in hex (the prefix is [`Options::namespace`]), so no name is ever
+//! stored in clear; in Redis the id is the key. Every other Redis key of the vault starts
+//! with `quiver:oauth:v1:{prefix-hash}:` too, so servers with different prefixes sharing a
+//! Redis never see, count or remove each other's users, and an ACL key pattern per prefix
+//! ([`acl_keys`]) keeps them apart.
 //!
 //! A [`TokenSet`] is kept sealed: its JSON sealed by the [`KeyRing`] (AES-256-GCM, a fresh
 //! nonce per write) with the slot id as additional data. Reading opens it; bytes sealed
@@ -24,7 +27,8 @@
 //!
 //! [`Vault::refresh_once`] refreshes a slot once at a time: in-process, concurrent callers
 //! share one result; across replicas, the one that takes a short Redis lock refreshes and the
-//! others wait for its result.
+//! others wait for its result. What it writes or deletes is a compare-and-set against the
+//! bytes it read, so a sign-out, a revocation or a newer sign-in meanwhile stands.
 //!
 //! # Threat model
 //!
@@ -56,21 +60,32 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 
-pub use self::redis::{ACL_COMMANDS, ACL_KEYS, RedisOptions};
+pub use self::redis::{ACL_COMMANDS, RedisOptions, acl_keys};
 pub use refresh::{RefreshError, RefreshFailure};
 pub use token::{FieldBounds, TokenSet, usable};
 
 use super::keyring::{KeyRing, OpenError};
 use crate::metrics::oauth::OAuthMetrics;
 
-/// The start of every slot id and Redis key of the vault.
+/// The start of every slot id and Redis key of the vault, before the prefix's hash.
 pub const KEY_PREFIX: &str = "quiver:oauth:v1:";
+
+/// The SHA-256 of a vault prefix ([`Options::namespace`]) in hex: the part of every key
+/// that tells whose it is.
+pub fn prefix_hash(prefix: &str) -> String {
+    hex(&Sha256::digest(prefix.as_bytes()))
+}
+
+/// The start of every key of prefix `prefix`: `quiver:oauth:v1:{prefix-hash}:`.
+fn key_base(prefix: &str) -> String {
+    format!("{KEY_PREFIX}{}:", prefix_hash(prefix))
+}
 
 /// How the vault is bounded and timed. `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Part of every upstream hash: whose tokens these are, when several servers share one
-    /// Redis (empty: none).
+    /// Whose tokens these are, when several servers share one Redis: its SHA-256 is part of
+    /// every key (empty is a prefix too).
     pub namespace: String,
     /// Users (subjects) holding tokens, at most. Memory: the least recently used user is
     /// forgotten whole for a new one; Redis: a new user is refused. Default 10,000.
@@ -193,9 +208,25 @@ fn hex(d: &[u8]) -> String {
     })
 }
 
-/// The id of the slot of `user` and `upstream` hashes.
-fn slot_id(upstream: &[u8; 32], user: &[u8; 32]) -> String {
-    format!("{KEY_PREFIX}{}:{}", hex(upstream), hex(user))
+/// The id of the slot of `user` and `upstream` hashes, under `base` ([`key_base`]).
+fn slot_id(base: &str, upstream: &[u8; 32], user: &[u8; 32]) -> String {
+    format!("{base}{}:{}", hex(upstream), hex(user))
+}
+
+/// What a slot held when it was read: its tokens, and its sealed bytes (so that it is
+/// changed only if nothing changed it since). `Debug` shows no token.
+pub struct Held {
+    /// The tokens.
+    pub tokens: TokenSet,
+    sealed: Vec<u8>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a store holds in a slot.
@@ -211,16 +242,20 @@ enum StoreError {
     Io(String),
     TooManyUsers,
     TooManyUpstreams,
+    /// The slot no longer holds the bytes a compare-and-set expected.
+    Changed,
 }
 
 enum Store {
     Memory(memory::Memory),
-    Redis(redis::RedisStore),
+    Redis(Box<redis::RedisStore>),
 }
 
 /// The tokens each user holds for each upstream, sealed, in memory or Redis, bounded.
 pub struct Vault {
     ring: ArcSwap<KeyRing>,
+    /// `quiver:oauth:v1:{prefix-hash}:`.
+    base: String,
     store: Store,
     opts: Options,
     metrics: Arc<OAuthMetrics>,
@@ -248,12 +283,14 @@ impl Vault {
         opts.max_users = opts.max_users.max(1);
         opts.max_per_user = opts.max_per_user.clamp(1, 512);
         opts.max_sealed = opts.max_sealed.clamp(256, 256 * 1024);
+        let base = key_base(&opts.namespace);
         let store = match backend {
             Backend::Memory => Store::Memory(memory::Memory::new(metrics.clone())),
-            Backend::Redis(r) => Store::Redis(redis::RedisStore::new(r, &opts)),
+            Backend::Redis(r) => Store::Redis(Box::new(redis::RedisStore::new(r, &opts, &base))),
         };
         Self {
             ring: ArcSwap::new(ring),
+            base,
             store,
             opts,
             metrics,
@@ -274,14 +311,8 @@ impl Vault {
 
     fn slot(&self, subject: &str, upstream: &str) -> Slot {
         let user: [u8; 32] = Sha256::digest(subject.as_bytes()).into();
-        let mut h = Sha256::new();
-        if !self.opts.namespace.is_empty() {
-            h.update(self.opts.namespace.as_bytes());
-            h.update(b"\n");
-        }
-        h.update(upstream.as_bytes());
-        let upstream: [u8; 32] = h.finalize().into();
-        let id = slot_id(&upstream, &user);
+        let upstream: [u8; 32] = Sha256::digest(upstream.as_bytes()).into();
+        let id = slot_id(&self.base, &upstream, &user);
         Slot { user, upstream, id }
     }
 
@@ -305,11 +336,37 @@ impl Vault {
     /// # Errors
     /// [`VaultError::Unavailable`]: Redis failed.
     pub async fn get(&self, subject: &str, upstream: &str) -> Result<Option<TokenSet>, VaultError> {
+        Ok(self.held(subject, upstream).await?.map(|h| h.tokens))
+    }
+
+    /// As [`get`](Self::get), with what the slot holds, so that it can be dropped only if
+    /// nothing changed it since ([`discard`](Self::discard)).
+    ///
+    /// # Errors
+    /// [`VaultError::Unavailable`]: Redis failed.
+    pub async fn held(&self, subject: &str, upstream: &str) -> Result<Option<Held>, VaultError> {
         let slot = self.slot(subject, upstream);
-        self.read(&slot, upstream).await
+        self.read_held(&slot, upstream).await
+    }
+
+    /// Forgets what `subject` holds for `upstream` if it is still `held` (a sign-in or a
+    /// refresh since is kept); whether it was forgotten.
+    ///
+    /// # Errors
+    /// [`VaultError::Unavailable`]: Redis failed.
+    pub async fn discard(&self, subject: &str, upstream: &str, held: &Held) -> Result<bool, VaultError> {
+        let slot = self.slot(subject, upstream);
+        self.store
+            .discard(&slot, &held.sealed)
+            .await
+            .map_err(|e| self.unavailable(upstream, e))
     }
 
     async fn read(&self, slot: &Slot, upstream: &str) -> Result<Option<TokenSet>, VaultError> {
+        Ok(self.read_held(slot, upstream).await?.map(|h| h.tokens))
+    }
+
+    async fn read_held(&self, slot: &Slot, upstream: &str) -> Result<Option<Held>, VaultError> {
         let sealed = match self.store.load(slot).await {
             Ok(Loaded::Sealed(b)) => b,
             Ok(Loaded::Absent) => return Ok(None),
@@ -333,10 +390,11 @@ impl Vault {
             });
         match opened {
             Ok((t, stale)) => {
-                if stale {
-                    self.reseal(slot, upstream, &ring, &sealed, &t).await;
-                }
-                Ok(Some(t))
+                let sealed = match stale {
+                    true => self.reseal(slot, upstream, &ring, sealed, &t).await,
+                    false => sealed,
+                };
+                Ok(Some(Held { tokens: t, sealed }))
             }
             Err(e) => {
                 let reason = if e == OpenError::UnknownKey {
@@ -359,17 +417,32 @@ impl Vault {
     }
 
     /// Writes `t`, read sealed under an older key, under the current one, unless the slot
-    /// changed since it was read. A failure leaves the old bytes (read again next time).
-    async fn reseal(&self, slot: &Slot, upstream: &str, ring: &KeyRing, old: &[u8], t: &TokenSet) {
-        let Ok(json) = serde_json::to_vec(t) else { return };
+    /// changed since it was read; answers what the slot holds now, as far as this call knows.
+    /// A failure leaves the old bytes (read again next time).
+    async fn reseal(
+        &self,
+        slot: &Slot,
+        upstream: &str,
+        ring: &KeyRing,
+        old: Vec<u8>,
+        t: &TokenSet,
+    ) -> Vec<u8> {
+        let Ok(json) = serde_json::to_vec(t) else {
+            return old;
+        };
         let Ok(new) = ring.seal(slot.id.as_bytes(), &json) else {
-            return;
+            return old;
         };
         if new.len() > self.opts.max_sealed {
-            return;
+            return old;
         }
-        if let Err(e) = self.store.replace(slot, old, new.as_bytes()).await {
-            self.unavailable(upstream, e);
+        match self.store.replace(slot, &old, new.as_bytes()).await {
+            Ok(true) => new.into_bytes(),
+            Ok(false) => old,
+            Err(e) => {
+                self.unavailable(upstream, e);
+                old
+            }
         }
     }
 
@@ -411,18 +484,28 @@ impl Vault {
     /// (counted), Redis failed.
     pub async fn put(&self, subject: &str, upstream: &str, t: &TokenSet) -> Result<(), VaultError> {
         let slot = self.slot(subject, upstream);
-        self.write(&slot, upstream, t).await
+        self.write(&slot, upstream, t, None).await.map(drop)
     }
 
-    async fn write(&self, slot: &Slot, upstream: &str, t: &TokenSet) -> Result<(), VaultError> {
+    /// Keeps `t` in `slot`; with `expected`, only if the slot still holds those bytes (a
+    /// refresh does not undo a sign-out, a revocation or a newer sign-in): `Ok(false)` if it
+    /// no longer does.
+    async fn write(
+        &self,
+        slot: &Slot,
+        upstream: &str,
+        t: &TokenSet,
+        expected: Option<&[u8]>,
+    ) -> Result<bool, VaultError> {
         let sealed = self.seal(slot, upstream, t)?;
         let ttl = t.keep_for(SystemTime::now(), self.opts.max_ttl);
         let bound = |e: VaultError| {
             self.metrics.vault_error("over_bound");
             e
         };
-        match self.store.store(slot, sealed, ttl, &self.opts).await {
-            Ok(()) => Ok(()),
+        match self.store.store(slot, sealed, (ttl, expected), &self.opts).await {
+            Ok(()) => Ok(true),
+            Err(StoreError::Changed) => Ok(false),
             Err(StoreError::Io(e)) => Err(self.unavailable(upstream, e)),
             Err(StoreError::TooManyUsers) => Err(bound(VaultError::TooManyUsers {
                 upstream: upstream.to_owned(),
@@ -485,11 +568,8 @@ impl Vault {
         let Store::Redis(r) = &self.store else {
             return None;
         };
-        let mut h = Sha256::new();
-        h.update(self.opts.namespace.as_bytes());
-        h.update(b"\n");
-        h.update(nonce.as_bytes());
-        Some(match r.first_use(&hex(&h.finalize()), ttl).await {
+        let hash = hex(&Sha256::digest(nonce.as_bytes()));
+        Some(match r.first_use(&hash, ttl).await {
             Ok(fresh) => fresh,
             Err(e) => {
                 self.unavailable("*", e);
@@ -517,31 +597,27 @@ impl Store {
         &self,
         slot: &Slot,
         sealed: String,
-        ttl: Duration,
+        at: (Duration, Option<&[u8]>),
         opts: &Options,
     ) -> Result<(), StoreError> {
         match self {
-            Self::Memory(m) => m.store(slot, sealed, ttl, opts),
-            Self::Redis(r) => r.store(slot, &sealed, ttl, opts).await,
+            Self::Memory(m) => m.store(slot, sealed, at, opts),
+            Self::Redis(r) => r.store(slot, &sealed, at, opts).await,
         }
     }
 
-    async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<(), String> {
+    /// Sets `new` where `old` still is; whether it did.
+    async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<bool, String> {
         match self {
-            Self::Memory(m) => {
-                m.replace(slot, old, new);
-                Ok(())
-            }
+            Self::Memory(m) => Ok(m.replace(slot, old, new)),
             Self::Redis(r) => r.replace(slot, old, new).await,
         }
     }
 
-    async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<(), String> {
+    /// Drops the slot if it still holds `old`; whether it did.
+    async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<bool, String> {
         match self {
-            Self::Memory(m) => {
-                m.discard(slot, old);
-                Ok(())
-            }
+            Self::Memory(m) => Ok(m.discard(slot, old)),
             Self::Redis(r) => r.discard(slot, old).await,
         }
     }
@@ -555,7 +631,7 @@ impl Store {
 
     async fn remove_user(&self, user: &[u8; 32], opts: &Options) -> Result<Vec<(String, Vec<u8>)>, String> {
         match self {
-            Self::Memory(m) => Ok(m.remove_user(user)),
+            Self::Memory(m) => Ok(m.remove_user(user, &key_base(&opts.namespace))),
             Self::Redis(r) => r.remove_user(user, opts).await,
         }
     }

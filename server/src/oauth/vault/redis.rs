@@ -1,10 +1,12 @@
 //! The vault in Redis (every replica), over [`crate::net::resp`]. Keys, all under
-//! [`KEY_PREFIX`] (`U`, `S`: the upstream's and the subject's hash, 64 hex digits):
+//! `quiver:oauth:v1:P:` (`P`, `U`, `S`: the prefix's, the upstream's and the subject's
+//! hash, 64 hex digits):
 //!
 //! - `…U:S` a slot's sealed tokens, expiring with them;
 //! - `…user:S` the subject's slots: a sorted set of `U` scored by expiry (ms, Redis's clock);
 //! - `…users` every subject: a sorted set of `S` scored by its last slot's expiry;
-//! - `…lock:U:S` the lock of a slot's refresh (`SET NX PX`, deleted only by its owner).
+//! - `…lock:U:S` the lock of a slot's refresh (`SET NX PX`, deleted only by its owner);
+//! - `…used:N` a used sign-in state or link (`N`: the hash of its nonce).
 //!
 //! Every change is one Lua script, atomic in Redis. [`RedisStore::remove_user`]'s script
 //! builds the slot keys of a subject from the prefix, so the vault needs a standalone Redis
@@ -12,15 +14,19 @@
 
 use std::time::Duration;
 
-use super::{KEY_PREFIX, Loaded, Options, Slot, StoreError, hex};
+use super::{KEY_PREFIX, Loaded, Options, Slot, StoreError, hex, prefix_hash};
 use crate::net::resp::{Client, Endpoint, Reply};
 
 /// What the vault needs of a Redis ACL user (`ACL SETUSER`): its scripts run by `EVAL`, the
 /// lock taken by `SET`, and what the scripts call.
 pub const ACL_COMMANDS: &str = "+eval +set +get +del +time +zadd +zrem +zcard +zcount +zscore \
                                 +zrange +zremrangebyscore +pexpire +pttl";
-/// The vault's keys, as an ACL key pattern.
-pub const ACL_KEYS: &str = "~quiver:oauth:v1:*";
+/// The keys of the vault with prefix `prefix` (`--upstream-sign-in-redis-prefix`), as an
+/// ACL key pattern: `~quiver:oauth:v1:HASH:*`, `HASH` the SHA-256 of the prefix in hex.
+/// A user given only this pattern reaches no other prefix's keys.
+pub fn acl_keys(prefix: &str) -> String {
+    format!("~{KEY_PREFIX}{}:*", prefix_hash(prefix))
+}
 
 /// A Lua function removing a slot (KEYS[1]), its entry (ARGV[1], U) in the subject's index
 /// (KEYS[2]), and the subject (ARGV[2], S) from all subjects (KEYS[3]) when it holds no more.
@@ -54,9 +60,11 @@ return v
 );
 
 /// Keeps a slot's sealed bytes. ARGV: U, S, the bytes, the TTL (ms), the bound of subjects,
-/// the bound of slots per subject. Answers 1, or -1 (a new subject over the bound), -2 (a
-/// new slot over the subject's bound).
+/// the bound of slots per subject, and optionally the bytes the slot must still hold.
+/// Answers 1, or -1 (a new subject over the bound), -2 (a new slot over the subject's bound),
+/// 0 (the slot no longer holds the bytes expected).
 const STORE: &str = r"
+if ARGV[7] and redis.call('GET', KEYS[1]) ~= ARGV[7] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[4])
@@ -155,6 +163,8 @@ pub struct RedisOptions {
 #[derive(Debug)]
 pub(super) struct RedisStore {
     redis: Client,
+    /// `quiver:oauth:v1:P:`, the start of every key.
+    base: String,
     /// The key of all subjects.
     users: Vec<u8>,
     /// The largest sealed value read, as a script argument.
@@ -170,16 +180,12 @@ fn ms(d: Duration) -> String {
         .to_string()
 }
 
-fn index_key(user_hex: &str) -> Vec<u8> {
-    format!("{KEY_PREFIX}user:{user_hex}").into_bytes()
-}
-
 fn unexpected() -> String {
     "redis: unexpected reply".into()
 }
 
 impl RedisStore {
-    pub(super) fn new(r: RedisOptions, opts: &Options) -> Self {
+    pub(super) fn new(r: RedisOptions, opts: &Options, base: &str) -> Self {
         // Room for every slot of one subject (remove_user), within 16 MiB.
         let budget = (opts.max_sealed + 160)
             .saturating_mul(opts.max_per_user)
@@ -191,10 +197,16 @@ impl RedisStore {
                 max_connections: r.max_connections.max(1),
                 max_reply: budget + 4096,
             }),
-            users: format!("{KEY_PREFIX}users").into_bytes(),
+            base: base.to_owned(),
+            users: format!("{base}users").into_bytes(),
             max_sealed: opts.max_sealed.to_string(),
             budget,
         }
+    }
+
+    /// The key of the index of the subject of hash `user_hex`.
+    fn index_key(&self, user_hex: &str) -> Vec<u8> {
+        format!("{}user:{user_hex}", self.base).into_bytes()
     }
 
     async fn eval(&self, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Result<Reply, String> {
@@ -210,7 +222,7 @@ impl RedisStore {
     /// and `args`.
     async fn on_slot(&self, script: &str, slot: &Slot, args: &[&[u8]]) -> Result<Reply, String> {
         let (u, s) = (hex(&slot.upstream), hex(&slot.user));
-        let index = index_key(&s);
+        let index = self.index_key(&s);
         let mut argv: Vec<&[u8]> = Vec::with_capacity(2 + args.len());
         argv.extend([u.as_bytes(), s.as_bytes()]);
         argv.extend_from_slice(args);
@@ -227,38 +239,41 @@ impl RedisStore {
         }
     }
 
+    /// Keeps `sealed` in `slot`; with `expected`, only if the slot still holds those bytes.
     pub(super) async fn store(
         &self,
         slot: &Slot,
         sealed: &str,
-        ttl: Duration,
+        (ttl, expected): (Duration, Option<&[u8]>),
         opts: &Options,
     ) -> Result<(), StoreError> {
         let (ttl, users, per) = (ms(ttl), opts.max_users.to_string(), opts.max_per_user.to_string());
-        let args: [&[u8]; 4] = [
+        let mut args: Vec<&[u8]> = vec![
             sealed.as_bytes(),
             ttl.as_bytes(),
             users.as_bytes(),
             per.as_bytes(),
         ];
+        args.extend(expected);
         match self.on_slot(STORE, slot, &args).await.map_err(StoreError::Io)? {
             Reply::Int(1) => Ok(()),
+            Reply::Int(0) => Err(StoreError::Changed),
             Reply::Int(-1) => Err(StoreError::TooManyUsers),
             Reply::Int(-2) => Err(StoreError::TooManyUpstreams),
             _ => Err(StoreError::Io(unexpected())),
         }
     }
 
-    pub(super) async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<(), String> {
+    pub(super) async fn replace(&self, slot: &Slot, old: &[u8], new: &[u8]) -> Result<bool, String> {
         match self.eval(REPLACE, &[slot.id.as_bytes()], &[old, new]).await? {
-            Reply::Int(_) => Ok(()),
+            Reply::Int(n) => Ok(n == 1),
             _ => Err(unexpected()),
         }
     }
 
-    pub(super) async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<(), String> {
+    pub(super) async fn discard(&self, slot: &Slot, old: &[u8]) -> Result<bool, String> {
         match self.on_slot(DISCARD, slot, &[old]).await? {
-            Reply::Int(_) => Ok(()),
+            Reply::Int(n) => Ok(n == 1),
             _ => Err(unexpected()),
         }
     }
@@ -277,10 +292,10 @@ impl RedisStore {
         opts: &Options,
     ) -> Result<Vec<(String, Vec<u8>)>, String> {
         let s = hex(user);
-        let index = index_key(&s);
+        let index = self.index_key(&s);
         let (budget, most) = (self.budget.to_string(), opts.max_per_user.to_string());
         let args: [&[u8]; 5] = [
-            KEY_PREFIX.as_bytes(),
+            self.base.as_bytes(),
             s.as_bytes(),
             self.max_sealed.as_bytes(),
             budget.as_bytes(),
@@ -295,27 +310,27 @@ impl RedisStore {
             // The upstream hash comes back as Redis holds it: only 64 hex digits name a slot.
             if u.len() == 64 && u.iter().all(u8::is_ascii_hexdigit) {
                 let u = String::from_utf8_lossy(&u);
-                out.push((format!("{KEY_PREFIX}{u}:{s}"), v));
+                out.push((format!("{}{u}:{s}", self.base), v));
             }
         }
         Ok(out)
     }
 
     pub(super) async fn count(&self, user: &[u8; 32]) -> Result<usize, String> {
-        match self.eval(COUNT, &[&index_key(&hex(user))], &[]).await? {
+        match self.eval(COUNT, &[&self.index_key(&hex(user))], &[]).await? {
             Reply::Int(n) => Ok(usize::try_from(n).unwrap_or(0)),
             _ => Err(unexpected()),
         }
     }
 
-    fn lock_key(slot: &Slot) -> Vec<u8> {
-        let rest = slot.id.strip_prefix(KEY_PREFIX).unwrap_or(&slot.id);
-        format!("{KEY_PREFIX}lock:{rest}").into_bytes()
+    fn lock_key(&self, slot: &Slot) -> Vec<u8> {
+        let rest = slot.id.strip_prefix(&self.base).unwrap_or(&slot.id);
+        format!("{}lock:{rest}", self.base).into_bytes()
     }
 
     /// Takes the refresh lock of `slot` as `owner` for `hold`; answers whether it was free.
     pub(super) async fn lock(&self, slot: &Slot, owner: &str, hold: Duration) -> Result<bool, String> {
-        let key = Self::lock_key(slot);
+        let key = self.lock_key(slot);
         let hold = ms(hold);
         let args: [&[u8]; 6] = [b"SET", &key, owner.as_bytes(), b"NX", b"PX", hold.as_bytes()];
         match self.redis.call(&args).await.map_err(|e| e.to_string())? {
@@ -329,7 +344,7 @@ impl RedisStore {
     /// Marks the sign-in state (or link) of nonce hash `hash` used for `ttl`; answers
     /// whether it was not yet.
     pub(super) async fn first_use(&self, hash: &str, ttl: Duration) -> Result<bool, String> {
-        let key = format!("{KEY_PREFIX}used:{hash}");
+        let key = format!("{}used:{hash}", self.base);
         let ttl = ms(ttl);
         let args: [&[u8]; 6] = [b"SET", key.as_bytes(), b"1", b"NX", b"PX", ttl.as_bytes()];
         match self.redis.call(&args).await.map_err(|e| e.to_string())? {
@@ -343,7 +358,7 @@ impl RedisStore {
     /// Releases the refresh lock of `slot` if `owner` still holds it; answers whether it did.
     pub(super) async fn unlock(&self, slot: &Slot, owner: &str) -> Result<bool, String> {
         match self
-            .eval(UNLOCK, &[&Self::lock_key(slot)], &[owner.as_bytes()])
+            .eval(UNLOCK, &[&self.lock_key(slot)], &[owner.as_bytes()])
             .await?
         {
             Reply::Int(n) => Ok(n == 1),

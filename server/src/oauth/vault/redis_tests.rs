@@ -1,7 +1,8 @@
 //! The vault in a real Redis (Debian's redis-server: `QUIVER_REDIS_SERVER`, else
-//! scripts/redis.sh), over TLS, as an ACL user allowed only [`ACL_COMMANDS`] on [`ACL_KEYS`]:
-//! two vaults are two replicas. What Redis holds is read and written behind the vault's back
-//! with an administrator's connection, as an attacker with access to Redis would.
+//! scripts/redis.sh), over TLS, each prefix as an ACL user allowed only [`ACL_COMMANDS`] on
+//! [`acl_keys`] of its prefix: two vaults of one prefix are two replicas. What Redis holds is
+//! read and written behind the vault's back with an administrator's connection, as an
+//! attacker with access to Redis would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,29 +16,42 @@ use crate::net::resp::{Client, Reply};
 use crate::net::resp_tls::tests::TlsRedis;
 use crate::oauth::vault::{RefreshError, RefreshFailure};
 
-/// A TLS Redis with the ACL user `vault` limited to what the vault documents.
+/// The prefixes of these tests, each with an ACL user of its own.
+const PREFIXES: [&str; 4] = ["", "team-a", "payments/billing/", "shop/cart/"];
+
+/// The ACL user of `prefix`.
+fn user_of(prefix: &str) -> String {
+    format!("vault-{}", &prefix_hash(prefix)[..12])
+}
+
+/// A TLS Redis with an ACL user per prefix, each limited to what the vault documents.
 async fn redis() -> TlsRedis {
     let r = TlsRedis::start().await;
-    let mut acl = vec![
-        "ACL",
-        "SETUSER",
-        "vault",
-        "on",
-        ">vault-pw",
-        ACL_KEYS,
-        "resetchannels",
-        "-@all",
-    ];
-    acl.extend(ACL_COMMANDS.split_whitespace());
-    assert_eq!(r.admin(&acl).await, Reply::Status("OK".into()));
+    for prefix in PREFIXES {
+        let (user, keys) = (user_of(prefix), acl_keys(prefix));
+        let mut acl = vec![
+            "ACL",
+            "SETUSER",
+            &user,
+            "on",
+            ">vault-pw",
+            "resetkeys",
+            &keys,
+            "resetchannels",
+            "-@all",
+        ];
+        acl.extend(ACL_COMMANDS.split_whitespace());
+        assert_eq!(r.admin(&acl).await, Reply::Status("OK".into()));
+    }
     r
 }
 
-/// One replica's vault, as the ACL user.
+/// One replica's vault, as the ACL user of its prefix.
 fn replica(r: &TlsRedis, ring: Arc<KeyRing>, opts: Options) -> (Arc<Vault>, Arc<OAuthMetrics>) {
     let m = OAuthMetrics::unregistered();
+    let user = user_of(&opts.namespace);
     let backend = Backend::Redis(RedisOptions {
-        endpoint: r.endpoint("ca.crt", false, Some(("vault", "vault-pw"))),
+        endpoint: r.endpoint("ca.crt", false, Some((&user, "vault-pw"))),
         timeout: Duration::from_secs(5),
         max_connections: 4,
     });
@@ -94,7 +108,7 @@ async fn eventually<F: Future<Output = bool>>(what: &str, mut cond: impl FnMut()
 }
 
 fn index_of(v: &Vault, subject: &str) -> String {
-    format!("{KEY_PREFIX}user:{}", hex(&v.slot(subject, "any").user))
+    format!("{}user:{}", v.base, hex(&v.slot(subject, "any").user))
 }
 
 #[tokio::test]
@@ -131,7 +145,8 @@ async fn two_replicas_share_tokens_and_redis_holds_nothing_in_clear() {
     }
     let ttl = int(&c, &[b"PTTL", slot.as_bytes()]).await;
     assert!(ttl > 89 * 86_400_000 && ttl <= 90 * 86_400_000, "{ttl}");
-    assert_eq!(int(&c, &[b"ZCARD", b"quiver:oauth:v1:users"]).await, 2);
+    let users = format!("{}users", a.base);
+    assert_eq!(int(&c, &[b"ZCARD", users.as_bytes()]).await, 2);
 
     // An administrator revokes Alice everywhere, through either replica.
     let mut removed = a.remove_subject("idp|alice").await.unwrap();
@@ -298,8 +313,9 @@ async fn one_replica_refreshes_while_the_other_waits_for_its_tokens() {
     })
     .await;
     let lock = format!(
-        "{KEY_PREFIX}lock:{}",
-        &a.slot("idp|alice", "github").id[KEY_PREFIX.len()..]
+        "{}lock:{}",
+        a.base,
+        &a.slot("idp|alice", "github").id[a.base.len()..]
     );
     assert_eq!(
         int(&c, &[b"EXISTS", lock.as_bytes()]).await,
@@ -346,7 +362,7 @@ async fn the_refresh_lock_is_released_only_by_its_owner() {
         !store.unlock(&slot, "owner-b").await.unwrap(),
         "not B's to release"
     );
-    let key = RedisStore::lock_key(&slot);
+    let key = store.lock_key(&slot);
     let ttl = int(&c, &[b"PTTL", &key]).await;
     assert!(ttl > 0 && ttl <= 15_000, "{ttl}");
     assert!(store.unlock(&slot, "owner-a").await.unwrap());
@@ -402,8 +418,9 @@ async fn a_state_used_on_one_replica_is_used_on_every_replica_and_a_failing_redi
     );
     assert_eq!(a.mark_used("nonce-1", ttl).await, Some(false));
     assert_eq!(b.mark_used("nonce-2", ttl).await, Some(true));
-    // Kept under a hash of the nonce and the namespace, for as long as asked.
-    let Reply::Array(keys) = call(&c, &[b"KEYS", b"quiver:oauth:v1:used:*"]).await else {
+    // Kept under the prefix, a hash of the nonce, for as long as asked.
+    let pattern = format!("{}used:*", a.base);
+    let Reply::Array(keys) = call(&c, &[b"KEYS", pattern.as_bytes()]).await else {
         panic!("no keys");
     };
     assert_eq!(keys.len(), 2);
@@ -438,4 +455,80 @@ async fn a_state_used_on_one_replica_is_used_on_every_replica_and_a_failing_redi
         OAuthMetrics::unregistered(),
     );
     assert_eq!(down.mark_used("nonce-3", ttl).await, Some(false));
+}
+
+#[tokio::test]
+async fn two_prefixes_on_one_redis_neither_see_remove_nor_count_each_others_users() {
+    let r = redis().await;
+    let c = admin(&r);
+    let opts = |prefix: &str| Options {
+        namespace: prefix.into(),
+        max_users: 2,
+        ..Options::default()
+    };
+    let (x, _) = replica(&r, ring(&[("k1", 1)]), opts("payments/billing/"));
+    let (y, _) = replica(&r, ring(&[("k1", 1)]), opts("shop/cart/"));
+    // X at its bound of users; Y's users are counted against Y's bound alone.
+    x.put("idp|alice", "github", &tokens("x-alice")).await.unwrap();
+    x.put("idp|bob", "github", &tokens("x-bob")).await.unwrap();
+    let e = x
+        .put("idp|carol", "github", &tokens("x-carol"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, VaultError::TooManyUsers { max: 2, .. }), "{e}");
+    y.put("idp|carol", "github", &tokens("y-carol")).await.unwrap();
+    y.put("idp|alice", "github", &tokens("y-alice")).await.unwrap();
+    // Each sees its own tokens only.
+    assert_eq!(
+        x.get("idp|alice", "github").await.unwrap(),
+        Some(as_stored(tokens("x-alice")))
+    );
+    assert_eq!(
+        y.get("idp|alice", "github").await.unwrap(),
+        Some(as_stored(tokens("y-alice")))
+    );
+    assert_eq!(y.get("idp|bob", "github").await.unwrap(), None);
+    assert_eq!(x.count("idp|carol").await.unwrap(), 0);
+    // Revoking alice on X leaves her tokens of Y, and Y's index of users.
+    assert_eq!(x.remove_subject("idp|alice").await.unwrap().len(), 1);
+    assert_eq!(x.get("idp|alice", "github").await.unwrap(), None);
+    assert_eq!(y.count("idp|alice").await.unwrap(), 1);
+    assert!(y.remove("idp|bob", "github").await.unwrap().is_none());
+    assert!(x.get("idp|bob", "github").await.unwrap().is_some());
+    // Used states are per prefix too.
+    let ttl = Duration::from_secs(60);
+    assert_eq!(x.mark_used("n1", ttl).await, Some(true));
+    assert_eq!(y.mark_used("n1", ttl).await, Some(true));
+    // Every key is under one prefix's hash (the ACL users could not have written others).
+    let Reply::Array(all) = call(&c, &[b"KEYS", b"*"]).await else {
+        panic!("no keys")
+    };
+    let keys: Vec<String> = all.into_iter().filter_map(Reply::text).collect();
+    assert!(keys.len() >= 8, "{keys:?}");
+    for k in &keys {
+        assert!(k.starts_with(&x.base) || k.starts_with(&y.base), "{k}");
+    }
+    // X's ACL user cannot read or delete Y's keys.
+    let as_x = Client::new(crate::net::resp::Options {
+        endpoint: r.endpoint("ca.crt", false, Some((&user_of("payments/billing/"), "vault-pw"))),
+        timeout: Duration::from_secs(5),
+        max_connections: 1,
+        max_reply: 1 << 20,
+    });
+    let ys = y.slot("idp|carol", "github").id;
+    for cmd in [&b"GET"[..], b"DEL"] {
+        match as_x.call(&[cmd, ys.as_bytes()]).await.unwrap() {
+            Reply::Error(e) => assert!(e.starts_with("NOPERM"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(y.get("idp|carol", "github").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_refresh_on_one_replica_never_undoes_a_change_made_through_another() {
+    let r = redis().await;
+    let (a, _) = replica(&r, ring(&[("k1", 1)]), Options::default());
+    let (b, _) = replica(&r, ring(&[("k1", 1)]), Options::default());
+    super::super::tests::a_refresh_never_undoes_what_happened_meanwhile(&a, &b).await;
 }

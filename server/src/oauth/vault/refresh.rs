@@ -24,7 +24,8 @@ const MAX_ROUNDS: usize = 8;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RefreshFailure {
     /// The authorization server refused the refresh token (`invalid_grant`: expired,
-    /// revoked, rotated): the tokens are forgotten and the user signs in again.
+    /// revoked, rotated) or the client (`invalid_client`): the tokens are forgotten and the
+    /// user signs in again.
     InvalidGrant(String),
     /// Anything else (unreachable, timed out, a server error): the tokens are kept and the
     /// refresh tried again later.
@@ -197,11 +198,37 @@ impl Vault {
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
     {
+        self.refresh_once_dropping(subject, upstream, rejected, f, drop)
+            .await
+    }
+
+    /// [`refresh_once`](Self::refresh_once), handing `dropped` the tokens `f` answered when
+    /// they are not kept: the slot was emptied (a sign-out, a revocation) or holds another
+    /// sign-in's tokens by the time they would be written. Nothing else holds them then, so
+    /// the caller revokes them. Tokens that share an access or refresh token with what the
+    /// slot holds, or a slot that still holds the tokens refreshed (sealed anew meanwhile),
+    /// are not handed over. Called at most once, by the caller that ran `f`.
+    ///
+    /// # Errors
+    /// See [`RefreshError`].
+    pub async fn refresh_once_dropping<F, Fut, D>(
+        &self,
+        subject: &str,
+        upstream: &str,
+        rejected: Option<&str>,
+        f: F,
+        dropped: D,
+    ) -> Result<TokenSet, RefreshError>
+    where
+        F: FnOnce(TokenSet) -> Fut,
+        Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
+        D: FnOnce(TokenSet),
+    {
         let slot = self.slot(subject, upstream);
         for _ in 0..MAX_ROUNDS {
             match self.flights.join(&slot.id) {
                 Role::Lead(lead) => {
-                    let outcome = self.lead(&slot, upstream, rejected, f).await;
+                    let outcome = self.lead(&slot, upstream, rejected, f, dropped).await;
                     lead.finish(&outcome);
                     return outcome;
                 }
@@ -224,10 +251,18 @@ impl Vault {
         !usable(t, SystemTime::now(), self.opts.skew) || rejected.is_some_and(|r| r == t.access_token)
     }
 
-    async fn lead<F, Fut>(&self, slot: &Slot, upstream: &str, rejected: Option<&str>, f: F) -> Outcome
+    async fn lead<F, Fut, D>(
+        &self,
+        slot: &Slot,
+        upstream: &str,
+        rejected: Option<&str>,
+        f: F,
+        dropped: D,
+    ) -> Outcome
     where
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
+        D: FnOnce(TokenSet),
     {
         let owner = owner();
         let hold = self.opts.refresh_timeout + Duration::from_secs(5);
@@ -252,7 +287,7 @@ impl Vault {
                     .map_err(|e| self.unavailable(upstream, e))?,
             };
             if locked {
-                let outcome = self.refresh_locked(slot, upstream, rejected, f).await;
+                let outcome = self.refresh_locked(slot, upstream, rejected, f, dropped).await;
                 if let Some(r) = redis
                     && let Err(e) = r.unlock(slot, &owner).await
                 {
@@ -272,27 +307,32 @@ impl Vault {
     }
 
     /// The refresh itself, under the slot's lock: what is held is read again (another
-    /// replica may have refreshed it since it was last read).
-    async fn refresh_locked<F, Fut>(
+    /// replica may have refreshed it since it was last read). Every write and delete is a
+    /// compare-and-set against the bytes read: a sign-out, a revocation or a newer sign-in
+    /// meanwhile is never undone.
+    async fn refresh_locked<F, Fut, D>(
         &self,
         slot: &Slot,
         upstream: &str,
         rejected: Option<&str>,
         f: F,
+        dropped: D,
     ) -> Outcome
     where
         F: FnOnce(TokenSet) -> Fut,
         Fut: Future<Output = Result<TokenSet, RefreshFailure>>,
+        D: FnOnce(TokenSet),
     {
-        let current = self
-            .read(slot, upstream)
+        let held = self
+            .read_held(slot, upstream)
             .await?
             .ok_or_else(|| sign_in(upstream))?;
-        if !self.needs_refresh(&current, rejected) {
-            return Ok(current);
+        let current = &held.tokens;
+        if !self.needs_refresh(current, rejected) {
+            return Ok(held.tokens);
         }
         if current.refresh_token.is_none() {
-            self.forget(slot, upstream).await?;
+            self.forget(slot, upstream, &held).await?;
             return Err(sign_in(upstream));
         }
         let failed = |reason: String| RefreshError::Failed {
@@ -303,27 +343,50 @@ impl Vault {
             Err(_) => Err(failed("no answer in time".into())),
             Ok(Err(RefreshFailure::Other(reason))) => Err(failed(reason)),
             Ok(Err(RefreshFailure::InvalidGrant(reason))) => {
-                self.forget(slot, upstream).await?;
+                self.forget(slot, upstream, &held).await?;
                 Err(RefreshError::Revoked {
                     upstream: upstream.to_owned(),
                     reason: bounded(reason),
                 })
             }
             Ok(Ok(new)) => {
-                let new = new.refreshed_from(&current);
-                self.write(slot, upstream, &new).await?;
-                Ok(new)
+                let new = new.refreshed_from(current);
+                if self.write(slot, upstream, &new, Some(&held.sealed)).await? {
+                    return Ok(new);
+                }
+                // Signed out, revoked or signed in again while the refresh ran: what is
+                // held now stands, and the refreshed tokens are dropped (handed over to be
+                // revoked when nothing held shares them).
+                let now = self.read(slot, upstream).await?;
+                if now.as_ref().is_none_or(|t| unrelated(t, current, &new)) {
+                    dropped(new);
+                }
+                match now {
+                    Some(t) if usable(&t, SystemTime::now(), self.opts.skew) => Ok(t),
+                    _ => Err(sign_in(upstream)),
+                }
             }
         }
     }
 
-    async fn forget(&self, slot: &Slot, upstream: &str) -> Result<(), VaultError> {
+    /// Drops `held` from `slot`, unless the slot changed since it was read.
+    async fn forget(&self, slot: &Slot, upstream: &str, held: &super::Held) -> Result<(), VaultError> {
         self.store
-            .remove(slot)
+            .discard(slot, &held.sealed)
             .await
             .map(drop)
             .map_err(|e| self.unavailable(upstream, e))
     }
+}
+
+/// Whether `held` (what the slot holds after a refresh's write was refused) has nothing to
+/// do with the tokens `refreshed` that were refreshed into `new`: not those tokens sealed
+/// anew, and no access or refresh token in common with `new` (a server that keeps the refresh
+/// token on a refresh answers the same one).
+fn unrelated(held: &TokenSet, refreshed: &TokenSet, new: &TokenSet) -> bool {
+    held.access_token != refreshed.access_token
+        && held.access_token != new.access_token
+        && (held.refresh_token.is_none() || held.refresh_token != new.refresh_token)
 }
 
 fn sign_in(upstream: &str) -> RefreshError {

@@ -29,10 +29,14 @@ pub(super) fn tokens(tag: &str) -> TokenSet {
         access_token: format!("{ACCESS}-{tag}"),
         refresh_token: Some(format!("{REFRESH}-{tag}")),
         expires_at: Some(SystemTime::now() + Duration::from_secs(3600)),
+        obtained_at: None,
         scope: Some("repo read:user".into()),
+        resource: "https://api.example/mcp".into(),
         issuer: "https://as.example".into(),
         token_endpoint: "https://as.example/token".into(),
         client_id: "quiver-client".into(),
+        client_secret: None,
+        client_auth: None,
         account: Some("octocat".into()),
     }
 }
@@ -50,6 +54,9 @@ pub(super) fn as_stored(mut t: TokenSet) -> TokenSet {
     let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
     t.expires_at = t
         .expires_at
+        .map(|e| SystemTime::UNIX_EPOCH + Duration::from_secs(secs(e)));
+    t.obtained_at = t
+        .obtained_at
         .map(|e| SystemTime::UNIX_EPOCH + Duration::from_secs(secs(e)));
     t
 }
@@ -109,21 +116,28 @@ async fn tokens_are_kept_per_user_and_upstream_and_counted() {
 }
 
 #[tokio::test]
-async fn the_upstream_hash_takes_the_namespace() {
+async fn the_slot_id_starts_with_the_hash_of_the_prefix() {
     let (a, _) = memory(Options::default());
     let (b, _) = memory(Options {
         namespace: "team-b/tools".into(),
         ..Options::default()
     });
     let (sa, sb) = (a.slot("idp|alice", "github"), b.slot("idp|alice", "github"));
-    assert_eq!(sa.user, sb.user);
-    assert_ne!(sa.upstream, sb.upstream);
-    assert!(
-        sa.id.starts_with(KEY_PREFIX) && sa.id.len() == KEY_PREFIX.len() + 64 + 1 + 64,
-        "{}",
-        sa.id
+    assert_eq!((sa.user, sa.upstream), (sb.user, sb.upstream));
+    assert_ne!(
+        sa.id, sb.id,
+        "a token sealed for one prefix does not open under another"
     );
-    assert!(!sa.id.contains("alice") && !sa.id.contains("github"));
+    for (s, prefix) in [(&sa, ""), (&sb, "team-b/tools")] {
+        let base = format!("{KEY_PREFIX}{}:", prefix_hash(prefix));
+        assert!(
+            s.id.starts_with(&base) && s.id.len() == base.len() + 64 + 1 + 64,
+            "{}",
+            s.id
+        );
+        assert_eq!(acl_keys(prefix), format!("~{base}*"));
+    }
+    assert!(!sb.id.contains("alice") && !sb.id.contains("github") && !sb.id.contains("team-b"));
 }
 
 #[tokio::test]
@@ -177,7 +191,7 @@ async fn bytes_moved_to_another_slot_or_altered_do_not_open_and_are_deleted() {
             unreachable!()
         };
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        assert!(mem.store(&slot, text, ttl, &opts).is_ok());
+        assert!(mem.store(&slot, text, (ttl, None), &opts).is_ok());
         assert_eq!(v.get(subject, upstream).await.unwrap(), None, "case {n}");
         assert_eq!(m.vault_errors("forged"), n as u64 + 1);
         assert_eq!(sealed(&v, subject, upstream).await, None, "case {n}: deleted");
@@ -317,6 +331,35 @@ fn usable_keeps_a_margin_before_expiry_and_the_kept_time_follows_the_refresh_tok
         &TokenSet {
             expires_at: None,
             ..tokens("t")
+        },
+        now,
+        skew
+    ));
+    // A short-lived token: the margin is at most a quarter of its lifetime, so a token of
+    // 30 s (or 60 s, or 2 s) is sent for most of its life rather than refreshed at every use.
+    let lived = |ago: u64, left: u64| TokenSet {
+        obtained_at: Some(now - Duration::from_secs(ago)),
+        expires_at: Some(now + Duration::from_secs(left)),
+        ..tokens("t")
+    };
+    for (life, ago) in [(30, 0), (30, 20), (60, 0), (60, 40), (2, 1), (240, 100)] {
+        let left = life - ago;
+        let t = lived(ago, left);
+        let margin = Duration::from_secs(60).min(Duration::from_secs(life) / 4);
+        assert_eq!(t.refresh_at(skew), Some(now + Duration::from_secs(left) - margin));
+        assert!(usable(&t, now, skew), "{life} s, {ago} s old");
+    }
+    for (life, ago) in [(30, 23), (60, 46), (2, 2), (240, 181), (3600, 3541)] {
+        assert!(
+            !usable(&lived(ago, life - ago), now, skew),
+            "{life} s, {ago} s old"
+        );
+    }
+    // Not knowing when it was issued: the whole margin, as before.
+    assert!(!usable(
+        &TokenSet {
+            obtained_at: None,
+            ..at(30)
         },
         now,
         skew
@@ -730,4 +773,127 @@ async fn when_the_leading_call_is_cancelled_a_waiting_one_refreshes() {
     leader.abort();
     let t = follower.await.unwrap().unwrap();
     assert_eq!(t.access_token, format!("{ACCESS}-next"));
+}
+
+/// A refresh whose answer comes after the slot changed (through `b`, the same vault or
+/// another replica) never undoes the change: a sign-out, a revocation, a newer sign-in. The
+/// refreshed tokens it drops are handed over (to be revoked), unless what the slot holds
+/// shares them.
+pub(super) async fn a_refresh_never_undoes_what_happened_meanwhile(a: &Vault, b: &Vault) {
+    const ALICE: &str = "idp|alice";
+    let refreshed = |t: &str| Ok::<_, RefreshFailure>(tokens(t));
+    let dropped = std::sync::Mutex::new(Vec::new());
+    let keep = |t: TokenSet| dropped.lock().unwrap().push(t.access_token);
+    let taken = || std::mem::take(&mut *dropped.lock().unwrap());
+    // Signed out, or revoked by an administrator, while the refresh ran.
+    for revoke in [false, true] {
+        a.put(ALICE, "github", &expired("old")).await.unwrap();
+        let r = a
+            .refresh_once_dropping(
+                ALICE,
+                "github",
+                None,
+                |_| async {
+                    match revoke {
+                        true => drop(b.remove_subject(ALICE).await.unwrap()),
+                        false => drop(b.remove(ALICE, "github").await.unwrap()),
+                    }
+                    refreshed("late")
+                },
+                keep,
+            )
+            .await;
+        assert_eq!(
+            r,
+            Err(RefreshError::SignIn {
+                upstream: "github".into()
+            }),
+            "revoke: {revoke}"
+        );
+        assert_eq!(a.get(ALICE, "github").await.unwrap(), None);
+        assert_eq!(b.count(ALICE).await.unwrap(), 0);
+        assert_eq!(taken(), [format!("{ACCESS}-late")], "revoke: {revoke}");
+    }
+    // Signed in again while the refresh ran: the newer sign-in stays, and is what the call
+    // gets.
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let r = a
+        .refresh_once_dropping(
+            ALICE,
+            "github",
+            None,
+            |_| async {
+                b.put(ALICE, "github", &tokens("newer")).await.unwrap();
+                refreshed("late")
+            },
+            keep,
+        )
+        .await;
+    assert_eq!(r, Ok(as_stored(tokens("newer"))));
+    assert_eq!(
+        a.get(ALICE, "github").await.unwrap(),
+        Some(as_stored(tokens("newer")))
+    );
+    assert_eq!(taken(), [format!("{ACCESS}-late")]);
+    // Held meanwhile: tokens sharing the refresh token the server kept, or the very tokens
+    // refreshed, sealed anew under a rotated key: nothing is handed over.
+    let kept_refresh = |tag: &str| TokenSet {
+        refresh_token: tokens("newer").refresh_token,
+        ..tokens(tag)
+    };
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let r = a
+        .refresh_once_dropping(
+            ALICE,
+            "github",
+            None,
+            |_| async {
+                b.put(ALICE, "github", &kept_refresh("other")).await.unwrap();
+                Ok(kept_refresh("late"))
+            },
+            keep,
+        )
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    assert!(taken().is_empty());
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let rotated = ring(&[("k2", 2), ("k1", 1)]);
+    let r = a
+        .refresh_once_dropping(
+            ALICE,
+            "github",
+            None,
+            |_| async {
+                a.set_ring(rotated.clone());
+                b.set_ring(rotated.clone());
+                // Read through `b`: sealed anew under k2.
+                assert!(b.get(ALICE, "github").await.unwrap().is_some());
+                refreshed("late")
+            },
+            keep,
+        )
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(taken().is_empty(), "the tokens refreshed are still held");
+    assert!(a.get(ALICE, "github").await.unwrap().is_some());
+    // A refused grant forgets only the tokens it was about.
+    a.put(ALICE, "github", &expired("old")).await.unwrap();
+    let r = a
+        .refresh_once(ALICE, "github", None, |_| async {
+            b.put(ALICE, "github", &tokens("newest")).await.unwrap();
+            Err(RefreshFailure::InvalidGrant("invalid_grant".into()))
+        })
+        .await;
+    assert!(matches!(r, Err(RefreshError::Revoked { .. })), "{r:?}");
+    assert_eq!(
+        b.get(ALICE, "github").await.unwrap(),
+        Some(as_stored(tokens("newest")))
+    );
+    b.remove_subject(ALICE).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refresh_never_undoes_a_sign_out_a_revocation_or_a_newer_sign_in() {
+    let (v, _) = memory(Options::default());
+    a_refresh_never_undoes_what_happened_meanwhile(&v, &v).await;
 }
