@@ -417,6 +417,18 @@ pub struct UpstreamSignIn {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 512))]
     pub max_per_user: Option<u32>,
+    /// Networks (`ADDRESS/BITS`, or one address) the authorization servers an upstream's
+    /// metadata names, and the endpoints their metadata names, may not be in, besides the
+    /// private, loopback, link-local, metadata and other special-purpose addresses they
+    /// never may be in. Name the cluster's pod and service networks here when they are
+    /// public addresses, so that a third party's metadata cannot point the pods at the
+    /// cluster's own services. At most 64.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 1, max = 64), regex(pattern = r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$"))
+    )]
+    pub denied_networks: Vec<String>,
 }
 
 /// The rule of `upstreamSignIn.url` beyond its pattern: https, or http to a loopback host.

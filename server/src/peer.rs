@@ -10,7 +10,7 @@
 //! within the call's own timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -165,7 +165,13 @@ pub struct CallCtx<'a> {
     /// Where the call says the user must open a URL first; `None`: the dispatcher would not
     /// use it (the call's tool error says it all).
     pub url_needed: Option<&'a UrlSlot>,
+    /// Where the call names the upstream account it acted as (a user's own sign-in), for
+    /// its audit record; `None`: nothing records it.
+    pub upstream_account: Option<&'a AccountSlot>,
 }
+
+/// Where a call's run leaves the upstream account it acted as.
+pub type AccountSlot = OnceLock<Arc<str>>;
 
 impl CallCtx<'_> {
     /// A call that cannot reach its client (benchmarks, batches, tests).
@@ -182,6 +188,7 @@ impl CallCtx<'_> {
         caller: None,
         until_step: None,
         url_needed: None,
+        upstream_account: None,
     };
 
     fn push(&self, msg: Vec<u8>) {
@@ -190,6 +197,13 @@ impl CallCtx<'_> {
             && let Some(c) = self.dropped
         {
             c.inc();
+        }
+    }
+
+    /// Notes the upstream account the call acted as (the first one a call names is kept).
+    pub fn acted_as(&self, account: &Arc<str>) {
+        if let Some(slot) = self.upstream_account {
+            let _ = slot.get_or_init(|| account.clone());
         }
     }
 

@@ -828,6 +828,32 @@ async fn run(idp: Idp, upstream_issuer: String) {
     ] {
         assert!(trail.contains(event), "{event} missing from\n{trail}");
     }
+    // Each call that reached the upstream with a user's token names the upstream account it
+    // acted as; the records of other tools name none.
+    let records: Vec<Value> = trail.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let acted: Vec<(&str, Option<&str>)> = records
+        .iter()
+        .filter(|r| r["event"] == "tools/call" && r["outcome"] == "ok")
+        .map(|r| (r["tool"].as_str().unwrap(), r["upstreamAccount"].as_str()))
+        .collect();
+    let mut unnamed = 0;
+    for (tool, account) in &acted {
+        if !(tool.starts_with("notes_") || tool.starts_with("wiki_")) {
+            assert_eq!(*account, None, "{tool}");
+        } else if account.is_none() {
+            unnamed += 1;
+        } else {
+            assert!(matches!(account, Some("carol" | "dave")), "{tool}: {account:?}");
+        }
+    }
+    // The one answer of theirs that did not reach the upstream: the 2026-07-28 input round.
+    assert_eq!(unnamed, 1, "{acted:?}");
+    for who in ["carol", "dave"] {
+        assert!(
+            acted.contains(&("notes_whoami", Some(who))),
+            "no call as {who}: {acted:?}"
+        );
+    }
     let logged = std::fs::read_to_string(&log).unwrap();
     let mut secrets: Vec<String> = seen.0.lock().unwrap().iter().map(|(_, t, _)| t.clone()).collect();
     secrets.push(query_value(&link, "t"));

@@ -43,6 +43,11 @@ pub(super) fn args(mcp: &McpServer) -> Vec<String> {
         s.max_per_user
             .map(|n| format!("--upstream-sign-in-max-per-user={n}")),
     );
+    args.extend(
+        s.denied_networks
+            .iter()
+            .map(|n| format!("--upstream-sign-in-deny-cidr={}", n.trim())),
+    );
     args.extend(sign_in_redis_args(mcp));
     args
 }
@@ -177,6 +182,12 @@ pub fn problems(mcp: &McpServer) -> Vec<String> {
         // A loopback URL is reached through a port-forward, not the Ingress.
         Ok(o) if o.loopback => {}
         Ok(o) => out.extend(unrouted(mcp, &o.host)),
+    }
+    // The server's own reading of the flag, so that what the operator accepts starts.
+    for (i, n) in s.denied_networks.iter().enumerate() {
+        if let Err(why) = n.trim().parse::<quiver_flags::values::Cidr>() {
+            out.push(format!("{AT}.deniedNetworks[{i}]: {why}"));
+        }
     }
     if s.keys_secret_ref == s.browser_client.client_secret_ref {
         out.push(format!(

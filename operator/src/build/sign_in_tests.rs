@@ -21,6 +21,7 @@ spec:
       browserClient: {clientId: quiver-browser, clientSecretRef: {name: browser-client, key: secret}}
       maxUsers: 500
       maxPerUser: 4
+      deniedNetworks: ["34.118.224.0/20", "2600:1900:4000::/44", "35.1.2.3"]
       redis:
         address: "redis.infra.svc:6380"
         username: quiver-sign-in
@@ -75,6 +76,9 @@ fn sign_in_reaches_the_pods_by_reference_with_its_redis_and_its_routes() {
             "--upstream-sign-in-client-secret=browser-client.secret",
             "--upstream-sign-in-max-users=500",
             "--upstream-sign-in-max-per-user=4",
+            "--upstream-sign-in-deny-cidr=34.118.224.0/20",
+            "--upstream-sign-in-deny-cidr=2600:1900:4000::/44",
+            "--upstream-sign-in-deny-cidr=35.1.2.3",
             "--upstream-sign-in-redis=redis.infra.svc:6380",
             "--upstream-sign-in-redis-prefix=ns/github/",
             "--upstream-sign-in-redis-timeout=2s",
@@ -187,6 +191,10 @@ fn without_sign_in_nothing_of_it_reaches_the_pods_or_the_routes() {
 fn the_smallest_sign_in_renders_four_flags_and_defaults_the_rest() {
     let yaml = SIGN_IN
         .replace("      maxUsers: 500\n      maxPerUser: 4\n", "")
+        .replace(
+            &SIGN_IN[SIGN_IN.find("      deniedNetworks").unwrap()..SIGN_IN.find("      redis:").unwrap()],
+            "",
+        )
         .replace(
             &SIGN_IN[SIGN_IN.find("      redis:").unwrap()..SIGN_IN.find("  ingress:").unwrap()],
             "",
@@ -410,4 +418,22 @@ fn sign_in_without_oidc_one_secret_for_two_values_and_a_bad_redis_are_refused() 
         "{}",
         e.message()
     );
+}
+
+#[test]
+fn each_class_of_bad_denied_network_is_an_invalid_spec_naming_its_entry() {
+    let line = &SIGN_IN[SIGN_IN.find("      deniedNetworks").unwrap()..SIGN_IN.find("      redis:").unwrap()];
+    for bad in ["10.0.0.0/33", "2600::/129", "pods", "10.0.0", "1.2.3.4/", "::g"] {
+        let e = refused(&SIGN_IN.replace(
+            line,
+            &format!("      deniedNetworks: [\"8.8.8.0/24\", \"{bad}\"]\n"),
+        ));
+        assert_eq!(e.reason, "InvalidUpstreamSignIn", "{bad}");
+        assert!(
+            e.message()
+                .starts_with("spec.auth.upstreamSignIn.deniedNetworks[1]: `"),
+            "{bad}: {}",
+            e.message()
+        );
+    }
 }

@@ -151,6 +151,9 @@ pub struct Record {
     pub target_resolved: bool,
     /// The upstream a tool call resolved to.
     pub upstream: Option<Text>,
+    /// The account at the upstream the call acted as, where the user's own sign-in there
+    /// named it (1-64 of `[A-Za-z0-9._+@-]`).
+    pub upstream_account: Option<Text>,
     /// How it ended: `ok`, `tool_error`, `rate_limited`, `forbidden`, `unauthenticated`,
     /// or the JSON-RPC outcome of another error (`invalid_params`, `cancelled`, ...).
     pub outcome: &'static str,
@@ -181,6 +184,7 @@ impl Record {
             target: None,
             target_resolved: false,
             upstream: None,
+            upstream_account: None,
             outcome,
             reason: None,
             duration: Duration::ZERO,
@@ -433,6 +437,10 @@ fn line(r: &Record, instance: Option<&[u8]>, secrets: &Secrets, clock: &mut Cloc
     if let Some(u) = &r.upstream {
         key(out, "upstream");
         string(out, u);
+    }
+    if let Some(a) = &r.upstream_account {
+        key(out, "upstreamAccount");
+        string(out, a);
     }
     key(out, "outcome");
     string(out, r.outcome);

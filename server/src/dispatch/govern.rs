@@ -201,6 +201,8 @@ pub(super) struct Trail {
     pub resolved: bool,
     /// The upstream it resolved to.
     pub upstream: Option<Text>,
+    /// The upstream account it acted as (a user's own sign-in), when known.
+    pub upstream_account: Option<Text>,
     /// `ok`, `tool_error` or `invalid_arguments` for a call that got a result.
     pub outcome: Option<&'static str>,
     /// The arguments, when the tool opts in (sensitive properties already replaced).
@@ -269,6 +271,7 @@ impl Pending {
             r.target = t.tool;
         }
         r.upstream = t.upstream;
+        r.upstream_account = t.upstream_account;
         r.arguments = t.arguments;
         r.outcome = outcome;
         r.reason = reason;

@@ -22,10 +22,11 @@ use super::request::{Called, Done, Request};
 use super::revision::{HANDSHAKE, STATELESS, Stamp};
 use super::rounds::{StatelessCall, stateless_args};
 use super::server::{InflightGuard, Server};
+use crate::audit::Text;
 use crate::config::governance::Limit;
 use crate::limits::Who;
 use crate::metrics::{Refusal, outcome_index};
-use crate::peer::{CallCtx, Peer, UrlSlot};
+use crate::peer::{AccountSlot, CallCtx, Peer, UrlSlot};
 use crate::protocol;
 use crate::registry::{ListKind, Snapshot};
 use crate::session::LogLevel;
@@ -185,6 +186,7 @@ pub(super) async fn call(
     }
     let caps = stateless.as_ref().map(|m| m.inputs.caps);
     let url = UrlSlot::new();
+    let account = AccountSlot::new();
     let cx = CallCtx {
         session: req.ctx.session,
         credential: credential(req).map(|c| &**c),
@@ -193,12 +195,16 @@ pub(super) async fn call(
         caps,
         inputs: stateless.as_ref().map(|m| &m.inputs),
         url_needed: caps.is_some_and(|c| c.elicitation_url).then_some(&url),
+        upstream_account: trail.is_some().then_some(&account),
         ..CallCtx::DETACHED
     };
     let result = server
         .run_cancellable(&snap, index, args, req.ctx.session, req.id, req.deadline, &cx)
         .await;
     drop(permits);
+    if let (Some(t), Some(a)) = (trail.as_deref_mut(), account.get()) {
+        t.upstream_account = Some(Text::new(a));
+    }
     if let Some(needed) = url.get() {
         return Err(RpcError::url_required(needed));
     }
@@ -370,6 +376,7 @@ impl Deferred {
             None => server.sessions.caps(session),
         };
         let url = UrlSlot::new();
+        let account = AccountSlot::new();
         let cx = CallCtx {
             session,
             peer,
@@ -386,6 +393,7 @@ impl Deferred {
             caller: d.caller.as_deref(),
             until_step: None,
             url_needed: caps.is_some_and(|c| c.elicitation_url).then_some(&url),
+            upstream_account: d.audit.is_some().then_some(&account),
         };
         let result = server
             .run_cancellable(&d.snap, d.index, d.args, session, &d.id, None, &cx)
@@ -393,6 +401,9 @@ impl Deferred {
         drop(inflight);
         drop(d.permits);
         let mut audit = d.audit;
+        if let (Some(p), Some(a)) = (audit.as_deref_mut(), account.get()) {
+            p.trail.upstream_account = Some(Text::new(a));
+        }
         let metric = TOOLS_CALL;
         let Some(o) = result else {
             server.by_method.record(

@@ -109,22 +109,25 @@ impl Executor {
         };
         let mut renewed = false;
         loop {
-            match link.try_call_tool(remote, args, cx, Some(&auth)).await {
+            match link.try_call_tool(remote, args, cx, Some(&auth.header)).await {
                 Ok(mut out) => {
+                    if let Some(a) = &auth.account {
+                        cx.acted_as(a);
+                    }
                     self.secrets.redact(&link.secrets, &mut out);
-                    crate::identity::redact(&mut out, &[super::executor::bearer_value(&auth)]);
+                    crate::identity::redact(&mut out, &[super::executor::bearer_value(&auth.header)]);
                     return out;
                 }
                 Err(CallError::Unauthorized) if !renewed => {
                     renewed = true;
-                    auth = match sign_in.rejected(&subject, name, id, &auth).await {
+                    auth = match sign_in.rejected(&subject, name, id, &auth.header).await {
                         CallAuth::Bearer(h) => h,
                         CallAuth::SignIn(l) => return sign_in_first(&l, cx),
                         CallAuth::Refused(e) => return refused(e),
                     };
                 }
                 Err(CallError::Unauthorized) => {
-                    return match sign_in.refused_again(&subject, name, &auth).await {
+                    return match sign_in.refused_again(&subject, name, &auth.header).await {
                         CallAuth::SignIn(l) => sign_in_first(&l, cx),
                         CallAuth::Refused(e) => refused(e),
                         CallAuth::Bearer(_) => refused("refused the token again".into()),

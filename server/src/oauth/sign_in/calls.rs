@@ -2,6 +2,8 @@
 //! first when it is about to expire, or when the upstream refused it), or a sign-in link;
 //! and the caller's sign-out, and an administrator's revocation.
 
+use std::sync::Arc;
+
 use http::HeaderValue;
 
 use super::ticket::{self, TICKET_AAD, Ticket};
@@ -39,11 +41,22 @@ pub struct SignInLink {
     pub id: String,
 }
 
+/// What a call of an upstream sends as its user: the `Authorization` value, and the upstream
+/// account the token is for when the authorization server named it (for the call's audit
+/// record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bearer {
+    /// `Bearer TOKEN`.
+    pub header: HeaderValue,
+    /// The upstream account (1-64 of `[A-Za-z0-9._+@-]`), when known.
+    pub account: Option<Arc<str>>,
+}
+
 /// How a call authenticates to the upstream.
 #[derive(Debug)]
 pub enum CallAuth {
     /// `Authorization: Bearer ...` with the caller's token.
-    Bearer(HeaderValue),
+    Bearer(Bearer),
     /// The caller has no usable token: it signs in first.
     SignIn(SignInLink),
     /// The call cannot go out now (the vault or the authorization server failed, no key
@@ -55,12 +68,16 @@ impl SignIn {
     /// The `Authorization` of `t` (checked against `id`), kept warm while it is usable.
     fn bearer(&self, subject: &str, t: &TokenSet, upstream: &str, id: &Identity) -> CallAuth {
         match HeaderValue::try_from(format!("Bearer {}", t.access_token)) {
-            Ok(h) => {
+            Ok(header) => {
                 let until = t.refresh_at(self.vault.options().skew);
                 let max = self.shared.then_some(super::warm::SHARED_TTL);
+                let b = Bearer {
+                    header,
+                    account: t.account.as_deref().map(Arc::from),
+                };
                 self.warm
-                    .put((subject, upstream), (&id.audience, &t.issuer), &h, until, max);
-                CallAuth::Bearer(h)
+                    .put((subject, upstream), (&id.audience, &t.issuer), &b, until, max);
+                CallAuth::Bearer(b)
             }
             Err(_) => CallAuth::Refused(format!(
                 "upstream `{upstream}`: the token its authorization server issued cannot be sent in a header"

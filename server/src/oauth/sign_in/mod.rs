@@ -30,7 +30,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use serde_json::Value;
 
-pub use calls::{CallAuth, SignInLink};
+pub use calls::{Bearer, CallAuth, SignInLink};
 pub use pages::Page;
 
 use super::flow::{self, Flow, FlowConfig, MemoryGuard, PreRegistered, StateGuard};

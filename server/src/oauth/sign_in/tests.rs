@@ -238,7 +238,7 @@ async fn a_user_signs_in_through_the_link_and_calls_carry_their_token() {
     assert_eq!(s.metrics.sign_ins("notes", "ok"), 1);
 
     match s.sign_in.authorize(&s.subject("alice"), "notes", &s.id).await {
-        CallAuth::Bearer(h) => assert!(h.to_str().unwrap().starts_with("Bearer at-")),
+        CallAuth::Bearer(h) => assert!(h.header.to_str().unwrap().starts_with("Bearer at-")),
         other => panic!("{other:?}"),
     }
     // Bob holds nothing: he gets a link of his own.
@@ -636,13 +636,17 @@ async fn an_expired_token_is_refreshed_and_a_refused_one_forgotten() {
     let mut t = v.get(&alice, "notes").await.unwrap().unwrap();
     t.expires_at = Some(std::time::SystemTime::now());
     v.put(&alice, "notes", &t).await.unwrap();
-    let CallAuth::Bearer(fresh) = s.sign_in.authorize(&alice, "notes", &s.id).await else {
+    let CallAuth::Bearer(super::Bearer { header: fresh, .. }) =
+        s.sign_in.authorize(&alice, "notes", &s.id).await
+    else {
         panic!("not refreshed");
     };
     assert_ne!(fresh.to_str().unwrap(), format!("Bearer {}", t.access_token));
     assert_eq!(s.metrics.refreshes("notes", "ok"), 1);
     // The upstream refused the fresh token: refreshed once more.
-    let CallAuth::Bearer(again) = s.sign_in.rejected(&alice, "notes", &s.id, &fresh).await else {
+    let CallAuth::Bearer(super::Bearer { header: again, .. }) =
+        s.sign_in.rejected(&alice, "notes", &s.id, &fresh).await
+    else {
         panic!("not refreshed");
     };
     assert_ne!(again, fresh);
@@ -749,7 +753,7 @@ async fn a_token_goes_only_to_the_url_and_server_it_was_obtained_for() {
         let (sign_in, alice) = (&s.sign_in, alice.clone());
         async move {
             match sign_in.authorize(&alice, "notes", &id).await {
-                CallAuth::Bearer(h) => Some(h),
+                CallAuth::Bearer(h) => Some(h.header),
                 CallAuth::SignIn(_) => None,
                 CallAuth::Refused(e) => panic!("{e}"),
             }

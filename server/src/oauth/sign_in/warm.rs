@@ -10,8 +10,9 @@
 use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::HeaderValue;
 use rustc_hash::FxHashMap;
+
+use super::calls::Bearer;
 
 /// Longest an entry is used when the vault is shared by replicas.
 pub(super) const SHARED_TTL: Duration = Duration::from_secs(10);
@@ -19,7 +20,7 @@ pub(super) const SHARED_TTL: Duration = Duration::from_secs(10);
 const MAX_ENTRIES: usize = 16_384;
 
 struct Entry {
-    header: HeaderValue,
+    bearer: Bearer,
     until: Instant,
     /// The upstream's URL as configured when the token was checked against it, and the
     /// token's issuer: a reload that moves the upstream or pins another server misses.
@@ -47,21 +48,21 @@ impl Warm {
         upstream: &str,
         audience: &str,
         issuer: Option<&str>,
-    ) -> Option<HeaderValue> {
+    ) -> Option<Bearer> {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         let e = map.get(upstream)?.get(subject)?;
         let same = *e.audience == *audience && issuer.is_none_or(|i| *e.issuer == *i);
-        (same && e.until > Instant::now()).then(|| e.header.clone())
+        (same && e.until > Instant::now()).then(|| e.bearer.clone())
     }
 
-    /// Keeps `header` for `subject` and `upstream` at `audience`, of a token of `issuer`,
+    /// Keeps `bearer` for `subject` and `upstream` at `audience`, of a token of `issuer`,
     /// until `usable_until` (wall clock: the token's expiry less the refresh margin; `None`:
     /// no expiry), at most `max`.
     pub(super) fn put(
         &self,
         (subject, upstream): (&str, &str),
         (audience, issuer): (&str, &str),
-        header: &HeaderValue,
+        bearer: &Bearer,
         usable_until: Option<SystemTime>,
         max: Option<Duration>,
     ) {
@@ -84,7 +85,7 @@ impl Warm {
             self.len.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         let entry = Entry {
-            header: header.clone(),
+            bearer: bearer.clone(),
             until,
             audience: audience.into(),
             issuer: issuer.into(),
@@ -127,7 +128,10 @@ mod tests {
         const A: &str = "https://a.example/mcp";
         const AS: &str = "https://as.example";
         let w = Warm::default();
-        let h = HeaderValue::from_static("Bearer t");
+        let h = Bearer {
+            header: http::HeaderValue::from_static("Bearer t"),
+            account: Some("carol".into()),
+        };
         let later = SystemTime::now() + Duration::from_secs(300);
         w.put(("alice", "notes"), (A, AS), &h, Some(later), None);
         w.put(("alice", "wiki"), (A, AS), &h, None, Some(SHARED_TTL));
