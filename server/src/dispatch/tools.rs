@@ -151,7 +151,7 @@ pub(super) async fn call(
     let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let failed = conclude(&guard, index, req.id, output, start, out);
-        noted(trail, failed);
+        noted(trail, failed, None);
         if round.is_some() {
             crate::dispatch::stateless::stamp(out, &guard.result_stamp);
         }
@@ -185,8 +185,7 @@ pub(super) async fn call(
         ))));
     }
     let caps = stateless.as_ref().map(|m| m.inputs.caps);
-    let url = UrlSlot::new();
-    let account = AccountSlot::new();
+    let (url, account) = (UrlSlot::new(), AccountSlot::new());
     let cx = CallCtx {
         session: req.ctx.session,
         credential: credential(req).map(|c| &**c),
@@ -202,21 +201,16 @@ pub(super) async fn call(
         .run_cancellable(&snap, index, args, req.ctx.session, req.id, req.deadline, &cx)
         .await;
     drop(permits);
-    if let (Some(t), Some(a)) = (trail.as_deref_mut(), account.get()) {
-        t.upstream_account = Some(Text::new(a));
-    }
     if let Some(needed) = url.get() {
         return Err(RpcError::url_required(needed));
     }
-    match (result, stateless) {
+    let failed = match (result, stateless) {
         (Some(o), Some(m)) => server.conclude_stateless(&snap, index, req.id, o, *m, start, out),
         (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
         (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
-    }
-    .map(|failed| {
-        noted(trail, failed);
-        None
-    })
+    }?;
+    noted(trail, failed, account.get());
+    Ok(None)
 }
 
 /// Answers a call whose arguments the tool's schema refuses: the tool error, as the ended
@@ -301,9 +295,11 @@ fn invalid(
 }
 
 /// Notes how a call that got a result ended, for its audit record.
-fn noted(trail: Option<&mut Trail>, failed: bool) {
+/// Notes how a call that got a result ended, and the upstream account it acted as.
+fn noted(trail: Option<&mut Trail>, failed: bool, account: Option<&Arc<str>>) {
     if let Some(t) = trail {
         t.outcome = Some(if failed { "tool_error" } else { "ok" });
+        t.upstream_account = account.map(|a| Text::new(a));
     }
 }
 
@@ -401,9 +397,6 @@ impl Deferred {
         drop(inflight);
         drop(d.permits);
         let mut audit = d.audit;
-        if let (Some(p), Some(a)) = (audit.as_deref_mut(), account.get()) {
-            p.trail.upstream_account = Some(Text::new(a));
-        }
         let metric = TOOLS_CALL;
         let Some(o) = result else {
             server.by_method.record(
@@ -432,7 +425,7 @@ impl Deferred {
             ),
         };
         if let (Some(p), Ok(failed)) = (audit.as_deref_mut(), &r) {
-            noted(Some(&mut p.trail), *failed);
+            noted(Some(&mut p.trail), *failed, account.get());
         }
         let error = audit.as_ref().and_then(|_| r.as_ref().err().cloned());
         let r = r.map(|_| ());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::ticket::{self, TICKET_AAD, Ticket};
+pub use super::warm::Bearer;
 use super::{SignIn, flow};
 use crate::oauth::vault::{Held, RefreshError, RefreshFailure, TokenSet};
 use crate::spec::identity::Identity;
@@ -39,17 +40,6 @@ pub struct SignInLink {
     /// An id for the client (the URL-mode elicitation's `elicitationId`): the link's nonce,
     /// which names nothing.
     pub id: String,
-}
-
-/// What a call of an upstream sends as its user: the `Authorization` value, and the upstream
-/// account the token is for when the authorization server named it (for the call's audit
-/// record).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bearer {
-    /// `Bearer TOKEN`.
-    pub header: HeaderValue,
-    /// The upstream account (1-64 of `[A-Za-z0-9._+@-]`), when known.
-    pub account: Option<Arc<str>>,
 }
 
 /// How a call authenticates to the upstream.

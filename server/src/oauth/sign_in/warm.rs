@@ -12,8 +12,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rustc_hash::FxHashMap;
 
-use super::calls::Bearer;
-
 /// Longest an entry is used when the vault is shared by replicas.
 pub(super) const SHARED_TTL: Duration = Duration::from_secs(10);
 /// Most entries kept.
@@ -26,6 +24,17 @@ struct Entry {
     /// token's issuer: a reload that moves the upstream or pins another server misses.
     audience: Box<str>,
     issuer: Box<str>,
+}
+
+/// What a call of an upstream sends as its user: the `Authorization` value, and the upstream
+/// account the token is for when the authorization server named it (for the call's audit
+/// record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bearer {
+    /// `Bearer TOKEN`.
+    pub header: http::HeaderValue,
+    /// The upstream account (1-64 of `[A-Za-z0-9._+@-]`), when known.
+    pub account: Option<std::sync::Arc<str>>,
 }
 
 /// The entries of one upstream, by subject.
