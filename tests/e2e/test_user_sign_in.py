@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import re
@@ -387,8 +388,11 @@ def test_each_user_signs_in_upstream_in_a_browser_and_the_tokens_outlive_a_resta
         assert seen["alice"]["sub"] != seen["bob"]["sub"]
         # Each sees their own account, whichever signed in last.
         assert seen_upstream(call(at_a, s.user_token("alice"), "notes_claims"))["sub"] == seen["alice"]["sub"]
-        # Both users' tokens are in the Redis (this test's own).
-        assert s.redis.command(b"ZCARD", b"quiver:oauth:v1:users") == b":2\r\n"
+        # Both users' tokens are in the Redis (this test's own), under the keys of this
+        # McpServer's prefix (`NAMESPACE/NAME/`, as the operator renders it; keys carry its
+        # SHA-256, so servers sharing a Redis see nothing of each other's).
+        base = "quiver:oauth:v1:" + hashlib.sha256(f"{ns.name}/{NAME}/".encode()).hexdigest()
+        assert s.redis.command(b"ZCARD", f"{base}:users".encode()) == b":2\r\n"
 
         # 4. The access token alice's last call carried expires (they live 30 s); her next
         # call carries a new one, got with her refresh token.
