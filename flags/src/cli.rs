@@ -81,6 +81,13 @@ pub struct ServeArgs {
     /// Tool config: `file:PATH` (file or directory, watched) or `configmap:NAMESPACE/NAME` (watched via the API).
     #[arg(long, env = "QUIVER_CONFIG")]
     pub config: Option<Source>,
+    /// Where the pinned tool definitions of upstreams with `pin: warn|enforce` are kept:
+    /// `configmap:NAMESPACE/NAME` (an existing ConfigMap the pod may get, watch and update;
+    /// `kubectl quiver approve` edits it). Without it they are kept in memory: each start
+    /// trusts the definitions it first sees, and approving is `POST /pins/approve` on the
+    /// admin port.
+    #[arg(long, env = "QUIVER_PINS")]
+    pub pins: Option<Source>,
     /// MCP Streamable HTTP listen address.
     #[arg(long, env = "QUIVER_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,

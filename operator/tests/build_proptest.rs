@@ -548,6 +548,7 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
                 tool_count: 0,
                 secrets: Default::default(),
                 upstream_count: 0,
+                pinned: false,
             };
             (r, Reached::Invalid)
         }

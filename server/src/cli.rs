@@ -420,6 +420,7 @@ async fn serve(
         async move { server.follow_tasks(stop).await }
     });
 
+    follow_pins(args.pins.as_ref(), &server)?;
     follow_source(&source, &reloader)?;
 
     let (options, max_connections) = http_options(&mut args, auth.clone())?;
@@ -892,6 +893,29 @@ fn follow_source(source: &Source, reloader: &Arc<Reloader>) -> anyhow::Result<()
         Source::ConfigMap { .. } => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
     }
 
+    Ok(())
+}
+
+/// Keeps the pinned tool definitions where `--pins` says (memory without it).
+fn follow_pins(pins: Option<&Source>, server: &Arc<crate::dispatch::Server>) -> anyhow::Result<()> {
+    match pins {
+        None => {}
+        Some(Source::File(_)) => anyhow::bail!("--pins: expected configmap:NAMESPACE/NAME"),
+        #[cfg(feature = "kube")]
+        Some(Source::ConfigMap { namespace, name }) => {
+            let hub = Arc::clone(&server.exec.upstreams);
+            // Nothing pinned is approved from here until the ConfigMap is read.
+            hub.pins.use_store(format!("configmap:{namespace}/{name}"));
+            let (ns, n) = (namespace.clone(), name.clone());
+            tokio::spawn(async move {
+                if let Err(e) = crate::upstream::keep_pins_in_configmap(hub, ns, n).await {
+                    tracing::error!(error = %e, "pin ConfigMap unreachable; enforced upstreams serve nothing");
+                }
+            });
+        }
+        #[cfg(not(feature = "kube"))]
+        Some(Source::ConfigMap { .. }) => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
+    }
     Ok(())
 }
 

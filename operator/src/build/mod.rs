@@ -87,6 +87,8 @@ pub struct Rendered {
     pub secrets: BTreeSet<String>,
     /// Upstream MCP servers the ToolSet imports tools from.
     pub upstream_count: usize,
+    /// Whether some upstream pins its tool definitions (`pin: warn | enforce`).
+    pub pinned: bool,
 }
 
 /// Every child object of one McpServer.
@@ -100,6 +102,9 @@ pub struct Children {
     pub role: Role,
     /// Binds the Role to the ServiceAccount.
     pub role_binding: RoleBinding,
+    /// The ConfigMap the pods keep pinned tool definitions in, when an upstream pins them:
+    /// metadata only (its data is the server's and `kubectl quiver approve`'s).
+    pub pins: Option<ConfigMap>,
     /// The server pods.
     pub deployment: Deployment,
     /// MCP and metrics ports.
@@ -136,6 +141,11 @@ pub fn is_dns_label(n: &str) -> bool {
 /// Names of the children.
 pub fn tools_config_map_name(server: &str) -> String {
     format!("{server}-tools")
+}
+
+/// The ConfigMap of an McpServer's pinned tool definitions.
+pub fn pins_config_map_name(server: &str) -> String {
+    format!("{server}-pins")
 }
 
 /// Labels on every child; the first two select the pods.
@@ -210,10 +220,25 @@ pub fn build(
         automount_service_account_token: Some(false),
         ..ServiceAccount::default()
     };
+    let pins_name = rendered.pinned.then(|| pins_config_map_name(&name));
+    let mut rules = reader_rules(mcp, rendered, &cm_name);
+    if let Some(p) = &pins_name {
+        rules.push(PolicyRule {
+            api_groups: strings(&[""]),
+            resources: strings(&["configmaps"]),
+            resource_names: Some(vec![p.clone()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into(), "update".into()],
+            non_resource_urls: None,
+        });
+    }
     let role = Role {
         metadata: meta(mcp, reader.clone(), &owner),
-        rules: Some(reader_rules(mcp, rendered, &cm_name)),
+        rules: Some(rules),
     };
+    let pins = pins_name.as_ref().map(|p| ConfigMap {
+        metadata: meta(mcp, p.clone(), &owner),
+        ..ConfigMap::default()
+    });
     let role_binding = RoleBinding {
         metadata: meta(mcp, reader.clone(), &owner),
         role_ref: RoleRef {
@@ -229,6 +254,9 @@ pub fn build(
         }]),
     };
     let mut deployment = pod::deployment(mcp, &name, &ns, &cm_name, defaults);
+    if let Some(p) = &pins_name {
+        pod::add_arg(&mut deployment, format!("--pins=configmap:{ns}/{p}"));
+    }
     deployment.metadata = meta(mcp, name.clone(), &owner);
     let service = Service {
         metadata: meta(mcp, name.clone(), &owner),
@@ -253,6 +281,7 @@ pub fn build(
         service_account,
         role,
         role_binding,
+        pins,
         deployment,
         service,
         hpa,

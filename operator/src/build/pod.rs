@@ -66,6 +66,18 @@ fn env(name: &str, value: &str) -> EnvVar {
     }
 }
 
+/// Adds `arg` to the server container's arguments.
+pub(super) fn add_arg(d: &mut Deployment, arg: String) {
+    let containers = d
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .map(|p| p.containers.iter_mut());
+    if let Some(c) = containers.into_iter().flatten().find(|c| c.name == "server") {
+        c.args.get_or_insert_with(Vec::new).push(arg);
+    }
+}
+
 fn args(mcp: &McpServer, ns: &str, cm_name: &str, cpus: Option<u32>) -> Vec<String> {
     let workers = mcp
         .spec

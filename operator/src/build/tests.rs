@@ -1536,3 +1536,38 @@ fn the_server_parses_the_arguments_rendered_for_its_container_and_refusals_are_r
         );
     }
 }
+
+#[test]
+fn a_pinned_upstream_gets_a_pins_config_map_the_pods_may_update_and_nothing_more() {
+    let unpinned = children(GATEWAY);
+    assert!(unpinned.pins.is_none());
+    let pinned = children(&GATEWAY.replace("      tools: {prefix: docs_}", "      tools: {prefix: docs_}\n      pin: enforce"));
+    let cm = serde_json::to_value(pinned.pins.as_ref().expect("a pins ConfigMap")).unwrap();
+    assert_eq!(cm["metadata"]["name"], "gw-pins");
+    assert_eq!(cm["metadata"]["ownerReferences"][0]["kind"], "McpServer");
+    // Metadata only: the records are the pods' (an apply never overwrites them).
+    assert!(cm.get("data").is_none(), "{cm}");
+    let rules = serde_json::to_value(&pinned.role.rules).unwrap();
+    let rule = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resourceNames"] == json!(["gw-pins"]))
+        .expect("a rule for the pins ConfigMap");
+    assert_eq!(rule["verbs"], json!(["get", "list", "watch", "update"]));
+    // No other rule may update anything.
+    let updating = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verbs"].as_array().unwrap().contains(&json!("update")))
+        .count();
+    assert_eq!(updating, 1, "{rules}");
+    let d = serde_json::to_value(&pinned.deployment).unwrap();
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().clone();
+    assert!(args.contains(&json!("--pins=configmap:ns/gw-pins")), "{args:?}");
+    let plain = serde_json::to_value(&unpinned.deployment).unwrap();
+    let plain_args = plain["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().clone();
+    assert!(!plain_args.iter().any(|a| a.as_str().unwrap().starts_with("--pins")));
+    assert!(server_args_problems(&pinned.deployment).is_empty());
+}

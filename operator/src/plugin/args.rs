@@ -97,6 +97,18 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Approve tool definitions that await approval (an upstream with `pin: warn|enforce`
+    /// listed a new tool or changed one): `kubectl quiver approve github search_issues`.
+    /// `kubectl quiver status` shows what changed first.
+    Approve {
+        /// McpServer name.
+        name: String,
+        /// Tools to approve, by their names at the upstream (default: every pending one).
+        tools: Vec<String>,
+        /// Only this upstream's tools.
+        #[arg(long, value_name = "UPSTREAM")]
+        upstream: Option<String>,
+    },
     /// Validate an McpServer manifest offline with the operator's own checks and the
     /// server's compiler (ConfigMaps in the same file serve its `toolsFrom`).
     Check {

@@ -7,6 +7,7 @@ pub mod args;
 pub mod check;
 pub mod mcp;
 pub mod owner;
+pub mod pins;
 pub mod reach;
 pub mod revoke;
 pub mod schema;
@@ -123,17 +124,45 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 Err(Failure::Negative("problems found".to_owned()))
             }
         }
+        Command::Approve { name, tools, upstream } => {
+            let (client, ns) = client(&cli).await?;
+            let approved = pins::approve(&client, &ns, name, upstream.as_deref(), tools).await;
+            match approved {
+                Ok(done) => {
+                    for t in done {
+                        println!("approved {}", term::line(&t));
+                    }
+                    Ok(())
+                }
+                Err(Failure::Negative(why)) => {
+                    eprintln!("{}", term::line(&why));
+                    Err(Failure::Negative(why))
+                }
+                Err(e) => Err(e),
+            }
+        }
         Command::Status { name, output } => {
             let (client, ns) = client(&cli).await?;
             let (mcp, pods) = status::gather(&client, &ns, name).await?;
+            let pinned = pins::read(&client, &ns, name).await?.unwrap_or_default();
             match output {
-                Output::Json => println!(
-                    "{}",
-                    term::json(
-                        &serde_json::to_string_pretty(&status::as_json(&mcp, &pods)).unwrap_or_default()
-                    )
-                ),
-                Output::Text => print!("{}", term::text(&status::as_text(&mcp, &pods, None))),
+                Output::Json => {
+                    let mut v = status::as_json(&mcp, &pods);
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("pins".into(), serde_json::to_value(&pinned).unwrap_or_default());
+                    }
+                    println!("{}", term::json(&serde_json::to_string_pretty(&v).unwrap_or_default()));
+                }
+                Output::Text => {
+                    print!("{}", term::text(&status::as_text(&mcp, &pods, None)));
+                    let pending = pins::pending_text(&pinned);
+                    if !pending.is_empty() {
+                        print!(
+                            "Tool definitions awaiting approval (kubectl quiver approve {name} [TOOL...]):\n{}",
+                            term::text(&pending)
+                        );
+                    }
+                }
             }
             if status::is_ready(&mcp) {
                 Ok(())

@@ -46,7 +46,7 @@ const HTTP_ROUTE: &str = "HTTPRoute";
 /// The children of `c` in apply order; `name` is the McpServer's (the name of the optional
 /// children, deleted when turned off).
 fn list<'a>(c: &'a Children, name: &str) -> Vec<Child<'a>> {
-    vec![
+    let mut list = vec![
         Child::stored(&c.service_account, |s| &s.service_accounts, &[]),
         // The Role first: a ToolSet that names a new Secret reaches the pods only once they
         // may read it. It grants reading the tools ConfigMap: not while that name is another's.
@@ -84,7 +84,12 @@ fn list<'a>(c: &'a Children, name: &str) -> Vec<Child<'a>> {
             ),
             &[SERVICE],
         ),
-    ]
+    ];
+    // Kept when pinning is turned off (the approvals with it); removed with the McpServer.
+    if let Some(pins) = &c.pins {
+        list.insert(4, Child::stored(pins, |s| &s.config_maps, &[]));
+    }
+    list
 }
 
 /// A child the McpServer would apply whose name an object it does not control holds.

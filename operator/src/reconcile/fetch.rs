@@ -105,3 +105,21 @@ pub async fn api_server(client: &Client) -> build::ApiServer {
         }
     }
 }
+
+/// The records of an McpServer's pins ConfigMap (written by its pods), by upstream; `None`
+/// when it cannot be read (the condition is left as it was; the next reconcile reads again).
+pub async fn pins(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Option<BTreeMap<String, quiver_model::config::upstream::pin::SourceRecord>> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = match api.get_opt(&build::pins_config_map_name(name)).await {
+        Ok(cm) => cm?,
+        Err(e) => {
+            tracing::warn!(namespace = ns, name, error = %e, "reading the pins ConfigMap failed");
+            return None;
+        }
+    };
+    Some(quiver_model::config::upstream::pin::readable_records(cm.data.as_ref()))
+}

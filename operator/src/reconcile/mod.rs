@@ -185,7 +185,21 @@ async fn reconcile_inner(mcp: &McpServer, ctx: &Context) -> Result<(Outcome, Act
     } = children::apply_all(ctx, mcp, &ns, &name, &uid, &children).await?;
     conflicts.extend(key_taken);
     let (mut status, upstream_down) = observe(mcp, ctx, &ns, &name, &rendered, deployment.as_ref()).await?;
-    let events = status::events(mcp, &ns, unwatched, &conflicts, upstream_down, &mut status);
+    let mut events = status::events(mcp, &ns, unwatched, &conflicts, upstream_down, &mut status);
+    let records = if rendered.pinned {
+        fetch::pins(&ctx.client, &ns, &name)
+            .instrument(info_span!("fetch", kind = "ConfigMap"))
+            .await
+    } else {
+        None
+    };
+    events.extend(status::pins(
+        &mut status,
+        &name,
+        rendered.pinned,
+        records.as_ref(),
+        mcp.metadata.generation,
+    ));
     write_status(mcp, ctx, &ns, &name, &status, events).await?;
     // Nothing changes the other object's ownership in a way the watches would see (it may not
     // carry the label they select): look again with the per-object backoff.

@@ -111,6 +111,17 @@ pub(super) fn page(
     }
 }
 
+/// The error of a call of a tool this generation does not serve: one whose definition at a
+/// pinned upstream awaits approval says so.
+fn unknown_tool(server: &Server, name: &str) -> RpcError {
+    match server.exec.upstreams.pins.awaiting(name) {
+        Some(upstream) => RpcError::invalid_params(format!(
+            "Tool {name} awaits approval: its definition at upstream `{upstream}` is new or changed since approved (kubectl quiver approve)"
+        )),
+        None => RpcError::invalid_params(format!("Unknown tool: {name}")),
+    }
+}
+
 /// `tools/call`: answered here (a fast handler, or a slow one where the transport cannot
 /// stream), or handed back as a [`Deferred`] for the transport to run.
 pub(super) async fn call(
@@ -126,7 +137,7 @@ pub(super) async fn call(
     }
     let guard = server.registry.load();
     let Some(index) = guard.tool_index(&p.name) else {
-        return Err(RpcError::invalid_params(format!("Unknown tool: {}", p.name)));
+        return Err(unknown_tool(server, &p.name));
     };
     let args = arguments(p.arguments)?;
     let tool = &guard.tools[index];

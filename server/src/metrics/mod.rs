@@ -283,6 +283,10 @@ pub struct UpstreamMetrics {
     pub connections: Gauge<i64, AtomicI64>,
     /// Restarts of its processes, reconnections excluded.
     pub restarts: Counter,
+    /// Its tools whose definitions await approval (`pin`).
+    pub awaiting_approval: Gauge<i64, AtomicI64>,
+    /// Definitions that became pending (changed or new since approved).
+    pub definition_changes: Counter,
 }
 
 impl UpstreamMetrics {
@@ -301,6 +305,8 @@ struct UpstreamFamilies {
     up: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
     connections: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
     restarts: Family<UpstreamLabels, Counter>,
+    awaiting_approval: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
+    definition_changes: Family<UpstreamLabels, Counter>,
 }
 
 /// Labels of the refusal counter.
@@ -625,6 +631,16 @@ impl Metrics {
             "Restarts of an upstream's processes",
             upstreams.restarts.clone(),
         );
+        root.register(
+            "upstream_tools_awaiting_approval",
+            "Tools of a pinned upstream whose definitions (new or changed) await approval",
+            upstreams.awaiting_approval.clone(),
+        );
+        root.register(
+            "upstream_definition_changes",
+            "Tool definitions of a pinned upstream that changed or appeared since approved",
+            upstreams.definition_changes.clone(),
+        );
         // Process CPU and memory per pod, for the dashboards (read from /proc when scraped).
         root.register_with_unit(
             "process_cpu",
@@ -694,6 +710,8 @@ impl Metrics {
             up: f.up.get_or_create(&labels).clone(),
             connections: f.connections.get_or_create(&labels).clone(),
             restarts: f.restarts.get_or_create(&labels).clone(),
+            awaiting_approval: f.awaiting_approval.get_or_create(&labels).clone(),
+            definition_changes: f.definition_changes.get_or_create(&labels).clone(),
         }
     }
 
@@ -707,6 +725,8 @@ impl Metrics {
         f.up.remove(&labels);
         f.connections.remove(&labels);
         f.restarts.remove(&labels);
+        f.awaiting_approval.remove(&labels);
+        f.definition_changes.remove(&labels);
         for kind in UPSTREAM_ERRORS {
             f.errors.remove(&UpstreamErrorLabels {
                 upstream: name.to_owned(),

@@ -18,6 +18,12 @@ pub mod bridge;
 #[allow(unsafe_code)]
 // recv(2) with MSG_PEEK to probe an idle connection: the unsafe block states its contract
 mod h1;
+#[cfg(feature = "kube")]
+mod pin_store;
+pub mod pins;
+
+#[cfg(feature = "kube")]
+pub use pin_store::keep_in_configmap as keep_pins_in_configmap;
 mod remote;
 mod sse;
 mod stdio;
@@ -769,10 +775,11 @@ impl Link {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         // The first few reasons (not a copy of them all); the count says how many there are.
-        let (imported, skipped, skipped_count) = {
+        let (imported, skipped, skipped_count, awaiting) = {
             let r = self.report.lock().unwrap_or_else(PoisonError::into_inner);
             let shown: Vec<String> = r.skipped.iter().take(MAX_SKIPPED_SHOWN).cloned().collect();
-            (r.imported, shown, r.skipped.len())
+            let awaiting: Vec<String> = r.awaiting.iter().take(MAX_SKIPPED_SHOWN).cloned().collect();
+            (r.imported, shown, r.skipped.len(), awaiting)
         };
         json!({
             "name": self.name,
@@ -790,6 +797,7 @@ impl Link {
             "imported": imported,
             "skipped": skipped,
             "skippedCount": skipped_count,
+            "awaitingApproval": awaiting,
         })
     }
 
@@ -837,6 +845,8 @@ fn to_output(mut v: Value) -> Result<ToolOutput, String> {
 pub struct Hub {
     links: Mutex<Vec<Arc<Link>>>,
     changed: Arc<Notify>,
+    /// Pinned tool definitions.
+    pub pins: pins::Pins,
     secrets: Arc<Secrets>,
     http: HttpClient,
 }
@@ -847,6 +857,7 @@ impl Hub {
         Arc::new(Self {
             links: Mutex::default(),
             changed: Arc::new(Notify::new()),
+            pins: pins::Pins::default(),
             secrets,
             http,
         })
@@ -894,17 +905,27 @@ impl Hub {
     }
 
     /// Appends the tools the links' upstreams currently list to `compiled` (after its own
-    /// tools, which win any name) and folds the lists into its hash.
-    pub fn expand(compiled: &mut CompiledToolSet, links: &[Arc<Link>]) {
+    /// tools, which win any name) and folds the lists into its hash. Tools a pinned upstream
+    /// lists with definitions not approved are held back (`enforce`) or reported (`warn`).
+    pub fn expand(&self, compiled: &mut CompiledToolSet, links: &[Arc<Link>]) {
+        let pinned = compiled.upstreams.iter().filter(|u| u.pin.is_on()).count();
+        self.pins.set_sources(pinned);
         if links.is_empty() {
+            self.pins.set_awaiting(FxHashMap::default());
             return;
         }
         let mut taken: FxHashSet<String> = compiled.tools.iter().map(|t| t.name.clone()).collect();
         let mut h = FxHasher::default();
+        let mut awaiting = FxHashMap::default();
         for (i, (u, link)) in compiled.upstreams.iter().zip(links).enumerate() {
             let listed = link.listed.load();
             listed.hash.hash(&mut h);
-            let (tools, mut report) = u.import(i, &listed.tools, &mut taken);
+            let (mut tools, mut report) = u.import(i, &listed.tools, &mut taken);
+            if u.pin.is_on() && listed.hash != 0 {
+                self.pin(u, link, &listed, &mut tools, &mut report, &mut awaiting);
+                // An approval changes what is served without a new list.
+                report.awaiting.hash(&mut h);
+            }
             if listed.cut {
                 report.skipped.push(format!(
                     "the list was cut after {} entries (at most {MAX_LISTED} entries and 4 × maxMessageBytes are read)",
@@ -922,7 +943,80 @@ impl Hub {
             *link.report.lock().unwrap_or_else(PoisonError::into_inner) = report;
             compiled.tools.extend(tools);
         }
+        self.pins.set_awaiting(awaiting);
         compiled.upstream_digest = h.finish();
+    }
+
+    /// Pinning of one upstream's imported `tools`: the ones not approved are reported
+    /// (and, under `enforce`, removed and named in `awaiting`).
+    fn pin(
+        &self,
+        u: &CompiledUpstream,
+        link: &Link,
+        listed: &Listed,
+        tools: &mut Vec<crate::config::compiled::CompiledTool>,
+        report: &mut ImportReport,
+        awaiting: &mut FxHashMap<String, String>,
+    ) {
+        use crate::config::compiled::CompiledHandler;
+        use crate::config::upstream::pin::{PinMode, Seen};
+        let entries: FxHashMap<&str, &Value> = listed
+            .tools
+            .iter()
+            .filter_map(|t| Some((t.get("name")?.as_str()?, t)))
+            .collect();
+        let remote = |t: &crate::config::compiled::CompiledTool| match &t.handler {
+            CompiledHandler::Upstream(c) => Some(c.remote.clone()),
+            _ => None,
+        };
+        let seen: Vec<Seen> = tools
+            .iter()
+            .filter_map(|t| {
+                let r = remote(t)?;
+                Some(Seen::of(&r, entries.get(r.as_str())?))
+            })
+            .collect();
+        let verdict = self.pins.observe(&u.name, seen, !listed.cut);
+        link.shared.metrics.definition_changes.inc_by(verdict.changes);
+        link.shared
+            .metrics
+            .awaiting_approval
+            .set(i64::try_from(verdict.unapproved.len()).unwrap_or(i64::MAX));
+        if verdict.changes > 0 {
+            tracing::warn!(upstream = %u.name, changed = verdict.changes, mode = ?u.pin, "tool definitions changed or added; they await approval (kubectl quiver approve)");
+        }
+        let held: FxHashMap<&str, &str> = verdict
+            .unapproved
+            .iter()
+            .map(|(r, why)| (r.as_str(), *why))
+            .collect();
+        report.awaiting = held.keys().map(|r| u.served_name(r)).collect();
+        report.awaiting.sort();
+        if u.pin != PinMode::Enforce {
+            return;
+        }
+        tools.retain(|t| {
+            let Some(why) = remote(t).and_then(|r| held.get(r.as_str()).copied()) else {
+                return true;
+            };
+            report
+                .skipped
+                .push(format!("`{}`: {why}; awaits approval", t.name));
+            awaiting.insert(t.name.clone(), u.name.clone());
+            false
+        });
+        report.imported = tools.len();
+    }
+
+    /// Approves pending definitions kept in memory ([`pins::Pins::approve`]) and rebuilds
+    /// the registry with them.
+    ///
+    /// # Errors
+    /// As [`pins::Pins::approve`].
+    pub fn approve_pins(&self, upstream: &str, tools: &[&str]) -> Result<Vec<String>, String> {
+        let approved = self.pins.approve(upstream, tools)?;
+        self.changed.notify_one();
+        Ok(approved)
     }
 
     /// Signalled when an upstream's tool list changed.

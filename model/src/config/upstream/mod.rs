@@ -23,6 +23,7 @@ use crate::spec::shared::ToolAnnotations;
 use crate::template::{Authored, Template};
 
 mod import;
+pub mod pin;
 pub mod sign_out;
 
 /// At most this many upstreams per ToolSet.
@@ -85,6 +86,17 @@ pub struct UpstreamSpec {
     /// docs/upstreams.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<crate::spec::identity::IdentitySpec>,
+    /// Pinned tool definitions: `warn` or `enforce` records each tool's definition (name,
+    /// title, description, schemas, annotations) when first seen; a definition that changes
+    /// later, or a tool that appears later, awaits approval (`kubectl quiver approve`).
+    /// `enforce` does not list it and refuses its calls meanwhile; `warn` serves it and
+    /// reports it. Default `off`. See docs/pinning.md.
+    #[serde(default, skip_serializing_if = "is_off")]
+    pub pin: pin::PinMode,
+}
+
+fn is_off(m: &pin::PinMode) -> bool {
+    !m.is_on()
 }
 
 /// A remote MCP server (Streamable HTTP).
@@ -261,6 +273,8 @@ pub struct CompiledUpstream {
     pub key: u64,
     /// The caller's credential its tool calls carry (`None`: the server's own).
     pub identity: Option<crate::spec::identity::Identity>,
+    /// Whether its tool definitions are pinned.
+    pub pin: pin::PinMode,
     names: Namespace,
     /// Every upstream's names (this one's at `at`): a listed name another upstream could
     /// serve is served by neither.
@@ -293,6 +307,10 @@ pub struct ImportReport {
     /// Tools listed but not served, each with why (a name taken, a schema Quiver cannot
     /// check, ...). Filtered-out tools are not listed.
     pub skipped: Vec<String>,
+    /// Served names of tools whose definitions await approval (`pin`), whether held back
+    /// (`enforce`) or served (`warn`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub awaiting: Vec<String>,
 }
 
 fn valid_upstream_name(n: &str) -> bool {
@@ -396,6 +414,7 @@ fn compile_upstream(
     }
     CompiledUpstream {
         identity,
+        pin: u.pin,
         name: u.name.clone(),
         transport,
         timeout,
@@ -424,11 +443,12 @@ fn compile_upstream(
     }
 }
 
-/// The identity of an upstream's connection: its spec without `tools`.
+/// The identity of an upstream's connection: its spec without `tools` and `pin`.
 fn connection_key(u: &UpstreamSpec) -> u64 {
     let mut h = FxHasher::default();
     let connection = UpstreamSpec {
         tools: ImportSpec::default(),
+        pin: pin::PinMode::Off,
         ..u.clone()
     };
     serde_json::to_string(&connection)

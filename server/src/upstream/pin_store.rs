@@ -1,0 +1,136 @@
+//! `--pins configmap:NAMESPACE/NAME`: the pin records kept in a ConfigMap, one key per
+//! upstream (`upstream.NAME`, compact JSON within a byte budget per source), so every
+//! replica and every restart holds the same approvals and `kubectl quiver approve` can edit
+//! them. The pod needs get, watch and update on that one ConfigMap; the operator creates it
+//! and grants exactly that.
+//!
+//! Writes are compare-and-set (the `resourceVersion` read): a write that lost a race is
+//! merged again on top of what won, so replicas and approvals never undo each other.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::PostParams;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+use super::Hub;
+use super::pins::Held;
+use crate::config::upstream::pin::{read_records, record_key};
+
+/// Write attempts per flush before waiting for the next change.
+const ATTEMPTS: usize = 5;
+/// Wait after a failed write before trying again.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// The records a ConfigMap holds (keys that are not records are ignored).
+fn records(cm: &ConfigMap) -> BTreeMap<String, Held> {
+    read_records(cm.data.as_ref())
+        .into_iter()
+        .map(|(k, r)| (k, r.map_or(Held::Unreadable, Held::Record)))
+        .collect()
+}
+
+/// Keeps `hub`'s pin records in the ConfigMap: watches it (every change rebuilds the
+/// registry with it: an approval serves the tool within milliseconds) and writes the records
+/// this server changed, until the process ends.
+///
+/// # Errors
+/// No Kubernetes client configuration (in-cluster or KUBECONFIG) was found.
+pub async fn keep_in_configmap(hub: Arc<Hub>, namespace: String, name: String) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await?;
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let origin = format!("configmap:{namespace}/{name}");
+    tokio::spawn(write_changes(Arc::clone(&hub), api.clone(), name.clone()));
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tracing::info!(store = %origin, "keeping pinned tool definitions");
+    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut seen = false;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Apply(cm) | Event::InitApply(cm)) => {
+                seen = true;
+                hub.pins.loaded(Some(records(&cm)));
+                hub.changed.notify_one();
+            }
+            Ok(Event::Delete(_)) => {
+                tracing::warn!(store = %origin, "pin ConfigMap deleted; enforced upstreams serve nothing until it exists again");
+                hub.pins.loaded(None);
+                hub.changed.notify_one();
+            }
+            Ok(Event::InitDone) if !seen => {
+                tracing::warn!(store = %origin, "pin ConfigMap not found; enforced upstreams serve nothing until it exists")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(store = %origin, error = %e, "pin ConfigMap watch error; retrying with backoff"),
+        }
+    }
+    Ok(())
+}
+
+/// Writes the records this server changed, each merged over what the ConfigMap holds.
+async fn write_changes(hub: Arc<Hub>, api: Api<ConfigMap>, name: String) {
+    loop {
+        hub.pins.flush.notified().await;
+        let dirty = hub.pins.take_dirty();
+        if dirty.is_empty() {
+            continue;
+        }
+        if let Err(e) = write(&hub, &api, &name, &dirty).await {
+            tracing::warn!(configmap = %name, error = %e, "writing pinned tool definitions failed; trying again");
+            hub.pins.redirty(dirty);
+            tokio::time::sleep(RETRY).await;
+            hub.pins.flush.notify_one();
+        }
+    }
+}
+
+/// One compare-and-set write of `dirty`'s records, read again after a lost race.
+async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str, dirty: &BTreeSet<String>) -> anyhow::Result<()> {
+    for _ in 0..ATTEMPTS {
+        let mut cm = api.get(name).await?;
+        let data = cm.data.get_or_insert_with(BTreeMap::new);
+        let mut changed = false;
+        for source in dirty {
+            let key = record_key(source);
+            if let Some(text) = hub.pins.merged(source, data.get(&key).map(String::as_str)) {
+                data.insert(key, text);
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(());
+        }
+        match api.replace(name, &PostParams::default(), &cm).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("{ATTEMPTS} writes in a row lost a race with other writers")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_record_keys_are_read_and_bad_text_is_unreadable() {
+        let cm = ConfigMap {
+            data: Some(BTreeMap::from([
+                ("upstream.gh".to_owned(), r#"{"approved":{},"pending":{}}"#.to_owned()),
+                ("upstream.bad".to_owned(), "{".to_owned()),
+                ("notes".to_owned(), "anything".to_owned()),
+            ])),
+            ..ConfigMap::default()
+        };
+        let r = records(&cm);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r["gh"], Held::Record(crate::config::upstream::pin::SourceRecord::default()));
+        assert_eq!(r["bad"], Held::Unreadable);
+    }
+}

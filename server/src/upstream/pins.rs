@@ -1,0 +1,283 @@
+//! Pinned tool definitions at run time (`pin: warn | enforce` of an upstream): the records
+//! of the approved and pending definitions of each source, what each newly listed tool set
+//! does to them, and which served names await approval (not listed, calls refused, under
+//! `enforce`).
+//!
+//! The records are kept in memory, or in a ConfigMap ([`super::pin_store`]): until that is
+//! read, an `enforce` upstream serves nothing (fail closed), and a source whose record cannot
+//! be read serves nothing of its `enforce` tools either. Decisions are made while a registry
+//! generation is built (never on the call path); a call pays nothing for pinning.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use crate::config::upstream::pin::{Seen, SourceRecord, source_budget};
+
+/// One source's record as read from the store.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Held {
+    /// A record.
+    Record(SourceRecord),
+    /// Text that is not a record: nothing of the source is approved until it is fixed or
+    /// the key deleted (which pins the definitions seen next).
+    Unreadable,
+}
+
+/// Why a listed tool is not approved.
+pub(super) const NEW: &str = "new since its upstream's definitions were approved";
+pub(super) const CHANGED: &str = "its definition changed since it was approved";
+const UNREAD: &str = "the pin record is not read yet";
+const UNREADABLE: &str = "its upstream's pin record is not readable (fix or delete it)";
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every source's record; `None` until the store was read.
+    records: Option<BTreeMap<String, Held>>,
+    /// The latest tools listed by each pinned source, and whether the list was complete.
+    seen: BTreeMap<String, (Arc<[Seen]>, bool)>,
+    /// Sources whose record changed here, to be written to the store.
+    dirty: BTreeSet<String>,
+    /// Pinned sources of the serving config: they share the record's byte budget.
+    sources: usize,
+}
+
+/// What pinning decided for one upstream's listed tools.
+#[derive(Debug, Default)]
+pub(super) struct Verdict {
+    /// Tools (names at the upstream) not approved, with why.
+    pub unapproved: Vec<(String, &'static str)>,
+    /// Definitions newly pending (counted as changes).
+    pub changes: u64,
+}
+
+/// The pin records of a server and the served names awaiting approval.
+#[derive(Debug)]
+pub struct Pins {
+    state: Mutex<State>,
+    /// Served name to its upstream, for the tools `enforce` holds back.
+    awaiting: ArcSwap<FxHashMap<String, String>>,
+    /// Signalled when a record changed here (for the store).
+    pub(super) flush: Notify,
+    /// Where the records are kept (`None`: memory).
+    store: Mutex<Option<String>>,
+}
+
+impl Default for Pins {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(State {
+                records: Some(BTreeMap::new()),
+                ..State::default()
+            }),
+            awaiting: ArcSwap::default(),
+            flush: Notify::new(),
+            store: Mutex::new(None),
+        }
+    }
+}
+
+impl Pins {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps the records in `store` (described for messages) from now on: nothing is
+    /// approved until it was read ([`Self::loaded`]).
+    pub fn use_store(&self, store: String) {
+        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
+        self.state().records = None;
+    }
+
+    /// The store's records, as read (`None`: the store is gone or not readable).
+    pub(super) fn loaded(&self, records: Option<BTreeMap<String, Held>>) {
+        self.state().records = records;
+    }
+
+    /// Sets how many sources of the serving config are pinned.
+    pub(super) fn set_sources(&self, n: usize) {
+        self.state().sources = n;
+    }
+
+    /// Decides which of `seen` (what `upstream` lists now) are approved, and updates the
+    /// source's record: the first definitions of a source are approved, later new or
+    /// changed ones are pending.
+    pub(super) fn observe(&self, upstream: &str, seen: Vec<Seen>, complete: bool) -> Verdict {
+        let persistent = self.store.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        let seen: Arc<[Seen]> = seen.into();
+        let mut st = self.state();
+        st.seen
+            .insert(upstream.to_owned(), (Arc::clone(&seen), complete));
+        let all = |why: &'static str| Verdict {
+            unapproved: seen.iter().map(|s| (s.remote.clone(), why)).collect(),
+            changes: 0,
+        };
+        let Some(records) = st.records.as_mut() else {
+            return all(UNREAD);
+        };
+        let prev = match records.get(upstream) {
+            Some(Held::Unreadable) => return all(UNREADABLE),
+            Some(Held::Record(r)) => Some(r),
+            None => None,
+        };
+        let next = SourceRecord::observe(prev, &seen, complete);
+        let changes = next
+            .pending
+            .iter()
+            .filter(|(k, p)| {
+                prev.and_then(|r| r.pending.get(*k))
+                    .is_none_or(|q| q.hash != p.hash)
+            })
+            .count() as u64;
+        let unapproved = seen
+            .iter()
+            .filter(|s| !next.approves(&s.remote, &s.hash))
+            .map(|s| {
+                let known = prev.is_some_and(|r| r.approved.contains_key(&s.remote));
+                (s.remote.clone(), if known { CHANGED } else { NEW })
+            })
+            .collect();
+        if prev != Some(&next) {
+            records.insert(upstream.to_owned(), Held::Record(next));
+            if persistent {
+                st.dirty.insert(upstream.to_owned());
+                self.flush.notify_one();
+            }
+        }
+        Verdict { unapproved, changes }
+    }
+
+    /// The served names `enforce` holds back now, with their upstreams.
+    pub(super) fn set_awaiting(&self, awaiting: FxHashMap<String, String>) {
+        self.awaiting.store(Arc::new(awaiting));
+    }
+
+    /// The upstream whose tool served as `name` awaits approval, if it does.
+    pub fn awaiting(&self, name: &str) -> Option<String> {
+        self.awaiting.load().get(name).cloned()
+    }
+
+    /// Sources to write, taken.
+    pub(super) fn take_dirty(&self) -> BTreeSet<String> {
+        std::mem::take(&mut self.state().dirty)
+    }
+
+    /// Writes `source` again later (its write failed).
+    pub(super) fn redirty(&self, sources: BTreeSet<String>) {
+        self.state().dirty.extend(sources);
+    }
+
+    /// The text `source`'s record should have in the store, given what the store holds
+    /// (`text`), or `None` when that is already it (or the stored text is unreadable,
+    /// which is left for a person to fix).
+    pub(super) fn merged(&self, source: &str, text: Option<&str>) -> Option<String> {
+        let st = self.state();
+        let (seen, complete) = st.seen.get(source)?;
+        let prev = match text {
+            None => None,
+            Some(t) => Some(SourceRecord::decode(t)?),
+        };
+        let next = SourceRecord::observe(prev.as_ref(), seen, *complete);
+        let encoded = next.encode(source_budget(st.sources));
+        (Some(encoded.as_str()) != text).then_some(encoded)
+    }
+
+    /// Approves pending definitions of `upstream` (`tools` by their names at the upstream,
+    /// every pending one when empty), for records kept in memory.
+    ///
+    /// # Errors
+    /// The records are kept in a store (approve there), or the upstream has no record.
+    pub fn approve(&self, upstream: &str, tools: &[&str]) -> Result<Vec<String>, String> {
+        if let Some(store) = &*self.store.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(format!(
+                "the pinned definitions are kept in {store}: approve with `kubectl quiver approve`"
+            ));
+        }
+        let mut st = self.state();
+        match st.records.as_mut().and_then(|r| r.get_mut(upstream)) {
+            Some(Held::Record(r)) => Ok(r.approve(tools)),
+            _ => Err(format!("no pinned definitions of upstream `{upstream}`")),
+        }
+    }
+
+    /// Every record, for `GET /pins` (definitions included).
+    pub fn report(&self) -> Value {
+        let st = self.state();
+        let store = self.store.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let sources: serde_json::Map<String, Value> = st
+            .records
+            .iter()
+            .flatten()
+            .map(|(k, held)| {
+                let v = match held {
+                    Held::Record(r) => serde_json::to_value(r).unwrap_or_default(),
+                    Held::Unreadable => json!({"unreadable": true}),
+                };
+                (k.clone(), v)
+            })
+            .collect();
+        json!({
+            "store": store.unwrap_or_else(|| "memory".into()),
+            "read": st.records.is_some(),
+            "sources": sources,
+            "awaiting": &**self.awaiting.load(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(name: &str, description: &str) -> Seen {
+        Seen::of(name, &json!({"name": name, "description": description}))
+    }
+
+    #[test]
+    fn memory_records_approve_first_then_hold_changes() {
+        let pins = Pins::default();
+        let v = pins.observe("gh", vec![seen("a", "one")], true);
+        assert!(v.unapproved.is_empty());
+        let v = pins.observe("gh", vec![seen("a", "two"), seen("b", "new")], true);
+        assert_eq!(v.unapproved, [("a".to_owned(), CHANGED), ("b".to_owned(), NEW)]);
+        assert_eq!(v.changes, 2);
+        // Seen again: nothing new counted.
+        let v = pins.observe("gh", vec![seen("a", "two"), seen("b", "new")], true);
+        assert_eq!((v.unapproved.len(), v.changes), (2, 0));
+        assert_eq!(pins.approve("gh", &["a"]).unwrap(), ["a"]);
+        let v = pins.observe("gh", vec![seen("a", "two"), seen("b", "new")], true);
+        assert_eq!(v.unapproved, [("b".to_owned(), NEW)]);
+        assert!(pins.approve("nope", &[]).is_err());
+        assert!(pins.take_dirty().is_empty(), "memory records are never written");
+    }
+
+    #[test]
+    fn a_store_not_read_or_unreadable_approves_nothing() {
+        let pins = Pins::default();
+        pins.use_store("configmap:ns/x-pins".into());
+        let v = pins.observe("gh", vec![seen("a", "one")], true);
+        assert_eq!(v.unapproved, [("a".to_owned(), UNREAD)]);
+        assert!(pins.approve("gh", &[]).unwrap_err().contains("kubectl quiver approve"));
+        pins.loaded(Some(BTreeMap::from([("gh".to_owned(), Held::Unreadable)])));
+        let v = pins.observe("gh", vec![seen("a", "one")], true);
+        assert_eq!(v.unapproved, [("a".to_owned(), UNREADABLE)]);
+        // A readable store: first seen approved, and the record is to be written.
+        pins.loaded(Some(BTreeMap::new()));
+        pins.set_sources(1);
+        assert!(pins.observe("gh", vec![seen("a", "one")], true).unapproved.is_empty());
+        assert_eq!(pins.take_dirty(), BTreeSet::from(["gh".to_owned()]));
+        let text = pins.merged("gh", None).expect("a record to write");
+        assert_eq!(pins.merged("gh", Some(&text)), None, "written once");
+        assert_eq!(pins.merged("gh", Some("not json")), None, "unreadable text is left alone");
+        // Another replica (or an approval) wrote meanwhile: merged on top of it.
+        let mut other = SourceRecord::decode(&text).unwrap();
+        other.approved.clear();
+        let theirs = serde_json::to_string(&other).unwrap();
+        let merged = SourceRecord::decode(&pins.merged("gh", Some(&theirs)).unwrap()).unwrap();
+        assert_eq!(merged.pending.keys().collect::<Vec<_>>(), ["a"]);
+    }
+}
