@@ -154,6 +154,7 @@ upstreams:
   - name: inner
     stdio: {command: ["$BIN/quiver-server", --stdio, --admin-listen, "off", --config, "file:$ROOT/tests/observability/tools.yaml"]}
     tools: {prefix: inner_, include: [add, greet]}
+    pin: warn
 YAML
   port="$(free_port)"; admin="$(free_port)"
   "$BIN/quiver-server" --config "file:$STATE/servers/tools-$i.yaml" --listen "127.0.0.1:$port" \

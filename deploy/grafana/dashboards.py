@@ -232,6 +232,12 @@ def dispatch():
         ], 16, 72, w=8, unit="ops", thresholds=[(0.001, "red")],
             description="Task operations the shared task store (the Redis of spec.tasks.redis) did not answer; "
                         "each is a -32603 to the client. Anything above zero is a failing store."),
+        panel(26, "Tool definitions awaiting approval", "timeseries", [
+            target(f"max by (upstream) (quiver_upstream_tools_awaiting_approval{{{SEL}}})", "pending {{upstream}}", "A"),
+            target(f"sum by (upstream) (increase(quiver_upstream_definition_changes_total{{{SEL}}}[{RI}]))", "changed {{upstream}}", "B"),
+        ], 0, 80, w=24, unit="short", thresholds=[(1, "orange")],
+            description="Pinned upstreams (pin: warn or enforce): tools whose definition is new or changed since approved "
+                        "(held back under enforce), and definitions that changed. See kubectl quiver status; approve with kubectl quiver approve."),
     ]
     return dashboard("quiver-dispatch", "Quiver / Dispatch", "Latency, traffic, governance, tasks and upstreams of Quiver MCP servers.", p, True)
 
