@@ -69,6 +69,15 @@ class Namespace:
         text = obj if isinstance(obj, str) else json.dumps(obj)
         self.k("apply", "-f", "-", stdin=text)
 
+    def quiver(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`kubectl quiver -n NS ARGS` (kubectl finds kubectl-quiver on PATH)."""
+        proc = subprocess.run(
+            ["kubectl", "quiver", "-n", self.name, *args], capture_output=True, text=True, timeout=120
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl quiver {' '.join(args)}: exit {proc.returncode}: {proc.stderr}{proc.stdout}")
+        return proc
+
     def patch_mcps(self, name: str, patch: dict) -> None:
         self.k("patch", "mcpservers", name, "--type=merge", "-p", json.dumps(patch))
 

@@ -58,13 +58,8 @@ SERVER = {
 
 
 def quiver(ns: Namespace, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`kubectl quiver -n NS ARGS` (kubectl finds kubectl-quiver on PATH)."""
-    proc = subprocess.run(
-        ["kubectl", "quiver", "-n", ns.name, *args], capture_output=True, text=True, timeout=120
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"kubectl quiver {' '.join(args)}: exit {proc.returncode}: {proc.stderr}{proc.stdout}")
-    return proc
+    """`kubectl quiver -n NS ARGS`."""
+    return ns.quiver(*args, check=check)
 
 
 def test_kubectl_quiver_lists_calls_and_reports_status(ns: Namespace):
