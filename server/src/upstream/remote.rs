@@ -46,8 +46,12 @@ pub(super) struct Remote {
     /// The lean client's pool (plain `http://` only), which sends every POST.
     lean: Option<h1::Pool>,
     session: Mutex<Option<Session>>,
-    /// Sessions opened by calls made as their callers (`identity`), by credential.
-    caller_sessions: std::sync::Mutex<rustc_hash::FxHashMap<[u8; 16], Session>>,
+    /// Sessions opened by calls made as their callers (`identity`), by credential: the
+    /// `Authorization` value itself (a clone shares its bytes), compared exactly, so two
+    /// credentials never share a session. It lives no longer than the warm credential that
+    /// made it, and hashing it per call costs a few hundred instructions where a digest cost
+    /// tens of thousands.
+    caller_sessions: std::sync::Mutex<rustc_hash::FxHashMap<HeaderValue, Session>>,
     /// Signalled when a request found the connection gone.
     lost: tokio::sync::Notify,
     /// Requests in flight (more are refused as `busy`).
@@ -58,15 +62,6 @@ pub(super) struct Remote {
 
 /// Sessions of calls made as their callers kept per upstream (more: one is forgotten).
 const MAX_CALLER_SESSIONS: usize = 256;
-
-/// Which caller session a credential uses: a digest of it (the credential is not kept).
-fn credential_key(auth: &HeaderValue) -> [u8; 16] {
-    use sha2::Digest;
-    let d = sha2::Sha256::digest(auth.as_bytes());
-    let mut k = [0; 16];
-    k.copy_from_slice(&d[..16]);
-    k
-}
 
 /// Answers to an upstream's requests in flight at once.
 const MAX_REPLIES: usize = 8;
@@ -435,23 +430,22 @@ impl Remote {
         let Some(a) = auth else {
             return self.session().await;
         };
-        let key = credential_key(a);
-        if let Some(s) = self.caller_session(|m| m.get(&key).cloned()) {
+        if let Some(s) = self.caller_session(|m| m.get(a).cloned()) {
             return Ok(s);
         }
         let (session, _, _) = self.open(Some(a)).await?;
         self.caller_session(|m| {
             if m.len() >= MAX_CALLER_SESSIONS {
                 // The oldest is not known; any one goes (its caller opens another).
-                let k = m.keys().next().copied();
+                let k = m.keys().next().cloned();
                 k.map(|k| m.remove(&k));
             }
-            m.insert(key, session.clone());
+            m.insert(a.clone(), session.clone());
         });
         Ok(session)
     }
 
-    fn caller_session<T>(&self, f: impl FnOnce(&mut rustc_hash::FxHashMap<[u8; 16], Session>) -> T) -> T {
+    fn caller_session<T>(&self, f: impl FnOnce(&mut rustc_hash::FxHashMap<HeaderValue, Session>) -> T) -> T {
         f(&mut self
             .caller_sessions
             .lock()
@@ -460,10 +454,9 @@ impl Remote {
 
     async fn forget_session(&self, old: &Session, auth: Option<&HeaderValue>) {
         if let Some(a) = auth {
-            let key = credential_key(a);
             self.caller_session(|m| {
-                if m.get(&key).is_some_and(|cur| cur.id == old.id) {
-                    m.remove(&key);
+                if m.get(a).is_some_and(|cur| cur.id == old.id) {
+                    m.remove(a);
                 }
             });
             return;
