@@ -373,8 +373,8 @@ mod tests {
         let kept = ObjectRef::<McpServer>::new("kept").within("ns");
         backoff.fail(gone.clone());
         backoff.fail(kept.clone());
-        memo.record(&gone, "ConfigMap", 1, "7".into());
-        memo.record(&kept, "ConfigMap", 1, "7".into());
+        memo.record(&gone, ("ConfigMap", "x"), 1, "7".into());
+        memo.record(&kept, ("ConfigMap", "x"), 1, "7".into());
         forget_deleted(
             &backoff,
             &memo,
@@ -382,7 +382,7 @@ mod tests {
         );
         assert_eq!(backoff.len(), 1);
         assert_eq!(memo.len(), 1);
-        assert!(memo.unchanged(&kept, "ConfigMap", 1, "7"), "kept is kept");
+        assert!(memo.unchanged(&kept, ("ConfigMap", "x"), 1, "7"), "kept is kept");
         assert_eq!(
             backoff.fail(gone),
             std::time::Duration::from_secs(1),

@@ -55,7 +55,6 @@ pub fn app(state: Arc<AdminState>) -> Router {
         .route("/status", get(status))
         .route("/oauth/tokens", delete(revoke))
         .route("/pins", get(pins))
-        .route("/pins/approve", axum::routing::post(approve_pins))
         .with_state(state)
 }
 
@@ -115,30 +114,6 @@ async fn revoke(State(s): State<Arc<AdminState>>, RawQuery(q): RawQuery) -> Resp
 /// where they are kept, and the served names held back.
 async fn pins(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
     Json(s.server.exec.upstreams.pins.report())
-}
-
-/// `POST /pins/approve?upstream=NAME[&tool=REMOTE...]`: approves pending definitions kept in
-/// memory (every pending one of the upstream without `tool`); answers `{"approved": [...]}`.
-/// 409 when they are kept in a ConfigMap (`kubectl quiver approve` edits it).
-async fn approve_pins(State(s): State<Arc<AdminState>>, RawQuery(q): RawQuery) -> Response {
-    let params = crate::oauth::flow::parse_query(q.as_deref().unwrap_or_default()).unwrap_or_default();
-    let Some(upstream) = params
-        .iter()
-        .find(|(k, v)| k == "upstream" && !v.is_empty() && v.len() <= 63)
-        .map(|(_, v)| v.as_str())
-    else {
-        return (StatusCode::BAD_REQUEST, "want ?upstream=NAME and optionally &tool=NAME (repeated)").into_response();
-    };
-    let tools: Vec<&str> = params
-        .iter()
-        .filter(|(k, _)| k == "tool")
-        .map(|(_, v)| v.as_str())
-        .take(crate::config::upstream::MAX_UPSTREAM_TOOLS)
-        .collect();
-    match s.server.exec.upstreams.approve_pins(upstream, &tools) {
-        Ok(approved) => Json(json!({"approved": approved})).into_response(),
-        Err(e) => (StatusCode::CONFLICT, e).into_response(),
-    }
 }
 
 async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {

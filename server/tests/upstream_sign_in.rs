@@ -343,6 +343,12 @@ impl Caller {
                 .header("mcp-session-id", s)
                 .header("mcp-protocol-version", "2025-11-25");
         }
+        self.answer(req, body).await
+    }
+
+    /// Sends `req` with `body` and reads its JSON-RPC answer (JSON, or the SSE event
+    /// holding it).
+    async fn answer(&self, req: http::request::Builder, body: String) -> Value {
         let r = send(&self.http, req.body(Full::new(Bytes::from(body))).unwrap()).await;
         let t = text(&r);
         let json = t
@@ -387,17 +393,7 @@ impl Caller {
             .header("mcp-protocol-version", "2026-07-28")
             .header("mcp-method", "tools/call")
             .header("mcp-name", tool);
-        let r = send(
-            &self.http,
-            req.body(Full::new(Bytes::from(body.to_string()))).unwrap(),
-        )
-        .await;
-        let t = text(&r);
-        let json = t
-            .lines()
-            .find_map(|l| l.strip_prefix("data:"))
-            .map_or(t.as_str(), str::trim);
-        serde_json::from_str(json).unwrap_or_else(|_| panic!("{}: {t}", r.status()))
+        self.answer(req, body.to_string()).await
     }
 
     /// The sign-in link a call of `tool` answers with.

@@ -21,6 +21,12 @@ fn hazardous(c: char) -> bool {
             | '\u{FFF9}'..='\u{FFFB}'
             // Line and paragraph separators (the other line breaks are controls).
             | '\u{2028}' | '\u{2029}'
+            // Invisible characters a model reads and a terminal does not show: soft hyphen,
+            // zero-width space, joiners and the like, word joiner and invisible operators,
+            // the byte order mark, tag characters, variation selectors (which can carry
+            // hidden bytes).
+            | '\u{00AD}' | '\u{180E}' | '\u{200B}'..='\u{200D}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}'
+            | '\u{E0000}'..='\u{E007F}' | '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}'
         )
 }
 

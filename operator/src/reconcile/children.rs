@@ -297,12 +297,14 @@ impl Walk<'_> {
         Ok(State::Taken)
     }
 
-    /// Whether every kind `child` needs is (or will be) this McpServer's.
+    /// Whether every child of each kind `child` needs is (or will be) this McpServer's (the
+    /// Role grants reading the tools ConfigMap and updating the pins ConfigMap: neither may
+    /// be another's).
     fn needs_met(&self, list: &[Child<'_>], child: &Child<'_>) -> bool {
         child.needs.iter().all(|kind| {
-            list.iter()
-                .position(|c| c.kind == *kind)
-                .is_some_and(|i| matches!(self.states[i], State::Free | State::Applied))
+            let mut of_kind = list.iter().enumerate().filter(|(_, c)| c.kind == *kind).peekable();
+            of_kind.peek().is_some()
+                && of_kind.all(|(i, c)| c.write.is_none() || matches!(self.states[i], State::Free | State::Applied))
         })
     }
 
@@ -322,7 +324,7 @@ impl Walk<'_> {
                 .instrument(tracing::info_span!("delete", kind = child.kind))
                 .await?;
         }
-        self.ctx.memo.forget_child(&self.owner, child.kind);
+        self.ctx.memo.forget_child(&self.owner, (child.kind, &child.name));
         Ok(State::Removed)
     }
 
@@ -335,7 +337,7 @@ impl Walk<'_> {
         else {
             return false;
         };
-        if !self.ctx.memo.unchanged(&self.owner, child.kind, digest, &version) {
+        if !self.ctx.memo.unchanged(&self.owner, (child.kind, &child.name), digest, &version) {
             return false;
         }
         if child.kind != DEPLOYMENT {
@@ -354,7 +356,7 @@ impl Walk<'_> {
     ) -> Result<(), Error> {
         let span = tracing::info_span!("apply", kind = child.kind);
         // Forgotten first: a failed apply may still have changed the object.
-        self.ctx.memo.forget_child(&self.owner, child.kind);
+        self.ctx.memo.forget_child(&self.owner, (child.kind, &child.name));
         let written = match write {
             Write::Typed(obj) => obj.apply(&self.ctx.client, self.ns).instrument(span).await?,
             Write::Served(obj, unavailable) => {
@@ -378,7 +380,7 @@ impl Walk<'_> {
             self.ctx.memo.record_deployment(&self.owner, d);
         }
         if let (Some(digest), Some(version)) = (digest, written.version) {
-            self.ctx.memo.record(&self.owner, child.kind, digest, version);
+            self.ctx.memo.record(&self.owner, (child.kind, &child.name), digest, version);
         }
         if written.deployment.is_some() {
             self.deployment = written.deployment;

@@ -6,7 +6,7 @@
 //! version or no object in the store, a store that is not current, a different desired object,
 //! no record (a new operator process).
 //!
-//! The table is keyed by McpServer and holds one record per child kind; an McpServer's records
+//! The table is keyed by McpServer and holds one record per child (kind and name); an McpServer's records
 //! go when it is found deleted or its spec turns invalid, so the table holds at most the
 //! McpServers the operator serves.
 
@@ -25,6 +25,9 @@ use crate::crd::McpServer;
 #[derive(Debug)]
 struct Record {
     kind: &'static str,
+    /// Its name: an McpServer may have two children of a kind (the tools and pins
+    /// ConfigMaps).
+    name: String,
     digest: u64,
     version: String,
 }
@@ -88,28 +91,29 @@ impl Memo {
         Some(hasher.finish())
     }
 
-    /// Whether the child `kind` of `owner` was last applied as `digest` and answered with
-    /// `version`.
-    pub fn unchanged(&self, owner: &ObjectRef<McpServer>, kind: &str, digest: u64, version: &str) -> bool {
+    /// Whether the child `kind` named `name` of `owner` was last applied as `digest` and
+    /// answered with `version`.
+    pub fn unchanged(&self, owner: &ObjectRef<McpServer>, (kind, name): (&str, &str), digest: u64, version: &str) -> bool {
         self.table().get(owner).is_some_and(|e| {
             e.children
                 .iter()
-                .any(|r| r.kind == kind && r.digest == digest && r.version == version)
+                .any(|r| r.kind == kind && r.name == name && r.digest == digest && r.version == version)
         })
     }
 
-    /// Records that the child `kind` of `owner` was applied as `digest` and is now at
+    /// Records that the child `kind` named `name` of `owner` was applied as `digest` and is now at
     /// `version`.
-    pub fn record(&self, owner: &ObjectRef<McpServer>, kind: &'static str, digest: u64, version: String) {
+    pub fn record(&self, owner: &ObjectRef<McpServer>, (kind, name): (&'static str, &str), digest: u64, version: String) {
         let mut table = self.table();
         let entry = table.entry(owner.clone()).or_default();
-        match entry.children.iter_mut().find(|r| r.kind == kind) {
+        match entry.children.iter_mut().find(|r| r.kind == kind && r.name == name) {
             Some(r) => {
                 r.digest = digest;
                 r.version = version;
             }
             None => entry.children.push(Record {
                 kind,
+                name: name.to_owned(),
                 digest,
                 version,
             }),
@@ -127,9 +131,9 @@ impl Memo {
     }
 
     /// Drops the record of the child `kind` of `owner` (its apply failed or it is removed).
-    pub fn forget_child(&self, owner: &ObjectRef<McpServer>, kind: &str) {
+    pub fn forget_child(&self, owner: &ObjectRef<McpServer>, (kind, name): (&str, &str)) {
         if let Some(e) = self.table().get_mut(owner) {
-            e.children.retain(|r| r.kind != kind);
+            e.children.retain(|r| r.kind != kind || r.name != name);
         }
     }
 
@@ -173,20 +177,25 @@ mod tests {
         let (a, b) = (owner("a"), owner("b"));
         let sent = memo.digest(&config_map("1")).unwrap();
         assert_eq!(memo.digest(&config_map("1")), Some(sent), "stable");
-        assert!(!memo.unchanged(&a, "ConfigMap", sent, "7"), "no record");
-        memo.record(&a, "ConfigMap", sent, "7".into());
-        assert!(memo.unchanged(&a, "ConfigMap", sent, "7"));
-        assert!(!memo.unchanged(&a, "ConfigMap", sent, "8"), "written since");
+        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), sent, "7"), "no record");
+        memo.record(&a, ("ConfigMap", "x"), sent, "7".into());
+        assert!(memo.unchanged(&a, ("ConfigMap", "x"), sent, "7"));
+        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), sent, "8"), "written since");
         let other = memo.digest(&config_map("2")).unwrap();
         assert_ne!(other, sent);
-        assert!(!memo.unchanged(&a, "ConfigMap", other, "7"), "a different object");
-        assert!(!memo.unchanged(&a, "Service", sent, "7"), "another kind");
-        assert!(!memo.unchanged(&b, "ConfigMap", sent, "7"), "another McpServer");
-        memo.record(&a, "ConfigMap", other, "9".into());
-        assert!(memo.unchanged(&a, "ConfigMap", other, "9"), "replaced");
-        assert!(!memo.unchanged(&a, "ConfigMap", sent, "7"));
-        memo.forget_child(&a, "ConfigMap");
-        assert!(!memo.unchanged(&a, "ConfigMap", other, "9"));
+        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), other, "7"), "a different object");
+        assert!(!memo.unchanged(&a, ("Service", "x"), sent, "7"), "another kind");
+        assert!(!memo.unchanged(&b, ("ConfigMap", "x"), sent, "7"), "another McpServer");
+        memo.record(&a, ("ConfigMap", "x"), other, "9".into());
+        assert!(memo.unchanged(&a, ("ConfigMap", "x"), other, "9"), "replaced");
+        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), sent, "7"));
+        // Another child of the same kind has a record of its own.
+        memo.record(&a, ("ConfigMap", "y"), sent, "3".into());
+        assert!(memo.unchanged(&a, ("ConfigMap", "x"), other, "9"), "the other ConfigMap's record is kept");
+        assert!(memo.unchanged(&a, ("ConfigMap", "y"), sent, "3"));
+        memo.forget_child(&a, ("ConfigMap", "x"));
+        assert!(memo.unchanged(&a, ("ConfigMap", "y"), sent, "3"));
+        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), other, "9"));
     }
 
     #[test]
@@ -204,9 +213,9 @@ mod tests {
             }),
             ..Deployment::default()
         };
-        memo.record(&owner("a"), "Deployment", 1, "7".into());
+        memo.record(&owner("a"), ("Deployment", "x"), 1, "7".into());
         memo.record_deployment(&owner("a"), &d);
-        memo.record(&owner("b"), "Deployment", 1, "7".into());
+        memo.record(&owner("b"), ("Deployment", "x"), 1, "7".into());
         assert_eq!(memo.len(), 2);
         let kept = memo.deployment(&owner("a")).unwrap();
         assert_eq!(kept.metadata.generation, Some(4));

@@ -203,10 +203,13 @@ pub fn pins(
     let pending: Vec<String> = records
         .iter()
         .flat_map(|(u, r)| {
-            r.pending.keys().map(move |t| {
-                let how = if r.approved.contains_key(t) { "changed" } else { "new" };
-                format!("{u}/{t} ({how})")
-            })
+            r.pending
+                .keys()
+                .map(move |t| {
+                    let how = if r.approved.contains_key(t) { "changed" } else { "new" };
+                    format!("{u}/{t} ({how})")
+                })
+                .chain(r.unrecorded.iter().map(move |t| format!("{u}/{t} (not recorded)")))
         })
         .collect();
     let before = s

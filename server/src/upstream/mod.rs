@@ -435,6 +435,8 @@ enum Conn {
 /// A tool list as an upstream listed it, and its hash.
 #[derive(Debug, Default)]
 struct Listed {
+    /// Whether the upstream listed its tools yet (the default is the empty list before).
+    read: bool,
     tools: Vec<Value>,
     hash: u64,
     /// The list was longer than is kept (entries or bytes).
@@ -627,14 +629,25 @@ impl Link {
                 break;
             }
         }
+        if cursor.is_some() {
+            tracing::warn!(upstream = %self.name, pages = MAX_LIST_PAGES, "the upstream lists more pages than are read; the rest is not read");
+            cut = true;
+        }
         let mut h = FxHasher::default();
         serde_json::to_string(&tools).unwrap_or_default().hash(&mut h);
+        cut.hash(&mut h);
         let hash = h.finish();
-        if self.listed.load().hash == hash && hash != 0 {
+        let last = self.listed.load();
+        if last.read && last.hash == hash {
             return false;
         }
         tracing::info!(upstream = %self.name, tools = tools.len(), "upstream tools listed");
-        self.listed.store(Arc::new(Listed { tools, hash, cut }));
+        self.listed.store(Arc::new(Listed {
+            read: true,
+            tools,
+            hash,
+            cut,
+        }));
         true
     }
 
@@ -908,8 +921,14 @@ impl Hub {
     /// tools, which win any name) and folds the lists into its hash. Tools a pinned upstream
     /// lists with definitions not approved are held back (`enforce`) or reported (`warn`).
     pub fn expand(&self, compiled: &mut CompiledToolSet, links: &[Arc<Link>]) {
-        let pinned = compiled.upstreams.iter().filter(|u| u.pin.is_on()).count();
-        self.pins.set_sources(pinned);
+        self.pins.set_sources(
+            compiled
+                .upstreams
+                .iter()
+                .filter(|u| u.pin.is_on())
+                .map(|u| u.name.clone())
+                .collect(),
+        );
         if links.is_empty() {
             self.pins.set_awaiting(FxHashMap::default());
             return;
@@ -921,7 +940,7 @@ impl Hub {
             let listed = link.listed.load();
             listed.hash.hash(&mut h);
             let (mut tools, mut report) = u.import(i, &listed.tools, &mut taken);
-            if u.pin.is_on() && listed.hash != 0 {
+            if u.pin.is_on() && listed.read {
                 self.pin(u, link, &listed, &mut tools, &mut report, &mut awaiting);
                 // An approval changes what is served without a new list.
                 report.awaiting.hash(&mut h);
@@ -960,11 +979,14 @@ impl Hub {
     ) {
         use crate::config::compiled::CompiledHandler;
         use crate::config::upstream::pin::{PinMode, Seen};
-        let entries: FxHashMap<&str, &Value> = listed
-            .tools
-            .iter()
-            .filter_map(|t| Some((t.get("name")?.as_str()?, t)))
-            .collect();
+        // The entry `import` served is a name's first; a name listed more than once is pinned
+        // as all of its entries together, so it is never approved as one of them.
+        let mut entries: FxHashMap<&str, Vec<&Value>> = FxHashMap::default();
+        for t in &listed.tools {
+            if let Some(n) = t.get("name").and_then(Value::as_str) {
+                entries.entry(n).or_default().push(t);
+            }
+        }
         let remote = |t: &crate::config::compiled::CompiledTool| match &t.handler {
             CompiledHandler::Upstream(c) => Some(c.remote.clone()),
             _ => None,
@@ -973,7 +995,10 @@ impl Hub {
             .iter()
             .filter_map(|t| {
                 let r = remote(t)?;
-                Some(Seen::of(&r, entries.get(r.as_str())?))
+                match entries.get(r.as_str())?.as_slice() {
+                    [one] => Some(Seen::of(&r, one)),
+                    many => Some(Seen::of_many(&r, many)),
+                }
             })
             .collect();
         let verdict = self.pins.observe(&u.name, seen, !listed.cut);
@@ -1006,17 +1031,6 @@ impl Hub {
             false
         });
         report.imported = tools.len();
-    }
-
-    /// Approves pending definitions kept in memory ([`pins::Pins::approve`]) and rebuilds
-    /// the registry with them.
-    ///
-    /// # Errors
-    /// As [`pins::Pins::approve`].
-    pub fn approve_pins(&self, upstream: &str, tools: &[&str]) -> Result<Vec<String>, String> {
-        let approved = self.pins.approve(upstream, tools)?;
-        self.changed.notify_one();
-        Ok(approved)
     }
 
     /// Signalled when an upstream's tool list changed.

@@ -20,12 +20,18 @@ use kube::runtime::watcher::{self, Event};
 
 use super::Hub;
 use super::pins::Held;
-use crate::config::upstream::pin::{read_records, record_key};
+use crate::config::upstream::pin::{read_records, record_key, source_budget, upstream_of_key};
 
 /// Write attempts per flush before waiting for the next change.
 const ATTEMPTS: usize = 5;
 /// Wait after a failed write before trying again.
 const RETRY: Duration = Duration::from_secs(2);
+/// Shortest time between two writes of one server: an upstream that changes its tools
+/// every second (or replicas that see different definitions) costs the API server one
+/// write per this interval per pod, at most.
+const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(5);
+/// Largest ConfigMap this server writes (the API server refuses over 1 MiB).
+const MAX_CONFIGMAP_BYTES: usize = 1_000_000;
 
 /// The records a ConfigMap holds (keys that are not records are ignored).
 fn records(cm: &ConfigMap) -> BTreeMap<String, Held> {
@@ -54,13 +60,13 @@ pub async fn keep_in_configmap(hub: Arc<Hub>, namespace: String, name: String) -
         match ev {
             Ok(Event::Apply(cm) | Event::InitApply(cm)) => {
                 seen = true;
-                hub.pins.loaded(Some(records(&cm)));
+                hub.pins.loaded(records(&cm));
                 hub.changed.notify_one();
             }
             Ok(Event::Delete(_)) => {
-                tracing::warn!(store = %origin, "pin ConfigMap deleted; enforced upstreams serve nothing until it exists again");
-                hub.pins.loaded(None);
-                hub.changed.notify_one();
+                // What this server holds keeps deciding; once the ConfigMap exists again
+                // (empty), each upstream is pinned afresh.
+                tracing::warn!(store = %origin, "pin ConfigMap deleted; its records are written again once it exists");
             }
             Ok(Event::InitDone) if !seen => {
                 tracing::warn!(store = %origin, "pin ConfigMap not found; enforced upstreams serve nothing until it exists")
@@ -80,24 +86,36 @@ async fn write_changes(hub: Arc<Hub>, api: Api<ConfigMap>, name: String) {
         if dirty.is_empty() {
             continue;
         }
-        if let Err(e) = write(&hub, &api, &name, &dirty).await {
-            tracing::warn!(configmap = %name, error = %e, "writing pinned tool definitions failed; trying again");
-            hub.pins.redirty(dirty);
-            tokio::time::sleep(RETRY).await;
-            hub.pins.flush.notify_one();
+        match write(&hub, &api, &name).await {
+            Ok(()) => tokio::time::sleep(MIN_WRITE_INTERVAL).await,
+            Err(e) => {
+                tracing::warn!(configmap = %name, error = %e, "writing pinned tool definitions failed; trying again");
+                hub.pins.redirty(dirty);
+                tokio::time::sleep(RETRY.max(MIN_WRITE_INTERVAL)).await;
+                hub.pins.flush.notify_one();
+            }
         }
     }
 }
 
-/// One compare-and-set write of `dirty`'s records, read again after a lost race.
-async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str, dirty: &BTreeSet<String>) -> anyhow::Result<()> {
+/// One compare-and-set write of every record, read again after a lost race: the sources
+/// this server saw listed merged with what it saw, and every record (other sources', those
+/// of upstreams no longer configured) kept within an equal share of the budget, so the
+/// ConfigMap stays under 1 MiB however many upstreams come and go.
+async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str) -> anyhow::Result<()> {
     for _ in 0..ATTEMPTS {
         let mut cm = api.get(name).await?;
         let data = cm.data.get_or_insert_with(BTreeMap::new);
+        let sources: BTreeSet<String> = data
+            .keys()
+            .filter_map(|k| upstream_of_key(k).map(str::to_owned))
+            .chain(hub.pins.sources())
+            .collect();
+        let budget = source_budget(sources.len());
         let mut changed = false;
-        for source in dirty {
+        for source in &sources {
             let key = record_key(source);
-            if let Some(text) = hub.pins.merged(source, data.get(&key).map(String::as_str)) {
+            if let Some(text) = hub.pins.merged(source, data.get(&key).map(String::as_str), budget) {
                 data.insert(key, text);
                 changed = true;
             }
@@ -105,8 +123,15 @@ async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str, dirty: &BTreeSet<Str
         if !changed {
             return Ok(());
         }
+        let size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if size > MAX_CONFIGMAP_BYTES {
+            anyhow::bail!("the records would take {size} bytes (unreadable records are not shrunk): fix or delete them");
+        }
         match api.replace(name, &PostParams::default(), &cm).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                hub.pins.written(sources);
+                return Ok(());
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => return Err(e.into()),
         }

@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use crate::config::upstream::pin::{Seen, SourceRecord, source_budget};
+use crate::config::upstream::pin::{Seen, SourceRecord};
 
 /// One source's record as read from the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,8 +42,12 @@ struct State {
     seen: BTreeMap<String, (Arc<[Seen]>, bool)>,
     /// Sources whose record changed here, to be written to the store.
     dirty: BTreeSet<String>,
-    /// Pinned sources of the serving config: they share the record's byte budget.
-    sources: usize,
+    /// Sources whose record the store held or this server wrote: a key of one of them that
+    /// leaves the store was deleted (which pins afresh); of the others, it never got there,
+    /// and what this server holds is kept and written.
+    persisted: BTreeSet<String>,
+    /// Pinned sources of the serving config.
+    sources: BTreeSet<String>,
 }
 
 /// What pinning decided for one upstream's listed tools.
@@ -93,14 +97,46 @@ impl Pins {
         self.state().records = None;
     }
 
-    /// The store's records, as read (`None`: the store is gone or not readable).
-    pub(super) fn loaded(&self, records: Option<BTreeMap<String, Held>>) {
-        self.state().records = records;
+    /// The store's records, as read. A source this server holds a record of that never
+    /// reached the store (its write failed or is pending) keeps it, to be written; a source
+    /// whose key was deleted from the store is pinned afresh.
+    pub(super) fn loaded(&self, mut records: BTreeMap<String, Held>) {
+        let mut st = self.state();
+        let mut unwritten = Vec::new();
+        for (source, held) in st.records.iter().flatten() {
+            if !records.contains_key(source) && !st.persisted.contains(source) {
+                unwritten.push((source.clone(), held.clone()));
+            }
+        }
+        let State {
+            persisted, dirty, ..
+        } = &mut *st;
+        persisted.extend(records.keys().cloned());
+        for (source, held) in unwritten {
+            dirty.insert(source.clone());
+            records.insert(source, held);
+        }
+        let again = !st.dirty.is_empty();
+        st.records = Some(records);
+        drop(st);
+        if again {
+            self.flush.notify_one();
+        }
     }
 
-    /// Sets how many sources of the serving config are pinned.
-    pub(super) fn set_sources(&self, n: usize) {
-        self.state().sources = n;
+    /// Records that `sources` were written to the store.
+    pub(super) fn written(&self, sources: impl IntoIterator<Item = String>) {
+        self.state().persisted.extend(sources);
+    }
+
+    /// Sets the pinned sources of the serving config.
+    pub(super) fn set_sources(&self, sources: BTreeSet<String>) {
+        self.state().sources = sources;
+    }
+
+    /// The pinned sources of the serving config.
+    pub(super) fn sources(&self) -> BTreeSet<String> {
+        self.state().sources.clone()
     }
 
     /// Decides which of `seen` (what `upstream` lists now) are approved, and updates the
@@ -172,36 +208,22 @@ impl Pins {
     }
 
     /// The text `source`'s record should have in the store, given what the store holds
-    /// (`text`), or `None` when that is already it (or the stored text is unreadable,
-    /// which is left for a person to fix).
-    pub(super) fn merged(&self, source: &str, text: Option<&str>) -> Option<String> {
+    /// (`text`), within `budget` bytes, or `None` when that is already it. A source this
+    /// server saw listed is merged with what it lists; another is only kept within the
+    /// budget; stored text that is unreadable is left for a person to fix.
+    pub(super) fn merged(&self, source: &str, text: Option<&str>, budget: usize) -> Option<String> {
         let st = self.state();
-        let (seen, complete) = st.seen.get(source)?;
         let prev = match text {
             None => None,
             Some(t) => Some(SourceRecord::decode(t)?),
         };
-        let next = SourceRecord::observe(prev.as_ref(), seen, *complete);
-        let encoded = next.encode(source_budget(st.sources));
+        let next = match (st.seen.get(source), prev) {
+            (Some((seen, complete)), prev) => SourceRecord::observe(prev.as_ref(), seen, *complete),
+            (None, Some(prev)) => prev,
+            (None, None) => return None,
+        };
+        let encoded = next.encode(budget);
         (Some(encoded.as_str()) != text).then_some(encoded)
-    }
-
-    /// Approves pending definitions of `upstream` (`tools` by their names at the upstream,
-    /// every pending one when empty), for records kept in memory.
-    ///
-    /// # Errors
-    /// The records are kept in a store (approve there), or the upstream has no record.
-    pub fn approve(&self, upstream: &str, tools: &[&str]) -> Result<Vec<String>, String> {
-        if let Some(store) = &*self.store.lock().unwrap_or_else(PoisonError::into_inner) {
-            return Err(format!(
-                "the pinned definitions are kept in {store}: approve with `kubectl quiver approve`"
-            ));
-        }
-        let mut st = self.state();
-        match st.records.as_mut().and_then(|r| r.get_mut(upstream)) {
-            Some(Held::Record(r)) => Ok(r.approve(tools)),
-            _ => Err(format!("no pinned definitions of upstream `{upstream}`")),
-        }
     }
 
     /// Every record, for `GET /pins` (definitions included).
@@ -248,10 +270,9 @@ mod tests {
         // Seen again: nothing new counted.
         let v = pins.observe("gh", vec![seen("a", "two"), seen("b", "new")], true);
         assert_eq!((v.unapproved.len(), v.changes), (2, 0));
-        assert_eq!(pins.approve("gh", &["a"]).unwrap(), ["a"]);
-        let v = pins.observe("gh", vec![seen("a", "two"), seen("b", "new")], true);
-        assert_eq!(v.unapproved, [("b".to_owned(), NEW)]);
-        assert!(pins.approve("nope", &[]).is_err());
+        // Changed back: served again.
+        let v = pins.observe("gh", vec![seen("a", "one")], true);
+        assert!(v.unapproved.is_empty());
         assert!(pins.take_dirty().is_empty(), "memory records are never written");
     }
 
@@ -261,23 +282,46 @@ mod tests {
         pins.use_store("configmap:ns/x-pins".into());
         let v = pins.observe("gh", vec![seen("a", "one")], true);
         assert_eq!(v.unapproved, [("a".to_owned(), UNREAD)]);
-        assert!(pins.approve("gh", &[]).unwrap_err().contains("kubectl quiver approve"));
-        pins.loaded(Some(BTreeMap::from([("gh".to_owned(), Held::Unreadable)])));
+        pins.loaded(BTreeMap::from([("gh".to_owned(), Held::Unreadable)]));
         let v = pins.observe("gh", vec![seen("a", "one")], true);
         assert_eq!(v.unapproved, [("a".to_owned(), UNREADABLE)]);
         // A readable store: first seen approved, and the record is to be written.
-        pins.loaded(Some(BTreeMap::new()));
-        pins.set_sources(1);
+        pins.loaded(BTreeMap::new());
         assert!(pins.observe("gh", vec![seen("a", "one")], true).unapproved.is_empty());
         assert_eq!(pins.take_dirty(), BTreeSet::from(["gh".to_owned()]));
-        let text = pins.merged("gh", None).expect("a record to write");
-        assert_eq!(pins.merged("gh", Some(&text)), None, "written once");
-        assert_eq!(pins.merged("gh", Some("not json")), None, "unreadable text is left alone");
+        let text = pins.merged("gh", None, 4096).expect("a record to write");
+        assert_eq!(pins.merged("gh", Some(&text), 4096), None, "written once");
+        assert_eq!(pins.merged("gh", Some("not json"), 4096), None, "unreadable text is left alone");
         // Another replica (or an approval) wrote meanwhile: merged on top of it.
         let mut other = SourceRecord::decode(&text).unwrap();
         other.approved.clear();
         let theirs = serde_json::to_string(&other).unwrap();
-        let merged = SourceRecord::decode(&pins.merged("gh", Some(&theirs)).unwrap()).unwrap();
+        let merged = SourceRecord::decode(&pins.merged("gh", Some(&theirs), 4096).unwrap()).unwrap();
         assert_eq!(merged.pending.keys().collect::<Vec<_>>(), ["a"]);
+        // A source this server never saw listed is only kept within the budget.
+        let big = SourceRecord::observe(None, &(0..50).map(|i| seen(&format!("t{i}"), &"x".repeat(500))).collect::<Vec<_>>(), true);
+        let shrunk = pins.merged("other", Some(&serde_json::to_string(&big).unwrap()), 4096).unwrap();
+        assert!(shrunk.len() <= 4096);
+        assert_eq!(pins.merged("nothing", None, 4096), None);
+    }
+
+    #[test]
+    fn a_record_that_never_reached_the_store_is_not_trusted_afresh() {
+        let pins = Pins::default();
+        pins.use_store("configmap:ns/x-pins".into());
+        pins.loaded(BTreeMap::new());
+        assert!(pins.observe("gh", vec![seen("a", "one")], true).unapproved.is_empty());
+        let _ = pins.take_dirty();
+        // Its write failed; then another write to the ConfigMap (or a restart of the watch)
+        // shows a store without it: the definitions approved here are kept, not replaced by
+        // whatever the upstream lists now.
+        pins.loaded(BTreeMap::new());
+        let v = pins.observe("gh", vec![seen("a", "rug pulled")], true);
+        assert_eq!(v.unapproved, [("a".to_owned(), CHANGED)]);
+        assert!(pins.take_dirty().contains("gh"));
+        // Once written, a key deleted from the store pins afresh (deliberately).
+        pins.written(["gh".to_owned()]);
+        pins.loaded(BTreeMap::new());
+        assert!(pins.observe("gh", vec![seen("a", "rug pulled")], true).unapproved.is_empty());
     }
 }

@@ -2,7 +2,8 @@
 official Python SDK that changes a tool's description while serving (a "rug pull"), driven by
 the official Python client: the changed tool leaves tools/list and its calls are refused
 until approved (`enforce`), or stays and is reported (`warn`); the metrics, `/status` and
-`GET /pins` say what awaits approval, and `POST /pins/approve` serves it again."""
+`GET /pins` say what awaits approval (approving is the kind suite's, through the ConfigMap
+that `kubectl quiver approve` edits)."""
 
 from __future__ import annotations
 
@@ -99,14 +100,12 @@ def test_a_rug_pull_under_enforce_is_held_until_approved(gateway):
         record = json.loads(body)["sources"]["strict"]
         assert PULLED in record["pending"]["echo"]["definition"]["description"]
         assert PULLED not in record["approved"]["echo"]["definition"]["description"]
-        assert admin(gateway, "POST", "/pins/approve")[0] == 400
-        assert admin(gateway, "POST", "/pins/approve?upstream=strict&tool=echo")[0] == 200
-        wait_until(lambda: upstream(gateway, "strict")["awaitingApproval"] == [], timeout=15)
-        async with Client(gateway.url, mode="legacy") as c:
-            approved = await tools(c)
-            assert PULLED in approved["s_echo"].description
-            assert (await c.call_tool("s_echo", {"text": "back"})).content[0].text == "back"
-        assert metric(gateway, "quiver_upstream_tools_awaiting_approval", "strict") == 0
+        # Records kept in memory are approved by nothing reachable over the network (an
+        # upstream could reach it): there is no approving endpoint.
+        assert admin(gateway, "POST", "/pins/approve?upstream=strict")[0] in (404, 405)
+        # The held tool is not counted as served.
+        status = upstream(gateway, "strict")
+        assert status["imported"] == 2, status
 
     asyncio.run(run())
 

@@ -36,15 +36,21 @@ impl PinMode {
     }
 }
 
-/// The fields of a listed tool that are pinned: what a client shows a model or acts on.
-pub const PINNED_FIELDS: [&str; 6] = [
+/// The fields of a listed tool that are pinned: what a client shows a model or acts on
+/// (`execution` decides how a call runs; `icons` are shown to users).
+pub const PINNED_FIELDS: [&str; 8] = [
     "name",
     "title",
     "description",
     "inputSchema",
     "outputSchema",
     "annotations",
+    "execution",
+    "icons",
 ];
+
+/// Pending definitions kept per source: more are listed as `unrecorded` (and stay held).
+pub const MAX_PENDING: usize = 1000;
 
 /// Hex digits kept of a definition's SHA-256 (128 bits).
 const DIGEST_HEX: usize = 32;
@@ -113,6 +119,17 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// The pinned view of entries an upstream listed more than once under one name: all of
+    /// them, so its digest is that of no single definition and it is never approved as one.
+    pub fn of_many(remote: &str, entries: &[&Value]) -> Self {
+        let definition = Value::Array(entries.iter().map(|e| definition(e)).collect());
+        Self {
+            remote: remote.to_owned(),
+            hash: digest(&definition),
+            definition,
+        }
+    }
+
     /// The pinned view of a listed entry named `remote`.
     pub fn of(remote: &str, entry: &Value) -> Self {
         let definition = definition(entry);
@@ -154,13 +171,20 @@ impl SourceRecord {
                 next.pending.remove(&s.remote);
                 continue;
             }
+            let full = next.pending.len() >= MAX_PENDING;
             match next.pending.get_mut(&s.remote) {
                 Some(p) if p.hash == s.hash => {
                     if p.definition.is_none() {
                         p.definition = Some(s.definition.clone());
                     }
                 }
-                _ => {
+                Some(p) => *p = pinned(s),
+                None if full => {
+                    if next.unrecorded.len() < MAX_UNRECORDED_NAMES {
+                        next.unrecorded.insert(s.remote.clone());
+                    }
+                }
+                None => {
                     next.pending.insert(s.remote.clone(), pinned(s));
                 }
             }
@@ -174,14 +198,22 @@ impl SourceRecord {
     }
 
     /// Approves the pending definitions of `tools` (every pending one when empty); returns
-    /// the names approved. An approval is of the pending digest: a tool that changed again
-    /// since is pending again.
+    /// the names approved. A tool may be given as `NAME@DIGEST` (a prefix of at least 8 hex
+    /// digits of the digest shown with the diff): then only that definition is approved, not
+    /// one the upstream listed since. An approved tool that changes again is pending again.
     pub fn approve(&mut self, tools: &[&str]) -> Vec<String> {
+        let wanted = |name: &str, hash: &str| {
+            tools.is_empty()
+                || tools.iter().any(|t| match t.split_once('@') {
+                    Some((n, d)) => n == name && d.len() >= 8 && hash.starts_with(d),
+                    None => *t == name,
+                })
+        };
         let names: Vec<String> = self
             .pending
-            .keys()
-            .filter(|k| tools.is_empty() || tools.contains(&k.as_str()))
-            .cloned()
+            .iter()
+            .filter(|(k, p)| wanted(k, &p.hash))
+            .map(|(k, _)| k.clone())
             .collect();
         for n in &names {
             if let Some(p) = self.pending.remove(n) {
@@ -326,7 +358,7 @@ mod tests {
     fn the_digest_ignores_key_order_whitespace_and_unpinned_fields() {
         let a: Value = serde_json::from_str(r#"{"name":"x","description":"d","inputSchema":{"type":"object","properties":{}}}"#).unwrap();
         let b: Value = serde_json::from_str(
-            r#"{ "inputSchema": { "properties": {}, "type": "object" }, "description": "d", "name": "x", "_meta": {"v": 2}, "icons": [] }"#,
+            r#"{ "inputSchema": { "properties": {}, "type": "object" }, "description": "d", "name": "x", "_meta": {"v": 2} }"#,
         )
         .unwrap();
         assert_eq!(digest(&definition(&a)), digest(&definition(&b)));
@@ -336,6 +368,8 @@ mod tests {
             json!({"name":"x","description":"d","inputSchema":{"type":"object","properties":{}},"annotations":{"readOnlyHint":true}}),
             json!({"name":"x","description":"d","inputSchema":{"type":"object","properties":{}},"outputSchema":{"type":"object"}}),
             json!({"name":"x","title":"t","description":"d","inputSchema":{"type":"object","properties":{}}}),
+            json!({"name":"x","description":"d","inputSchema":{"type":"object","properties":{}},"execution":{"taskSupport":"required"}}),
+            json!({"name":"x","description":"d","inputSchema":{"type":"object","properties":{}},"icons":[{"src":"https://evil.example/x.png"}]}),
         ] {
             assert_ne!(digest(&definition(&a)), digest(&definition(&changed)), "{changed}");
         }
@@ -378,6 +412,34 @@ mod tests {
         assert_eq!(all.approve(&[]), ["a", "b"]);
         assert!(all.pending.is_empty());
         assert!(all.approve(&["nope"]).is_empty());
+        // Approving the definition that was shown: a digest that is not the pending one
+        // approves nothing.
+        let mut shown = SourceRecord::observe(Some(&all), &[seen("a", "four"), seen("b", "x")], true);
+        let digest = shown.pending["a"].hash.clone();
+        assert!(shown.approve(&["a@00000000"]).is_empty());
+        assert!(shown.approve(&["a@abc"]).is_empty(), "too short a prefix");
+        assert_eq!(shown.approve(&[&format!("a@{}", &digest[..8])]), ["a"]);
+    }
+
+    #[test]
+    fn a_name_listed_twice_is_never_one_of_its_definitions() {
+        let good = json!({"name": "a", "description": "one"});
+        let evil = json!({"name": "a", "description": "one, and leak"});
+        let first = SourceRecord::observe(None, &[Seen::of("a", &good)], true);
+        for pair in [[&evil, &good], [&good, &evil], [&good, &good]] {
+            let twice = Seen::of_many("a", &pair);
+            assert!(!first.approves("a", &twice.hash), "{pair:?}");
+        }
+    }
+
+    #[test]
+    fn pending_definitions_are_capped_whatever_the_list() {
+        let first = SourceRecord::observe(None, &[], true);
+        let many: Vec<Seen> = (0..MAX_PENDING + 50).map(|i| seen(&format!("t{i}"), "new")).collect();
+        let next = SourceRecord::observe(Some(&first), &many, false);
+        assert_eq!(next.pending.len(), MAX_PENDING);
+        assert_eq!(next.unrecorded.len(), MAX_UNRECORDED_NAMES);
+        assert!(next.approved.is_empty());
     }
 
     #[test]
