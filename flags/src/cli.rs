@@ -84,8 +84,7 @@ pub struct ServeArgs {
     /// Where the pinned tool definitions of upstreams with `pin: warn|enforce` are kept:
     /// `configmap:NAMESPACE/NAME` (an existing ConfigMap the pod may get, watch and update;
     /// `kubectl quiver approve` edits it). Without it they are kept in memory: each start
-    /// trusts the definitions it first sees, and approving is `POST /pins/approve` on the
-    /// admin port.
+    /// trusts the definitions it first sees (`GET /pins` on the admin port shows them).
     #[arg(long, env = "QUIVER_PINS")]
     pub pins: Option<Source>,
     /// MCP Streamable HTTP listen address.

@@ -1,6 +1,7 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/status`, and `DELETE
-//! /oauth/tokens` (an administrator revoking a user's upstream sign-ins). Kept off the MCP
-//! port so probes and scrapes never queue behind tool calls.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/status`, `/pins` (pinned tool
+//! definitions, read only), and `DELETE /oauth/tokens` (an administrator revoking a user's
+//! upstream sign-ins). Kept off the MCP port so probes and scrapes never queue behind tool
+//! calls.
 
 use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};

@@ -914,7 +914,9 @@ fn follow_pins(pins: Option<&Source>, server: &Arc<crate::dispatch::Server>) -> 
             });
         }
         #[cfg(not(feature = "kube"))]
-        Some(Source::ConfigMap { .. }) => anyhow::bail!("this build has no Kubernetes support (feature `kube`)"),
+        Some(Source::ConfigMap { .. }) => {
+            anyhow::bail!("this build has no Kubernetes support (feature `kube`)")
+        }
     }
     Ok(())
 }

@@ -1541,7 +1541,10 @@ fn the_server_parses_the_arguments_rendered_for_its_container_and_refusals_are_r
 fn a_pinned_upstream_gets_a_pins_config_map_the_pods_may_update_and_nothing_more() {
     let unpinned = children(GATEWAY);
     assert!(unpinned.pins.is_none());
-    let pinned = children(&GATEWAY.replace("      tools: {prefix: docs_}", "      tools: {prefix: docs_}\n      pin: enforce"));
+    let pinned = children(&GATEWAY.replace(
+        "      tools: {prefix: docs_}",
+        "      tools: {prefix: docs_}\n      pin: enforce",
+    ));
     let cm = serde_json::to_value(pinned.pins.as_ref().expect("a pins ConfigMap")).unwrap();
     assert_eq!(cm["metadata"]["name"], "gw-pins");
     assert_eq!(cm["metadata"]["ownerReferences"][0]["kind"], "McpServer");
@@ -1564,10 +1567,20 @@ fn a_pinned_upstream_gets_a_pins_config_map_the_pods_may_update_and_nothing_more
         .count();
     assert_eq!(updating, 1, "{rules}");
     let d = serde_json::to_value(&pinned.deployment).unwrap();
-    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().clone();
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert!(args.contains(&json!("--pins=configmap:ns/gw-pins")), "{args:?}");
     let plain = serde_json::to_value(&unpinned.deployment).unwrap();
-    let plain_args = plain["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().clone();
-    assert!(!plain_args.iter().any(|a| a.as_str().unwrap().starts_with("--pins")));
+    let plain_args = plain["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        !plain_args
+            .iter()
+            .any(|a| a.as_str().unwrap().starts_with("--pins"))
+    );
     assert!(server_args_problems(&pinned.deployment).is_empty());
 }

@@ -124,7 +124,11 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 Err(Failure::Negative("problems found".to_owned()))
             }
         }
-        Command::Approve { name, tools, upstream } => {
+        Command::Approve {
+            name,
+            tools,
+            upstream,
+        } => {
             let (client, ns) = client(&cli).await?;
             let approved = pins::approve(&client, &ns, name, upstream.as_deref(), tools).await;
             match approved {
@@ -151,7 +155,10 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                     if let Some(o) = v.as_object_mut() {
                         o.insert("pins".into(), serde_json::to_value(&pinned).unwrap_or_default());
                     }
-                    println!("{}", term::json(&serde_json::to_string_pretty(&v).unwrap_or_default()));
+                    println!(
+                        "{}",
+                        term::json(&serde_json::to_string_pretty(&v).unwrap_or_default())
+                    );
                 }
                 Output::Text => {
                     print!("{}", term::text(&status::as_text(&mcp, &pods, None)));

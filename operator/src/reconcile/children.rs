@@ -302,9 +302,14 @@ impl Walk<'_> {
     /// be another's).
     fn needs_met(&self, list: &[Child<'_>], child: &Child<'_>) -> bool {
         child.needs.iter().all(|kind| {
-            let mut of_kind = list.iter().enumerate().filter(|(_, c)| c.kind == *kind).peekable();
+            let mut of_kind = list
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.kind == *kind)
+                .peekable();
             of_kind.peek().is_some()
-                && of_kind.all(|(i, c)| c.write.is_none() || matches!(self.states[i], State::Free | State::Applied))
+                && of_kind
+                    .all(|(i, c)| c.write.is_none() || matches!(self.states[i], State::Free | State::Applied))
         })
     }
 
@@ -337,7 +342,11 @@ impl Walk<'_> {
         else {
             return false;
         };
-        if !self.ctx.memo.unchanged(&self.owner, (child.kind, &child.name), digest, &version) {
+        if !self
+            .ctx
+            .memo
+            .unchanged(&self.owner, (child.kind, &child.name), digest, &version)
+        {
             return false;
         }
         if child.kind != DEPLOYMENT {
@@ -380,7 +389,9 @@ impl Walk<'_> {
             self.ctx.memo.record_deployment(&self.owner, d);
         }
         if let (Some(digest), Some(version)) = (digest, written.version) {
-            self.ctx.memo.record(&self.owner, (child.kind, &child.name), digest, version);
+            self.ctx
+                .memo
+                .record(&self.owner, (child.kind, &child.name), digest, version);
         }
         if written.deployment.is_some() {
             self.deployment = written.deployment;

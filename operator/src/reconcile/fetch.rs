@@ -121,5 +121,7 @@ pub async fn pins(
             return None;
         }
     };
-    Some(quiver_model::config::upstream::pin::readable_records(cm.data.as_ref()))
+    Some(quiver_model::config::upstream::pin::readable_records(
+        cm.data.as_ref(),
+    ))
 }

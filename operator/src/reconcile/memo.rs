@@ -93,7 +93,13 @@ impl Memo {
 
     /// Whether the child `kind` named `name` of `owner` was last applied as `digest` and
     /// answered with `version`.
-    pub fn unchanged(&self, owner: &ObjectRef<McpServer>, (kind, name): (&str, &str), digest: u64, version: &str) -> bool {
+    pub fn unchanged(
+        &self,
+        owner: &ObjectRef<McpServer>,
+        (kind, name): (&str, &str),
+        digest: u64,
+        version: &str,
+    ) -> bool {
         self.table().get(owner).is_some_and(|e| {
             e.children
                 .iter()
@@ -103,10 +109,20 @@ impl Memo {
 
     /// Records that the child `kind` named `name` of `owner` was applied as `digest` and is now at
     /// `version`.
-    pub fn record(&self, owner: &ObjectRef<McpServer>, (kind, name): (&'static str, &str), digest: u64, version: String) {
+    pub fn record(
+        &self,
+        owner: &ObjectRef<McpServer>,
+        (kind, name): (&'static str, &str),
+        digest: u64,
+        version: String,
+    ) {
         let mut table = self.table();
         let entry = table.entry(owner.clone()).or_default();
-        match entry.children.iter_mut().find(|r| r.kind == kind && r.name == name) {
+        match entry
+            .children
+            .iter_mut()
+            .find(|r| r.kind == kind && r.name == name)
+        {
             Some(r) => {
                 r.digest = digest;
                 r.version = version;
@@ -180,18 +196,30 @@ mod tests {
         assert!(!memo.unchanged(&a, ("ConfigMap", "x"), sent, "7"), "no record");
         memo.record(&a, ("ConfigMap", "x"), sent, "7".into());
         assert!(memo.unchanged(&a, ("ConfigMap", "x"), sent, "7"));
-        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), sent, "8"), "written since");
+        assert!(
+            !memo.unchanged(&a, ("ConfigMap", "x"), sent, "8"),
+            "written since"
+        );
         let other = memo.digest(&config_map("2")).unwrap();
         assert_ne!(other, sent);
-        assert!(!memo.unchanged(&a, ("ConfigMap", "x"), other, "7"), "a different object");
+        assert!(
+            !memo.unchanged(&a, ("ConfigMap", "x"), other, "7"),
+            "a different object"
+        );
         assert!(!memo.unchanged(&a, ("Service", "x"), sent, "7"), "another kind");
-        assert!(!memo.unchanged(&b, ("ConfigMap", "x"), sent, "7"), "another McpServer");
+        assert!(
+            !memo.unchanged(&b, ("ConfigMap", "x"), sent, "7"),
+            "another McpServer"
+        );
         memo.record(&a, ("ConfigMap", "x"), other, "9".into());
         assert!(memo.unchanged(&a, ("ConfigMap", "x"), other, "9"), "replaced");
         assert!(!memo.unchanged(&a, ("ConfigMap", "x"), sent, "7"));
         // Another child of the same kind has a record of its own.
         memo.record(&a, ("ConfigMap", "y"), sent, "3".into());
-        assert!(memo.unchanged(&a, ("ConfigMap", "x"), other, "9"), "the other ConfigMap's record is kept");
+        assert!(
+            memo.unchanged(&a, ("ConfigMap", "x"), other, "9"),
+            "the other ConfigMap's record is kept"
+        );
         assert!(memo.unchanged(&a, ("ConfigMap", "y"), sent, "3"));
         memo.forget_child(&a, ("ConfigMap", "x"));
         assert!(memo.unchanged(&a, ("ConfigMap", "y"), sent, "3"));

@@ -206,10 +206,18 @@ pub fn pins(
             r.pending
                 .keys()
                 .map(move |t| {
-                    let how = if r.approved.contains_key(t) { "changed" } else { "new" };
+                    let how = if r.approved.contains_key(t) {
+                        "changed"
+                    } else {
+                        "new"
+                    };
                     format!("{u}/{t} ({how})")
                 })
-                .chain(r.unrecorded.iter().map(move |t| format!("{u}/{t} (not recorded)")))
+                .chain(
+                    r.unrecorded
+                        .iter()
+                        .map(move |t| format!("{u}/{t} (not recorded)")),
+                )
         })
         .collect();
     let before = s
@@ -219,11 +227,26 @@ pub fn pins(
         .map(|c| (c.status.clone(), c.message.clone()));
     if pending.is_empty() {
         let approved: usize = records.values().map(|r| r.approved.len()).sum();
-        let msg = format!("{approved} tool definition(s) of {} upstream(s) approved", records.len());
-        set_condition(&mut s.conditions, DEFINITIONS_APPROVED, true, "Approved", &msg, generation);
+        let msg = format!(
+            "{approved} tool definition(s) of {} upstream(s) approved",
+            records.len()
+        );
+        set_condition(
+            &mut s.conditions,
+            DEFINITIONS_APPROVED,
+            true,
+            "Approved",
+            &msg,
+            generation,
+        );
         return None;
     }
-    let mut msg = pending.iter().take(PENDING_NAMED).cloned().collect::<Vec<_>>().join(", ");
+    let mut msg = pending
+        .iter()
+        .take(PENDING_NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
     if pending.len() > PENDING_NAMED {
         msg.push_str(&format!(" and {} more", pending.len() - PENDING_NAMED));
     }
@@ -231,7 +254,14 @@ pub fn pins(
         "{} tool definition(s) await approval: {msg}; see `kubectl quiver status {name}`, then `kubectl quiver approve {name} [TOOL...]`",
         pending.len()
     );
-    set_condition(&mut s.conditions, DEFINITIONS_APPROVED, false, "AwaitingApproval", &msg, generation);
+    set_condition(
+        &mut s.conditions,
+        DEFINITIONS_APPROVED,
+        false,
+        "AwaitingApproval",
+        &msg,
+        generation,
+    );
     (before != Some(("False".to_owned(), msg.clone()))).then_some(("ToolDefinitionChanged", msg))
 }
 
@@ -379,18 +409,36 @@ mod tests {
         let mut s = McpServerStatus::default();
         let ok = BTreeMap::from([("github".to_owned(), first)]);
         assert_eq!(pins(&mut s, "gw", true, Some(&ok), Some(1)), None);
-        let c = s.conditions.iter().find(|c| c.type_ == DEFINITIONS_APPROVED).unwrap();
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == DEFINITIONS_APPROVED)
+            .unwrap();
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Approved"));
         let pending = BTreeMap::from([("github".to_owned(), changed)]);
         let (reason, note) = pins(&mut s, "gw", true, Some(&pending), Some(1)).expect("an event");
         assert_eq!(reason, "ToolDefinitionChanged");
-        assert!(note.contains("github/search (changed)") && note.contains("kubectl quiver approve gw"), "{note}");
-        let c = s.conditions.iter().find(|c| c.type_ == DEFINITIONS_APPROVED).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "AwaitingApproval"));
+        assert!(
+            note.contains("github/search (changed)") && note.contains("kubectl quiver approve gw"),
+            "{note}"
+        );
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == DEFINITIONS_APPROVED)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "AwaitingApproval")
+        );
         // The same pending set again: no second event; not read: left as it was.
         assert_eq!(pins(&mut s, "gw", true, Some(&pending), Some(1)), None);
         assert_eq!(pins(&mut s, "gw", true, None, Some(1)), None);
-        assert!(s.conditions.iter().any(|c| c.type_ == DEFINITIONS_APPROVED && c.status == "False"));
+        assert!(
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == DEFINITIONS_APPROVED && c.status == "False")
+        );
         // Pinning turned off: the condition goes.
         assert_eq!(pins(&mut s, "gw", false, None, Some(2)), None);
         assert!(!s.conditions.iter().any(|c| c.type_ == DEFINITIONS_APPROVED));

@@ -72,7 +72,9 @@ pub async fn keep_in_configmap(hub: Arc<Hub>, namespace: String, name: String) -
                 tracing::warn!(store = %origin, "pin ConfigMap not found; enforced upstreams serve nothing until it exists")
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(store = %origin, error = %e, "pin ConfigMap watch error; retrying with backoff"),
+            Err(e) => {
+                tracing::warn!(store = %origin, error = %e, "pin ConfigMap watch error; retrying with backoff")
+            }
         }
     }
     Ok(())
@@ -115,7 +117,10 @@ async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str) -> anyhow::Result<()
         let mut changed = false;
         for source in &sources {
             let key = record_key(source);
-            if let Some(text) = hub.pins.merged(source, data.get(&key).map(String::as_str), budget) {
+            if let Some(text) = hub
+                .pins
+                .merged(source, data.get(&key).map(String::as_str), budget)
+            {
                 data.insert(key, text);
                 changed = true;
             }
@@ -125,7 +130,9 @@ async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str) -> anyhow::Result<()
         }
         let size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
         if size > MAX_CONFIGMAP_BYTES {
-            anyhow::bail!("the records would take {size} bytes (unreadable records are not shrunk): fix or delete them");
+            anyhow::bail!(
+                "the records would take {size} bytes (unreadable records are not shrunk): fix or delete them"
+            );
         }
         match api.replace(name, &PostParams::default(), &cm).await {
             Ok(_) => {
@@ -147,7 +154,10 @@ mod tests {
     fn only_record_keys_are_read_and_bad_text_is_unreadable() {
         let cm = ConfigMap {
             data: Some(BTreeMap::from([
-                ("upstream.gh".to_owned(), r#"{"approved":{},"pending":{}}"#.to_owned()),
+                (
+                    "upstream.gh".to_owned(),
+                    r#"{"approved":{},"pending":{}}"#.to_owned(),
+                ),
                 ("upstream.bad".to_owned(), "{".to_owned()),
                 ("notes".to_owned(), "anything".to_owned()),
             ])),
@@ -155,7 +165,10 @@ mod tests {
         };
         let r = records(&cm);
         assert_eq!(r.len(), 2);
-        assert_eq!(r["gh"], Held::Record(crate::config::upstream::pin::SourceRecord::default()));
+        assert_eq!(
+            r["gh"],
+            Held::Record(crate::config::upstream::pin::SourceRecord::default())
+        );
         assert_eq!(r["bad"], Held::Unreadable);
     }
 }

@@ -108,9 +108,7 @@ impl Pins {
                 unwritten.push((source.clone(), held.clone()));
             }
         }
-        let State {
-            persisted, dirty, ..
-        } = &mut *st;
+        let State { persisted, dirty, .. } = &mut *st;
         persisted.extend(records.keys().cloned());
         for (source, held) in unwritten {
             dirty.insert(source.clone());
@@ -143,11 +141,14 @@ impl Pins {
     /// source's record: the first definitions of a source are approved, later new or
     /// changed ones are pending.
     pub(super) fn observe(&self, upstream: &str, seen: Vec<Seen>, complete: bool) -> Verdict {
-        let persistent = self.store.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        let persistent = self
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
         let seen: Arc<[Seen]> = seen.into();
         let mut st = self.state();
-        st.seen
-            .insert(upstream.to_owned(), (Arc::clone(&seen), complete));
+        st.seen.insert(upstream.to_owned(), (Arc::clone(&seen), complete));
         let all = |why: &'static str| Verdict {
             unapproved: seen.iter().map(|s| (s.remote.clone(), why)).collect(),
             changes: 0,
@@ -287,11 +288,19 @@ mod tests {
         assert_eq!(v.unapproved, [("a".to_owned(), UNREADABLE)]);
         // A readable store: first seen approved, and the record is to be written.
         pins.loaded(BTreeMap::new());
-        assert!(pins.observe("gh", vec![seen("a", "one")], true).unapproved.is_empty());
+        assert!(
+            pins.observe("gh", vec![seen("a", "one")], true)
+                .unapproved
+                .is_empty()
+        );
         assert_eq!(pins.take_dirty(), BTreeSet::from(["gh".to_owned()]));
         let text = pins.merged("gh", None, 4096).expect("a record to write");
         assert_eq!(pins.merged("gh", Some(&text), 4096), None, "written once");
-        assert_eq!(pins.merged("gh", Some("not json"), 4096), None, "unreadable text is left alone");
+        assert_eq!(
+            pins.merged("gh", Some("not json"), 4096),
+            None,
+            "unreadable text is left alone"
+        );
         // Another replica (or an approval) wrote meanwhile: merged on top of it.
         let mut other = SourceRecord::decode(&text).unwrap();
         other.approved.clear();
@@ -299,8 +308,16 @@ mod tests {
         let merged = SourceRecord::decode(&pins.merged("gh", Some(&theirs), 4096).unwrap()).unwrap();
         assert_eq!(merged.pending.keys().collect::<Vec<_>>(), ["a"]);
         // A source this server never saw listed is only kept within the budget.
-        let big = SourceRecord::observe(None, &(0..50).map(|i| seen(&format!("t{i}"), &"x".repeat(500))).collect::<Vec<_>>(), true);
-        let shrunk = pins.merged("other", Some(&serde_json::to_string(&big).unwrap()), 4096).unwrap();
+        let big = SourceRecord::observe(
+            None,
+            &(0..50)
+                .map(|i| seen(&format!("t{i}"), &"x".repeat(500)))
+                .collect::<Vec<_>>(),
+            true,
+        );
+        let shrunk = pins
+            .merged("other", Some(&serde_json::to_string(&big).unwrap()), 4096)
+            .unwrap();
         assert!(shrunk.len() <= 4096);
         assert_eq!(pins.merged("nothing", None, 4096), None);
     }
@@ -310,7 +327,11 @@ mod tests {
         let pins = Pins::default();
         pins.use_store("configmap:ns/x-pins".into());
         pins.loaded(BTreeMap::new());
-        assert!(pins.observe("gh", vec![seen("a", "one")], true).unapproved.is_empty());
+        assert!(
+            pins.observe("gh", vec![seen("a", "one")], true)
+                .unapproved
+                .is_empty()
+        );
         let _ = pins.take_dirty();
         // Its write failed; then another write to the ConfigMap (or a restart of the watch)
         // shows a store without it: the definitions approved here are kept, not replaced by
@@ -322,6 +343,10 @@ mod tests {
         // Once written, a key deleted from the store pins afresh (deliberately).
         pins.written(["gh".to_owned()]);
         pins.loaded(BTreeMap::new());
-        assert!(pins.observe("gh", vec![seen("a", "rug pulled")], true).unapproved.is_empty());
+        assert!(
+            pins.observe("gh", vec![seen("a", "rug pulled")], true)
+                .unapproved
+                .is_empty()
+        );
     }
 }
