@@ -128,55 +128,8 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             name,
             tools,
             upstream,
-        } => {
-            let (client, ns) = client(&cli).await?;
-            let approved = pins::approve(&client, &ns, name, upstream.as_deref(), tools).await;
-            match approved {
-                Ok(done) => {
-                    for t in done {
-                        println!("approved {}", term::line(&t));
-                    }
-                    Ok(())
-                }
-                Err(Failure::Negative(why)) => {
-                    eprintln!("{}", term::line(&why));
-                    Err(Failure::Negative(why))
-                }
-                Err(e) => Err(e),
-            }
-        }
-        Command::Status { name, output } => {
-            let (client, ns) = client(&cli).await?;
-            let (mcp, pods) = status::gather(&client, &ns, name).await?;
-            let pinned = pins::read(&client, &ns, name).await?.unwrap_or_default();
-            match output {
-                Output::Json => {
-                    let mut v = status::as_json(&mcp, &pods);
-                    if let Some(o) = v.as_object_mut() {
-                        o.insert("pins".into(), serde_json::to_value(&pinned).unwrap_or_default());
-                    }
-                    println!(
-                        "{}",
-                        term::json(&serde_json::to_string_pretty(&v).unwrap_or_default())
-                    );
-                }
-                Output::Text => {
-                    print!("{}", term::text(&status::as_text(&mcp, &pods, None)));
-                    let pending = pins::pending_text(&pinned);
-                    if !pending.is_empty() {
-                        print!(
-                            "Tool definitions awaiting approval (kubectl quiver approve {name} [TOOL...]):\n{}",
-                            term::text(&pending)
-                        );
-                    }
-                }
-            }
-            if status::is_ready(&mcp) {
-                Ok(())
-            } else {
-                Err(Failure::Negative("not Ready".to_owned()))
-            }
-        }
+        } => approve_command(&cli, name, tools, upstream.as_deref()).await,
+        Command::Status { name, output } => status_command(&cli, name, *output).await,
         Command::Revoke {
             name,
             subject,
@@ -226,6 +179,72 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 Ok(())
             }
         }
+    }
+}
+
+/// `kubectl quiver approve`: prints each tool approved; nothing to approve is a negative
+/// answer (exit 1).
+async fn approve_command(
+    cli: &Cli,
+    name: &str,
+    tools: &[String],
+    upstream: Option<&str>,
+) -> Result<(), Failure> {
+    let (client, ns) = client(cli).await?;
+    match pins::approve(&client, &ns, name, upstream, tools).await {
+        Ok(done) => {
+            for t in done {
+                println!("approved {}", term::line(&t));
+            }
+            Ok(())
+        }
+        Err(Failure::Negative(why)) => {
+            eprintln!("{}", term::line(&why));
+            Err(Failure::Negative(why))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `kubectl quiver status`: the McpServer, its pods and the tool definitions awaiting
+/// approval; not Ready is a negative answer (exit 1).
+async fn status_command(cli: &Cli, name: &str, output: Output) -> Result<(), Failure> {
+    let (client, ns) = client(cli).await?;
+    let (mcp, pods) = status::gather(&client, &ns, name).await?;
+    // Who may read the McpServer but not its pins ConfigMap still gets the status.
+    let pinned = match pins::read(&client, &ns, name).await {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("note: pinned tool definitions not shown: {}", term::line(&e.to_string()));
+            Default::default()
+        }
+    };
+    match output {
+        Output::Json => {
+            let mut v = status::as_json(&mcp, &pods);
+            if let Some(o) = v.as_object_mut() {
+                o.insert("pins".into(), serde_json::to_value(&pinned).unwrap_or_default());
+            }
+            println!(
+                "{}",
+                term::json(&serde_json::to_string_pretty(&v).unwrap_or_default())
+            );
+        }
+        Output::Text => {
+            print!("{}", term::text(&status::as_text(&mcp, &pods, None)));
+            let pending = pins::pending_text(&pinned);
+            if !pending.is_empty() {
+                print!(
+                    "Tool definitions awaiting approval (kubectl quiver approve {name} [TOOL...]):\n{}",
+                    term::text(&pending)
+                );
+            }
+        }
+    }
+    if status::is_ready(&mcp) {
+        Ok(())
+    } else {
+        Err(Failure::Negative("not Ready".to_owned()))
     }
 }
 
