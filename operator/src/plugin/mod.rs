@@ -215,7 +215,10 @@ async fn status_command(cli: &Cli, name: &str, output: Output) -> Result<(), Fai
     let pinned = match pins::read(&client, &ns, name).await {
         Ok(p) => p.unwrap_or_default(),
         Err(e) => {
-            eprintln!("note: pinned tool definitions not shown: {}", term::line(&e.to_string()));
+            eprintln!(
+                "note: pinned tool definitions not shown: {}",
+                term::line(&e.to_string())
+            );
             Default::default()
         }
     };

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+
+use crate::net::configmap::{self, Watched};
 
 use super::reloader::Reloader;
 
@@ -29,27 +28,19 @@ fn sources(cm: &ConfigMap) -> Vec<(String, String)> {
 /// # Errors
 /// No Kubernetes client configuration (in-cluster or KUBECONFIG) was found.
 pub async fn watch_configmap(namespace: String, name: String, reloader: Arc<Reloader>) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await?;
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let api = configmap::api(&namespace).await?;
     let origin = format!("configmap:{namespace}/{name}");
     tracing::info!(source = %origin, "watching config");
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-    let mut seen = false;
-    while let Some(ev) = stream.next().await {
+    let mut events = std::pin::pin!(configmap::watch(api, &name, origin.clone()));
+    while let Some(ev) = events.next().await {
         match ev {
-            Ok(Event::Apply(cm) | Event::InitApply(cm)) => {
-                seen = true;
-                reloader.apply_off_workers(origin.clone(), sources(&cm)).await;
-            }
-            Ok(Event::Delete(_)) => {
+            Watched::Changed(cm) => reloader.apply_off_workers(origin.clone(), sources(&cm)).await,
+            Watched::Deleted => {
                 tracing::warn!(source = %origin, "ConfigMap deleted; still serving the previous tools")
             }
-            Ok(Event::InitDone) if !seen => {
+            Watched::Missing => {
                 tracing::warn!(source = %origin, "ConfigMap not found yet; not ready until it exists")
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(source = %origin, error = %e, "watch error; retrying with backoff"),
         }
     }
     Ok(())

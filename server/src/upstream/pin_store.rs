@@ -15,12 +15,11 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::PostParams;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 
 use super::Hub;
 use super::pins::Held;
 use crate::config::upstream::pin::{read_records, record_key, source_budget, upstream_of_key};
+use crate::net::configmap::{self, Watched};
 
 /// Write attempts per flush before waiting for the next change.
 const ATTEMPTS: usize = 5;
@@ -48,32 +47,24 @@ fn records(cm: &ConfigMap) -> BTreeMap<String, Held> {
 /// # Errors
 /// No Kubernetes client configuration (in-cluster or KUBECONFIG) was found.
 pub async fn keep_in_configmap(hub: Arc<Hub>, namespace: String, name: String) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await?;
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let api = configmap::api(&namespace).await?;
     let origin = format!("configmap:{namespace}/{name}");
     tokio::spawn(write_changes(Arc::clone(&hub), api.clone(), name.clone()));
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     tracing::info!(store = %origin, "keeping pinned tool definitions");
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-    let mut seen = false;
-    while let Some(ev) = stream.next().await {
+    let mut events = std::pin::pin!(configmap::watch(api, &name, origin.clone()));
+    while let Some(ev) = events.next().await {
         match ev {
-            Ok(Event::Apply(cm) | Event::InitApply(cm)) => {
-                seen = true;
+            Watched::Changed(cm) => {
                 hub.pins.loaded(records(&cm));
                 hub.changed.notify_one();
             }
-            Ok(Event::Delete(_)) => {
-                // What this server holds keeps deciding; once the ConfigMap exists again
-                // (empty), each upstream is pinned afresh.
-                tracing::warn!(store = %origin, "pin ConfigMap deleted; its records are written again once it exists");
+            // What this server holds keeps deciding; once the ConfigMap exists again (empty),
+            // each upstream is pinned afresh.
+            Watched::Deleted => {
+                tracing::warn!(store = %origin, "pin ConfigMap deleted; its records are written again once it exists")
             }
-            Ok(Event::InitDone) if !seen => {
+            Watched::Missing => {
                 tracing::warn!(store = %origin, "pin ConfigMap not found; enforced upstreams serve nothing until it exists")
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(store = %origin, error = %e, "pin ConfigMap watch error; retrying with backoff")
             }
         }
     }
