@@ -276,6 +276,51 @@ pub struct Oidc {
     keys: ArcSwap<Vec<Jwk>>,
     /// When an unknown `kid` last caused a fetch (the lock also serialises fetches).
     kid_fetched: tokio::sync::Mutex<Option<Instant>>,
+    /// Tokens verified before.
+    verified: Verified,
+}
+
+/// A verified access token is trusted again without a signature check for at most this
+/// long (and never past its `exp`).
+const VERIFIED_SECS: i64 = 300;
+/// Verified tokens kept (a client presents the same token on every call until it expires).
+const MAX_VERIFIED: usize = 2048;
+
+/// Access tokens verified before, by their exact bytes: one presented again within its
+/// lifetime (at most [`VERIFIED_SECS`]) and under the same key set is not verified again, and
+/// its caller is the same `Principal` (no allocation). A token that did not verify is never
+/// kept; a key set fetched since makes every entry verify again (a key the issuer dropped
+/// stops working at once).
+#[derive(Debug, Default)]
+struct Verified(std::sync::RwLock<rustc_hash::FxHashMap<Box<[u8]>, Trusted>>);
+
+#[derive(Debug)]
+struct Trusted {
+    principal: Arc<Principal>,
+    keys: Arc<Vec<Jwk>>,
+    until: i64,
+}
+
+impl Verified {
+    fn get(&self, token: &[u8], keys: &Arc<Vec<Jwk>>, now: i64) -> Option<Arc<Principal>> {
+        let map = self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let t = map.get(token)?;
+        (now < t.until && Arc::ptr_eq(&t.keys, keys)).then(|| Arc::clone(&t.principal))
+    }
+
+    fn put(&self, token: &[u8], trusted: Trusted) {
+        let mut map = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= MAX_VERIFIED {
+            let now = now_unix();
+            map.retain(|_, t| now < t.until && Arc::ptr_eq(&t.keys, &trusted.keys));
+            if map.len() >= MAX_VERIFIED {
+                // Full of live tokens: any one goes (its caller is verified again).
+                let k = map.keys().next().cloned();
+                k.map(|k| map.remove(&k));
+            }
+        }
+        map.insert(token.into(), trusted);
+    }
 }
 
 fn now_unix() -> i64 {
@@ -292,6 +337,7 @@ impl Oidc {
             http,
             keys: ArcSwap::from_pointee(Vec::new()),
             kid_fetched: tokio::sync::Mutex::new(None),
+            verified: Verified::default(),
         })
     }
 
@@ -394,41 +440,60 @@ impl Oidc {
     }
 
     /// Verifies an access token; a token signed by a key not seen yet makes one refresh of
-    /// the key set (at most every 30 s).
+    /// the key set (at most every 30 s). A token verified before is found in [`Verified`].
     ///
     /// # Errors
     /// [`Denied::Invalid`] when it does not verify.
-    pub async fn check(&self, token: &[u8]) -> Result<Principal, Denied> {
+    pub async fn check(&self, token: &[u8]) -> Result<Arc<Principal>, Denied> {
+        let now = now_unix();
+        let keys = self.keys.load_full();
+        if let Some(p) = self.verified.get(token, &keys, now) {
+            return Ok(p);
+        }
         let token = std::str::from_utf8(token).map_err(|_| Denied::Invalid)?;
         let expect = jwt::Expect {
             issuer: &self.cfg.issuer,
             audience: &self.cfg.audience,
-            now: now_unix(),
+            now,
             leeway: i64::try_from(self.cfg.leeway.as_secs()).unwrap_or(60),
         };
-        match jwt::verify(token, &self.keys.load(), &expect) {
+        let (claims, keys) = match jwt::verify(token, &keys, &expect) {
             Err(jwt::Invalid::UnknownKey) => {
                 self.refresh(true).await;
-                jwt::verify(token, &self.keys.load(), &expect)
+                let keys = self.keys.load_full();
+                (jwt::verify(token, &keys, &expect), keys)
             }
-            other => other,
-        }
-        .map(|claims| {
-            let mut p = principal(&claims, &self.cfg.groups_claim);
-            // The same person across token refreshes; a token without `sub` is its own caller.
-            p.subject = match claims.get("sub").and_then(Value::as_str) {
-                Some(sub) => subject("sub", format!("{}\0{sub}", self.cfg.issuer).as_bytes()),
-                None => subject("jwt", token.as_bytes()),
-            };
-            p.identity = identity(&claims);
-            // Kept for identity to upstreams and `{{caller.CLAIM}}`; never logged.
-            p.credential = Some(Arc::new(crate::spec::caller::Credential::new(token, claims)));
-            p
-        })
-        .map_err(|e| {
+            other => (other, keys),
+        };
+        let claims = claims.map_err(|e| {
             tracing::debug!(reason = %e, "access token refused");
             Denied::Invalid
-        })
+        })?;
+        let exp = claims.get("exp").and_then(Value::as_i64);
+        let principal = Arc::new(self.principal_of(token, claims));
+        if let Some(exp) = exp {
+            let trusted = Trusted {
+                principal: Arc::clone(&principal),
+                keys,
+                until: exp.min(now.saturating_add(VERIFIED_SECS)),
+            };
+            self.verified.put(token.as_bytes(), trusted);
+        }
+        Ok(principal)
+    }
+
+    /// The caller a verified token names.
+    fn principal_of(&self, token: &str, claims: Value) -> Principal {
+        let mut p = principal(&claims, &self.cfg.groups_claim);
+        // The same person across token refreshes; a token without `sub` is its own caller.
+        p.subject = match claims.get("sub").and_then(Value::as_str) {
+            Some(sub) => subject("sub", format!("{}\0{sub}", self.cfg.issuer).as_bytes()),
+            None => subject("jwt", token.as_bytes()),
+        };
+        p.identity = identity(&claims);
+        // Kept for identity to upstreams and `{{caller.CLAIM}}`; never logged.
+        p.credential = Some(Arc::new(crate::spec::caller::Credential::new(token, claims)));
+        p
     }
 }
 
@@ -541,7 +606,7 @@ impl Auth {
         if let Some(o) = &self.oidc
             && token.iter().filter(|b| **b == b'.').count() == 2
         {
-            return o.check(token).await.map(Arc::new);
+            return o.check(token).await;
         }
         Err(if self.oidc.is_some() {
             Denied::Invalid
@@ -620,6 +685,40 @@ impl Auth {
 mod tests {
     use super::*;
     use crate::secrets::Presence;
+
+    #[test]
+    fn a_verified_token_is_trusted_again_only_within_its_life_and_key_set() {
+        let v = Verified::default();
+        let keys = Arc::new(Vec::new());
+        let p = Arc::new(Principal {
+            scopes: vec!["read".into()],
+            ..Principal::default()
+        });
+        v.put(
+            b"tok",
+            Trusted {
+                principal: Arc::clone(&p),
+                keys: Arc::clone(&keys),
+                until: 100,
+            },
+        );
+        assert!(Arc::ptr_eq(&v.get(b"tok", &keys, 99).expect("trusted"), &p));
+        assert!(v.get(b"tok", &keys, 100).is_none(), "expired");
+        assert!(v.get(b"tok2", &keys, 50).is_none(), "another token");
+        assert!(v.get(b"to", &keys, 50).is_none(), "a prefix");
+        let fetched = Arc::new(Vec::new());
+        assert!(v.get(b"tok", &fetched, 50).is_none(), "a key set fetched since");
+        // Bounded: live tokens beyond the bound push one out, never grow the table.
+        for i in 0..MAX_VERIFIED + 10 {
+            let t = Trusted {
+                principal: Arc::clone(&p),
+                keys: Arc::clone(&keys),
+                until: i64::MAX,
+            };
+            v.put(format!("t{i}").as_bytes(), t);
+        }
+        assert!(v.0.read().unwrap().len() <= MAX_VERIFIED);
+    }
 
     fn auth(value: &str) -> (BearerAuth, Arc<Secrets>) {
         let secrets = Secrets::new();
