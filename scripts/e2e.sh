@@ -68,7 +68,7 @@ if [ "${QUIVER_E2E_INSTALL:-registry}" = local ]; then
   prometheus_stack_images
   governance_deps
   log "e2e suite on kind cluster $QUIVER_CLUSTER (local install)"
-  "$PY" -m pytest -q -s -p no:cacheprovider tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
+  "$PY" -m pytest -q -s -p no:cacheprovider --durations=20 tests/e2e --ignore tests/e2e/test_upgrade.py "$@"
   exit 0
 fi
 version="$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/quiver/Chart.yaml)"
@@ -96,4 +96,4 @@ otelcol_image
 prometheus_stack_images
 governance_deps
 log "e2e suite on kind cluster $QUIVER_CLUSTER"
-"$PY" -m pytest -q -s -p no:cacheprovider tests/e2e "$@"
+"$PY" -m pytest -q -s -p no:cacheprovider --durations=20 tests/e2e "$@"

@@ -17,7 +17,8 @@ IMAGE_TRIPLE=x86_64-unknown-linux-gnu
 IMAGE_RUSTFLAGS="-C target-feature=+crt-static"
 PGO_PROFILE="$ROOT/deploy/images/pgo/quiver-server.profdata"
 
-log() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each step's line carries the wall-clock time, so a CI log shows where the minutes go.
+log() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 # The platforms a release is built for (QUIVER_RELEASE_PLATFORMS narrows them), in the order
 # their manifests appear in each image index.

@@ -50,7 +50,7 @@ command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test
 
 log "Python MCP SDK client tests"
 python_env
-"$PY" -m pytest -q -s tests/sdk/python
+"$PY" -m pytest -q -s --durations=10 tests/sdk/python
 
 log "a real browser (Debian's chromium-headless-shell) signing users in at Keycloak"
 QUIVER_CHROMIUM="$("$ROOT/scripts/chromium.sh")"
