@@ -10,12 +10,17 @@ cd "$ROOT"
 PORT="${QUIVER_PORT:-8080}"
 ADMIN="${QUIVER_ADMIN_PORT:-9090}"
 
-log "building quiver-server"
-cargo build -p quiver-server --locked --quiet
+# QUIVER_SERVER_BIN: run that binary (the test command's) instead of building one.
+bin="${QUIVER_SERVER_BIN:-}"
+if [ -z "$bin" ]; then
+  log "building quiver-server"
+  cargo build -p quiver-server --locked --quiet
+  bin="$(target_dir)/debug/quiver-server"
+fi
 python_env
 
 log "starting quiver-server on http://127.0.0.1:$PORT/mcp (admin :$ADMIN)"
-"$(target_dir)/debug/quiver-server" --config file:examples/tools.yaml \
+"$bin" --config file:examples/tools.yaml \
   --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the Quiver images without pulling anything: static release binaries (fat LTO,
-# glibc crt-static; the server with PGO, see scripts/pgo.sh) in FROM-scratch images laid out by deploy/images/layout.sh, the same
-# layout deploy/images/Dockerfile produces where a registry is reachable.
+# Builds the Quiver images without pulling anything: static release binaries (glibc
+# crt-static; the server with fat LTO and PGO, see scripts/pgo.sh; the operator with the
+# profile release-control, thin LTO) in FROM-scratch images laid out by
+# deploy/images/layout.sh, the same layout deploy/images/Dockerfile produces where a
+# registry is reachable.
 #   quiver-server:$TAG    /usr/local/bin/quiver-server (jemalloc; QUIVER_ALLOCATOR=system for the system allocator)
 #   quiver-operator:$TAG  /usr/local/bin/quiver-operator
 # Cargo output is cached in ~/.cache/quiver/target-images* so a warm run only relinks what
@@ -29,13 +31,13 @@ fi
 bins="${QUIVER_IMAGE_BINS:-$bins}"   # QUIVER_IMAGE_BINS: where the stripped binaries go
 mkdir -p "$bins" "$QUIVER_CACHE/images"
 
-# release_build TARGET_DIR RUSTFLAGS PACKAGE: a static release build of one binary,
-# copied to $bins. Each flag set has its own target directory: sharing one would rebuild
-# every dependency whenever the other binary is built.
+# release_build TARGET_DIR RUSTFLAGS PACKAGE [PROFILE]: a static build of one binary with
+# PROFILE (default release), copied to $bins. Each flag set has its own target directory:
+# sharing one would rebuild every dependency whenever the other binary is built.
 release_build() {
-  local dir="$1" flags="$2" pkg="$3"
-  CARGO_TARGET_DIR="$dir" RUSTFLAGS="$flags" cargo build --release --locked --target "$triple" -p "$pkg" --bin "$pkg"
-  cp "$dir/$triple/release/$pkg" "$bins/"
+  local dir="$1" flags="$2" pkg="$3" profile="${4:-release}"
+  CARGO_TARGET_DIR="$dir" RUSTFLAGS="$flags" cargo build --profile "$profile" --locked --target "$triple" -p "$pkg" --bin "$pkg"
+  cp "$dir/$triple/$profile/$pkg" "$bins/"
 }
 
 # quiver-server with PGO (scripts/pgo.sh makes the profile; QUIVER_PGO=0 builds without).
@@ -67,8 +69,8 @@ fi
 # How the server binary was built, beside it: the per-request cost guard (bench/guard.py)
 # compares it with its baseline's, since the PGO profile alone moves the instruction count.
 printf '{"pgo": "%s"}\n' "$pgo" > "$bins/quiver-server.build.json"
-log "quiver-operator release build for $platform (fat LTO, static)"
-release_build "$operator_dir" "$IMAGE_RUSTFLAGS" quiver-operator
+log "quiver-operator release build for $platform (profile release-control: thin LTO, static)"
+release_build "$operator_dir" "$IMAGE_RUSTFLAGS" quiver-operator release-control
 for b in quiver-server quiver-operator; do
   "$STRIP" --strip-debug "$bins/$b"   # keep the symbol table (backtraces), drop the line tables
   check_static "$bins/$b" "$triple"

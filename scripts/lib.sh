@@ -11,6 +11,12 @@ target_dir() {
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
 }
 
+# workspace_build: the workspace's binaries and test binaries as the test command builds
+# them (`cargo test --workspace`), into "$(target_dir)/debug". Every cargo call of the test
+# command selects the whole workspace, so dependencies' features resolve once: with `-p`,
+# Cargo resolves them for that package alone and recompiles syn and everything above it.
+workspace_build() { cargo test --workspace --locked --no-run --quiet; }
+
 # How the images' binaries are built (scripts/images.sh, scripts/pgo.sh): static glibc for
 # FROM-scratch images, and the PGO profile the server image is built with.
 IMAGE_TRIPLE=x86_64-unknown-linux-gnu

@@ -8,9 +8,9 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-cargo test -p quiver-server --locked --test openapi_kube --test kube_search --no-run
+workspace_build
 control_plane_session openapi
-cargo test -p quiver-server --locked --test openapi_kube -- --ignored --nocapture
+cargo test --workspace --locked --test openapi_kube -- --ignored --nocapture
 # Tool search's retrieval quality on the same documents: recall@5 of the labeled queries in
 # tests/search/kube-queries.yaml (fails under 0.9; prints recall@3 and @5).
-cargo test -p quiver-server --locked --test kube_search -- --ignored --nocapture
+cargo test --workspace --locked --test kube_search -- --ignored --nocapture

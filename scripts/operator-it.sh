@@ -8,26 +8,26 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-cargo build -p quiver-operator -p quiver-server --locked
+workspace_build
 BIN="$(target_dir)/debug"
 
 control_plane_session cp
 
 log "tool search recall over the apiserver's own OpenAPI (core/v1, apps/v1)"
-cargo test -p quiver-server --locked --test kube_search -- --ignored --nocapture
+cargo test --workspace --locked --test kube_search -- --ignored --nocapture
 
 log "installing the CRD"
 install_crd
 
 log "operator replicas with leader election (rolling update, crash)"
-cargo test -p quiver-operator --locked --test cluster_leader -- --ignored --nocapture
+cargo test --workspace --locked --test cluster_leader -- --ignored --nocapture
 
 log "starting quiver-operator"
 "$BIN/quiver-operator" --admin-listen 127.0.0.1:0 --probe-pods=false > "$STATE/quiver-operator.log" 2>&1 &
 BG_PIDS+=($!)
 
 export QUIVER_SERVER_BIN="$BIN/quiver-server"
-cargo test -p quiver-operator --locked --test cluster -- --ignored --test-threads=3 --nocapture
-cargo test -p quiver-operator --locked --test cluster_restricted -- --ignored --test-threads=2 --nocapture
-cargo test -p quiver-operator --locked --test cluster_ownership -- --ignored --nocapture
-cargo test -p quiver-operator --locked --test cluster_plugin -- --ignored --nocapture
+cargo test --workspace --locked --test cluster -- --ignored --test-threads=3 --nocapture
+cargo test --workspace --locked --test cluster_restricted -- --ignored --test-threads=2 --nocapture
+cargo test --workspace --locked --test cluster_ownership -- --ignored --nocapture
+cargo test --workspace --locked --test cluster_plugin -- --ignored --nocapture

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds kubectl-quiver, the `kubectl quiver` plugin, as one static binary (release profile,
-# glibc linked statically: no musl target here) and prints its path. It shares the target
-# directory and flags of the operator image's build (scripts/images.sh), so after an image
+# Builds kubectl-quiver, the `kubectl quiver` plugin, as one static binary (profile
+# release-control, as the operator; glibc linked statically: no musl target here) and
+# prints its path. It shares the target directory and flags of the operator image's build (scripts/images.sh), so after an image
 # build only the plugin's own code is compiled and linked.
 # Usage: scripts/plugin.sh [DEST_DIR]   (default ~/.cache/quiver/plugin/bin)
 # QUIVER_PLATFORM=linux/arm64: the arm64 plugin, cross-built as scripts/images.sh builds the
@@ -21,8 +21,8 @@ fi
 mkdir -p "$dest"
 log "kubectl-quiver release build for $platform (static)"
 CARGO_TARGET_DIR="$dir" RUSTFLAGS="$IMAGE_RUSTFLAGS" \
-  cargo build --release --locked --target "$triple" -p quiver-operator --bin kubectl-quiver
-cp "$dir/$triple/release/kubectl-quiver" "$dest/"
+  cargo build --profile release-control --locked --target "$triple" -p quiver-operator --bin kubectl-quiver
+cp "$dir/$triple/release-control/kubectl-quiver" "$dest/"
 "$STRIP" --strip-debug "$dest/kubectl-quiver"
 check_static "$dest/kubectl-quiver" "$triple"
 echo "$dest/kubectl-quiver"

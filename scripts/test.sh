@@ -9,6 +9,18 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
+# The workspace's debug builds (clippy, cargo test, the servers the suites run) go to a
+# target directory in the cache, not the clone: a clean clone then compiles only what
+# changed and the workspace's own crates, not every dependency again. Cargo never deletes
+# stale artifacts, so the directory is started afresh once it passes 20 GB.
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  export CARGO_TARGET_DIR="$QUIVER_CACHE/target-test"
+  if [ -d "$CARGO_TARGET_DIR" ] && [ "$(du -sm "$CARGO_TARGET_DIR" | cut -f1)" -gt 20000 ]; then
+    log "$CARGO_TARGET_DIR holds over 20 GB: starting it afresh"
+    rm -rf "$CARGO_TARGET_DIR"
+  fi
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -24,12 +36,6 @@ if grep -E '^(tokio|hyper|hyper-util|axum) ' <<<"$model_deps"; then
   echo "quiver-model depends on a runtime crate (above); keep the runtime in quiver-server" >&2; exit 1
 fi
 
-log "crds/ is what crdgen generates"
-cargo run -q -p quiver-operator --bin crdgen --locked | diff -u crds/mcpservers.quiver.dev.yaml - \
-  || { echo "crds/ drifted: run 'cargo run -p quiver-operator --bin crdgen > crds/mcpservers.quiver.dev.yaml'" >&2; exit 1; }
-cargo run -q -p quiver-operator --bin crdgen --locked -- --reference | diff -u docs/crd-reference.md - \
-  || { echo "docs/crd-reference.md drifted: run 'cargo run -p quiver-operator --bin crdgen -- --reference > docs/crd-reference.md'" >&2; exit 1; }
-
 # Debian's redis-server for the shared rate-limit and shared-task tests (cached; cold: about 4 s).
 QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
 export QUIVER_REDIS_SERVER
@@ -40,9 +46,18 @@ log "OpenID provider of the identity tests (Keycloak from Maven Central, cached;
 log "cargo test (unit, integration, doc)"
 cargo test --workspace --locked
 
-log "building quiver-server for the SDK tests"
-cargo build -p quiver-server --locked
+# Every later step runs the binaries cargo test built (the integration tests need them):
+# building them again with `-p` would resolve the dependencies' features for that package
+# alone and recompile syn and all above it (lib.sh's workspace_build).
 export QUIVER_SERVER_BIN="$(target_dir)/debug/quiver-server"
+
+log "crds/ is what crdgen generates"
+crdgen="$(target_dir)/debug/crdgen"
+"$crdgen" | diff -u crds/mcpservers.quiver.dev.yaml - \
+  || { echo "crds/ drifted: run 'cargo run -p quiver-operator --bin crdgen > crds/mcpservers.quiver.dev.yaml'" >&2; exit 1; }
+"$crdgen" --reference | diff -u docs/crd-reference.md - \
+  || { echo "docs/crd-reference.md drifted: run 'cargo run -p quiver-operator --bin crdgen -- --reference > docs/crd-reference.md'" >&2; exit 1; }
+
 
 log "trace backend for the tracing tests (OpenTelemetry Collector built by ocb, cached)"
 "$ROOT/scripts/otelcol.sh" build >/dev/null
@@ -65,7 +80,6 @@ log "official MCP conformance suite (every server scenario) against the real bin
 "$ROOT/scripts/conformance.sh"
 
 log "operator against a real control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
-cargo build -p quiver-operator --locked
 "$ROOT/scripts/operator-it.sh"
 
 log "OpenAPI import against a real kube-apiserver (its own core/v1 and apps/v1 documents)"

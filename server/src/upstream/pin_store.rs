@@ -75,15 +75,14 @@ pub async fn keep_in_configmap(hub: Arc<Hub>, namespace: String, name: String) -
 async fn write_changes(hub: Arc<Hub>, api: Api<ConfigMap>, name: String) {
     loop {
         hub.pins.flush.notified().await;
-        let dirty = hub.pins.take_dirty();
-        if dirty.is_empty() {
+        if !hub.pins.take_dirty() {
             continue;
         }
         match write(&hub, &api, &name).await {
             Ok(()) => tokio::time::sleep(MIN_WRITE_INTERVAL).await,
             Err(e) => {
                 tracing::warn!(configmap = %name, error = %e, "writing pinned tool definitions failed; trying again");
-                hub.pins.redirty(dirty);
+                hub.pins.redirty();
                 tokio::time::sleep(RETRY.max(MIN_WRITE_INTERVAL)).await;
                 hub.pins.flush.notify_one();
             }

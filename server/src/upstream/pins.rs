@@ -40,8 +40,9 @@ struct State {
     records: Option<BTreeMap<String, Held>>,
     /// The latest tools listed by each pinned source, and whether the list was complete.
     seen: BTreeMap<String, (Arc<[Seen]>, bool)>,
-    /// Sources whose record changed here, to be written to the store.
-    dirty: BTreeSet<String>,
+    /// A record changed here since the last write to the store (every write merges every
+    /// record, so which one changed does not matter).
+    dirty: bool,
     /// Sources whose record the store held or this server wrote: a key of one of them that
     /// leaves the store was deleted (which pins afresh); of the others, it never got there,
     /// and what this server holds is kept and written.
@@ -108,13 +109,10 @@ impl Pins {
                 unwritten.push((source.clone(), held.clone()));
             }
         }
-        let State { persisted, dirty, .. } = &mut *st;
-        persisted.extend(records.keys().cloned());
-        for (source, held) in unwritten {
-            dirty.insert(source.clone());
-            records.insert(source, held);
-        }
-        let again = !st.dirty.is_empty();
+        st.persisted.extend(records.keys().cloned());
+        let again = !unwritten.is_empty();
+        st.dirty |= again;
+        records.extend(unwritten);
         st.records = Some(records);
         drop(st);
         if again {
@@ -181,7 +179,7 @@ impl Pins {
         if prev != Some(&next) {
             records.insert(upstream.to_owned(), Held::Record(next));
             if persistent {
-                st.dirty.insert(upstream.to_owned());
+                st.dirty = true;
                 self.flush.notify_one();
             }
         }
@@ -198,14 +196,14 @@ impl Pins {
         self.awaiting.load().get(name).cloned()
     }
 
-    /// Sources to write, taken.
-    pub(super) fn take_dirty(&self) -> BTreeSet<String> {
+    /// Whether a record changed since the last call (then the records are to be written).
+    pub(super) fn take_dirty(&self) -> bool {
         std::mem::take(&mut self.state().dirty)
     }
 
-    /// Writes `source` again later (its write failed).
-    pub(super) fn redirty(&self, sources: BTreeSet<String>) {
-        self.state().dirty.extend(sources);
+    /// Writes the records again later (a write failed).
+    pub(super) fn redirty(&self) {
+        self.state().dirty = true;
     }
 
     /// The text `source`'s record should have in the store, given what the store holds
@@ -274,7 +272,7 @@ mod tests {
         // Changed back: served again.
         let v = pins.observe("gh", vec![seen("a", "one")], true);
         assert!(v.unapproved.is_empty());
-        assert!(pins.take_dirty().is_empty(), "memory records are never written");
+        assert!(!pins.take_dirty(), "memory records are never written");
     }
 
     #[test]
@@ -293,7 +291,7 @@ mod tests {
                 .unapproved
                 .is_empty()
         );
-        assert_eq!(pins.take_dirty(), BTreeSet::from(["gh".to_owned()]));
+        assert!(pins.take_dirty());
         let text = pins.merged("gh", None, 4096).expect("a record to write");
         assert_eq!(pins.merged("gh", Some(&text), 4096), None, "written once");
         assert_eq!(
@@ -339,7 +337,7 @@ mod tests {
         pins.loaded(BTreeMap::new());
         let v = pins.observe("gh", vec![seen("a", "rug pulled")], true);
         assert_eq!(v.unapproved, [("a".to_owned(), CHANGED)]);
-        assert!(pins.take_dirty().contains("gh"));
+        assert!(pins.take_dirty());
         // Once written, a key deleted from the store pins afresh (deliberately).
         pins.written(["gh".to_owned()]);
         pins.loaded(BTreeMap::new());
