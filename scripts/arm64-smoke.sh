@@ -75,7 +75,9 @@ for x in s: x.bind(("127.0.0.1", 0))
 print(*(x.getsockname()[1] for x in s))')
 # qemu-user (7.2) does not pass Landlock's system calls through, so the server would refuse
 # to start exec tools: best-effort starts them unconfined (confinement is tested natively).
-arm "$bins/quiver-server" --config file:examples/tools.yaml --child-isolation=best-effort \
+# qemu itself in the background (not through the arm function): $! must be the process the
+# cleanup kills, or an orphaned emulated server keeps running (and spinning) after the test.
+qemu-aarch64 "$bins/quiver-server" --config file:examples/tools.yaml --child-isolation=best-effort \
   --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" > "$work/server.log" 2>&1 &
 server=$!
 for _ in $(seq 1 600); do
