@@ -43,8 +43,14 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/quiver-arm64.XXXXXX")"
 server=""
 cleanup() {
   local status=$?
-  [ -z "$server" ] || kill "$server" 2>/dev/null || true
-  [ -z "$server" ] || wait "$server" 2>/dev/null || true
+  if [ -n "$server" ]; then
+    # The server drains and exits on SIGTERM; whatever state the emulation is in, it never
+    # outlives the test (an orphan would take CPU from every later step).
+    kill "$server" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
   [ "$status" = 0 ] || { echo "--- quiver-server (arm64) log, last 40 lines"; tail -40 "$work/server.log"; } >&2
   rm -rf "$work"
   exit "$status"
