@@ -5,11 +5,10 @@
 
 mod real_binary;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Stdio};
 
-use real_binary::{Proc, free_port, tool_text, wait_for};
+use real_binary::{Proc, free_port, server_as_nobody, tool_text, wait_for};
 
 /// A stdio MCP server with one tool, `answer`.
 const MCP: &str = r#"
@@ -74,14 +73,6 @@ impl Drop for Killed {
     }
 }
 
-/// As in a pod: not root (root reads every file whatever its mode says).
-fn as_nobody(cmd: &mut Command) -> &mut Command {
-    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
-        cmd.uid(65534).gid(65534);
-    }
-    cmd
-}
-
 fn tools_call(p: &Proc, tool: &str) -> String {
     tool_text(p, "", tool, "{}")
 }
@@ -101,7 +92,7 @@ fn a_child_of_the_server_cannot_reach_a_bridged_upstream() {
     std::fs::write(d.join("probe.py"), PROBE.replace("SOCKPATH", &sock_s)).unwrap();
 
     let _bridge = Killed(
-        as_nobody(&mut Command::new(env!("CARGO_BIN_EXE_quiver-server")))
+        server_as_nobody(d)
             .args(["bridge", "--socket", &sock_s, "--max-processes", "4", "--"])
             .arg("/bin/sh")
             .arg(d.join("mcp.sh"))
@@ -121,7 +112,7 @@ fn a_child_of_the_server_cannot_reach_a_bridged_upstream() {
     );
     std::fs::write(d.join("tools.yaml"), tools).unwrap();
     let (mcp, admin) = (free_port(), free_port());
-    let child = as_nobody(&mut Command::new(env!("CARGO_BIN_EXE_quiver-server")))
+    let child = server_as_nobody(d)
         .arg(format!("--config=file:{}/tools.yaml", d.display()))
         .arg(format!("--listen=127.0.0.1:{mcp}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))

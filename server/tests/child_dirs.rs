@@ -6,10 +6,9 @@
 mod real_binary;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use real_binary::{Proc, free_port, tool_text, wait_for};
+use real_binary::{Proc, free_port, server_as_nobody, tool_text, wait_for};
 
 /// A stdio MCP server that writes a note into its HOME and TMPDIR when it starts; its tool
 /// `where` answers with its HOME.
@@ -73,12 +72,8 @@ fn children_cannot_read_each_others_home_and_write_only_their_own() {
     );
     std::fs::write(d.join("tools.yaml"), tools).unwrap();
     let (mcp, admin) = (free_port(), free_port());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver-server"));
     // As in a pod: not root.
-    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
-        cmd.uid(65534).gid(65534);
-    }
-    let child = cmd
+    let child = server_as_nobody(d)
         .arg(format!("--config=file:{}/tools.yaml", d.display()))
         .arg(format!("--listen=127.0.0.1:{mcp}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))

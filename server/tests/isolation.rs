@@ -8,11 +8,10 @@
 
 mod real_binary;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
 
-use real_binary::{Proc, free_port, http, tool_text, wait_for};
+use real_binary::{Proc, free_port, http, server_as_nobody, tool_text, wait_for};
 use serde_json::Value;
 
 /// Reads whatever it can of the server's secrets and prints it (printable characters only,
@@ -122,12 +121,8 @@ upstreams:
     let (mcp, admin) = (free_port(), free_port());
     open_to_all(dir.path());
     open_to_all(secrets.path());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver-server"));
     // As in a pod: not root (root reads every process's /proc files whatever they say).
-    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
-        cmd.uid(65534).gid(65534);
-    }
-    let child = cmd
+    let child = server_as_nobody(dir.path())
         .arg(format!("--config=file:{d}/tools.yaml"))
         .arg(format!("--listen=127.0.0.1:{mcp}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))

@@ -238,3 +238,24 @@ pub fn listening_ports(pid: u32) -> Vec<u16> {
     }
     ports
 }
+
+/// A command for the server binary as a pod runs it: not root. When this process is root,
+/// the binary is copied into `dir` (which the test opens to every user: Cargo's target
+/// directory may be under root's private home) and runs as `nobody` (65534); otherwise the
+/// binary runs as built, as this user. Commands for one `dir` share one copy.
+pub fn server_as_nobody(dir: &std::path::Path) -> Command {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let built = std::path::Path::new(env!("CARGO_BIN_EXE_quiver-server"));
+    if !std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        return Command::new(built);
+    }
+    let copy = dir.join("quiver-server");
+    if !copy.exists() {
+        std::fs::copy(built, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = Command::new(copy);
+    cmd.uid(65534).gid(65534);
+    cmd
+}
