@@ -25,11 +25,7 @@ fi
 NODE="$DIR/node_modules/node/bin/node"
 SUITE="$DIR/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 
-BIN="${QUIVER_SERVER_BIN:-}"
-if [ -z "$BIN" ]; then
-  cargo build -p quiver-server --locked --quiet
-  BIN="$(target_dir)/debug/quiver-server"
-fi
+BIN="$(server_bin)"
 OUT="$(target_dir)/conformance"
 rm -rf "$OUT" && mkdir -p "$OUT"
 

@@ -10,13 +10,7 @@ cd "$ROOT"
 PORT="${QUIVER_PORT:-8080}"
 ADMIN="${QUIVER_ADMIN_PORT:-9090}"
 
-# QUIVER_SERVER_BIN: run that binary (the test command's) instead of building one.
-bin="${QUIVER_SERVER_BIN:-}"
-if [ -z "$bin" ]; then
-  log "building quiver-server"
-  cargo build -p quiver-server --locked --quiet
-  bin="$(target_dir)/debug/quiver-server"
-fi
+bin="$(server_bin)"   # QUIVER_SERVER_BIN, or built here
 python_env
 
 log "starting quiver-server on http://127.0.0.1:$PORT/mcp (admin :$ADMIN)"

@@ -17,6 +17,15 @@ target_dir() {
 # Cargo resolves them for that package alone and recompiles syn and everything above it.
 workspace_build() { cargo test --workspace --locked --no-run --quiet; }
 
+# server_bin: the quiver-server a suite runs, printed: QUIVER_SERVER_BIN (the test command
+# exports the one cargo test built) or else a debug build made here.
+server_bin() {
+  if [ -n "${QUIVER_SERVER_BIN:-}" ]; then echo "$QUIVER_SERVER_BIN"; return; fi
+  log "building quiver-server"
+  cargo build -p quiver-server --locked --quiet
+  echo "$(target_dir)/debug/quiver-server"
+}
+
 # How the images' binaries are built (scripts/images.sh, scripts/pgo.sh): static glibc for
 # FROM-scratch images, and the PGO profile the server image is built with.
 IMAGE_TRIPLE=x86_64-unknown-linux-gnu

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds kubectl-quiver, the `kubectl quiver` plugin, as one static binary (profile
 # release-control, as the operator; glibc linked statically: no musl target here) and
-# prints its path. It shares the target directory and flags of the operator image's build (scripts/images.sh), so after an image
-# build only the plugin's own code is compiled and linked.
+# prints its path. It shares the target directory and flags of the operator image's build
+# (scripts/images.sh), so after an image build only the plugin's own code is compiled and
+# linked.
 # Usage: scripts/plugin.sh [DEST_DIR]   (default ~/.cache/quiver/plugin/bin)
 # QUIVER_PLATFORM=linux/arm64: the arm64 plugin, cross-built as scripts/images.sh builds the
 # arm64 operator (default DEST_DIR ~/.cache/quiver/plugin/bin-arm64).

@@ -58,7 +58,6 @@ crdgen="$(target_dir)/debug/crdgen"
 "$crdgen" --reference | diff -u docs/crd-reference.md - \
   || { echo "docs/crd-reference.md drifted: run 'cargo run -p quiver-operator --bin crdgen -- --reference > docs/crd-reference.md'" >&2; exit 1; }
 
-
 log "trace backend for the tracing tests (OpenTelemetry Collector built by ocb, cached)"
 "$ROOT/scripts/otelcol.sh" build >/dev/null
 command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test's Prometheus
