@@ -8,9 +8,11 @@
 //! - [`schema`]: the JSON Schema subset arguments are checked against;
 //! - [`template`]: `{{...}}` templates, made only from author text;
 //! - [`search`]: the tool search index built at compile time;
+//! - [`guard`]: secrets and personal data found in a tool's result (result guards);
 //! - [`redact`]: how secrets and untrusted text are shown.
 
 pub mod config;
+pub mod guard;
 pub mod handlers;
 pub mod redact;
 pub mod schema;

@@ -235,6 +235,13 @@ pub struct McpServerSpec {
     /// docs/toolset.md). A `toolsFrom` document's `toolSearch` applies when this is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_search: Option<quiver_model::config::search::ToolSearchSpec>,
+    /// What every tool's results are searched for (secrets: private keys, cloud and SaaS
+    /// keys, tokens; personal data: e-mail addresses, phone, card and IBAN numbers) and
+    /// whether each finding is flagged, redacted or the result withheld; a tool, upstream or
+    /// OpenAPI source may declare its own `resultGuards` (see docs/guards.md). A `toolsFrom`
+    /// document's `resultGuards` applies when this is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_guards: Option<quiver_model::config::guards::ResultGuardSpec>,
 }
 
 /// Client-IP session affinity of the Service.

@@ -220,6 +220,7 @@ impl Merged {
             policies: spec.policies.clone(),
             limits: spec.limits.clone(),
             tool_search: spec.tool_search.clone(),
+            result_guards: spec.result_guards.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
@@ -267,6 +268,9 @@ impl Merged {
                     ts.limits.extend(doc.limits);
                     if ts.tool_search.is_none() {
                         ts.tool_search = doc.tool_search;
+                    }
+                    if ts.result_guards.is_none() {
+                        ts.result_guards = doc.result_guards;
                     }
                 }
                 Err(e) => problems.extend(e.problems.iter().map(ToString::to_string)),

@@ -7,7 +7,7 @@
 #[allow(unsafe_code)] // a GlobalAlloc implementation; every unsafe block states its contract
 pub mod alloc;
 
-pub use quiver_model::{config, handlers, redact, schema, search, spec, template};
+pub use quiver_model::{config, guard, handlers, redact, schema, search, spec, template};
 pub use quiver_otel as otel;
 
 pub mod admin;

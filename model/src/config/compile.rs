@@ -72,6 +72,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     }
     let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
     add_server_limits(ts, &mut tools, &mut upstreams, &mut p);
+    add_server_guards(ts, &mut tools, &mut upstreams);
     let secrets = referenced_secrets(&tools, &upstreams, &api.unfetched_refs, &mut p);
     let policies = compile_policies(ts, &mut resources, &mut prompts, &mut p);
 
@@ -148,6 +149,19 @@ fn add_server_limits(
     }
     for u in upstreams {
         u.limits = governance::ordered(&[&u.limits, &server]);
+    }
+}
+
+/// Gives every tool and upstream without a `resultGuards` of its own the ToolSet's, and
+/// drops those that search for nothing (a tool without a guard pays one branch per call).
+fn add_server_guards(ts: &ToolSet, tools: &mut [CompiledTool], upstreams: &mut [CompiledUpstream]) {
+    let server = ts.result_guards.as_ref().map(super::guards::ResultGuard::compile);
+    for t in tools {
+        t.governance.result_guard =
+            super::guards::resolve(t.governance.result_guard.as_ref(), server.as_ref());
+    }
+    for u in upstreams {
+        u.result_guard = super::guards::resolve(u.result_guard.as_ref(), server.as_ref());
     }
 }
 
@@ -252,6 +266,7 @@ fn compile_tool(t: &ToolSpec, i: usize, index: &FxHashMap<&str, usize>, p: &mut 
             .as_ref()
             .filter(|a| a.arguments)
             .map(|_| governance::sensitive_properties(&schema_json)),
+        result_guard: t.result_guards.as_ref().map(super::guards::ResultGuard::compile),
     };
     let task = task_support(t.task, &handler, &at, p);
     CompiledTool {

@@ -140,6 +140,8 @@ pub struct ToolGovernance {
     pub limits: Arc<[Arc<Limit>]>,
     /// Record arguments in the audit trail, with these top-level properties redacted.
     pub audit_arguments: Option<Arc<[Box<str>]>>,
+    /// What its results are searched for (`None`: nothing, the usual case).
+    pub result_guard: Option<Arc<super::guards::ResultGuard>>,
 }
 
 /// `N/s`, `N/m`, `N/h` as nanoseconds between calls.

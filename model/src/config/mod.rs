@@ -9,6 +9,7 @@ pub mod compile;
 pub mod compiled;
 pub mod egress;
 pub mod governance;
+pub mod guards;
 mod json_doc;
 pub mod model;
 pub mod openapi;

@@ -67,6 +67,11 @@ pub struct ToolSet {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4))]
     pub limits: Vec<super::governance::LimitSpec>,
+    /// What every tool's results are searched for (secrets, personal data) and what is done
+    /// with what is found, unless a tool or its source declares its own (see
+    /// docs/guards.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_guards: Option<super::guards::ResultGuardSpec>,
     /// Tool search: `tools/list` shows only the core tools and `find_tools`, which finds
     /// the others by what they do (see docs/toolset.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,6 +91,7 @@ impl Default for ToolSet {
             openapi: Vec::new(),
             policies: Vec::new(),
             limits: Vec::new(),
+            result_guards: None,
             tool_search: None,
         }
     }
@@ -193,6 +199,10 @@ pub struct ToolSpec {
     /// What the audit trail records of this tool's calls beyond the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<super::governance::ToolAuditSpec>,
+    /// What this tool's results are searched for and what is done with what is found,
+    /// instead of the ToolSet's `resultGuards` (see docs/guards.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_guards: Option<super::guards::ResultGuardSpec>,
     /// Whether a call may run as a task for a client that declared the tasks extension:
     /// `optional` (the default of `exec` and `http` tools), `required` (a client without
     /// the extension is refused with -32021) or `forbidden` (always answered at once; the

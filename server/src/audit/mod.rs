@@ -168,6 +168,8 @@ pub struct Record {
     /// The arguments, for tools that opt in, with sensitive properties already replaced
     /// ([`redact_arguments`]); every string is scrubbed before it is written.
     pub arguments: Option<Value>,
+    /// What the tool's result guard found in its result, and did.
+    pub guard: Option<crate::config::guards::Verdict>,
     /// The trace and span ids (hex) of the request's span, when tracing sampled it.
     pub trace: Option<Box<(String, String)>>,
 }
@@ -191,6 +193,7 @@ impl Record {
             bytes_in: 0,
             bytes_out: 0,
             arguments: None,
+            guard: None,
             trace: None,
         }
     }
@@ -459,6 +462,9 @@ fn line(r: &Record, instance: Option<&[u8]>, secrets: &Secrets, clock: &mut Cloc
         key(out, "arguments");
         let _ = serde_json::to_writer(&mut *out, &scrub(a, secrets, &mut MAX_VALUES.clone()));
     }
+    if let Some(v) = &r.guard {
+        guard_field(out, v);
+    }
     if let Some(ids) = &r.trace {
         key(out, "traceId");
         string(out, &ids.0);
@@ -471,6 +477,22 @@ fn line(r: &Record, instance: Option<&[u8]>, secrets: &Secrets, clock: &mut Cloc
 }
 
 pub use quiver_flags::Instance;
+
+/// `,"guard":{"action":..,"findings":N,"kinds":[..]}`: the kinds a result guard found and
+/// what it did (never what it found).
+fn guard_field(out: &mut Vec<u8>, v: &crate::config::guards::Verdict) {
+    key(out, "guard");
+    out.extend_from_slice(b"{\"action\":");
+    string(out, v.action.label());
+    let _ = write!(out, ",\"findings\":{},\"kinds\":[", v.count);
+    for (i, k) in v.found.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        string(out, k.name());
+    }
+    out.extend_from_slice(b"]}");
+}
 
 /// The record field naming `instance`: `,"mcpServer":{"namespace":..,"name":..}`.
 fn instance_field(instance: &Instance) -> Vec<u8> {

@@ -207,6 +207,8 @@ pub(super) struct Trail {
     pub outcome: Option<&'static str>,
     /// The arguments, when the tool opts in (sensitive properties already replaced).
     pub arguments: Option<Value>,
+    /// What the result guard found, when it found anything.
+    pub guard: Option<crate::config::guards::Verdict>,
 }
 
 impl Trail {
@@ -273,6 +275,7 @@ impl Pending {
         r.upstream = t.upstream;
         r.upstream_account = t.upstream_account;
         r.arguments = t.arguments;
+        r.guard = t.guard;
         r.outcome = outcome;
         r.reason = reason;
         r.duration = r.end.saturating_duration_since(self.start);

@@ -364,4 +364,6 @@ mod audit_tests;
 #[cfg(test)]
 mod govern_tests;
 #[cfg(test)]
+mod guard_tests;
+#[cfg(test)]
 mod tests;

@@ -161,8 +161,8 @@ pub(super) async fn call(
         .transpose()?;
     let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
-        let failed = conclude(&guard, index, req.id, output, start, out);
-        noted(trail, failed, None);
+        let ended = conclude(&guard, index, req.id, output, start, out);
+        noted(trail, ended, None);
         if round.is_some() {
             crate::dispatch::stateless::stamp(out, &guard.result_stamp);
         }
@@ -215,12 +215,12 @@ pub(super) async fn call(
     if let Some(needed) = url.get() {
         return Err(RpcError::url_required(needed));
     }
-    let failed = match (result, stateless) {
+    let ended = match (result, stateless) {
         (Some(o), Some(m)) => server.conclude_stateless(&snap, index, req.id, o, *m, start, out),
         (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
         (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
     }?;
-    noted(trail, failed, account.get());
+    noted(trail, ended, account.get());
     Ok(None)
 }
 
@@ -305,11 +305,12 @@ fn invalid(
         .observe(start.elapsed());
 }
 
-/// Notes how a call that got a result ended, for its audit record.
-/// Notes how a call that got a result ended, and the upstream account it acted as.
-fn noted(trail: Option<&mut Trail>, failed: bool, account: Option<&Arc<str>>) {
+/// Notes how a call that got a result ended (and what its result guard found), and the
+/// upstream account it acted as, for its audit record.
+fn noted(trail: Option<&mut Trail>, ended: Ended, account: Option<&Arc<str>>) {
     if let Some(t) = trail {
-        t.outcome = Some(if failed { "tool_error" } else { "ok" });
+        t.outcome = Some(if ended.failed { "tool_error" } else { "ok" });
+        t.guard = ended.guard;
         t.upstream_account = account.map(|a| Text::new(a));
     }
 }
@@ -435,8 +436,8 @@ impl Deferred {
                 server.conclude_stateless(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
             ),
         };
-        if let (Some(p), Ok(failed)) = (audit.as_deref_mut(), &r) {
-            noted(Some(&mut p.trail), *failed, account.get());
+        if let (Some(p), Ok(ended)) = (audit.as_deref_mut(), &r) {
+            noted(Some(&mut p.trail), *ended, account.get());
         }
         let error = audit.as_ref().and_then(|_| r.as_ref().err().cloned());
         let r = r.map(|_| ());
@@ -468,16 +469,16 @@ impl Server {
         m: StatelessCall,
         start: Instant,
         out: &mut Vec<u8>,
-    ) -> Result<bool, RpcError> {
+    ) -> Result<Ended, RpcError> {
         let round = m.inputs.finish();
         if self.interrupted(round, &m.call, snap, id, out)? {
             let tool = &snap.tools[index];
             tool.metrics.ok(&tool.def.name).observe(start.elapsed());
-            return Ok(false);
+            return Ok(Ended::default());
         }
-        let failed = conclude(snap, index, id, o, start, out);
+        let ended = conclude(snap, index, id, o, start, out);
         crate::dispatch::stateless::stamp(out, &snap.result_stamp);
-        Ok(failed)
+        Ok(ended)
     }
 
     #[allow(clippy::too_many_arguments)] // the call's parts, borrowed from its two callers
@@ -541,8 +542,17 @@ fn write_tool_result(out: &mut Vec<u8>, id: &RawValue, o: &ToolOutput) {
     out.push(b'}');
 }
 
-/// Checks a call's result against the tool's output schema, writes the response and records
-/// the call's duration by outcome. Returns whether the result is a tool error.
+/// How a call that got a result ended, for its audit record.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Ended {
+    /// The result is a tool error.
+    pub failed: bool,
+    /// What the tool's result guard found in it.
+    pub guard: Option<crate::config::guards::Verdict>,
+}
+
+/// Checks a call's result against the tool's output schema and its result guard, writes the
+/// response and records the call's duration by outcome.
 #[inline]
 pub(super) fn conclude(
     snap: &Snapshot,
@@ -551,11 +561,14 @@ pub(super) fn conclude(
     o: ToolOutput,
     start: Instant,
     out: &mut Vec<u8>,
-) -> bool {
-    let o = check_output(snap, index, o);
+) -> Ended {
+    let (o, guard) = check_output(snap, index, o);
     write_tool_result(out, id, &o);
     observe(&snap.tools[index], &o, start);
-    o.is_error
+    Ended {
+        failed: o.is_error,
+        guard,
+    }
 }
 
 #[inline]

@@ -229,6 +229,17 @@ pub struct ToolLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of the result guards' counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardLabels {
+    /// Tool name.
+    pub tool: String,
+    /// What was found (`email`, `aws_access_key_id`, ...).
+    pub kind: &'static str,
+    /// What was done with the result: `flag`, `redact` or `refuse`.
+    pub action: &'static str,
+}
+
 /// Labels of per-method instruments.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
@@ -443,6 +454,7 @@ pub struct ToolMetrics {
     tool_error: OnceLock<Histogram>,
     invalid_arguments: OnceLock<Histogram>,
     family: Family<ToolLabels, Histogram>,
+    guards: Family<GuardLabels, Counter>,
 }
 
 impl ToolMetrics {
@@ -463,6 +475,20 @@ impl ToolMetrics {
         self.invalid_arguments
             .get_or_init(|| series(&self.family, name, "invalid_arguments"))
     }
+
+    /// Counts a result in which the tool's result guard found something: once per kind
+    /// found, by what was done with the result.
+    pub fn guarded(&self, name: &str, v: &crate::config::guards::Verdict) {
+        for kind in v.found.iter() {
+            self.guards
+                .get_or_create(&GuardLabels {
+                    tool: name.to_owned(),
+                    kind: kind.name(),
+                    action: v.action.label(),
+                })
+                .inc();
+        }
+    }
 }
 
 fn series(family: &Family<ToolLabels, Histogram>, tool: &str, outcome: &'static str) -> Histogram {
@@ -481,6 +507,7 @@ fn series(family: &Family<ToolLabels, Histogram>, tool: &str, outcome: &'static 
 pub struct Metrics {
     registry: Registry,
     dispatch: Family<ToolLabels, Histogram>,
+    guards: Family<GuardLabels, Counter>,
     request_duration: Family<MethodLabels, Histogram>,
     requests: Family<RequestLabels, Counter>,
     /// Requests being handled now.
@@ -522,6 +549,12 @@ impl Metrics {
             "Time to execute a tools/call, from lookup to serialized result",
             Unit::Seconds,
             dispatch.clone(),
+        );
+        let guards = Family::<GuardLabels, Counter>::default();
+        root.register(
+            "result_guard_findings",
+            "Tool results in which a result guard found secrets or personal data, by tool, kind found and what was done with the result (flag, redact, refuse)",
+            guards.clone(),
         );
         let request_duration = Family::<MethodLabels, Histogram>::default();
         root.register_with_unit(
@@ -669,6 +702,7 @@ impl Metrics {
         Arc::new(Self {
             registry: root,
             dispatch,
+            guards,
             request_duration,
             requests,
             inflight,
@@ -743,6 +777,7 @@ impl Metrics {
             tool_error: OnceLock::new(),
             invalid_arguments: OnceLock::new(),
             family: self.dispatch.clone(),
+            guards: self.guards.clone(),
         }
     }
 
@@ -753,6 +788,15 @@ impl Metrics {
                 tool: name.to_owned(),
                 outcome,
             });
+        }
+        for kind in crate::guard::KINDS {
+            for action in ["flag", "redact", "refuse"] {
+                self.guards.remove(&GuardLabels {
+                    tool: name.to_owned(),
+                    kind: kind.name(),
+                    action,
+                });
+            }
         }
     }
 

@@ -355,6 +355,12 @@ fn compile_op(
         governance: ToolGovernance {
             limits: sh.limits.clone(),
             audit_arguments: None,
+            result_guard: sh
+                .spec
+                .tools
+                .result_guards
+                .as_ref()
+                .map(crate::config::guards::ResultGuard::compile),
         },
         task: (sh.spec.tools.tasks.get(key).copied()).unwrap_or(crate::config::TaskSupport::Optional),
     })

@@ -208,6 +208,7 @@ impl CompiledUpstream {
             governance: crate::config::governance::ToolGovernance {
                 limits: self.limits.clone(),
                 audit_arguments: None,
+                result_guard: self.result_guard.clone(),
             },
         })
     }

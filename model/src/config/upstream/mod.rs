@@ -182,6 +182,10 @@ pub struct ImportSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4))]
     pub limits: Vec<super::governance::LimitSpec>,
+    /// What the results of the tools served from it are searched for, instead of the
+    /// ToolSet's `resultGuards` (see docs/guards.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_guards: Option<super::guards::ResultGuardSpec>,
 }
 
 impl ImportSpec {
@@ -287,6 +291,8 @@ pub struct CompiledUpstream {
     /// The limits of a call of its tools: its own, then (once the ToolSet's are added) the
     /// ToolSet's.
     pub limits: Arc<[Arc<super::governance::Limit>]>,
+    /// The result guard of its tools (its own, else the ToolSet's).
+    pub result_guard: Option<Arc<super::guards::ResultGuard>>,
 }
 
 /// The compiled handler of an imported tool.
@@ -440,6 +446,7 @@ fn compile_upstream(
             p,
         )
         .into(),
+        result_guard: t.result_guards.as_ref().map(super::guards::ResultGuard::compile),
     }
 }
 

@@ -211,7 +211,7 @@ fn concluded(
     o: crate::protocol::output::ToolOutput,
     start: Instant,
 ) -> Status {
-    let o = crate::exec::check_output(snap, index, o);
+    let (o, _) = crate::exec::check_output(snap, index, o);
     let tool = &snap.tools[index];
     let h = if o.is_error {
         tool.metrics.tool_error(&tool.def.name)

@@ -1,0 +1,173 @@
+//! Result guards through dispatch: the nearest `resultGuards` applies (a tool's own, else
+//! the ToolSet's), `redact` replaces what it finds, `refuse` withholds the result with an
+//! error naming only the kinds, `flag` passes it on; each is counted by tool, kind and
+//! action and noted in the call's audit record; a pipeline's step passes its result to the
+//! next through its own tool's guard; a tool without a guard is untouched.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::reload::Reloader;
+
+/// A key ID in AWS's format (not AWS's documented example, which guards let through).
+const KEY_ID: &str = "AKIAZ2QXLMN7ORP4VWTY";
+
+const TOOLS: &str = r#"
+resultGuards: {secrets: redact}
+tools:
+  - {name: say, input: {text: string}, handler: {template: '{{text}}'}}
+  - name: contact
+    input: {text: string}
+    resultGuards: {personalData: refuse}
+    handler: {template: '{{text}}'}
+  - name: blocks
+    input: {text: string}
+    resultGuards: {secrets: flag, personalData: flag}
+    handler: {content: [{text: 'a {{text}}'}, {text: 'b {{text}}'}]}
+  - name: exempt
+    input: {text: string}
+    resultGuards: {secrets: off}
+    handler: {template: '{{text}}'}
+  - name: chain
+    input: {text: string}
+    resultGuards: {secrets: off}
+    handler:
+      pipeline:
+        - {tool: say}
+        - {tool: exempt, input: {text: "step said: {{steps.0.text}}"}}
+"#;
+
+fn server(audit: Option<&std::path::Path>) -> Arc<Server> {
+    let metrics = Metrics::new("test", "system");
+    let mut b = Server::builder(Registry::new(&metrics), metrics);
+    if let Some(path) = audit {
+        let log = crate::audit::AuditLog::start(
+            &crate::audit::Sink::File(path.to_owned()),
+            64,
+            crate::audit::OnFull::Drop,
+            crate::secrets::Secrets::new(),
+            b.metrics().gov.clone(),
+        )
+        .unwrap();
+        b = b.audit(Some(log));
+    }
+    let server = b.build();
+    Reloader::new(server.clone())
+        .apply(&[("t.yaml".into(), TOOLS.to_owned())])
+        .unwrap_or_else(|e| panic!("{e}"));
+    server
+}
+
+const CX: Ctx<'static> = Ctx {
+    session: "",
+    version: "2025-11-25",
+    stream: false,
+    era: Era::Handshake,
+    caller: None,
+    opens: Opens::Minted,
+    client: None,
+};
+
+/// The `result` of calling `tool` with `text`.
+async fn call(s: &Arc<Server>, tool: &str, text: &str) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": {"text": text}}})
+    .to_string();
+    match s.handle(body.as_bytes(), CX, false).await {
+        Outcome::Reply(r) => {
+            let v: Value = serde_json::from_slice(&r.body).unwrap();
+            v.get("result").cloned().unwrap_or_else(|| panic!("{v}"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn texts(result: &Value) -> Vec<&str> {
+    result["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["text"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_nearest_guard_redacts_refuses_or_flags() {
+    let s = server(None);
+    let said = call(&s, "say", &format!("key {KEY_ID} for jane@acme.io")).await;
+    assert_eq!(
+        texts(&said),
+        [format!("key [redacted:aws_access_key_id] for jane@acme.io")]
+    );
+    assert_eq!(said["isError"], false);
+
+    // The tool's own guard replaces the ToolSet's: personal data refused, secrets not looked at.
+    let refused = call(&s, "contact", &format!("{KEY_ID} jane@acme.io")).await;
+    assert_eq!(refused["isError"], true);
+    let message = texts(&refused)[0];
+    assert!(
+        message.contains("withheld") && message.contains("email"),
+        "{message}"
+    );
+    assert!(!message.contains("jane") && !message.contains("aws"), "{message}");
+    let clean = call(&s, "contact", KEY_ID).await;
+    assert_eq!(texts(&clean), [KEY_ID]);
+
+    let flagged = call(&s, "blocks", "jane@acme.io").await;
+    assert_eq!(texts(&flagged), ["a jane@acme.io", "b jane@acme.io"]);
+
+    let exempt = call(&s, "exempt", KEY_ID).await;
+    assert_eq!(texts(&exempt), [KEY_ID]);
+
+    let metrics = s.metrics.encode();
+    for line in [
+        r#"quiver_result_guard_findings_total{tool="say",kind="aws_access_key_id",action="redact"} 1"#,
+        r#"quiver_result_guard_findings_total{tool="contact",kind="email",action="refuse"} 1"#,
+        r#"quiver_result_guard_findings_total{tool="blocks",kind="email",action="flag"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains(r#"result_guard_findings_total{tool="exempt""#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_step_passes_its_result_on_through_its_tools_guard() {
+    let s = server(None);
+    let chained = call(&s, "chain", &format!("id {KEY_ID}")).await;
+    assert_eq!(texts(&chained), ["step said: id [redacted:aws_access_key_id]"]);
+}
+
+#[tokio::test]
+async fn the_audit_record_names_what_was_found_never_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let s = server(Some(&path));
+    call(&s, "say", &format!("{KEY_ID} and {KEY_ID}")).await;
+    call(&s, "exempt", KEY_ID).await;
+    let gov = s.metrics.gov.clone();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while gov.audit_records.get() < 2 {
+        assert!(std::time::Instant::now() < end, "records not written in 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains(KEY_ID), "{text}");
+    let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let said = records.iter().find(|r| r["tool"] == "say").expect("say's record");
+    assert_eq!(
+        said["guard"],
+        json!({"action": "redact", "findings": 2, "kinds": ["aws_access_key_id"]})
+    );
+    let exempt = records
+        .iter()
+        .find(|r| r["tool"] == "exempt")
+        .expect("exempt's record");
+    assert!(exempt.get("guard").is_none(), "{exempt}");
+}
