@@ -238,6 +238,12 @@ def dispatch():
         ], 0, 80, w=24, unit="short", thresholds=[(1, "orange")],
             description="Pinned upstreams (pin: warn or enforce): tools whose definition is new or changed since approved "
                         "(held back under enforce), and definitions that changed. See kubectl quiver status; approve with kubectl quiver approve."),
+        panel(27, "Result guards: findings by tool, kind and action", "timeseries", [
+            target(f"sum by (tool, kind, action) (increase(quiver_result_guard_findings_total{{{SEL}}}[{RI}]))", "{{tool}} {{kind}} ({{action}})"),
+        ], 0, 88, w=24, unit="short", thresholds=[(1, "orange")],
+            description="Tool results in which a result guard (resultGuards) found secrets or personal data, once per kind found, "
+                        "by what was done with the result: flag (passed on), redact, refuse (withheld). A secret in any tool's result is "
+                        "worth a look at that tool; the audit records say which calls (their guard field)."),
     ]
     return dashboard("quiver-dispatch", "Quiver / Dispatch", "Latency, traffic, governance, tasks and upstreams of Quiver MCP servers.", p, True)
 

@@ -157,8 +157,12 @@ fn add_server_limits(
 fn add_server_guards(ts: &ToolSet, tools: &mut [CompiledTool], upstreams: &mut [CompiledUpstream]) {
     let server = ts.result_guards.as_ref().map(super::guards::ResultGuard::compile);
     for t in tools {
-        t.governance.result_guard =
-            super::guards::resolve(t.governance.result_guard.as_ref(), server.as_ref());
+        // `find_tools` and `sign_out_upstream` answer from the server itself (listed tools,
+        // a sign-out): nothing a guard is for, and a hostile description must not make
+        // search answer with an error.
+        let own = matches!(t.handler, CompiledHandler::FindTools | CompiledHandler::SignOut);
+        let outer = if own { None } else { server.as_ref() };
+        t.governance.result_guard = super::guards::resolve(t.governance.result_guard.as_ref(), outer);
     }
     for u in upstreams {
         u.result_guard = super::guards::resolve(u.result_guard.as_ref(), server.as_ref());

@@ -2,8 +2,9 @@
 //! document's `tools`): what a tool's result is searched for ([`crate::guard`]) and what is
 //! done with what is found.
 //!
-//! The nearest declaration wins: a tool's own (an imported tool's: its source's), else the
-//! ToolSet's. `secrets: off` and `personalData: off` on a tool exempt it from the ToolSet's.
+//! The nearest declaration wins, field by field: what a tool (an imported tool: its source)
+//! sets, else what the ToolSet sets. `secrets: off` and `personalData: off` on a tool exempt
+//! it from the ToolSet's; an `ignore` list replaces the ToolSet's.
 
 use std::sync::Arc;
 
@@ -46,11 +47,13 @@ impl GuardAction {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResultGuardSpec {
     /// Credentials: private keys, cloud and SaaS keys and tokens, JWTs, passwords in URLs.
-    #[serde(default, skip_serializing_if = "is_off")]
-    pub secrets: GuardAction,
-    /// Personal data: e-mail addresses, phone numbers, payment card numbers, IBANs.
-    #[serde(default, skip_serializing_if = "is_off")]
-    pub personal_data: GuardAction,
+    /// Unset: the ToolSet's (`off` when it sets none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<GuardAction>,
+    /// Personal data: e-mail addresses, phone numbers, payment card numbers, IBANs. Unset:
+    /// the ToolSet's (`off` when it sets none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub personal_data: Option<GuardAction>,
     /// Kinds not searched for, e.g. `[email]` for a directory tool whose answers are
     /// addresses (see docs/guards.md for the kinds).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -58,13 +61,26 @@ pub struct ResultGuardSpec {
     pub ignore: Vec<Kind>,
 }
 
-fn is_off(a: &GuardAction) -> bool {
-    *a == GuardAction::Off
+impl ResultGuardSpec {
+    /// This spec with what it leaves unset taken from `outer` (the ToolSet's).
+    fn within(&self, outer: &Self) -> Self {
+        Self {
+            secrets: self.secrets.or(outer.secrets),
+            personal_data: self.personal_data.or(outer.personal_data),
+            ignore: if self.ignore.is_empty() {
+                outer.ignore.clone()
+            } else {
+                self.ignore.clone()
+            },
+        }
+    }
 }
 
 /// A compiled guard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultGuard {
+    /// What was declared (a tool's own is completed by the ToolSet's).
+    spec: ResultGuardSpec,
     secrets: GuardAction,
     personal: GuardAction,
     /// The kinds searched for.
@@ -75,21 +91,36 @@ impl ResultGuard {
     /// The guard `spec` declares (an all-`off` one included: it exempts from the
     /// ToolSet's).
     pub fn compile(spec: &ResultGuardSpec) -> Arc<Self> {
+        let secrets = spec.secrets.unwrap_or_default();
+        let personal = spec.personal_data.unwrap_or_default();
         let mut kinds = Kinds::NONE;
-        if spec.secrets != GuardAction::Off {
+        if secrets != GuardAction::Off {
             kinds.0 |= Kinds::SECRETS.0;
         }
-        if spec.personal_data != GuardAction::Off {
+        if personal != GuardAction::Off {
             kinds.0 |= Kinds::PERSONAL.0;
         }
         for k in &spec.ignore {
             kinds.0 &= !k.bit();
         }
         Arc::new(Self {
-            secrets: spec.secrets,
-            personal: spec.personal_data,
+            spec: spec.clone(),
+            secrets,
+            personal,
             kinds,
         })
+    }
+
+    /// The strongest action of a family it searches for.
+    fn strongest(&self) -> GuardAction {
+        let on = |a: GuardAction, family: Kinds| {
+            if self.kinds.meets(family) {
+                a
+            } else {
+                GuardAction::Off
+            }
+        };
+        on(self.secrets, Kinds::SECRETS).max(on(self.personal, Kinds::PERSONAL))
     }
 
     /// Whether it searches for anything.
@@ -121,8 +152,9 @@ impl ResultGuard {
             v.note(f.kind, a);
             redact |= a == GuardAction::Redact;
         }
-        if scan.overflowed && redact {
-            // Not every finding is known: what cannot be redacted whole is withheld.
+        if scan.overflowed && self.strongest() >= GuardAction::Redact {
+            // Not every finding is known (one family may not have been searched at all):
+            // what cannot be redacted or refused whole is withheld.
             v.action = GuardAction::Refuse;
             v.overflowed = true;
             return None;
@@ -135,38 +167,112 @@ impl ResultGuard {
         Some(crate::guard::redact(text, &scan.findings))
     }
 
-    /// Searches every string of `value` (not object keys), redacting in place.
+    /// Searches every string, object key and long integer of `value`, redacting strings and
+    /// numbers in place. A key cannot be rewritten: a finding there that must be redacted
+    /// withholds the result.
     pub fn check_value(&self, value: &mut Value, scan: &mut Scan, v: &mut Verdict) {
-        self.walk(value, scan, v, false);
-    }
-
-    /// Searches a content block's strings, except its base64 payloads (`data`, `blob`).
-    pub fn check_block(&self, block: &mut Value, scan: &mut Scan, v: &mut Verdict) {
-        self.walk(block, scan, v, true);
-    }
-
-    fn walk(&self, value: &mut Value, scan: &mut Scan, v: &mut Verdict, block: bool) {
         match value {
             Value::String(s) => {
                 if let Some(r) = self.check_str(s, scan, v) {
                     *s = r;
                 }
             }
+            Value::Number(n) => {
+                // A card number written as a JSON number (13-19 digits).
+                let long = n.as_u64().is_some_and(|x| x >= 1_000_000_000_000);
+                if long && self.kinds.has(Kind::PaymentCard) {
+                    let text = n.to_string();
+                    if let Some(r) = self.check_str(&text, scan, v) {
+                        *value = Value::String(r);
+                    }
+                }
+            }
             Value::Array(items) => {
                 for x in items {
-                    self.walk(x, scan, v, block);
+                    self.check_value(x, scan, v);
                 }
             }
             Value::Object(map) => {
                 for (k, x) in map.iter_mut() {
-                    if !(block && (k == "data" || k == "blob")) {
-                        self.walk(x, scan, v, block);
-                    }
+                    self.check_key(k, scan, v);
+                    self.check_value(x, scan, v);
                 }
             }
-            _ => {}
+            Value::Bool(_) | Value::Null => {}
         }
     }
+
+    /// Searches a content block: every string and key but the base64 payload of an image or
+    /// audio block (`data`) and of a binary embedded resource (`blob`, decoded and searched
+    /// when its `mimeType` is text).
+    pub fn check_block(&self, block: &mut Value, scan: &mut Scan, v: &mut Verdict) {
+        let Value::Object(map) = block else {
+            return self.check_value(block, scan, v);
+        };
+        let media = matches!(map.get("type").and_then(Value::as_str), Some("image" | "audio"));
+        for (k, x) in map.iter_mut() {
+            match (k.as_str(), x) {
+                ("data", _) if media => {}
+                ("resource", Value::Object(r)) => {
+                    let text = r.get("mimeType").and_then(Value::as_str).is_some_and(textual);
+                    for (k, x) in r.iter_mut() {
+                        match (k.as_str(), x) {
+                            ("blob", Value::String(b)) if text => self.check_blob(b, scan, v),
+                            ("blob", _) => {}
+                            (_, x) => self.check_value(x, scan, v),
+                        }
+                    }
+                }
+                (_, x) => self.check_value(x, scan, v),
+            }
+        }
+    }
+
+    /// A base64 blob of text: decoded, searched, encoded again when redacted. One that does
+    /// not decode to UTF-8 is binary and left alone.
+    fn check_blob(&self, blob: &mut String, scan: &mut Scan, v: &mut Verdict) {
+        use base64::Engine as _;
+        let engine = &base64::engine::general_purpose::STANDARD;
+        let Some(text) = engine
+            .decode(blob.as_bytes())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+        else {
+            return;
+        };
+        if let Some(r) = self.check_str(&text, scan, v) {
+            *blob = engine.encode(r);
+        }
+    }
+
+    fn check_key(&self, key: &str, scan: &mut Scan, v: &mut Verdict) {
+        let mut here = Verdict::default();
+        if self.check_str(key, scan, &mut here).is_some() || here.action == GuardAction::Refuse {
+            here.action = GuardAction::Refuse;
+        }
+        if here.count > 0 {
+            v.found.0 |= here.found.0;
+            v.count = v.count.saturating_add(here.count);
+            v.action = v.action.max(here.action);
+            v.overflowed |= here.overflowed;
+        }
+    }
+}
+
+/// Whether a MIME type is text (`text/*`, JSON, XML, YAML, and their `+json`-style kin).
+fn textual(mime: &str) -> bool {
+    let m = mime
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    m.starts_with("text/")
+        || ["json", "xml", "yaml", "x-yaml", "javascript", "x-sh"]
+            .iter()
+            .any(|t| m == format!("application/{t}"))
+        || m.ends_with("+json")
+        || m.ends_with("+xml")
 }
 
 /// What a guard found in one result.
@@ -204,13 +310,15 @@ impl Verdict {
     }
 }
 
-/// The guard of a tool or source that declares `own`, else the ToolSet's `fallback`;
-/// `None` when neither searches for anything.
-pub fn resolve(
-    own: Option<&Arc<ResultGuard>>,
-    fallback: Option<&Arc<ResultGuard>>,
-) -> Option<Arc<ResultGuard>> {
-    own.or(fallback).filter(|g| g.active()).cloned()
+/// The guard of a tool or source: what it declares (`own`), completed field by field by the
+/// ToolSet's (`outer`); `None` when the result searches for nothing.
+pub fn resolve(own: Option<&Arc<ResultGuard>>, outer: Option<&Arc<ResultGuard>>) -> Option<Arc<ResultGuard>> {
+    let g = match (own, outer) {
+        (Some(o), Some(s)) => ResultGuard::compile(&o.spec.within(&s.spec)),
+        (Some(g), None) | (None, Some(g)) => g.clone(),
+        (None, None) => return None,
+    };
+    g.active().then_some(g)
 }
 
 #[cfg(test)]
@@ -243,23 +351,80 @@ mod tests {
     }
 
     #[test]
-    fn flag_changes_nothing_and_blocks_keep_their_payloads() {
-        let g = guard("{personalData: flag}");
+    fn keys_numbers_and_text_blobs_are_searched_media_payloads_are_not() {
+        let g = guard("{secrets: redact, personalData: redact}");
         let (mut s, mut v) = (Scan::default(), Verdict::default());
-        let mut block = serde_json::json!({"type": "text", "text": "jane@acme.io", "data": "jane@acme.io"});
-        let before = block.clone();
+        let mut value = serde_json::json!({"card": 4111111111111111u64, "n": 12});
+        g.check_value(&mut value, &mut s, &mut v);
+        assert_eq!(
+            value,
+            serde_json::json!({"card": "[redacted:payment_card]", "n": 12})
+        );
+        let mut keyed = serde_json::json!({"jane@acme.io": 1});
+        g.check_value(&mut keyed, &mut s, &mut v);
+        assert_eq!(
+            v.action,
+            GuardAction::Refuse,
+            "a key that must be redacted withholds the result"
+        );
+        use base64::Engine as _;
+        let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+        let (mut s, mut v) = (Scan::default(), Verdict::default());
+        let mut block = serde_json::json!({"type": "resource", "resource": {"uri": "file:///.env", "mimeType": "text/plain", "blob": b64("KEY=AKIAZ2QXLMN7ORP4VWTY")}});
         g.check_block(&mut block, &mut s, &mut v);
-        assert_eq!(block, before);
-        assert_eq!((v.count, v.action), (1, GuardAction::Flag));
+        assert_eq!(block["resource"]["blob"], b64("KEY=[redacted:aws_access_key_id]"));
+        let mut image = serde_json::json!({"type": "image", "mimeType": "image/png", "data": "AKIAZ2QXLMN7ORP4VWTY", "_meta": {"data": "AKIAZ2QXLMN7ORP4VWTY"}});
+        g.check_block(&mut image, &mut s, &mut v);
+        assert_eq!(
+            image["data"], "AKIAZ2QXLMN7ORP4VWTY",
+            "a media payload is not text"
+        );
+        assert_eq!(image["_meta"]["data"], "[redacted:aws_access_key_id]");
     }
 
     #[test]
-    fn the_nearest_declaration_wins_and_off_exempts() {
-        let server = guard("{secrets: redact}");
-        let off = guard("{secrets: off}");
+    fn flag_changes_nothing_and_blocks_keep_their_payloads() {
+        let g = guard("{personalData: flag}");
+        let (mut s, mut v) = (Scan::default(), Verdict::default());
+        let mut block = serde_json::json!({"type": "image", "mimeType": "image/png", "data": "jane@acme.io", "_meta": {"note": "jane@acme.io"}});
+        let before = block.clone();
+        g.check_block(&mut block, &mut s, &mut v);
+        assert_eq!(block, before);
+        assert_eq!(
+            (v.count, v.action),
+            (1, GuardAction::Flag),
+            "the address in _meta, not in data"
+        );
+    }
+
+    #[test]
+    fn the_nearest_declaration_wins_field_by_field_and_off_exempts() {
+        let server = guard("{secrets: refuse, personalData: redact}");
+        let off = guard("{secrets: off, personalData: off}");
         assert!(resolve(None, Some(&server)).is_some());
         assert!(resolve(Some(&off), Some(&server)).is_none());
         assert!(resolve(None, None).is_none());
+        // `ignore` alone keeps the ToolSet's actions; one family set keeps the other's.
+        let g = resolve(Some(&guard("{ignore: [email]}")), Some(&server)).expect("a guard");
+        assert_eq!(
+            (g.secrets, g.personal),
+            (GuardAction::Refuse, GuardAction::Redact)
+        );
+        assert!(!g.kinds.has(Kind::Email) && g.kinds.has(Kind::Phone));
+        let g = resolve(Some(&guard("{personalData: flag}")), Some(&server)).expect("a guard");
+        assert_eq!((g.secrets, g.personal), (GuardAction::Refuse, GuardAction::Flag));
+    }
+
+    #[test]
+    fn an_overflow_of_one_family_withholds_what_the_other_would_refuse() {
+        let g = guard("{secrets: flag, personalData: refuse}");
+        let text = format!(
+            "{} bob@corp.io",
+            "AKIAZ2QXLMN7ORP4VWTY ".repeat(crate::guard::MAX_FINDINGS + 1)
+        );
+        let (mut s, mut v) = (Scan::default(), Verdict::default());
+        g.check_str(&text, &mut s, &mut v);
+        assert_eq!(v.action, GuardAction::Refuse);
     }
 
     #[test]

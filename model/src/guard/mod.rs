@@ -193,7 +193,9 @@ pub const MAX_FINDINGS: usize = 4096;
 /// The findings of one string.
 #[derive(Debug, Default)]
 pub struct Scan {
-    /// What was found, by start, not overlapping.
+    /// What was found, by start. Findings of different rules may overlap (a token inside a
+    /// URL's password, an address running into a key): each is reported, and [`redact`]
+    /// replaces their union.
     pub findings: Vec<Finding>,
     /// More than [`MAX_FINDINGS`] were found; the rest are not listed.
     pub overflowed: bool,
@@ -210,7 +212,9 @@ impl Scan {
     }
 }
 
-/// Finds the `kinds` in `text`, into `out` (cleared first).
+/// Finds the `kinds` in `text`, into `out` (cleared first), sorted by start. Both families
+/// are searched even when the first fills the list (the caller learns of it from
+/// [`Scan::overflowed`]).
 pub fn scan(text: &str, kinds: Kinds, out: &mut Scan) {
     out.findings.clear();
     out.overflowed = false;
@@ -218,39 +222,35 @@ pub fn scan(text: &str, kinds: Kinds, out: &mut Scan) {
     if kinds.meets(Kinds::SECRETS) {
         secrets::scan(b, kinds, out);
     }
-    if kinds.meets(Kinds::PERSONAL) && !out.overflowed {
-        let secret_end = out.findings.len();
+    if kinds.meets(Kinds::PERSONAL) {
         personal::scan(b, kinds, out);
-        if secret_end > 0 && out.findings.len() > secret_end {
-            normalize(&mut out.findings);
-        }
+    }
+    sort(&mut out.findings);
+}
+
+/// Sorts findings by start (at the same start, the longer first), unless they are already.
+fn sort(f: &mut [Finding]) {
+    if !f.is_sorted_by_key(|x| x.start) {
+        f.sort_unstable_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
     }
 }
 
-/// Sorts findings by start and drops any that overlap an earlier one (the earlier, or at
-/// the same start the longer, wins).
-fn normalize(f: &mut Vec<Finding>) {
-    f.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
-    let mut end = 0;
-    f.retain(|x| {
-        let keep = x.start >= end;
-        if keep {
-            end = x.end;
-        }
-        keep
-    });
-}
-
-/// `text` with each finding replaced by `[redacted:KIND]`. `findings` are sorted and do not
-/// overlap (as [`scan`] leaves them).
+/// `text` with each finding replaced by `[redacted:KIND]`; findings that overlap (sorted by
+/// start, as [`scan`] leaves them) are replaced as one, named by the first. A finding off a
+/// character boundary (never made by [`scan`]) is left out.
 pub fn redact(text: &str, findings: &[Finding]) -> String {
     let mut out = String::with_capacity(text.len());
     let mut at = 0;
     for f in findings {
-        out.push_str(&text[at..f.start]);
-        out.push_str("[redacted:");
-        out.push_str(f.kind.name());
-        out.push(']');
+        if f.end <= at || !text.is_char_boundary(f.start) || !text.is_char_boundary(f.end) {
+            continue;
+        }
+        if f.start >= at {
+            out.push_str(&text[at..f.start]);
+            out.push_str("[redacted:");
+            out.push_str(f.kind.name());
+            out.push(']');
+        }
         at = f.end;
     }
     out.push_str(&text[at..]);

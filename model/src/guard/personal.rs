@@ -1,14 +1,28 @@
 //! The personal-data rules: e-mail addresses (at each `@`), phone numbers and payment
 //! cards (at the start of each number), IBANs (at two capitals and two digits).
 
-use super::{Finding, Kind, Kinds, Scan, alnum, ends_word, normalize, run, starts_word};
+use super::{Finding, Kind, Kinds, Scan, alnum, ends_word, run, sort, starts_word};
+
+/// Bytes that may start a number (`0-9`, `+`, `(`) or an IBAN (`A-Z`).
+static STARTS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_digit() || b == b'+' || b == b'(' || b.is_ascii_uppercase();
+        c += 1;
+    }
+    t
+};
 
 /// Finds the personal-data `kinds` in `b` into `out` (appended, then in order).
 pub(super) fn scan(b: &[u8], kinds: Kinds, out: &mut Scan) {
     let from = out.findings.len();
     if kinds.has(Kind::Email) {
+        let mut floor = 0;
         for at in memchr::memchr_iter(b'@', b) {
-            if let Some(f) = email(b, at) {
+            if let Some(f) = email(b, at, floor) {
+                floor = f.end;
                 if !out.push(f) {
                     return;
                 }
@@ -17,15 +31,19 @@ pub(super) fn scan(b: &[u8], kinds: Kinds, out: &mut Scan) {
     }
     let emails = out.findings.len();
     let numbers = kinds.has(Kind::Phone) || kinds.has(Kind::PaymentCard);
+    let iban = kinds.has(Kind::Iban);
     let mut i = 0;
     while i < b.len() {
+        let Some(skip) = b[i..].iter().position(|c| STARTS[usize::from(*c)]) else {
+            break;
+        };
+        i += skip;
         let c = b[i];
-        let start = matches!(c, b'0'..=b'9' | b'+' | b'(' | b'A'..=b'Z')
-            && starts_word(b, i, |p| alnum(p) || p == b'+');
+        let start = starts_word(b, i, |p| alnum(p) || p == b'+') && !inside_number(b, i);
         let f = if !start {
             None
         } else if c.is_ascii_uppercase() {
-            kinds.has(Kind::Iban).then(|| iban(b, i)).flatten()
+            if iban { self::iban(b, i) } else { None }
         } else if numbers {
             number(b, i, kinds)
         } else {
@@ -42,10 +60,14 @@ pub(super) fn scan(b: &[u8], kinds: Kinds, out: &mut Scan) {
         }
     }
     if emails > from && out.findings.len() > emails {
-        let mut mine = out.findings.split_off(from);
-        normalize(&mut mine);
-        out.findings.extend(mine);
+        sort(&mut out.findings[from..]);
     }
+}
+
+/// Whether `i` continues a dotted or dashed run of digits (`4.212.555.0143`, a version; the
+/// tail of a longer number), where no phone or card number starts.
+fn inside_number(b: &[u8], i: usize) -> bool {
+    i >= 2 && matches!(b[i - 1], b'.' | b'-') && b[i - 2].is_ascii_digit()
 }
 
 /// A card number, else a phone number, starting at `i`.
@@ -65,9 +87,12 @@ fn local_char(c: u8) -> bool {
 }
 
 /// Domains reserved for examples and tests (RFC 2606, RFC 6761): not anyone's address.
-fn reserved(domain: &[u8]) -> bool {
-    let d = domain.to_ascii_lowercase();
-    let ends = |s: &[u8]| d == s || (d.ends_with(s) && d[d.len() - s.len() - 1] == b'.');
+fn reserved(d: &[u8]) -> bool {
+    let ends = |s: &[u8]| {
+        d.len() >= s.len()
+            && d[d.len() - s.len()..].eq_ignore_ascii_case(s)
+            && (d.len() == s.len() || d[d.len() - s.len() - 1] == b'.')
+    };
     [
         &b"example.com"[..],
         b"example.net",
@@ -81,14 +106,16 @@ fn reserved(domain: &[u8]) -> bool {
     .any(|s| ends(s))
 }
 
-/// The address around the `@` at `at`: a local part of 1-64 characters, a domain of two or
-/// more labels ending in a top-level domain of letters.
-fn email(b: &[u8], at: usize) -> Option<Finding> {
-    let mut start = at - (0..at.min(64)).take_while(|k| local_char(b[at - 1 - k])).count();
+/// The address around the `@` at `at`: a local part of 1-64 characters (none of it before
+/// `floor`, the end of the address before), a domain of two or more labels ending in a
+/// top-level domain of letters.
+fn email(b: &[u8], at: usize, floor: usize) -> Option<Finding> {
+    let back = (at - floor).min(64);
+    let mut start = at - (0..back).take_while(|k| local_char(b[at - 1 - k])).count();
     while start < at && b[start] == b'.' {
         start += 1;
     }
-    if start == at || b[at - 1] == b'.' || (start >= 3 && &b[start - 3..start] == b"://") {
+    if start == at || b[at - 1] == b'.' || in_url(b, start) {
         return None;
     }
     let (end, labels, last) = domain(b, at + 1)?;
@@ -110,6 +137,20 @@ fn email(b: &[u8], at: usize) -> Option<Finding> {
         start,
         end,
     })
+}
+
+/// Whether the text before `start` makes what follows a URL's user or password
+/// (`https://user@host`, `redis://user:p~ss@host`): `://` ends the scheme right before the
+/// run of characters (no space, `/` or `@`) that leads to it.
+fn in_url(b: &[u8], start: usize) -> bool {
+    let userinfo = (0..start.min(256))
+        .take_while(|k| {
+            let c = b[start - 1 - k];
+            c > b' ' && !matches!(c, b'/' | b'@' | b'"' | b'\'')
+        })
+        .count();
+    let i = start - userinfo;
+    i >= 3 && &b[i - 3..i] == b"://"
 }
 
 /// The domain from `i`: its end, its number of labels and the length of the last (0 when
@@ -230,11 +271,16 @@ fn international(b: &[u8], i: usize) -> Option<Finding> {
         return None;
     }
     let (mut n, mut j, mut open) = (0, i + 1, false);
+    // After the last digit, and whether a parenthesis was open there.
+    let (mut end, mut open_at_end) = (j, false);
     while j < b.len() {
         let c = b[j];
         let next_digit = b.get(j + 1).is_some_and(u8::is_ascii_digit);
         match c {
-            b'0'..=b'9' => n += 1,
+            b'0'..=b'9' => {
+                n += 1;
+                (end, open_at_end) = (j + 1, open);
+            }
             b' ' | b'-' | b'.' if next_digit || (b.get(j + 1) == Some(&b'(') && !open) => {}
             b'(' if !open && next_digit => open = true,
             b')' if open => {
@@ -250,11 +296,11 @@ fn international(b: &[u8], i: usize) -> Option<Finding> {
             return None;
         }
     }
-    let ok = (8..=15).contains(&n) && !open && b[j - 1].is_ascii_digit() && ends_word(b, j, alnum);
+    let ok = (8..=15).contains(&n) && !open_at_end && ends_word(b, end, alnum);
     ok.then_some(Finding {
         kind: Kind::Phone,
         start: i,
-        end: j,
+        end,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, Input, MatchKind};
 use base64::Engine as _;
 
 use super::{Finding, Kind, Kinds, Scan, alnum, ends_word, run, starts_word};
@@ -70,8 +70,40 @@ const PREFIXES: &[(&str, Rule)] = &[
     ("://", Rule::Url),
 ];
 
-static PREFIX_SET: LazyLock<Option<AhoCorasick>> =
-    LazyLock::new(|| AhoCorasick::new(PREFIXES.iter().map(|(p, _)| *p)).ok());
+/// Every prefix, searched leftmost-first: the SIMD (Teddy) search, which a search reporting
+/// overlapping matches could not use. A prefix that starts inside another's is found by
+/// searching on from the byte after the other's start when its check fails.
+static PREFIX_SET: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+    AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostFirst)
+        .build(PREFIXES.iter().map(|(p, _)| *p))
+        .ok()
+});
+
+impl Rule {
+    /// The kinds its check may find.
+    fn kinds(self) -> Kinds {
+        let k = match self {
+            Self::PrivateKey => Kind::PrivateKey.bit(),
+            Self::AwsKeyId => Kind::AwsAccessKeyId.bit(),
+            Self::AwsSecret => Kind::AwsSecretAccessKey.bit(),
+            Self::Github | Self::GithubPat => Kind::GithubToken.bit(),
+            Self::Gitlab => Kind::GitlabToken.bit(),
+            Self::Slack => Kind::SlackToken.bit(),
+            Self::SlackWebhook => Kind::SlackWebhook.bit(),
+            Self::Google => Kind::GoogleApiKey.bit(),
+            Self::Stripe => Kind::StripeKey.bit(),
+            Self::SkDash => Kind::OpenaiKey.bit() | Kind::AnthropicKey.bit(),
+            Self::Npm => Kind::NpmToken.bit(),
+            Self::HuggingFace => Kind::HuggingfaceToken.bit(),
+            Self::Sendgrid => Kind::SendgridKey.bit(),
+            Self::Azure => Kind::AzureStorageKey.bit(),
+            Self::Jwt => Kind::Jwt.bit(),
+            Self::Url => Kind::UrlCredentials.bit(),
+        };
+        Kinds(k)
+    }
+}
 
 /// Token characters of most keys: letters, digits, `_`, `-`.
 fn token(c: u8) -> bool {
@@ -85,21 +117,27 @@ fn base64_char(c: u8) -> bool {
 /// Finds the secret `kinds` in `b` into `out`, by start.
 pub(super) fn scan(b: &[u8], kinds: Kinds, out: &mut Scan) {
     let Some(ac) = PREFIX_SET.as_ref() else { return };
-    let mut covered = 0;
-    for m in ac.find_iter(b) {
-        if m.start() < covered {
-            continue;
-        }
+    let mut at = 0;
+    while let Some(m) = ac.find(Input::new(b).range(at..)) {
         let rule = PREFIXES[m.pattern().as_usize()].1;
-        let Some(f) = check(b, m.start(), m.end(), rule) else {
-            continue;
+        let f = if kinds.meets(rule.kinds()) {
+            check(b, m.start(), m.end(), rule)
+        } else {
+            None
         };
-        if !kinds.has(f.kind) {
-            continue;
-        }
-        covered = f.end;
-        if !out.push(f) {
-            return;
+        match f {
+            Some(f) if kinds.has(f.kind) => {
+                if !out.push(f) {
+                    return;
+                }
+                // A URL's password may be a token of its own: searched for, inside it.
+                at = if f.kind == Kind::UrlCredentials {
+                    f.start
+                } else {
+                    f.end
+                };
+            }
+            _ => at = m.start() + 1,
         }
     }
 }
@@ -118,8 +156,9 @@ fn check(b: &[u8], start: usize, p: usize, rule: Rule) -> Option<Finding> {
         Rule::AwsSecret => aws_secret(b, p),
         Rule::Github => fixed(b, start, p, 36, alnum, Kind::GithubToken),
         Rule::GithubPat => at_least(b, start, p, 60, 255, |c| alnum(c) || c == b'_', Kind::GithubToken),
-        Rule::Gitlab => at_least(b, start, p, 20, 255, |c| token(c) || c == b'.', Kind::GitlabToken)
-            .map(|f| trim_dots(b, f)),
+        Rule::Gitlab => at_least(b, start, p, 0, 255, |c| token(c) || c == b'.', Kind::GitlabToken)
+            .map(|f| trim_dots(b, f))
+            .filter(|f| f.end - p >= 20),
         Rule::Slack => slack(b, start, p),
         Rule::SlackWebhook => slack_webhook(b, start, p),
         Rule::Google => fixed(b, start, p, 35, token, Kind::GoogleApiKey),
@@ -330,7 +369,9 @@ fn jwt(b: &[u8], start: usize) -> Option<Finding> {
         return None;
     }
     let sig = run(b, s, 4096, url);
-    if sig < 16 || !ends_word(b, s + sig, |c| url(c) || c == b'.' || c == b'=') {
+    // A dot after it ends a sentence, unless a fourth part follows (not a JWT).
+    let fourth = b.get(s + sig) == Some(&b'.') && b.get(s + sig + 1).is_some_and(|c| url(*c));
+    if sig < 16 || fourth || !ends_word(b, s + sig, |c| url(c) || c == b'=') {
         return None;
     }
     let header = base64::engine::general_purpose::URL_SAFE_NO_PAD

@@ -105,7 +105,7 @@ async fn the_nearest_guard_redacts_refuses_or_flags() {
     );
     assert_eq!(said["isError"], false);
 
-    // The tool's own guard replaces the ToolSet's: personal data refused, secrets not looked at.
+    // The tool's own guard sets personal data to refuse and keeps the ToolSet's secrets.
     let refused = call(&s, "contact", &format!("{KEY_ID} jane@acme.io")).await;
     assert_eq!(refused["isError"], true);
     let message = texts(&refused)[0];
@@ -113,9 +113,13 @@ async fn the_nearest_guard_redacts_refuses_or_flags() {
         message.contains("withheld") && message.contains("email"),
         "{message}"
     );
-    assert!(!message.contains("jane") && !message.contains("aws"), "{message}");
-    let clean = call(&s, "contact", KEY_ID).await;
-    assert_eq!(texts(&clean), [KEY_ID]);
+    assert!(message.contains("aws_access_key_id"), "{message}");
+    assert!(
+        !message.contains("jane") && !message.contains(KEY_ID),
+        "{message}"
+    );
+    let inherited = call(&s, "contact", KEY_ID).await;
+    assert_eq!(texts(&inherited), ["[redacted:aws_access_key_id]"]);
 
     let flagged = call(&s, "blocks", "jane@acme.io").await;
     assert_eq!(texts(&flagged), ["a jane@acme.io", "b jane@acme.io"]);

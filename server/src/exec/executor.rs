@@ -9,8 +9,6 @@ use serde_json::Value;
 use super::http::Outbound;
 use super::{ask, builtin, command, content, pipeline, template};
 use crate::config::compiled::CompiledHandler;
-use crate::config::guards::{GuardAction, ResultGuard, Verdict};
-use crate::guard::Scan;
 use crate::handlers::builtin::Builtin;
 use crate::handlers::http::HttpCall;
 use crate::net::http::HttpClient;
@@ -263,81 +261,4 @@ pub async fn ask_questions(
     cx: &CallCtx<'_>,
 ) -> ToolOutput {
     ask::ask(questions, args, cx).await
-}
-
-/// Checks a result against the tool's output schema, then passes it through the tool's
-/// result guard, if it has one: the result to send, and what the guard found (`None`:
-/// nothing, or no guard).
-pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> (ToolOutput, Option<Verdict>) {
-    guard_output(snap, tool, check_schema(snap, tool, out))
-}
-
-/// Passes a result through the tool's result guard, if it has one (a pipeline's step
-/// passes its result to the next through its tool's guard too).
-#[inline]
-pub fn guard_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> (ToolOutput, Option<Verdict>) {
-    let t = &snap.tools[tool];
-    match &t.def.governance.result_guard {
-        None => (out, None),
-        Some(g) => guarded(t, g, out),
-    }
-}
-
-/// Searches a result's text, content blocks and structured content; redacts, or withholds
-/// the result, as the guard says.
-fn guarded(t: &crate::registry::Tool, g: &ResultGuard, mut out: ToolOutput) -> (ToolOutput, Option<Verdict>) {
-    let (mut scan, mut v) = (Scan::default(), Verdict::default());
-    match &mut out.content {
-        Some(blocks) => {
-            for b in blocks {
-                g.check_block(b, &mut scan, &mut v);
-            }
-            // The text of the text blocks, which a pipeline's next step reads (counted
-            // once, in the blocks).
-            if let Some(r) = g.check_str(&out.text, &mut scan, &mut Verdict::default()) {
-                out.text = r;
-            }
-        }
-        None => {
-            if let Some(r) = g.check_str(&out.text, &mut scan, &mut v) {
-                out.text = r;
-            }
-        }
-    }
-    if let Some(s) = &mut out.structured {
-        g.check_value(s, &mut scan, &mut v);
-    }
-    if v.count == 0 {
-        return (out, None);
-    }
-    t.metrics.guarded(&t.def.name, &v);
-    if v.action == GuardAction::Refuse {
-        out = ToolOutput::error(v.refusal());
-    }
-    (out, Some(v))
-}
-
-/// Checks a successful result against the tool's output schema.
-fn check_schema(snap: &Snapshot, tool: usize, out: ToolOutput) -> ToolOutput {
-    let Some(schema) = &snap.tools[tool].def.output else {
-        return out;
-    };
-    if out.is_error {
-        return out;
-    }
-    match &out.structured {
-        None => ToolOutput::error("the tool declares an outputSchema but produced no structured content"),
-        Some(s) => {
-            let mut errs = Vec::new();
-            schema.validate(s, &mut errs);
-            if errs.is_empty() {
-                out
-            } else {
-                ToolOutput::error(format!(
-                    "the result does not match the tool's outputSchema: {}",
-                    errs.join("; ").replace("arguments", "result")
-                ))
-            }
-        }
-    }
 }

@@ -6,8 +6,10 @@ pub(crate) mod command;
 pub(crate) mod content;
 mod executor;
 pub(crate) mod http;
+mod output;
 pub(crate) mod pipeline;
 pub(crate) mod template;
 mod user;
 
 pub use self::executor::*;
+pub use self::output::{check_output, guard_output};

@@ -149,7 +149,7 @@ pub async fn run<E: RunStep>(
             o.is_error.then_some("tool_error")
         })
         .await;
-        let (out, _) = super::executor::guard_output(snap, step.tool, out);
+        let (out, _) = super::output::guard_output(snap, step.tool, out);
         if out.is_error {
             return ToolOutput::error(format!("step {i} ({}) failed: {}", tool.def.name, out.text));
         }

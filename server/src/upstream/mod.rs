@@ -40,7 +40,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::compiled::CompiledToolSet;
+use crate::config::guards::{GuardAction, Verdict};
 use crate::config::upstream::{CompiledUpstream, ImportReport, MAX_UPSTREAM_TOOLS, Transport};
+use crate::guard::Scan;
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::net::http::HttpClient;
 use crate::peer::CallCtx;
@@ -457,6 +459,9 @@ pub struct Link {
     conn: Conn,
     listed: ArcSwap<Listed>,
     report: Mutex<ImportReport>,
+    /// The result guard of its tools, as the config serving now says: the log and progress
+    /// notifications of a call pass through it too.
+    guard: arc_swap::ArcSwapOption<crate::config::guards::ResultGuard>,
 }
 
 impl std::fmt::Debug for Link {
@@ -511,6 +516,7 @@ impl Link {
             conn,
             listed: ArcSwap::default(),
             report: Mutex::default(),
+            guard: arc_swap::ArcSwapOption::new(u.result_guard.clone()),
         });
         let (weak, changed) = (Arc::downgrade(&link), Arc::clone(changed));
         let stop = link.shared.stop.clone();
@@ -728,6 +734,16 @@ impl Link {
                 if let Some(Value::String(m)) = p.get_mut("message") {
                     *m = self.shared.secrets.scrub(m, MAX_LOG_CHARS);
                 }
+                if let Some(g) = &*self.guard.load()
+                    && let Some(Value::String(m)) = p.get_mut("message")
+                {
+                    let (mut scan, mut v) = (Scan::default(), Verdict::default());
+                    match g.check_str(m, &mut scan, &mut v) {
+                        _ if v.action == GuardAction::Refuse => m.clear(),
+                        Some(r) => *m = r,
+                        None => {}
+                    }
+                }
                 cx.forward_progress(&p);
             };
             let call =
@@ -772,9 +788,20 @@ impl Link {
             .and_then(Value::as_str)
             .and_then(LogLevel::parse)
             .unwrap_or_default();
-        let data = match params.get("data") {
-            Some(v) => self.shared.secrets.scrub_json(v, 4096),
-            None => String::new(),
+        let mut data = params.get("data").cloned().unwrap_or(Value::Null);
+        if let Some(g) = &*self.guard.load() {
+            // What the tool's result may not carry, its log lines may not either: redacted,
+            // or the line dropped where the result would be withheld.
+            let (mut scan, mut v) = (Scan::default(), Verdict::default());
+            g.check_value(&mut data, &mut scan, &mut v);
+            if v.action == GuardAction::Refuse {
+                return;
+            }
+        }
+        let data = if data.is_null() {
+            String::new()
+        } else {
+            self.shared.secrets.scrub_json(&data, 4096)
         };
         cx.log(level, &self.name, &data);
     }
@@ -900,10 +927,12 @@ impl Hub {
         let mut by_key: FxHashMap<u64, Arc<Link>> = current.drain(..).map(|l| (l.key, l)).collect();
         let next: Vec<Arc<Link>> = ups
             .iter()
-            .map(|u| {
-                by_key
-                    .remove(&u.key)
-                    .unwrap_or_else(|| Link::start(u, &self.http, &self.secrets, metrics, &self.changed))
+            .map(|u| match by_key.remove(&u.key) {
+                Some(kept) => {
+                    kept.guard.store(u.result_guard.clone());
+                    kept
+                }
+                None => Link::start(u, &self.http, &self.secrets, metrics, &self.changed),
             })
             .collect();
         let kept: FxHashSet<&str> = next.iter().map(|l| l.name.as_str()).collect();
