@@ -3,6 +3,7 @@
 //! subscriptions and completion, through the real HTTP transport.
 
 mod common;
+mod real_binary;
 
 use std::time::Duration;
 
@@ -465,4 +466,57 @@ async fn completion_offers_declared_values_by_prefix() {
         json_body(r).await["result"]["prompts"][0]["arguments"][0],
         json!({"name": "to", "required": true})
     );
+}
+
+/// What an upstream sends during a call passes its result guard as its result does: a log
+/// line with a key is redacted, one with what the guard refuses is dropped, and the result
+/// that carries it is withheld. (The upstream is a real quiver-server over HTTP: log lines
+/// reach the client on the call's own answer stream.)
+#[tokio::test]
+async fn an_upstreams_log_lines_and_result_pass_its_result_guard() {
+    let inner = real_binary::start_http_env(
+        r#"
+tools:
+  - {name: pause, handler: {builtin: sleep}}
+  - {name: answer, handler: {template: "reach jane@acme.io"}}
+  - name: leak
+    handler:
+      pipeline:
+        - {tool: pause, input: {ms: 1}, log: "key AKIAZ2QXLMN7ORP4VWTY in use"}
+        - {tool: pause, input: {ms: 1}, log: "mail jane@acme.io"}
+        - {tool: answer, log: "done"}
+"#,
+        &[],
+        &[],
+    );
+    let tools = format!(
+        "upstreams:
+  - name: inner
+    http: {{url: 'http://127.0.0.1:{port}/mcp'}}
+    tools: {{include: [leak], resultGuards: {{secrets: redact, personalData: refuse}}}}
+",
+        port = inner.mcp,
+    );
+    let h = harness(&tools);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    // The in-process harness rebuilds with the upstream's tools when asked (the binary
+    // follows its upstreams).
+    while h.server.registry.load().tool_index("leak").is_none() {
+        assert!(std::time::Instant::now() < deadline, "the upstream's tool was not imported in 20 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = h.reloader.refresh();
+    }
+    let s = initialize(&h, json!({})).await;
+    let (_, resp) = h.send(with_session(&call(3, "leak", json!({}), None), &s)).await;
+    let events = Events::new(resp).all().await;
+    let logs: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["method"] == "notifications/message")
+        .map(|e| &e["params"]["data"])
+        .collect();
+    assert_eq!(logs, [&json!("key [redacted:aws_access_key_id] in use"), &json!("done")], "{events:#?}");
+    let result = &events.last().unwrap()["result"];
+    assert_eq!(result["isError"], true, "{result}");
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("withheld") && !text.contains("jane"), "{text}");
 }
