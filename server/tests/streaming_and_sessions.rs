@@ -502,7 +502,10 @@ tools:
     // The in-process harness rebuilds with the upstream's tools when asked (the binary
     // follows its upstreams).
     while h.server.registry.load().tool_index("leak").is_none() {
-        assert!(std::time::Instant::now() < deadline, "the upstream's tool was not imported in 20 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream's tool was not imported in 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
         let _ = h.reloader.refresh();
     }
@@ -514,7 +517,11 @@ tools:
         .filter(|e| e["method"] == "notifications/message")
         .map(|e| &e["params"]["data"])
         .collect();
-    assert_eq!(logs, [&json!("key [redacted:aws_access_key_id] in use"), &json!("done")], "{events:#?}");
+    assert_eq!(
+        logs,
+        [&json!("key [redacted:aws_access_key_id] in use"), &json!("done")],
+        "{events:#?}"
+    );
     let result = &events.last().unwrap()["result"];
     assert_eq!(result["isError"], true, "{result}");
     let text = result["content"][0]["text"].as_str().unwrap();

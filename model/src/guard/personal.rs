@@ -72,10 +72,11 @@ fn inside_number(b: &[u8], i: usize) -> bool {
 
 /// A card number, else a phone number, starting at `i`.
 fn number(b: &[u8], i: usize, kinds: Kinds) -> Option<Finding> {
-    if kinds.has(Kind::PaymentCard) && b[i].is_ascii_digit() {
-        if let Some(f) = card(b, i) {
-            return Some(f);
-        }
+    if kinds.has(Kind::PaymentCard)
+        && b[i].is_ascii_digit()
+        && let Some(f) = card(b, i)
+    {
+        return Some(f);
     }
     if kinds.has(Kind::Phone) { phone(b, i) } else { None }
 }
@@ -250,7 +251,7 @@ fn luhn(d: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 // ---- phone numbers ----

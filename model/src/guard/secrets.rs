@@ -321,7 +321,7 @@ fn sk_dash(b: &[u8], start: usize, p: usize) -> Option<Finding> {
         .iter()
         .any(|s| key.starts_with(s));
     let marked = memchr::memmem::find(key, b"T3BlbkFJ").is_some();
-    ((scoped && n >= 40) || (marked && n >= 40)).then(|| Finding {
+    ((scoped || marked) && n >= 40).then(|| Finding {
         kind: Kind::OpenaiKey,
         start,
         end: p + n,

@@ -101,7 +101,7 @@ async fn the_nearest_guard_redacts_refuses_or_flags() {
     let said = call(&s, "say", &format!("key {KEY_ID} for jane@acme.io")).await;
     assert_eq!(
         texts(&said),
-        [format!("key [redacted:aws_access_key_id] for jane@acme.io")]
+        ["key [redacted:aws_access_key_id] for jane@acme.io"]
     );
     assert_eq!(said["isError"], false);
 

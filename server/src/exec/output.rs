@@ -35,10 +35,10 @@ fn guarded(t: &crate::registry::Tool, g: &ResultGuard, mut out: ToolOutput) -> (
             }
             // The text of the text blocks, which a pipeline's next step reads: searched
             // again only when the blocks had something (counted once, in the blocks).
-            if v.count > 0 {
-                if let Some(r) = g.check_str(&out.text, &mut scan, &mut Verdict::default()) {
-                    out.text = r;
-                }
+            if v.count > 0
+                && let Some(r) = g.check_str(&out.text, &mut scan, &mut Verdict::default())
+            {
+                out.text = r;
             }
         }
         None => {
