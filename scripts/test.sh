@@ -40,6 +40,11 @@ fi
 QUIVER_REDIS_SERVER="$("$ROOT/scripts/redis.sh")"
 export QUIVER_REDIS_SERVER
 
+# Open Policy Agent for the guardrail webhook tests (built from its Go module, cached; cold:
+# about 80 s).
+QUIVER_OPA="$("$ROOT/scripts/opa.sh")"
+export QUIVER_OPA
+
 log "OpenID provider of the identity tests (Keycloak from Maven Central, cached; the tests start it)"
 "$ROOT/scripts/idp.sh" install
 

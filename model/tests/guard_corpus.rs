@@ -11,6 +11,14 @@ use std::collections::BTreeMap;
 use quiver_model::guard::{KINDS, Kind, Kinds, Scan, scan};
 use serde::Deserialize;
 
+/// What the rules scored on the held-out corpus when it was first run, rounded down: a
+/// change that does worse fails.
+/// First run (2026-11-30): precision 0.983 (3 false matches in 214 texts: a version
+/// `pkg@2.1.0-next.canary` and an image `hero@1.5x.webp` taken for addresses, a JWT whose
+/// header is cut before its JSON closes), recall 1.000.
+const PRECISION_FLOOR: f64 = 0.98;
+const RECALL_FLOOR: f64 = 0.99;
+
 #[derive(Deserialize)]
 struct Case {
     text: String,
@@ -36,9 +44,8 @@ fn ratio(a: usize, b: usize) -> f64 {
     if b == 0 { 1.0 } else { a as f64 / b as f64 }
 }
 
-#[test]
-fn precision_and_recall_on_the_labeled_corpus() {
-    let text = include_str!("guard_corpus/corpus.jsonl");
+/// Precision and recall of the rules on one corpus file, printed by kind with every miss.
+fn measure(name: &str, text: &str) -> (f64, f64, usize) {
     let mut by_kind: BTreeMap<Kind, Tally> = BTreeMap::new();
     let mut misses = Vec::new();
     let mut s = Scan::default();
@@ -72,7 +79,7 @@ fn precision_and_recall_on_the_labeled_corpus() {
         }
     }
     println!(
-        "{} texts; kind: precision recall (true, false, missed)",
+        "{name}: {} texts; kind: precision recall (true, false, missed)",
         cases.len()
     );
     let mut all = Tally::default();
@@ -97,7 +104,24 @@ fn precision_and_recall_on_the_labeled_corpus() {
     for m in &misses {
         println!("  {m}");
     }
-    assert!(all.true_positive > 200, "the corpus lost its positives");
-    assert!(precision >= 0.98, "precision {precision:.3}");
-    assert!(recall >= 0.95, "recall {recall:.3}");
+    (precision, recall, all.true_positive)
+}
+
+/// The corpus the rules were corrected on (each of its misses was a rule bug, fixed).
+#[test]
+fn precision_and_recall_on_the_labeled_corpus() {
+    let (precision, recall, found) = measure("corpus.jsonl", include_str!("guard_corpus/corpus.jsonl"));
+    assert!(found > 200, "the corpus lost its positives");
+    assert!(precision >= 0.99, "precision {precision:.3}");
+    assert!(recall >= 0.99, "recall {recall:.3}");
+}
+
+/// A second corpus, written after the rules were corrected and never tuned on: the figures
+/// to quote.
+#[test]
+fn precision_and_recall_on_the_held_out_corpus() {
+    let (precision, recall, found) = measure("holdout.jsonl", include_str!("guard_corpus/holdout.jsonl"));
+    assert!(found > 100, "the corpus lost its positives");
+    assert!(precision >= PRECISION_FLOOR, "precision {precision:.3}");
+    assert!(recall >= RECALL_FLOOR, "recall {recall:.3}");
 }

@@ -242,6 +242,14 @@ pub struct McpServerSpec {
     /// document's `resultGuards` applies when this is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_guards: Option<quiver_model::config::guards::ResultGuardSpec>,
+    /// Guardrail webhooks: services (Open Policy Agent, or any that answers its Data API)
+    /// asked about tool calls before they run (`on: arguments`) or about results before
+    /// they are sent (`on: result`); each allows, refuses, or (`type: mutating`) rewrites,
+    /// with a CA, a client certificate, an HMAC signature, a timeout and a `failurePolicy`
+    /// (see docs/guards.md). A `toolsFrom` document's `webhooks` are added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub webhooks: Vec<quiver_model::config::webhooks::WebhookSpec>,
 }
 
 /// Client-IP session affinity of the Service.

@@ -221,6 +221,7 @@ impl Merged {
             limits: spec.limits.clone(),
             tool_search: spec.tool_search.clone(),
             result_guards: spec.result_guards.clone(),
+            webhooks: spec.webhooks.clone(),
             ..ToolSet::default()
         };
         let origins = (0..ts.tools.len()).map(|i| format!("spec.tools[{i}]")).collect();
@@ -266,6 +267,7 @@ impl Merged {
                         .extend((0..doc.policies.len()).map(|j| format!("{label} policies[{j}]")));
                     ts.policies.extend(doc.policies);
                     ts.limits.extend(doc.limits);
+                    ts.webhooks.extend(doc.webhooks);
                     if ts.tool_search.is_none() {
                         ts.tool_search = doc.tool_search;
                     }

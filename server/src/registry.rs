@@ -40,6 +40,8 @@ pub struct Tool {
     pub metrics: ToolMetrics,
     /// The policies its calls must meet (`None`: none).
     pub policies: Option<Box<crate::config::policy::ToolPolicies>>,
+    /// The guardrail webhooks asked about its calls (`None`: none, the usual case).
+    pub hooks: Option<Box<crate::config::webhooks::ToolHooks>>,
 }
 
 /// One generation of the registry.
@@ -285,6 +287,30 @@ fn pipelines_that_run_long_are_tasks(tools: &mut [Tool], undeclared: &rustc_hash
     }
 }
 
+/// The webhooks that pick `def` (by its name, or the upstream it is imported from).
+fn hooks_of(
+    def: &crate::config::CompiledTool,
+    cfg: &CompiledToolSet,
+) -> Option<Box<crate::config::webhooks::ToolHooks>> {
+    if cfg.webhooks.hooks.is_empty() {
+        return None;
+    }
+    let upstream = match &def.handler {
+        crate::config::CompiledHandler::Upstream(u) => {
+            cfg.upstreams.get(u.upstream).map_or("", |u| u.name.as_str())
+        }
+        _ => "",
+    };
+    // `find_tools` and `sign_out_upstream` answer from the server itself.
+    if matches!(
+        def.handler,
+        crate::config::CompiledHandler::FindTools | crate::config::CompiledHandler::SignOut
+    ) {
+        return None;
+    }
+    cfg.webhooks.for_tool(&def.name, upstream)
+}
+
 fn tools_of(cfg: &mut CompiledToolSet, metrics: &Metrics) -> Vec<Tool> {
     let defs = std::mem::take(&mut cfg.tools);
     let policies = crate::policies::attach(&defs, cfg);
@@ -292,6 +318,7 @@ fn tools_of(cfg: &mut CompiledToolSet, metrics: &Metrics) -> Vec<Tool> {
         .zip(policies)
         .map(|(def, policies)| Tool {
             metrics: metrics.tool(),
+            hooks: hooks_of(&def, cfg),
             def,
             policies,
         })

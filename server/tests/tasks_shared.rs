@@ -70,76 +70,6 @@ fn start_redis(listen: impl FnOnce(u16) -> Vec<String>) -> Redis {
     }
 }
 
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the openssl command");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Throwaway certificates in `dir`: `ca.crt`, `other-ca.crt`, and signed by the first,
-/// `server.crt` for localhost and `client.crt` (EC P-256, one day).
-fn make_pki(dir: &std::path::Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-days",
-        "1",
-    ];
-    for ca in ["ca", "other-ca"] {
-        let (key, crt, subj) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=it {ca}"));
-        let mut args = vec!["req", "-x509", "-subj", &subj, "-keyout", &key, "-out", &crt];
-        args.extend(ec);
-        openssl(dir, &args);
-    }
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for (leaf, serial) in [("server", "11"), ("client", "12")] {
-        let (key, csr, crt, ext, subj) = (
-            format!("{leaf}.key"),
-            format!("{leaf}.csr"),
-            format!("{leaf}.crt"),
-            format!("{leaf}.ext"),
-            format!("/CN=it-{leaf}"),
-        );
-        let mut args = vec!["req", "-new", "-subj", &subj, "-keyout", &key, "-out", &csr];
-        args.extend(&ec[..5]);
-        openssl(dir, &args);
-        let sign = [
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-set_serial",
-            serial,
-            "-days",
-            "1",
-            "-extfile",
-            &ext,
-            "-out",
-            &crt,
-        ];
-        openssl(dir, &sign);
-    }
-}
-
 fn replica(r: &Redis, extra: &[&str]) -> Proc {
     let addr = format!("--tasks-redis=127.0.0.1:{}", r.port);
     let mut args = vec![addr.as_str(), "--tasks-redis-prefix=it/ns/srv/"];
@@ -350,7 +280,7 @@ fn without_redis_the_server_says_so_and_keeps_its_working_answers() {
 #[test]
 fn replicas_share_tasks_over_mutual_tls_as_an_acl_user_and_an_untrusted_redis_is_a_counted_error() {
     let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
+    real_binary::make_pki(pki.path());
     let p = |n: &str| pki.path().join(n).to_string_lossy().into_owned();
     // TLS only, client certificates required, and a user allowed the documented commands on
     // this server's keys alone.

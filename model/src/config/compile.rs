@@ -73,7 +73,14 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
     let mut upstreams = compile_upstreams(&ts.upstreams, &local, &mut p);
     add_server_limits(ts, &mut tools, &mut upstreams, &mut p);
     add_server_guards(ts, &mut tools, &mut upstreams);
-    let secrets = referenced_secrets(&tools, &upstreams, &api.unfetched_refs, &mut p);
+    let webhooks = super::webhooks::compile(&ts.webhooks, &mut p);
+    let unfetched: Vec<SecretRef> = api
+        .unfetched_refs
+        .iter()
+        .chain(webhooks.secrets())
+        .cloned()
+        .collect();
+    let secrets = referenced_secrets(&tools, &upstreams, &unfetched, &mut p);
     let policies = compile_policies(ts, &mut resources, &mut prompts, &mut p);
 
     // Document order: tools[2] before tools[10].
@@ -91,6 +98,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             upstream_digest: 0,
             policies,
             search,
+            webhooks,
         })
     } else {
         Err(ConfigError { problems: p.0 })

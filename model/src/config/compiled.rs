@@ -48,6 +48,8 @@ pub struct CompiledToolSet {
     pub policies: super::policy::PolicySet,
     /// `toolSearch`, when on (then `tools` holds `find_tools`).
     pub search: Option<super::search::SearchSettings>,
+    /// The guardrail webhooks (each tool gets those that apply to it in the registry).
+    pub webhooks: super::webhooks::WebhookSet,
 }
 
 /// A compiled tool.

@@ -18,6 +18,7 @@ pub mod policy;
 pub mod search;
 mod search_build;
 pub mod upstream;
+pub mod webhooks;
 
 pub use crate::handlers::content;
 

@@ -72,6 +72,11 @@ pub struct ToolSet {
     /// docs/guards.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_guards: Option<super::guards::ResultGuardSpec>,
+    /// Guardrail webhooks: services asked about tool calls (their arguments) or results
+    /// before they go on, which allow, refuse or rewrite them (see docs/guards.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub webhooks: Vec<super::webhooks::WebhookSpec>,
     /// Tool search: `tools/list` shows only the core tools and `find_tools`, which finds
     /// the others by what they do (see docs/toolset.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,6 +97,7 @@ impl Default for ToolSet {
             policies: Vec::new(),
             limits: Vec::new(),
             result_guards: None,
+            webhooks: Vec::new(),
             tool_search: None,
         }
     }

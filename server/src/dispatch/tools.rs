@@ -340,13 +340,18 @@ pub struct Deferred {
 }
 
 /// The caller, kept for the deferred run of a pipeline some of whose steps have policies
-/// (to check each step's call); `None` for any other tool, which needs no caller.
+/// (to check each step's call), of a tool guardrail webhooks are asked about, and of a
+/// pipeline when some webhook exists (its steps' webhooks are told who calls); `None` for
+/// any other tool, which needs no caller.
 fn kept_caller(snap: &Snapshot, index: usize, req: &Request<'_>) -> Option<Box<Principal>> {
-    let guarded = snap.tools[index]
-        .policies
-        .as_ref()
-        .is_some_and(|p| !p.steps.is_empty());
-    guarded.then(|| req.ctx.caller.cloned().map(Box::new)).flatten()
+    let t = &snap.tools[index];
+    let steps_policed = t.policies.as_ref().is_some_and(|p| !p.steps.is_empty());
+    let hooked = t.hooks.is_some()
+        || (matches!(t.def.handler, crate::config::CompiledHandler::Pipeline(_))
+            && !snap.config.webhooks.hooks.is_empty());
+    (steps_policed || hooked)
+        .then(|| req.ctx.caller.cloned().map(Box::new))
+        .flatten()
 }
 
 /// The caller's validated access token, when it presented one.

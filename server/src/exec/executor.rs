@@ -26,7 +26,7 @@ static EMPTY: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Object(ser
 /// the upstream connections.
 #[derive(Debug, Clone)]
 pub struct Executor {
-    http: HttpClient,
+    pub(super) http: HttpClient,
     /// Values of `{{secret.NAME.KEY}}`.
     pub secrets: Arc<Secrets>,
     /// Connections to upstream MCP servers.
@@ -70,10 +70,19 @@ impl Executor {
         out
     }
 
-    /// Runs the tool synchronously when its handler never waits (most builtins, templates):
-    /// no future is boxed, no task is spawned. `None` means "use [`Executor::run`]".
+    /// Runs the tool synchronously when its handler never waits (most builtins, templates)
+    /// and no guardrail webhook is asked about it: no future is boxed, no task is spawned.
+    /// `None` means "use [`Executor::run`]".
     #[inline]
     pub fn run_now(&self, snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
+        if snap.tools[tool].hooks.is_some() {
+            return None;
+        }
+        Self::run_plain(snap, tool, args)
+    }
+
+    #[inline]
+    fn run_plain(snap: &Snapshot, tool: usize, args: &Value) -> Option<ToolOutput> {
         match &snap.tools[tool].def.handler {
             CompiledHandler::Builtin(b) if *b != Builtin::Sleep => Some(builtin::run(*b, args)),
             CompiledHandler::Template(t) => Some(template::run(t, args)),
@@ -107,7 +116,35 @@ impl Executor {
         cx: &'a CallCtx<'a>,
     ) -> OutputFuture<'a> {
         Box::pin(async move {
-            if let Some(out) = self.run_now(snap, tool, &args) {
+            let t = &snap.tools[tool];
+            match &t.hooks {
+                None => self.run_handler(snap, tool, args, depth, budget, cx).await,
+                Some(hooks) => {
+                    let upstream = match &t.def.handler {
+                        CompiledHandler::Upstream(u) => {
+                            snap.upstreams.get(u.upstream).map(|l| l.name.as_str())
+                        }
+                        _ => None,
+                    };
+                    let run = |args| self.run_handler(snap, tool, args, depth, budget, cx);
+                    self.hooked(t, hooks, upstream, args, cx, run).await
+                }
+            }
+        })
+    }
+
+    /// Runs the tool's handler (after its webhooks allowed the call).
+    async fn run_handler<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+        tool: usize,
+        args: Value,
+        depth: usize,
+        budget: Option<&'a pipeline::Budget>,
+        cx: &'a CallCtx<'a>,
+    ) -> ToolOutput {
+        {
+            if let Some(out) = Self::run_plain(snap, tool, &args) {
                 return out;
             }
             match &snap.tools[tool].def.handler {
@@ -166,7 +203,7 @@ impl Executor {
                     unreachable!("templates, content and errors run synchronously")
                 }
             }
-        })
+        }
     }
 }
 

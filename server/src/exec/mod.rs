@@ -5,6 +5,7 @@ pub(crate) mod builtin;
 pub(crate) mod command;
 pub(crate) mod content;
 mod executor;
+mod hooks;
 pub(crate) mod http;
 mod output;
 pub(crate) mod pipeline;

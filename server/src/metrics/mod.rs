@@ -455,6 +455,30 @@ pub struct ToolMetrics {
     invalid_arguments: OnceLock<Histogram>,
     family: Family<ToolLabels, Histogram>,
     guards: Family<GuardLabels, Counter>,
+    hooks: HookFamilies,
+}
+
+/// The guardrail webhooks' instruments.
+#[derive(Debug, Clone, Default)]
+pub struct HookFamilies {
+    requests: Family<HookLabels, Counter>,
+    duration: Family<HookName, Histogram>,
+}
+
+/// Labels of `quiver_webhook_requests_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    /// The webhook's name.
+    pub webhook: String,
+    /// `allowed`, `mutated`, `denied`, `failed`.
+    pub outcome: &'static str,
+}
+
+/// Labels of `quiver_webhook_duration_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookName {
+    /// The webhook's name.
+    pub webhook: String,
 }
 
 impl ToolMetrics {
@@ -474,6 +498,24 @@ impl ToolMetrics {
     pub fn invalid_arguments(&self, name: &str) -> &Histogram {
         self.invalid_arguments
             .get_or_init(|| series(&self.family, name, "invalid_arguments"))
+    }
+
+    /// Counts a request to a guardrail webhook about a call of this tool, by outcome, and
+    /// the time it took.
+    pub fn hooked(&self, webhook: &str, outcome: &'static str, took: std::time::Duration) {
+        self.hooks
+            .requests
+            .get_or_create(&HookLabels {
+                webhook: webhook.to_owned(),
+                outcome,
+            })
+            .inc();
+        self.hooks
+            .duration
+            .get_or_create(&HookName {
+                webhook: webhook.to_owned(),
+            })
+            .observe(took);
     }
 
     /// Counts a result in which the tool's result guard found something: once per kind
@@ -508,6 +550,7 @@ pub struct Metrics {
     registry: Registry,
     dispatch: Family<ToolLabels, Histogram>,
     guards: Family<GuardLabels, Counter>,
+    hooks: HookFamilies,
     request_duration: Family<MethodLabels, Histogram>,
     requests: Family<RequestLabels, Counter>,
     /// Requests being handled now.
@@ -555,6 +598,18 @@ impl Metrics {
             "result_guard_findings",
             "Tool results in which a result guard found secrets or personal data, by tool, kind found and what was done with the result (flag, redact, refuse)",
             guards.clone(),
+        );
+        let hooks = HookFamilies::default();
+        root.register(
+            "webhook_requests",
+            "Requests to guardrail webhooks about tool calls, by webhook and outcome (allowed, mutated, denied, failed: the webhook did not decide)",
+            hooks.requests.clone(),
+        );
+        root.register_with_unit(
+            "webhook_duration",
+            "Time a guardrail webhook took to answer (or to fail), by webhook",
+            Unit::Seconds,
+            hooks.duration.clone(),
         );
         let request_duration = Family::<MethodLabels, Histogram>::default();
         root.register_with_unit(
@@ -703,6 +758,7 @@ impl Metrics {
             registry: root,
             dispatch,
             guards,
+            hooks,
             request_duration,
             requests,
             inflight,
@@ -778,6 +834,7 @@ impl Metrics {
             invalid_arguments: OnceLock::new(),
             family: self.dispatch.clone(),
             guards: self.guards.clone(),
+            hooks: self.hooks.clone(),
         }
     }
 

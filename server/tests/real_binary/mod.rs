@@ -259,3 +259,73 @@ pub fn server_as_nobody(dir: &std::path::Path) -> Command {
     cmd.uid(65534).gid(65534);
     cmd
 }
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the openssl command");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Throwaway certificates in `dir`: `ca.crt`, `other-ca.crt`, and signed by the first,
+/// `server.crt` for localhost and `client.crt` (EC P-256, one day).
+pub fn make_pki(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "1",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let (key, crt, subj) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=it {ca}"));
+        let mut args = vec!["req", "-x509", "-subj", &subj, "-keyout", &key, "-out", &crt];
+        args.extend(ec);
+        openssl(dir, &args);
+    }
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (leaf, serial) in [("server", "11"), ("client", "12")] {
+        let (key, csr, crt, ext, subj) = (
+            format!("{leaf}.key"),
+            format!("{leaf}.csr"),
+            format!("{leaf}.crt"),
+            format!("{leaf}.ext"),
+            format!("/CN=it-{leaf}"),
+        );
+        let mut args = vec!["req", "-new", "-subj", &subj, "-keyout", &key, "-out", &csr];
+        args.extend(&ec[..5]);
+        openssl(dir, &args);
+        let sign = [
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            serial,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ];
+        openssl(dir, &sign);
+    }
+}
