@@ -244,6 +244,17 @@ def dispatch():
             description="Tool results in which a result guard (resultGuards) found secrets or personal data, once per kind found, "
                         "by what was done with the result: flag (passed on), redact, refuse (withheld). A secret in any tool's result is "
                         "worth a look at that tool; the audit records say which calls (their guard field)."),
+        panel(28, "Guardrail webhooks: requests by outcome", "timeseries", [
+            target(f"sum by (webhook, outcome) (rate(quiver_webhook_requests_total{{{SEL}}}[{RI}]))", "{{webhook}} {{outcome}}"),
+        ], 0, 96, w=12, unit="ops",
+            description="Requests to guardrail webhooks (webhooks:) about tool calls and results: allowed, mutated (a mutating webhook "
+                        "rewrote the arguments or result), denied, failed (no decision: unreachable, timed out, not an answer; "
+                        "failurePolicy decided). Failed is the one to watch."),
+        panel(29, "Guardrail webhooks: latency (p50 / p99)", "timeseries", [
+            target(q(0.5, "quiver_webhook_duration_seconds", "webhook, le", SEL), "p50 {{webhook}}", "A"),
+            target(q(0.99, "quiver_webhook_duration_seconds", "webhook, le", SEL), "p99 {{webhook}}", "B"),
+        ], 12, 96, w=12, unit="s", thresholds=[(0.5, "orange"), (1, "red")],
+            description="What each webhook adds to the calls it is asked about (they wait for it)."),
     ]
     return dashboard("quiver-dispatch", "Quiver / Dispatch", "Latency, traffic, governance, tasks and upstreams of Quiver MCP servers.", p, True)
 

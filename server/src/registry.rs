@@ -252,6 +252,10 @@ pub fn may_run_long(tools: &[Tool], tool: usize, depth: usize) -> bool {
     let Some(t) = tools.get(tool) else {
         return false;
     };
+    // Its webhooks are requests over the network.
+    if t.hooks.is_some() {
+        return true;
+    }
     match &t.def.handler {
         // Sign-out: one vault operation (Redis), bounded by its timeout.
         H::Exec(_) | H::Http(_) | H::Upstream(_) | H::SignOut => true,

@@ -67,8 +67,10 @@ def main():
             call(url, i, "inner_add", {"a": 1, "b": 2})         # forwarded to the upstream
         elif r < 0.86:
             call(url, i, "add", {"a": "not a number"})           # invalid arguments
-        elif r < 0.89:
+        elif r < 0.88:
             call(url, i, "wc", {"text": "a b c"})                # exec handler
+        elif r < 0.89:
+            call(url, i, "checked", {})                          # its webhook is down (Ignore)
         elif r < 0.90:                                           # found by its result guard
             call(url, i, "leaky", {"text": rng.choice(["key AKIAZ2QXLMN7ORP4VWTY", "mail ada@acme.io", "nothing here"])})
         elif r < 0.93:

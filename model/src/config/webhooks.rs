@@ -214,8 +214,8 @@ pub mod http_uri {
         }
     }
 
-    /// Checks `url`: absolute, `https` (or `http` to `127.0.0.1`, `[::1]` or `localhost`),
-    /// with a host, no user or password, no fragment.
+    /// Checks `url`: absolute, `https` (or `http` to the IP literals `127.0.0.1`, `[::1]`),
+    /// with a host of plain characters, no user or password, no fragment.
     pub fn check(url: &str) -> Result<Checked, String> {
         let (scheme, rest) = url.split_once("://").ok_or("not an absolute URL")?;
         let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -225,8 +225,18 @@ pub mod http_uri {
         if authority.contains('@') {
             return Err("may not carry a user or password (use hmacSecret or tls.clientCertSecret)".into());
         }
-        if url.contains('#') || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err("may not have a fragment, spaces or control characters".into());
+        if url.contains('#')
+            || url
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == '\\')
+        {
+            return Err("may not have a fragment, spaces, backslashes or control characters".into());
+        }
+        let host_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
+        if !authority.chars().all(host_chars) {
+            return Err(
+                "its host and port may hold only letters, digits, `.`, `-`, `:` and IPv6 brackets".into(),
+            );
         }
         let host = match authority.strip_prefix('[') {
             Some(v6) => v6.split(']').next().unwrap_or_default(),
@@ -234,8 +244,20 @@ pub mod http_uri {
         };
         match scheme.to_ascii_lowercase().as_str() {
             "https" => Ok(Checked(url.to_owned())),
-            "http" if matches!(host, "127.0.0.1" | "::1" | "localhost") => Ok(Checked(url.to_owned())),
-            "http" => Err("must be https (http only to a loopback address: a sidecar in the pod)".into()),
+            // An IP literal: a name (`localhost`) is whatever the resolver says it is.
+            "http" if host == "127.0.0.1" || (host == "::1" && authority.starts_with("[::1]")) => {
+                let port_ok = authority
+                    .rsplit_once(if host == "::1" { "]" } else { ":" })
+                    .is_none_or(|(_, p)| {
+                        p.is_empty() || p.trim_start_matches(':').bytes().all(|b| b.is_ascii_digit())
+                    });
+                if port_ok {
+                    Ok(Checked(url.to_owned()))
+                } else {
+                    Err("its port is not a number".into())
+                }
+            }
+            "http" => Err("must be https (http only to 127.0.0.1 or [::1]: a sidecar in the pod)".into()),
             _ => Err("must be https".into()),
         }
     }
@@ -371,6 +393,11 @@ mod tests {
             "opa/v1",
             "https:///v1",
             "https://opa/v1#x",
+            "http://localhost:8181/v1",
+            "http://127.0.0.1:80\\.evil.com/",
+            "http://127.0.0.1.evil.com/",
+            "http://[::1]evil.com/",
+            "https://opa%2eevil/v1",
         ] {
             let e = compiled(&format!("[{{name: a, url: '{bad}'}}]")).expect_err(bad);
             assert!(e.iter().any(|e| e.contains("webhooks[0].url")), "{bad}: {e:?}");

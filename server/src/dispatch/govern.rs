@@ -18,6 +18,7 @@ use crate::config::CompiledHandler;
 use crate::limits::{Permits, Who};
 use crate::metrics::{OUTCOMES, outcome_index};
 use crate::registry::Snapshot;
+use crate::spec::access::Principal;
 
 /// Who a call is counted against: the authenticated subject; for a caller without
 /// credentials its network address (whatever sessions it opens), or where no address is
@@ -395,4 +396,19 @@ impl Server {
         r.reason = reason;
         log.record(r);
     }
+}
+
+/// The caller, kept for the deferred run of a pipeline some of whose steps have policies
+/// (to check each step's call), of a tool guardrail webhooks are asked about, and of a
+/// pipeline when some webhook exists (its steps' webhooks are told who calls); `None` for
+/// any other tool, which needs no caller.
+pub(super) fn kept_caller(snap: &Snapshot, index: usize, req: &Request<'_>) -> Option<Box<Principal>> {
+    let t = &snap.tools[index];
+    let steps_policed = t.policies.as_ref().is_some_and(|p| !p.steps.is_empty());
+    let hooked = t.hooks.is_some()
+        || (matches!(t.def.handler, crate::config::CompiledHandler::Pipeline(_))
+            && !snap.config.webhooks.hooks.is_empty());
+    (steps_policed || hooked)
+        .then(|| req.ctx.caller.cloned().map(Box::new))
+        .flatten()
 }

@@ -260,7 +260,7 @@ fn deferred(
     Deferred {
         server: server.clone(),
         session: req.ctx.session.into(),
-        caller: kept_caller(&snap, index, req),
+        caller: govern::kept_caller(&snap, index, req),
         snap,
         index,
         args,
@@ -337,21 +337,6 @@ pub struct Deferred {
     caller: Option<Box<Principal>>,
     /// The call's server span, when tracing is on (ended when the call ends).
     pub(super) trace: Option<opentelemetry::Context>,
-}
-
-/// The caller, kept for the deferred run of a pipeline some of whose steps have policies
-/// (to check each step's call), of a tool guardrail webhooks are asked about, and of a
-/// pipeline when some webhook exists (its steps' webhooks are told who calls); `None` for
-/// any other tool, which needs no caller.
-fn kept_caller(snap: &Snapshot, index: usize, req: &Request<'_>) -> Option<Box<Principal>> {
-    let t = &snap.tools[index];
-    let steps_policed = t.policies.as_ref().is_some_and(|p| !p.steps.is_empty());
-    let hooked = t.hooks.is_some()
-        || (matches!(t.def.handler, crate::config::CompiledHandler::Pipeline(_))
-            && !snap.config.webhooks.hooks.is_empty());
-    (steps_policed || hooked)
-        .then(|| req.ctx.caller.cloned().map(Box::new))
-        .flatten()
 }
 
 /// The caller's validated access token, when it presented one.
@@ -865,7 +850,7 @@ async fn start_task(
         token,
         deadline: Instant::now() + task.ttl,
         credential: credential(req).cloned(),
-        caller: kept_caller(&call.snap, call.index, req),
+        caller: govern::kept_caller(&call.snap, call.index, req),
         caps,
         places: concurrency_only(&call.snap.tools[call.index].def.governance.limits),
         holder: Holder::of(govern::who(&req.ctx)),

@@ -22,6 +22,8 @@ use crate::registry::Tool;
 
 /// Longest reason of a refusal passed on to the caller, in characters.
 const MAX_REASON: usize = 512;
+/// Shortest signing key accepted (`hmacSecret`), in bytes: 256 bits.
+const MIN_KEY_BYTES: usize = 32;
 
 /// What a webhook said about a call.
 #[derive(Debug)]
@@ -30,8 +32,11 @@ pub(super) enum Decision {
     Allow(Option<Value>),
     /// Refused, with the webhook's reason.
     Deny(String),
-    /// It did not decide: why.
+    /// It did not decide: why (logged; the caller is told only that it did not).
     Failed(String),
+    /// The call is more than the webhook takes (`maxBytes`): refused whatever its
+    /// `failurePolicy`, or a caller (or an upstream) could pad its way past an `Ignore` one.
+    TooLarge(usize),
 }
 
 impl Decision {
@@ -40,7 +45,7 @@ impl Decision {
         match self {
             Self::Allow(None) => "allowed",
             Self::Allow(Some(_)) => "mutated",
-            Self::Deny(_) => "denied",
+            Self::Deny(_) | Self::TooLarge(_) => "denied",
             Self::Failed(_) => "failed",
         }
     }
@@ -67,7 +72,8 @@ impl super::Executor {
                 Decision::Allow(Some(new)) => match arguments_within(t, new) {
                     Ok(new) => args = new,
                     Err(why) => {
-                        if let Some(refused) = failed(h, &why, Phase::Arguments) {
+                        tracing::warn!(webhook = %h.name, tool = %t.def.name, error = %why, "a mutating guardrail webhook answered arguments that do not fit");
+                        if let Some(refused) = failed(h, Phase::Arguments) {
                             return refused;
                         }
                     }
@@ -76,8 +82,14 @@ impl super::Executor {
                 Decision::Deny(reason) => {
                     return ToolOutput::error(format!("refused by guardrail `{}`: {reason}", h.name));
                 }
-                Decision::Failed(why) => {
-                    if let Some(refused) = failed(h, &why, Phase::Arguments) {
+                Decision::TooLarge(n) => {
+                    return ToolOutput::error(format!(
+                        "refused: the call's arguments make a request of {n} bytes, more than guardrail `{}` accepts ({})",
+                        h.name, h.max_bytes
+                    ));
+                }
+                Decision::Failed(_) => {
+                    if let Some(refused) = failed(h, Phase::Arguments) {
                         return refused;
                     }
                 }
@@ -93,7 +105,8 @@ impl super::Executor {
                 Decision::Allow(Some(new)) => match output_from(new) {
                     Ok(new) => out = new,
                     Err(why) => {
-                        if let Some(withheld) = failed(h, &why, Phase::Result) {
+                        tracing::warn!(webhook = %h.name, tool = %t.def.name, error = %why, "a mutating guardrail webhook answered a result that is not one");
+                        if let Some(withheld) = failed(h, Phase::Result) {
                             return withheld;
                         }
                     }
@@ -102,8 +115,14 @@ impl super::Executor {
                 Decision::Deny(reason) => {
                     return ToolOutput::error(format!("result withheld by guardrail `{}`: {reason}", h.name));
                 }
-                Decision::Failed(why) => {
-                    if let Some(withheld) = failed(h, &why, Phase::Result) {
+                Decision::TooLarge(n) => {
+                    return ToolOutput::error(format!(
+                        "result withheld: it makes a request of {n} bytes, more than guardrail `{}` accepts ({})",
+                        h.name, h.max_bytes
+                    ));
+                }
+                Decision::Failed(_) => {
+                    if let Some(withheld) = failed(h, Phase::Result) {
                         return withheld;
                     }
                 }
@@ -125,15 +144,12 @@ impl super::Executor {
 
     /// One request to `h` with `input`, within its time limit and byte bound.
     async fn ask(&self, h: &Webhook, input: &Value) -> Decision {
+        if input["phase"] == "result" && input["result"].is_null() {
+            return Decision::Failed("the result could not be read back to be sent (nested too deep)".into());
+        }
         let body = match serde_json::to_vec(&json!({ "input": input })) {
             Ok(b) if b.len() <= h.max_bytes => b,
-            Ok(b) => {
-                return Decision::Failed(format!(
-                    "the request would be {} bytes, more than maxBytes ({})",
-                    b.len(),
-                    h.max_bytes
-                ));
-            }
+            Ok(b) => return Decision::TooLarge(b.len()),
             Err(e) => return Decision::Failed(e.to_string()),
         };
         if let Some(why) = self.secrets.unavailable(&h.secrets) {
@@ -146,7 +162,12 @@ impl super::Executor {
             .header(http::header::USER_AGENT, crate::net::http::USER_AGENT);
         if let Some(key) = &h.hmac {
             let secret = match crate::spec::context::value_in(&values, key) {
-                Ok(s) => s,
+                Ok(s) if s.len() >= MIN_KEY_BYTES => s,
+                Ok(_) => {
+                    return Decision::Failed(format!(
+                        "{key} is shorter than {MIN_KEY_BYTES} bytes: not a signing key"
+                    ));
+                }
                 Err(e) => return Decision::Failed(e),
             };
             req = req.header(
@@ -184,19 +205,14 @@ impl super::Executor {
 }
 
 /// The refusal of a call (or the withheld result) whose webhook did not decide under
-/// `failurePolicy: Fail`; `None` under `Ignore` (the call goes on).
-fn failed(h: &Webhook, why: &str, on: Phase) -> Option<ToolOutput> {
+/// `failurePolicy: Fail`; `None` under `Ignore` (the call goes on). Why it did not decide is
+/// in the server's log (it may name internal hosts, TLS settings or Secrets), not here.
+fn failed(h: &Webhook, on: Phase) -> Option<ToolOutput> {
     match h.failure_policy {
         FailurePolicy::Ignore => None,
         FailurePolicy::Fail => Some(ToolOutput::error(match on {
-            Phase::Arguments => format!(
-                "guardrail `{}` did not decide ({why}); the call was not made",
-                h.name
-            ),
-            Phase::Result => format!(
-                "guardrail `{}` did not decide ({why}); the result was withheld",
-                h.name
-            ),
+            Phase::Arguments => format!("guardrail `{}` did not decide; the call was not made", h.name),
+            Phase::Result => format!("guardrail `{}` did not decide; the result was withheld", h.name),
         })),
     }
 }
@@ -257,6 +273,7 @@ fn input(
     if let Some(o) = out {
         let mut buf = Vec::with_capacity(256);
         o.write_json(&mut buf);
+        // A result too deep to read back is `null`: `ask` refuses to send it.
         m.insert(
             "result".into(),
             serde_json::from_slice(&buf).unwrap_or(Value::Null),
@@ -299,11 +316,8 @@ fn output_from(v: Value) -> Result<ToolOutput, String> {
     let Some(Value::Array(blocks)) = m.remove("content") else {
         return Err("its `result.content` is not an array of content blocks".into());
     };
-    if blocks
-        .iter()
-        .any(|b| !b.get("type").is_some_and(Value::is_string))
-    {
-        return Err("a block of its `result.content` has no `type`".into());
+    if let Some(bad) = blocks.iter().position(|b| !block_shape(b)) {
+        return Err(format!("its `result.content[{bad}]` is not a content block"));
     }
     let text: String = blocks
         .iter()
@@ -317,6 +331,19 @@ fn output_from(v: Value) -> Result<ToolOutput, String> {
         content: Some(blocks),
         is_error: m.get("isError").and_then(Value::as_bool).unwrap_or(false),
     })
+}
+
+/// Whether `b` has the fields its `type` needs: `text`; `data` and `mimeType`; `uri` and
+/// `name`; `resource` with a `uri`.
+fn block_shape(b: &Value) -> bool {
+    let s = |k: &str| b.get(k).is_some_and(Value::is_string);
+    match b.get("type").and_then(Value::as_str) {
+        Some("text") => s("text"),
+        Some("image" | "audio") => s("data") && s("mimeType"),
+        Some("resource_link") => s("uri") && s("name"),
+        Some("resource") => b["resource"].get("uri").is_some_and(Value::is_string),
+        _ => false,
+    }
 }
 
 fn unix_now() -> u64 {
@@ -410,6 +437,8 @@ mod tests {
         let out = output_from(json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "isError": false})).unwrap();
         assert_eq!(out.text, "a\nb");
         assert!(output_from(json!({"content": "x"})).is_err());
+        assert!(output_from(json!({"content": [{"type": "text"}]})).is_err());
+        assert!(output_from(json!({"content": [{"type": "image", "data": "AAAA"}]})).is_err());
         assert!(output_from(json!({"content": [{"text": "no type"}]})).is_err());
         assert!(output_from(json!("x")).is_err());
     }

@@ -730,22 +730,7 @@ impl Link {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(token, tx);
             let _registered = Registered(&self.shared, token);
-            let forward_progress = |mut p: Value| {
-                if let Some(Value::String(m)) = p.get_mut("message") {
-                    *m = self.shared.secrets.scrub(m, MAX_LOG_CHARS);
-                }
-                if let Some(g) = &*self.guard.load()
-                    && let Some(Value::String(m)) = p.get_mut("message")
-                {
-                    let (mut scan, mut v) = (Scan::default(), Verdict::default());
-                    match g.check_str(m, &mut scan, &mut v) {
-                        _ if v.action == GuardAction::Refuse => m.clear(),
-                        Some(r) => *m = r,
-                        None => {}
-                    }
-                }
-                cx.forward_progress(&p);
-            };
+            let forward_progress = |p: Value| self.forward_progress(p, cx);
             let call =
                 crate::otel::spans::under(span.as_ref(), self.request_as("tools/call", &params, log, auth));
             tokio::pin!(call);
@@ -778,6 +763,26 @@ impl Link {
             self.shared.metrics.error(e.kind());
         }
         r
+    }
+
+    /// Passes an upstream's progress notification of a call on to its client: its message
+    /// scrubbed of Secret values and passed through the tools' result guard (dropped where
+    /// the guard would withhold the result).
+    fn forward_progress(&self, mut p: Value, cx: &CallCtx<'_>) {
+        if let Some(Value::String(m)) = p.get_mut("message") {
+            *m = self.shared.secrets.scrub(m, MAX_LOG_CHARS);
+        }
+        if let Some(g) = &*self.guard.load()
+            && let Some(Value::String(m)) = p.get_mut("message")
+        {
+            let (mut scan, mut v) = (Scan::default(), Verdict::default());
+            match g.check_str(m, &mut scan, &mut v) {
+                _ if v.action == GuardAction::Refuse => m.clear(),
+                Some(r) => *m = r,
+                None => {}
+            }
+        }
+        cx.forward_progress(&p);
     }
 
     /// Passes an upstream's `notifications/message` of a call on to its client, at the

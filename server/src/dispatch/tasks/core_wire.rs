@@ -125,13 +125,9 @@ pub(in crate::dispatch) async fn start(
     let s = server.clone();
     let ttl = task.ttl;
     // As the same call without a task: the caller's token (identity to an upstream or API),
-    // and the caller, kept for a pipeline whose steps have policies.
+    // and the caller, kept for a pipeline whose steps have policies and for webhooks.
     let credential = req.ctx.caller.and_then(|p| p.credential.clone());
-    let guarded = snap.tools[index]
-        .policies
-        .as_ref()
-        .is_some_and(|p| !p.steps.is_empty());
-    let caller = guarded.then(|| req.ctx.caller.cloned()).flatten();
+    let caller = crate::dispatch::govern::kept_caller(&snap, index, req).map(|p| *p);
     let (session, who): (Box<str>, Box<str>) = (req.ctx.session.into(), owner(req).into());
     let running = server.tasks.running();
     server.running.spawn(async move {
