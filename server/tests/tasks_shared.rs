@@ -7,7 +7,7 @@
 
 mod real_binary;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use real_binary::{
     PATIENCE, Proc, free_port, http_with, metric, start_http_env, terminate, wait_exit, wait_for,
@@ -22,18 +22,7 @@ const TOOLS: &str = "tools:
     handler: {elicit: {key: sure, message: Proceed?, schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}}}
 ";
 
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+type Redis = real_binary::Service;
 
 fn redis() -> Redis {
     start_redis(|port| vec!["--port".into(), port.to_string()])
@@ -41,16 +30,7 @@ fn redis() -> Redis {
 
 /// A redis-server on loopback listening as `listen(port)` says.
 fn start_redis(listen: impl FnOnce(u16) -> Vec<String>) -> Redis {
-    let bin = std::env::var("QUIVER_REDIS_SERVER").unwrap_or_else(|_| {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/redis.sh");
-        let out = Command::new(script).output().expect("scripts/redis.sh");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_owned()
-    });
+    let bin = real_binary::provided("QUIVER_REDIS_SERVER", "redis.sh");
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(bin)
@@ -63,11 +43,7 @@ fn start_redis(listen: impl FnOnce(u16) -> Vec<String>) -> Redis {
     wait_for("redis to listen", || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
-    Redis {
-        child,
-        port,
-        _dir: dir,
-    }
+    Redis { child, port, dir }
 }
 
 fn replica(r: &Redis, extra: &[&str]) -> Proc {

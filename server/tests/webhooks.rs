@@ -8,7 +8,7 @@
 
 mod real_binary;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use real_binary::{Proc, http_with, metric, start_http_env, wait_for};
 use serde_json::{Value, json};
@@ -45,31 +45,7 @@ result := {"allowed": true, "result": {"content": [{"type": "text", "text": "[wi
 }
 "#;
 
-struct Opa {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Opa {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn opa_binary() -> String {
-    std::env::var("QUIVER_OPA").unwrap_or_else(|_| {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/opa.sh");
-        let out = Command::new(script).output().expect("scripts/opa.sh");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_owned()
-    })
-}
+type Opa = real_binary::Service;
 
 /// OPA serving [`POLICY`] on 127.0.0.1 (with `tls`: the PKI directory's `server.crt`,
 /// requiring a client certificate of its CA).
@@ -77,7 +53,7 @@ fn opa(tls: Option<&std::path::Path>) -> Opa {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("policy.rego"), POLICY).unwrap();
     let port = real_binary::free_port();
-    let mut cmd = Command::new(opa_binary());
+    let mut cmd = Command::new(real_binary::provided("QUIVER_OPA", "opa.sh"));
     cmd.args(["run", "--server", "--skip-version-check", "--log-level=error"])
         .arg(format!("--addr=127.0.0.1:{port}"))
         .current_dir(dir.path())
@@ -97,11 +73,7 @@ fn opa(tls: Option<&std::path::Path>) -> Opa {
     wait_for("OPA to listen", || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
-    Opa {
-        child,
-        port,
-        _dir: dir,
-    }
+    Opa { child, port, dir }
 }
 
 fn tools(opa: u16, dead: u16) -> String {

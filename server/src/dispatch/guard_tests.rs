@@ -62,15 +62,7 @@ fn server(audit: Option<&std::path::Path>) -> Arc<Server> {
     server
 }
 
-const CX: Ctx<'static> = Ctx {
-    session: "",
-    version: "2025-11-25",
-    stream: false,
-    era: Era::Handshake,
-    caller: None,
-    opens: Opens::Minted,
-    client: None,
-};
+use super::tests::HANDSHAKE_CX as CX;
 
 /// The `result` of calling `tool` with `text`.
 async fn call(s: &Arc<Server>, tool: &str, text: &str) -> Value {

@@ -41,7 +41,7 @@ fn server() -> Arc<Server> {
     server
 }
 
-const HANDSHAKE_CX: Ctx<'static> = Ctx {
+pub(super) const HANDSHAKE_CX: Ctx<'static> = Ctx {
     session: "",
     version: "2025-11-25",
     stream: false,

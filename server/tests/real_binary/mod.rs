@@ -329,3 +329,36 @@ pub fn make_pki(dir: &std::path::Path) {
         openssl(dir, &sign);
     }
 }
+
+/// A helper process of a test (a Redis, an Open Policy Agent) listening on `port`, killed
+/// when dropped.
+pub struct Service {
+    pub child: Child,
+    pub port: u16,
+    /// Its working directory, removed after it.
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The path of a program the test command provides in the variable `env`; without it,
+/// what `scripts/SCRIPT` prints last (the script downloads or builds it into the cache).
+pub fn provided(env: &str, script: &str) -> String {
+    std::env::var(env).unwrap_or_else(|_| {
+        let path = format!("{}/../scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_owned()
+    })
+}
