@@ -4,7 +4,9 @@
 //! through; a mutating one redacts an argument; a mutating result webhook rewrites a result;
 //! with the webhook down, `failurePolicy: Fail` refuses the call and `Ignore` lets it run;
 //! over HTTPS, OPA requiring client certificates answers a webhook presenting one, and a
-//! webhook without it does not decide; tools no webhook picks are untouched.
+//! webhook without it does not decide; a signed request verifies under its key (checked by a
+//! receiver in the test) and a key under 32 bytes signs nothing; tools no webhook picks are
+//! untouched.
 
 mod real_binary;
 
@@ -239,4 +241,101 @@ tools:
     assert!(text(&r).starts_with("refused by guardrail `mtls`"), "{r}");
     let r = call(&p, DEV, "other", json!({}));
     assert!(text(&r).starts_with("guardrail `no-cert` did not decide"), "{r}");
+}
+
+/// One webhook request at a time on `listener`: its signature (`X-Quiver-Signature:
+/// t=..,v1=..` under `key`, over `t.body`) checked and its time within a minute of now;
+/// answered allowed when both hold, refused saying which failed otherwise. Returns after
+/// `n` requests.
+fn verifying_receiver(
+    listener: std::net::TcpListener,
+    key: &'static [u8],
+    n: usize,
+) -> std::thread::JoinHandle<Vec<String>> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for _ in 0..n {
+            let (stream, _) = listener.accept().expect("a webhook request");
+            let mut r = BufReader::new(stream);
+            let (mut signature, mut length) = (String::new(), 0usize);
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                let line = line.trim_end();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':') {
+                    match k.to_ascii_lowercase().as_str() {
+                        "x-quiver-signature" => signature = v.trim().to_owned(),
+                        "content-length" => length = v.trim().parse().unwrap(),
+                        _ => {}
+                    }
+                }
+            }
+            let mut body = vec![0; length];
+            r.read_exact(&mut body).unwrap();
+            let verdict = (|| {
+                let (t, mac) = signature.strip_prefix("t=")?.split_once(",v1=")?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()?
+                    .as_secs();
+                let t: u64 = t.parse().ok()?;
+                if now.abs_diff(t) > 60 {
+                    return Some("stale");
+                }
+                let tag: Vec<u8> = (0..mac.len() / 2)
+                    .map(|i| u8::from_str_radix(&mac[2 * i..2 * i + 2], 16))
+                    .collect::<Result<_, _>>()
+                    .ok()?;
+                let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+                let signed = [t.to_string().as_bytes(), b".", &body].concat();
+                Some(if ring::hmac::verify(&key, &signed, &tag).is_ok() {
+                    "valid"
+                } else {
+                    "forged"
+                })
+            })()
+            .unwrap_or("unsigned");
+            seen.push(verdict.to_owned());
+            let answer = if verdict == "valid" {
+                r#"{"result": {"allowed": true}}"#.to_owned()
+            } else {
+                format!(r#"{{"result": {{"allowed": false, "reason": "signature {verdict}"}}}}"#)
+            };
+            let mut s = r.into_inner();
+            write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}", answer.len()).unwrap();
+        }
+        seen
+    })
+}
+
+#[test]
+fn requests_are_signed_with_the_hmac_key_and_a_short_key_is_no_key() {
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef-webhook-key";
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let receiver = verifying_receiver(listener, KEY, 1);
+    let tools = format!(
+        "webhooks:
+  - {{name: signed, url: 'http://127.0.0.1:{port}/check', tools: [signed], hmacSecret: {{name: guard, key: hmac}}}}
+  - {{name: weak, url: 'http://127.0.0.1:{port}/check', tools: [weak], hmacSecret: {{name: guard, key: short}}}}
+tools:
+  - {{name: signed, handler: {{template: ran}}}}
+  - {{name: weak, handler: {{template: ran}}}}
+"
+    );
+    let key = std::str::from_utf8(KEY).unwrap();
+    let (p, _secrets) = server(&tools, &[("guard/hmac", key), ("guard/short", "too-short-a-key")]);
+    assert_eq!(text(&call(&p, DEV, "signed", json!({}))), "ran");
+    // A key under 32 bytes signs nothing: the webhook does not decide, and Fail refuses.
+    let r = call(&p, DEV, "weak", json!({}));
+    assert_eq!(
+        text(&r),
+        "guardrail `weak` did not decide; the call was not made",
+        "{r}"
+    );
+    assert_eq!(receiver.join().unwrap(), ["valid"]);
 }
