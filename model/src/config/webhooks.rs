@@ -77,8 +77,9 @@ pub struct WebhookSpec {
     /// and `-`).
     #[schemars(length(min = 1, max = 63))]
     pub name: String,
-    /// Where the request goes: an `https` URL (an `http` one only to a loopback address, a
-    /// sidecar in the pod), e.g. OPA's `https://opa.guard.svc:8181/v1/data/mcp/arguments`.
+    /// Where the request goes: an `https` URL (an `http` one only to `127.0.0.1` or `[::1]`,
+    /// a policy agent in the pod's network), e.g. OPA's
+    /// `https://opa.guard.svc:8181/v1/data/mcp/arguments`.
     #[schemars(length(min = 1, max = 2048))]
     pub url: String,
     /// `validating` (default: allows or refuses) or `mutating` (may also return the
