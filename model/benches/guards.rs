@@ -39,6 +39,7 @@ fn guard(secrets: GuardAction, personal: GuardAction) -> std::sync::Arc<ResultGu
         secrets: Some(secrets),
         personal_data: Some(personal),
         ignore: Vec::new(),
+        tokens: None,
     })
 }
 

@@ -28,6 +28,7 @@ pub mod reload;
 pub mod secrets;
 pub mod session;
 pub mod sys;
+pub mod tokens;
 pub mod transport;
 pub mod tuning;
 pub mod upstream;

@@ -59,6 +59,102 @@ pub struct ResultGuardSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 21))]
     pub ignore: Vec<Kind>,
+    /// A budget on the tokens of a result, and their metering (see docs/guards.md). Unset:
+    /// the ToolSet's; each of its fields unset: the ToolSet's too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenSpec>,
+}
+
+/// The OpenAI byte-pair encoding a result is counted in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TokenEncoding {
+    /// GPT-4o, GPT-4.1, GPT-5 and the o-series models.
+    #[default]
+    #[serde(rename = "o200k_base")]
+    O200kBase,
+    /// GPT-4 and GPT-3.5.
+    #[serde(rename = "cl100k_base")]
+    Cl100kBase,
+}
+
+/// What is done with a result over its token budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OverBudget {
+    /// Cut at a token boundary, with a note at the end saying so and how large it was
+    /// (a tool with an `outputSchema` is refused instead: a cut result cannot meet it).
+    #[default]
+    Truncate,
+    /// Withheld: the caller gets a tool error saying how large it was.
+    Refuse,
+}
+
+impl OverBudget {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Truncate => "truncate",
+            Self::Refuse => "refuse",
+        }
+    }
+}
+
+/// A result's tokens: counted, bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenSpec {
+    /// The most tokens a result may have (its text, as a client hands it to a model);
+    /// larger results are cut or withheld (`onExceed`). Unset: no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 10_000_000))]
+    pub max_result_tokens: Option<u32>,
+    /// What is done with a result over `maxResultTokens`: `truncate` (default) or `refuse`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exceed: Option<OverBudget>,
+    /// Count every result's tokens into the metrics (per tool and per caller) and the audit
+    /// record, also without a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meter: Option<bool>,
+    /// The encoding counted in: `o200k_base` (default) or `cl100k_base`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<TokenEncoding>,
+}
+
+impl TokenSpec {
+    fn within(&self, outer: &Self) -> Self {
+        Self {
+            max_result_tokens: self.max_result_tokens.or(outer.max_result_tokens),
+            on_exceed: self.on_exceed.or(outer.on_exceed),
+            meter: self.meter.or(outer.meter),
+            encoding: self.encoding.or(outer.encoding),
+        }
+    }
+}
+
+/// A compiled token budget: what a result's tokens are counted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBudget {
+    /// The most tokens a result may have.
+    pub max: Option<u64>,
+    /// What is done with a result over `max`.
+    pub over: OverBudget,
+    /// Every result's tokens are counted into the metrics and the audit record.
+    pub meter: bool,
+    /// The encoding counted in.
+    pub encoding: TokenEncoding,
+}
+
+impl TokenBudget {
+    fn compile(spec: &TokenSpec) -> Option<Self> {
+        let b = Self {
+            // Below 16 a cut result would hold little more than its note.
+            max: spec.max_result_tokens.map(|m| u64::from(m.max(16))),
+            over: spec.on_exceed.unwrap_or_default(),
+            meter: spec.meter.unwrap_or(false),
+            encoding: spec.encoding.unwrap_or_default(),
+        };
+        (b.max.is_some() || b.meter).then_some(b)
+    }
 }
 
 impl ResultGuardSpec {
@@ -71,6 +167,10 @@ impl ResultGuardSpec {
                 outer.ignore.clone()
             } else {
                 self.ignore.clone()
+            },
+            tokens: match (&self.tokens, &outer.tokens) {
+                (Some(own), Some(o)) => Some(own.within(o)),
+                (own, o) => own.clone().or_else(|| o.clone()),
             },
         }
     }
@@ -85,6 +185,8 @@ pub struct ResultGuard {
     personal: GuardAction,
     /// The kinds searched for.
     kinds: Kinds,
+    /// The result's token budget, when its tokens are counted.
+    pub tokens: Option<TokenBudget>,
 }
 
 impl ResultGuard {
@@ -108,6 +210,7 @@ impl ResultGuard {
             secrets,
             personal,
             kinds,
+            tokens: spec.tokens.as_ref().and_then(TokenBudget::compile),
         })
     }
 
@@ -123,8 +226,13 @@ impl ResultGuard {
         on(self.secrets, Kinds::SECRETS).max(on(self.personal, Kinds::PERSONAL))
     }
 
-    /// Whether it searches for anything.
+    /// Whether it searches for anything or counts tokens.
     pub fn active(&self) -> bool {
+        self.searches() || self.tokens.is_some()
+    }
+
+    /// Whether it searches for anything.
+    pub fn searches(&self) -> bool {
         self.kinds != Kinds::NONE
     }
 
@@ -413,6 +521,38 @@ mod tests {
         assert!(!g.kinds.has(Kind::Email) && g.kinds.has(Kind::Phone));
         let g = resolve(Some(&guard("{personalData: flag}")), Some(&server)).expect("a guard");
         assert_eq!((g.secrets, g.personal), (GuardAction::Refuse, GuardAction::Flag));
+    }
+
+    #[test]
+    fn token_budgets_inherit_field_by_field_and_alone_make_a_guard() {
+        let server = guard("{tokens: {maxResultTokens: 25000, onExceed: refuse}}");
+        let g = resolve(None, Some(&server)).expect("a budget alone is a guard");
+        assert!(!g.searches());
+        let b = g.tokens.expect("a budget");
+        assert_eq!((b.max, b.over, b.meter), (Some(25000), OverBudget::Refuse, false));
+        let own = guard("{tokens: {meter: true, encoding: cl100k_base}}");
+        let b = resolve(Some(&own), Some(&server))
+            .and_then(|g| g.tokens)
+            .expect("a budget");
+        assert_eq!(
+            (b.max, b.over, b.meter, b.encoding),
+            (Some(25000), OverBudget::Refuse, true, TokenEncoding::Cl100kBase)
+        );
+        let metered = guard("{tokens: {meter: true}}");
+        assert_eq!(
+            metered.tokens.map(|b| (b.max, b.over)),
+            Some((None, OverBudget::Truncate))
+        );
+        assert!(
+            guard("{tokens: {meter: false}}").tokens.is_none(),
+            "counts nothing"
+        );
+        assert_eq!(
+            guard("{tokens: {maxResultTokens: 3}}").tokens.and_then(|b| b.max),
+            Some(16)
+        );
+        let bad: Result<ResultGuardSpec, _> = serde_saphyr::from_str("{tokens: {maxResult: 3}}");
+        assert!(bad.is_err(), "unknown fields are refused");
     }
 
     #[test]

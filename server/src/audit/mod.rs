@@ -170,6 +170,8 @@ pub struct Record {
     pub arguments: Option<Value>,
     /// What the tool's result guard found in its result, and did.
     pub guard: Option<crate::config::guards::Verdict>,
+    /// The tokens of the result, when its tool meters them (before a cut).
+    pub result_tokens: Option<u64>,
     /// The trace and span ids (hex) of the request's span, when tracing sampled it.
     pub trace: Option<Box<(String, String)>>,
 }
@@ -194,6 +196,7 @@ impl Record {
             bytes_out: 0,
             arguments: None,
             guard: None,
+            result_tokens: None,
             trace: None,
         }
     }
@@ -464,6 +467,10 @@ fn line(r: &Record, instance: Option<&[u8]>, secrets: &Secrets, clock: &mut Cloc
     }
     if let Some(v) = &r.guard {
         guard_field(out, v);
+    }
+    if let Some(n) = r.result_tokens {
+        key(out, "resultTokens");
+        let _ = write!(out, "{n}");
     }
     if let Some(ids) = &r.trace {
         key(out, "traceId");

@@ -210,6 +210,8 @@ pub(super) struct Trail {
     pub arguments: Option<Value>,
     /// What the result guard found, when it found anything.
     pub guard: Option<crate::config::guards::Verdict>,
+    /// The result's tokens, when its tool meters them.
+    pub tokens: Option<u64>,
 }
 
 impl Trail {
@@ -277,6 +279,7 @@ impl Pending {
         r.upstream_account = t.upstream_account;
         r.arguments = t.arguments;
         r.guard = t.guard;
+        r.result_tokens = t.tokens;
         r.outcome = outcome;
         r.reason = reason;
         r.duration = r.end.saturating_duration_since(self.start);
@@ -408,7 +411,13 @@ pub(super) fn kept_caller(snap: &Snapshot, index: usize, req: &Request<'_>) -> O
     let hooked = t.hooks.is_some()
         || (matches!(t.def.handler, crate::config::CompiledHandler::Pipeline(_))
             && !snap.config.webhooks.hooks.is_empty());
-    (steps_policed || hooked)
+    let metered = t
+        .def
+        .governance
+        .result_guard
+        .as_ref()
+        .is_some_and(|g| g.tokens.is_some_and(|b| b.meter));
+    (steps_policed || hooked || metered)
         .then(|| req.ctx.caller.cloned().map(Box::new))
         .flatten()
 }

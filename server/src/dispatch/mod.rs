@@ -362,6 +362,8 @@ mod anonymous_tests;
 #[cfg(test)]
 mod audit_tests;
 #[cfg(test)]
+mod budget_tests;
+#[cfg(test)]
 mod govern_tests;
 #[cfg(test)]
 mod guard_tests;

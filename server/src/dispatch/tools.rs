@@ -162,6 +162,7 @@ pub(super) async fn call(
     let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let ended = conclude(&guard, index, req.id, output, start, out);
+        metered(server, req.ctx.caller, &ended);
         noted(trail, ended, None);
         if round.is_some() {
             crate::dispatch::stateless::stamp(out, &guard.result_stamp);
@@ -220,6 +221,7 @@ pub(super) async fn call(
         (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
         (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
     }?;
+    metered(server, req.ctx.caller, &ended);
     noted(trail, ended, account.get());
     Ok(None)
 }
@@ -311,7 +313,26 @@ fn noted(trail: Option<&mut Trail>, ended: Ended, account: Option<&Arc<str>>) {
     if let Some(t) = trail {
         t.outcome = Some(if ended.failed { "tool_error" } else { "ok" });
         t.guard = ended.guard;
+        t.tokens = ended.tokens;
         t.upstream_account = account.map(|a| Text::new(a));
+    }
+}
+
+/// Counts the tokens a metered result returned to its caller (by the token's `sub`, else
+/// the digest that stands for its credentials).
+#[inline]
+fn metered(server: &Server, caller: Option<&Principal>, ended: &Ended) {
+    if let Some(n) = ended.tokens {
+        let name = caller
+            .map(|p| {
+                if p.identity.sub.is_empty() {
+                    &*p.subject
+                } else {
+                    &*p.identity.sub
+                }
+            })
+            .filter(|n| !n.is_empty());
+        server.metrics.tokens.to_caller(name, n);
     }
 }
 
@@ -426,6 +447,9 @@ impl Deferred {
                 server.conclude_stateless(&d.snap, d.index, &d.id, o, *m, d.start, &mut out),
             ),
         };
+        if let Ok(ended) = &r {
+            metered(server, d.caller.as_deref(), ended);
+        }
         if let (Some(p), Ok(ended)) = (audit.as_deref_mut(), &r) {
             noted(Some(&mut p.trail), *ended, account.get());
         }
@@ -539,6 +563,8 @@ pub(super) struct Ended {
     pub failed: bool,
     /// What the tool's result guard found in it.
     pub guard: Option<crate::config::guards::Verdict>,
+    /// Its tokens, when its tool meters them.
+    pub tokens: Option<u64>,
 }
 
 /// Checks a call's result against the tool's output schema and its result guard, writes the
@@ -552,12 +578,13 @@ pub(super) fn conclude(
     start: Instant,
     out: &mut Vec<u8>,
 ) -> Ended {
-    let (o, guard) = check_output(snap, index, o);
+    let (o, checked) = check_output(snap, index, o);
     write_tool_result(out, id, &o);
     observe(&snap.tools[index], &o, start);
     Ended {
         failed: o.is_error,
-        guard,
+        guard: checked.guard,
+        tokens: checked.tokens,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Running a compiled tool: the [`Executor`] and each handler kind's run step.
 
 pub(crate) mod ask;
+mod budget;
 pub(crate) mod builtin;
 pub(crate) mod command;
 pub(crate) mod content;
@@ -13,4 +14,4 @@ pub(crate) mod template;
 mod user;
 
 pub use self::executor::*;
-pub use self::output::{check_output, guard_output};
+pub use self::output::{Checked, check_output, guard_output};

@@ -1,16 +1,33 @@
 //! What a tool's result goes through before it is sent (or handed to a pipeline's next
-//! step): its output schema, then its result guard.
+//! step): its output schema, then its result guard, then (sent only) its token budget.
 
 use crate::config::guards::{GuardAction, ResultGuard, Verdict};
 use crate::guard::Scan;
 use crate::protocol::output::ToolOutput;
 use crate::registry::Snapshot;
 
-/// Checks a result against the tool's output schema, then passes it through the tool's
-/// result guard, if it has one: the result to send, and what the guard found (`None`:
-/// nothing, or no guard).
-pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> (ToolOutput, Option<Verdict>) {
-    guard_output(snap, tool, check_schema(snap, tool, out))
+/// What a result's checks found, for its audit record and the caller's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// What the result guard found (`None`: nothing, or no guard).
+    pub guard: Option<Verdict>,
+    /// The result's tokens (before a cut), when its tool meters them.
+    pub tokens: Option<u64>,
+}
+
+/// Checks a result against the tool's output schema, passes it through the tool's result
+/// guard, if it has one, and holds it to the tool's token budget: the result to send, and
+/// what was found.
+pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> (ToolOutput, Checked) {
+    let (out, guard) = guard_output(snap, tool, check_schema(snap, tool, out));
+    let t = &snap.tools[tool];
+    match t.def.governance.result_guard.as_ref().and_then(|g| g.tokens) {
+        None => (out, Checked { guard, tokens: None }),
+        Some(b) => {
+            let (out, tokens) = super::budget::budgeted(t, &b, out);
+            (out, Checked { guard, tokens })
+        }
+    }
 }
 
 /// Passes a result through the tool's result guard, if it has one (a pipeline's step
@@ -19,8 +36,8 @@ pub fn check_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> (ToolOutpu
 pub fn guard_output(snap: &Snapshot, tool: usize, out: ToolOutput) -> (ToolOutput, Option<Verdict>) {
     let t = &snap.tools[tool];
     match &t.def.governance.result_guard {
-        None => (out, None),
-        Some(g) => guarded(t, g, out),
+        Some(g) if g.searches() => guarded(t, g, out),
+        _ => (out, None),
     }
 }
 

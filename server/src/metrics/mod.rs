@@ -6,6 +6,7 @@
 pub mod governance;
 pub mod oauth;
 pub mod tasks;
+pub mod tokens;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -456,6 +457,8 @@ pub struct ToolMetrics {
     family: Family<ToolLabels, Histogram>,
     guards: Family<GuardLabels, Counter>,
     hooks: HookFamilies,
+    /// Results' tokens.
+    pub tokens: Arc<crate::metrics::tokens::TokenMetrics>,
 }
 
 /// The guardrail webhooks' instruments.
@@ -576,6 +579,8 @@ pub struct Metrics {
     pub gov: Arc<crate::metrics::governance::GovMetrics>,
     /// Counters of tasks.
     pub tasks: Arc<crate::metrics::tasks::TaskMetrics>,
+    /// Counters of results' tokens.
+    pub tokens: Arc<crate::metrics::tokens::TokenMetrics>,
     /// Metrics of users' upstream authorization (the token vault).
     pub oauth: Arc<crate::metrics::oauth::OAuthMetrics>,
 }
@@ -744,6 +749,7 @@ impl Metrics {
         );
         let gov = crate::metrics::governance::GovMetrics::register(&mut root);
         let tasks = crate::metrics::tasks::TaskMetrics::register(&mut root);
+        let tokens = crate::metrics::tokens::TokenMetrics::register(&mut root);
         let oauth = crate::metrics::oauth::OAuthMetrics::register(&mut root);
         root.register(
             "build",
@@ -774,6 +780,7 @@ impl Metrics {
             upstreams,
             gov,
             tasks,
+            tokens,
             oauth,
         })
     }
@@ -835,6 +842,7 @@ impl Metrics {
             family: self.dispatch.clone(),
             guards: self.guards.clone(),
             hooks: self.hooks.clone(),
+            tokens: self.tokens.clone(),
         }
     }
 
@@ -846,6 +854,7 @@ impl Metrics {
                 outcome,
             });
         }
+        self.tokens.forget_tool(name);
         for kind in crate::guard::KINDS {
             for action in ["flag", "redact", "refuse"] {
                 self.guards.remove(&GuardLabels {
