@@ -103,10 +103,11 @@ impl OverBudget {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenSpec {
-    /// The most tokens a result may have (its text, as a client hands it to a model);
-    /// larger results are cut or withheld (`onExceed`). Unset: no budget.
+    /// The most tokens a result may have (its text or its structured content, as a client
+    /// hands it to a model), at least 100; larger results are cut or withheld
+    /// (`onExceed`). Unset: no budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 16, max = 10_000_000))]
+    #[schemars(range(min = 100, max = 10_000_000))]
     pub max_result_tokens: Option<u32>,
     /// What is done with a result over `maxResultTokens`: `truncate` (default) or `refuse`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,8 +148,8 @@ pub struct TokenBudget {
 impl TokenBudget {
     fn compile(spec: &TokenSpec) -> Option<Self> {
         let b = Self {
-            // Below 16 a cut result would hold little more than its note.
-            max: spec.max_result_tokens.map(|m| u64::from(m.max(16))),
+            // Below 100 a cut result would hold little more than its note (about 40).
+            max: spec.max_result_tokens.map(|m| u64::from(m.max(100))),
             over: spec.on_exceed.unwrap_or_default(),
             meter: spec.meter.unwrap_or(false),
             encoding: spec.encoding.unwrap_or_default(),

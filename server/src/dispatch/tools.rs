@@ -318,21 +318,11 @@ fn noted(trail: Option<&mut Trail>, ended: Ended, account: Option<&Arc<str>>) {
     }
 }
 
-/// Counts the tokens a metered result returned to its caller (by the token's `sub`, else
-/// the digest that stands for its credentials).
+/// Counts the tokens a metered result returned to its caller.
 #[inline]
 fn metered(server: &Server, caller: Option<&Principal>, ended: &Ended) {
     if let Some(n) = ended.tokens {
-        let name = caller
-            .map(|p| {
-                if p.identity.sub.is_empty() {
-                    &*p.subject
-                } else {
-                    &*p.identity.sub
-                }
-            })
-            .filter(|n| !n.is_empty());
-        server.metrics.tokens.to_caller(name, n);
+        server.metrics.tokens.to_caller(caller, n);
     }
 }
 

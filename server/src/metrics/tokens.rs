@@ -2,8 +2,10 @@
 //! caller, and results over their tool's budget. The caller series are bounded: past
 //! [`MAX_CALLERS`] distinct callers, the rest count under `caller="_other"`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use quiver_model::spec::access::Principal;
+use rustc_hash::FxHashSet;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -35,7 +37,8 @@ pub struct TokenMetrics {
     results: Family<ToolName, Counter>,
     over: Family<OverLabels, Counter>,
     callers: Family<CallerName, Counter>,
-    caller_series: AtomicUsize,
+    /// The callers with a series of their own.
+    listed: Mutex<FxHashSet<Box<str>>>,
 }
 
 impl TokenMetrics {
@@ -79,18 +82,38 @@ impl TokenMetrics {
             .inc();
     }
 
-    /// Counts the tokens returned to `caller` (`None`: not authenticated).
-    pub fn to_caller(&self, caller: Option<&str>, tokens: u64) {
+    /// Counts the tokens returned to `caller` (`None`: not authenticated): by the token's
+    /// `sub`, else the digest that stands for its credentials (as the audit record names
+    /// it). A name starting with `_` gets another, so no caller is taken for `_anonymous` or
+    /// `_other`.
+    pub fn to_caller(&self, caller: Option<&Principal>, tokens: u64) {
+        let name = caller
+            .map(|p| {
+                if p.identity.sub.is_empty() {
+                    &*p.subject
+                } else {
+                    &*p.identity.sub
+                }
+            })
+            .filter(|n| !n.is_empty());
         let mut label = CallerName {
-            caller: caller.map_or("_anonymous", |c| c).to_owned(),
+            caller: match name {
+                None => "_anonymous".to_owned(),
+                Some(n) if n.starts_with('_') => format!("_{n}"),
+                Some(n) => n.to_owned(),
+            },
         };
         if self.callers.get(&label).is_none() {
-            // A new caller gets a series while there is room; the check and the count are
-            // not one step, so a race may overshoot the bound by the workers racing.
-            let n = self.caller_series.fetch_add(1, Ordering::Relaxed);
-            if n >= MAX_CALLERS {
-                self.caller_series.fetch_sub(1, Ordering::Relaxed);
-                label.caller = "_other".to_owned();
+            let mut listed = self
+                .listed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !listed.contains(label.caller.as_str()) {
+                if listed.len() < MAX_CALLERS {
+                    listed.insert(label.caller.as_str().into());
+                } else {
+                    label.caller = "_other".to_owned();
+                }
             }
         }
         self.callers.get_or_create(&label).inc_by(tokens);
@@ -118,10 +141,16 @@ mod tests {
     fn callers_past_the_bound_share_one_series() {
         let mut root = Registry::default();
         let m = TokenMetrics::register(&mut root);
+        let named = |sub: &str| {
+            let mut p = Principal::new(["read"], []);
+            p.identity.sub = sub.into();
+            p
+        };
+        m.to_caller(Some(&named("_other")), 7);
         for i in 0..MAX_CALLERS + 10 {
-            m.to_caller(Some(&format!("user-{i}")), 2);
+            m.to_caller(Some(&named(&format!("user-{i}"))), 2);
         }
-        m.to_caller(Some("user-0"), 1);
+        m.to_caller(Some(&named("user-0")), 1);
         m.to_caller(None, 5);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &root).expect("encode");
@@ -130,10 +159,19 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("caller_result_tokens_total{caller=\"_other\"} 25"),
+            text.contains("caller_result_tokens_total{caller=\"__other\"} 7"),
+            "a caller named _other is not the bucket: {text}"
+        );
+        // The last 11 user-N (2 each) and the anonymous caller (5).
+        assert!(
+            text.contains("caller_result_tokens_total{caller=\"_other\"} 27"),
             "{text}"
         );
         assert!(!text.contains(&format!("user-{}\"", MAX_CALLERS + 1)));
+        assert!(
+            !text.contains(&format!("user-{}\"", MAX_CALLERS - 1)),
+            "the bound counts __other"
+        );
         let series = text.matches("caller_result_tokens_total{").count();
         assert_eq!(series, MAX_CALLERS + 1, "the bound plus _other");
     }

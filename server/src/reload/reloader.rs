@@ -272,6 +272,7 @@ impl Reloader {
         }
         let resources_changed = prev.config.spec.resources != compiled.spec.resources;
         let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
+        preload_encodings(&compiled);
         let next = registry.swap_linked(compiled, links, metrics);
         metrics.reload_duration.observe(start.elapsed());
         self.record("success", Vec::new());
@@ -344,6 +345,23 @@ impl Reloader {
         let this = Arc::clone(self);
         if let Err(e) = tokio::task::spawn_blocking(move || this.apply_logged(&origin, &sources)).await {
             tracing::error!(error = %e, "config reload task failed; still serving the previous tools");
+        }
+    }
+}
+
+/// Loads the token encodings the tools' budgets count in (a vocabulary's index and its
+/// expression: tens of milliseconds), so that no call waits for them.
+fn preload_encodings(c: &config::CompiledToolSet) {
+    let mut loaded = Vec::with_capacity(2);
+    let budgets = c
+        .tools
+        .iter()
+        .filter_map(|t| t.governance.result_guard.as_ref().and_then(|g| g.tokens));
+    for b in budgets {
+        let enc = crate::tokens::Encoding::from(b.encoding);
+        if !loaded.contains(&enc) {
+            enc.load();
+            loaded.push(enc);
         }
     }
 }

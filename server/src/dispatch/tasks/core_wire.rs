@@ -152,7 +152,8 @@ pub(in crate::dispatch) async fn start(
             }
         };
         drop(permits);
-        s.tasks.finish(&id, concluded(&snap, index, o, start)).await;
+        let status = concluded(&snap, index, o, start, &s, caller.as_ref());
+        s.tasks.finish(&id, status).await;
         told(&s, &session, &who, &id).await;
     });
     write(req, &json!({"task": task.core()}), out);
@@ -199,15 +200,21 @@ pub(in crate::dispatch) async fn ended(
     Ok(())
 }
 
-/// The end of a task's call: its result checked against the tool's output schema, and its
-/// duration recorded by outcome (as a call without a task).
+/// The end of a task's call: its result checked against the tool's output schema (and its
+/// budget), its duration recorded by outcome and its metered tokens by caller (as a call
+/// without a task).
 fn concluded(
     snap: &Snapshot,
     index: usize,
     o: crate::protocol::output::ToolOutput,
     start: Instant,
+    server: &Server,
+    caller: Option<&crate::spec::access::Principal>,
 ) -> Status {
-    let (o, _) = crate::exec::check_output(snap, index, o);
+    let (o, checked) = crate::exec::check_output(snap, index, o);
+    if let Some(n) = checked.tokens {
+        server.metrics.tokens.to_caller(caller, n);
+    }
     let tool = &snap.tools[index];
     let h = if o.is_error {
         tool.metrics.tool_error(&tool.def.name)
