@@ -244,6 +244,21 @@ def dispatch():
             description="Tool results in which a result guard (resultGuards) found secrets or personal data, once per kind found, "
                         "by what was done with the result: flag (passed on), redact, refuse (withheld). A secret in any tool's result is "
                         "worth a look at that tool; the audit records say which calls (their guard field)."),
+        panel(30, "Result tokens by tool", "timeseries", [
+            target(f"sum by (tool) (rate(quiver_result_tokens_total{{{SEL}}}[{RI}]))", "{{tool}}"),
+        ], 0, 104, w=8, unit="short",
+            description="Tokens per second in the results of metered tools (resultGuards.tokens.meter), counted as OpenAI's encodings count "
+                        "them, before any cut: which tools cost the models that call them most."),
+        panel(31, "Result tokens by caller (top 10)", "timeseries", [
+            target(f"topk(10, sum by (caller) (rate(quiver_caller_result_tokens_total{{{SEL}}}[{RI}])))", "{{caller}}"),
+        ], 8, 104, w=8, unit="short",
+            description="Tokens per second returned to each caller by metered tools (the token's sub; _anonymous without client "
+                        "authentication; _other past 500 distinct callers)."),
+        panel(32, "Results over their token budget", "timeseries", [
+            target(f"sum by (tool, action) (increase(quiver_results_over_token_budget_total{{{SEL}}}[{RI}]))", "{{tool}} ({{action}})"),
+        ], 16, 104, w=8, unit="short", thresholds=[(1, "orange")],
+            description="Results over their tool's maxResultTokens: cut at a token boundary with a note (truncate) or withheld (refuse). "
+                        "A tool often over its budget needs a page size or a filter."),
         panel(28, "Guardrail webhooks: requests by outcome", "timeseries", [
             target(f"sum by (webhook, outcome) (rate(quiver_webhook_requests_total{{{SEL}}}[{RI}]))", "{{webhook}} {{outcome}}"),
         ], 0, 96, w=12, unit="ops",

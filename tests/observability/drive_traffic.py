@@ -71,8 +71,8 @@ def main():
             call(url, i, "wc", {"text": "a b c"})                # exec handler
         elif r < 0.89:
             call(url, i, "checked", {})                          # its webhook is down (Ignore)
-        elif r < 0.90:                                           # found by its result guard
-            call(url, i, "leaky", {"text": rng.choice(["key AKIAZ2QXLMN7ORP4VWTY", "mail ada@acme.io", "nothing here"])})
+        elif r < 0.90:                                           # found by its result guard, or cut
+            call(url, i, "leaky", {"text": rng.choice(["key AKIAZ2QXLMN7ORP4VWTY", "mail ada@acme.io", "nothing here", "word " * 300])})
         elif r < 0.93:
             post(url, "{not json")                               # parse error
         elif r < 0.96:
