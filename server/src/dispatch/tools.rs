@@ -162,8 +162,7 @@ pub(super) async fn call(
     let now = super::find::run(&guard, index, &args, req, &server.metrics.gov);
     if let Some(output) = now.or_else(|| server.exec.run_now(&guard, index, &args)) {
         let ended = conclude(&guard, index, req.id, output, start, out);
-        metered(server, req.ctx.caller, &ended);
-        noted(trail, ended, None);
+        noted(server, req.ctx.caller, trail, ended, None);
         if round.is_some() {
             crate::dispatch::stateless::stamp(out, &guard.result_stamp);
         }
@@ -221,8 +220,7 @@ pub(super) async fn call(
         (Some(o), None) => Ok(conclude(&snap, index, req.id, o, start, out)),
         (None, _) => Err(RpcError::new(protocol::REQUEST_CANCELLED, "Request cancelled")),
     }?;
-    metered(server, req.ctx.caller, &ended);
-    noted(trail, ended, account.get());
+    noted(server, req.ctx.caller, trail, ended, account.get());
     Ok(None)
 }
 
@@ -308,21 +306,23 @@ fn invalid(
 }
 
 /// Notes how a call that got a result ended (and what its result guard found), and the
-/// upstream account it acted as, for its audit record.
-fn noted(trail: Option<&mut Trail>, ended: Ended, account: Option<&Arc<str>>) {
+/// upstream account it acted as, for its audit record; counts the tokens of a metered result
+/// for its caller.
+fn noted(
+    server: &Server,
+    caller: Option<&Principal>,
+    trail: Option<&mut Trail>,
+    ended: Ended,
+    account: Option<&Arc<str>>,
+) {
+    if let Some(n) = ended.tokens {
+        server.metrics.tokens.to_caller(caller, n);
+    }
     if let Some(t) = trail {
         t.outcome = Some(if ended.failed { "tool_error" } else { "ok" });
         t.guard = ended.guard;
         t.tokens = ended.tokens;
         t.upstream_account = account.map(|a| Text::new(a));
-    }
-}
-
-/// Counts the tokens a metered result returned to its caller.
-#[inline]
-fn metered(server: &Server, caller: Option<&Principal>, ended: &Ended) {
-    if let Some(n) = ended.tokens {
-        server.metrics.tokens.to_caller(caller, n);
     }
 }
 
@@ -438,10 +438,8 @@ impl Deferred {
             ),
         };
         if let Ok(ended) = &r {
-            metered(server, d.caller.as_deref(), ended);
-        }
-        if let (Some(p), Ok(ended)) = (audit.as_deref_mut(), &r) {
-            noted(Some(&mut p.trail), *ended, account.get());
+            let trail = audit.as_deref_mut().map(|p| &mut p.trail);
+            noted(server, d.caller.as_deref(), trail, *ended, account.get());
         }
         let error = audit.as_ref().and_then(|_| r.as_ref().err().cloned());
         let r = r.map(|_| ());
