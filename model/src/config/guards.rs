@@ -104,8 +104,9 @@ impl OverBudget {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenSpec {
     /// The most tokens a result may have (its text or its structured content, as a client
-    /// hands it to a model), at least 100; larger results are cut or withheld
-    /// (`onExceed`). Unset: no budget.
+    /// hands it to a model), at least 100 (a smaller value counts as 100: the note of a
+    /// cut takes about 40); larger results are cut or withheld (`onExceed`). Unset: no
+    /// budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 100, max = 10_000_000))]
     pub max_result_tokens: Option<u32>,
@@ -550,7 +551,7 @@ mod tests {
         );
         assert_eq!(
             guard("{tokens: {maxResultTokens: 3}}").tokens.and_then(|b| b.max),
-            Some(16)
+            Some(100)
         );
         let bad: Result<ResultGuardSpec, _> = serde_saphyr::from_str("{tokens: {maxResult: 3}}");
         assert!(bad.is_err(), "unknown fields are refused");
