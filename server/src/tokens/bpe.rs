@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 /// Pieces up to this long are merged by scanning for the lowest pair each time (quadratic,
 /// and fastest for short pieces); longer ones with a heap (n log n), so a hostile run of
 /// letters or symbols costs no more than its length says.
-const SHORT: usize = 96;
+const SHORT: usize = 24;
 
 /// The ranks of a vocabulary's tokens.
 #[derive(Debug)]
