@@ -8,10 +8,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::guard_tests::{call_as, server_with, texts};
+use super::tests::HANDSHAKE_CX as CX;
 use super::*;
-use crate::metrics::Metrics;
-use crate::registry::Registry;
-use crate::reload::Reloader;
 use crate::spec::access::Principal;
 use crate::tokens::{Encoding, count};
 
@@ -47,52 +46,11 @@ tools:
 "#;
 
 fn server(audit: Option<&std::path::Path>) -> Arc<Server> {
-    let metrics = Metrics::new("test", "system");
-    let mut b = Server::builder(Registry::new(&metrics), metrics);
-    if let Some(path) = audit {
-        let log = crate::audit::AuditLog::start(
-            &crate::audit::Sink::File(path.to_owned()),
-            64,
-            crate::audit::OnFull::Drop,
-            crate::secrets::Secrets::new(),
-            b.metrics().gov.clone(),
-        )
-        .unwrap();
-        b = b.audit(Some(log));
-    }
-    let server = b.build();
-    Reloader::new(server.clone())
-        .apply(&[("t.yaml".into(), TOOLS.to_owned())])
-        .unwrap_or_else(|e| panic!("{e}"));
-    server
-}
-
-use super::tests::HANDSHAKE_CX as CX;
-
-async fn call_as(s: &Arc<Server>, tool: &str, text: &str, cx: Ctx<'_>) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": tool, "arguments": {"text": text}}})
-    .to_string();
-    match s.handle(body.as_bytes(), cx, false).await {
-        Outcome::Reply(r) => {
-            let v: Value = serde_json::from_slice(&r.body).unwrap();
-            v.get("result").cloned().unwrap_or_else(|| panic!("{v}"))
-        }
-        other => panic!("{other:?}"),
-    }
+    server_with(TOOLS, audit)
 }
 
 async fn call(s: &Arc<Server>, tool: &str, text: &str) -> Value {
     call_as(s, tool, text, CX).await
-}
-
-fn texts(result: &Value) -> Vec<&str> {
-    result["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["text"].as_str().unwrap())
-        .collect()
 }
 
 /// Prose of `words` words, about one token each.

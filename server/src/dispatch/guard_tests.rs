@@ -42,6 +42,11 @@ tools:
 "#;
 
 fn server(audit: Option<&std::path::Path>) -> Arc<Server> {
+    server_with(TOOLS, audit)
+}
+
+/// A server of `tools`, writing its audit trail to `audit`.
+pub(super) fn server_with(tools: &str, audit: Option<&std::path::Path>) -> Arc<Server> {
     let metrics = Metrics::new("test", "system");
     let mut b = Server::builder(Registry::new(&metrics), metrics);
     if let Some(path) = audit {
@@ -57,7 +62,7 @@ fn server(audit: Option<&std::path::Path>) -> Arc<Server> {
     }
     let server = b.build();
     Reloader::new(server.clone())
-        .apply(&[("t.yaml".into(), TOOLS.to_owned())])
+        .apply(&[("t.yaml".into(), tools.to_owned())])
         .unwrap_or_else(|e| panic!("{e}"));
     server
 }
@@ -66,10 +71,15 @@ use super::tests::HANDSHAKE_CX as CX;
 
 /// The `result` of calling `tool` with `text`.
 async fn call(s: &Arc<Server>, tool: &str, text: &str) -> Value {
+    call_as(s, tool, text, CX).await
+}
+
+/// The `result` of calling `tool` with `text` as the caller of `cx`.
+pub(super) async fn call_as(s: &Arc<Server>, tool: &str, text: &str, cx: Ctx<'_>) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": tool, "arguments": {"text": text}}})
     .to_string();
-    match s.handle(body.as_bytes(), CX, false).await {
+    match s.handle(body.as_bytes(), cx, false).await {
         Outcome::Reply(r) => {
             let v: Value = serde_json::from_slice(&r.body).unwrap();
             v.get("result").cloned().unwrap_or_else(|| panic!("{v}"))
@@ -78,7 +88,7 @@ async fn call(s: &Arc<Server>, tool: &str, text: &str) -> Value {
     }
 }
 
-fn texts(result: &Value) -> Vec<&str> {
+pub(super) fn texts(result: &Value) -> Vec<&str> {
     result["content"]
         .as_array()
         .unwrap()

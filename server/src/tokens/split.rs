@@ -152,21 +152,24 @@ fn spaces(b: &[u8], i: usize) -> usize {
     }
 }
 
-/// The end of the `o200k_base` piece at `i` of ASCII text `b`.
-pub fn piece_o200k(b: &[u8], i: usize) -> usize {
-    let c = b[i];
-    // An optional character that is no line break, letter or digit, then letters: upper
-    // case then lower case (`[A-Z]*[a-z]+`), else upper case alone; then a contraction.
-    let j = if class(c) & (BREAK | LETTER | DIGIT) != 0 {
+/// Where a letter piece at `i` starts its letters: after an optional character that is no
+/// line break, letter or digit. `None`: no letter there.
+#[inline]
+fn letters_at(b: &[u8], i: usize) -> Option<usize> {
+    let j = if class(b[i]) & (BREAK | LETTER | DIGIT) != 0 {
         i
     } else {
         i + 1
     };
-    if j < b.len() && class(b[j]) & LETTER != 0 {
-        let u = run(b, j, |c| class(c) & UPPER != 0);
-        let l = run(b, u, |c| class(c) & LOWER != 0);
-        return contraction(b, l);
-    }
+    (j < b.len() && class(b[j]) & LETTER != 0).then_some(j)
+}
+
+/// The end of a piece at `i` that is no letter piece, alike in both encodings: up to three
+/// digits; punctuation (after an optional space), then line breaks (and, in `o200k_base`,
+/// slashes: `slash`); else whitespace.
+#[inline]
+fn other_piece(b: &[u8], i: usize, slash: bool) -> usize {
+    let c = b[i];
     if class(c) & DIGIT != 0 {
         // At most three digits: the run is not scanned past them (a long run of digits
         // would otherwise be scanned again for each piece of it).
@@ -179,37 +182,31 @@ pub fn piece_o200k(b: &[u8], i: usize) -> usize {
     };
     if is_punct(b[p]) {
         let e = run(b, p, is_punct);
-        return run(b, e, |c| class(c) & BREAK != 0 || c == b'/');
+        return run(b, e, |c| class(c) & BREAK != 0 || (slash && c == b'/'));
     }
     spaces(b, i)
 }
 
+/// The end of the `o200k_base` piece at `i` of ASCII text `b`.
+pub fn piece_o200k(b: &[u8], i: usize) -> usize {
+    // Letters: upper case then lower case (`[A-Z]*[a-z]+`), else upper case alone; then a
+    // contraction.
+    if let Some(j) = letters_at(b, i) {
+        let u = run(b, j, |c| class(c) & UPPER != 0);
+        let l = run(b, u, |c| class(c) & LOWER != 0);
+        return contraction(b, l);
+    }
+    other_piece(b, i, true)
+}
+
 /// The end of the `cl100k_base` piece at `i` of ASCII text `b`.
 pub fn piece_cl100k(b: &[u8], i: usize) -> usize {
-    let c = b[i];
     let k = contraction(b, i);
     if k > i {
         return k;
     }
-    let j = if class(c) & (BREAK | LETTER | DIGIT) != 0 {
-        i
-    } else {
-        i + 1
-    };
-    if j < b.len() && class(b[j]) & LETTER != 0 {
+    if let Some(j) = letters_at(b, i) {
         return run(b, j, |c| class(c) & LETTER != 0);
     }
-    if class(c) & DIGIT != 0 {
-        return run(&b[..b.len().min(i + 3)], i, |c| class(c) & DIGIT != 0);
-    }
-    let p = if c == b' ' && b.get(i + 1).is_some_and(|&c| is_punct(c)) {
-        i + 1
-    } else {
-        i
-    };
-    if is_punct(b[p]) {
-        let e = run(b, p, is_punct);
-        return run(b, e, |c| class(c) & BREAK != 0);
-    }
-    spaces(b, i)
+    other_piece(b, i, false)
 }
