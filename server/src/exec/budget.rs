@@ -181,21 +181,38 @@ fn truncate(enc: Encoding, mut out: ToolOutput, size: &str, max: u64) -> Option<
     let mut room = max.checked_sub(tokens::count(enc, &note) + 2)?;
     // Counted alone, the cut text may split differently at its end than within the whole
     // (whitespace, punctuation meeting the line break): cut again, shorter, in the rare case
-    // it exceeds its room. Each cut is of the one before, so each costs at most the budget.
+    // it exceeds its room. Each cut is of the one before, and each check counts to the
+    // budget at most.
     for _ in 0..4 {
         cut_to(enc, &mut out, room);
-        let noted = with_note(out.clone(), &note);
-        let total: u64 = texts(&noted).iter().map(|t| tokens::count(enc, t)).sum();
+        let mark = add_note(&mut out, &note);
+        let (total, _) = measure(enc, &out, Some(max));
         if total <= max {
-            return Some(noted);
+            return Some(out);
         }
+        remove_note(&mut out, mark);
         room = room.checked_sub(total - max)?;
     }
     None
 }
 
-/// Cuts `out`'s text to `room` tokens (a text block past the cut is dropped, and any block
-/// after it).
+/// The tokens of the strings of `b` a model reads, counted to `limit` (then `limit + 1`).
+fn block_tokens(enc: Encoding, b: &Value, limit: u64) -> u64 {
+    let mut strings = Vec::new();
+    block_texts(b, &mut strings);
+    let mut n = 0;
+    for t in strings {
+        let (_, used, cut) = tokens::prefix(enc, t, limit - n);
+        if cut {
+            return limit + 1;
+        }
+        n += used;
+    }
+    n
+}
+
+/// Cuts `out`'s text to `room` tokens: a text block is cut (its other strings counted
+/// first), a block past the cut is dropped, and any block after it.
 fn cut_to(enc: Encoding, out: &mut ToolOutput, room: u64) {
     let cut = |text: &mut String, room: u64| -> (u64, bool) {
         let (end, used, cut) = tokens::prefix(enc, text, room);
@@ -210,32 +227,23 @@ fn cut_to(enc: Encoding, out: &mut ToolOutput, room: u64) {
             let mut left = room;
             let mut keep = blocks.len();
             for (i, b) in blocks.iter_mut().enumerate() {
-                let over = match block_text_mut(b) {
-                    Some(text) => {
-                        let (used, was_cut) = cut(text, left);
-                        left -= used;
-                        was_cut
-                    }
-                    // A block whose text cannot be cut goes whole, or not at all.
-                    None => {
-                        let mut strings = Vec::new();
-                        block_texts(b, &mut strings);
-                        let n: u64 = strings.iter().map(|t| tokens::count(enc, t)).sum();
-                        match left.checked_sub(n) {
-                            Some(l) => {
-                                left = l;
-                                false
-                            }
-                            None => {
-                                keep = i;
-                                break;
-                            }
-                        }
-                    }
-                };
-                if over {
-                    keep = i + 1;
+                // The block's strings but the one that can be cut, which is taken out
+                // meanwhile: they go whole, or the block not at all.
+                let text = block_text_mut(b).map(std::mem::take);
+                let others = block_tokens(enc, b, left);
+                let Some(l) = left.checked_sub(others) else {
+                    keep = i;
                     break;
+                };
+                left = l;
+                if let (Some(mut text), Some(slot)) = (text, block_text_mut(b)) {
+                    let (used, was_cut) = cut(&mut text, left);
+                    *slot = text;
+                    left -= used;
+                    if was_cut {
+                        keep = i + 1;
+                        break;
+                    }
                 }
             }
             blocks.truncate(keep);
@@ -244,15 +252,27 @@ fn cut_to(enc: Encoding, out: &mut ToolOutput, room: u64) {
     }
 }
 
-fn with_note(mut out: ToolOutput, note: &str) -> ToolOutput {
+/// Appends the note; returns what [`remove_note`] needs to take it off again.
+fn add_note(out: &mut ToolOutput, note: &str) -> usize {
     match &mut out.content {
         None => {
+            let mark = out.text.len();
             out.text.push_str("\n\n");
             out.text.push_str(note);
+            mark
         }
-        Some(blocks) => blocks.push(serde_json::json!({"type": "text", "text": note})),
+        Some(blocks) => {
+            blocks.push(serde_json::json!({"type": "text", "text": note}));
+            blocks.len() - 1
+        }
     }
-    out
+}
+
+fn remove_note(out: &mut ToolOutput, mark: usize) {
+    match &mut out.content {
+        None => out.text.truncate(mark),
+        Some(blocks) => blocks.truncate(mark),
+    }
 }
 
 fn block_text_mut(b: &mut Value) -> Option<&mut String> {
@@ -331,6 +351,22 @@ mod tests {
         cut_to(ENC, &mut out, 50);
         let blocks = out.content.expect("blocks");
         assert_eq!(blocks, [json!({"type": "text", "text": "short"})]);
+    }
+
+    #[test]
+    fn a_text_blocks_other_strings_count_toward_its_cut() {
+        let big = "alpha beta ".repeat(200);
+        let block = json!({"type": "text", "text": "short", "title": big});
+        let mut out = output(
+            "",
+            None,
+            Some(vec![json!({"type": "text", "text": "first"}), block]),
+        );
+        cut_to(ENC, &mut out, 50);
+        assert_eq!(
+            out.content.expect("blocks"),
+            [json!({"type": "text", "text": "first"})]
+        );
     }
 
     #[test]

@@ -94,52 +94,62 @@ impl Vocab {
     }
 
     /// The same merges over a linked list of parts with a heap of candidate pairs, each
-    /// checked against the current list when it comes up.
+    /// checked against the current list when it comes up. Offsets are `u32` (a piece is
+    /// at most a response, far below 4 GiB) and a heap entry is its rank and offset in one
+    /// `u64`: 17 bytes of memory per byte of the piece.
     fn count_long(&self, piece: &[u8]) -> usize {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
-        let n = piece.len();
+        let Ok(n) = u32::try_from(piece.len()) else {
+            // Not a piece any response holds: at least a token per 128 bytes.
+            return piece.len().div_ceil(128);
+        };
+        const END: u32 = u32::MAX;
         // Part `i` (a start offset) covers `i..next[i]`; `n` ends the list.
-        let mut next: Vec<usize> = (1..=n).collect();
-        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
-        let mut alive = vec![true; n];
-        let mut cur = vec![u32::MAX; n];
-        let mut heap = BinaryHeap::with_capacity(n);
-        let pair = |next: &[usize], i: usize| -> u32 {
-            let j = next[i];
+        let mut next: Vec<u32> = (1..=n).collect();
+        let mut prev: Vec<u32> = (0..n).map(|i| i.checked_sub(1).unwrap_or(END)).collect();
+        let mut cur = vec![u32::MAX; n as usize];
+        let mut heap = BinaryHeap::with_capacity(n as usize);
+        let entry = |rank: u32, i: u32| Reverse((u64::from(rank) << 32) | u64::from(i));
+        // The rank of part `i` merged with the next (`u32::MAX`: none, or no token).
+        let pair = |next: &[u32], i: u32| -> u32 {
+            let j = next[i as usize];
             if j >= n {
                 return u32::MAX;
             }
-            let end = if next[j] >= n { n } else { next[j] };
-            self.rank(&piece[i..end])
+            let end = next[j as usize].min(n);
+            self.rank(&piece[i as usize..end as usize])
         };
         for i in 0..n - 1 {
-            cur[i] = self.rank(&piece[i..i + 2]);
-            if cur[i] != u32::MAX {
-                heap.push(Reverse((cur[i], i)));
+            let r = pair(&next, i);
+            cur[i as usize] = r;
+            if r != u32::MAX {
+                heap.push(entry(r, i));
             }
         }
-        let mut parts = n;
-        while let Some(Reverse((rank, i))) = heap.pop() {
-            if !alive[i] || cur[i] != rank {
+        let mut parts = piece.len();
+        while let Some(Reverse(e)) = heap.pop() {
+            let (rank, i) = ((e >> 32) as u32, e as u32);
+            // A part merged into its left neighbour has `cur` of `u32::MAX`, which no entry
+            // carries; a stale entry has a rank its part no longer has.
+            if cur[i as usize] != rank {
                 continue;
             }
-            let j = next[i];
-            alive[j] = false;
+            let j = next[i as usize];
+            cur[j as usize] = u32::MAX;
             parts -= 1;
-            next[i] = next[j];
-            if next[j] < n {
-                prev[next[j]] = i;
+            next[i as usize] = next[j as usize];
+            if next[j as usize] < n {
+                prev[next[j as usize] as usize] = i;
             }
-            cur[i] = pair(&next, i);
-            if cur[i] != u32::MAX {
-                heap.push(Reverse((cur[i], i)));
-            }
-            let p = prev[i];
-            if p < n {
-                cur[p] = pair(&next, p);
-                if cur[p] != u32::MAX {
-                    heap.push(Reverse((cur[p], p)));
+            for k in [Some(i), Some(prev[i as usize]).filter(|&p| p != END)]
+                .into_iter()
+                .flatten()
+            {
+                let r = pair(&next, k);
+                cur[k as usize] = r;
+                if r != u32::MAX {
+                    heap.push(entry(r, k));
                 }
             }
         }

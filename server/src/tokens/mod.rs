@@ -13,7 +13,7 @@
 //!
 //! The vocabularies are built into the binary (2.3 MB) and indexed on first use.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::LazyLock;
 
 pub mod bpe;
@@ -79,10 +79,14 @@ impl Encoding {
     }
 }
 
+/// The longest token of either encoding, in bytes: a piece of `n` bytes has at least
+/// `n / 128` tokens.
+const LONGEST_TOKEN: usize = 128;
+
 /// The tokens of `text`.
 pub fn count(enc: Encoding, text: &str) -> u64 {
     let mut n = 0u64;
-    walk(enc, text, |tokens, _, _| {
+    walk(enc, text, &Cell::new(u64::MAX), |tokens, _, _| {
         n += u64::from(tokens);
         true
     });
@@ -95,28 +99,42 @@ pub fn count(enc: Encoding, text: &str) -> u64 {
 /// `max`, not by the text.
 pub fn prefix(enc: Encoding, text: &str, max: u64) -> (usize, u64, bool) {
     let (mut n, mut cut) = (0u64, None);
-    walk(enc, text, |tokens, start, _| {
+    let room = Cell::new(max);
+    let unfit = walk(enc, text, &room, |tokens, start, _| {
         let t = n + u64::from(tokens);
         if t > max {
             cut = Some(start);
             return false;
         }
         n = t;
+        room.set(max - t);
         true
     });
-    match cut {
+    match cut.or(unfit) {
         None => (text.len(), n, false),
         Some(end) => (end, n, true),
     }
 }
 
 /// Calls `f(tokens, start, end)` for each piece of `text` in order (`start..end`: its
-/// bytes) until it returns `false`.
+/// bytes) until it returns `false`. A piece too long to fit in `room` tokens (whatever it
+/// encodes to: it has at least a token per [`LONGEST_TOKEN`] bytes) is not encoded: the
+/// walk stops there and returns where it starts. Encoding one enormous piece costs about a
+/// microsecond per byte; a walk to a budget never pays more than the budget's worth.
 ///
 /// Text with other characters than ASCII is cut into spans at boundaries no piece crosses
 /// (see [`boundary`]): the ASCII spans are split by hand, those with other characters by the
 /// expression, each alone, with the same pieces as the whole.
-fn walk(enc: Encoding, text: &str, mut f: impl FnMut(u32, usize, usize) -> bool) {
+fn walk(
+    enc: Encoding,
+    text: &str,
+    room: &Cell<u64>,
+    mut f: impl FnMut(u32, usize, usize) -> bool,
+) -> Option<usize> {
+    let fits = |start: usize, end: usize| {
+        let len = end - start;
+        len <= LONGEST_TOKEN || (len.div_ceil(LONGEST_TOKEN) as u64) <= room.get()
+    };
     CACHE.with_borrow_mut(|caches| {
         let cache = &mut caches[enc.slot()];
         let tables = enc.tables();
@@ -139,27 +157,34 @@ fn walk(enc: Encoding, text: &str, mut f: impl FnMut(u32, usize, usize) -> bool)
                     Encoding::O200kBase => piece_o200k(b, i),
                     Encoding::Cl100kBase => piece_cl100k(b, i),
                 };
+                if !fits(i, end) {
+                    return Some(i);
+                }
                 if !f(cache.tokens(&tables.vocab, b, i, end), i, end) {
-                    return;
+                    return None;
                 }
                 i = end;
             }
             if p == b.len() {
-                return;
+                return None;
             }
             let r = (q + 1..b.len()).find(|&r| boundary(b, r)).unwrap_or(b.len());
             let span = &text[..r];
             let mut start = p;
             while start < r {
                 let end = tables.pattern.piece(span, start);
+                if !fits(start, end) {
+                    return Some(start);
+                }
                 if !f(cache.tokens(&tables.vocab, b, start, end), start, end) {
-                    return;
+                    return None;
                 }
                 start = end;
             }
             at = r;
         }
-    });
+        None
+    })
 }
 
 /// The bytes of a piece of 2 to 16 bytes as two words, zero past its end: read from the
@@ -387,6 +412,22 @@ mod tests {
                 assert_eq!(count(enc, &text) as usize, reference(enc).count(text.as_str()));
             }
         }
+    }
+
+    #[test]
+    fn a_cut_never_encodes_a_piece_longer_than_the_budget_could_hold() {
+        // 4 MiB of one word: at least 32,768 tokens, so no budget of 100 takes it; it is
+        // not encoded at all (encoding it takes seconds).
+        let word = "q".repeat(4 << 20);
+        for enc in ENCODINGS {
+            assert_eq!(prefix(enc, &word, 100), (0, 0, true));
+            let text = format!("alpha beta {word}");
+            assert_eq!(prefix(enc, &text, 100), (10, 2, true), "{enc:?}");
+        }
+        // One that may fit is encoded.
+        let short = "q".repeat(1000);
+        let n = count(Encoding::O200kBase, &short);
+        assert_eq!(prefix(Encoding::O200kBase, &short, n), (1000, n, false));
     }
 
     #[test]
