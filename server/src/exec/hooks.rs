@@ -68,31 +68,11 @@ impl super::Executor {
     {
         for h in &hooks.arguments {
             let input = input(t, upstream, Phase::Arguments, &args, None, cx);
-            match self.decide(t, h, &input).await {
-                Decision::Allow(Some(new)) => match arguments_within(t, new) {
-                    Ok(new) => args = new,
-                    Err(why) => {
-                        tracing::warn!(webhook = %h.name, tool = %t.def.name, error = %why, "a mutating guardrail webhook answered arguments that do not fit");
-                        if let Some(refused) = failed(h, Phase::Arguments) {
-                            return refused;
-                        }
-                    }
-                },
-                Decision::Allow(None) => {}
-                Decision::Deny(reason) => {
-                    return ToolOutput::error(format!("refused by guardrail `{}`: {reason}", h.name));
-                }
-                Decision::TooLarge(n) => {
-                    return ToolOutput::error(format!(
-                        "refused: the call's arguments make a request of {n} bytes, more than guardrail `{}` accepts ({})",
-                        h.name, h.max_bytes
-                    ));
-                }
-                Decision::Failed(_) => {
-                    if let Some(refused) = failed(h, Phase::Arguments) {
-                        return refused;
-                    }
-                }
+            let d = self.decide(t, h, &input).await;
+            if let Err(end) = settle(t, h, Phase::Arguments, d, &mut args, |new| {
+                arguments_within(t, new)
+            }) {
+                return end;
             }
         }
         if hooks.result.is_empty() {
@@ -101,31 +81,9 @@ impl super::Executor {
         let mut out = run(args.clone()).await;
         for h in &hooks.result {
             let input = input(t, upstream, Phase::Result, &args, Some(&out), cx);
-            match self.decide(t, h, &input).await {
-                Decision::Allow(Some(new)) => match output_from(new) {
-                    Ok(new) => out = new,
-                    Err(why) => {
-                        tracing::warn!(webhook = %h.name, tool = %t.def.name, error = %why, "a mutating guardrail webhook answered a result that is not one");
-                        if let Some(withheld) = failed(h, Phase::Result) {
-                            return withheld;
-                        }
-                    }
-                },
-                Decision::Allow(None) => {}
-                Decision::Deny(reason) => {
-                    return ToolOutput::error(format!("result withheld by guardrail `{}`: {reason}", h.name));
-                }
-                Decision::TooLarge(n) => {
-                    return ToolOutput::error(format!(
-                        "result withheld: it makes a request of {n} bytes, more than guardrail `{}` accepts ({})",
-                        h.name, h.max_bytes
-                    ));
-                }
-                Decision::Failed(_) => {
-                    if let Some(withheld) = failed(h, Phase::Result) {
-                        return withheld;
-                    }
-                }
+            let d = self.decide(t, h, &input).await;
+            if let Err(end) = settle(t, h, Phase::Result, d, &mut out, output_from) {
+                return end;
             }
         }
         out
@@ -201,6 +159,50 @@ impl super::Executor {
             Ok(Ok(b)) => b,
         };
         decision(h, &bytes)
+    }
+}
+
+/// What webhook `h`'s decision `d` about the value of phase `on` (the arguments, or the
+/// result) does: the value kept or rewritten (`fit` checks a rewrite) and the call goes on,
+/// or the call ends with `Err`.
+fn settle<T>(
+    t: &Tool,
+    h: &Webhook,
+    on: Phase,
+    d: Decision,
+    value: &mut T,
+    fit: impl FnOnce(Value) -> Result<T, String>,
+) -> Result<(), ToolOutput> {
+    let ended = match on {
+        Phase::Arguments => "refused",
+        Phase::Result => "result withheld",
+    };
+    match d {
+        Decision::Allow(None) => Ok(()),
+        Decision::Allow(Some(new)) => match fit(new) {
+            Ok(v) => {
+                *value = v;
+                Ok(())
+            }
+            Err(why) => {
+                tracing::warn!(webhook = %h.name, tool = %t.def.name, phase = ?on, error = %why, "a mutating guardrail webhook answered a value that does not fit");
+                failed(h, on).map_or(Ok(()), Err)
+            }
+        },
+        Decision::Deny(reason) => Err(ToolOutput::error(format!(
+            "{ended} by guardrail `{}`: {reason}",
+            h.name
+        ))),
+        Decision::TooLarge(n) => Err(ToolOutput::error(format!(
+            "{ended}: {} a request of {n} bytes, more than guardrail `{}` accepts ({})",
+            match on {
+                Phase::Arguments => "the call's arguments make",
+                Phase::Result => "it makes",
+            },
+            h.name,
+            h.max_bytes
+        ))),
+        Decision::Failed(_) => failed(h, on).map_or(Ok(()), Err),
     }
 }
 
