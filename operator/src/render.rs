@@ -94,7 +94,8 @@ pub fn render(mcp: &McpServer, fetched: &Fetched) -> Result<Rendered, Invalid> {
         tool_count: compiled.tools.len(),
         secrets: compiled.secrets,
         upstream_count: compiled.upstreams.len(),
-        pinned: compiled.upstreams.iter().any(|u| u.pin.is_on()),
+        pinned: compiled.upstreams.iter().any(|u| u.pin.is_on())
+            || merged.ts.openapi.iter().any(|s| s.pin.is_on()),
     })
 }
 

@@ -49,8 +49,8 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
         .collect();
     super::pipelines::check(&mut tools, &mut p);
     let mut taken: rustc_hash::FxHashSet<String> = index.keys().map(|k| (*k).to_owned()).collect();
-    let api = super::openapi::compile(&ts.openapi, &mut taken, &mut p);
-    tools.extend(api.tools);
+    let mut api = super::openapi::compile(&ts.openapi, &mut taken, &mut p);
+    tools.append(&mut api.tools);
     // A core tool may come from an OpenAPI document or an upstream: checked where it is known.
     let search = super::search_build::compile(
         ts.tool_search.as_ref(),
@@ -99,6 +99,7 @@ pub fn compile(ts: &ToolSet) -> Result<CompiledToolSet, ConfigError> {
             policies,
             search,
             webhooks,
+            pinned_documents: api.pinned,
         })
     } else {
         Err(ConfigError { problems: p.0 })

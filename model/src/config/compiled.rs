@@ -50,6 +50,9 @@ pub struct CompiledToolSet {
     pub search: Option<super::search::SearchSettings>,
     /// The guardrail webhooks (each tool gets those that apply to it in the registry).
     pub webhooks: super::webhooks::WebhookSet,
+    /// The OpenAPI sources that pin their operations, with the pinned view of each tool
+    /// (decided on when the registry is built, as an upstream's).
+    pub pinned_documents: Vec<super::openapi::PinnedSource>,
 }
 
 /// A compiled tool.

@@ -87,7 +87,7 @@ pub struct Rendered {
     pub secrets: BTreeSet<String>,
     /// Upstream MCP servers the ToolSet imports tools from.
     pub upstream_count: usize,
-    /// Whether some upstream pins its tool definitions (`pin: warn | enforce`).
+    /// Whether some upstream or OpenAPI source pins its tool definitions (`pin: warn | enforce`).
     pub pinned: bool,
 }
 

@@ -1583,4 +1583,22 @@ fn a_pinned_upstream_gets_a_pins_config_map_the_pods_may_update_and_nothing_more
             .any(|a| a.as_str().unwrap().starts_with("--pins"))
     );
     assert!(server_args_problems(&pinned.deployment).is_empty());
+    // An OpenAPI source that pins its operations keeps its record in the same ConfigMap.
+    let api = children(
+        r#"
+apiVersion: quiver.dev/v1alpha1
+kind: McpServer
+metadata: {name: gw}
+spec:
+  openapi:
+    - name: items
+      configMap: {name: items-api, key: openapi.json}
+      server: https://items.example
+      pin: warn
+"#,
+    );
+    assert_eq!(
+        api.pins.as_ref().and_then(|c| c.metadata.name.as_deref()),
+        Some("gw-pins")
+    );
 }

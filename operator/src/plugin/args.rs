@@ -97,15 +97,17 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
-    /// Approve tool definitions that await approval (an upstream with `pin: warn|enforce`
-    /// listed a new tool or changed one): `kubectl quiver approve github search_issues`.
-    /// `kubectl quiver status` shows what changed first.
+    /// Approve tool definitions that await approval (an upstream or OpenAPI source with
+    /// `pin: warn|enforce` listed a new tool or changed one): `kubectl quiver approve
+    /// github search_issues`. `kubectl quiver status` shows what changed first.
     Approve {
         /// McpServer name.
         name: String,
-        /// Tools to approve, by their names at the upstream (default: every pending one).
+        /// Tools to approve, by their names at the upstream, or the operations' keys
+        /// (operationIds) of an OpenAPI source (default: every pending one).
         tools: Vec<String>,
-        /// Only this upstream's tools.
+        /// Only this source's tools: an upstream's name, or `openapi.NAME` for an OpenAPI
+        /// source.
         #[arg(long, value_name = "UPSTREAM")]
         upstream: Option<String>,
     },

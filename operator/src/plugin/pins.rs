@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use quiver_model::config::upstream::pin::{
-    PINNED_FIELDS, Pinned, SourceRecord, readable_records, upstream_of_key,
+    PINNED_FIELDS, Pinned, SourceRecord, describe_source, readable_records, source_of_key,
 };
 use serde_json::Value;
 
@@ -89,7 +89,7 @@ pub async fn approve(
 }
 
 fn nothing_pending(upstream: Option<&str>, tools: &[String]) -> String {
-    let whose = upstream.map_or_else(|| "any upstream".to_owned(), |u| format!("upstream `{u}`"));
+    let whose = upstream.map_or_else(|| "any source".to_owned(), describe_source);
     if tools.is_empty() {
         format!("nothing of {whose} awaits approval")
     } else {
@@ -102,7 +102,7 @@ pub fn approve_in(cm: &mut ConfigMap, upstream: Option<&str>, tools: &[String]) 
     let names: Vec<&str> = tools.iter().map(String::as_str).collect();
     let mut approved = Vec::new();
     for (key, text) in cm.data.iter_mut().flatten() {
-        let Some(u) = upstream_of_key(key) else { continue };
+        let Some(u) = source_of_key(key) else { continue };
         if upstream.is_some_and(|want| want != u) {
             continue;
         }
@@ -174,7 +174,22 @@ fn field_lines(out: &mut String, approved: Option<&Pinned>, pending: &Pinned) {
             "    (the approved definition was too large to keep; showing the new one)"
         );
     }
-    for field in PINNED_FIELDS {
+    // The fields of a listed tool first, in their order, then any other (an OpenAPI
+    // operation's `request`: its method, path, server and security).
+    let keys = |d: Option<&Value>| -> Vec<String> {
+        d.and_then(Value::as_object)
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let mut others: Vec<String> = keys(Some(new))
+        .into_iter()
+        .chain(keys(old))
+        .filter(|k| !PINNED_FIELDS.contains(&k.as_str()))
+        .collect();
+    others.sort();
+    others.dedup();
+    let fields = PINNED_FIELDS.iter().copied().chain(others.iter().map(String::as_str));
+    for field in fields {
         let (a, b) = (old.and_then(|o| o.get(field)), new.get(field));
         if a == b {
             continue;
@@ -324,5 +339,48 @@ mod tests {
         // The unreadable record is left as it was.
         assert_eq!(cm.data.as_ref().unwrap()["upstream.broken"], "{");
         assert!(nothing_pending(Some("github"), &[]).contains("upstream `github`"));
+    }
+
+    #[test]
+    fn an_openapi_sources_operations_are_shown_and_approved_under_its_own_key() {
+        let view = |summary: &str, method: &str| {
+            Seen::new(
+                "listItems",
+                json!({"name": "listItems", "description": summary,
+                       "request": {"method": method, "path": "/items"}}),
+            )
+        };
+        let first = SourceRecord::observe(None, &[view("List items.", "get")], true);
+        let next = SourceRecord::observe(Some(&first), &[view("List items.", "delete")], true);
+        let mut cm = ConfigMap {
+            data: Some(BTreeMap::from([
+                (
+                    "openapi.items".to_owned(),
+                    serde_json::to_string(&next).unwrap(),
+                ),
+                (
+                    "upstream.github".to_owned(),
+                    serde_json::to_string(&record()).unwrap(),
+                ),
+            ])),
+            ..ConfigMap::default()
+        };
+        let text = pending_text(&records(&cm));
+        assert!(
+            text.contains("openapi.items/listItems: definition changed"),
+            "{text}"
+        );
+        // The request is not a field of a listed tool, and is shown all the same.
+        assert!(text.contains("    request:\n"), "{text}");
+        assert!(text.contains(r#"+ {"method":"delete","path":"/items"}"#), "{text}");
+        let own = pending_text(&BTreeMap::from([("openapi.items".to_owned(), next.clone())]));
+        assert!(!own.contains("description:"), "unchanged fields are not shown: {own}");
+        assert!(approve_in(&mut cm, Some("items"), &[]).is_empty());
+        assert_eq!(
+            approve_in(&mut cm, Some("openapi.items"), &[]),
+            ["openapi.items/listItems"]
+        );
+        assert_eq!(records(&cm)["github"].pending.len(), 2, "another source's is left");
+        assert!(nothing_pending(Some("openapi.items"), &[]).contains("OpenAPI source `items`"));
     }
 }

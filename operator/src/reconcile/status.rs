@@ -228,7 +228,7 @@ pub fn pins(
     if pending.is_empty() {
         let approved: usize = records.values().map(|r| r.approved.len()).sum();
         let msg = format!(
-            "{approved} tool definition(s) of {} upstream(s) approved",
+            "{approved} tool definition(s) of {} pinned source(s) approved",
             records.len()
         );
         set_condition(

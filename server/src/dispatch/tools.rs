@@ -112,11 +112,12 @@ pub(super) fn page(
 }
 
 /// The error of a call of a tool this generation does not serve: one whose definition at a
-/// pinned upstream awaits approval says so.
+/// pinned upstream or OpenAPI source awaits approval says so.
 fn unknown_tool(server: &Server, name: &str) -> RpcError {
     match server.exec.upstreams.pins.awaiting(name) {
-        Some(upstream) => RpcError::invalid_params(format!(
-            "Tool {name} awaits approval: its definition at upstream `{upstream}` is new or changed since approved (kubectl quiver approve)"
+        Some(source) => RpcError::invalid_params(format!(
+            "Tool {name} awaits approval: its definition at {} is new or changed since approved (kubectl quiver approve)",
+            crate::config::upstream::pin::describe_source(&source)
         )),
         None => RpcError::invalid_params(format!("Unknown tool: {name}")),
     }

@@ -812,6 +812,21 @@ impl Metrics {
         }
     }
 
+    /// The pinning instruments of an OpenAPI source that pins its operations (named
+    /// `openapi.NAME` in the `upstream` label): tools awaiting approval, definitions that
+    /// became pending. It has no connection or request series (its calls are http tools').
+    /// [`Self::forget_upstream`] drops them.
+    pub fn pinned_document(&self, source: &str) -> (Gauge<i64, AtomicI64>, Counter) {
+        let labels = UpstreamLabels {
+            upstream: source.to_owned(),
+        };
+        let f = &self.upstreams;
+        (
+            f.awaiting_approval.get_or_create(&labels).clone(),
+            f.definition_changes.get_or_create(&labels).clone(),
+        )
+    }
+
     /// Drops the series of an upstream that is no longer configured.
     pub fn forget_upstream(&self, name: &str) {
         let f = &self.upstreams;

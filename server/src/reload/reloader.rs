@@ -261,7 +261,7 @@ impl Reloader {
             .collect();
         self.server.exec.secrets.configure(&refs);
         let links = self.server.exec.upstreams.configure(&compiled.upstreams, metrics);
-        self.server.exec.upstreams.expand(&mut compiled, &links);
+        self.server.exec.upstreams.expand(&mut compiled, &links, metrics);
         let prev = registry.load_full();
         if registry.is_ready()
             && prev.hash == compiled.hash

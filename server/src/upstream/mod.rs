@@ -892,6 +892,8 @@ pub struct Hub {
     changed: Arc<Notify>,
     /// Pinned tool definitions.
     pub pins: pins::Pins,
+    /// The OpenAPI sources pinned by the serving config (their series go when they do).
+    pinned_documents: Mutex<Vec<String>>,
     secrets: Arc<Secrets>,
     http: HttpClient,
 }
@@ -903,6 +905,7 @@ impl Hub {
             links: Mutex::default(),
             changed: Arc::new(Notify::new()),
             pins: pins::Pins::default(),
+            pinned_documents: Mutex::default(),
             secrets,
             http,
         })
@@ -953,23 +956,28 @@ impl Hub {
 
     /// Appends the tools the links' upstreams currently list to `compiled` (after its own
     /// tools, which win any name) and folds the lists into its hash. Tools a pinned upstream
-    /// lists with definitions not approved are held back (`enforce`) or reported (`warn`).
-    pub fn expand(&self, compiled: &mut CompiledToolSet, links: &[Arc<Link>]) {
+    /// lists, or a pinned OpenAPI document describes, with definitions not approved are held
+    /// back (`enforce`) or reported (`warn`).
+    pub fn expand(&self, compiled: &mut CompiledToolSet, links: &[Arc<Link>], metrics: &Metrics) {
         self.pins.set_sources(
             compiled
                 .upstreams
                 .iter()
                 .filter(|u| u.pin.is_on())
                 .map(|u| u.name.clone())
+                .chain(compiled.pinned_documents.iter().map(|d| d.source.clone()))
                 .collect(),
         );
+        let mut awaiting = FxHashMap::default();
+        let mut h = FxHasher::default();
+        let documents = self.pin_documents(compiled, metrics, &mut awaiting, &mut h);
         if links.is_empty() {
-            self.pins.set_awaiting(FxHashMap::default());
+            self.pins.set_awaiting(awaiting);
+            // Only an approval changes what is served without new config text.
+            compiled.upstream_digest = if documents { h.finish() } else { 0 };
             return;
         }
         let mut taken: FxHashSet<String> = compiled.tools.iter().map(|t| t.name.clone()).collect();
-        let mut h = FxHasher::default();
-        let mut awaiting = FxHashMap::default();
         for (i, (u, link)) in compiled.upstreams.iter().zip(links).enumerate() {
             let listed = link.listed.load();
             listed.hash.hash(&mut h);
@@ -998,6 +1006,53 @@ impl Hub {
         }
         self.pins.set_awaiting(awaiting);
         compiled.upstream_digest = h.finish();
+    }
+
+    /// Pinning of the OpenAPI sources that pin their operations, as of an upstream's tools
+    /// ([`Self::pin`]): the tools not approved are reported, and under `enforce` removed
+    /// from `compiled` and named in `awaiting` (and folded into `h`: an approval serves them
+    /// without new config text). Returns
+    /// whether any source is pinned.
+    fn pin_documents(
+        &self,
+        compiled: &mut CompiledToolSet,
+        metrics: &Metrics,
+        awaiting: &mut FxHashMap<String, String>,
+        h: &mut FxHasher,
+    ) -> bool {
+        use crate::config::upstream::pin::PinMode;
+        let mut held: FxHashSet<String> = FxHashSet::default();
+        for doc in &compiled.pinned_documents {
+            let seen = doc.tools.iter().map(|(_, s)| s.clone()).collect();
+            let verdict = self.pins.observe(&doc.source, seen, true);
+            let (waiting, changes) = metrics.pinned_document(&doc.source);
+            changes.inc_by(verdict.changes);
+            waiting.set(i64::try_from(verdict.unapproved.len()).unwrap_or(i64::MAX));
+            if verdict.changes > 0 {
+                tracing::warn!(source = %doc.source, changed = verdict.changes, mode = ?doc.mode, "OpenAPI operations changed or added; they await approval (kubectl quiver approve)");
+            }
+            let unapproved: FxHashSet<&str> = verdict.unapproved.iter().map(|(r, _)| r.as_str()).collect();
+            for (name, seen) in &doc.tools {
+                if doc.mode == PinMode::Enforce && unapproved.contains(seen.remote.as_str()) {
+                    name.hash(h);
+                    awaiting.insert(name.clone(), doc.source.clone());
+                    held.insert(name.clone());
+                }
+            }
+        }
+        if !held.is_empty() {
+            compiled.tools.retain(|t| !held.contains(&t.name));
+        }
+        let sources: Vec<String> = compiled.pinned_documents.iter().map(|d| d.source.clone()).collect();
+        let mut before = self
+            .pinned_documents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for gone in before.iter().filter(|s| !sources.contains(s)) {
+            metrics.forget_upstream(gone);
+        }
+        *before = sources;
+        !before.is_empty()
     }
 
     /// Pinning of one upstream's imported `tools`: the ones not approved are reported

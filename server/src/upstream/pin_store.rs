@@ -18,7 +18,7 @@ use kube::api::PostParams;
 
 use super::Hub;
 use super::pins::Held;
-use crate::config::upstream::pin::{read_records, record_key, source_budget, upstream_of_key};
+use crate::config::upstream::pin::{read_records, record_key, source_budget, source_of_key};
 use crate::net::configmap::{self, Watched};
 
 /// Write attempts per flush before waiting for the next change.
@@ -100,7 +100,7 @@ async fn write(hub: &Hub, api: &Api<ConfigMap>, name: &str) -> anyhow::Result<()
         let data = cm.data.get_or_insert_with(BTreeMap::new);
         let sources: BTreeSet<String> = data
             .keys()
-            .filter_map(|k| upstream_of_key(k).map(str::to_owned))
+            .filter_map(|k| source_of_key(k).map(str::to_owned))
             .chain(hub.pins.sources())
             .collect();
         let budget = source_budget(sources.len());

@@ -17,7 +17,7 @@ use crate::spec::identity::IdentitySpec;
 
 mod document;
 mod operation;
-pub use operation::compile;
+pub use operation::{PinnedSource, compile};
 mod schema;
 mod security;
 pub use security::{MAX_SCHEMES, SchemeCredential};
@@ -130,6 +130,15 @@ pub struct OpenApiSpec {
     /// tool's output schema is projected alike (or left out when it cannot be).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub project: BTreeMap<String, Vec<String>>,
+    /// Pinned operations, for a document read from `url` or `configMap` that someone else
+    /// may change: `warn` or `enforce` records what the document says of each served
+    /// operation (its description, input and output schemas, method, path, server and
+    /// security) when first read; an operation that changes later, or appears later, awaits
+    /// approval (`kubectl quiver approve NAME --upstream openapi.SOURCE`). `enforce` does
+    /// not list its tool and refuses its calls meanwhile; `warn` serves it and reports it.
+    /// Default `off`. See docs/pinning.md.
+    #[serde(default, skip_serializing_if = "super::upstream::is_off")]
+    pub pin: super::upstream::pin::PinMode,
 }
 
 /// A key of a ConfigMap in the server's namespace.

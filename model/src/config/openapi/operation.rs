@@ -12,6 +12,7 @@ use super::security::{self, Applied};
 use super::{MAX_OPENAPI_BYTES, MAX_OPENAPI_SOURCES, OpenApiSpec, valid_source_name};
 use crate::config::compiled::{CompiledHandler, CompiledTool};
 use crate::config::governance::{self, ToolGovernance};
+use crate::config::upstream::pin::{PinMode, Seen, openapi_source};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
 use crate::handlers::http::project::Projection;
 use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, ParamPlace, RequestParts};
@@ -157,16 +158,17 @@ fn shared<'a>(s: &'a OpenApiSpec, doc: &Document, at: &str, p: &mut Problems) ->
     })
 }
 
-/// Compiles the selected operations of one source (at `at`).
+/// Compiles the selected operations of one source (at `at`), and their pinned views when
+/// the source pins them.
 pub(super) fn compile_source(
     s: &OpenApiSpec,
     doc: &Document,
     at: &str,
     taken: &mut FxHashSet<String>,
     p: &mut Problems,
-) -> Vec<CompiledTool> {
+) -> (Vec<CompiledTool>, Option<PinnedSource>) {
     let Some(shared) = shared(s, doc, at, p) else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     let t = &s.tools;
     if let Some(prefix) = &t.prefix
@@ -180,6 +182,11 @@ pub(super) fn compile_source(
     let mut conv = Converter::new(doc);
     let mut tools = Vec::new();
     let mut seen_problems = FxHashSet::default();
+    let mut pinned = s.pin.is_on().then(|| PinnedSource {
+        source: openapi_source(&s.name),
+        mode: s.pin,
+        tools: Vec::new(),
+    });
     for op in document::operations(&doc.root) {
         let key = operation_key(&op);
         let tags: Vec<&str> = op
@@ -212,7 +219,13 @@ pub(super) fn compile_source(
         }
         let mut local = Problems::default();
         match compile_op(&shared, &mut conv, &op, &key, &name, &op_at, &mut local) {
-            Ok(tool) => tools.push(tool),
+            Ok(tool) => {
+                if let Some(pinned) = pinned.as_mut() {
+                    let view = pinned_view(&shared, &mut conv, &op, &key, &tool.descriptor);
+                    pinned.tools.push((name.clone(), view));
+                }
+                tools.push(tool);
+            }
             Err(e) => p.push(&op_at, e),
         }
         for prob in local.0 {
@@ -228,7 +241,38 @@ pub(super) fn compile_source(
             }
         }
     }
-    tools
+    (tools, pinned)
+}
+
+/// The pinned view of an operation's tool (`pin`): what the document says of it, and
+/// nothing the author sets (a rename, a description or annotations override, a projection:
+/// changing those needs no approval). Its description and answer schema as the document
+/// gives them, its input schema, and where and how the request goes (method, path, the
+/// document's server unless `server` overrides it, the security requirement).
+fn pinned_view(sh: &Shared<'_>, conv: &mut Converter<'_>, op: &Op<'_>, key: &str, descriptor: &Value) -> Seen {
+    let root = conv.root();
+    let mut d = Map::new();
+    d.insert("name".into(), Value::String(key.to_owned()));
+    if let Some(text) = document_description(op) {
+        d.insert("description".into(), Value::String(text));
+    }
+    if let Some(input) = descriptor.get("inputSchema") {
+        d.insert("inputSchema".into(), input.clone());
+    }
+    if let Some((output, _)) = output_schema(conv, root, op) {
+        d.insert("outputSchema".into(), output);
+    }
+    let mut request = Map::new();
+    request.insert("method".into(), Value::String(op.method.to_owned()));
+    request.insert("path".into(), Value::String(op.path.to_owned()));
+    if sh.spec.server.is_none() {
+        request.insert("server".into(), Value::String(sh.base.clone()));
+    }
+    if let Some(security) = op.op.get("security").or_else(|| root.get("security")) {
+        request.insert("security".into(), security.clone());
+    }
+    d.insert("request".into(), Value::Object(request));
+    Seen::new(key, Value::Object(d))
 }
 
 /// The `project` lists of a source, compiled, by operation key; a key that names no operation
@@ -695,6 +739,11 @@ fn description(s: &OpenApiSpec, op: &Op<'_>, key: &str) -> Option<String> {
     if let Some(d) = s.tools.descriptions.get(key) {
         return Some(d.clone());
     }
+    document_description(op)
+}
+
+/// An operation's summary and description, joined and bounded.
+fn document_description(op: &Op<'_>) -> Option<String> {
     let text = |k: &str| {
         op.op
             .get(k)
@@ -922,6 +971,21 @@ fn first_of(errors: &[String]) -> String {
 pub struct Compiled {
     pub tools: Vec<CompiledTool>,
     pub unfetched_refs: Vec<SecretRef>,
+    /// The pinned views of the tools of each source that pins them.
+    pub pinned: Vec<PinnedSource>,
+}
+
+/// The pinned views of the tools of an OpenAPI source with `pin: warn | enforce`.
+#[derive(Debug, Clone)]
+pub struct PinnedSource {
+    /// `openapi.NAME` ([`openapi_source`]): the source's record key, and how people see it
+    /// named (`kubectl quiver approve --upstream openapi.NAME`).
+    pub source: String,
+    /// `warn` or `enforce`.
+    pub mode: PinMode,
+    /// Each served tool's name and the pinned view of its operation, whose `remote` is the
+    /// operation's key (as in `tools.rename`).
+    pub tools: Vec<(String, Seen)>,
 }
 
 /// Compiles the operations of every source into tools; `taken` holds the names of the
@@ -930,6 +994,7 @@ pub fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &mut Pro
     let mut out = Compiled {
         tools: Vec::new(),
         unfetched_refs: Vec::new(),
+        pinned: Vec::new(),
     };
     if specs.len() > MAX_OPENAPI_SOURCES {
         p.push(
@@ -1012,7 +1077,9 @@ pub fn compile(specs: &[OpenApiSpec], taken: &mut FxHashSet<String>, p: &mut Pro
                 continue;
             }
         };
-        out.tools.extend(compile_source(s, &doc, &at, taken, p));
+        let (tools, pinned) = compile_source(s, &doc, &at, taken, p);
+        out.tools.extend(tools);
+        out.pinned.extend(pinned);
     }
     out
 }
@@ -1056,6 +1123,7 @@ fn stand_in_refs(s: &OpenApiSpec, at: &str, p: &mut Problems) -> Vec<SecretRef> 
         http::project::compile(paths, &format!("{at}.project.{}", shown(key)), p);
     }
     let mut refs: Vec<SecretRef> = compile_source(&spec, &doc, at, &mut FxHashSet::default(), p)
+        .0
         .iter()
         .flat_map(|t| t.handler.secrets().iter().cloned())
         .collect();

@@ -95,7 +95,7 @@ pub struct UpstreamSpec {
     pub pin: pin::PinMode,
 }
 
-fn is_off(m: &pin::PinMode) -> bool {
+pub(crate) fn is_off(m: &pin::PinMode) -> bool {
     !m.is_on()
 }
 

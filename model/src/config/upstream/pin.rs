@@ -132,7 +132,11 @@ impl Seen {
 
     /// The pinned view of a listed entry named `remote`.
     pub fn of(remote: &str, entry: &Value) -> Self {
-        let definition = definition(entry);
+        Self::new(remote, definition(entry))
+    }
+
+    /// A tool named `remote` whose pinned definition is `definition` as it is.
+    pub fn new(remote: &str, definition: Value) -> Self {
         Self {
             remote: remote.to_owned(),
             hash: digest(&definition),
@@ -313,22 +317,45 @@ const ENTRY_BYTES: usize = 45;
 /// Largest pin record (every source), safely under a ConfigMap's 1 MiB.
 pub const RECORD_BUDGET: usize = 900 * 1024;
 
-/// The ConfigMap key of an upstream's record.
-pub fn record_key(upstream: &str) -> String {
-    format!("upstream.{upstream}")
+/// How an OpenAPI source is named among pinned sources (`openapi.NAME`), which is also its
+/// record's key. An upstream is named by its name, which has no `.`: the two never meet.
+pub fn openapi_source(name: &str) -> String {
+    format!("{OPENAPI_PREFIX}{name}")
 }
 
-/// The upstream a ConfigMap key names, if it is a record's key.
-pub fn upstream_of_key(key: &str) -> Option<&str> {
-    key.strip_prefix("upstream.")
+const OPENAPI_PREFIX: &str = "openapi.";
+const UPSTREAM_PREFIX: &str = "upstream.";
+
+/// What a pinned source is, for messages: "upstream `NAME`" or "OpenAPI source `NAME`".
+pub fn describe_source(source: &str) -> String {
+    match source.strip_prefix(OPENAPI_PREFIX) {
+        Some(name) => format!("OpenAPI source `{name}`"),
+        None => format!("upstream `{source}`"),
+    }
 }
 
-/// The records a ConfigMap's data holds, by upstream (`None`: its text is not a record);
+/// The ConfigMap key of a source's record: `upstream.NAME` of an upstream, `openapi.NAME`
+/// of an OpenAPI source.
+pub fn record_key(source: &str) -> String {
+    if source.starts_with(OPENAPI_PREFIX) {
+        source.to_owned()
+    } else {
+        format!("{UPSTREAM_PREFIX}{source}")
+    }
+}
+
+/// The source a ConfigMap key names, if it is a record's key (see [`record_key`]).
+pub fn source_of_key(key: &str) -> Option<&str> {
+    key.strip_prefix(UPSTREAM_PREFIX)
+        .or_else(|| (key.len() > OPENAPI_PREFIX.len() && key.starts_with(OPENAPI_PREFIX)).then_some(key))
+}
+
+/// The records a ConfigMap's data holds, by source (`None`: its text is not a record);
 /// keys that are not records' are ignored.
 pub fn read_records(data: Option<&BTreeMap<String, String>>) -> BTreeMap<String, Option<SourceRecord>> {
     data.into_iter()
         .flatten()
-        .filter_map(|(k, v)| Some((upstream_of_key(k)?.to_owned(), SourceRecord::decode(v))))
+        .filter_map(|(k, v)| Some((source_of_key(k)?.to_owned(), SourceRecord::decode(v))))
         .collect()
 }
 
@@ -501,7 +528,7 @@ mod tests {
         ] {
             assert!(SourceRecord::decode(text).is_none(), "{text}");
         }
-        assert_eq!(upstream_of_key(&record_key("gh")), Some("gh"));
-        assert_eq!(upstream_of_key("tools.yaml"), None);
+        assert_eq!(source_of_key(&record_key("gh")), Some("gh"));
+        assert_eq!(source_of_key("tools.yaml"), None);
     }
 }
