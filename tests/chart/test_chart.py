@@ -99,6 +99,29 @@ def test_optional_objects_and_overrides():
     assert "--default-service-monitor=false" in find(render(), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_alerts_can_wait_longer_or_shorter_or_be_left_out():
+    rules_file = yaml.safe_load((CHART / "files" / "prometheus" / "quiver-rules.yaml").read_text())
+
+    def alerts(*sets):
+        pr = find(render("prometheusRules.enabled=true", *sets), "PrometheusRule")[0]
+        return {r["alert"]: r for g in pr["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+    stock = alerts()
+    # The rules file as it is, once parsed and written again by the template.
+    assert stock == {r["alert"]: r for g in rules_file["groups"] for r in g["rules"] if "alert" in r}
+    tuned = alerts("prometheusRules.for.QuiverToolDefinitionsAwaitingApproval=0s",
+                   "prometheusRules.disabled={QuiverUpstreamDown}")
+    assert tuned["QuiverToolDefinitionsAwaitingApproval"]["for"] == "0s"
+    assert "QuiverUpstreamDown" not in tuned
+    assert {k: v for k, v in tuned.items() if k != "QuiverToolDefinitionsAwaitingApproval"} == \
+        {k: v for k, v in stock.items() if k not in ("QuiverToolDefinitionsAwaitingApproval", "QuiverUpstreamDown")}
+    # A misspelt alert is an error, not a silent no-op.
+    bad = subprocess.run(["helm", "template", "quiver", str(CHART), "--kube-version", KUBE_VERSION,
+                          "--set", "prometheusRules.enabled=true", "--set", "prometheusRules.for.QuiverUpstreamDwn=1m"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "QuiverUpstreamDwn, which is not one of Quiver's alerts" in bad.stderr, bad.stderr
+
+
 def test_mcp_servers_service_monitors_get_the_labels_a_prometheus_selects_by():
     args = find(render("server.serviceMonitorLabels.release=kube-prometheus-stack", "server.serviceMonitorLabels.team=ml"),
                 "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]

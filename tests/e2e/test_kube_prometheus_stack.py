@@ -17,6 +17,7 @@ tests run as before.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -30,7 +31,9 @@ from pathlib import Path
 
 import pytest
 from conftest import Namespace, eventually, kget, kubectl
+from mcp import Client
 from test_faults import add_works
+from test_pinning import PULLED, api_document
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "observability"))
@@ -138,8 +141,11 @@ def kube_prometheus_stack() -> Iterator[None]:
         eventually("the Prometheus pod the operator starts", lambda: MONITORING.k(
             "get", "statefulset", f"prometheus-{PROMETHEUS}", check=False), 120)
         MONITORING.k("rollout", "status", f"statefulset/prometheus-{PROMETHEUS}", "--timeout=300s")
+        # The documented values, and one alert told to fire at once (`prometheusRules.for`)
+        # rather than after its 5 minutes, so that its test waits for a scrape, not a clock.
         helm("upgrade", "quiver", *chart(), "-n", "quiver-system", "--reset-then-reuse-values",
-             *documented_values(), "--wait", "--timeout", "5m")
+             *documented_values(), "--set", "prometheusRules.for.QuiverToolDefinitionsAwaitingApproval=0s",
+             "--wait", "--timeout", "5m")
         yield
     finally:
         try:
@@ -225,3 +231,32 @@ def test_dispatch_dashboard_fills_on_kube_prometheus_stack(kube_prometheus_stack
     assert "add" in tools, tools
     print({"scenario": "kube-prometheus-stack dashboard", "tools_calls": calls,
            "queries": len(results), "filled": len(FILLED_BY_CALLS)})
+
+
+def test_a_definition_awaiting_approval_fires_its_alert(kube_prometheus_stack, monitoring_dump, ns: Namespace):  # noqa: ARG001
+    """`pin: warn` on an OpenAPI document that another team edits: the edited operation stays
+    served, and QuiverToolDefinitionsAwaitingApproval fires on this Prometheus, from the
+    chart's rule, for the McpServer's namespace and the source."""
+    ns.apply(api_document(pulled=False))
+    ns.apply({
+        "apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "watched"},
+        "spec": {"replicas": 1, "openapi": [{"name": "items", "configMap": {"name": "items-api", "key": "openapi.json"},
+                                             "server": "https://items.example", "pin": "warn"}]},
+    })
+    ns.wait_condition("watched", "Ready", "True", 300)
+    ns.wait_condition("watched", "ToolDefinitionsApproved", "True", 120)
+    firing = (f'ALERTS{{alertname="QuiverToolDefinitionsAwaitingApproval", alertstate="firing", '
+              f'namespace="{ns.name}", service="watched", upstream="openapi.items"}}')
+    with MONITORING.port_forward(f"svc/{PROMETHEUS}", 9090) as prom:
+        eventually("the pod scraped", lambda: query(prom, f'up{{namespace="{ns.name}", service="watched"}} == 1'), 240, 1)
+        assert not query(prom, firing), "the alert fired before anything changed"
+        ns.apply(api_document(pulled=True))
+        pending = ns.wait_condition("watched", "ToolDefinitionsApproved", "False", 120)
+        assert "openapi.items/listItems (changed)" in pending["message"], pending
+        alert = eventually("QuiverToolDefinitionsAwaitingApproval firing", lambda: query(prom, firing), 240, 2)
+    assert alert[0]["metric"]["severity"] == "warning", alert
+    with ns.port_forward("svc/watched", 8080) as port:
+        async def described() -> str:
+            async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as c:
+                return {t.name: t.description for t in (await c.list_tools(cache_mode="bypass")).tools}["listItems"]
+        assert PULLED in asyncio.run(described()), "warn serves the edited operation"

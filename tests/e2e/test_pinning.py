@@ -2,12 +2,14 @@
 SDK) that change a tool's description while serving. Under `pin: enforce` the tool leaves
 tools/list for clients (the official Python SDK) and its calls are refused; the McpServer's
 `ToolDefinitionsApproved` condition and a `ToolDefinitionChanged` event name it;
-`kubectl quiver status` shows the diff and `kubectl quiver approve` serves it again. Under
+`kubectl quiver status` shows the diff and `kubectl quiver approve` serves it again. The same
+holds for an OpenAPI document kept in a ConfigMap that is edited to change an operation. Under
 `pin: warn` the changed tool stays served and the pod's metric reports it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import urllib.request
@@ -29,6 +31,26 @@ def upstream(name: str, pin: str, prefix: str) -> dict:
     }
 
 
+def api_document(pulled: bool) -> dict:
+    """A ConfigMap holding an OpenAPI document that another team edits: after the edit, one
+    operation's summary carries instructions for the model."""
+    summary = "List the items." + (f" {PULLED}" if pulled else "")
+    doc = {
+        "openapi": "3.0.3",
+        "info": {"title": "items", "version": "1"},
+        "paths": {
+            "/items": {"get": {"operationId": "listItems", "summary": summary, "responses": {"200": {"description": "ok"}}}},
+            "/items/{id}": {"get": {
+                "operationId": "getItem", "summary": "Read one item.",
+                "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "ok"}},
+            }},
+        },
+    }
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "items-api"},
+            "data": {"openapi.json": json.dumps(doc)}}
+
+
 SERVER = {
     "apiVersion": "quiver.dev/v1alpha1",
     "kind": "McpServer",
@@ -36,6 +58,9 @@ SERVER = {
     "spec": {
         "tools": [{"name": "hello", "handler": {"template": "hi"}}],
         "upstreams": [upstream("strict", "enforce", "s_"), upstream("lax", "warn", "l_")],
+        # No call reaches this server here: what is pinned is what the document says.
+        "openapi": [{"name": "items", "configMap": {"name": "items-api", "key": "openapi.json"},
+                     "server": "https://items.example", "pin": "enforce", "tools": {"prefix": "o_"}}],
     },
 }
 
@@ -69,17 +94,20 @@ def awaiting(admin: int, name: str) -> float:
 
 
 def test_a_rug_pull_is_held_shown_and_approved(ns: Namespace):
+    ns.apply(api_document(pulled=False))
     ns.apply(SERVER)
     ns.wait_condition("pinned", "Ready", "True", 240)
     ns.wait_condition("pinned", "UpstreamsReady", "True", 180)
     # The pods recorded the first definitions in the pins ConfigMap; nothing is pending.
     ns.wait_condition("pinned", "ToolDefinitionsApproved", "True", 120)
+    eventually("every source recorded", lambda: len(ns.get("configmap", "pinned-pins").get("data", {})) == 3, 60, 0.5)
     pins = ns.get("configmap", "pinned-pins")
-    assert sorted(pins["data"]) == ["upstream.lax", "upstream.strict"], pins["data"]
+    assert sorted(pins["data"]) == ["openapi.items", "upstream.lax", "upstream.strict"], pins["data"]
     pod = ns.pods("pinned")[0]["metadata"]["name"]
     with ns.port_forward("svc/pinned", 8080) as port, ns.port_forward(f"pod/{pod}", 9090) as admin:
         url = f"http://127.0.0.1:{port}/mcp"
         tools = eventually("every upstream tool listed", lambda: (t := asyncio.run(listed(url))) and "l_echo" in t and "s_echo" in t and t, 120, 1)
+        assert {"o_listItems", "o_getItem"} <= set(tools), sorted(tools)
         assert PULLED not in tools["s_echo"]
 
         # enforce: the changed tool leaves the list and its calls are refused.
@@ -106,6 +134,24 @@ def test_a_rug_pull_is_held_shown_and_approved(ns: Namespace):
         ns.wait_condition("pinned", "ToolDefinitionsApproved", "True", 120)
         again = ns.quiver("approve", "pinned", check=False)
         assert again.returncode == 1 and "awaits approval" in again.stderr, again
+
+        # An OpenAPI document edited by someone else: the changed operation is held back
+        # until approved, as an upstream's tool.
+        ns.apply(api_document(pulled=True))
+        eventually("o_listItems held back", lambda: "o_listItems" not in asyncio.run(listed(url)), 60, 0.5)
+        assert "o_getItem" in asyncio.run(listed(url))
+        message = asyncio.run(refusal(url, "o_listItems"))
+        assert "awaits approval" in message and "OpenAPI source `items`" in message, message
+        held = ns.wait_condition("pinned", "ToolDefinitionsApproved", "False", 120)
+        assert "openapi.items/listItems (changed)" in held["message"], held
+        status = ns.quiver("status", "pinned", check=False).stdout
+        assert "openapi.items/listItems: definition changed" in status, status
+        assert f"+ List the items. {PULLED}" in status, status
+        approved = ns.quiver("approve", "pinned", "listItems", "--upstream", "openapi.items")
+        assert approved.stdout.strip() == "approved openapi.items/listItems", approved.stdout
+        back = eventually("o_listItems served again", lambda: (t := asyncio.run(listed(url))).get("o_listItems") and t, 60, 0.5)
+        assert PULLED in back["o_listItems"]
+        ns.wait_condition("pinned", "ToolDefinitionsApproved", "True", 120)
 
         # warn: the changed tool stays served; the pod reports it.
         assert asyncio.run(call(url, "l_rug_pull", {})) == "pulled"

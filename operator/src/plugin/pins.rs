@@ -188,7 +188,10 @@ fn field_lines(out: &mut String, approved: Option<&Pinned>, pending: &Pinned) {
         .collect();
     others.sort();
     others.dedup();
-    let fields = PINNED_FIELDS.iter().copied().chain(others.iter().map(String::as_str));
+    let fields = PINNED_FIELDS
+        .iter()
+        .copied()
+        .chain(others.iter().map(String::as_str));
     for field in fields {
         let (a, b) = (old.and_then(|o| o.get(field)), new.get(field));
         if a == b {
@@ -354,10 +357,7 @@ mod tests {
         let next = SourceRecord::observe(Some(&first), &[view("List items.", "delete")], true);
         let mut cm = ConfigMap {
             data: Some(BTreeMap::from([
-                (
-                    "openapi.items".to_owned(),
-                    serde_json::to_string(&next).unwrap(),
-                ),
+                ("openapi.items".to_owned(), serde_json::to_string(&next).unwrap()),
                 (
                     "upstream.github".to_owned(),
                     serde_json::to_string(&record()).unwrap(),
@@ -372,15 +372,25 @@ mod tests {
         );
         // The request is not a field of a listed tool, and is shown all the same.
         assert!(text.contains("    request:\n"), "{text}");
-        assert!(text.contains(r#"+ {"method":"delete","path":"/items"}"#), "{text}");
+        assert!(
+            text.contains(r#"+ {"method":"delete","path":"/items"}"#),
+            "{text}"
+        );
         let own = pending_text(&BTreeMap::from([("openapi.items".to_owned(), next.clone())]));
-        assert!(!own.contains("description:"), "unchanged fields are not shown: {own}");
+        assert!(
+            !own.contains("description:"),
+            "unchanged fields are not shown: {own}"
+        );
         assert!(approve_in(&mut cm, Some("items"), &[]).is_empty());
         assert_eq!(
             approve_in(&mut cm, Some("openapi.items"), &[]),
             ["openapi.items/listItems"]
         );
-        assert_eq!(records(&cm)["github"].pending.len(), 2, "another source's is left");
+        assert_eq!(
+            records(&cm)["github"].pending.len(),
+            2,
+            "another source's is left"
+        );
         assert!(nothing_pending(Some("openapi.items"), &[]).contains("OpenAPI source `items`"));
     }
 }

@@ -1043,7 +1043,11 @@ impl Hub {
         if !held.is_empty() {
             compiled.tools.retain(|t| !held.contains(&t.name));
         }
-        let sources: Vec<String> = compiled.pinned_documents.iter().map(|d| d.source.clone()).collect();
+        let sources: Vec<String> = compiled
+            .pinned_documents
+            .iter()
+            .map(|d| d.source.clone())
+            .collect();
         let mut before = self
             .pinned_documents
             .lock()

@@ -576,11 +576,8 @@ impl OperationFilter {
 }
 
 fn valid_source_name(n: &str) -> bool {
-    (1..=63).contains(&n.len())
-        && n.starts_with(|c: char| c.is_ascii_lowercase())
-        && !n.ends_with('-')
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    // An upstream's rule: neither has a `.`, which pinned sources' names rely on.
+    super::upstream::valid_upstream_name(n)
 }
 
 /// Reads the `file` of every source into its `document` (what quiver-server does when it

@@ -249,7 +249,13 @@ pub(super) fn compile_source(
 /// changing those needs no approval). Its description and answer schema as the document
 /// gives them, its input schema, and where and how the request goes (method, path, the
 /// document's server unless `server` overrides it, the security requirement).
-fn pinned_view(sh: &Shared<'_>, conv: &mut Converter<'_>, op: &Op<'_>, key: &str, descriptor: &Value) -> Seen {
+fn pinned_view(
+    sh: &Shared<'_>,
+    conv: &mut Converter<'_>,
+    op: &Op<'_>,
+    key: &str,
+    descriptor: &Value,
+) -> Seen {
     let root = conv.root();
     let mut d = Map::new();
     d.insert("name".into(), Value::String(key.to_owned()));

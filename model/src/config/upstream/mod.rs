@@ -319,7 +319,7 @@ pub struct ImportReport {
     pub awaiting: Vec<String>,
 }
 
-fn valid_upstream_name(n: &str) -> bool {
+pub(crate) fn valid_upstream_name(n: &str) -> bool {
     (1..=63).contains(&n.len())
         && n.starts_with(|c: char| c.is_ascii_lowercase())
         && !n.ends_with('-')
