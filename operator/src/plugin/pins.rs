@@ -73,7 +73,7 @@ pub async fn approve(
     let what = format!("ConfigMap {ns}/{cm_name}");
     for _ in 0..ATTEMPTS {
         let mut cm = api.get(&cm_name).await.map_err(|e| kube_failure(&what, &e))?;
-        let approved = approve_in(&mut cm, upstream, tools);
+        let approved = approve_in(&mut cm, upstream, tools).map_err(Failure::Negative)?;
         if approved.is_empty() {
             return Err(Failure::Negative(nothing_pending(upstream, tools)));
         }
@@ -98,8 +98,19 @@ fn nothing_pending(upstream: Option<&str>, tools: &[String]) -> String {
 }
 
 /// Approves in the ConfigMap's records (see [`approve`]); returns what was approved.
-pub fn approve_in(cm: &mut ConfigMap, upstream: Option<&str>, tools: &[String]) -> Vec<String> {
+///
+/// # Errors
+/// Tools named without a source that are pending in more than one source: an upstream or
+/// a document chooses its tools' names, and may name one after another source's.
+pub fn approve_in(
+    cm: &mut ConfigMap,
+    upstream: Option<&str>,
+    tools: &[String],
+) -> Result<Vec<String>, String> {
     let names: Vec<&str> = tools.iter().map(String::as_str).collect();
+    if upstream.is_none() && !names.is_empty() {
+        ambiguous(cm, &names)?;
+    }
     let mut approved = Vec::new();
     for (key, text) in cm.data.iter_mut().flatten() {
         let Some(u) = source_of_key(key) else { continue };
@@ -117,7 +128,28 @@ pub fn approve_in(cm: &mut ConfigMap, upstream: Option<&str>, tools: &[String]) 
         // The record only shrank (pending moved to approved): it fits where it did.
         *text = serde_json::to_string(&record).unwrap_or_default();
     }
-    approved
+    Ok(approved)
+}
+
+/// Refuses names (`NAME` or `NAME@DIGEST`) pending in more than one source.
+fn ambiguous(cm: &ConfigMap, names: &[&str]) -> Result<(), String> {
+    let records = records(cm);
+    for name in names {
+        let bare = name.split_once('@').map_or(*name, |(n, _)| n);
+        let sources: Vec<&str> = records
+            .iter()
+            .filter(|(_, r)| r.pending.contains_key(bare))
+            .map(|(s, _)| s.as_str())
+            .collect();
+        if sources.len() > 1 {
+            return Err(format!(
+                "`{}` awaits approval in {}: name one with --upstream",
+                line(bare),
+                sources.join(" and ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The pending definitions as text: each tool, whether it is new or changed, and for a
@@ -174,26 +206,7 @@ fn field_lines(out: &mut String, approved: Option<&Pinned>, pending: &Pinned) {
             "    (the approved definition was too large to keep; showing the new one)"
         );
     }
-    // The fields of a listed tool first, in their order, then any other (an OpenAPI
-    // operation's `request`: its method, path, server and security).
-    let keys = |d: Option<&Value>| -> Vec<String> {
-        d.and_then(Value::as_object)
-            .map(|o| o.keys().cloned().collect())
-            .unwrap_or_default()
-    };
-    let mut others: Vec<String> = keys(Some(new))
-        .into_iter()
-        .chain(keys(old))
-        .filter(|k| !PINNED_FIELDS.contains(&k.as_str()))
-        .collect();
-    others.sort();
-    others.dedup();
-    let fields = PINNED_FIELDS
-        .iter()
-        .copied()
-        .chain(others.iter().map(String::as_str));
-    for field in fields {
-        let (a, b) = (old.and_then(|o| o.get(field)), new.get(field));
+    for (field, a, b) in compared(old, new) {
         if a == b {
             continue;
         }
@@ -211,6 +224,50 @@ fn field_lines(out: &mut String, approved: Option<&Pinned>, pending: &Pinned) {
             let _ = writeln!(out, "    + {}", shown(&b, from));
         }
     }
+}
+
+/// The fields of two definitions side by side: those of a listed tool first, in their
+/// order, then any other; an object that is not a listed tool's field (an OpenAPI
+/// operation's `request`) field by field (`request.server`), so that a change of one is not
+/// hidden behind another's.
+fn compared<'a>(
+    old: Option<&'a Value>,
+    new: &'a Value,
+) -> Vec<(String, Option<&'a Value>, Option<&'a Value>)> {
+    let keys = |d: Option<&'a Value>| -> Vec<&'a str> {
+        d.and_then(Value::as_object)
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    };
+    let mut others: Vec<&str> = keys(Some(new))
+        .into_iter()
+        .chain(keys(old))
+        .filter(|k| !PINNED_FIELDS.contains(k))
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    let mut out = Vec::new();
+    for field in PINNED_FIELDS.iter().copied().chain(others.iter().copied()) {
+        let (a, b) = (old.and_then(|o| o.get(field)), new.get(field));
+        let nested = !PINNED_FIELDS.contains(&field)
+            && a.is_none_or(Value::is_object)
+            && b.is_none_or(Value::is_object);
+        if !nested {
+            out.push((field.to_owned(), a, b));
+            continue;
+        }
+        let mut subs: Vec<&str> = keys(a).into_iter().chain(keys(b)).collect();
+        subs.sort_unstable();
+        subs.dedup();
+        for sub in subs {
+            out.push((
+                format!("{field}.{sub}"),
+                a.and_then(|x| x.get(sub)),
+                b.and_then(|x| x.get(sub)),
+            ));
+        }
+    }
+    out
 }
 
 fn as_text(v: &Value) -> String {
@@ -328,16 +385,20 @@ mod tests {
             ])),
             ..ConfigMap::default()
         };
-        assert!(approve_in(&mut cm, Some("other"), &[]).is_empty());
-        assert!(approve_in(&mut cm, None, &["nope".to_owned()]).is_empty());
+        assert!(approve_in(&mut cm, Some("other"), &[]).unwrap().is_empty());
+        assert!(
+            approve_in(&mut cm, None, &["nope".to_owned()])
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(
-            approve_in(&mut cm, Some("github"), &["wipe".to_owned()]),
+            approve_in(&mut cm, Some("github"), &["wipe".to_owned()]).unwrap(),
             ["github/wipe"]
         );
         let r = &records(&cm)["github"];
         assert!(r.approved.contains_key("wipe"));
         assert_eq!(r.pending.keys().collect::<Vec<_>>(), ["search"]);
-        assert_eq!(approve_in(&mut cm, None, &[]), ["github/search"]);
+        assert_eq!(approve_in(&mut cm, None, &[]).unwrap(), ["github/search"]);
         assert!(records(&cm)["github"].pending.is_empty());
         // The unreadable record is left as it was.
         assert_eq!(cm.data.as_ref().unwrap()["upstream.broken"], "{");
@@ -371,19 +432,34 @@ mod tests {
             "{text}"
         );
         // The request is not a field of a listed tool, and is shown all the same.
-        assert!(text.contains("    request:\n"), "{text}");
         assert!(
-            text.contains(r#"+ {"method":"delete","path":"/items"}"#),
+            text.contains("    request.method:\n    - get\n    + delete\n"),
             "{text}"
         );
+        assert!(!text.contains("request.path"), "unchanged: {text}");
         let own = pending_text(&BTreeMap::from([("openapi.items".to_owned(), next.clone())]));
         assert!(
             !own.contains("description:"),
             "unchanged fields are not shown: {own}"
         );
-        assert!(approve_in(&mut cm, Some("items"), &[]).is_empty());
+        // A name pending in two sources is not approved without naming the source: the
+        // other source may have chosen it to ride on this approval.
+        let mut twin = SourceRecord::observe(None, &[view("Other.", "get")], true);
+        twin = SourceRecord::observe(Some(&twin), &[view("Other, changed.", "get")], true);
+        let mut both = cm.clone();
+        both.data
+            .as_mut()
+            .unwrap()
+            .insert("upstream.other".to_owned(), serde_json::to_string(&twin).unwrap());
+        let refused = approve_in(&mut both, None, &["listItems".to_owned()]).unwrap_err();
+        assert!(refused.contains("openapi.items and other"), "{refused}");
         assert_eq!(
-            approve_in(&mut cm, Some("openapi.items"), &[]),
+            approve_in(&mut both, Some("other"), &["listItems".to_owned()]).unwrap(),
+            ["other/listItems"]
+        );
+        assert!(approve_in(&mut cm, Some("items"), &[]).unwrap().is_empty());
+        assert_eq!(
+            approve_in(&mut cm, Some("openapi.items"), &[]).unwrap(),
             ["openapi.items/listItems"]
         );
         assert_eq!(

@@ -977,7 +977,13 @@ impl Hub {
             compiled.upstream_digest = if documents { h.finish() } else { 0 };
             return;
         }
-        let mut taken: FxHashSet<String> = compiled.tools.iter().map(|t| t.name.clone()).collect();
+        // A held tool's name stays taken: no upstream's tool is served in its place.
+        let mut taken: FxHashSet<String> = compiled
+            .tools
+            .iter()
+            .map(|t| t.name.clone())
+            .chain(awaiting.keys().cloned())
+            .collect();
         for (i, (u, link)) in compiled.upstreams.iter().zip(links).enumerate() {
             let listed = link.listed.load();
             listed.hash.hash(&mut h);

@@ -40,8 +40,8 @@ fn records(cm: &ConfigMap) -> BTreeMap<String, Held> {
         .collect()
 }
 
-/// Keeps `hub`'s pin records in the ConfigMap: watches it (every change rebuilds the
-/// registry with it: an approval serves the tool within milliseconds) and writes the records
+/// Keeps `hub`'s pin records in the ConfigMap: watches it (a change of what is approved
+/// rebuilds the registry: an approval serves the tool within milliseconds) and writes the records
 /// this server changed, until the process ends.
 ///
 /// # Errors
@@ -55,8 +55,11 @@ pub async fn keep_in_configmap(hub: Arc<Hub>, namespace: String, name: String) -
     while let Some(ev) = events.next().await {
         match ev {
             Watched::Changed(cm) => {
-                hub.pins.loaded(records(&cm));
-                hub.changed.notify_one();
+                // Rebuilt only when what is approved changed: a rebuild reads the OpenAPI
+                // documents again, and this server's own writes must not start another.
+                if hub.pins.loaded(records(&cm)) {
+                    hub.changed.notify_one();
+                }
             }
             // What this server holds keeps deciding; once the ConfigMap exists again (empty),
             // each upstream is pinned afresh.

@@ -51,6 +51,25 @@ struct State {
     sources: BTreeSet<String>,
 }
 
+/// The approved digests of every source (`None`: an unreadable record).
+fn approvals(records: &BTreeMap<String, Held>) -> BTreeMap<&str, Option<BTreeMap<&str, &str>>> {
+    records
+        .iter()
+        .map(|(source, held)| {
+            let approved = match held {
+                Held::Record(r) => Some(
+                    r.approved
+                        .iter()
+                        .map(|(k, p)| (k.as_str(), p.hash.as_str()))
+                        .collect(),
+                ),
+                Held::Unreadable => None,
+            };
+            (source.as_str(), approved)
+        })
+        .collect()
+}
+
 /// What pinning decided for one upstream's listed tools.
 #[derive(Debug, Default)]
 pub(super) struct Verdict {
@@ -100,8 +119,11 @@ impl Pins {
 
     /// The store's records, as read. A source this server holds a record of that never
     /// reached the store (its write failed or is pending) keeps it, to be written; a source
-    /// whose key was deleted from the store is pinned afresh.
-    pub(super) fn loaded(&self, mut records: BTreeMap<String, Held>) {
+    /// whose key was deleted from the store is pinned afresh. Returns whether what is
+    /// approved changed (the first read, an approval, a record deleted or made unreadable):
+    /// only then is the registry rebuilt. A write of this server's own, or another
+    /// replica's pending definitions, changes nothing served.
+    pub(super) fn loaded(&self, mut records: BTreeMap<String, Held>) -> bool {
         let mut st = self.state();
         let mut unwritten = Vec::new();
         for (source, held) in st.records.iter().flatten() {
@@ -113,11 +135,16 @@ impl Pins {
         let again = !unwritten.is_empty();
         st.dirty |= again;
         records.extend(unwritten);
+        let changed = st
+            .records
+            .as_ref()
+            .is_none_or(|before| approvals(before) != approvals(&records));
         st.records = Some(records);
         drop(st);
         if again {
             self.flush.notify_one();
         }
+        changed
     }
 
     /// Records that `sources` were written to the store.
@@ -318,6 +345,35 @@ mod tests {
             .unwrap();
         assert!(shrunk.len() <= 4096);
         assert_eq!(pins.merged("nothing", None, 4096), None);
+    }
+
+    #[test]
+    fn only_a_change_of_what_is_approved_asks_for_a_rebuild() {
+        let pins = Pins::default();
+        pins.use_store("configmap:ns/x-pins".into());
+        let read = |text: &str| {
+            BTreeMap::from([("gh".to_owned(), Held::Record(SourceRecord::decode(text).unwrap()))])
+        };
+        assert!(pins.loaded(BTreeMap::new()), "the first read");
+        assert!(
+            pins.observe("gh", vec![seen("a", "one")], true)
+                .unapproved
+                .is_empty()
+        );
+        let ours = pins.merged("gh", None, 4096).unwrap();
+        // This server's own write comes back through the watch: nothing to rebuild.
+        assert!(!pins.loaded(read(&ours)));
+        // Another replica records a pending definition: nothing served changes either.
+        let v = pins.observe("gh", vec![seen("a", "two")], true);
+        assert_eq!(v.unapproved.len(), 1);
+        let pending = pins.merged("gh", Some(&ours), 4096).unwrap();
+        assert!(!pins.loaded(read(&pending)));
+        // An approval does.
+        let mut approved = SourceRecord::decode(&pending).unwrap();
+        assert_eq!(approved.approve(&[]), ["a"]);
+        assert!(pins.loaded(read(&serde_json::to_string(&approved).unwrap())));
+        // So does a record made unreadable.
+        assert!(pins.loaded(BTreeMap::from([("gh".to_owned(), Held::Unreadable)])));
     }
 
     #[test]

@@ -170,7 +170,8 @@ def test_a_changed_document_is_held_under_enforce_and_reported_under_warn(gatewa
     record = report["sources"]["openapi.strict"]
     assert PULLED in record["pending"]["listItems"]["definition"]["description"]
     assert PULLED not in record["approved"]["listItems"]["definition"]["description"]
-    assert record["pending"]["createItem"]["definition"]["request"] == {"method": "post", "path": "/items"}
+    request = record["pending"]["createItem"]["definition"]["request"]
+    assert (request["method"], request["path"], request["body"]) == ("post", "/items", {"name": "body", "encoding": "json"}), request
     assert "createItem" not in record["approved"]
 
     # The document changes back: the approved definitions serve again, nothing to approve

@@ -17,7 +17,9 @@ use crate::spec::identity::IdentitySpec;
 
 mod document;
 mod operation;
-pub use operation::{PinnedSource, compile};
+pub use operation::compile;
+mod pin;
+pub use pin::PinnedSource;
 mod schema;
 mod security;
 pub use security::{MAX_SCHEMES, SchemeCredential};

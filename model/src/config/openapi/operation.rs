@@ -7,12 +7,13 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde_json::{Map, Value, json};
 
 use super::document::{self, Document, Op, Version, deref, shown};
+use super::pin::PinnedSource;
 use super::schema::{Converter, Reached, bounded};
 use super::security::{self, Applied};
 use super::{MAX_OPENAPI_BYTES, MAX_OPENAPI_SOURCES, OpenApiSpec, valid_source_name};
 use crate::config::compiled::{CompiledHandler, CompiledTool};
 use crate::config::governance::{self, ToolGovernance};
-use crate::config::upstream::pin::{PinMode, Seen, openapi_source};
+use crate::config::upstream::pin::{Seen, openapi_source};
 use crate::config::upstream::{Glob, MAX_DESCRIPTOR_BYTES};
 use crate::handlers::http::project::Projection;
 use crate::handlers::http::{self, ArgParam, ArgParts, BodyEncoding, ParamPlace, RequestParts};
@@ -182,11 +183,10 @@ pub(super) fn compile_source(
     let mut conv = Converter::new(doc);
     let mut tools = Vec::new();
     let mut seen_problems = FxHashSet::default();
-    let mut pinned = s.pin.is_on().then(|| PinnedSource {
-        source: openapi_source(&s.name),
-        mode: s.pin,
-        tools: Vec::new(),
-    });
+    let mut pinned = s
+        .pin
+        .is_on()
+        .then(|| PinnedSource::new(openapi_source(&s.name), s.pin));
     for op in document::operations(&doc.root) {
         let key = operation_key(&op);
         let tags: Vec<&str> = op
@@ -219,10 +219,9 @@ pub(super) fn compile_source(
         }
         let mut local = Problems::default();
         match compile_op(&shared, &mut conv, &op, &key, &name, &op_at, &mut local) {
-            Ok(tool) => {
-                if let Some(pinned) = pinned.as_mut() {
-                    let view = pinned_view(&shared, &mut conv, &op, &key, &tool.descriptor);
-                    pinned.tools.push((name.clone(), view));
+            Ok((tool, view)) => {
+                if let (Some(pinned), Some(view)) = (pinned.as_mut(), view) {
+                    pinned.push(name.clone(), view);
                 }
                 tools.push(tool);
             }
@@ -242,43 +241,6 @@ pub(super) fn compile_source(
         }
     }
     (tools, pinned)
-}
-
-/// The pinned view of an operation's tool (`pin`): what the document says of it, and
-/// nothing the author sets (a rename, a description or annotations override, a projection:
-/// changing those needs no approval). Its description and answer schema as the document
-/// gives them, its input schema, and where and how the request goes (method, path, the
-/// document's server unless `server` overrides it, the security requirement).
-fn pinned_view(
-    sh: &Shared<'_>,
-    conv: &mut Converter<'_>,
-    op: &Op<'_>,
-    key: &str,
-    descriptor: &Value,
-) -> Seen {
-    let root = conv.root();
-    let mut d = Map::new();
-    d.insert("name".into(), Value::String(key.to_owned()));
-    if let Some(text) = document_description(op) {
-        d.insert("description".into(), Value::String(text));
-    }
-    if let Some(input) = descriptor.get("inputSchema") {
-        d.insert("inputSchema".into(), input.clone());
-    }
-    if let Some((output, _)) = output_schema(conv, root, op) {
-        d.insert("outputSchema".into(), output);
-    }
-    let mut request = Map::new();
-    request.insert("method".into(), Value::String(op.method.to_owned()));
-    request.insert("path".into(), Value::String(op.path.to_owned()));
-    if sh.spec.server.is_none() {
-        request.insert("server".into(), Value::String(sh.base.clone()));
-    }
-    if let Some(security) = op.op.get("security").or_else(|| root.get("security")) {
-        request.insert("security".into(), security.clone());
-    }
-    d.insert("request".into(), Value::Object(request));
-    Seen::new(key, Value::Object(d))
 }
 
 /// The `project` lists of a source, compiled, by operation key; a key that names no operation
@@ -344,7 +306,8 @@ pub(super) fn operation_key(op: &Op<'_>) -> String {
     sanitize(&format!("{}_{}", op.method, op.path.replace(['{', '}'], "")))
 }
 
-/// The tool of one operation; problems of its request (headers, URL) go to `local`.
+/// The tool of one operation, and its pinned view when the source pins its operations;
+/// problems of its request (headers, URL) go to `local`.
 fn compile_op(
     sh: &Shared<'_>,
     conv: &mut Converter<'_>,
@@ -353,7 +316,7 @@ fn compile_op(
     name: &str,
     op_at: &str,
     local: &mut Problems,
-) -> Result<CompiledTool, String> {
+) -> Result<(CompiledTool, Option<Seen>), String> {
     let root = conv.root();
     let inputs = inputs(conv, root, op)?;
     let mut descriptor = Map::new();
@@ -367,6 +330,12 @@ fn compile_op(
     descriptor.insert("inputSchema".into(), schema_json);
     let projection = sh.project.get(key);
     let mut output = output_schema(conv, root, op);
+    let document_output = sh
+        .spec
+        .pin
+        .is_on()
+        .then(|| output.as_ref().map(|(json, _)| json.clone()))
+        .flatten();
     if let Some(pj) = projection {
         output = output.and_then(|(json, _)| {
             let json = pj.output_schema(&json)?;
@@ -393,9 +362,22 @@ fn compile_op(
         }
     }
     let applied = security::resolve(&sh.spec.security, (root, conv.version()), &sh.trust, op.op)?;
+    let view = sh.spec.pin.is_on().then(|| {
+        super::pin::view(&super::pin::ViewParts {
+            key,
+            op,
+            root,
+            version: conv.version(),
+            description: document_description(op),
+            input: descriptor.get("inputSchema"),
+            output: document_output.as_ref(),
+            parts: &inputs.parts,
+            server: sh.spec.server.is_none().then_some(sh.base.as_str()),
+        })
+    });
     let mut call = request(sh, op, &inputs.path_params, inputs.parts, applied, op_at, local);
     call.project = projection.cloned();
-    Ok(CompiledTool {
+    let tool = CompiledTool {
         name: name.to_owned(),
         descriptor,
         input,
@@ -413,7 +395,8 @@ fn compile_op(
                 .map(crate::config::guards::ResultGuard::compile),
         },
         task: (sh.spec.tools.tasks.get(key).copied()).unwrap_or(crate::config::TaskSupport::Optional),
-    })
+    };
+    Ok((tool, view))
 }
 
 /// Whether a header parameter is one its caller may not write: one the client sets
@@ -979,19 +962,6 @@ pub struct Compiled {
     pub unfetched_refs: Vec<SecretRef>,
     /// The pinned views of the tools of each source that pins them.
     pub pinned: Vec<PinnedSource>,
-}
-
-/// The pinned views of the tools of an OpenAPI source with `pin: warn | enforce`.
-#[derive(Debug, Clone)]
-pub struct PinnedSource {
-    /// `openapi.NAME` ([`openapi_source`]): the source's record key, and how people see it
-    /// named (`kubectl quiver approve --upstream openapi.NAME`).
-    pub source: String,
-    /// `warn` or `enforce`.
-    pub mode: PinMode,
-    /// Each served tool's name and the pinned view of its operation, whose `remote` is the
-    /// operation's key (as in `tools.rename`).
-    pub tools: Vec<(String, Seen)>,
 }
 
 /// Compiles the operations of every source into tools; `taken` holds the names of the

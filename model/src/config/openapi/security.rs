@@ -131,7 +131,7 @@ enum Kind<'a> {
 }
 
 /// The schemes the document declares.
-fn schemes(root: &Value, version: Version) -> Option<&Map<String, Value>> {
+pub(super) fn schemes(root: &Value, version: Version) -> Option<&Map<String, Value>> {
     if version == Version::Swagger2 {
         root.get("securityDefinitions")?.as_object()
     } else {

@@ -346,8 +346,11 @@ pub fn record_key(source: &str) -> String {
 
 /// The source a ConfigMap key names, if it is a record's key (see [`record_key`]).
 pub fn source_of_key(key: &str) -> Option<&str> {
-    key.strip_prefix(UPSTREAM_PREFIX)
-        .or_else(|| (key.len() > OPENAPI_PREFIX.len() && key.starts_with(OPENAPI_PREFIX)).then_some(key))
+    match key.strip_prefix(UPSTREAM_PREFIX) {
+        // An upstream's name has no `.`: `upstream.openapi.x` is no key of either.
+        Some(name) => (!name.is_empty() && !name.contains('.')).then_some(name),
+        None => (key.len() > OPENAPI_PREFIX.len() && key.starts_with(OPENAPI_PREFIX)).then_some(key),
+    }
 }
 
 /// The records a ConfigMap's data holds, by source (`None`: its text is not a record);
@@ -530,5 +533,13 @@ mod tests {
         }
         assert_eq!(source_of_key(&record_key("gh")), Some("gh"));
         assert_eq!(source_of_key("tools.yaml"), None);
+        assert_eq!(source_of_key(&record_key("openapi.items")), Some("openapi.items"));
+        assert_eq!(
+            source_of_key("upstream.openapi.items"),
+            None,
+            "two keys, one source"
+        );
+        assert_eq!(source_of_key("upstream."), None);
+        assert_eq!(source_of_key("openapi."), None);
     }
 }
