@@ -788,7 +788,7 @@ mod tests {
             ("handlers/content/mod.rs", 1),
             ("handlers/exec/mod.rs", 3),
             ("handlers/http/mod.rs", 3),
-            ("handlers/pipeline/mod.rs", 2),
+            ("config/steps.rs", 2),
             ("handlers/template.rs", 1),
             // `identity.client.secret` of an upstream: one `{{secret.NAME.KEY}}` the author wrote.
             ("spec/identity.rs", 1),

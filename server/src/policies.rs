@@ -77,11 +77,11 @@ fn guarded_steps(
     if depth > MAX_PIPELINE_NESTING {
         return;
     }
-    for s in steps {
-        if matches!(own.get(s.tool), Some(Some(_))) && !found.contains(&s.tool) {
-            found.push(s.tool);
+    for s in steps.iter().filter_map(crate::config::Step::tool) {
+        if matches!(own.get(s), Some(Some(_))) && !found.contains(&s) {
+            found.push(s);
         }
-        if let Some(step) = tools.get(s.tool) {
+        if let Some(step) = tools.get(s) {
             guarded_steps(tools, own, step, depth + 1, found);
         }
     }

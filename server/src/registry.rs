@@ -261,9 +261,12 @@ pub fn may_run_long(tools: &[Tool], tool: usize, depth: usize) -> bool {
         H::Exec(_) | H::Http(_) | H::Upstream(_) | H::SignOut => true,
         H::Builtin(b) => *b == crate::handlers::builtin::Builtin::Sleep,
         // Deeper than a pipeline may nest, the step fails at once.
+        // A retried step waits between its attempts.
         H::Pipeline(steps) => {
             depth < crate::config::MAX_PIPELINE_NESTING
-                && steps.iter().any(|s| may_run_long(tools, s.tool, depth + 1))
+                && steps
+                    .iter()
+                    .any(|s| s.retry.is_some() || s.tool().is_some_and(|t| may_run_long(tools, t, depth + 1)))
         }
         H::Template(_)
         | H::Content(_)

@@ -239,8 +239,8 @@ fn arb_tool() -> impl Strategy<Value = Value> {
 fn nesting_and_steps(tools: &[config::CompiledTool], i: usize) -> (usize, usize) {
     match &tools[i].handler {
         CompiledHandler::Pipeline(steps) => steps.iter().fold((1, 0), |(n, c), s| {
-            let (sn, sc) = nesting_and_steps(tools, s.tool);
-            (n.max(sn + 1), c + 1 + sc)
+            let (sn, sc) = s.tool().map_or((0, 0), |t| nesting_and_steps(tools, t));
+            (n.max(sn + 1), c + s.runs() * (1 + sc))
         }),
         _ => (0, 0),
     }

@@ -20,7 +20,6 @@ use crate::handlers::builtin::Builtin;
 use crate::handlers::content::{self, Content};
 use crate::handlers::exec;
 use crate::handlers::http;
-use crate::handlers::pipeline;
 use crate::handlers::template;
 use crate::schema::{Schema, expand_shorthand};
 use crate::spec::checks::shallow;
@@ -409,7 +408,7 @@ fn compile_handler(handler: &Handler, builtin: Option<Builtin>, cx: &mut Cx<'_>)
         Handler::Http(h) => CompiledHandler::Http(Box::new(http::compile(h, &mut cx.kind("http")))),
         Handler::Exec(e) => CompiledHandler::Exec(Box::new(exec::compile(e, &mut cx.kind("exec")))),
         Handler::Pipeline(steps) => {
-            CompiledHandler::Pipeline(pipeline::compile(steps, &mut cx.kind("pipeline")))
+            CompiledHandler::Pipeline(super::steps::compile(steps, &mut cx.kind("pipeline")))
         }
     }
 }
@@ -869,7 +868,7 @@ prompts:
             c.tools[0].descriptor["inputSchema"]["required"],
             json!(["a", "b"])
         );
-        assert!(matches!(&c.tools[4].handler, CompiledHandler::Pipeline(s) if s[1].tool == 1));
+        assert!(matches!(&c.tools[4].handler, CompiledHandler::Pipeline(s) if s[1].tool() == Some(1)));
         assert_eq!(c.resources.len(), 2);
     }
 

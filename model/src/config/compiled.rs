@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::model::ToolSet;
+use super::steps::Step;
 use super::upstream::{CompiledUpstream, UpstreamCall};
 use crate::handlers::ask::{ElicitCall, Question, SampleCall};
 use crate::handlers::builtin::Builtin;
 use crate::handlers::content::Content;
 use crate::handlers::exec::ExecCall;
 use crate::handlers::http::HttpCall;
-use crate::handlers::pipeline::Step;
 use crate::schema::Schema;
 use crate::spec::access::Access;
 use crate::spec::checks::percent_decode;

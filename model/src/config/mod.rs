@@ -17,6 +17,7 @@ mod pipelines;
 pub mod policy;
 pub mod search;
 mod search_build;
+pub mod steps;
 pub mod upstream;
 pub mod webhooks;
 
@@ -28,7 +29,7 @@ pub use crate::handlers::ask::{
 pub use crate::handlers::builtin::Builtin;
 pub use crate::handlers::exec::{ExecArg, ExecCall};
 pub use crate::handlers::http::{HttpCall, TlsRefs};
-pub use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, Step};
+pub use crate::handlers::pipeline::{MAX_PIPELINE_NESTING, MAX_PIPELINE_STEPS, OnAnswer};
 pub use crate::spec::checks::parse_duration;
 pub use crate::spec::context::{
     CONFIG_MAP_PREFIX, ConfigError, MAX_SECRETS, Problem, SECRET_ROOT, SecretRef, valid_config_map_name,
@@ -42,6 +43,7 @@ pub use compiled::{
 };
 pub use json_doc::write as write_document;
 pub use model::*;
+pub use steps::{ForEach, Retry, Step, StepRun, is_chain};
 
 /// Largest ToolSet document accepted, in bytes (a ConfigMap holds at most 1 MiB; files may be
 /// larger, up to this).

@@ -69,20 +69,21 @@ fn walk(tools: &[CompiledTool], p: &mut Problems) -> Option<Walk> {
             let (i, steps) = (*i, steps_of(*i));
             if let Some(step) = steps.get(*next) {
                 *next += 1;
-                match state[step.tool] {
+                let Some(tool) = step.tool() else { continue };
+                match state[tool] {
                     NEW => {
-                        state[step.tool] = ON_PATH;
-                        path.push((step.tool, 0));
+                        state[tool] = ON_PATH;
+                        path.push((tool, 0));
                     }
                     ON_PATH => {
-                        let from = path.iter().position(|&(x, _)| x == step.tool).unwrap_or(0);
+                        let from = path.iter().position(|&(x, _)| x == tool).unwrap_or(0);
                         let mut names: Vec<&str> = path[from..]
                             .iter()
                             .map(|&(x, _)| tools[x].name.as_str())
                             .collect();
-                        names.push(&tools[step.tool].name);
+                        names.push(&tools[tool].name);
                         p.push(
-                            format!("tools[{}].handler.pipeline", step.tool),
+                            format!("tools[{tool}].handler.pipeline"),
                             format!("pipeline cycle: {}", names.join(" -> ")),
                         );
                         return None;
@@ -104,14 +105,20 @@ fn walk(tools: &[CompiledTool], p: &mut Problems) -> Option<Walk> {
 impl Walk {
     /// Records pipeline `i` once all its steps are done: its nesting, its cost, and the access
     /// it needs (what each of its steps needs too).
-    fn finish(&mut self, i: usize, steps: &[crate::handlers::pipeline::Step]) {
-        self.nesting[i] = 1 + steps.iter().map(|s| self.nesting[s.tool]).max().unwrap_or(0);
+    fn finish(&mut self, i: usize, steps: &[super::steps::Step]) {
+        self.nesting[i] = 1 + steps
+            .iter()
+            .filter_map(|s| Some(self.nesting[s.tool()?]))
+            .max()
+            .unwrap_or(0);
+        // Each element of a `forEach` and each attempt runs the step's tool again.
         self.cost[i] = steps.iter().fold(0usize, |acc, s| {
-            acc.saturating_add(1).saturating_add(self.cost[s.tool])
+            let once = 1usize.saturating_add(s.tool().map_or(0, |t| self.cost[t]));
+            acc.saturating_add(once.saturating_mul(s.runs()))
         });
         let mut need: Option<Access> = self.access[i].as_deref().cloned();
-        for s in steps {
-            if let Some(a) = self.access[s.tool].as_deref() {
+        for s in steps.iter().filter_map(super::steps::Step::tool) {
+            if let Some(a) = self.access[s].as_deref() {
                 let n = need.get_or_insert_with(Access::default);
                 if let Err(e) = n.include(a) {
                     self.widened.push((i, e));

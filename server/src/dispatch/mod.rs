@@ -364,6 +364,8 @@ mod audit_tests;
 #[cfg(test)]
 mod budget_tests;
 #[cfg(test)]
+mod composite_tests;
+#[cfg(test)]
 mod govern_tests;
 #[cfg(test)]
 mod guard_tests;

@@ -166,7 +166,7 @@ impl Executor {
                             &fresh
                         }
                     };
-                    pipeline::run(self, snap, steps, args, depth, budget, cx).await
+                    pipeline::run(self, snap, tool, steps, args, depth, budget, cx).await
                 }
                 CompiledHandler::Pipeline(_) => ToolOutput::error("pipelines nested too deep"),
                 CompiledHandler::Upstream(u) => match snap.upstreams.get(u.upstream) {

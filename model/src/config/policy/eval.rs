@@ -111,6 +111,7 @@ struct Env<'a> {
     claims: &'a Value,
     target: Target<'a>,
     args: Option<&'a Value>,
+    steps: Option<&'a Value>,
     budget: u32,
 }
 
@@ -120,6 +121,17 @@ pub fn evaluate(
     caller: Option<&Principal>,
     target: Target<'_>,
     args: Option<&Value>,
+) -> Verdict {
+    evaluate_with(root, caller, target, args, None)
+}
+
+/// [`evaluate`] with a pipeline's finished `steps` (a step's `when`).
+pub fn evaluate_with(
+    root: &Node,
+    caller: Option<&Principal>,
+    target: Target<'_>,
+    args: Option<&Value>,
+    steps: Option<&Value>,
 ) -> Verdict {
     let claims = caller
         .and_then(|c| c.credential.as_deref())
@@ -131,6 +143,7 @@ pub fn evaluate(
         claims,
         target,
         args,
+        steps,
         budget: MAX_COST,
     };
     match env.eval(root, None) {
@@ -256,6 +269,10 @@ impl<'a> Env<'a> {
             })),
             Var::Args => match self.args {
                 Some(a) => V::Json(a),
+                None => return Err(Stop::Unknown),
+            },
+            Var::Steps => match self.steps {
+                Some(s) => V::Json(s),
                 None => return Err(Stop::Unknown),
             },
             Var::Local(up) => {

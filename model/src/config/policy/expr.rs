@@ -79,6 +79,8 @@ pub enum Var {
     PromptName,
     /// `args`: the call's arguments.
     Args,
+    /// `steps`: the results of a pipeline's finished steps (a step's `when` only).
+    Steps,
     /// A comprehension's variable, 0 the innermost.
     Local(u8),
 }
@@ -247,6 +249,19 @@ pub struct Program {
 /// Why it is refused: too large or deep, a syntax error, an unknown variable or function, a
 /// type mismatch, or a result that cannot be a bool.
 pub fn compile(src: &str) -> Result<Program, String> {
+    compile_with(src, false)
+}
+
+/// Compiles a pipeline step's `when`: a policy's language, with `steps` (the results of the
+/// steps finished before it) besides `caller`, `tool` and `args`.
+///
+/// # Errors
+/// As [`compile`].
+pub fn compile_condition(src: &str) -> Result<Program, String> {
+    compile_with(src, true)
+}
+
+fn compile_with(src: &str, steps: bool) -> Result<Program, String> {
     super::scan::prescan(src, MAX_EXPRESSION_BYTES, MAX_DEPTH)?;
     let ast = cel::parser::Parser::new()
         .max_recursion_depth(u16::try_from(MAX_DEPTH * 2).unwrap_or(u16::MAX))
@@ -257,6 +272,7 @@ pub fn compile(src: &str) -> Result<Program, String> {
         locals: Vec::new(),
         nodes: 0,
         reads_args: false,
+        steps,
     };
     let (root, ty) = c.expr(&ast, 0)?;
     if !ty.is(Ty::Bool) {
@@ -288,6 +304,8 @@ struct Checker {
     locals: Vec<String>,
     nodes: usize,
     reads_args: bool,
+    /// `steps` may be read (a pipeline step's condition).
+    steps: bool,
 }
 
 type Out = Result<(Node, Ty), String>;
@@ -359,9 +377,11 @@ impl Checker {
                 self.reads_args = true;
                 Ok((Node::Var(Var::Args), Ty::Map))
             }
+            "steps" if self.steps => Ok((Node::Var(Var::Steps), Ty::Map)),
             _ => Err(format!(
-                "unknown variable `{}` (use caller, tool, request, resource, prompt or args)",
-                clip(name)
+                "unknown variable `{}` (use caller, tool, request, resource, prompt, args{})",
+                clip(name),
+                if self.steps { " or steps" } else { "" }
             )),
         }
     }

@@ -151,6 +151,46 @@ impl Policy {
     }
 }
 
+/// A pipeline step's `when`: a policy's expression that may also read `steps`.
+#[derive(Debug)]
+pub struct Condition {
+    program: expr::Program,
+}
+
+impl Condition {
+    /// Compiles one condition.
+    ///
+    /// # Errors
+    /// Why it is refused.
+    pub fn compile(src: &str) -> Result<Self, String> {
+        Ok(Self {
+            program: expr::compile_condition(src)?,
+        })
+    }
+
+    /// Whether it holds for a call of pipeline `tool` by `caller` with `args`, once `steps`
+    /// finished; `Err` says why it could not be decided (an error, or over its cost).
+    ///
+    /// # Errors
+    /// It could not be decided.
+    pub fn holds<'a>(
+        &self,
+        caller: Option<&Principal>,
+        tool: impl Into<Target<'a>>,
+        args: &Value,
+        steps: &Value,
+    ) -> Result<bool, &'static str> {
+        match eval::evaluate_with(&self.program.root, caller, tool.into(), Some(args), Some(steps)) {
+            Verdict::Allow => Ok(true),
+            Verdict::Deny => Ok(false),
+            Verdict::TooCostly => Err("it costs more to evaluate than a condition may"),
+            Verdict::Error | Verdict::Unknown => {
+                Err("it could not be evaluated (a value of the wrong type, or a missing field without has())")
+            }
+        }
+    }
+}
+
 /// Checks a request about `target` against every policy of `list` in order: a call (`args`
 /// `Some`) or a listing (`None`: a policy that depends on the arguments lets it be listed).
 ///
