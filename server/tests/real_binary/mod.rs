@@ -252,7 +252,11 @@ pub fn server_as_nobody(dir: &std::path::Path) -> Command {
     }
     let copy = dir.join("quiver-server");
     if !copy.exists() {
-        std::fs::copy(built, &copy).unwrap();
+        // Copied by `cp`, not here: a file this process held open for writing could be
+        // inherited by a process another test thread forks at that moment, and executing
+        // it would then fail with ETXTBSY ("Text file busy") until that child execs.
+        let status = Command::new("cp").arg(built).arg(&copy).status().unwrap();
+        assert!(status.success(), "cp {} {}", built.display(), copy.display());
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let mut cmd = Command::new(copy);
