@@ -28,6 +28,65 @@ pub fn check(tools: &mut [CompiledTool], p: &mut Problems) {
         t.access = a;
     }
     limits(tools, &walk.nesting, &walk.cost, p);
+    step_kinds(tools, p);
+}
+
+/// Steps whose tool cannot do what the step asks of it: `retry` of a tool that is not a
+/// request or a program (what may fail for a while), and a tool that asks the client
+/// (at any depth) where steps run at the same time: its answers are matched to its
+/// questions by their order, which would then depend on timing.
+fn step_kinds(tools: &[CompiledTool], p: &mut Problems) {
+    for (i, t) in tools.iter().enumerate() {
+        let CompiledHandler::Pipeline(steps) = &t.handler else {
+            continue;
+        };
+        // Steps in order, each after the one before (a `forEach` of them may still run
+        // its elements one by one, in order).
+        let ordered = steps.iter().enumerate().all(|(j, s)| {
+            if j == 0 {
+                s.needs.is_empty()
+            } else {
+                *s.needs == [j - 1]
+            }
+        });
+        for (j, s) in steps.iter().enumerate() {
+            let Some(tool) = s.tool() else { continue };
+            let at = format!("tools[{i}].handler.pipeline[{j}]");
+            if s.retry.is_some()
+                && !matches!(
+                    tools[tool].handler,
+                    CompiledHandler::Http(_) | CompiledHandler::Exec(_)
+                )
+            {
+                p.push(
+                    format!("{at}.retry"),
+                    "only a step of an http or exec tool is retried (a request or a program may fail for a while)",
+                );
+            }
+            let parallel = !ordered || s.for_each.as_ref().is_some_and(|f| f.max_parallel > 1);
+            if parallel && asks(tools, tool, 0) {
+                p.push(
+                    &at,
+                    format!(
+                        "`{}` asks the client (sample, elicit, ask): it runs only in a pipeline without `needs`, and not in a `forEach` with `maxParallel` over 1 (its answers are matched to its questions by their order)",
+                        tools[tool].name
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Whether tool `t` asks the client, itself or in a step at any depth.
+fn asks(tools: &[CompiledTool], t: usize, depth: usize) -> bool {
+    match &tools[t].handler {
+        CompiledHandler::Sample(_) | CompiledHandler::Elicit(_) | CompiledHandler::Ask(_) => true,
+        CompiledHandler::Pipeline(steps) if depth < MAX_PIPELINE_NESTING => steps
+            .iter()
+            .filter_map(super::steps::Step::tool)
+            .any(|s| asks(tools, s, depth + 1)),
+        _ => false,
+    }
 }
 
 /// What the walk over the pipelines found, by tool index.

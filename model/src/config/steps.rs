@@ -277,9 +277,11 @@ impl StepRefs<'_> {
                 );
                 continue;
             };
+            // A number as written, once: `steps.01` would name nothing at run time.
             let index = target
                 .parse::<usize>()
                 .ok()
+                .filter(|j| j.to_string() == *target)
                 .or_else(|| self.ids.get(target).copied());
             match index {
                 Some(j) if self.ancestors.binary_search(&j).is_ok() => {}
@@ -475,7 +477,7 @@ mod tests {
     use super::*;
     use crate::config::{CompiledHandler, CompiledToolSet, compile, parse};
 
-    const TOOLS: &str = "tools:\n  - {name: list, handler: {template: '[1,2]'}}\n  - {name: one, input: {id: string}, handler: {template: 'item {{id}}'}}\n";
+    const TOOLS: &str = "tools:\n  - {name: list, handler: {template: '[1,2]'}}\n  - {name: one, input: {id: string}, handler: {template: 'item {{id}}'}}\n  - {name: confirm, handler: {elicit: {message: sure?, schema: {type: object, properties: {ok: {type: boolean}}}}}}\n  - {name: fetch, input: {id: string}, handler: {http: {url: 'https://h.example/{{id}}'}}}\n";
 
     fn with(pipeline: &str) -> Result<CompiledToolSet, Vec<String>> {
         let yaml = format!(
@@ -485,7 +487,7 @@ mod tests {
     }
 
     fn steps(c: &CompiledToolSet) -> &[Step] {
-        match &c.tools[2].handler {
+        match &c.tools.iter().find(|t| t.name == "p").unwrap().handler {
             CompiledHandler::Pipeline(s) => s,
             other => panic!("{other:?}"),
         }
@@ -552,12 +554,15 @@ mod tests {
             refused("[{tool: list}, {tool: one, input: {id: '{{steps.x.text}}'}}]").contains("no such step")
         );
         assert!(refused("[{tool: list}, {tool: one, input: {id: '{{item}}'}}]").contains("`item`"));
+        assert!(
+            refused("[{tool: list}, {tool: one, input: {id: '{{steps.00.text}}'}}]").contains("no such step")
+        );
     }
 
     #[test]
     fn for_each_retry_and_when_are_checked_and_counted() {
         let c = with(
-            "[{id: l, tool: list}, {tool: one, needs: [l], when: 'size(steps.l.text) > 0 && args.q != \"\"', \
+            "[{id: l, tool: list}, {tool: fetch, needs: [l], when: 'size(steps.l.text) > 0 && args.q != \"\"', \
               forEach: {items: '{{steps.l.structured}}', maxParallel: 8, maxItems: 50}, \
               input: {id: '{{item}}-{{index}}'}, retry: {attempts: 3, backoff: 10ms}}]",
         )
@@ -591,6 +596,10 @@ mod tests {
             ),
             ("[{}]", "exactly one of `tool` and `result`"),
             ("[{result: {a: 1}, retry: {attempts: 2}}]", "for tool steps"),
+            (
+                "[{tool: list, retry: {attempts: 2}}]",
+                "only a step of an http or exec tool is retried",
+            ),
         ] {
             let e = refused(bad);
             assert!(e.contains(says), "{bad}: {e}");
@@ -598,9 +607,21 @@ mod tests {
         // Fan-out multiplies what one call may run: 1000 elements, 10 attempts each, of a
         // pipeline of two steps is over the bound of one call.
         let yaml = format!(
-            "{TOOLS}  - {{name: inner, handler: {{pipeline: [{{tool: list}}, {{tool: list}}]}}}}\n  - name: outer\n    handler:\n      pipeline: [{{tool: inner, forEach: {{items: '{{{{xs}}}}', maxItems: 1000}}, retry: {{attempts: 10}}}}]\n"
+            "{TOOLS}  - {{name: inner, input: {{id: string}}, handler: {{pipeline: [{{tool: fetch, retry: {{attempts: 5}}}}, {{tool: fetch, retry: {{attempts: 5}}}}]}}}}\n  - name: outer\n    handler:\n      pipeline: [{{tool: inner, forEach: {{items: '{{{{xs}}}}', maxItems: 1000}}}}]\n"
         );
         let e = compile(&parse("t", &yaml).unwrap()).unwrap_err().to_string();
-        assert!(e.contains("would run 30000 steps"), "{e}");
+        assert!(e.contains("would run 11000 steps"), "{e}");
+        // A step that asks the client runs alone: its answers are matched by order.
+        assert!(with("[{tool: confirm}, {tool: list}]").is_ok());
+        assert!(with("[{tool: confirm, forEach: {items: '{{q}}'}}]").is_ok());
+        for parallel in [
+            "[{id: a, tool: confirm}, {id: b, tool: list}, {id: c, tool: list, needs: [a, b]}]",
+            "[{tool: confirm, forEach: {items: '{{q}}', maxParallel: 2}}]",
+        ] {
+            assert!(
+                refused(parallel).contains("`confirm` asks the client"),
+                "{parallel}"
+            );
+        }
     }
 }

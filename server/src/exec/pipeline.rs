@@ -36,11 +36,17 @@ use crate::template::{Scope, approx_size};
 /// The most bytes of step results one pipeline call (with its nested pipelines) keeps.
 pub const MAX_KEPT_BYTES: usize = 64 << 20;
 
-/// What is left of a pipeline call's allowance of steps and kept bytes.
+/// The most tools one pipeline call (with its nested pipelines) runs at the same time,
+/// whatever its `maxParallel`s and independent steps add up to.
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// What is left of a pipeline call's allowance of steps and kept bytes, and of the tools
+/// it may run at the same time.
 #[derive(Debug)]
 pub struct Budget {
     steps: AtomicUsize,
     bytes: AtomicUsize,
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl Budget {
@@ -49,6 +55,7 @@ impl Budget {
         Self {
             steps: AtomicUsize::new(MAX_STEPS),
             bytes: AtomicUsize::new(MAX_KEPT_BYTES),
+            in_flight: tokio::sync::Semaphore::const_new(MAX_IN_FLIGHT),
         }
     }
 
@@ -97,6 +104,8 @@ pub(crate) trait RunStep {
 enum Outcome {
     /// Its result.
     Done(ToolOutput),
+    /// The result of a `forEach`, whose runs' bytes were counted as they finished.
+    Gathered(ToolOutput),
     /// Its condition did not hold, or the user declined and `onDecline: skip`.
     Skipped,
     /// The user declined and `onDecline: end`: the pipeline's result.
@@ -169,7 +178,9 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
                 if self.depth == 0 && self.cx.until_step == Some(i) {
                     return last;
                 }
-                if report {
+                // A chain reports each step as it starts, a graph (whose steps start
+                // together) as each finishes: progress only ever grows.
+                if report && self.chain {
                     self.cx.progress(finished, Some(total), Some(self.name(i)));
                 }
                 match self.start(i, &done) {
@@ -181,11 +192,17 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
                 break;
             };
             finished += 1;
+            if report && !self.chain {
+                self.cx.progress(finished, Some(total), Some(self.name(i)));
+            }
             let (record, out) = match outcome {
                 Outcome::End(out) | Outcome::Failed(out) => return out,
                 Outcome::Skipped => (skipped(), ToolOutput::text("")),
+                Outcome::Gathered(out) => (record(&out), out),
                 Outcome::Done(out) => {
-                    let kept = out.text.len() + out.structured.as_ref().map_or(0, approx_size);
+                    // Kept once more under the step's id.
+                    let copies = 1 + usize::from(self.steps[i].id.is_some());
+                    let kept = (out.text.len() + out.structured.as_ref().map_or(0, approx_size)) * copies;
                     if !Budget::take(&self.budget.bytes, kept) {
                         return ToolOutput::error(format!(
                             "step {i} ({}): the results of this call's steps exceed {} MiB",
@@ -259,12 +276,6 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
             steps: done,
             each: None,
         };
-        if let Some((level, message)) = &step.log {
-            match message.render(&scope) {
-                Ok(text) => self.cx.log(*level, self.name(i), &text),
-                Err(e) => return Err(self.fail(i, format!("log: {e}"))),
-            }
-        }
         if let Some(cond) = &step.when {
             let visible = self.visible(i, done);
             let facts = ToolFacts {
@@ -283,6 +294,12 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
                 Err(why) => return Err(self.fail(i, format!("when: {why}"))),
             }
         }
+        if let Some((level, message)) = &step.log {
+            match message.render(&scope) {
+                Ok(text) => self.cx.log(*level, self.name(i), &text),
+                Err(e) => return Err(self.fail(i, format!("log: {e}"))),
+            }
+        }
         let tool = match &step.run {
             StepRun::Result(t) => {
                 return Err(match t.render(&scope) {
@@ -299,17 +316,40 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
         let inputs = self.inputs(i, each, done).map_err(|e| self.fail(i, e))?;
         let max = each.max_parallel;
         Ok(Box::pin(async move {
-            let runs = inputs.into_iter().map(|input| self.attempts(i, tool, input));
-            let mut results = futures_util::stream::iter(runs).buffered(max);
-            let mut outs = Vec::new();
-            while let Some(o) = results.next().await {
-                match o {
-                    Outcome::Done(out) => outs.push(out),
-                    Outcome::Skipped => outs.push(ToolOutput::text("")),
+            let count = inputs.len();
+            let runs = inputs
+                .into_iter()
+                .enumerate()
+                .map(|(k, input)| async move { (k, self.attempts(i, tool, input).await) });
+            // Runs finish in any order: the first failure ends the step at once.
+            let mut results = futures_util::stream::iter(runs).buffer_unordered(max);
+            let mut outs: Vec<Option<ToolOutput>> = (0..count).map(|_| None).collect();
+            while let Some((k, o)) = results.next().await {
+                let out = match o {
+                    Outcome::Done(out) | Outcome::Gathered(out) => out,
+                    Outcome::Skipped => ToolOutput::text(""),
                     other => return (i, other),
+                };
+                // Counted as it comes (twice: the step's result gathers it again).
+                let kept = 2 * (out.text.len() + out.structured.as_ref().map_or(0, approx_size));
+                if !Budget::take(&self.budget.bytes, kept) {
+                    return (
+                        i,
+                        self.fail(
+                            i,
+                            format!(
+                                "the results of this call's steps exceed {} MiB",
+                                MAX_KEPT_BYTES >> 20
+                            ),
+                        ),
+                    );
                 }
+                outs[k] = Some(out);
             }
-            (i, Outcome::Done(gathered(outs)))
+            (
+                i,
+                Outcome::Gathered(gathered(outs.into_iter().flatten().collect())),
+            )
         }))
     }
 
@@ -342,29 +382,26 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
                 each.max_items
             ));
         }
-        let inputs: Vec<Value> = items
-            .iter()
-            .enumerate()
-            .map(|(k, item)| {
-                let index = Value::from(k);
-                self.input(
-                    i,
-                    &PipelineScope {
-                        args: self.args,
-                        steps: done,
-                        each: Some((item, &index)),
-                    },
-                )
-            })
-            .collect::<Result<_, _>>()?;
-        // Every run's arguments are held until it runs: they count as kept results do.
-        let size: usize = inputs.iter().map(approx_size).sum();
-        if !Budget::take(&self.budget.bytes, size) {
-            return Err(format!(
-                "the arguments of its {} runs, with the results this call keeps, exceed {} MiB",
-                inputs.len(),
-                MAX_KEPT_BYTES >> 20
-            ));
+        let mut inputs = Vec::with_capacity(items.len());
+        for (k, item) in items.iter().enumerate() {
+            let index = Value::from(k);
+            let input = self.input(
+                i,
+                &PipelineScope {
+                    args: self.args,
+                    steps: done,
+                    each: Some((item, &index)),
+                },
+            )?;
+            // Every run's arguments are held until it runs: they count as kept results do,
+            // each as it is made, so that a large one repeated fails before the next.
+            if !Budget::take(&self.budget.bytes, approx_size(&input)) {
+                return Err(format!(
+                    "the arguments of its runs, with the results this call keeps, exceed {} MiB (at element {k})",
+                    MAX_KEPT_BYTES >> 20
+                ));
+            }
+            inputs.push(input);
         }
         Ok(inputs)
     }
@@ -457,6 +494,12 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
         {
             return (ToolOutput::error(denied.message(&t.def.name)), false);
         }
+        // A tool that is not a pipeline holds one of the call's in-flight permits while it
+        // runs (a pipeline's own steps take theirs: holding one here could starve them).
+        let _permit = match &t.def.handler {
+            CompiledHandler::Pipeline(_) => None,
+            _ => self.budget.in_flight.acquire().await.ok(),
+        };
         let run = self
             .exec
             .run_step(self.snap, tool, input, self.depth + 1, self.budget, self.cx);
@@ -464,7 +507,11 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
             o.is_error.then_some("tool_error")
         })
         .await;
-        (super::output::guard_output(self.snap, tool, out).0, true)
+        let (out, verdict) = super::output::guard_output(self.snap, tool, out);
+        // What may fail for a while: a request or a program (not a refusal of its result).
+        let retriable = matches!(t.def.handler, CompiledHandler::Http(_) | CompiledHandler::Exec(_))
+            && verdict.is_none_or(|v| v.action != crate::config::guards::GuardAction::Refuse);
+        (out, retriable)
     }
 }
 
