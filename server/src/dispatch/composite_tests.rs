@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
 use super::guard_tests::server_with;
@@ -34,15 +34,9 @@ async fn api(hold: usize, seen: Arc<Seen>) -> u16 {
         while let Ok((mut conn, _)) = listener.accept().await {
             let seen = Arc::clone(&seen);
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).into_owned();
+                let Some(head) = crate::net::read_head(&mut conn).await else {
+                    return;
+                };
                 let path = head.split(' ').nth(1).unwrap_or("").to_owned();
                 let (status, body) = if let Some(rest) = path.strip_prefix("/hold/") {
                     let (n, of) = rest.split_once("?of=").unwrap();

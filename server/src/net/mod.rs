@@ -10,3 +10,19 @@ pub mod resp;
 pub mod resp_tls;
 pub mod time;
 pub mod trust;
+
+/// Reads a request's head (up to its blank line) from a test's loopback server connection;
+/// `None` when the peer closed or failed first.
+#[cfg(test)]
+pub(crate) async fn read_head(conn: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}

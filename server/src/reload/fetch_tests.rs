@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::fetch_documents;
 use crate::config::openapi::OpenApiSpec;
@@ -54,19 +54,8 @@ fn responder(script: &Script) -> String {
                 let Ok((mut s, _)) = listener.accept().await else {
                     return;
                 };
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                script
-                    .seen
-                    .lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&head).to_lowercase());
+                let head = crate::net::read_head(&mut s).await.unwrap_or_default();
+                script.seen.lock().unwrap().push(head.to_lowercase());
                 let answer = {
                     let mut a = script.answers.lock().unwrap();
                     if a.len() > 1 {

@@ -777,6 +777,15 @@ fn pinned_digests(doc: &Value, extra: &Value) -> std::collections::BTreeMap<Stri
         .collect()
 }
 
+/// The pinned view of tool `name` of a `pin: enforce` source of `doc`.
+fn pinned_view(doc: &Value, name: &str) -> crate::config::upstream::pin::Seen {
+    let mut src = source(doc);
+    src["pin"] = json!("enforce");
+    let c = compiled(src).unwrap();
+    let found = c.pinned_documents[0].tools.iter().find(|(n, _)| n == name);
+    found.unwrap().1.clone()
+}
+
 #[test]
 fn a_pinned_source_records_what_the_document_says_and_not_what_the_author_sets() {
     assert!(
@@ -785,18 +794,7 @@ fn a_pinned_source_records_what_the_document_says_and_not_what_the_author_sets()
     );
     let base = pinned_digests(&store(), &json!({}));
     assert_eq!(base.len(), 5);
-    let c = {
-        let mut src = source(&store());
-        src["pin"] = json!("enforce");
-        compiled(src).unwrap()
-    };
-    let view = &c.pinned_documents[0]
-        .tools
-        .iter()
-        .find(|(n, _)| n == "getItem")
-        .unwrap()
-        .1
-        .definition;
+    let view = &pinned_view(&store(), "getItem").definition;
     assert_eq!(view["request"]["method"], "get");
     assert_eq!(view["request"]["path"], "/items/{itemId}");
     assert_eq!(view["request"]["server"], "https://eu.store.example/v1");
@@ -892,17 +890,7 @@ fn a_pinned_view_is_bounded_and_its_digest_still_covers_all_of_it() {
         d["paths"]["/items/{itemId}"]["get"]["parameters"][0]["schema"]["enum"] = json!(values);
         d
     };
-    let c = {
-        let mut src = source(&doc("x"));
-        src["pin"] = json!("enforce");
-        compiled(src).unwrap()
-    };
-    let view = &c.pinned_documents[0]
-        .tools
-        .iter()
-        .find(|(n, _)| n == "getItem")
-        .unwrap()
-        .1;
+    let view = &pinned_view(&doc("x"), "getItem");
     assert!(
         view.definition.get("inputSchema").is_none(),
         "kept whole: {}",

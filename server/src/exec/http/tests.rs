@@ -1,7 +1,7 @@
 //! The run step against a loopback API.
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::Outbound;
 use crate::config::{CompiledHandler, ToolSet, compile};
@@ -15,15 +15,9 @@ async fn echo_api() -> u16 {
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).into_owned();
+                let Some(head) = crate::net::read_head(&mut conn).await else {
+                    return;
+                };
                 let body = if head.starts_with("POST /token") {
                     json!({"access_token": "tok-secret-1", "token_type": "Bearer", "expires_in": 60})
                 } else {
