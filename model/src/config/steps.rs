@@ -277,27 +277,7 @@ impl StepRefs<'_> {
                 );
                 continue;
             };
-            // A number as written, once: `steps.01` would name nothing at run time.
-            let index = target
-                .parse::<usize>()
-                .ok()
-                .filter(|j| j.to_string() == *target)
-                .or_else(|| self.ids.get(target).copied());
-            match index {
-                Some(j) if self.ancestors.binary_search(&j).is_ok() => {}
-                Some(j) if j >= self.this => p.push(
-                    path,
-                    format!(
-                        "`steps.{target}` refers to a step that has not run yet (this is step {}; name it in `needs`)",
-                        self.this
-                    ),
-                ),
-                Some(_) => p.push(
-                    path,
-                    format!("`steps.{target}` is not a step this one needs (directly or through others): add it to `needs`"),
-                ),
-                None => p.push(path, format!("`steps.{target}`: no such step")),
-            }
+            self.check_step(target, path, p);
             if let Some(field) = segments.get(2)
                 && !matches!(*field, "text" | "structured" | "skipped")
             {
@@ -306,6 +286,32 @@ impl StepRefs<'_> {
                     format!("`steps.{target}.{field}`: a step has `text`, `structured` and `skipped`"),
                 );
             }
+        }
+    }
+
+    /// Problems of a reference to step `target` (its number or id): it must be a step this
+    /// one needs, directly or through others.
+    fn check_step(&self, target: &str, path: &str, p: &mut Problems) {
+        // A number as written, once: `steps.01` would name nothing at run time.
+        let index = target
+            .parse::<usize>()
+            .ok()
+            .filter(|j| j.to_string() == target)
+            .or_else(|| self.ids.get(target).copied());
+        match index {
+            Some(j) if self.ancestors.binary_search(&j).is_ok() => {}
+            Some(j) if j >= self.this => p.push(
+                path,
+                format!(
+                    "`steps.{target}` refers to a step that has not run yet (this is step {}; name it in `needs`)",
+                    self.this
+                ),
+            ),
+            Some(_) => p.push(
+                path,
+                format!("`steps.{target}` is not a step this one needs (directly or through others): add it to `needs`"),
+            ),
+            None => p.push(path, format!("`steps.{target}`: no such step")),
         }
     }
 
@@ -389,9 +395,15 @@ fn compile_step(
         p.push(format!("{sp}.logLevel"), "is set but `log` is not");
     }
     let when = s.when.as_ref().and_then(|src| {
-        Condition::compile(src)
-            .map_err(|e| p.push(format!("{sp}.when"), e))
-            .ok()
+        let path = format!("{sp}.when");
+        let cond = Condition::compile(src).map_err(|e| p.push(&path, e)).ok()?;
+        // Like a template, a condition reads only the steps this one needs: what it
+        // decides never depends on which branch finished first.
+        match cond.steps_read() {
+            Ok(names) => names.iter().for_each(|n| refs.check_step(n, &path, p)),
+            Err(how) => p.push(&path, how),
+        }
+        Some(cond)
     });
     let for_each = s
         .for_each
@@ -556,6 +568,25 @@ mod tests {
         assert!(refused("[{tool: list}, {tool: one, input: {id: '{{item}}'}}]").contains("`item`"));
         assert!(
             refused("[{tool: list}, {tool: one, input: {id: '{{steps.00.text}}'}}]").contains("no such step")
+        );
+        // Conditions alike: by id, number or index, and nothing computed.
+        let e = refused(
+            "[{id: a, tool: list}, {id: b, tool: list, needs: [a]}, {id: c, tool: list, needs: [a], when: 'has(steps.b) || steps.a.skipped'}]",
+        );
+        assert!(e.contains("`steps.b` is not a step this one needs"), "{e}");
+        assert_eq!(
+            refused(
+                "[{id: a, tool: list}, {id: b, tool: list, needs: [a], when: 'steps[\"0\"].text != \"\" && !steps.a.skipped && steps[\"a\"].text != \"\"'}]"
+            ),
+            ""
+        );
+        assert!(
+            refused("[{id: a, tool: list}, {tool: list, when: 'size(steps) > 0'}]")
+                .contains("read a step as")
+        );
+        assert!(
+            refused("[{id: a, tool: list}, {tool: list, when: 'steps[args.q].skipped'}]")
+                .contains("read a step as")
         );
     }
 

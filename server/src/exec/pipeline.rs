@@ -248,25 +248,6 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
         Outcome::Failed(ToolOutput::error(format!("step {i} ({}): {why}", self.name(i))))
     }
 
-    /// What a step's condition sees of the others: in a chain every finished step (each
-    /// one it needs, through the one before); in a graph only those it needs, directly or
-    /// through others (a sibling that happened to finish first is not there).
-    fn visible(&self, i: usize, done: &Value) -> Option<Value> {
-        if self.chain {
-            return None;
-        }
-        let mut m = Map::new();
-        for &j in &*self.steps[i].ancestors {
-            if let Some(r) = done.get(j.to_string()) {
-                if let Some(id) = &self.steps[j].id {
-                    m.insert(id.to_string(), r.clone());
-                }
-                m.insert(j.to_string(), r.clone());
-            }
-        }
-        Some(Value::Object(m))
-    }
-
     /// Starts step `i`: its log, its condition and its input(s), from what is done now;
     /// the returned future owns what it needs. `Err`: it ended already.
     fn start<'s>(&'s self, i: usize, done: &Value) -> Result<BoxFuture<'s, (usize, Outcome)>, Outcome> {
@@ -277,18 +258,14 @@ impl<'a, E: RunStep + Sync> Call<'a, E> {
             each: None,
         };
         if let Some(cond) = &step.when {
-            let visible = self.visible(i, done);
+            // It reads only the steps this one needs (checked when the config loads),
+            // which are all done.
             let facts = ToolFacts {
                 name: &self.snap.tools[self.tool].def.name,
                 upstream: "",
                 annotations: &Value::Null,
             };
-            match cond.holds(
-                self.cx.caller,
-                Target::Tool(facts),
-                self.args,
-                visible.as_ref().unwrap_or(done),
-            ) {
+            match cond.holds(self.cx.caller, Target::Tool(facts), self.args, done) {
                 Ok(true) => {}
                 Ok(false) => return Err(Outcome::Skipped),
                 Err(why) => return Err(self.fail(i, format!("when: {why}"))),

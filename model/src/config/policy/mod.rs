@@ -168,6 +168,17 @@ impl Condition {
         })
     }
 
+    /// The steps it reads (`steps.ID`, `steps[N]`, `has(steps.ID)`), as written.
+    ///
+    /// # Errors
+    /// It reads `steps` some other way (`size(steps)`, `steps[i]` of a computed `i`): which
+    /// steps it reads would then be known only when it runs.
+    pub fn steps_read(&self) -> Result<Vec<String>, &'static str> {
+        let mut out = Vec::new();
+        read_steps(&self.program.root, &mut out)?;
+        Ok(out)
+    }
+
     /// Whether it holds for a call of pipeline `tool` by `caller` with `args`, once `steps`
     /// finished; `Err` says why it could not be decided (an error, or over its cost).
     ///
@@ -188,6 +199,59 @@ impl Condition {
                 Err("it could not be evaluated (a value of the wrong type, or a missing field without has())")
             }
         }
+    }
+}
+
+/// Collects the steps `n` reads into `out` (see [`Condition::steps_read`]).
+fn read_steps(n: &expr::Node, out: &mut Vec<String>) -> Result<(), &'static str> {
+    use expr::{Lit, Node, Var};
+    const HOW: &str = "read a step as `steps.ID`, `steps[N]` or `has(steps.ID)`";
+    let one = |inner: &Node| matches!(inner, Node::Var(Var::Steps));
+    match n {
+        Node::Var(Var::Steps) => return Err(HOW),
+        Node::Select(inner, field) | Node::Has(inner, field) if one(inner) => {
+            out.push(field.to_string());
+            return Ok(());
+        }
+        Node::Index(inner, key) if one(inner) => {
+            return match &**key {
+                Node::Lit(Lit::Int(i)) if *i >= 0 => {
+                    out.push(i.to_string());
+                    Ok(())
+                }
+                Node::Lit(Lit::Uint(u)) => {
+                    out.push(u.to_string());
+                    Ok(())
+                }
+                Node::Lit(Lit::Str(s)) => {
+                    out.push(s.to_string());
+                    Ok(())
+                }
+                _ => Err(HOW),
+            };
+        }
+        _ => {}
+    }
+    match n {
+        Node::Lit(_) | Node::List(_) | Node::Var(_) => Ok(()),
+        Node::Select(a, _)
+        | Node::Has(a, _)
+        | Node::Not(a)
+        | Node::Neg(a)
+        | Node::Size(a)
+        | Node::Matches(a, _) => read_steps(a, out),
+        Node::Index(a, b)
+        | Node::And(a, b)
+        | Node::Or(a, b)
+        | Node::Cmp(_, a, b)
+        | Node::Arith(_, a, b)
+        | Node::In(a, b)
+        | Node::Str(_, a, b)
+        | Node::Quant(_, a, b) => {
+            read_steps(a, out)?;
+            read_steps(b, out)
+        }
+        Node::Cond(abc) => abc.iter().try_for_each(|x| read_steps(x, out)),
     }
 }
 
