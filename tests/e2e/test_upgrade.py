@@ -83,7 +83,9 @@ def test_helm_upgrade_to_the_next_release_under_load_fails_no_request():
         ns.apply({"apiVersion": "quiver.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": "steady"},
                   "spec": {"replicas": 2, "tools": [{"name": "add", "description": "Add two numbers", "handler": {"builtin": "add"}}]}})
         eventually("2 ready pods", lambda: ready_count(ns, "steady") == 2, 300)
-        assert rolled(ns, "steady", f"{registry}/quiver-server:{old}")
+        # Ready pods come before the Deployment's status says the rollout is complete (and
+        # before a pod of an earlier ReplicaSet is gone): wait for that, do not look once.
+        eventually("the old release's server rolled out", lambda: rolled(ns, "steady", f"{registry}/quiver-server:{old}"), 120)
         mcp_uid = ns.get("qmcp", "steady")["metadata"]["uid"]
         selector = ns.get("svc", "steady")["spec"]["selector"]
         service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "steady-nodeport"},
