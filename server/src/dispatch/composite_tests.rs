@@ -9,9 +9,9 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
+use super::Server;
 use super::guard_tests::server_with;
 use super::tests::HANDSHAKE_CX as CX;
-use super::{Outcome, Server};
 
 /// What the API saw.
 #[derive(Default)]
@@ -76,16 +76,7 @@ async fn api(hold: usize, seen: Arc<Seen>) -> u16 {
 }
 
 async fn call(s: &Arc<Server>, tool: &str, args: Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": tool, "arguments": args}})
-    .to_string();
-    match s.handle(body.as_bytes(), CX, false).await {
-        Outcome::Reply(r) => {
-            let v: Value = serde_json::from_slice(&r.body).unwrap();
-            v.get("result").cloned().unwrap_or_else(|| panic!("{v}"))
-        }
-        other => panic!("{other:?}"),
-    }
+    super::guard_tests::call_with(s, tool, args, CX).await
 }
 
 fn tools(port: u16, pipelines: &str) -> String {

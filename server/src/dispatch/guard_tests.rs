@@ -76,8 +76,13 @@ async fn call(s: &Arc<Server>, tool: &str, text: &str) -> Value {
 
 /// The `result` of calling `tool` with `text` as the caller of `cx`.
 pub(super) async fn call_as(s: &Arc<Server>, tool: &str, text: &str, cx: Ctx<'_>) -> Value {
+    call_with(s, tool, json!({"text": text}), cx).await
+}
+
+/// The `result` of calling `tool` with `args` as the caller of `cx`.
+pub(super) async fn call_with(s: &Arc<Server>, tool: &str, args: Value, cx: Ctx<'_>) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": tool, "arguments": {"text": text}}})
+        "params": {"name": tool, "arguments": args}})
     .to_string();
     match s.handle(body.as_bytes(), cx, false).await {
         Outcome::Reply(r) => {
