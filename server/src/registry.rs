@@ -372,7 +372,7 @@ impl Snapshot {
         let of_kind = |templated: bool| {
             cfg.resources
                 .iter()
-                .filter(move |r| matches!(r.kind, ResourceKind::Templated { .. }) == templated)
+                .filter(move |r| r.is_template() == templated)
                 .map(|r| &r.descriptor)
         };
         let resource_pages = pages("resources", of_kind(false), page_size, tag);
@@ -389,7 +389,7 @@ impl Snapshot {
             .enumerate()
             .filter_map(|(i, r)| match &r.kind {
                 ResourceKind::Static { uri, .. } => Some((uri.as_str().into(), i)),
-                ResourceKind::Templated { .. } => None,
+                ResourceKind::Templated { .. } | ResourceKind::Upstream { .. } => None,
             })
             .collect();
         let scopes = access_scopes(&tools);

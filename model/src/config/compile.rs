@@ -129,6 +129,8 @@ fn compile_policies(
             resources: &declared,
             prompts: &names,
             openapi: !ts.openapi.is_empty(),
+            imported_resources: ts.upstreams.iter().any(|u| u.resources.is_some()),
+            imported_prompts: ts.upstreams.iter().any(|u| u.prompts.is_some()),
         },
         p,
     );
@@ -612,7 +614,7 @@ fn check_values(r: &ResourceSpec, kind: &ResourceKind, at: &str, p: &mut Problem
     for var in r.values.keys() {
         let known = match kind {
             ResourceKind::Templated { pattern, .. } => pattern.variables().any(|v| v == var),
-            ResourceKind::Static { .. } => false,
+            ResourceKind::Static { .. } | ResourceKind::Upstream { .. } => false,
         };
         if !known {
             p.push(
@@ -706,6 +708,7 @@ fn compile_prompt(pr: &PromptSpec, at: &str, p: &mut Problems) -> CompiledPrompt
             .collect(),
         ask,
         policies: None,
+        upstream: None,
     }
 }
 

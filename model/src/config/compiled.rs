@@ -142,6 +142,16 @@ impl CompiledResource {
         match &self.kind {
             ResourceKind::Static { uri, .. } => uri,
             ResourceKind::Templated { pattern, .. } => pattern.source(),
+            ResourceKind::Upstream { uri, .. } => uri,
+        }
+    }
+
+    /// Whether it is listed by `resources/templates/list` (not `resources/list`).
+    pub fn is_template(&self) -> bool {
+        match &self.kind {
+            ResourceKind::Static { .. } => false,
+            ResourceKind::Templated { .. } => true,
+            ResourceKind::Upstream { template, .. } => *template,
         }
     }
 }
@@ -166,6 +176,16 @@ pub enum ResourceKind {
         text: Template,
         /// Whether the rendered text is a base64 blob.
         blob: bool,
+    },
+    /// A resource (or resource template) an upstream lists, served under the upstream's
+    /// name, `+` and its own URI; read from the upstream.
+    Upstream {
+        /// Index of the upstream in [`CompiledToolSet::upstreams`].
+        upstream: usize,
+        /// The served URI (or URI template).
+        uri: String,
+        /// Whether it is a URI template.
+        template: bool,
     },
 }
 
@@ -263,4 +283,6 @@ pub struct CompiledPrompt {
     pub ask: Vec<Question>,
     /// The policies a `prompts/get` of it must meet (`None`: none applies).
     pub policies: Option<Box<[std::sync::Arc<super::policy::Policy>]>>,
+    /// The upstream that serves it (`None`: this ToolSet's own).
+    pub upstream: Option<super::upstream::offers::UpstreamPrompt>,
 }

@@ -10,7 +10,7 @@ use super::envelope::parse_params;
 use super::error::RpcError;
 use super::request::{Done, Request};
 use super::server::Server;
-use crate::config::{LogLevel, ResourceKind};
+use crate::config::LogLevel;
 use crate::protocol::{self, RESOURCE_NOT_FOUND};
 
 /// Most values one `completion/complete` answer lists (the protocol's limit).
@@ -61,10 +61,12 @@ pub(super) fn complete(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Resu
             snap.config.prompts[i].values.get(&*p.argument.name)
         }
         ("ref/resource", _, Some(uri)) => {
-            let Some(r) = snap.config.resources.iter().find(|r| match &r.kind {
-                ResourceKind::Templated { pattern, .. } => pattern.source() == uri.as_ref(),
-                ResourceKind::Static { uri: u, .. } => u == uri.as_ref(),
-            }) else {
+            let Some(r) = snap
+                .config
+                .resources
+                .iter()
+                .find(|r| r.declared_uri() == uri.as_ref())
+            else {
                 return Err(RpcError::new(
                     RESOURCE_NOT_FOUND,
                     format!("Resource not found: {uri}"),

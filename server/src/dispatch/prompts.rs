@@ -2,13 +2,14 @@
 //! asked as a 2026-07-28 input round).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::envelope::parse_params;
 use super::error::RpcError;
-use super::request::{Done, Request};
+use super::request::{Done, Request, Waiting};
 use super::rounds::stateless_args;
 use super::server::Server;
 use super::tools::page;
@@ -31,10 +32,80 @@ pub(super) fn list(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<D
     page(s, ListKind::Prompts, req, out)
 }
 
-/// `prompts/get`. A prompt that asks the client questions is served under 2026-07-28
-/// only: until every answer is in, the answer is an `InputRequiredResult`. Stamps its own
-/// 2026-07-28 results.
-pub(super) fn get(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
+/// `prompts/get`: a prompt of this ToolSet at once, an upstream's from its upstream. Stamps
+/// its own 2026-07-28 results.
+pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+    Box::pin(async move {
+        let p: PromptParams<'_> = parse_params(req.params)?;
+        let snap = s.registry.load_full();
+        let Some(i) = snap.prompt_index(&p.name) else {
+            return Err(RpcError::invalid_params(format!("Unknown prompt: {}", p.name)));
+        };
+        let prompt = &snap.config.prompts[i];
+        let Some(from) = &prompt.upstream else {
+            return get_local(s, req, out);
+        };
+        let stamped = stateless_args(req)?.is_some();
+        let args = Value::Object(p.arguments.unwrap_or_default());
+        super::govern::permitted(
+            s,
+            prompt.policies.as_deref(),
+            req,
+            crate::config::policy::Target::Prompt(&prompt.name),
+            &args,
+        )?;
+        check_arguments(prompt, &args)?;
+        let link = &snap.upstreams[from.upstream];
+        let result = link
+            .get_prompt(&from.remote, &args)
+            .await
+            .map_err(|e| super::resources::upstream_error(link, &e, None))?;
+        protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
+        if stamped {
+            crate::dispatch::stateless::stamp(out, &snap.result_stamp);
+        }
+        Ok(Done::Written)
+    })
+}
+
+/// The arguments of an upstream's prompt: its required ones present, each a string (what
+/// `prompts/get` sends), none it does not list.
+fn check_arguments(prompt: &crate::config::CompiledPrompt, args: &Value) -> Result<(), RpcError> {
+    let missing: Vec<&str> = prompt
+        .required
+        .iter()
+        .filter(|r| args.get(r.as_str()).is_none_or(Value::is_null))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(RpcError::invalid_params(format!(
+            "Missing required argument(s) for prompt {}: {}",
+            prompt.name,
+            missing.join(", ")
+        )));
+    }
+    for (k, v) in args.as_object().into_iter().flatten() {
+        if !prompt.arguments.contains(k) {
+            return Err(RpcError::invalid_params(format!(
+                "Prompt {} has no argument `{}`",
+                prompt.name,
+                k.chars().take(64).collect::<String>()
+            )));
+        }
+        if !v.is_string() {
+            return Err(RpcError::invalid_params(format!(
+                "Prompt {}: argument `{k}` must be a string",
+                prompt.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `prompts/get` of a prompt of this ToolSet. A prompt that asks the client questions is
+/// served under 2026-07-28 only: until every answer is in, the answer is an
+/// `InputRequiredResult`.
+fn get_local(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let stateless = stateless_args(req)?;
     let p: PromptParams<'_> = parse_params(req.params)?;
     let snap = s.registry.load();

@@ -52,6 +52,10 @@ pub(super) type Later = for<'a> fn(
     Box<dyn std::future::Future<Output = Result<Done, RpcError>> + Send + 'a>,
 >;
 
+/// The future of a [`Later`] method.
+pub(super) type Waiting<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Done, RpcError>> + Send + 'a>>;
+
 /// A `tools/call` admitted to run (`admit.rs`): the snapshot it runs against, its tool, its
 /// validated arguments and when it was admitted.
 pub(super) struct Called {

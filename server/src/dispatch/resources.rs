@@ -9,12 +9,13 @@ use serde_json::{Value, json};
 
 use super::envelope::parse_params;
 use super::error::RpcError;
-use super::request::{Done, Request};
+use super::request::{Done, Request, Waiting};
 use super::server::{Event, EventKind, Server};
 use super::tools::page;
 use crate::config::ResourceKind;
-use crate::protocol::{self, RESOURCE_NOT_FOUND};
+use crate::protocol::{self, INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND};
 use crate::registry::{ListKind, Snapshot};
+use crate::upstream::CallError;
 
 #[derive(Deserialize)]
 struct ReadParams<'a> {
@@ -38,34 +39,86 @@ pub(super) fn not_found(uri: &str) -> RpcError {
     RpcError::new(RESOURCE_NOT_FOUND, format!("Resource not found: {uri}")).with_data(json!({"uri": uri}))
 }
 
-/// `resources/read`.
-pub(super) fn read(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
-    let p: ReadParams<'_> = parse_params(req.params)?;
-    let snap = s.registry.load();
-    let Some((r, vars)) = find_resource(&snap, &p.uri) else {
-        return Err(not_found(&p.uri));
-    };
+/// `resources/read`: a resource of this ToolSet at once, an upstream's from its upstream.
+pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec<u8>) -> Waiting<'a> {
+    Box::pin(async move {
+        let p: ReadParams<'_> = parse_params(req.params)?;
+        let snap = s.registry.load_full();
+        if let Some((r, vars)) = find_resource(&snap, &p.uri) {
+            return read_local(s, req, r, vars, &p.uri, out);
+        }
+        let Some((i, remote)) = upstream_of(&snap, &p.uri) else {
+            return Err(not_found(&p.uri));
+        };
+        let u = &snap.config.upstreams[i];
+        let policies = snap.config.policies.for_upstream_resource(&u.name, &p.uri);
+        let args = Value::Object(serde_json::Map::new());
+        super::govern::permitted(
+            s,
+            policies.as_deref(),
+            req,
+            crate::config::policy::Target::Resource(&p.uri),
+            &args,
+        )?;
+        let link = &snap.upstreams[i];
+        let result = link
+            .read_resource(remote)
+            .await
+            .map_err(|e| upstream_error(link, &e, Some(&p.uri)))?;
+        protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
+        Ok(Done::Written)
+    })
+}
+
+/// The upstream that serves `uri` (its index) and the upstream's own URI.
+fn upstream_of<'u>(snap: &Snapshot, uri: &'u str) -> Option<(usize, &'u str)> {
+    let (name, _) = uri.split_once('+')?;
+    let i = snap.config.upstreams.iter().position(|u| u.name == name)?;
+    Some((i, snap.config.upstreams[i].remote_uri(uri)?))
+}
+
+/// The error a client gets for a request its upstream failed: the upstream's own "not
+/// found" as this server's (for `uri`, when a resource was read), anything else named by
+/// the upstream, Secret values redacted.
+pub(super) fn upstream_error(link: &crate::upstream::Link, e: &CallError, uri: Option<&str>) -> RpcError {
+    match (e, uri) {
+        (CallError::Rpc(c, _), Some(uri)) if *c == i64::from(RESOURCE_NOT_FOUND) => not_found(uri),
+        (CallError::Rpc(c, msg), _) if *c == i64::from(INVALID_PARAMS) => {
+            RpcError::invalid_params(link.describe(msg))
+        }
+        _ => RpcError::new(INTERNAL_ERROR, link.describe(&e.to_string())),
+    }
+}
+
+/// `resources/read` of a resource of this ToolSet (`vars`: its URI template's variables).
+fn read_local(
+    s: &Server,
+    req: &Request<'_>,
+    r: &crate::config::CompiledResource,
+    vars: Option<Value>,
+    uri: &str,
+    out: &mut Vec<u8>,
+) -> Result<Done, RpcError> {
     // Policies see the URI template's variables as `args` (none: an empty map).
     let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
     super::govern::permitted(
         s,
         r.policies.as_deref(),
         req,
-        crate::config::policy::Target::Resource(&p.uri),
+        crate::config::policy::Target::Resource(uri),
         &args,
     )?;
     let (text, blob, mime) = contents(r, Some(args));
-    let text = text.map_err(|e| RpcError::invalid_params(format!("Resource {}: {e}", p.uri)))?;
+    let text = text.map_err(|e| RpcError::invalid_params(format!("Resource {uri}: {e}")))?;
     let result = if blob {
         if !crate::config::content::is_base64(&text) {
             return Err(RpcError::invalid_params(format!(
-                "Resource {}: the blob is not valid base64",
-                p.uri
+                "Resource {uri}: the blob is not valid base64"
             )));
         }
-        json!({"contents": [{"uri": p.uri, "mimeType": mime, "blob": text}]})
+        json!({"contents": [{"uri": uri, "mimeType": mime, "blob": text}]})
     } else {
-        json!({"contents": [{"uri": p.uri, "mimeType": mime, "text": text}]})
+        json!({"contents": [{"uri": uri, "mimeType": mime, "text": text}]})
     };
     protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
     Ok(Done::Written)
@@ -75,7 +128,8 @@ pub(super) fn read(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<D
 /// the session's GET stream.
 pub(super) fn subscribe(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let p: ReadParams<'_> = parse_params(req.params)?;
-    if find_resource(&s.registry.load(), &p.uri).is_none() {
+    let snap = s.registry.load();
+    if find_resource(&snap, &p.uri).is_none() && !watch_upstream(&snap, &p.uri)? {
         return Err(RpcError::new(
             RESOURCE_NOT_FOUND,
             format!("Resource not found: {}", p.uri),
@@ -96,7 +150,52 @@ pub(super) fn unsubscribe(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> R
     Ok(Done::Written)
 }
 
+/// Subscribes to `uri` at its upstream when an upstream serves it: false when none does.
+pub(super) fn watch_upstream(snap: &Snapshot, uri: &str) -> Result<bool, RpcError> {
+    let Some((i, remote)) = upstream_of(snap, uri) else {
+        return Ok(false);
+    };
+    snap.upstreams[i]
+        .watch(remote)
+        .map_err(RpcError::invalid_params)?;
+    Ok(true)
+}
+
 impl Server {
+    /// An upstream said its resource served as `uri` was updated: tells the sessions
+    /// subscribed to it and the listens that watch it.
+    pub(super) fn upstream_resource_updated(&self, uri: &str) {
+        let uri: Box<str> = uri.into();
+        for (session, u) in self.sessions.subscriptions() {
+            if u == uri {
+                self.resource_updated(Some(session), &uri);
+            }
+        }
+        if self.watched.lock().is_ok_and(|w| w.contains_key(&uri)) {
+            self.resource_updated(None, &uri);
+        }
+    }
+
+    /// `notifications/resources/updated` of `uri` for `session`, or (`None`) for the
+    /// listens that watch it.
+    fn resource_updated(&self, session: Option<Box<str>>, uri: &Box<str>) {
+        let message = match session {
+            Some(_) => serde_json::to_string(&json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/resources/updated",
+                "params": {"uri": &**uri},
+            }))
+            .unwrap_or_default()
+            .into(),
+            None => Box::from(""),
+        };
+        let _ = self.events.send(Arc::new(Event {
+            session,
+            message,
+            kind: EventKind::ResourceUpdated(uri.clone()),
+        }));
+    }
+
     /// Tells every session subscribed to a resource whose contents differ between `old` and
     /// `new` (or that is gone) with `notifications/resources/updated`.
     pub fn resources_updated(&self, old: &Snapshot, new: &Snapshot) {
@@ -104,17 +203,7 @@ impl Server {
             let before = resource_contents(old, &uri);
             let after = resource_contents(new, &uri);
             if before != after {
-                let msg = serde_json::to_string(&json!({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/resources/updated",
-                    "params": {"uri": &*uri},
-                }))
-                .unwrap_or_default();
-                let _ = self.events.send(Arc::new(Event {
-                    session: Some(session),
-                    message: msg.into(),
-                    kind: EventKind::ResourceUpdated(uri.clone()),
-                }));
+                self.resource_updated(Some(session), &uri);
             }
         }
         let watched: Vec<Box<str>> = self
@@ -124,11 +213,7 @@ impl Server {
             .unwrap_or_default();
         for uri in watched {
             if resource_contents(old, &uri) != resource_contents(new, &uri) {
-                let _ = self.events.send(Arc::new(Event {
-                    session: None,
-                    message: Box::from(""),
-                    kind: EventKind::ResourceUpdated(uri),
-                }));
+                self.resource_updated(None, &uri);
             }
         }
     }
@@ -155,6 +240,8 @@ fn contents(
             *blob,
             mime,
         ),
+        // Read from the upstream, never from the registry (`find_resource` does not return it).
+        (ResourceKind::Upstream { .. }, _) => (Err("an upstream's resource".into()), false, mime),
     }
 }
 
@@ -170,6 +257,6 @@ fn find_resource<'s>(
     }
     resources.iter().find_map(|r| match &r.kind {
         ResourceKind::Templated { pattern, .. } => pattern.matches(uri).map(|vars| (r, Some(vars))),
-        ResourceKind::Static { .. } => None,
+        ResourceKind::Static { .. } | ResourceKind::Upstream { .. } => None,
     })
 }

@@ -200,7 +200,7 @@ impl ServerBuilder {
             None => Tasks::memory(bounds, metrics.tasks.clone()),
             Some(o) => Tasks::shared(o, bounds, metrics.tasks.clone()),
         };
-        Arc::new(Server {
+        let server = Arc::new(Server {
             registry: self.registry,
             exec: self.exec,
             events,
@@ -221,7 +221,14 @@ impl ServerBuilder {
             polls: super::tasks::polls::Polls::default(),
             by_method: metrics.methods(&super::LABELS),
             metrics,
-        })
+        });
+        let weak = Arc::downgrade(&server);
+        server.exec.upstreams.on_resource_updated(move |uri| {
+            if let Some(s) = weak.upgrade() {
+                s.upstream_resource_updated(uri);
+            }
+        });
+        server
     }
 }
 

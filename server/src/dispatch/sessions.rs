@@ -87,6 +87,10 @@ pub(super) fn listen(s: &Server, req: &Request<'_>, _: &mut Vec<u8>) -> Result<D
             u.chars().take(32).collect::<String>()
         )));
     }
+    let snap = s.registry.load();
+    for uri in &filter.resource_subscriptions {
+        super::resources::watch_upstream(&snap, uri)?;
+    }
     let registration = (!filter.resource_subscriptions.is_empty())
         .then(|| ListenRegistration::new(&s.watched, &filter.resource_subscriptions));
     let cancel = (!req.ctx.session.is_empty()).then(|| {

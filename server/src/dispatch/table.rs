@@ -140,11 +140,11 @@ table! {
     "ping"                     => Handshake, Own,    Now(sessions::ping);
     "resources/list"           => Both,      Cached, Now(resources::list);
     "resources/templates/list" => Both,      Cached, Now(resources::templates);
-    "resources/read"           => Both,      Cached, Now(resources::read);
+    "resources/read"           => Both,      Cached, Wait(resources::read);
     "resources/subscribe"      => Handshake, Own,    Now(resources::subscribe);
     "resources/unsubscribe"    => Handshake, Own,    Now(resources::unsubscribe);
     "prompts/list"             => Both,      Cached, Now(prompts::list);
-    "prompts/get"              => Both,      Own,    Now(prompts::get);
+    "prompts/get"              => Both,      Own,    Wait(prompts::get);
     "completion/complete"      => Both,      Plain,  Now(completion::complete);
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);

@@ -270,8 +270,21 @@ impl Reloader {
             self.record("unchanged", Vec::new());
             return Ok(Reloaded::Unchanged);
         }
-        let resources_changed = prev.config.spec.resources != compiled.spec.resources;
-        let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts;
+        // The ToolSet's own, or what upstreams list (their entries as served).
+        let resources_changed = prev.config.spec.resources != compiled.spec.resources
+            || !prev
+                .config
+                .resources
+                .iter()
+                .map(|r| &r.descriptor)
+                .eq(compiled.resources.iter().map(|r| &r.descriptor));
+        let prompts_changed = prev.config.spec.prompts != compiled.spec.prompts
+            || !prev
+                .config
+                .prompts
+                .iter()
+                .map(|p| &p.descriptor)
+                .eq(compiled.prompts.iter().map(|p| &p.descriptor));
         preload_encodings(&compiled);
         let next = registry.swap_linked(compiled, links, metrics);
         metrics.reload_duration.observe(start.elapsed());

@@ -340,6 +340,15 @@ impl Secrets {
         Value::Object(out)
     }
 
+    /// Replaces the values of `refs` found in any string or key of `v` with [`REDACTED`].
+    pub fn redact_json(&self, refs: &[SecretRef], v: &mut Value) {
+        let values = self.values.load();
+        let secrets = redacted_values(&values, refs);
+        if !secrets.is_empty() {
+            redact_value(v, &secrets);
+        }
+    }
+
     /// Replaces the values of `refs` found in `out` with [`REDACTED`].
     pub fn redact(&self, refs: &[SecretRef], out: &mut ToolOutput) {
         let values = self.values.load();

@@ -24,6 +24,7 @@ pub mod pins;
 
 #[cfg(feature = "kube")]
 pub use pin_store::keep_in_configmap as keep_pins_in_configmap;
+mod offers;
 mod remote;
 mod sse;
 mod stdio;
@@ -92,6 +93,8 @@ pub enum CallError {
     /// Answered `401` to a request that carried a caller's credential (`identity`): the
     /// credential was refused.
     Unauthorized,
+    /// The result guard withheld the answer (its refusal).
+    Withheld(String),
 }
 
 impl CallError {
@@ -104,6 +107,7 @@ impl CallError {
             Self::Protocol(_) => "protocol",
             Self::Busy => "busy",
             Self::Unauthorized => "unauthorized",
+            Self::Withheld(_) => "withheld",
         }
     }
 }
@@ -117,6 +121,7 @@ impl std::fmt::Display for CallError {
             Self::Protocol(why) => write!(f, "broke the protocol: {why}"),
             Self::Busy => write!(f, "{MAX_IN_FLIGHT} requests are already in flight"),
             Self::Unauthorized => write!(f, "refused the caller's credential (HTTP 401)"),
+            Self::Withheld(why) => f.write_str(why),
         }
     }
 }
@@ -257,8 +262,9 @@ fn initialize_params() -> Value {
     })
 }
 
-/// Checks an `initialize` result: its protocol version and server info.
-fn check_initialized(r: &Value) -> Result<(String, Value), CallError> {
+/// Checks an `initialize` result: its protocol version, server info, and what it offers
+/// besides tools ([`offers::offered`]).
+fn check_initialized(r: &Value) -> Result<(String, Value, u8), CallError> {
     let v = r
         .get("protocolVersion")
         .and_then(Value::as_str)
@@ -275,7 +281,7 @@ fn check_initialized(r: &Value) -> Result<(String, Value), CallError> {
     } else {
         Value::Null
     };
-    Ok((v.to_owned(), info))
+    Ok((v.to_owned(), info, offers::offered(r)))
 }
 
 /// Scrubs every string of an upstream's JSON value in place (see [`Secrets::scrub`]).
@@ -331,6 +337,12 @@ struct Shared {
     progress: Mutex<FxHashMap<u64, mpsc::Sender<Value>>>,
     /// Lines of the upstream's stderr and log notifications this server logs per second.
     log_budget: LogBudget,
+    /// What its `initialize` said it offers besides tools ([`offers::RESOURCES`], ...).
+    offered: std::sync::atomic::AtomicU8,
+    /// Counts its handshakes (a new session or process forgets subscriptions).
+    epoch: AtomicU64,
+    /// Its resource URIs clients subscribed to, and where their updates go.
+    watches: offers::Watches,
 }
 
 /// At most [`LOG_LINES_PER_SECOND`] log lines per second per upstream; the rest are
@@ -408,7 +420,14 @@ impl Shared {
     /// Reacts to an upstream notification.
     fn notified(&self, method: &str, params: &Value) {
         match method {
-            "notifications/tools/list_changed" => self.relist.notify_one(),
+            "notifications/tools/list_changed"
+            | "notifications/resources/list_changed"
+            | "notifications/prompts/list_changed" => self.relist.notify_one(),
+            "notifications/resources/updated" => {
+                if let Some(uri) = params.get("uri").and_then(Value::as_str) {
+                    self.watches.updated(&self.name, uri);
+                }
+            }
             "notifications/progress" => {
                 let token = params.get("progressToken").and_then(Value::as_u64);
                 let progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
@@ -434,11 +453,13 @@ enum Conn {
     Http(Arc<remote::Remote>),
 }
 
-/// A tool list as an upstream listed it, and its hash.
+/// A list (of tools, resources, templates or prompts) as an upstream listed it, and its
+/// hash.
 #[derive(Debug, Default)]
 struct Listed {
-    /// Whether the upstream listed its tools yet (the default is the empty list before).
+    /// Whether the upstream listed it yet (the default is the empty list before).
     read: bool,
+    /// The entries.
     tools: Vec<Value>,
     hash: u64,
     /// The list was longer than is kept (entries or bytes).
@@ -458,6 +479,11 @@ pub struct Link {
     shared: Arc<Shared>,
     conn: Conn,
     listed: ArcSwap<Listed>,
+    /// Its resources, resource templates and prompts, as it lists them (each empty unless
+    /// imported and offered).
+    offers: [ArcSwap<Listed>; 3],
+    /// What of its offers the config imports ([`offers::RESOURCES`], [`offers::PROMPTS`]).
+    wants: u8,
     report: Mutex<ImportReport>,
     /// The result guard of its tools, as the config serving now says: the log and progress
     /// notifications of a call pass through it too.
@@ -478,7 +504,7 @@ impl Link {
         http: &HttpClient,
         secrets: &Arc<Secrets>,
         metrics: &Metrics,
-        changed: &Arc<Notify>,
+        (changed, updated): (&Arc<Notify>, &offers::OnUpdate),
     ) -> Arc<Self> {
         let shared = Arc::new(Shared {
             name: u.name.clone(),
@@ -502,6 +528,9 @@ impl Link {
             next_id: AtomicU64::new(1),
             progress: Mutex::default(),
             log_budget: LogBudget::default(),
+            offered: std::sync::atomic::AtomicU8::new(0),
+            epoch: AtomicU64::new(0),
+            watches: offers::Watches::new(updated),
         });
         let conn = match &u.transport {
             Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
@@ -515,6 +544,12 @@ impl Link {
             shared,
             conn,
             listed: ArcSwap::default(),
+            offers: Default::default(),
+            wants: if u.imports_resources() {
+                offers::RESOURCES
+            } else {
+                0
+            } | if u.imports_prompts() { offers::PROMPTS } else { 0 },
             report: Mutex::default(),
             guard: arc_swap::ArcSwapOption::new(u.result_guard.clone()),
         });
@@ -531,12 +566,15 @@ impl Link {
                 }
                 drop(relist);
                 let Some(link) = weak.upgrade() else { return };
-                // The whole list within a few request timeouts, and never after the link
-                // was removed.
-                let deadline = link.shared.timeout.saturating_mul(4);
+                // The whole list within a few request timeouts (per list), and never after
+                // the link was removed.
+                let deadline = link
+                    .shared
+                    .timeout
+                    .saturating_mul(4 * (1 + link.wants.count_ones()));
                 let listed = tokio::select! {
-                    l = tokio::time::timeout(deadline, link.list_tools()) => l.unwrap_or_else(|_| {
-                        tracing::warn!(upstream = %link.name, "tools/list took over {deadline:?}; keeping the last list");
+                    l = tokio::time::timeout(deadline, link.list_all()) => l.unwrap_or_else(|_| {
+                        tracing::warn!(upstream = %link.name, "listing took over {deadline:?}; keeping the last lists");
                         false
                     }),
                     () = stop.cancelled() => return,
@@ -585,8 +623,32 @@ impl Link {
         self.identity.as_ref()
     }
 
-    /// Reads the upstream's whole tool list; true when it differs from the last one.
-    async fn list_tools(&self) -> bool {
+    /// Reads the upstream's tool list and what else of its offers is imported; true when
+    /// one of them differs from the last.
+    async fn list_all(&self) -> bool {
+        self.resubscribe().await;
+        let mut changed = self.list(&self.listed, "tools/list", "tools").await;
+        let offered = self.shared.offered.load(Ordering::Relaxed) & self.wants;
+        let lists = [
+            (offers::RESOURCES, "resources/list", "resources"),
+            (offers::RESOURCES, "resources/templates/list", "resourceTemplates"),
+            (offers::PROMPTS, "prompts/list", "prompts"),
+        ];
+        for (slot, (bit, method, field)) in self.offers.iter().zip(lists) {
+            if offered & bit != 0 {
+                changed |= self.list(slot, method, field).await;
+            } else if slot.load().read || !slot.load().tools.is_empty() {
+                // No longer offered (a restarted upstream without it): nothing is served.
+                slot.store(Arc::default());
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Reads one of the upstream's lists (`method`, whose pages hold `field`) into `slot`;
+    /// true when it differs from the last one.
+    async fn list(&self, slot: &ArcSwap<Listed>, method: &str, field: &str) -> bool {
         let mut tools = Vec::new();
         let mut bytes = 0usize;
         let mut cut = false;
@@ -596,15 +658,15 @@ impl Link {
                 Some(c) => json!({"cursor": c}),
                 None => json!({}),
             };
-            let page = match self.request("tools/list", &params, None).await {
+            let page = match self.request(method, &params, None).await {
                 Ok(p) => p,
                 Err(e) => {
                     let error = self.shared.secrets.scrub(&e.to_string(), MAX_STATUS_ERROR);
-                    tracing::warn!(upstream = %self.name, error, "tools/list failed; keeping the last list");
+                    tracing::warn!(upstream = %self.name, error, method, "listing failed; keeping the last list");
                     return false;
                 }
             };
-            match page.get("tools").and_then(Value::as_array) {
+            match page.get(field).and_then(Value::as_array) {
                 Some(t) => {
                     // Bounded in entries (invalid ones included) and in bytes, whatever the
                     // pages: beyond this the list is cut, and the import says so.
@@ -622,7 +684,7 @@ impl Link {
                     }
                 }
                 None => {
-                    tracing::warn!(upstream = %self.name, "tools/list answered without `tools`; keeping the last list");
+                    tracing::warn!(upstream = %self.name, method, "answered without `{field}`; keeping the last list");
                     return false;
                 }
             }
@@ -643,12 +705,12 @@ impl Link {
         serde_json::to_string(&tools).unwrap_or_default().hash(&mut h);
         cut.hash(&mut h);
         let hash = h.finish();
-        let last = self.listed.load();
+        let last = slot.load();
         if last.read && last.hash == hash {
             return false;
         }
-        tracing::info!(upstream = %self.name, tools = tools.len(), "upstream tools listed");
-        self.listed.store(Arc::new(Listed {
+        tracing::info!(upstream = %self.name, entries = tools.len(), method, "upstream list read");
+        slot.store(Arc::new(Listed {
             read: true,
             tools,
             hash,
@@ -820,11 +882,17 @@ impl Link {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         // The first few reasons (not a copy of them all); the count says how many there are.
-        let (imported, skipped, skipped_count, awaiting) = {
+        let (imported, skipped, skipped_count, awaiting, offered) = {
             let r = self.report.lock().unwrap_or_else(PoisonError::into_inner);
             let shown: Vec<String> = r.skipped.iter().take(MAX_SKIPPED_SHOWN).cloned().collect();
             let awaiting: Vec<String> = r.awaiting.iter().take(MAX_SKIPPED_SHOWN).cloned().collect();
-            (r.imported, shown, r.skipped.len(), awaiting)
+            (
+                r.imported,
+                shown,
+                r.skipped.len(),
+                awaiting,
+                (r.resources, r.prompts),
+            )
         };
         json!({
             "name": self.name,
@@ -840,6 +908,8 @@ impl Link {
             "serverInfo": h.server_info,
             "listed": self.listed.load().tools.len(),
             "imported": imported,
+            "resources": offered.0,
+            "prompts": offered.1,
             "skipped": skipped,
             "skippedCount": skipped_count,
             "awaitingApproval": awaiting,
@@ -896,6 +966,8 @@ pub struct Hub {
     pinned_documents: Mutex<Vec<String>>,
     secrets: Arc<Secrets>,
     http: HttpClient,
+    /// Where upstreams' `notifications/resources/updated` go.
+    updated: offers::OnUpdate,
 }
 
 impl Hub {
@@ -908,7 +980,14 @@ impl Hub {
             pinned_documents: Mutex::default(),
             secrets,
             http,
+            updated: offers::OnUpdate::default(),
         })
+    }
+
+    /// Sets what is told the served URI of an upstream resource a client subscribed to when
+    /// its upstream says it was updated.
+    pub fn on_resource_updated(&self, f: impl Fn(&str) + Send + Sync + 'static) {
+        self.updated.set(Box::new(f));
     }
 
     /// The upstreams whose users sign in themselves (`identity.mode: user`): name and
@@ -940,7 +1019,13 @@ impl Hub {
                     kept.guard.store(u.result_guard.clone());
                     kept
                 }
-                None => Link::start(u, &self.http, &self.secrets, metrics, &self.changed),
+                None => Link::start(
+                    u,
+                    &self.http,
+                    &self.secrets,
+                    metrics,
+                    (&self.changed, &self.updated),
+                ),
             })
             .collect();
         let kept: FxHashSet<&str> = next.iter().map(|l| l.name.as_str()).collect();
@@ -984,6 +1069,7 @@ impl Hub {
             .map(|t| t.name.clone())
             .chain(awaiting.keys().cloned())
             .collect();
+        let mut offered = Vec::new();
         for (i, (u, link)) in compiled.upstreams.iter().zip(links).enumerate() {
             let listed = link.listed.load();
             listed.hash.hash(&mut h);
@@ -1009,6 +1095,12 @@ impl Hub {
             }
             *link.report.lock().unwrap_or_else(PoisonError::into_inner) = report;
             compiled.tools.extend(tools);
+            if link.wants != 0 {
+                offered.push(link.offered(u, i, &mut h));
+            }
+        }
+        for (i, r) in crate::config::upstream::offers::add(compiled, offered) {
+            links[i].add_to_report(r);
         }
         self.pins.set_awaiting(awaiting);
         compiled.upstream_digest = h.finish();
@@ -1226,7 +1318,7 @@ mod tests {
         );
         assert!(check_initialized(&json!({"protocolVersion": "1999-01-01"})).is_err());
         assert!(check_initialized(&json!({})).is_err());
-        let (_, info) = check_initialized(
+        let (_, info, _) = check_initialized(
             &json!({"protocolVersion": "2025-03-26", "serverInfo": {"name": "x".repeat(10_000)}}),
         )
         .unwrap();

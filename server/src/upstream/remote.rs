@@ -396,7 +396,13 @@ impl Remote {
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
         };
-        let (version, info) = check_initialized(&r?)?;
+        let (version, info, offered) = check_initialized(&r?)?;
+        self.shared
+            .offered
+            .store(offered, std::sync::atomic::Ordering::Relaxed);
+        self.shared
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let session = Session {
             id: session_id,
             version: HeaderValue::from_str(&version)

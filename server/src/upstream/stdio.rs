@@ -405,9 +405,13 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     let reader = read_messages(shared, &proc, BufReader::new(read));
     let handshake = async {
         let r = proc.request(shared, "initialize", &initialize_params()).await;
-        let (version, info) = r
+        let (version, info, offered) = r
             .and_then(|r| check_initialized(&r))
             .map_err(|e| format!("initialize: {e}"))?;
+        shared
+            .offered
+            .store(offered, std::sync::atomic::Ordering::Relaxed);
+        shared.epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         proc.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
         shared.set_health(|h| {
             h.protocol_version = Some(version);

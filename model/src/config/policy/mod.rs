@@ -50,7 +50,8 @@ pub struct PolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 129)))]
     pub tools: Vec<String>,
-    /// Upstreams whose imported tools it applies to, by the upstream's `name`.
+    /// Upstreams whose imported tools, resources and prompts it applies to, by the
+    /// upstream's `name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
     pub upstreams: Vec<String>,
@@ -346,9 +347,11 @@ impl Selector {
     }
 
     fn picks(&self, tool: &str, upstream: &str) -> bool {
-        self.everything()
-            || self.tools.picks(tool)
-            || (!upstream.is_empty() && self.upstreams.iter().any(|u| **u == *upstream))
+        self.everything() || self.tools.picks(tool) || self.names_upstream(upstream)
+    }
+
+    fn names_upstream(&self, upstream: &str) -> bool {
+        !upstream.is_empty() && self.upstreams.iter().any(|u| **u == *upstream)
     }
 }
 
@@ -404,6 +407,18 @@ impl PolicySet {
         self.picked(|s| s.everything() || s.resources.picks(uri))
     }
 
+    /// The policies of a resource of upstream `upstream` served as `uri` (or URI template):
+    /// those naming it, and those naming its upstream.
+    pub fn for_upstream_resource(&self, upstream: &str, uri: &str) -> Option<Box<[Arc<Policy>]>> {
+        self.picked(|s| s.everything() || s.resources.picks(uri) || s.names_upstream(upstream))
+    }
+
+    /// The policies of a prompt of upstream `upstream` served as `name`: those naming it,
+    /// and those naming its upstream.
+    pub fn for_upstream_prompt(&self, upstream: &str, name: &str) -> Option<Box<[Arc<Policy>]>> {
+        self.picked(|s| s.everything() || s.prompts.picks(name) || s.names_upstream(upstream))
+    }
+
     /// The policies of the prompt `name`, `None` when none applies.
     pub fn for_prompt(&self, name: &str) -> Option<Box<[Arc<Policy>]>> {
         self.picked(|s| s.everything() || s.prompts.picks(name))
@@ -433,6 +448,10 @@ pub struct Declared<'a> {
     pub prompts: &'a [&'a str],
     /// It has OpenAPI sources, whose tools are named only once their documents are fetched.
     pub openapi: bool,
+    /// Some upstream's resources are imported (known only once it lists them).
+    pub imported_resources: bool,
+    /// Some upstream's prompts are imported (known only once it lists them).
+    pub imported_prompts: bool,
 }
 
 fn valid_policy_name(n: &str) -> bool {
@@ -498,7 +517,7 @@ fn selector(spec: &PolicySpec, at: &str, d: &Declared<'_>, p: &mut Problems) -> 
             ("resource URI", "no resource has the `uri` or `uriTemplate`"),
             text,
             d.resources,
-            false,
+            d.imported_resources,
             p,
         ),
         prompts: names(
@@ -507,7 +526,7 @@ fn selector(spec: &PolicySpec, at: &str, d: &Declared<'_>, p: &mut Problems) -> 
             ("prompt name", "no prompt is named"),
             text,
             d.prompts,
-            false,
+            d.imported_prompts,
             p,
         ),
         upstreams: Vec::new(),

@@ -23,6 +23,7 @@ use crate::spec::shared::ToolAnnotations;
 use crate::template::{Authored, Template};
 
 mod import;
+pub mod offers;
 pub mod pin;
 pub mod sign_out;
 
@@ -93,6 +94,17 @@ pub struct UpstreamSpec {
     /// reports it. Default `off`. See docs/pinning.md.
     #[serde(default, skip_serializing_if = "is_off")]
     pub pin: pin::PinMode,
+    /// Serve its resources and resource templates too (absent: none), each under the
+    /// upstream's name, `+` and its own URI (`docs+file:///guide.md`): URIs of two upstreams
+    /// never meet, and a read goes to the upstream that owns the URI. Read with the server's
+    /// own credential (not with `identity`). See docs/upstreams.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<offers::ResourceImportSpec>,
+    /// Serve its prompts too (absent: none), under their names or `prefix`/`rename`d ones.
+    /// A name two upstreams list is served by neither; a prompt of the ToolSet keeps its
+    /// name. Fetched with the server's own credential (not with `identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<offers::PromptImportSpec>,
 }
 
 pub(crate) fn is_off(m: &pin::PinMode) -> bool {
@@ -293,6 +305,10 @@ pub struct CompiledUpstream {
     pub limits: Arc<[Arc<super::governance::Limit>]>,
     /// The result guard of its tools (its own, else the ToolSet's).
     pub result_guard: Option<Arc<super::guards::ResultGuard>>,
+    /// Which of its resources are served (`None`: none).
+    resources: Option<offers::UriFilter>,
+    /// Which of its prompts are served, and their names (`None`: none).
+    prompts: Option<Namespace>,
 }
 
 /// The compiled handler of an imported tool.
@@ -317,6 +333,16 @@ pub struct ImportReport {
     /// (`enforce`) or served (`warn`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub awaiting: Vec<String>,
+    /// Resources and resource templates served.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub resources: usize,
+    /// Prompts served.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub prompts: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 pub(crate) fn valid_upstream_name(n: &str) -> bool {
@@ -412,6 +438,12 @@ fn compile_upstream(
         let target = u.http.as_ref().map_or("", |h| h.url.as_str());
         crate::spec::identity::compile_upstream(i, &format!("{at}.identity"), target, p, &mut secrets)
     });
+    if identity.is_some() && (u.resources.is_some() || u.prompts.is_some()) {
+        p.push(
+            format!("{at}.identity"),
+            "resources and prompts are read with the server's own credential, which would show every caller what one identity may see; import them from an upstream without `identity`",
+        );
+    }
     if identity.is_some() && u.stdio.is_some() {
         p.push(
             format!("{at}.identity"),
@@ -447,15 +479,29 @@ fn compile_upstream(
         )
         .into(),
         result_guard: t.result_guards.as_ref().map(super::guards::ResultGuard::compile),
+        resources: u
+            .resources
+            .as_ref()
+            .map(|r| offers::compile_resources(r, &format!("{at}.resources"), p)),
+        prompts: u
+            .prompts
+            .as_ref()
+            .map(|pr| offers::compile_prompts(pr, &u.name, &format!("{at}.prompts"), p)),
     }
 }
 
-/// The identity of an upstream's connection: its spec without `tools` and `pin`.
+/// The identity of an upstream's connection: its spec without `tools` and `pin`, and only
+/// whether its resources and prompts are listed (not which are served).
 fn connection_key(u: &UpstreamSpec) -> u64 {
     let mut h = FxHasher::default();
     let connection = UpstreamSpec {
         tools: ImportSpec::default(),
         pin: pin::PinMode::Off,
+        resources: u
+            .resources
+            .as_ref()
+            .map(|_| offers::ResourceImportSpec::default()),
+        prompts: u.prompts.as_ref().map(|_| offers::PromptImportSpec::default()),
         ..u.clone()
     };
     serde_json::to_string(&connection)

@@ -13,14 +13,12 @@
 //! [`get`], [`cancel`], [`update`], [`result`], [`list`].
 
 use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
 
 use serde::Deserialize;
 
 use self::task::Quota;
 use super::error::RpcError;
-use super::request::{Done, Request};
+use super::request::Request;
 use super::server::Server;
 
 pub(super) mod core_wire;
@@ -40,7 +38,7 @@ pub use self::task::TaskBounds;
 pub(super) use self::wire::{cancel, get};
 
 /// The future of a `tasks/*` method: it may wait (for a task's end, for a shared store).
-type Waiting<'a> = Pin<Box<dyn Future<Output = Result<Done, RpcError>> + Send + 'a>>;
+use super::request::Waiting;
 
 /// The params of a request about one task.
 #[derive(Deserialize)]

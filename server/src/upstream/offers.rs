@@ -1,0 +1,385 @@
+//! An upstream's resources and prompts: `resources/read` and `prompts/get` forwarded, their
+//! answers checked (shape, URIs, Secret values, the result guard) before a client sees them.
+
+use std::time::Instant;
+
+use serde_json::{Map, Value, json};
+
+use std::hash::Hash;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwapOption;
+use rustc_hash::FxHashSet;
+
+use rustc_hash::FxHasher;
+
+use super::{CallError, Link, MAX_STATUS_REASON};
+use crate::config::guards::{GuardAction, Verdict};
+use crate::config::upstream::offers::Offered;
+use crate::config::upstream::{CompiledUpstream, ImportReport};
+use crate::guard::Scan;
+
+/// What the upstream offers, as its `initialize` result says (bits of [`Shared::offered`](super::Shared)).
+pub(super) const RESOURCES: u8 = 1;
+pub(super) const PROMPTS: u8 = 2;
+pub(super) const SUBSCRIBE: u8 = 4;
+
+/// The capabilities of an `initialize` result that this server imports from.
+pub(super) fn offered(initialized: &Value) -> u8 {
+    let caps = initialized.get("capabilities");
+    let has = |k: &str| caps.and_then(|c| c.get(k)).is_some_and(Value::is_object);
+    let mut bits = 0;
+    if has("resources") {
+        bits |= RESOURCES;
+    }
+    if has("prompts") {
+        bits |= PROMPTS;
+    }
+    let subscribe = caps
+        .and_then(|c| c.get("resources"))
+        .and_then(|r| r.get("subscribe"))
+        .and_then(Value::as_bool);
+    if subscribe == Some(true) {
+        bits |= SUBSCRIBE;
+    }
+    bits
+}
+
+/// Subscribed URIs of one upstream kept (more are refused).
+const MAX_WATCHED: usize = 1024;
+
+/// A callback of the served URI of an updated resource.
+type Tell = Box<dyn Fn(&str) + Send + Sync>;
+
+/// What is told the served URI of an updated resource (set by the server), shared by the
+/// hub and its links.
+#[derive(Clone, Default)]
+pub(super) struct OnUpdate(Arc<ArcSwapOption<Tell>>);
+
+impl std::fmt::Debug for OnUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnUpdate").finish_non_exhaustive()
+    }
+}
+
+impl OnUpdate {
+    pub(super) fn set(&self, f: Tell) {
+        self.0.store(Some(Arc::new(f)));
+    }
+}
+
+/// An upstream's resource URIs that clients subscribed to (its own URIs), kept as long as
+/// the link: the upstream is subscribed once per URI, again after each new handshake.
+pub(super) struct Watches {
+    uris: Mutex<(FxHashSet<String>, u64)>,
+    tell: OnUpdate,
+}
+
+impl std::fmt::Debug for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watches").finish_non_exhaustive()
+    }
+}
+
+impl Watches {
+    pub(super) fn new(tell: &OnUpdate) -> Self {
+        Self {
+            uris: Mutex::default(),
+            tell: tell.clone(),
+        }
+    }
+
+    /// An upstream's `notifications/resources/updated` for `uri`: passed on (as served by
+    /// upstream `name`) when a client subscribed to it, else dropped.
+    pub(super) fn updated(&self, name: &str, uri: &str) {
+        let known = self
+            .uris
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .contains(uri);
+        if known && let Some(tell) = &*self.tell.0.load() {
+            tell(&format!("{name}+{uri}"));
+        }
+    }
+}
+
+impl Link {
+    /// Subscribes to the upstream's resource `remote` (unless already subscribed): its
+    /// updates reach the server's subscribers from now on. The request goes out in the
+    /// background; a failure is logged.
+    ///
+    /// # Errors
+    /// The upstream does not offer subscriptions, or already has [`MAX_WATCHED`] of them.
+    pub fn watch(self: &Arc<Self>, remote: &str) -> Result<(), String> {
+        if self.shared.offered.load(Ordering::Relaxed) & SUBSCRIBE == 0 {
+            return Err(format!(
+                "upstream `{}` does not offer resource subscriptions",
+                self.name
+            ));
+        }
+        {
+            let mut w = self
+                .shared
+                .watches
+                .uris
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if w.0.contains(remote) {
+                return Ok(());
+            }
+            if w.0.len() >= MAX_WATCHED {
+                return Err(format!(
+                    "upstream `{}` already has {MAX_WATCHED} subscribed resources",
+                    self.name
+                ));
+            }
+            w.0.insert(remote.to_owned());
+        }
+        let (link, uri) = (Arc::clone(self), remote.to_owned());
+        tokio::spawn(async move { link.subscribe(&uri).await });
+        Ok(())
+    }
+
+    async fn subscribe(&self, uri: &str) {
+        if let Err(e) = self
+            .request("resources/subscribe", &json!({"uri": uri}), None)
+            .await
+        {
+            let error = self.describe(&e.to_string());
+            tracing::warn!(upstream = %self.name, error, "resources/subscribe failed");
+        }
+    }
+
+    /// Subscribes again to every watched URI after a new handshake (a new session or
+    /// process knows none of them).
+    pub(super) async fn resubscribe(&self) {
+        let epoch = self.shared.epoch.load(Ordering::Relaxed);
+        let uris: Vec<String> = {
+            let mut w = self
+                .shared
+                .watches
+                .uris
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if w.1 == epoch {
+                return;
+            }
+            w.1 = epoch;
+            w.0.iter().cloned().collect()
+        };
+        for uri in uris {
+            self.subscribe(&uri).await;
+        }
+    }
+
+    /// `text` of the upstream's (an error message) as a client may see it: naming the
+    /// upstream, bounded, its Secret values redacted.
+    pub fn describe(&self, text: &str) -> String {
+        self.shared.secrets.scrub(
+            &format!("upstream `{}`: {text}", self.name),
+            super::MAX_STATUS_ERROR,
+        )
+    }
+
+    /// What the upstream (`u`, at `index`) lists of its resources, templates and prompts,
+    /// compiled (its lists folded into `h`).
+    pub(super) fn offered(&self, u: &CompiledUpstream, index: usize, h: &mut FxHasher) -> Offered {
+        let mut out = Offered {
+            upstream: index,
+            ..Offered::default()
+        };
+        let [resources, templates, prompts] = &self.offers;
+        for (slot, templated) in [(resources, false), (templates, true)] {
+            let listed = slot.load();
+            listed.hash.hash(h);
+            u.import_resources(index, &listed.tools, templated, &mut out);
+            if listed.cut {
+                out.skipped.push(format!(
+                    "its {} list was cut after {} entries",
+                    if templated {
+                        "resource template"
+                    } else {
+                        "resource"
+                    },
+                    listed.tools.len()
+                ));
+            }
+        }
+        let listed = prompts.load();
+        listed.hash.hash(h);
+        u.import_prompts(index, &listed.tools, &mut out);
+        if listed.cut {
+            out.skipped.push(format!(
+                "its prompt list was cut after {} entries",
+                listed.tools.len()
+            ));
+        }
+        out
+    }
+
+    /// Adds what importing its resources and prompts did to its `/status` report.
+    pub(super) fn add_to_report(&self, mut r: ImportReport) {
+        for why in &mut r.skipped {
+            *why = self.shared.secrets.scrub(why, MAX_STATUS_REASON);
+        }
+        if !r.skipped.is_empty() {
+            let first: Vec<&String> = r.skipped.iter().take(3).collect();
+            tracing::warn!(upstream = %self.name, count = r.skipped.len(), first = ?first, "upstream resources or prompts not served (all on /status)");
+        }
+        let mut report = self
+            .report
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        report.resources = r.resources;
+        report.prompts = r.prompts;
+        report.skipped.extend(r.skipped);
+    }
+
+    /// Reads the upstream's resource `remote` (served as `served`): its contents, each
+    /// named by its served URI, Secret values redacted, through the result guard.
+    ///
+    /// # Errors
+    /// The upstream failed, answered something that is not a `ReadResourceResult`, or the
+    /// result guard withheld the contents.
+    pub async fn read_resource(&self, remote: &str) -> Result<Value, CallError> {
+        let r = self.forwarded("resources/read", &json!({"uri": remote})).await?;
+        let Some(Value::Array(contents)) = r.get("contents") else {
+            return Err(CallError::Protocol(
+                "a resources/read result without a contents array".into(),
+            ));
+        };
+        let mut out = Vec::with_capacity(contents.len());
+        for c in contents {
+            let Some(c) = c.as_object() else {
+                return Err(CallError::Protocol(
+                    "a resource's contents that are not an object".into(),
+                ));
+            };
+            let mut kept = Map::new();
+            let uri = c.get("uri").and_then(Value::as_str).unwrap_or(remote);
+            kept.insert("uri".into(), Value::String(format!("{}+{uri}", self.name)));
+            for f in ["mimeType", "text", "blob"] {
+                if let Some(v @ Value::String(_)) = c.get(f) {
+                    kept.insert(f.into(), v.clone());
+                }
+            }
+            if kept.contains_key("text") == kept.contains_key("blob") {
+                return Err(CallError::Protocol(
+                    "a resource's contents need exactly one of text and blob".into(),
+                ));
+            }
+            out.push(Value::Object(kept));
+        }
+        let mut result = json!({"contents": out});
+        self.checked(&mut result)?;
+        Ok(result)
+    }
+
+    /// Gets the upstream's prompt `remote` with `arguments`: its description and messages,
+    /// URIs of embedded resources as served, Secret values redacted, through the result
+    /// guard.
+    ///
+    /// # Errors
+    /// The upstream failed, answered something that is not a `GetPromptResult`, or the
+    /// result guard withheld it.
+    pub async fn get_prompt(&self, remote: &str, arguments: &Value) -> Result<Value, CallError> {
+        let r = self
+            .forwarded("prompts/get", &json!({"name": remote, "arguments": arguments}))
+            .await?;
+        let Some(Value::Array(messages)) = r.get("messages") else {
+            return Err(CallError::Protocol(
+                "a prompts/get result without a messages array".into(),
+            ));
+        };
+        let mut out = Vec::with_capacity(messages.len());
+        for m in messages {
+            let role = m.get("role").and_then(Value::as_str);
+            let Some(role @ ("user" | "assistant")) = role else {
+                return Err(CallError::Protocol(
+                    "a prompt message whose role is not user or assistant".into(),
+                ));
+            };
+            let Some(mut content) = m
+                .get("content")
+                .filter(|c| c.get("type").is_some_and(Value::is_string))
+                .cloned()
+            else {
+                return Err(CallError::Protocol(
+                    "a prompt message without a typed content block".into(),
+                ));
+            };
+            self.serve_uris(&mut content);
+            out.push(json!({"role": role, "content": content}));
+        }
+        let mut result = json!({"messages": out});
+        if let Some(d) = r.get("description").filter(|d| d.is_string()) {
+            result["description"] = d.clone();
+        }
+        self.checked(&mut result)?;
+        Ok(result)
+    }
+
+    /// The URI of a resource a content block embeds or links, as this server serves it.
+    fn serve_uris(&self, block: &mut Value) {
+        let uri = match block.get("type").and_then(Value::as_str) {
+            Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
+            Some("resource_link") => block.get_mut("uri"),
+            _ => None,
+        };
+        if let Some(Value::String(u)) = uri {
+            *u = format!("{}+{u}", self.name);
+        }
+    }
+
+    /// A request of the upstream's own session, timed and its failures counted as its
+    /// calls are.
+    async fn forwarded(&self, method: &str, params: &Value) -> Result<Value, CallError> {
+        let start = Instant::now();
+        let r = self.request(method, params, None).await;
+        self.shared.metrics.requests.observe(start.elapsed());
+        if let Err(e) = &r {
+            self.shared.metrics.error(e.kind());
+        }
+        r
+    }
+
+    /// Redacts the upstream's Secret values from `v` and passes it through its result
+    /// guard.
+    fn checked(&self, v: &mut Value) -> Result<(), CallError> {
+        self.shared.secrets.redact_json(&self.secrets, v);
+        if let Some(g) = &*self.guard.load() {
+            let (mut scan, mut verdict) = (Scan::default(), Verdict::default());
+            g.check_value(v, &mut scan, &mut verdict);
+            if verdict.action == GuardAction::Refuse {
+                return Err(CallError::Withheld(verdict.refusal()));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_say_what_is_imported() {
+        assert_eq!(offered(&json!({})), 0);
+        assert_eq!(offered(&json!({"capabilities": {"tools": {}}})), 0);
+        assert_eq!(
+            offered(&json!({"capabilities": {"resources": {}, "prompts": {}}})),
+            RESOURCES | PROMPTS
+        );
+        assert_eq!(
+            offered(&json!({"capabilities": {"resources": {"subscribe": true}}})),
+            RESOURCES | SUBSCRIBE
+        );
+        // Not an object: not declared.
+        assert_eq!(
+            offered(&json!({"capabilities": {"resources": true, "prompts": "yes"}})),
+            0
+        );
+    }
+}

@@ -1,0 +1,82 @@
+"""An MCP server written with the official Python SDK that offers resources (fixed and
+templated), prompts and resource subscriptions besides tools, for quiver-server to front:
+`library_upstream.py NAME stdio` or `library_upstream.py NAME http PORT`.
+
+Two of them (different NAMEs) list the same URIs and prompt names, so a test sees that the
+gateway keeps them apart. The environment's LIBRARY_TOKEN is a secret the server leaks in a
+resource and a prompt, which the gateway must redact."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import mcp_types as types
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.prompts.base import AssistantMessage, UserMessage
+
+NAME = sys.argv[1]
+server = MCPServer(f"library-{NAME}", version="1.0.0", log_level="WARNING")
+EDITION = {"n": 1}
+
+
+@server.resource("file:///guide.md", name="guide", mime_type="text/markdown", description="The guide.")
+def guide() -> str:
+    return f"# {NAME} guide, edition {EDITION['n']}"
+
+
+@server.resource("book://{title}/chapter/{n}", name="chapter", mime_type="text/plain")
+def chapter(title: str, n: str) -> str:
+    return f"{NAME}: {title}, chapter {n}"
+
+
+@server.resource("file:///leak.txt", name="leak", mime_type="text/plain")
+def leak() -> str:
+    return f"token={os.environ.get('LIBRARY_TOKEN', '')}"
+
+
+@server.prompt(name="summarize", description="Summarize a text.")
+def summarize(text: str, style: str = "short") -> list:
+    return [
+        UserMessage(f"[{NAME}] Summarize ({style}): {text}"),
+        AssistantMessage(f"token={os.environ.get('LIBRARY_TOKEN', '')}"),
+    ]
+
+
+@server.tool()
+async def new_edition(ctx: Context) -> str:
+    """Publishes the next edition of the guide and tells subscribers."""
+    EDITION["n"] += 1
+    await ctx.session.send_resource_updated("file:///guide.md")
+    return f"edition {EDITION['n']}"
+
+
+@server.tool()
+async def add_appendix(ctx: Context) -> str:
+    """Adds a resource and a prompt, and says the lists changed."""
+
+    @server.resource("file:///appendix.md", name="appendix", mime_type="text/markdown")
+    def appendix() -> str:
+        return "appendix"
+
+    @server.prompt(name="translate")
+    def translate(text: str) -> str:
+        return f"Translate: {text}"
+
+    await ctx.session.send_resource_list_changed()
+    await ctx.session.send_prompt_list_changed()
+    return "added"
+
+
+async def on_subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
+    return types.EmptyResult()
+
+
+server._lowlevel_server.add_request_handler("resources/subscribe", types.SubscribeRequestParams, on_subscribe)
+server._lowlevel_server.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, on_subscribe)
+
+if __name__ == "__main__":
+    if sys.argv[2] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[3]))
