@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::model::ToolSet;
 use super::steps::Step;
-use super::upstream::{CompiledUpstream, UpstreamCall};
+use super::upstream::{CompiledUpstream, UpstreamCall, UpstreamPrompt};
 use crate::handlers::ask::{ElicitCall, Question, SampleCall};
 use crate::handlers::builtin::Builtin;
 use crate::handlers::content::Content;
@@ -284,5 +284,5 @@ pub struct CompiledPrompt {
     /// The policies a `prompts/get` of it must meet (`None`: none applies).
     pub policies: Option<Box<[std::sync::Arc<super::policy::Policy>]>>,
     /// The upstream that serves it (`None`: this ToolSet's own).
-    pub upstream: Option<super::upstream::offers::UpstreamPrompt>,
+    pub upstream: Option<UpstreamPrompt>,
 }

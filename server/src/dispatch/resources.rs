@@ -178,12 +178,12 @@ impl Server {
 
     /// `notifications/resources/updated` of `uri` for `session`, or (`None`) for the
     /// listens that watch it.
-    fn resource_updated(&self, session: Option<Box<str>>, uri: &Box<str>) {
+    fn resource_updated(&self, session: Option<Box<str>>, uri: &str) {
         let message = match session {
             Some(_) => serde_json::to_string(&json!({
                 "jsonrpc": "2.0",
                 "method": "notifications/resources/updated",
-                "params": {"uri": &**uri},
+                "params": {"uri": uri},
             }))
             .unwrap_or_default()
             .into(),
@@ -192,7 +192,7 @@ impl Server {
         let _ = self.events.send(Arc::new(Event {
             session,
             message,
-            kind: EventKind::ResourceUpdated(uri.clone()),
+            kind: EventKind::ResourceUpdated(uri.into()),
         }));
     }
 

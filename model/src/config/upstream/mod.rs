@@ -320,6 +320,15 @@ pub struct UpstreamCall {
     pub remote: String,
 }
 
+/// The compiled handler of an imported prompt.
+#[derive(Debug, Clone)]
+pub struct UpstreamPrompt {
+    /// Index of the upstream in [`super::CompiledToolSet::upstreams`].
+    pub upstream: usize,
+    /// The prompt's name at the upstream.
+    pub remote: String,
+}
+
 /// What importing an upstream's tool list did: for `/status` and the logs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -438,7 +447,7 @@ fn compile_upstream(
         let target = u.http.as_ref().map_or("", |h| h.url.as_str());
         crate::spec::identity::compile_upstream(i, &format!("{at}.identity"), target, p, &mut secrets)
     });
-    if identity.is_some() && (u.resources.is_some() || u.prompts.is_some()) {
+    if u.identity.is_some() && (u.resources.is_some() || u.prompts.is_some()) {
         p.push(
             format!("{at}.identity"),
             "resources and prompts are read with the server's own credential, which would show every caller what one identity may see; import them from an upstream without `identity`",

@@ -14,7 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{CompiledUpstream, Glob, ImportReport, MAX_DESCRIPTOR_BYTES, MAX_UPSTREAM_TOOLS, Namespace};
+use super::{
+    CompiledUpstream, Glob, ImportReport, MAX_DESCRIPTOR_BYTES, MAX_UPSTREAM_TOOLS, Namespace, UpstreamPrompt,
+};
 use crate::config::compiled::{CompiledPrompt, CompiledResource, CompiledToolSet, ResourceKind};
 use crate::spec::checks::shallow;
 use crate::spec::context::Problems;
@@ -74,15 +76,6 @@ impl UriFilter {
         (self.include.is_empty() || self.include.iter().any(|g| g.matches(uri)))
             && !self.exclude.iter().any(|g| g.matches(uri))
     }
-}
-
-/// The compiled handler of an imported prompt.
-#[derive(Debug, Clone)]
-pub struct UpstreamPrompt {
-    /// Index of the upstream in [`CompiledToolSet::upstreams`].
-    pub upstream: usize,
-    /// The prompt's name at the upstream.
-    pub remote: String,
 }
 
 /// Free text of a URI, a name or a pattern: 1..=`max` bytes without control characters.
@@ -469,4 +462,184 @@ pub fn add(compiled: &mut CompiledToolSet, offered: Vec<Offered>) -> Vec<(usize,
         reports.push((o.upstream, report));
     }
     reports
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::{compile, parse};
+
+    const TWO: &str = r#"
+resources: [{uri: "file:///local.md", name: local, text: x}]
+prompts: [{name: mine, messages: [{role: user, text: x}]}]
+upstreams:
+  - {name: a, stdio: {command: [a]}, tools: {prefix: a_}, resources: {exclude: ["file:///secret*"]}, prompts: {}}
+  - {name: b, stdio: {command: [b]}, tools: {prefix: b_}, resources: {}, prompts: {rename: {other: b-other}}}
+"#;
+
+    fn offered(
+        c: &CompiledToolSet,
+        i: usize,
+        resources: &[Value],
+        templates: &[Value],
+        prompts: &[Value],
+    ) -> Offered {
+        let mut out = Offered {
+            upstream: i,
+            ..Offered::default()
+        };
+        c.upstreams[i].import_resources(i, resources, false, &mut out);
+        c.upstreams[i].import_resources(i, templates, true, &mut out);
+        c.upstreams[i].import_prompts(i, prompts, &mut out);
+        out
+    }
+
+    #[test]
+    fn two_upstreams_listing_the_same_uris_and_names_are_kept_apart() {
+        let mut c = compile(&parse("t", TWO).unwrap()).unwrap();
+        let same = [
+            json!({"uri": "file:///guide.md", "name": "guide"}),
+            json!({"uri": "file:///secret.txt", "name": "secret"}),
+        ];
+        let templates = [json!({"uriTemplate": "book://{t}", "name": "book"})];
+        let prompts = [
+            json!({"name": "summarize", "arguments": [{"name": "text", "required": true}, {"name": "style"}]}),
+            json!({"name": "mine"}),
+            json!({"name": "other"}),
+        ];
+        let a = offered(&c, 0, &same, &templates, &prompts);
+        let b = offered(&c, 1, &same, &templates, &prompts[..1]);
+        let reports = add(&mut c, vec![a, b]);
+        let uris: Vec<&str> = c.resources.iter().map(CompiledResource::declared_uri).collect();
+        assert_eq!(
+            uris,
+            [
+                "file:///local.md",
+                "a+file:///guide.md",
+                "a+book://{t}",
+                "b+file:///guide.md",
+                "b+file:///secret.txt",
+                "b+book://{t}"
+            ]
+        );
+        assert!(c.resources[2].is_template() && !c.resources[1].is_template());
+        // `summarize` of both: served by neither; `mine` is the ToolSet's own; a's `other`
+        // keeps its name, b would have renamed it.
+        let names: Vec<&str> = c.prompts.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["mine", "other"]);
+        let (_, ra) = &reports[0];
+        assert_eq!((ra.resources, ra.prompts), (2, 1));
+        assert!(
+            ra.skipped
+                .iter()
+                .any(|s| s.contains("`summarize`") && s.contains("served by neither")),
+            "{ra:?}"
+        );
+        assert!(
+            ra.skipped
+                .iter()
+                .any(|s| s.contains("`mine`: a prompt of this ToolSet")),
+            "{ra:?}"
+        );
+        let other = c.prompts[1].upstream.as_ref().unwrap();
+        assert_eq!((other.upstream, other.remote.as_str()), (0, "other"));
+        // Reads are routed by the URI, the filter checked again.
+        assert_eq!(
+            c.upstreams[0].remote_uri("a+file:///guide.md"),
+            Some("file:///guide.md")
+        );
+        assert_eq!(
+            c.upstreams[0].remote_uri("a+file:///unlisted"),
+            Some("file:///unlisted")
+        );
+        for no in [
+            "a+file:///secret.txt",
+            "b+file:///guide.md",
+            "a+",
+            "a+no scheme",
+            "afile:///x",
+            "a+1x:y",
+        ] {
+            assert_eq!(c.upstreams[0].remote_uri(no), None, "{no}");
+        }
+    }
+
+    #[test]
+    fn hostile_entries_are_skipped_with_reasons_never_served() {
+        let c = compile(&parse("t", TWO).unwrap()).unwrap();
+        let long = "x".repeat(MAX_URI);
+        let resources = [
+            json!({"name": "no uri"}),
+            json!({"uri": 7}),
+            json!({"uri": "no-scheme"}),
+            json!({"uri": "file:///a\nb"}),
+            json!({"uri": format!("file:///{long}")}),
+            json!({"uri": "file:///big", "description": "d".repeat(MAX_DESCRIPTOR_BYTES)}),
+            json!({"uri": "file:///ok"}),
+            json!({"uri": "file:///ok", "name": "twice"}),
+        ];
+        let prompts = [
+            json!({"title": "no name"}),
+            json!({"name": "bad\u{0}name"}),
+            json!({"name": "args", "arguments": "x"}),
+            json!({"name": "args2", "arguments": [{"description": "no name"}]}),
+            json!({"name": "many", "arguments": (0..100).map(|i| json!({"name": format!("a{i}")})).collect::<Vec<_>>()}),
+            json!({"name": "fine"}),
+        ];
+        let o = offered(&c, 1, &resources, &[], &prompts);
+        assert_eq!(o.resources.len(), 1, "{:?}", o.skipped);
+        // A listing without a name gets the upstream's URI as its name.
+        assert_eq!(
+            o.resources[0].descriptor,
+            json!({"uri": "b+file:///ok", "name": "file:///ok"})
+        );
+        assert_eq!(
+            o.prompts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["fine"]
+        );
+        assert_eq!(o.skipped.len(), 6 + 5, "{:?}", o.skipped);
+        assert!(
+            o.skipped.iter().all(|s| !s.contains('\n') && !s.contains('\0')),
+            "{:?}",
+            o.skipped
+        );
+    }
+
+    #[test]
+    fn specs_are_checked_and_identity_refused() {
+        let problems = |yaml: &str| -> Vec<String> {
+            compile(&parse("t", yaml).unwrap())
+                .err()
+                .map(|e| e.problems.iter().map(ToString::to_string).collect())
+                .unwrap_or_default()
+        };
+        let p = problems(
+            "upstreams: [{name: a, stdio: {command: [a]}, resources: {include: [\"\"]}, prompts: {prefix: \"bad prefix\", rename: {x: y, z: y}}}]",
+        );
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("upstreams[0].resources.include[0]")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|x| x.starts_with("upstreams[0].prompts.prefix")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|x| x.contains("renamed to `y` too")), "{p:?}");
+        let p = problems(
+            "upstreams: [{name: a, http: {url: \"https://a.example/mcp\"}, identity: {mode: forward, audience: \"https://a.example/mcp\"}, prompts: {}}]",
+        );
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("upstreams[0].identity") && x.contains("server's own credential")),
+            "{p:?}"
+        );
+        // A policy may name an upstream's resources and prompts before they are listed.
+        let p = problems(
+            "upstreams: [{name: a, stdio: {command: [a]}, resources: {}, prompts: {}}]\npolicies: [{name: p, expression: \"true\", resources: [\"a+file:///x\"], prompts: [later]}]",
+        );
+        assert!(p.is_empty(), "{p:?}");
+    }
 }
