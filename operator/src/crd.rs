@@ -933,6 +933,21 @@ pub struct McpServerStatus {
     /// changes).
     #[serde(default)]
     pub unwatched_config_maps: Vec<String>,
+    /// The protocol revision each connected upstream is spoken to in, as the pods report it
+    /// (with `upstreams`).
+    #[serde(default)]
+    pub upstream_revisions: Vec<UpstreamRevision>,
+}
+
+/// The protocol revision one upstream is spoken to in.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamRevision {
+    /// The upstream's `name`.
+    pub name: String,
+    /// Its revision, e.g. `2025-06-18` or `2026-07-28` (two, comma-separated, while the pods
+    /// differ).
+    pub protocol_version: String,
 }
 
 /// The Redis holding the budgets of `shared: true` limits.

@@ -26,6 +26,14 @@ struct PodStatus {
     hash: Option<String>,
     /// Upstreams that are not connected: name and why.
     down: Vec<(String, String)>,
+    /// The protocol revision each connected upstream is spoken to in: name and version.
+    revisions: Vec<(String, String)>,
+}
+
+/// Whether `v` looks like a protocol revision (`2025-11-25`): what a pod says is copied
+/// into the status only then.
+fn revision(v: &str) -> bool {
+    v.len() == 10 && v.bytes().all(|b| b.is_ascii_digit() || b == b'-')
 }
 
 fn parse_status(v: &serde_json::Value) -> PodStatus {
@@ -47,9 +55,20 @@ fn parse_status(v: &serde_json::Value) -> PodStatus {
             Some((name, why))
         })
         .collect();
+    let revisions = v["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|u| {
+            let version = u["protocolVersion"].as_str().filter(|v| revision(v))?;
+            let name = untrusted(u["name"].as_str()?, &[], MAX_NAME_CHARS);
+            Some((name, version.to_owned()))
+        })
+        .collect();
     PodStatus {
         hash: v["configHash"].as_str().map(str::to_owned),
         down,
+        revisions,
     }
 }
 
@@ -86,15 +105,23 @@ pub struct PodsReport {
     pub answered: i32,
     /// Each upstream some pod reports down: its name, on how many pods, and one reason.
     pub upstreams_down: Vec<(String, i32, String)>,
+    /// Each connected upstream's protocol revision: its name, and the revisions the pods
+    /// report (two during a change), joined by `, `.
+    pub upstream_revisions: Vec<(String, String)>,
 }
 
 fn summarize(statuses: &[Option<PodStatus>], hash: &str) -> PodsReport {
     let mut r = PodsReport::default();
     let mut down: std::collections::BTreeMap<String, (i32, String)> = std::collections::BTreeMap::new();
+    let mut revisions: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        std::collections::BTreeMap::new();
     for s in statuses.iter().flatten() {
         r.answered += 1;
         if s.hash.as_deref() == Some(hash) {
             r.loaded += 1;
+        }
+        for (name, version) in &s.revisions {
+            revisions.entry(name.clone()).or_default().insert(version.clone());
         }
         for (name, why) in &s.down {
             let e = down.entry(name.clone()).or_insert_with(|| (0, why.clone()));
@@ -102,6 +129,10 @@ fn summarize(statuses: &[Option<PodStatus>], hash: &str) -> PodsReport {
         }
     }
     r.upstreams_down = down.into_iter().map(|(n, (c, w))| (n, c, w)).collect();
+    r.upstream_revisions = revisions
+        .into_iter()
+        .map(|(n, v)| (n, v.into_iter().collect::<Vec<_>>().join(", ")))
+        .collect();
     r
 }
 
@@ -143,9 +174,29 @@ mod tests {
         let b = parse_status(
             &json!({"configHash": "h1", "upstreams": [{"name": "github", "state": "starting"}]}),
         );
-        let c = parse_status(&json!({"configHash": "h0"}));
-        let r = summarize(&[Some(a), Some(b), Some(c), None], "h1");
+        let c = parse_status(&json!({"configHash": "h0", "upstreams": [
+            {"name": "docs", "state": "ready", "protocolVersion": "2026-07-28"},
+            {"name": "evil", "state": "ready", "protocolVersion": "2026-07-28\nUpstreamsReady=True"},
+        ]}));
+        let r = summarize(&[Some(a.clone()), Some(b), Some(c), None], "h1");
         assert_eq!((r.loaded, r.answered), (2, 3));
+        // A version that is not one is never copied; `a` says none for `docs`.
+        assert_eq!(
+            r.upstream_revisions,
+            vec![("docs".to_owned(), "2026-07-28".to_owned())]
+        );
+        // Pods that speak to it in different revisions (a change under way): both shown.
+        let old = parse_status(
+            &json!({"upstreams": [{"name": "docs", "state": "ready", "protocolVersion": "2025-06-18"}]}),
+        );
+        let new = parse_status(
+            &json!({"upstreams": [{"name": "docs", "state": "ready", "protocolVersion": "2026-07-28"}]}),
+        );
+        let both = summarize(&[Some(old), Some(new)], "h1");
+        assert_eq!(
+            both.upstream_revisions,
+            vec![("docs".to_owned(), "2025-06-18, 2026-07-28".to_owned())]
+        );
         assert_eq!(
             r.upstreams_down,
             vec![(

@@ -388,7 +388,10 @@ impl Snapshot {
             .iter()
             .enumerate()
             .filter_map(|(i, r)| match &r.kind {
-                ResourceKind::Static { uri, .. } => Some((uri.as_str().into(), i)),
+                ResourceKind::Static { uri, .. }
+                | ResourceKind::Upstream {
+                    uri, pattern: None, ..
+                } => Some((uri.as_str().into(), i)),
                 ResourceKind::Templated { .. } | ResourceKind::Upstream { .. } => None,
             })
             .collect();

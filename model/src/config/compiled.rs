@@ -151,7 +151,7 @@ impl CompiledResource {
         match &self.kind {
             ResourceKind::Static { .. } => false,
             ResourceKind::Templated { .. } => true,
-            ResourceKind::Upstream { template, .. } => *template,
+            ResourceKind::Upstream { pattern, .. } => pattern.is_some(),
         }
     }
 }
@@ -184,8 +184,9 @@ pub enum ResourceKind {
         upstream: usize,
         /// The served URI (or URI template).
         uri: String,
-        /// Whether it is a URI template.
-        template: bool,
+        /// The served URI template, matched as [`UriPattern::matches_segments`] does
+        /// (`None`: a fixed URI).
+        pattern: Option<UriPattern>,
     },
 }
 
@@ -234,6 +235,20 @@ impl UriPattern {
     /// The template's variable names, in order.
     pub fn variables(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter(|(v, _)| *v).map(|(_, n)| n.as_str())
+    }
+
+    /// [`Self::matches`], where each variable's value, decoded, is one harmless path
+    /// segment: no `/` or `\\`, not `.` or `..`, no control character. What a level-1
+    /// template expands to always is (it percent-encodes reserved characters); a URI that
+    /// is not could walk out of what the template names at a server that decodes it.
+    pub fn matches_segments(&self, uri: &str) -> Option<Value> {
+        let vars = self.matches(uri)?;
+        let harmless = |v: &Value| {
+            v.as_str().is_some_and(|s| {
+                !matches!(s, "." | "..") && !s.chars().any(|c| matches!(c, '/' | '\\') || c.is_control())
+            })
+        };
+        vars.as_object()?.values().all(harmless).then_some(vars)
     }
 
     /// Matches `uri`, returning the variables as a JSON object.

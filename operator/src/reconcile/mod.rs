@@ -266,6 +266,14 @@ async fn observe(
             .await
             .map_err(Error::Probe)?;
         status.config_loaded_replicas = Some(report.loaded);
+        status.upstream_revisions = report
+            .upstream_revisions
+            .iter()
+            .map(|(name, version)| crate::crd::UpstreamRevision {
+                name: name.clone(),
+                protocol_version: version.clone(),
+            })
+            .collect();
         upstream_down = status::upstreams(
             &mut status,
             rendered.upstream_count,

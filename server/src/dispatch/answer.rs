@@ -34,8 +34,11 @@ impl Server {
                     f.extend_from_slice(&crate::dispatch::stateless::cache_fields(
                         self.limits.cache_ttl_ms,
                     ));
-                    // A tool list rendered for its caller is no one else's to reuse.
-                    if snap.tool_entries.is_some() && a.metric == super::TOOLS_LIST {
+                    // A tool list rendered for its caller is no one else's to reuse, nor is a
+                    // read (policies may decide it per caller; an upstream's changes).
+                    if (snap.tool_entries.is_some() && a.metric == super::TOOLS_LIST)
+                        || a.metric == super::RESOURCES_READ
+                    {
                         crate::dispatch::stateless::make_private(&mut f);
                     }
                     crate::dispatch::stateless::stamp(&mut out, &f);

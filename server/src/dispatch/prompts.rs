@@ -55,7 +55,9 @@ pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec
             &args,
         )?;
         check_arguments(prompt, &args)?;
-        let link = &snap.upstreams[from.upstream];
+        let Some(link) = snap.upstreams.get(from.upstream) else {
+            return Err(RpcError::invalid_params(format!("Unknown prompt: {}", p.name)));
+        };
         let result = link
             .get_prompt(&from.remote, &args)
             .await

@@ -44,37 +44,53 @@ pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Ve
     Box::pin(async move {
         let p: ReadParams<'_> = parse_params(req.params)?;
         let snap = s.registry.load_full();
-        if let Some((r, vars)) = find_resource(&snap, &p.uri) {
-            return read_local(s, req, r, vars, &p.uri, out);
-        }
-        let Some((i, remote)) = upstream_of(&snap, &p.uri) else {
+        let Some((r, vars)) = find_resource(&snap, &p.uri) else {
             return Err(not_found(&p.uri));
         };
-        let u = &snap.config.upstreams[i];
-        let policies = snap.config.policies.for_upstream_resource(&u.name, &p.uri);
-        let args = Value::Object(serde_json::Map::new());
+        let Some((link, remote)) = upstream_of(&snap, r, &p.uri) else {
+            return read_local(s, req, r, vars, &p.uri, out);
+        };
+        // Policies see the URI template's variables as `args` (none: an empty map).
+        let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
         super::govern::permitted(
             s,
-            policies.as_deref(),
+            r.policies.as_deref(),
             req,
             crate::config::policy::Target::Resource(&p.uri),
             &args,
         )?;
-        let link = &snap.upstreams[i];
-        let result = link
+        let mut result = link
             .read_resource(remote)
             .await
             .map_err(|e| upstream_error(link, &e, Some(&p.uri)))?;
+        // Contents it names by URIs its filter does not let through are not passed on.
+        if let (Some(Value::Array(contents)), ResourceKind::Upstream { upstream, .. }) =
+            (result.get_mut("contents"), &r.kind)
+        {
+            let u = &snap.config.upstreams[*upstream];
+            contents.retain(|c| {
+                c.get("uri")
+                    .and_then(Value::as_str)
+                    .is_some_and(|uri| u.remote_uri(uri).is_some())
+            });
+        }
         protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(Done::Written)
     })
 }
 
-/// The upstream that serves `uri` (its index) and the upstream's own URI.
-fn upstream_of<'u>(snap: &Snapshot, uri: &'u str) -> Option<(usize, &'u str)> {
-    let (name, _) = uri.split_once('+')?;
-    let i = snap.config.upstreams.iter().position(|u| u.name == name)?;
-    Some((i, snap.config.upstreams[i].remote_uri(uri)?))
+/// For a resource `r` of an upstream: its link and the upstream's own URI of `uri` (which
+/// its filter lets through); `None` for a resource of this ToolSet.
+fn upstream_of<'s, 'u>(
+    snap: &'s Snapshot,
+    r: &crate::config::CompiledResource,
+    uri: &'u str,
+) -> Option<(&'s Arc<crate::upstream::Link>, &'u str)> {
+    let ResourceKind::Upstream { upstream, .. } = &r.kind else {
+        return None;
+    };
+    let u = snap.config.upstreams.get(*upstream)?;
+    Some((snap.upstreams.get(*upstream)?, u.remote_uri(uri)?))
 }
 
 /// The error a client gets for a request its upstream failed: the upstream's own "not
@@ -129,12 +145,13 @@ fn read_local(
 pub(super) fn subscribe(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, RpcError> {
     let p: ReadParams<'_> = parse_params(req.params)?;
     let snap = s.registry.load();
-    if find_resource(&snap, &p.uri).is_none() && !watch_upstream(&snap, &p.uri)? {
+    if find_resource(&snap, &p.uri).is_none() {
         return Err(RpcError::new(
             RESOURCE_NOT_FOUND,
             format!("Resource not found: {}", p.uri),
         ));
     }
+    watch_upstream(s, req, &snap, &p.uri)?;
     s.sessions
         .subscribe(req.ctx.session, &p.uri)
         .map_err(|e| RpcError::invalid_params(e.to_string()))?;
@@ -150,15 +167,34 @@ pub(super) fn unsubscribe(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> R
     Ok(Done::Written)
 }
 
-/// Subscribes to `uri` at its upstream when an upstream serves it: false when none does.
-pub(super) fn watch_upstream(snap: &Snapshot, uri: &str) -> Result<bool, RpcError> {
-    let Some((i, remote)) = upstream_of(snap, uri) else {
-        return Ok(false);
+/// Subscribes to `uri` at its upstream when an upstream serves it (and the caller may read
+/// it). A full set of an upstream's subscriptions first drops those no session or listen
+/// watches any more.
+pub(super) fn watch_upstream(
+    s: &Server,
+    req: &Request<'_>,
+    snap: &Snapshot,
+    uri: &str,
+) -> Result<(), RpcError> {
+    let Some((r, vars)) = find_resource(snap, uri) else {
+        return Ok(());
     };
-    snap.upstreams[i]
-        .watch(remote)
-        .map_err(RpcError::invalid_params)?;
-    Ok(true)
+    let Some((link, remote)) = upstream_of(snap, r, uri) else {
+        return Ok(());
+    };
+    let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+    super::govern::permitted(
+        s,
+        r.policies.as_deref(),
+        req,
+        crate::config::policy::Target::Resource(uri),
+        &args,
+    )?;
+    let live = |served: &str| {
+        s.sessions.subscriptions().iter().any(|(_, u)| &**u == served)
+            || s.watched.lock().is_ok_and(|w| w.contains_key(served))
+    };
+    link.watch(remote, &live).map_err(RpcError::invalid_params)
 }
 
 impl Server {
@@ -220,9 +256,12 @@ impl Server {
 }
 
 /// A resource's contents: the text (base64 when the flag says blob, or why it could not be
-/// rendered) and its MIME type; `None` when no resource has the URI.
+/// rendered) and its MIME type; `None` when no resource of this ToolSet has the URI.
 fn resource_contents<'s>(snap: &'s Snapshot, uri: &str) -> Option<(Result<String, String>, bool, &'s str)> {
     let (r, vars) = find_resource(snap, uri)?;
+    if matches!(r.kind, ResourceKind::Upstream { .. }) {
+        return None;
+    }
     Some(contents(r, vars))
 }
 
@@ -257,6 +296,10 @@ fn find_resource<'s>(
     }
     resources.iter().find_map(|r| match &r.kind {
         ResourceKind::Templated { pattern, .. } => pattern.matches(uri).map(|vars| (r, Some(vars))),
+        ResourceKind::Upstream {
+            pattern: Some(pattern),
+            ..
+        } => pattern.matches_segments(uri).map(|vars| (r, Some(vars))),
         ResourceKind::Static { .. } | ResourceKind::Upstream { .. } => None,
     })
 }

@@ -89,7 +89,7 @@ pub(super) fn listen(s: &Server, req: &Request<'_>, _: &mut Vec<u8>) -> Result<D
     }
     let snap = s.registry.load();
     for uri in &filter.resource_subscriptions {
-        super::resources::watch_upstream(&snap, uri)?;
+        super::resources::watch_upstream(s, req, &snap, uri)?;
     }
     let registration = (!filter.resource_subscriptions.is_empty())
         .then(|| ListenRegistration::new(&s.watched, &filter.resource_subscriptions));

@@ -270,8 +270,10 @@ impl Reloader {
             self.record("unchanged", Vec::new());
             return Ok(Reloaded::Unchanged);
         }
-        // The ToolSet's own, or what upstreams list (their entries as served).
-        let resources_changed = prev.config.spec.resources != compiled.spec.resources
+        // The ToolSet's own, or what upstreams list (their entries as served). Subscribers
+        // are told of the ToolSet's own (an upstream tells of its own resources).
+        let own_resources_changed = prev.config.spec.resources != compiled.spec.resources;
+        let resources_changed = own_resources_changed
             || !prev
                 .config
                 .resources
@@ -293,6 +295,8 @@ impl Reloader {
             self.server.notify("notifications/tools/list_changed");
             if resources_changed {
                 self.server.notify("notifications/resources/list_changed");
+            }
+            if own_resources_changed {
                 self.server.resources_updated(&prev, &next);
             }
             if prompts_changed {

@@ -275,13 +275,17 @@ fn check_initialized(r: &Value) -> Result<(String, Value, u8), CallError> {
             v.chars().take(32).collect::<String>()
         )));
     }
-    let info = r.get("serverInfo").cloned().unwrap_or(Value::Null);
-    let info = if crate::template::depth(&info) <= 4 && info.to_string().len() <= 4096 {
+    let info = bounded_info(r.get("serverInfo").cloned().unwrap_or(Value::Null));
+    Ok((v.to_owned(), info, offers::offered(r)))
+}
+
+/// An upstream's `serverInfo`, or null when it is nested too deep or too large to keep.
+fn bounded_info(info: Value) -> Value {
+    if crate::template::depth(&info) <= 4 && info.to_string().len() <= 4096 {
         info
     } else {
         Value::Null
-    };
-    Ok((v.to_owned(), info, offers::offered(r)))
+    }
 }
 
 /// Scrubs every string of an upstream's JSON value in place (see [`Secrets::scrub`]).
@@ -343,17 +347,34 @@ struct Shared {
     epoch: AtomicU64,
     /// Its resource URIs clients subscribed to, and where their updates go.
     watches: offers::Watches,
+    /// Whether it is spoken to in 2026-07-28 (no session; notifications by listen).
+    stateless: std::sync::atomic::AtomicBool,
+    /// What of its offers the config imports ([`offers::RESOURCES`], [`offers::PROMPTS`]).
+    wants: u8,
+    /// Signalled when a 2026-07-28 listen must be opened again (it watches other URIs).
+    relisten: Notify,
 }
 
-/// At most [`LOG_LINES_PER_SECOND`] log lines per second per upstream; the rest are
-/// dropped (and counted in one line when the next second starts).
-#[derive(Debug, Default)]
-struct LogBudget(Mutex<(u64, u32, u64)>);
+/// At most [`LOG_LINES_PER_SECOND`] lines (or other messages) per second per upstream; the
+/// rest are dropped (and counted in one line when the next second starts).
+#[derive(Debug)]
+struct LogBudget(Mutex<(u64, u32, u64)>, &'static str);
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        Self::new("log lines")
+    }
+}
 
 /// Log lines per second and upstream.
 const LOG_LINES_PER_SECOND: u32 = 50;
 
 impl LogBudget {
+    /// A budget of `what` (named when some are dropped).
+    fn new(what: &'static str) -> Self {
+        Self(Mutex::default(), what)
+    }
+
     fn take(&self) -> bool {
         let now = now_unix();
         let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -362,7 +383,8 @@ impl LogBudget {
             if *dropped > 0 {
                 tracing::warn!(
                     dropped = *dropped,
-                    "upstream log lines dropped (over {LOG_LINES_PER_SECOND}/s)"
+                    "upstream {} dropped (over {LOG_LINES_PER_SECOND}/s)",
+                    self.1
                 );
             }
             *second = now;
@@ -506,6 +528,11 @@ impl Link {
         metrics: &Metrics,
         (changed, updated): (&Arc<Notify>, &offers::OnUpdate),
     ) -> Arc<Self> {
+        let wants = if u.imports_resources() {
+            offers::RESOURCES
+        } else {
+            0
+        } | if u.imports_prompts() { offers::PROMPTS } else { 0 };
         let shared = Arc::new(Shared {
             name: u.name.clone(),
             timeout: u.timeout,
@@ -531,10 +558,18 @@ impl Link {
             offered: std::sync::atomic::AtomicU8::new(0),
             epoch: AtomicU64::new(0),
             watches: offers::Watches::new(updated),
+            stateless: std::sync::atomic::AtomicBool::new(false),
+            wants,
+            relisten: Notify::new(),
         });
         let conn = match &u.transport {
             Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
-            Transport::Http { .. } => Conn::Http(remote::Remote::start(&shared, &u.transport, http.clone())),
+            Transport::Http { .. } => Conn::Http(remote::Remote::start(
+                &shared,
+                &u.transport,
+                u.revision,
+                http.clone(),
+            )),
         };
         let link = Arc::new(Self {
             name: u.name.clone(),
@@ -545,15 +580,19 @@ impl Link {
             conn,
             listed: ArcSwap::default(),
             offers: Default::default(),
-            wants: if u.imports_resources() {
-                offers::RESOURCES
-            } else {
-                0
-            } | if u.imports_prompts() { offers::PROMPTS } else { 0 },
+            wants,
             report: Mutex::default(),
             guard: arc_swap::ArcSwapOption::new(u.result_guard.clone()),
         });
-        let (weak, changed) = (Arc::downgrade(&link), Arc::clone(changed));
+        Self::relist_on_change(&link, Arc::clone(changed));
+        link
+    }
+
+    /// Lists the upstream again whenever it is told to (a first connect, a `list_changed`),
+    /// at most every [`RELIST_INTERVAL`], and tells the reloader (`changed`) when a list
+    /// differs; until the link is stopped or dropped.
+    fn relist_on_change(link: &Arc<Self>, changed: Arc<Notify>) {
+        let weak = Arc::downgrade(link);
         let stop = link.shared.stop.clone();
         tokio::spawn(async move {
             loop {
@@ -590,7 +629,6 @@ impl Link {
                 }
             }
         });
-        link
     }
 
     /// Sends a request and waits for its answer (within the upstream's timeout).

@@ -74,6 +74,8 @@ impl OnUpdate {
 pub(super) struct Watches {
     uris: Mutex<(FxHashSet<String>, u64)>,
     tell: OnUpdate,
+    /// Updates passed on per second (a flood of them is dropped, not fanned out).
+    budget: super::LogBudget,
 }
 
 impl std::fmt::Debug for Watches {
@@ -87,12 +89,27 @@ impl Watches {
         Self {
             uris: Mutex::default(),
             tell: tell.clone(),
+            budget: super::LogBudget::new("resource updates"),
         }
+    }
+
+    /// The watched URIs (the upstream's own).
+    pub(super) fn uris(&self) -> Vec<String> {
+        self.uris
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// An upstream's `notifications/resources/updated` for `uri`: passed on (as served by
     /// upstream `name`) when a client subscribed to it, else dropped.
     pub(super) fn updated(&self, name: &str, uri: &str) {
+        if !self.budget.take() {
+            return;
+        }
         let known = self
             .uris
             .lock()
@@ -111,9 +128,13 @@ impl Link {
     /// background; a failure is logged.
     ///
     /// # Errors
-    /// The upstream does not offer subscriptions, or already has [`MAX_WATCHED`] of them.
-    pub fn watch(self: &Arc<Self>, remote: &str) -> Result<(), String> {
-        if self.shared.offered.load(Ordering::Relaxed) & SUBSCRIBE == 0 {
+    /// The upstream does not offer subscriptions, or already has [`MAX_WATCHED`] that a
+    /// session or listen (`live`, by served URI) still watches.
+    pub fn watch(self: &Arc<Self>, remote: &str, live: &dyn Fn(&str) -> bool) -> Result<(), String> {
+        let stateless = self.shared.stateless.load(Ordering::Relaxed);
+        let offered = self.shared.offered.load(Ordering::Relaxed);
+        // 2026-07-28 watches resources with the listen every upstream of it has.
+        if offered & SUBSCRIBE == 0 && !(stateless && offered & RESOURCES != 0) {
             return Err(format!(
                 "upstream `{}` does not offer resource subscriptions",
                 self.name
@@ -130,12 +151,21 @@ impl Link {
                 return Ok(());
             }
             if w.0.len() >= MAX_WATCHED {
+                let name = &self.name;
+                w.0.retain(|u| live(&format!("{name}+{u}")));
+            }
+            if w.0.len() >= MAX_WATCHED {
                 return Err(format!(
                     "upstream `{}` already has {MAX_WATCHED} subscribed resources",
                     self.name
                 ));
             }
             w.0.insert(remote.to_owned());
+        }
+        if self.shared.stateless.load(Ordering::Relaxed) {
+            // 2026-07-28 has no resources/subscribe: the listen is opened again with it.
+            self.shared.relisten.notify_one();
+            return Ok(());
         }
         let (link, uri) = (Arc::clone(self), remote.to_owned());
         tokio::spawn(async move { link.subscribe(&uri).await });
@@ -155,9 +185,12 @@ impl Link {
     /// Subscribes again to every watched URI after a new handshake (a new session or
     /// process knows none of them).
     pub(super) async fn resubscribe(&self) {
+        if self.shared.stateless.load(Ordering::Relaxed) {
+            return;
+        }
         let epoch = self.shared.epoch.load(Ordering::Relaxed);
         let uris: Vec<String> = {
-            let mut w = self
+            let w = self
                 .shared
                 .watches
                 .uris
@@ -166,12 +199,18 @@ impl Link {
             if w.1 == epoch {
                 return;
             }
-            w.1 = epoch;
             w.0.iter().cloned().collect()
         };
         for uri in uris {
             self.subscribe(&uri).await;
         }
+        // Only once every one was sent: a listing cut short sends them again.
+        self.shared
+            .watches
+            .uris
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1 = epoch;
     }
 
     /// `text` of the upstream's (an error message) as a client may see it: naming the
@@ -210,6 +249,19 @@ impl Link {
         let listed = prompts.load();
         listed.hash.hash(h);
         u.import_prompts(index, &listed.tools, &mut out);
+        // What they say of themselves reaches every client: without the connection's Secrets.
+        let secrets = &self.shared.secrets;
+        for r in &mut out.resources {
+            secrets.redact_json(&self.secrets, &mut r.descriptor);
+        }
+        for p in &mut out.prompts {
+            secrets.redact_json(&self.secrets, &mut p.descriptor);
+            p.description = p
+                .descriptor
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+        }
         if listed.cut {
             out.skipped.push(format!(
                 "its prompt list was cut after {} entries",

@@ -20,6 +20,7 @@ use super::{
     initialize_params,
 };
 use crate::config::upstream::Transport;
+use crate::config::upstream::UpstreamRevision;
 use crate::handlers::http::TlsRefs;
 use crate::net::http::{HttpClient, USER_AGENT};
 use crate::secrets::WithSecrets;
@@ -28,11 +29,96 @@ use crate::template::Template;
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
 
-/// An established MCP session.
+/// An established MCP session, or (`stateless`) the 2026-07-28 revision, which has none:
+/// every request carries the revision in its `_meta` and header.
 #[derive(Debug, Clone)]
 struct Session {
     id: Option<HeaderValue>,
     version: HeaderValue,
+    stateless: bool,
+}
+
+/// The stateless revision.
+const STATELESS: &str = "2026-07-28";
+/// `_meta` keys of a 2026-07-28 request.
+const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+const CAPS_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// A 2026-07-28 request: `params` with the revision and (no) client capabilities in its
+/// `_meta` (besides what `_meta` already holds: a progress token, a trace context).
+fn stateless_envelope<P: serde::Serialize + ?Sized>(id: u64, method: &str, params: &P) -> Vec<u8> {
+    let mut p = serde_json::to_value(params).unwrap_or(Value::Null);
+    if !p.is_object() {
+        p = json!({});
+    }
+    if let Some(obj) = p.as_object_mut() {
+        let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(VERSION_KEY.into(), Value::String(STATELESS.into()));
+            m.insert(CAPS_KEY.into(), json!({}));
+        }
+    }
+    envelope(id, method, &p)
+}
+
+/// The headers a 2026-07-28 request repeats its body's method and name in (`Mcp-Method`,
+/// and `Mcp-Name` for a tool call, a prompt or a read): plain visible ASCII as it is,
+/// anything else as `=?base64?...?=`.
+fn mirrored(body: &[u8]) -> Vec<(&'static str, HeaderValue)> {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow, default)]
+        method: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, default)]
+        name: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        uri: Option<std::borrow::Cow<'a, str>>,
+    }
+    let encode = |text: &str| {
+        let plain = text.bytes().all(|b| (0x20..=0x7e).contains(&b)) && text.trim() == text;
+        let v = if plain {
+            text.to_owned()
+        } else {
+            use base64::Engine;
+            format!(
+                "=?base64?{}?=",
+                base64::engine::general_purpose::STANDARD.encode(text)
+            )
+        };
+        HeaderValue::from_str(&v).ok()
+    };
+    let Ok(b) = serde_json::from_slice::<Body<'_>>(body) else {
+        return Vec::new();
+    };
+    let Some(method) = b.method else {
+        return Vec::new();
+    };
+    let mut out: Vec<(&'static str, HeaderValue)> =
+        encode(&method).map(|v| ("mcp-method", v)).into_iter().collect();
+    let named = match (&*method, &b.params) {
+        ("tools/call" | "prompts/get", Some(p)) => p.name.as_deref(),
+        ("resources/read", Some(p)) => p.uri.as_deref(),
+        _ => None,
+    };
+    out.extend(named.and_then(encode).map(|v| ("mcp-name", v)));
+    out
+}
+
+/// Whether a failed `initialize` may mean an upstream that speaks only 2026-07-28 (which
+/// has no `initialize`): it answered, but not with a session.
+fn refused_session(e: &CallError) -> bool {
+    matches!(
+        e,
+        CallError::Rpc(..) | CallError::Protocol(_) | CallError::Down(_)
+    )
 }
 
 /// One remote upstream.
@@ -56,6 +142,8 @@ pub(super) struct Remote {
     lost: tokio::sync::Notify,
     /// Requests in flight (more are refused as `busy`).
     inflight: Arc<tokio::sync::Semaphore>,
+    /// Which revision it is spoken to in.
+    revision: UpstreamRevision,
     /// Answers to the upstream's own requests being sent (more are not answered).
     replies: Arc<tokio::sync::Semaphore>,
 }
@@ -108,7 +196,12 @@ enum Posted {
 }
 
 impl Remote {
-    pub(super) fn start(shared: &Arc<Shared>, t: &Transport, http: HttpClient) -> Arc<Self> {
+    pub(super) fn start(
+        shared: &Arc<Shared>,
+        t: &Transport,
+        revision: UpstreamRevision,
+        http: HttpClient,
+    ) -> Arc<Self> {
         let Transport::Http { url, headers, tls } = t else {
             unreachable!("a remote connection of an http upstream")
         };
@@ -128,6 +221,7 @@ impl Remote {
             caller_sessions: std::sync::Mutex::default(),
             lost: tokio::sync::Notify::new(),
             inflight: Arc::new(tokio::sync::Semaphore::new(super::MAX_IN_FLIGHT)),
+            revision,
             replies: Arc::new(tokio::sync::Semaphore::new(MAX_REPLIES)),
         });
         tokio::spawn(supervise(Arc::downgrade(&remote), shared.stop.clone()));
@@ -140,6 +234,7 @@ impl Remote {
         &self,
         session: Option<&Session>,
         secrets: &Value,
+        body: &[u8],
         auth: Option<&HeaderValue>,
         mut add: impl FnMut(&str, &HeaderValue),
     ) -> Result<(), CallError> {
@@ -149,6 +244,11 @@ impl Remote {
                 add(SESSION_HEADER, id);
             }
             add(VERSION_HEADER, &s.version);
+            if s.stateless {
+                for (name, value) in mirrored(body) {
+                    add(name, &value);
+                }
+            }
         }
         let scope = WithSecrets {
             args: &Value::Null,
@@ -196,7 +296,7 @@ impl Remote {
         if !body.is_empty() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
-        self.headers(session, secrets, auth, |n, v| {
+        self.headers(session, secrets, &body, auth, |n, v| {
             req = std::mem::take(&mut req).header(n, v.clone());
         })?;
         req.body(Full::new(body))
@@ -232,7 +332,7 @@ impl Remote {
         let (status, session_id, is_stream, body) = match &self.lean {
             Some(pool) => {
                 let mut headers = Vec::with_capacity(128);
-                self.headers(session, &secrets, auth, |n, v| {
+                self.headers(session, &secrets, &body, auth, |n, v| {
                     for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
                         headers.extend_from_slice(part);
                     }
@@ -386,10 +486,64 @@ impl Remote {
         });
     }
 
-    /// Opens a session (`initialize`, then `notifications/initialized`) with `auth` as the
-    /// credential (`None`: the configured headers): the session and what the upstream said
-    /// about itself.
+    /// Opens a session, or finds the upstream speaks 2026-07-28, as its `revision` says,
+    /// with `auth` as the credential (`None`: the configured headers): the session and what
+    /// the upstream said about itself.
     async fn open(&self, auth: Option<&HeaderValue>) -> Result<(Session, String, Value), CallError> {
+        match self.revision {
+            UpstreamRevision::Handshake => self.initialize(auth).await,
+            UpstreamRevision::Stateless => self.discover(auth).await,
+            UpstreamRevision::Auto => match self.initialize(auth).await {
+                Err(e) if refused_session(&e) => self.discover(auth).await.map_err(|_| e),
+                r => r,
+            },
+        }
+    }
+
+    /// Asks a 2026-07-28 upstream what it is (`server/discover`): the revision holds no
+    /// session, only what it said about itself.
+    async fn discover(&self, auth: Option<&HeaderValue>) -> Result<(Session, String, Value), CallError> {
+        let session = Session {
+            id: None,
+            version: HeaderValue::from_static(STATELESS),
+            stateless: true,
+        };
+        let id = self.shared.id();
+        let msg = stateless_envelope(id, "server/discover", &json!({}));
+        let (posted, _) = self.post(Some(&session), msg, Some(id), None, auth).await?;
+        let Posted::Answer(r) = posted else {
+            return Err(CallError::Down("server/discover answered 404".into()));
+        };
+        let r = r?;
+        let speaks = r
+            .get("supportedVersions")
+            .and_then(Value::as_array)
+            .is_some_and(|v| v.iter().any(|x| x.as_str() == Some(STATELESS)));
+        if !speaks {
+            return Err(CallError::Protocol(format!(
+                "server/discover does not list {STATELESS} among its supportedVersions"
+            )));
+        }
+        let info = r
+            .get("_meta")
+            .and_then(|m| m.get("io.modelcontextprotocol/serverInfo"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let info = super::bounded_info(info);
+        self.shared
+            .offered
+            .store(super::offers::offered(&r), std::sync::atomic::Ordering::Relaxed);
+        self.shared
+            .stateless
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.shared
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok((session, STATELESS.to_owned(), info))
+    }
+
+    /// Opens a session: `initialize`, then `notifications/initialized`.
+    async fn initialize(&self, auth: Option<&HeaderValue>) -> Result<(Session, String, Value), CallError> {
         let id = self.shared.id();
         let msg = envelope(id, "initialize", &initialize_params());
         let (posted, session_id) = self.post(None, msg, Some(id), None, auth).await?;
@@ -407,7 +561,11 @@ impl Remote {
             id: session_id,
             version: HeaderValue::from_str(&version)
                 .map_err(|_| CallError::Protocol("bad protocol version".into()))?,
+            stateless: false,
         };
+        self.shared
+            .stateless
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec();
         self.post(Some(&session), note, None, None, auth).await?;
         Ok((session, version, info))
@@ -483,10 +641,19 @@ impl Remote {
         for _ in 0..2 {
             let session = self.session_as(auth).await?;
             let id = self.shared.id();
-            match self
-                .post(Some(&session), envelope(id, method, params), Some(id), log, auth)
-                .await?
-            {
+            let msg = if session.stateless {
+                // 2026-07-28 has no `ping`: asking what the server is proves it answers.
+                let method = if method == "ping" {
+                    "server/discover"
+                } else {
+                    method
+                };
+                stateless_envelope(id, method, params)
+            } else {
+                envelope(id, method, params)
+            };
+            match self.post(Some(&session), msg, Some(id), log, auth).await? {
+                (Posted::Answer(r), _) if session.stateless => return r.and_then(complete),
                 (Posted::Answer(r), _) => return r,
                 (Posted::SessionGone, _) => self.forget_session(&session, auth).await,
             }
@@ -512,12 +679,15 @@ impl Remote {
             .unwrap_or(Err(CallError::Timeout(t)))
     }
 
-    /// Follows the upstream's GET stream of notifications until it ends. Returns false when
-    /// the upstream offers none.
+    /// Follows the upstream's GET stream of notifications (2026-07-28: a
+    /// `subscriptions/listen`) until it ends. Returns false when the upstream offers none.
     async fn listen(&self) -> bool {
         let Ok(Ok(session)) = tokio::time::timeout(self.shared.timeout, self.session()).await else {
             return true;
         };
+        if session.stateless {
+            return self.listen_stateless(&session).await;
+        }
         let secrets = self.shared.secrets.snapshot();
         let Ok(req) = self.build(Method::GET, Some(&session), Bytes::new(), &secrets, None) else {
             return false;
@@ -538,6 +708,43 @@ impl Remote {
         };
         let _ = self.read_stream(body, None, None).await;
         true
+    }
+}
+
+impl Remote {
+    /// A 2026-07-28 `subscriptions/listen` for list changes of what is imported and updates
+    /// of the subscribed resources, followed until it ends (or the subscribed resources
+    /// change: then it is opened again).
+    async fn listen_stateless(&self, session: &Session) -> bool {
+        use super::offers::{PROMPTS, RESOURCES};
+        let wants = self.shared.wants;
+        let params = json!({"notifications": {
+            "toolsListChanged": true,
+            "resourcesListChanged": wants & RESOURCES != 0,
+            "promptsListChanged": wants & PROMPTS != 0,
+            "resourceSubscriptions": self.shared.watches.uris(),
+        }});
+        let id = self.shared.id();
+        let msg = stateless_envelope(id, "subscriptions/listen", &params);
+        tokio::select! {
+            r = self.post(Some(session), msg, Some(id), None, None) => r.is_ok(),
+            () = self.shared.relisten.notified() => true,
+        }
+    }
+}
+
+/// A 2026-07-28 result: complete, or a request for input this server does not relay.
+fn complete(v: Value) -> Result<Value, CallError> {
+    match v.get("resultType").and_then(Value::as_str) {
+        None | Some("complete") => Ok(v),
+        Some("input_required") => Err(CallError::Protocol(
+            "it asks the client for input (an input_required result), which quiver-server does not relay"
+                .into(),
+        )),
+        Some(other) => Err(CallError::Protocol(format!(
+            "a result of type `{}`",
+            other.chars().take(32).collect::<String>()
+        ))),
     }
 }
 
@@ -618,5 +825,64 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_2026_request_carries_its_revision_and_mirrors_its_method_and_name() {
+        let body = stateless_envelope(
+            7,
+            "tools/call",
+            &json!({"name": "écho", "arguments": {}, "_meta": {"progressToken": 3}}),
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["params"]["_meta"][VERSION_KEY], STATELESS);
+        assert_eq!(v["params"]["_meta"][CAPS_KEY], json!({}));
+        assert_eq!(
+            v["params"]["_meta"]["progressToken"], 3,
+            "what _meta held is kept"
+        );
+        let h = mirrored(&body);
+        assert_eq!(h[0], ("mcp-method", HeaderValue::from_static("tools/call")));
+        // Not plain ASCII: base64.
+        assert_eq!(
+            h[1],
+            ("mcp-name", HeaderValue::from_static("=?base64?w6ljaG8=?="))
+        );
+        let read = stateless_envelope(8, "resources/read", &json!({"uri": "file:///a b"}));
+        assert_eq!(
+            mirrored(&read)[1],
+            ("mcp-name", HeaderValue::from_static("file:///a b"))
+        );
+        assert_eq!(
+            mirrored(&stateless_envelope(9, "tools/list", &json!({}))).len(),
+            1
+        );
+        // Params that are not an object still get a `_meta`.
+        let odd: Value = serde_json::from_slice(&stateless_envelope(1, "x", &json!([1]))).unwrap();
+        assert_eq!(odd["params"]["_meta"][VERSION_KEY], STATELESS);
+        assert!(mirrored(b"not json").is_empty());
+    }
+
+    #[test]
+    fn only_complete_2026_results_are_answers() {
+        assert!(complete(json!({"resultType": "complete", "content": []})).is_ok());
+        assert!(complete(json!({"content": []})).is_ok());
+        for other in ["input_required", "task", "anything"] {
+            assert!(matches!(
+                complete(json!({"resultType": other})),
+                Err(CallError::Protocol(_))
+            ));
+        }
+        assert!(refused_session(&CallError::Rpc(
+            -32601,
+            "Method not found".into()
+        )));
+        assert!(!refused_session(&CallError::Timeout(Duration::from_secs(1))));
+        assert!(!refused_session(&CallError::Unauthorized));
     }
 }

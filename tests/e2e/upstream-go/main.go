@@ -2,8 +2,16 @@
 // a third-party upstream of Quiver. It serves MCP over stdio by default, or over
 // Streamable HTTP at /mcp with -http ADDR.
 //
-// Tools: echo {text}, add {a, b}, whoami {}, slow {ms}, and claims {label} when it checks
-// tokens.
+// Tools: echo {text}, add {a, b}, whoami {}, slow {ms}, new_edition {}, and claims {label}
+// when it checks tokens.
+//
+// Resources, prompts and subscriptions: the resource file:///guide.md ("# NAME
+// guide, edition N"), the resource template book://{title}/chapter/{n} ("NAME: TITLE,
+// chapter N"), the prompt summarize {text (required)} ("[NAME] Summarize: TEXT", then a
+// link to file:///guide.md), and resources/subscribe of those URIs. The tool new_edition
+// bumps the guide's edition and sends notifications/resources/updated for it to the
+// sessions subscribed to it. NAME is -name (default go): two instances that list the same
+// URIs and prompt name tell apart by it.
 //
 // With -issuer and -audience (and -http) it is an OAuth resource server: every request must
 // carry a bearer JWT signed by that OpenID provider (keys from its discovery document's
@@ -30,10 +38,12 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 )
@@ -78,8 +88,91 @@ func rugPull(s *mcp.Server) {
 		})
 }
 
-func newServer(transport string, checksTokens bool) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "go-upstream", Version: "1.0.0"}, nil)
+const (
+	guideURI      = "file:///guide.md"
+	chapterPrefix = "book://"
+	chapterInfix  = "/chapter/"
+)
+
+// chapterOf splits a URI of the template book://{title}/chapter/{n} into title and n.
+func chapterOf(uri string) (title, n string, ok bool) {
+	rest, ok := strings.CutPrefix(uri, chapterPrefix)
+	if !ok {
+		return "", "", false
+	}
+	title, n, ok = strings.Cut(rest, chapterInfix)
+	if !ok || title == "" || n == "" || strings.Contains(n, "/") {
+		return "", "", false
+	}
+	if t, err := url.PathUnescape(title); err == nil {
+		title = t
+	}
+	return title, n, true
+}
+
+// served is whether uri names one of the resources addLibrary adds.
+func served(uri string) bool {
+	_, _, chapter := chapterOf(uri)
+	return uri == guideURI || chapter
+}
+
+// addLibrary adds the guide (whose edition new_edition bumps, telling its subscribers), the
+// chapter template and the prompt summarize, each naming this server by name.
+func addLibrary(s *mcp.Server, name string) {
+	var edition atomic.Int64
+	edition.Store(1)
+
+	s.AddResource(&mcp.Resource{URI: guideURI, Name: "guide", MIMEType: "text/markdown", Description: "The guide."},
+		func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{
+				{URI: req.Params.URI, MIMEType: "text/markdown", Text: fmt.Sprintf("# %s guide, edition %d", name, edition.Load())},
+			}}, nil
+		})
+
+	s.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: chapterPrefix + "{title}" + chapterInfix + "{n}", Name: "chapter", MIMEType: "text/plain"},
+		func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			title, n, ok := chapterOf(req.Params.URI)
+			if !ok {
+				return nil, mcp.ResourceNotFoundError(req.Params.URI)
+			}
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{
+				{URI: req.Params.URI, MIMEType: "text/plain", Text: fmt.Sprintf("%s: %s, chapter %s", name, title, n)},
+			}}, nil
+		})
+
+	s.AddPrompt(&mcp.Prompt{Name: "summarize", Description: "Summarize a text.",
+		Arguments: []*mcp.PromptArgument{{Name: "text", Description: "the text to summarize", Required: true}}},
+		func(_ context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+			text, ok := req.Params.Arguments["text"]
+			if !ok {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Missing required argument: text"}
+			}
+			return &mcp.GetPromptResult{Messages: []*mcp.PromptMessage{
+				{Role: "user", Content: &mcp.TextContent{Text: fmt.Sprintf("[%s] Summarize: %s", name, text)}},
+				{Role: "assistant", Content: &mcp.ResourceLink{URI: guideURI, Name: "guide", MIMEType: "text/markdown"}},
+			}}, nil
+		})
+
+	mcp.AddTool(s, &mcp.Tool{Name: "new_edition", Description: "Publishes the next edition of the guide and tells its subscribers."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, _ whoamiIn) (*mcp.CallToolResult, any, error) {
+			n := edition.Add(1)
+			if err := s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: guideURI}); err != nil {
+				return nil, nil, err
+			}
+			return text(fmt.Sprintf("edition %d", n)), nil, nil
+		})
+}
+
+func newServer(transport, name string, checksTokens bool) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "go-upstream", Version: "1.0.0"}, &mcp.ServerOptions{
+		SubscribeHandler: func(_ context.Context, req *mcp.SubscribeRequest) error {
+			if !served(req.Params.URI) {
+				return mcp.ResourceNotFoundError(req.Params.URI)
+			}
+			return nil
+		},
+		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+	})
 
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Returns the text it is given."},
 		func(_ context.Context, _ *mcp.CallToolRequest, in echoIn) (*mcp.CallToolResult, any, error) {
@@ -127,6 +220,7 @@ func newServer(transport string, checksTokens bool) *mcp.Server {
 			})
 	}
 
+	addLibrary(s, name)
 	return s
 }
 
@@ -155,6 +249,7 @@ func main() {
 	audience := flag.String("audience", "", "with -issuer: the audience accepted tokens must list")
 	pull := flag.Bool("rug-pull", false, "add the tool rug_pull, which changes echo's description while serving")
 	resource := flag.String("resource", "", "with -issuer: this server's URL as clients name it (`URL`, e.g. http://notes.ns.svc:8080/mcp); serves its protected resource metadata (RFC 9728)")
+	name := flag.String("name", "go", "the `NAME` its guide, chapters and prompt messages carry (tells two instances apart)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("go-mcp: ")
@@ -163,7 +258,7 @@ func main() {
 	defer stop()
 
 	if *addr == "" {
-		s := newServer("stdio", false)
+		s := newServer("stdio", *name, false)
 		if *pull {
 			rugPull(s)
 		}
@@ -179,7 +274,7 @@ func main() {
 	if *resource != "" && *issuer == "" {
 		log.Fatal("-resource needs -issuer")
 	}
-	server := newServer("http", *issuer != "")
+	server := newServer("http", *name, *issuer != "")
 	if *pull {
 		rugPull(server)
 	}

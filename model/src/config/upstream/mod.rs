@@ -105,6 +105,33 @@ pub struct UpstreamSpec {
     /// name. Fetched with the server's own credential (not with `identity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompts: Option<offers::PromptImportSpec>,
+    /// Which protocol revision it is spoken to in (`http` only): `auto` (the default) opens
+    /// a session (`initialize`, revisions 2024-11-05 to 2025-11-25) and, when the upstream
+    /// refuses one, speaks 2026-07-28 (stateless: `server/discover`, every request carrying
+    /// its `_meta`); `handshake` only opens sessions; `2026-07-28` only speaks that
+    /// revision. The revision in use is on `/status`. Clients of either revision use it
+    /// alike.
+    #[serde(default, skip_serializing_if = "is_auto")]
+    pub revision: UpstreamRevision,
+}
+
+/// The protocol revision an upstream is spoken to in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum UpstreamRevision {
+    /// A session first; 2026-07-28 when the upstream refuses one.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// Sessions only (`initialize`; 2024-11-05 to 2025-11-25).
+    #[serde(rename = "handshake")]
+    Handshake,
+    /// 2026-07-28 only (stateless).
+    #[serde(rename = "2026-07-28")]
+    Stateless,
+}
+
+fn is_auto(r: &UpstreamRevision) -> bool {
+    *r == UpstreamRevision::Auto
 }
 
 pub(crate) fn is_off(m: &pin::PinMode) -> bool {
@@ -309,6 +336,8 @@ pub struct CompiledUpstream {
     resources: Option<offers::UriFilter>,
     /// Which of its prompts are served, and their names (`None`: none).
     prompts: Option<Namespace>,
+    /// The protocol revision it is spoken to in.
+    pub revision: UpstreamRevision,
 }
 
 /// The compiled handler of an imported tool.
@@ -453,6 +482,12 @@ fn compile_upstream(
             "resources and prompts are read with the server's own credential, which would show every caller what one identity may see; import them from an upstream without `identity`",
         );
     }
+    if u.revision == UpstreamRevision::Stateless && u.stdio.is_some() {
+        p.push(
+            format!("{at}.revision"),
+            "a stdio upstream is spoken to in a session (the handshake revisions); `2026-07-28` is for `http` upstreams",
+        );
+    }
     if identity.is_some() && u.stdio.is_some() {
         p.push(
             format!("{at}.identity"),
@@ -496,6 +531,7 @@ fn compile_upstream(
             .prompts
             .as_ref()
             .map(|pr| offers::compile_prompts(pr, &u.name, &format!("{at}.prompts"), p)),
+        revision: u.revision,
     }
 }
 

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::{
     CompiledUpstream, Glob, ImportReport, MAX_DESCRIPTOR_BYTES, MAX_UPSTREAM_TOOLS, Namespace, UpstreamPrompt,
 };
-use crate::config::compiled::{CompiledPrompt, CompiledResource, CompiledToolSet, ResourceKind};
+use crate::config::compiled::{CompiledPrompt, CompiledResource, CompiledToolSet, ResourceKind, UriPattern};
 use crate::spec::checks::shallow;
 use crate::spec::context::Problems;
 
@@ -238,6 +238,19 @@ impl CompiledUpstream {
                 continue;
             }
             let served = self.served_uri(uri);
+            let pattern = if templates {
+                match UriPattern::compile(&served) {
+                    Ok(p) => Some(p),
+                    Err(why) => {
+                        out.skipped.push(format!(
+                            "resource template `{uri}`: {why}; only level-1 templates are served"
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
             let mut p = Problems::default();
             let mut d = Map::new();
             d.insert(field.into(), Value::String(served.clone()));
@@ -280,7 +293,7 @@ impl CompiledUpstream {
                 kind: ResourceKind::Upstream {
                     upstream: index,
                     uri: served,
-                    template: templates,
+                    pattern,
                 },
                 values: BTreeMap::new(),
                 policies: None,
@@ -636,10 +649,61 @@ upstreams:
                 .any(|x| x.starts_with("upstreams[0].identity") && x.contains("server's own credential")),
             "{p:?}"
         );
+        let p = problems("upstreams: [{name: a, stdio: {command: [a]}, revision: \"2026-07-28\"}]");
+        assert!(p.iter().any(|x| x.starts_with("upstreams[0].revision")), "{p:?}");
+        assert!(
+            problems("upstreams: [{name: a, http: {url: \"http://a/mcp\"}, revision: \"2026-07-28\"}]")
+                .is_empty()
+        );
         // A policy may name an upstream's resources and prompts before they are listed.
         let p = problems(
             "upstreams: [{name: a, stdio: {command: [a]}, resources: {}, prompts: {}}]\npolicies: [{name: p, expression: \"true\", resources: [\"a+file:///x\"], prompts: [later]}]",
         );
         assert!(p.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn an_upstream_template_matches_only_what_it_could_expand_to() {
+        let c = compile(&parse("t", TWO).unwrap()).unwrap();
+        let mut o = Offered::default();
+        let listed = [
+            json!({"uriTemplate": "file:///{path}"}),
+            json!({"uriTemplate": "file:///{+path}"}),
+            json!({"uriTemplate": "book://{t}/ch/{n}"}),
+        ];
+        c.upstreams[1].import_resources(1, &listed, true, &mut o);
+        // `{+path}` (level 2) is not served: it could not be matched safely.
+        assert_eq!(o.resources.len(), 2, "{:?}", o.skipped);
+        assert!(o.skipped[0].contains("level-1"), "{:?}", o.skipped);
+        let ResourceKind::Upstream { pattern: Some(p), .. } = &o.resources[0].kind else {
+            panic!("a template");
+        };
+        assert_eq!(
+            p.matches_segments("b+file:///notes.md"),
+            Some(json!({"path": "notes.md"}))
+        );
+        assert_eq!(
+            p.matches_segments("b+file:///a%20b"),
+            Some(json!({"path": "a b"}))
+        );
+        for walks in [
+            "b+file:///../etc/passwd",
+            "b+file:///a/b",
+            "b+file:///..",
+            "b+file:///%2e%2e",
+            "b+file:///..%2Fx",
+            "b+file:///a%5Cb",
+            "b+file:///a%0Ab",
+        ] {
+            assert_eq!(p.matches_segments(walks), None, "{walks}");
+        }
+        let ResourceKind::Upstream { pattern: Some(p), .. } = &o.resources[1].kind else {
+            panic!("a template");
+        };
+        assert_eq!(
+            p.matches_segments("b+book://dune/ch/3"),
+            Some(json!({"t": "dune", "n": "3"}))
+        );
+        assert_eq!(p.matches_segments("b+book://a/b/ch/3"), None);
     }
 }

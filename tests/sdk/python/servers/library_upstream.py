@@ -1,6 +1,7 @@
 """An MCP server written with the official Python SDK that offers resources (fixed and
 templated), prompts and resource subscriptions besides tools, for quiver-server to front:
-`library_upstream.py NAME stdio` or `library_upstream.py NAME http PORT`.
+`library_upstream.py NAME stdio` or `library_upstream.py NAME http PORT [--2026-only]`.
+With `--2026-only` it refuses `initialize`: it speaks protocol 2026-07-28 only.
 
 Two of them (different NAMEs) list the same URIs and prompt names, so a test sees that the
 gateway keeps them apart. The environment's LIBRARY_TOKEN is a secret the server leaks in a
@@ -14,6 +15,7 @@ import sys
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import AssistantMessage, UserMessage
+from mcp.shared.exceptions import MCPError
 
 NAME = sys.argv[1]
 server = MCPServer(f"library-{NAME}", version="1.0.0", log_level="WARNING")
@@ -47,8 +49,18 @@ def summarize(text: str, style: str = "short") -> list:
 async def new_edition(ctx: Context) -> str:
     """Publishes the next edition of the guide and tells subscribers."""
     EDITION["n"] += 1
-    await ctx.session.send_resource_updated("file:///guide.md")
+    await tell(ctx, lambda s: s.send_resource_updated("file:///guide.md"), ctx.notify_resource_updated("file:///guide.md"))
     return f"edition {EDITION['n']}"
+
+
+async def tell(ctx: Context, in_session, to_listens) -> None:
+    """Sends a notification to a session's client (the handshake revisions) and to the
+    2026-07-28 listens (the revision the request came in decides which exist)."""
+    try:
+        await in_session(ctx.session)
+    except Exception:  # noqa: BLE001 - a stateless request has no session to tell
+        pass
+    await to_listens
 
 
 @server.tool()
@@ -63,8 +75,8 @@ async def add_appendix(ctx: Context) -> str:
     def translate(text: str) -> str:
         return f"Translate: {text}"
 
-    await ctx.session.send_resource_list_changed()
-    await ctx.session.send_prompt_list_changed()
+    await tell(ctx, lambda s: s.send_resource_list_changed(), ctx.notify_resources_changed())
+    await tell(ctx, lambda s: s.send_prompt_list_changed(), ctx.notify_prompts_changed())
     return "added"
 
 
@@ -74,6 +86,19 @@ async def on_subscribe(ctx, params: types.SubscribeRequestParams) -> types.Empty
 
 server._lowlevel_server.add_request_handler("resources/subscribe", types.SubscribeRequestParams, on_subscribe)
 server._lowlevel_server.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, on_subscribe)
+
+
+class NoSessions:
+    """Refuses `initialize`, as a server that speaks only 2026-07-28 does."""
+
+    async def __call__(self, ctx, call_next):
+        if ctx.method == "initialize":
+            raise MCPError(-32601, "Method not found: initialize (this server speaks 2026-07-28 only)")
+        return await call_next(ctx)
+
+
+if "--2026-only" in sys.argv:
+    server._lowlevel_server.middleware.append(NoSessions())
 
 if __name__ == "__main__":
     if sys.argv[2] == "stdio":
