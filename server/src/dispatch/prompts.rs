@@ -55,6 +55,11 @@ pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec
             &args,
         )?;
         check_arguments(prompt, &args)?;
+        // The upstream's limits count its prompts as they count its calls.
+        let _permits = match snap.config.upstreams.get(from.upstream) {
+            Some(u) => super::govern::admit(s, &u.limits, "prompts/get", req).await?,
+            None => None,
+        };
         let Some(link) = snap.upstreams.get(from.upstream) else {
             return Err(RpcError::invalid_params(format!("Unknown prompt: {}", p.name)));
         };

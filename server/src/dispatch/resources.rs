@@ -59,6 +59,14 @@ pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Ve
             crate::config::policy::Target::Resource(&p.uri),
             &args,
         )?;
+        // The upstream's limits count its reads as they count its calls.
+        let _permits = match &r.kind {
+            ResourceKind::Upstream { upstream, .. } => match snap.config.upstreams.get(*upstream) {
+                Some(u) => super::govern::admit(s, &u.limits, "resources/read", req).await?,
+                None => None,
+            },
+            _ => None,
+        };
         let mut result = link
             .read_resource(remote)
             .await

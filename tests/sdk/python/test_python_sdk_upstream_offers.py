@@ -505,3 +505,40 @@ def test_2026_upstreams_changes_and_updates_reach_clients(stateless_gateway):
             assert "both_translate" in names
 
     asyncio.run(run())
+
+
+def test_an_upstreams_limits_count_its_reads_and_prompts():
+    assert BIN.exists(), f"build the server first: {BIN} (cargo build -p quiver-server)"
+    tmp = Path(tempfile.mkdtemp(prefix="quiver-offers-limits-"))
+    path = tmp / "tools.yaml"
+    path.write_text(f"""
+server: {{name: gateway}}
+upstreams:
+  - name: alpha
+    stdio: {{command: [{sys.executable}, {UPSTREAM}, alpha, stdio]}}
+    tools: {{limits: [{{rate: 1/h, burst: 3, per: all}}]}}
+    resources: {{}}
+    prompts: {{}}
+""")
+    sp = start_server(path, tmp / "server.log")
+    try:
+        wait_until(lambda: serving(sp, ["alpha"]), timeout=30)
+
+        async def run():
+            async with Client(sp.url, mode="legacy") as c:
+                assert await text_of(c, "alpha+file:///guide.md") == "# alpha guide, edition 1"
+                r = await c.get_prompt("summarize", {"text": "t"})
+                assert r.messages[0].content.text == "[alpha] Summarize (short): t"
+                r = await c.call_tool("new_edition", {})
+                assert not r.is_error, r
+                # The burst of 3 is spent by one read, one get and one call, together.
+                with pytest.raises(MCPError, match="Rate limited: upstream alpha's rate limit refused this call of resources/read"):
+                    await c.read_resource("alpha+file:///guide.md")
+                with pytest.raises(MCPError, match="Rate limited: .* prompts/get"):
+                    await c.get_prompt("summarize", {"text": "t"})
+
+        asyncio.run(run())
+    finally:
+        stop(sp.proc)
+        print((tmp / "server.log").read_text()[-3000:])
+        shutil.rmtree(tmp, ignore_errors=True)

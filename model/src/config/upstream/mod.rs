@@ -217,7 +217,8 @@ pub struct ImportSpec {
     /// the caller's credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<crate::spec::access::AccessSpec>,
-    /// Rate and concurrency limits counted over every call of the tools served from it.
+    /// Rate and concurrency limits counted over every call of the tools served from it (and
+    /// every read of its resources and get of its prompts, when those are imported).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4))]
     pub limits: Vec<super::governance::LimitSpec>,
