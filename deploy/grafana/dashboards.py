@@ -235,9 +235,15 @@ def dispatch():
         panel(26, "Tool definitions awaiting approval", "timeseries", [
             target(f"max by (upstream) (quiver_upstream_tools_awaiting_approval{{{SEL}}})", "pending {{upstream}}", "A"),
             target(f"sum by (upstream) (increase(quiver_upstream_definition_changes_total{{{SEL}}}[{RI}]))", "changed {{upstream}}", "B"),
-        ], 0, 80, w=24, unit="short", thresholds=[(1, "orange")],
+        ], 0, 80, w=12, unit="short", thresholds=[(1, "orange")],
             description="Pinned upstreams (pin: warn or enforce): tools whose definition is new or changed since approved "
                         "(held back under enforce), and definitions that changed. See kubectl quiver status; approve with kubectl quiver approve."),
+        panel(33, "Served from upstreams", "timeseries", [
+            target(f"max by (upstream, kind) (quiver_upstream_served{{{SEL}}})", "{{upstream}} {{kind}}"),
+        ], 12, 80, w=12, unit="short",
+            description="What each upstream MCP server's lists give clients: tools, resources (and templates) and prompts "
+                        "that pass its filters and checks. An upstream that serves nothing while connected has a filter that "
+                        "leaves everything out, or lists only entries that are refused (its /status says why)."),
         panel(27, "Result guards: findings by tool, kind and action", "timeseries", [
             target(f"sum by (tool, kind, action) (increase(quiver_result_guard_findings_total{{{SEL}}}[{RI}]))", "{{tool}} {{kind}} ({{action}})"),
         ], 0, 88, w=24, unit="short", thresholds=[(1, "orange")],

@@ -271,6 +271,18 @@ pub struct UpstreamLabels {
     pub upstream: String,
 }
 
+/// Labels of what an upstream serves.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamServedLabels {
+    /// The upstream's name.
+    pub upstream: String,
+    /// `tools`, `resources` or `prompts`.
+    pub kind: &'static str,
+}
+
+/// The kinds of `quiver_upstream_served`.
+const UPSTREAM_SERVED: [&str; 3] = ["tools", "resources", "prompts"];
+
 /// Labels of the upstream error counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
@@ -299,9 +311,18 @@ pub struct UpstreamMetrics {
     pub awaiting_approval: Gauge<i64, AtomicI64>,
     /// Definitions that became pending (changed or new since approved).
     pub definition_changes: Counter,
+    /// Tools, resources (and templates) and prompts it serves.
+    served: Vec<Gauge<i64, AtomicI64>>,
 }
 
 impl UpstreamMetrics {
+    /// Sets how many tools, resources (and templates) and prompts it serves.
+    pub fn served(&self, counts: [usize; 3]) {
+        for (g, n) in self.served.iter().zip(counts) {
+            g.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// Counts a failed forwarded call.
     pub fn error(&self, kind: &str) {
         if let Some(i) = UPSTREAM_ERRORS.iter().position(|k| *k == kind) {
@@ -319,6 +340,7 @@ struct UpstreamFamilies {
     restarts: Family<UpstreamLabels, Counter>,
     awaiting_approval: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
     definition_changes: Family<UpstreamLabels, Counter>,
+    served: Family<UpstreamServedLabels, Gauge<i64, AtomicI64>>,
 }
 
 /// Labels of the refusal counter.
@@ -730,6 +752,11 @@ impl Metrics {
             upstreams.awaiting_approval.clone(),
         );
         root.register(
+            "upstream_served",
+            "Tools, resources (and templates) and prompts an upstream's lists give clients, by kind",
+            upstreams.served.clone(),
+        );
+        root.register(
             "upstream_definition_changes",
             "Tool definitions of a pinned upstream that changed or appeared since approved",
             upstreams.definition_changes.clone(),
@@ -809,6 +836,17 @@ impl Metrics {
             restarts: f.restarts.get_or_create(&labels).clone(),
             awaiting_approval: f.awaiting_approval.get_or_create(&labels).clone(),
             definition_changes: f.definition_changes.get_or_create(&labels).clone(),
+            served: UPSTREAM_SERVED
+                .iter()
+                .map(|kind| {
+                    f.served
+                        .get_or_create(&UpstreamServedLabels {
+                            upstream: name.to_owned(),
+                            kind,
+                        })
+                        .clone()
+                })
+                .collect(),
         }
     }
 
@@ -841,6 +879,12 @@ impl Metrics {
         f.definition_changes.remove(&labels);
         for kind in UPSTREAM_ERRORS {
             f.errors.remove(&UpstreamErrorLabels {
+                upstream: name.to_owned(),
+                kind,
+            });
+        }
+        for kind in UPSTREAM_SERVED {
+            f.served.remove(&UpstreamServedLabels {
                 upstream: name.to_owned(),
                 kind,
             });

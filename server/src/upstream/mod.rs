@@ -1140,6 +1140,10 @@ impl Hub {
         for (i, r) in crate::config::upstream::offers::add(compiled, offered) {
             links[i].add_to_report(r);
         }
+        for link in links {
+            let r = link.report.lock().unwrap_or_else(PoisonError::into_inner);
+            link.shared.metrics.served([r.imported, r.resources, r.prompts]);
+        }
         self.pins.set_awaiting(awaiting);
         compiled.upstream_digest = h.finish();
     }
