@@ -90,6 +90,29 @@ def gateway():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class Notifications:
+    """The notifications a client received (method and `uri`), and a wait for one of them."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []
+        self.arrived = asyncio.Event()
+
+    async def on_message(self, m):
+        method = getattr(m, "method", None) or getattr(getattr(m, "root", None), "method", None)
+        if method:
+            params = getattr(m, "params", None)
+            self.seen.append((method, str(getattr(params, "uri", "")) if params else ""))
+            self.arrived.set()
+
+    async def wait_for(self, method: str, uri: str = ""):
+        for _ in range(200):
+            if (method, uri) in self.seen:
+                return
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), 10)
+        raise AssertionError(f"{method} {uri} never came: {self.seen}")
+
+
 async def text_of(c: Client, uri: str) -> str:
     r = await c.read_resource(uri)
     assert [str(x.uri) for x in r.contents] == [uri]
@@ -155,23 +178,8 @@ def test_two_upstreams_resources_and_prompts_are_served_apart(gateway, mode):
 
 def test_updates_and_list_changes_of_an_upstream_reach_subscribers(gateway):
     async def run():
-        seen: list[tuple[str, str]] = []
-        arrived = asyncio.Event()
-
-        async def on_message(m):
-            method = getattr(m, "method", None) or getattr(getattr(m, "root", None), "method", None)
-            if method:
-                params = getattr(m, "params", None)
-                seen.append((method, str(getattr(params, "uri", "")) if params else ""))
-                arrived.set()
-
-        async def wait_for(method: str, uri: str = ""):
-            for _ in range(200):
-                if (method, uri) in seen:
-                    return
-                arrived.clear()
-                await asyncio.wait_for(arrived.wait(), 10)
-            raise AssertionError(f"{method} {uri} never came: {seen}")
+        notes = Notifications()
+        seen, on_message, wait_for = notes.seen, notes.on_message, notes.wait_for
 
         async with Client(gateway.url, mode="legacy", message_handler=on_message) as c:
             await c.subscribe_resource("alpha+file:///guide.md")
@@ -329,23 +337,8 @@ def test_two_go_sdk_upstreams_resources_and_prompts_are_served_apart(go_gateway,
 
 def test_a_go_sdk_upstreams_update_reaches_its_subscriber(go_gateway):
     async def run():
-        seen: list[tuple[str, str]] = []
-        arrived = asyncio.Event()
-
-        async def on_message(m):
-            method = getattr(m, "method", None) or getattr(getattr(m, "root", None), "method", None)
-            if method:
-                params = getattr(m, "params", None)
-                seen.append((method, str(getattr(params, "uri", "")) if params else ""))
-                arrived.set()
-
-        async def wait_for(method: str, uri: str):
-            for _ in range(200):
-                if (method, uri) in seen:
-                    return
-                arrived.clear()
-                await asyncio.wait_for(arrived.wait(), 10)
-            raise AssertionError(f"{method} {uri} never came: {seen}")
+        notes = Notifications()
+        seen, on_message, wait_for = notes.seen, notes.on_message, notes.wait_for
 
         async with Client(go_gateway.url, mode="legacy", message_handler=on_message) as c:
             await c.subscribe_resource("ga+file:///guide.md")
@@ -463,23 +456,8 @@ def test_2026_upstreams_serve_clients_of_either_revision(stateless_gateway, mode
 
 def test_2026_upstreams_changes_and_updates_reach_clients(stateless_gateway):
     async def run():
-        seen: list[tuple[str, str]] = []
-        arrived = asyncio.Event()
-
-        async def on_message(m):
-            method = getattr(m, "method", None) or getattr(getattr(m, "root", None), "method", None)
-            if method:
-                params = getattr(m, "params", None)
-                seen.append((method, str(getattr(params, "uri", "")) if params else ""))
-                arrived.set()
-
-        async def wait_for(method: str, uri: str = ""):
-            for _ in range(200):
-                if (method, uri) in seen:
-                    return
-                arrived.clear()
-                await asyncio.wait_for(arrived.wait(), 10)
-            raise AssertionError(f"{method} {uri} never came: {seen}")
+        notes = Notifications()
+        seen, on_message, wait_for = notes.seen, notes.on_message, notes.wait_for
 
         async with Client(stateless_gateway.url, mode="legacy", message_handler=on_message) as c:
             await c.subscribe_resource("only+file:///guide.md")

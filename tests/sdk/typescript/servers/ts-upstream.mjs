@@ -3,7 +3,7 @@
 // `node ts-upstream.mjs http PORT` (stateless Streamable HTTP with JSON answers, a fresh
 // server per request, as the SDK documents for horizontally scaled deployments).
 import { createServer } from "node:http";
-import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
+import { McpServer, ResourceTemplate } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { z } from "zod";
@@ -27,6 +27,24 @@ function build() {
     "whoami",
     { description: "The serving process and transport." },
     async () => text(`pid=${process.pid} transport=${mode}`),
+  );
+  // The same URIs and prompt name whatever the transport: the gateway keeps them apart.
+  server.registerResource(
+    "guide",
+    "file:///guide.md",
+    { mimeType: "text/markdown", description: "The guide." },
+    async (uri) => ({ contents: [{ uri: uri.href, text: `# guide over ${mode}` }] }),
+  );
+  server.registerResource(
+    "chapter",
+    new ResourceTemplate("book://{title}", { list: undefined }),
+    { mimeType: "text/plain" },
+    async (uri, { title }) => ({ contents: [{ uri: uri.href, text: `${title} over ${mode}` }] }),
+  );
+  server.registerPrompt(
+    "summarize",
+    { description: "Summarize a text.", argsSchema: { text: z.string() } },
+    ({ text: t }) => ({ messages: [{ role: "user", content: { type: "text", text: `Summarize (${mode}): ${t}` } }] }),
   );
   return server;
 }
