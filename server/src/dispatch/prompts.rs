@@ -75,22 +75,28 @@ pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec
     })
 }
 
-/// The arguments of an upstream's prompt: its required ones present, each a string (what
-/// `prompts/get` sends), none it does not list.
-fn check_arguments(prompt: &crate::config::CompiledPrompt, args: &Value) -> Result<(), RpcError> {
+/// Refuses a `prompts/get` without one of the prompt's required arguments.
+fn check_required(prompt: &crate::config::CompiledPrompt, args: &Value) -> Result<(), RpcError> {
     let missing: Vec<&str> = prompt
         .required
         .iter()
         .filter(|r| args.get(r.as_str()).is_none_or(Value::is_null))
         .map(String::as_str)
         .collect();
-    if !missing.is_empty() {
-        return Err(RpcError::invalid_params(format!(
-            "Missing required argument(s) for prompt {}: {}",
-            prompt.name,
-            missing.join(", ")
-        )));
+    if missing.is_empty() {
+        return Ok(());
     }
+    Err(RpcError::invalid_params(format!(
+        "Missing required argument(s) for prompt {}: {}",
+        prompt.name,
+        missing.join(", ")
+    )))
+}
+
+/// The arguments of an upstream's prompt: its required ones present, each a string (what
+/// `prompts/get` sends), none it does not list.
+fn check_arguments(prompt: &crate::config::CompiledPrompt, args: &Value) -> Result<(), RpcError> {
+    check_required(prompt, args)?;
     for (k, v) in args.as_object().into_iter().flatten() {
         if !prompt.arguments.contains(k) {
             return Err(RpcError::invalid_params(format!(
@@ -130,19 +136,7 @@ fn get_local(s: &Server, req: &Request<'_>, out: &mut Vec<u8>) -> Result<Done, R
         crate::config::policy::Target::Prompt(&prompt.name),
         &args,
     )?;
-    let missing: Vec<&str> = prompt
-        .required
-        .iter()
-        .filter(|r| args.get(r.as_str()).is_none_or(Value::is_null))
-        .map(String::as_str)
-        .collect();
-    if !missing.is_empty() {
-        return Err(RpcError::invalid_params(format!(
-            "Missing required argument(s) for prompt {}: {}",
-            p.name,
-            missing.join(", ")
-        )));
-    }
+    check_required(prompt, &args)?;
     if !prompt.ask.is_empty() {
         let Some(m) = stateless else {
             return Err(RpcError::invalid_params(format!(

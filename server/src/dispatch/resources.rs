@@ -50,15 +50,7 @@ pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Ve
         let Some((link, remote)) = upstream_of(&snap, r, &p.uri) else {
             return read_local(s, req, r, vars, &p.uri, out);
         };
-        // Policies see the URI template's variables as `args` (none: an empty map).
-        let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
-        super::govern::permitted(
-            s,
-            r.policies.as_deref(),
-            req,
-            crate::config::policy::Target::Resource(&p.uri),
-            &args,
-        )?;
+        permitted(s, req, r, vars, &p.uri)?;
         // The upstream's limits count its reads as they count its calls.
         let _permits = match &r.kind {
             ResourceKind::Upstream { upstream, .. } => match snap.config.upstreams.get(*upstream) {
@@ -85,6 +77,26 @@ pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Ve
         protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
         Ok(Done::Written)
     })
+}
+
+/// Refuses a read (or subscription) of `uri`, resource `r`, that a policy of `r` does not
+/// allow; policies see the URI template's variables (`vars`) as `args` (none: an empty map).
+fn permitted(
+    s: &Server,
+    req: &Request<'_>,
+    r: &crate::config::CompiledResource,
+    vars: Option<Value>,
+    uri: &str,
+) -> Result<Value, RpcError> {
+    let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+    super::govern::permitted(
+        s,
+        r.policies.as_deref(),
+        req,
+        crate::config::policy::Target::Resource(uri),
+        &args,
+    )?;
+    Ok(args)
 }
 
 /// For a resource `r` of an upstream: its link and the upstream's own URI of `uri` (which
@@ -123,15 +135,7 @@ fn read_local(
     uri: &str,
     out: &mut Vec<u8>,
 ) -> Result<Done, RpcError> {
-    // Policies see the URI template's variables as `args` (none: an empty map).
-    let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
-    super::govern::permitted(
-        s,
-        r.policies.as_deref(),
-        req,
-        crate::config::policy::Target::Resource(uri),
-        &args,
-    )?;
+    let args = permitted(s, req, r, vars, uri)?;
     let (text, blob, mime) = contents(r, Some(args));
     let text = text.map_err(|e| RpcError::invalid_params(format!("Resource {uri}: {e}")))?;
     let result = if blob {
@@ -190,14 +194,7 @@ pub(super) fn watch_upstream(
     let Some((link, remote)) = upstream_of(snap, r, uri) else {
         return Ok(());
     };
-    let args = vars.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
-    super::govern::permitted(
-        s,
-        r.policies.as_deref(),
-        req,
-        crate::config::policy::Target::Resource(uri),
-        &args,
-    )?;
+    permitted(s, req, r, vars, uri)?;
     let live = |served: &str| {
         s.sessions.subscriptions().iter().any(|(_, u)| &**u == served)
             || s.watched.lock().is_ok_and(|w| w.contains_key(served))

@@ -25,6 +25,7 @@ pub mod pins;
 #[cfg(feature = "kube")]
 pub use pin_store::keep_in_configmap as keep_pins_in_configmap;
 mod offers;
+mod relay;
 mod remote;
 mod sse;
 mod stdio;
@@ -131,8 +132,9 @@ impl std::fmt::Display for CallError {
 enum Message {
     /// The answer to one of our requests.
     Response(u64, Result<Value, CallError>),
-    /// A request of the upstream's (answered with `ping`'s `{}` or method-not-found).
-    Request(Value, String),
+    /// A request of the upstream's: id, method and params (`ping` is answered, a question to
+    /// a call's client relayed, anything else refused).
+    Request(Value, String, Value),
     /// A notification.
     Notification(String, Value),
 }
@@ -147,7 +149,11 @@ fn classify(mut v: Value) -> Result<Message, String> {
             m,
             obj.remove("params").unwrap_or(Value::Null),
         )),
-        (Some(m), Some(id)) => Ok(Message::Request(id, m)),
+        (Some(m), Some(id)) => Ok(Message::Request(
+            id,
+            m,
+            obj.remove("params").unwrap_or(Value::Null),
+        )),
         (None, Some(id)) => {
             let id = id.as_u64().ok_or("a response to a request id we never sent")?;
             if let Some(result) = obj.remove("result") {
@@ -178,10 +184,20 @@ fn answer(id: Value, method: &str) -> Value {
     }
 }
 
-/// Where the log notifications that arrive on a call's own HTTP answer stream go: straight
-/// to the call's client, in order with the rest of the stream (`None`: not wanted; they are
-/// logged here).
-pub(crate) type LogSink<'a> = Option<&'a (dyn Fn(&Value) + Sync)>;
+/// What arrives on a call's own HTTP answer stream for its client: log notifications, passed
+/// on in order with the rest of the stream (`log`; `None`: not wanted, they are logged here),
+/// and the upstream's questions to the client (`ask`: elicitation, sampling, roots), relayed
+/// (`None`: refused).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct LogSink<'a> {
+    pub log: Option<&'a (dyn Fn(&Value) + Sync)>,
+    pub ask: Option<&'a (dyn Fn(String, Value) -> relay::Asking<'a> + Sync)>,
+}
+
+impl LogSink<'_> {
+    /// Nothing for a client: logs are logged, questions refused.
+    pub(crate) const NONE: Self = Self { log: None, ask: None };
+}
 
 /// Unregisters a progress token however the call ends.
 struct Registered<'a>(&'a Shared, u64);
@@ -696,7 +712,7 @@ impl Link {
                 Some(c) => json!({"cursor": c}),
                 None => json!({}),
             };
-            let page = match self.request(method, &params, None).await {
+            let page = match self.request(method, &params, LogSink::NONE).await {
                 Ok(p) => p,
                 Err(e) => {
                     let error = self.shared.secrets.scrub(&e.to_string(), MAX_STATUS_ERROR);
@@ -810,7 +826,14 @@ impl Link {
         // those are logged here). Progress comes back by token on any of the upstream's
         // streams, so through a channel, which exists only when the client asked for it.
         let forward_log = |params: &Value| self.forward_log(params, cx);
-        let log: LogSink<'_> = cx.wants_logs().then_some(&forward_log);
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        let relay = |method: String, params: Value| -> relay::Asking<'_> {
+            Box::pin(self.relay(method, params, cx, &asked))
+        };
+        let log = LogSink {
+            log: cx.wants_logs().then_some(&forward_log),
+            ask: Some(&relay),
+        };
         let mut params = Params {
             name: remote,
             arguments: args,
@@ -1308,7 +1331,7 @@ mod tests {
             Ok(Message::Response(8, Err(CallError::Rpc(-32602, _))))
         ));
         assert!(
-            matches!(classify(json!({"id": "x", "method": "ping"})), Ok(Message::Request(_, m)) if m == "ping")
+            matches!(classify(json!({"id": "x", "method": "ping"})), Ok(Message::Request(_, m, _)) if m == "ping")
         );
         assert!(matches!(
             classify(json!({"method": "notifications/tools/list_changed"})),

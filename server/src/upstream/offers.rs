@@ -174,7 +174,7 @@ impl Link {
 
     async fn subscribe(&self, uri: &str) {
         if let Err(e) = self
-            .request("resources/subscribe", &json!({"uri": uri}), None)
+            .request("resources/subscribe", &json!({"uri": uri}), super::LogSink::NONE)
             .await
         {
             let error = self.describe(&e.to_string());
@@ -389,7 +389,7 @@ impl Link {
     /// calls are.
     async fn forwarded(&self, method: &str, params: &Value) -> Result<Value, CallError> {
         let start = Instant::now();
-        let r = self.request(method, params, None).await;
+        let r = self.request(method, params, super::LogSink::NONE).await;
         self.shared.metrics.requests.observe(start.elapsed());
         if let Err(e) = &r {
             self.shared.metrics.error(e.kind());

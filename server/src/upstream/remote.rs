@@ -384,7 +384,7 @@ impl Remote {
             return Ok((Posted::Answer(Ok(Value::Null)), session_id));
         };
         let answer = if is_stream {
-            self.read_stream(body, Some(id), log).await
+            self.read_stream(body, Some(id), log, session).await
         } else {
             self.read_json(body, id).await
         };
@@ -427,6 +427,7 @@ impl Remote {
         mut body: Body<'_>,
         id: Option<u64>,
         log: LogSink<'_>,
+        session: Option<&Session>,
     ) -> Result<Value, CallError> {
         let mut events = Events::new(self.shared.max_bytes);
         let mut out = Vec::new();
@@ -449,11 +450,25 @@ impl Remote {
                         return r;
                     }
                     // A log message of this call goes to its client, if it is listening.
-                    Ok(Message::Notification(m, p)) => match log {
+                    Ok(Message::Notification(m, p)) => match log.log {
                         Some(f) if m == "notifications/message" => f(&p),
                         _ => self.shared.notified(&m, &p),
                     },
-                    Ok(Message::Request(rid, m)) => self.reply(answer(rid, &m)).await,
+                    // A question to this call's client is relayed, in its session.
+                    Ok(Message::Request(rid, m, p)) => match log.ask {
+                        Some(ask) if crate::peer::Need::from_method(&m).is_some() => {
+                            let relayed = ask(m, p).await;
+                            let stop = matches!(relayed, Err(super::relay::Refused::Stop));
+                            self.reply(super::relay::answered(rid, relayed), session).await;
+                            if stop {
+                                // 2026-07-28: the client is asked first; the call is made
+                                // again with its answer.
+                                body.finish_now();
+                                return Err(CallError::Protocol("the client is asked first".into()));
+                            }
+                        }
+                        _ => self.reply(answer(rid, &m), session).await,
+                    },
                     _ => {}
                 }
             }
@@ -462,12 +477,15 @@ impl Remote {
 
     /// Answers a request of the upstream's in the background (at most [`MAX_REPLIES`] at a
     /// time: the rest are left unanswered), within its session.
-    async fn reply(&self, msg: Value) {
+    async fn reply(&self, msg: Value, session: Option<&Session>) {
         let Ok(permit) = Arc::clone(&self.replies).try_acquire_owned() else {
             return;
         };
         // Not waiting for the lock: an `initialize` in progress holds it.
-        let session = self.session.try_lock().ok().and_then(|s| s.clone());
+        let session = match session {
+            Some(s) => Some(s.clone()),
+            None => self.session.try_lock().ok().and_then(|s| s.clone()),
+        };
         let secrets = self.shared.secrets.snapshot();
         let Ok(req) = self.build(
             Method::POST,
@@ -510,7 +528,9 @@ impl Remote {
         };
         let id = self.shared.id();
         let msg = stateless_envelope(id, "server/discover", &json!({}));
-        let (posted, _) = self.post(Some(&session), msg, Some(id), None, auth).await?;
+        let (posted, _) = self
+            .post(Some(&session), msg, Some(id), LogSink::NONE, auth)
+            .await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("server/discover answered 404".into()));
         };
@@ -546,7 +566,7 @@ impl Remote {
     async fn initialize(&self, auth: Option<&HeaderValue>) -> Result<(Session, String, Value), CallError> {
         let id = self.shared.id();
         let msg = envelope(id, "initialize", &initialize_params());
-        let (posted, session_id) = self.post(None, msg, Some(id), None, auth).await?;
+        let (posted, session_id) = self.post(None, msg, Some(id), LogSink::NONE, auth).await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
         };
@@ -567,7 +587,7 @@ impl Remote {
             .stateless
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec();
-        self.post(Some(&session), note, None, None, auth).await?;
+        self.post(Some(&session), note, None, LogSink::NONE, auth).await?;
         Ok((session, version, info))
     }
 
@@ -706,7 +726,7 @@ impl Remote {
             body: resp.into_body(),
             last: Bytes::new(),
         };
-        let _ = self.read_stream(body, None, None).await;
+        let _ = self.read_stream(body, None, LogSink::NONE, Some(&session)).await;
         true
     }
 }
@@ -727,7 +747,7 @@ impl Remote {
         let id = self.shared.id();
         let msg = stateless_envelope(id, "subscriptions/listen", &params);
         tokio::select! {
-            r = self.post(Some(session), msg, Some(id), None, None) => r.is_ok(),
+            r = self.post(Some(session), msg, Some(id), LogSink::NONE, None) => r.is_ok(),
             () = self.shared.relisten.notified() => true,
         }
     }
@@ -765,7 +785,7 @@ async fn supervise(remote: std::sync::Weak<Remote>, stop: tokio_util::sync::Canc
             crate::otel::spans::upstream_connect(&r.shared.name, attempt)
         };
         let up = tokio::select! {
-            up = crate::otel::spans::under(span.as_ref(), r.request("ping", &no_params, None, None)) => up,
+            up = crate::otel::spans::under(span.as_ref(), r.request("ping", &no_params, LogSink::NONE, None)) => up,
             () = stop.cancelled() => return,
         };
         if let Some(cx) = &span {

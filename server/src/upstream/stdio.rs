@@ -468,7 +468,9 @@ async fn read_messages(shared: &Shared, proc: &Proc, mut out: impl AsyncBufRead 
             Ok(Message::Response(id, r)) => {
                 proc.waiters.answer(id, r);
             }
-            Ok(Message::Request(id, method)) => {
+            // A question to a client cannot be tied to one of the calls multiplexed on a
+            // process: refused.
+            Ok(Message::Request(id, method, _)) => {
                 proc.send(&answer(id, &method));
             }
             Ok(Message::Notification(method, params)) => shared.notified(&method, &params),

@@ -520,3 +520,37 @@ upstreams:
         stop(sp.proc)
         print((tmp / "server.log").read_text()[-3000:])
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def on_elicit(context, params):
+    assert params.message == "What is your name?"
+    return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+
+async def on_sample(context, params):
+    assert getattr(params.messages[0].content, "text", "") == "Greet Ada"
+    return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="Good morning"), model="test-model")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_an_upstreams_questions_reach_the_client_of_the_call(gateway, mode):
+    """beta (Streamable HTTP) asks the user and the model mid-call: the questions reach this
+    call's client, in a session (legacy) or as input rounds (2026-07-28, the call made again
+    with the answers), and the answers reach the upstream."""
+
+    async def run():
+        async with Client(gateway.url, mode=mode, elicitation_callback=on_elicit, sampling_callback=on_sample) as c:
+            r = await c.call_tool("b_greet_user", {})
+            assert (r.is_error, r.content[0].text) == (False, "Ada: Good morning"), r
+        # A client that did not declare elicitation: refused cleanly, never hanging (a tool
+        # error naming the capability in a session; 2026-07-28 answers the request with its
+        # missing-capability error).
+        async with Client(gateway.url, mode=mode) as bare:
+            if mode == "legacy":
+                r = await bare.call_tool("b_greet_user", {})
+                assert r.is_error and "elicitation" in r.content[0].text, r
+            else:
+                with pytest.raises(MCPError, match="elicitation"):
+                    await bare.call_tool("b_greet_user", {})
+
+    asyncio.run(run())

@@ -13,6 +13,7 @@ import os
 import sys
 
 import mcp_types as types
+from pydantic import BaseModel
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import AssistantMessage, UserMessage
 from mcp.shared.exceptions import MCPError
@@ -78,6 +79,25 @@ async def add_appendix(ctx: Context) -> str:
     await tell(ctx, lambda s: s.send_resource_list_changed(), ctx.notify_resources_changed())
     await tell(ctx, lambda s: s.send_prompt_list_changed(), ctx.notify_prompts_changed())
     return "added"
+
+
+class Name(BaseModel):
+    name: str
+
+
+@server.tool()
+async def greet_user(ctx: Context) -> str:
+    """Asks the user for a name (elicitation), then the client's model for a greeting
+    (sampling): both questions go to the client of this call."""
+    asked = await ctx.elicit("What is your name?", schema=Name)
+    if asked.action != "accept":
+        return f"no name ({asked.action})"
+    said = await ctx.session.create_message(
+        messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text=f"Greet {asked.data.name}"))],
+        max_tokens=50,
+        related_request_id=ctx.request_id,  # on this call's stream, not the session's
+    )
+    return f"{asked.data.name}: {said.content.text}"
 
 
 async def on_subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
