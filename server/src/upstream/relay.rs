@@ -61,6 +61,14 @@ impl Link {
                 "more than {MAX_RELAYED} questions to the client in one call"
             )));
         }
+        // A URL to open is a mode of elicitation a client declares on its own.
+        let url_mode = need == Need::Elicitation && params.get("mode").and_then(Value::as_str) == Some("url");
+        let caps = cx.caps.or(cx.inputs.map(|i| i.caps));
+        if url_mode && caps.is_some_and(|c| !c.elicitation_url) {
+            return Err(Refused::Error(
+                "the client did not declare URL-mode elicitation (capabilities.elicitation.url)".into(),
+            ));
+        }
         // What the upstream may not send its own client: the connection's Secrets.
         self.shared.secrets.redact_json(&self.secrets, &mut params);
         // `_meta` of the upstream's request (its progress token, ...) is its own.
