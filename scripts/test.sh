@@ -69,6 +69,7 @@ command -v prometheus >/dev/null || apt_install prometheus   # the exemplar test
 
 log "Python MCP SDK client tests"
 python_env
+node_env   # the TypeScript SDK servers some Python tests front as upstreams
 "$PY" -m pytest -q -s --durations=10 tests/sdk/python
 
 log "a real browser (Debian's chromium-headless-shell) signing users in at Keycloak"

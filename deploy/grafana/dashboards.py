@@ -244,9 +244,17 @@ def dispatch():
             description="What each upstream MCP server's lists give clients: tools, resources (and templates) and prompts "
                         "that pass its filters and checks. An upstream that serves nothing while connected has a filter that "
                         "leaves everything out, or lists only entries that are refused (its /status says why)."),
+        panel(34, "Upstream tasks and relayed questions", "timeseries", [
+            target(f"sum by (upstream, outcome) (increase(quiver_upstream_tasks_total{{{SEL}}}[{RI}]))", "task {{upstream}} {{outcome}}", "A"),
+            target(f"sum by (upstream, outcome) (increase(quiver_upstream_questions_total{{{SEL}}}[{RI}]))", "question {{upstream}} {{outcome}}", "B"),
+        ], 12, 88, w=12, unit="short",
+            description="Tools an upstream runs only as tasks of its own, by how their tasks ended: completed, failed (a tool error "
+                        "included), cancelled (the call ended first, and the task was cancelled at the upstream), lost (the upstream went "
+                        "away or answered nonsense mid-task). And an upstream's questions during calls (elicitation, sampling, roots) "
+                        "relayed to clients: answered, or refused (a client that did not declare the capability)."),
         panel(27, "Result guards: findings by tool, kind and action", "timeseries", [
             target(f"sum by (tool, kind, action) (increase(quiver_result_guard_findings_total{{{SEL}}}[{RI}]))", "{{tool}} {{kind}} ({{action}})"),
-        ], 0, 88, w=24, unit="short", thresholds=[(1, "orange")],
+        ], 0, 88, w=12, unit="short", thresholds=[(1, "orange")],
             description="Tool results in which a result guard (resultGuards) found secrets or personal data, once per kind found, "
                         "by what was done with the result: flag (passed on), redact, refuse (withheld). A secret in any tool's result is "
                         "worth a look at that tool; the audit records say which calls (their guard field)."),

@@ -118,10 +118,14 @@ async fn pins(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
 }
 
 async fn status(State(s): State<Arc<AdminState>>) -> Json<serde_json::Value> {
+    // Readiness first: the snapshot read after it is at least the one that made the server
+    // ready (it is stored before readiness is set), so `ready` never comes with the empty
+    // snapshot of before the first load.
+    let ready = s.server.registry.is_ready();
     let snap = s.server.registry.load();
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "ready": s.server.registry.is_ready(),
+        "ready": ready,
         "source": s.source,
         "generation": snap.generation,
         "configHash": snap.hash,

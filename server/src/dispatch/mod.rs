@@ -248,9 +248,8 @@ impl Server {
             start,
         };
         // Set for a request the audit trail records; before the `_meta` check, so that a
-        // 2026-07-28 call refused for its `_meta` is recorded too.
-        // With `--audit-on-full refuse`, a request whose record has no place is refused here,
-        // before anything of it runs.
+        // 2026-07-28 call refused for its `_meta` is recorded too. With `--audit-on-full
+        // refuse`, a request whose record has no place is refused here, before it runs.
         let (mut pending, full) = match self.audit_start(metric, &req, bytes) {
             Ok(p) => (p, None),
             Err(e) => (None, Some(e)),
@@ -288,13 +287,18 @@ impl Server {
             },
         };
         drop(inflight);
+        // An answer the handler stamped itself is not stamped again.
+        let stamp = match done {
+            Ok(Done::Stamped) => Stamp::Own,
+            _ => entry.map_or(Stamp::Own, |e| e.stamp),
+        };
         let (result, opened) = match done {
             Ok(Done::Listen(l)) => {
                 self.by_method.record(metric, 0, start.elapsed());
                 return Outcome::Listen(l);
             }
             Ok(Done::Initialized(caps)) => (Ok(()), Some(caps)),
-            Ok(Done::Written) => (Ok(()), None),
+            Ok(Done::Written | Done::Stamped) => (Ok(()), None),
             Err(e) => {
                 crate::otel::rpc_error(e.code);
                 (Err(e), None)
@@ -303,7 +307,7 @@ impl Server {
         let a = Answering {
             rev,
             metric,
-            stamp: entry.map_or(Stamp::Own, |e| e.stamp),
+            stamp,
             id,
             start,
         };

@@ -45,7 +45,8 @@ pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec
         let Some(from) = &prompt.upstream else {
             return get_local(s, req, out);
         };
-        let stamped = stateless_args(req)?.is_some();
+        let stateless = stateless_args(req)?;
+        let stamped = stateless.is_some();
         let args = Value::Object(p.arguments.unwrap_or_default());
         super::govern::permitted(
             s,
@@ -63,10 +64,19 @@ pub(super) fn get<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Vec
         let Some(link) = snap.upstreams.get(from.upstream) else {
             return Err(RpcError::invalid_params(format!("Unknown prompt: {}", p.name)));
         };
-        let result = link
-            .get_prompt(&from.remote, &args)
-            .await
-            .map_err(|e| super::resources::upstream_error(link, &e, None))?;
+        // A 2026-07-28 client answers the upstream's questions in its input rounds.
+        let m = stateless
+            .map(|m| s.stateless_call("prompts/get", &p.name, &args, m))
+            .transpose()?;
+        let r = link
+            .get_prompt(&from.remote, &args, super::rounds::round_cx(m.as_ref()).as_ref())
+            .await;
+        if let Some(m) = m
+            && s.interrupted(m.inputs.finish(), &m.call, &snap, req.id, out)?
+        {
+            return Ok(Done::Written);
+        }
+        let result = r.map_err(|e| super::resources::upstream_error(link, &e, None))?;
         protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
         if stamped {
             crate::dispatch::stateless::stamp(out, &snap.result_stamp);

@@ -34,6 +34,9 @@ pub(super) struct Request<'a> {
 pub(super) enum Done {
     /// The result is in the buffer.
     Written,
+    /// The answer in the buffer is stamped as it must be (an `InputRequiredResult` of a
+    /// method whose results are otherwise stamped for it): it is not stamped again.
+    Stamped,
     /// A successful `initialize` (its result is in the buffer): the session to open.
     Initialized(ClientCaps),
     /// A `subscriptions/listen` to serve as a stream (nothing is written).

@@ -59,10 +59,22 @@ pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Ve
             },
             _ => None,
         };
-        let mut result = link
-            .read_resource(remote)
-            .await
-            .map_err(|e| upstream_error(link, &e, Some(&p.uri)))?;
+        // A 2026-07-28 client answers the upstream's questions in its input rounds.
+        let m = super::rounds::stateless_args(req)?
+            .map(|m| s.stateless_call("resources/read", &p.uri, &Value::Null, m))
+            .transpose()?;
+        let read = link
+            .read_resource(remote, super::rounds::round_cx(m.as_ref()).as_ref())
+            .await;
+        let mut answered = false;
+        if let Some(m) = m {
+            let round = m.inputs.finish();
+            answered = !round.used.is_empty();
+            if s.interrupted(round, &m.call, &snap, req.id, out)? {
+                return Ok(Done::Stamped);
+            }
+        }
+        let mut result = read.map_err(|e| upstream_error(link, &e, Some(&p.uri)))?;
         // Contents it names by URIs its filter does not let through are not passed on.
         if let (Some(Value::Array(contents)), ResourceKind::Upstream { upstream, .. }) =
             (result.get_mut("contents"), &r.kind)
@@ -75,13 +87,18 @@ pub(super) fn read<'a>(s: &'a Arc<Server>, req: &'a Request<'a>, out: &'a mut Ve
             });
         }
         protocol::write_result(out, req.id, &serde_json::to_vec(&result).unwrap_or_default());
+        if answered {
+            // A read that took the user's answers is theirs for this once: no cache hints.
+            crate::dispatch::stateless::stamp(out, &snap.result_stamp);
+            return Ok(Done::Stamped);
+        }
         Ok(Done::Written)
     })
 }
 
 /// Refuses a read (or subscription) of `uri`, resource `r`, that a policy of `r` does not
 /// allow; policies see the URI template's variables (`vars`) as `args` (none: an empty map).
-fn permitted(
+pub(super) fn permitted(
     s: &Server,
     req: &Request<'_>,
     r: &crate::config::CompiledResource,
@@ -101,7 +118,7 @@ fn permitted(
 
 /// For a resource `r` of an upstream: its link and the upstream's own URI of `uri` (which
 /// its filter lets through); `None` for a resource of this ToolSet.
-fn upstream_of<'s, 'u>(
+pub(super) fn upstream_of<'s, 'u>(
     snap: &'s Snapshot,
     r: &crate::config::CompiledResource,
     uri: &'u str,

@@ -198,3 +198,14 @@ impl Server {
         Ok(true)
     }
 }
+
+/// The context of a request forwarded to an upstream for a 2026-07-28 client `m`, whose
+/// input round gathers the upstream's questions (`None`: none are relayed).
+pub(super) fn round_cx(m: Option<&StatelessCall>) -> Option<crate::peer::CallCtx<'_>> {
+    m.map(|m| crate::peer::CallCtx {
+        level: None,
+        caps: Some(m.inputs.caps),
+        inputs: Some(&m.inputs),
+        ..crate::peer::CallCtx::DETACHED
+    })
+}

@@ -145,7 +145,7 @@ table! {
     "resources/unsubscribe"    => Handshake, Own,    Now(resources::unsubscribe);
     "prompts/list"             => Both,      Cached, Now(prompts::list);
     "prompts/get"              => Both,      Own,    Wait(prompts::get);
-    "completion/complete"      => Both,      Plain,  Now(completion::complete);
+    "completion/complete"      => Both,      Plain,  Wait(completion::complete);
     "logging/setLevel"         => Handshake, Own,    Now(completion::set_level);
     "server/discover"          => Stateless, Own,    Now(sessions::discover);
     "subscriptions/listen"     => Stateless, Own,    Now(sessions::listen);

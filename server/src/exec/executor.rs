@@ -174,7 +174,7 @@ impl Executor {
                         let auth = match link.identity() {
                             None => None,
                             Some(id) if id.mode == IdentityMode::User => {
-                                return self.user_call(link, id, &u.remote, &args, cx).await;
+                                return self.user_call(link, id, u, &args, cx).await;
                             }
                             Some(id) => {
                                 let what = format!("upstream `{}`", link.name);
@@ -185,9 +185,7 @@ impl Executor {
                             }
                         };
                         let mut out = self
-                            .with_secrets(&link.secrets, |_| {
-                                link.call_tool(&u.remote, args, cx, auth.as_ref())
-                            })
+                            .with_secrets(&link.secrets, |_| link.call_tool(u, args, cx, auth.as_ref()))
                             .await;
                         if let Some(a) = &auth {
                             crate::identity::redact(&mut out, &[bearer_value(a)]);

@@ -83,7 +83,7 @@ impl Executor {
         &self,
         link: &Link,
         id: &Identity,
-        remote: &str,
+        call: &crate::config::upstream::UpstreamCall,
         args: &Value,
         cx: &CallCtx<'_>,
     ) -> ToolOutput {
@@ -109,7 +109,7 @@ impl Executor {
         };
         let mut renewed = false;
         loop {
-            match link.try_call_tool(remote, args, cx, Some(&auth.header)).await {
+            match link.try_call_tool(call, args, cx, Some(&auth.header)).await {
                 Ok(mut out) => {
                     if let Some(a) = &auth.account {
                         cx.acted_as(a);

@@ -283,6 +283,24 @@ pub struct UpstreamServedLabels {
 /// The kinds of `quiver_upstream_served`.
 const UPSTREAM_SERVED: [&str; 3] = ["tools", "resources", "prompts"];
 
+/// Labels of a counter of an upstream's events by how they ended.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamOutcomeLabels {
+    /// The upstream's name.
+    pub upstream: String,
+    /// How it ended (one of the family's outcomes).
+    pub outcome: &'static str,
+}
+
+/// Outcomes of `quiver_upstream_tasks_total`: the upstream's task ended with a result
+/// (`completed`) or an error (`failed`, a tool error included); the call ended first and the
+/// task was cancelled at the upstream (`cancelled`); or the task was lost track of (`lost`:
+/// the upstream went away, answered nonsense, or the wait ran out).
+pub const UPSTREAM_TASK_OUTCOMES: [&str; 4] = ["completed", "failed", "cancelled", "lost"];
+/// Outcomes of `quiver_upstream_questions_total`: the client answered the relayed
+/// question, or it was refused (not declared by the client, malformed, one too many).
+pub const UPSTREAM_QUESTION_OUTCOMES: [&str; 2] = ["answered", "refused"];
+
 /// Labels of the upstream error counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
@@ -313,6 +331,10 @@ pub struct UpstreamMetrics {
     pub definition_changes: Counter,
     /// Tools, resources (and templates) and prompts it serves.
     served: Vec<Gauge<i64, AtomicI64>>,
+    /// Its tasks followed, by [`UPSTREAM_TASK_OUTCOMES`].
+    tasks: Vec<Counter>,
+    /// Its questions relayed to clients, by [`UPSTREAM_QUESTION_OUTCOMES`].
+    questions: Vec<Counter>,
 }
 
 impl UpstreamMetrics {
@@ -321,6 +343,19 @@ impl UpstreamMetrics {
         for (g, n) in self.served.iter().zip(counts) {
             g.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Counts a task of the upstream's that ended (`outcome`: one of
+    /// [`UPSTREAM_TASK_OUTCOMES`]).
+    pub fn task_ended(&self, outcome: &str) {
+        if let Some(i) = UPSTREAM_TASK_OUTCOMES.iter().position(|k| *k == outcome) {
+            self.tasks[i].inc();
+        }
+    }
+
+    /// Counts a question of the upstream's relayed to a client: answered or refused.
+    pub fn question(&self, answered: bool) {
+        self.questions[usize::from(!answered)].inc();
     }
 
     /// Counts a failed forwarded call.
@@ -341,6 +376,26 @@ struct UpstreamFamilies {
     awaiting_approval: Family<UpstreamLabels, Gauge<i64, AtomicI64>>,
     definition_changes: Family<UpstreamLabels, Counter>,
     served: Family<UpstreamServedLabels, Gauge<i64, AtomicI64>>,
+    tasks: Family<UpstreamOutcomeLabels, Counter>,
+    questions: Family<UpstreamOutcomeLabels, Counter>,
+}
+
+/// The series of `upstream` in `family`, one per outcome of `all`.
+fn by_outcome(
+    family: &Family<UpstreamOutcomeLabels, Counter>,
+    upstream: &str,
+    all: &[&'static str],
+) -> Vec<Counter> {
+    all.iter()
+        .map(|outcome| {
+            family
+                .get_or_create(&UpstreamOutcomeLabels {
+                    upstream: upstream.to_owned(),
+                    outcome,
+                })
+                .clone()
+        })
+        .collect()
 }
 
 /// Labels of the refusal counter.
@@ -757,6 +812,16 @@ impl Metrics {
             upstreams.served.clone(),
         );
         root.register(
+            "upstream_tasks",
+            "Tasks of an upstream's own that calls were followed through, by how they ended (completed, failed, cancelled, lost)",
+            upstreams.tasks.clone(),
+        );
+        root.register(
+            "upstream_questions",
+            "Questions of an upstream (elicitation, sampling, roots) relayed to the client of a call, answered or refused",
+            upstreams.questions.clone(),
+        );
+        root.register(
             "upstream_definition_changes",
             "Tool definitions of a pinned upstream that changed or appeared since approved",
             upstreams.definition_changes.clone(),
@@ -847,6 +912,8 @@ impl Metrics {
                         .clone()
                 })
                 .collect(),
+            tasks: by_outcome(&f.tasks, name, &UPSTREAM_TASK_OUTCOMES),
+            questions: by_outcome(&f.questions, name, &UPSTREAM_QUESTION_OUTCOMES),
         }
     }
 
@@ -888,6 +955,17 @@ impl Metrics {
                 upstream: name.to_owned(),
                 kind,
             });
+        }
+        for (family, all) in [
+            (&f.tasks, &UPSTREAM_TASK_OUTCOMES[..]),
+            (&f.questions, &UPSTREAM_QUESTION_OUTCOMES[..]),
+        ] {
+            for outcome in all {
+                family.remove(&UpstreamOutcomeLabels {
+                    upstream: name.to_owned(),
+                    outcome,
+                });
+            }
         }
     }
 

@@ -29,6 +29,7 @@ mod relay;
 mod remote;
 mod sse;
 mod stdio;
+mod tasks;
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +97,13 @@ pub enum CallError {
     Unauthorized,
     /// The result guard withheld the answer (its refusal).
     Withheld(String),
+    /// 2026-07-28: the upstream refused a plain call of a tool it runs only as a task
+    /// (`-32021` naming the tasks extension); the message is its.
+    NeedsTask(String),
+    /// 2026-07-28: the upstream's question goes to the client in an input round, so the call
+    /// ends here (the client's retry makes it again, and the answer is then at hand). Not a
+    /// failure of the upstream's.
+    Asked,
 }
 
 impl CallError {
@@ -104,11 +112,12 @@ impl CallError {
         match self {
             Self::Timeout(_) => "timeout",
             Self::Down(_) => "down",
-            Self::Rpc(..) => "rpc_error",
+            Self::Rpc(..) | Self::NeedsTask(_) => "rpc_error",
             Self::Protocol(_) => "protocol",
             Self::Busy => "busy",
             Self::Unauthorized => "unauthorized",
             Self::Withheld(_) => "withheld",
+            Self::Asked => "asked",
         }
     }
 }
@@ -119,10 +128,12 @@ impl std::fmt::Display for CallError {
             Self::Timeout(d) => write!(f, "no answer within {d:?}"),
             Self::Down(why) => write!(f, "not available: {why}"),
             Self::Rpc(code, msg) => write!(f, "error {code}: {msg}"),
+            Self::NeedsTask(msg) => write!(f, "error {}: {msg}", crate::protocol::MISSING_CAPABILITY),
             Self::Protocol(why) => write!(f, "broke the protocol: {why}"),
             Self::Busy => write!(f, "{MAX_IN_FLIGHT} requests are already in flight"),
             Self::Unauthorized => write!(f, "refused the caller's credential (HTTP 401)"),
             Self::Withheld(why) => f.write_str(why),
+            Self::Asked => f.write_str("the client is asked first"),
         }
     }
 }
@@ -168,6 +179,12 @@ fn classify(mut v: Value) -> Result<Message, String> {
                 .chars()
                 .take(1024)
                 .collect();
+            let extensions = err.pointer("/data/requiredCapabilities/extensions");
+            if code == i64::from(crate::protocol::MISSING_CAPABILITY)
+                && extensions.is_some_and(|e| e.get(tasks::EXTENSION).is_some())
+            {
+                return Ok(Message::Response(id, Err(CallError::NeedsTask(msg))));
+            }
             Ok(Message::Response(id, Err(CallError::Rpc(code, msg))))
         }
         (None, None) => Err("a message without method or id".into()),
@@ -192,11 +209,23 @@ fn answer(id: Value, method: &str) -> Value {
 pub(crate) struct LogSink<'a> {
     pub log: Option<&'a (dyn Fn(&Value) + Sync)>,
     pub ask: Option<&'a (dyn Fn(String, Value) -> relay::Asking<'a> + Sync)>,
+    /// What the client of the call declared it answers (`None`: not known, so asked
+    /// anyway), declared to a 2026-07-28 upstream in the request's `_meta` when questions
+    /// are relayed.
+    pub caps: Option<crate::session::ClientCaps>,
+    /// 2026-07-28: the tasks extension is declared, so the upstream may answer with a task
+    /// (this server follows it).
+    pub tasks: bool,
 }
 
 impl LogSink<'_> {
     /// Nothing for a client: logs are logged, questions refused.
-    pub(crate) const NONE: Self = Self { log: None, ask: None };
+    pub(crate) const NONE: Self = Self {
+        log: None,
+        ask: None,
+        caps: None,
+        tasks: false,
+    };
 }
 
 /// Unregisters a progress token however the call ends.
@@ -269,11 +298,21 @@ fn envelope<P: serde::Serialize + ?Sized>(id: u64, method: &str, params: &P) -> 
     .unwrap_or_default()
 }
 
-/// The `initialize` request's params.
-fn initialize_params() -> Value {
+/// The `initialize` request's params. `relays`: the upstream's questions during a call are
+/// relayed to the call's client (HTTP), so the capabilities to ask them are declared (a
+/// client that lacks one gets the question refused, and the upstream the reason); `roots`
+/// too (a session of one caller's own).
+fn initialize_params(relays: bool, roots: bool) -> Value {
+    let mut capabilities = json!({});
+    if relays {
+        capabilities = json!({"elicitation": {"form": {}, "url": {}}, "sampling": {}});
+        if roots {
+            capabilities["roots"] = json!({});
+        }
+    }
     json!({
         "protocolVersion": PROTOCOL_VERSION,
-        "capabilities": {},
+        "capabilities": capabilities,
         "clientInfo": {"name": "quiver-server", "version": env!("CARGO_PKG_VERSION")},
     })
 }
@@ -369,6 +408,8 @@ struct Shared {
     wants: u8,
     /// Signalled when a 2026-07-28 listen must be opened again (it watches other URIs).
     relisten: Notify,
+    /// Places for the upstream's tasks calls are following ([`tasks::MAX_FOLLOWED`]).
+    followed: tokio::sync::Semaphore,
 }
 
 /// At most [`LOG_LINES_PER_SECOND`] lines (or other messages) per second per upstream; the
@@ -486,9 +527,29 @@ impl Shared {
     }
 }
 
+#[derive(Clone)]
 enum Conn {
     Stdio(Arc<stdio::Pool>),
     Http(Arc<remote::Remote>),
+    /// One process of a stdio pool, for requests about a task it holds (a task lives in
+    /// the process that made it).
+    Pinned(Arc<stdio::Pool>, Arc<stdio::Proc>),
+}
+
+impl Conn {
+    async fn request<P: serde::Serialize + Sync + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        log: LogSink<'_>,
+        auth: Option<&http::HeaderValue>,
+    ) -> Result<Value, CallError> {
+        match self {
+            Self::Stdio(p) => p.request(method, params).await,
+            Self::Http(r) => r.request(method, params, log, auth).await,
+            Self::Pinned(pool, p) => pool.request_on(p, method, params).await,
+        }
+    }
 }
 
 /// A list (of tools, resources, templates or prompts) as an upstream listed it, and its
@@ -577,6 +638,7 @@ impl Link {
             stateless: std::sync::atomic::AtomicBool::new(false),
             wants,
             relisten: Notify::new(),
+            followed: tokio::sync::Semaphore::new(tasks::MAX_FOLLOWED),
         });
         let conn = match &u.transport {
             Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
@@ -666,10 +728,7 @@ impl Link {
         log: LogSink<'_>,
         auth: Option<&http::HeaderValue>,
     ) -> Result<Value, CallError> {
-        match &self.conn {
-            Conn::Stdio(p) => p.request(method, params).await,
-            Conn::Http(r) => r.request(method, params, log, auth).await,
-        }
+        self.conn.request(method, params, log, auth).await
     }
 
     /// The credential its tool calls carry as their caller (`None`: the server's own).
@@ -777,12 +836,12 @@ impl Link {
     /// for progress, the upstream is asked too and its progress is passed on.
     pub async fn call_tool(
         &self,
-        remote: &str,
+        call: &crate::config::upstream::UpstreamCall,
         args: Value,
         cx: &CallCtx<'_>,
         auth: Option<&http::HeaderValue>,
     ) -> ToolOutput {
-        match self.try_call_tool(remote, &args, cx, auth).await {
+        match self.try_call_tool(call, &args, cx, auth).await {
             Ok(out) => out,
             Err(e) => ToolOutput::error(format!("upstream `{}`: {e}", self.name)),
         }
@@ -796,27 +855,13 @@ impl Link {
     /// The upstream did not answer the call with a result.
     pub async fn try_call_tool(
         &self,
-        remote: &str,
+        call: &crate::config::upstream::UpstreamCall,
         args: &Value,
         cx: &CallCtx<'_>,
         auth: Option<&http::HeaderValue>,
     ) -> Result<ToolOutput, CallError> {
-        #[derive(serde::Serialize)]
-        struct Params<'a> {
-            name: &'a str,
-            arguments: &'a Value,
-            #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
-            meta: Option<Meta>,
-        }
-        #[derive(serde::Serialize, Default)]
-        struct Meta {
-            #[serde(rename = "progressToken", skip_serializing_if = "Option::is_none")]
-            progress_token: Option<u64>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            traceparent: Option<String>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            tracestate: Option<String>,
-        }
+        use tasks::{CallMeta, CallParams};
+        let remote = call.remote.as_str();
         let start = Instant::now();
         // Tracing on: a client span, whose context the upstream gets in `_meta`.
         let span = crate::otel::spans::upstream_call(&self.name, remote);
@@ -826,26 +871,29 @@ impl Link {
         // those are logged here). Progress comes back by token on any of the upstream's
         // streams, so through a channel, which exists only when the client asked for it.
         let forward_log = |params: &Value| self.forward_log(params, cx);
-        let asked = std::sync::atomic::AtomicU32::new(0);
+        let asked = relay::Questions::default();
         let relay = |method: String, params: Value| -> relay::Asking<'_> {
             Box::pin(self.relay(method, params, cx, &asked))
         };
         let log = LogSink {
             log: cx.wants_logs().then_some(&forward_log),
             ask: Some(&relay),
+            caps: cx.caps.or(cx.inputs.map(|i| i.caps)),
+            tasks: false,
         };
-        let mut params = Params {
+        let mut params = CallParams {
             name: remote,
             arguments: args,
-            meta: trace.map(|(parent, state)| Meta {
+            meta: trace.map(|(parent, state)| CallMeta {
                 traceparent: Some(parent),
                 tracestate: state,
-                ..Meta::default()
+                ..CallMeta::default()
             }),
+            task: None,
         };
         let r = if cx.wants_progress() {
             let token = self.shared.id();
-            params.meta.get_or_insert_with(Meta::default).progress_token = Some(token);
+            params.meta.get_or_insert_with(CallMeta::default).progress_token = Some(token);
             let (tx, mut progress) = mpsc::channel(64);
             self.shared
                 .progress
@@ -855,7 +903,7 @@ impl Link {
             let _registered = Registered(&self.shared, token);
             let forward_progress = |p: Value| self.forward_progress(p, cx);
             let call =
-                crate::otel::spans::under(span.as_ref(), self.request_as("tools/call", &params, log, auth));
+                crate::otel::spans::under(span.as_ref(), self.tools_call(&params, call.task, log, auth));
             tokio::pin!(call);
             let r = loop {
                 tokio::select! {
@@ -871,10 +919,19 @@ impl Link {
             }
             r
         } else {
-            crate::otel::spans::under(span.as_ref(), self.request_as("tools/call", &params, log, auth)).await
+            crate::otel::spans::under(span.as_ref(), self.tools_call(&params, call.task, log, auth)).await
         };
         self.shared.metrics.requests.observe(start.elapsed());
-        let r = r.and_then(|v| to_output(v).map_err(CallError::Protocol));
+        let mut r = r.and_then(|v| to_output(v).map_err(CallError::Protocol));
+        // Resources its result links or embeds are read through this server, under the
+        // names it serves them by, where its resources are imported.
+        if self.wants & offers::RESOURCES != 0
+            && let Ok(out) = &mut r
+        {
+            for block in out.content.iter_mut().flatten() {
+                self.serve_uris(block);
+            }
+        }
         if let Some(cx) = &span {
             let error = match &r {
                 Ok(out) => out.is_error.then_some("tool_error"),
@@ -957,7 +1014,7 @@ impl Link {
         };
         json!({
             "name": self.name,
-            "transport": match self.conn { Conn::Stdio(_) => "stdio", Conn::Http(_) => "http" },
+            "transport": match self.conn { Conn::Stdio(_) | Conn::Pinned(..) => "stdio", Conn::Http(_) => "http" },
             "state": h.state,
             "error": h.error.map(|e| e.chars().take(MAX_STATUS_ERROR).collect::<String>()),
             "lastError": h.last_error.as_ref().map(|(e, _)| e.chars().take(MAX_STATUS_ERROR).collect::<String>()),

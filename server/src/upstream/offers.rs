@@ -19,11 +19,13 @@ use crate::config::guards::{GuardAction, Verdict};
 use crate::config::upstream::offers::Offered;
 use crate::config::upstream::{CompiledUpstream, ImportReport};
 use crate::guard::Scan;
+use crate::peer::CallCtx;
 
 /// What the upstream offers, as its `initialize` result says (bits of [`Shared::offered`](super::Shared)).
 pub(super) const RESOURCES: u8 = 1;
 pub(super) const PROMPTS: u8 = 2;
 pub(super) const SUBSCRIBE: u8 = 4;
+pub(super) const COMPLETIONS: u8 = 8;
 
 /// The capabilities of an `initialize` result that this server imports from.
 pub(super) fn offered(initialized: &Value) -> u8 {
@@ -35,6 +37,9 @@ pub(super) fn offered(initialized: &Value) -> u8 {
     }
     if has("prompts") {
         bits |= PROMPTS;
+    }
+    if has("completions") {
+        bits |= COMPLETIONS;
     }
     let subscribe = caps
         .and_then(|c| c.get("resources"))
@@ -48,6 +53,9 @@ pub(super) fn offered(initialized: &Value) -> u8 {
 
 /// Subscribed URIs of one upstream kept (more are refused).
 const MAX_WATCHED: usize = 1024;
+/// Values of one upstream completion passed on (the protocol's limit), and the longest.
+const MAX_COMPLETIONS: usize = 100;
+const MAX_COMPLETION_CHARS: usize = 1024;
 
 /// A callback of the served URI of an updated resource.
 type Tell = Box<dyn Fn(&str) + Send + Sync>;
@@ -295,8 +303,10 @@ impl Link {
     /// # Errors
     /// The upstream failed, answered something that is not a `ReadResourceResult`, or the
     /// result guard withheld the contents.
-    pub async fn read_resource(&self, remote: &str) -> Result<Value, CallError> {
-        let r = self.forwarded("resources/read", &json!({"uri": remote})).await?;
+    pub async fn read_resource(&self, remote: &str, cx: Option<&CallCtx<'_>>) -> Result<Value, CallError> {
+        let r = self
+            .forwarded("resources/read", &json!({"uri": remote}), cx)
+            .await?;
         let Some(Value::Array(contents)) = r.get("contents") else {
             return Err(CallError::Protocol(
                 "a resources/read result without a contents array".into(),
@@ -336,9 +346,18 @@ impl Link {
     /// # Errors
     /// The upstream failed, answered something that is not a `GetPromptResult`, or the
     /// result guard withheld it.
-    pub async fn get_prompt(&self, remote: &str, arguments: &Value) -> Result<Value, CallError> {
+    pub async fn get_prompt(
+        &self,
+        remote: &str,
+        arguments: &Value,
+        cx: Option<&CallCtx<'_>>,
+    ) -> Result<Value, CallError> {
         let r = self
-            .forwarded("prompts/get", &json!({"name": remote, "arguments": arguments}))
+            .forwarded(
+                "prompts/get",
+                &json!({"name": remote, "arguments": arguments}),
+                cx,
+            )
             .await?;
         let Some(Value::Array(messages)) = r.get("messages") else {
             return Err(CallError::Protocol(
@@ -373,8 +392,38 @@ impl Link {
         Ok(result)
     }
 
+    /// Completes an argument of the upstream's prompt or resource template (`reference`, in
+    /// the upstream's own names), as `completion/complete` asks: its values checked (at most
+    /// [`MAX_COMPLETIONS`] strings of at most [`MAX_COMPLETION_CHARS`] characters), Secret
+    /// values redacted, through the result guard. An upstream that offers no completions
+    /// completes nothing.
+    ///
+    /// # Errors
+    /// The upstream failed, answered something that is not a `CompleteResult`, or the result
+    /// guard withheld it.
+    pub async fn complete(
+        &self,
+        reference: Value,
+        argument: Value,
+        context: Option<Value>,
+    ) -> Result<Value, CallError> {
+        if self.shared.offered.load(Ordering::Relaxed) & COMPLETIONS == 0 {
+            return Ok(json!({"completion": {"values": [], "total": 0, "hasMore": false}}));
+        }
+        let mut params = json!({"ref": reference, "argument": argument});
+        if let Some(c) = context {
+            params["context"] = c;
+        }
+        let mut r = self.forwarded("completion/complete", &params, None).await?;
+        // Before values are cut: a Secret cut in two would no longer be found whole.
+        self.shared.secrets.redact_json(&self.secrets, &mut r);
+        let mut result = completion_of(&r)?;
+        self.checked(&mut result)?;
+        Ok(result)
+    }
+
     /// The URI of a resource a content block embeds or links, as this server serves it.
-    fn serve_uris(&self, block: &mut Value) {
+    pub(super) fn serve_uris(&self, block: &mut Value) {
         let uri = match block.get("type").and_then(Value::as_str) {
             Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
             Some("resource_link") => block.get_mut("uri"),
@@ -387,9 +436,30 @@ impl Link {
 
     /// A request of the upstream's own session, timed and its failures counted as its
     /// calls are.
-    async fn forwarded(&self, method: &str, params: &Value) -> Result<Value, CallError> {
+    /// With `cx` (a 2026-07-28 client's request), the upstream's questions are relayed to
+    /// that client as its input round.
+    async fn forwarded(
+        &self,
+        method: &str,
+        params: &Value,
+        cx: Option<&CallCtx<'_>>,
+    ) -> Result<Value, CallError> {
         let start = Instant::now();
-        let r = self.request(method, params, super::LogSink::NONE).await;
+        let asked = super::relay::Questions::default();
+        let r = match cx {
+            Some(cx) => {
+                let relay = |m: String, p: Value| -> super::relay::Asking<'_> {
+                    Box::pin(self.relay(m, p, cx, &asked))
+                };
+                let log = super::LogSink {
+                    ask: Some(&relay),
+                    caps: cx.caps,
+                    ..super::LogSink::NONE
+                };
+                self.request(method, params, log).await
+            }
+            None => self.request(method, params, super::LogSink::NONE).await,
+        };
         self.shared.metrics.requests.observe(start.elapsed());
         if let Err(e) = &r {
             self.shared.metrics.error(e.kind());
@@ -412,6 +482,38 @@ impl Link {
     }
 }
 
+/// An upstream's `CompleteResult`, checked: `completion.values` strings (at most
+/// [`MAX_COMPLETIONS`] kept, each cut at [`MAX_COMPLETION_CHARS`] characters, `hasMore` set
+/// when some were left out), `total` and `hasMore` kept when well formed.
+fn completion_of(r: &Value) -> Result<Value, CallError> {
+    let c = r.get("completion");
+    let Some(Value::Array(values)) = c.and_then(|c| c.get("values")) else {
+        return Err(CallError::Protocol(
+            "a completion/complete result without completion.values".into(),
+        ));
+    };
+    let mut kept = Vec::with_capacity(values.len().min(MAX_COMPLETIONS));
+    for v in values.iter().take(MAX_COMPLETIONS) {
+        let Some(v) = v.as_str() else {
+            return Err(CallError::Protocol(
+                "a completion value that is not a string".into(),
+            ));
+        };
+        kept.push(Value::String(v.chars().take(MAX_COMPLETION_CHARS).collect()));
+    }
+    let cut = values.len() > kept.len();
+    let mut completion = Map::new();
+    completion.insert("values".into(), Value::Array(kept));
+    if let Some(t) = c.and_then(|c| c.get("total")).and_then(Value::as_u64) {
+        completion.insert("total".into(), json!(t));
+    }
+    let more = c.and_then(|c| c.get("hasMore")).and_then(Value::as_bool);
+    if cut || more.is_some() {
+        completion.insert("hasMore".into(), json!(cut || more == Some(true)));
+    }
+    Ok(json!({"completion": completion}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,10 +530,49 @@ mod tests {
             offered(&json!({"capabilities": {"resources": {"subscribe": true}}})),
             RESOURCES | SUBSCRIBE
         );
+        assert_eq!(
+            offered(&json!({"capabilities": {"completions": {}}})),
+            COMPLETIONS
+        );
         // Not an object: not declared.
         assert_eq!(
             offered(&json!({"capabilities": {"resources": true, "prompts": "yes"}})),
             0
         );
+    }
+
+    #[test]
+    fn an_upstreams_completions_are_checked_and_bounded() {
+        let ok = completion_of(&json!({"completion": {"values": ["a", "b"], "total": 9, "hasMore": true}}))
+            .unwrap();
+        assert_eq!(
+            ok,
+            json!({"completion": {"values": ["a", "b"], "total": 9, "hasMore": true}})
+        );
+        // Too many: the first 100, and hasMore; overlong values cut; a bad total dropped.
+        let many: Vec<String> = (0..1000).map(|i| format!("v{i}")).collect();
+        let c = completion_of(&json!({"completion": {"values": many, "total": -3}})).unwrap();
+        assert_eq!(
+            c["completion"]["values"].as_array().unwrap().len(),
+            MAX_COMPLETIONS
+        );
+        assert_eq!(c["completion"]["hasMore"], true);
+        assert!(c["completion"].get("total").is_none());
+        let long = completion_of(&json!({"completion": {"values": ["é".repeat(5000)]}})).unwrap();
+        assert_eq!(
+            long["completion"]["values"][0].as_str().unwrap().chars().count(),
+            MAX_COMPLETION_CHARS
+        );
+        for bad in [
+            json!({}),
+            json!({"completion": {"values": "a"}}),
+            json!({"completion": {"values": [1]}}),
+            json!([]),
+        ] {
+            assert!(
+                matches!(completion_of(&bad), Err(CallError::Protocol(_))),
+                "{bad}"
+            );
+        }
     }
 }

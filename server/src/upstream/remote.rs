@@ -47,6 +47,12 @@ const CAPS_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 /// A 2026-07-28 request: `params` with the revision and (no) client capabilities in its
 /// `_meta` (besides what `_meta` already holds: a progress token, a trace context).
 fn stateless_envelope<P: serde::Serialize + ?Sized>(id: u64, method: &str, params: &P) -> Vec<u8> {
+    declaring(id, method, params, json!({}))
+}
+
+/// [`stateless_envelope`] declaring the client capabilities `caps` (those of the client
+/// the upstream's questions are relayed to).
+fn declaring<P: serde::Serialize + ?Sized>(id: u64, method: &str, params: &P, caps: Value) -> Vec<u8> {
     let mut p = serde_json::to_value(params).unwrap_or(Value::Null);
     if !p.is_object() {
         p = json!({});
@@ -58,7 +64,7 @@ fn stateless_envelope<P: serde::Serialize + ?Sized>(id: u64, method: &str, param
         }
         if let Some(m) = meta.as_object_mut() {
             m.insert(VERSION_KEY.into(), Value::String(STATELESS.into()));
-            m.insert(CAPS_KEY.into(), json!({}));
+            m.insert(CAPS_KEY.into(), caps);
         }
     }
     envelope(id, method, &p)
@@ -373,10 +379,24 @@ impl Remote {
         if status == StatusCode::UNAUTHORIZED && auth.is_some() {
             return Err(CallError::Unauthorized);
         }
+        let credentials = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+        if status.is_client_error()
+            && !credentials
+            && !is_stream
+            && let Some(id) = id
+        {
+            // A JSON-RPC error may come with a 4xx status (2026-07-28 answers a request it
+            // refuses, e.g. for a client capability not declared, with 400): it is the answer.
+            if let Err(e @ (CallError::Rpc(..) | CallError::NeedsTask(_))) = self.read_json(body, id).await {
+                return Ok((Posted::Answer(Err(e)), session_id));
+            }
+            return Err(CallError::Down(format!("answered HTTP {status}")));
+        }
         if !status.is_success() {
-            let hint = match status {
-                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => " (check the upstream's credentials)",
-                _ => "",
+            let hint = if credentials {
+                " (check the upstream's credentials)"
+            } else {
+                ""
             };
             return Err(CallError::Down(format!("answered HTTP {status}{hint}")));
         }
@@ -384,7 +404,7 @@ impl Remote {
             return Ok((Posted::Answer(Ok(Value::Null)), session_id));
         };
         let answer = if is_stream {
-            self.read_stream(body, Some(id), log, session).await
+            self.read_stream(body, Some(id), log, session, auth).await
         } else {
             self.read_json(body, id).await
         };
@@ -428,6 +448,7 @@ impl Remote {
         id: Option<u64>,
         log: LogSink<'_>,
         session: Option<&Session>,
+        auth: Option<&HeaderValue>,
     ) -> Result<Value, CallError> {
         let mut events = Events::new(self.shared.max_bytes);
         let mut out = Vec::new();
@@ -459,15 +480,16 @@ impl Remote {
                         Some(ask) if crate::peer::Need::from_method(&m).is_some() => {
                             let relayed = ask(m, p).await;
                             let stop = matches!(relayed, Err(super::relay::Refused::Stop));
-                            self.reply(super::relay::answered(rid, relayed), session).await;
+                            self.reply(super::relay::answered(rid, relayed), session, auth)
+                                .await;
                             if stop {
                                 // 2026-07-28: the client is asked first; the call is made
                                 // again with its answer.
                                 body.finish_now();
-                                return Err(CallError::Protocol("the client is asked first".into()));
+                                return Err(CallError::Asked);
                             }
                         }
-                        _ => self.reply(answer(rid, &m), session).await,
+                        _ => self.reply(answer(rid, &m), session, auth).await,
                     },
                     _ => {}
                 }
@@ -477,7 +499,8 @@ impl Remote {
 
     /// Answers a request of the upstream's in the background (at most [`MAX_REPLIES`] at a
     /// time: the rest are left unanswered), within its session.
-    async fn reply(&self, msg: Value, session: Option<&Session>) {
+    /// The answer goes with the credential of the call it belongs to (`auth`), in its session.
+    async fn reply(&self, msg: Value, session: Option<&Session>, auth: Option<&HeaderValue>) {
         let Ok(permit) = Arc::clone(&self.replies).try_acquire_owned() else {
             return;
         };
@@ -492,7 +515,7 @@ impl Remote {
             session.as_ref(),
             Bytes::from(msg.to_string()),
             &secrets,
-            None,
+            auth,
         ) else {
             return;
         };
@@ -565,7 +588,9 @@ impl Remote {
     /// Opens a session: `initialize`, then `notifications/initialized`.
     async fn initialize(&self, auth: Option<&HeaderValue>) -> Result<(Session, String, Value), CallError> {
         let id = self.shared.id();
-        let msg = envelope(id, "initialize", &initialize_params());
+        // The server's session is every client's: roots (which an upstream may keep per
+        // session, and use as what it may touch) are declared only in a caller's own.
+        let msg = envelope(id, "initialize", &initialize_params(true, auth.is_some()));
         let (posted, session_id) = self.post(None, msg, Some(id), LogSink::NONE, auth).await?;
         let Posted::Answer(r) = posted else {
             return Err(CallError::Down("initialize answered 404".into()));
@@ -636,6 +661,15 @@ impl Remote {
             .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
+    /// Whether requests are made in protocol 2026-07-28 (connecting first if needed).
+    pub(super) async fn speaks_2026(&self, auth: Option<&HeaderValue>) -> Result<bool, CallError> {
+        let t = self.shared.timeout;
+        match tokio::time::timeout(t, self.session_as(auth)).await {
+            Ok(s) => s.map(|s| s.stateless),
+            Err(_) => Err(CallError::Timeout(t)),
+        }
+    }
+
     async fn forget_session(&self, old: &Session, auth: Option<&HeaderValue>) {
         if let Some(a) = auth {
             self.caller_session(|m| {
@@ -668,12 +702,17 @@ impl Remote {
                 } else {
                     method
                 };
-                stateless_envelope(id, method, params)
+                match declared(log) {
+                    Some(caps) => declaring(id, method, params, caps),
+                    None => stateless_envelope(id, method, params),
+                }
             } else {
                 envelope(id, method, params)
             };
             match self.post(Some(&session), msg, Some(id), log, auth).await? {
-                (Posted::Answer(r), _) if session.stateless => return r.and_then(complete),
+                (Posted::Answer(r), _) if session.stateless => {
+                    return self.rounds(&session, method, params, r?, log, auth).await;
+                }
                 (Posted::Answer(r), _) => return r,
                 (Posted::SessionGone, _) => self.forget_session(&session, auth).await,
             }
@@ -681,6 +720,54 @@ impl Remote {
         Err(CallError::Down(
             "the upstream keeps forgetting its session".into(),
         ))
+    }
+
+    /// A 2026-07-28 answer `first`: complete, or the upstream's questions for the client of
+    /// the call (`input_required`), relayed to it (`log.ask`) and the request made again
+    /// with the answers and the upstream's `requestState`, round after round (at most
+    /// [`MAX_ROUNDS`]). A question the client is asked in its own input round ends the call
+    /// here: the client's retry makes it again, and the answer is then at hand.
+    async fn rounds<P: serde::Serialize + ?Sized>(
+        &self,
+        session: &Session,
+        method: &str,
+        params: &P,
+        first: Value,
+        log: LogSink<'_>,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Value, CallError> {
+        let mut v = first;
+        for n in 0..=MAX_ROUNDS {
+            let Some(ask) = log.ask else {
+                return complete(v, log.tasks);
+            };
+            let Some(round) = super::relay::InputRound::of(&mut v)? else {
+                return complete(v, log.tasks);
+            };
+            if n == MAX_ROUNDS {
+                break;
+            }
+            let answers = super::relay::ask_each(ask, round.requests).await?;
+            let mut again = serde_json::to_value(params).unwrap_or_else(|_| json!({}));
+            if let Some(o) = again.as_object_mut() {
+                o.insert("inputResponses".into(), Value::Object(answers));
+                match round.state {
+                    Some(s) => o.insert("requestState".into(), Value::String(s)),
+                    None => o.remove("requestState"),
+                };
+            }
+            let id = self.shared.id();
+            let msg = declaring(id, method, &again, declared(log).unwrap_or_else(|| json!({})));
+            v = match self.post(Some(session), msg, Some(id), log, auth).await? {
+                (Posted::Answer(r), _) => r?,
+                (Posted::SessionGone, _) => {
+                    return Err(CallError::Down("the upstream answered 404 to a retry".into()));
+                }
+            };
+        }
+        Err(CallError::Protocol(format!(
+            "it still asks for input after {MAX_ROUNDS} rounds"
+        )))
     }
 
     pub(super) async fn request<P: serde::Serialize + Sync + ?Sized>(
@@ -726,7 +813,9 @@ impl Remote {
             body: resp.into_body(),
             last: Bytes::new(),
         };
-        let _ = self.read_stream(body, None, LogSink::NONE, Some(&session)).await;
+        let _ = self
+            .read_stream(body, None, LogSink::NONE, Some(&session), None)
+            .await;
         true
     }
 }
@@ -747,18 +836,65 @@ impl Remote {
         let id = self.shared.id();
         let msg = stateless_envelope(id, "subscriptions/listen", &params);
         tokio::select! {
-            r = self.post(Some(session), msg, Some(id), LogSink::NONE, None) => r.is_ok(),
+            r = self.post(Some(session), msg, Some(id), LogSink::NONE, None) => matches!(r, Ok((Posted::Answer(Ok(_)), _))),
             () = self.shared.relisten.notified() => true,
         }
     }
 }
 
-/// A 2026-07-28 result: complete, or a request for input this server does not relay.
-fn complete(v: Value) -> Result<Value, CallError> {
+/// Input rounds with one 2026-07-28 upstream in one request, at most.
+const MAX_ROUNDS: usize = 8;
+
+/// The client capabilities a 2026-07-28 request declares for `log`: those of the client its
+/// questions are relayed to, and the tasks extension where a task is followed (`None`:
+/// none).
+fn declared(log: LogSink<'_>) -> Option<Value> {
+    if log.ask.is_none() && log.caps.is_none() && !log.tasks {
+        return None;
+    }
+    let mut caps = if log.ask.is_some() || log.caps.is_some() {
+        relayed_caps(log.caps)
+    } else {
+        json!({})
+    };
+    if log.tasks {
+        caps["extensions"] = json!({super::tasks::EXTENSION: {}});
+    }
+    Some(caps)
+}
+
+/// The client capabilities a 2026-07-28 upstream is told of when its questions are
+/// relayed: those the call's client declared (`None`: not known, so every relayed one).
+fn relayed_caps(caps: Option<crate::session::ClientCaps>) -> Value {
+    let c = caps.unwrap_or(super::relay::EVERY_RELAYED);
+    let mut out = serde_json::Map::new();
+    if c.elicitation || c.elicitation_url {
+        let mut e = serde_json::Map::new();
+        if c.elicitation {
+            e.insert("form".into(), json!({}));
+        }
+        if c.elicitation_url {
+            e.insert("url".into(), json!({}));
+        }
+        out.insert("elicitation".into(), Value::Object(e));
+    }
+    if c.sampling {
+        out.insert("sampling".into(), json!({}));
+    }
+    if c.roots {
+        out.insert("roots".into(), json!({}));
+    }
+    Value::Object(out)
+}
+
+/// A 2026-07-28 result: complete (or, `task`: the tasks extension was declared, a task),
+/// or a request for input that is not relayed here.
+fn complete(v: Value, task: bool) -> Result<Value, CallError> {
     match v.get("resultType").and_then(Value::as_str) {
         None | Some("complete") => Ok(v),
+        Some("task") if task => Ok(v),
         Some("input_required") => Err(CallError::Protocol(
-            "it asks the client for input (an input_required result), which quiver-server does not relay"
+            "it asks the client for input (an input_required result), which is relayed only to a client of 2026-07-28 (or, in a tool call, of any revision)"
                 .into(),
         )),
         Some(other) => Err(CallError::Protocol(format!(
@@ -890,11 +1026,12 @@ mod tests {
 
     #[test]
     fn only_complete_2026_results_are_answers() {
-        assert!(complete(json!({"resultType": "complete", "content": []})).is_ok());
-        assert!(complete(json!({"content": []})).is_ok());
+        assert!(complete(json!({"resultType": "complete", "content": []}), false).is_ok());
+        assert!(complete(json!({"content": []}), false).is_ok());
+        assert!(complete(json!({"resultType": "task"}), true).is_ok());
         for other in ["input_required", "task", "anything"] {
             assert!(matches!(
-                complete(json!({"resultType": other})),
+                complete(json!({"resultType": other}), false),
                 Err(CallError::Protocol(_))
             ));
         }
@@ -904,5 +1041,28 @@ mod tests {
         )));
         assert!(!refused_session(&CallError::Timeout(Duration::from_secs(1))));
         assert!(!refused_session(&CallError::Unauthorized));
+    }
+
+    #[test]
+    fn an_upstream_is_told_the_capabilities_the_calls_client_declared() {
+        use crate::session::ClientCaps;
+        assert_eq!(relayed_caps(Some(ClientCaps::default())), json!({}));
+        let c = ClientCaps {
+            elicitation_url: true,
+            roots: true,
+            ..ClientCaps::default()
+        };
+        assert_eq!(
+            relayed_caps(Some(c)),
+            json!({"elicitation": {"url": {}}, "roots": {}})
+        );
+        // Not known (this replica did not see the session's initialize): every relayed one.
+        assert_eq!(
+            relayed_caps(None),
+            json!({"elicitation": {"form": {}, "url": {}}, "sampling": {}, "roots": {}})
+        );
+        let body: Value =
+            serde_json::from_slice(&declaring(1, "tools/call", &json!({}), relayed_caps(None))).unwrap();
+        assert_eq!(body["params"]["_meta"][CAPS_KEY]["sampling"], json!({}));
     }
 }

@@ -37,7 +37,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 
 /// One running, initialized process.
 #[derive(Debug)]
-struct Proc {
+pub(super) struct Proc {
     tx: mpsc::Sender<Vec<u8>>,
     waiters: Waiters,
 }
@@ -177,9 +177,24 @@ impl Pool {
         method: &str,
         params: &P,
     ) -> Result<Value, CallError> {
-        let deadline = Instant::now() + self.shared.timeout;
-        let proc = self.pick(deadline).await?;
+        let proc = self.pin().await?;
         proc.request(&self.shared, method, params).await
+    }
+
+    /// A ready process (the next in turn), waited for within the upstream's timeout.
+    pub(super) async fn pin(&self) -> Result<Arc<Proc>, CallError> {
+        self.pick(Instant::now() + self.shared.timeout).await
+    }
+
+    /// A request to process `p` (one [`Self::pin`] gave): a process that has since exited
+    /// fails it.
+    pub(super) async fn request_on<P: serde::Serialize + Sync + ?Sized>(
+        &self,
+        p: &Proc,
+        method: &str,
+        params: &P,
+    ) -> Result<Value, CallError> {
+        p.request(&self.shared, method, params).await
     }
 
     fn publish(&self, slot: usize, p: Option<Arc<Proc>>) {
@@ -404,7 +419,9 @@ async fn run_once(pool: &Arc<Pool>, slot: usize, launch: &Launch) -> String {
     };
     let reader = read_messages(shared, &proc, BufReader::new(read));
     let handshake = async {
-        let r = proc.request(shared, "initialize", &initialize_params()).await;
+        let r = proc
+            .request(shared, "initialize", &initialize_params(false, false))
+            .await;
         let (version, info, offered) = r
             .and_then(|r| check_initialized(&r))
             .map_err(|e| format!("initialize: {e}"))?;

@@ -45,15 +45,15 @@ upstreams:
       command: [{sys.executable}, {UPSTREAM}, alpha, stdio]
       env: {{LIBRARY_TOKEN: "{{{{secret.lib.token}}}}"}}
     tools: {{prefix: a_}}
-    resources: {{exclude: ["file:///leak*"]}}
-    prompts: {{}}
+    resources: {{exclude: ["file:///leak*", "welcome://*"]}}
+    prompts: {{exclude: [greeting]}}
   - name: beta
     http:
       url: {http_url}
       headers: {{Authorization: "Bearer {{{{secret.lib.token}}}}"}}
     tools: {{prefix: b_}}
-    resources: {{}}
-    prompts: {{prefix: beta_}}
+    resources: {{exclude: ["welcome://*"]}}
+    prompts: {{prefix: beta_, exclude: [greeting]}}
 """
 
 
@@ -552,5 +552,113 @@ def test_an_upstreams_questions_reach_the_client_of_the_call(gateway, mode):
             else:
                 with pytest.raises(MCPError, match="elicitation"):
                     await bare.call_tool("b_greet_user", {})
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_2026_upstreams_input_rounds_reach_the_client_of_the_call(stateless_gateway, mode):
+    """Upstreams spoken to in 2026-07-28 ask the user and the model as input rounds (an
+    `input_required` result): each question reaches the call's client (as a request in its
+    session, or as the client's own input round), and the call is made again with the
+    answers and the upstream's requestState until it completes; the same tool reached over
+    2025-11-25 asks mid-call. A client that cannot answer gets a clean refusal."""
+
+    async def run():
+        async with Client(stateless_gateway.url, mode=mode, elicitation_callback=on_elicit, sampling_callback=on_sample) as c:
+            for name in ["both", "only"]:
+                r = await c.call_tool(f"{name}_greet_in_rounds", {})
+                assert (r.is_error, r.content[0].text) == (False, "Ada: Good morning"), r
+        # Not declared by the client, so not declared to the upstream, which refuses the
+        # call naming the capability: a tool error, never a hang.
+        async with Client(stateless_gateway.url, mode=mode) as bare:
+            r = await bare.call_tool("only_greet_in_rounds", {})
+            assert r.is_error and "elicitation capability" in r.content[0].text, r
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_legacy_upstreams_resolved_questions_reach_the_client_of_the_call(gateway, mode):
+    """The same tool over 2025-11-25 (beta) asks its questions mid-call; either client
+    revision answers them."""
+
+    async def run():
+        async with Client(gateway.url, mode=mode, elicitation_callback=on_elicit, sampling_callback=on_sample) as c:
+            r = await c.call_tool("b_greet_in_rounds", {})
+            assert (r.is_error, r.content[0].text) == (False, "Ada: Good morning"), r
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_completions_of_an_upstreams_prompts_and_templates(gateway, mode):
+    """`completion/complete` of an upstream's prompt argument or template variable goes to
+    that upstream (in its own names, with the arguments already chosen); its values come
+    back redacted; a template the caller may not read completes nothing."""
+
+    async def run():
+        async with Client(gateway.url, mode=mode) as c:
+            r = await c.complete(types.PromptReference(type="ref/prompt", name="beta_summarize"), {"name": "style", "value": ""})
+            assert r.completion.values == ["short", "long", "as [redacted]"], r
+            r = await c.complete(types.PromptReference(type="ref/prompt", name="summarize"), {"name": "style", "value": ""})
+            assert r.completion.values == ["short", "long", "as [redacted]"], r
+            chapter = types.ResourceTemplateReference(type="ref/resource", uri="alpha+book://{title}/chapter/{n}")
+            r = await c.complete(chapter, {"name": "title", "value": "d"})
+            assert (r.completion.values, r.completion.total) == (["dune", "dracula"], 5), r
+            r = await c.complete(chapter, {"name": "n", "value": ""}, {"title": "dune"})
+            assert r.completion.values == ["dune-1", "dune-2"], r
+            # The policy no-forbidden-titles (args.title != 'forbidden'): a value a read
+            # would refuse is never offered (and the count of what was left out not told),
+            # and typing it is refused, whatever the client claims it chose.
+            r = await c.complete(chapter, {"name": "title", "value": ""}, {"title": "dune"})
+            assert (r.completion.values, r.completion.total) == (["dune", "dracula", "emma", "middlemarch"], None), r
+            with pytest.raises(MCPError, match="no-forbidden-titles"):
+                await c.complete(chapter, {"name": "title", "value": "forbidden"}, {"title": "dune"})
+            with pytest.raises(MCPError, match="not an argument"):
+                await c.complete(chapter, {"name": "chapter", "value": ""})
+            # The policy no-beta-chapters refuses reading beta's chapters: completing them too.
+            with pytest.raises(MCPError):
+                await c.complete(types.ResourceTemplateReference(type="ref/resource", uri="beta+book://{title}/chapter/{n}"), {"name": "title", "value": ""})
+            # A local prompt still completes from its configured values (none here).
+            r = await c.complete(types.PromptReference(type="ref/prompt", name="local-prompt"), {"name": "x", "value": ""})
+            assert r.completion.values == [], r
+
+    asyncio.run(run())
+
+
+def test_resources_a_tool_result_links_are_served_by_the_gateway(gateway):
+    """A tool of an upstream whose resources are imported links and embeds its resources: the
+    result names them as the gateway serves them, so the client reads the link through it."""
+
+    async def run():
+        async with Client(gateway.url, mode="legacy") as c:
+            for name, tool in [("alpha", "a_find_guide"), ("beta", "b_find_guide")]:
+                r = await c.call_tool(tool, {})
+                link, embedded = r.content
+                assert (link.type, str(link.uri)) == ("resource_link", f"{name}+file:///guide.md"), r
+                assert str(embedded.resource.uri) == f"{name}+book://dune/chapter/1", r
+                assert (await text_of(c, str(link.uri))).startswith(f"# {name} guide"), r
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_2026_upstreams_prompt_and_resource_that_ask(stateless_gateway, mode):
+    """A prompt get and a resource read the 2026-07-28 upstream answers with
+    `input_required`: a 2026-07-28 client answers the question in its own input round; a
+    client of an earlier revision gets an error saying what it would need."""
+
+    async def run():
+        async with Client(stateless_gateway.url, mode=mode, elicitation_callback=on_elicit) as c:
+            if mode == "auto":
+                r = await c.get_prompt("only_greeting", {})
+                assert r.messages[0].content.text == "Greet Ada", r
+                assert await text_of(c, "only+welcome://en") == "Welcome (en), Ada"
+            else:
+                with pytest.raises(MCPError, match="2026-07-28"):
+                    await c.get_prompt("only_greeting", {})
+                with pytest.raises(MCPError, match="2026-07-28"):
+                    await text_of(c, "only+welcome://en")
 
     asyncio.run(run())

@@ -202,6 +202,7 @@ impl CompiledUpstream {
             handler: CompiledHandler::Upstream(UpstreamCall {
                 upstream: index,
                 remote: remote.to_owned(),
+                task: t.pointer("/execution/taskSupport").and_then(Value::as_str) == Some("required"),
             }),
             access: self.access.clone(),
             task: self.task_of(remote, t),

@@ -348,6 +348,9 @@ pub struct UpstreamCall {
     pub upstream: usize,
     /// The tool's name at the upstream.
     pub remote: String,
+    /// The upstream runs it only as a task of its own (it lists
+    /// `execution.taskSupport: required`): it is called as one, and followed to its result.
+    pub task: bool,
 }
 
 /// The compiled handler of an imported prompt.

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import mcp_types as types
 from pydantic import BaseModel
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve, Sample
 from mcp.server.mcpserver.prompts.base import AssistantMessage, UserMessage
 from mcp.shared.exceptions import MCPError
 
@@ -98,6 +99,84 @@ async def greet_user(ctx: Context) -> str:
         related_request_id=ctx.request_id,  # on this call's stream, not the session's
     )
     return f"{asked.data.name}: {said.content.text}"
+
+
+def ask_name() -> Elicit[Name]:
+    return Elicit("What is your name?", Name)
+
+
+def ask_model(name: Annotated[Name, Resolve(ask_name)]) -> Sample:
+    text = types.TextContent(type="text", text=f"Greet {name.name}")
+    return Sample([types.SamplingMessage(role="user", content=text)], max_tokens=50)
+
+
+@server.tool()
+async def greet_in_rounds(
+    name: Annotated[Name, Resolve(ask_name)],
+    said: Annotated[types.CreateMessageResult, Resolve(ask_model)],
+) -> str:
+    """The same questions as greet_user, asked the way the request's revision asks: as
+    requests mid-call (2025-11-25), or as input rounds (2026-07-28: an `input_required`
+    result, and the call made again with the answers)."""
+    return f"{name.name}: {said.content.text}"
+
+
+@server.tool()
+def find_guide() -> list:
+    """Links the guide (a resource of this server) and embeds its first chapter of dune."""
+    return [
+        types.ResourceLink(type="resource_link", uri="file:///guide.md", name="guide"),
+        types.EmbeddedResource(type="resource", resource=types.TextResourceContents(uri="book://dune/chapter/1", text="chapter 1")),
+    ]
+
+
+NAME_QUESTION = types.ElicitRequest(
+    params=types.ElicitRequestFormParams(
+        message="What is your name?",
+        requested_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    )
+)
+
+
+def named(ctx: Context) -> str | None:
+    """The name the user gave in this request's input round (2026-07-28), if any."""
+    answer = (ctx.input_responses or {}).get("name")
+    content = getattr(answer, "content", None) or (answer.get("content") if isinstance(answer, dict) else None)
+    return content.get("name") if content else None
+
+
+@server.prompt(name="greeting", description="A greeting for the user, who is asked their name.")
+async def greeting(ctx: Context):
+    """Asks as 2026-07-28 servers do: an input_required result, the answer on the retry."""
+    who = named(ctx)
+    if who is None:
+        return types.InputRequiredResult(input_requests={"name": NAME_QUESTION})
+    return f"Greet {who}"
+
+
+@server.resource("welcome://{lang}", name="welcome", mime_type="text/plain")
+async def welcome(lang: str, ctx: Context):
+    who = named(ctx)
+    if who is None:
+        return types.InputRequiredResult(input_requests={"name": NAME_QUESTION})
+    return f"Welcome ({lang}), {who}"
+
+
+TITLES = ["dune", "dracula", "emma", "forbidden", "middlemarch"]
+
+
+@server.completion()
+async def complete(ref, argument, context):
+    """Completes a chapter's title (and, once a title is chosen, its chapter number) and
+    the summary style; a value carries the secret, which the gateway must redact."""
+    if isinstance(ref, types.ResourceTemplateReference) and argument.name == "title":
+        return types.Completion(values=[t for t in TITLES if t.startswith(argument.value)], total=len(TITLES), has_more=False)
+    if isinstance(ref, types.ResourceTemplateReference) and argument.name == "n":
+        chosen = (context.arguments or {}).get("title") if context else None
+        return types.Completion(values=[f"{chosen}-1", f"{chosen}-2"] if chosen else ["1"])
+    if isinstance(ref, types.PromptReference) and argument.name == "style":
+        return types.Completion(values=["short", "long", f"as {os.environ.get('LIBRARY_TOKEN', 'none')}"])
+    return None
 
 
 async def on_subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
