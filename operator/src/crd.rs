@@ -250,6 +250,40 @@ pub struct McpServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub webhooks: Vec<quiver_model::config::webhooks::WebhookSpec>,
+    /// How the server appears in the operator's catalog, the MCP Registry API that lists the
+    /// McpServers a caller may see (see docs/catalog.md): listed or not, its one-line
+    /// description, home page, the URL clients connect to, and a deprecation message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<CatalogOptions>,
+}
+
+/// An McpServer's entry in the catalog. Its registry name is derived, never chosen here
+/// (`PREFIX.NAMESPACE/NAME`), so no McpServer can take the name of another namespace's.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogOptions {
+    /// List the server in the catalog (default true); false hides it from every caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed: Option<bool>,
+    /// What the server does, in one line (default: its title, else its name and namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100))]
+    pub description: Option<String>,
+    /// The server's documentation or home page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub website_url: Option<String>,
+    /// The MCP URL clients connect to (default: `https://HOST/mcp` of the Ingress (`http`
+    /// without its TLS Secret) or of the HTTPRoute's first hostname, else the Service's
+    /// in-cluster URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub url: Option<String>,
+    /// Marks the server deprecated in the catalog (status `deprecated`), with this message
+    /// for its users (e.g. what replaces it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 500))]
+    pub deprecated: Option<String>,
 }
 
 /// Client-IP session affinity of the Service.

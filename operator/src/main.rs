@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use quiver_operator::admin::{self, Health};
 use quiver_operator::build::Defaults;
+use quiver_operator::catalog::{self, Access, Catalog};
 use quiver_operator::controller;
 use quiver_operator::leader::{self, LeaseLock, Timing};
 
@@ -56,6 +57,23 @@ struct Args {
     /// commas), e.g. `release=kube-prometheus-stack` for the Prometheus that selects by it.
     #[arg(long = "service-monitor-label", env = "QUIVER_SERVICE_MONITOR_LABELS", value_delimiter = ',', value_parser = service_monitor_label)]
     service_monitor_labels: Vec<(String, String)>,
+    /// Serve the catalog (the MCP Registry API v0.1 over the McpServers) on this address;
+    /// off when unset. Every replica serves it, leader or not: see docs/catalog.md.
+    #[arg(long, env = "QUIVER_OPERATOR_CATALOG_LISTEN")]
+    catalog_listen: Option<SocketAddr>,
+    /// Who may read the catalog: `kubernetes` (a bearer token the API server accepts; each
+    /// caller sees the McpServers of the namespaces where it may list them) or `none`
+    /// (everyone sees every listed McpServer).
+    #[arg(long, env = "QUIVER_OPERATOR_CATALOG_AUTH", default_value = "kubernetes", value_parser = ["kubernetes", "none"])]
+    catalog_auth: String,
+    /// An audience the catalog's callers' tokens must name (repeat it; none: the API
+    /// server's own audiences).
+    #[arg(long = "catalog-audience", env = "QUIVER_OPERATOR_CATALOG_AUDIENCES", value_delimiter = ',')]
+    catalog_audiences: Vec<String>,
+    /// The first half of every catalog name, `PREFIX.NAMESPACE/NAME` (reverse DNS, e.g.
+    /// `com.example.mcp`; at most 60 characters).
+    #[arg(long, env = "QUIVER_OPERATOR_CATALOG_PREFIX", default_value = "dev.quiver", value_parser = catalog_prefix)]
+    catalog_prefix: String,
     /// Traces of reconciles (OTLP/HTTP; off without an endpoint): see docs/observability.md.
     #[command(flatten)]
     tracing: quiver_otel::TraceArgs,
@@ -77,18 +95,32 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.admin_listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admin listening");
     let admin = tokio::spawn(axum::serve(listener, admin::router(health.clone())).into_future());
-    let defaults = Defaults {
-        server_image: args.server_image,
-        image_pull_policy: args.image_pull_policy,
-        service_monitors: args.default_service_monitor,
-        service_monitor_labels: args.service_monitor_labels.into_iter().collect(),
-    };
     let namespaces: Vec<String> = args
         .watch_namespaces
         .iter()
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
         .collect();
+    let catalog = match args.catalog_listen {
+        Some(addr) => {
+            let access = if args.catalog_auth == "none" {
+                Access::Open
+            } else {
+                Access::kubernetes(client.clone(), args.catalog_audiences, health.metrics.clone())
+            };
+            let c = Catalog::watch(&client, &namespaces, args.catalog_prefix, access, health.metrics.clone());
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(addr = %listener.local_addr()?, auth = %args.catalog_auth, "catalog listening");
+            Some(tokio::spawn(axum::serve(listener, catalog::router(c)).into_future()))
+        }
+        None => None,
+    };
+    let defaults = Defaults {
+        server_image: args.server_image,
+        image_pull_policy: args.image_pull_policy,
+        service_monitors: args.default_service_monitor,
+        service_monitor_labels: args.service_monitor_labels.into_iter().collect(),
+    };
     if !namespaces.is_empty() {
         tracing::info!(
             ?namespaces,
@@ -123,10 +155,22 @@ async fn main() -> anyhow::Result<()> {
         run.await;
     }
     admin.abort();
+    if let Some(c) = catalog {
+        c.abort();
+    }
     if let Some(t) = traces {
         t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// `--catalog-prefix`.
+fn catalog_prefix(s: &str) -> Result<String, String> {
+    if catalog::entry::valid_prefix(s) {
+        Ok(s.to_owned())
+    } else {
+        Err("expected dot-separated labels of letters, digits and '-', at most 60 characters (e.g. com.example.mcp)".to_owned())
+    }
 }
 
 /// One `--service-monitor-label` KEY=VALUE.

@@ -24,6 +24,17 @@ struct StageLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReviewLabels {
+    review: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConditionLabels {
     condition: &'static str,
     status: &'static str,
@@ -89,7 +100,13 @@ pub struct Metrics {
     inflight: prometheus_client::metrics::gauge::Gauge,
     by_condition: Family<ConditionLabels, prometheus_client::metrics::gauge::Gauge>,
     leader: prometheus_client::metrics::gauge::Gauge,
+    catalog_requests: Family<CodeLabels, Counter>,
+    catalog_duration: prometheus_client::metrics::histogram::Histogram,
+    catalog_reviews: Family<ReviewLabels, Counter>,
 }
+
+/// HTTP status codes of the catalog, pre-created at zero.
+const CATALOG_CODES: [u16; 6] = [200, 304, 400, 401, 404, 503];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -144,7 +161,39 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease (or runs without leader election), 0 on standby",
             leader.clone(),
         );
+        let catalog_requests = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "catalog_requests",
+            "Requests of the catalog (the MCP Registry API) by HTTP status code",
+            catalog_requests.clone(),
+        );
+        for code in CATALOG_CODES {
+            let _ = catalog_requests.get_or_create(&CodeLabels { code });
+        }
+        let catalog_duration = prometheus_client::metrics::histogram::Histogram::new(
+            [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0].into_iter(),
+        );
+        registry.register_with_unit(
+            "catalog_request_duration",
+            "Time to answer one request of the catalog",
+            Unit::Seconds,
+            catalog_duration.clone(),
+        );
+        let catalog_reviews = Family::<ReviewLabels, Counter>::default();
+        registry.register(
+            "catalog_reviews",
+            "TokenReviews (review=token) and SubjectAccessReviews (review=access) the catalog made, by result: ok, denied, error (the API server did not answer or refused the operator)",
+            catalog_reviews.clone(),
+        );
+        for review in ["token", "access"] {
+            for result in ["ok", "denied", "error"] {
+                let _ = catalog_reviews.get_or_create(&ReviewLabels { review, result });
+            }
+        }
         Self {
+            catalog_requests,
+            catalog_duration,
+            catalog_reviews,
             leader,
             registry,
             duration,
@@ -186,6 +235,19 @@ impl Metrics {
             }
         };
         self.reconciles.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts one request of the catalog with its status code and time.
+    pub fn catalog_request(&self, code: u16, d: Duration) {
+        self.catalog_requests.get_or_create(&CodeLabels { code }).inc();
+        self.catalog_duration.observe(d.as_secs_f64());
+    }
+
+    /// Counts one review the catalog made.
+    pub fn catalog_review(&self, review: &'static str, result: &'static str) {
+        self.catalog_reviews
+            .get_or_create(&ReviewLabels { review, result })
+            .inc();
     }
 
     /// Sets whether this replica leads (reconciles); standbys report 0.

@@ -41,7 +41,7 @@ def test_defaults_install_crd_operator_rbac_and_dashboards():
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    rules = find(docs, "ClusterRole")[0]["rules"]
+    rules = find(docs, "ClusterRole", "quiver")[0]["rules"]
     verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert verbs[("quiver.dev", "mcpservers/status")] == {"patch"}
     assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}, "get: the owner check of a child missing from the watch"
@@ -134,10 +134,15 @@ def test_mcp_servers_service_monitors_get_the_labels_a_prometheus_selects_by():
 def test_a_namespace_scoped_install_has_roles_in_the_watched_namespaces_and_nothing_cluster_wide():
     cluster = render()
     docs = render("operator.watchNamespaces={team-a,team-b}")
-    assert not find(docs, "ClusterRole") and not find(docs, "ClusterRoleBinding")
+    # Only the catalog's reviews are cluster-wide: TokenReviews and SubjectAccessReviews are
+    # cluster-scoped requests no Role can grant.
+    assert [r["metadata"]["name"] for r in find(docs, "ClusterRole")] == ["quiver-catalog"]
+    assert [b["metadata"]["name"] for b in find(docs, "ClusterRoleBinding")] == ["quiver-catalog"]
+    no_catalog = render("operator.watchNamespaces={team-a,team-b}", "catalog.enabled=false")
+    assert not find(no_catalog, "ClusterRole") and not find(no_catalog, "ClusterRoleBinding")
     roles = {r["metadata"]["namespace"]: r for r in find(docs, "Role")}
     assert sorted(roles) == ["team-a", "team-b"]
-    assert roles["team-a"]["rules"] == find(cluster, "ClusterRole")[0]["rules"], "the same rules, namespaced"
+    assert roles["team-a"]["rules"] == find(cluster, "ClusterRole", "quiver")[0]["rules"], "the same rules, namespaced"
     bindings = find(docs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
@@ -174,3 +179,29 @@ def test_image_registry_names_where_both_images_come_from():
 def test_schema_rejects_a_registry_that_is_not_a_host_and_path(bad):
     r = subprocess.run(["helm", "template", "quiver", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad], capture_output=True, text=True)
     assert r.returncode != 0, f"{bad} was accepted"
+
+
+def test_the_catalog_has_its_port_service_and_only_the_review_grants_it_needs():
+    docs = render()
+    c = find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--catalog-listen=0.0.0.0:8082" in c["args"]
+    assert "--catalog-auth=kubernetes" in c["args"]
+    assert "--catalog-prefix=dev.quiver" in c["args"]
+    assert {"name": "catalog", "containerPort": 8082, "protocol": "TCP"} in c["ports"]
+    svc = find(docs, "Service", "quiver-catalog")[0]
+    assert svc["spec"]["ports"] == [{"name": "catalog", "port": 8082, "targetPort": "catalog", "protocol": "TCP"}]
+    rules = find(docs, "ClusterRole", "quiver-catalog")[0]["rules"]
+    assert rules == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+    ]
+    open_catalog = render("catalog.auth=none", "catalog.namePrefix=com.example.mcp", "catalog.audiences={a,b}")
+    c = find(open_catalog, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--catalog-auth=none" in c["args"] and "--catalog-prefix=com.example.mcp" in c["args"]
+    assert "--catalog-audience=a" in c["args"] and "--catalog-audience=b" in c["args"]
+    assert not find(open_catalog, "ClusterRole", "quiver-catalog"), "no reviews, no grant"
+    off = render("catalog.enabled=false")
+    assert not find(off, "Service", "quiver-catalog")
+    assert not any(a.startswith("--catalog") for a in find(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"])
+    with pytest.raises(subprocess.CalledProcessError):
+        render("catalog.namePrefix=not_a_domain")

@@ -1,0 +1,345 @@
+//! The catalog: the MCP Registry API (v0.1) over the cluster's McpServers, served by every
+//! operator replica (leader or not) from its own watch of McpServers.
+//!
+//! - `GET /v0.1/servers`: the servers the caller may see, one page (`cursor`, `limit`,
+//!   `search`, `updated_since`, `version`, `include_deleted`), sorted by name;
+//! - `GET /v0.1/servers/{serverName}/versions` and `.../versions/{version|latest}`;
+//! - the same under `/namespaces/{namespace}`, a registry of one namespace.
+//!
+//! Each answer carries an ETag of its body and answers a matching `If-None-Match` with 304,
+//! so a client polling the catalog pays for a change only. Deleted McpServers stay listed
+//! as `deleted` for a day (the last [`TOMBSTONES`]), for clients that sync with
+//! `updated_since`.
+
+pub mod access;
+pub mod entry;
+pub mod list;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{StreamExt, stream};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use sha2::{Digest, Sha256};
+
+pub use access::{Access, Caller, Denied, Review};
+pub use entry::Entry;
+
+use crate::crd::McpServer;
+use crate::metrics::Metrics;
+
+/// Deleted servers remembered at most.
+pub const TOMBSTONES: usize = 1024;
+/// How long a deleted server stays listed as `deleted`.
+const TOMBSTONE_AGE: SignedDuration = SignedDuration::from_hours(24);
+/// Namespaces reviewed at once for one request.
+const PARALLEL_REVIEWS: usize = 8;
+
+/// The catalog's state.
+pub struct Catalog {
+    prefix: String,
+    access: Access,
+    stores: Vec<Store<McpServer>>,
+    deleted: Mutex<VecDeque<Entry>>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("prefix", &self.prefix)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one request asked for.
+enum Ask {
+    List,
+    Versions(String),
+    Version(String, String),
+}
+
+impl Catalog {
+    /// A catalog over `stores` (kept up to date by their writers).
+    pub fn new(prefix: String, access: Access, stores: Vec<Store<McpServer>>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            prefix,
+            access,
+            stores,
+            deleted: Mutex::new(VecDeque::new()),
+            metrics,
+        }
+    }
+
+    /// Starts watches of McpServers (one per namespace of `namespaces`, or one for the
+    /// cluster) feeding a new catalog; the watches run as long as the runtime.
+    pub fn watch(client: &Client, namespaces: &[String], prefix: String, access: Access, metrics: Arc<Metrics>) -> Arc<Self> {
+        let apis: Vec<Api<McpServer>> = if namespaces.is_empty() {
+            vec![Api::all(client.clone())]
+        } else {
+            namespaces
+                .iter()
+                .map(|n| Api::namespaced(client.clone(), n))
+                .collect()
+        };
+        let mut writers = Vec::with_capacity(apis.len());
+        let mut stores = Vec::with_capacity(apis.len());
+        for _ in &apis {
+            let (s, w) = reflector::store();
+            stores.push(s);
+            writers.push(w);
+        }
+        let catalog = Arc::new(Self::new(prefix, access, stores, metrics));
+        for (api, writer) in apis.into_iter().zip(writers) {
+            let c = catalog.clone();
+            let events = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+            tokio::spawn(events.for_each(move |e| {
+                match e {
+                    Ok(watcher::Event::Delete(m)) => c.forget(&m, Timestamp::now()),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "catalog: McpServer watch failed; retrying"),
+                }
+                std::future::ready(())
+            }));
+        }
+        catalog
+    }
+
+    /// Records that `mcp` was deleted at `at`.
+    pub fn forget(&self, mcp: &McpServer, at: Timestamp) {
+        let Some(e) = entry::entry(mcp, &self.prefix, Some(at)) else {
+            return;
+        };
+        let Ok(mut d) = self.deleted.lock() else { return };
+        d.retain(|x| x.name != e.name && at.duration_since(x.updated) < TOMBSTONE_AGE);
+        if d.len() >= TOMBSTONES {
+            d.pop_front();
+        }
+        d.push_back(e);
+    }
+
+    /// The entries `caller` may see (of `namespace` only, when given), sorted by name, one
+    /// per name (a live server hides the tombstone of a deleted one of the same name).
+    ///
+    /// # Errors
+    /// [`Denied`] when a review could not be made.
+    pub async fn visible(&self, caller: &Caller, namespace: Option<&str>) -> Result<Vec<Entry>, Denied> {
+        let live: Vec<Arc<McpServer>> = self
+            .stores
+            .iter()
+            .flat_map(Store::state)
+            .filter(|m| namespace.is_none_or(|n| m.metadata.namespace.as_deref() == Some(n)))
+            .filter(|m| entry::listed(m))
+            .collect();
+        let dead: Vec<Entry> = self
+            .deleted
+            .lock()
+            .map(|d| {
+                d.iter()
+                    .filter(|e| namespace.is_none_or(|n| e.namespace == n))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let everywhere = self.access.may_list(caller, namespace).await?;
+        let allowed: HashMap<String, bool> = if everywhere {
+            HashMap::new()
+        } else if namespace.is_some() {
+            return Ok(Vec::new());
+        } else {
+            let mut names: Vec<String> = live
+                .iter()
+                .filter_map(|m| m.metadata.namespace.clone())
+                .chain(dead.iter().map(|e| e.namespace.clone()))
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            let access = &self.access;
+            let answers: Vec<(String, Result<bool, Denied>)> = stream::iter(names)
+                .map(|n: String| async move {
+                    let a = access.may_list(caller, Some(&n)).await;
+                    (n, a)
+                })
+                .buffer_unordered(PARALLEL_REVIEWS)
+                .collect()
+                .await;
+            let mut allowed = HashMap::with_capacity(answers.len());
+            for (n, a) in answers {
+                allowed.insert(n, a?);
+            }
+            allowed
+        };
+        let may = |ns: &str| everywhere || allowed.get(ns).copied().unwrap_or(false);
+        let mut by_name: BTreeMap<String, Entry> = BTreeMap::new();
+        for e in dead.into_iter().filter(|e| may(&e.namespace)) {
+            by_name.insert(e.name.clone(), e);
+        }
+        for m in &live {
+            if let Some(e) = entry::entry(m, &self.prefix, None).filter(|e| may(&e.namespace)) {
+                by_name.insert(e.name.clone(), e);
+            }
+        }
+        Ok(by_name.into_values().collect())
+    }
+
+    async fn answer(&self, namespace: Option<&str>, ask: Ask, query: &str, headers: &HeaderMap) -> Response {
+        let q = match list::parse(query) {
+            Ok(q) => q,
+            Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+        };
+        let caller = match self
+            .access
+            .caller(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+            .await
+        {
+            Ok(c) => c,
+            Err(d) => return denied(&d),
+        };
+        let entries = match self.visible(&caller, namespace).await {
+            Ok(e) => e,
+            Err(d) => return denied(&d),
+        };
+        let refs: Vec<&Entry> = entries.iter().collect();
+        let body = match ask {
+            Ask::List => {
+                let (items, next) = list::page(&refs, &q);
+                list::render(&items, next.as_deref())
+            }
+            Ask::Versions(name) => {
+                let items: Vec<&Entry> = refs
+                    .iter()
+                    .copied()
+                    .filter(|e| e.name == name && (q.include_deleted || e.status != entry::Status::Deleted))
+                    .collect();
+                if items.is_empty() {
+                    return error(StatusCode::NOT_FOUND, "Server not found");
+                }
+                list::render(&items, None)
+            }
+            Ask::Version(name, version) => {
+                let found = refs.iter().find(|e| {
+                    e.name == name
+                        && (version == "latest" || version == e.version)
+                        && (q.include_deleted || e.status != entry::Status::Deleted)
+                });
+                match found {
+                    Some(e) => serde_json::to_vec(&e.json).unwrap_or_default(),
+                    None => return error(StatusCode::NOT_FOUND, "Server not found"),
+                }
+            }
+        };
+        tagged(body, headers)
+    }
+}
+
+/// A JSON body with its ETag, or 304 when the client holds it already.
+fn tagged(body: Vec<u8>, headers: &HeaderMap) -> Response {
+    let digest = Sha256::digest(&body);
+    let mut tag = String::with_capacity(34);
+    tag.push('"');
+    for b in &digest[..16] {
+        tag.push_str(&format!("{b:02x}"));
+    }
+    tag.push('"');
+    let held = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            let t = t.trim();
+            t == "*" || t.trim_start_matches("W/") == tag
+        });
+    let common = [
+        (header::ETAG, tag),
+        (header::CACHE_CONTROL, "private, no-cache".to_owned()),
+        (header::VARY, "Authorization".to_owned()),
+    ];
+    if held {
+        return (StatusCode::NOT_MODIFIED, common).into_response();
+    }
+    (
+        StatusCode::OK,
+        common,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+fn error(code: StatusCode, why: &str) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({"error": why}).to_string(),
+    )
+        .into_response()
+}
+
+fn denied(d: &Denied) -> Response {
+    match d {
+        Denied::Unauthenticated => {
+            let mut r = error(StatusCode::UNAUTHORIZED, &d.to_string());
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r
+        }
+        Denied::Unavailable(_) => error(StatusCode::SERVICE_UNAVAILABLE, &d.to_string()),
+    }
+}
+
+/// The route's parameters: `namespace`, `server`, `version`, whichever it has.
+type Params = Path<HashMap<String, String>>;
+
+async fn serve(c: &Catalog, p: &HashMap<String, String>, ask: Ask, query: Option<String>, headers: &HeaderMap) -> Response {
+    let started = Instant::now();
+    let r = c
+        .answer(p.get("namespace").map(String::as_str), ask, query.as_deref().unwrap_or_default(), headers)
+        .await;
+    c.metrics.catalog_request(r.status().as_u16(), started.elapsed());
+    r
+}
+
+async fn servers(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): RawQuery, h: HeaderMap) -> Response {
+    serve(&c, &p, Ask::List, q, &h).await
+}
+
+async fn versions(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): RawQuery, h: HeaderMap) -> Response {
+    let name = p.get("server").cloned().unwrap_or_default();
+    serve(&c, &p, Ask::Versions(name), q, &h).await
+}
+
+async fn version(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): RawQuery, h: HeaderMap) -> Response {
+    let name = p.get("server").cloned().unwrap_or_default();
+    let v = p.get("version").cloned().unwrap_or_default();
+    serve(&c, &p, Ask::Version(name, v), q, &h).await
+}
+
+/// The catalog's router.
+pub fn router(catalog: Arc<Catalog>) -> Router {
+    let api = |prefix: &str, r: Router<Arc<Catalog>>| {
+        r.route(&format!("{prefix}/v0.1/servers"), get(servers))
+            .route(&format!("{prefix}/v0.1/servers/{{server}}/versions"), get(versions))
+            .route(
+                &format!("{prefix}/v0.1/servers/{{server}}/versions/{{version}}"),
+                get(version),
+            )
+    };
+    let r = api("", Router::new());
+    api("/namespaces/{namespace}", r)
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
+        .with_state(catalog)
+}
+
+#[cfg(test)]
+mod tests;
