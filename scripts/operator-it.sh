@@ -31,3 +31,9 @@ cargo test --workspace --locked --test cluster -- --ignored --test-threads=3 --n
 cargo test --workspace --locked --test cluster_restricted -- --ignored --test-threads=2 --nocapture
 cargo test --workspace --locked --test cluster_ownership -- --ignored --nocapture
 cargo test --workspace --locked --test cluster_plugin -- --ignored --nocapture
+
+log "the catalog (MCP Registry API) of a standby replica under real TokenReviews and SubjectAccessReviews, its answers checked against the official registry's OpenAPI document and server.json schema"
+export QUIVER_CATALOG_SAMPLES="$STATE/catalog"
+cargo test --workspace --locked --test cluster_catalog -- --ignored --nocapture
+python_env
+"$PY" tests/catalog/validate.py "$QUIVER_CATALOG_SAMPLES"

@@ -309,6 +309,15 @@ def operator():
         panel(5, "McpServers by condition", "timeseries", [
             target(f'max by (condition, status) (quiver_operator_mcpservers{{{sel}}})', "{{condition}}={{status}}"),
         ], 0, 16, w=24, unit="short"),
+        panel(6, "Catalog requests by status code, and p99 time", "timeseries", [
+            target(f"sum by (code) (rate(quiver_operator_catalog_requests_total{{{sel}}}[{RI}]))", "{{code}}", "A"),
+            target(q(0.99, "quiver_operator_catalog_request_duration_seconds", "le", sel), "p99 seconds", "B"),
+        ], 0, 24, unit="ops",
+            description="The catalog (MCP Registry API): 401 is a caller without a token the API server accepts, 503 a review the API server did not answer."),
+        panel(7, "Catalog reviews by result", "timeseries", [
+            target(f"sum by (review, result) (rate(quiver_operator_catalog_reviews_total{{{sel}}}[{RI}]))", "{{review}} {{result}}"),
+        ], 12, 24, unit="ops", thresholds=[(0.01, "orange")],
+            description="TokenReviews (token) and SubjectAccessReviews (access); error means the operator could not get an answer (missing grant, API server down)."),
     ]
     d = dashboard("quiver-operator", "Quiver / Operator", "Health of the Quiver operator.", p, False)
     d["templating"]["list"] = [d["templating"]["list"][0], var_query("namespace", "Namespace", "label_values(quiver_operator_reconciles_total, namespace)")]
