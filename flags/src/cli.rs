@@ -180,6 +180,23 @@ pub struct ServeArgs {
     /// clients use Service names, pod IPs and Ingress hosts).
     #[arg(long = "allowed-host", env = "QUIVER_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// Serve a server card (the draft MCP server-card extension) at `/mcp/server-card` and
+    /// list it in `/.well-known/ai-catalog.json`, under this name: reverse DNS with one
+    /// slash, e.g. `com.example/weather` (3-200 characters). Off when unset. The card's
+    /// version and title follow the served ToolSet's `server`.
+    #[arg(long, env = "QUIVER_SERVER_CARD_NAME", value_parser = card_name)]
+    pub server_card_name: Option<String>,
+    /// The server card's one-line description (1-100 characters; default: the ToolSet's
+    /// server title, else the card's name).
+    #[arg(long, env = "QUIVER_SERVER_CARD_DESCRIPTION", value_parser = card_description)]
+    pub server_card_description: Option<String>,
+    /// A public URL of the MCP endpoint listed in the server card (repeatable; http or
+    /// https). None: the card lists no endpoint (it never guesses one from a request).
+    #[arg(long = "server-card-url", env = "QUIVER_SERVER_CARD_URLS", value_delimiter = ',', value_parser = card_url)]
+    pub server_card_urls: Vec<String>,
+    /// The server's documentation or home page, in the server card.
+    #[arg(long, env = "QUIVER_SERVER_CARD_WEBSITE_URL", value_parser = card_url)]
+    pub server_card_website_url: Option<String>,
     /// Networks of the proxies in front of the server (an Ingress controller, a gateway),
     /// comma-separated CIDRs such as 10.0.0.0/8: a caller without credentials reaching the
     /// server through one of them is counted by the client address that proxy appends to
@@ -470,4 +487,48 @@ pub struct ServeArgs {
 /// accepts, the flag it becomes accepts too.
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     quiver_model::config::parse_duration(s)
+}
+
+/// `--server-card-name`: the registry's name pattern, `^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$`,
+/// 3-200 characters.
+fn card_name(s: &str) -> Result<String, String> {
+    let ok = s.split_once('/').is_some_and(|(ns, rest)| {
+        !ns.is_empty()
+            && !rest.is_empty()
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    });
+    if ok && (3..=200).contains(&s.len()) {
+        Ok(s.to_owned())
+    } else {
+        Err("expected reverse DNS with one slash, e.g. com.example/weather (letters, digits, '.', '-'; '_' after the slash; 3-200 characters)".to_owned())
+    }
+}
+
+/// `--server-card-description`: one line of 1-100 characters.
+fn card_description(s: &str) -> Result<String, String> {
+    let n = s.chars().count();
+    if (1..=100).contains(&n) && !s.chars().any(char::is_control) {
+        Ok(s.to_owned())
+    } else {
+        Err("expected one line of 1-100 characters".to_owned())
+    }
+}
+
+/// `--server-card-url`, `--server-card-website-url`: http(s), no white space, at most 2048
+/// bytes.
+fn card_url(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .unwrap_or_default();
+    if !rest.is_empty() && s.len() <= 2048 && !s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Ok(s.to_owned())
+    } else {
+        Err("expected an http:// or https:// URL without spaces (at most 2048 bytes)".to_owned())
+    }
 }

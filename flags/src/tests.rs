@@ -191,3 +191,40 @@ fn upstream_sign_in_deny_cidr_repeats_and_refuses_what_is_not_a_network() {
     assert!(parse(&["--upstream-sign-in-deny-cidr=pods"]).is_err());
     assert!(parse(&[]).unwrap().is_empty());
 }
+
+#[test]
+fn server_card_flags_take_only_what_a_card_may_hold() {
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["quiver-server", "--config=file:/t.yaml"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|c| c.serve)
+    };
+    let s = parse(&[
+        "--server-card-name=com.example.team-a/weather",
+        "--server-card-description=Forecasts for any city",
+        "--server-card-url=https://weather.example.com/mcp,http://weather.example.org/mcp",
+        "--server-card-website-url=https://docs.example.com/weather",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.server_card_name.as_deref(), Some("com.example.team-a/weather"));
+    assert_eq!(s.server_card_urls.len(), 2);
+    assert!(parse(&[]).unwrap().server_card_name.is_none(), "off by default");
+    for bad in [
+        "--server-card-name=weather",
+        "--server-card-name=a/b/c",
+        "--server-card-name=com.example/we ather",
+        "--server-card-name=com_example/weather",
+        "--server-card-description=",
+        "--server-card-description=two\nlines",
+        "--server-card-url=ftp://x/mcp",
+        "--server-card-url=https://",
+        "--server-card-url=https://a b/mcp",
+        "--server-card-website-url=javascript:alert(1)",
+    ] {
+        assert!(parse(&[bad]).is_err(), "{bad}");
+    }
+    let long = format!("--server-card-description={}", "é".repeat(101));
+    assert!(parse(&[&long]).is_err());
+    let fits = format!("--server-card-description={}", "é".repeat(100));
+    assert!(parse(&[&fits]).is_ok());
+}

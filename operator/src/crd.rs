@@ -284,6 +284,12 @@ pub struct CatalogOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 500))]
     pub deprecated: Option<String>,
+    /// Serve a server card (the draft MCP server-card extension) at `/mcp/server-card` and
+    /// an AI Catalog at `/.well-known/ai-catalog.json`: this entry's name, description,
+    /// website and public URL (never the in-cluster one), the server's version, title and
+    /// protocol revisions. Off by default while the extension is a draft.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_card: Option<bool>,
 }
 
 /// Client-IP session affinity of the Service.

@@ -68,7 +68,11 @@ struct Args {
     catalog_auth: String,
     /// An audience the catalog's callers' tokens must name (repeat it; none: the API
     /// server's own audiences).
-    #[arg(long = "catalog-audience", env = "QUIVER_OPERATOR_CATALOG_AUDIENCES", value_delimiter = ',')]
+    #[arg(
+        long = "catalog-audience",
+        env = "QUIVER_OPERATOR_CATALOG_AUDIENCES",
+        value_delimiter = ','
+    )]
     catalog_audiences: Vec<String>,
     /// The first half of every catalog name, `PREFIX.NAMESPACE/NAME` (reverse DNS, e.g.
     /// `com.example.mcp`; at most 60 characters).
@@ -108,10 +112,18 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 Access::kubernetes(client.clone(), args.catalog_audiences, health.metrics.clone())
             };
-            let c = Catalog::watch(&client, &namespaces, args.catalog_prefix, access, health.metrics.clone());
+            let c = Catalog::watch(
+                &client,
+                &namespaces,
+                args.catalog_prefix.clone(),
+                access,
+                health.metrics.clone(),
+            );
             let listener = tokio::net::TcpListener::bind(addr).await?;
             tracing::info!(addr = %listener.local_addr()?, auth = %args.catalog_auth, "catalog listening");
-            Some(tokio::spawn(axum::serve(listener, catalog::router(c)).into_future()))
+            Some(tokio::spawn(
+                axum::serve(listener, catalog::router(c)).into_future(),
+            ))
         }
         None => None,
     };
@@ -120,6 +132,7 @@ async fn main() -> anyhow::Result<()> {
         image_pull_policy: args.image_pull_policy,
         service_monitors: args.default_service_monitor,
         service_monitor_labels: args.service_monitor_labels.into_iter().collect(),
+        catalog_prefix: args.catalog_prefix.clone(),
     };
     if !namespaces.is_empty() {
         tracing::info!(

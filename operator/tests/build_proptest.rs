@@ -535,6 +535,7 @@ fn check(name: String, spec: Value, fetched: Vec<Option<String>>) -> Reached {
         image_pull_policy: "IfNotPresent".into(),
         service_monitors: false,
         service_monitor_labels: Default::default(),
+        catalog_prefix: "dev.quiver".into(),
     };
     // Build does not depend on the tools being valid: try it with whatever render gave.
     let (rendered, reached) = match render(&mcp, &fetched) {

@@ -12,9 +12,9 @@
 use std::process::Stdio;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, PostParams};
 use quiver_operator::crd::McpServer;
 use serde_json::{Value, json};
@@ -98,27 +98,40 @@ fn names(list: &Value) -> Vec<String> {
 fn keep(name: &str, v: &Value) {
     if let Ok(dir) = std::env::var("QUIVER_CATALOG_SAMPLES") {
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(format!("{dir}/{name}.json"), serde_json::to_vec_pretty(v).unwrap()).unwrap();
+        std::fs::write(
+            format!("{dir}/{name}.json"),
+            serde_json::to_vec_pretty(v).unwrap(),
+        )
+        .unwrap();
     }
 }
 
 /// A ServiceAccount of `ns` that may list (and only list) McpServers there, and a token of it.
 async fn reader(ns: &TempNs) -> String {
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "reader"}})).unwrap();
-    ns.api::<ServiceAccount>().create(&PostParams::default(), &sa).await.unwrap();
+    ns.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "mcp-reader"},
         "rules": [{"apiGroups": ["quiver.dev"], "resources": ["mcpservers"], "verbs": ["list"]}],
     }))
     .unwrap();
-    ns.api::<Role>().create(&PostParams::default(), &role).await.unwrap();
+    ns.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
     let binding: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": "mcp-reader"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "mcp-reader"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns.name}],
     }))
     .unwrap();
-    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.unwrap();
+    ns.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
     kubectl(&["create", "token", "reader", "-n", &ns.name, "--duration=10m"])
         .trim()
         .to_owned()

@@ -121,6 +121,7 @@ fn setup() -> (Arc<Context>, ApiServerVerifier) {
             image_pull_policy: "IfNotPresent".into(),
             service_monitors: false,
             service_monitor_labels: Default::default(),
+            catalog_prefix: "dev.quiver".into(),
         },
         recorder: Recorder::new(
             client,

@@ -35,6 +35,7 @@ fn every_sample_mcpserver_renders_and_builds() {
         image_pull_policy: "IfNotPresent".into(),
         service_monitors: false,
         service_monitor_labels: Default::default(),
+        catalog_prefix: "dev.quiver".into(),
     };
     let mut checked = 0;
     for (file, docs) in samples() {
@@ -84,6 +85,7 @@ fn the_rest_api_sample_reads_its_token_from_a_secret_with_egress_and_monitoring(
         image_pull_policy: "IfNotPresent".into(),
         service_monitors: false,
         service_monitor_labels: Default::default(),
+        catalog_prefix: "dev.quiver".into(),
     };
     let c = build(&mcp, &rendered, &defaults, &ApiServer::default()).unwrap();
     assert!(c.service_monitor.is_some());

@@ -503,6 +503,14 @@ fn http_options(
             &mut args.trusted_proxies,
         ))
         .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?,
+        card: args.server_card_name.take().map(|name| {
+            Arc::new(crate::transport::http::card::CardOptions {
+                name,
+                description: args.server_card_description.take(),
+                urls: std::mem::take(&mut args.server_card_urls),
+                website_url: args.server_card_website_url.take(),
+            })
+        }),
     };
     Ok((options, max_connections))
 }

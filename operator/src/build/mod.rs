@@ -71,6 +71,8 @@ pub struct Defaults {
     /// Labels of every ServiceMonitor (an McpServer's own `monitoring.serviceMonitorLabels`
     /// add to them).
     pub service_monitor_labels: std::collections::BTreeMap<String, String>,
+    /// The first half of catalog names (`--catalog-prefix`), also the names of server cards.
+    pub catalog_prefix: String,
 }
 
 /// The rendered, validated ToolSet (made by `crate::render::render`): what the children
@@ -257,6 +259,9 @@ pub fn build(
     if let Some(p) = &pins_name {
         pod::add_arg(&mut deployment, format!("--pins=configmap:{ns}/{p}"));
     }
+    for arg in server_card_args(mcp, &defaults.catalog_prefix) {
+        pod::add_arg(&mut deployment, arg);
+    }
     deployment.metadata = meta(mcp, name.clone(), &owner);
     let service = Service {
         metadata: meta(mcp, name.clone(), &owner),
@@ -288,6 +293,43 @@ pub fn build(
         pdb,
         service_monitor,
     })
+}
+
+/// The server's flags of `catalog.serverCard`: the card's name (`PREFIX.NAMESPACE/NAME`, as
+/// in the catalog), description, website and the public URLs only (the card must not name
+/// in-cluster addresses). None when the card is off or the name does not fit.
+pub fn server_card_args(mcp: &McpServer, prefix: &str) -> Vec<String> {
+    let Some(c) = mcp.spec.catalog.as_ref().filter(|c| c.server_card == Some(true)) else {
+        return Vec::new();
+    };
+    let (Some(name), Some(ns)) = (mcp.metadata.name.as_deref(), mcp.metadata.namespace.as_deref()) else {
+        return Vec::new();
+    };
+    let card = crate::catalog::entry::registry_name(prefix, ns, name);
+    if !crate::catalog::entry::valid_name(&card) {
+        return Vec::new();
+    }
+    let mut args = vec![format!("--server-card-name={card}")];
+    if let Some(d) = c
+        .description
+        .as_deref()
+        .filter(|d| !d.chars().any(char::is_control))
+    {
+        args.push(format!("--server-card-description={d}"));
+    }
+    if let Some(w) = c
+        .website_url
+        .as_deref()
+        .filter(|w| !w.chars().any(char::is_control))
+    {
+        args.push(format!("--server-card-website-url={w}"));
+    }
+    args.extend(
+        crate::catalog::entry::public_urls(mcp)
+            .into_iter()
+            .map(|u| format!("--server-card-url={u}")),
+    );
+    args
 }
 
 /// The rules of the pods' Role: reading the tools ConfigMap and the ConfigMaps of CA bundles

@@ -206,6 +206,7 @@ mod tests {
             image_pull_policy: "IfNotPresent".into(),
             service_monitors,
             service_monitor_labels: Default::default(),
+            catalog_prefix: "dev.quiver".into(),
         }
     }
 

@@ -28,6 +28,7 @@ pub(crate) fn children_of(m: &McpServer, r: &Rendered) -> Children {
             image_pull_policy: "IfNotPresent".into(),
             service_monitors: false,
             service_monitor_labels: Default::default(),
+            catalog_prefix: "dev.quiver".into(),
         },
         &ApiServer {
             endpoints: vec![("172.18.0.2".into(), 6443)],
@@ -251,6 +252,7 @@ fn a_service_monitor_carries_the_default_labels_then_the_mcpservers_own() {
         ]
         .into_iter()
         .collect(),
+        catalog_prefix: "dev.quiver".into(),
     };
     let c = build(&m, &r, &defaults, &ApiServer::default()).unwrap();
     let labels = c.service_monitor.unwrap().metadata.labels.unwrap();
@@ -308,6 +310,7 @@ fn an_mcpserver_without_uid_is_an_error_not_a_panic() {
         image_pull_policy: "Never".into(),
         service_monitors: false,
         service_monitor_labels: Default::default(),
+        catalog_prefix: "dev.quiver".into(),
     };
     assert_eq!(
         build(&m, &r, &defaults, &ApiServer::default()).unwrap_err(),
@@ -1600,5 +1603,61 @@ spec:
     assert_eq!(
         api.pins.as_ref().and_then(|c| c.metadata.name.as_deref()),
         Some("gw-pins")
+    );
+}
+
+#[test]
+fn a_server_card_is_off_by_default_and_names_only_public_urls() {
+    let args = |extra: &str| -> Vec<String> {
+        let c = children(&format!("{BASIC}{extra}"));
+        let d = serde_json::to_value(&c.deployment).unwrap();
+        assert_eq!(
+            server_args_problems(&c.deployment),
+            Vec::<String>::new(),
+            "{extra}"
+        );
+        d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .filter(|a| a.starts_with("--server-card"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(args("").is_empty());
+    assert!(
+        args("  catalog: {description: Sums}\n").is_empty(),
+        "a catalog entry alone serves no card"
+    );
+    assert_eq!(
+        args(
+            "  catalog: {serverCard: true, description: Sums and more, websiteUrl: \"https://docs.example.com\"}\n  ingress: {host: calc.example.com, tlsSecretName: tls}\n"
+        ),
+        [
+            "--server-card-name=dev.quiver.ns/calc",
+            "--server-card-description=Sums and more",
+            "--server-card-website-url=https://docs.example.com",
+            "--server-card-url=https://calc.example.com/mcp",
+        ]
+    );
+    // Without a public URL the card names no endpoint: the in-cluster one stays out.
+    assert_eq!(
+        args("  catalog: {serverCard: true}\n"),
+        ["--server-card-name=dev.quiver.ns/calc"]
+    );
+    assert_eq!(
+        args(
+            "  catalog: {serverCard: true, url: \"https://tools.example.com/calc/mcp\"}\n  httpRoute: {parentRefs: [{name: gw}], hostnames: [calc.example.org]}\n"
+        ),
+        [
+            "--server-card-name=dev.quiver.ns/calc",
+            "--server-card-url=https://tools.example.com/calc/mcp"
+        ]
+    );
+    // Text a card may not hold is left out rather than crash the pod.
+    assert_eq!(
+        args("  catalog: {serverCard: true, description: \"two\\nlines\"}\n"),
+        ["--server-card-name=dev.quiver.ns/calc"]
     );
 }

@@ -55,7 +55,10 @@ pub struct Caller {
 impl Caller {
     /// The caller of an open catalog (no authentication).
     fn open() -> Self {
-        Self { key: [0; 32], user: None }
+        Self {
+            key: [0; 32],
+            user: None,
+        }
     }
 
     /// The user name the API server gave, if any.
@@ -71,7 +74,9 @@ struct Cache<K, V>(Mutex<HashMap<K, (Instant, V)>>);
 impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
     fn get(&self, k: &K) -> Option<V> {
         let m = self.0.lock().ok()?;
-        m.get(k).filter(|(t, _)| t.elapsed() < TTL).map(|(_, v)| v.clone())
+        m.get(k)
+            .filter(|(t, _)| t.elapsed() < TTL)
+            .map(|(_, v)| v.clone())
     }
 
     fn put(&self, k: K, v: V) {
@@ -127,7 +132,9 @@ pub struct Kube {
 
 impl std::fmt::Debug for Kube {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kube").field("audiences", &self.audiences).finish_non_exhaustive()
+        f.debug_struct("Kube")
+            .field("audiences", &self.audiences)
+            .finish_non_exhaustive()
     }
 }
 
@@ -167,8 +174,13 @@ impl Access {
                 u
             }
         };
-        user.map(|user| Caller { key, user: Some(user) })
-            .ok_or(Denied::Unauthenticated)
+        // Grants are cached per identity, not per token: a caller minting fresh tokens costs
+        // one TokenReview each, not a SubjectAccessReview per namespace again.
+        user.map(|user| Caller {
+            key: identity(&user),
+            user: Some(user),
+        })
+        .ok_or(Denied::Unauthenticated)
     }
 
     /// Whether `caller` may list McpServers in `namespace` (`None`: in every namespace).
@@ -192,6 +204,27 @@ impl Access {
     }
 }
 
+/// A digest of who a reviewed caller is (name, uid, groups, extra): the key of its grants.
+fn identity(u: &UserInfo) -> [u8; 32] {
+    let mut h = Sha256::new();
+    let mut field = |s: &str| {
+        h.update((s.len() as u64).to_le_bytes());
+        h.update(s.as_bytes());
+    };
+    field(u.username.as_deref().unwrap_or_default());
+    field(u.uid.as_deref().unwrap_or_default());
+    for g in u.groups.iter().flatten() {
+        field(g);
+    }
+    for (k, vs) in u.extra.iter().flatten() {
+        field(k);
+        for v in vs {
+            field(v);
+        }
+    }
+    h.finalize().into()
+}
+
 /// The token of an `Authorization: Bearer TOKEN` value.
 fn bearer(h: &str) -> Option<&str> {
     let (scheme, token) = h.split_once(' ')?;
@@ -203,18 +236,24 @@ fn bearer(h: &str) -> Option<&str> {
 impl Kube {
     async fn review<K>(&self, kind: Review, object: &K) -> Result<K, Denied>
     where
-        K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
     {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| Denied::Unavailable("closed"))?;
+        // The deadline covers the wait for a permit too: a flood of invented tokens makes
+        // callers wait at most this long, never in an unbounded queue.
         let api: Api<K> = Api::all(self.client.clone());
-        let answer = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), object)).await;
+        let answer = tokio::time::timeout(REVIEW_TIMEOUT, async {
+            let _permit = self.permits.acquire().await.ok()?;
+            Some(api.create(&PostParams::default(), object).await)
+        })
+        .await;
         match answer {
-            Ok(Ok(k)) => Ok(k),
-            Ok(Err(e)) => {
+            Ok(Some(Ok(k))) => Ok(k),
+            Ok(None) => Err(Denied::Unavailable("closed")),
+            Ok(Some(Err(e))) => {
                 self.metrics.catalog_review(kind.as_str(), "error");
                 tracing::warn!(error = %e, ?kind, "catalog: review failed");
                 Err(Denied::Unavailable(match e {
@@ -237,13 +276,25 @@ impl Kube {
             },
             ..TokenReview::default()
         };
-        let status = self.review(Review::Token, &review).await?.status.unwrap_or_default();
-        let user = status
-            .authenticated
-            .unwrap_or(false)
+        let status = self
+            .review(Review::Token, &review)
+            .await?
+            .status
+            .unwrap_or_default();
+        // With audiences asked for, the API server must say the token names one of them.
+        let audience_ok = self.audiences.is_empty()
+            || status
+                .audiences
+                .iter()
+                .flatten()
+                .any(|a| self.audiences.contains(a));
+        let user = (status.authenticated.unwrap_or(false) && audience_ok)
             .then_some(status.user)
             .flatten();
-        self.metrics.catalog_review(Review::Token.as_str(), if user.is_some() { "ok" } else { "denied" });
+        self.metrics.catalog_review(
+            Review::Token.as_str(),
+            if user.is_some() { "ok" } else { "denied" },
+        );
         Ok(user)
     }
 
@@ -265,8 +316,15 @@ impl Kube {
             },
             ..SubjectAccessReview::default()
         };
-        let status = self.review(Review::Access, &review).await?.status.unwrap_or_default();
-        self.metrics.catalog_review(Review::Access.as_str(), if status.allowed { "ok" } else { "denied" });
+        let status = self
+            .review(Review::Access, &review)
+            .await?
+            .status
+            .unwrap_or_default();
+        self.metrics.catalog_review(
+            Review::Access.as_str(),
+            if status.allowed { "ok" } else { "denied" },
+        );
         Ok(status.allowed)
     }
 }
@@ -280,7 +338,15 @@ mod tests {
         assert_eq!(bearer("Bearer abc.def"), Some("abc.def"));
         assert_eq!(bearer("bearer abc"), Some("abc"));
         assert_eq!(bearer("Bearer   abc  "), Some("abc"));
-        for bad in ["Basic abc", "Bearer", "Bearer ", "Bearer a b", "Bearerabc", "", "Bearer \t"] {
+        for bad in [
+            "Basic abc",
+            "Bearer",
+            "Bearer ",
+            "Bearer a b",
+            "Bearerabc",
+            "",
+            "Bearer \t",
+        ] {
             assert_eq!(bearer(bad), None, "{bad:?}");
         }
     }

@@ -72,7 +72,9 @@ pub fn valid_name(name: &str) -> bool {
     (3..=200).contains(&name.len())
         && !ns.is_empty()
         && !rest.is_empty()
-        && ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
         && rest
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
@@ -99,11 +101,17 @@ pub fn cut(s: &str, max: usize) -> String {
     out
 }
 
-/// A one-line text: control characters (new lines included) become spaces, runs of spaces
-/// one, and the ends are trimmed.
+/// Characters that reorder or hide text (bidirectional controls, zero-width marks).
+fn hidden(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+}
+
+/// A one-line text: control characters (new lines included) become spaces, characters
+/// that reorder or hide text are dropped, runs of spaces become one, and the ends are
+/// trimmed.
 fn one_line(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
+    for c in s.chars().filter(|c| !hidden(*c)) {
         let c = if c.is_control() { ' ' } else { c };
         if c == ' ' && (out.is_empty() || out.ends_with(' ')) {
             continue;
@@ -113,31 +121,46 @@ fn one_line(s: &str) -> String {
     out.trim_end().to_owned()
 }
 
-/// The URLs clients connect to, the preferred first: `catalog.url`, else the Ingress's or
-/// the HTTPRoute's host; and the in-cluster Service URL last.
+/// The URL clients outside the cluster connect to: `catalog.url`, else the Ingress's or the
+/// HTTPRoute's host. A URL the registry's pattern refuses (white space: only from a field
+/// the CRD did not check, e.g. an older CRD) is left out rather than served.
+pub fn public_urls(mcp: &McpServer) -> Vec<String> {
+    let url = if let Some(u) = mcp.spec.catalog.as_ref().and_then(|c| c.url.as_deref()) {
+        Some(u.to_owned())
+    } else if let Some(i) = &mcp.spec.ingress {
+        let scheme = if i.tls_secret_name.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        Some(format!("{scheme}://{}/mcp", i.host))
+    } else {
+        mcp.spec
+            .http_route
+            .as_ref()
+            .and_then(|r| r.hostnames.first())
+            .map(|h| format!("https://{h}/mcp"))
+    };
+    url.into_iter()
+        .filter(|u| {
+            (u.starts_with("http://") || u.starts_with("https://"))
+                && !u.chars().any(|c| c.is_whitespace() || c.is_control())
+                && u.len() <= 2048
+        })
+        .collect()
+}
+
+/// The URLs clients connect to, the preferred first: [`public_urls`], and the in-cluster
+/// Service URL last.
 pub fn urls(mcp: &McpServer) -> Vec<String> {
     let name = mcp.metadata.name.as_deref().unwrap_or_default();
     let ns = mcp.metadata.namespace.as_deref().unwrap_or_default();
     let port = mcp.spec.service.as_ref().and_then(|s| s.port).unwrap_or(MCP_PORT);
-    let mut out = Vec::with_capacity(2);
-    if let Some(u) = mcp.spec.catalog.as_ref().and_then(|c| c.url.as_deref()) {
-        out.push(u.to_owned());
-    } else if let Some(i) = &mcp.spec.ingress {
-        let scheme = if i.tls_secret_name.is_some() { "https" } else { "http" };
-        out.push(format!("{scheme}://{}/mcp", i.host));
-    } else if let Some(h) = mcp.spec.http_route.as_ref().and_then(|r| r.hostnames.first()) {
-        out.push(format!("https://{h}/mcp"));
-    }
+    let mut out = public_urls(mcp);
     let inside = format!("http://{name}.{ns}.svc:{port}/mcp");
     if !out.contains(&inside) {
         out.push(inside);
     }
-    // A URL the registry's pattern refuses (white space: only from a field the CRD did not
-    // check, e.g. an older CRD) is left out rather than served.
-    out.retain(|u| {
-        (u.starts_with("http://") || u.starts_with("https://"))
-            && !u.chars().any(char::is_whitespace)
-    });
     out
 }
 
@@ -153,8 +176,8 @@ fn auth(mcp: &McpServer, url: Option<&str>) -> (Option<Value>, Value) {
                 .map(|o| format!("{o}/.well-known/oauth-protected-resource/mcp"));
             let mut m = json!({
                 "type": "oauth",
-                "issuer": cut(&o.issuer, 1024),
-                "audience": cut(&o.audience, 1024),
+                "issuer": cut(&one_line(&o.issuer), 1024),
+                "audience": cut(&one_line(&o.audience), 1024),
                 "bearerKeys": bearer.is_some(),
             });
             if let Some(r) = resource {
@@ -163,8 +186,8 @@ fn auth(mcp: &McpServer, url: Option<&str>) -> (Option<Value>, Value) {
             (
                 format!(
                     "An OAuth access token from {} for audience {}",
-                    cut(&o.issuer, 200),
-                    cut(&o.audience, 200)
+                    cut(&one_line(&o.issuer), 200),
+                    cut(&one_line(&o.audience), 200)
                 ),
                 m,
             )
@@ -194,8 +217,9 @@ fn origin(url: &str) -> Option<&str> {
 }
 
 /// When the McpServer's spec last changed: the newest time of its managed fields outside the
-/// status subresource, else its creation.
-pub fn updated(mcp: &McpServer) -> Timestamp {
+/// status subresource, else its creation; never after `now` (a client may write managed
+/// fields' times, and a time in the future would stop every syncing client's clock).
+pub fn updated(mcp: &McpServer, now: Timestamp) -> Timestamp {
     let created = mcp
         .metadata
         .creation_timestamp
@@ -208,6 +232,7 @@ pub fn updated(mcp: &McpServer) -> Timestamp {
         .filter(|f| f.subresource.as_deref().is_none_or(str::is_empty))
         .filter_map(|f| f.time.as_ref().map(|t| t.0))
         .fold(created, Timestamp::max)
+        .min(now)
 }
 
 /// Whether the McpServer is listed (`catalog.listed` is not false).
@@ -216,8 +241,9 @@ pub fn listed(mcp: &McpServer) -> bool {
 }
 
 /// The entry of `mcp` under `prefix`, or `None` when it has no name or namespace or its
-/// registry name does not fit the registry's pattern. `deleted` is when it was deleted.
-pub fn entry(mcp: &McpServer, prefix: &str, deleted: Option<Timestamp>) -> Option<Entry> {
+/// registry name does not fit the registry's pattern. `deleted` is when it was deleted;
+/// `now` bounds the times it reports.
+pub fn entry(mcp: &McpServer, prefix: &str, deleted: Option<Timestamp>, now: Timestamp) -> Option<Entry> {
     let name = mcp.metadata.name.as_deref()?;
     let namespace = mcp.metadata.namespace.as_deref()?;
     let registry = registry_name(prefix, namespace, name);
@@ -241,12 +267,12 @@ pub fn entry(mcp: &McpServer, prefix: &str, deleted: Option<Timestamp>) -> Optio
         .filter(|d| !d.is_empty())
         .or_else(|| title.clone())
         .unwrap_or_else(|| format!("MCP server {name} in namespace {namespace}"));
-    let updated_at = updated(mcp);
+    let updated_at = updated(mcp, now);
     let published = mcp
         .metadata
         .creation_timestamp
         .as_ref()
-        .map_or(updated_at, |t| t.0);
+        .map_or(updated_at, |t| t.0.min(now));
     let status = match (deleted, catalog.and_then(|c| c.deprecated.as_deref())) {
         (Some(_), _) => Status::Deleted,
         (None, Some(_)) => Status::Deprecated,
@@ -274,7 +300,10 @@ pub fn entry(mcp: &McpServer, prefix: &str, deleted: Option<Timestamp>) -> Optio
     }
     server.insert("version".into(), version.clone().into());
     if let Some(w) = catalog.and_then(|c| c.website_url.as_deref()) {
-        if !w.chars().any(char::is_whitespace) {
+        if !w
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || hidden(c))
+        {
             server.insert("websiteUrl".into(), cut(w, 2048).into());
         }
     }

@@ -16,6 +16,7 @@ pub mod entry;
 pub mod list;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -39,6 +40,13 @@ use crate::metrics::Metrics;
 
 /// Deleted servers remembered at most.
 pub const TOMBSTONES: usize = 1024;
+/// Deleted servers remembered at most per namespace, so that one tenant's churn cannot push
+/// out the others'.
+pub const TOMBSTONES_PER_NAMESPACE: usize = 64;
+/// Requests answered at once (more wait for a place).
+const CONCURRENT_REQUESTS: usize = 64;
+/// The longest one request may take, reviews included; then 503.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a deleted server stays listed as `deleted`.
 const TOMBSTONE_AGE: SignedDuration = SignedDuration::from_hours(24);
 /// Namespaces reviewed at once for one request.
@@ -51,6 +59,9 @@ pub struct Catalog {
     stores: Vec<Store<McpServer>>,
     deleted: Mutex<VecDeque<Entry>>,
     metrics: Arc<Metrics>,
+    /// Per store: whether its watch has listed (until then the catalog answers 503, not an
+    /// empty list).
+    synced: Vec<AtomicBool>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -72,18 +83,26 @@ enum Ask {
 impl Catalog {
     /// A catalog over `stores` (kept up to date by their writers).
     pub fn new(prefix: String, access: Access, stores: Vec<Store<McpServer>>, metrics: Arc<Metrics>) -> Self {
+        let synced = stores.iter().map(|_| AtomicBool::new(true)).collect();
         Self {
             prefix,
             access,
             stores,
             deleted: Mutex::new(VecDeque::new()),
             metrics,
+            synced,
         }
     }
 
     /// Starts watches of McpServers (one per namespace of `namespaces`, or one for the
     /// cluster) feeding a new catalog; the watches run as long as the runtime.
-    pub fn watch(client: &Client, namespaces: &[String], prefix: String, access: Access, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn watch(
+        client: &Client,
+        namespaces: &[String],
+        prefix: String,
+        access: Access,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         let apis: Vec<Api<McpServer>> = if namespaces.is_empty() {
             vec![Api::all(client.clone())]
         } else {
@@ -100,12 +119,17 @@ impl Catalog {
             writers.push(w);
         }
         let catalog = Arc::new(Self::new(prefix, access, stores, metrics));
-        for (api, writer) in apis.into_iter().zip(writers) {
+        for s in &catalog.synced {
+            s.store(false, Ordering::Release);
+        }
+        for (i, (api, writer)) in apis.into_iter().zip(writers).enumerate() {
             let c = catalog.clone();
-            let events = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+            let events =
+                reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
             tokio::spawn(events.for_each(move |e| {
                 match e {
                     Ok(watcher::Event::Delete(m)) => c.forget(&m, Timestamp::now()),
+                    Ok(watcher::Event::InitDone) => c.synced[i].store(true, Ordering::Release),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "catalog: McpServer watch failed; retrying"),
                 }
@@ -116,13 +140,22 @@ impl Catalog {
     }
 
     /// Records that `mcp` was deleted at `at`.
+    /// Unlisted servers leave none (they were never shown).
     pub fn forget(&self, mcp: &McpServer, at: Timestamp) {
-        let Some(e) = entry::entry(mcp, &self.prefix, Some(at)) else {
+        if !entry::listed(mcp) {
+            return;
+        }
+        let Some(e) = entry::entry(mcp, &self.prefix, Some(at), at) else {
             return;
         };
         let Ok(mut d) = self.deleted.lock() else { return };
         d.retain(|x| x.name != e.name && at.duration_since(x.updated) < TOMBSTONE_AGE);
-        if d.len() >= TOMBSTONES {
+        let same_ns = d.iter().filter(|x| x.namespace == e.namespace).count();
+        if same_ns >= TOMBSTONES_PER_NAMESPACE {
+            if let Some(i) = d.iter().position(|x| x.namespace == e.namespace) {
+                d.remove(i);
+            }
+        } else if d.len() >= TOMBSTONES {
             d.pop_front();
         }
         d.push_back(e);
@@ -141,12 +174,14 @@ impl Catalog {
             .filter(|m| namespace.is_none_or(|n| m.metadata.namespace.as_deref() == Some(n)))
             .filter(|m| entry::listed(m))
             .collect();
+        let now = Timestamp::now();
         let dead: Vec<Entry> = self
             .deleted
             .lock()
             .map(|d| {
                 d.iter()
                     .filter(|e| namespace.is_none_or(|n| e.namespace == n))
+                    .filter(|e| now.duration_since(e.updated) < TOMBSTONE_AGE)
                     .cloned()
                     .collect()
             })
@@ -184,8 +219,13 @@ impl Catalog {
         for e in dead.into_iter().filter(|e| may(&e.namespace)) {
             by_name.insert(e.name.clone(), e);
         }
-        for m in &live {
-            if let Some(e) = entry::entry(m, &self.prefix, None).filter(|e| may(&e.namespace)) {
+        // Entries are built for the servers the caller may see only: the work of a request
+        // does not grow with what the caller cannot see.
+        for m in live
+            .iter()
+            .filter(|m| m.metadata.namespace.as_deref().is_some_and(&may))
+        {
+            if let Some(e) = entry::entry(m, &self.prefix, None, now) {
                 by_name.insert(e.name.clone(), e);
             }
         }
@@ -193,10 +233,19 @@ impl Catalog {
     }
 
     async fn answer(&self, namespace: Option<&str>, ask: Ask, query: &str, headers: &HeaderMap) -> Response {
+        if namespace.is_some_and(|n| !is_namespace(n)) {
+            return error(StatusCode::NOT_FOUND, "not found");
+        }
         let q = match list::parse(query) {
             Ok(q) => q,
             Err(why) => return error(StatusCode::BAD_REQUEST, &why),
         };
+        if !self.synced.iter().all(|s| s.load(Ordering::Acquire)) {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the catalog is starting: McpServers are being listed",
+            );
+        }
         let caller = match self
             .access
             .caller(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
@@ -277,10 +326,22 @@ fn tagged(body: Vec<u8>, headers: &HeaderMap) -> Response {
         .into_response()
 }
 
+/// Whether `n` can be a namespace's name (a DNS label): anything else is not looked up.
+fn is_namespace(n: &str) -> bool {
+    (1..=63).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !n.starts_with('-')
+        && !n.ends_with('-')
+}
+
 fn error(code: StatusCode, why: &str) -> Response {
     (
         code,
-        [(header::CONTENT_TYPE, "application/json")],
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
         serde_json::json!({"error": why}).to_string(),
     )
         .into_response()
@@ -290,8 +351,10 @@ fn denied(d: &Denied) -> Response {
     match d {
         Denied::Unauthenticated => {
             let mut r = error(StatusCode::UNAUTHORIZED, &d.to_string());
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
             r
         }
         Denied::Unavailable(_) => error(StatusCode::SERVICE_UNAVAILABLE, &d.to_string()),
@@ -301,25 +364,57 @@ fn denied(d: &Denied) -> Response {
 /// The route's parameters: `namespace`, `server`, `version`, whichever it has.
 type Params = Path<HashMap<String, String>>;
 
-async fn serve(c: &Catalog, p: &HashMap<String, String>, ask: Ask, query: Option<String>, headers: &HeaderMap) -> Response {
+async fn serve(
+    c: &Catalog,
+    p: &HashMap<String, String>,
+    ask: Ask,
+    query: Option<String>,
+    headers: &HeaderMap,
+) -> Response {
     let started = Instant::now();
-    let r = c
-        .answer(p.get("namespace").map(String::as_str), ask, query.as_deref().unwrap_or_default(), headers)
-        .await;
+    let answer = c.answer(
+        p.get("namespace").map(String::as_str),
+        ask,
+        query.as_deref().unwrap_or_default(),
+        headers,
+    );
+    let r = tokio::time::timeout(REQUEST_TIMEOUT, answer)
+        .await
+        .unwrap_or_else(|_| {
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the catalog did not answer in time",
+            )
+        });
     c.metrics.catalog_request(r.status().as_u16(), started.elapsed());
     r
 }
 
-async fn servers(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): RawQuery, h: HeaderMap) -> Response {
+async fn servers(
+    State(c): State<Arc<Catalog>>,
+    Path(p): Params,
+    RawQuery(q): RawQuery,
+    h: HeaderMap,
+) -> Response {
     serve(&c, &p, Ask::List, q, &h).await
 }
 
-async fn versions(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): RawQuery, h: HeaderMap) -> Response {
+async fn versions(
+    State(c): State<Arc<Catalog>>,
+    Path(p): Params,
+    RawQuery(q): RawQuery,
+    h: HeaderMap,
+) -> Response {
     let name = p.get("server").cloned().unwrap_or_default();
     serve(&c, &p, Ask::Versions(name), q, &h).await
 }
 
-async fn version(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): RawQuery, h: HeaderMap) -> Response {
+async fn version(
+    State(c): State<Arc<Catalog>>,
+    Path(p): Params,
+    RawQuery(q): RawQuery,
+    h: HeaderMap,
+) -> Response {
     let name = p.get("server").cloned().unwrap_or_default();
     let v = p.get("version").cloned().unwrap_or_default();
     serve(&c, &p, Ask::Version(name, v), q, &h).await
@@ -329,7 +424,10 @@ async fn version(State(c): State<Arc<Catalog>>, Path(p): Params, RawQuery(q): Ra
 pub fn router(catalog: Arc<Catalog>) -> Router {
     let api = |prefix: &str, r: Router<Arc<Catalog>>| {
         r.route(&format!("{prefix}/v0.1/servers"), get(servers))
-            .route(&format!("{prefix}/v0.1/servers/{{server}}/versions"), get(versions))
+            .route(
+                &format!("{prefix}/v0.1/servers/{{server}}/versions"),
+                get(versions),
+            )
             .route(
                 &format!("{prefix}/v0.1/servers/{{server}}/versions/{{version}}"),
                 get(version),
@@ -338,6 +436,7 @@ pub fn router(catalog: Arc<Catalog>) -> Router {
     let r = api("", Router::new());
     api("/namespaces/{namespace}", r)
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
+        .layer(tower::limit::ConcurrencyLimitLayer::new(CONCURRENT_REQUESTS))
         .with_state(catalog)
 }
 

@@ -183,6 +183,7 @@ fn one(
         image_pull_policy: "IfNotPresent".to_owned(),
         service_monitors: false,
         service_monitor_labels: Default::default(),
+        catalog_prefix: "dev.quiver".into(),
     };
     match build::build(&mcp, &rendered, &defaults, &ApiServer::default()) {
         Ok(children) => report.problems.extend(

@@ -507,6 +507,7 @@ mod tests {
                 image_pull_policy: "IfNotPresent".into(),
                 service_monitors: false,
                 service_monitor_labels: Default::default(),
+                catalog_prefix: "dev.quiver".into(),
             },
             recorder: Recorder::new(
                 client,

@@ -16,6 +16,7 @@
 //! without the router and hands every other request to it.
 
 mod caller;
+pub mod card;
 mod lean;
 mod metadata;
 mod mirror;
@@ -84,6 +85,8 @@ pub struct HttpOptions {
     /// Proxies whose `X-Forwarded-For` names the client a caller without credentials is
     /// counted by; from any other peer the header is ignored.
     pub trusted_proxies: super::forwarded::TrustedProxies,
+    /// The server card (`--server-card-name`); `None`: no card, no AI Catalog.
+    pub card: Option<Arc<card::CardOptions>>,
 }
 
 impl Default for HttpOptions {
@@ -99,6 +102,7 @@ impl Default for HttpOptions {
             auth: None,
             resume: None,
             trusted_proxies: super::forwarded::TrustedProxies::default(),
+            card: None,
         }
     }
 }
@@ -159,6 +163,14 @@ pub fn app(state: Arc<HttpState>) -> Router {
         .route(
             "/.well-known/oauth-protected-resource/mcp",
             get(metadata::protected_resource),
+        )
+        .route(
+            "/mcp/server-card",
+            get(card::server_card).options(card::preflight),
+        )
+        .route(
+            "/.well-known/ai-catalog.json",
+            get(card::catalog).options(card::preflight),
         )
         .route("/oauth/start", get(sign_in::start))
         .route("/oauth/callback", get(sign_in::callback))
