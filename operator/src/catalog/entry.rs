@@ -235,6 +235,23 @@ pub fn updated(mcp: &McpServer, now: Timestamp) -> Timestamp {
         .min(now)
 }
 
+/// Quiver's metadata of an entry: where the McpServer is, whether it is Ready, its tool
+/// count and how clients authenticate.
+fn quiver_meta(mcp: &McpServer, auth: Value) -> Value {
+    let ready = mcp
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map_or("Unknown", |c| c.status.as_str());
+    json!({
+        "namespace": mcp.metadata.namespace,
+        "name": mcp.metadata.name,
+        "ready": match ready { "True" => "True", "False" => "False", _ => "Unknown" },
+        "toolCount": mcp.status.as_ref().and_then(|s| s.tool_count),
+        "auth": auth,
+    })
+}
+
 /// Whether the McpServer is listed (`catalog.listed` is not false).
 pub fn listed(mcp: &McpServer) -> bool {
     mcp.spec.catalog.as_ref().and_then(|c| c.listed) != Some(false)
@@ -318,23 +335,11 @@ pub fn entry(mcp: &McpServer, prefix: &str, deleted: Option<Timestamp>, now: Tim
     if let (Status::Deprecated, Some(m)) = (status, catalog.and_then(|c| c.deprecated.as_deref())) {
         official["statusMessage"] = cut(&one_line(m), 500).into();
     }
-    let ready = mcp
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .map_or("Unknown", |c| c.status.as_str());
-    let tools = mcp.status.as_ref().and_then(|s| s.tool_count);
     let json = json!({
         "server": server,
         "_meta": {
             OFFICIAL_KEY: official,
-            META_KEY: {
-                "namespace": namespace,
-                "name": name,
-                "ready": match ready { "True" => "True", "False" => "False", _ => "Unknown" },
-                "toolCount": tools,
-                "auth": auth_meta,
-            },
+            META_KEY: quiver_meta(mcp, auth_meta),
         },
     });
     Some(Entry {
