@@ -170,12 +170,9 @@ impl Default for Metrics {
         for code in CATALOG_CODES {
             let _ = catalog_requests.get_or_create(&CodeLabels { code });
         }
-        let catalog_duration = prometheus_client::metrics::histogram::Histogram::new(
-            [
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-            ]
-            .into_iter(),
-        );
+        let catalog_duration = prometheus_client::metrics::histogram::Histogram::new([
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+        ]);
         registry.register_with_unit(
             "catalog_request_duration",
             "Time to answer one request of the catalog",

@@ -209,7 +209,7 @@ async fn each_namespace_sees_only_its_servers_in_the_catalog_of_a_standby_replic
 
         // B's reader sees B's one; neither sees the other's through any path.
         let (_, _, v) = get(port, "/v0.1/servers", Some(&token_b), None).await.unwrap();
-        assert_eq!(names(&v), [search.clone()]);
+        assert_eq!(names(&v), [search.as_str()]);
         assert_eq!(v["servers"][0]["_meta"]["io.modelcontextprotocol.registry/official"]["status"], "deprecated");
         keep("list-b", &v);
         let enc = |n: &str| n.replace('/', "%2F");
@@ -234,7 +234,7 @@ async fn each_namespace_sees_only_its_servers_in_the_catalog_of_a_standby_replic
         let (_, _, v) = get(port, &format!("/namespaces/{}/v0.1/servers?limit=1", a.name), Some(&token_a), None)
             .await
             .unwrap();
-        assert_eq!(names(&v), [files.clone()]);
+        assert_eq!(names(&v), [files.as_str()]);
         assert!(v["metadata"]["nextCursor"].is_string());
         keep("page-a", &v);
 

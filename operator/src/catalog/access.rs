@@ -117,7 +117,7 @@ pub enum Access {
     /// cluster where the list is not a secret).
     Open,
     /// Kubernetes TokenReview and SubjectAccessReview.
-    Kubernetes(Kube),
+    Kubernetes(Box<Kube>),
 }
 
 /// The state of Kubernetes reviews.
@@ -142,14 +142,14 @@ impl Access {
     /// Kubernetes reviews through `client`; tokens must name one of `audiences` (empty: the
     /// API server's own).
     pub fn kubernetes(client: Client, audiences: Vec<String>, metrics: Arc<Metrics>) -> Self {
-        Self::Kubernetes(Kube {
+        Self::Kubernetes(Box::new(Kube {
             client,
             audiences,
             tokens: Cache::default(),
             grants: Cache::default(),
             permits: Semaphore::new(REVIEWS),
             metrics,
-        })
+        }))
     }
 
     /// Who the caller with `authorization` (the header's value) is.

@@ -316,13 +316,12 @@ pub fn entry(mcp: &McpServer, prefix: &str, deleted: Option<Timestamp>, now: Tim
         server.insert("title".into(), t.into());
     }
     server.insert("version".into(), version.clone().into());
-    if let Some(w) = catalog.and_then(|c| c.website_url.as_deref()) {
-        if !w
-            .chars()
+    let website = catalog.and_then(|c| c.website_url.as_deref()).filter(|w| {
+        !w.chars()
             .any(|c| c.is_whitespace() || c.is_control() || hidden(c))
-        {
-            server.insert("websiteUrl".into(), cut(w, 2048).into());
-        }
+    });
+    if let Some(w) = website {
+        server.insert("websiteUrl".into(), cut(w, 2048).into());
     }
     server.insert("remotes".into(), remotes.into());
     let mut official = json!({
