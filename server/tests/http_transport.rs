@@ -674,3 +674,84 @@ async fn delete_needs_a_valid_session_id() {
         .unwrap();
     assert!(String::from_utf8_lossy(&event).contains("list_changed"));
 }
+
+#[tokio::test]
+async fn the_server_card_follows_reloads_is_public_and_answers_unchanged_with_304() {
+    let card = |auth: bool| HttpOptions {
+        card: Some(Arc::new(quiver_server::transport::http::card::CardOptions {
+            name: "com.example.team-a/weather".into(),
+            description: Some("Forecasts".into()),
+            urls: vec!["https://weather.example.com/mcp".into()],
+            website_url: None,
+        })),
+        auth: auth.then(|| {
+            Arc::new(quiver_server::transport::auth::Auth {
+                bearer: None,
+                oidc: None,
+            })
+        }),
+        ..HttpOptions::default()
+    };
+    let h = harness_with(
+        "server: {name: w, version: 1.2.0, title: Weather}\ntools: [{name: add, handler: {builtin: add}}]",
+        card(true),
+    );
+    let get = |path: &str, etag: Option<&str>| {
+        let mut r = Request::get(path).header("origin", "https://elsewhere.example");
+        if let Some(e) = etag {
+            r = r.header("if-none-match", e);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    let (code, resp) = h.send(get("/mcp/server-card", None)).await;
+    assert_eq!(code, 200, "public: no Origin check, and the card needs no token");
+    let headers = resp.headers().clone();
+    assert_eq!(headers["content-type"], "application/mcp-server-card+json");
+    assert_eq!(headers["access-control-allow-origin"], "*");
+    let etag = headers["etag"].to_str().unwrap().to_owned();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["name"], "com.example.team-a/weather");
+    assert_eq!(
+        (v["version"].as_str(), v["title"].as_str()),
+        (Some("1.2.0"), Some("Weather"))
+    );
+    assert_eq!(v["remotes"][0]["headers"][0]["name"], "Authorization");
+    assert!(
+        v["remotes"][0]["supportedProtocolVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "2026-07-28")
+    );
+    assert_eq!(h.send(get("/mcp/server-card", Some(&etag))).await.0, 304);
+    // A reload changes the card's version, and so its ETag.
+    h.reloader
+        .apply(&[(
+            "test.yaml".into(),
+            "server: {name: w, version: 1.3.0}\ntools: [{name: add, handler: {builtin: add}}]".into(),
+        )])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (code, v) = h.raw(get("/mcp/server-card", Some(&etag))).await;
+    assert_eq!((code, v["version"].as_str()), (200, Some("1.3.0")));
+    let (code, v) = h.raw(get("/.well-known/ai-catalog.json", None)).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        v["entries"][0]["url"],
+        "https://weather.example.com/mcp/server-card"
+    );
+    let pre = Request::options("/mcp/server-card").body(Body::empty()).unwrap();
+    let (code, resp) = h.send(pre).await;
+    assert_eq!(code, 204);
+    assert_eq!(
+        resp.headers()["access-control-allow-headers"],
+        "Content-Type, If-None-Match"
+    );
+    // Off unless asked for.
+    let off = harness(TOOLS);
+    assert_eq!(off.send(get("/mcp/server-card", None)).await.0, 404);
+    assert_eq!(off.send(get("/.well-known/ai-catalog.json", None)).await.0, 404);
+}
