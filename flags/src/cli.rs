@@ -489,9 +489,9 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     quiver_model::config::parse_duration(s)
 }
 
-/// `--server-card-name`: the registry's name pattern, `^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$`,
-/// 3-200 characters.
-fn card_name(s: &str) -> Result<String, String> {
+/// Whether `s` is a name the MCP registry's schema admits (registry entries and server cards):
+/// `^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$`, 3-200 characters.
+pub fn is_registry_name(s: &str) -> bool {
     let ok = s.split_once('/').is_some_and(|(ns, rest)| {
         !ns.is_empty()
             && !rest.is_empty()
@@ -502,7 +502,12 @@ fn card_name(s: &str) -> Result<String, String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
     });
-    if ok && (3..=200).contains(&s.len()) {
+    ok && (3..=200).contains(&s.len())
+}
+
+/// `--server-card-name`.
+fn card_name(s: &str) -> Result<String, String> {
+    if is_registry_name(s) {
         Ok(s.to_owned())
     } else {
         Err("expected reverse DNS with one slash, e.g. com.example/weather (letters, digits, '.', '-'; '_' after the slash; 3-200 characters)".to_owned())

@@ -9,7 +9,7 @@ pub mod values;
 
 use clap::{CommandFactory, FromArgMatches};
 
-pub use self::cli::{AdminListen, Cli, Command, ServeArgs};
+pub use self::cli::{AdminListen, Cli, Command, ServeArgs, is_registry_name};
 pub use self::values::{
     AuditSink, ChildIsolation, Cidr, DEFAULT_AUDIT_QUEUE, DEFAULT_MAX_LIMIT_KEYS, FailMode, Instance,
     MAX_AUDIT_QUEUE, OnFull, SecretSource, Source, parse_ref,

@@ -27,7 +27,7 @@ fn catalog() -> Arc<Catalog> {
             "apiVersion": "quiver.dev/v1alpha1",
             "kind": "McpServer",
             "metadata": {"name": format!("server-{i:04}"), "namespace": format!("team-{:02}", i % 50),
-                         "uid": format!("u{i}"), "creationTimestamp": "2026-11-01T10:00:00Z",
+                         "uid": format!("u{i}"), "resourceVersion": "1", "creationTimestamp": "2026-11-01T10:00:00Z",
                          "managedFields": [{"manager": "kubectl", "operation": "Update", "time": "2026-11-02T10:00:00Z"}]},
             "spec": {
                 "server": {"version": "1.2.3", "title": format!("Server {i}")},
@@ -66,7 +66,10 @@ async fn get(c: &Arc<Catalog>, uri: &str, etag: Option<&str>) -> (StatusCode, St
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let cat = catalog();
     let mut g = c.benchmark_group("catalog_1000_servers");
     g.bench_function("first_page_limit_100", |b| {

@@ -64,20 +64,10 @@ pub fn registry_name(prefix: &str, namespace: &str, name: &str) -> String {
 }
 
 /// Whether `name` is a name the registry's schema admits (3-200 characters,
-/// `^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$`).
+/// `^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$`): the same check as quiver-server's
+/// `--server-card-name`.
 pub fn valid_name(name: &str) -> bool {
-    let Some((ns, rest)) = name.split_once('/') else {
-        return false;
-    };
-    (3..=200).contains(&name.len())
-        && !ns.is_empty()
-        && !rest.is_empty()
-        && ns
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        && rest
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    quiver_flags::is_registry_name(name)
 }
 
 /// Whether `prefix` can start registry names: one or more DNS labels (letters, digits, `-`),

@@ -58,6 +58,8 @@ pub struct Catalog {
     access: Access,
     stores: Vec<Store<McpServer>>,
     deleted: Mutex<VecDeque<Entry>>,
+    /// Built entries by McpServer uid, with the resourceVersion they were built from.
+    rendered: Mutex<HashMap<String, (String, Arc<Entry>)>>,
     metrics: Arc<Metrics>,
     /// Per store: whether its watch has listed (until then the catalog answers 503, not an
     /// empty list).
@@ -89,6 +91,7 @@ impl Catalog {
             access,
             stores,
             deleted: Mutex::new(VecDeque::new()),
+            rendered: Mutex::new(HashMap::new()),
             metrics,
             synced,
         }
@@ -166,7 +169,7 @@ impl Catalog {
     ///
     /// # Errors
     /// [`Denied`] when a review could not be made.
-    pub async fn visible(&self, caller: &Caller, namespace: Option<&str>) -> Result<Vec<Entry>, Denied> {
+    pub async fn visible(&self, caller: &Caller, namespace: Option<&str>) -> Result<Vec<Arc<Entry>>, Denied> {
         let live: Vec<Arc<McpServer>> = self
             .stores
             .iter()
@@ -215,21 +218,62 @@ impl Catalog {
             allowed
         };
         let may = |ns: &str| everywhere || allowed.get(ns).copied().unwrap_or(false);
-        let mut by_name: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut by_name: BTreeMap<String, Arc<Entry>> = BTreeMap::new();
         for e in dead.into_iter().filter(|e| may(&e.namespace)) {
+            by_name.insert(e.name.clone(), Arc::new(e));
+        }
+        // Entries are looked at for the servers the caller may see only: the work of a
+        // request does not grow with what the caller cannot see.
+        let seen: Vec<&McpServer> = live
+            .iter()
+            .map(|m| &**m)
+            .filter(|m| m.metadata.namespace.as_deref().is_some_and(&may))
+            .collect();
+        for e in self.entries(&seen, now) {
             by_name.insert(e.name.clone(), e);
         }
-        // Entries are built for the servers the caller may see only: the work of a request
-        // does not grow with what the caller cannot see.
-        for m in live
-            .iter()
-            .filter(|m| m.metadata.namespace.as_deref().is_some_and(&may))
-        {
-            if let Some(e) = entry::entry(m, &self.prefix, None, now) {
-                by_name.insert(e.name.clone(), e);
+        Ok(by_name.into_values().collect())
+    }
+
+    /// The entries of `servers`, each built once per version of its McpServer (the cache
+    /// is keyed by uid and checked against the resourceVersion) and dropped with it.
+    fn entries(&self, servers: &[&McpServer], now: Timestamp) -> Vec<Arc<Entry>> {
+        let Ok(mut cache) = self.rendered.lock() else {
+            return servers
+                .iter()
+                .filter_map(|m| entry::entry(m, &self.prefix, None, now).map(Arc::new))
+                .collect();
+        };
+        let mut out = Vec::with_capacity(servers.len());
+        for m in servers {
+            let (Some(uid), Some(version)) =
+                (m.metadata.uid.as_deref(), m.metadata.resource_version.as_deref())
+            else {
+                out.extend(entry::entry(m, &self.prefix, None, now).map(Arc::new));
+                continue;
+            };
+            match cache.get(uid) {
+                Some((v, e)) if v == version => out.push(e.clone()),
+                _ => {
+                    if let Some(e) = entry::entry(m, &self.prefix, None, now).map(Arc::new) {
+                        cache.insert(uid.to_owned(), (version.to_owned(), e.clone()));
+                        out.push(e);
+                    }
+                }
             }
         }
-        Ok(by_name.into_values().collect())
+        // Deleted servers' entries go once the cache outgrows the stores.
+        let live: usize = self.stores.iter().map(|s| s.state().len()).sum();
+        if cache.len() > 2 * live + 64 {
+            let uids: std::collections::HashSet<String> = self
+                .stores
+                .iter()
+                .flat_map(Store::state)
+                .filter_map(|m| m.metadata.uid.clone())
+                .collect();
+            cache.retain(|uid, _| uids.contains(uid));
+        }
+        out
     }
 
     async fn answer(&self, namespace: Option<&str>, ask: Ask, query: &str, headers: &HeaderMap) -> Response {
@@ -258,7 +302,7 @@ impl Catalog {
             Ok(e) => e,
             Err(d) => return denied(&d),
         };
-        let refs: Vec<&Entry> = entries.iter().collect();
+        let refs: Vec<&Entry> = entries.iter().map(|e| &**e).collect();
         let body = match ask {
             Ask::List => {
                 let (items, next) = list::page(&refs, &q);

@@ -524,3 +524,43 @@ async fn a_catalog_whose_watch_has_not_listed_answers_503_not_an_empty_list() {
     assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(headers.get("cache-control").unwrap(), "no-store");
 }
+
+#[tokio::test]
+async fn entries_are_built_once_per_version_of_their_mcpserver() {
+    let versioned = |title: &str, rv: &str| {
+        let mut m = mcp("team-a", "weather", json!({"server": {"title": title}}));
+        m.metadata.resource_version = Some(rv.into());
+        m
+    };
+    let (c, mut w) = catalog(vec![versioned("First", "1")]);
+    let (_, _, v) = get(&c, "/v0.1/servers", &[]).await;
+    assert_eq!(v["servers"][0]["server"]["title"], "First");
+    w.apply_watcher_event(&Event::Apply(versioned("Second", "2")));
+    let (_, _, v) = get(&c, "/v0.1/servers", &[]).await;
+    assert_eq!(
+        v["servers"][0]["server"]["title"], "Second",
+        "a new version is built again"
+    );
+    assert_eq!(c.rendered.lock().unwrap().len(), 1);
+    // Deleted servers leave the cache once it outgrows the store.
+    w.apply_watcher_event(&Event::Delete(versioned("Second", "2")));
+    for i in 0..70 {
+        let mut m = mcp("team-b", &format!("s{i}"), json!({}));
+        m.metadata.resource_version = Some("1".into());
+        w.apply_watcher_event(&Event::Apply(m));
+    }
+    let _ = get(&c, "/v0.1/servers", &[]).await;
+    let mut m = mcp("team-b", "last", json!({}));
+    m.metadata.resource_version = Some("1".into());
+    w.apply_watcher_event(&Event::Apply(m));
+    for i in 0..70 {
+        w.apply_watcher_event(&Event::Delete(mcp("team-b", &format!("s{i}"), json!({}))));
+    }
+    let _ = get(&c, "/v0.1/servers", &[]).await;
+    let _ = get(&c, "/v0.1/servers?limit=1", &[]).await;
+    assert!(
+        c.rendered.lock().unwrap().len() <= 66, // twice the one live server, plus 64
+        "{}",
+        c.rendered.lock().unwrap().len()
+    );
+}
