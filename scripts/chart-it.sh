@@ -107,12 +107,14 @@ contexts: [{name: quiver, context: {cluster: local, user: quiver, namespace: qui
 current-context: quiver
 KC
 op_admin="$(free_port)"
-# The chart's ServiceMonitor arguments, as its Deployment passes them.
+cat_port="$(free_port)"
+# The chart's ServiceMonitor and catalog arguments, as its Deployment passes them (the
+# catalog on a free local port instead of the chart's).
 mapfile -t chart_args < <(kubectl get deploy quiver -n quiver-system -o jsonpath='{range .spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}' \
-  | grep -E '^--(default-service-monitor|service-monitor-label)=')
+  | grep -E '^--(default-service-monitor|service-monitor-label|catalog-auth|catalog-prefix|catalog-audience)=')
 [ "${#chart_args[@]}" -ge 2 ] || { echo "the chart's Deployment passes no ServiceMonitor arguments" >&2; exit 1; }
 KUBECONFIG="$STATE/sa.kubeconfig" POD_NAMESPACE=quiver-system "$BIN/quiver-operator" \
-  --admin-listen "127.0.0.1:$op_admin" --probe-pods=false "${chart_args[@]}" > "$STATE/operator.log" 2>&1 &
+  --admin-listen "127.0.0.1:$op_admin" --catalog-listen "127.0.0.1:$cat_port" --probe-pods=false "${chart_args[@]}" > "$STATE/operator.log" 2>&1 &
 op_pid=$!
 BG_PIDS+=($op_pid)
 wait_http "http://127.0.0.1:$op_admin/readyz"
@@ -199,8 +201,20 @@ done
 [ "$up" = 4 ] || { echo "Prometheus scrapes $up/4 targets" >&2; exit 1; }
 since="$(date +%s)"
 
+log "the catalog through the chart's review grants (TokenReview, SubjectAccessReview)"
+catalog_token="$(kubectl create token quiver -n quiver-system --duration=10m)"
+catalog_list() { curl -fsS -H "Authorization: Bearer $catalog_token" "http://127.0.0.1:$cat_port/v0.1/servers?limit=100"; }
+listed="$(catalog_list)"
+grep -q '"dev.quiver.demo/calculator"' <<<"$listed" \
+  || { echo "the catalog does not list demo/calculator with the operator's own token: $listed" >&2; exit 1; }
+
 log "bounded traffic (30 s)"
+# Catalog requests beside the MCP traffic (60, paced over the same 30 s), so its panels
+# have data too.
+( for _ in $(seq 1 60); do catalog_list >/dev/null; sleep 0.5; done ) &
+catalog_traffic=$!
 "$PY" tests/observability/drive_traffic.py --seconds 30 --config "$STATE/servers/tools-0.yaml" "${urls[@]}" 2>&1 | tee "$STATE/failure.txt"
+wait "$catalog_traffic"
 # Wait until every target has been scraped after the traffic ended, so its last samples are in.
 done_at="$(date +%s)"
 for _ in $(seq 1 150); do
