@@ -266,7 +266,7 @@ for _ in $(seq 1 150); do [ "$(leader_gauge "${ports[$standby]}")" = 1 ] && brea
 echo "the standby took over after SIGTERM"
 if grep -q "forbidden" "$STATE"/replica-*.log; then echo "the chart's leader-election RBAC is missing a permission:" >&2; grep forbidden "$STATE"/replica-*.log | head -5 >&2; exit 1; fi
 
-log "namespace-scoped install: Roles in the watched namespace, nothing cluster-wide, the operator reconciles there"
+log "namespace-scoped install: Roles in the watched namespace, nothing cluster-wide but the catalog's review grants, the operator reconciles there"
 kill "${pids[$standby]}"; wait "${pids[$standby]}" 2>/dev/null || true
 kubectl create namespace scoped >/dev/null
 helm upgrade quiver charts/quiver -n quiver-system --set replicaCount=1 --set 'operator.watchNamespaces={scoped}' --wait --timeout 3m
