@@ -9,11 +9,14 @@
 //! - [`template`]: `{{...}}` templates, made only from author text;
 //! - [`search`]: the tool search index built at compile time;
 //! - [`guard`]: secrets and personal data found in a tool's result (result guards);
-//! - [`redact`]: how secrets and untrusted text are shown.
+//! - [`redact`]: how secrets and untrusted text are shown;
+//! - [`published`]: one-line text and ETags of documents that describe a server (catalog
+//!   entries, server cards).
 
 pub mod config;
 pub mod guard;
 pub mod handlers;
+pub mod published;
 pub mod redact;
 pub mod schema;
 pub mod search;

@@ -7,6 +7,9 @@
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
+pub use quiver_model::published::cut;
+use quiver_model::published::{hidden, one_line};
+
 use crate::crd::McpServer;
 
 /// The `server.json` schema this catalog's entries follow.
@@ -78,37 +81,6 @@ pub fn valid_prefix(prefix: &str) -> bool {
         && prefix
             .split('.')
             .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
-}
-
-/// `s` cut to at most `max` characters (on a character boundary), with `…` as the last
-/// character when something was cut.
-pub fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
-
-/// Characters that reorder or hide text (bidirectional controls, zero-width marks).
-fn hidden(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
-}
-
-/// A one-line text: control characters (new lines included) become spaces, characters
-/// that reorder or hide text are dropped, runs of spaces become one, and the ends are
-/// trimmed.
-fn one_line(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars().filter(|c| !hidden(*c)) {
-        let c = if c.is_control() { ' ' } else { c };
-        if c == ' ' && (out.is_empty() || out.ends_with(' ')) {
-            continue;
-        }
-        out.push(c);
-    }
-    out.trim_end().to_owned()
 }
 
 /// The URL clients outside the cluster connect to: `catalog.url`, else the Ingress's or the

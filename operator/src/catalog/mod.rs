@@ -30,7 +30,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use sha2::{Digest, Sha256};
+use quiver_model::published;
 
 pub use access::{Access, Caller, Denied, Review};
 pub use entry::Entry;
@@ -337,22 +337,9 @@ impl Catalog {
 
 /// A JSON body with its ETag, or 304 when the client holds it already.
 fn tagged(body: Vec<u8>, headers: &HeaderMap) -> Response {
-    let digest = Sha256::digest(&body);
-    let mut tag = String::with_capacity(34);
-    tag.push('"');
-    for b in &digest[..16] {
-        tag.push_str(&format!("{b:02x}"));
-    }
-    tag.push('"');
-    let held = headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| {
-            let t = t.trim();
-            t == "*" || t.trim_start_matches("W/") == tag
-        });
+    let tag = published::etag(&body);
+    let values = headers.get_all(header::IF_NONE_MATCH);
+    let held = published::held(values.iter().filter_map(|v| v.to_str().ok()), &tag);
     let common = [
         (header::ETAG, tag),
         (header::CACHE_CONTROL, "private, no-cache".to_owned()),

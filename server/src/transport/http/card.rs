@@ -15,8 +15,8 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use quiver_model::published::{cut, etag, held, one_line};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::HttpState;
 use crate::protocol::ALL_VERSIONS;
@@ -39,31 +39,11 @@ pub struct CardOptions {
     pub website_url: Option<String>,
 }
 
-/// `s` cut to `max` characters, `…` last when cut.
-fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
-
 /// The card of `card`, with the served `server_info` and whether clients must authenticate.
 pub fn card(card: &CardOptions, server_info: &Value, auth: bool) -> Value {
-    let one_line = |v: &Value| {
-        v.as_str()
-            .map(|s| {
-                s.split(char::is_control)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    .trim()
-                    .to_owned()
-            })
-            .filter(|s| !s.is_empty())
-    };
-    let title = one_line(&server_info["title"]).map(|t| cut(&t, 100));
-    let version = one_line(&server_info["version"]).map_or_else(|| "1.0.0".to_owned(), |v| cut(&v, 255));
+    let line = |v: &Value| v.as_str().map(one_line).filter(|s| !s.is_empty());
+    let title = line(&server_info["title"]).map(|t| cut(&t, 100));
+    let version = line(&server_info["version"]).map_or_else(|| "1.0.0".to_owned(), |v| cut(&v, 255));
     let description = card
         .description
         .clone()
@@ -148,19 +128,9 @@ fn public(resp: &mut Response) {
 /// `body` as `content_type`, with its ETag, or 304 when the client holds it.
 fn tagged(body: &Value, content_type: &'static str, headers: &HeaderMap) -> Response {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
-    let mut tag = String::with_capacity(34);
-    tag.push('"');
-    for b in &digest[..16] {
-        tag.push_str(&format!("{b:02x}"));
-    }
-    tag.push('"');
-    let held = headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim() == "*" || t.trim().trim_start_matches("W/") == tag);
+    let tag = etag(&bytes);
+    let values = headers.get_all(header::IF_NONE_MATCH);
+    let held = held(values.iter().filter_map(|v| v.to_str().ok()), &tag);
     let mut resp = if held {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
