@@ -284,12 +284,8 @@ impl Catalog {
             Ok(q) => q,
             Err(why) => return error(StatusCode::BAD_REQUEST, &why),
         };
-        if !self.synced.iter().all(|s| s.load(Ordering::Acquire)) {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the catalog is starting: McpServers are being listed",
-            );
-        }
+        // Who asks comes first: a caller without a valid token learns nothing, not even
+        // whether this replica has listed McpServers yet.
         let caller = match self
             .access
             .caller(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
@@ -298,6 +294,12 @@ impl Catalog {
             Ok(c) => c,
             Err(d) => return denied(&d),
         };
+        if !self.synced.iter().all(|s| s.load(Ordering::Acquire)) {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the catalog is starting: McpServers are being listed",
+            );
+        }
         let entries = match self.visible(&caller, namespace).await {
             Ok(e) => e,
             Err(d) => return denied(&d),
