@@ -30,6 +30,8 @@
 # (`identity.client`); `notes-lister` (client credentials, tokens of an hour for
 # `notes-upstream`) is the server's own credential at an upstream that lists its tools only
 # to a token of the realm (tests/e2e/test_user_sign_in.py). One instance serves both realms.
+# `quiver-console` (public, PKCE S256, redirect URIs on 127.0.0.1, access tokens for the
+# audience `quiver`) is the operator console's (tests/browser/test_console.py).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 

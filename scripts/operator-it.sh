@@ -37,3 +37,8 @@ export QUIVER_CATALOG_SAMPLES="$STATE/catalog"
 cargo test --workspace --locked --test cluster_catalog -- --ignored --nocapture
 python_env
 "$PY" tests/catalog/validate.py "$QUIVER_CATALOG_SAMPLES"
+
+log "the console in a real browser (Chromium): users sign in at Keycloak with PKCE, see their namespace's servers only, call a tool through its form with their own token, see a refusal, and the server's last hour from a real Prometheus"
+command -v prometheus >/dev/null || apt_install prometheus
+QUIVER_OPERATOR_BIN="$BIN/quiver-operator" QUIVER_SERVER_BIN="$BIN/quiver-server" \
+  "$PY" -m pytest -q -s tests/browser/test_console.py

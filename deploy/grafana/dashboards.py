@@ -318,6 +318,11 @@ def operator():
             target(f"sum by (review, result) (rate(quiver_operator_catalog_reviews_total{{{sel}}}[{RI}]))", "{{review}} {{result}}"),
         ], 12, 24, unit="ops", thresholds=[(0.01, "orange")],
             description="TokenReviews (token) and SubjectAccessReviews (access); error means the operator could not get an answer (missing grant, API server down)."),
+        panel(8, "Console sign-ins and tool calls by result", "timeseries", [
+            target(f"sum by (result) (rate(quiver_operator_console_sign_ins_total{{{sel}}}[{RI}]))", "sign-in {{result}}", "A"),
+            target(f"sum by (result) (rate(quiver_operator_console_calls_total{{{sel}}}[{RI}]))", "call {{result}}", "B"),
+        ], 0, 32, w=24, unit="ops",
+            description="The console (docs/console.md): sign-ins unavailable means the OpenID provider could not be reached; calls refused are the servers' refusals (access, policies, limits) of calls users made through the forms."),
     ]
     d = dashboard("quiver-operator", "Quiver / Operator", "Health of the Quiver operator.", p, False)
     d["templating"]["list"] = [d["templating"]["list"][0], var_query("namespace", "Namespace", "label_values(quiver_operator_reconciles_total, namespace)")]

@@ -1,6 +1,7 @@
 //! The rules of documents that describe a server to anyone who asks (the operator's catalog
 //! entries, quiver-server's server card): tenant text made one line and cut to the
-//! registry's limits, and the strong ETags their `If-None-Match` requests are answered by.
+//! registry's limits, the strong ETags their `If-None-Match` requests are answered by, and
+//! the HTML escape of pages that show such text to people.
 
 use sha2::{Digest, Sha256};
 
@@ -35,6 +36,22 @@ pub fn one_line(s: &str) -> String {
     out.trim_end().to_owned()
 }
 
+/// `s` escaped for HTML text and attribute values (quoted with `"` or `'`).
+pub fn html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// The strong ETag of `body`: the first 128 bits of its SHA-256, quoted.
 pub fn etag(body: &[u8]) -> String {
     let digest = Sha256::digest(body);
@@ -66,6 +83,10 @@ mod tests {
         assert_eq!(one_line(" a\n\tb\u{202e}c  d \u{7}"), "a bc d");
         assert_eq!(cut("éééé", 3), "éé…");
         assert_eq!(cut("éé", 2), "éé");
+        assert_eq!(
+            html("<a href=\"x\" title='y'>&\n"),
+            "&lt;a href=&quot;x&quot; title=&#39;y&#39;&gt;&amp;\n"
+        );
     }
 
     #[test]

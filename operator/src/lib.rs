@@ -5,6 +5,7 @@ pub mod admin;
 pub mod backoff;
 pub mod build;
 pub mod catalog;
+pub mod console;
 pub mod controller;
 pub mod crd;
 pub mod guard;

@@ -8,6 +8,7 @@ use clap::Parser;
 use quiver_operator::admin::{self, Health};
 use quiver_operator::build::Defaults;
 use quiver_operator::catalog::{self, Access, Catalog};
+use quiver_operator::console::{self, Console};
 use quiver_operator::controller;
 use quiver_operator::leader::{self, LeaseLock, Timing};
 
@@ -78,6 +79,60 @@ struct Args {
     /// `com.example.mcp`; at most 60 characters).
     #[arg(long, env = "QUIVER_OPERATOR_CATALOG_PREFIX", default_value = "dev.quiver", value_parser = catalog_prefix)]
     catalog_prefix: String,
+    /// Serve the console (read-only web pages over the catalog's McpServers, behind an
+    /// OpenID Connect sign-in) on this address; off when unset. Needs --console-url and
+    /// --console-issuer; see docs/console.md.
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_LISTEN")]
+    console_listen: Option<SocketAddr>,
+    /// Where browsers reach the console (`https://console.example.com`); the sign-in returns
+    /// to URL/callback, and cookies are `Secure` when it is https.
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_URL", value_parser = console_url)]
+    console_url: Option<String>,
+    /// The OpenID provider users sign in at (its discovery document is read from
+    /// ISSUER/.well-known/openid-configuration).
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_ISSUER", value_parser = console_issuer)]
+    console_issuer: Option<String>,
+    /// The console's client id at the provider: a public client with PKCE (S256) whose
+    /// access tokens the McpServers accept (their audience).
+    #[arg(
+        long,
+        env = "QUIVER_OPERATOR_CONSOLE_CLIENT_ID",
+        default_value = "quiver-console"
+    )]
+    console_client_id: String,
+    /// Scopes the sign-in asks for (space-separated; `openid` is needed).
+    #[arg(
+        long,
+        env = "QUIVER_OPERATOR_CONSOLE_SCOPES",
+        default_value = "openid profile"
+    )]
+    console_scopes: String,
+    /// The ID token claim that names the user to Kubernetes reviews (as the API server's
+    /// own OpenID settings name it).
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_USERNAME_CLAIM", default_value = "sub")]
+    console_username_claim: String,
+    /// Put before the user name in reviews.
+    #[arg(
+        long,
+        env = "QUIVER_OPERATOR_CONSOLE_USERNAME_PREFIX",
+        default_value = "oidc:"
+    )]
+    console_username_prefix: String,
+    /// The ID token claim listing the user's groups (a dotted path is followed).
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_GROUPS_CLAIM", default_value = "groups")]
+    console_groups_claim: String,
+    /// Put before each group in reviews.
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_GROUPS_PREFIX", default_value = "oidc:")]
+    console_groups_prefix: String,
+    /// Which URL of a server the console lists tools and calls them at: `service` (its
+    /// in-cluster Service) or `listed` (the first URL the catalog lists, e.g. its Ingress:
+    /// for a console outside the cluster).
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_REACH", default_value = "service", value_parser = ["service", "listed"])]
+    console_reach: String,
+    /// Prometheus (`http://prometheus-operated.monitoring:9090`), for each server's last
+    /// hour on its console page: calls, errors and latency by tool, refusals, upstreams.
+    #[arg(long, env = "QUIVER_OPERATOR_CONSOLE_PROMETHEUS", value_parser = console_url)]
+    console_prometheus: Option<String>,
     /// Traces of reconciles (OTLP/HTTP; off without an endpoint): see docs/observability.md.
     #[command(flatten)]
     tracing: quiver_otel::TraceArgs,
@@ -105,28 +160,24 @@ async fn main() -> anyhow::Result<()> {
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
         .collect();
-    let catalog = match args.catalog_listen {
-        Some(addr) => {
-            let access = if args.catalog_auth == "none" {
-                Access::Open
-            } else {
-                Access::kubernetes(client.clone(), args.catalog_audiences, health.metrics.clone())
-            };
-            let c = Catalog::watch(
-                &client,
-                &namespaces,
-                args.catalog_prefix.clone(),
-                access,
-                health.metrics.clone(),
-            );
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            tracing::info!(addr = %listener.local_addr()?, auth = %args.catalog_auth, "catalog listening");
-            Some(tokio::spawn(
-                axum::serve(listener, catalog::router(c)).into_future(),
-            ))
-        }
-        None => None,
-    };
+    let catalog = (args.catalog_listen.is_some() || args.console_listen.is_some())
+        .then(|| catalog_of(&args, &client, &namespaces, &health));
+    let mut servers = Vec::new();
+    if let (Some(addr), Some(c)) = (args.catalog_listen, &catalog) {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        tracing::info!(addr = %listener.local_addr()?, auth = %args.catalog_auth, "catalog listening");
+        servers.push(tokio::spawn(
+            axum::serve(listener, catalog::router(c.clone())).into_future(),
+        ));
+    }
+    if let (Some(addr), Some(c)) = (args.console_listen, &catalog) {
+        let (console, url) = console_of(&args, c.clone())?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        tracing::info!(addr = %listener.local_addr()?, %url, "console listening");
+        servers.push(tokio::spawn(
+            axum::serve(listener, console::router(console)).into_future(),
+        ));
+    }
     let defaults = Defaults {
         server_image: args.server_image,
         image_pull_policy: args.image_pull_policy,
@@ -168,13 +219,81 @@ async fn main() -> anyhow::Result<()> {
         run.await;
     }
     admin.abort();
-    if let Some(c) = catalog {
-        c.abort();
+    for s in servers {
+        s.abort();
     }
     if let Some(t) = traces {
         t.shutdown(Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// The catalog the console and the Registry API serve: McpServers of `namespaces` (all
+/// when empty), with the access `--catalog-auth` names.
+fn catalog_of(args: &Args, client: &kube::Client, namespaces: &[String], health: &Health) -> Arc<Catalog> {
+    let access = if args.catalog_auth == "none" {
+        Access::Open
+    } else {
+        Access::kubernetes(
+            client.clone(),
+            args.catalog_audiences.clone(),
+            health.metrics.clone(),
+        )
+    };
+    Catalog::watch(
+        client,
+        namespaces,
+        args.catalog_prefix.clone(),
+        access,
+        health.metrics.clone(),
+    )
+}
+
+/// The console the `--console-*` flags describe, over `catalog`, and its public URL.
+fn console_of(args: &Args, catalog: Arc<Catalog>) -> anyhow::Result<(Arc<Console>, String)> {
+    let (Some(url), Some(issuer)) = (args.console_url.clone(), args.console_issuer.clone()) else {
+        anyhow::bail!("--console-listen needs --console-url (where browsers reach it) and --console-issuer");
+    };
+    let config = console::oidc::OidcConfig {
+        issuer,
+        client_id: args.console_client_id.clone(),
+        scopes: args.console_scopes.clone(),
+        username_claim: args.console_username_claim.clone(),
+        username_prefix: args.console_username_prefix.clone(),
+        groups_claim: args.console_groups_claim.clone(),
+        groups_prefix: args.console_groups_prefix.clone(),
+    };
+    let reach = if args.console_reach == "listed" {
+        console::Reach::Listed
+    } else {
+        console::Reach::Service
+    };
+    let console = Arc::new(Console::new(
+        catalog,
+        config,
+        &url,
+        reach,
+        args.console_prometheus.clone(),
+    ));
+    Ok((console, url))
+}
+
+/// `--console-url`, `--console-issuer`: an http(s) URL without white space, query or fragment.
+fn console_url(s: &str) -> Result<String, String> {
+    let ok = (s.starts_with("https://") || s.starts_with("http://"))
+        && s.len() <= 2048
+        && !s.contains(['?', '#'])
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(s.trim_end_matches('/').to_owned())
+    } else {
+        Err("an http:// or https:// URL without query or fragment".to_owned())
+    }
+}
+
+/// `--console-issuer`: as [`console_url`], kept exactly (the ID token must name it so).
+fn console_issuer(s: &str) -> Result<String, String> {
+    console_url(s).map(|_| s.to_owned())
 }
 
 /// `--catalog-prefix`.

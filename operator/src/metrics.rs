@@ -103,7 +103,29 @@ pub struct Metrics {
     catalog_requests: Family<CodeLabels, Counter>,
     catalog_duration: prometheus_client::metrics::histogram::Histogram,
     catalog_reviews: Family<ReviewLabels, Counter>,
+    console_sign_ins: Family<ResultLabels, Counter>,
+    console_calls: Family<ResultLabels, Counter>,
 }
+
+/// A counter family by `result`, registered as `name` with each of `results` at zero.
+fn by_result(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    results: &[&'static str],
+) -> Family<ResultLabels, Counter> {
+    let f = Family::<ResultLabels, Counter>::default();
+    registry.register(name, help, f.clone());
+    for &result in results {
+        let _ = f.get_or_create(&ResultLabels { result });
+    }
+    f
+}
+
+/// Results of console sign-ins.
+pub const SIGN_IN_RESULTS: [&str; 3] = ["ok", "refused", "unavailable"];
+/// Results of tool calls made through the console.
+pub const CONSOLE_CALL_RESULTS: [&str; 4] = ["ok", "tool_error", "refused", "invalid"];
 
 /// HTTP status codes of the catalog, pre-created at zero.
 const CATALOG_CODES: [u16; 6] = [200, 304, 400, 401, 404, 503];
@@ -123,11 +145,23 @@ impl Default for Metrics {
             Unit::Seconds,
             duration.clone(),
         );
-        let reconciles = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let reconciles = by_result(
+            &mut registry,
             "reconciles",
             "Reconciles by result (ok, invalid_spec, error)",
-            reconciles.clone(),
+            &["ok", "invalid_spec", "error"],
+        );
+        let console_sign_ins = by_result(
+            &mut registry,
+            "console_sign_ins",
+            "Sign-ins to the console by result: ok, refused (the provider, the ID token or the browser's state said no), unavailable (the provider could not be read or reached)",
+            &SIGN_IN_RESULTS,
+        );
+        let console_calls = by_result(
+            &mut registry,
+            "console_calls",
+            "Tool calls made through the console's forms by result: ok, tool_error (the tool answered with isError), refused (the server refused the call or did not answer), invalid (a value did not fit its field; nothing was sent)",
+            &CONSOLE_CALL_RESULTS,
         );
         let errors = Family::<ErrorLabels, Counter>::default();
         registry.register(
@@ -144,9 +178,6 @@ impl Default for Metrics {
         for category in ERROR_CATEGORIES {
             let _ = errors.get_or_create(&ErrorLabels { category });
         }
-        for result in ["ok", "invalid_spec", "error"] {
-            let _ = reconciles.get_or_create(&ResultLabels { result });
-        }
         let inflight = prometheus_client::metrics::gauge::Gauge::default();
         registry.register("reconciles_in_flight", "Reconciles running now", inflight.clone());
         let by_condition = Family::<ConditionLabels, prometheus_client::metrics::gauge::Gauge>::default();
@@ -161,36 +192,10 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease (or runs without leader election), 0 on standby",
             leader.clone(),
         );
-        let catalog_requests = Family::<CodeLabels, Counter>::default();
-        registry.register(
-            "catalog_requests",
-            "Requests of the catalog (the MCP Registry API) by HTTP status code",
-            catalog_requests.clone(),
-        );
-        for code in CATALOG_CODES {
-            let _ = catalog_requests.get_or_create(&CodeLabels { code });
-        }
-        let catalog_duration = prometheus_client::metrics::histogram::Histogram::new([
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-        ]);
-        registry.register_with_unit(
-            "catalog_request_duration",
-            "Time to answer one request of the catalog",
-            Unit::Seconds,
-            catalog_duration.clone(),
-        );
-        let catalog_reviews = Family::<ReviewLabels, Counter>::default();
-        registry.register(
-            "catalog_reviews",
-            "TokenReviews (review=token) and SubjectAccessReviews (review=access) the catalog made, by result: ok, denied, error (the API server did not answer or refused the operator)",
-            catalog_reviews.clone(),
-        );
-        for review in ["token", "access"] {
-            for result in ["ok", "denied", "error"] {
-                let _ = catalog_reviews.get_or_create(&ReviewLabels { review, result });
-            }
-        }
+        let (catalog_requests, catalog_duration, catalog_reviews) = catalog_metrics(&mut registry);
         Self {
+            console_sign_ins,
+            console_calls,
             catalog_requests,
             catalog_duration,
             catalog_reviews,
@@ -204,6 +209,46 @@ impl Default for Metrics {
             by_condition,
         }
     }
+}
+
+/// The catalog's requests (by code), their durations and its reviews, pre-created at zero.
+fn catalog_metrics(
+    registry: &mut Registry,
+) -> (
+    Family<CodeLabels, Counter>,
+    prometheus_client::metrics::histogram::Histogram,
+    Family<ReviewLabels, Counter>,
+) {
+    let catalog_requests = Family::<CodeLabels, Counter>::default();
+    registry.register(
+        "catalog_requests",
+        "Requests of the catalog (the MCP Registry API) by HTTP status code",
+        catalog_requests.clone(),
+    );
+    for code in CATALOG_CODES {
+        let _ = catalog_requests.get_or_create(&CodeLabels { code });
+    }
+    let catalog_duration = prometheus_client::metrics::histogram::Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+    ]);
+    registry.register_with_unit(
+        "catalog_request_duration",
+        "Time to answer one request of the catalog",
+        Unit::Seconds,
+        catalog_duration.clone(),
+    );
+    let catalog_reviews = Family::<ReviewLabels, Counter>::default();
+    registry.register(
+        "catalog_reviews",
+        "TokenReviews (review=token) and SubjectAccessReviews (review=access) the catalog made, by result: ok, denied, error (the API server did not answer or refused the operator)",
+        catalog_reviews.clone(),
+    );
+    for review in ["token", "access"] {
+        for result in ["ok", "denied", "error"] {
+            let _ = catalog_reviews.get_or_create(&ReviewLabels { review, result });
+        }
+    }
+    (catalog_requests, catalog_duration, catalog_reviews)
 }
 
 impl Metrics {
@@ -248,6 +293,18 @@ impl Metrics {
         self.catalog_reviews
             .get_or_create(&ReviewLabels { review, result })
             .inc();
+    }
+
+    /// Counts one console sign-in (one of [`SIGN_IN_RESULTS`]).
+    pub fn console_sign_in(&self, result: &'static str) {
+        self.console_sign_ins
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Counts one tool call made through the console (one of [`CONSOLE_CALL_RESULTS`]).
+    pub fn console_call(&self, result: &'static str) {
+        self.console_calls.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// Sets whether this replica leads (reconciles); standbys report 0.

@@ -498,6 +498,24 @@ class Browser:
     def title(self) -> str:
         return self.evaluate("document.title") or ""
 
+    def screenshot(self, path: str, width: int = 1280, *, start: str | None = None,
+                   max_height: int | None = None) -> None:
+        """Saves a PNG of the page (beyond the viewport), `width` CSS pixels wide: all of it,
+        or from the top of the element `start` names, and at most `max_height` pixels tall."""
+        self._call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=800,
+                   deviceScaleFactor=1, mobile=False)
+        params: dict = {"format": "png", "captureBeyondViewport": True}
+        if start or max_height:
+            top = self.evaluate(
+                f"(() => {{ const e = {json.dumps(start)} && document.querySelector({json.dumps(start)});"
+                " return e ? e.getBoundingClientRect().top + window.scrollY : 0; })()") or 0
+            page = self.evaluate("document.documentElement.scrollHeight") or 800
+            height = max(1, min(page - top, max_height or page))
+            params["clip"] = {"x": 0, "y": top, "width": width, "height": height, "scale": 1}
+        shot = self._call("Page.captureScreenshot", session=True, **params)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(shot["data"]))
+
     def cookies(self) -> list[dict]:
         """The profile's cookies (name, value, domain, ...)."""
         return self._call("Storage.getCookies")["cookies"]

@@ -205,3 +205,29 @@ def test_the_catalog_has_its_port_service_and_only_the_review_grants_it_needs():
     assert not any(a.startswith("--catalog") for a in find(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"])
     with pytest.raises(subprocess.CalledProcessError):
         render("catalog.namePrefix=not_a_domain")
+
+
+def test_the_console_is_off_by_default_and_when_on_has_its_service_sign_in_and_review_grant():
+    assert not find(render(), "Service", "quiver-console")
+    docs = render("catalog.enabled=false", "console.enabled=true", "console.url=https://console.example.com",
+                  "console.issuer=https://id.example.com/realms/c", "console.usernameClaim=preferred_username")
+    c = find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    for a in ["--console-listen=0.0.0.0:8083", "--console-url=https://console.example.com",
+              "--console-issuer=https://id.example.com/realms/c", "--console-client-id=quiver-console",
+              "--console-username-claim=preferred_username", "--console-groups-prefix=oidc:",
+              "--catalog-auth=kubernetes"]:
+        assert a in c["args"], (a, c["args"])
+    assert not any(a.startswith("--catalog-listen") for a in c["args"]), "the catalog itself stays off"
+    assert not any(a.startswith("--console-prometheus") for a in c["args"]), "no figures unless asked"
+    with_prom = render("console.enabled=true", "console.url=https://c", "console.issuer=https://id",
+                       "console.prometheus=http://prometheus-operated.monitoring:9090")
+    assert "--console-prometheus=http://prometheus-operated.monitoring:9090" in \
+        find(with_prom, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"name": "console", "containerPort": 8083, "protocol": "TCP"} in c["ports"]
+    svc = find(docs, "Service", "quiver-console")[0]
+    assert svc["spec"]["sessionAffinity"] == "ClientIP"
+    assert svc["spec"]["ports"] == [{"name": "console", "port": 8083, "targetPort": "console", "protocol": "TCP"}]
+    assert find(docs, "ClusterRole", "quiver-catalog"), "the console's reviews need the grant"
+    for missing in (["console.enabled=true", "console.issuer=https://id"], ["console.enabled=true", "console.url=https://c"]):
+        with pytest.raises(subprocess.CalledProcessError):
+            render(*missing)

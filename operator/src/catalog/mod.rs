@@ -142,6 +142,16 @@ impl Catalog {
         catalog
     }
 
+    /// The metrics it counts in.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Whether every watch has listed McpServers once (until then nothing is shown).
+    pub fn synced(&self) -> bool {
+        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
     /// Records that `mcp` was deleted at `at`.
     /// Unlisted servers leave none (they were never shown).
     pub fn forget(&self, mcp: &McpServer, at: Timestamp) {
@@ -164,19 +174,23 @@ impl Catalog {
         d.push_back(e);
     }
 
+    /// The listed McpServers of `namespace` (of every namespace watched: `None`).
+    fn live(&self, namespace: Option<&str>) -> Vec<Arc<McpServer>> {
+        self.stores
+            .iter()
+            .flat_map(Store::state)
+            .filter(|m| namespace.is_none_or(|n| m.metadata.namespace.as_deref() == Some(n)))
+            .filter(|m| entry::listed(m))
+            .collect()
+    }
+
     /// The entries `caller` may see (of `namespace` only, when given), sorted by name, one
     /// per name (a live server hides the tombstone of a deleted one of the same name).
     ///
     /// # Errors
     /// [`Denied`] when a review could not be made.
     pub async fn visible(&self, caller: &Caller, namespace: Option<&str>) -> Result<Vec<Arc<Entry>>, Denied> {
-        let live: Vec<Arc<McpServer>> = self
-            .stores
-            .iter()
-            .flat_map(Store::state)
-            .filter(|m| namespace.is_none_or(|n| m.metadata.namespace.as_deref() == Some(n)))
-            .filter(|m| entry::listed(m))
-            .collect();
+        let live = self.live(namespace);
         let now = Timestamp::now();
         let dead: Vec<Entry> = self
             .deleted
@@ -189,33 +203,13 @@ impl Catalog {
                     .collect()
             })
             .unwrap_or_default();
-        let everywhere = self.access.may_list(caller, namespace).await?;
-        let allowed: HashMap<String, bool> = if everywhere {
-            HashMap::new()
-        } else if namespace.is_some() {
+        let names = live
+            .iter()
+            .filter_map(|m| m.metadata.namespace.clone())
+            .chain(dead.iter().map(|e| e.namespace.clone()))
+            .collect();
+        let Some((everywhere, allowed)) = self.allowed(caller, namespace, names).await? else {
             return Ok(Vec::new());
-        } else {
-            let mut names: Vec<String> = live
-                .iter()
-                .filter_map(|m| m.metadata.namespace.clone())
-                .chain(dead.iter().map(|e| e.namespace.clone()))
-                .collect();
-            names.sort_unstable();
-            names.dedup();
-            let access = &self.access;
-            let answers: Vec<(String, Result<bool, Denied>)> = stream::iter(names)
-                .map(|n: String| async move {
-                    let a = access.may_list(caller, Some(&n)).await;
-                    (n, a)
-                })
-                .buffer_unordered(PARALLEL_REVIEWS)
-                .collect()
-                .await;
-            let mut allowed = HashMap::with_capacity(answers.len());
-            for (n, a) in answers {
-                allowed.insert(n, a?);
-            }
-            allowed
         };
         let may = |ns: &str| everywhere || allowed.get(ns).copied().unwrap_or(false);
         let mut by_name: BTreeMap<String, Arc<Entry>> = BTreeMap::new();
@@ -233,6 +227,66 @@ impl Catalog {
             by_name.insert(e.name.clone(), e);
         }
         Ok(by_name.into_values().collect())
+    }
+
+    /// The listed McpServers `caller` may see (of `namespace` only, when given), sorted by
+    /// namespace and name: what the console shows.
+    ///
+    /// # Errors
+    /// [`Denied`] when a review could not be made.
+    pub async fn servers(
+        &self,
+        caller: &Caller,
+        namespace: Option<&str>,
+    ) -> Result<Vec<Arc<McpServer>>, Denied> {
+        let mut live = self.live(namespace);
+        let names = live.iter().filter_map(|m| m.metadata.namespace.clone()).collect();
+        let Some((everywhere, allowed)) = self.allowed(caller, namespace, names).await? else {
+            return Ok(Vec::new());
+        };
+        live.retain(|m| {
+            everywhere
+                || m.metadata
+                    .namespace
+                    .as_deref()
+                    .is_some_and(|n| allowed.get(n).copied().unwrap_or(false))
+        });
+        live.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        Ok(live)
+    }
+
+    /// Whether `caller` may list McpServers everywhere, and else in which of `names` (the
+    /// namespaces looked at); `None` when it may not in the one `namespace` asked about.
+    async fn allowed(
+        &self,
+        caller: &Caller,
+        namespace: Option<&str>,
+        mut names: Vec<String>,
+    ) -> Result<Option<(bool, HashMap<String, bool>)>, Denied> {
+        if self.access.may_list(caller, namespace).await? {
+            return Ok(Some((true, HashMap::new())));
+        }
+        if namespace.is_some() {
+            return Ok(None);
+        }
+        names.sort_unstable();
+        names.dedup();
+        let access = &self.access;
+        let answers: Vec<(String, Result<bool, Denied>)> = stream::iter(names)
+            .map(|n: String| async move {
+                let a = access.may_list(caller, Some(&n)).await;
+                (n, a)
+            })
+            .buffer_unordered(PARALLEL_REVIEWS)
+            .collect()
+            .await;
+        let mut allowed = HashMap::with_capacity(answers.len());
+        for (n, a) in answers {
+            allowed.insert(n, a?);
+        }
+        Ok(Some((false, allowed)))
     }
 
     /// The entries of `servers`, each built once per version of its McpServer (the cache
@@ -294,7 +348,7 @@ impl Catalog {
             Ok(c) => c,
             Err(d) => return denied(&d),
         };
-        if !self.synced.iter().all(|s| s.load(Ordering::Acquire)) {
+        if !self.synced() {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the catalog is starting: McpServers are being listed",

@@ -47,7 +47,13 @@ pub fn header_text(s: &str) -> String {
 }
 
 /// A 2026-07-28 request of `method` with `params` (its `_meta` added).
-pub fn request(
+pub fn request(id: u64, method: &str, params: serde_json::Map<String, Value>, name: Option<&str>) -> Request {
+    request_as("kubectl-quiver", id, method, params, name)
+}
+
+/// [`request`] from the client named `client` (its `clientInfo`).
+pub fn request_as(
+    client: &str,
     id: u64,
     method: &str,
     mut params: serde_json::Map<String, Value>,
@@ -58,7 +64,7 @@ pub fn request(
         json!({
             "io.modelcontextprotocol/protocolVersion": VERSION,
             "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "kubectl-quiver", "version": env!("CARGO_PKG_VERSION")},
+            "io.modelcontextprotocol/clientInfo": {"name": client, "version": env!("CARGO_PKG_VERSION")},
         }),
     );
     let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});

@@ -52,21 +52,10 @@ pub struct Page {
     pub body: String,
 }
 
-/// `s` for HTML text and attribute values.
+/// `s` for HTML text and attribute values, on one line (control characters become spaces).
 pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 16);
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
+    let flat: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    quiver_model::published::html(&flat)
 }
 
 impl Page {
