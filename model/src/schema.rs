@@ -905,6 +905,14 @@ fn constraint_keyword(s: &mut Schema, k: &str, x: &Value, path: &str, errs: &mut
     true
 }
 
+/// The `x-mcp-header` declarations of an input schema's root properties (property,
+/// lower-case header name) without compiling the schema: what a caller of a tool that
+/// another server lists must mirror. Invalid declarations are left out.
+#[must_use]
+pub fn declared_param_headers(input_schema: &Value) -> Vec<(Box<str>, Box<str>)> {
+    param_headers(input_schema, &mut Vec::new())
+}
+
 /// Longest `x-mcp-header` name accepted (the header is `Mcp-Param-` and this).
 pub const MAX_PARAM_HEADER_LEN: usize = 64;
 

@@ -410,6 +410,24 @@ struct Shared {
     relisten: Notify,
     /// Places for the upstream's tasks calls are following ([`tasks::MAX_FOLLOWED`]).
     followed: tokio::sync::Semaphore,
+    /// The arguments its tools declare with `x-mcp-header`, by its own tool names: a
+    /// 2026-07-28 call mirrors them into `Mcp-Param-*` headers (empty for most upstreams).
+    param_headers: ArcSwap<ParamHeaders>,
+}
+
+/// Per tool name, (property, lower-case `mcp-param-*` header name).
+type ParamHeaders = FxHashMap<Box<str>, Box<[(Box<str>, Box<str>)]>>;
+
+/// The `x-mcp-header` declarations of an upstream's listed tools, those that have any.
+fn param_headers(tools: &[Value]) -> ParamHeaders {
+    tools
+        .iter()
+        .filter_map(|t| {
+            let name = t.get("name")?.as_str()?;
+            let declared = crate::schema::declared_param_headers(t.get("inputSchema")?);
+            (!declared.is_empty()).then(|| (name.into(), declared.into_boxed_slice()))
+        })
+        .collect()
 }
 
 /// At most [`LOG_LINES_PER_SECOND`] lines (or other messages) per second per upstream; the
@@ -639,6 +657,7 @@ impl Link {
             wants,
             relisten: Notify::new(),
             followed: tokio::sync::Semaphore::new(tasks::MAX_FOLLOWED),
+            param_headers: ArcSwap::default(),
         });
         let conn = match &u.transport {
             Transport::Stdio { .. } => Conn::Stdio(stdio::Pool::start(&shared, &u.transport)),
@@ -741,6 +760,10 @@ impl Link {
     async fn list_all(&self) -> bool {
         self.resubscribe().await;
         let mut changed = self.list(&self.listed, "tools/list", "tools").await;
+        if changed {
+            let declared = param_headers(&self.listed.load().tools);
+            self.shared.param_headers.store(Arc::new(declared));
+        }
         let offered = self.shared.offered.load(Ordering::Relaxed) & self.wants;
         let lists = [
             (offers::RESOURCES, "resources/list", "resources"),

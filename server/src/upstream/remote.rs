@@ -3,6 +3,7 @@
 //! upstream's notifications where it offers one. Calls made as their callers (`identity`)
 //! go in sessions of their own, one per credential.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +17,8 @@ use tokio::sync::Mutex;
 use super::h1;
 use super::sse::Events;
 use super::{
-    BACKOFF, CallError, LogSink, Message, Shared, answer, back_off, check_initialized, classify, envelope,
-    initialize_params,
+    BACKOFF, CallError, LogSink, Message, ParamHeaders, Shared, answer, back_off, check_initialized,
+    classify, envelope, initialize_params,
 };
 use crate::config::upstream::Transport;
 use crate::config::upstream::UpstreamRevision;
@@ -71,51 +72,81 @@ fn declaring<P: serde::Serialize + ?Sized>(id: u64, method: &str, params: &P, ca
 }
 
 /// The headers a 2026-07-28 request repeats its body's method and name in (`Mcp-Method`,
-/// and `Mcp-Name` for a tool call, a prompt or a read): plain visible ASCII as it is,
-/// anything else as `=?base64?...?=`.
-fn mirrored(body: &[u8]) -> Vec<(&'static str, HeaderValue)> {
+/// and `Mcp-Name` for a tool call, a prompt or a read), and a tool call the arguments its
+/// tool declares with `x-mcp-header` (`Mcp-Param-*`, as `declared` says the upstream lists
+/// them): plain visible ASCII as it is, anything else as `=?base64?...?=`.
+fn mirrored(body: &[u8], declared: &ParamHeaders) -> Vec<(Cow<'static, str>, HeaderValue)> {
     #[derive(serde::Deserialize)]
     struct Body<'a> {
         #[serde(borrow, default)]
-        method: Option<std::borrow::Cow<'a, str>>,
+        method: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         params: Option<Params<'a>>,
     }
     #[derive(serde::Deserialize)]
     struct Params<'a> {
         #[serde(borrow, default)]
-        name: Option<std::borrow::Cow<'a, str>>,
+        name: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
-        uri: Option<std::borrow::Cow<'a, str>>,
+        uri: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        arguments: Option<&'a serde_json::value::RawValue>,
     }
-    let encode = |text: &str| {
-        let plain = text.bytes().all(|b| (0x20..=0x7e).contains(&b)) && text.trim() == text;
-        let v = if plain {
-            text.to_owned()
-        } else {
-            use base64::Engine;
-            format!(
-                "=?base64?{}?=",
-                base64::engine::general_purpose::STANDARD.encode(text)
-            )
-        };
-        HeaderValue::from_str(&v).ok()
-    };
     let Ok(b) = serde_json::from_slice::<Body<'_>>(body) else {
         return Vec::new();
     };
     let Some(method) = b.method else {
         return Vec::new();
     };
-    let mut out: Vec<(&'static str, HeaderValue)> =
-        encode(&method).map(|v| ("mcp-method", v)).into_iter().collect();
+    let mut out: Vec<(Cow<'static, str>, HeaderValue)> = header_text(&method)
+        .map(|v| ("mcp-method".into(), v))
+        .into_iter()
+        .collect();
     let named = match (&*method, &b.params) {
         ("tools/call" | "prompts/get", Some(p)) => p.name.as_deref(),
         ("resources/read", Some(p)) => p.uri.as_deref(),
         _ => None,
     };
-    out.extend(named.and_then(encode).map(|v| ("mcp-name", v)));
+    out.extend(named.and_then(header_text).map(|v| ("mcp-name".into(), v)));
+    if method == "tools/call" && !declared.is_empty() {
+        let params = b.params.as_ref();
+        let tool = params.and_then(|p| declared.get(p.name.as_deref()?));
+        let args = params.and_then(|p| p.arguments);
+        if let (Some(tool), Some(args)) = (tool, args) {
+            out.extend(param_values(tool, args));
+        }
+    }
     out
+}
+
+/// The `Mcp-Param-*` headers of one call's arguments: each declared argument that is a
+/// string, an integer or a boolean, as the upstream compares them.
+fn param_values<'a>(
+    tool: &'a [(Box<str>, Box<str>)],
+    args: &serde_json::value::RawValue,
+) -> impl Iterator<Item = (Cow<'static, str>, HeaderValue)> + 'a {
+    let args: serde_json::Map<String, Value> = serde_json::from_str(args.get()).unwrap_or_default();
+    tool.iter().filter_map(move |(param, header)| {
+        let text = match args.get(&**param)? {
+            Value::String(s) => Cow::Borrowed(s.as_str()),
+            Value::Bool(b) => Cow::Borrowed(if *b { "true" } else { "false" }),
+            Value::Number(n) if n.is_i64() || n.is_u64() => Cow::Owned(n.to_string()),
+            _ => return None,
+        };
+        Some((Cow::Owned(header.to_string()), header_text(&text)?))
+    })
+}
+
+/// A header value for `text`: plain visible ASCII as it is, anything else as
+/// `=?base64?...?=`.
+fn header_text(text: &str) -> Option<HeaderValue> {
+    let plain = text.bytes().all(|b| (0x20..=0x7e).contains(&b)) && text.trim() == text;
+    if plain {
+        return HeaderValue::from_str(text).ok();
+    }
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+    HeaderValue::from_str(&format!("=?base64?{encoded}?=")).ok()
 }
 
 /// Whether a failed `initialize` may mean an upstream that speaks only 2026-07-28 (which
@@ -251,8 +282,8 @@ impl Remote {
             }
             add(VERSION_HEADER, &s.version);
             if s.stateless {
-                for (name, value) in mirrored(body) {
-                    add(name, &value);
+                for (name, value) in mirrored(body, &self.shared.param_headers.load()) {
+                    add(&name, &value);
                 }
             }
         }
@@ -1002,26 +1033,66 @@ mod tests {
             v["params"]["_meta"]["progressToken"], 3,
             "what _meta held is kept"
         );
-        let h = mirrored(&body);
-        assert_eq!(h[0], ("mcp-method", HeaderValue::from_static("tools/call")));
+        let none = ParamHeaders::default();
+        let h = mirrored(&body, &none);
+        assert_eq!(h[0], ("mcp-method".into(), HeaderValue::from_static("tools/call")));
         // Not plain ASCII: base64.
         assert_eq!(
             h[1],
-            ("mcp-name", HeaderValue::from_static("=?base64?w6ljaG8=?="))
+            ("mcp-name".into(), HeaderValue::from_static("=?base64?w6ljaG8=?="))
         );
         let read = stateless_envelope(8, "resources/read", &json!({"uri": "file:///a b"}));
         assert_eq!(
-            mirrored(&read)[1],
-            ("mcp-name", HeaderValue::from_static("file:///a b"))
+            mirrored(&read, &none)[1],
+            ("mcp-name".into(), HeaderValue::from_static("file:///a b"))
         );
         assert_eq!(
-            mirrored(&stateless_envelope(9, "tools/list", &json!({}))).len(),
+            mirrored(&stateless_envelope(9, "tools/list", &json!({})), &none).len(),
             1
         );
         // Params that are not an object still get a `_meta`.
         let odd: Value = serde_json::from_slice(&stateless_envelope(1, "x", &json!([1]))).unwrap();
         assert_eq!(odd["params"]["_meta"][VERSION_KEY], STATELESS);
-        assert!(mirrored(b"not json").is_empty());
+        assert!(mirrored(b"not json", &none).is_empty());
+    }
+
+    #[test]
+    fn a_2026_call_mirrors_the_arguments_its_tool_declares() {
+        let declared = super::super::param_headers(&[
+            json!({"name": "weather", "inputSchema": {"type": "object", "properties": {
+                "city": {"type": "string", "x-mcp-header": "City"},
+                "days": {"type": "integer", "x-mcp-header": "Days"},
+                "metric": {"type": "boolean", "x-mcp-header": "Metric"},
+                "note": {"type": "string"},
+            }}}),
+            json!({"name": "plain", "inputSchema": {"type": "object"}}),
+        ]);
+        assert_eq!(declared.len(), 1, "only tools that declare headers are kept");
+        let call = |name: &str, args: Value| {
+            let body = stateless_envelope(1, "tools/call", &json!({"name": name, "arguments": args}));
+            let mut h: Vec<(String, String)> = mirrored(&body, &declared)
+                .into_iter()
+                .skip(2)
+                .map(|(n, v)| (n.into_owned(), v.to_str().unwrap().to_owned()))
+                .collect();
+            h.sort();
+            h
+        };
+        assert_eq!(
+            call("weather", json!({"city": "Zürich", "days": 3, "metric": true, "note": "x"})),
+            [
+                ("mcp-param-city".to_owned(), "=?base64?WsO8cmljaA==?=".to_owned()),
+                ("mcp-param-days".to_owned(), "3".to_owned()),
+                ("mcp-param-metric".to_owned(), "true".to_owned()),
+            ]
+        );
+        // Absent, null or of another type: no header (the upstream's validation says why).
+        assert_eq!(
+            call("weather", json!({"city": " padded ", "days": 1.5, "metric": null})),
+            [("mcp-param-city".to_owned(), "=?base64?IHBhZGRlZCA=?=".to_owned())]
+        );
+        assert!(call("plain", json!({"city": "x"})).is_empty());
+        assert!(call("weather", json!("not an object")).is_empty());
     }
 
     #[test]

@@ -662,3 +662,86 @@ def test_a_2026_upstreams_prompt_and_resource_that_ask(stateless_gateway, mode):
                     await text_of(c, "only+welcome://en")
 
     asyncio.run(run())
+
+
+# A 2026-07-28 upstream whose tool routes by an argument: `x-mcp-header` on `city` and
+# `days` asks every caller to repeat them in `Mcp-Param-City` and `Mcp-Param-Days`, and
+# the upstream (quiver-server itself here, which checks them) refuses a call without them.
+ROUTED = """
+server: {name: regions}
+tools:
+  - name: forecast
+    description: The forecast of a city, routed by the city
+    inputSchema:
+      type: object
+      properties:
+        city: {type: string, x-mcp-header: City}
+        days: {type: integer, x-mcp-header: Days}
+      required: [city]
+    handler: {template: "{{city}}: sunny for {{days}} days"}
+"""
+
+
+def raw_2026_call(url: str, args: dict, headers: dict) -> dict:
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "forecast", "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "forecast", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        return json.load(e)
+
+
+def test_a_2026_upstream_gets_the_arguments_its_tool_declares_as_headers():
+    assert BIN.exists(), f"build the server first: {BIN} (cargo build -p quiver-server)"
+    tmp = Path(tempfile.mkdtemp(prefix="quiver-param-headers-"))
+    procs = []
+    try:
+        (tmp / "upstream.yaml").write_text(ROUTED)
+        up = start_server(tmp / "upstream.yaml", tmp / "upstream.log")
+        procs.append(up.proc)
+        wait_until(lambda: up.status()["ready"], timeout=30)
+        # The upstream holds callers to it: without the header, no forecast.
+        args = {"city": "Oslo", "days": 2}
+        refused = raw_2026_call(up.url, args, {})
+        assert "Header mismatch" in str(refused.get("error")), refused
+        ok = raw_2026_call(up.url, args, {"Mcp-Param-City": "Oslo", "Mcp-Param-Days": "2"})
+        assert ok.get("result", {}).get("content", [{}])[0].get("text") == "Oslo: sunny for 2 days", ok
+
+        (tmp / "gateway.yaml").write_text(f"""
+server: {{name: gateway}}
+upstreams:
+  - name: regions
+    http: {{url: {up.url}}}
+    revision: "2026-07-28"
+    tools: {{prefix: r_}}
+""")
+        gw = start_server(tmp / "gateway.yaml", tmp / "gateway.log")
+        procs.append(gw.proc)
+        wait_until(lambda: gw.status()["tools"] == 1, timeout=30)
+
+        async def run():
+            async with Client(gw.url, mode="legacy") as c:
+                # Not ASCII, an integer, and a value with blanks at its ends: each mirrored as
+                # the upstream compares it (base64 where plain text would not carry it).
+                for city, days in [("Zürich", 3), ("Oslo", 1), (" São Paulo ", 10)]:
+                    r = await c.call_tool("r_forecast", {"city": city, "days": days})
+                    assert not r.is_error, r
+                    assert r.content[0].text == f"{city}: sunny for {days} days", r
+
+        asyncio.run(run())
+    finally:
+        stop(*procs)
+        for log in ("upstream.log", "gateway.log"):
+            if (tmp / log).exists():
+                print(f"--- {log}\n" + (tmp / log).read_text()[-3000:])
+        shutil.rmtree(tmp, ignore_errors=True)
