@@ -1035,7 +1035,10 @@ mod tests {
         );
         let none = ParamHeaders::default();
         let h = mirrored(&body, &none);
-        assert_eq!(h[0], ("mcp-method".into(), HeaderValue::from_static("tools/call")));
+        assert_eq!(
+            h[0],
+            ("mcp-method".into(), HeaderValue::from_static("tools/call"))
+        );
         // Not plain ASCII: base64.
         assert_eq!(
             h[1],
@@ -1079,7 +1082,10 @@ mod tests {
             h
         };
         assert_eq!(
-            call("weather", json!({"city": "Zürich", "days": 3, "metric": true, "note": "x"})),
+            call(
+                "weather",
+                json!({"city": "Zürich", "days": 3, "metric": true, "note": "x"})
+            ),
             [
                 ("mcp-param-city".to_owned(), "=?base64?WsO8cmljaA==?=".to_owned()),
                 ("mcp-param-days".to_owned(), "3".to_owned()),
@@ -1088,7 +1094,10 @@ mod tests {
         );
         // Absent, null or of another type: no header (the upstream's validation says why).
         assert_eq!(
-            call("weather", json!({"city": " padded ", "days": 1.5, "metric": null})),
+            call(
+                "weather",
+                json!({"city": " padded ", "days": 1.5, "metric": null})
+            ),
             [("mcp-param-city".to_owned(), "=?base64?IHBhZGRlZCA=?=".to_owned())]
         );
         assert!(call("plain", json!({"city": "x"})).is_empty());
