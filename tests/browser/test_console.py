@@ -9,7 +9,9 @@ on 127.0.0.1 that checks Keycloak's tokens (1,002 tools: `greet`, `deploy` for t
 `sre` only, and 1,000 more); `secret` in B. A real Prometheus scrapes the server with the
 labels a ServiceMonitor gives it (namespace A, service `weather`), for the console's figures. alice may list McpServers in A only; bob
 nowhere. A second operator on standby (a Lease held by someone else) serves the console.
-Screenshots go to QUIVER_SCREENSHOTS (default: a temporary directory, printed)."""
+The browser is Chromium (QUIVER_CHROMIUM) driven by playwright-core from npm, in
+console.test.mjs; this file brings up what it reads. Screenshots go to QUIVER_SCREENSHOTS
+(default: a temporary directory, printed)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser import Browser, keycloak_sign_in
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 SUFFIX = str(os.getpid())
 NS_A, NS_B = f"q-console-a-{SUFFIX}", f"q-console-b-{SUFFIX}"
 
@@ -86,6 +88,15 @@ def chromium():
         out = subprocess.run([str(ROOT / "scripts" / "chromium.sh")], check=True, timeout=900,
                              stdout=subprocess.PIPE, text=True)
         os.environ["QUIVER_CHROMIUM"] = out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def playwright():
+    """playwright-core from npm (package-lock.json), installed once: it drives the given
+    Chromium and downloads no browser of its own."""
+    if not (HERE / "node_modules" / "playwright-core").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error", "--cache",
+                        os.path.join(os.environ.get("QUIVER_CACHE", os.path.expanduser("~/.cache/quiver")), "npm")], cwd=HERE, check=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -205,102 +216,21 @@ def prom_query(prometheus: str, query: str) -> list:
         return json.load(r)["data"]["result"]
 
 
-def sign_in(b: Browser, base: str, user: str) -> str:
-    done = keycloak_sign_in(b, f"{base}/", user, f"{user}-password")
-    assert done.url == f"{base}/", done.history
-    # The session is a cookie the page's scripts cannot read; no token reaches the browser.
-    # (Keycloak's own cookies share the host 127.0.0.1: only the console's are looked at.)
-    ours = {c["name"]: c for c in b.cookies() if c["name"].startswith("quiver_console")}
-    assert set(ours) >= {"quiver_console", "quiver_console_site"}, ours
-    assert all(c["httpOnly"] for c in ours.values()), ours
-    assert ours["quiver_console_site"]["sameSite"] == "Strict", ours
-    assert not any("eyJ" in c["value"] for c in ours.values()), ours
-    return done.text
+def run_browser(console: dict, shots: Path, name: str) -> None:
+    """Runs one test of console.test.mjs (playwright-core driving Chromium) and fails with
+    its report unless it passed."""
+    env = {**os.environ, "QUIVER_CONSOLE": console["base"], "QUIVER_PROMETHEUS": console["prometheus"],
+           "QUIVER_NS_A": NS_A, "QUIVER_NS_B": NS_B, "QUIVER_SCREENSHOTS": str(shots)}
+    out = subprocess.run(["node", "--test", "--test-reporter=spec", f"--test-name-pattern={name}",
+                          "console.test.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
+    print(out.stdout, out.stderr)
+    assert out.returncode == 0, f"console.test.mjs '{name}' failed (report above)"
+    assert "pass 1" in out.stdout, f"console.test.mjs ran no test named '{name}'"
 
 
-def test_a_user_browses_their_namespace_tries_a_tool_and_sees_a_refusal(console, shots):
-    console, prometheus = console["base"], console["prometheus"]
-    with Browser() as b:
-        # Listing catches up with the McpServers just created.
-        text = sign_in(b, console, "alice")
-        if "weather" not in text:  # the console's watch had not listed yet ("Starting")
-            text = wait_until("alice's server listed", lambda: b.open(f"{console}/") and "weather" in b.text and b.text)
-        assert NS_A in text and "Forecasts and greetings" in text
-        assert "secret" not in text and NS_B not in text, text
-        b.screenshot(str(shots / "console-servers.png"))
-
-        # A link on another site (an opaque data: page) opens the server's page signed in, but
-        # the same-site cookie stays behind: no listing with alice's token, a link instead.
-        link = f"<a id=go href='{console}/servers/{NS_A}/weather'>weather</a>"
-        b.open("data:text/html," + urllib.parse.quote(link))
-        b.click("#go", navigate=True)
-        assert "followed a link from another site" in b.text, b.text[:500]
-        assert not b.exists("a[href$='/tools/greet']")
-        b.open(f"{console}/")
-
-        # The server page: 1,002 tools listed with alice's own token, timed by the browser.
-        b.click(f"a[href='/servers/{NS_A}/weather']", navigate=True)
-        assert b.url == f"{console}/servers/{NS_A}/weather"
-        assert b.exists("a[href$='/tools/greet']") and b.exists("a[href$='/tools/t0999']")
-        rows = b.evaluate("document.querySelectorAll('main table tbody tr').length")
-        nav = b.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0].toJSON())")
-        timing = json.loads(nav)
-        print(f"server page with 1,002 tools: response {timing['responseEnd'] - timing['requestStart']:.1f} ms, "
-              f"loaded {timing['loadEventEnd'] - timing['startTime']:.1f} ms, {timing['transferSize']} bytes")
-        (shots / "console-timing.json").write_text(nav)
-        # deploy is for the group sre: not among alice's tools, but named under who may call what.
-        assert not b.exists("a[href$='/tools/deploy']")
-        text = b.text
-        assert "callers with a member of sre" in text, text[:2000]
-        assert "claude mcp add --transport http weather" in text
-        assert rows >= 1002, rows
-        b.screenshot(str(shots / "console-server.png"), max_height=1400)
-
-        # Try greet through its form: the call carries alice's token and the result shows.
-        b.click("a[href$='/tools/greet']", navigate=True)
-        assert b.exists("label[for='arg-name']")
-        b.fill("#arg-name", "Alice <b>")
-        b.click("form[action$='/tools/greet'] button[type=submit]", navigate=True)
-        result = b.wait_for("document.querySelector('#result') && document.querySelector('#result').innerText")
-        assert "Hello, Alice <b>!" in result, result
-        assert not b.exists("#result b"), "a tool's text must not become markup"
-        b.screenshot(str(shots / "console-try-it.png"))
-
-        # deploy, opened by its address: the page says why, and a call gets the server's refusal.
-        b.open(f"{console}/servers/{NS_A}/weather/tools/deploy")
-        assert "does not list this tool to you" in b.text
-        b.click("form[action$='/tools/deploy'] button[type=submit]", navigate=True)
-        refusal = b.wait_for("document.querySelector('#result') && document.querySelector('#result').innerText")
-        assert "Refused" in refusal and "-32003" in refusal, refusal
-        b.screenshot(str(shots / "console-refused.png"))
-
-        # The server's last hour, from Prometheus once it has scraped both calls: greet's call
-        # in its row, deploy's refusal under the refusals.
-        wait_until("Prometheus has both calls", lambda: prom_query(
-            prometheus, 'quiver_dispatch_duration_seconds_count{tool="greet"}') and prom_query(
-            prometheus, 'quiver_requests_total{method="tools/call", outcome="forbidden"}'))
-        b.open(f"{console}/servers/{NS_A}/weather")
-        greet = b.evaluate("[...document.querySelectorAll('main tr')].find(r => r.querySelector(\"a[href$='/tools/greet']\")).innerText")
-        cells = greet.split("\t")
-        assert cells[-3].strip() == "1" and cells[-2].strip() == "0" and cells[-1].strip().endswith(("µs", "ms")), greet
-        refused = b.evaluate("[...document.querySelectorAll('main table')].find(t => t.caption && t.caption.innerText == 'Calls refused').innerText")
-        assert "forbidden\t1" in refused, refused
-        b.screenshot(str(shots / "console-last-hour.png"), start="#health", max_height=900)
-
-        # B's server is not there for alice, by any address.
-        b.open(f"{console}/servers/{NS_B}/secret")
-        assert "No such server" in b.text
+def test_a_user_browses_their_namespace_tries_a_tool_and_sees_a_refusal(console, shots, playwright):
+    run_browser(console, shots, "a user browses their namespace")
 
 
-def test_a_user_without_a_grant_sees_no_server_and_a_forged_form_is_refused(console):
-    console = console["base"]
-    with Browser() as b:
-        text = sign_in(b, console, "bob")
-        assert "weather" not in text and "secret" not in text
-        assert "may not list McpServers" in text
-        b.open(f"{console}/servers/{NS_A}/weather")
-        assert "No such server" in b.text
-    # A form posted without the session's token (another site's form) calls nothing.
-    req = urllib.request.Request(f"{console}/servers/{NS_A}/weather/tools/greet", data=b"name=x", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.url.endswith("/login") or "/realms/" in r.url
+def test_a_user_without_a_grant_sees_no_server_and_a_forged_form_is_refused(console, shots, playwright):
+    run_browser(console, shots, "a user without a grant")
