@@ -15,7 +15,7 @@ pub mod access;
 pub mod entry;
 pub mod list;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -64,6 +64,12 @@ pub struct Catalog {
     /// Per store: whether its watch has listed (until then the catalog answers 503, not an
     /// empty list).
     synced: Vec<AtomicBool>,
+    /// Per store: what it held when its watch began listing again, to find the servers
+    /// deleted while the watch was away (no delete event tells of those).
+    relisting: Vec<Mutex<Vec<Arc<McpServer>>>>,
+    /// Uids of the McpServers listed now: one that stops being listed leaves a tombstone,
+    /// as one deleted does.
+    listed: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -86,6 +92,13 @@ impl Catalog {
     /// A catalog over `stores` (kept up to date by their writers).
     pub fn new(prefix: String, access: Access, stores: Vec<Store<McpServer>>, metrics: Arc<Metrics>) -> Self {
         let synced = stores.iter().map(|_| AtomicBool::new(true)).collect();
+        let relisting = stores.iter().map(|_| Mutex::default()).collect();
+        let listed = stores
+            .iter()
+            .flat_map(Store::state)
+            .filter(|m| entry::listed(m))
+            .filter_map(|m| m.metadata.uid.clone())
+            .collect();
         Self {
             prefix,
             access,
@@ -94,6 +107,8 @@ impl Catalog {
             rendered: Mutex::new(HashMap::new()),
             metrics,
             synced,
+            relisting,
+            listed: Mutex::new(listed),
         }
     }
 
@@ -131,9 +146,7 @@ impl Catalog {
                 reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
             tokio::spawn(events.for_each(move |e| {
                 match e {
-                    Ok(watcher::Event::Delete(m)) => c.forget(&m, Timestamp::now()),
-                    Ok(watcher::Event::InitDone) => c.synced[i].store(true, Ordering::Release),
-                    Ok(_) => {}
+                    Ok(e) => c.observe(i, &e, Timestamp::now()),
                     Err(e) => tracing::warn!(error = %e, "catalog: McpServer watch failed; retrying"),
                 }
                 std::future::ready(())
@@ -152,12 +165,72 @@ impl Catalog {
         self.synced.iter().all(|s| s.load(Ordering::Acquire))
     }
 
+    /// Follows one event of store `i`'s watch at `at`, after its store has taken it: a
+    /// deleted server, one no longer listed, and one deleted while the watch was away (gone
+    /// from the store when it has listed again) each leave a tombstone.
+    pub fn observe(&self, i: usize, event: &watcher::Event<McpServer>, at: Timestamp) {
+        let Some(store) = self.stores.get(i) else { return };
+        match event {
+            watcher::Event::Delete(m) => {
+                self.listed_now(m, false);
+                self.forget(m, at);
+            }
+            watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
+                if !self.listed_now(m, entry::listed(m)) {
+                    self.bury(m, at);
+                }
+            }
+            watcher::Event::Init => {
+                if let Ok(mut r) = self.relisting[i].lock() {
+                    *r = store.state();
+                }
+            }
+            watcher::Event::InitDone => {
+                let before = self.relisting[i]
+                    .lock()
+                    .map(|mut r| std::mem::take(&mut *r))
+                    .unwrap_or_default();
+                let now: HashSet<String> = store
+                    .state()
+                    .iter()
+                    .filter_map(|m| m.metadata.uid.clone())
+                    .collect();
+                for m in before
+                    .iter()
+                    .filter(|m| m.metadata.uid.as_ref().is_some_and(|u| !now.contains(u)))
+                {
+                    self.listed_now(m, false);
+                    self.forget(m, at);
+                }
+                self.synced[i].store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Records whether `mcp` is listed now; false when it was listed and is no longer.
+    fn listed_now(&self, mcp: &McpServer, listed: bool) -> bool {
+        let Some(uid) = &mcp.metadata.uid else { return true };
+        let Ok(mut l) = self.listed.lock() else {
+            return true;
+        };
+        if listed {
+            l.insert(uid.clone());
+            true
+        } else {
+            !l.remove(uid)
+        }
+    }
+
     /// Records that `mcp` was deleted at `at`.
     /// Unlisted servers leave none (they were never shown).
     pub fn forget(&self, mcp: &McpServer, at: Timestamp) {
-        if !entry::listed(mcp) {
-            return;
+        if entry::listed(mcp) {
+            self.bury(mcp, at);
         }
+    }
+
+    /// Leaves a tombstone of `mcp`, gone from the catalog at `at`.
+    fn bury(&self, mcp: &McpServer, at: Timestamp) {
         let Some(e) = entry::entry(mcp, &self.prefix, Some(at), at) else {
             return;
         };

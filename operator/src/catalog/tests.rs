@@ -406,6 +406,68 @@ async fn the_list_follows_changes_and_keeps_deleted_servers_for_syncing_clients(
     );
 }
 
+/// What the watch delivers: the store takes the event, then the catalog follows it.
+fn deliver(c: &Catalog, w: &mut reflector::store::Writer<McpServer>, e: Event<McpServer>) {
+    w.apply_watcher_event(&e);
+    c.observe(0, &e, now());
+}
+
+/// The names listed as deleted (with `include_deleted=true`), and how many are listed.
+async fn tombstones(c: &Arc<Catalog>) -> (Vec<String>, u64) {
+    let (_, _, v) = get(c, "/v0.1/servers?include_deleted=true", &[]).await;
+    let dead = v["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["_meta"][entry::OFFICIAL_KEY]["status"] == "deleted")
+        .map(|s| s["server"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    (dead, v["metadata"]["count"].as_u64().unwrap())
+}
+
+#[tokio::test]
+async fn a_server_unlisted_or_deleted_while_the_watch_was_away_leaves_a_tombstone() {
+    let weather = mcp("team-a", "weather", json!({}));
+    let files = mcp("team-a", "files", json!({}));
+    let (c, mut w) = catalog(vec![weather.clone(), files.clone()]);
+
+    // No longer listed: gone from the list, and a tombstone tells syncing clients so.
+    let hidden = mcp("team-a", "weather", json!({"catalog": {"listed": false}}));
+    deliver(&c, &mut w, Event::Apply(hidden));
+    assert_eq!(
+        tombstones(&c).await,
+        (vec!["dev.quiver.team-a/weather".to_owned()], 2)
+    );
+    // Listed again: live, its tombstone hidden.
+    deliver(&c, &mut w, Event::Apply(weather.clone()));
+    assert_eq!(tombstones(&c).await, (vec![], 2));
+
+    // A server never listed leaves no tombstone when it goes, by any way.
+    let secret = mcp("team-a", "secret", json!({"catalog": {"listed": false}}));
+    deliver(&c, &mut w, Event::Apply(secret.clone()));
+    deliver(&c, &mut w, Event::Delete(secret));
+
+    // The watch lists again after a gap in which `files` was deleted: no delete event came,
+    // the new list is what tells.
+    for e in [Event::Init, Event::InitApply(weather.clone()), Event::InitDone] {
+        deliver(&c, &mut w, e);
+    }
+    assert_eq!(
+        tombstones(&c).await,
+        (vec!["dev.quiver.team-a/files".to_owned()], 2)
+    );
+    let (_, _, v) = get(&c, "/v0.1/servers", &[]).await;
+    assert_eq!(v["metadata"]["count"], 1, "only weather is live");
+    // Nothing more goes on a re-list that finds what was there.
+    for e in [Event::Init, Event::InitApply(weather), Event::InitDone] {
+        deliver(&c, &mut w, e);
+    }
+    assert_eq!(
+        tombstones(&c).await,
+        (vec!["dev.quiver.team-a/files".to_owned()], 2)
+    );
+}
+
 #[test]
 fn tombstones_are_bounded_overall_and_per_namespace() {
     let (c, _w) = catalog(vec![]);
