@@ -173,18 +173,27 @@ test('a user browses their namespace, tries a tool and sees a refusal', async ()
     await shot(page, 'console-refused.png');
 
     // The server's last hour, from Prometheus once it has scraped both calls: greet's call
-    // in its row, deploy's refusal under the refusals.
+    // in its row, deploy's refusal under the refusals. (A counter's increase needs two
+    // scrapes after it appears: the page is read again until it shows both.)
     await until('Prometheus has both calls', async () =>
       (await promQuery('quiver_dispatch_duration_seconds_count{tool="greet"}')).length &&
       (await promQuery('quiver_requests_total{method="tools/call", outcome="forbidden"}')).length);
-    await page.goto(`${base}/servers/${nsA}/weather`);
-    const greet = await page.evaluate(() => [...document.querySelectorAll('main tr')]
-      .find((r) => r.querySelector("a[href$='/tools/greet']")).innerText);
+    const lastHour = async () => {
+      await page.goto(`${base}/servers/${nsA}/weather`);
+      return page.evaluate(() => ({
+        greet: [...document.querySelectorAll('main tr')]
+          .find((r) => r.querySelector("a[href$='/tools/greet']"))?.innerText ?? '',
+        refused: [...document.querySelectorAll('main table')]
+          .find((t) => t.caption && t.caption.innerText === 'Calls refused')?.innerText ?? '',
+      }));
+    };
+    const { greet, refused } = await until('the page shows both calls', async () => {
+      const seen = await lastHour();
+      return seen.refused && /\t1\t/.test(seen.greet) && seen;
+    });
     const cells = greet.split('\t').map((c) => c.trim());
     assert.deepEqual(cells.slice(-3, -1), ['1', '0'], greet);
     assert.match(cells.at(-1), /(µs|ms)$/, greet);
-    const refused = await page.evaluate(() => [...document.querySelectorAll('main table')]
-      .find((t) => t.caption && t.caption.innerText === 'Calls refused').innerText);
     assert.ok(refused.includes('forbidden\t1'), refused);
     await shot(page, 'console-last-hour.png', { from: '#health', maxHeight: 900 });
 

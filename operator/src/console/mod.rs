@@ -127,9 +127,10 @@ impl Console {
         .unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
-    /// The session the request's cookie names, and whether the request came from the
-    /// console's own pages (it carries the same-site cookie too).
-    fn session(&self, headers: &HeaderMap) -> Option<(String, Session, bool)> {
+    /// The session the request's cookie names (its access token renewed when due), and
+    /// whether the request came from the console's own pages (it carries the same-site
+    /// cookie too).
+    async fn session(&self, headers: &HeaderMap) -> Option<(String, Session, bool)> {
         let id = cookie(headers, &self.name(SESSION_COOKIE))?;
         // SameSite=Strict keeps the cookie from other sites, but a sibling host of the same
         // site (a tenant's Ingress) still sends it: browsers that say where a request comes
@@ -140,7 +141,7 @@ impl Console {
         let here = fetched_here
             && cookie(headers, &self.name(SITE_COOKIE))
                 .is_some_and(|v| constant_eq(v.as_bytes(), id.as_bytes()));
-        self.sign_in.session(id).map(|s| (id.to_owned(), s, here))
+        self.sign_in.live(id).await.map(|s| (id.to_owned(), s, here))
     }
 }
 
@@ -313,7 +314,7 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn logout(State(c): State<Arc<Console>>, h: HeaderMap, body: Bytes) -> Response {
     let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().take(16).collect();
-    if let Some((id, s, _)) = c.session(&h) {
+    if let Some((id, s, _)) = c.session(&h).await {
         if !same_site(&c, &h, &s, &form) {
             return html(
                 StatusCode::FORBIDDEN,
@@ -356,7 +357,7 @@ fn starting() -> Response {
 }
 
 async fn overview(State(c): State<Arc<Console>>, h: HeaderMap) -> Response {
-    let Some((_, s, _)) = c.session(&h) else {
+    let Some((_, s, _)) = c.session(&h).await else {
         return redirect("/login");
     };
     if !c.catalog.synced() {
@@ -602,7 +603,7 @@ async fn server(
     Path((ns, name)): Path<(String, String)>,
     h: HeaderMap,
 ) -> Response {
-    let Some((_, s, here)) = c.session(&h) else {
+    let Some((_, s, here)) = c.session(&h).await else {
         return redirect("/login");
     };
     if !here {
@@ -732,7 +733,7 @@ async fn tool_get(
     Path((ns, name, tool)): Path<(String, String, String)>,
     h: HeaderMap,
 ) -> Response {
-    let Some((_, s, here)) = c.session(&h) else {
+    let Some((_, s, here)) = c.session(&h).await else {
         return redirect("/login");
     };
     if !here {
@@ -753,7 +754,7 @@ async fn tool_post(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Some((_, s, _)) = c.session(&h) else {
+    let Some((_, s, _)) = c.session(&h).await else {
         return redirect("/login");
     };
     let values: Vec<(String, String)> = form_urlencoded::parse(&body)

@@ -29,6 +29,10 @@ const SESSIONS_MAX: usize = 10_000;
 const SESSIONS_PER_USER: usize = 16;
 /// The longest session, whatever the token says.
 const SESSION_MAX_AGE: Duration = Duration::from_secs(8 * 3600);
+/// How long before its access token expires a session with a refresh token renews it.
+const REFRESH_BEFORE: Duration = Duration::from_secs(60);
+/// Longest token kept (access or refresh).
+const MAX_TOKEN: usize = 16 << 10;
 /// Largest discovery document or token answer read.
 const MAX_DOCUMENT: usize = 256 << 10;
 /// The longest wait for the provider.
@@ -79,10 +83,30 @@ pub struct Session {
     pub access_token: String,
     /// The audiences the access token names, when it is a JWT (none known: an opaque token).
     pub audiences: Option<Vec<String>>,
-    /// When the session ends.
+    /// When the access token expires.
     pub expires: Instant,
     /// The token the session's forms carry back (against cross-site requests).
     pub csrf: String,
+    /// The refresh token, while the provider gave one and it has worked.
+    refresh: Option<String>,
+    /// When the session ends, refreshed or not.
+    ends: Instant,
+    /// A refresh is under way (meanwhile the other requests use the current token).
+    refreshing: bool,
+}
+
+impl Session {
+    /// Whether it can still be used at `now`: its access token is valid, or it can renew it.
+    fn usable(&self, now: Instant) -> bool {
+        self.expires > now || (self.refresh.is_some() && self.ends > now)
+    }
+}
+
+/// What a refresh gave.
+struct Renewed {
+    access_token: String,
+    lifetime: Duration,
+    refresh: Option<String>,
 }
 
 /// A sign-in in progress, as the browser's sign-in cookie carries it.
@@ -322,7 +346,7 @@ impl SignIn {
         let mut s = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         // Ended sessions go first (their tokens with them).
         let now = Instant::now();
-        s.retain(|_, v| v.expires > now);
+        s.retain(|_, v| v.usable(now));
         if s.len() >= SESSIONS_MAX {
             return Err("too many people are signed in to this console: try again later".into());
         }
@@ -342,10 +366,82 @@ impl SignIn {
         Ok(id)
     }
 
-    /// The live session of `id`.
+    /// The live session of `id`, its access token valid now.
     pub fn session(&self, id: &str) -> Option<Session> {
         let s = self.sessions.lock().ok()?;
         s.get(&key(id)).filter(|v| v.expires > Instant::now()).cloned()
+    }
+
+    /// The live session of `id`, its access token renewed with the refresh token first when
+    /// it expires within [`REFRESH_BEFORE`] (one refresh at a time per session; the others
+    /// go on with the current token). A refresh that fails is not tried again: the session
+    /// ends with its access token, and the user signs in again.
+    pub async fn live(&self, id: &str) -> Option<Session> {
+        let k = key(id);
+        let now = Instant::now();
+        let token = {
+            let mut s = self.sessions.lock().ok()?;
+            let v = s.get_mut(&k)?;
+            match &v.refresh {
+                Some(t) if v.expires <= now + REFRESH_BEFORE && !v.refreshing && v.ends > now => {
+                    v.refreshing = true;
+                    t.clone()
+                }
+                _ => return (v.expires > now).then(|| v.clone()),
+            }
+        };
+        let renewed = self.renew(&token).await;
+        let mut s = self.sessions.lock().ok()?;
+        // Signed out meanwhile: nothing to renew.
+        let v = s.get_mut(&k)?;
+        v.refreshing = false;
+        match renewed {
+            Ok(r) => {
+                v.audiences = audiences(&r.access_token);
+                v.access_token = r.access_token;
+                v.expires = (Instant::now() + r.lifetime).min(v.ends);
+                if r.refresh.is_some() {
+                    v.refresh = r.refresh;
+                }
+            }
+            Err(why) => {
+                tracing::info!(user = %v.shown, %why, "console: the access token was not renewed; the session ends with it");
+                v.refresh = None;
+            }
+        }
+        (v.expires > Instant::now()).then(|| v.clone())
+    }
+
+    /// The token endpoint's new tokens for `refresh_token`.
+    async fn renew(&self, refresh_token: &str) -> Result<Renewed, String> {
+        let endpoints = self.endpoints().await?;
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("grant_type", "refresh_token")
+            .append_pair("refresh_token", refresh_token)
+            .append_pair("client_id", &self.config.client_id)
+            .finish();
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(&endpoints.token)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let r = self.http.send(req, MAX_DOCUMENT, PROVIDER_TIMEOUT).await?;
+        let answer: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if r.status != 200 {
+            let why = answer["error"].as_str().unwrap_or("an error");
+            return Err(format!(
+                "the provider refused the refresh (HTTP {}: {})",
+                r.status,
+                super::short(why, 80)
+            ));
+        }
+        Ok(Renewed {
+            access_token: token(&answer["access_token"]).ok_or("the provider gave no access token")?,
+            lifetime: lifetime(&answer),
+            refresh: token(&answer["refresh_token"]),
+        })
     }
 
     /// Ends the session of `id`.
@@ -439,11 +535,7 @@ fn clean(s: &str) -> Option<String> {
 /// # Errors
 /// A sentence when the ID token does not hold.
 pub fn session_of(answer: &Value, c: &OidcConfig, nonce: &str, now: i64) -> Result<Session, String> {
-    let access_token = answer["access_token"]
-        .as_str()
-        .filter(|t| !t.is_empty() && t.len() <= 16 << 10)
-        .ok_or("the provider gave no access token")?
-        .to_owned();
+    let access_token = token(&answer["access_token"]).ok_or("the provider gave no access token")?;
     let id = answer["id_token"]
         .as_str()
         .and_then(claims)
@@ -486,27 +578,47 @@ pub fn session_of(answer: &Value, c: &OidcConfig, nonce: &str, now: i64) -> Resu
         Some(Value::String(g)) => clean(g).into_iter().collect(),
         _ => Vec::new(),
     };
-    // The session ends with the access token, or sooner.
-    let lifetime = answer["expires_in"]
-        .as_u64()
-        .map_or(Duration::from_secs(300), Duration::from_secs)
-        .min(SESSION_MAX_AGE);
+    let now = Instant::now();
     Ok(Session {
         username: format!("{}{shown}", c.username_prefix),
         groups: groups.iter().map(|g| format!("{}{g}", c.groups_prefix)).collect(),
         shown,
-        audiences: claims(&access_token).map(|t| match &t["aud"] {
-            Value::String(a) => vec![a.clone()],
-            Value::Array(a) => a
-                .iter()
-                .filter_map(Value::as_str)
-                .take(64)
-                .map(str::to_owned)
-                .collect(),
-            _ => Vec::new(),
-        }),
+        audiences: audiences(&access_token),
         access_token,
-        expires: Instant::now() + lifetime,
+        expires: now + lifetime(answer),
         csrf: random(24).ok_or("the system gave no randomness")?,
+        refresh: token(&answer["refresh_token"]),
+        ends: now + SESSION_MAX_AGE,
+        refreshing: false,
+    })
+}
+
+/// A token of a token endpoint's answer: a non-empty string of at most [`MAX_TOKEN`] bytes.
+fn token(v: &Value) -> Option<String> {
+    v.as_str()
+        .filter(|t| !t.is_empty() && t.len() <= MAX_TOKEN)
+        .map(str::to_owned)
+}
+
+/// How long an access token of a token endpoint's answer lasts (`expires_in`; 5 minutes
+/// when it does not say), at most [`SESSION_MAX_AGE`].
+fn lifetime(answer: &Value) -> Duration {
+    answer["expires_in"]
+        .as_u64()
+        .map_or(Duration::from_secs(300), Duration::from_secs)
+        .min(SESSION_MAX_AGE)
+}
+
+/// The audiences an access token names, when it is a JWT (none known: an opaque token).
+fn audiences(access_token: &str) -> Option<Vec<String>> {
+    claims(access_token).map(|t| match &t["aud"] {
+        Value::String(a) => vec![a.clone()],
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .take(64)
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
     })
 }

@@ -278,8 +278,8 @@ fn over_https_cookies_are_host_only_and_the_same_site_one_is_strict() {
     assert_eq!(console("http://127.0.0.1:80").origin, "http://127.0.0.1");
 }
 
-#[test]
-fn only_a_request_from_the_consoles_own_pages_is_here() {
+#[tokio::test]
+async fn only_a_request_from_the_consoles_own_pages_is_here() {
     let c = console("https://console.example.com");
     let id = c.sign_in.open(&answer(&good_now()), "n1").unwrap();
     let headers = |site: Option<&str>, strict: bool| {
@@ -294,15 +294,118 @@ fn only_a_request_from_the_consoles_own_pages_is_here() {
         }
         h
     };
-    let here = |h: HeaderMap| c.session(&h).map(|(_, _, here)| here);
-    assert_eq!(here(headers(Some("same-origin"), true)), Some(true));
-    assert_eq!(here(headers(Some("none"), true)), Some(true));
-    assert_eq!(here(headers(None, true)), Some(true));
+    let here = async |h: HeaderMap| c.session(&h).await.map(|(_, _, here)| here);
+    assert_eq!(here(headers(Some("same-origin"), true)).await, Some(true));
+    assert_eq!(here(headers(Some("none"), true)).await, Some(true));
+    assert_eq!(here(headers(None, true)).await, Some(true));
     // A sibling host of the same site sends the Strict cookie, and says where it comes from.
-    assert_eq!(here(headers(Some("same-site"), true)), Some(false));
-    assert_eq!(here(headers(Some("cross-site"), true)), Some(false));
+    assert_eq!(here(headers(Some("same-site"), true)).await, Some(false));
+    assert_eq!(here(headers(Some("cross-site"), true)).await, Some(false));
     // Another site's link: no Strict cookie.
-    assert_eq!(here(headers(Some("cross-site"), false)), Some(false));
+    assert_eq!(here(headers(Some("cross-site"), false)).await, Some(false));
+}
+
+/// A provider on this machine: its token endpoint renews any refresh token but `revoked`
+/// (refused with `invalid_grant`), and records each request's form.
+async fn provider() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}/realms/a", listener.local_addr().unwrap());
+    let doc = json!({"issuer": issuer, "authorization_endpoint": format!("{issuer}/auth"),
+                     "token_endpoint": format!("{issuer}/token")});
+    let log = seen.clone();
+    let token = move |body: Bytes| {
+        let log = log.clone();
+        async move {
+            let form: std::collections::HashMap<String, String> =
+                form_urlencoded::parse(&body).into_owned().collect();
+            log.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&body).into_owned());
+            let rt = form.get("refresh_token").cloned().unwrap_or_default();
+            if rt == "revoked" {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(json!({"error": "invalid_grant"})),
+                );
+            }
+            (
+                StatusCode::OK,
+                axum::Json(json!({"access_token": format!("at-after-{rt}"),
+                "expires_in": 300, "refresh_token": format!("{rt}+")})),
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route(
+            "/realms/a/.well-known/openid-configuration",
+            axum::routing::get(move || async move { axum::Json(doc) }),
+        )
+        .route("/realms/a/token", axum::routing::post(token));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (issuer, seen)
+}
+
+#[tokio::test]
+async fn a_session_renews_its_access_token_before_it_expires_once_and_ends_when_refused() {
+    let (issuer, seen) = provider().await;
+    let c = OidcConfig {
+        issuer: issuer.clone(),
+        ..config()
+    };
+    let s = oidc::SignIn::new(c, "https://c/callback".into(), client::Http::new());
+    let mut claims = good_now();
+    claims["iss"] = json!(issuer);
+    let open = |expires_in: u64, refresh: Option<&str>| {
+        let mut a = json!({"access_token": "at-0", "expires_in": expires_in, "id_token": jwt(&claims)});
+        if let Some(r) = refresh {
+            a["refresh_token"] = json!(r);
+        }
+        s.open(&a, "n1").unwrap()
+    };
+    let calls = || seen.lock().unwrap().len();
+
+    // Its token expires within the minute: renewed on its next use, for the same user.
+    let id = open(30, Some("rt-1"));
+    let v = s.live(&id).await.unwrap();
+    assert_eq!(
+        (v.access_token.as_str(), v.shown.as_str()),
+        ("at-after-rt-1", "alice")
+    );
+    let form = seen.lock().unwrap()[0].clone();
+    for part in [
+        "grant_type=refresh_token",
+        "refresh_token=rt-1",
+        "client_id=console",
+    ] {
+        assert!(form.contains(part), "{form}");
+    }
+    // Good for five minutes now: used as it is.
+    assert_eq!(s.live(&id).await.unwrap().access_token, "at-after-rt-1");
+    assert_eq!(calls(), 1);
+
+    // Already expired, with a refresh token: renewed, not ended.
+    let late = open(0, Some("rt-2"));
+    assert!(
+        s.session(&late).is_none(),
+        "its access token alone is no longer valid"
+    );
+    assert_eq!(s.live(&late).await.unwrap().access_token, "at-after-rt-2");
+
+    // Refused: the session goes on with its token while it lasts, and asks no more.
+    let refused = open(30, Some("revoked"));
+    assert_eq!(s.live(&refused).await.unwrap().access_token, "at-0");
+    assert_eq!(s.live(&refused).await.unwrap().access_token, "at-0");
+    assert_eq!(calls(), 3, "a refused refresh is not tried again");
+    let gone = open(0, Some("revoked"));
+    assert!(s.live(&gone).await.is_none(), "nothing left to use: signed out");
+
+    // No refresh token: nothing is asked; signed out: nothing is given.
+    let plain = open(30, None);
+    assert_eq!(s.live(&plain).await.unwrap().access_token, "at-0");
+    assert_eq!(calls(), 4);
+    s.end(&id);
+    assert!(s.live(&id).await.is_none());
 }
 
 #[test]
