@@ -303,19 +303,25 @@ impl SignIn {
 
     /// The token endpoint's answer for `code`, with the verifier of the sign-in.
     async fn exchange(&self, endpoints: &Endpoints, pending: &Pending, code: &str) -> Result<Value, Failed> {
-        let body: String = form_urlencoded::Serializer::new(String::new())
+        let form: String = form_urlencoded::Serializer::new(String::new())
             .append_pair("grant_type", "authorization_code")
             .append_pair("code", code)
             .append_pair("redirect_uri", &self.redirect)
             .append_pair("client_id", &self.config.client_id)
             .append_pair("code_verifier", &pending.verifier)
             .finish();
+        self.token_endpoint(&endpoints.token, form, "code").await
+    }
+
+    /// Posts `form` to the token endpoint `url`; its answer when it is 200, else why not
+    /// (the provider refusing `what`, or not answering).
+    async fn token_endpoint(&self, url: &str, form: String, what: &str) -> Result<Value, Failed> {
         let req = Request::builder()
             .method(Method::POST)
-            .uri(&endpoints.token)
+            .uri(url)
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .header(header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(Bytes::from(form)))
             .map_err(|e| Failed::Refused(e.to_string()))?;
         let r = self
             .http
@@ -326,7 +332,7 @@ impl SignIn {
         if r.status != 200 {
             let why = answer["error"].as_str().unwrap_or("an error");
             let why = format!(
-                "the provider refused the code (HTTP {}: {})",
+                "the provider refused the {what} (HTTP {}: {})",
                 r.status,
                 super::short(why, 80)
             );
@@ -415,28 +421,15 @@ impl SignIn {
     /// The token endpoint's new tokens for `refresh_token`.
     async fn renew(&self, refresh_token: &str) -> Result<Renewed, String> {
         let endpoints = self.endpoints().await?;
-        let body: String = form_urlencoded::Serializer::new(String::new())
+        let form: String = form_urlencoded::Serializer::new(String::new())
             .append_pair("grant_type", "refresh_token")
             .append_pair("refresh_token", refresh_token)
             .append_pair("client_id", &self.config.client_id)
             .finish();
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri(&endpoints.token)
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::from(body)))
+        let answer = self
+            .token_endpoint(&endpoints.token, form, "refresh")
+            .await
             .map_err(|e| e.to_string())?;
-        let r = self.http.send(req, MAX_DOCUMENT, PROVIDER_TIMEOUT).await?;
-        let answer: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-        if r.status != 200 {
-            let why = answer["error"].as_str().unwrap_or("an error");
-            return Err(format!(
-                "the provider refused the refresh (HTTP {}: {})",
-                r.status,
-                super::short(why, 80)
-            ));
-        }
         Ok(Renewed {
             access_token: token(&answer["access_token"]).ok_or("the provider gave no access token")?,
             lifetime: lifetime(&answer),
